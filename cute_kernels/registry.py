@@ -1,0 +1,61 @@
+"""The kernel registry that ``cute-kernels compile/check/bench`` walk.
+
+Each entry names a module that defines three functions:
+
+* ``compile_targets() -> list[CompileTarget]``: every shipped configuration, compilable on a CPU;
+* ``check() -> list[CheckResult]``: GPU correctness on real-sized random inputs vs the reference;
+* ``bench(shapes: str | None) -> list[dict]``: benchmark records (see ``cute_kernels.bench_record``).
+
+Modules are imported lazily, so one broken kernel cannot stop the others (or ``import cute_kernels``).
+A kernel issue adds one line to ``KERNELS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Callable, Hashable
+
+KERNELS: dict[str, str] = {
+    "scale": "cute_kernels.kernels.scale",
+    "ranker_fwd": "cute_kernels.kernels.ranker_fwd",
+    "qknorm": "cute_kernels.kernels.qknorm",
+    "qknorm_tp": "cute_kernels.kernels.qknorm_tp",
+    "hc_mix": "cute_kernels.kernels.hc_mix",
+}
+
+
+@dataclass(frozen=True)
+class CompileTarget:
+    """One compilable configuration: ``compile_cached(kernel, key, build)`` compiles it."""
+
+    kernel: str
+    label: str
+    key: Hashable
+    build: Callable[[], tuple] = field(compare=False, repr=False)
+
+
+@dataclass
+class CheckResult:
+    """One row of ``cute-kernels check``: a case, its error figures and the bar it must pass."""
+
+    kernel: str
+    case: str
+    passed: bool
+    max_abs_err: float
+    rel_err: float
+    tol: float
+    note: str = ""
+
+
+def names() -> list[str]:
+    """Registered kernels whose module exists in this checkout."""
+    return [n for n, m in KERNELS.items() if importlib.util.find_spec(m) is not None]
+
+
+def module(name: str):
+    """Import and return the module of kernel ``name`` (``KeyError`` for an unknown name)."""
+    if name not in KERNELS:
+        raise KeyError(f"unknown kernel {name!r}; registered: {', '.join(KERNELS)}")
+    return importlib.import_module(KERNELS[name])

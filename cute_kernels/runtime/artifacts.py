@@ -1,0 +1,152 @@
+"""What a compiled kernel contains: PTX/SASS features, registers and shared memory.
+
+Used by ``cute-kernels compile`` (one-line summaries) and by the tests, which assert that each
+kernel's PTX/SASS shows what its design promises (wgmma, TMA, setmaxnreg, named barriers, ...).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass, field
+
+# feature name -> regex over PTX (p) or SASS (s)
+PTX_FEATURES: dict[str, str] = {
+    "ld.global.v4 (16B loads)": r"ld\.global(\.[a-z:]+)*\.v4\.(b32|u32|f32|s32)|ld\.global(\.[a-z:]+)*\.v2\.(b64|u64|f64)",
+    "st.global.v4 (16B stores)": r"st\.global(\.[a-z:]+)*\.v4\.(b32|u32|f32|s32)|st\.global(\.[a-z:]+)*\.v2\.(b64|u64|f64)",
+    "wgmma": r"wgmma\.mma_async",
+    "mma.sync": r"\bmma\.sync\.aligned",
+    "tma load (cp.async.bulk.tensor)": r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global",
+    "tma store (cp.async.bulk.tensor)": r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta",
+    "tma reduce-add": r"cp\.reduce\.async\.bulk(\.tensor)?\S*\.add",
+    "setmaxnreg": r"setmaxnreg",
+    "named barrier": r"\bbar(rier)?\.(sync|arrive)(\.aligned)?\s+(?!0[,;])\d+|\bbar(rier)?\.(sync|arrive)\s+%r",
+    "mbarrier": r"mbarrier\.",
+    "stmatrix": r"stmatrix",
+    "ldmatrix": r"ldmatrix",
+    "volatile/system-scope store": r"st\.(volatile|relaxed\.sys|release\.sys)|st\.global\.(volatile|relaxed\.sys)",
+    "local memory (spill)": r"\b(ld|st)\.local",
+}
+SASS_FEATURES: dict[str, str] = {
+    "HGMMA": r"\bHGMMA\b",
+    "USETMAXREG": r"\bUSETMAXREG\b",
+    "UTMALDG": r"\bUTMALDG\b",
+    "UTMASTG": r"\bUTMASTG\b",
+    "UTMAREDG": r"\bUTMAREDG\b",
+    "LDG.E.128": r"\bLDG\.E(\.[A-Z0-9]+)*\.128\b",
+    "STG.E.128": r"\bSTG\.E(\.[A-Z0-9]+)*\.128\b",
+    "LDL/STL (local memory)": r"\b(LDL|STL)\b",
+}
+
+
+def find_features(text: str | None, table: dict[str, str]) -> list[str]:
+    """Names of the features of ``table`` whose regex occurs in ``text``."""
+    if not text:
+        return []
+    return [name for name, pat in table.items() if re.search(pat, text)]
+
+
+@dataclass
+class KernelResources:
+    """Per-kernel resources read from a cubin's ``.nv.info`` sections."""
+
+    name: str
+    registers: int | None = None
+    static_smem_bytes: int = 0
+    stack_bytes: int | None = None
+
+
+# EIATTR codes of the CUDA ELF .nv.info attribute records
+_EIATTR_REGCOUNT = 0x2F
+_EIATTR_FRAME_SIZE = 0x11
+_EIATTR_MAX_STACK_SIZE = 0x23
+
+
+def cubin_resources(cubin: bytes | None) -> list[KernelResources]:
+    """Registers, static shared memory and stack size per kernel of a cubin (ELF64).
+
+    Parses the section headers, the symbol table and the ``.nv.info`` attribute records
+    (format: 1-byte format, 1-byte attribute, 2-byte size, payload).  Dynamic shared memory is set
+    at launch and does not appear here.
+    """
+    if not cubin or cubin[:4] != b"\x7fELF":
+        return []
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = []
+    for i in range(shnum):
+        name, typ, flags, addr, off, size, link, info, align, entsize = struct.unpack_from(
+            "<IIQQQQIIQQ", cubin, shoff + i * shentsize
+        )
+        sections.append((name, typ, off, size, link, entsize))
+    strtab_off = sections[shstrndx][2]
+
+    def sec_name(idx: int) -> str:
+        start = strtab_off + sections[idx][0]
+        return cubin[start:cubin.index(b"\0", start)].decode()
+
+    names = [sec_name(i) for i in range(shnum)]
+    symbols: list[str] = []
+    for i, (_, typ, off, size, link, entsize) in enumerate(sections):
+        if typ == 2:  # SHT_SYMTAB
+            str_off = sections[link][2]
+            for j in range(size // entsize):
+                st_name, = struct.unpack_from("<I", cubin, off + j * entsize)
+                end = cubin.index(b"\0", str_off + st_name)
+                symbols.append(cubin[str_off + st_name:end].decode())
+    kernels: dict[str, KernelResources] = {}
+    for i, nm in enumerate(names):
+        if nm.startswith(".text."):
+            kernels[nm[6:]] = KernelResources(nm[6:])
+    for i, nm in enumerate(names):
+        if nm.startswith(".nv.shared.") and nm[11:] in kernels:
+            kernels[nm[11:]].static_smem_bytes = sections[i][3]
+        if nm == ".nv.info":
+            off, size = sections[i][2], sections[i][3]
+            pos = off
+            while pos + 4 <= off + size:
+                fmt, attr, sz = struct.unpack_from("<BBH", cubin, pos)
+                payload = pos + 4
+                if fmt == 0x04 and sz >= 8:  # EIFMT_SVAL: (symbol index, value)
+                    sym, val = struct.unpack_from("<II", cubin, payload)
+                    kname = symbols[sym] if sym < len(symbols) else None
+                    if kname in kernels:
+                        if attr == _EIATTR_REGCOUNT:
+                            kernels[kname].registers = val
+                        elif attr in (_EIATTR_FRAME_SIZE,):
+                            kernels[kname].stack_bytes = val
+                    pos = payload + sz
+                elif fmt == 0x04:
+                    pos = payload + sz
+                else:  # EIFMT_NVAL / BVAL / HVAL: the value (if any) sits in the size slot
+                    pos = payload
+    return list(kernels.values())
+
+
+@dataclass
+class CompileRecord:
+    """What one compile produced; stored beside the cached object as JSON + text files."""
+
+    kernel: str
+    key: str
+    arch: str
+    compile_s: float | None = None
+    load_s: float | None = None
+    ptx: str | None = None
+    sass: str | None = None
+    resources: list[KernelResources] = field(default_factory=list)
+
+    @property
+    def ptx_features(self) -> list[str]:
+        return find_features(self.ptx, PTX_FEATURES)
+
+    @property
+    def sass_features(self) -> list[str]:
+        return find_features(self.sass, SASS_FEATURES)
+
+    def summary(self) -> str:
+        regs = ",".join(str(r.registers) for r in self.resources if r.registers is not None) or "?"
+        smem = ",".join(str(r.static_smem_bytes) for r in self.resources) or "0"
+        t = f"{self.compile_s:.2f}s compile" if self.compile_s is not None else f"{(self.load_s or 0) * 1e3:.1f}ms load"
+        feats = ", ".join(self.ptx_features + self.sass_features)
+        return f"{t}; regs {regs}; static smem {smem} B; {feats}"

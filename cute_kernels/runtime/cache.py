@@ -1,0 +1,202 @@
+"""Compile cache: in memory, and on disk as exported objects that later processes load.
+
+A kernel is compiled once per *key* (its frozen config, dtypes and static sizes, plus the target
+arch) with ``cute.compile(..., options="--enable-tvm-ffi")``, exported with ``export_to_c`` and
+loaded back with ``cute.runtime.load_module``.  Disk entries live under
+
+    $CUTE_KERNELS_CACHE_DIR (default ~/.cache/cute_kernels) / <fingerprint> / <kernel> / <sha>.o
+
+where the fingerprint hashes our own sources, the DSL and tvm-ffi versions and the Python
+version, so editing any kernel (or upgrading the DSL) starts a fresh cache.  A per-entry file lock
+(``filelock``) makes concurrent processes compile a key once and the others load it.  Beside each
+object: ``.ptx``, ``.sass`` (when nvdisasm is available) and ``.json`` (compile time, registers).
+
+``CUTE_KERNELS_CACHE=0`` disables the disk cache (memory only).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Hashable
+
+from filelock import FileLock
+
+from .arch import target_arch
+from .artifacts import CompileRecord, KernelResources, cubin_resources
+
+EXPORT_NAME = "func"
+_PKG_ROOT = Path(__file__).resolve().parents[1]
+
+_memory: dict[tuple, Any] = {}
+_records: dict[tuple, CompileRecord] = {}
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Root of the on-disk cache (``CUTE_KERNELS_CACHE_DIR`` or ``~/.cache/cute_kernels``)."""
+    root = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cute_kernels"
+    )
+    return Path(root)
+
+
+def disk_cache_enabled() -> bool:
+    return os.environ.get("CUTE_KERNELS_CACHE", "1") not in ("0", "false", "no", "")
+
+
+@functools.lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """Hash of our package's sources + DSL/tvm-ffi/Python versions (16 hex digits)."""
+    import cutlass
+    import tvm_ffi
+
+    h = hashlib.sha256()
+    h.update(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
+    h.update(f"cutlass={cutlass.__version__};tvm_ffi={tvm_ffi.__version__}".encode())
+    for src in sorted(_PKG_ROOT.rglob("*.py")):
+        h.update(src.relative_to(_PKG_ROOT).as_posix().encode())
+        h.update(src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _key_sha(kernel: str, key: Hashable, arch: str) -> str:
+    return hashlib.sha256(repr((kernel, key, arch)).encode()).hexdigest()[:24]
+
+
+def _compile(build: Callable[[], tuple], keep_dir: str):
+    import cutlass.cute as cute
+
+    fn, args = build()
+    opts = f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir {keep_dir}"
+    if _nvdisasm_available():
+        opts += " --keep-sass"
+    return cute.compile(fn, *args, options=opts)
+
+
+@functools.lru_cache(maxsize=1)
+def _nvdisasm_available() -> bool:
+    """SASS needs an nvdisasm the DSL accepts (pip ``nvidia-cuda-nvdisasm`` >= 13.4, or a toolkit)."""
+    try:
+        from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
+
+        _find_nvdisasm_binary()
+        return True
+    except Exception:
+        return False
+
+
+def _record_from_compiled(kernel: str, sha: str, arch: str, compiled, seconds: float) -> CompileRecord:
+    arts = compiled.artifacts
+    cubin = arts.CUBIN if arts is not None else None
+    if isinstance(cubin, str):
+        cubin = cubin.encode("latin1")
+    return CompileRecord(
+        kernel=kernel,
+        key=sha,
+        arch=arch,
+        compile_s=seconds,
+        ptx=arts.PTX if arts is not None else None,
+        sass=arts.SASS if arts is not None else None,
+        resources=cubin_resources(cubin),
+    )
+
+
+def _write_record(base: Path, rec: CompileRecord) -> None:
+    if rec.ptx:
+        base.with_suffix(".ptx").write_text(rec.ptx)
+    if rec.sass:
+        base.with_suffix(".sass").write_text(rec.sass)
+    meta = {k: v for k, v in asdict(rec).items() if k not in ("ptx", "sass")}
+    base.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+
+
+def _read_record(base: Path, load_s: float) -> CompileRecord:
+    meta = json.loads(base.with_suffix(".json").read_text())
+    meta["resources"] = [KernelResources(**r) for r in meta.get("resources", [])]
+    rec = CompileRecord(**meta)
+    rec.compile_s = None
+    rec.load_s = load_s
+    for suffix, attr in ((".ptx", "ptx"), (".sass", "sass")):
+        f = base.with_suffix(suffix)
+        if f.exists():
+            setattr(rec, attr, f.read_text())
+    return rec
+
+
+def compile_cached(kernel: str, key: Hashable, build: Callable[[], tuple]) -> Callable:
+    """Compiled function for ``(kernel, key)`` on the current target arch.
+
+    ``build()`` returns ``(jit_function_or_callable_object, fake_args)``; it runs only on a miss.
+    ``key`` must capture everything that changes the generated code (config, dtypes, static
+    sizes).  The result is called with torch tensors and Python scalars, on torch's current
+    stream (tvm-ffi environment stream).
+    """
+    arch = target_arch()
+    mkey = (kernel, key, arch)
+    hit = _memory.get(mkey)
+    if hit is not None:
+        return hit
+    with _lock:
+        hit = _memory.get(mkey)
+        if hit is not None:
+            return hit
+        fn, rec = _compile_or_load(kernel, key, arch, build)
+        _memory[mkey] = fn
+        _records[mkey] = rec
+        return fn
+
+
+def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], tuple]):
+    import cutlass.cute as cute
+
+    sha = _key_sha(kernel, key, arch)
+    if not disk_cache_enabled():
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            compiled = _compile(build, tmp)
+            return compiled, _record_from_compiled(kernel, sha, arch, compiled, time.perf_counter() - t0)
+
+    folder = cache_dir() / source_fingerprint() / kernel
+    folder.mkdir(parents=True, exist_ok=True)
+    base = folder / sha
+    obj = base.with_suffix(".o")
+    with FileLock(str(base.with_suffix(".lock")), timeout=600):
+        if obj.exists() and base.with_suffix(".json").exists():
+            try:
+                t0 = time.perf_counter()
+                fn = cute.runtime.load_module(str(obj), enable_tvm_ffi=True)[EXPORT_NAME]
+                return fn, _read_record(base, time.perf_counter() - t0)
+            except Exception as exc:  # a truncated or stale object is a miss, not an error
+                print(f"cute_kernels cache: reloading {obj} failed ({exc}); recompiling", file=sys.stderr)
+                obj.unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            compiled = _compile(build, tmp)
+            seconds = time.perf_counter() - t0
+        rec = _record_from_compiled(kernel, sha, arch, compiled, seconds)
+        partial = base.with_suffix(".o.partial")
+        compiled.export_to_c(str(partial), function_name=EXPORT_NAME)
+        _write_record(base, rec)
+        os.replace(partial, obj)  # atomic: readers never see half an object
+        return compiled, rec
+
+
+def compile_record(kernel: str, key: Hashable) -> CompileRecord:
+    """The :class:`CompileRecord` (PTX, SASS, registers, times) of an entry compiled or loaded here."""
+    return _records[(kernel, key, target_arch())]
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process entries (the disk cache stays); used by tests and timing of loads."""
+    with _lock:
+        _memory.clear()
+        _records.clear()

@@ -1,0 +1,40 @@
+"""Fake (shape-only) arguments for compiling without a GPU or real tensors."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+
+TORCH_TO_CUTE = {
+    torch.float16: cutlass.Float16,
+    torch.bfloat16: cutlass.BFloat16,
+    torch.float32: cutlass.Float32,
+    torch.int32: cutlass.Int32,
+    torch.int64: cutlass.Int64,
+    torch.uint8: cutlass.Uint8,
+}
+
+
+def cute_dtype(dtype: torch.dtype):
+    """The DSL numeric type of a torch dtype."""
+    return TORCH_TO_CUTE[dtype]
+
+
+def fake_tensor(dtype, shape, stride=None, align: int = 16):
+    """A fake tensor for ``cute.compile``.
+
+    ``dtype``: a torch or DSL dtype.  ``shape``: ints (static) or ``cute.sym_int()`` (dynamic).
+    ``stride``: None for row-major compact (leading dim last), else a tuple of ints/sym_ints.
+    ``align``: assumed byte alignment of the data pointer.
+    """
+    if isinstance(dtype, torch.dtype):
+        dtype = cute_dtype(dtype)
+    if stride is None:
+        return cute.runtime.make_fake_compact_tensor(dtype, tuple(shape), assumed_align=align)
+    return cute.runtime.make_fake_tensor(dtype, tuple(shape), stride=tuple(stride), assumed_align=align)
+
+
+def fake_stream():
+    """Stream placeholder bound at call time to torch's current stream (tvm-ffi env stream)."""
+    return cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)

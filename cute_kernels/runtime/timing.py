@@ -1,0 +1,54 @@
+"""GPU timing for benchmarks and ``cute-kernels bench`` (never used by tests)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+
+def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20, inner: int = 10, warmup: int = 3) -> float:
+    """Median time of one ``fn()`` call in microseconds.
+
+    ``graph=True`` captures ``inner`` back-to-back calls in a CUDA graph and times replays
+    (kernel time without launch gaps, as decode serving sees it); ``graph=False`` times eager
+    calls (host overhead included).  Each of ``reps`` samples is timed with CUDA events.
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(inner):
+                fn()
+        run = g.replay
+    else:
+        def run():
+            for _ in range(inner):
+                fn()
+    run()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3 / inner)
+    return statistics.median(samples)
+
+
+def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
+    """Measured device-to-device copy rate (bytes read + written per second / 1e9)."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = cuda_time_us(lambda: dst.copy_(src), graph=False, reps=10, inner=3)
+    return nbytes / (t * 1e-6) / 1e9

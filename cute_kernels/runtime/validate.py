@@ -1,0 +1,72 @@
+"""Argument checks that run before any launch, with messages that say what to change.
+
+Every public op validates its tensors here: a bad dtype, shape, stride, device or alignment
+raises ``TypeError``/``ValueError`` in Python instead of a hang or a wrong answer on the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+
+def check_tensor(
+    name: str,
+    t,
+    *,
+    dtypes: Iterable[torch.dtype] | None = None,
+    ndim: int | None = None,
+    shape: Sequence[int | None] | None = None,
+    cuda: bool = True,
+    last_dim_contiguous: bool = True,
+    align_bytes: int = 16,
+) -> None:
+    """Validate one tensor argument.
+
+    Args:
+        name: the argument's name, used in messages.
+        dtypes: allowed dtypes (``TypeError`` otherwise).
+        ndim / shape: expected rank, and sizes (``None`` entries are free).
+        cuda: must live on a CUDA device.
+        last_dim_contiguous: stride of the last dim must be 1 (vector / TMA loads).
+        align_bytes: data pointer and every non-unit stride (in bytes) must be multiples of this
+            (16 for 128-bit vector loads and TMA); 0 disables the check.
+    Raises:
+        TypeError: not a tensor, or wrong dtype.
+        ValueError: wrong rank, shape, device, stride or alignment.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected one of {allowed}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    if shape is not None:
+        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
+    if cuda and t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if last_dim_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+    if align_bytes and t.numel() > 0:
+        if t.data_ptr() % align_bytes:
+            raise ValueError(f"{name}'s data pointer is not {align_bytes}-byte aligned (a sliced view?); pass .contiguous() or an aligned slice")
+        es = t.element_size()
+        for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
+            if size > 1 and stride != 1 and (stride * es) % align_bytes:
+                raise ValueError(
+                    f"{name}'s stride {stride} in dim {d} is not a multiple of {align_bytes} bytes; "
+                    "pass a contiguous tensor"
+                )
+
+
+def check_same_device(**tensors) -> None:
+    """All given tensors on one device (``ValueError`` otherwise)."""
+    devs = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    if len(set(devs.values())) > 1:
+        raise ValueError("tensors on different devices: " + ", ".join(f"{n}={d}" for n, d in devs.items()))
