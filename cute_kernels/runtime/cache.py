@@ -55,14 +55,18 @@ def disk_cache_enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def source_fingerprint() -> str:
-    """Hash of our package's sources + DSL/tvm-ffi/Python versions (16 hex digits)."""
+    """Hash of the kernel-facing sources (``runtime/``, ``kernels/``) + DSL/tvm-ffi/Python versions.
+
+    The CLI, registry and docs are left out so that editing them keeps the cache warm.
+    """
     import cutlass
     import tvm_ffi
 
     h = hashlib.sha256()
     h.update(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
     h.update(f"cutlass={cutlass.__version__};tvm_ffi={tvm_ffi.__version__}".encode())
-    for src in sorted(_PKG_ROOT.rglob("*.py")):
+    sources = sorted(p for d in ("runtime", "kernels") for p in (_PKG_ROOT / d).rglob("*.py"))
+    for src in sources:
         h.update(src.relative_to(_PKG_ROOT).as_posix().encode())
         h.update(src.read_bytes())
     return h.hexdigest()[:16]

@@ -1,0 +1,67 @@
+"""Compile time, cached-load time and per-call host overhead of the tiny scale kernel.
+
+    python3 bench/overhead.py [--json PATH]
+
+Compile and cached load are measured here in fresh cache folders (CPU is enough); the per-call
+overhead needs a GPU: a 4 KB bf16 tensor through ``cute_kernels.scale`` (eager fast path), through
+the registered ``torch.ops.cute_kernels.scale`` custom op, and a bare ``torch.mul``.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+CHILD = """
+import time, cute_kernels
+from cute_kernels.kernels import scale
+from cute_kernels.runtime.cache import compile_record
+t = scale.compile_targets()[1]
+t0 = time.perf_counter(); t.build(); wall = time.perf_counter() - t0
+r = compile_record(t.kernel, t.key)
+print(r.compile_s if r.compile_s is not None else -1, r.load_s if r.load_s is not None else -1, wall)
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    res = {}
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=d)
+        for label in ("cold", "warm"):
+            out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True).stdout.split()
+            compile_s, load_s, wall = map(float, out)
+            res[label] = dict(compile_s=compile_s, load_s=load_s, wall_s=wall)
+    print(f"compile (cold cache): {res['cold']['compile_s'] * 1e3:.0f} ms; cached load (new process): {res['warm']['load_s'] * 1e3:.2f} ms")
+    import torch
+
+    if torch.cuda.is_available():
+        import cute_kernels
+
+        x = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
+        for name, fn in (("cute_kernels.scale (eager fast path)", lambda: cute_kernels.scale(x, 2.0)),
+                         ("torch.ops.cute_kernels.scale (custom op)", lambda: torch.ops.cute_kernels.scale(x, 2.0)),
+                         ("torch.mul", lambda: torch.mul(x, 2.0))):
+            for _ in range(100):
+                fn()
+            torch.cuda.synchronize()
+            n = 2000
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            host = (time.perf_counter() - t0) / n * 1e6
+            torch.cuda.synchronize()
+            res[name] = dict(host_us_per_call=host)
+            print(f"{name:<44} {host:7.2f} us per call (host)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

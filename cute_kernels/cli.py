@@ -1,0 +1,201 @@
+"""``cute-kernels``: compile, check, bench and describe the registered kernels.
+
+    cute-kernels compile [--kernel NAME] [--arch sm_90a]   # CPU or GPU: fill the on-disk cache
+    cute-kernels check   [--kernel NAME]                   # GPU: correctness table vs references
+    cute-kernels bench   [--kernel NAME] [--json PATH]     # GPU: benchmark records
+    cute-kernels info                                      # versions, arch, cache, GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+
+
+def _select(kernel: str | None) -> list[str]:
+    from . import registry
+
+    if kernel is None:
+        return registry.names()
+    if kernel not in registry.KERNELS:
+        raise SystemExit(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}")
+    return [kernel]
+
+
+def cmd_compile(args) -> int:
+    from tqdm import tqdm
+
+    from . import registry
+    from .runtime.cache import compile_record
+
+    failures = 0
+    targets = []
+    for name in _select(args.kernel):
+        try:
+            targets += registry.module(name).compile_targets()
+        except Exception as exc:  # a broken module is reported, the others still compile
+            failures += 1
+            print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
+    lines = []
+    for t in tqdm(targets, desc="compiling", unit="cfg", file=sys.stderr, disable=args.quiet):
+        try:
+            t0 = time.perf_counter()
+            t.build()
+            wall = time.perf_counter() - t0
+            rec = compile_record(t.kernel, t.key)
+            lines.append(f"ok   {t.kernel:<11} {t.label:<48} {wall:6.2f}s  {rec.summary()}")
+        except Exception as exc:
+            failures += 1
+            lines.append(f"FAIL {t.kernel:<11} {t.label:<48} {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            if args.verbose:
+                traceback.print_exc()
+    for line in lines:
+        print(line)
+    print(f"{len(targets) - failures if failures <= len(targets) else 0}/{len(targets)} configs compiled for {os.environ['CUTE_DSL_ARCH']}")
+    return 1 if failures else 0
+
+
+def cmd_check(args) -> int:
+    import torch
+
+    from . import registry
+
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: compiling only (check needs a GPU)")
+        return cmd_compile(args)
+    rows, failed = [], 0
+    for name in _select(args.kernel):
+        try:
+            rows += registry.module(name).check()
+        except Exception as exc:
+            failed += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+            if args.verbose:
+                traceback.print_exc()
+    print(f"{'kernel':<11} {'case':<44} {'result':<6} {'max_abs_err':>12} {'rel_err':>10} {'tol':>9}")
+    for r in rows:
+        failed += not r.passed
+        print(f"{r.kernel:<11} {r.case:<44} {'pass' if r.passed else 'FAIL':<6} {r.max_abs_err:12.3e} {r.rel_err:10.3e} {r.tol:9.1e} {r.note}")
+    print(f"{len(rows) - sum(not r.passed for r in rows)} passed, {sum(not r.passed for r in rows)} failed")
+    return 1 if failed else 0
+
+
+def run_metadata() -> dict:
+    """Date, GPU, commit and versions stamped on every benchmark record."""
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(__file__)).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                    text=True, cwd=os.path.dirname(__file__)).stdout.strip())
+    except OSError:
+        commit, dirty = None, None
+    return dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        commit=commit,
+        dirty=dirty,
+        torch=torch.__version__,
+    )
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from . import registry
+
+    if not torch.cuda.is_available():
+        print("bench needs a CUDA GPU")
+        return 2
+    meta = run_metadata()
+    records, failed = [], 0
+    for name in _select(args.kernel):
+        try:
+            recs = registry.module(name).bench(args.shapes)
+        except Exception as exc:
+            failed += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
+            continue
+        for r in recs:
+            r.update(meta)
+            records.append(r)
+            shape = ",".join(f"{k}={v}" for k, v in r.get("shape", {}).items())
+            rate = f"{r['tflops']:.1f} TFLOP/s" if r.get("tflops") is not None else (
+                f"{r['gbps']:.0f} GB/s" if r.get("gbps") is not None else "")
+            print(f"{r['kernel']:<11} {r['impl']:<26} {r.get('mode', ''):<6} {shape:<60} {r['time_us']:10.2f} us  {rate}")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 1 if failed else 0
+
+
+def cmd_info(args) -> int:
+    import cutlass
+    import torch
+
+    from .runtime.arch import target_arch
+    from .runtime.cache import cache_dir, disk_cache_enabled, source_fingerprint
+
+    try:
+        import tvm_ffi
+
+        tvm = tvm_ffi.__version__
+    except ImportError:
+        tvm = "missing"
+    from . import __version__, registry
+
+    print(f"cute_kernels     {__version__}")
+    print(f"python           {platform.python_version()}")
+    print(f"torch            {torch.__version__} (CUDA {torch.version.cuda})")
+    print(f"nvidia-cutlass-dsl {cutlass.__version__}; apache-tvm-ffi {tvm}")
+    print(f"target arch      {target_arch()} (CUTE_DSL_ARCH)")
+    print(f"compile cache    {cache_dir() / source_fingerprint()} ({'on' if disk_cache_enabled() else 'off'})")
+    print(f"GPU              {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
+    print(f"kernels          {', '.join(registry.names())}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="cute-kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="compile every registered config into the on-disk cache")
+    c.add_argument("--kernel")
+    c.add_argument("--arch", help="target arch (default sm_90a, or the GPU's)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.add_argument("-v", "--verbose", action="store_true")
+    c.set_defaults(fn=cmd_compile)
+    k = sub.add_parser("check", help="GPU correctness of every kernel vs its reference")
+    k.add_argument("--kernel")
+    k.add_argument("--quiet", action="store_true")
+    k.add_argument("-v", "--verbose", action="store_true")
+    k.set_defaults(fn=cmd_check)
+    b = sub.add_parser("bench", help="GPU benchmarks against the peers")
+    b.add_argument("--kernel")
+    b.add_argument("--json", help="write the records to this file")
+    b.add_argument("--shapes", help="kernel-specific shape selection (see each kernel's bench())")
+    b.set_defaults(fn=cmd_bench)
+    i = sub.add_parser("info", help="versions, arch, cache location, GPU")
+    i.set_defaults(fn=cmd_info)
+    args = p.parse_args(argv)
+    if getattr(args, "arch", None):
+        if "cutlass" in sys.modules and os.environ.get("CUTE_DSL_ARCH") != args.arch:
+            raise SystemExit("--arch must be set before cutlass is imported")
+        os.environ["CUTE_DSL_ARCH"] = args.arch
+    import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass loads)
+
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

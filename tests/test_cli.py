@@ -1,0 +1,34 @@
+import subprocess
+import sys
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "cute_kernels", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_info():
+    r = _run("info")
+    assert r.returncode == 0, r.stderr
+    assert "sm_90a" in r.stdout and "nvidia-cutlass-dsl 4.8.1" in r.stdout
+
+
+def test_compile_one_kernel():
+    r = _run("compile", "--kernel", "scale", "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "3/3 configs compiled for sm_90a" in r.stdout
+    assert "ld.global.v4" in r.stdout
+
+
+def test_unknown_kernel_is_an_error():
+    r = _run("compile", "--kernel", "nope")
+    assert r.returncode != 0 and "unknown kernel" in (r.stdout + r.stderr)
+
+
+def test_check_without_gpu_compiles_and_exits_zero():
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    r = _run("check", "--kernel", "scale", "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no CUDA GPU" in r.stdout

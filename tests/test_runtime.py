@@ -1,0 +1,95 @@
+"""Runtime: target arch, compile cache (memory + disk, concurrent processes), artifacts."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from cute_kernels.runtime import arch, artifacts, cache
+from cute_kernels.kernels import scale
+
+
+def test_target_arch_is_hopper():
+    assert os.environ["CUTE_DSL_ARCH"] == "sm_90a"
+    assert arch.target_arch() == "sm_90a"
+
+
+def test_feature_regexes_on_known_text():
+    ptx = "ld.global.v4.b32 {%r1,%r2,%r3,%r4}, [%rd1];\nwgmma.mma_async.sync.aligned.m64n128k16\nbar.sync 3, 256;\nsetmaxnreg.inc.sync.aligned.u32 240;"
+    found = artifacts.find_features(ptx, artifacts.PTX_FEATURES)
+    assert {"ld.global.v4 (16B loads)", "wgmma", "named barrier", "setmaxnreg"} <= set(found)
+    assert "named barrier" not in artifacts.find_features("bar.sync 0;", artifacts.PTX_FEATURES)
+    assert artifacts.find_features("", artifacts.PTX_FEATURES) == []
+
+
+def test_cubin_resources_reads_registers(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[1]
+    t.build()
+    rec = cache.compile_record(t.kernel, t.key)
+    assert rec.ptx and ".target sm_90a" in rec.ptx
+    (res,) = rec.resources
+    assert 8 <= res.registers <= 255
+    assert res.static_smem_bytes == 0
+
+
+def test_disk_cache_roundtrip_is_faster_than_compile(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[0]
+    t.build()
+    first = cache.compile_record(t.kernel, t.key)
+    assert first.compile_s is not None and first.load_s is None
+    objs = list(tmp_path.rglob("*.o"))
+    assert len(objs) == 1 and objs[0].stat().st_size > 0
+    assert objs[0].with_suffix(".ptx").exists() and objs[0].with_suffix(".json").exists()
+    cache.clear_memory_cache()
+    fn = t.build()
+    second = cache.compile_record(t.kernel, t.key)
+    assert callable(fn)
+    assert second.compile_s is None and second.load_s is not None
+    assert second.load_s < first.compile_s / 5
+    assert second.ptx == first.ptx  # PTX survives the round trip, for feature tests
+
+
+def test_corrupt_cache_entry_recompiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[0]
+    t.build()
+    (obj,) = tmp_path.rglob("*.o")
+    obj.write_bytes(b"not an object file")
+    cache.clear_memory_cache()
+    t.build()
+    rec = cache.compile_record(t.kernel, t.key)
+    assert rec.compile_s is not None  # recompiled, not loaded
+    assert obj.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_memory_cache_returns_same_object(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[2]
+    assert t.build() is t.build()
+
+
+def test_concurrent_processes_share_one_entry(tmp_path):
+    code = textwrap.dedent("""
+        import cute_kernels
+        from cute_kernels.kernels import scale
+        from cute_kernels.runtime.cache import compile_record
+        t = scale.compile_targets()[0]
+        t.build()
+        r = compile_record(t.kernel, t.key)
+        print("compiled" if r.compile_s is not None else "loaded")
+    """)
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sorted(outs) == ["compiled", "loaded"], outs  # the lock serialises: one compiles, one loads
+    assert len(list(tmp_path.rglob("*.o"))) == 1

@@ -1,0 +1,39 @@
+"""The tiny scale kernel: CPU compile for sm_90a, PTX/SASS features, reference, validation."""
+
+import pytest
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import scale as mod
+from cute_kernels.runtime.cache import compile_record
+
+
+@pytest.mark.parametrize("target", mod.compile_targets(), ids=lambda t: t.label)
+def test_compiles_with_16_byte_vectors(target):
+    target.build()
+    rec = compile_record(target.kernel, target.key)
+    assert ".target sm_90a" in rec.ptx
+    assert "ld.global.v4 (16B loads)" in rec.ptx_features
+    assert "st.global.v4 (16B stores)" in rec.ptx_features
+    assert "local memory (spill)" not in rec.ptx_features
+    if rec.sass:
+        assert "LDG.E.128" in rec.sass_features and "STG.E.128" in rec.sass_features
+
+
+def test_reference():
+    x = torch.tensor([1.0, -2.0, 3.5, 0.0], dtype=torch.bfloat16)
+    assert torch.equal(cute_kernels.scale_reference(x, 2.0), torch.tensor([2.0, -4.0, 7.0, 0.0], dtype=torch.bfloat16))
+
+
+def test_validation_before_launch():
+    with pytest.raises(TypeError, match="dtype float64"):
+        cute_kernels.scale(torch.zeros(8, dtype=torch.float64), 1.0)
+    with pytest.raises(ValueError, match="CUDA device"):
+        cute_kernels.scale(torch.zeros(8, dtype=torch.float16), 1.0)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        mod.ScaleConfig(threads=100).validate()
+    with pytest.raises(ValueError, match="unroll"):
+        mod.ScaleConfig(unroll=0).validate()

@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from cute_kernels.runtime.validate import check_same_device, check_tensor
+
+
+def test_rejects_non_tensor():
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        check_tensor("x", [1, 2], cuda=False)
+
+
+def test_rejects_dtype():
+    with pytest.raises(TypeError, match="x has dtype float64"):
+        check_tensor("x", torch.zeros(8, dtype=torch.float64), dtypes=(torch.float16,), cuda=False)
+
+
+def test_rejects_cpu_when_cuda_needed():
+    with pytest.raises(ValueError, match="CUDA device"):
+        check_tensor("x", torch.zeros(8))
+
+
+def test_rejects_shape_and_rank():
+    with pytest.raises(ValueError, match="must have 2 dims"):
+        check_tensor("x", torch.zeros(8), ndim=2, cuda=False)
+    with pytest.raises(ValueError, match=r"shape \[\*, 4\]"):
+        check_tensor("x", torch.zeros(3, 5), shape=(None, 4), cuda=False)
+
+
+def test_rejects_non_unit_last_stride():
+    with pytest.raises(ValueError, match="contiguous in its last dim"):
+        check_tensor("x", torch.zeros(8, 8).t(), cuda=False)
+
+
+def test_rejects_misaligned_pointer_and_stride():
+    base = torch.zeros(64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        check_tensor("x", base[1:9], cuda=False)
+    with pytest.raises(ValueError, match="stride 12 in dim 0"):
+        check_tensor("x", torch.zeros(4, 12, dtype=torch.float16)[:, :8], cuda=False)
+
+
+def test_accepts_good_tensor():
+    check_tensor("x", torch.zeros(4, 16, dtype=torch.float16)[:, :8], dtypes=(torch.float16,), ndim=2, cuda=False)
+
+
+def test_same_device():
+    check_same_device(a=torch.zeros(1), b=torch.zeros(1))
+    with pytest.raises(ValueError, match="different devices"):
+        check_same_device(a=torch.zeros(1), b=torch.zeros(1, device="meta"))
