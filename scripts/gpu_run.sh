@@ -11,6 +11,8 @@ out=${1:?usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|all] [--kernel NAM
 what=${2:-all}
 shift $(( $# >= 2 ? 2 : 1 ))
 kernel_args=("$@")
+tests=(tests/gpu)
+if [[ ${1:-} == --kernel && -n ${2:-} ]]; then tests=(tests/gpu/test_${2}_gpu.py); fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -22,7 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 python3 -m cute_kernels info | tee "$out/info.txt"
 
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -p no:cacheprovider tests/gpu --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | tail -40
+  python3 -m pytest -q -p no:cacheprovider "${tests[@]}" --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | tail -40
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 fi
 if [[ $what == check || $what == all ]]; then
@@ -37,7 +39,7 @@ if [[ $what == sanitize ]]; then
   # small shapes only: CUTE_KERNELS_SMALL=1 lets GPU tests shrink themselves
   for tool in memcheck racecheck; do
     CUTE_KERNELS_SMALL=1 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
-      python3 -m pytest -q -p no:cacheprovider -x tests/gpu "${kernel_args[@]/#--kernel/-k}" > "$out/sanitize-$tool.log" 2>&1
+      python3 -m pytest -q -p no:cacheprovider -x "${tests[@]}" > "$out/sanitize-$tool.log" 2>&1
     rc=$?; echo "$tool exit $rc"; tail -5 "$out/sanitize-$tool.log"
     [[ $rc == 0 ]] || status=1
   done
