@@ -43,8 +43,13 @@ def main():
     if torch.cuda.is_available():
         import cute_kernels
 
+        from cute_kernels.kernels import scale as scale_mod
+
         x = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
-        for name, fn in (("cute_kernels.scale (eager fast path)", lambda: cute_kernels.scale(x, 2.0)),
+        y = torch.empty_like(x)
+        raw = scale_mod._compile(x.dtype, scale_mod.ScaleConfig())
+        for name, fn in (("compiled function, raw tvm-ffi call", lambda: raw(x, y, 2.0)),
+                         ("cute_kernels.scale (eager fast path)", lambda: cute_kernels.scale(x, 2.0)),
                          ("torch.ops.cute_kernels.scale (custom op)", lambda: torch.ops.cute_kernels.scale(x, 2.0)),
                          ("torch.mul", lambda: torch.mul(x, 2.0))):
             for _ in range(100):
