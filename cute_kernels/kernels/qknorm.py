@@ -1,0 +1,483 @@
+"""Fused Q/K RMSNorm over the whole hidden size, one GPU: q and k normalized in place, one launch.
+
+Math (seed 000, sglang ``tp_qknorm.cuh``, with the standard eps): for every token ``n``
+
+    q[n, :] = q[n, :] * rsqrt(sum(q[n, :]^2) / Q + eps) * q_weight
+    k[n, :] = k[n, :] * rsqrt(sum(k[n, :]^2) / K + eps) * k_weight
+
+accumulated in float32.  (The seed adds eps to the sum, i.e. eps/Q inside the mean; not copied.)
+
+Design: memory bound, so every byte is moved once with 16-byte vectors.  A CTA owns ``rows``
+tokens; its first ``rows * q.threads`` threads normalize the q rows, the remaining
+``rows * k.threads`` threads the k rows (each warp is all-q or all-k).  A row of ``W`` elements is
+``W / vec`` 16-byte vectors (``vec = 128 / dtype bits``); ``threads`` threads of the row hold
+``vecs`` vectors each (thread ``i`` holds vectors ``i, i + threads, ...``: coalesced), with a
+column predicate when ``threads * vecs * vec`` overshoots ``W``.  The sum of squares is reduced by
+butterfly shuffles over the row's lanes (``threads <= 32``, a power of two), or per warp and then
+across the row's warps through shared memory and a named barrier (``threads`` a multiple of 32;
+q and k use different barriers).  The row stride is a dynamic argument, so sliced views of a
+fused qkv buffer work without copies.
+
+The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
+the row is one rank's shard and ``Q``/``K`` are the full sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32
+
+from ..registry import CheckResult, CompileTarget
+from ..runtime.cache import compile_cached
+from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.torch_op import custom_op
+from ..runtime.validate import check_tensor
+
+NAME = "qknorm"
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Shipped (Q, K) full sizes and tensor-parallel degrees: MiniMax-M2-style 48/8 heads of 128 and 32/8.
+SHIPPED_DIMS = ((4096, 1024), (6144, 1024))
+SHIPPED_G = (1, 2, 4, 8)
+
+_THREAD_CHOICES = (256, 224, 192, 160, 128, 96, 64, 32, 16, 8, 4, 2, 1)
+_MAX_VECS = 8  # 16-byte vectors a thread holds per row (registers: 4 * _MAX_VECS for the data)
+
+
+def vec_elems(dtype: torch.dtype) -> int:
+    """Elements per 16-byte vector: 8 for 16-bit types, 4 for float32."""
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class RowTiling:
+    """How the threads of one row cover ``width`` elements: ``threads`` x ``vecs`` 16-byte vectors."""
+
+    width: int
+    vec: int
+    threads: int
+    vecs: int
+
+    @property
+    def nvec(self) -> int:
+        return self.width // self.vec
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the last column vectors are predicated off."""
+        return self.threads * self.vecs != self.nvec
+
+    @staticmethod
+    def choose(width: int, vec: int) -> "RowTiling":
+        """Prefer an exact split with about 4 vectors per thread, then fewer predicated slots."""
+        nvec = width // vec
+        best = None
+        for t in _THREAD_CHOICES:
+            v = -(-nvec // t)
+            if v > _MAX_VECS or (t > nvec and t > 1):
+                continue
+            score = (t * v != nvec, abs(v - 4), t * v - nvec, -t)
+            if best is None or score < best[0]:
+                best = (score, t, v)
+        if best is None:  # very wide rows: as many threads as allowed, capped vectors
+            t = 256
+            return RowTiling(width, vec, t, -(-nvec // t))
+        return RowTiling(width, vec, best[1], best[2])
+
+    def validate(self) -> None:
+        if self.width <= 0 or self.width % self.vec:
+            raise ValueError(f"row width {self.width} must be a positive multiple of {self.vec} (16-byte vectors)")
+        if not (self.threads in (1, 2, 4, 8, 16, 32) or self.threads % 32 == 0):
+            raise ValueError(f"threads per row {self.threads}: must be a power of two <= 32 or a multiple of 32")
+        if self.threads * self.vecs < self.nvec:
+            raise ValueError(f"{self.threads} threads x {self.vecs} vectors do not cover {self.nvec} vectors")
+        if self.vecs > 64:
+            raise ValueError(f"row of {self.width} elements needs {self.vecs} vectors per thread (> 64)")
+
+
+@dataclass(frozen=True)
+class QKNormConfig:
+    """Static shape of the fused kernel: per-rank row tilings of q and k, tokens per CTA.
+
+    ``q_dim``/``k_dim`` are the full (all-rank) sizes that divide the sum of squares.
+    """
+
+    q: RowTiling
+    k: RowTiling
+    rows: int
+    q_dim: int
+    k_dim: int
+
+    @staticmethod
+    def for_shape(q_width: int, k_width: int, dtype: torch.dtype, q_dim: int | None = None,
+                  k_dim: int | None = None) -> "QKNormConfig":
+        vec = vec_elems(dtype)
+        for name, w in (("q", q_width), ("k", k_width)):
+            if w <= 0 or w % vec:
+                raise ValueError(f"{name} row width {w} must be a positive multiple of {vec} for "
+                                 f"{str(dtype).replace('torch.', '')} (16-byte vectors)")
+        q, k = RowTiling.choose(q_width, vec), RowTiling.choose(k_width, vec)
+        while True:
+            rows = 32 // min(q.threads, k.threads, 32)  # every warp all-q or all-k
+            if rows * (q.threads + k.threads) <= 1024:
+                break
+            # a narrow part next to a wide one: give the narrow part more (idle) lanes
+            narrow = q if q.threads < k.threads else k
+            wider = RowTiling(narrow.width, vec, narrow.threads * 2, -(-narrow.nvec // (narrow.threads * 2)))
+            q, k = (wider, k) if narrow is q else (q, wider)
+        cfg = QKNormConfig(q, k, rows, q_dim or q_width, k_dim or k_width)
+        cfg.validate()
+        return cfg
+
+    @property
+    def q_threads(self) -> int:
+        return self.rows * self.q.threads
+
+    @property
+    def k_threads(self) -> int:
+        return self.rows * self.k.threads
+
+    @property
+    def threads(self) -> int:
+        return self.q_threads + self.k_threads
+
+    def validate(self) -> None:
+        self.q.validate()
+        self.k.validate()
+        if self.q.vec != self.k.vec:
+            raise ValueError("q and k must use the same vector size (same dtype)")
+        if self.q_threads % 32 or self.k_threads % 32:
+            raise ValueError(f"rows={self.rows}: q threads {self.q_threads} and k threads {self.k_threads} "
+                             "must be multiples of 32 (warps are all-q or all-k)")
+        if self.threads > 1024:
+            raise ValueError(f"{self.threads} threads per CTA > 1024")
+        if self.q_dim < self.q.width or self.k_dim < self.k.width:
+            raise ValueError("full dims must be >= the per-rank widths")
+
+
+class QKRowNormalizer:
+    """Device-side pieces shared by the one-GPU and tensor-parallel kernels (all ``@cute.jit``).
+
+    ``load_rows`` -> ``row_sum_of_squares`` -> (all-reduce across ranks, TP only) ->
+    ``scale_and_store``.
+    """
+
+    def __init__(self, dtype: type[cutlass.Numeric], config: QKNormConfig):
+        config.validate()
+        self.dtype = dtype
+        self.config = config
+        self.vec = config.q.vec
+        self.num_warps = config.threads // 32
+
+    def _tiled_copy(self, part: RowTiling):
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        thr_layout = cute.make_ordered_layout((self.config.rows, part.threads), order=(1, 0))
+        val_layout = cute.make_layout((1, self.vec))
+        return atom, cute.make_tiled_copy_tv(atom, thr_layout, val_layout)
+
+    @cute.jit
+    def load_rows(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, tidx: Int32,
+                  tile_idx: Int32, n: Int32):
+        """Load this thread's vectors of the CTA's rows of ``mX`` and of the weight (zeros outside).
+
+        Returns (tXgX, tXrX, tXrW, row_ok, col_ok) for :meth:`scale_and_store`.
+        """
+        rows = self.config.rows
+        tile = (rows, part.threads * part.vecs * self.vec)
+        atom, tiled_copy = self._tiled_copy(part)
+        thr_copy = tiled_copy.get_slice(tidx)
+        gX = cute.local_tile(mX, tile, (tile_idx, 0))
+        cX = cute.local_tile(cute.make_identity_tensor(mX.shape), tile, (tile_idx, 0))
+        # the weight seen as a (rows, width) tensor with row stride 0
+        mWb = cute.make_tensor(mW.iterator, cute.make_layout((rows, mW.shape[0]), stride=(0, 1)))
+        gW = cute.local_tile(mWb, tile, (0, 0))
+        tXgX = thr_copy.partition_S(gX)  # (atom, 1, vecs)
+        tXcX = thr_copy.partition_S(cX)
+        tXgW = thr_copy.partition_S(gW)
+        tXrX = cute.make_fragment_like(tXgX)
+        tXrW = cute.make_fragment_like(tXgW)
+        tXrX.fill(0)
+        tXrW.fill(0)
+        row_ok = tXcX[0][0] < n
+        col_ok = cute.make_rmem_tensor(cute.make_layout(part.vecs), cutlass.Boolean)
+        for j in cutlass.range_constexpr(part.vecs):
+            col_ok[j] = tXcX[(0, 0, j)][1] < part.width
+        if row_ok:
+            for j in cutlass.range_constexpr(part.vecs):
+                if cutlass.const_expr(part.ragged):
+                    if col_ok[j]:
+                        cute.copy(atom, tXgX[None, None, j], tXrX[None, None, j])
+                else:
+                    cute.copy(atom, tXgX[None, None, j], tXrX[None, None, j])
+        for j in cutlass.range_constexpr(part.vecs):
+            if cutlass.const_expr(part.ragged):
+                if col_ok[j]:
+                    cute.copy(atom, tXgW[None, None, j], tXrW[None, None, j])
+            else:
+                cute.copy(atom, tXgW[None, None, j], tXrW[None, None, j])
+        return tXgX, tXrX, tXrW, row_ok, col_ok
+
+    @cute.jit
+    def row_sum_of_squares(self, tXrX: cute.Tensor, part: cutlass.Constexpr, tidx: Int32,
+                           sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr) -> Float32:
+        """float32 sum of squares of this thread's row, identical in every thread of the row."""
+        x = tXrX.load().to(Float32)
+        ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+        ss = cute.arch.warp_reduction(ss, operator.add, threads_in_group=min(part.threads, 32))
+        if cutlass.const_expr(part.threads > 32):
+            warps_per_row = part.threads // 32
+            warp = tidx // 32
+            if tidx % 32 == 0:
+                sRed[warp_base + warp] = ss
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=self.config.rows * part.threads)
+            first = warp_base + (tidx // part.threads) * warps_per_row
+            ss = sRed[first]
+            for w in cutlass.range_constexpr(1, warps_per_row):  # fixed order
+                ss = ss + sRed[first + w]
+        return ss
+
+    @cute.jit
+    def scale_and_store(self, tXgX: cute.Tensor, tXrX: cute.Tensor, tXrW: cute.Tensor, scale: Float32,
+                        row_ok, col_ok: cute.Tensor, part: cutlass.Constexpr):
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        tXrY = cute.make_fragment_like(tXrX)
+        tXrY.store((tXrX.load().to(Float32) * scale * tXrW.load().to(Float32)).to(self.dtype))
+        if row_ok:
+            for j in cutlass.range_constexpr(part.vecs):
+                if cutlass.const_expr(part.ragged):
+                    if col_ok[j]:
+                        cute.copy(atom, tXrY[None, None, j], tXgX[None, None, j])
+                else:
+                    cute.copy(atom, tXrY[None, None, j], tXgX[None, None, j])
+
+
+class QKNormKernel(QKRowNormalizer):
+    """One launch normalizes q [N, Q] and k [N, K] in place; CTA ``b`` owns tokens ``b*rows ..``."""
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor,
+                 eps: Float32, stream):
+        n = mQ.shape[0]
+        rows = self.config.rows
+        self.kernel(mQ, mK, mWq, mWk, eps).launch(
+            grid=[(n + rows - 1) // rows, 1, 1], block=[self.config.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor, eps: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        cfg = self.config
+        smem = cutlass.memory.SmemAllocator()
+        sRed = smem.allocate_tensor(Float32, cute.make_layout(self.num_warps), byte_alignment=16)
+        n = mQ.shape[0]
+        if tidx < cfg.q_threads:
+            self.normalize(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
+        else:
+            self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
+                           cfg.q_threads // 32, 2)
+
+    @cute.jit
+    def normalize(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
+                  tidx: Int32, bidx: Int32, n: Int32, eps: Float32, sRed: cute.Tensor,
+                  warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
+        tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, bidx, n)
+        ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
+        scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
+        self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
+
+
+# ----------------------------------------------------------------------------- host side
+
+def _compile(dtype: torch.dtype, q_width: int, k_width: int):
+    cfg = QKNormConfig.for_shape(q_width, k_width, dtype)
+
+    def build():
+        vec = vec_elems(dtype)
+        n = cute.sym_int()
+        sq, sk = cute.sym_int(divisibility=vec), cute.sym_int(divisibility=vec)
+        return QKNormKernel(cute_dtype(dtype), cfg), (
+            fake_tensor(dtype, (n, q_width), stride=(sq, 1)), fake_tensor(dtype, (n, k_width), stride=(sk, 1)),
+            fake_tensor(dtype, (q_width,)), fake_tensor(dtype, (k_width,)), Float32(1e-6), fake_stream())
+
+    return compile_cached(NAME, (str(dtype), q_width, k_width), build)
+
+
+def shipped_shapes() -> list[tuple[int, int]]:
+    """Per-rank (q width, k width) of every shipped (Q, K, G)."""
+    out = []
+    for q, k in SHIPPED_DIMS:
+        for g in SHIPPED_G:
+            if (q // g, k // g) not in out:
+                out.append((q // g, k // g))
+    return out
+
+
+def compile_targets() -> list[CompileTarget]:
+    return [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw}", (str(d), qw, kw),
+                          build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw))
+            for d in DTYPES for qw, kw in shipped_shapes()]
+
+
+def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
+    """Shared argument checks of the one-GPU and tensor-parallel ops (raise before any launch).
+
+    ``cuda=False`` skips the device check (CPU tests of the other rules).
+    """
+    check_tensor("q", q, dtypes=DTYPES, ndim=2, cuda=cuda, align_bytes=0)
+    check_tensor("k", k, dtypes=(q.dtype,), ndim=2, cuda=cuda, align_bytes=0)
+    vec = vec_elems(q.dtype)
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[1] % vec:
+            raise ValueError(f"{name} has {t.shape[1]} columns; must be a multiple of {vec} (16-byte vectors)")
+    check_tensor("q", q, cuda=cuda)  # alignment of pointer and row stride
+    check_tensor("k", k, cuda=cuda)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
+    check_tensor("q_weight", q_weight, dtypes=(q.dtype,), shape=(q.shape[1],), cuda=cuda)
+    check_tensor("k_weight", k_weight, dtypes=(q.dtype,), shape=(k.shape[1],), cuda=cuda)
+    if q.device != k.device or q_weight.device != q.device or k_weight.device != q.device:
+        raise ValueError(f"q, k, q_weight, k_weight must be on one device, got {q.device}, {k.device}, "
+                         f"{q_weight.device}, {k_weight.device}")
+    if not isinstance(eps, (float, int)) or eps < 0 or not math.isfinite(eps):
+        raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+
+
+def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
+    """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures)."""
+    try:
+        dt = q.dtype
+        if dt not in DTYPES or k.dtype is not dt or q_weight.dtype is not dt or k_weight.dtype is not dt:
+            return False
+        (n, qw), (nk, kw) = q.shape, k.shape
+        vec = 16 // q.element_size()
+        if nk != n or qw % vec or kw % vec or q_weight.shape != (qw,) or k_weight.shape != (kw,):
+            return False
+        (sq, uq), (sk, uk) = q.stride(), k.stride()
+        if (uq != 1 and qw > 1) or (uk != 1 and kw > 1) or (sq % vec and n > 1) or (sk % vec and n > 1):
+            return False
+        if q_weight.stride() != (1,) or k_weight.stride() != (1,):
+            return False
+        if (q.data_ptr() | k.data_ptr() | q_weight.data_ptr() | k_weight.data_ptr()) % 16:
+            return False
+        dev = q.device
+        if dev.type != "cuda" or k.device != dev or q_weight.device != dev or k_weight.device != dev:
+            return False
+        return isinstance(eps, (float, int)) and 0 <= eps < math.inf
+    except (AttributeError, ValueError, TypeError):
+        return False
+
+
+_launchers: dict[tuple, object] = {}
+
+
+def _qk_rmsnorm_impl(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                     eps: float) -> None:
+    if not args_look_valid(q, k, q_weight, k_weight, eps):
+        validate_qk_args(q, k, q_weight, k_weight, eps)  # raises with the reason
+        if q_weight.stride() != (1,) or k_weight.stride() != (1,):
+            raise ValueError("q_weight and k_weight must be contiguous")
+    if q.shape[0] == 0:
+        return
+    key = (q.dtype, q.shape[1], k.shape[1])
+    fn = _launchers.get(key)
+    if fn is None:
+        fn = _launchers[key] = _compile(*key)
+    fn(q, k, q_weight, k_weight, float(eps))
+
+
+@custom_op("qk_rmsnorm_", mutates_args=("q", "k"))
+def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                eps: float) -> None:
+    """In-place fused RMSNorm of q and k over their whole rows, one launch (seed 000, G = 1).
+
+    ``q = q * rsqrt(mean(q^2) + eps) * q_weight`` and the same for k, float32 accumulation.
+
+    Args:
+        q: CUDA tensor [N, Q], float16/bfloat16/float32, last dim contiguous, any row stride that is
+            a multiple of 16 bytes (e.g. a column slice of a fused qkv buffer), 16-byte aligned;
+            ``Q`` a multiple of 8 (16-bit types) or 4 (float32).
+        k: [N, K], same dtype/device/rules as q.
+        q_weight: [Q], k_weight: [K], same dtype as q, contiguous.
+        eps: float >= 0 (standard RMSNorm eps, added to the mean).
+    Returns:
+        None; q and k are overwritten.
+    Raises:
+        TypeError: wrong dtypes.  ValueError: shapes, devices, strides, alignment or eps.
+    """
+    _qk_rmsnorm_impl(q, k, q_weight, k_weight, eps)
+
+
+def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                         eps: float, q_dim: int | None = None, k_dim: int | None = None,
+                         q_sumsq: torch.Tensor | None = None, k_sumsq: torch.Tensor | None = None):
+    """Out-of-place float64 reference, returns (q_out, k_out) in the input dtype (any device).
+
+    ``q_dim``/``k_dim``: the divisor of the sum (default: the row width).  ``q_sumsq``/``k_sumsq``:
+    per-token sums of squares to use instead of the local ones (a tensor-parallel reference passes
+    the sums over all shards).
+    """
+    def one(x, w, dim, ss):
+        xd = x.double()
+        ss = (xd * xd).sum(-1, keepdim=True) if ss is None else ss.double().reshape(-1, 1)
+        return (xd * torch.rsqrt(ss / (dim or x.shape[-1]) + eps) * w.double()).to(x.dtype)
+
+    return one(q, q_weight, q_dim, q_sumsq), one(k, k_weight, k_dim, k_sumsq)
+
+
+def check() -> list[CheckResult]:
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for (qd, kd), n in (((4096, 1024), 1), ((6144, 1024), 333), ((512, 128), 4097)):
+            q = torch.randn(n, qd, device="cuda", dtype=dtype)
+            k = torch.randn(n, kd, device="cuda", dtype=dtype)
+            wq = torch.randn(qd, device="cuda", dtype=dtype)
+            wk = torch.randn(kd, device="cuda", dtype=dtype)
+            rq, rk = qk_rmsnorm_reference(q, k, wq, wk, 1e-6)
+            qk_rmsnorm_(q, k, wq, wk, 1e-6)
+            tol = 2e-2 if dtype != torch.float32 else 1e-4
+            err = max((q.float() - rq.float()).abs().max().item(), (k.float() - rk.float()).abs().max().item())
+            rows.append(CheckResult(NAME, f"{str(dtype)[6:]} Q={qd} K={kd} N={n}", err <= tol * 8, err, err, tol * 8))
+    return rows
+
+
+def bench(shapes: str | None = None) -> list[dict]:
+    """Ours vs torch ``F.rms_norm`` (q, k) and quack ``rmsnorm`` (q, k) at Q=4096, K=1024 bf16."""
+    import torch.nn.functional as F
+
+    from ..runtime.timing import copy_bandwidth_gbps, cuda_time_us
+
+    try:
+        from quack.rmsnorm import rmsnorm as quack_rmsnorm
+    except Exception:  # quack not installed
+        quack_rmsnorm = None
+    copy_bw = copy_bandwidth_gbps()
+    recs = []
+    qd, kd, dtype = 4096, 1024, torch.bfloat16
+    for n in (1, 8, 64, 512, 4096, 16384):
+        q = torch.randn(n, qd, device="cuda", dtype=dtype)
+        k = torch.randn(n, kd, device="cuda", dtype=dtype)
+        wq = torch.randn(qd, device="cuda", dtype=dtype)
+        wk = torch.randn(kd, device="cuda", dtype=dtype)
+        nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+        impls = [("cute_kernels", lambda: qk_rmsnorm_(q, k, wq, wk, 1e-6)),
+                 ("torch", lambda: (F.rms_norm(q, (qd,), wq, 1e-6), F.rms_norm(k, (kd,), wk, 1e-6)))]
+        if quack_rmsnorm is not None:
+            impls.append(("quack", lambda: (quack_rmsnorm(q, wq, eps=1e-6), quack_rmsnorm(k, wk, eps=1e-6))))
+        for impl, fn in impls:
+            for graph in (True, False):
+                try:
+                    t = cuda_time_us(fn, graph=graph)
+                except Exception as exc:  # a peer that cannot be captured
+                    recs.append(dict(kernel=NAME, impl=impl, shape=dict(n=n, q=qd, k=kd, dtype="bfloat16"),
+                                     mode="graph" if graph else "eager", error=str(exc)[:200]))
+                    continue
+                gbps = nbytes / t / 1e3
+                recs.append(dict(kernel=NAME, impl=impl, shape=dict(n=n, q=qd, k=kd, dtype="bfloat16"),
+                                 mode="graph" if graph else "eager", time_us=t, gbps=gbps,
+                                 copy_frac=gbps / copy_bw))
+    return recs

@@ -1,0 +1,159 @@
+"""GPU: fused Q/K RMSNorm (G = 1) against a float64 reference; strided views, bounds, graphs, compile."""
+
+import pytest
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import qknorm as mod
+
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2**-7, 1e-2), torch.float16: (2**-10, 2e-3)}
+
+
+def _make(n, qd, kd, dtype, pad=0, extra_rows=1):
+    """q and k as strided views of one poisoned qkv-like buffer (pad columns and extra rows stay NaN)."""
+    buf = torch.full((n + extra_rows, qd + kd + pad), float("nan"), device="cuda", dtype=dtype)
+    q, k = buf[:n, :qd], buf[:n, qd:qd + kd]
+    q.copy_(torch.randn(n, qd, device="cuda", dtype=dtype) * 3)
+    k.copy_(torch.randn(n, kd, device="cuda", dtype=dtype))
+    wq = torch.randn(qd, device="cuda", dtype=dtype)
+    wk = torch.randn(kd, device="cuda", dtype=dtype)
+    return buf, q, k, wq, wk
+
+
+def _check(buf, q, k, wq, wk, eps, qd, kd, n):
+    rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, eps)
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, eps)
+    torch.cuda.synchronize()
+    rtol, atol = TOL[q.dtype]
+    torch.testing.assert_close(q.double(), rq, rtol=rtol, atol=atol, equal_nan=True)
+    torch.testing.assert_close(k.double(), rk, rtol=rtol, atol=atol, equal_nan=True)
+    # nothing outside q and k was written (NaN poison and the extra row intact)
+    assert torch.isnan(buf[n:]).all()
+    assert torch.isnan(buf[:n, qd + kd:]).all()
+
+
+@pytest.mark.parametrize("dtype", mod.DTYPES)
+@pytest.mark.parametrize("qk", [(4096, 1024), (6144, 1024), (3072, 512), (1536, 256), (768, 128), (512, 128)])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 333, 4097])
+def test_matches_float64_reference(dtype, qk, n):
+    qd, kd = qk
+    buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=kd)  # row stride Q + 2K, like a fused qkv buffer
+    _check(buf, q, k, wq, wk, 1e-6, qd, kd, n)
+
+
+@pytest.mark.parametrize("qk", [(8, 8), (8 * 97, 24), (1000, 8), (16384, 64)])
+def test_odd_widths(qk):
+    qd, kd = qk
+    for dtype in (torch.bfloat16, torch.float32):
+        if qd % mod.vec_elems(dtype) or kd % mod.vec_elems(dtype):
+            continue
+        buf, q, k, wq, wk = _make(37, qd, kd, dtype)
+        _check(buf, q, k, wq, wk, 1e-5, qd, kd, 37)
+
+
+def test_large_n_contiguous():
+    n, qd, kd = 8192, 4096, 1024
+    q = torch.randn(n, qd, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(n, kd, device="cuda", dtype=torch.bfloat16)
+    wq = torch.randn(qd, device="cuda", dtype=torch.bfloat16)
+    wk = torch.randn(kd, device="cuda", dtype=torch.bfloat16)
+    rq, rk = mod.qk_rmsnorm_reference(q, k, wq, wk, 1e-6)  # rounded to bf16
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    # at most one bf16 rounding step apart from the float64 result rounded to bf16
+    for got, ref in ((q, rq), (k, rk)):
+        diff = (got.float() - ref.float()).abs()
+        assert (diff <= ref.float().abs() * 2**-7 + 1e-6).all(), diff.max()
+
+
+def test_zero_rows_and_eps_zero():
+    buf, q, k, wq, wk = _make(9, 4096, 1024, torch.bfloat16)
+    q[3].zero_()
+    k[5].zero_()
+    _check(buf, q, k, wq, wk, 1e-6, 4096, 1024, 9)
+    assert (q[3] == 0).all() and (k[5] == 0).all()
+    buf, q, k, wq, wk = _make(9, 4096, 1024, torch.bfloat16)
+    q[3].zero_()
+    _check(buf, q, k, wq, wk, 0.0, 4096, 1024, 9)  # 0 * rsqrt(0) = NaN in both
+    assert torch.isnan(q[3]).all()
+
+
+def test_matches_torch_rms_norm():
+    q = torch.randn(100, 4096, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(100, 1024, device="cuda", dtype=torch.bfloat16)
+    wq = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    wk = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    tq = torch.nn.functional.rms_norm(q.float(), (4096,), wq.float(), 1e-6)
+    tk = torch.nn.functional.rms_norm(k.float(), (1024,), wk.float(), 1e-6)
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    torch.testing.assert_close(q.float(), tq, rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(k.float(), tk, rtol=2**-7, atol=1e-2)
+
+
+def test_empty_and_validation_on_gpu():
+    q = torch.empty(0, 4096, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(0, 1024, device="cuda", dtype=torch.bfloat16)
+    wq = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+    wk = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    with pytest.raises(ValueError, match="aligned"):
+        buf = torch.zeros(2, 4096 + 8, device="cuda", dtype=torch.bfloat16)
+        cute_kernels.qk_rmsnorm_(buf.view(-1)[4:4 + 2 * 4096].view(2, 4096), torch.zeros(2, 1024, device="cuda",
+                                 dtype=torch.bfloat16), wq, wk, 1e-6)
+    with pytest.raises(ValueError, match="contiguous"):
+        cute_kernels.qk_rmsnorm_(torch.zeros(2, 4096, device="cuda", dtype=torch.bfloat16),
+                                 torch.zeros(2, 1024, device="cuda", dtype=torch.bfloat16),
+                                 torch.ones(8192, device="cuda", dtype=torch.bfloat16)[::2], wk, 1e-6)
+
+
+def test_runs_on_current_stream():
+    buf, q, k, wq, wk = _make(4096, 4096, 1024, torch.bfloat16)
+    rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, 1e-6)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(1_000_000)
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    s.synchronize()
+    torch.testing.assert_close(q.double(), rq, rtol=2**-7, atol=1e-2)
+
+
+def test_cuda_graph_capture_and_replay():
+    n = 64
+    q = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16)
+    wq = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    wk = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)  # compile outside capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    q.copy_(torch.randn_like(q))
+    k.copy_(torch.randn_like(k))
+    rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, 1e-6)
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(q.double(), rq, rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(k.double(), rk, rtol=2**-7, atol=1e-2)
+
+
+def test_torch_compile():
+    def f(q, k, wq, wk):
+        q = q * 1
+        k = k * 1
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+        return q + 0, k + 0
+
+    q = torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    wq = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    wk = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, 1e-6)
+    oq, ok = torch.compile(f, fullgraph=True)(q, k, wq, wk)
+    torch.testing.assert_close(oq.double(), rq, rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(ok.double(), rk, rtol=2**-7, atol=1e-2)
+
+
+def test_opcheck():
+    q = torch.randn(4, 64, device="cuda", dtype=torch.float32)
+    k = torch.randn(4, 16, device="cuda", dtype=torch.float32)
+    torch.library.opcheck(mod.qk_rmsnorm_.op, (q, k, torch.randn(64, device="cuda"), torch.randn(16, device="cuda"), 1e-6))

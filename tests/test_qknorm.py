@@ -1,0 +1,147 @@
+"""Fused Q/K RMSNorm (G = 1): CPU compile of every shipped config, PTX features, tiling, reference, validation."""
+
+import math
+
+import pytest
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import qknorm as mod
+from cute_kernels.runtime.cache import compile_record
+
+
+@pytest.mark.parametrize("target", mod.compile_targets(), ids=lambda t: t.label)
+def test_compiles_with_16_byte_vectors(target):
+    target.build()
+    rec = compile_record(target.kernel, target.key)
+    assert ".target sm_90a" in rec.ptx
+    assert "ld.global.v4 (16B loads)" in rec.ptx_features
+    assert "st.global.v4 (16B stores)" in rec.ptx_features
+    assert "local memory (spill)" not in rec.ptx_features
+    assert "rsqrt.approx" in rec.ptx
+    if rec.sass:
+        assert "LDG.E.128" in rec.sass_features and "STG.E.128" in rec.sass_features
+
+
+def test_odd_widths_compile():
+    """Widths that are multiples of 8 but not of the thread count (predicated column vectors)."""
+    for dtype, qw, kw in ((torch.bfloat16, 8 * 97, 8 * 3), (torch.float32, 4000, 8)):
+        cfg = mod.QKNormConfig.for_shape(qw, kw, dtype)
+        assert cfg.q.ragged or cfg.k.ragged
+        mod._compile(dtype, qw, kw)
+        assert "ld.global.v4 (16B loads)" in compile_record(mod.NAME, (str(dtype), qw, kw)).ptx_features
+
+
+@pytest.mark.parametrize("dtype", mod.DTYPES)
+@pytest.mark.parametrize("width", [8, 16, 24, 128, 256, 512, 768, 1000, 1024, 1536, 2048, 3072, 4096, 6144, 8 * 1031, 16384])
+def test_row_tiling_covers_row(dtype, width):
+    vec = mod.vec_elems(dtype)
+    if width % vec:
+        pytest.skip("not a multiple of the vector")
+    t = mod.RowTiling.choose(width, vec)
+    t.validate()
+    assert t.threads * t.vecs >= t.nvec
+    assert t.threads * (t.vecs - 1) < t.nvec  # no thread is all padding in its last slot... of every row
+    cfg = mod.QKNormConfig.for_shape(width, 1024 if dtype != torch.float32 else 512, dtype)
+    assert cfg.threads <= 1024 and cfg.q_threads % 32 == 0 and cfg.k_threads % 32 == 0
+
+
+def test_shipped_tilings_are_exact():
+    """The shipped shapes use no predicated columns and about 4 vectors per thread."""
+    for qw, kw in mod.shipped_shapes():
+        cfg = mod.QKNormConfig.for_shape(qw, kw, torch.bfloat16)
+        assert not cfg.q.ragged and not cfg.k.ragged, cfg
+        assert 3 <= cfg.q.vecs <= 4 and cfg.k.vecs == 4, cfg
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        mod.QKNormConfig.for_shape(4100, 1024, torch.bfloat16)
+    with pytest.raises(ValueError, match="power of two"):
+        mod.RowTiling(1024, 8, 48, 3).validate()
+    with pytest.raises(ValueError, match="do not cover"):
+        mod.RowTiling(1024, 8, 32, 2).validate()
+    with pytest.raises(ValueError, match="multiples of 32"):
+        mod.QKNormConfig(mod.RowTiling(512, 8, 16, 4), mod.RowTiling(128, 8, 4, 4), 1, 512, 128).validate()
+
+
+def test_reference_hand_checked():
+    q = torch.tensor([[3.0, 4.0], [0.0, 0.0]], dtype=torch.float32)
+    k = torch.tensor([[1.0, 1.0, 1.0, 1.0], [2.0, 0.0, 0.0, 0.0]], dtype=torch.float32)
+    wq = torch.tensor([1.0, 2.0])
+    wk = torch.tensor([1.0, 1.0, 1.0, -1.0])
+    rq, rk = cute_kernels.qk_rmsnorm_reference(q, k, wq, wk, 0.0)
+    s = 1 / math.sqrt(12.5)
+    torch.testing.assert_close(rq[0], torch.tensor([3 * s, 8 * s]))
+    assert torch.isnan(rq[1]).all()  # 0 * rsqrt(0): NaN, as torch's rms_norm with eps = 0
+    torch.testing.assert_close(rk, torch.tensor([[1.0, 1.0, 1.0, -1.0], [2.0, 0.0, 0.0, 0.0]]))
+    rq, _ = cute_kernels.qk_rmsnorm_reference(q, k, wq, wk, 1.0)
+    torch.testing.assert_close(rq[1], torch.zeros(2))
+    torch.testing.assert_close(rq[0], torch.tensor([3.0, 8.0]) / math.sqrt(13.5))
+
+
+def test_reference_matches_torch_rms_norm():
+    q = torch.randn(5, 64, dtype=torch.float64)
+    k = torch.randn(5, 16, dtype=torch.float64)
+    wq, wk = torch.randn(64, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    rq, rk = cute_kernels.qk_rmsnorm_reference(q, k, wq, wk, 1e-5)
+    torch.testing.assert_close(rq, torch.nn.functional.rms_norm(q, (64,), wq, 1e-5))
+    torch.testing.assert_close(rk, torch.nn.functional.rms_norm(k, (16,), wk, 1e-5))
+
+
+def test_reference_with_global_sums():
+    """The TP form: shards normalized with the sums over all shards equal the unsharded result."""
+    q = torch.randn(3, 32, dtype=torch.float64)
+    k = torch.randn(3, 8, dtype=torch.float64)
+    wq, wk = torch.randn(32, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    full_q, full_k = cute_kernels.qk_rmsnorm_reference(q, k, wq, wk, 1e-6)
+    ssq, ssk = (q * q).sum(-1), (k * k).sum(-1)
+    for g in range(2):
+        sq, sk = slice(16 * g, 16 * g + 16), slice(4 * g, 4 * g + 4)
+        rq, rk = cute_kernels.qk_rmsnorm_reference(q[:, sq], k[:, sk], wq[sq], wk[sk], 1e-6, q_dim=32, k_dim=8,
+                                                   q_sumsq=ssq, k_sumsq=ssk)
+        torch.testing.assert_close(rq, full_q[:, sq])
+        torch.testing.assert_close(rk, full_k[:, sk])
+
+
+def _args(n=4, qd=64, kd=16, dtype=torch.bfloat16):
+    return (torch.zeros(n, qd, dtype=dtype), torch.zeros(n, kd, dtype=dtype),
+            torch.ones(qd, dtype=dtype), torch.ones(kd, dtype=dtype))
+
+
+def test_validation_before_launch():
+    q, k, wq, wk = _args()
+    with pytest.raises(ValueError, match="CUDA device"):
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    with pytest.raises(TypeError, match="dtype float64"):
+        cute_kernels.qk_rmsnorm_(q.double(), k, wq, wk, 1e-6)
+    with pytest.raises(ValueError, match="2 dims"):
+        cute_kernels.qk_rmsnorm_(q[None], k, wq, wk, 1e-6)
+
+
+def test_validation_rules_without_gpu():
+    v = lambda *a, **kw: mod.validate_qk_args(*a, cuda=False, **kw)  # noqa: E731
+    q, k, wq, wk = _args()
+    v(q, k, wq, wk, 1e-6)
+    with pytest.raises(TypeError, match="k has dtype float16"):
+        v(q, k.half(), wq, wk, 1e-6)
+    with pytest.raises(TypeError, match="q_weight has dtype float32"):
+        v(q, k, wq.float(), wk, 1e-6)
+    with pytest.raises(ValueError, match="same number of tokens"):
+        v(q, k[:3], wq, wk, 1e-6)
+    with pytest.raises(ValueError, match=r"q_weight must have shape \[64\]"):
+        v(q, k, wq[:32], wk, 1e-6)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        qq, _, ww, _ = _args(qd=60)
+        v(qq, k, ww, wk, 1e-6)
+    with pytest.raises(ValueError, match="contiguous in its last dim"):
+        v(torch.zeros(64, 4, dtype=torch.bfloat16).t(), k, wq, wk, 1e-6)
+    with pytest.raises(ValueError, match="stride"):
+        big = torch.zeros(4, 68, dtype=torch.bfloat16)
+        v(big[:, :64], k, wq, wk, 1e-6)  # row stride 136 bytes: not a multiple of 16
+    with pytest.raises(ValueError, match="eps"):
+        v(q, k, wq, wk, -1.0)
+    with pytest.raises(ValueError, match="eps"):
+        v(q, k, wq, wk, float("nan"))
+    big = torch.zeros(4, 64 + 2 * 16, dtype=torch.bfloat16)  # a fused qkv buffer: q and k are strided views
+    v(big[:, :64], big[:, 64:80], wq, wk, 1e-6)
