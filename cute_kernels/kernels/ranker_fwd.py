@@ -1,0 +1,890 @@
+"""Ranker attention forward on Hopper (sm_90a): a warp-specialized CuTe-DSL kernel (issue 3, seed 002).
+
+Math (seed 002, issue 3).  ``q [B, S, Hq, D]``, ``k, v [B, S, Hkv, D]``, ``bounds [B, 4]`` int32 =
+(hist_lo, hist_hi, cand_lo, cand_hi), half-open.  Query ``i`` attends key ``j`` iff
+``(j in hist and (i in hist or i in cand)) or (i in cand and j == i)``.
+``s = softmax_scale * q.k``, then the optional cap (``tanh``: ``cap*tanh(s/cap)``;
+``soft_sign``: ``s/(1+|s|/cap)``), then the mask; ``out = softmax(s) @ v``; rows with no valid key
+give ``out = 0`` and ``lse = -inf``.  ``lse [B, Hq, S]`` float32 is in natural-log units.
+Bounds are clamped to ``[0, S]`` (see :mod:`.ranker_mask`), never rejected.
+
+Kernel design.  One CTA per (q tile of ``tile_m`` rows, query head, batch row); 3 warpgroups:
+
+* warpgroup 0, the producer (``setmaxnreg`` down to 24): its warp 0 issues TMA loads of the Q tile
+  and of the history K/V blocks through multi-stage ``PipelineTmaAsync`` pipelines (swizzled smem);
+* warpgroups 1 and 2, the consumers (``setmaxnreg`` up to 240), 64 q rows each: WGMMA
+  ``S = Q K^T`` (both operands in smem), cap, edge-block column mask, online softmax in exp2,
+  ``O += P V`` with P in registers; the two warpgroups take turns issuing WGMMAs through two
+  named barriers (:class:`NamedBarrierFwd`), so one's softmax overlaps the other's GEMMs.
+
+Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
+either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
+the online softmax after the history loop as a per-row dot product ``q_i . k_i`` and ``v_i``; there
+are no diagonal tiles.  Epilogue: O through ``stmatrix`` into smem (aliasing sQ) and a TMA store
+(fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+import torch
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from ..registry import CheckResult, CompileTarget
+from ..runtime.cache import compile_cached
+from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.torch_op import custom_op
+from ..runtime.validate import check_same_device, check_tensor
+from .ranker_mask import RankerSegments, admitted_pairs, clamp_bounds, dense_mask
+
+NAME = "ranker_fwd"
+DTYPES = (torch.bfloat16, torch.float16)
+CAP_METHODS = ("none", "tanh", "soft_sign")
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in dynamic shared memory per CTA
+
+
+class NamedBarrierFwd(enum.IntEnum):
+    """Named barriers of the forward (0 is ``__syncthreads``)."""
+
+    Epilogue = 1  # consumers: done reading sQ before sO (aliasing it) is written; sO ready for TMA
+    WarpSchedulerWG1 = 2  # consumer warpgroup 1 may issue its WGMMAs
+    WarpSchedulerWG2 = 3  # consumer warpgroup 2 may issue its WGMMAs
+
+
+@dataclass(frozen=True)
+class RankerFwdConfig:
+    """Tile shape of the forward: ``tile_m`` q rows (64 per consumer warpgroup), ``tile_n`` keys per
+    KV block, ``stages`` K/V smem buffers, register split (producer / consumer)."""
+
+    head_dim: int = 128
+    tile_m: int = 128
+    tile_n: int = 128
+    stages: int = 2
+    consumer_wgs: int = 2
+    producer_regs: int = 24
+    consumer_regs: int = 240
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        sq = self.tile_m * self.head_dim * elem_bytes  # sO aliases sQ
+        skv = 2 * self.stages * self.tile_n * self.head_dim * elem_bytes
+        return sq + skv + 8 * (2 + 4 * self.stages) + 2048  # mbarriers + 1024-byte alignment slack
+
+    def validate(self) -> None:
+        if self.head_dim not in (64, 128, 256):
+            raise ValueError(f"head_dim={self.head_dim}: supported head dims are 64, 128, 256")
+        if self.consumer_wgs != 2:
+            raise ValueError(f"consumer_wgs={self.consumer_wgs}: the kernel has exactly 2 consumer warpgroups")
+        if self.tile_m != 64 * self.consumer_wgs:
+            raise ValueError(f"tile_m={self.tile_m}: must be 64 (WGMMA M) x consumer_wgs = {64 * self.consumer_wgs}")
+        if self.tile_n % 16 or not 64 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [64, 256] (WGMMA N / K)")
+        if self.stages < 1 or self.stages > 8:
+            raise ValueError(f"stages={self.stages}: must be in [1, 8]")
+        # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs)
+        acc_regs = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
+        if acc_regs > self.consumer_regs - 48:
+            raise ValueError(
+                f"tile_n={self.tile_n}, head_dim={self.head_dim}: {acc_regs} accumulator registers per "
+                f"consumer thread leave too few of {self.consumer_regs}; use a smaller tile_n")
+        if self.producer_regs % 8 or self.consumer_regs % 8:
+            raise ValueError("setmaxnreg counts must be multiples of 8")
+        if self.producer_regs * 128 + self.consumer_regs * 128 * self.consumer_wgs > 65536:
+            raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} exceeds 64K registers per SM")
+        smem = self.smem_bytes()
+        if smem > SMEM_CAPACITY:
+            raise ValueError(
+                f"config needs {smem} B of shared memory (Q {self.tile_m}x{self.head_dim} + "
+                f"{self.stages} stages of K,V {self.tile_n}x{self.head_dim}); the sm_90 limit is {SMEM_CAPACITY} B")
+
+
+# Shipped configs, one per head dim (FA3's sm90 choices for tile_m=128 + what fits in smem).
+CONFIGS = {
+    64: RankerFwdConfig(head_dim=64, tile_n=128, stages=4),
+    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2),
+    256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
+}
+
+
+def _select(t: cute.Tensor, modes) -> cute.Tensor:
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
+
+
+def _transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of an smem tensor (V -> V^T for the PV GEMM's B operand)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+def _acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """WGMMA accumulator ((2, 2, N/8), M, N) -> ((2, M), (2, N/8, N)): rows x columns view."""
+    lay = cute.make_layout(acc_layout.shape)
+    shape = ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[0][2], lay.shape[2]))
+    stride = ((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[0][2], lay.stride[2]))
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+def _acc_mn(acc: cute.Tensor) -> cute.Tensor:
+    return cute.make_tensor(acc.iterator, _acc_mn_layout(acc.layout))
+
+
+def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """View the S accumulator ((2, 2, N/8), M, N) as the RS-WGMMA A operand ((2, 2, 2), M, (N/16, N))."""
+    lay = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
+    op = cute.make_layout(
+        ((lay.shape[0][0], lay.shape[0][1], lay.shape[0][2][0]), lay.shape[1], (lay.shape[0][2][1], lay.shape[2])),
+        stride=((lay.stride[0][0], lay.stride[0][1], lay.stride[0][2][0]), lay.stride[1],
+                (lay.stride[0][2][1], lay.stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, op)
+
+
+def _smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
+    """K-major swizzled smem layout (rows, cols[, stages]) with the widest swizzle the row allows."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
+    if stages is None:
+        return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
+    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+class RankerAttentionFwd:
+    """The forward kernel for one (dtype, head dim, GQA ratio, cap method, varlen, config)."""
+
+    def __init__(self, dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
+        config.validate()
+        if cap_method not in CAP_METHODS:
+            raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS}")
+        self.dtype = dtype
+        self.config = config
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.head_dim = config.head_dim
+        self.stages = config.stages
+        self.qhead_per_kvhead = qhead_per_kvhead
+        self.cap_method = cap_method
+        self.varlen = varlen
+        self.num_consumer_threads = 128 * config.consumer_wgs
+        self.num_threads = 128 + self.num_consumer_threads
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBounds: cute.Tensor,
+                 mO: cute.Tensor, mLSE: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+                 scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
+                 max_seqlen: Int32, stream):
+        # (B, S, H, D) -> (S, D, H, B); varlen (T, H, D) -> (T, D, H).  LSE (B, H, S) -> (S, H, B); (H, T) -> (T, H)
+        if const_expr(self.varlen):
+            mQ, mK, mV, mO = [_select(t, [0, 2, 1]) for t in (mQ, mK, mV, mO)]
+            mLSE = _select(mLSE, [1, 0])
+        else:
+            mQ, mK, mV, mO = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
+            mLSE = _select(mLSE, [2, 1, 0])
+
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(self.tile_m // 64, 1, 1), tiler_mn=(64, self.tile_n))
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+            atom_layout_mnk=(self.tile_m // 64, 1, 1), tiler_mn=(64, self.head_dim),
+            a_source=warpgroup.OperandSource.RMEM)
+
+        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim)
+        sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
+        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
+        sO_layout = sQ_layout
+
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mQ, sQ_layout, (self.tile_m, self.head_dim))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.select(sK_layout, mode=[0, 1]),
+            (self.tile_n, self.head_dim), 1)
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mV, cute.select(sV_layout, mode=[0, 1]),
+            (self.tile_n, self.head_dim), 1)
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim))
+        self.tma_bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
+        self.tma_bytes_kv = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mQ.shape[2]), num_batch)
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_O, mQ, mK, mV, mO, mLSE, mBounds, mCuSeqlens,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout,
+            scale_log2, softmax_scale, cap,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_O: cute.Tensor,
+               mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+               tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
+               tma_atom_O: cute.CopyAtom, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
+               scale_log2: Float32, softmax_scale: Float32, cap: Float32):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        pipeline_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=self.tma_bytes_q, defer_sync=True)
+        pipeline_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.tma_bytes_kv, defer_sync=True)
+        pipeline_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.tma_bytes_kv, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # aliases sQ
+
+        m_block, head, batch = cute.arch.block_idx()
+        head_kv = head // self.qhead_per_kvhead
+        offset = Int32(0)
+        seqlen = Int32(mQ.shape[0])
+        if const_expr(self.varlen):
+            offset = Int32(mCuSeqlens[batch])
+            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
+        seg = RankerSegments.load(mBounds, batch, seqlen)
+        row_lo = m_block * self.tile_m
+        in_range = row_lo < seqlen
+        active = seg.tile_active(row_lo, row_lo + self.tile_m)
+        n_blocks = seg.n_block_count(self.tile_n)
+        n_block_min = seg.n_block_min(self.tile_n)
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.config.producer_regs)
+            if warp_idx == 0:
+                if in_range and active and n_blocks > 0:
+                    self.load(tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                              pipeline_q, pipeline_k, pipeline_v, m_block, head, head_kv, batch, offset,
+                              n_block_min, n_blocks)
+        else:
+            cute.arch.setmaxregister_increase(self.config.consumer_regs)
+            if in_range:
+                self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO,
+                         tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx - 128, seg, active,
+                         m_block, head, head_kv, batch, offset, n_block_min, n_blocks,
+                         scale_log2, softmax_scale, cap)
+
+    def _batch_view(self, mX: cute.Tensor, batch, offset, head) -> cute.Tensor:
+        """(S, D) view of one sequence and head of a (S, D, H, B) or packed (T, D, H) tensor."""
+        if const_expr(self.varlen):
+            return cute.domain_offset((offset, 0), mX[None, None, head])
+        return mX[None, None, head, batch]
+
+    def _lse_view(self, mLSE: cute.Tensor, batch, offset, head) -> cute.Tensor:
+        if const_expr(self.varlen):
+            return cute.domain_offset((offset,), mLSE[None, head])
+        return mLSE[None, head, batch]
+
+    # ------------------------------------------------------------------ producer
+    @cute.jit
+    def load(self, tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+             pipeline_q, pipeline_k, pipeline_v, m_block, head, head_kv, batch, offset,
+             n_block_min, n_blocks):
+        """Warp 0 of the producer warpgroup: TMA of the Q tile, then K and V of each history block
+        (from the last block down to the first), ``stages`` blocks ahead of the consumers."""
+        gQ = cute.local_tile(self._batch_view(tma_Q, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
+        gK = cute.local_tile(self._batch_view(tma_K, batch, offset, head_kv), (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(self._batch_view(tma_V, batch, offset, head_kv), (self.tile_n, self.head_dim), (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1),
+                                           cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1),
+                                           cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
+                                           cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        n_block = n_block_min + n_blocks - 1
+        pipeline_k.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+        pipeline_q.producer_acquire(q_state)
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+        pipeline_v.producer_acquire(kv_state)
+        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
+                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+        kv_state.advance()
+        for i in cutlass.range(n_blocks - 1, unroll=1):
+            n_block = n_block_min + n_blocks - 2 - i
+            pipeline_k.producer_acquire(kv_state)
+            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+            pipeline_v.producer_acquire(kv_state)
+            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
+                      tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+            kv_state.advance()
+
+    # ------------------------------------------------------------------ consumers
+    @cute.jit
+    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_atom_O,
+            pipeline_q, pipeline_k, pipeline_v, tidx, seg, active, m_block, head, head_kv,
+            batch, offset, n_block_min, n_blocks, scale_log2, softmax_scale, cap):
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        wg_layout = cute.make_layout(self.config.consumer_wgs, stride=128)
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+        wg_mma_qk = tiled_mma_qk.get_slice(wg_layout(wg_idx))
+        wg_mma_pv = tiled_mma_pv.get_slice(wg_layout(wg_idx))
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(_transpose_view(sV)))
+        tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
+        acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        acc_O.fill(0.0)
+        acc_O_mn = _acc_mn(acc_O)
+        num_rows = cute.size(acc_O_mn, mode=[0])
+        row_max = cute.make_rmem_tensor(num_rows, Float32)
+        row_sum = cute.make_rmem_tensor(num_rows, Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        # key columns of this thread in an S tile; rows/cols of this thread in the O tile
+        tScS_mn = _acc_mn(thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
+        tOcO_mn = _acc_mn(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+
+        if active and n_blocks > 0:
+            if wg_idx == 0:  # the first warpgroup goes first
+                cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1),
+                                         number_of_threads=self.num_consumer_threads)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            pipeline_q.consumer_wait(q_state)
+            self.scheduler_sync(wg_idx)
+            common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
+                      tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
+            # first block (the last history block: its right edge may need masking)
+            kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *common,
+                                            is_first=True, need_mask=True)
+            # interior blocks: no mask
+            for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+                kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *common,
+                                                is_first=False, need_mask=False)
+            # the first history block (left edge)
+            if n_blocks > 1:
+                kv_state = self.mma_one_n_block(kv_state, n_block_min, *common, is_first=False, need_mask=True)
+            self.scheduler_arrive(wg_idx)
+
+        # per-row finish: quad-reduce the sums, the candidate self term, normalize, LSE
+        mQ_cur = self._batch_view(mQ, batch, offset, head)
+        mK_cur = self._batch_view(mK, batch, offset, head_kv)
+        mV_cur = self._batch_view(mV, batch, offset, head_kv)
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        for r in cutlass.range_constexpr(num_rows):
+            row_sum[r] = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+            row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+            take_self = seg.takes_self_term(row) and active
+            dot = Float32(0.0)
+            if take_self:
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    col = tOcO_mn[r, c][1]
+                    dot += Float32(mQ_cur[row, col]) * Float32(mK_cur[row, col])
+            dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
+            if take_self:
+                s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
+                m_new = cute.arch.fmax(row_max[r], s_self)
+                scale_old = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
+                p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
+                row_sum[r] = row_sum[r] * scale_old + p_self
+                row_max[r] = m_new
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    col = tOcO_mn[r, c][1]
+                    acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(mV_cur[row, col])
+            valid = seg.row_active(row) and active and row_sum[r] > 0.0
+            inv_sum = Float32(0.0)
+            lse[r] = -Float32.inf
+            if valid:
+                inv_sum = cute.arch.rcp_approx(row_sum[r])
+                lse[r] = (row_max[r] * scale_log2 + cute.math.log2(row_sum[r], fastmath=True)) * LN_2
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * inv_sum
+
+        self.epilogue(acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx,
+                      m_block, head, batch, offset, seg)
+
+    @cute.jit
+    def mma_one_n_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
+                        acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
+                        scale_log2, softmax_scale, cap, wg_idx,
+                        is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
+        """One history KV block: S = Q K^T, cap, mask, online softmax, O += P V."""
+        pipeline_k.consumer_wait(kv_state)
+        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        self.scheduler_arrive(wg_idx)
+        warpgroup.wait_group(0)
+        pipeline_k.consumer_release(kv_state)
+
+        self.apply_cap(acc_S, softmax_scale, cap)
+        acc_S_mn = _acc_mn(acc_S)
+        if const_expr(need_mask):
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
+                    for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                        acc_S_mn[r, c] = -Float32.inf
+        row_scale = self.online_softmax(acc_S_mn, row_max, row_sum, scale_log2, is_first)
+        tOrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+        if const_expr(not is_first):
+            acc_O_mn = _acc_mn(acc_O)
+            for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+        pipeline_v.consumer_wait(kv_state)
+        self.scheduler_sync(wg_idx)
+        self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=is_first)
+        warpgroup.wait_group(0)
+        pipeline_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def gemm(self, tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr):
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def online_softmax(self, acc_S_mn, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr):
+        """Rows of S (already capped and masked) -> P = exp2((s - max) * scale_log2) in place;
+        returns the factor by which O must be rescaled.  ``row_sum`` stays a per-thread partial."""
+        row_scale = cute.make_rmem_tensor_like(row_max, Float32)
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            s_row = acc_S_mn[r, None].load()
+            m_cur = s_row.reduce(cute.ReductionOp.MAX, -Float32.inf if const_expr(is_first) else row_max[r], 0)
+            m_cur = cute.arch.warp_reduction_max(m_cur, threads_in_group=4)
+            m_prev = row_max[r]
+            row_max[r] = m_cur
+            m_safe = 0.0 if m_cur == -Float32.inf else m_cur
+            p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
+            p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            if const_expr(is_first):
+                row_scale[r] = 1.0
+                row_sum[r] = p_sum
+            else:
+                row_scale[r] = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+                row_sum[r] = row_sum[r] * row_scale[r] + p_sum
+            acc_S_mn[r, None].store(p_row)
+        return row_scale
+
+    @cute.jit
+    def apply_cap(self, acc_S, softmax_scale, cap):
+        """Scores -> capped scores (natural units) in place; no-op without a cap (scale folded into exp2)."""
+        if const_expr(self.cap_method == "tanh"):
+            s = acc_S.load()
+            acc_S.store(cap * cute.math.tanh(s * (softmax_scale / cap), fastmath=True))
+        elif const_expr(self.cap_method == "soft_sign"):
+            s = acc_S.load() * softmax_scale
+            acc_S.store(s / (1.0 + cute.math.abs(s) * (1.0 / cap)))
+
+    @cute.jit
+    def apply_cap_scalar(self, dot, softmax_scale, cap):
+        s = dot
+        if const_expr(self.cap_method == "tanh"):
+            s = cap * cute.math.tanh(dot * (softmax_scale / cap), fastmath=True)
+        elif const_expr(self.cap_method == "soft_sign"):
+            t = dot * softmax_scale
+            s = t / (1.0 + cute.math.abs(t) * (1.0 / cap))
+        return s
+
+    @cute.jit
+    def scheduler_sync(self, wg_idx):
+        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1) + wg_idx,
+                          number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
+    def scheduler_arrive(self, wg_idx):
+        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1) + (1 - wg_idx),
+                                 number_of_threads=self.num_consumer_threads)
+
+    # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def epilogue(self, acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx,
+                 m_block, head, batch, offset, seg):
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        # every consumer is done reading sQ (its WGMMAs waited) before sO, which aliases it, is written
+        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.Epilogue), number_of_threads=self.num_consumer_threads)
+        smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                        self.dtype)
+        smem_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_pv).get_slice(tidx)
+        cute.copy(smem_atom, smem_thr_copy.retile(rO), smem_thr_copy.partition_D(sO))
+
+        # LSE: the thread holding column 0 of a row writes it
+        mLSE_cur = self._lse_view(mLSE, batch, offset, head)
+        if tOcO_mn[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+                if row < seg.seqlen:
+                    mLSE_cur[row] = lse[r]
+
+        if const_expr(not self.varlen):
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=int(NamedBarrierFwd.Epilogue), number_of_threads=self.num_consumer_threads)
+            if tidx < 32:
+                gO = cute.local_tile(self._batch_view(tma_O, batch, offset, head),
+                                     (self.tile_m, self.head_dim), (m_block, 0))
+                tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
+                                                   cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+                cute.copy(tma_atom_O, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            cute.arch.barrier(barrier_id=int(NamedBarrierFwd.Epilogue), number_of_threads=self.num_consumer_threads)
+            vec = 128 // self.dtype.width
+            cols = self.head_dim // vec
+            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+            tiled_copy = cute.make_tiled_copy_tv(
+                atom, cute.make_ordered_layout((self.num_consumer_threads // cols, cols), order=(1, 0)),
+                cute.make_layout((1, vec)))
+            thr_copy = tiled_copy.get_slice(tidx)
+            gO = cute.local_tile(self._batch_view(mO, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
+            cO = cute.make_identity_tensor((self.tile_m, self.head_dim))
+            tOsO = thr_copy.partition_S(sO)
+            tOgO = thr_copy.partition_D(gO)
+            tOcO = thr_copy.partition_S(cO)
+            tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+            cute.autovec_copy(tOsO, tOrO)
+            for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if m_block * self.tile_m + tOcO[0, m, 0][0] < seg.seqlen:
+                    cute.copy(atom, tOrO[None, m, None], tOgO[None, m, None])
+
+
+# ====================================================================== torch side
+def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
+    def build():
+        d = config.head_dim
+        al = 16 // torch.finfo(dtype).bits * 8  # elements per 16 bytes
+        al = 8
+        kern = RankerAttentionFwd(cute_dtype(dtype), config, qhead_per_kvhead, cap_method, varlen)
+        hq, hkv = cute.sym_int(), cute.sym_int()
+        nb = cute.sym_int()
+        if varlen:
+            t = cute.sym_int()
+            qkv_shape = lambda h: (t, h, d)
+            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)
+            lse = fake_tensor(torch.float32, (hq, t), align=4)
+            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
+        else:
+            s = cute.sym_int()
+            qkv_shape = lambda h: (nb, s, h, d)
+            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),
+                               cute.sym_int(divisibility=al), 1)
+            lse = fake_tensor(torch.float32, (nb, hq, s), align=4)
+            cu = None
+        q = fake_tensor(dtype, qkv_shape(hq), stride=strides())
+        k = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
+        v = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
+        o = fake_tensor(dtype, qkv_shape(hq))
+        bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
+        return kern, (q, k, v, bounds, o, lse, cu, Float32(1.0), Float32(1.0), Float32(1.0),
+                      Int32(1), Int32(1), fake_stream())
+
+    return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen), build)
+
+
+def compile_targets() -> list[CompileTarget]:
+    """Shipped configs: bf16 D=128 (MHA and GQA 4, no cap / tanh), D=64, fp16, varlen."""
+    cases = [
+        (torch.bfloat16, 128, 1, "none", False),
+        (torch.bfloat16, 128, 1, "tanh", False),
+        (torch.bfloat16, 64, 1, "none", False),
+        (torch.bfloat16, 128, 1, "none", True),
+    ]
+    out = []
+    for dtype, d, g, capm, varlen in cases:
+        cfg = CONFIGS[d]
+        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}"
+        out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
+                                 build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
+                                 _compile(dtype, cfg, g, capm, varlen)))
+    return out
+
+
+def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda: bool = True):
+    """All argument checks (before any launch).  Returns (varlen, B, S_or_T, Hq, Hkv, D)."""
+    varlen = cu_seqlens is not None
+    nd = 3 if varlen else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, dtypes=DTYPES, ndim=nd, cuda=cuda)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}")
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"q and k head dims differ: {d} vs {k.shape[-1]}")
+    if d not in CONFIGS:
+        raise ValueError(f"head dim {d} is not supported; supported: {sorted(CONFIGS)}")
+    hq, hkv = q.shape[-2], k.shape[-2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
+    if varlen:
+        check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, cuda=cuda, align_bytes=4)
+        nb = cu_seqlens.shape[0] - 1
+        if nb < 1:
+            raise ValueError("cu_seqlens must have at least 2 entries (B + 1)")
+        if k.shape[0] != q.shape[0]:
+            raise ValueError(f"packed q and k must have the same total length, got {q.shape[0]} and {k.shape[0]}")
+        if max_seqlen is not None and (not isinstance(max_seqlen, int) or max_seqlen < 0):
+            raise ValueError(f"max_seqlen must be a non-negative int, got {max_seqlen!r}")
+        seq = q.shape[0]
+    else:
+        if max_seqlen is not None:
+            raise ValueError("max_seqlen is only meaningful with cu_seqlens")
+        nb, seq = q.shape[0], q.shape[1]
+        if k.shape[0] != nb or k.shape[1] != seq:
+            raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share batch and sequence sizes")
+    check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4)
+    if not bounds.is_contiguous():
+        raise ValueError("bounds must be contiguous")
+    if cap_method not in ("tanh", "soft_sign"):
+        raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign'")
+    if cap is not None and not (float(cap) > 0.0 and math.isfinite(float(cap))):
+        raise ValueError(f"cap must be a positive finite float or None, got {cap!r}")
+    if softmax_scale is not None and not math.isfinite(float(softmax_scale)):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale!r}")
+    if cuda:
+        check_same_device(q=q, k=k, v=v, bounds=bounds, cu_seqlens=cu_seqlens)
+    return varlen, nb, seq, hq, hkv, d
+
+
+def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None):
+    """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch."""
+    varlen, nb, seq, hq, hkv, d = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
+    capm = "none" if cap is None else cap_method
+    scale_log2 = LOG2_E if cap is not None else scale * LOG2_E
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if varlen:
+        if lse is None:
+            lse = torch.empty((hq, seq), dtype=torch.float32, device=q.device)
+        if max_seqlen is None:
+            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+    else:
+        if lse is None:
+            lse = torch.empty((nb, hq, seq), dtype=torch.float32, device=q.device)
+        max_seqlen = seq
+    if out.numel() == 0 or max_seqlen == 0:
+        lse.fill_(-math.inf)
+        out.zero_()
+        return out, lse
+    fn = _compile(q.dtype, CONFIGS[d], hq // hkv, capm, varlen)
+    fn(q, k, v, bounds, out, lse, cu_seqlens, scale_log2, scale, float(cap) if cap is not None else 1.0,
+       nb, max_seqlen)
+    return out, lse
+
+
+def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None):
+    if cu_seqlens is not None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return torch.empty_like(q), lse
+
+
+@custom_op("ranker_attention_fwd", mutates_args=(), fake=_fake)
+def _ranker_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,
+               softmax_scale: Optional[float] = None, cap: Optional[float] = None, cap_method: str = "tanh",
+               cu_seqlens: Optional[torch.Tensor] = None,
+               max_seqlen: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+
+
+def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
+                     cu_seqlens=None, max_seqlen=None):
+    """Ranker attention forward (history + candidates mask) on Hopper.
+
+    Query ``i`` attends key ``j`` iff ``(j in history and (i in history or i in candidates))``
+    ``or (i in candidates and j == i)`` (seed 002, issue 3).  Scores ``s = softmax_scale * q.k``,
+    then the optional cap, then the mask; softmax over admitted keys; ``out = P @ v``.
+
+    Args:
+        q: ``[B, S, Hq, D]`` (or packed ``[T, Hq, D]`` with ``cu_seqlens``), bfloat16/float16, CUDA,
+            last dim contiguous, other strides multiples of 16 bytes.  D in {64, 128, 256}.
+        k, v: ``[B, S, Hkv, D]`` (or ``[T, Hkv, D]``), same dtype; ``Hq % Hkv == 0`` (GQA: query head
+            ``h`` uses kv head ``h // (Hq // Hkv)``).
+        bounds: ``[B, 4]`` int32, contiguous: (hist_lo, hist_hi, cand_lo, cand_hi), half-open, per
+            sequence (relative to the sequence start in the varlen form).  Values are clamped to
+            ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.
+        softmax_scale: float, default ``1/sqrt(D)``.
+        cap: None (no cap) or a positive float; ``cap_method`` ``"tanh"`` (``cap*tanh(s/cap)``) or
+            ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before the mask.
+        return_lse: also return the log-sum-exp.
+        cu_seqlens: ``[B+1]`` int32 cumulative sequence starts of the packed form; ``max_seqlen``
+            (int) is its longest sequence (computed with a device sync when omitted).
+    Returns:
+        ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
+        varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
+    Raises:
+        TypeError: wrong dtypes (q/k/v not bf16/fp16 or mixed, bounds/cu_seqlens not int32).
+        ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
+            bad cap / cap_method / softmax_scale.
+    """
+    out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    return (out, lse) if return_lse else out
+
+
+def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
+                               cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float32):
+    """Dense-mask torch reference of :func:`ranker_attention` (any device; float32 or float64 math).
+
+    Builds the full ``[S, S]`` mask per sequence (:func:`.ranker_mask.dense_mask`, same clamping),
+    so it is meant for tests at modest sizes.  Returns ``out`` in ``q.dtype`` (and ``lse`` float32
+    ``[B, Hq, S]`` / ``[Hq, T]`` with ``return_lse``).
+    """
+    if cap_method not in ("tanh", "soft_sign"):
+        raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign'")
+    if cu_seqlens is not None:
+        cu = [int(x) for x in cu_seqlens.tolist()]
+        outs, lses = [], []
+        for b in range(len(cu) - 1):
+            sl = slice(cu[b], cu[b + 1])
+            o, l = ranker_attention_reference(q[None, sl], k[None, sl], v[None, sl], bounds[b:b + 1], softmax_scale,
+                                              cap, cap_method, True, compute_dtype=compute_dtype)
+            outs.append(o[0])
+            lses.append(l[0])
+        out = torch.cat(outs, 0) if outs else q.new_zeros(q.shape)
+        lse = torch.cat(lses, 1) if lses else q.new_zeros((q.shape[1], 0), dtype=torch.float32)
+        return (out, lse) if return_lse else out
+    nb, s, hq, d = q.shape
+    hkv = k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    qf = q.to(compute_dtype).transpose(1, 2)  # B, H, S, D
+    kf = k.to(compute_dtype).transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    vf = v.to(compute_dtype).transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
+    scores = scale * (qf @ kf.transpose(-1, -2))
+    if cap is not None:
+        scores = cap * torch.tanh(scores / cap) if cap_method == "tanh" else scores / (1 + scores.abs() / cap)
+    mask = torch.stack([dense_mask(bounds[b].cpu(), s) for b in range(nb)]).to(q.device)[:, None]  # B,1,S,S
+    scores = scores.masked_fill(~mask, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)  # -inf for empty rows
+    p = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    p = torch.where(mask, p, torch.zeros_like(p))
+    out = (p @ vf).transpose(1, 2).to(q.dtype)
+    return (out, lse.float()) if return_lse else out
+
+
+def check() -> list[CheckResult]:
+    rows = []
+    torch.manual_seed(0)
+    for d, hq, hkv, cap in ((128, 8, 8, None), (128, 8, 2, 30.0), (64, 4, 4, None)):
+        b, s = 2, 700
+        q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        bounds = torch.tensor([[0, 517, 517, 700], [37, 400, 450, 611]], device="cuda", dtype=torch.int32)
+        o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+        ro, rl = ranker_attention_reference(q, k, v, bounds, cap=cap, return_lse=True, compute_dtype=torch.float64)
+        bo = ranker_attention_reference(q, k, v, bounds, cap=cap, compute_dtype=torch.bfloat16)
+        err = (o.float() - ro.float()).abs().max().item()
+        tol = 2 * (bo.float() - ro.float()).abs().max().item() + 1e-3
+        rows.append(CheckResult(NAME, f"D={d} H={hq}/{hkv} cap={cap}", err <= tol, err, 0.0, tol))
+    return rows
+
+
+def _peer_calls(q, k, v, bounds, cap):
+    """(name, fn) of the peers that import on this machine: FlexAttention with the block mask."""
+    peers = []
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        nb, s, hq, d = q.shape
+
+        def mask_mod(b, h, qi, ki):
+            hl, hh, cl, ch = bounds[b, 0], bounds[b, 1], bounds[b, 2], bounds[b, 3]
+            kv_hist = (ki >= hl) & (ki < hh)
+            return (kv_hist & (((qi >= hl) & (qi < hh)) | ((qi >= cl) & (qi < ch)))) | (
+                (qi >= cl) & (qi < ch) & (qi == ki))
+
+        bm = create_block_mask(mask_mod, nb, None, s, s, device=q.device)
+        flex = torch.compile(flex_attention)
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        score_mod = None
+        if cap is not None:
+            def score_mod(score, b, h, qi, ki):
+                return cap * torch.tanh(score / cap)
+        enable_gqa = k.shape[2] != hq
+        peers.append(("flex_attention",
+                      lambda: flex(qt, kt, vt, block_mask=bm, score_mod=score_mod, enable_gqa=enable_gqa)))
+    except Exception as exc:  # a missing peer must not stop the benchmark
+        print(f"flex peer unavailable: {exc}")
+    return peers
+
+
+def bench(shapes: str | None = None) -> list[dict]:
+    """Ours vs FlexAttention (block mask, tanh score_mod when capped), CUDA-graph timing.
+
+    Useful FLOPs = ``4 * D * admitted (query, key) pairs``."""
+    from ..runtime.timing import cuda_time_us
+
+    cases = [  # B, hist, cand, Hq, Hkv, D, cap
+        (4, 4096, 512, 16, 16, 128, None),
+        (4, 4096, 512, 16, 16, 128, 50.0),
+        (4, 4096, 512, 16, 4, 128, None),
+        (4, 4096, 512, 16, 16, 64, None),
+        (1, 16384, 1024, 16, 16, 128, None),
+        (16, 1024, 256, 16, 16, 128, None),
+        (8, 2048, 2048, 8, 8, 128, None),
+    ]
+    if shapes == "headline":
+        cases = cases[:2]
+    recs = []
+    for nb, hist, cand, hq, hkv, d, cap in cases:
+        s = hist + cand
+        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+        flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
+        shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap)
+        impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds, cap=cap))]
+        impls += _peer_calls(q, k, v, bounds, cap)
+        for impl, fn in impls:
+            try:
+                t = cuda_time_us(fn, graph=True)
+                recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=t, tflops=flops / t / 1e6))
+            except Exception as exc:
+                recs.append(dict(kernel=NAME, impl=impl, shape=shape, error=repr(exc)[:300]))
+    return recs

@@ -1,0 +1,112 @@
+"""The ranker attention mask: segments of one sequence, block ranges and row predicates.
+
+Shared by the forward (``ranker_fwd``) and, later, the backward.  Semantics (issue 3, seed 002):
+a sequence of length ``seqlen`` holds a history segment ``[hist_lo, hist_hi)`` and a candidate
+segment ``[cand_lo, cand_hi)``.  Query ``i`` attends key ``j`` iff
+
+    (j in history and (i in history or i in candidates)) or (i in candidates and j == i).
+
+Bounds are *clamped*, never rejected: ``lo = clamp(lo, 0, seqlen)``, ``hi = clamp(hi, lo, seqlen)``,
+so a segment with ``hi <= lo`` is empty and a segment reaching past the sequence is cut at its end.
+The same rule is used by the torch reference (:func:`clamp_bounds`, :func:`dense_mask`).
+
+In the kernel, every active query row attends the whole history, so a CTA visits the history KV
+blocks ``[hist_lo // tile_n, ceil(hist_hi / tile_n))`` once each, masking columns only in the two
+edge blocks.  The candidate self term (``j == i`` for a candidate row outside the history) is a
+per-row dot product, never a diagonal tile.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import torch
+from cutlass import Boolean, Int32
+
+
+def clamp_bounds(bounds: torch.Tensor, seqlen) -> torch.Tensor:
+    """``bounds [..., 4]`` clamped as the kernel does (``seqlen``: int or tensor broadcastable)."""
+    b = bounds.to(torch.int64)
+    seqlen = torch.as_tensor(seqlen, dtype=torch.int64, device=b.device)
+    zero = torch.zeros_like(seqlen)
+    hl = torch.minimum(torch.maximum(b[..., 0], zero), seqlen)
+    hh = torch.minimum(torch.maximum(b[..., 1], hl), seqlen)
+    cl = torch.minimum(torch.maximum(b[..., 2], zero), seqlen)
+    ch = torch.minimum(torch.maximum(b[..., 3], cl), seqlen)
+    return torch.stack([hl, hh, cl, ch], dim=-1)
+
+
+def dense_mask(bounds_row, seqlen: int, device=None) -> torch.Tensor:
+    """``[seqlen, seqlen]`` bool mask (query, key) of one sequence, from its 4 (unclamped) bounds."""
+    hl, hh, cl, ch = (int(x) for x in clamp_bounds(torch.as_tensor(bounds_row).view(4), seqlen))
+    idx = torch.arange(seqlen, device=device)
+    in_hist = (idx >= hl) & (idx < hh)
+    in_cand = (idx >= cl) & (idx < ch)
+    q_hist, q_cand = in_hist[:, None], in_cand[:, None]
+    k_hist = in_hist[None, :]
+    diag = idx[:, None] == idx[None, :]
+    return (k_hist & (q_hist | q_cand)) | (q_cand & diag)
+
+
+def admitted_pairs(bounds: torch.Tensor, seqlens) -> int:
+    """Number of (query, key) pairs the mask admits, summed over sequences (for useful FLOPs)."""
+    total = 0
+    for row, s in zip(bounds.tolist(), seqlens):
+        hl, hh, cl, ch = (int(x) for x in clamp_bounds(torch.tensor(row), int(s)))
+        nh = hh - hl
+        nc = ch - cl
+        overlap = max(0, min(hh, ch) - max(hl, cl))
+        rows = nh + nc - overlap  # queries in either segment
+        total += rows * nh + (nc - overlap)  # history keys + self term of candidates outside history
+    return total
+
+
+class RankerSegments:
+    """Clamped segment bounds of one sequence inside a kernel (trace-time helper, Int32 values)."""
+
+    def __init__(self, hist_lo: Int32, hist_hi: Int32, cand_lo: Int32, cand_hi: Int32, seqlen: Int32):
+        self.hist_lo = hist_lo
+        self.hist_hi = hist_hi
+        self.cand_lo = cand_lo
+        self.cand_hi = cand_hi
+        self.seqlen = seqlen
+
+    @staticmethod
+    def load(mBounds, batch: Int32, seqlen: Int32) -> "RankerSegments":
+        """Read ``bounds[batch]`` (int32 x4) and clamp it to ``[0, seqlen]``."""
+        zero = Int32(0)
+        hl = cutlass.min(cutlass.max(Int32(mBounds[batch, 0]), zero), seqlen)
+        hh = cutlass.min(cutlass.max(Int32(mBounds[batch, 1]), hl), seqlen)
+        cl = cutlass.min(cutlass.max(Int32(mBounds[batch, 2]), zero), seqlen)
+        ch = cutlass.min(cutlass.max(Int32(mBounds[batch, 3]), cl), seqlen)
+        return RankerSegments(hl, hh, cl, ch, seqlen)
+
+    def n_block_min(self, tile_n: int) -> Int32:
+        return self.hist_lo // tile_n
+
+    def n_block_count(self, tile_n: int) -> Int32:
+        """History KV blocks to visit (0 for an empty history); each block once."""
+        n_max = (self.hist_hi + (tile_n - 1)) // tile_n
+        return cutlass.max(n_max - self.n_block_min(tile_n), Int32(0)) * Int32(self.hist_hi > self.hist_lo)
+
+    def tile_active(self, row_lo: Int32, row_hi: Int32) -> Boolean:
+        """Does ``[row_lo, row_hi)`` meet the history or the candidates?"""
+        h = Int32(row_lo < self.hist_hi) * Int32(row_hi > self.hist_lo)
+        c = Int32(row_lo < self.cand_hi) * Int32(row_hi > self.cand_lo)
+        return (h + c) > 0
+
+    def in_hist(self, row: Int32) -> Int32:
+        return Int32(row >= self.hist_lo) * Int32(row < self.hist_hi)
+
+    def in_cand(self, row: Int32) -> Int32:
+        return Int32(row >= self.cand_lo) * Int32(row < self.cand_hi)
+
+    def row_active(self, row: Int32) -> Boolean:
+        """Row attends at least one key (history row or candidate row)."""
+        return (self.in_hist(row) + self.in_cand(row)) > 0
+
+    def takes_self_term(self, row: Int32) -> Boolean:
+        """Candidate row outside the history: its own key is an extra, off-history key."""
+        return (self.in_cand(row) * (1 - self.in_hist(row))) > 0
+
+    def col_valid(self, col: Int32) -> Boolean:
+        return (Int32(col >= self.hist_lo) * Int32(col < self.hist_hi)) > 0

@@ -1,0 +1,186 @@
+"""CPU tests of the ranker attention forward: reference, mask helpers, validation, sm_90a compile."""
+
+import math
+import re
+
+import pytest
+import torch
+
+import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass is imported)
+from cute_kernels.kernels import ranker_fwd as rf
+from cute_kernels.kernels.ranker_mask import admitted_pairs, clamp_bounds, dense_mask
+
+
+def _brute_force(q, k, v, bounds, scale, cap=None, cap_method="tanh"):
+    """Row-by-row float64 loops over the mask as the issue states it (no dense-mask helper)."""
+    nb, s, hq, d = q.shape
+    g = hq // k.shape[2]
+    out = torch.zeros(nb, s, hq, d, dtype=torch.float64)
+    lse = torch.full((nb, hq, s), -math.inf, dtype=torch.float64)
+    for b in range(nb):
+        hl, hh, cl, ch = (int(x) for x in bounds[b])
+        hl = min(max(hl, 0), s); hh = min(max(hh, hl), s)
+        cl = min(max(cl, 0), s); ch = min(max(ch, cl), s)
+        for i in range(s):
+            qh, qc = hl <= i < hh, cl <= i < ch
+            keys = [j for j in range(s) if (hl <= j < hh and (qh or qc)) or (qc and j == i)]
+            if not keys:
+                continue
+            for h in range(hq):
+                qi = q[b, i, h].double()
+                ks = k[b, keys, h // g].double()
+                sc = scale * (ks @ qi)
+                if cap is not None:
+                    sc = cap * torch.tanh(sc / cap) if cap_method == "tanh" else sc / (1 + sc.abs() / cap)
+                l = torch.logsumexp(sc, 0)
+                out[b, i, h] = torch.softmax(sc, 0) @ v[b, keys, h // g].double()
+                lse[b, h, i] = l
+    return out, lse
+
+
+CASES = [  # S, bounds rows
+    (13, [[0, 9, 9, 13]]),
+    (13, [[2, 7, 9, 12], [0, 0, 0, 13]]),  # gap rows; empty history
+    (11, [[3, 11, 0, 3], [-4, 50, 20, 30]]),  # candidates before history; out-of-range bounds
+    (10, [[0, 6, 4, 10], [5, 5, 5, 5]]),  # overlapping segments; all empty
+]
+
+
+@pytest.mark.parametrize("s,rows", CASES)
+@pytest.mark.parametrize("cap,cap_method", [(None, "tanh"), (3.0, "tanh"), (2.0, "soft_sign")])
+def test_reference_matches_brute_force(s, rows, cap, cap_method):
+    torch.manual_seed(0)
+    nb, hq, hkv, d = len(rows), 4, 2, 8
+    q = torch.randn(nb, s, hq, d, dtype=torch.float64)
+    k = torch.randn(nb, s, hkv, d, dtype=torch.float64)
+    v = torch.randn(nb, s, hkv, d, dtype=torch.float64)
+    bounds = torch.tensor(rows, dtype=torch.int32)
+    scale = 0.37
+    o, l = rf.ranker_attention_reference(q, k, v, bounds, softmax_scale=scale, cap=cap, cap_method=cap_method,
+                                         return_lse=True, compute_dtype=torch.float64)
+    ro, rl = _brute_force(q, k, v, bounds, scale, cap, cap_method)
+    assert not torch.isnan(o).any() and not torch.isnan(l).any()
+    torch.testing.assert_close(o, ro, atol=1e-10, rtol=1e-10)
+    assert torch.equal(torch.isinf(l), torch.isinf(rl.float()))
+    fin = torch.isfinite(rl)
+    torch.testing.assert_close(l[fin].double(), rl[fin], atol=1e-5, rtol=1e-5)
+
+
+def test_reference_hand_checked():
+    """One query, history of two keys, a candidate with its self key: numbers by hand."""
+    q = torch.zeros(1, 3, 1, 2, dtype=torch.float64)
+    k = torch.zeros(1, 3, 1, 2, dtype=torch.float64)
+    v = torch.zeros(1, 3, 1, 2, dtype=torch.float64)
+    q[0, 2, 0] = torch.tensor([1.0, 0.0])
+    k[0, :, 0] = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0]])
+    v[0, :, 0] = torch.tensor([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    bounds = torch.tensor([[0, 2, 2, 3]], dtype=torch.int32)
+    o, l = rf.ranker_attention_reference(q, k, v, bounds, softmax_scale=1.0, return_lse=True,
+                                         compute_dtype=torch.float64)
+    e = [math.e ** 1, math.e ** 0, math.e ** 2]  # scores of row 2 vs keys 0, 1 (history), 2 (self)
+    z = sum(e)
+    assert o[0, 2, 0, 0].item() == pytest.approx((e[0] + 5 * e[2]) / z)
+    assert o[0, 2, 0, 1].item() == pytest.approx((e[1] + 5 * e[2]) / z)
+    assert l[0, 0, 2].item() == pytest.approx(math.log(z))
+
+
+def test_varlen_reference_equals_padded():
+    torch.manual_seed(1)
+    lens = [5, 9, 1]
+    hq, d = 2, 4
+    cu = torch.tensor([0, 5, 14, 15], dtype=torch.int32)
+    q = torch.randn(15, hq, d, dtype=torch.float64)
+    k = torch.randn(15, hq, d, dtype=torch.float64)
+    v = torch.randn(15, hq, d, dtype=torch.float64)
+    bounds = torch.tensor([[0, 3, 3, 5], [1, 6, 6, 9], [0, 0, 0, 1]], dtype=torch.int32)
+    o, l = rf.ranker_attention_reference(q, k, v, bounds, cu_seqlens=cu, return_lse=True, compute_dtype=torch.float64)
+    for b, n in enumerate(lens):
+        sl = slice(int(cu[b]), int(cu[b + 1]))
+        ro, rl = rf.ranker_attention_reference(q[None, sl], k[None, sl], v[None, sl], bounds[b:b + 1],
+                                               return_lse=True, compute_dtype=torch.float64)
+        torch.testing.assert_close(o[sl], ro[0])
+        torch.testing.assert_close(l[:, sl], rl[0])
+
+
+def test_mask_helpers():
+    m = dense_mask([1, 3, 3, 5], 6)
+    want = torch.zeros(6, 6, dtype=torch.bool)
+    want[1:5, 1:3] = True  # history and candidate rows see the history keys
+    want[3, 3] = want[4, 4] = True  # candidate self keys
+    assert torch.equal(m, want)
+    assert clamp_bounds(torch.tensor([-3, 99, 7, 2]), 10).tolist() == [0, 10, 7, 7]
+    b = torch.tensor([[0, 4096, 4096, 4608]] * 2)
+    assert admitted_pairs(b, [4608, 4608]) == 2 * (4608 * 4096 + 512)
+    for row, s in (([1, 3, 3, 5], 6), ([0, 6, 4, 10], 10), ([3, 11, 0, 3], 11)):
+        assert admitted_pairs(torch.tensor([row]), [s]) == int(dense_mask(row, s).sum())
+
+
+def _args(**kw):
+    q = torch.zeros(2, 64, 4, 128, dtype=torch.bfloat16)
+    base = dict(q=q, k=torch.zeros(2, 64, 2, 128, dtype=torch.bfloat16), v=torch.zeros(2, 64, 2, 128, dtype=torch.bfloat16),
+                bounds=torch.zeros(2, 4, dtype=torch.int32), softmax_scale=None, cap=None, cap_method="tanh",
+                cu_seqlens=None, max_seqlen=None, cuda=False)
+    base.update(kw)
+    return base
+
+
+def test_validation_accepts_good_args():
+    assert rf._validate(**_args())[0] is False
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(q=torch.zeros(2, 64, 4, 128)), TypeError, "dtype"),
+    (dict(bounds=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "bounds"),
+    (dict(bounds=torch.zeros(3, 4, dtype=torch.int32)), ValueError, "bounds"),
+    (dict(q=torch.zeros(2, 64, 4, 96, dtype=torch.bfloat16)), ValueError, "head dim"),
+    (dict(q=torch.zeros(2, 64, 3, 128, dtype=torch.bfloat16)), ValueError, "multiple of Hkv"),
+    (dict(k=torch.zeros(2, 64, 2, 128, dtype=torch.float16)), TypeError, "share a dtype"),
+    (dict(q=torch.zeros(2, 64, 4, 256, dtype=torch.bfloat16)[..., ::2]), ValueError, "contiguous"),
+    (dict(cap=-1.0), ValueError, "cap"),
+    (dict(cap_method="relu"), ValueError, "cap_method"),
+    (dict(max_seqlen=5), ValueError, "cu_seqlens"),
+    (dict(q=torch.zeros(2, 64, 4, 128, dtype=torch.bfloat16)[:, :32]), ValueError, "batch and sequence"),
+])
+def test_validation_errors(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        rf._validate(**_args(**kw))
+
+
+def test_cuda_required():
+    with pytest.raises(ValueError, match="CUDA"):
+        rf.ranker_attention(torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16),
+                            torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, dtype=torch.int32))
+
+
+def test_config_validate():
+    for cfg in rf.CONFIGS.values():
+        cfg.validate()
+    with pytest.raises(ValueError, match="WGMMA M"):
+        rf.RankerFwdConfig(tile_m=192).validate()
+    with pytest.raises(ValueError, match="shared memory"):
+        rf.RankerFwdConfig(head_dim=128, tile_n=128, stages=4).validate()
+    with pytest.raises(ValueError, match="head_dim"):
+        rf.RankerFwdConfig(head_dim=96).validate()
+    with pytest.raises(ValueError, match="tile_n"):
+        rf.RankerFwdConfig(tile_n=72).validate()
+    with pytest.raises(ValueError, match="registers"):
+        rf.RankerFwdConfig(head_dim=256, tile_n=256, stages=1).validate()
+
+
+@pytest.mark.parametrize("target", rf.compile_targets(), ids=lambda t: t.label)
+def test_compiles_for_sm90a(target):
+    from cute_kernels.runtime.cache import compile_record
+
+    target.build()
+    rec = compile_record(target.kernel, target.key)
+    ptx, sass = rec.ptx or "", rec.sass or ""
+    assert "wgmma.mma_async" in ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.shared::(cta|cluster)\.global", ptx), "no TMA load"
+    assert "setmaxnreg" in ptx
+    assert re.search(r"bar\.sync\s+1, 256", ptx), "no Epilogue named barrier"
+    assert re.search(r"bar\.arrive\s+(%r\d+|2), 256", ptx), "no warp-scheduler named barrier"
+    assert not re.search(r"\b(ld|st)\.local", ptx), "register spills"
+    if "varlen" not in target.label:
+        assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx), "no TMA store"
+    if sass:
+        assert "USETMAXREG" in sass and "HGMMA" in sass and "UTMALDG" in sass
