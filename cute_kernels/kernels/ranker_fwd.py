@@ -868,7 +868,8 @@ def bench(shapes: str | None = None) -> list[dict]:
         (16, 1024, 256, 16, 16, 128, None),
         (8, 2048, 2048, 8, 8, 128, None),
     ]
-    if shapes == "headline":
+    with_peers = shapes is None or "peers" in shapes
+    if shapes is not None and "headline" in shapes:
         cases = cases[:2]
     recs = []
     for nb, hist, cand, hq, hkv, d, cap in cases:
@@ -880,7 +881,8 @@ def bench(shapes: str | None = None) -> list[dict]:
         flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
         shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap)
         impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds, cap=cap))]
-        impls += _peer_calls(q, k, v, bounds, cap)
+        if with_peers:
+            impls += _peer_calls(q, k, v, bounds, cap)
         for impl, fn in impls:
             try:
                 t = cuda_time_us(fn, graph=True)

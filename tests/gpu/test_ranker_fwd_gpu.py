@@ -1,0 +1,135 @@
+"""GPU tests of the ranker attention forward against the float64 reference (H200)."""
+
+import math
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+import cute_kernels  # noqa: E402,F401
+from cute_kernels.kernels import ranker_fwd as rf  # noqa: E402
+
+
+def _run(q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None, scale=None):
+    """Our kernel into NaN-poisoned output buffers."""
+    out = torch.full_like(q, float("nan"))
+    if cu_seqlens is None:
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
+    else:
+        lse = torch.full((q.shape[1], q.shape[0]), float("nan"), device=q.device)
+    o, l = rf._ranker_impl(q, k, v, bounds, scale, cap, cap_method, cu_seqlens, max_seqlen, out=out, lse=lse)
+    torch.cuda.synchronize()
+    return o, l
+
+
+def _compare(name, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None, scale=None):
+    o, l = _run(q, k, v, bounds, cap, cap_method, cu_seqlens, max_seqlen, scale)
+    kw = dict(softmax_scale=scale, cap=cap, cap_method=cap_method, cu_seqlens=cu_seqlens, return_lse=True)
+    ro, rl = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=torch.float64, **kw)
+    lo, _ = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=q.dtype, **kw)
+    # the reference output is rounded to q.dtype; compare against the float64 values before rounding
+    ro64 = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=torch.float64,
+                                         **{**kw, "return_lse": False}).float()
+    err = (o.float() - ro64).abs().max().item() if o.numel() else 0.0
+    base = (lo.float() - ro64).abs().max().item() if o.numel() else 0.0
+    tol = 2 * base + 1e-3
+    fin = torch.isfinite(rl)
+    lse_err = (l[fin] - rl[fin]).abs().max().item() if fin.any() else 0.0
+    print(f"[ranker_fwd] {name}: max|out-ref64|={err:.3e} (torch {q.dtype} ref {base:.3e}, tol {tol:.3e}) "
+          f"max|lse-ref64|={lse_err:.3e}")
+    assert not torch.isnan(o).any(), f"{name}: NaN in out (unwritten rows?)"
+    assert not torch.isnan(l).any(), f"{name}: NaN in lse"
+    assert torch.equal(torch.isinf(l), torch.isinf(rl)), f"{name}: -inf LSE pattern differs"
+    assert err <= tol, f"{name}: out error {err} > {tol}"
+    assert lse_err <= 2e-2, f"{name}: lse error {lse_err}"
+    return o, l
+
+
+def _qkv(b, s, hq, hkv, d, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+    return mk(hq), mk(hkv), mk(hkv)
+
+
+CASES = [  # name, B, S, Hq, Hkv, D, bounds, cap, cap_method, dtype
+    ("headline-small", 2, 700, 4, 4, 128, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.bfloat16),
+    ("d64", 2, 700, 4, 4, 64, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.bfloat16),
+    ("gqa4-tanh", 2, 333, 8, 2, 128, [[0, 200, 200, 333], [5, 129, 130, 300]], 30.0, "tanh", torch.bfloat16),
+    ("softsign-fp16", 1, 300, 2, 1, 128, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16),
+    ("tanh-small-cap", 1, 260, 2, 2, 64, [[3, 131, 131, 260]], 2.0, "tanh", torch.bfloat16),
+    ("empty-history", 2, 300, 2, 2, 128, [[0, 0, 0, 300], [10, 10, 100, 200]], None, "tanh", torch.bfloat16),
+    ("empty-candidates", 1, 300, 2, 2, 128, [[0, 300, 300, 300]], None, "tanh", torch.bfloat16),
+    ("cand-before-hist", 1, 520, 2, 2, 128, [[200, 500, 0, 150]], None, "tanh", torch.bfloat16),
+    ("out-of-range", 2, 400, 2, 2, 128, [[-5, 1000, 900, 2000], [350, 9999, -7, 20]], None, "tanh", torch.bfloat16),
+    ("overlap", 1, 400, 2, 2, 128, [[0, 300, 200, 400]], None, "tanh", torch.bfloat16),
+    ("gap-tiles", 1, 1000, 2, 2, 128, [[0, 70, 900, 1000]], 20.0, "tanh", torch.bfloat16),
+    ("one-row", 1, 1, 2, 2, 128, [[0, 1, 0, 1]], None, "tanh", torch.bfloat16),
+    ("hist-one-block", 3, 200, 2, 2, 128, [[0, 64, 64, 200], [1, 2, 2, 3], [100, 101, 101, 199]], None, "tanh", torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
+def test_fixed_length(case):
+    name, b, s, hq, hkv, d, rows, cap, capm, dtype = case
+    q, k, v = _qkv(b, s, hq, hkv, d, dtype)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    _compare(name, q, k, v, bounds, cap, capm)
+
+
+def test_strided_inputs():
+    """q, k, v as views of one packed [B, S, 3, H, D] tensor (non-contiguous head/seq strides)."""
+    qkv = torch.randn(2, 300, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    bounds = torch.tensor([[0, 250, 250, 300], [0, 129, 129, 256]], device="cuda", dtype=torch.int32)
+    _compare("strided", q, k, v, bounds)
+
+
+def test_softmax_scale():
+    q, k, v = _qkv(1, 200, 2, 2, 128)
+    bounds = torch.tensor([[0, 150, 150, 200]], device="cuda", dtype=torch.int32)
+    _compare("scale=0.3", q, k, v, bounds, scale=0.3)
+
+
+@pytest.mark.parametrize("d,hkv,cap", [(128, 2, None), (64, 1, 10.0)])
+def test_varlen(d, hkv, cap):
+    lens = [300, 1, 517, 129, 0, 64]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
+    t, hq = int(cu[-1]), 4
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    bounds = torch.tensor([[0, 250, 250, 300], [0, 0, 0, 1], [7, 400, 410, 517], [0, 129, 129, 129],
+                           [0, 0, 0, 0], [0, 10, 10, 64]], device="cuda", dtype=torch.int32)
+    _compare(f"varlen d={d} hkv={hkv}", q, k, v, bounds, cap=cap, cu_seqlens=cu, max_seqlen=max(lens))
+
+
+def test_public_api_and_determinism():
+    q, k, v = _qkv(2, 640, 4, 4, 128, seed=7)
+    bounds = torch.tensor([[0, 512, 512, 640], [0, 300, 300, 640]], device="cuda", dtype=torch.int32)
+    o1, l1 = cute_kernels.ranker_attention(q, k, v, bounds, return_lse=True)
+    o2, l2 = cute_kernels.ranker_attention(q, k, v, bounds, return_lse=True)
+    o3 = cute_kernels.ranker_attention(q, k, v, bounds)
+    torch.cuda.synchronize()
+    assert torch.equal(o1, o2) and torch.equal(o1, o3) and torch.equal(l1, l2)
+    assert l1.shape == (2, 4, 640) and l1.dtype == torch.float32
+
+
+def test_torch_compile_and_graph():
+    q, k, v = _qkv(1, 256, 2, 2, 128, seed=9)
+    bounds = torch.tensor([[0, 200, 200, 256]], device="cuda", dtype=torch.int32)
+    ref = cute_kernels.ranker_attention(q, k, v, bounds)
+    f = torch.compile(lambda q, k, v, b: cute_kernels.ranker_attention(q, k, v, b) * 1.0, fullgraph=True)
+    torch.testing.assert_close(f(q, k, v, bounds), ref, atol=0, rtol=0)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cute_kernels.ranker_attention(q, k, v, bounds)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        out = cute_kernels.ranker_attention(q, k, v, bounds)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
