@@ -1,0 +1,117 @@
+"""hc_mix (mHC mix statistics + Sinkhorn): CPU compile for sm_90a, PTX/SASS features, reference."""
+
+import math
+import re
+
+import pytest
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import hc_mix as mod
+from cute_kernels.runtime.cache import compile_record
+
+
+@pytest.mark.parametrize("target", mod.compile_targets(), ids=lambda t: t.label)
+def test_compiles_with_mma_sync_and_no_spills(target):
+    target.build()
+    rec = compile_record(target.kernel, target.key)
+    assert ".target sm_90a" in rec.ptx
+    assert "mma.sync" in rec.ptx_features
+    assert re.search(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", rec.ptx)
+    assert "ld.global.v4 (16B loads)" in rec.ptx_features
+    assert "local memory (spill)" not in rec.ptx_features
+    assert "ld.shared::cluster" in rec.ptx  # cluster reduction through distributed shared memory
+    assert "barrier.cluster.arrive" in rec.ptx and "barrier.cluster.wait" in rec.ptx
+    assert "cvt.rn.bf16" in rec.ptx  # in-register hi/mid/lo split of hc_fn
+    if rec.sass:
+        assert "LDL/STL (local memory)" not in rec.sass_features
+        assert "LDG.E.128" in rec.sass_features
+        assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", rec.sass)
+
+
+def test_reference_hand_checked():
+    # K = 64, x = 2 everywhere: sum x^2 / K = 4, r = 1/2 (rms_eps = 0)
+    k = 64
+    x = torch.full((1, k), 2.0, dtype=torch.bfloat16)
+    hc_fn = torch.zeros(24, k)
+    hc_fn[0] = 1.0 / 128  # a0 = 2 * 64 / 128 = 1 -> z0 = 1 * r * scale0 = 1 * 0.5 * 2 = 1
+    hc_fn[5] = -1.0 / 64  # a5 = -2 -> z5 = -2 * 0.5 * 1 = -1
+    scale = torch.tensor([2.0, 1.0, 1.0])
+    base = torch.zeros(24)
+    base[1] = 3.0
+    base[8:24] = torch.diag(torch.full((4,), math.log(2.0))).reshape(-1)  # rows: (2,1,1,1)/5
+    pre, post, comb = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, scale, base, 20, 0.0, 0.0)
+    sig = lambda z: 1.0 / (1.0 + math.exp(-z))  # noqa: E731
+    torch.testing.assert_close(pre, torch.tensor([[sig(1.0), sig(3.0), 0.5, 0.5]]), rtol=0, atol=1e-7)
+    torch.testing.assert_close(post, torch.tensor([[1.0, 2 * sig(-1.0), 1.0, 1.0]]), rtol=0, atol=1e-7)
+    # softmax rows of diag(ln 2) are (0.4, 0.2, 0.2, 0.2) permuted: already doubly stochastic
+    want = torch.full((4, 4), 0.2) + 0.2 * torch.eye(4)
+    torch.testing.assert_close(comb[0], want, rtol=0, atol=1e-7)
+
+
+def test_reference_eps_placement():
+    # all-zero logits: softmax 1/4 + eps, column sums 1 + 4 eps -> (1/4 + eps) / (1 + 5 eps), ...
+    k, eps = 64, 1e-3
+    x = torch.ones(1, k, dtype=torch.bfloat16)
+    pre, post, comb = cute_kernels.hc_mix_sinkhorn_reference(
+        x, torch.zeros(24, k), torch.ones(3), torch.zeros(24), 1, 0.0, eps)
+    assert abs(pre[0, 0].item() - (0.5 + eps)) < 1e-7
+    c = (0.25 + eps) / (4 * (0.25 + eps) + eps)
+    assert abs(comb[0, 0, 0].item() - c) < 1e-7
+    # two iterations: one more row then column normalization
+    _, _, comb2 = cute_kernels.hc_mix_sinkhorn_reference(
+        x, torch.zeros(24, k), torch.ones(3), torch.zeros(24), 2, 0.0, eps)
+    c = c / (4 * c + eps)
+    c = c / (4 * c + eps)
+    assert abs(comb2[0, 0, 0].item() - c) < 1e-7
+
+
+def test_reference_float32_close_to_float64():
+    g = torch.Generator().manual_seed(0)
+    m, k = 5, 512
+    x = torch.randn(m, k, generator=g).bfloat16()
+    hc_fn = torch.randn(24, k, generator=g) / math.sqrt(k)
+    scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(24, generator=g)
+    r64 = mod._reference(x, hc_fn, scale, base, 20, 1e-6, 1e-6, torch.float64)
+    r32 = mod._reference(x, hc_fn, scale, base, 20, 1e-6, 1e-6, torch.float32)
+    for a, b in zip(r64, r32):
+        assert (a - b.double()).abs().max().item() < 1e-5
+    # doubly stochastic up to eps
+    comb = r64[2]
+    assert (comb.sum(-2) - 1).abs().max().item() < 1e-5
+    assert (comb.sum(-1) - 1).abs().max().item() < 1e-3
+
+
+def test_validation_before_launch():
+    k = 128
+    ok = dict(hc_fn=torch.zeros(24, k), hc_scale=torch.ones(3), hc_base=torch.zeros(24))
+    with pytest.raises(TypeError, match="dtype float32"):
+        cute_kernels.hc_mix_sinkhorn(torch.zeros(4, k), **ok)
+    with pytest.raises(ValueError, match="CUDA device"):
+        cute_kernels.hc_mix_sinkhorn(torch.zeros(4, k, dtype=torch.bfloat16), **ok)
+    # shape checks (validated the same way on CUDA tensors)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        mod._validate(torch.zeros(4, 96, dtype=torch.bfloat16), torch.zeros(24, 96), torch.ones(3),
+                      torch.zeros(24), 20, cuda=False)
+    with pytest.raises(ValueError, match=r"hc_fn must have shape \[24, 128\]"):
+        mod._validate(torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(23, k), torch.ones(3),
+                      torch.zeros(24), 20, cuda=False)
+    with pytest.raises(TypeError, match="hc_fn has dtype bfloat16"):
+        mod._validate(torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(24, k, dtype=torch.bfloat16),
+                      torch.ones(3), torch.zeros(24), 20, cuda=False)
+    with pytest.raises(ValueError, match="sinkhorn_iters"):
+        mod._validate(torch.zeros(4, k, dtype=torch.bfloat16), **ok, sinkhorn_iters=0, cuda=False)
+    mod._validate(torch.zeros(0, k, dtype=torch.bfloat16), **ok, sinkhorn_iters=20, cuda=False)
+
+
+def test_config_validation_and_choice():
+    with pytest.raises(ValueError, match="m_tiles"):
+        mod.HcMixConfig(m_tiles=3).validate()
+    with pytest.raises(ValueError, match="warps_m"):
+        mod.HcMixConfig(warps_m=3).validate()
+    assert mod.config_for(1) == mod.SMALL and mod.config_for(512) == mod.MEDIUM
+    assert mod.config_for(4096) == mod.LARGE
+    assert mod.config_for(4096, store_mix=True).store_mix
+    for cfg in mod.SHIPPED:
+        cfg.validate()
+        assert cfg.tile_m % mod.CLUSTER_K == 0
