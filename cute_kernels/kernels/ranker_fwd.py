@@ -591,11 +591,18 @@ class RankerAttentionFwd:
 
 
 # ====================================================================== torch side
+def _row_major(dtype, shape, align: int = 16):
+    """Fake compact row-major tensor (the DSL's compact default is column-major)."""
+    if isinstance(dtype, torch.dtype):
+        dtype = cute_dtype(dtype)
+    return cute.runtime.make_fake_compact_tensor(dtype, tuple(shape), stride_order=tuple(reversed(range(len(shape)))),
+                                                 assumed_align=align)
+
+
 def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
     def build():
         d = config.head_dim
-        al = 16 // torch.finfo(dtype).bits * 8  # elements per 16 bytes
-        al = 8
+        al = 8  # 16-bit elements per 16 bytes (TMA stride alignment)
         kern = RankerAttentionFwd(cute_dtype(dtype), config, qhead_per_kvhead, cap_method, varlen)
         hq, hkv = cute.sym_int(), cute.sym_int()
         nb = cute.sym_int()
@@ -603,20 +610,20 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
             t = cute.sym_int()
             qkv_shape = lambda h: (t, h, d)
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)
-            lse = fake_tensor(torch.float32, (hq, t), align=4)
-            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
+            lse = _row_major(torch.float32, (hq, t), align=4)
+            cu = _row_major(torch.int32, (cute.sym_int(),), align=4)
         else:
             s = cute.sym_int()
             qkv_shape = lambda h: (nb, s, h, d)
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),
                                cute.sym_int(divisibility=al), 1)
-            lse = fake_tensor(torch.float32, (nb, hq, s), align=4)
+            lse = _row_major(torch.float32, (nb, hq, s), align=4)
             cu = None
         q = fake_tensor(dtype, qkv_shape(hq), stride=strides())
         k = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
         v = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
-        o = fake_tensor(dtype, qkv_shape(hq))
-        bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
+        o = _row_major(dtype, qkv_shape(hq))
+        bounds = _row_major(torch.int32, (cute.sym_int(), 4), align=4)
         return kern, (q, k, v, bounds, o, lse, cu, Float32(1.0), Float32(1.0), Float32(1.0),
                       Int32(1), Int32(1), fake_stream())
 

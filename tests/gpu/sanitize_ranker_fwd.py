@@ -1,0 +1,21 @@
+"""Small ranker_fwd launches for compute-sanitizer (memcheck / racecheck); not a pytest file.
+
+Usage on the GPU machine: compute-sanitizer --tool memcheck python3 tests/gpu/sanitize_ranker_fwd.py
+"""
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import ranker_fwd as rf
+
+torch.manual_seed(0)
+for d, cap in ((128, None), (64, 20.0)):
+    q = torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16)
+    bounds = torch.tensor([[0, 200, 200, 300], [5, 129, 250, 290]], device="cuda", dtype=torch.int32)
+    o, l = cute_kernels.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    bv = torch.tensor([[0, 70, 70, 100], [0, 150, 150, 200]], device="cuda", dtype=torch.int32)
+    ov = cute_kernels.ranker_attention(q[0], k[0], v[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200)
+torch.cuda.synchronize()
+print("sanitize run done", float(o.float().abs().sum()), float(ov.float().abs().sum()))
