@@ -73,15 +73,15 @@ class RowTiling:
         return self.threads * self.vecs != self.nvec
 
     @staticmethod
-    def choose(width: int, vec: int) -> "RowTiling":
-        """Prefer an exact split with about 4 vectors per thread, then fewer predicated slots."""
+    def choose(width: int, vec: int, target_vecs: int = 4) -> "RowTiling":
+        """Prefer an exact split with about ``target_vecs`` vectors per thread, then fewer predicated slots."""
         nvec = width // vec
         best = None
         for t in _THREAD_CHOICES:
             v = -(-nvec // t)
             if v > _MAX_VECS or (t > nvec and t > 1):
                 continue
-            score = (t * v != nvec, abs(v - 4), t * v - nvec, -t)
+            score = (t * v != nvec, abs(v - target_vecs), t * v - nvec, -t)
             if best is None or score < best[0]:
                 best = (score, t, v)
         if best is None:  # very wide rows: as many threads as allowed, capped vectors
@@ -101,6 +101,18 @@ class RowTiling:
 
 
 @dataclass(frozen=True)
+class QKNormTuning:
+    """Performance knobs (never change results).
+
+    ``target_vecs``: 16-byte vectors per thread per row (bytes in flight per thread).
+    ``streaming``: rows are read once and written once: evict-first loads, streaming (``.cs``) stores.
+    """
+
+    target_vecs: int = 4
+    streaming: bool = False
+
+
+@dataclass(frozen=True)
 class QKNormConfig:
     """Static shape of the fused kernel: per-rank row tilings of q and k, tokens per CTA.
 
@@ -112,16 +124,17 @@ class QKNormConfig:
     rows: int
     q_dim: int
     k_dim: int
+    tuning: QKNormTuning = QKNormTuning()
 
     @staticmethod
     def for_shape(q_width: int, k_width: int, dtype: torch.dtype, q_dim: int | None = None,
-                  k_dim: int | None = None) -> "QKNormConfig":
+                  k_dim: int | None = None, tuning: QKNormTuning = QKNormTuning()) -> "QKNormConfig":
         vec = vec_elems(dtype)
         for name, w in (("q", q_width), ("k", k_width)):
             if w <= 0 or w % vec:
                 raise ValueError(f"{name} row width {w} must be a positive multiple of {vec} for "
                                  f"{str(dtype).replace('torch.', '')} (16-byte vectors)")
-        q, k = RowTiling.choose(q_width, vec), RowTiling.choose(k_width, vec)
+        q, k = RowTiling.choose(q_width, vec, tuning.target_vecs), RowTiling.choose(k_width, vec, tuning.target_vecs)
         while True:
             rows = 32 // min(q.threads, k.threads, 32)  # every warp all-q or all-k
             if rows * (q.threads + k.threads) <= 1024:
@@ -130,7 +143,7 @@ class QKNormConfig:
             narrow = q if q.threads < k.threads else k
             wider = RowTiling(narrow.width, vec, narrow.threads * 2, -(-narrow.nvec // (narrow.threads * 2)))
             q, k = (wider, k) if narrow is q else (q, wider)
-        cfg = QKNormConfig(q, k, rows, q_dim or q_width, k_dim or k_width)
+        cfg = QKNormConfig(q, k, rows, q_dim or q_width, k_dim or k_width, tuning)
         cfg.validate()
         return cfg
 
@@ -174,8 +187,20 @@ class QKRowNormalizer:
         self.vec = config.q.vec
         self.num_warps = config.threads // 32
 
+    def _load_atom(self):
+        if cutlass.const_expr(self.config.tuning.streaming):
+            return cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.dtype, num_bits_per_copy=128,
+                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.EVICT_FIRST)
+        return cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+
+    def _store_atom(self):
+        if cutlass.const_expr(self.config.tuning.streaming):
+            return cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), self.dtype, num_bits_per_copy=128,
+                                       store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+        return cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+
     def _tiled_copy(self, part: RowTiling):
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        atom = self._load_atom()
         thr_layout = cute.make_ordered_layout((self.config.rows, part.threads), order=(1, 0))
         val_layout = cute.make_layout((1, self.vec))
         return atom, cute.make_tiled_copy_tv(atom, thr_layout, val_layout)
@@ -244,7 +269,7 @@ class QKRowNormalizer:
     @cute.jit
     def scale_and_store(self, tXgX: cute.Tensor, tXrX: cute.Tensor, tXrW: cute.Tensor, scale: Float32,
                         row_ok, col_ok: cute.Tensor, part: cutlass.Constexpr):
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        atom = self._store_atom()
         tXrY = cute.make_fragment_like(tXrX)
         tXrY.store((tXrX.load().to(Float32) * scale * tXrW.load().to(Float32)).to(self.dtype))
         if row_ok:
@@ -293,8 +318,11 @@ class QKNormKernel(QKRowNormalizer):
 
 # ----------------------------------------------------------------------------- host side
 
-def _compile(dtype: torch.dtype, q_width: int, k_width: int):
-    cfg = QKNormConfig.for_shape(q_width, k_width, dtype)
+DEFAULT_TUNING = QKNormTuning()
+
+
+def _compile(dtype: torch.dtype, q_width: int, k_width: int, tuning: QKNormTuning = DEFAULT_TUNING):
+    cfg = QKNormConfig.for_shape(q_width, k_width, dtype, tuning=tuning)
 
     def build():
         vec = vec_elems(dtype)
@@ -304,7 +332,8 @@ def _compile(dtype: torch.dtype, q_width: int, k_width: int):
             fake_tensor(dtype, (n, q_width), stride=(sq, 1)), fake_tensor(dtype, (n, k_width), stride=(sk, 1)),
             fake_tensor(dtype, (q_width,)), fake_tensor(dtype, (k_width,)), Float32(1e-6), fake_stream())
 
-    return compile_cached(NAME, (str(dtype), q_width, k_width), build)
+    key = (str(dtype), q_width, k_width) if tuning == DEFAULT_TUNING else (str(dtype), q_width, k_width, tuning)
+    return compile_cached(NAME, key, build)
 
 
 def shipped_shapes() -> list[tuple[int, int]]:
@@ -351,27 +380,25 @@ def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
     """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures)."""
     try:
         dt = q.dtype
-        if dt not in DTYPES or k.dtype is not dt or q_weight.dtype is not dt or k_weight.dtype is not dt:
+        if k.dtype is not dt or q_weight.dtype is not dt or k_weight.dtype is not dt or dt not in _VEC:
             return False
+        vec = _VEC[dt]
         (n, qw), (nk, kw) = q.shape, k.shape
-        vec = 16 // q.element_size()
         if nk != n or qw % vec or kw % vec or q_weight.shape != (qw,) or k_weight.shape != (kw,):
             return False
         (sq, uq), (sk, uk) = q.stride(), k.stride()
-        if (uq != 1 and qw > 1) or (uk != 1 and kw > 1) or (sq % vec and n > 1) or (sk % vec and n > 1):
-            return False
-        if q_weight.stride() != (1,) or k_weight.stride() != (1,):
-            return False
+        if uq != 1 or uk != 1 or sq % vec or sk % vec or q_weight.stride() != (1,) or k_weight.stride() != (1,):
+            return False  # (a rare legal layout, e.g. N = 1 with an odd stride, takes the slow path)
         if (q.data_ptr() | k.data_ptr() | q_weight.data_ptr() | k_weight.data_ptr()) % 16:
             return False
-        dev = q.device
-        if dev.type != "cuda" or k.device != dev or q_weight.device != dev or k_weight.device != dev:
+        if not q.is_cuda or not (q.get_device() == k.get_device() == q_weight.get_device() == k_weight.get_device()):
             return False
-        return isinstance(eps, (float, int)) and 0 <= eps < math.inf
+        return 0 <= eps < math.inf and isinstance(eps, (float, int))
     except (AttributeError, ValueError, TypeError):
         return False
 
 
+_VEC = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
 _launchers: dict[tuple, object] = {}
 
 
