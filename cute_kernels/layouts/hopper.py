@@ -1,0 +1,106 @@
+"""Hopper (sm_90) shared-memory layouts for WGMMA and TMA, built by the DSL's own helpers.
+
+:func:`hopper_smem_layout` builds the layout a Hopper kernel gets from
+``cutlass.utils.hopper_helpers.get_smem_layout_atom`` + ``warpgroup.make_smem_layout_atom`` +
+``cute.tile_to_shape`` (as CUTLASS's hopper dense GEMM ``make_smem_layout_a/b`` and
+FlashAttention-4's sm90 forward do): the widest swizzle (128B, 64B, 32B, none) whose atom row fits
+the tile's contiguous extent, tiled over the tile (and stages).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .static import StaticLayout, trace
+
+# swizzle name -> SmemLayoutAtomKind suffix
+_KINDS = {"128B": "SW128", "64B": "SW64", "32B": "SW32", "none": "INTER"}
+
+
+def cutlass_dtype(dtype):
+    """A cutlass Numeric type from a torch dtype, a cutlass type or a short name ("bf16", "fp16", "fp32", "fp8")."""
+    import cutlass
+
+    if isinstance(dtype, type) and issubclass(dtype, cutlass.Numeric):
+        return dtype
+    names = {
+        "bf16": cutlass.BFloat16, "bfloat16": cutlass.BFloat16, "fp16": cutlass.Float16, "float16": cutlass.Float16,
+        "half": cutlass.Float16, "fp32": cutlass.Float32, "float32": cutlass.Float32,
+        "fp8": cutlass.Float8E4M3FN, "float8_e4m3fn": cutlass.Float8E4M3FN,
+    }
+    key = str(dtype).replace("torch.", "")
+    if key not in names:
+        raise TypeError(f"dtype {dtype!r}: expected a torch dtype, a cutlass Numeric or one of {sorted(names)}")
+    return names[key]
+
+
+def elem_bytes(dtype) -> int:
+    """Bytes per element of ``dtype`` (any form :func:`cutlass_dtype` accepts)."""
+    return cutlass_dtype(dtype).width // 8
+
+
+def build_hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stages: Optional[int] = None,
+                             swizzle: str = "auto"):
+    """DSL-side builder (call inside a jit function / :func:`trace`); see :func:`hopper_smem_layout`."""
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import warpgroup
+    from cutlass.tensor_utils import LayoutEnum
+
+    dt = cutlass_dtype(dtype)
+    k_major = major.upper() in ("K", "ROW")
+    major_size = cols if k_major else rows
+    if swizzle == "auto":
+        kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR if k_major else LayoutEnum.COL_MAJOR, dt,
+                                               major_size)
+    else:
+        kind = getattr(warpgroup.SmemLayoutAtomKind, ("K_" if k_major else "MN_") + _KINDS[swizzle])
+    atom = warpgroup.make_smem_layout_atom(kind, dt)
+    order = (0, 1) if k_major else (1, 0)
+    if stages is None:
+        return cute.tile_to_shape(atom, (rows, cols), order=order)
+    return cute.tile_to_shape(atom, (rows, cols, stages), order=order + (2,))
+
+
+def hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stages: Optional[int] = None,
+                       swizzle: str = "auto", name: str = "") -> StaticLayout:
+    """The swizzled smem layout a Hopper WGMMA/TMA kernel uses for a ``rows x cols`` tile.
+
+    Args:
+        rows, cols: tile extent in elements; ``(rows, cols)`` is the layout's logical shape.
+        dtype: element type (torch dtype, cutlass type, or "bf16"/"fp16"/"fp32"/"fp8").
+        major: "K" (or "row": ``cols`` contiguous, a K-major WGMMA operand such as Q or K of
+            ``Q K^T``) or "MN" (or "col": ``rows`` contiguous).
+        stages: add a third mode of ``stages`` buffers (a pipelined operand).
+        swizzle: "auto" (the DSL heuristic: widest that fits), or force "128B"/"64B"/"32B"/"none".
+    Returns:
+        A :class:`StaticLayout` (swizzle + outer layout) traced from the DSL on the CPU.
+    Raises:
+        ValueError: the contiguous extent is not a multiple of 16 bytes / the tile not a multiple
+        of the swizzle atom (the DSL's own checks).  TypeError: unknown dtype.
+    """
+    if swizzle not in ("auto", *_KINDS):
+        raise ValueError(f"swizzle={swizzle!r}: expected 'auto' or one of {list(_KINDS)}")
+    if major.upper() not in ("K", "ROW", "MN", "COL"):
+        raise ValueError(f"major={major!r}: expected 'K' (row) or 'MN' (col)")
+    major_size = cols if major.upper() in ("K", "ROW") else rows
+    if (major_size * elem_bytes(dtype)) % 16:
+        raise ValueError(f"contiguous extent {major_size} x {elem_bytes(dtype)} B is not a multiple of 16 bytes")
+    lay = trace(lambda: build_hopper_smem_layout(rows, cols, dtype, major, stages, swizzle))
+    return lay.named(name or f"{swizzle if swizzle != 'auto' else lay.swizzle.byte_swizzle_name} "
+                             f"{major}-major {rows}x{cols}{f'x{stages}' if stages else ''} {cutlass_dtype(dtype).__name__}")
+
+
+def tma_box(layout: StaticLayout, dtype) -> dict:
+    """What one TMA copy of a ``(rows, cols)`` K-major swizzled tile looks like.
+
+    With a 128B/64B/32B swizzle the TMA box's inner extent is at most the swizzle width, so a
+    tile wider than its atom is loaded as several boxes (the DSL's ``make_tiled_tma_atom`` splits it).
+    Returns rows, cols, box inner width in elements, boxes per tile, bytes per tile, swizzle name.
+    """
+    eb = elem_bytes(dtype)
+    rows, cols = layout.dims[0], layout.dims[1]
+    sw = layout.swizzle.byte_swizzle_name if layout.swizzle is not None else "none"
+    width_b = {"128B": 128, "64B": 64, "32B": 32}.get(sw, 16)
+    inner = min(cols, width_b // eb) if sw in ("128B", "64B", "32B") else cols
+    return dict(rows=rows, cols=cols, box=(rows, inner), boxes=cols // inner, bytes=rows * cols * eb, swizzle=sw)

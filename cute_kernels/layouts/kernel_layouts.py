@@ -1,0 +1,305 @@
+"""The layouts of our kernels' configs, from the kernels' own code, plus a report writer.
+
+:func:`ranker_fwd_layouts` traces the ranker forward's smem layouts through the module's own
+layout function (``ranker_fwd.smem_layouts(dtype, config)`` when the module exposes it, else its
+``_smem_layout`` helper, which is what ``RankerAttentionFwd.__call__`` calls), its WGMMA
+accumulator and epilogue copy thread-value layouts, the TMA boxes, the epilogue's bank conflicts,
+and the smem budget.  :func:`write_report` is what ``cute-kernels layouts`` runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import analysis, viz
+from .hopper import cutlass_dtype, elem_bytes, tma_box
+from .static import StaticLayout, trace
+
+
+@dataclass
+class TVLayout:
+    """A thread-value layout over an ``(M, N)`` tile; ``vec`` values per access."""
+
+    layout: StaticLayout
+    tile: tuple[int, int]
+    vec: int = 1
+    note: str = ""
+
+
+@dataclass
+class KernelLayouts:
+    """Everything :func:`write_report` draws and prints for one kernel config."""
+
+    kernel: str
+    config: Any
+    dtype: str
+    smem: dict[str, StaticLayout] = field(default_factory=dict)
+    tma: dict[str, dict] = field(default_factory=dict)
+    tv: dict[str, TVLayout] = field(default_factory=dict)
+    conflicts: list[analysis.ConflictReport] = field(default_factory=list)
+    budget: Optional[analysis.SmemBudget] = None
+    source: str = ""  # where the smem layouts came from
+
+
+# ---------------------------------------------------------------------------- config parsing
+def parse_config(cls, text: Optional[str], base=None):
+    """``"tile_n=176,stages=3"`` -> ``dataclasses.replace(base or cls(), tile_n=176, stages=3)``.
+
+    Values are parsed as int, float, True/False, else kept as strings.  Unknown fields raise
+    ``ValueError`` naming the valid ones.  The result is NOT validated (call ``validate()``).
+    """
+    cfg = base if base is not None else cls()
+    if not text:
+        return cfg
+    names = {f.name for f in dataclasses.fields(cls)}
+    kw = {}
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        if "=" not in part:
+            raise ValueError(f"config item {part!r}: expected key=value")
+        k, v = part.split("=", 1)
+        if k not in names:
+            raise ValueError(f"config field {k!r} unknown for {cls.__name__}; fields: {sorted(names)}")
+        kw[k] = _parse_value(v)
+    return dataclasses.replace(cfg, **kw)
+
+
+def _parse_value(v: str):
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(v.lower(), v)
+
+
+def ranker_config(text: Optional[str] = None):
+    """A ranker forward config from ``"head_dim=128,tile_n=176"``: the shipped config of that head dim
+    (``ranker_fwd.CONFIGS``) with the other fields replaced.  Not validated."""
+    from ..kernels import ranker_fwd as rf
+
+    base = None
+    if text:
+        for part in text.replace(" ", "").split(","):
+            if part.startswith("head_dim="):
+                base = rf.CONFIGS.get(int(part.split("=", 1)[1]))
+    return parse_config(rf.RankerFwdConfig, text, base or rf.CONFIGS.get(rf.RankerFwdConfig().head_dim))
+
+
+# ---------------------------------------------------------------------------- ranker forward
+def _ranker_dsl_objects(rf, dt, config):
+    """DSL side (inside trace): smem layouts, tiled MMAs and epilogue copies as the kernel builds them."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import warpgroup
+
+    if hasattr(rf, "smem_layouts"):
+        smem = dict(rf.smem_layouts(dt, config))
+    else:
+        smem = dict(sQ=rf._smem_layout(dt, config.tile_m, config.head_dim),
+                    sK=rf._smem_layout(dt, config.tile_n, config.head_dim, config.stages),
+                    sV=rf._smem_layout(dt, config.tile_n, config.head_dim, config.stages))
+        smem["sO"] = smem["sQ"]  # the kernel aliases sO onto sQ
+    if hasattr(rf, "tiled_mmas"):
+        mma_qk, mma_pv = rf.tiled_mmas(dt, config)
+    else:  # same calls as RankerAttentionFwd.__call__
+        mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, cutlass.Float32,
+            atom_layout_mnk=(config.tile_m // 64, 1, 1), tiler_mn=(64, config.tile_n))
+        mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, cutlass.Float32,
+            atom_layout_mnk=(config.tile_m // 64, 1, 1), tiler_mn=(64, config.head_dim),
+            a_source=warpgroup.OperandSource.RMEM)
+    stsm = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
+    epi_copy = cute.make_tiled_copy_C(stsm, mma_pv)
+    # varlen epilogue: 16-byte reads of sO by rows (RankerAttentionFwd.epilogue, varlen branch)
+    vec = 128 // dt.width
+    cols = config.head_dim // vec
+    nthr = 128 * config.consumer_wgs
+    rd_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+    rd_copy = cute.make_tiled_copy_tv(rd_atom, cute.make_ordered_layout((nthr // cols, cols), order=(1, 0)),
+                                      cute.make_layout((1, vec)))
+    out = {k: v for k, v in smem.items()}
+    out["tv:S=QK^T accumulator"] = mma_qk.tv_layout_C_tiled
+    out["tv:O=PV accumulator"] = mma_pv.tv_layout_C_tiled
+    out["tv:epilogue stmatrix (dst)"] = epi_copy.layout_dst_tv_tiled
+    out["tv:varlen epilogue 16B reads (src)"] = rd_copy.layout_src_tv_tiled
+    out["tiles"] = {k: tuple(int(cute.size(m)) for m in c.tiler_mn)
+                    for k, c in (("tv:epilogue stmatrix (dst)", epi_copy), ("tv:varlen epilogue 16B reads (src)", rd_copy))}
+    return out
+
+
+def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> KernelLayouts:
+    """Layouts, TMA boxes, TV layouts, epilogue bank conflicts and smem budget of a ranker forward config.
+
+    Args:
+        config: a ``RankerFwdConfig``, a string such as ``"head_dim=128,tile_n=176"`` or None (the
+            shipped head-dim-128 config).
+        dtype: "bf16"/"fp16" (or torch/cutlass dtype).
+        validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).
+    """
+    from ..kernels import ranker_fwd as rf
+
+    if config is None or isinstance(config, str):
+        config = ranker_config(config)
+    if validate:
+        config.validate()
+    dt = cutlass_dtype(dtype)
+    eb = elem_bytes(dt)
+    objs = trace(lambda: _ranker_dsl_objects(rf, dt, config))
+    copy_tiles = objs.pop("tiles")
+    kl = KernelLayouts("ranker_fwd", config, dt.__name__,
+                       source="ranker_fwd.smem_layouts" if hasattr(rf, "smem_layouts") else "ranker_fwd._smem_layout")
+    for k, v in objs.items():
+        if k.startswith("tv:"):
+            continue
+        kl.smem[k] = v.named(f"{k} {v.dims}")
+    tiles = {"tv:S=QK^T accumulator": ((config.tile_m, config.tile_n), 1),
+             "tv:O=PV accumulator": ((config.tile_m, config.head_dim), 1),
+             "tv:epilogue stmatrix (dst)": (copy_tiles["tv:epilogue stmatrix (dst)"], 16 // eb),
+             "tv:varlen epilogue 16B reads (src)": (copy_tiles["tv:varlen epilogue 16B reads (src)"], 16 // eb)}
+    for k, (tile, vec) in tiles.items():
+        kl.tv[k[3:]] = TVLayout(objs[k].named(k[3:]), tile, vec)
+    for name in ("sQ", "sK", "sV", "sO"):
+        if name in kl.smem:
+            lay = kl.smem[name]
+            two_d = lay if len(lay.dims) == 2 else StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset,
+                                                                lay.name)
+            kl.tma[name] = tma_box(two_d, dt)
+    # epilogue bank conflicts, kernel layout vs the same tile unswizzled
+    sO = kl.smem.get("sO")
+    if sO is not None:
+        for key in ("epilogue stmatrix (dst)", "varlen epilogue 16B reads (src)"):
+            tv = kl.tv[key]
+            pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, key, warp=None)
+            for lay in (sO, sO.unswizzled()):
+                kl.conflicts.append(analysis.bank_conflicts(lay, pat, eb))
+    # budget from the layouts; 'extra' is what the config's own accounting adds (barriers, alignment)
+    bufs = {}
+    for name in ("sQ", "sK", "sV"):
+        if name in kl.smem:
+            bufs[f"{name} {'x'.join(map(str, kl.smem[name].dims))}"] = kl.smem[name].cosize * eb
+    per_stage = sum(v for k, v in bufs.items() if not k.startswith("sQ")) // max(config.stages, 1)
+    extra = config.smem_bytes(eb) - sum(bufs.values()) if hasattr(config, "smem_bytes") else 8 * (2 + 4 * config.stages)
+    kl.budget = analysis.SmemBudget(bufs, config.stages, per_stage, extra,
+                                    getattr(rf, "SMEM_CAPACITY", analysis.SMEM_LIMIT_BYTES))
+    return kl
+
+
+def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_method: str = "none",
+                          varlen: bool = False):
+    """Compile (CPU, sm_90a) the ranker forward with ``config`` and return its compile record
+    (``.resources`` registers, ``.ptx_features``, ``.sass_features``)."""
+    import torch
+
+    from ..kernels import ranker_fwd as rf
+    from ..runtime.cache import compile_record
+
+    tdt = {"BFloat16": torch.bfloat16, "Float16": torch.float16}[cutlass_dtype(dtype).__name__]
+    rf._compile(tdt, config, qhead_per_kvhead, cap_method, varlen)
+    return compile_record(rf.NAME, (str(tdt), config, qhead_per_kvhead, cap_method, varlen))
+
+
+# ---------------------------------------------------------------------------- report
+def format_report(kl: KernelLayouts, record=None) -> str:
+    """The text report of :func:`write_report`."""
+    lines = [f"kernel {kl.kernel}  dtype {kl.dtype}", f"config {kl.config}", f"smem layouts from {kl.source}", ""]
+    lines.append("shared-memory layouts (swizzle o offset o shape:stride, elements; swizzle acts on byte addresses):")
+    for k, v in kl.smem.items():
+        sw = v.swizzle.byte_swizzle_name if v.swizzle is not None else "none"
+        lines.append(f"  {k:<4} dims {str(v.dims):<16} {sw:>5} swizzle  {v}")
+    lines.append("")
+    lines.append("TMA boxes:")
+    for k, b in kl.tma.items():
+        lines.append(f"  {k:<4} tile {b['rows']}x{b['cols']}: {b['boxes']} box(es) of {b['box'][0]}x{b['box'][1]} "
+                     f"({b['swizzle']} swizzle), {b['bytes']} B per tile")
+    lines.append("")
+    lines.append("thread-value layouts ((thread, value) -> column-major tile index):")
+    for k, tv in kl.tv.items():
+        lines.append(f"  {k:<36} tile {tv.tile[0]}x{tv.tile[1]}  {tv.layout}")
+    lines.append("")
+    lines.append("bank conflicts (32 banks x 4 B; 16-byte accesses served per quarter-warp):")
+    for rep in kl.conflicts:
+        lines.append(f"  {rep}")
+    lines.append("")
+    if kl.budget is not None:
+        lines.append("shared memory budget:")
+        lines.append(str(kl.budget))
+    if record is not None:
+        lines.append("")
+        lines.append("compile record (sm_90a):")
+        for r in record.resources:
+            lines.append(f"  {r.name[:70]}: {r.registers} registers/thread, static smem {r.static_smem_bytes} B, "
+                         f"stack {r.stack_bytes} B")
+        lines.append(f"  PTX features: {', '.join(record.ptx_features)}")
+        if record.sass_features:
+            lines.append(f"  SASS features: {', '.join(record.sass_features)}")
+    return "\n".join(lines) + "\n"
+
+
+def draw_all(kl: KernelLayouts, out_dir: str) -> list[str]:
+    """Write the pictures of ``kl`` (PNG + SVG each) into ``out_dir``; returns the files."""
+    eb = elem_bytes(kl.dtype.replace("BFloat16", "bf16").replace("Float16", "fp16"))
+    files = []
+    for k, lay in kl.smem.items():
+        if k == "sO" and "sQ" in kl.smem and kl.smem["sQ"].shape == lay.shape:
+            continue  # same buffer and layout as sQ
+        fig = viz.draw_offsets(lay, elem_bytes=eb, stage=0, title=f"{kl.kernel} {k}: element offsets (stage 0)\n{lay}")
+        files += viz.save(fig, os.path.join(out_dir, f"{k}_offsets"))
+        fig = viz.draw_offsets(lay, elem_bytes=eb, stage=0, region=(16, 32),
+                               title=f"{kl.kernel} {k}: element offsets, rows 0-15, columns 0-31 (stage 0)")
+        files += viz.save(fig, os.path.join(out_dir, f"{k}_offsets_zoom"))
+        fig = viz.draw_banks(lay, eb, stage=0, rows=min(lay.dims[0], 16),
+                             title=f"{kl.kernel} {k}: banks of the first rows (pattern repeats every 8 rows)")
+        files += viz.save(fig, os.path.join(out_dir, f"{k}_banks"))
+    for k, tv in kl.tv.items():
+        stem = "tv_" + "_".join(w for w in k.replace("=", "_").replace("^", "").replace("(", "").replace(")", "")
+                                .split(" ") if w)
+        fig = viz.draw_tv(tv.layout, tv.tile, title=f"{kl.kernel} {k}: threads over the {tv.tile[0]}x{tv.tile[1]} tile")
+        files += viz.save(fig, os.path.join(out_dir, stem))
+        fig = viz.draw_tv(tv.layout, tv.tile, region=(16, 16),
+                          title=f"{kl.kernel} {k}: rows 0-15, columns 0-15 (T = thread, V = value)")
+        files += viz.save(fig, os.path.join(out_dir, stem + "_zoom"))
+    return files
+
+
+def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = "bf16",
+                 compile: bool = False) -> tuple[str, list[str]]:
+    """``cute-kernels layouts``: pictures + ``report.txt`` for ``kernel`` and ``config`` into ``out_dir``.
+
+    ranker_fwd: everything of :func:`ranker_fwd_layouts`.  Other kernels (no smem layouts exposed):
+    their shipped compile targets, compiled when ``compile`` is set, with registers and features.
+    Returns (report text, files written).  Raises ``ValueError`` for a config the kernel rejects.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    files: list[str] = []
+    if kernel == "ranker_fwd":
+        kl = ranker_fwd_layouts(config, dtype)
+        rec = ranker_compile_record(kl.config, dtype) if compile else None
+        text = format_report(kl, rec)
+        files += draw_all(kl, out_dir)
+    else:
+        from .. import registry
+        from ..runtime.cache import compile_record
+
+        mod = registry.module(kernel)
+        lines = [f"kernel {kernel}: no shared-memory layouts exposed to cute_kernels.layouts;",
+                 "shipped compile targets:"]
+        for t in mod.compile_targets():
+            lines.append(f"  {t.label}")
+            if compile:
+                t.build()
+                rec = compile_record(t.kernel, t.key)
+                for r in rec.resources:
+                    lines.append(f"    {r.name[:60]}: {r.registers} registers, static smem {r.static_smem_bytes} B")
+                lines.append(f"    PTX features: {', '.join(rec.ptx_features)}")
+        text = "\n".join(lines) + "\n"
+    path = os.path.join(out_dir, "report.txt")
+    with open(path, "w") as f:
+        f.write(text)
+    return text, files + [path]

@@ -1,0 +1,198 @@
+"""Pictures of layouts with matplotlib (PNG and SVG; a notebook shows the returned Figure inline).
+
+* :func:`draw_offsets`: a layout as a grid of offsets (colour = the offset's 128-byte row, the
+  number = offset in elements when the grid is small enough to read);
+* :func:`draw_banks`: a swizzle as a colour map of the shared-memory bank of each element, with the
+  16-byte chunk number (``byte offset // 16 % 8``) written in each chunk's first cell;
+* :func:`draw_tv`: a thread-value layout as threads over a tile (colour = thread, label T/V);
+* :func:`draw_conflicts`: words per bank of one warp-wide access, for one or more layouts.
+
+Every function returns a ``matplotlib.figure.Figure`` and, given ``path`` (with or without a
+suffix), writes ``<path>.png`` and ``<path>.svg``.  Figures are built without pyplot, so this
+works headless (no display, no GPU).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .analysis import BANK_BYTES, NUM_BANKS, AccessPattern, bank_table
+from .static import StaticLayout
+
+
+def _figure(w: float, h: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(max(w, 3.0), max(h, 2.0)), layout="constrained")
+
+
+def save(fig, path: Optional[str]) -> list[str]:
+    """Write ``fig`` as ``<path>.png`` and ``<path>.svg`` (suffix of ``path`` dropped); returns the files."""
+    if not path:
+        return []
+    base, ext = os.path.splitext(path)
+    if ext.lower() not in (".png", ".svg", ".pdf"):
+        base = path
+    os.makedirs(os.path.dirname(os.path.abspath(base)) or ".", exist_ok=True)
+    files = []
+    for suffix in (".png", ".svg"):
+        fig.savefig(base + suffix, dpi=110)
+        files.append(base + suffix)
+    return files
+
+
+def _grid_axes(fig, rows: int, cols: int, title: str):
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("column (contiguous mode)", fontsize=8)
+    ax.set_ylabel("row", fontsize=8)
+    step_r = max(1, rows // 16)
+    step_c = max(1, cols // 16)
+    ax.set_xticks(range(0, cols, step_c))
+    ax.set_yticks(range(0, rows, step_r))
+    ax.tick_params(labelsize=6)
+    return ax
+
+
+def _cell_size(rows: int, cols: int, annotate: bool) -> float:
+    if annotate:
+        return 0.42
+    return float(np.clip(9.0 / max(rows, cols), 0.06, 0.3))
+
+
+def _table2d(layout: StaticLayout, values: np.ndarray, stage: Optional[int]) -> np.ndarray:
+    if values.ndim == 3:
+        values = values[..., stage or 0]
+    if values.ndim == 1:
+        values = values[None]
+    if values.ndim != 2:
+        raise ValueError(f"can only draw rank-2 (or staged rank-3) layouts, got dims {layout.dims}")
+    return values
+
+
+def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: Optional[int] = None,
+                 stage: Optional[int] = None, annotate: Optional[bool] = None, title: Optional[str] = None,
+                 region: Optional[tuple[int, int]] = None):
+    """A layout as a grid of offsets (colour = offset; the number written in each cell when the grid
+    has at most 1024 cells; ``region=(rows, cols)`` zooms on the top-left corner).
+
+    With ``elem_bytes`` the offsets are the kernel's swizzled byte addresses divided back into
+    elements (:meth:`StaticLayout.byte_offsets`); without it, the functional values ``L(r, c)``.
+    """
+    if elem_bytes:
+        vals = _table2d(layout, layout.byte_offsets(elem_bytes), stage) // elem_bytes
+    else:
+        vals = _table2d(layout, layout.offsets(), stage)
+    if region:
+        vals = vals[:region[0], :region[1]]
+    rows, cols = vals.shape
+    annotate = rows * cols <= 1024 if annotate is None else annotate
+    cs = _cell_size(rows, cols, annotate)
+    fig = _figure(cols * cs + 1.5, rows * cs + 1.0)
+    ax = _grid_axes(fig, rows, cols, title or f"offsets of {layout.name or layout}\n{layout}")
+    im = ax.imshow(vals, cmap="viridis", interpolation="nearest", aspect="equal")
+    fig.colorbar(im, ax=ax, label="offset (elements)", shrink=0.6)
+    if annotate:
+        mid = (vals.max() + vals.min()) / 2
+        for r in range(rows):
+            for c in range(cols):
+                ax.text(c, r, str(vals[r, c]), ha="center", va="center", fontsize=5,
+                        color="white" if vals[r, c] < mid else "black")
+    save(fig, path)
+    return fig
+
+
+def draw_banks(layout: StaticLayout, elem_bytes: int, path: Optional[str] = None, stage: Optional[int] = None,
+               rows: Optional[int] = None, title: Optional[str] = None):
+    """A swizzle as a colour map of banks: colour = bank (0..31) of each element's first byte, under the
+    kernel's pointer swizzle; each 16-byte chunk's first cell carries its chunk number in the 128-byte
+    row (``byte // 16 % 8``).  ``rows`` limits the picture to the first rows (the pattern repeats
+    every 8 rows for a 128B swizzle)."""
+    from matplotlib import colormaps
+
+    banks = _table2d(layout, bank_table(layout, elem_bytes, stage), stage)
+    byts = _table2d(layout, layout.byte_offsets(elem_bytes), stage)
+    if rows:
+        banks, byts = banks[:rows], byts[:rows]
+    nr, nc = banks.shape
+    per_chunk = max(1, 16 // elem_bytes)
+    annotate = nr * (nc // per_chunk) <= 1024
+    cs = float(np.clip(12.0 / max(nr, nc), 0.08, 0.3))
+    fig = _figure(nc * cs + 2.2, nr * cs + 1.0)
+    sw = layout.swizzle.byte_swizzle_name if layout.swizzle is not None else "no"
+    ax = _grid_axes(fig, nr, nc, title or f"banks of {layout.name or layout} ({sw} swizzle, {elem_bytes} B elements)")
+    im = ax.imshow(banks, cmap=colormaps["hsv"].resampled(NUM_BANKS), vmin=-0.5, vmax=NUM_BANKS - 0.5,
+                   interpolation="nearest", aspect="equal")
+    fig.colorbar(im, ax=ax, label="bank", shrink=0.6, ticks=range(0, NUM_BANKS, 4))
+    if annotate:
+        for r in range(nr):
+            for c in range(0, nc, per_chunk):
+                ax.text(c + (per_chunk - 1) / 2, r, str(int(byts[r, c] // 16 % 8)), ha="center", va="center",
+                        fontsize=6, color="black")
+    save(fig, path)
+    return fig
+
+
+def draw_tv(tv: StaticLayout, tile: tuple[int, int], path: Optional[str] = None, title: Optional[str] = None,
+            region: Optional[tuple[int, int]] = None, annotate: Optional[bool] = None):
+    """A thread-value layout as threads over an ``(M, N)`` tile (``tv(thread, value)`` = index of a
+    column-major tile, as the DSL's ``tv_layout_*`` give it).  Colour = thread; small tiles (or a
+    ``region`` of the top-left corner) get "T<thread>/V<value>" labels."""
+    m_, n_ = tile
+    idx = tv.outer_offsets()
+    nthr, nval = idx.shape
+    owner = np.full((m_, n_), -1, dtype=np.int64)
+    value = np.full((m_, n_), -1, dtype=np.int64)
+    for t in range(nthr):
+        r, c = idx[t] % m_, idx[t] // m_
+        free = owner[r, c] < 0
+        owner[r[free], c[free]] = t
+        value[r[free], c[free]] = np.arange(nval)[free]
+    if region:
+        owner, value = owner[:region[0], :region[1]], value[:region[0], :region[1]]
+    nr, nc = owner.shape
+    annotate = nr * nc <= 512 if annotate is None else annotate
+    cs = 0.55 if annotate else float(np.clip(10.0 / max(nr, nc), 0.06, 0.3))
+    fig = _figure(nc * cs + 2.0, nr * cs + 1.0)
+    ax = _grid_axes(fig, nr, nc, title or f"{tv.name or 'TV layout'} {tv}\n{nthr} threads x {nval} values over {m_}x{n_}")
+    ax.set_xlabel("N (column)", fontsize=8)
+    ax.set_ylabel("M (row)", fontsize=8)
+    im = ax.imshow(np.ma.masked_less(owner, 0), cmap="turbo", interpolation="nearest", aspect="equal")
+    fig.colorbar(im, ax=ax, label="thread", shrink=0.6)
+    if annotate:
+        for r in range(nr):
+            for c in range(nc):
+                if owner[r, c] >= 0:
+                    ax.text(c, r, f"T{owner[r, c]}\nV{value[r, c]}", ha="center", va="center", fontsize=4.5)
+    save(fig, path)
+    return fig
+
+
+def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem_bytes: int,
+                   path: Optional[str] = None, access: int = 0, title: Optional[str] = None):
+    """Distinct 4-byte words each bank must deliver for access ``access`` of ``pattern``, one panel per
+    layout (the tallest bar of a phase = its wavefronts)."""
+    fig = _figure(7.0, 1.9 * len(layouts) + 0.6)
+    axes = fig.subplots(len(layouts), 1, squeeze=False)[:, 0]
+    acc = pattern.coords[access]
+    for ax, lay in zip(axes, layouts):
+        table = lay.byte_offsets(elem_bytes)
+        if table.ndim == 3:
+            table = table[..., 0]
+        addr = table[acc[:, 0], acc[:, 1]]
+        words = np.unique(np.concatenate([(addr + b) // BANK_BYTES
+                                          for b in range(0, max(pattern.vec * elem_bytes, 1), BANK_BYTES)]))
+        counts = np.bincount(words % NUM_BANKS, minlength=NUM_BANKS)
+        ax.bar(range(NUM_BANKS), counts, color="tab:red" if counts.max() > 1 else "tab:green")
+        ax.set_xlim(-0.5, NUM_BANKS - 0.5)
+        ax.set_ylabel("words", fontsize=8)
+        ax.set_title(f"{lay.name or lay}", fontsize=8)
+        ax.tick_params(labelsize=6)
+    axes[-1].set_xlabel(f"bank  ({pattern.name}; all {len(acc)} threads of one access)", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    save(fig, path)
+    return fig
