@@ -4,6 +4,7 @@
     cute-kernels check   [--kernel NAME]                   # GPU: correctness table vs references
     cute-kernels bench   [--kernel NAME] [--json PATH]     # GPU: benchmark records
     cute-kernels info                                      # versions, arch, cache, GPU
+    cute-kernels layouts --kernel ranker_fwd [--config tile_n=176] --out DIR   # CPU: pictures + report
 """
 
 from __future__ import annotations
@@ -166,6 +167,19 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_layouts(args) -> int:
+    from .layouts.kernel_layouts import write_report
+
+    try:
+        text, files = write_report(args.kernel, args.config, args.out, dtype=args.dtype, compile=args.compile)
+    except ValueError as exc:  # a config the kernel rejects: say why
+        print(f"config rejected: {exc}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    print(f"wrote {len(files)} files to {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="cute-kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -185,6 +199,13 @@ def main(argv=None) -> int:
     b.add_argument("--json", help="write the records to this file")
     b.add_argument("--shapes", help="kernel-specific shape selection (see each kernel's bench())")
     b.set_defaults(fn=cmd_bench)
+    lay = sub.add_parser("layouts", help="CPU: a kernel config's smem/TV layouts as pictures + a text report")
+    lay.add_argument("--kernel", required=True)
+    lay.add_argument("--config", help="config fields, e.g. 'head_dim=128,tile_n=176,stages=2'")
+    lay.add_argument("--dtype", default="bf16")
+    lay.add_argument("--out", required=True, help="output folder")
+    lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")
+    lay.set_defaults(fn=cmd_layouts)
     i = sub.add_parser("info", help="versions, arch, cache location, GPU")
     i.set_defaults(fn=cmd_info)
     args = p.parse_args(argv)
