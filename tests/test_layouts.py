@@ -1,0 +1,187 @@
+"""cute_kernels.layouts on the CPU: layout evaluation, textbook bank conflicts, budgets, pictures, the
+ranker forward's own layouts (as the kernel compiles with them) and the ``cute-kernels layouts`` command."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass loads)
+from cute_kernels import layouts as L
+from cute_kernels.layouts import kernel_layouts as KL
+from cute_kernels.layouts.hopper import build_hopper_smem_layout
+
+
+# ---------------------------------------------------------------------------- evaluation
+@pytest.mark.parametrize("rows,cols,major,stages", [(128, 64, "K", None), (64, 128, "K", 2), (64, 128, "MN", None)])
+def test_numpy_evaluation_matches_the_dsl(rows, cols, major, stages):
+    lay = L.hopper_smem_layout(rows, cols, "bf16", major=major, stages=stages)
+    table = lay.offsets()
+    rng = np.random.default_rng(0)
+    coords = [tuple(int(rng.integers(0, d)) for d in lay.dims) for _ in range(200)]
+    dsl = L.dsl_evaluate(lambda: build_hopper_smem_layout(rows, cols, "bf16", major, stages), coords)
+    assert [int(table[c]) for c in coords] == dsl
+
+
+def test_128b_swizzle_is_the_textbook_xor():
+    lay = L.hopper_smem_layout(128, 64, "bf16")
+    assert (lay.swizzle.bits, lay.swizzle.base, lay.swizzle.shift) == (3, 4, 3)
+    assert lay.swizzle.byte_swizzle_name == "128B"
+    chunk = lay.byte_offsets(2)[:, ::8] // 16  # 16-byte chunk of each (row, 8-column group)
+    rows = np.arange(128)[:, None]
+    cols = np.arange(8)[None, :]
+    assert np.array_equal(chunk % 8, cols ^ (rows % 8))  # chunk c of row r lands at c ^ (r % 8)
+    assert np.array_equal(chunk // 8, np.broadcast_to(rows, chunk.shape))  # and stays in its 128-byte row
+    assert sorted(lay.byte_offsets(2).ravel()) == list(range(0, 128 * 64 * 2, 2))  # a bijection
+
+
+def test_swizzle_choice_follows_the_row_width():
+    assert L.hopper_smem_layout(64, 64, "bf16").swizzle.bits == 3  # 128 B rows
+    assert L.hopper_smem_layout(64, 32, "bf16").swizzle.bits == 2  # 64 B
+    assert L.hopper_smem_layout(64, 16, "bf16").swizzle.bits == 1  # 32 B
+    assert L.hopper_smem_layout(64, 64, "bf16", swizzle="none").swizzle.bits == 0
+    with pytest.raises(ValueError, match="16 bytes"):
+        L.hopper_smem_layout(64, 4, "bf16")
+    with pytest.raises(TypeError):
+        L.hopper_smem_layout(64, 64, "int3")
+
+
+# ---------------------------------------------------------------------------- bank conflicts
+def test_row_major_64x64_bf16_read_by_columns_conflicts():
+    rep = L.bank_conflicts(L.row_major(64, 64), L.column_read(32, 0), elem_bytes=2)
+    assert rep.wavefronts == [32] and rep.ideal == [1]  # 128-byte rows: every thread hits one bank
+    assert not rep.conflict_free
+
+
+def test_row_read_and_broadcast_are_conflict_free():
+    assert L.bank_conflicts(L.row_major(64, 64), L.row_read(0, 1), 2).conflict_free
+    assert L.request_wavefronts(np.zeros(32, dtype=np.int64), 4) == (1, 1)  # one word: broadcast
+
+
+def test_128b_swizzle_16B_vectors_by_8_rows_do_not_conflict():
+    sw = L.hopper_smem_layout(128, 64, "bf16")
+    plain = L.row_major(128, 64)
+    for chunk in range(8):
+        pat = L.row_vector_read(8, chunk, vec=8)
+        assert L.bank_conflicts(sw, pat, 2).wavefronts == [1]
+        assert L.bank_conflicts(plain, pat, 2).wavefronts == [8]  # same 4 banks, 8 rows
+    full = L.bank_conflicts(sw, L.row_vector_read(32, 5, vec=8), 2)
+    assert full.wavefronts == [4] and full.ideal == [4]
+
+
+def test_vector_split_by_the_layout_is_reported():
+    with pytest.raises(ValueError, match="not contiguous"):
+        L.bank_conflicts(L.hopper_smem_layout(64, 64, "bf16", major="MN"), L.row_vector_read(8, 0, 8), 2)
+
+
+# ---------------------------------------------------------------------------- pictures
+def test_pictures_are_written_and_not_empty(tmp_path):
+    from cute_kernels.layouts import viz
+
+    lay = L.hopper_smem_layout(16, 64, "bf16")
+    files = viz.save(viz.draw_offsets(lay, elem_bytes=2), str(tmp_path / "offsets"))
+    files += viz.save(viz.draw_banks(lay, 2), str(tmp_path / "banks.png"))
+    files += viz.save(viz.draw_conflicts([L.row_major(64, 64), lay], L.row_vector_read(8, 0, 8), 2),
+                      str(tmp_path / "conflicts"))
+    tv = L.StaticLayout(((4, 8), 2), ((16, 1), 8), name="toy TV")  # 32 threads x 2 values over 8x8
+    files += viz.save(viz.draw_tv(tv, (8, 8)), str(tmp_path / "tv"))
+    assert len(files) == 8
+    for f in files:
+        assert os.path.getsize(f) > 1000, f
+    assert {os.path.splitext(f)[1] for f in files} == {".png", ".svg"}
+
+
+# ---------------------------------------------------------------------------- ranker forward
+rf = pytest.importorskip("cute_kernels.kernels.ranker_fwd")
+
+
+@pytest.mark.parametrize("head_dim", sorted(rf.CONFIGS))
+def test_ranker_shipped_configs_layouts_and_budget(head_dim):
+    cfg = rf.CONFIGS[head_dim]
+    kl = KL.ranker_fwd_layouts(cfg, "bf16")
+    assert kl.smem["sQ"].dims == (cfg.tile_m, cfg.head_dim)
+    assert kl.smem["sK"].dims == (cfg.tile_n, cfg.head_dim, cfg.stages)
+    for name in ("sQ", "sK", "sV"):
+        assert kl.smem[name].swizzle.byte_swizzle_name == "128B"  # head dims 64..256 bf16: >= 128-byte rows
+    assert kl.budget.total == cfg.smem_bytes(2)  # the same accounting validate() uses
+    assert kl.budget.fits
+    assert kl.budget.per_stage == 2 * cfg.tile_n * cfg.head_dim * 2
+    # the epilogue's stmatrix writes are conflict-free on the kernel's layout, 8x worse unswizzled
+    stsm = [r for r in kl.conflicts if r.pattern.startswith("epilogue stmatrix")]
+    assert stsm[0].conflict_free and stsm[1].ratio == 8.0
+
+
+def test_ranker_layouts_are_the_ones_the_kernel_compiles_with(monkeypatch):
+    """Record the layouts RankerAttentionFwd.__call__ builds while it is traced for a real sm_90a compile."""
+    import torch
+
+    from cute_kernels.layouts.static import _from_dsl
+
+    seen = []
+    if hasattr(rf, "smem_layouts"):
+        orig = rf.smem_layouts
+
+        def spy(*a, **k):
+            out = orig(*a, **k)
+            seen.extend(_from_dsl(v, n) for n, v in dict(out).items())
+            return out
+
+        monkeypatch.setattr(rf, "smem_layouts", spy)
+    else:
+        orig = rf._smem_layout
+
+        def spy(*a, **k):
+            out = orig(*a, **k)
+            seen.append(_from_dsl(out))
+            return out
+
+        monkeypatch.setattr(rf, "_smem_layout", spy)
+    monkeypatch.setenv("CUTE_KERNELS_CACHE", "0")  # force a trace (no disk hit)
+    cfg = rf.CONFIGS[128]
+    rf._compile(torch.bfloat16, cfg, 3, "none", False)  # GQA 3: a key no other test compiles
+    kl = KL.ranker_fwd_layouts(cfg, "bf16")
+    compiled = {(lay.shape, lay.stride, lay.swizzle) for lay in seen}
+    for name in ("sQ", "sK", "sV"):
+        lay = kl.smem[name]
+        assert (lay.shape, lay.stride, lay.swizzle) in compiled, name
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("tile_n=176", "register"),        # D=128: S + O + P accumulators do not fit 240 registers
+    ("stages=4", "shared memory"),     # 32 KB Q + 4 x 64 KB K/V > 227 KB
+    ("tile_m=192", "tile_m"),
+    ("head_dim=96", "head_dim"),
+])
+def test_ranker_config_validation_rejects_with_reason(text, reason):
+    with pytest.raises(ValueError, match=reason):
+        KL.ranker_fwd_layouts(text)
+
+
+def test_ranker_new_tile_shapes_that_fit():
+    three = KL.ranker_fwd_layouts("head_dim=128,stages=3")
+    assert three.budget.fits and three.budget.total > 225 * 1024
+    wide = KL.ranker_fwd_layouts("head_dim=64,tile_n=176")
+    assert wide.smem["sK"].dims == (176, 64, wide.config.stages)
+
+
+def test_parse_config_errors():
+    with pytest.raises(ValueError, match="unknown"):
+        KL.ranker_config("tile_q=3")
+    with pytest.raises(ValueError, match="key=value"):
+        KL.ranker_config("tile_n")
+
+
+def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
+    from cute_kernels.cli import main
+
+    assert main(["layouts", "--kernel", "ranker_fwd", "--config", "head_dim=64", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "report.txt").read_text()
+    assert "128B swizzle" in report and "shared memory budget" in report and "conflict-free" in report
+    pngs = list(tmp_path.glob("*.png"))
+    svgs = list(tmp_path.glob("*.svg"))
+    assert len(pngs) >= 8 and len(svgs) == len(pngs)
+    assert all(p.stat().st_size > 1000 for p in pngs + svgs)
+    assert main(["layouts", "--kernel", "ranker_fwd", "--config", "stages=9", "--out", str(tmp_path)]) == 2
+    assert "config rejected" in capsys.readouterr().err
