@@ -1,0 +1,576 @@
+"""Fused Q/K RMSNorm across tensor-parallel ranks: push buffers between peers, one launch per rank.
+
+Math (seed 000, sglang ``tp_qknorm.cuh`` after TensorRT-LLM): heads are sharded over G ranks, rank
+``r`` holds ``q [N, Q/G]`` and ``k [N, K/G]``; every rank computes
+
+    q = q * rsqrt(sum_over_ranks(sum(q^2)) / Q + eps) * q_weight      (same for k with K)
+
+in float32.  Every rank adds the G partial sums in rank order 0..G-1, so all ranks get the same
+scale bits.
+
+Protocol (per token, per rank), with the seed's gaps closed:
+
+* **push**: the CTA reduces its rows' partial sums, packs (sum_q, sum_k) into one 64-bit word and
+  stores it with ``st.relaxed.sys`` into slot ``[epoch, token, rank]`` of every peer's buffer
+  (its own included);
+* **poll**: it spins with ``ld.relaxed.sys`` on its own slots ``[epoch, token, 0..G-1]`` until none
+  holds the sentinel, then writes the sentinel back (the slot is free for the launch after next).
+  The sentinel is the bit pattern of (-0.0, -0.0): a sum of squares starts at +0.0 and never
+  becomes -0.0, so a zero row with ``eps = 0`` still completes (the seed waited for a non-zero
+  value and hung);
+* **bounded wait**: a CTA that waited ``timeout_ns`` (``%globaltimer``) for a peer gives up, writes
+  1 into an error word in pinned host memory and finishes the launch (the missing partial counts as
+  0). ``ParallelQKNorm.check_error()`` raises on it, and every later call refuses to run until
+  ``reset()`` (the buffers are then out of step);
+* **epochs**: two buffers ``[2, capacity, G]`` alternate by launch.  A rank cannot run two launches
+  ahead of a peer (its launch i+1 needs the peer's pushes of launch i+1, made after the peer's
+  launch i drained its slots), so a slot is never overwritten before it is read.  Each epoch has
+  ``capacity * G`` slots (the seed spaced its epochs by N*8 bytes for N*G*8 bytes of data); the host
+  raises when N exceeds ``capacity``;
+* **epoch counter with any N**: the epoch lives in device memory; the last CTA of a launch (an
+  atomic count of finished CTAs) flips it, so launches with a different N (grid size) keep all
+  ranks in step, also inside CUDA graphs;
+* **residency**: the grid is ``min(ceil(N / rows), resident)`` CTAs that loop over token tiles,
+  where ``resident`` = SMs x CTAs per SM (from the kernel's registers, threads and shared memory),
+  halved for margin and divided by G when G ranks share one GPU (emulation), so every spinning CTA
+  is resident.
+
+The local part (16-byte vector loads, row reductions, scale and store) is the one-GPU kernel's
+(:class:`cute_kernels.kernels.qknorm.QKRowNormalizer`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, Int64, Uint32, Uint64
+
+from ..registry import CheckResult, CompileTarget
+from ..runtime.cache import compile_cached, compile_record
+from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.torch_op import custom_op
+from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, args_look_valid,
+                     qk_rmsnorm_reference, validate_qk_args, vec_elems)
+
+NAME = "qknorm_tp"
+SHIPPED_G = (2, 4, 8)
+MAX_G = 8
+SENTINEL = 0x8000000080000000  # (-0.0f, -0.0f)
+_BAR_ALL = 3  # named barrier over the whole CTA (q and k warps arrive from their own branches)
+_STATE_WORDS = 4  # [epoch, finished CTAs, unused, unused]
+
+
+@dataclass(frozen=True)
+class ParallelQKNormConfig:
+    """Static shape: the per-rank tiling (``QKNormConfig`` with the full Q/K) and the world size."""
+
+    world: int
+    norm: QKNormConfig
+
+    @staticmethod
+    def for_shape(world: int, q_dim: int, k_dim: int, dtype: torch.dtype) -> "ParallelQKNormConfig":
+        if world < 1 or world > MAX_G:
+            raise ValueError(f"world size {world}: must be in [1, {MAX_G}]")
+        if q_dim % world or k_dim % world:
+            raise ValueError(f"q_dim={q_dim} and k_dim={k_dim} must be divisible by the world size {world}")
+        cfg = ParallelQKNormConfig(world, QKNormConfig.for_shape(q_dim // world, k_dim // world, dtype,
+                                                                 q_dim=q_dim, k_dim=k_dim))
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        self.norm.validate()
+        if self.norm.rows * self.world > self.norm.q_threads:
+            raise ValueError(f"{self.norm.rows} rows x {self.world} ranks exceed the {self.norm.q_threads} "
+                             "q threads that push and poll")
+
+
+class ParallelQKNormKernel(QKRowNormalizer):
+    """One rank's launch: local sums, push to every peer, poll own slots, scale in place."""
+
+    def __init__(self, dtype: type[cutlass.Numeric], config: ParallelQKNormConfig):
+        super().__init__(dtype, config.norm)
+        self.world = config.world
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor,
+                 mPeers: cute.Tensor, mState: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32,
+                 num_ctas: Int32, eps: Float32, timeout_ns: Int64, stream):
+        self.kernel(mQ, mK, mWq, mWk, mPeers, mState, error_addr, rank, capacity, eps, timeout_ns).launch(
+            grid=[num_ctas, 1, 1], block=[self.config.threads, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor,
+               mPeers: cute.Tensor, mState: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32,
+               eps: Float32, timeout_ns: Int64):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        cfg = self.config
+        smem = cutlass.memory.SmemAllocator()
+        sRed = smem.allocate_tensor(Float32, cute.make_layout(self.num_warps), byte_alignment=16)
+        sPart = smem.allocate_tensor(Float32, cute.make_layout((cfg.rows, 2)), byte_alignment=16)
+        sSum = smem.allocate_tensor(Float32, cute.make_layout((cfg.rows, 2, self.world)), byte_alignment=16)
+        n = mQ.shape[0]
+        num_tiles = (n + cfg.rows - 1) // cfg.rows
+        epoch = cute.arch.load(mState.iterator, Int32, sem="relaxed", scope="gpu")
+        comm = (mPeers, error_addr, rank, capacity, epoch, timeout_ns, sPart, sSum)
+        if tidx < cfg.q_threads:
+            for tile in cutlass.range(bidx, num_tiles, gdim):
+                self.normalize_tile(mQ, mWq, cfg.q, cfg.q_dim, 0, tidx, tile, n, eps, sRed, 0, 1, True, comm)
+        else:
+            for tile in cutlass.range(bidx, num_tiles, gdim):
+                self.normalize_tile(mK, mWk, cfg.k, cfg.k_dim, 1, tidx - cfg.q_threads, tile, n, eps, sRed,
+                                    cfg.q_threads // 32, 2, False, comm)
+        self.advance_epoch(mState, epoch, tidx, gdim)
+
+    @cute.jit
+    def normalize_tile(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
+                       which: cutlass.Constexpr, tidx: Int32, tile: Int32, n: Int32, eps: Float32,
+                       sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr,
+                       pushes: cutlass.Constexpr, comm):
+        """Local partial sums -> ``sPart[row, which]``; exchange (q warps); rank-order total; scale."""
+        mPeers, error_addr, rank, capacity, epoch, timeout_ns, sPart, sSum = comm
+        tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, tile, n)
+        ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
+        row = tidx // part.threads
+        if tidx % part.threads == 0:
+            sPart[row, which] = ss
+        cute.arch.barrier(barrier_id=_BAR_ALL, number_of_threads=self.config.threads)  # sPart complete
+        if cutlass.const_expr(pushes):
+            self.exchange(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, tidx, sPart, sSum)
+        cute.arch.barrier(barrier_id=_BAR_ALL, number_of_threads=self.config.threads)  # sSum complete
+        total = sSum[row, which, 0]
+        for g in cutlass.range_constexpr(1, self.world):  # rank order: same bits on every rank
+            total = total + sSum[row, which, g]
+        scale = cute.math.rsqrt(total * Float32(1.0 / dim) + eps, fastmath=True)
+        self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
+
+    @cute.jit
+    def exchange(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
+                 tile: Int32, n: Int32, timeout_ns: Int64, tidx: Int32, sPart: cute.Tensor, sSum: cute.Tensor):
+        """Thread (row, g) pushes the row's partials to rank g and polls rank g's partials."""
+        cfg = self.config
+        if tidx < cfg.rows * self.world:
+            row = tidx // self.world
+            g = tidx % self.world
+            token = tile * cfg.rows + row
+            if token < n:
+                lo = Uint64(sPart[row, 0].bitcast(Uint32))
+                hi = Uint64(sPart[row, 1].bitcast(Uint32))
+                word = lo | (hi << 32)
+                # slot [epoch, token, src] of a buffer [2, capacity, G] of 64-bit words
+                push_off = ((Int64(epoch) * Int64(capacity) + Int64(token)) * self.world + Int64(rank)) * 8
+                poll_off = ((Int64(epoch) * Int64(capacity) + Int64(token)) * self.world + Int64(g)) * 8
+                push_ptr = cute.make_ptr(Uint64, mPeers[g] + push_off, cute.AddressSpace.gmem, assumed_align=8)
+                poll_ptr = cute.make_ptr(Uint64, mPeers[rank] + poll_off, cute.AddressSpace.gmem, assumed_align=8)
+                cute.arch.store(push_ptr, word, sem="relaxed", scope="sys")
+                got = cute.arch.load(poll_ptr, Uint64, sem="relaxed", scope="sys")
+                start = cute.arch.globaltimer()
+                waited = Int64(0)
+                while (got == Uint64(SENTINEL)) & (waited < timeout_ns):
+                    got = cute.arch.load(poll_ptr, Uint64, sem="relaxed", scope="sys")
+                    waited = cute.arch.globaltimer() - start
+                if got == Uint64(SENTINEL):  # the peer never came: flag it, count its partial as 0
+                    err_ptr = cute.make_ptr(Int32, error_addr, cute.AddressSpace.gmem, assumed_align=4)
+                    cute.arch.store(err_ptr, Int32(1), sem="relaxed", scope="sys")
+                    got = Uint64(0)
+                else:
+                    cute.arch.store(poll_ptr, Uint64(SENTINEL), sem="relaxed", scope="sys")
+                sSum[row, 0, g] = Uint32(got & Uint64(0xFFFFFFFF)).bitcast(Float32)
+                sSum[row, 1, g] = Uint32(got >> 32).bitcast(Float32)
+
+    @cute.jit
+    def advance_epoch(self, mState: cute.Tensor, epoch: Int32, tidx: Int32, gdim: Int32):
+        """The last CTA to finish flips the epoch for the next launch and rearms the counter."""
+        cute.arch.barrier()
+        if tidx == 0:
+            done_ptr = mState.iterator + 1
+            old = cute.arch.atomic_add(done_ptr, Int32(1), sem="acq_rel", scope="gpu")
+            if old == gdim - 1:
+                cute.arch.store(done_ptr, Int32(0), sem="relaxed", scope="gpu")
+                cute.arch.store(mState.iterator, Int32(1) - epoch, sem="relaxed", scope="gpu")
+
+
+# ----------------------------------------------------------------------------- host side
+
+def _key(dtype: torch.dtype, world: int, q_dim: int, k_dim: int) -> tuple:
+    return (str(dtype), world, q_dim, k_dim)
+
+
+def _compile(dtype: torch.dtype, world: int, q_dim: int, k_dim: int):
+    cfg = ParallelQKNormConfig.for_shape(world, q_dim, k_dim, dtype)
+
+    def build():
+        vec = vec_elems(dtype)
+        qw, kw = q_dim // world, k_dim // world
+        n = cute.sym_int()
+        sq, sk = cute.sym_int(divisibility=vec), cute.sym_int(divisibility=vec)
+        return ParallelQKNormKernel(cute_dtype(dtype), cfg), (
+            fake_tensor(dtype, (n, qw), stride=(sq, 1)), fake_tensor(dtype, (n, kw), stride=(sk, 1)),
+            fake_tensor(dtype, (qw,)), fake_tensor(dtype, (kw,)),
+            fake_tensor(torch.int64, (world,)), fake_tensor(torch.int32, (_STATE_WORDS,)),
+            Int64(0), Int32(0), Int32(1), Int32(1), Float32(1e-6), Int64(1), fake_stream())
+
+    return compile_cached(NAME, _key(dtype, world, q_dim, k_dim), build)
+
+
+def compile_targets() -> list[CompileTarget]:
+    out = []
+    for dtype in DTYPES:
+        for q_dim, k_dim in SHIPPED_DIMS:
+            for g in SHIPPED_G:
+                if dtype != torch.bfloat16 and (q_dim, g) != (4096, 4):
+                    continue  # one config per other dtype keeps the CPU compile list short
+                out.append(CompileTarget(NAME, f"{str(dtype).replace('torch.', '')} G={g} Q={q_dim} K={k_dim}",
+                                         _key(dtype, g, q_dim, k_dim),
+                                         build=lambda d=dtype, g=g, q=q_dim, k=k_dim: _compile(d, g, q, k)))
+    return out
+
+
+def ctas_per_sm(threads: int, registers: int | None, smem_bytes: int = 0) -> int:
+    """CTAs of ``threads`` threads that fit on one Hopper SM (2048 threads, 64K registers, 228 KB smem)."""
+    warps = -(-threads // 32)
+    by_threads = 64 // warps
+    regs_per_warp = -(-(registers or 255) * 32 // 256) * 256
+    by_regs = 65536 // (regs_per_warp * warps)
+    by_smem = (228 * 1024) // (smem_bytes + 1024)
+    return max(0, min(32, by_threads, by_regs, by_smem))
+
+
+def resident_ctas(dtype: torch.dtype, world: int, q_dim: int, k_dim: int, ranks_per_gpu: int = 1,
+                  device: torch.device | None = None) -> int:
+    """Grid cap so every CTA of every rank sharing the GPU is resident (half the occupancy, for margin)."""
+    _compile(dtype, world, q_dim, k_dim)
+    cfg = ParallelQKNormConfig.for_shape(world, q_dim, k_dim, dtype)
+    res = compile_record(NAME, _key(dtype, world, q_dim, k_dim)).resources
+    regs = max((r.registers or 0) for r in res) if res else None
+    smem = max((r.static_smem_bytes for r in res), default=0) + 4 * (cfg.norm.threads // 32 + 2 * cfg.norm.rows
+                                                                      * (1 + world))
+    per_sm = ctas_per_sm(cfg.norm.threads, regs, smem)
+    sms = torch.cuda.get_device_properties(device or torch.cuda.current_device()).multi_processor_count
+    return max(1, sms * max(1, per_sm // 2) // ranks_per_gpu)
+
+
+class PeerTimeoutError(RuntimeError):
+    """A rank waited longer than ``timeout_s`` for a peer's partial sums."""
+
+
+_instances: dict[int, "ParallelQKNorm"] = {}
+
+
+class ParallelQKNorm:
+    """Fused Q/K RMSNorm across the heads of a tensor-parallel group (seed 000), in place.
+
+    ``ParallelQKNorm(group, max_tokens, q_dim, k_dim, dtype)(q, k, q_weight, k_weight, eps)`` on
+    every rank of ``group`` normalizes this rank's shards ``q [N, q_dim/G]``, ``k [N, k_dim/G]`` with
+    the sums of squares over all ranks: ``q *= rsqrt(sum_all(q^2)/q_dim + eps) * q_weight``.
+
+    Peer buffers (``[2 epochs, max_tokens, G]`` 64-bit slots per rank) come from torch symmetric
+    memory, else CUDA IPC handles exchanged over ``group``.  When the ranks are not all P2P-reachable
+    (several nodes), calls go through the unfused path: per-token sums, ``all_reduce``, scale.
+    ``ParallelQKNorm.emulated(G, ...)`` builds G ranks on one GPU (tests and benchmarks).
+
+    Args:
+        group: a torch.distributed process group (or None for the default group).
+        max_tokens: capacity; a call with more tokens raises ``ValueError``.
+        q_dim, k_dim: full sizes Q and K (divisible by G; per-rank widths multiples of 8 for 16-bit
+            dtypes, 4 for float32).
+        dtype: float16, bfloat16 or float32 (q, k and the weights).
+        timeout_s: how long a rank waits for a peer before the launch gives up and flags an error.
+    Raises (calls): ``ValueError``/``TypeError`` for bad arguments, ``PeerTimeoutError`` when an
+        earlier launch timed out (see :meth:`check_error`, :meth:`reset`).
+    """
+
+    def __init__(self, group, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype, *,
+                 timeout_s: float = 10.0, _emulation: dict | None = None):
+        if dtype not in DTYPES:
+            raise TypeError(f"dtype {dtype} not supported; expected one of {DTYPES}")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s} must be > 0")
+        self.max_tokens, self.q_dim, self.k_dim, self.dtype = int(max_tokens), q_dim, k_dim, dtype
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.group = group
+        self._error = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # written by the GPU (UVA)
+        self._error_np = self._error.numpy()  # cheap host reads
+        self._failed = False
+        self._emulated = _emulation is not None
+        if _emulation is not None:
+            self.rank, self.world = _emulation["rank"], _emulation["world"]
+            self.device = _emulation["device"]
+            self.fused, self.ranks_per_gpu = True, self.world
+            self.buffer = _emulation["buffers"][self.rank]
+            self._peer_bufs = _emulation["buffers"]
+        else:
+            import torch.distributed as dist
+
+            self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.ranks_per_gpu = 1
+            self.fused = self.world > 1 and self._all_p2p_reachable()
+            if self.fused:
+                self.buffer, self._peer_bufs = self._exchange_buffers()
+        self.config = ParallelQKNormConfig.for_shape(self.world, q_dim, k_dim, dtype)
+        self.q_width, self.k_width = q_dim // self.world, k_dim // self.world
+        if self.fused:
+            self.peers = torch.tensor([b.data_ptr() for b in self._peer_bufs], dtype=torch.int64, device=self.device)
+            self.state = torch.zeros(_STATE_WORDS, dtype=torch.int32, device=self.device)
+            self._fn = _compile(dtype, self.world, q_dim, k_dim)
+            self._resident = resident_ctas(dtype, self.world, q_dim, k_dim, self.ranks_per_gpu, self.device)
+        self.handle = id(self)
+        _instances[self.handle] = self
+
+    # --- construction helpers
+    @classmethod
+    def emulated(cls, world: int, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype,
+                 device=None, timeout_s: float = 10.0) -> list["ParallelQKNorm"]:
+        """G ranks on one GPU: G buffers on ``device``; run rank r's calls on its own stream."""
+        if world < 2 or world > MAX_G:
+            raise ValueError(f"emulated world size {world} must be in [2, {MAX_G}]")
+        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        bufs = [torch.full((2, max_tokens, world), _sentinel_i64(), dtype=torch.int64, device=device)
+                for _ in range(world)]
+        return [cls(None, max_tokens, q_dim, k_dim, dtype, timeout_s=timeout_s,
+                    _emulation=dict(rank=r, world=world, device=device, buffers=bufs)) for r in range(world)]
+
+    def _all_p2p_reachable(self) -> bool:
+        import torch.distributed as dist
+
+        me = (socket.gethostname(), torch.cuda.current_device())
+        everyone = [None] * self.world
+        dist.all_gather_object(everyone, me, group=self.group)
+        ok = all(h == me[0] for h, _ in everyone) and all(
+            d == me[1] or torch.cuda.can_device_access_peer(me[1], d) for _, d in everyone)
+        votes = [None] * self.world
+        dist.all_gather_object(votes, ok, group=self.group)
+        return all(votes) and os.environ.get("CUTE_KERNELS_QKNORM_UNFUSED", "0") != "1"
+
+    def _exchange_buffers(self):
+        import torch.distributed as dist
+
+        shape = (2, self.max_tokens, self.world)
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            buf = symm_mem.empty(shape, dtype=torch.int64, device=self.device)
+            hdl = symm_mem.rendezvous(buf, self.group if self.group is not None else dist.group.WORLD)
+            peers = [hdl.get_buffer(r, shape, torch.int64) for r in range(self.world)]
+            self._symm_handle = hdl
+        except Exception:  # no symmetric memory backend here: CUDA IPC handles over the group
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            buf = torch.empty(shape, dtype=torch.int64, device=self.device)
+            handles = [None] * self.world
+            dist.all_gather_object(handles, reduce_tensor(buf), group=self.group)
+            peers = [buf if r == self.rank else fn(*args) for r, (fn, args) in enumerate(handles)]
+        buf.fill_(_sentinel_i64())
+        torch.cuda.synchronize()
+        dist.barrier(group=self.group)
+        return buf, peers
+
+    # --- errors and recovery
+    def check_error(self, synchronize: bool = True) -> None:
+        """Raise :class:`PeerTimeoutError` if a launch of this rank timed out waiting for a peer."""
+        if synchronize:
+            torch.cuda.synchronize(self.device)
+        if self._failed or self._error_np[0]:
+            self._failed = True
+            raise PeerTimeoutError(
+                f"ParallelQKNorm rank {self.rank}/{self.world}: a peer did not deliver its partial sums within "
+                f"{self.timeout_ns / 1e9:g} s (a rank skipped a call, or calls with different N); outputs of "
+                "that launch are wrong and the buffers are out of step: call reset() on every rank")
+
+    def reset(self) -> None:
+        """Rearm buffers, epoch and error flag (after a timeout).  Call on every rank (collective)."""
+        torch.cuda.synchronize(self.device)
+        if self.fused:
+            self.buffer.fill_(_sentinel_i64())
+            self.state.zero_()
+        self._error.zero_()
+        self._failed = False
+        torch.cuda.synchronize(self.device)
+        if not self._emulated and self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
+    # --- calls
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 eps: float) -> None:
+        parallel_qk_rmsnorm_(q, k, q_weight, k_weight, float(eps), self.handle)
+
+    def _run(self, q, k, q_weight, k_weight, eps) -> None:
+        if not args_look_valid(q, k, q_weight, k_weight, eps):
+            validate_qk_args(q, k, q_weight, k_weight, eps)
+        if q.shape[1] != self.q_width or k.shape[1] != self.k_width:
+            raise ValueError(f"rank shards must be q [N, {self.q_width}] and k [N, {self.k_width}] "
+                             f"(Q={self.q_dim}, K={self.k_dim}, G={self.world}), got {list(q.shape)}, {list(k.shape)}")
+        if q.dtype != self.dtype:
+            raise TypeError(f"q has dtype {q.dtype}; this ParallelQKNorm was built for {self.dtype}")
+        n = q.shape[0]
+        if n > self.max_tokens:
+            raise ValueError(f"{n} tokens exceed the push-buffer capacity max_tokens={self.max_tokens}; "
+                             "build ParallelQKNorm with a larger max_tokens")
+        if self._failed or self._error_np[0]:
+            self.check_error(synchronize=False)
+        if n == 0:
+            return
+        if not self.fused:
+            if self.world == 1:
+                from .qknorm import qk_rmsnorm_
+
+                qk_rmsnorm_(q, k, q_weight, k_weight, eps)
+            else:
+                self._run_unfused(q, k, q_weight, k_weight, eps)
+            return
+        if q.device != self.device:
+            raise ValueError(f"q is on {q.device}; this ParallelQKNorm lives on {self.device}")
+        num_ctas = min(-(-n // self.config.norm.rows), self._resident)
+        self._fn(q, k, q_weight, k_weight, self.peers, self.state, self._error.data_ptr(), self.rank,
+                 self.max_tokens, num_ctas, eps, self.timeout_ns)
+
+    def _run_unfused(self, q, k, q_weight, k_weight, eps) -> None:
+        """Any number of nodes: per-token partial sums, all_reduce, scale (torch ops)."""
+        import torch.distributed as dist
+
+        sums = torch.stack([q.float().square().sum(-1), k.float().square().sum(-1)])
+        if self.world > 1:
+            dist.all_reduce(sums, group=self.group)
+        _scale_in_place(q, k, q_weight, k_weight, eps, sums, self.q_dim, self.k_dim)
+
+
+def _sentinel_i64() -> int:
+    return SENTINEL - (1 << 64)  # the same 64 bits as a signed int64
+
+
+def _scale_in_place(q, k, q_weight, k_weight, eps, sums, q_dim, k_dim) -> None:
+    q.copy_((q.float() * torch.rsqrt(sums[0] / q_dim + eps)[:, None] * q_weight.float()).to(q.dtype))
+    k.copy_((k.float() * torch.rsqrt(sums[1] / k_dim + eps)[:, None] * k_weight.float()).to(k.dtype))
+
+
+@custom_op("parallel_qk_rmsnorm_", mutates_args=("q", "k"))
+def parallel_qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                         eps: float, handle: int) -> None:
+    """The op behind ``ParallelQKNorm.__call__`` (``handle`` names the instance)."""
+    _instances[handle]._run(q, k, q_weight, k_weight, eps)
+
+
+def unfused_emulated_step(ranks: list[ParallelQKNorm], qs, ks, wqs, wks, eps: float) -> None:
+    """The unfused baseline through the emulation: sums per rank, summed as an all_reduce would, scale."""
+    sums = torch.stack([torch.stack([q.float().square().sum(-1), k.float().square().sum(-1)])
+                        for q, k in zip(qs, ks)]).sum(0)
+    r0 = ranks[0]
+    for q, k, wq, wk in zip(qs, ks, wqs, wks):
+        _scale_in_place(q, k, wq, wk, eps, sums, r0.q_dim, r0.k_dim)
+
+
+def emulated_step(ranks: list[ParallelQKNorm], streams, qs, ks, wqs, wks, eps: float) -> None:
+    """One call on every emulated rank, rank r on ``streams[r]`` (forked from and joined to the current stream)."""
+    main = torch.cuda.current_stream()
+    for r, rank in enumerate(ranks):
+        streams[r].wait_stream(main)
+        with torch.cuda.stream(streams[r]):
+            rank(qs[r], ks[r], wqs[r], wks[r], eps)
+    for s in streams:
+        main.wait_stream(s)
+
+
+def parallel_reference(q_full: torch.Tensor, k_full: torch.Tensor, wq_full: torch.Tensor, wk_full: torch.Tensor,
+                       eps: float, world: int):
+    """float64 reference over the gathered shards: list of (q_shard_out, k_shard_out) per rank."""
+    ssq = q_full.double().square().sum(-1)
+    ssk = k_full.double().square().sum(-1)
+    qw, kw = q_full.shape[1] // world, k_full.shape[1] // world
+    out = []
+    for r in range(world):
+        sq, sk = slice(r * qw, (r + 1) * qw), slice(r * kw, (r + 1) * kw)
+        out.append(qk_rmsnorm_reference(q_full[:, sq], k_full[:, sk], wq_full[sq], wk_full[sk], eps,
+                                        q_dim=q_full.shape[1], k_dim=k_full.shape[1], q_sumsq=ssq, k_sumsq=ssk))
+    return out
+
+
+def emulation_stress(world: int, launches: int, max_tokens: int = 4096, q_dim: int = 4096, k_dim: int = 1024,
+                     dtype: torch.dtype = torch.bfloat16, seed: int = 0, timeout_s: float = 5.0) -> dict:
+    """``launches`` consecutive calls of G emulated ranks, N random in [1, max_tokens], ranks on their own
+    streams and never joined between calls; compares every call with a float32 reference on the GPU.
+    Returns dict(max_err=..., launches=..., ns=[...]).  Raises PeerTimeoutError on a timed-out wait."""
+    torch.manual_seed(seed)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ranks = ParallelQKNorm.emulated(world, max_tokens, q_dim, k_dim, dtype, timeout_s=timeout_s)
+    qf = torch.randn(max_tokens, q_dim, device=dev).to(dtype)
+    kf = torch.randn(max_tokens, k_dim, device=dev).to(dtype)
+    qf[3].zero_()  # zero rows (a zero partial from every rank): eps > 0 keeps the result 0
+    kf[5].zero_()
+    wq = torch.randn(q_dim, device=dev).to(dtype)
+    wk = torch.randn(k_dim, device=dev).to(dtype)
+    ref = parallel_reference(qf, kf, wq, wk, 1e-6, world)
+    qw, kw = q_dim // world, k_dim // world
+    src_q = [qf[:, r * qw:(r + 1) * qw].contiguous() for r in range(world)]
+    src_k = [kf[:, r * kw:(r + 1) * kw].contiguous() for r in range(world)]
+    ws = [(wq[r * qw:(r + 1) * qw].contiguous(), wk[r * kw:(r + 1) * kw].contiguous()) for r in range(world)]
+    work_q = [torch.empty_like(t) for t in src_q]
+    work_k = [torch.empty_like(t) for t in src_k]
+    errs = [torch.zeros((), device=dev) for _ in range(world)]
+    streams = [torch.cuda.Stream() for _ in range(world)]
+    gen = torch.Generator().manual_seed(seed)
+    ns = [int(x) for x in torch.randint(1, max_tokens + 1, (launches,), generator=gen)]
+    ns[:4] = [1, max_tokens, 1, max_tokens]
+    torch.cuda.synchronize()
+    for n in ns:
+        for r in range(world):
+            with torch.cuda.stream(streams[r]):
+                work_q[r][:n].copy_(src_q[r][:n])
+                work_k[r][:n].copy_(src_k[r][:n])
+                ranks[r](work_q[r][:n], work_k[r][:n], ws[r][0], ws[r][1], 1e-6)
+                e = torch.maximum((work_q[r][:n].float() - ref[r][0][:n].float()).abs().amax(),
+                                  (work_k[r][:n].float() - ref[r][1][:n].float()).abs().amax())
+                torch.maximum(errs[r], e, out=errs[r])
+    torch.cuda.synchronize()
+    for rank in ranks:
+        rank.check_error()
+    return dict(world=world, launches=launches, max_err=max(float(e) for e in errs), max_n=max(ns))
+
+
+def check() -> list[CheckResult]:
+    rows = []
+    for world in SHIPPED_G:
+        out = emulation_stress(world, 50, max_tokens=2048)
+        tol = 0.08  # bf16 outputs of |x| up to ~20: one rounding step
+        rows.append(CheckResult(NAME, f"emulated G={world} bf16 Q=4096 K=1024, 50 launches N<=2048",
+                                out["max_err"] <= tol, out["max_err"], out["max_err"], tol))
+    return rows
+
+
+def bench(shapes: str | None = None) -> list[dict]:
+    """Emulated G ranks on one GPU: fused push-buffer kernel vs the unfused path, per call."""
+    from ..runtime.timing import cuda_time_us
+
+    recs = []
+    q_dim, k_dim, dtype = 4096, 1024, torch.bfloat16
+    for world in (2, 4, 8):
+        ranks = ParallelQKNorm.emulated(world, 8192, q_dim, k_dim, dtype)
+        streams = [torch.cuda.Stream() for _ in range(world)]
+        for n in (1, 8, 64, 512, 4096, 8192):
+            qs = [torch.randn(n, q_dim // world, device="cuda", dtype=dtype) for _ in range(world)]
+            ks = [torch.randn(n, k_dim // world, device="cuda", dtype=dtype) for _ in range(world)]
+            wqs = [torch.ones(q_dim // world, device="cuda", dtype=dtype) for _ in range(world)]
+            wks = [torch.ones(k_dim // world, device="cuda", dtype=dtype) for _ in range(world)]
+            impls = (("cute_kernels_fused", lambda: emulated_step(ranks, streams, qs, ks, wqs, wks, 1e-6)),
+                     ("torch_unfused", lambda: unfused_emulated_step(ranks, qs, ks, wqs, wks, 1e-6)))
+            for impl, fn in impls:
+                for graph in (True, False):
+                    t = cuda_time_us(fn, graph=graph)
+                    recs.append(dict(kernel=NAME, impl=impl, shape=dict(g=world, n=n, q=q_dim, k=k_dim,
+                                                                         dtype="bfloat16", emulated=True),
+                                     mode="graph" if graph else "eager", time_us=t))
+        for r in ranks:
+            r.check_error()
+    return recs
