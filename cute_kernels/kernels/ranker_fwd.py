@@ -26,6 +26,7 @@ are no diagonal tiles.  Epilogue: O through ``stmatrix`` into smem (aliasing sQ)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class RankerFwdConfig:
     consumer_wgs: int = 2
     producer_regs: int = 24
     consumer_regs: int = 240
+    intra_wg_overlap: bool = True  # softmax of block n overlaps the PV GEMM of block n+1 (FA3)
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes  # sO aliases sQ
@@ -387,20 +389,28 @@ class RankerAttentionFwd:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             pipeline_q.consumer_wait(q_state)
-            self.scheduler_sync(wg_idx)
             common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
-            # first block (the last history block: its right edge may need masking)
-            kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *common,
-                                            is_first=True, need_mask=True)
-            # interior blocks: no mask
-            for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
-                kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *common,
-                                                is_first=False, need_mask=False)
-            # the first history block (left edge)
-            if n_blocks > 1:
-                kv_state = self.mma_one_n_block(kv_state, n_block_min, *common, is_first=False, need_mask=True)
-            self.scheduler_arrive(wg_idx)
+            # blocks from the last history block down to the first; only the two edge blocks are masked
+            if const_expr(self.config.intra_wg_overlap):
+                # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
+                kv_state = self.first_half_block(kv_state, n_block_min + n_blocks - 1, *common)
+                for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *common,
+                                                            need_mask=False)
+                if n_blocks > 1:
+                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *common, need_mask=True)
+                kv_state = self.last_half_block(kv_state, *common)
+            else:
+                self.scheduler_sync(wg_idx)
+                kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *common,
+                                                is_first=True, need_mask=True)
+                for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+                    kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *common,
+                                                    is_first=False, need_mask=False)
+                if n_blocks > 1:
+                    kv_state = self.mma_one_n_block(kv_state, n_block_min, *common, is_first=False, need_mask=True)
+                self.scheduler_arrive(wg_idx)
 
         # per-row finish: quad-reduce the sums, the candidate self term, normalize, LSE
         mQ_cur = self._batch_view(mQ, batch, offset, head)
@@ -452,6 +462,23 @@ class RankerAttentionFwd:
         warpgroup.wait_group(0)
         pipeline_k.consumer_release(kv_state)
 
+        row_scale = self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2,
+                                         softmax_scale, cap, is_first=is_first, need_mask=need_mask)
+        tOrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+        if const_expr(not is_first):
+            self.rescale_O(acc_O, row_scale)
+        pipeline_v.consumer_wait(kv_state)
+        self.scheduler_sync(wg_idx)
+        self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=is_first)
+        warpgroup.wait_group(0)
+        pipeline_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def scores_to_probs(self, acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2, softmax_scale, cap,
+                        is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
+        """Cap, edge mask, online softmax of one S tile in place; returns the O rescale factors."""
         self.apply_cap(acc_S, softmax_scale, cap)
         acc_S_mn = _acc_mn(acc_S)
         if const_expr(need_mask):
@@ -459,16 +486,62 @@ class RankerAttentionFwd:
                 if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
                     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
                         acc_S_mn[r, c] = -Float32.inf
-        row_scale = self.online_softmax(acc_S_mn, row_max, row_sum, scale_log2, is_first)
+        return self.online_softmax(acc_S_mn, row_max, row_sum, scale_log2, is_first)
+
+    @cute.jit
+    def rescale_O(self, acc_O, row_scale):
+        acc_O_mn = _acc_mn(acc_O)
+        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+
+    @cute.jit
+    def first_half_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
+                         acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
+                         scale_log2, softmax_scale, cap, wg_idx):
+        """Overlapped schedule, first block: S = Q K^T and its softmax; its PV waits for the next step."""
+        pipeline_k.consumer_wait(kv_state)
+        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        warpgroup.wait_group(0)
+        pipeline_k.consumer_release(kv_state)
+        self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2, softmax_scale, cap,
+                             is_first=True, need_mask=True)
         tOrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
-        if const_expr(not is_first):
-            acc_O_mn = _acc_mn(acc_O)
-            for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
-                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                    acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
-        pipeline_v.consumer_wait(kv_state)
+        return kv_state
+
+    @cute.jit
+    def mma_one_n_block_overlap(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
+                                acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
+                                scale_log2, softmax_scale, cap, wg_idx, need_mask: cutlass.Constexpr):
+        """Overlapped step: issue S_n = Q K_n^T and O += P_prev V_prev, then the softmax of S_n runs
+        while the PV GEMM is in flight."""
+        kv_state_v = kv_state.clone()
+        kv_state.advance()
+        pipeline_k.consumer_wait(kv_state)
         self.scheduler_sync(wg_idx)
-        self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=is_first)
+        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        pipeline_v.consumer_wait(kv_state_v)
+        self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state_v.index], zero_init=False)
+        self.scheduler_arrive(wg_idx)
+        warpgroup.wait_group(1)
+        pipeline_k.consumer_release(kv_state)
+        row_scale = self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2,
+                                         softmax_scale, cap, is_first=False, need_mask=need_mask)
+        warpgroup.wait_group(0)
+        pipeline_v.consumer_release(kv_state_v)
+        tOrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+        self.rescale_O(acc_O, row_scale)
+        return kv_state
+
+    @cute.jit
+    def last_half_block(self, kv_state, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
+                        acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
+                        scale_log2, softmax_scale, cap, wg_idx):
+        """Overlapped schedule, last step: the PV GEMM of the last block."""
+        pipeline_v.consumer_wait(kv_state)
+        self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_state)
         kv_state.advance()
@@ -509,22 +582,27 @@ class RankerAttentionFwd:
 
     @cute.jit
     def apply_cap(self, acc_S, softmax_scale, cap):
-        """Scores -> capped scores (natural units) in place; no-op without a cap (scale folded into exp2)."""
+        """Raw scores q.k -> capped scores divided by ``cap``, in place (the factor ``cap`` is folded
+        into ``scale_log2 = cap * log2(e)`` on the host); no-op without a cap (``softmax_scale`` is
+        folded into ``scale_log2`` then).  tanh: ``tanh(x)``; soft_sign: ``x / (1 + |x|)``, with
+        ``x = softmax_scale * s / cap``."""
         if const_expr(self.cap_method == "tanh"):
-            s = acc_S.load()
-            acc_S.store(cap * cute.math.tanh(s * (softmax_scale / cap), fastmath=True))
+            acc_S.store(cute.math.tanh(acc_S.load() * (softmax_scale / cap), fastmath=True))
         elif const_expr(self.cap_method == "soft_sign"):
-            s = acc_S.load() * softmax_scale
-            acc_S.store(s / (1.0 + cute.math.abs(s) * (1.0 / cap)))
+            x_scale = softmax_scale / cap
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                x = acc_S[i] * x_scale
+                acc_S[i] = x * cute.arch.rcp_approx(1.0 + cute.math.abs(x))
 
     @cute.jit
     def apply_cap_scalar(self, dot, softmax_scale, cap):
+        """The same transform for one raw score (the candidate self term)."""
         s = dot
         if const_expr(self.cap_method == "tanh"):
-            s = cap * cute.math.tanh(dot * (softmax_scale / cap), fastmath=True)
+            s = cute.math.tanh(dot * (softmax_scale / cap), fastmath=True)
         elif const_expr(self.cap_method == "soft_sign"):
-            t = dot * softmax_scale
-            s = t / (1.0 + cute.math.abs(t) * (1.0 / cap))
+            x = dot * (softmax_scale / cap)
+            s = x * cute.arch.rcp_approx(1.0 + cute.math.abs(x))
         return s
 
     @cute.jit
@@ -701,7 +779,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     varlen, nb, seq, hq, hkv, d = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     capm = "none" if cap is None else cap_method
-    scale_log2 = LOG2_E if cap is not None else scale * LOG2_E
+    scale_log2 = float(cap) * LOG2_E if cap is not None else scale * LOG2_E  # see apply_cap
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen:
