@@ -185,3 +185,17 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
     assert all(p.stat().st_size > 1000 for p in pngs + svgs)
     assert main(["layouts", "--kernel", "ranker_fwd", "--config", "stages=9", "--out", str(tmp_path)]) == 2
     assert "config rejected" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["swizzle_banks", "trace_your_own"])
+def test_example_scripts_run(script, tmp_path, capsys):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "layouts", f"{script}.py")
+    spec = importlib.util.spec_from_file_location(f"layouts_example_{script}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "conflict-free" in out and "8" in out
+    assert all(p.stat().st_size > 1000 for p in tmp_path.glob("*.png"))
