@@ -175,6 +175,9 @@ def cmd_layouts(args) -> int:
     except ValueError as exc:  # a config the kernel rejects: say why
         print(f"config rejected: {exc}", file=sys.stderr)
         return 2
+    except KeyError as exc:  # unknown kernel
+        print(exc.args[0] if exc.args else exc, file=sys.stderr)
+        return 2
     print(text, end="")
     print(f"wrote {len(files)} files to {args.out}")
     return 0
