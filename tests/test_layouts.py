@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 
 import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass loads)
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warpgroup
 from cute_kernels import layouts as L
 from cute_kernels.layouts import kernel_layouts as KL
 from cute_kernels.layouts.hopper import build_hopper_smem_layout
@@ -46,6 +49,40 @@ def test_swizzle_choice_follows_the_row_width():
         L.hopper_smem_layout(64, 4, "bf16")
     with pytest.raises(TypeError):
         L.hopper_smem_layout(64, 64, "int3")
+
+
+class _SwizzleProbe:
+    """Tiny kernel: write row ``tidx`` of a 128B-swizzled 64x64 bf16 smem tile, as the kernels do
+    (``layout.inner`` attached to the smem pointer, ``layout.outer`` as the tensor's layout)."""
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor):
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, cutlass.BFloat16)
+        self.kernel(mO, cute.tile_to_shape(atom, (64, 64), order=(0, 1))).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, lay: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        buf = cutlass.memory.SmemAllocator().allocate_array(cutlass.BFloat16, 64 * 64, byte_alignment=1024)
+        sT = cute.make_tensor(cute.recast_ptr(buf, lay.inner, dtype=cutlass.BFloat16), lay.outer)
+        sT[(tidx, 0)] = cutlass.BFloat16(1.0)
+        cute.arch.sync_threads()
+        mO[tidx] = sT[(0, tidx)]
+
+
+def test_pointer_swizzle_acts_on_byte_addresses(tmp_path):
+    """The PTX must XOR byte-address bits [7,10) into [4,7) (shr 3, and 0x70): the reading that
+    StaticLayout.byte_offsets models."""
+    import re
+
+    import torch
+
+    from cute_kernels.runtime.fake import fake_tensor
+
+    compiled = cute.compile(_SwizzleProbe(), fake_tensor(torch.bfloat16, (64,)),
+                            options=f"--keep-ptx --dump-dir {tmp_path}")
+    ptx = compiled.artifacts.PTX
+    assert re.search(r"shr\.u32\s+(%r\d+), %r\d+, 3;\s+and\.b32\s+(%r\d+), \1, 112;\s+xor\.b32", ptx), ptx[-2000:]
 
 
 # ---------------------------------------------------------------------------- bank conflicts
@@ -146,6 +183,8 @@ def test_ranker_layouts_are_the_ones_the_kernel_compiles_with(monkeypatch):
     for name in ("sQ", "sK", "sV"):
         lay = kl.smem[name]
         assert (lay.shape, lay.stride, lay.swizzle) in compiled, name
+    regs = L.registers(rf.NAME, (str(torch.bfloat16), cfg, 3, "none", False))  # from the compile record
+    assert regs and all(r["registers"] and r["registers"] <= 255 for r in regs)
 
 
 @pytest.mark.parametrize("text,reason", [
