@@ -774,7 +774,8 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     return varlen, nb, seq, hq, hkv, d
 
 
-def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None):
+def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
+                 config: Optional[RankerFwdConfig] = None):
     """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch."""
     varlen, nb, seq, hq, hkv, d = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
@@ -795,7 +796,9 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         lse.fill_(-math.inf)
         out.zero_()
         return out, lse
-    fn = _compile(q.dtype, CONFIGS[d], hq // hkv, capm, varlen)
+    if config is not None and config.head_dim != d:
+        raise ValueError(f"config.head_dim={config.head_dim} does not match the inputs' head dim {d}")
+    fn = _compile(q.dtype, config or CONFIGS[d], hq // hkv, capm, varlen)
     fn(q, k, v, bounds, out, lse, cu_seqlens, scale_log2, scale, float(cap) if cap is not None else 1.0,
        nb, max_seqlen)
     return out, lse
@@ -909,54 +912,57 @@ def check() -> list[CheckResult]:
     return rows
 
 
-def _peer_calls(q, k, v, bounds, cap):
-    """(name, fn) of the peers that import on this machine: FlexAttention with the block mask."""
-    peers = []
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def _load_peers():
+    """``bench/ranker_fwd_peers.py`` of a source checkout (None when absent: an installed package)."""
+    import importlib.util
+    from pathlib import Path
 
-        nb, s, hq, d = q.shape
-
-        def mask_mod(b, h, qi, ki):
-            hl, hh, cl, ch = bounds[b, 0], bounds[b, 1], bounds[b, 2], bounds[b, 3]
-            kv_hist = (ki >= hl) & (ki < hh)
-            return (kv_hist & (((qi >= hl) & (qi < hh)) | ((qi >= cl) & (qi < ch)))) | (
-                (qi >= cl) & (qi < ch) & (qi == ki))
-
-        bm = create_block_mask(mask_mod, nb, None, s, s, device=q.device)
-        flex = torch.compile(flex_attention)
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        score_mod = None
-        if cap is not None:
-            def score_mod(score, b, h, qi, ki):
-                return cap * torch.tanh(score / cap)
-        enable_gqa = k.shape[2] != hq
-        peers.append(("flex_attention",
-                      lambda: flex(qt, kt, vt, block_mask=bm, score_mod=score_mod, enable_gqa=enable_gqa)))
-    except Exception as exc:  # a missing peer must not stop the benchmark
-        print(f"flex peer unavailable: {exc}")
-    return peers
+    path = Path(__file__).resolve().parents[2] / "bench" / "ranker_fwd_peers.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("ranker_fwd_peers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def bench(shapes: str | None = None) -> list[dict]:
-    """Ours vs FlexAttention (block mask, tanh score_mod when capped), CUDA-graph timing.
-
-    Useful FLOPs = ``4 * D * admitted (query, key) pairs``."""
+def _time_us(fn) -> tuple[float, str]:
     from ..runtime.timing import cuda_time_us
 
-    cases = [  # B, hist, cand, Hq, Hkv, D, cap
-        (4, 4096, 512, 16, 16, 128, None),
-        (4, 4096, 512, 16, 16, 128, 50.0),
-        (4, 4096, 512, 16, 4, 128, None),
-        (4, 4096, 512, 16, 16, 64, None),
-        (1, 16384, 1024, 16, 16, 128, None),
-        (16, 1024, 256, 16, 16, 128, None),
-        (8, 2048, 2048, 8, 8, 128, None),
-    ]
-    with_peers = shapes is None or "peers" in shapes
-    if shapes is not None and "headline" in shapes:
-        cases = cases[:2]
+    try:
+        return cuda_time_us(fn, graph=True), "graph"
+    except Exception:
+        torch.cuda.synchronize()
+        return cuda_time_us(fn, graph=False), "eager"
+
+
+BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issue's headline shape)
+    (4, 4096, 512, 16, 16, 128, None),
+    (4, 4096, 512, 16, 16, 128, 50.0),
+    (4, 4096, 512, 16, 4, 128, None),
+    (4, 4096, 512, 16, 16, 64, None),
+    (1, 16384, 1024, 16, 16, 128, None),
+    (16, 1024, 256, 16, 16, 128, None),
+    (8, 2048, 2048, 8, 8, 128, None),
+]
+
+
+def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int = 2, echo: bool = False) -> list[dict]:
+    """Ours vs the peers of ``bench/ranker_fwd_peers.py``, interleaved over ``rounds`` (the machine is
+    noisy), CUDA-graph timing (eager when a peer cannot be captured).
+
+    ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
+    (no cap / tanh cap); ``peers`` adds the peers; ``overlap`` adds our non-overlapped schedule.
+    Useful TFLOP/s = ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once
+    ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
+    import time
+
+    spec = shapes or "all+peers"
+    cases = BENCH_CASES[:2] if "headline" in spec else BENCH_CASES
+    peers_mod = _load_peers() if "peers" in spec else None
+    t_start = time.time()
     recs = []
+    n_printed = 0
     for nb, hist, cand, hq, hkv, d, cap in cases:
         s = hist + cand
         q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16)
@@ -964,14 +970,39 @@ def bench(shapes: str | None = None) -> list[dict]:
         v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
         bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
         flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
-        shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap)
+        shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
         impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds, cap=cap))]
-        if with_peers:
-            impls += _peer_calls(q, k, v, bounds, cap)
-        for impl, fn in impls:
-            try:
-                t = cuda_time_us(fn, graph=True)
-                recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=t, tflops=flops / t / 1e6))
-            except Exception as exc:
-                recs.append(dict(kernel=NAME, impl=impl, shape=shape, error=repr(exc)[:300]))
+        if "overlap" in spec:
+            cfg = dataclasses.replace(CONFIGS[d], intra_wg_overlap=False)
+            impls.append(("cute_kernels_no_overlap",
+                          lambda cfg=cfg: _ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)))
+        if peers_mod is not None and time.time() - t_start < peer_budget_s:
+            for name, make in peers_mod.PEERS.items():
+                try:
+                    impls.append((name, make(q, k, v, bounds, cap)))
+                except Exception as exc:
+                    recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
+        times: dict[str, list] = {}
+        for _ in range(rounds):
+            for impl, fn in impls:
+                if impl in times and times[impl] is None:
+                    continue
+                try:
+                    t, mode = _time_us(fn)
+                    times.setdefault(impl, []).append((t, mode))
+                except Exception as exc:
+                    times[impl] = None
+                    recs.append(dict(kernel=NAME, impl=impl, shape=shape, error=repr(exc)[:200]))
+        for impl, ts in times.items():
+            if ts:
+                t = min(x[0] for x in ts)
+                recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode=ts[0][1],
+                                 tflops=round(flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts]))
+        if echo:
+            import json
+
+            for r in recs[n_printed:]:
+                print(json.dumps(r), flush=True)
+            n_printed = len(recs)
+        del q, k, v
     return recs

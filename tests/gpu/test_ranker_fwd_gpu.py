@@ -11,20 +11,22 @@ import cute_kernels  # noqa: E402,F401
 from cute_kernels.kernels import ranker_fwd as rf  # noqa: E402
 
 
-def _run(q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None, scale=None):
+def _run(q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None, scale=None, config=None):
     """Our kernel into NaN-poisoned output buffers."""
     out = torch.full_like(q, float("nan"))
     if cu_seqlens is None:
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
     else:
         lse = torch.full((q.shape[1], q.shape[0]), float("nan"), device=q.device)
-    o, l = rf._ranker_impl(q, k, v, bounds, scale, cap, cap_method, cu_seqlens, max_seqlen, out=out, lse=lse)
+    o, l = rf._ranker_impl(q, k, v, bounds, scale, cap, cap_method, cu_seqlens, max_seqlen, out=out, lse=lse,
+                           config=config)
     torch.cuda.synchronize()
     return o, l
 
 
-def _compare(name, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None, scale=None):
-    o, l = _run(q, k, v, bounds, cap, cap_method, cu_seqlens, max_seqlen, scale)
+def _compare(name, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None, scale=None,
+             config=None):
+    o, l = _run(q, k, v, bounds, cap, cap_method, cu_seqlens, max_seqlen, scale, config)
     kw = dict(softmax_scale=scale, cap=cap, cap_method=cap_method, cu_seqlens=cu_seqlens, return_lse=True)
     ro, rl = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=torch.float64, **kw)
     lo, _ = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=q.dtype, **kw)
@@ -65,6 +67,7 @@ CASES = [  # name, B, S, Hq, Hkv, D, bounds, cap, cap_method, dtype
     ("overlap", 1, 400, 2, 2, 128, [[0, 300, 200, 400]], None, "tanh", torch.bfloat16),
     ("gap-tiles", 1, 1000, 2, 2, 128, [[0, 70, 900, 1000]], 20.0, "tanh", torch.bfloat16),
     ("one-row", 1, 1, 2, 2, 128, [[0, 1, 0, 1]], None, "tanh", torch.bfloat16),
+    ("d256-gqa2", 2, 300, 4, 2, 256, [[0, 200, 200, 300], [3, 131, 131, 290]], 30.0, "tanh", torch.bfloat16),
     ("hist-one-block", 3, 200, 2, 2, 128, [[0, 64, 64, 200], [1, 2, 2, 3], [100, 101, 101, 199]], None, "tanh", torch.bfloat16),
 ]
 
@@ -75,6 +78,19 @@ def test_fixed_length(case):
     q, k, v = _qkv(b, s, hq, hkv, d, dtype)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
     _compare(name, q, k, v, bounds, cap, capm)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("headline-small", "gqa4-tanh", "empty-history",
+                                                                  "hist-one-block", "d64")], ids=lambda c: c[0])
+def test_non_overlapped_schedule(case):
+    """The simpler schedule (no softmax/PV overlap inside a warpgroup) stays correct too."""
+    import dataclasses
+
+    name, b, s, hq, hkv, d, rows, cap, capm, dtype = case
+    q, k, v = _qkv(b, s, hq, hkv, d, dtype)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    cfg = dataclasses.replace(rf.CONFIGS[d], intra_wg_overlap=False)
+    _compare(name + " no-overlap", q, k, v, bounds, cap, capm, config=cfg)
 
 
 def test_strided_inputs():
