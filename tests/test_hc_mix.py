@@ -18,14 +18,16 @@ def test_compiles_with_mma_sync_and_no_spills(target):
     assert ".target sm_90a" in rec.ptx
     assert "mma.sync" in rec.ptx_features
     assert re.search(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", rec.ptx)
-    assert "ld.global.v4 (16B loads)" in rec.ptx_features
+    assert re.search(r"cp\.async\.cg\.shared\.global(\.\w+)* \[[^]]+\], \[[^]]+\], 16(, 16)?;", rec.ptx)  # x
+    assert re.search(r"cp\.async\.ca\.shared\.global(\.\w+)* \[[^]]+\], \[[^]]+\], 16(, 16)?;", rec.ptx)  # hc_fn
+    assert "cp.async.wait_group" in rec.ptx
     assert "local memory (spill)" not in rec.ptx_features
     assert "ld.shared::cluster" in rec.ptx  # cluster reduction through distributed shared memory
     assert "barrier.cluster.arrive" in rec.ptx and "barrier.cluster.wait" in rec.ptx
-    assert "cvt.rn.bf16" in rec.ptx  # in-register hi/mid/lo split of hc_fn
+    assert rec.ptx.count("cvt.rn.bf16x2.f32") >= 36  # in-register hi/mid/lo split of hc_fn
     if rec.sass:
         assert "LDL/STL (local memory)" not in rec.sass_features
-        assert "LDG.E.128" in rec.sass_features
+        assert "LDGSTS.E.BYPASS.LTC128B.128" in rec.sass
         assert re.search(r"\bHMMA\.16816\.F32\.BF16\b", rec.sass)
 
 
@@ -109,6 +111,8 @@ def test_config_validation_and_choice():
         mod.HcMixConfig(m_tiles=3).validate()
     with pytest.raises(ValueError, match="warps_m"):
         mod.HcMixConfig(warps_m=3).validate()
+    with pytest.raises(ValueError, match="shared memory"):
+        mod.HcMixConfig(m_tiles=1, warps_m=4, stages=4).validate()
     assert mod.config_for(1) == mod.SMALL and mod.config_for(512) == mod.MEDIUM
     assert mod.config_for(4096) == mod.LARGE
     assert mod.config_for(4096, store_mix=True).store_mix

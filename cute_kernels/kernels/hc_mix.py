@@ -41,6 +41,7 @@ same for every M (small M is latency-bound and gets its parallelism from the sam
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -65,6 +66,7 @@ K_PARTS = CLUSTER_K * WARPS_K
 N_PIECES = 3  # hc_fn = hi + mid + lo (bf16)
 SP_COLS = N_MIX + 1  # 24 mix partials + sum of squares
 K_ALIGN = 64
+SMEM_LIMIT = 227 * 1024  # opt-in shared memory per CTA on sm_90
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class HcMixConfig:
 
     m_tiles: int = 2
     warps_m: int = 2
+    stages: int = 4
     store_mix: bool = False
 
     @property
@@ -91,14 +94,24 @@ class HcMixConfig:
             raise ValueError(f"m_tiles={self.m_tiles}: must be 1 or 2 (m16 tiles per warp)")
         if self.warps_m not in (1, 2, 4):
             raise ValueError(f"warps_m={self.warps_m}: must be 1, 2 or 4")
+        if self.stages not in (2, 4, 8):
+            raise ValueError(f"stages={self.stages}: must be 2, 4 or 8 (cp.async ring depth)")
         if self.tile_m % CLUSTER_K:
             raise ValueError(f"tile_m={self.tile_m} must be a multiple of {CLUSTER_K}")
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"{self}: needs {self.smem_bytes} B of shared memory (> {SMEM_LIMIT})")
+
+    @property
+    def smem_bytes(self) -> int:
+        """cp.async ring (x + hc_fn vectors per thread and stage) + partials + row totals."""
+        ring = self.threads * self.stages * 16 * (2 * self.m_tiles + 2 * N_TILES)
+        return ring + 4 * SP_COLS * (WARPS_K * self.tile_m + self.tile_m // CLUSTER_K) + 512
 
 
 # M -> config; any choice gives the same bits (see the module docstring)
-SMALL = HcMixConfig(m_tiles=1, warps_m=1)  # 16 rows per cluster
-MEDIUM = HcMixConfig(m_tiles=2, warps_m=1)  # 32 rows
-LARGE = HcMixConfig(m_tiles=2, warps_m=2)  # 64 rows
+SMALL = HcMixConfig(m_tiles=1, warps_m=1, stages=8)  # 16 rows per cluster
+MEDIUM = HcMixConfig(m_tiles=2, warps_m=1, stages=4)  # 32 rows
+LARGE = HcMixConfig(m_tiles=2, warps_m=2, stages=4)  # 64 rows
 # (m_tiles=2, warps_m=4: 512 threads are capped at 128 registers and spill; not shipped)
 SHIPPED = (SMALL, MEDIUM, LARGE)
 
@@ -112,7 +125,7 @@ def config_for(m: int, store_mix: bool = False) -> HcMixConfig:
     else:
         cfg = LARGE
     if store_mix:
-        cfg = HcMixConfig(cfg.m_tiles, cfg.warps_m, store_mix=True)
+        cfg = dataclasses.replace(cfg, store_mix=True)
     return cfg
 
 
@@ -128,6 +141,33 @@ def _ld_dsmem_f32(ptr: cute.Pointer, cta_rank: Int32) -> Float32:
     )
 
 
+@cute.jit
+def _split3_bf16x2(w0: Float32, w1: Float32):
+    """Packed bf16x2 pieces (lo, mid, hi) of the pair (w0, w1): hi = rn(w), mid = rn(w - hi),
+    lo = rn(w - hi - mid); both differences are exact, so w = hi + mid + lo + O(2^-27 |w|)."""
+    # inputs are copied first and outputs written last: "=r" outputs may share input registers
+    return cute.arch.inline_ptx(
+        "{\n\t.reg .b32 q0, q1, p0, p1, h, md;\n\t"
+        "mov.b32 p0, {$r0};\n\t"
+        "mov.b32 p1, {$r1};\n\t"
+        "cvt.rn.bf16x2.f32 h, p1, p0;\n\t"
+        "shl.b32 q0, h, 16;\n\t"
+        "and.b32 q1, h, -65536;\n\t"
+        "sub.f32 p0, p0, q0;\n\t"
+        "sub.f32 p1, p1, q1;\n\t"
+        "cvt.rn.bf16x2.f32 md, p1, p0;\n\t"
+        "shl.b32 q0, md, 16;\n\t"
+        "and.b32 q1, md, -65536;\n\t"
+        "sub.f32 p0, p0, q0;\n\t"
+        "sub.f32 p1, p1, q1;\n\t"
+        "cvt.rn.bf16x2.f32 {$w0}, p1, p0;\n\t"
+        "mov.b32 {$w1}, md;\n\t"
+        "mov.b32 {$w2}, h;\n\t}\n",
+        write_only_types=[Int32, Int32, Int32],
+        read_only_args=[w0, w1],
+    )
+
+
 class HcMixKernel:
     """mHC mix statistics (x . hc_fn^T, sum x^2) + sigmoids + Sinkhorn, one cluster per row block."""
 
@@ -136,9 +176,12 @@ class HcMixKernel:
         self.config = config
         self.m_tiles = config.m_tiles
         self.warps_m = config.warps_m
+        self.stages = config.stages
         self.tile_m = config.tile_m
         self.threads = config.threads
         self.rows_per_rank = self.tile_m // CLUSTER_K
+        self.x_slots = 2 * self.m_tiles  # 16-byte x vectors per thread per chunk
+        self.w_slots = 2 * N_TILES  # 16-byte hc_fn vectors (4 fp32) per thread per chunk
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
@@ -166,6 +209,15 @@ class HcMixKernel:
         wm = warp // WARPS_K
 
         smem = cutlass.memory.SmemAllocator()
+        # per-thread cp.async ring: (16-byte vector, thread, slot, stage)
+        sX = smem.allocate_tensor(
+            BFloat16, cute.make_layout((8, self.threads, self.x_slots, self.stages),
+                                       stride=(1, 8, 8 * self.threads, 8 * self.threads * self.x_slots)),
+            byte_alignment=128)
+        sW = smem.allocate_tensor(
+            Float32, cute.make_layout((4, self.threads, self.w_slots, self.stages),
+                                      stride=(1, 4, 4 * self.threads, 4 * self.threads * self.w_slots)),
+            byte_alignment=128)
         # partials of the WARPS_K warps of this CTA: (warp k, row in tile, 24 mix + sq)
         sP = smem.allocate_tensor(
             Float32, cute.make_layout((WARPS_K, self.tile_m, SP_COLS),
@@ -177,8 +229,8 @@ class HcMixKernel:
 
         row_base = m_block * self.tile_m + wm * (16 * self.m_tiles)
         part = rank * WARPS_K + wk
-        rC, rSq = self.mma_walk(mX, mW, tiled_mma, row_base, part, lane)
-        self.store_partials(sP, rC, rSq, wk, wm, lane)
+        rR, rSq = self.mma_walk(mX, mW, sX, sW, tiled_mma, row_base, part, tidx)
+        self.store_partials(sP, rR, rSq, wk, wm, lane)
 
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
@@ -194,123 +246,146 @@ class HcMixKernel:
 
     # ------------------------------------------------------------------ roles
     @cute.jit
-    def load_chunk(self, mXv: cute.Tensor, mWv: cute.Tensor, rX, rW, chunk: Int32, row_base: Int32,
-                   lane: Int32, m: Int32, n_chunks: Int32):
-        """16-byte loads of chunk ``chunk`` (32 columns) into the register buffers (zeros if out)."""
+    def load_chunk(self, mXv: cute.Tensor, mWv: cute.Tensor, sX: cute.Tensor, sW: cute.Tensor,
+                   chunk: Int32, stage: Int32, row_base: Int32, tidx: Int32, m: Int32):
+        """cp.async of chunk ``chunk`` (32 columns) into ring stage ``stage`` (this thread's slots).
+
+        x rows past M are not loaded (their stale values only reach their own, discarded, rows).
+        """
+        lane = tidx % 32
         g = lane // 4
         t = lane % 4
-        atom_x = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        atom_w = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
-        k_ok = chunk < n_chunks
+        atom_x = cute.make_copy_atom(
+            cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+            BFloat16, num_bits_per_copy=128)
+        atom_w = cute.make_copy_atom(
+            cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.ALWAYS),
+            Float32, num_bits_per_copy=128)
         for mt in cutlass.range_constexpr(self.m_tiles):
             for h in cutlass.range_constexpr(2):
                 row = row_base + mt * 16 + h * 8 + g
-                dst = rX[mt * 2 + h]
-                if k_ok and row < m:
-                    cute.copy(atom_x, mXv[(0, None), (row, chunk * 4 + t)], dst)
-                else:
-                    dst.fill(0)
+                if row < m:
+                    cute.copy(atom_x, mXv[(0, None), (row, chunk * 4 + t)],
+                              sX[None, tidx, mt * 2 + h, stage])
         for j in cutlass.range_constexpr(N_TILES):
             for h in cutlass.range_constexpr(2):
-                dst = rW[j * 2 + h]
-                if k_ok:
-                    cute.copy(atom_w, mWv[(0, None), (j * 8 + g, chunk * 8 + t * 2 + h)], dst)
-                else:
-                    dst.fill(0)
+                cute.copy(atom_w, mWv[(0, None), (j * 8 + g, chunk * 8 + t * 2 + h)],
+                          sW[None, tidx, j * 2 + h, stage])
 
     @cute.jit
-    def mma_chunk(self, tiled_mma: cute.TiledMma, rX, rW, rC, rSq, rA, rB, rPiece, rXf):
-        """Accumulate one chunk: split hc_fn into bf16 pieces, 2 k16 steps x 3 pieces x tiles."""
+    def mma_chunk(self, tiled_mma: cute.TiledMma, rX, rW, rV, rG, rA, rB, rPk):
+        """One chunk into fresh accumulators: hc_fn split to bf16 pieces, 2 k16 steps x (lo, mid,
+        hi) x 3 n8 tiles, plus the Gram diagonal x.x^T (B = the lane's own A registers)."""
         for j in cutlass.range_constexpr(N_TILES):
-            for h in cutlass.range_constexpr(2):
-                w = rW[j * 2 + h].load()
-                hi = w.to(BFloat16)
-                r1 = w - hi.to(Float32)
-                mid = r1.to(BFloat16)
-                lo = (r1 - mid.to(Float32)).to(BFloat16)
-                # pieces in accumulation order: lo, mid, hi
-                rPiece[(j * N_PIECES + 0) * 2 + h].store(lo)
-                rPiece[(j * N_PIECES + 1) * 2 + h].store(mid)
-                rPiece[(j * N_PIECES + 2) * 2 + h].store(hi)
-        for i in cutlass.range_constexpr(self.m_tiles * 2):
-            rXf.store(rX[i].load().to(Float32))
-            acc = rSq[i]
-            for e in cutlass.range_constexpr(8):
-                acc = cute.math.fma(rXf[e], rXf[e], acc)
-            rSq[i] = acc
+            for s in cutlass.range_constexpr(2):
+                for q in cutlass.range_constexpr(2):
+                    lo, mid, hi = _split3_bf16x2(rW[j * 2 + s][2 * q], rW[j * 2 + s][2 * q + 1])
+                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 0] = lo
+                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 1] = mid
+                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 2] = hi
+        # fresh accumulators per chunk (in place: cute.gemm with d != c writes c in DSL 4.8.1)
+        for acc in rV:
+            acc.fill(0.0)
+        for acc in rG:
+            acc.fill(0.0)
+        rBi = cute.recast_tensor(rB, Int32)
         for s in cutlass.range_constexpr(2):
-            # A: v0,v1 = row g, k 4s..4s+1; v2,v3 = row g+8; v4,v5 = row g, k 4s+2..; v6,v7 = row g+8
+            # A regs: a0 = row g, k 4s..4s+1; a1 = row g+8; a2 = row g, k 4s+2..4s+3; a3 = row g+8
             for mt in cutlass.range_constexpr(self.m_tiles):
+                rAi = cute.recast_tensor(rA[mt], Int32)
                 for kk in cutlass.range_constexpr(2):
                     for h in cutlass.range_constexpr(2):
-                        for e in cutlass.range_constexpr(2):
-                            rA[mt][kk * 4 + h * 2 + e] = rX[mt * 2 + h][4 * s + 2 * kk + e]
+                        rAi[kk * 2 + h] = cute.recast_tensor(rX[mt * 2 + h], Int32)[2 * s + kk]
             for p in cutlass.range_constexpr(N_PIECES):
                 for j in cutlass.range_constexpr(N_TILES):
-                    # B: v0..v3 = k 4s..4s+3 of column n = 8j + g (the lane's 4 consecutive k)
-                    src = rPiece[(j * N_PIECES + p) * 2 + s]
-                    for v in cutlass.range_constexpr(4):
-                        rB[v] = src[v]
+                    for q in cutlass.range_constexpr(2):
+                        rBi[q] = rPk[((j * 2 + s) * 2 + q) * N_PIECES + p]
                     for mt in cutlass.range_constexpr(self.m_tiles):
-                        cute.gemm(tiled_mma, rC[mt * N_TILES + j], rA[mt], rB, rC[mt * N_TILES + j])
+                        acc = rV[mt * N_TILES + j]
+                        cute.gemm(tiled_mma, acc, rA[mt], rB, acc)
+            # Gram: B of n tile h = the lane's row g (+8h) registers of A
+            for mt in cutlass.range_constexpr(self.m_tiles):
+                rAi = cute.recast_tensor(rA[mt], Int32)
+                for h in cutlass.range_constexpr(2):
+                    rBi[0] = rAi[h]
+                    rBi[1] = rAi[2 + h]
+                    acc = rG[mt * 2 + h]
+                    cute.gemm(tiled_mma, acc, rA[mt], rB, acc)
 
     @cute.jit
-    def mma_walk(self, mX: cute.Tensor, mW: cute.Tensor, tiled_mma: cute.TiledMma, row_base: Int32,
-                 part: Int32, lane: Int32):
-        """Walk this warp's K part (chunks part, part + 32, ...) with a running accumulator."""
+    def mma_walk(self, mX: cute.Tensor, mW: cute.Tensor, sX: cute.Tensor, sW: cute.Tensor,
+                 tiled_mma: cute.TiledMma, row_base: Int32, part: Int32, tidx: Int32):
+        """Walk this warp's K part (chunks part, part + 32, ...): cp.async ring ``stages`` deep,
+        each chunk into fresh accumulators, chunk values added to the running sums (fp32 adds)."""
+        lane = tidx % 32
+        g = lane // 4
         mXv = cute.zipped_divide(mX, (1, 8))  # ((1, 8), (M, K / 8)): 16-byte vectors
         mWv = cute.zipped_divide(mW, (1, 4))  # ((1, 4), (24, K / 4))
         m = mX.shape[0]
         n_chunks = mX.shape[1] // K_CHUNK
-        n_steps = (n_chunks + K_PARTS - 1) // K_PARTS
-        n_pairs = (n_steps + 1) // 2
+        n_my = (n_chunks + (K_PARTS - 1) - part) // K_PARTS  # chunks of this part
 
         thr_mma = tiled_mma.get_slice(lane)
         frag_a_shape = thr_mma.partition_shape_A((16, 16))
         frag_b_shape = thr_mma.partition_shape_B((8, 16))
         frag_c_shape = thr_mma.partition_shape_C((16, 8))
-        rC = [tiled_mma.make_fragment_C(frag_c_shape) for _ in range(self.m_tiles * N_TILES)]
-        for c in rC:
+        rR = [tiled_mma.make_fragment_C(frag_c_shape) for _ in range(self.m_tiles * N_TILES)]
+        rV = [tiled_mma.make_fragment_C(frag_c_shape) for _ in range(self.m_tiles * N_TILES)]
+        rG = [tiled_mma.make_fragment_C(frag_c_shape) for _ in range(self.m_tiles * 2)]
+        for c in rR:
             c.fill(0.0)
         rA = [tiled_mma.make_fragment_A(frag_a_shape) for _ in range(self.m_tiles)]
         rB = tiled_mma.make_fragment_B(frag_b_shape)
         rSq = cute.make_rmem_tensor(cute.make_layout(self.m_tiles * 2), Float32)
         rSq.fill(0.0)
-        rXf = cute.make_rmem_tensor(cute.make_layout(8), Float32)
-        rPiece = [cute.make_rmem_tensor(cute.make_layout(4), BFloat16)
-                  for _ in range(N_TILES * N_PIECES * 2)]
-        # register double buffer: [buffer][m tile * 2 + half] x (8 bf16), [buffer][tile * 2 + half] x 4 f32
-        rX = [[cute.make_rmem_tensor(cute.make_layout(8), BFloat16) for _ in range(self.m_tiles * 2)]
-              for _ in range(2)]
-        rW = [[cute.make_rmem_tensor(cute.make_layout(4), Float32) for _ in range(N_TILES * 2)]
-              for _ in range(2)]
+        rPk = cute.make_rmem_tensor(cute.make_layout(N_TILES * 2 * 2 * N_PIECES), Int32)
+        rX = [cute.make_rmem_tensor(cute.make_layout(8), BFloat16) for _ in range(self.x_slots)]
+        rW = [cute.make_rmem_tensor(cute.make_layout(4), Float32) for _ in range(self.w_slots)]
+        atom_sx = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        atom_sw = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
 
-        self.load_chunk(mXv, mWv, rX[0], rW[0], part, row_base, lane, m, n_chunks)
-        for it in cutlass.range(n_pairs, unroll=1):
-            c0 = part + it * (2 * K_PARTS)
-            self.load_chunk(mXv, mWv, rX[1], rW[1], c0 + K_PARTS, row_base, lane, m, n_chunks)
-            self.mma_chunk(tiled_mma, rX[0], rW[0], rC, rSq, rA, rB, rPiece, rXf)
-            self.load_chunk(mXv, mWv, rX[0], rW[0], c0 + 2 * K_PARTS, row_base, lane, m, n_chunks)
-            self.mma_chunk(tiled_mma, rX[1], rW[1], rC, rSq, rA, rB, rPiece, rXf)
-        # the row's sum of squares: lanes t = 0..3 of a row, xor 1 then xor 2
-        for i in cutlass.range_constexpr(self.m_tiles * 2):
-            v = rSq[i]
-            v = v + cute.arch.shuffle_sync_bfly(v, 1)
-            v = v + cute.arch.shuffle_sync_bfly(v, 2)
-            rSq[i] = v
-        return rC, rSq
+        for st in cutlass.range_constexpr(self.stages - 1):
+            if st < n_my:
+                self.load_chunk(mXv, mWv, sX, sW, part + st * K_PARTS, st, row_base, tidx, m)
+            cute.arch.cp_async_commit_group()
+        for i in cutlass.range(n_my, unroll=1):
+            cute.arch.cp_async_wait_group(self.stages - 2)
+            st = i % self.stages
+            for q in cutlass.range_constexpr(self.x_slots):
+                cute.copy(atom_sx, sX[None, tidx, q, st], rX[q])
+            for q in cutlass.range_constexpr(self.w_slots):
+                cute.copy(atom_sw, sW[None, tidx, q, st], rW[q])
+            self.mma_chunk(tiled_mma, rX, rW, rV, rG, rA, rB, rPk)
+            for c in cutlass.range_constexpr(self.m_tiles * N_TILES):
+                for v in cutlass.range_constexpr(4):
+                    rR[c][v] = rR[c][v] + rV[c][v]
+            # Gram diagonal: (row g, g) sits in value g % 2 of tile 0 and (g+8, g+8) in value
+            # 2 + g % 2 of tile 1, both on lane t = g // 2 (other lanes add unused values)
+            for mt in cutlass.range_constexpr(self.m_tiles):
+                for h in cutlass.range_constexpr(2):
+                    d = rG[mt * 2 + h][2 * h]
+                    if g % 2 == 1:
+                        d = rG[mt * 2 + h][2 * h + 1]
+                    rSq[mt * 2 + h] = rSq[mt * 2 + h] + d
+            nxt = i + (self.stages - 1)
+            if nxt < n_my:
+                self.load_chunk(mXv, mWv, sX, sW, part + nxt * K_PARTS, nxt % self.stages, row_base,
+                                tidx, m)
+            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        return rR, rSq
 
     @cute.jit
-    def store_partials(self, sP: cute.Tensor, rC, rSq: cute.Tensor, wk: Int32, wm: Int32, lane: Int32):
+    def store_partials(self, sP: cute.Tensor, rR, rSq: cute.Tensor, wk: Int32, wm: Int32, lane: Int32):
         g = lane // 4
         t = lane % 4
         for mt in cutlass.range_constexpr(self.m_tiles):
             for j in cutlass.range_constexpr(N_TILES):
-                c = rC[mt * N_TILES + j]
+                c = rR[mt * N_TILES + j]
                 for v in cutlass.range_constexpr(4):
                     row = wm * (16 * self.m_tiles) + mt * 16 + (v // 2) * 8 + g
                     sP[wk, row, j * 8 + 2 * t + v % 2] = c[v]
-            if t == 0:
+            if t == g // 2:
                 for h in cutlass.range_constexpr(2):
                     sP[wk, wm * (16 * self.m_tiles) + mt * 16 + h * 8 + g, N_MIX] = rSq[mt * 2 + h]
 
@@ -324,11 +399,14 @@ class HcMixKernel:
                 rr = item // SP_COLS
                 col = item % SP_COLS
                 row = rr * CLUSTER_K + rank
-                total = Float32(0.0)
+                vals = []
                 for src in cutlass.range_constexpr(CLUSTER_K):
                     for w in cutlass.range_constexpr(WARPS_K):
                         ptr = sP.iterator + (w * self.tile_m * SP_COLS + row * SP_COLS + col)
-                        total = total + _ld_dsmem_f32(ptr, Int32(src))
+                        vals.append(_ld_dsmem_f32(ptr, Int32(src)))
+                total = Float32(0.0)
+                for v in vals:
+                    total = total + v
                 sA[rr, col] = total
 
     @cute.jit
@@ -363,7 +441,7 @@ class HcMixKernel:
                 e = cute.math.exp(rM[i * HC + j] - mx)
                 rM[i * HC + j] = e
                 ssum = ssum + e
-            inv = Float32(1.0) / ssum
+            inv = cute.arch.rcp_approx(ssum)
             for j in cutlass.range_constexpr(HC):
                 rM[i * HC + j] = rM[i * HC + j] * inv + hc_eps
         self.normalize_cols(rM, hc_eps)
@@ -379,7 +457,7 @@ class HcMixKernel:
             ssum = rM[i * HC]
             for j in cutlass.range_constexpr(1, HC):
                 ssum = ssum + rM[i * HC + j]
-            inv = Float32(1.0) / (ssum + hc_eps)
+            inv = cute.arch.rcp_approx(ssum + hc_eps)
             for j in cutlass.range_constexpr(HC):
                 rM[i * HC + j] = rM[i * HC + j] * inv
 
@@ -389,7 +467,7 @@ class HcMixKernel:
             ssum = rM[j]
             for i in cutlass.range_constexpr(1, HC):
                 ssum = ssum + rM[i * HC + j]
-            inv = Float32(1.0) / (ssum + hc_eps)
+            inv = cute.arch.rcp_approx(ssum + hc_eps)
             for i in cutlass.range_constexpr(HC):
                 rM[i * HC + j] = rM[i * HC + j] * inv
 
@@ -400,10 +478,12 @@ def _compile(config: HcMixConfig):
         m = cute.sym_int()
         k = cute.sym_int(divisibility=K_ALIGN)
         mm = cute.sym_int()
+        x_ld = cute.sym_int(divisibility=8)  # row strides: 16-byte multiples (checked on the host)
+        w_ld = cute.sym_int(divisibility=4)
         # explicit row-major strides (a compact fake tensor without strides is column-major)
         return HcMixKernel(config), (
-            fake_tensor(torch.bfloat16, (m, k), stride=(k, 1)),
-            fake_tensor(torch.float32, (N_MIX, k), stride=(k, 1)),
+            fake_tensor(torch.bfloat16, (m, k), stride=(x_ld, 1)),
+            fake_tensor(torch.float32, (N_MIX, k), stride=(w_ld, 1)),
             fake_tensor(torch.float32, (3,), align=4),
             fake_tensor(torch.float32, (N_MIX,), align=4),
             fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
@@ -489,7 +569,7 @@ def hc_mix_raw(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixConfig | None 
     m = x.shape[0]
     mix = torch.empty(max(m, 1), SP_COLS, dtype=torch.float32, device=x.device)
     if config is not None and not config.store_mix:
-        config = HcMixConfig(config.m_tiles, config.warps_m, store_mix=True)
+        config = dataclasses.replace(config, store_mix=True)
     _launch(x, hc_fn, torch.ones(3, device=x.device), torch.zeros(N_MIX, device=x.device), 1, 1e-6, 1e-6,
             mix=mix, config=config)
     return mix[:m, :N_MIX], mix[:m, N_MIX]
@@ -523,3 +603,73 @@ def _reference(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_
         c = c / (c.sum(-1, keepdim=True) + hc_eps)
         c = c / (c.sum(-2, keepdim=True) + hc_eps)
     return pre, post, c
+
+
+def check() -> list[CheckResult]:
+    """Norm-wise error of ``a`` and max abs error of the outputs vs float64, K = 20480."""
+    import math
+
+    rows = []
+    for m in (1, 511, 4096):
+        k = 20480
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        hc_fn = torch.randn(N_MIX, k, device="cuda") / math.sqrt(k)
+        hc_scale = torch.rand(3, device="cuda") + 0.5
+        hc_base = torch.randn(N_MIX, device="cuda")
+        a, _ = hc_mix_raw(x, hc_fn)
+        a64 = x.double() @ hc_fn.double().t()
+        err_a = ((a.double() - a64).norm() / a64.norm()).item()
+        rows.append(CheckResult(NAME, f"a M={m} K={k}", err_a <= 2e-6, float("nan"), err_a, 2e-6))
+        got = hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+        want = hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
+        err = max((g.double() - w.double()).abs().max().item() for g, w in zip(got, want))
+        rows.append(CheckResult(NAME, f"pre/post/comb M={m} K={k}", err <= 1e-5, err, float("nan"), 1e-5))
+    return rows
+
+
+def _splitk_baseline():
+    """The split-K Triton baseline from ``bench/hc_mix_splitk_triton.py`` (None without Triton)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "hc_mix_splitk_triton.py"
+    try:
+        spec = importlib.util.spec_from_file_location("hc_mix_splitk_triton", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.hc_mix_splitk_triton
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def bench(shapes: str | None = None) -> list[dict]:
+    """us per call inside a CUDA graph (10 calls per replay) and GB/s of reading x once (M*K*2 B).
+
+    Peers in the same process: the float32 torch reference and the split-K Triton baseline.
+    ``shapes``: comma-separated M values (K = 20480), default 1,16,128,512,1024,2048,4096,16384.
+    """
+    import math
+
+    from ..runtime.timing import copy_bandwidth_gbps, cuda_time_us
+
+    k = 20480
+    ms = [int(s) for s in shapes.split(",")] if shapes else [1, 16, 128, 512, 1024, 2048, 4096, 16384]
+    copy_bw = copy_bandwidth_gbps()
+    splitk = _splitk_baseline()
+    recs = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        hc_fn = torch.randn(N_MIX, k, device="cuda") / math.sqrt(k)
+        hc_scale = torch.rand(3, device="cuda") + 0.5
+        hc_base = torch.randn(N_MIX, device="cuda")
+        args = (x, hc_fn, hc_scale, hc_base)
+        impls = [("cute_kernels", lambda: hc_mix_sinkhorn(*args)),
+                 ("torch_fp32_reference", lambda: _reference(*args, dtype=torch.float32))]
+        if splitk is not None:
+            impls.append(("triton_splitk", lambda: splitk(*args)))
+        for impl, fn in impls:
+            t = cuda_time_us(fn, graph=True)
+            gbps = m * k * 2 / t / 1e3
+            recs.append(dict(kernel=NAME, impl=impl, shape=dict(m=m, k=k), mode="graph", time_us=t,
+                             gbps=gbps, copy_bw_frac=gbps / copy_bw, copy_gbps=copy_bw))
+    return recs

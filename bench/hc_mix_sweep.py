@@ -1,0 +1,47 @@
+"""Tuning aid for hc_mix: us per call (CUDA graph) of every shipped config and the split-K baseline.
+
+Run on the GPU: ``python3 bench/hc_mix_sweep.py [M,M,...]``; prints one JSON line per measurement.
+Every config gives the same bits, so ``config_for`` may pick any of them per M.
+"""
+
+import json
+import math
+import sys
+
+import torch
+
+from cute_kernels.kernels import hc_mix as mod
+from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
+
+
+VARIANTS = list(mod.SHIPPED) + [mod.HcMixConfig(1, 1, 4), mod.HcMixConfig(2, 1, 8), mod.HcMixConfig(2, 2, 2),
+                                mod.HcMixConfig(1, 2, 4)]
+
+
+def main():
+    k = 20480
+    ms = [int(s) for s in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 16, 128, 256, 512, 1024, 2048, 4096, 16384]
+    print(json.dumps(dict(copy_gbps=copy_bandwidth_gbps())), flush=True)
+    splitk = mod._splitk_baseline()
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        hc_fn = torch.randn(mod.N_MIX, k, device="cuda") / math.sqrt(k)
+        hc_scale = torch.rand(3, device="cuda") + 0.5
+        hc_base = torch.randn(mod.N_MIX, device="cuda")
+        out = (torch.empty(m, 4, device="cuda"), torch.empty(m, 4, device="cuda"), torch.empty(m, 4, 4, device="cuda"))
+        row = dict(m=m)
+        for cfg in VARIANTS:
+            fn = lambda cfg=cfg: mod._launch(x, hc_fn, hc_scale, hc_base, 20, 1e-6, 1e-6, config=cfg, out=out)
+            row[f"t{cfg.tile_m}s{cfg.stages}"] = round(cuda_time_us(fn), 2)
+        row["op"] = round(cuda_time_us(lambda: mod.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)), 2)
+        if splitk is not None:
+            row["splitk"] = round(cuda_time_us(lambda: splitk(x, hc_fn, hc_scale, hc_base)), 2)
+            ref = mod.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
+            got = splitk(x, hc_fn, hc_scale, hc_base)
+            row["splitk_err"] = max((g.double() - w.double()).abs().max().item() for g, w in zip(got, ref))
+        row["floor_us"] = round(m * k * 2 / 4185e3, 2)
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

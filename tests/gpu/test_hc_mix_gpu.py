@@ -1,0 +1,131 @@
+"""GPU: hc_mix_sinkhorn against the float64 reference, bitwise batch invariance, graphs, poisoning."""
+
+import math
+
+import pytest
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import hc_mix as mod
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _inputs(m, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    hc_fn = torch.randn(mod.N_MIX, k, device="cuda", generator=g) / math.sqrt(k)
+    hc_scale = torch.rand(3, device="cuda", generator=g) + 0.5
+    hc_base = torch.randn(mod.N_MIX, device="cuda", generator=g)
+    return x, hc_fn, hc_scale, hc_base
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+
+
+@pytest.mark.parametrize("k", [20480, 7168])
+@pytest.mark.parametrize("m", [1, 7, 128, 511, 512, 4096, 16384])
+def test_matches_float64_reference(m, k):
+    if m == 16384 and k == 7168:
+        pytest.skip("one 16384-row case is enough")
+    x, hc_fn, hc_scale, hc_base = _inputs(m, k, seed=m + k)
+    # raw a and sum of squares against float64
+    a, sq = mod.hc_mix_raw(x, hc_fn)
+    xd = x.double()
+    a64 = xd @ hc_fn.double().t()
+    sq64 = (xd * xd).sum(-1)
+    err_a = _rel(a, a64)
+    assert err_a <= 2e-6, f"norm-wise error of a {err_a:.3g}"
+    assert _rel(sq, sq64) <= 2e-6
+    # outputs, poisoned first
+    out = tuple(torch.full(s, float("nan"), device="cuda") for s in ((m, 4), (m, 4), (m, 4, 4)))
+    mod._launch(x, hc_fn, hc_scale, hc_base, 20, 1e-6, 1e-6, out=out)
+    ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
+    for name, got, want in zip(("pre", "post", "comb"), out, ref):
+        assert torch.isfinite(got).all(), name
+        err = (got.double() - want.double()).abs().max().item()
+        assert err <= 1e-5, f"{name}: max abs error {err:.3g}"
+        assert _rel(got, want) <= 5e-6, f"{name}: norm-wise error {_rel(got, want):.3g}"
+    print(f"M={m} K={k}: |a| err {err_a:.2e}, sq err {_rel(sq, sq64):.2e}, "
+          + ", ".join(f"{n} {(g.double() - w.double()).abs().max().item():.2e}"
+                      for n, g, w in zip(("pre", "post", "comb"), out, ref)))
+
+
+def test_public_op_matches_launch_and_is_deterministic():
+    x, hc_fn, hc_scale, hc_base = _inputs(1000, 20480, seed=3)
+    r1 = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    r2 = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    for a, b in zip(r1, r2):
+        assert torch.equal(a, b)
+    assert r1[0].shape == (1000, 4) and r1[1].shape == (1000, 4) and r1[2].shape == (1000, 4, 4)
+
+
+@pytest.mark.parametrize("k", [20480, 7168])
+def test_batch_invariant_bitwise(k):
+    x, hc_fn, hc_scale, hc_base = _inputs(4096, k, seed=11)
+    full = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    a_full, sq_full = mod.hc_mix_raw(x, hc_fn)
+    rows = [0, 1, 17, 513, 2047, 4095]
+    for r in rows:  # the same row alone (SMALL config)
+        one = cute_kernels.hc_mix_sinkhorn(x[r:r + 1].clone(), hc_fn, hc_scale, hc_base)
+        for got, want in zip(one, full):
+            assert torch.equal(got[0], want[r]), f"row {r} alone differs"
+    for start in (0, 1000, 3583):  # 513 rows at odd offsets (MEDIUM config, other tile neighbours)
+        part = cute_kernels.hc_mix_sinkhorn(x[start:start + 513].clone(), hc_fn, hc_scale, hc_base)
+        for got, want in zip(part, full):
+            assert torch.equal(got, want[start:start + 513]), f"rows {start}+513 differ"
+    for cfg in mod.SHIPPED:  # every config gives the same bits
+        a, sq = mod.hc_mix_raw(x, hc_fn, config=cfg)
+        assert torch.equal(a, a_full) and torch.equal(sq, sq_full), cfg
+
+
+def test_empty_and_odd_shapes():
+    x, hc_fn, hc_scale, hc_base = _inputs(0, 20480)
+    pre, post, comb = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    assert pre.shape == (0, 4) and post.shape == (0, 4) and comb.shape == (0, 4, 4)
+    for m, k in ((3, 64), (33, 192), (65, 2112)):
+        x, hc_fn, hc_scale, hc_base = _inputs(m, k, seed=m)
+        out = tuple(torch.full(s, float("nan"), device="cuda") for s in ((m, 4), (m, 4), (m, 4, 4)))
+        mod._launch(x, hc_fn, hc_scale, hc_base, 7, 1e-5, 1e-4, out=out)
+        ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base, 7, 1e-5, 1e-4)
+        for got, want in zip(out, ref):
+            assert (got.double() - want.double()).abs().max().item() <= 1e-5
+
+
+def test_row_stride_and_does_not_write_past_the_end():
+    base_x = torch.randn(40, 20480 + 64, device="cuda").bfloat16()
+    x = base_x[:, :20480]  # row stride 20544 elements (16-byte aligned)
+    _, hc_fn, hc_scale, hc_base = _inputs(1, 20480)
+    buf = torch.full((50, 4), 7.0, device="cuda")
+    out = (buf[:40], torch.empty(40, 4, device="cuda"), torch.empty(40, 4, 4, device="cuda"))
+    mod._launch(x, hc_fn, hc_scale, hc_base, 20, 1e-6, 1e-6, out=out)
+    assert torch.all(buf[40:] == 7.0)
+    ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
+    assert (out[0] - ref[0]).abs().max().item() <= 1e-5
+
+
+def test_cuda_graph_capture():
+    x, hc_fn, hc_scale, hc_base = _inputs(128, 20480, seed=5)
+    eager = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    want = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    for a, b, e in zip(out, want, eager):
+        assert torch.equal(a, b) and not torch.equal(a, e)
+
+
+def test_torch_compile():
+    x, hc_fn, hc_scale, hc_base = _inputs(64, 1024, seed=9)
+    f = torch.compile(lambda *a: cute_kernels.hc_mix_sinkhorn(*a), fullgraph=True)
+    for a, b in zip(f(x, hc_fn, hc_scale, hc_base), cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)):
+        assert torch.equal(a, b)
