@@ -142,6 +142,9 @@ def test_ranker_shipped_configs_layouts_and_budget(head_dim):
     assert kl.smem["sK"].dims == (cfg.tile_n, cfg.head_dim, cfg.stages)
     for name in ("sQ", "sK", "sV"):
         assert kl.smem[name].swizzle.byte_swizzle_name == "128B"  # head dims 64..256 bf16: >= 128-byte rows
+    for name, box in kl.tma.items():  # the DSL's TMA atom agrees with the box read off the swizzle atom
+        assert box["dsl_box"] == box["box"], (name, box)
+        assert box["dsl_box_bytes"] * box["boxes"] == box["bytes"], (name, box)
     assert kl.budget.total == cfg.smem_bytes(2)  # the same accounting validate() uses
     assert kl.budget.fits
     assert kl.budget.per_stage == 2 * cfg.tile_n * cfg.head_dim * 2

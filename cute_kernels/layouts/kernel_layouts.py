@@ -90,6 +90,30 @@ def ranker_config(text: Optional[str] = None):
     return parse_config(rf.RankerFwdConfig, text, base or rf.CONFIGS.get(rf.RankerFwdConfig().head_dim))
 
 
+def parse_tma_type(text: str) -> dict:
+    """Box and bytes of a DSL TMA atom from its type string, e.g.
+    ``...tiled_tma_load<sm_90, bf16, copy_bits = 131072, tma_gbasis = <"(64,128):(1@1,1@0)">...``:
+    the box is 64 elements along tensor mode 1 by 128 along mode 0, 16384 bytes per copy.
+    Returns ``dict(dsl_box=(extent of mode 0, extent of mode 1, ...), dsl_box_bytes=..., dsl_type=text)``
+    (only ``dsl_type`` when the string has another form)."""
+    import re
+
+    out: dict = {"dsl_type": text}
+    m = re.search(r'tma_gbasis = <"\(([\d,]+)\):\(([^)]*)\)">', text)
+    b = re.search(r"copy_bits = (\d+)", text)
+    if m:
+        extents = [int(x) for x in m.group(1).split(",")]
+        modes = [int(x.split("@")[1]) for x in m.group(2).split(",")]
+        if len(extents) == len(modes) and sorted(modes) == list(range(len(modes))):
+            box = [0] * len(modes)
+            for e, md in zip(extents, modes):
+                box[md] = e
+            out["dsl_box"] = tuple(box)
+    if b:
+        out["dsl_box_bytes"] = int(b.group(1)) // 8
+    return out
+
+
 # ---------------------------------------------------------------------------- ranker forward
 def _ranker_dsl_objects(rf, dt, config):
     """DSL side (inside trace): smem layouts, tiled MMAs and epilogue copies as the kernel builds them."""
@@ -124,7 +148,28 @@ def _ranker_dsl_objects(rf, dt, config):
     rd_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
     rd_copy = cute.make_tiled_copy_tv(rd_atom, cute.make_ordered_layout((nthr // cols, cols), order=(1, 0)),
                                       cute.make_layout((1, vec)))
+    # TMA atoms as __call__ builds them, over a stand-in row-major (rows, head_dim) global tensor
+    # (the kernel's (S, D) view of q/k/v/o has the same mode order, D contiguous)
+    from cutlass.cute.nvgpu import cpasync
+
+    def tma_type(op, smem_layout, rows):
+        ptr = cute.make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=16)
+        g = cute.make_tensor(ptr, cute.make_layout((rows * 4, config.head_dim), stride=(config.head_dim, 1)))
+        atom, _ = cpasync.make_tiled_tma_atom(op, g, smem_layout, (rows, config.head_dim))
+        return str(atom.type)
+
+    tma = {}
+    for name, op, rows in (("sQ", cpasync.CopyBulkTensorTileG2SOp(), config.tile_m),
+                           ("sK", cpasync.CopyBulkTensorTileG2SOp(), config.tile_n),
+                           ("sV", cpasync.CopyBulkTensorTileG2SOp(), config.tile_n),
+                           ("sO", cpasync.CopyBulkTensorTileS2GOp(), config.tile_m)):
+        if name in smem:
+            lay = smem[name]
+            if cute.rank(lay) == 3:
+                lay = cute.select(lay, mode=[0, 1])
+            tma[name] = tma_type(op, lay, rows)
     out = {k: v for k, v in smem.items()}
+    out["tma_types"] = tma
     out["tv:S=QK^T accumulator"] = mma_qk.tv_layout_C_tiled
     out["tv:O=PV accumulator"] = mma_pv.tv_layout_C_tiled
     out["tv:epilogue stmatrix (dst)"] = epi_copy.layout_dst_tv_tiled
@@ -153,6 +198,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_dsl_objects(rf, dt, config))
     copy_tiles = objs.pop("tiles")
+    tma_types = objs.pop("tma_types")
     kl = KernelLayouts("ranker_fwd", config, dt.__name__,
                        source="ranker_fwd.smem_layouts" if hasattr(rf, "smem_layouts") else "ranker_fwd._smem_layout")
     for k, v in objs.items():
@@ -171,6 +217,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
             two_d = lay if len(lay.dims) == 2 else StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset,
                                                                 lay.name)
             kl.tma[name] = tma_box(two_d, dt)
+            kl.tma[name].update(parse_tma_type(tma_types.get(name, "")))
     # epilogue bank conflicts, kernel layout vs the same tile unswizzled
     sO = kl.smem.get("sO")
     if sO is not None:
@@ -216,8 +263,11 @@ def format_report(kl: KernelLayouts, record=None) -> str:
     lines.append("")
     lines.append("TMA boxes:")
     for k, b in kl.tma.items():
-        lines.append(f"  {k:<4} tile {b['rows']}x{b['cols']}: {b['boxes']} box(es) of {b['box'][0]}x{b['box'][1]} "
-                     f"({b['swizzle']} swizzle), {b['bytes']} B per tile")
+        box = b.get("dsl_box", b["box"])
+        src = "DSL atom" if "dsl_box" in b else "from the layout"
+        lines.append(f"  {k:<4} tile {b['rows']}x{b['cols']}: box {box[0]}x{box[1]} ({src}), "
+                     f"{b['bytes'] // max(b.get('dsl_box_bytes', b['bytes'] // b['boxes']), 1)} box(es) per tile, "
+                     f"{b['swizzle']} swizzle, {b['bytes']} B per tile")
     lines.append("")
     lines.append("thread-value layouts ((thread, value) -> column-major tile index):")
     for k, tv in kl.tv.items():
