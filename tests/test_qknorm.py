@@ -54,6 +54,14 @@ def test_shipped_tilings_are_exact():
         assert 3 <= cfg.q.vecs <= 4 and cfg.k.vecs == 4, cfg
 
 
+def test_default_tuning_tilings_are_exact():
+    """The one-GPU default (2 vectors per thread, the fastest at large N on the H200) at shipped shapes."""
+    for qw, kw in mod.shipped_shapes():
+        cfg = mod.QKNormConfig.for_shape(qw, kw, torch.bfloat16, tuning=mod.DEFAULT_TUNING)
+        assert not cfg.q.ragged and not cfg.k.ragged, cfg
+        assert cfg.threads <= 1024 and cfg.q.vecs <= 4, cfg
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="multiple of 8"):
         mod.QKNormConfig.for_shape(4100, 1024, torch.bfloat16)

@@ -498,10 +498,19 @@ def parallel_reference(q_full: torch.Tensor, k_full: torch.Tensor, wq_full: torc
 
 
 def emulation_stress(world: int, launches: int, max_tokens: int = 4096, q_dim: int = 4096, k_dim: int = 1024,
-                     dtype: torch.dtype = torch.bfloat16, seed: int = 0, timeout_s: float = 5.0) -> dict:
-    """``launches`` consecutive calls of G emulated ranks, N random in [1, max_tokens], ranks on their own
-    streams and never joined between calls; compares every call with a float32 reference on the GPU.
-    Returns dict(max_err=..., launches=..., ns=[...]).  Raises PeerTimeoutError on a timed-out wait."""
+                     dtype: torch.dtype = torch.bfloat16, seed: int = 0, timeout_s: float = 5.0,
+                     join_each_launch: bool = False) -> dict:
+    """``launches`` consecutive calls of G emulated ranks, N random in [1, max_tokens], each rank on its own
+    stream and (unless ``join_each_launch``) never joined to the others between calls, so ranks run out of
+    step; every call is compared with the float64 reference on the GPU (max abs error accumulated there).
+
+    Lazy module loading (CUDA's default) may synchronize the context when a kernel is first launched;
+    doing that while a rank spins for a peer whose launch is not yet enqueued would stall until the
+    timeout.  So a warm-up pass loads every kernel first, and each iteration enqueues all ranks' norm
+    launches before any rank's checking kernels.
+
+    Returns dict(world, launches, max_err, max_n).  Raises PeerTimeoutError (with the launch index).
+    """
     torch.manual_seed(seed)
     dev = torch.device("cuda", torch.cuda.current_device())
     ranks = ParallelQKNorm.emulated(world, max_tokens, q_dim, k_dim, dtype, timeout_s=timeout_s)
@@ -523,16 +532,30 @@ def emulation_stress(world: int, launches: int, max_tokens: int = 4096, q_dim: i
     gen = torch.Generator().manual_seed(seed)
     ns = [int(x) for x in torch.randint(1, max_tokens + 1, (launches,), generator=gen)]
     ns[:4] = [1, max_tokens, 1, max_tokens]
-    torch.cuda.synchronize()
-    for n in ns:
+
+    def one_launch(n: int) -> None:
         for r in range(world):
             with torch.cuda.stream(streams[r]):
                 work_q[r][:n].copy_(src_q[r][:n])
                 work_k[r][:n].copy_(src_k[r][:n])
                 ranks[r](work_q[r][:n], work_k[r][:n], ws[r][0], ws[r][1], 1e-6)
+        for r in range(world):
+            with torch.cuda.stream(streams[r]):
                 e = torch.maximum((work_q[r][:n].float() - ref[r][0][:n].float()).abs().amax(),
                                   (work_k[r][:n].float() - ref[r][1][:n].float()).abs().amax())
                 torch.maximum(errs[r], e, out=errs[r])
+        if join_each_launch:
+            for st in streams:
+                torch.cuda.current_stream().wait_stream(st)
+                st.wait_stream(torch.cuda.current_stream())
+
+    for n in (1, 7, max_tokens):  # warm-up: load every kernel while nothing spins
+        one_launch(n)
+        torch.cuda.synchronize()
+    for i, n in enumerate(ns):
+        one_launch(n)
+        if any(r._error_np[0] for r in ranks):
+            raise PeerTimeoutError(f"emulated G={world}: a wait timed out, seen at launch {i} of {launches}")
     torch.cuda.synchronize()
     for rank in ranks:
         rank.check_error()

@@ -140,6 +140,18 @@ def test_1000_launches_varying_n_under_watchdog(world):
     assert max_n == 4096
 
 
+def test_300_launches_joined_each_launch_under_watchdog():
+    """Same as above with ranks joined after every call (separates protocol bugs from out-of-step runs)."""
+    out = _run_watchdog("""
+        import torch
+        from cute_kernels.kernels import qknorm_tp as mod
+        res = mod.emulation_stress(4, 300, max_tokens=2048, timeout_s=5.0, join_each_launch=True)
+        print("RESULT", res["max_err"], res["max_n"])
+    """, timeout=120)
+    line = [l for l in out.splitlines() if l.startswith("RESULT")][0]
+    assert float(line.split()[1]) <= 0.08, out
+
+
 def test_cuda_graph_of_all_ranks():
     world, n = 4, 64
     ranks = mod.ParallelQKNorm.emulated(world, 256, 4096, 1024, torch.bfloat16, timeout_s=5.0)
