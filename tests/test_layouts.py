@@ -208,6 +208,13 @@ def test_ranker_new_tile_shapes_that_fit():
     assert wide.smem["sK"].dims == (176, 64, wide.config.stages)
 
 
+def test_enumerate_configs_splits_by_validate():
+    ok, bad = KL.enumerate_configs(rf.CONFIGS[128], tile_n=(128, 176), stages=(2, 3, 4))
+    assert {(c.tile_n, c.stages) for c in ok} == {(128, 2), (128, 3)}
+    reasons = {(c.tile_n, c.stages): r for c, r in bad}
+    assert "shared memory" in reasons[(128, 4)] and "register" in reasons[(176, 2)]
+
+
 def test_parse_config_errors():
     with pytest.raises(ValueError, match="unknown"):
         KL.ranker_config("tile_q=3")

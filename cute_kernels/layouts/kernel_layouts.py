@@ -114,6 +114,26 @@ def parse_tma_type(text: str) -> dict:
     return out
 
 
+def enumerate_configs(base, **choices) -> tuple[list, list]:
+    """Every combination of ``choices`` (field -> values) applied to the frozen config ``base``,
+    split by its ``validate()``: ``(accepted configs, [(config, reason), ...] rejected)``.
+
+    Example: ``enumerate_configs(ranker_fwd.CONFIGS[128], tile_n=range(64, 257, 16), stages=(1, 2, 3, 4))``.
+    """
+    import itertools
+
+    names = list(choices)
+    accepted, rejected = [], []
+    for values in itertools.product(*(list(choices[n]) for n in names)):
+        cfg = dataclasses.replace(base, **dict(zip(names, values)))
+        try:
+            cfg.validate()
+            accepted.append(cfg)
+        except ValueError as exc:
+            rejected.append((cfg, str(exc)))
+    return accepted, rejected
+
+
 # ---------------------------------------------------------------------------- ranker forward
 def _ranker_dsl_objects(rf, dt, config):
     """DSL side (inside trace): smem layouts, tiled MMAs and epilogue copies as the kernel builds them."""
