@@ -178,14 +178,34 @@ def test_ranker_layouts_are_the_ones_the_kernel_compiles_with(monkeypatch):
             return out
 
         monkeypatch.setattr(rf, "_smem_layout", spy)
+    # the WGMMA accumulators and the epilogue's stmatrix copy, as traced in the kernel
+    tv_seen = []
+    make_mma, make_copy_c = rf.sm90_utils.make_trivial_tiled_mma, rf.cute.make_tiled_copy_C
+
+    def spy_mma(*a, **k):
+        mma = make_mma(*a, **k)
+        tv_seen.append(_from_dsl(mma.tv_layout_C_tiled))
+        return mma
+
+    def spy_copy_c(*a, **k):
+        tc = make_copy_c(*a, **k)
+        tv_seen.append(_from_dsl(tc.layout_dst_tv_tiled))
+        return tc
+
+    monkeypatch.setattr(rf.sm90_utils, "make_trivial_tiled_mma", spy_mma)
+    monkeypatch.setattr(rf.cute, "make_tiled_copy_C", spy_copy_c)
     monkeypatch.setenv("CUTE_KERNELS_CACHE", "0")  # force a trace (no disk hit)
     cfg = rf.CONFIGS[128]
     rf._compile(torch.bfloat16, cfg, 3, "none", False)  # GQA 3: a key no other test compiles
-    kl = KL.ranker_fwd_layouts(cfg, "bf16")
     compiled = {(lay.shape, lay.stride, lay.swizzle) for lay in seen}
+    compiled_tv = {(lay.shape, lay.stride) for lay in tv_seen}
+    kl = KL.ranker_fwd_layouts(cfg, "bf16")
     for name in ("sQ", "sK", "sV"):
         lay = kl.smem[name]
         assert (lay.shape, lay.stride, lay.swizzle) in compiled, name
+    for name in ("S=QK^T accumulator", "O=PV accumulator", "epilogue stmatrix (dst)"):
+        lay = kl.tv[name].layout
+        assert (lay.shape, lay.stride) in compiled_tv, name
     regs = L.registers(rf.NAME, (str(torch.bfloat16), cfg, 3, "none", False))  # from the compile record
     assert regs and all(r["registers"] and r["registers"] <= 255 for r in regs)
 
