@@ -77,9 +77,10 @@ class RankerFwdConfig:
     producer_regs: int = 24
     consumer_regs: int = 240
     intra_wg_overlap: bool = True  # softmax of block n overlaps the PV GEMM of block n+1 (FA3)
+    persistent: bool = False  # one CTA per SM looping over tiles (needs its own sO: no aliasing of sQ)
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
-        sq = self.tile_m * self.head_dim * elem_bytes  # sO aliases sQ
+        sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
         skv = 2 * self.stages * self.tile_n * self.head_dim * elem_bytes
         return sq + skv + 8 * (2 + 4 * self.stages) + 2048  # mbarriers + 1024-byte alignment slack
 
@@ -153,6 +154,13 @@ def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, op)
 
 
+def _advanced(state):
+    """A copy of a pipeline state moved one stage on (assignment keeps it visible to DSL control flow)."""
+    nxt = state.clone()
+    nxt.advance()
+    return nxt
+
+
 def _smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
     """K-major swizzled smem layout (rows, cols[, stages]) with the widest swizzle the row allows."""
     atom = warpgroup.make_smem_layout_atom(
@@ -186,7 +194,7 @@ class RankerAttentionFwd:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBounds: cute.Tensor,
                  mO: cute.Tensor, mLSE: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
                  scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
-                 max_seqlen: Int32, stream):
+                 max_seqlen: Int32, max_ctas: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); varlen (T, H, D) -> (T, D, H).  LSE (B, H, S) -> (S, H, B); (H, T) -> (T, H)
         if const_expr(self.varlen):
             mQ, mK, mV, mO = [_select(t, [0, 2, 1]) for t in (mQ, mK, mV, mO)]
@@ -229,15 +237,19 @@ class RankerAttentionFwd:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[
+                self.dtype, cute.cosize(sO_layout) if const_expr(self.config.persistent) else 0], 1024]
 
         self.shared_storage = SharedStorage
 
-        grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mQ.shape[2]), num_batch)
+        num_m_blocks = cute.ceil_div(max_seqlen, self.tile_m)
+        num_tiles = num_m_blocks * cute.size(mQ.shape[2]) * num_batch
+        grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mQ, mK, mV, mO, mLSE, mBounds, mCuSeqlens,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout,
-            scale_log2, softmax_scale, cap,
+            scale_log2, softmax_scale, cap, num_batch, num_m_blocks,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
@@ -249,7 +261,8 @@ class RankerAttentionFwd:
                tma_atom_O: cute.CopyAtom, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
-               scale_log2: Float32, softmax_scale: Float32, cap: Float32):
+               scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
+               num_m_blocks: Int32):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -275,36 +288,23 @@ class RankerAttentionFwd:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # aliases sQ
+        if const_expr(self.config.persistent):
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        else:
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # one tile per CTA: alias sQ
 
-        m_block, head, batch = cute.arch.block_idx()
-        head_kv = head // self.qhead_per_kvhead
-        offset = Int32(0)
-        seqlen = Int32(mQ.shape[0])
-        if const_expr(self.varlen):
-            offset = Int32(mCuSeqlens[batch])
-            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
-        seg = RankerSegments.load(mBounds, batch, seqlen)
-        row_lo = m_block * self.tile_m
-        in_range = row_lo < seqlen
-        active = seg.tile_active(row_lo, row_lo + self.tile_m)
-        n_blocks = seg.n_block_count(self.tile_n)
-        n_block_min = seg.n_block_min(self.tile_n)
-
+        sched = (mBounds, mCuSeqlens, num_m_blocks, Int32(cute.size(mQ.shape[2])), Int32(mQ.shape[0]),
+                 num_m_blocks * Int32(cute.size(mQ.shape[2])) * num_batch)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
-                if in_range and active and n_blocks > 0:
-                    self.load(tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                              pipeline_q, pipeline_k, pipeline_v, m_block, head, head_kv, batch, offset,
-                              n_block_min, n_blocks)
+                self.load(tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                          pipeline_q, pipeline_k, pipeline_v, sched)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
-            if in_range:
-                self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO,
-                         tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx - 128, seg, active,
-                         m_block, head, head_kv, batch, offset, n_block_min, n_blocks,
-                         scale_log2, softmax_scale, cap)
+            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO,
+                     tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx - 128, sched,
+                     scale_log2, softmax_scale, cap)
 
     def _batch_view(self, mX: cute.Tensor, batch, offset, head) -> cute.Tensor:
         """(S, D) view of one sequence and head of a (S, D, H, B) or packed (T, D, H) tensor."""
@@ -317,13 +317,53 @@ class RankerAttentionFwd:
             return cute.domain_offset((offset,), mLSE[None, head])
         return mLSE[None, head, batch]
 
+    @cute.jit
+    def tile_work(self, tile, sched):
+        """Tile index -> (m_block, head, batch), the sequence's offset and segments, and what to do.
+
+        Tiles are ordered m-block fastest, then head, then batch (consecutive CTAs share K/V in L2);
+        CTA ``c`` takes tiles ``c, c + gridDim.x, ...`` (one tile each unless persistent)."""
+        mBounds, mCuSeqlens, num_m_blocks, num_heads, seqlen_static, _ = sched
+        m_block = tile % num_m_blocks
+        head_batch = tile // num_m_blocks
+        head = head_batch % num_heads
+        batch = head_batch // num_heads
+        offset = Int32(0)
+        seqlen = seqlen_static
+        if const_expr(self.varlen):
+            offset = Int32(mCuSeqlens[batch])
+            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
+        seg = RankerSegments.load(mBounds, batch, seqlen)
+        row_lo = m_block * self.tile_m
+        in_range = row_lo < seqlen
+        active = seg.tile_active(row_lo, row_lo + self.tile_m)
+        return m_block, head, batch, offset, seg, in_range, active
+
     # ------------------------------------------------------------------ producer
     @cute.jit
     def load(self, tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-             pipeline_q, pipeline_k, pipeline_v, m_block, head, head_kv, batch, offset,
-             n_block_min, n_blocks):
-        """Warp 0 of the producer warpgroup: TMA of the Q tile, then K and V of each history block
-        (from the last block down to the first), ``stages`` blocks ahead of the consumers."""
+             pipeline_q, pipeline_k, pipeline_v, sched):
+        """Warp 0 of the producer warpgroup, for each tile of this CTA: TMA of the Q tile, then K and V
+        of each history block (last block first), ``stages`` blocks ahead of the consumers.  Tiles
+        with no active row or an empty history load nothing."""
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        tile = Int32(cute.arch.block_idx()[0])
+        num_tiles = sched[5]
+        while tile < num_tiles:
+            m_block, head, batch, offset, seg, in_range, active = self.tile_work(tile, sched)
+            n_blocks = seg.n_block_count(self.tile_n)
+            if in_range and active and n_blocks > 0:
+                q_state, kv_state = self.load_tile(
+                    tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipeline_q, pipeline_k,
+                    pipeline_v, q_state, kv_state, m_block, head, head // self.qhead_per_kvhead, batch, offset,
+                    seg.n_block_min(self.tile_n), n_blocks)
+            tile += Int32(cute.arch.grid_dim()[0])
+
+    @cute.jit
+    def load_tile(self, tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                  pipeline_q, pipeline_k, pipeline_v, q_state, kv_state, m_block, head, head_kv, batch, offset,
+                  n_block_min, n_blocks):
         gQ = cute.local_tile(self._batch_view(tma_Q, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
         gK = cute.local_tile(self._batch_view(tma_K, batch, offset, head_kv), (self.tile_n, self.head_dim), (None, 0))
         gV = cute.local_tile(self._batch_view(tma_V, batch, offset, head_kv), (self.tile_n, self.head_dim), (None, 0))
@@ -333,14 +373,13 @@ class RankerAttentionFwd:
                                            cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
                                            cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         n_block = n_block_min + n_blocks - 1
         pipeline_k.producer_acquire(kv_state)
         cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
                   tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+        q_state.advance()
         pipeline_v.producer_acquire(kv_state)
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                   tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
@@ -354,12 +393,14 @@ class RankerAttentionFwd:
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
+        return q_state, kv_state
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
     def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_atom_O,
-            pipeline_q, pipeline_k, pipeline_v, tidx, seg, active, m_block, head, head_kv,
-            batch, offset, n_block_min, n_blocks, scale_log2, softmax_scale, cap):
+            pipeline_q, pipeline_k, pipeline_v, tidx, sched, scale_log2, softmax_scale, cap):
+        """The two consumer warpgroups, for each tile of this CTA: the history loop, the self term,
+        normalization and LSE, the epilogue."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(self.config.consumer_wgs, stride=128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -371,23 +412,43 @@ class RankerAttentionFwd:
         tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(_transpose_view(sV)))
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        acc_O.fill(0.0)
-        acc_O_mn = _acc_mn(acc_O)
-        num_rows = cute.size(acc_O_mn, mode=[0])
+        num_rows = cute.size(_acc_mn(acc_O), mode=[0])
         row_max = cute.make_rmem_tensor(num_rows, Float32)
         row_sum = cute.make_rmem_tensor(num_rows, Float32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
         # key columns of this thread in an S tile; rows/cols of this thread in the O tile
         tScS_mn = _acc_mn(thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
         tOcO_mn = _acc_mn(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if wg_idx == 0:  # the first warpgroup issues its WGMMAs first
+            cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1),
+                                     number_of_threads=self.num_consumer_threads)
+        tile = Int32(cute.arch.block_idx()[0])
+        num_tiles = sched[5]
+        while tile < num_tiles:
+            m_block, head, batch, offset, seg, in_range, active = self.tile_work(tile, sched)
+            if in_range:
+                q_state, kv_state = self.mma_tile(
+                    tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
+                    tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
+                    q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
+                    scale_log2, softmax_scale, cap)
+            tile += Int32(cute.arch.grid_dim()[0])
 
+    @cute.jit
+    def mma_tile(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
+                 tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
+                 q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
+                 scale_log2, softmax_scale, cap):
+        head_kv = head // self.qhead_per_kvhead
+        n_blocks = seg.n_block_count(self.tile_n)
+        n_block_min = seg.n_block_min(self.tile_n)
+        acc_O.fill(0.0)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        acc_O_mn = _acc_mn(acc_O)
+        num_rows = cute.size(row_max)
         if active and n_blocks > 0:
-            if wg_idx == 0:  # the first warpgroup goes first
-                cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1),
-                                         number_of_threads=self.num_consumer_threads)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             pipeline_q.consumer_wait(q_state)
             common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
@@ -400,6 +461,7 @@ class RankerAttentionFwd:
                                                             need_mask=False)
                 if n_blocks > 1:
                     kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *common, need_mask=True)
+                pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
                 kv_state = self.last_half_block(kv_state, *common)
             else:
                 self.scheduler_sync(wg_idx)
@@ -411,6 +473,8 @@ class RankerAttentionFwd:
                 if n_blocks > 1:
                     kv_state = self.mma_one_n_block(kv_state, n_block_min, *common, is_first=False, need_mask=True)
                 self.scheduler_arrive(wg_idx)
+                pipeline_q.consumer_release(q_state)
+            q_state = _advanced(q_state)
 
         # per-row finish: quad-reduce the sums, the candidate self term, normalize, LSE
         mQ_cur = self._batch_view(mQ, batch, offset, head)
@@ -448,6 +512,7 @@ class RankerAttentionFwd:
 
         self.epilogue(acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx,
                       m_block, head, batch, offset, seg)
+        return q_state, kv_state
 
     @cute.jit
     def mma_one_n_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
@@ -703,7 +768,7 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
         o = _row_major(dtype, qkv_shape(hq))
         bounds = _row_major(torch.int32, (cute.sym_int(), 4), align=4)
         return kern, (q, k, v, bounds, o, lse, cu, Float32(1.0), Float32(1.0), Float32(1.0),
-                      Int32(1), Int32(1), fake_stream())
+                      Int32(1), Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen), build)
 
@@ -774,8 +839,18 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     return varlen, nb, seq, hq, hkv, d
 
 
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
-                 config: Optional[RankerFwdConfig] = None):
+                 config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None):
     """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch."""
     varlen, nb, seq, hq, hkv, d = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
@@ -799,8 +874,13 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     if config is not None and config.head_dim != d:
         raise ValueError(f"config.head_dim={config.head_dim} does not match the inputs' head dim {d}")
     fn = _compile(q.dtype, config or CONFIGS[d], hq // hkv, capm, varlen)
+    cfg = config or CONFIGS[d]
+    if cfg.persistent:
+        max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
+    else:
+        max_ctas = 2**31 - 1  # one tile per CTA (sO aliases sQ)
     fn(q, k, v, bounds, out, lse, cu_seqlens, scale_log2, scale, float(cap) if cap is not None else 1.0,
-       nb, max_seqlen)
+       nb, max_seqlen, max_ctas)
     return out, lse
 
 
@@ -952,7 +1032,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
     noisy), CUDA-graph timing (eager when a peer cannot be captured).
 
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
-    (no cap / tanh cap); ``peers`` adds the peers; ``overlap`` adds our non-overlapped schedule.
+    (no cap / tanh cap); ``peers`` adds the peers; ``variants`` adds our other schedules
+    (no intra-warpgroup overlap; persistent).
     Useful TFLOP/s = ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once
     ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
     import time
@@ -972,10 +1053,15 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
         flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
         shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
         impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds, cap=cap))]
-        if "overlap" in spec:
-            cfg = dataclasses.replace(CONFIGS[d], intra_wg_overlap=False)
-            impls.append(("cute_kernels_no_overlap",
-                          lambda cfg=cfg: _ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)))
+        if "variants" in spec:  # the other schedules of the same kernel
+            for tag, kw in (("no_overlap", dict(intra_wg_overlap=False)), ("persistent", dict(persistent=True))):
+                try:
+                    cfg = dataclasses.replace(CONFIGS[d], **kw)
+                    cfg.validate()
+                except ValueError:
+                    continue
+                impls.append((f"cute_kernels_{tag}", lambda cfg=cfg: _ranker_impl(
+                    q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)))
         if peers_mod is not None and time.time() - t_start < peer_budget_s:
             for name, make in peers_mod.PEERS.items():
                 try:

@@ -70,6 +70,19 @@ class RankerSegments:
         self.cand_hi = cand_hi
         self.seqlen = seqlen
 
+    _FIELDS = ("hist_lo", "hist_hi", "cand_lo", "cand_hi", "seqlen")
+
+    # DSL value protocol: lets a RankerSegments live across dynamic `if`/`while` (five Int32 values)
+    def __extract_mlir_values__(self):
+        values = []
+        for f in self._FIELDS:
+            values += cutlass.extract_mlir_values(getattr(self, f))
+        return values
+
+    def __new_from_mlir_values__(self, values):
+        return RankerSegments(*[cutlass.new_from_mlir_values(getattr(self, f), [v])
+                                for f, v in zip(self._FIELDS, values)])
+
     @staticmethod
     def load(mBounds, batch: Int32, seqlen: Int32) -> "RankerSegments":
         """Read ``bounds[batch]`` (int32 x4) and clamp it to ``[0, seqlen]``."""
