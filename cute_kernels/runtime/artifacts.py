@@ -16,7 +16,7 @@ PTX_FEATURES: dict[str, str] = {
     "st.global.v4 (16B stores)": r"st\.global(\.[a-z:]+)*\.v4\.(b32|u32|f32|s32)|st\.global(\.[a-z:]+)*\.v2\.(b64|u64|f64)",
     "wgmma": r"wgmma\.mma_async",
     "mma.sync": r"\bmma\.sync\.aligned",
-    "tma load (cp.async.bulk.tensor)": r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global",
+    "tma load (cp.async.bulk.tensor)": r"cp\.async\.bulk\.tensor\.\dd\.shared::(cluster|cta)\.global",
     "tma store (cp.async.bulk.tensor)": r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta",
     "tma reduce-add": r"cp\.reduce\.async\.bulk(\.tensor)?\S*\.add",
     "setmaxnreg": r"setmaxnreg",
