@@ -87,3 +87,26 @@ def test_constructor_validation():
         cute_kernels.ParallelQKNorm(None, 0, 4096, 1024, torch.bfloat16)
     with pytest.raises(ValueError, match="timeout_s"):
         cute_kernels.ParallelQKNorm(None, 16, 4096, 1024, torch.bfloat16, timeout_s=0)
+
+
+def test_single_rank_group_constructs_without_push_buffers():
+    """G = 1 needs no peers: the object only routes to the one-GPU kernel (checked here up to the launch)."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
+        assert (p.rank, p.world, p.fused) == (0, 1, False)
+        p.check_error(synchronize=False)
+        q, k = torch.zeros(9, 64, dtype=torch.bfloat16), torch.zeros(9, 16, dtype=torch.bfloat16)
+        w = (torch.ones(64, dtype=torch.bfloat16), torch.ones(16, dtype=torch.bfloat16))
+        with pytest.raises(ValueError, match="CUDA device"):
+            p(q, k, *w, 1e-6)
+        with pytest.raises(ValueError, match="CUDA device"):  # validation precedes the capacity check
+            p(q[:4], k[:4], *w, 1e-6)
+    finally:
+        dist.destroy_process_group()

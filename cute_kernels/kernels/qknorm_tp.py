@@ -37,6 +37,15 @@ Protocol (per token, per rank), with the seed's gaps closed:
 
 The local part (16-byte vector loads, row reductions, scale and store) is the one-GPU kernel's
 (:class:`cute_kernels.kernels.qknorm.QKRowNormalizer`).
+
+Spin-waiting kernels and CUDA lazy module loading: the first launch of any kernel may synchronize
+the context; if that happens on a rank's host thread while its previous launch spins for a peer whose
+launch is not enqueued yet, the wait ends at the timeout.  Launch every kernel once before (warm-up),
+or set ``CUDA_MODULE_LOADING=EAGER`` (the same holds for any custom all-reduce).
+
+Measured through the one-GPU emulation (H200, Q=4096, K=1024, bf16, all ranks' kernels of one call in
+one CUDA graph): G=4: 5.4 us (N=1), 5.6 (N=64), 8.0 (N=512), 43 (N=4096), 91 (N=8192); G=2 / G=8 at
+N=64: 4.8 / 7.7 us.  The unfused torch path (sums, summed across ranks, scale) is 25-40x slower there.
 """
 
 from __future__ import annotations
@@ -299,7 +308,8 @@ class ParallelQKNorm:
         self.max_tokens, self.q_dim, self.k_dim, self.dtype = int(max_tokens), q_dim, k_dim, dtype
         self.timeout_ns = int(timeout_s * 1e9)
         self.group = group
-        self._error = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # written by the GPU (UVA)
+        # written by the GPU through its UVA address (pinned host memory), read here without a sync
+        self._error = torch.zeros(1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
         self._error_np = self._error.numpy()  # cheap host reads
         self._failed = False
         self._emulated = _emulation is not None
@@ -313,7 +323,8 @@ class ParallelQKNorm:
             import torch.distributed as dist
 
             self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+                           else torch.device("cpu"))
             self.ranks_per_gpu = 1
             self.fused = self.world > 1 and self._all_p2p_reachable()
             if self.fused:
