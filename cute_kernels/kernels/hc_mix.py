@@ -14,28 +14,35 @@ Design (one kernel, no partials in global memory):
 * Row blocks of ``tile_m`` rows; each row block is walked by one thread-block cluster of
   ``CLUSTER_K`` = 8 CTAs, and each CTA by ``WARPS_K`` = 4 warps per 16/32-row warp tile.  K is cut
   into chunks of 32 columns; the 32 "K parts" (CTA rank x warp) take chunks round-robin
-  (part p walks chunks p, p + 32, p + 64, ... in order) with a running float32 accumulator each.
+  (part p walks chunks p, p + 32, p + 64, ... in order).
 * Tensor cores: warp-level ``mma.sync.m16n8k16`` bf16 -> f32 (``cute.nvgpu.warp.MmaF16BF16Op``),
-  x as the A operand (exact in bf16), hc_fn split in registers into three bf16 pieces
-  hi + mid + lo (hi = rn(w), mid = rn(w - hi), lo = rn(w - hi - mid); the differences are exact, the
-  representation error is <= 2^-27 |w|); per 16-column step the pieces are issued lo, mid, hi into the
-  same accumulator; 24 outputs = three n8 tiles (no padding).
-* Loads go straight from global memory into registers as 16-byte vectors, prefetched one chunk
-  ahead (register double buffer): lane (g, t) of a warp loads x[row, 32c + 8t : 32c + 8t + 8] for
-  rows g and g + 8 of each m16 tile, and hc_fn[n, 32c + 8t : +8] (fp32, through L2) for n = g + 8j.
-  The k order inside a chunk is permuted identically for A and B (physical k = 8t + 4s + {0..3}
-  feeds mma step s, logical k {2t, 2t+1, 2t+8, 2t+9}), so no shuffles or shared memory are needed.
-* The row sum of squares is accumulated in the same pass (fma, element order 0..7 of each vector),
-  reduced over the 4 lanes of a row by an xor butterfly (1 then 2).
+  x as the A operand (exact in bf16), hc_fn as three bf16 pieces hi + mid + lo (hi = rn(w),
+  mid = rn(w - hi), lo = rn(w - hi - mid); the differences are exact, the representation error is
+  <= 2^-27 |w|); per 16-column step the pieces are issued lo, mid, hi; 24 outputs = three n8 tiles.
+  The pieces come either from a bf16 copy split once on the host and cached per hc_fn tensor and
+  version (``presplit=True``, :func:`_pieces`) or from an in-register split of the fp32 hc_fn
+  (``presplit=False``, :func:`_split3_bf16x2`); both give the same bits.
+* The sum of squares is a Gram MMA: x . x^T of the warp's 16 rows with B = the lane's own A
+  registers; its diagonal is sum x^2 (exact bf16 products, fp32 accumulation).
+* Each chunk is accumulated into fresh registers (2 k16 steps x 3 pieces) and its value is added
+  to the part's running sums with an fp32 add: tensor-core accumulation truncates, and a running
+  accumulator over all of K measured 2e-6 (norm-wise) against float64; per-chunk sums give ~2e-7.
+* Loads: a per-thread cp.async ring ``stages`` deep in shared memory (each lane copies and later
+  reads back its own 16-byte vectors, so no barriers are needed): lane (g, t) of a warp loads
+  x[row, 32c + 8t : +8] for rows g and g + 8 of each m16 tile (``.cg``: x is streamed once) and the
+  hc_fn vectors of columns n = 8j + g (``.ca``: hc_fn is re-read by every cluster, from L2).  The k
+  order inside a chunk is permuted identically for A and B (physical k = 8t + 4s + {0..3} feeds mma
+  step s, logical k {2t, 2t+1, 2t+8, 2t+9}), so fragments need no shuffles.
 * Partials of the 32 parts go to shared memory; after a cluster barrier, CTA rank r reduces rows
   ``r, r + 8, ...`` of the block by reading all 8 CTAs' partials through distributed shared memory
   (``ld.shared::cluster``) and runs the epilogue (sigmoids + Sinkhorn) one thread per row.
 
-Reduction order (bitwise determinism and batch invariance): for a row, part p's partial is the
-sequence of its chunks in increasing order, each chunk = mma step 0 then 1, each step = pieces
-lo, mid, hi; the 32 partials are summed as ``((0 + P[0,0]) + P[0,1]) + ... + P[7,3]`` (CTA rank
-major, warp minor).  None of this depends on M, ``tile_m`` or which rows share a tile (rows are
-independent in the MMA), so a row's bits are the same for every M, config and run.  The split is the
+Reduction order (bitwise determinism and batch invariance): a chunk's value is the MMA chain
+step 0 (lo, mid, hi) then step 1 (lo, mid, hi) from zero; part p's partial is ``0 + V[p] +
+V[p + 32] + ...`` (fp32 adds in chunk order); the 32 partials are summed as
+``((0 + P[0,0]) + P[0,1]) + ... + P[7,3]`` (CTA rank major, warp minor).
+None of this depends on M, ``tile_m`` or which rows share a tile (rows are independent in the
+MMA), so a row's bits are the same for every M, config and run.  The split is the
 same for every M (small M is latency-bound and gets its parallelism from the same 32-way split).
 """
 
@@ -79,6 +86,7 @@ class HcMixConfig:
     m_tiles: int = 2
     warps_m: int = 2
     stages: int = 4
+    presplit: bool = False
     store_mix: bool = False
 
     @property
@@ -94,26 +102,38 @@ class HcMixConfig:
             raise ValueError(f"m_tiles={self.m_tiles}: must be 1 or 2 (m16 tiles per warp)")
         if self.warps_m not in (1, 2, 4):
             raise ValueError(f"warps_m={self.warps_m}: must be 1, 2 or 4")
-        if self.stages not in (2, 4, 8):
-            raise ValueError(f"stages={self.stages}: must be 2, 4 or 8 (cp.async ring depth)")
+        if self.stages not in (2, 3, 4, 6, 8):
+            raise ValueError(f"stages={self.stages}: must be 2, 3, 4, 6 or 8 (cp.async ring depth)")
         if self.tile_m % CLUSTER_K:
             raise ValueError(f"tile_m={self.tile_m} must be a multiple of {CLUSTER_K}")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes} B of shared memory (> {SMEM_LIMIT})")
 
     @property
+    def w_slots(self) -> int:
+        """16-byte hc_fn vectors per thread and chunk: 3 tiles x 3 bf16 pieces, or 3 x 2 fp32."""
+        return N_TILES * N_PIECES if self.presplit else N_TILES * 2
+
+    @property
     def smem_bytes(self) -> int:
         """cp.async ring (x + hc_fn vectors per thread and stage) + partials + row totals."""
-        ring = self.threads * self.stages * 16 * (2 * self.m_tiles + 2 * N_TILES)
+        ring = self.threads * self.stages * 16 * (2 * self.m_tiles + self.w_slots)
         return ring + 4 * SP_COLS * (WARPS_K * self.tile_m + self.tile_m // CLUSTER_K) + 512
 
 
-# M -> config; any choice gives the same bits (see the module docstring)
-SMALL = HcMixConfig(m_tiles=1, warps_m=1, stages=8)  # 16 rows per cluster
-MEDIUM = HcMixConfig(m_tiles=2, warps_m=1, stages=4)  # 32 rows
-LARGE = HcMixConfig(m_tiles=2, warps_m=2, stages=4)  # 64 rows
-# (m_tiles=2, warps_m=4: 512 threads are capped at 128 registers and spill; not shipped)
-SHIPPED = (SMALL, MEDIUM, LARGE)
+# M -> config; any choice gives the same bits (see the module docstring).
+# presplit=True reads hc_fn as cached bf16 pieces (see _pieces); False splits it in registers.
+SMALL = HcMixConfig(m_tiles=1, warps_m=1, stages=8, presplit=True)  # 16 rows per cluster
+MEDIUM = HcMixConfig(m_tiles=1, warps_m=1, stages=4, presplit=True)  # 16 rows, 2 CTAs per SM
+LARGE = HcMixConfig(m_tiles=2, warps_m=1, stages=2, presplit=True)  # 32 rows, 3 CTAs per SM
+SHIPPED = (
+    SMALL, MEDIUM, LARGE,
+    HcMixConfig(1, 1, 3, presplit=True), HcMixConfig(2, 1, 3, presplit=True),
+    HcMixConfig(2, 2, 3, presplit=True), HcMixConfig(1, 2, 2, presplit=True),
+    HcMixConfig(1, 4, 2, presplit=True),
+    HcMixConfig(2, 2, 4), HcMixConfig(2, 1, 2), HcMixConfig(1, 4, 2), HcMixConfig(1, 1, 8),
+    HcMixConfig(2, 1, 4),
+)
 
 
 def config_for(m: int, store_mix: bool = False) -> HcMixConfig:
@@ -181,7 +201,10 @@ class HcMixKernel:
         self.threads = config.threads
         self.rows_per_rank = self.tile_m // CLUSTER_K
         self.x_slots = 2 * self.m_tiles  # 16-byte x vectors per thread per chunk
-        self.w_slots = 2 * N_TILES  # 16-byte hc_fn vectors (4 fp32) per thread per chunk
+        self.presplit = config.presplit
+        self.w_slots = config.w_slots  # 16-byte hc_fn vectors per thread per chunk
+        self.w_dtype = BFloat16 if config.presplit else Float32
+        self.w_vec = 8 if config.presplit else 4
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
@@ -214,9 +237,10 @@ class HcMixKernel:
             BFloat16, cute.make_layout((8, self.threads, self.x_slots, self.stages),
                                        stride=(1, 8, 8 * self.threads, 8 * self.threads * self.x_slots)),
             byte_alignment=128)
+        v = self.w_vec
         sW = smem.allocate_tensor(
-            Float32, cute.make_layout((4, self.threads, self.w_slots, self.stages),
-                                      stride=(1, 4, 4 * self.threads, 4 * self.threads * self.w_slots)),
+            self.w_dtype, cute.make_layout((v, self.threads, self.w_slots, self.stages),
+                                           stride=(1, v, v * self.threads, v * self.threads * self.w_slots)),
             byte_alignment=128)
         # partials of the WARPS_K warps of this CTA: (warp k, row in tile, 24 mix + sq)
         sP = smem.allocate_tensor(
@@ -260,17 +284,24 @@ class HcMixKernel:
             BFloat16, num_bits_per_copy=128)
         atom_w = cute.make_copy_atom(
             cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.ALWAYS),
-            Float32, num_bits_per_copy=128)
+            self.w_dtype, num_bits_per_copy=128)
         for mt in cutlass.range_constexpr(self.m_tiles):
             for h in cutlass.range_constexpr(2):
                 row = row_base + mt * 16 + h * 8 + g
                 if row < m:
                     cute.copy(atom_x, mXv[(0, None), (row, chunk * 4 + t)],
                               sX[None, tidx, mt * 2 + h, stage])
-        for j in cutlass.range_constexpr(N_TILES):
-            for h in cutlass.range_constexpr(2):
-                cute.copy(atom_w, mWv[(0, None), (j * 8 + g, chunk * 8 + t * 2 + h)],
-                          sW[None, tidx, j * 2 + h, stage])
+        if cutlass.const_expr(self.presplit):
+            # pieces[p, n, 32c + 8t : +8] (bf16), p = lo, mid, hi; rows of the [72, K] view: 24p + n
+            for j in cutlass.range_constexpr(N_TILES):
+                for p in cutlass.range_constexpr(N_PIECES):
+                    cute.copy(atom_w, mWv[(0, None), (p * N_MIX + j * 8 + g, chunk * 4 + t)],
+                              sW[None, tidx, j * N_PIECES + p, stage])
+        else:
+            for j in cutlass.range_constexpr(N_TILES):
+                for h in cutlass.range_constexpr(2):
+                    cute.copy(atom_w, mWv[(0, None), (j * 8 + g, chunk * 8 + t * 2 + h)],
+                              sW[None, tidx, j * 2 + h, stage])
 
     @cute.jit
     def mma_chunk(self, tiled_mma: cute.TiledMma, rX, rW, rV, rG, rA, rB, rPk):
@@ -279,10 +310,16 @@ class HcMixKernel:
         for j in cutlass.range_constexpr(N_TILES):
             for s in cutlass.range_constexpr(2):
                 for q in cutlass.range_constexpr(2):
-                    lo, mid, hi = _split3_bf16x2(rW[j * 2 + s][2 * q], rW[j * 2 + s][2 * q + 1])
-                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 0] = lo
-                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 1] = mid
-                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 2] = hi
+                    if cutlass.const_expr(self.presplit):
+                        # piece vector = 8 bf16 at k 8t..8t+7: word 2s + q is B register q of step s
+                        for p in cutlass.range_constexpr(N_PIECES):
+                            rPk[((j * 2 + s) * 2 + q) * N_PIECES + p] = cute.recast_tensor(
+                                rW[j * N_PIECES + p], Int32)[2 * s + q]
+                    else:
+                        lo, mid, hi = _split3_bf16x2(rW[j * 2 + s][2 * q], rW[j * 2 + s][2 * q + 1])
+                        rPk[((j * 2 + s) * 2 + q) * N_PIECES + 0] = lo
+                        rPk[((j * 2 + s) * 2 + q) * N_PIECES + 1] = mid
+                        rPk[((j * 2 + s) * 2 + q) * N_PIECES + 2] = hi
         # fresh accumulators per chunk (in place: cute.gemm with d != c writes c in DSL 4.8.1)
         for acc in rV:
             acc.fill(0.0)
@@ -320,7 +357,7 @@ class HcMixKernel:
         lane = tidx % 32
         g = lane // 4
         mXv = cute.zipped_divide(mX, (1, 8))  # ((1, 8), (M, K / 8)): 16-byte vectors
-        mWv = cute.zipped_divide(mW, (1, 4))  # ((1, 4), (24, K / 4))
+        mWv = cute.zipped_divide(mW, (1, self.w_vec))  # ((1, 4), (24, K / 4)) or ((1, 8), (72, K / 8))
         m = mX.shape[0]
         n_chunks = mX.shape[1] // K_CHUNK
         n_my = (n_chunks + (K_PARTS - 1) - part) // K_PARTS  # chunks of this part
@@ -340,9 +377,9 @@ class HcMixKernel:
         rSq.fill(0.0)
         rPk = cute.make_rmem_tensor(cute.make_layout(N_TILES * 2 * 2 * N_PIECES), Int32)
         rX = [cute.make_rmem_tensor(cute.make_layout(8), BFloat16) for _ in range(self.x_slots)]
-        rW = [cute.make_rmem_tensor(cute.make_layout(4), Float32) for _ in range(self.w_slots)]
+        rW = [cute.make_rmem_tensor(cute.make_layout(self.w_vec), self.w_dtype) for _ in range(self.w_slots)]
         atom_sx = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        atom_sw = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+        atom_sw = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype, num_bits_per_copy=128)
 
         for st in cutlass.range_constexpr(self.stages - 1):
             if st < n_my:
@@ -479,11 +516,12 @@ def _compile(config: HcMixConfig):
         k = cute.sym_int(divisibility=K_ALIGN)
         mm = cute.sym_int()
         x_ld = cute.sym_int(divisibility=8)  # row strides: 16-byte multiples (checked on the host)
-        w_ld = cute.sym_int(divisibility=4)
+        w_ld = cute.sym_int(divisibility=8 if config.presplit else 4)
         # explicit row-major strides (a compact fake tensor without strides is column-major)
         return HcMixKernel(config), (
             fake_tensor(torch.bfloat16, (m, k), stride=(x_ld, 1)),
-            fake_tensor(torch.float32, (N_MIX, k), stride=(w_ld, 1)),
+            (fake_tensor(torch.bfloat16, (N_PIECES * N_MIX, k), stride=(w_ld, 1)) if config.presplit
+             else fake_tensor(torch.float32, (N_MIX, k), stride=(w_ld, 1))),
             fake_tensor(torch.float32, (3,), align=4),
             fake_tensor(torch.float32, (N_MIX,), align=4),
             fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
@@ -517,6 +555,44 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, cuda: bool = True):
         raise ValueError(f"x has {x.shape[0]} rows; at most {65535 * 16} supported")
 
 
+def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:
+    """``[72, K]`` bf16: row ``24 p + n`` = piece p (lo, mid, hi) of ``hc_fn[n]``.
+
+    hi = rn(w), mid = rn(w - hi), lo = rn(w - hi - mid) (round to nearest even, exact differences):
+    the same bits as the kernel's in-register split, so both paths give identical results.
+    """
+    hi = hc_fn.bfloat16()
+    r1 = hc_fn - hi.float()
+    mid = r1.bfloat16()
+    lo = (r1 - mid.float()).bfloat16()
+    return torch.cat([lo, mid, hi], 0).contiguous()
+
+
+_PIECES: dict[int, tuple] = {}  # id(hc_fn) -> (weakref, data_ptr, version, pieces)
+_PIECES_MAX = 8
+
+
+def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
+    """Pre-split hc_fn, cached per tensor object and version (weights change rarely).
+
+    Outside CUDA-graph capture a miss fills the cache; during capture a miss splits inline (the
+    split is captured and reruns on every replay).  A graph captured after the cache was filled
+    reads the cached pieces: change hc_fn in place after capture and the graph must be recaptured.
+    """
+    import weakref
+
+    hit = _PIECES.get(id(hc_fn))
+    if (hit is not None and hit[0]() is hc_fn and hit[1] == hc_fn.data_ptr()
+            and hit[2] == hc_fn._version):
+        return hit[3]
+    pieces = split_pieces(hc_fn)
+    if not (hc_fn.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if len(_PIECES) >= _PIECES_MAX:
+            _PIECES.pop(next(iter(_PIECES)))
+        _PIECES[id(hc_fn)] = (weakref.ref(hc_fn), hc_fn.data_ptr(), hc_fn._version, pieces)
+    return pieces
+
+
 def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, config=None,
             out=None):
     """Launch on validated inputs; ``out`` = preallocated (pre, post, comb) (tests poison them)."""
@@ -531,7 +607,8 @@ def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=No
     if m:
         cfg = config or config_for(m, store_mix=mix is not None)
         mix_arg = mix if mix is not None else pre.new_empty(1, SP_COLS)
-        _compile(cfg)(x, hc_fn, hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
+        w_arg = _pieces(hc_fn) if cfg.presplit else hc_fn
+        _compile(cfg)(x, w_arg, hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
                       int(sinkhorn_iters), float(rms_eps), float(hc_eps))
     return pre, post, comb
 

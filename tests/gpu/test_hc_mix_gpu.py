@@ -129,3 +129,13 @@ def test_torch_compile():
     f = torch.compile(lambda *a: cute_kernels.hc_mix_sinkhorn(*a), fullgraph=True)
     for a, b in zip(f(x, hc_fn, hc_scale, hc_base), cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)):
         assert torch.equal(a, b)
+
+
+def test_in_place_weight_update_is_seen():
+    x, hc_fn, hc_scale, hc_base = _inputs(300, 2048, seed=21)
+    cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)  # fills the pre-split cache
+    hc_fn.mul_(-0.5)
+    got = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    want = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
+    for g, w in zip(got, want):
+        assert (g.double() - w.double()).abs().max().item() <= 1e-5
