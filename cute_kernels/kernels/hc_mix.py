@@ -128,6 +128,7 @@ MEDIUM = HcMixConfig(m_tiles=1, warps_m=1, stages=4, presplit=True)  # 16 rows, 
 LARGE = HcMixConfig(m_tiles=2, warps_m=1, stages=2, presplit=True)  # 32 rows, 3 CTAs per SM
 SHIPPED = (
     SMALL, MEDIUM, LARGE,
+    HcMixConfig(1, 1, 2, presplit=True),
     HcMixConfig(1, 1, 3, presplit=True), HcMixConfig(2, 1, 3, presplit=True),
     HcMixConfig(2, 2, 3, presplit=True), HcMixConfig(1, 2, 2, presplit=True),
     HcMixConfig(1, 4, 2, presplit=True),
