@@ -26,7 +26,9 @@ def test_compiles_with_push_poll_protocol(target):
     assert "%globaltimer" in ptx  # bounded wait
     assert re.search(r"st\.relaxed\.sys\.global\.b32", ptx)  # error flag
     assert re.search(r"atom\.global(\.acq_rel)?(\.gpu)?\.add", ptx)  # last-CTA epoch flip
-    assert re.search(r"bar\.sync\s+3,", ptx)  # q and k warps meet around the exchange
+    # q and k warps meet around the exchange from different branches: the unaligned barrier form
+    assert re.search(r"barrier(\.cta)?\.sync\s+3,", ptx)
+    assert not re.search(r"\bbar\.sync\s+3,|barrier(\.cta)?\.sync\.aligned\s+3,", ptx)
 
 
 def test_sentinel_is_negative_zero_pair():

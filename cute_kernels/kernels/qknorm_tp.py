@@ -36,7 +36,10 @@ Protocol (per token, per rank), with the seed's gaps closed:
   is resident.
 
 The local part (16-byte vector loads, row reductions, scale and store) is the one-GPU kernel's
-(:class:`cute_kernels.kernels.qknorm.QKRowNormalizer`).
+(:class:`cute_kernels.kernels.qknorm.QKRowNormalizer`).  q warps and k warps meet around the exchange
+on named barrier 3 from different branches, so it is the unaligned ``barrier.sync`` (``bar.sync`` is
+``.aligned``: all threads at one instruction).  The GPU runs of 2026-11-29 used ``bar.sync`` there
+(all tests passed; racecheck reported 2 hazards, most likely these two divergent aligned barriers).
 
 Spin-waiting kernels and CUDA lazy module loading: the first launch of any kernel may synchronize
 the context; if that happens on a rank's host thread while its previous launch spins for a peer whose
@@ -59,6 +62,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Int64, Uint32, Uint64
+from cutlass._mlir.dialects import nvvm
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached, compile_record
@@ -151,15 +155,22 @@ class ParallelQKNormKernel(QKRowNormalizer):
         row = tidx // part.threads
         if tidx % part.threads == 0:
             sPart[row, which] = ss
-        cute.arch.barrier(barrier_id=_BAR_ALL, number_of_threads=self.config.threads)  # sPart complete
+        self.sync_all()  # sPart complete
         if cutlass.const_expr(pushes):
             self.exchange(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, tidx, sPart, sSum)
-        cute.arch.barrier(barrier_id=_BAR_ALL, number_of_threads=self.config.threads)  # sSum complete
+        self.sync_all()  # sSum complete
         total = sSum[row, which, 0]
         for g in cutlass.range_constexpr(1, self.world):  # rank order: same bits on every rank
             total = total + sSum[row, which, g]
         scale = cute.math.rsqrt(total * Float32(1.0 / dim) + eps, fastmath=True)
         self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
+
+    @cute.jit
+    def sync_all(self):
+        """All threads of the CTA meet: q warps and k warps reach it from different branches (different
+        instructions), which needs the unaligned ``barrier.cta.sync`` (``bar.sync`` is ``.aligned``)."""
+        nvvm.barrier_cta_sync(Int32(_BAR_ALL).ir_value(), thread_count=Int32(self.config.threads).ir_value(),
+                              aligned=False)
 
     @cute.jit
     def exchange(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
