@@ -163,6 +163,8 @@ def test_config_validate():
         rf.RankerFwdConfig(head_dim=96).validate()
     with pytest.raises(ValueError, match="tile_n"):
         rf.RankerFwdConfig(tile_n=72).validate()
+    with pytest.raises(ValueError, match="shared memory"):  # persistent needs its own sO
+        rf.RankerFwdConfig(head_dim=256, tile_n=64, stages=2, persistent=True).validate()
     with pytest.raises(ValueError, match="registers"):
         rf.RankerFwdConfig(head_dim=256, tile_n=256, stages=1).validate()
 

@@ -8,20 +8,30 @@ Math (seed 002, issue 3).  ``q [B, S, Hq, D]``, ``k, v [B, S, Hkv, D]``, ``bound
 give ``out = 0`` and ``lse = -inf``.  ``lse [B, Hq, S]`` float32 is in natural-log units.
 Bounds are clamped to ``[0, S]`` (see :mod:`.ranker_mask`), never rejected.
 
-Kernel design.  One CTA per (q tile of ``tile_m`` rows, query head, batch row); 3 warpgroups:
+Kernel design.  Work is a list of tiles (q tile of ``tile_m`` rows, query head, batch row), m-block
+fastest; a CTA takes tiles ``c, c + gridDim.x, ...``: one tile per CTA, or (``persistent``, the D=128
+default) one CTA per SM looping over tiles with the pipelines, named barriers and a separate sO carried
+across tiles, so the producer loads the next tile while the consumers finish the last.  3 warpgroups:
 
 * warpgroup 0, the producer (``setmaxnreg`` down to 24): its warp 0 issues TMA loads of the Q tile
   and of the history K/V blocks through multi-stage ``PipelineTmaAsync`` pipelines (swizzled smem);
 * warpgroups 1 and 2, the consumers (``setmaxnreg`` up to 240), 64 q rows each: WGMMA
   ``S = Q K^T`` (both operands in smem), cap, edge-block column mask, online softmax in exp2,
   ``O += P V`` with P in registers; the two warpgroups take turns issuing WGMMAs through two
-  named barriers (:class:`NamedBarrierFwd`), so one's softmax overlaps the other's GEMMs.
+  named barriers (:class:`NamedBarrierFwd`), so one's softmax overlaps the other's GEMMs, and
+  (``intra_wg_overlap``, FA3's schedule) each warpgroup issues ``S_{n+1} = Q K_{n+1}^T`` and
+  ``O += P_n V_n`` together, running the softmax of ``S_{n+1}`` while the PV GEMM is in flight.
 
 Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
 the online softmax after the history loop as a per-row dot product ``q_i . k_i`` and ``v_i``; there
 are no diagonal tiles.  Epilogue: O through ``stmatrix`` into smem (aliasing sQ) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
+
+Measured on the H200 (bench/results/2026-11-29_h200_ranker_fwd.md, useful TFLOP/s, bf16, D=128):
+headline B=4, history 4096 + 512 candidates, 16 heads: 605 (FA4 + mask_mod 622 in the same run);
+tanh cap 502 (FA4 289); GQA 16/4 622; B=1 16K + 1K 632; B=16 1K + 256: 502; B=8 2K + 2K (H=8): 543.
+D=64: 423-438.
 """
 
 from __future__ import annotations
@@ -112,10 +122,15 @@ class RankerFwdConfig:
                 f"{self.stages} stages of K,V {self.tile_n}x{self.head_dim}); the sm_90 limit is {SMEM_CAPACITY} B")
 
 
-# Shipped configs, one per head dim (FA3's sm90 choices for tile_m=128 + what fits in smem).
+# Shipped configs, one per head dim: tile_m=128 (2 consumer warpgroups), FA3's sm90 tile_n, as many
+# K/V stages as fit.  H200 measurements (bench/results/2026-11-29_h200_ranker_fwd.md, useful TFLOP/s):
+# D=128 persistent beats one-CTA-per-tile at every shape (605 vs 605 headline, 502 vs 462 B=16 short,
+# 543 vs 514 candidate-heavy, 502 vs 488 tanh cap); D=64 schedules are within noise of each other
+# (423-438), so D=64 keeps the one-CTA-per-tile schedule whose GPU tests cover every edge case;
+# D=256 cannot be persistent (sQ + sO + 2 K/V stages exceed 227 KB).
 CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_n=128, stages=4),
-    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2),
+    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
 
@@ -1000,8 +1015,11 @@ def _load_peers():
     path = Path(__file__).resolve().parents[2] / "bench" / "ranker_fwd_peers.py"
     if not path.exists():
         return None
+    import sys
+
     spec = importlib.util.spec_from_file_location("ranker_fwd_peers", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["ranker_fwd_peers"] = mod  # torch.compile (Flex) re-imports the mask_mod's module by name
     spec.loader.exec_module(mod)
     return mod
 
@@ -1033,7 +1051,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
 
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
     (no cap / tanh cap); ``peers`` adds the peers; ``variants`` adds our other schedules
-    (no intra-warpgroup overlap; persistent).
+    (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the default).
     Useful TFLOP/s = ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once
     ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
     import time
@@ -1054,11 +1072,14 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
         shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
         impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds, cap=cap))]
         if "variants" in spec:  # the other schedules of the same kernel
-            for tag, kw in (("no_overlap", dict(intra_wg_overlap=False)), ("persistent", dict(persistent=True))):
+            for tag, kw in (("no_overlap", dict(intra_wg_overlap=False)), ("persistent", dict(persistent=True)),
+                            ("one_tile_per_cta", dict(persistent=False))):
                 try:
                     cfg = dataclasses.replace(CONFIGS[d], **kw)
                     cfg.validate()
                 except ValueError:
+                    continue
+                if cfg == CONFIGS[d]:
                     continue
                 impls.append((f"cute_kernels_{tag}", lambda cfg=cfg: _ranker_impl(
                     q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)))

@@ -113,6 +113,20 @@ def test_persistent_schedule(case, overlap):
              config=cfg, max_ctas=7)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[5] == 128 and c[0] in ("headline-small", "gqa4-tanh",
+                                                                                "empty-history", "out-of-range")],
+                         ids=lambda c: c[0])
+def test_one_tile_per_cta(case):
+    """D=128 ships persistent; the one-CTA-per-tile schedule (sO aliasing sQ) stays correct."""
+    import dataclasses
+
+    name, b, s, hq, hkv, d, rows, cap, capm, dtype = case
+    q, k, v = _qkv(b, s, hq, hkv, d, dtype)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    cfg = dataclasses.replace(rf.CONFIGS[d], persistent=False)
+    _compare(name + " one-tile-per-cta", q, k, v, bounds, cap, capm, config=cfg)
+
+
 def test_persistent_varlen():
     import dataclasses
 
