@@ -130,10 +130,10 @@ class HcMixConfig:
 
 
 # M -> config; any choice gives the same bits (see the module docstring).  The defaults are the
-# configs validated and timed on the H200 (2026-11-29, bench/results/2026-11-29_h200_hc_mix.jsonl):
-# us per call in a CUDA graph at K = 20480, M = 1 / 128 / 512 / 4096 / 16384.
-SMALL = HcMixConfig(m_tiles=1, warps_m=1, stages=8)  # 16 rows per cluster: 12.7 / 13.0 us
-MEDIUM = HcMixConfig(m_tiles=2, warps_m=1, stages=4)  # 32 rows: 23.4 us at M = 512
+# configs validated and timed on the H200 (2026-11-29, bench/results/2026-11-29_h200_hc_mix.jsonl),
+# us per call in a CUDA graph at K = 20480:
+SMALL = HcMixConfig(m_tiles=1, warps_m=1, stages=8)  # 16 rows per cluster: 12.7 (M=1), 13.0 (128)
+MEDIUM = HcMixConfig(m_tiles=2, warps_m=1, stages=4)  # 32 rows: 23.4 (512), 38.5 (1024)
 LARGE = HcMixConfig(m_tiles=2, warps_m=2, stages=4)  # 64 rows: 70.7 (2048), 115 (4096), 399 (16384)
 DEFAULTS = (SMALL, MEDIUM, LARGE)
 # Compiled and tested on CPU only so far (no GPU time left this session): hc_fn pre-split on the
