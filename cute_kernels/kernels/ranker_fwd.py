@@ -25,7 +25,7 @@ across tiles, so the producer loads the next tile while the consumers finish the
 Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
 the online softmax after the history loop as a per-row dot product ``q_i . k_i`` and ``v_i``; there
-are no diagonal tiles.  Epilogue: O through ``stmatrix`` into smem (aliasing sQ) and a TMA store
+are no diagonal tiles.  Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
 Measured on the H200 (bench/results/2026-11-29_h200_ranker_fwd.md, useful TFLOP/s, bf16, D=128):
@@ -56,7 +56,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_same_device, check_tensor
-from .ranker_mask import RankerSegments, admitted_pairs, clamp_bounds, dense_mask
+from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
 
 NAME = "ranker_fwd"
 DTYPES = (torch.bfloat16, torch.float16)

@@ -1,6 +1,5 @@
 """GPU tests of the ranker attention forward against the float64 reference (H200)."""
 
-import math
 
 import pytest
 import torch
