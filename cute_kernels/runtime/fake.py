@@ -30,8 +30,9 @@ def fake_tensor(dtype, shape, stride=None, align: int = 16):
     """
     if isinstance(dtype, torch.dtype):
         dtype = cute_dtype(dtype)
-    if stride is None:
-        return cute.runtime.make_fake_compact_tensor(dtype, tuple(shape), assumed_align=align)
+    if stride is None:  # row-major: the last mode is the stride-1 mode (the DSL's default is the first)
+        order = tuple(range(len(shape) - 1, -1, -1))
+        return cute.runtime.make_fake_compact_tensor(dtype, tuple(shape), stride_order=order, assumed_align=align)
     return cute.runtime.make_fake_tensor(dtype, tuple(shape), stride=tuple(stride), assumed_align=align)
 
 
