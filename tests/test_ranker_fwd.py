@@ -186,3 +186,22 @@ def test_compiles_for_sm90a(target):
         assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx), "no TMA store"
     if sass:
         assert "USETMAXREG" in sass and "HGMMA" in sass and "UTMALDG" in sass
+
+
+def test_cached_validation_still_rejects(monkeypatch):
+    """The per-signature cache skips repeated checks but never a misaligned pointer or a new bad signature."""
+    full = rf._validate
+    monkeypatch.setattr(rf, "_validate", lambda *a: full(*a, cuda=False))
+    monkeypatch.setattr(rf, "_VALIDATED", {})
+    a = _args()
+    args = (a["q"], a["k"], a["v"], a["bounds"], None, None, "tanh", None, None)
+    assert rf._validate_cached(*args) == rf._validate_cached(*args)
+    assert len(rf._VALIDATED) == 1
+    flat = torch.zeros(a["q"].numel() + 8, dtype=torch.bfloat16)
+    q_mis = flat[1:1 + a["q"].numel()].view(a["q"].shape)  # same shape and strides, pointer off by 2 bytes
+    with pytest.raises(ValueError, match="aligned"):
+        rf._validate_cached(q_mis, *args[1:])
+    with pytest.raises(TypeError, match="dtype"):
+        rf._validate_cached(a["q"].float(), *args[1:])
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        rf._validate_cached(None, *args[1:])
