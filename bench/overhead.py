@@ -48,14 +48,25 @@ def main():
         x = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)
         raw = scale_mod._compile(x.dtype, scale_mod.ScaleConfig())
-        for name, fn in (("compiled function, raw tvm-ffi call", lambda: raw(x, y, 2.0)),
-                         ("cute_kernels.scale (eager fast path)", lambda: cute_kernels.scale(x, 2.0)),
-                         ("torch.ops.cute_kernels.scale (custom op)", lambda: torch.ops.cute_kernels.scale(x, 2.0)),
-                         ("torch.mul", lambda: torch.mul(x, 2.0))):
+        q = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+        wq, wk = torch.randn(4096, device="cuda", dtype=torch.bfloat16), torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+        qa = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
+        bounds = torch.tensor([[0, 96, 96, 128]], device="cuda", dtype=torch.int32)
+        xm = torch.randn(1, 20480, device="cuda", dtype=torch.bfloat16)
+        fn_, scale_, base_ = torch.randn(24, 20480, device="cuda") * 1e-2, torch.ones(3, device="cuda"), torch.zeros(24, device="cuda")
+        calls = [("compiled function, raw tvm-ffi call", lambda: raw(x, y, 2.0)),
+                 ("cute_kernels.scale (eager fast path)", lambda: cute_kernels.scale(x, 2.0)),
+                 ("torch.ops.cute_kernels.scale (custom op)", lambda: torch.ops.cute_kernels.scale(x, 2.0)),
+                 ("torch.mul", lambda: torch.mul(x, 2.0)),
+                 ("qk_rmsnorm_ N=1", lambda: cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)),
+                 ("ranker_attention S=128 D=64", lambda: cute_kernels.ranker_attention(qa, qa, qa, bounds)),
+                 ("hc_mix_sinkhorn M=1", lambda: cute_kernels.hc_mix_sinkhorn(xm, fn_, scale_, base_))]
+        for name, fn in calls:
             for _ in range(100):
                 fn()
             torch.cuda.synchronize()
-            n = 2000
+            n = 500  # under the launch-queue depth, so this stays host time
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
