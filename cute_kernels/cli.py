@@ -94,7 +94,7 @@ def run_metadata() -> dict:
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(__file__)).stdout.strip() or None
+                                cwd=os.path.dirname(__file__)).stdout.strip() or os.environ.get("CUTE_KERNELS_COMMIT")
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                     text=True, cwd=os.path.dirname(__file__)).stdout.strip())
     except OSError:

@@ -3,7 +3,8 @@
 #   scripts/gpu_run.sh OUTDIR [tests|check|bench|sanitize|all] [--kernel NAME]
 # On the project's H200 through the device tool:
 #   bash ../shared/device/stage.sh --peers         # once per checkout: the DSL kit (+ benchmark peers)
-#   run: carry [".devkit"], command "source .devkit/prelude.sh && bash scripts/gpu_run.sh $OUT all"
+#   run: carry [".devkit"], command "source .devkit/prelude.sh && CUTE_KERNELS_COMMIT=<sha> bash scripts/gpu_run.sh $OUT all"
+#   (the device copy has no .git: pass the commit so the records carry it)
 # Writes into OUTDIR: pytest logs and junit XML, check.txt, bench.json (records with date, GPU, commit),
 # sanitizer logs. Copy bench.json into bench/results/ to back a claim in the README.
 set -uo pipefail
