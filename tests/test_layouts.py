@@ -3,6 +3,7 @@ ranker forward's own layouts (as the kernel compiles with them) and the ``cute-k
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -222,14 +223,16 @@ def test_ranker_config_validation_rejects_with_reason(text, reason):
 
 
 def test_ranker_new_tile_shapes_that_fit():
-    three = KL.ranker_fwd_layouts("head_dim=128,stages=3")
+    # D=128 ships persistent (a separate sO): three stages fit only with one tile per CTA (sO aliases sQ)
+    three = KL.ranker_fwd_layouts("head_dim=128,stages=3,persistent=False")
     assert three.budget.fits and three.budget.total > 225 * 1024
     wide = KL.ranker_fwd_layouts("head_dim=64,tile_n=176")
     assert wide.smem["sK"].dims == (176, 64, wide.config.stages)
 
 
 def test_enumerate_configs_splits_by_validate():
-    ok, bad = KL.enumerate_configs(rf.CONFIGS[128], tile_n=(128, 176), stages=(2, 3, 4))
+    one_tile_per_cta = dataclasses.replace(rf.CONFIGS[128], persistent=False)
+    ok, bad = KL.enumerate_configs(one_tile_per_cta, tile_n=(128, 176), stages=(2, 3, 4))
     assert {(c.tile_n, c.stages) for c in ok} == {(128, 2), (128, 3)}
     reasons = {(c.tile_n, c.stages): r for c, r in bad}
     assert "shared memory" in reasons[(128, 4)] and "register" in reasons[(176, 2)]
