@@ -217,3 +217,28 @@ def test_watchdog_kills_a_hung_case_and_reports_it(tmp_path):
     assert "in _selftest_hang" in proc.stdout  # the hung rank's stack, dumped before the kill
     rec = json.loads((tmp_path / "tp_qknorm.json").read_text())[0]
     assert rec["impl"] == "process" and not rec["passed"] and "HANG" in rec["error"]
+
+
+DRYRUN = ROOT / "tests" / "tp_launcher_dryrun.py"
+
+
+def _dryrun(out, cases=None, **env):
+    args = [sys.executable, str(DRYRUN), str(out)] + ([cases] if cases else [])
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=dict(os.environ, **env), cwd=str(ROOT))
+
+
+def test_every_gpu_case_runs_on_cpu_through_an_emulated_norm(tmp_path):
+    """The cases' own code (data, gather, reference, checks, timing, records), two gloo ranks."""
+    proc = _dryrun(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for case in tp.CASES:
+        assert f"PASS    G=2 {case}" in proc.stdout, proc.stdout
+    assert "fused/graph" in proc.stdout  # the latency table
+
+
+def test_cases_catch_wrong_results_and_writes_outside_the_shards(tmp_path):
+    proc = _dryrun(tmp_path / "scale", "correctness,stress", DRYRUN_BUG="scale")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAIL    G=2 correctness" in proc.stdout and "FAIL    G=2 stress" in proc.stdout
+    proc = _dryrun(tmp_path / "pad", "correctness", DRYRUN_BUG="pad")
+    assert proc.returncode == 1 and "false: padding_untouched" in proc.stdout, proc.stdout[-3000:]
