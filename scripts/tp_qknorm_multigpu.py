@@ -11,10 +11,11 @@ On the project's device tool (a machine with several GPUs; the DSL kit is staged
          command: source .devkit/prelude.sh && python3 scripts/tp_qknorm_multigpu.py --out $OUT
 
 Prefix ``CUTE_KERNELS_COMMIT=<sha>`` to stamp the commit when the device copy has no git metadata.
-``--world`` defaults to ``torch.cuda.device_count()``; with fewer than 2 GPUs the script prints why and
+``--world`` defaults to ``torch.cuda.device_count()`` (rounded down to 2, 4 or 8); with fewer than 2 GPUs the script prints why and
 exits 2.  A full run of one world takes a few minutes (each case is a fresh set of processes, mostly
 start-up); ``--deadline-s`` (default 560, under the tool's 600 s per command) stops starting cases that
-cannot finish, and reports them as not run.  For G = 2, 4 and 8 on one x8 machine use one call per world.
+cannot finish, and reports them as not run.  For G = 2, 4 and 8 on one x8 machine: one call per world
+(``--world 2``, ``--world 4``, default 8), or ``--world 2,4,8 --quick`` in one call.
 
 Cases (each one spawns ``world`` processes with ``torch.multiprocessing``, NCCL, a file store):
 
@@ -165,8 +166,8 @@ def plan(world: int, quick: bool = False, seed: int = 0) -> dict:
 
 
 def parse_worlds(text: str | None, gpus: int) -> list[int]:
-    if text is None:
-        return [gpus]
+    if text is None:  # all GPUs (the largest supported world that fits when the count is odd)
+        return [max((w for w in SUPPORTED_WORLDS if w <= gpus), default=gpus)]
     try:
         return [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
@@ -651,7 +652,7 @@ def _worker(rank: int, world: int, case: str, cfg: dict) -> None:
 
                 meta = run_metadata()
                 meta["source_fingerprint"] = source_fingerprint()
-                meta["gpus"] = world
+                meta["gpu_count"] = torch.cuda.device_count()
                 out.write(kind="meta", meta=meta)
         ctx.log(f"{case}: world {world}, env " + " ".join(f"{k}={os.environ.get(k)}" for k in NO_MULTICAST_ENV))
         t0 = time.perf_counter()
@@ -910,6 +911,7 @@ def main(argv: list[str] | None = None) -> int:
             bad = [r for r in recs if not r.get("passed")]
             status = "ok" if not bad and outcome.reason is None else f"FAIL ({outcome.reason or f'{len(bad)} failed records'})"
             print(f"G={w} {case}: {status} in {outcome.wall_s:.1f} s", flush=True)
+            write_records(out, records, meta)  # after every case: a run cut short keeps what it had
 
     if meta is None:
         try:
@@ -918,16 +920,23 @@ def main(argv: list[str] | None = None) -> int:
             meta = run_metadata()
         except Exception as exc:
             meta = dict(error=f"no metadata: {exc}")
-    for r in records:
-        for k, v in meta.items():
-            r.setdefault(k, v)
-    with open(out / "tp_qknorm.json", "w") as f:
-        json.dump(records, f, indent=1, default=str)
+    write_records(out, records, meta)
     print(f"records: {out / 'tp_qknorm.json'}, logs: {cfg['logs']}", flush=True)
     text, ok = summarize(records, worlds, cases, not_run)
     (out / "summary.txt").write_text(text + "\n")
     print(text, flush=True)
     return 0 if ok else 1
+
+
+def write_records(out: Path, records: list[dict], meta: dict | None) -> None:
+    """DIR/tp_qknorm.json: every record, stamped with the run metadata (date, GPU, commit, torch)."""
+    for r in records:
+        for k, v in (meta or {}).items():
+            r.setdefault(k, v)
+    tmp = out / "tp_qknorm.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(records, f, indent=1, default=str)
+    os.replace(tmp, out / "tp_qknorm.json")
 
 
 def world_txt(w: int, case: str = "") -> str:

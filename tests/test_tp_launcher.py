@@ -108,6 +108,7 @@ def test_case_lists(quick):
 
 def test_parse_worlds():
     assert tp.parse_worlds(None, 4) == [4]
+    assert tp.parse_worlds(None, 8) == [8] and tp.parse_worlds(None, 6) == [4]
     assert tp.parse_worlds("2,4,8", 8) == [2, 4, 8]
     assert tp.parse_worlds("two", 8) == []
 
