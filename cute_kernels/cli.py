@@ -30,6 +30,14 @@ def _select(kernel: str | None) -> list[str]:
     return [kernel]
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first non-blank line of an exception's message (DSL errors start with a blank line)."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # DSL messages carry ANSI colours
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
 def cmd_compile(args) -> int:
     from tqdm import tqdm
 
@@ -54,7 +62,7 @@ def cmd_compile(args) -> int:
             lines.append(f"ok   {t.kernel:<11} {t.label:<48} {wall:6.2f}s  {rec.summary()}")
         except Exception as exc:
             failures += 1
-            lines.append(f"FAIL {t.kernel:<11} {t.label:<48} {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            lines.append(f"FAIL {t.kernel:<11} {t.label:<48} {type(exc).__name__}: {_first_line(exc)}")
             if args.verbose:
                 traceback.print_exc()
     for line in lines:
@@ -188,7 +196,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile every registered config into the on-disk cache")
     c.add_argument("--kernel")
-    c.add_argument("--arch", help="target arch (default sm_90a, or the GPU's)")
+    c.add_argument("--arch", choices=("sm_90a",), help="target arch (sm_90a: the kernels are Hopper-only)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("-v", "--verbose", action="store_true")
     c.set_defaults(fn=cmd_compile)
@@ -205,7 +213,7 @@ def main(argv=None) -> int:
     lay = sub.add_parser("layouts", help="CPU: a kernel config's smem/TV layouts as pictures + a text report")
     lay.add_argument("--kernel", required=True)
     lay.add_argument("--config", help="config fields, e.g. 'head_dim=128,tile_n=176,stages=2'")
-    lay.add_argument("--dtype", default="bf16")
+    lay.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     lay.add_argument("--out", required=True, help="output folder")
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")
     lay.set_defaults(fn=cmd_layouts)

@@ -32,3 +32,15 @@ def test_check_without_gpu_compiles_and_exits_zero():
     r = _run("check", "--kernel", "scale", "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "no CUDA GPU" in r.stdout
+
+
+def test_unsupported_arch_is_refused():
+    r = _run("compile", "--kernel", "scale", "--arch", "sm_80a")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_layouts_config_values_are_typed(tmp_path):
+    r = _run("layouts", "--kernel", "ranker_fwd", "--config", "stages=abc", "--out", str(tmp_path))
+    assert r.returncode == 2 and "'stages' takes an integer" in r.stderr
+    r = _run("layouts", "--kernel", "ranker_fwd", "--config", "persistent=maybe", "--out", str(tmp_path))
+    assert r.returncode == 2 and "true or false" in r.stderr

@@ -93,3 +93,40 @@ def test_concurrent_processes_share_one_entry(tmp_path):
     assert all(p.returncode == 0 for p in procs), outs
     assert sorted(outs) == ["compiled", "loaded"], outs  # the lock serialises: one compiles, one loads
     assert len(list(tmp_path.rglob("*.o"))) == 1
+
+
+def test_unsupported_target_arch_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_80a")
+    with pytest.raises(RuntimeError, match="sm_90a \\(Hopper\\) only"):
+        arch.check_target_arch()
+
+
+def test_non_hopper_gpu_is_a_clear_error(monkeypatch):
+    from cute_kernels.runtime.validate import check_tensor
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA A100")
+    monkeypatch.setattr(arch, "_DEVICE_OK", set())
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU.*A100 \\(sm_80\\)"):
+        arch.check_device(torch.device("cuda", 0))
+    fake_cuda = torch.empty(8, device="meta")
+    monkeypatch.setattr(type(fake_cuda), "device", property(lambda self: torch.device("cuda", 0)))
+    with pytest.raises(RuntimeError, match="needs a Hopper GPU"):
+        check_tensor("x", fake_cuda, align_bytes=0)
+
+
+def test_unusable_cache_folder_falls_back_to_memory(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(blocker))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[0]
+    with pytest.warns(RuntimeWarning, match="caching in memory only"):
+        fn = t.build()
+    assert callable(fn)
+
+
+@pytest.mark.parametrize("value,enabled", [("0", False), ("off", False), ("False", False), ("", False), ("1", True)])
+def test_cache_switch_values(monkeypatch, value, enabled):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE", value)
+    assert cache.disk_cache_enabled() is enabled

@@ -48,8 +48,9 @@ class KernelLayouts:
 def parse_config(cls, text: Optional[str], base=None):
     """``"tile_n=176,stages=3"`` -> ``dataclasses.replace(base or cls(), tile_n=176, stages=3)``.
 
-    Values are parsed as int, float, True/False, else kept as strings.  Unknown fields raise
-    ``ValueError`` naming the valid ones.  The result is NOT validated (call ``validate()``).
+    Each value is parsed as the type of the field's current value (int, float, bool as
+    true/false); unknown fields and unparsable values raise ``ValueError`` naming the field.
+    The result is NOT validated (call ``validate()``).
     """
     cfg = base if base is not None else cls()
     if not text:
@@ -64,17 +65,24 @@ def parse_config(cls, text: Optional[str], base=None):
         k, v = part.split("=", 1)
         if k not in names:
             raise ValueError(f"config field {k!r} unknown for {cls.__name__}; fields: {sorted(names)}")
-        kw[k] = _parse_value(v)
+        kw[k] = _parse_value(k, v, getattr(cfg, k))
     return dataclasses.replace(cfg, **kw)
 
 
-def _parse_value(v: str):
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(v.lower(), v)
+def _parse_value(field: str, v: str, current):
+    """``v`` parsed as the type of ``current`` (the field's value in the base config)."""
+    if isinstance(current, bool):
+        if v.lower() not in ("true", "false"):
+            raise ValueError(f"config field {field!r} takes true or false, got {v!r}")
+        return v.lower() == "true"
+    for typ in (int, float):
+        if isinstance(current, typ):
+            try:
+                return typ(v)
+            except ValueError:
+                kind = "an integer" if typ is int else "a number"
+                raise ValueError(f"config field {field!r} takes {kind}, got {v!r}") from None
+    return v
 
 
 def ranker_config(text: Optional[str] = None):
@@ -251,7 +259,9 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     for name in ("sQ", "sK", "sV"):
         if name in kl.smem:
             bufs[f"{name} {'x'.join(map(str, kl.smem[name].dims))}"] = kl.smem[name].cosize * eb
-    per_stage = sum(v for k, v in bufs.items() if not k.startswith("sQ")) // max(config.stages, 1)
+    if getattr(config, "persistent", False) and "sO" in kl.smem:  # persistent: sO is its own buffer
+        bufs[f"sO {'x'.join(map(str, kl.smem['sO'].dims))} (persistent)"] = kl.smem["sO"].cosize * eb
+    per_stage = sum(v for k, v in bufs.items() if k.startswith(("sK", "sV"))) // max(config.stages, 1)
     extra = config.smem_bytes(eb) - sum(bufs.values()) if hasattr(config, "smem_bytes") else 8 * (2 + 4 * config.stages)
     kl.budget = analysis.SmemBudget(bufs, config.stages, per_stage, extra,
                                     getattr(rf, "SMEM_CAPACITY", analysis.SMEM_LIMIT_BYTES))

@@ -15,22 +15,11 @@ DEFAULT_ARCH = "sm_90a"
 SUPPORTED_ARCHS = ("sm_90a",)
 
 
-def _gpu_arch() -> str | None:
-    """``sm_XYa`` of the current CUDA device, or None without one (no CUDA init if torch lacks CUDA)."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a hard dependency
-        return None
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}a"
-
-
 def configure() -> str:
     """Set ``CUTE_DSL_ARCH`` (if the user has not) and return the target arch.
 
-    Order: an explicit ``CUTE_DSL_ARCH``; else the GPU's arch; else ``sm_90a`` (CPU compile).
+    Order: an explicit ``CUTE_DSL_ARCH``; else ``sm_90a`` (every kernel here is Hopper-only; a
+    non-Hopper GPU gets a clear error at the first op call, see :func:`check_device`).
     Warns when ``cutlass`` was imported earlier with no arch set, since the DSL then already
     decided on its default.
     """
@@ -42,8 +31,36 @@ def configure() -> str:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        os.environ["CUTE_DSL_ARCH"] = _gpu_arch() or DEFAULT_ARCH
+        os.environ["CUTE_DSL_ARCH"] = DEFAULT_ARCH
     return os.environ["CUTE_DSL_ARCH"]
+
+
+def check_target_arch() -> str:
+    """The target arch, or ``RuntimeError`` when it is one the kernels do not support."""
+    arch = target_arch()
+    if arch not in SUPPORTED_ARCHS:
+        raise RuntimeError(
+            f"cute_kernels compiles for {', '.join(SUPPORTED_ARCHS)} (Hopper) only; this process targets "
+            f"{arch!r} (CUTE_DSL_ARCH). Unset it or set CUTE_DSL_ARCH=sm_90a before importing cute_kernels.")
+    return arch
+
+
+_DEVICE_OK: set[int] = set()
+
+
+def check_device(device) -> None:
+    """``RuntimeError`` unless ``device`` (a CUDA ``torch.device``) is a Hopper GPU (sm_90)."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index in _DEVICE_OK:
+        return
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(
+            f"cute_kernels needs a Hopper GPU (sm_90: H100/H200/H20/GH200); cuda:{index} is "
+            f"{torch.cuda.get_device_name(index)} (sm_{major}{minor}), which cannot run sm_90a code")
+    _DEVICE_OK.add(index)
 
 
 def target_arch() -> str:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Hashable
 
 from filelock import FileLock
 
-from .arch import target_arch
+from .arch import check_target_arch, target_arch
 from .artifacts import CompileRecord, KernelResources, cubin_resources
 
 EXPORT_NAME = "func"
@@ -50,7 +50,8 @@ def cache_dir() -> Path:
 
 
 def disk_cache_enabled() -> bool:
-    return os.environ.get("CUTE_KERNELS_CACHE", "1") not in ("0", "false", "no", "")
+    """``CUTE_KERNELS_CACHE`` = 0/false/no/off (any case) or empty turns the disk cache off."""
+    return os.environ.get("CUTE_KERNELS_CACHE", "1").strip().lower() not in ("0", "false", "no", "off", "")
 
 
 @functools.lru_cache(maxsize=1)
@@ -153,6 +154,7 @@ def compile_cached(kernel: str, key: Hashable, build: Callable[[], tuple]) -> Ca
         hit = _memory.get(mkey)
         if hit is not None:
             return hit
+        check_target_arch()
         fn, rec = _compile_or_load(kernel, key, arch, build)
         _memory[mkey] = fn
         _records[mkey] = rec
@@ -170,7 +172,14 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
             return compiled, _record_from_compiled(kernel, sha, arch, compiled, time.perf_counter() - t0)
 
     folder = cache_dir() / source_fingerprint() / kernel
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # read-only home, a file in the way, ...: keep working, in memory only
+        _warn_no_disk_cache(folder, exc)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            compiled = _compile(build, tmp)
+            return compiled, _record_from_compiled(kernel, sha, arch, compiled, time.perf_counter() - t0)
     base = folder / sha
     obj = base.with_suffix(".o")
     with FileLock(str(base.with_suffix(".lock")), timeout=600):
@@ -192,6 +201,14 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
         _write_record(base, rec)
         os.replace(partial, obj)  # atomic: readers never see half an object
         return compiled, rec
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_no_disk_cache(folder: Path, exc: OSError) -> None:
+    import warnings
+
+    warnings.warn(f"cute_kernels: compile cache folder {folder} is unusable ({exc}); caching in memory only. "
+                  "Set CUTE_KERNELS_CACHE_DIR to a writable folder.", RuntimeWarning, stacklevel=4)
 
 
 def compile_record(kernel: str, key: Hashable) -> CompileRecord:

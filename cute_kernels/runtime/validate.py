@@ -10,6 +10,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from .arch import check_device
+
 
 def check_tensor(
     name: str,
@@ -35,6 +37,7 @@ def check_tensor(
     Raises:
         TypeError: not a tensor, or wrong dtype.
         ValueError: wrong rank, shape, device, stride or alignment.
+        RuntimeError: the tensor's GPU is not a Hopper (sm_90) GPU.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -49,8 +52,10 @@ def check_tensor(
         if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
             want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
             raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
-    if cuda and t.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if cuda:
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        check_device(t.device)
     if last_dim_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
     if align_bytes and t.numel() > 0:
