@@ -205,3 +205,160 @@ def test_cached_validation_still_rejects(monkeypatch):
         rf._validate_cached(a["q"].float(), *args[1:])
     with pytest.raises(TypeError, match="torch.Tensor"):
         rf._validate_cached(None, *args[1:])
+
+
+# ---------------------------------------------------------------- scalar arguments and varlen offsets
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(cap=True), TypeError, "cap"),
+    (dict(cap="3.0"), TypeError, "cap"),
+    (dict(cap=math.inf), ValueError, "cap"),
+    (dict(cap=math.nan), ValueError, "cap"),
+    (dict(cap=0.0), ValueError, "cap"),
+    (dict(cap=1e-300), ValueError, "cap"),  # rounds to 0 in float32
+    (dict(softmax_scale=True), TypeError, "softmax_scale"),
+    (dict(softmax_scale="0.1"), TypeError, "softmax_scale"),
+    (dict(softmax_scale=math.nan), ValueError, "softmax_scale"),
+    (dict(softmax_scale=1e300), ValueError, "softmax_scale"),
+    (dict(softmax_scale=10**400), ValueError, "softmax_scale"),
+    (dict(cap_method=None), ValueError, "cap_method"),
+    (dict(cap_method=["tanh"]), ValueError, "cap_method"),
+])
+def test_scalar_validation(kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        rf._validate(**_args(**kw))
+    with pytest.raises(exc, match=msg):  # the reference applies the same rules
+        a = _args(**kw)
+        rf.ranker_attention_reference(a["q"], a["k"], a["v"], a["bounds"], a["softmax_scale"], a["cap"],
+                                      a["cap_method"])
+
+
+def test_scalar_validation_accepts_reals():
+    import numpy as np
+
+    for kw in (dict(cap=3), dict(cap=np.float32(2.5)), dict(softmax_scale=-0.5), dict(softmax_scale=np.float64(0.1)),
+               dict(cap=30.0, cap_method="soft_sign")):
+        rf._validate(**_args(**kw))
+
+
+def _varlen_args(cu, nb=None, t=16, **kw):
+    cu = torch.tensor(cu, dtype=torch.int32) if not isinstance(cu, torch.Tensor) else cu
+    nb = cu.shape[0] - 1 if nb is None else nb
+    base = dict(q=torch.zeros(t, 4, 64, dtype=torch.bfloat16), k=torch.zeros(t, 2, 64, dtype=torch.bfloat16),
+                v=torch.zeros(t, 2, 64, dtype=torch.bfloat16), bounds=torch.zeros(nb, 4, dtype=torch.int32),
+                softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=cu, max_seqlen=None)
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(cu=torch.tensor([0, 5, 16], dtype=torch.int64)), TypeError, "cu_seqlens has dtype int64"),
+    (dict(cu=[0, 5, 16], nb=3), ValueError, "cu_seqlens has 3 entries"),
+    (dict(cu=[0]), ValueError, "at least 2"),
+    (dict(cu=[0, 5, 16], max_seqlen=True), TypeError, "max_seqlen"),
+    (dict(cu=[0, 5, 16], max_seqlen=11.0), TypeError, "max_seqlen"),
+    (dict(cu=[0, 5, 16], max_seqlen=-1), ValueError, "max_seqlen"),
+    (dict(cu=[0, 5, 16], max_seqlen=2**31), ValueError, "max_seqlen"),
+])
+def test_varlen_signature_validation(kw, exc, msg):
+    a = _varlen_args(**kw)
+    with pytest.raises(exc, match=msg):
+        rf._validate(**a, cuda=False)
+
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    """_ranker_impl on CPU tensors: validation without the CUDA requirement, a recording stand-in kernel."""
+    calls = []
+    full = rf._validate
+    monkeypatch.setattr(rf, "_validate", lambda *a: full(*a, cuda=False))
+    monkeypatch.setattr(rf, "_VALIDATED", {})
+    monkeypatch.setattr(rf, "_FNS", {})
+    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: calls.append(args))
+    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "_capturing", lambda t: False, raising=False)
+
+    def run(**kw):
+        a = _varlen_args(**kw)
+        rf._ranker_impl(a["q"], a["k"], a["v"], a["bounds"], a["softmax_scale"], a["cap"], a["cap_method"],
+                        a["cu_seqlens"], a["max_seqlen"])
+        return calls[-1][11]  # the max_seqlen handed to the kernel
+
+    return run
+
+
+@pytest.mark.parametrize("cu,max_seqlen,msg", [
+    ([1, 5, 16], None, r"cu_seqlens\[0\] must be 0"),
+    ([1, 5, 16], 11, r"cu_seqlens\[0\] must be 0"),
+    ([0, 9, 5, 16], None, r"non-decreasing: cu_seqlens\[2\]=5 < cu_seqlens\[1\]=9"),
+    ([0, 9, 5, 16], 11, "non-decreasing"),
+    ([0, 2**31 - 1, -5], 2**31 - 1, "non-decreasing"),  # int32 differences would wrap
+    ([0, 5, 17], None, r"cu_seqlens\[-1\]=17 exceeds the 16 packed tokens"),
+    ([0, 5, 17], 12, "exceeds"),
+    ([0, 5, 16], 10, "max_seqlen=10 is smaller than sequence 1's length 11"),
+])
+def test_varlen_values_checked_before_launch(fake_launch, cu, max_seqlen, msg):
+    with pytest.raises(ValueError, match=msg):
+        fake_launch(cu=cu, max_seqlen=max_seqlen)
+
+
+def test_varlen_values_checked_on_every_call(fake_launch):
+    """The per-signature cache must not skip the value check: same signature, new bad values."""
+    assert fake_launch(cu=[0, 5, 16], max_seqlen=11) == 11
+    assert fake_launch(cu=[0, 5, 16]) == 11  # computed from the offsets
+    assert fake_launch(cu=[0, 5, 16], max_seqlen=500) == 16  # clamped to the packed total
+    assert fake_launch(cu=[0, 0, 7]) == 7  # empty sequences are fine; cu[-1] < T too
+    with pytest.raises(ValueError, match="smaller than sequence"):
+        fake_launch(cu=[0, 1, 16], max_seqlen=11)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        fake_launch(cu=[0, 12, 3], max_seqlen=11)
+
+
+def test_varlen_values_trusted_during_capture(fake_launch, monkeypatch):
+    monkeypatch.setattr(rf, "_capturing", lambda t: True, raising=False)
+    assert fake_launch(cu=[0, 9, 5, 16], max_seqlen=11) == 11  # no host read under capture: caller's duty
+    with pytest.raises(ValueError, match="max_seqlen is required"):
+        fake_launch(cu=[0, 5, 16])
+
+
+def test_cached_validation_is_type_aware(monkeypatch):
+    """True == 1 hash alike: a cached cap=1 must not let cap=True through."""
+    full = rf._validate
+    monkeypatch.setattr(rf, "_validate", lambda *a: full(*a, cuda=False))
+    monkeypatch.setattr(rf, "_VALIDATED", {})
+    a = _args()
+    args = [a["q"], a["k"], a["v"], a["bounds"], 1, 1, "tanh", None, None]
+    rf._validate_cached(*args)
+    with pytest.raises(TypeError, match="cap"):
+        rf._validate_cached(*args[:5], True, *args[6:])
+    with pytest.raises(TypeError, match="softmax_scale"):
+        rf._validate_cached(*args[:4], True, *args[5:])
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(k=torch.zeros(2, 5, 3, 8), v=torch.zeros(2, 5, 3, 8)), ValueError, "multiple of Hkv"),
+    (dict(bounds=torch.zeros(3, 4, dtype=torch.int32)), ValueError, "bounds must be"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 10], dtype=torch.int32)), ValueError, "3 dims"),
+    (dict(k=torch.zeros(2, 6, 2, 8), v=torch.zeros(2, 6, 2, 8)), ValueError, "share all sizes"),
+    (dict(max_seqlen=5), ValueError, "only meaningful"),
+])
+def test_reference_validation(kw, exc, msg):
+    a = dict(q=torch.zeros(2, 5, 4, 8), k=torch.zeros(2, 5, 2, 8), v=torch.zeros(2, 5, 2, 8),
+             bounds=torch.zeros(2, 4, dtype=torch.int32))
+    a.update(kw)
+    with pytest.raises(exc, match=msg):
+        rf.ranker_attention_reference(**a)
+
+
+@pytest.mark.parametrize("cu,nb,max_seqlen,msg", [
+    ([0, 5, 10], 3, None, r"B = len\(cu_seqlens\) - 1 = 2"),
+    ([0, 5, 11], 2, None, "exceeds the 10 packed tokens"),
+    ([0, 6, 5], 2, None, "non-decreasing"),
+    ([2, 5, 10], 2, None, r"cu_seqlens\[0\] must be 0"),
+    ([0, 5, 10], 2, 4, "smaller than sequence"),
+])
+def test_reference_varlen_validation(cu, nb, max_seqlen, msg):
+    q = torch.zeros(10, 4, 8)
+    k = torch.zeros(10, 2, 8)
+    with pytest.raises(ValueError, match=msg):
+        rf.ranker_attention_reference(q, k, k, torch.zeros(nb, 4, dtype=torch.int32),
+                                      cu_seqlens=torch.tensor(cu, dtype=torch.int32), max_seqlen=max_seqlen)

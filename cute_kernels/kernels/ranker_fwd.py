@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -806,8 +807,79 @@ def compile_targets() -> list[CompileTarget]:
     return out
 
 
+INT32_MAX = 2**31 - 1
+_F32_MAX = float(torch.finfo(torch.float32).max)
+_F32_TINY = float(torch.finfo(torch.float32).tiny)
+
+
+def _real(name: str, x) -> float:
+    """``x`` as a float if it is a real number (not bool, not a string); ``TypeError`` otherwise."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be None or a real number, got {type(x).__name__} {x!r}")
+    try:
+        return float(x)
+    except OverflowError:
+        raise ValueError(f"{name}={x!r} is out of float range") from None
+
+
+def _check_scalars(softmax_scale, cap, cap_method) -> None:
+    """Scalar arguments shared by the op and the reference (``TypeError``/``ValueError`` naming them)."""
+    if not isinstance(cap_method, str) or cap_method not in ("tanh", "soft_sign"):
+        raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign'")
+    if cap is not None:
+        c = _real("cap", cap)
+        if not (math.isfinite(c) and _F32_TINY <= c <= _F32_MAX):
+            raise ValueError(f"cap must be None or a positive finite float (a normal float32), got {cap!r}")
+    if softmax_scale is not None:
+        sc = _real("softmax_scale", softmax_scale)
+        if not (math.isfinite(sc) and abs(sc) <= _F32_MAX):
+            raise ValueError(f"softmax_scale must be None or a finite float (float32 range), got {softmax_scale!r}")
+
+
+def _check_max_seqlen(max_seqlen) -> None:
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(f"max_seqlen must be None or an int, got {type(max_seqlen).__name__} {max_seqlen!r}")
+    if not 0 <= max_seqlen <= INT32_MAX:
+        raise ValueError(f"max_seqlen must be in [0, 2**31 - 1], got {max_seqlen}")
+
+
+def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int] = None) -> int:
+    """Check the values of packed-varlen offsets on the host (reads them: a device sync).
+
+    ``cu_seqlens[0] == 0``, non-decreasing, ``cu_seqlens[-1] <= total`` (tokens of q/k/v), and
+    ``max_seqlen`` (if given) at least the longest sequence.  Returns the longest sequence length.
+    Raises ``ValueError`` naming the offending entry: the kernel trusts these values for its loads
+    and stores, so bad ones would read or write out of bounds.
+    """
+    cu = cu_seqlens.detach().to(device="cpu", dtype=torch.int64)  # int64: differences cannot wrap
+    if cu.numel() < 2:
+        raise ValueError("cu_seqlens must have at least 2 entries (B + 1)")
+    if int(cu[0]) != 0:
+        raise ValueError(f"cu_seqlens[0] must be 0, got {int(cu[0])}")
+    lens = cu[1:] - cu[:-1]
+    neg = torch.nonzero(lens < 0)
+    if neg.numel():
+        i = int(neg[0, 0])
+        raise ValueError(f"cu_seqlens must be non-decreasing: cu_seqlens[{i + 1}]={int(cu[i + 1])} < "
+                         f"cu_seqlens[{i}]={int(cu[i])}")
+    if int(cu[-1]) > total:
+        raise ValueError(f"cu_seqlens[-1]={int(cu[-1])} exceeds the {total} packed tokens of q, k, v")
+    longest = int(lens.max())
+    if max_seqlen is not None and max_seqlen < longest:
+        b = int(torch.argmax(lens))
+        raise ValueError(f"max_seqlen={max_seqlen} is smaller than sequence {b}'s length {longest} (cu_seqlens)")
+    return longest
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Is the current CUDA stream capturing a graph (host reads of device values are not allowed)?"""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda: bool = True):
-    """All argument checks (before any launch).  Returns (varlen, B, S_or_T, Hq, Hkv, D)."""
+    """Argument checks that depend only on the argument signature (shapes, strides, dtypes, devices,
+    scalars), before any launch.  Returns (varlen, B, S_or_T, Hq, Hkv, D).  The values of
+    ``cu_seqlens`` are checked separately (:func:`_check_cu_seqlens_values`), on every call."""
     varlen = cu_seqlens is not None
     nd = 3 if varlen else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -831,8 +903,8 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
             raise ValueError("cu_seqlens must have at least 2 entries (B + 1)")
         if k.shape[0] != q.shape[0]:
             raise ValueError(f"packed q and k must have the same total length, got {q.shape[0]} and {k.shape[0]}")
-        if max_seqlen is not None and (not isinstance(max_seqlen, int) or max_seqlen < 0):
-            raise ValueError(f"max_seqlen must be a non-negative int, got {max_seqlen!r}")
+        if max_seqlen is not None:
+            _check_max_seqlen(max_seqlen)
         seq = q.shape[0]
     else:
         if max_seqlen is not None:
@@ -840,15 +912,13 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         nb, seq = q.shape[0], q.shape[1]
         if k.shape[0] != nb or k.shape[1] != seq:
             raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share batch and sequence sizes")
+    if varlen and isinstance(bounds, torch.Tensor) and bounds.dim() == 2 and bounds.shape[0] != nb:
+        raise ValueError(f"bounds has {bounds.shape[0]} rows but cu_seqlens has {nb + 1} entries "
+                         f"(B + 1 = {nb + 1}); they must agree")
     check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4)
     if not bounds.is_contiguous():
         raise ValueError("bounds must be contiguous")
-    if cap_method not in ("tanh", "soft_sign"):
-        raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign'")
-    if cap is not None and not (float(cap) > 0.0 and math.isfinite(float(cap))):
-        raise ValueError(f"cap must be a positive finite float or None, got {cap!r}")
-    if softmax_scale is not None and not math.isfinite(float(softmax_scale)):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale!r}")
+    _check_scalars(softmax_scale, cap, cap_method)
     if cuda:
         check_same_device(q=q, k=k, v=v, bounds=bounds, cu_seqlens=cu_seqlens)
     return varlen, nb, seq, hq, hkv, d
@@ -865,10 +935,14 @@ def _signature(t):
 
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
     """:func:`_validate` once per argument signature; later calls only re-check what a signature
-    does not fix (the 16-byte alignment of the data pointers).  Keeps host overhead low."""
+    does not fix (the 16-byte alignment of the data pointers).  Keeps host overhead low.  The
+    values of ``cu_seqlens`` change between calls of one signature: :func:`_ranker_impl` checks
+    them on every call, never through this cache."""
     try:
+        # scalar types are part of the key: True == 1 == 1.0 hash alike, but bool is rejected
         key = (_signature(q), _signature(k), _signature(v), _signature(bounds), _signature(cu_seqlens),
-               softmax_scale, cap, cap_method, max_seqlen)
+               type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method,
+               type(max_seqlen), max_seqlen)
         hit = _VALIDATED.get(key)
     except (AttributeError, TypeError):  # not tensors / unhashable scalars: the full check says why
         key, hit = None, None
@@ -900,8 +974,16 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     if varlen:
         if lse is None:
             lse = torch.empty((hq, seq), dtype=torch.float32, device=q.device)
+        # Offsets drive the kernel's loads and stores: check their values whenever the host may read
+        # them.  Under CUDA-graph capture it may not (no sync): the caller guarantees them (docstring).
         if max_seqlen is None:
-            max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+            if _capturing(q):
+                raise ValueError("max_seqlen is required with cu_seqlens while a CUDA graph is captured "
+                                 "(computing it reads cu_seqlens on the host)")
+            max_seqlen = _check_cu_seqlens_values(cu_seqlens, seq)
+        elif not _capturing(q):
+            _check_cu_seqlens_values(cu_seqlens, seq, max_seqlen)
+        max_seqlen = min(max_seqlen, seq)  # no valid sequence is longer than the packed total
     else:
         if lse is None:
             lse = torch.empty((nb, hq, seq), dtype=torch.float32, device=q.device)
@@ -958,22 +1040,68 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         bounds: ``[B, 4]`` int32, contiguous: (hist_lo, hist_hi, cand_lo, cand_hi), half-open, per
             sequence (relative to the sequence start in the varlen form).  Values are clamped to
             ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.
-        softmax_scale: float, default ``1/sqrt(D)``.
-        cap: None (no cap) or a positive float; ``cap_method`` ``"tanh"`` (``cap*tanh(s/cap)``) or
-            ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before the mask.
+        softmax_scale: None or a finite real number (float32 range), default ``1/sqrt(D)``.
+        cap: None (no cap) or a positive finite real number (a normal float32); ``cap_method``
+            ``"tanh"`` (``cap*tanh(s/cap)``) or ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before
+            the mask.
         return_lse: also return the log-sum-exp.
-        cu_seqlens: ``[B+1]`` int32 cumulative sequence starts of the packed form; ``max_seqlen``
-            (int) is its longest sequence (computed with a device sync when omitted).
+        cu_seqlens: ``[B+1]`` int32 (same device, contiguous) offsets of the packed form:
+            ``cu_seqlens[0] == 0``, non-decreasing, ``cu_seqlens[-1] <= T``; sequence ``b`` is
+            tokens ``cu_seqlens[b]:cu_seqlens[b+1]``.  ``max_seqlen``: None or an int >= the longest
+            sequence (``cu_seqlens[b+1] - cu_seqlens[b]``), at most ``2**31 - 1``.
+            The values are checked on the host (a device sync) on every eager call, and
+            ``max_seqlen`` is computed from them when omitted.  While the current stream captures
+            a CUDA graph the host cannot read them: ``max_seqlen`` is then required and the values
+            are NOT checked; the caller must guarantee them (invalid offsets make the kernel read
+            and write out of bounds), also for every replay.
     Returns:
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
     Raises:
-        TypeError: wrong dtypes (q/k/v not bf16/fp16 or mixed, bounds/cu_seqlens not int32).
+        TypeError: wrong dtypes (q/k/v not bf16/fp16 or mixed, bounds/cu_seqlens not int32);
+            cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int.
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
-            bad cap / cap_method / softmax_scale.
+            bounds rows != B, non-positive/non-finite cap, non-finite softmax_scale, unknown
+            cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
+            max_seqlen omitted during CUDA-graph capture.
     """
     out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     return (out, lse) if return_lse else out
+
+
+def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v), ("bounds", bounds)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    nd = 3 if cu_seqlens is not None else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != nd:
+            raise ValueError(f"{name} must have {nd} dims{' (packed, with cu_seqlens)' if nd == 3 else ''}, "
+                             f"got shape {list(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}")
+    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share all sizes but the head count")
+    hq, hkv = q.shape[-2], k.shape[-2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
+            raise ValueError("cu_seqlens must be a 1-D tensor of B + 1 offsets")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens has dtype {cu_seqlens.dtype}; expected int32 (or int64)")
+        if max_seqlen is not None:
+            _check_max_seqlen(max_seqlen)
+        nb = cu_seqlens.shape[0] - 1
+        if bounds.dim() != 2 or bounds.shape[1] != 4 or bounds.shape[0] != nb:
+            raise ValueError(f"bounds must be [B, 4] with B = len(cu_seqlens) - 1 = {nb}, got {list(bounds.shape)}")
+        _check_cu_seqlens_values(cu_seqlens, q.shape[0], max_seqlen)
+    else:
+        if max_seqlen is not None:
+            raise ValueError("max_seqlen is only meaningful with cu_seqlens")
+        if bounds.dim() != 2 or bounds.shape[1] != 4 or bounds.shape[0] != q.shape[0]:
+            raise ValueError(f"bounds must be [B, 4] with B = q.shape[0] = {q.shape[0]}, got {list(bounds.shape)}")
+    _check_scalars(softmax_scale, cap, cap_method)
 
 
 def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
@@ -982,10 +1110,12 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
 
     Builds the full ``[S, S]`` mask per sequence (:func:`.ranker_mask.dense_mask`, same clamping),
     so it is meant for tests at modest sizes.  Returns ``out`` in ``q.dtype`` (and ``lse`` float32
-    ``[B, Hq, S]`` / ``[Hq, T]`` with ``return_lse``).
+    ``[B, Hq, S]`` / ``[Hq, T]`` with ``return_lse``).  Any float dtype and device; the same
+    argument rules as :func:`ranker_attention` otherwise (``Hq % Hkv == 0``, ``bounds [B, 4]``
+    with ``B = len(cu_seqlens) - 1`` in the packed form, valid ``cu_seqlens`` values, scalars):
+    ``TypeError`` / ``ValueError`` saying which.
     """
-    if cap_method not in ("tanh", "soft_sign"):
-        raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign'")
+    _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     if cu_seqlens is not None:
         cu = [int(x) for x in cu_seqlens.tolist()]
         outs, lses = [], []
