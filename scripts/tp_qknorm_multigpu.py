@@ -11,10 +11,10 @@ On the project's device tool (a machine with several GPUs; the DSL kit is staged
          command: source .devkit/prelude.sh && python3 scripts/tp_qknorm_multigpu.py --out $OUT
 
 Prefix ``CUTE_KERNELS_COMMIT=<sha>`` to stamp the commit when the device copy has no git metadata.
-``--world`` defaults to ``torch.cuda.device_count()`` (rounded down to 2, 4 or 8); with fewer than 2 GPUs the script prints why and
-exits 2.  A full run of one world takes a few minutes (each case is a fresh set of processes, mostly
-start-up); ``--deadline-s`` (default 560, under the tool's 600 s per command) stops starting cases that
-cannot finish, and reports them as not run.  For G = 2, 4 and 8 on one x8 machine: one call per world
+``--world`` defaults to ``torch.cuda.device_count()`` (rounded down to 2, 4 or 8); with fewer than 2 GPUs
+the script prints why and exits 2.  A full run of one world should take a few minutes (estimated, not yet
+measured: each case is a fresh set of processes, mostly start-up); ``--deadline-s`` (default 560, under the
+tool's 600 s per command) stops starting cases that cannot finish, and reports them as not run.  For G = 2, 4 and 8 on one x8 machine: one call per world
 (``--world 2``, ``--world 4``, default 8), or ``--world 2,4,8 --quick`` in one call.
 
 Cases (each one spawns ``world`` processes with ``torch.multiprocessing``, NCCL, a file store):
@@ -253,8 +253,8 @@ def _errors(q, k, ref_q, ref_k, rtol: float):
     import torch
 
     dq, dk = (q.float() - ref_q.float()).abs(), (k.float() - ref_k.float()).abs()
-    return torch.stack([torch.maximum((dq - rtol * ref_q.float().abs()).amax(), (dk - rtol * ref_k.float().abs()).amax()),
-                        torch.maximum(dq.amax(), dk.amax())])
+    excess = torch.maximum((dq - rtol * ref_q.float().abs()).amax(), (dk - rtol * ref_k.float().abs()).amax())
+    return torch.stack([excess, torch.maximum(dq.amax(), dk.amax())])
 
 
 def _gathered_inputs(ctx: Ctx, cap: int, q_dim: int, k_dim: int, dtype, seed: int, zero_rows=(1, 200)):
@@ -386,18 +386,17 @@ def case_stress(ctx: Ctx) -> None:
               max_abs_err=a, atol=atol, wall_s=wall, max_n=max(seq), seq_head=seq[:8])
     ctx.log(f"stress eager: {len(seq)} launches in {wall:.1f} s, max excess {e:.3g}")
 
-    # CUDA graphs: one per N bucket (shared memory pool), replayed in a seeded order
+    # CUDA graphs: one per N bucket, each with its own memory pool (replayed in any order), seeded order
     buckets = s["graph_buckets"]
     for n in buckets:
         one_launch(n)
     torch.cuda.synchronize()
     ctx.barrier()
     err.zero_()
-    pool = torch.cuda.graph_pool_handle()
     graphs = []
     for n in buckets:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):  # NCCL watchdog thread
             one_launch(n)
         graphs.append(g)
     torch.cuda.synchronize()
@@ -531,7 +530,7 @@ def _timed(ctx: Ctx, fn, graph: bool, reps: int, inner: int, warmup: int):
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):  # NCCL watchdog thread
                 for _ in range(inner):
                     fn()
             run = g.replay
@@ -706,7 +705,8 @@ def run_case(world: int, case: str, cfg: dict, timeout_s: float) -> CaseOutcome:
     cfg = dict(cfg, init=f"file://{store_dir / 'store'}")
     for p in cfg["parts"].glob(f"w{world}_{case}.rank*.jsonl"):
         p.unlink()
-    procs = [ctx.Process(target=_worker, args=(r, world, case, cfg), name=f"tp_qknorm-{case}-{r}") for r in range(world)]
+    procs = [ctx.Process(target=_worker, args=(r, world, case, cfg), name=f"tp_qknorm-{case}-{r}")
+             for r in range(world)]
     t0 = time.monotonic()
     reason = None
     try:
@@ -752,7 +752,8 @@ def run_case(world: int, case: str, cfg: dict, timeout_s: float) -> CaseOutcome:
     return CaseOutcome(world, case, codes, reason, time.monotonic() - t0, tails)
 
 
-def merge_records(world: int, case: str, recs: list[dict], outcome: CaseOutcome | None) -> tuple[list[dict], dict | None]:
+def merge_records(world: int, case: str, recs: list[dict],
+                  outcome: CaseOutcome | None) -> tuple[list[dict], dict | None]:
     """Check records merged over ranks (one per case/impl/mode/variant/shape: passed on every rank,
     worst error), latency records as written by rank 0, plus a record for a crashed/hung case.
     Returns (records, meta)."""
@@ -835,7 +836,8 @@ def summarize(records: list[dict], worlds: list[int], cases: list[str], not_run:
                 lines.append(f"      failed: {r['impl']} {r.get('mode') or ''} {json.dumps(r['shape'])}: {what}")
                 for rank, tail in (r.get("log_tails") or {}).items():
                     if tail:
-                        lines.append(f"      rank {rank} log tail:\n" + "\n".join("        " + t for t in tail.splitlines()))
+                        lines.append(f"      rank {rank} log tail:")
+                        lines += ["        " + t for t in tail.splitlines()]
     lines.append(f"OVERALL: {'PASS' if all_ok else 'FAIL'}")
     return "\n".join(lines), all_ok
 
@@ -909,7 +911,8 @@ def main(argv: list[str] | None = None) -> int:
             meta = meta or m
             records += recs
             bad = [r for r in recs if not r.get("passed")]
-            status = "ok" if not bad and outcome.reason is None else f"FAIL ({outcome.reason or f'{len(bad)} failed records'})"
+            status = ("ok" if not bad and outcome.reason is None
+                      else f"FAIL ({outcome.reason or f'{len(bad)} failed records'})")
             print(f"G={w} {case}: {status} in {outcome.wall_s:.1f} s", flush=True)
             write_records(out, records, meta)  # after every case: a run cut short keeps what it had
 
