@@ -14,8 +14,9 @@ Prefix ``CUTE_KERNELS_COMMIT=<sha>`` to stamp the commit when the device copy ha
 ``--world`` defaults to ``torch.cuda.device_count()`` (rounded down to 2, 4 or 8); with fewer than 2 GPUs
 the script prints why and exits 2.  A full run of one world should take a few minutes (estimated, not yet
 measured: each case is a fresh set of processes, mostly start-up); ``--deadline-s`` (default 560, under the
-tool's 600 s per command) stops starting cases that cannot finish, and reports them as not run.  For G = 2, 4 and 8 on one x8 machine: one call per world
-(``--world 2``, ``--world 4``, default 8), or ``--world 2,4,8 --quick`` in one call.
+tool's 600 s per command) stops starting cases that cannot finish, and reports them as not run.  For
+G = 2, 4 and 8 on one x8 machine: one call per world (``--world 2``, ``--world 4``, default 8), or
+``--world 2,4,8 --quick`` in one call.
 
 Cases (each one spawns ``world`` processes with ``torch.multiprocessing``, NCCL, a file store):
 
