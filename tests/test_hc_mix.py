@@ -137,3 +137,50 @@ def test_split_pieces_reconstruct_and_cache():
     w.mul_(2)
     p2 = mod._pieces(w)
     assert p2 is not p1 and torch.equal(p2.double(), 2 * p1.double())
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(sinkhorn_iters=True), TypeError, "sinkhorn_iters"),
+    (dict(sinkhorn_iters=20.0), TypeError, "sinkhorn_iters"),
+    (dict(sinkhorn_iters="20"), TypeError, "sinkhorn_iters"),
+    (dict(sinkhorn_iters=0), ValueError, "sinkhorn_iters"),
+    (dict(sinkhorn_iters=2**31), ValueError, "sinkhorn_iters"),
+    (dict(rms_eps=True), TypeError, "rms_eps"),
+    (dict(rms_eps="1e-6"), TypeError, "rms_eps"),
+    (dict(rms_eps=-1e-6), ValueError, "rms_eps"),
+    (dict(rms_eps=float("nan")), ValueError, "rms_eps"),
+    (dict(rms_eps=float("inf")), ValueError, "rms_eps"),
+    (dict(rms_eps=1e300), ValueError, "rms_eps"),  # inf in float32
+    (dict(hc_eps=False), TypeError, "hc_eps"),
+    (dict(hc_eps=None), TypeError, "hc_eps"),
+    (dict(hc_eps=-0.5), ValueError, "hc_eps"),
+    (dict(hc_eps=float("-inf")), ValueError, "hc_eps"),
+    (dict(hc_eps=10**400), ValueError, "hc_eps"),
+])
+def test_scalar_validation(kw, exc, msg):
+    k = 64
+    tensors = (torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(24, k), torch.ones(3), torch.zeros(24))
+    args = dict(sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6)
+    args.update(kw)
+    with pytest.raises(exc, match=msg):
+        mod._validate(*tensors, **args, cuda=False)
+    with pytest.raises(exc, match=msg):
+        mod.hc_mix_sinkhorn_reference(*tensors, **args)
+
+
+def test_scalar_validation_accepts():
+    import numpy as np
+
+    k = 64
+    tensors = (torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(24, k), torch.ones(3), torch.zeros(24))
+    for kw in (dict(sinkhorn_iters=1, rms_eps=0, hc_eps=0.0), dict(sinkhorn_iters=np.int64(3), rms_eps=np.float32(1e-5)),
+               dict(sinkhorn_iters=2**31 - 1)):
+        mod._validate(*tensors, **kw, cuda=False)
+
+
+def test_public_op_checks_eps_before_launch():
+    """The op passes rms_eps/hc_eps to the validator (CPU tensors would otherwise fail on the device check)."""
+    k = 64
+    with pytest.raises(ValueError, match="hc_eps"):
+        cute_kernels.hc_mix_sinkhorn(torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(24, k), torch.ones(3),
+                                     torch.zeros(24), 20, 1e-6, -1.0)

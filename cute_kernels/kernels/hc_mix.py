@@ -7,7 +7,8 @@ coefficients (mHC, arXiv 2512.24880; seed ``001_ea94da0ccc866503``), hc_mult = 4
     r   = 1 / sqrt(sum(x^2) / K + rms_eps)
     pre  = sigmoid(a[0:4] * r * hc_scale[0] + hc_base[0:4]) + hc_eps
     post = 2 * sigmoid(a[4:8] * r * hc_scale[1] + hc_base[4:8])
-    comb = sinkhorn(a[8:24] * r * hc_scale[2] + hc_base[8:24])  (4x4, row-major)
+    comb = sinkhorn(a[8:24] * r * hc_scale[2] + hc_base[8:24])  (4x4, row-major; the exact
+           steps, with hc_eps, are in :func:`hc_mix_sinkhorn`'s docstring)
 
 Design (one kernel, no partials in global memory):
 
@@ -57,6 +58,8 @@ same for every M (small M is latency-bound and gets its parallelism from the sam
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 
 import cutlass
@@ -552,7 +555,30 @@ def compile_targets() -> list[CompileTarget]:
             for c in SHIPPED]
 
 
-def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, cuda: bool = True):
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
+    """``sinkhorn_iters`` an int (not bool / float) in [1, 2**31 - 1] (the kernel's Int32 loop count);
+    ``rms_eps`` and ``hc_eps`` real numbers (not bool / str), finite in float32 and >= 0.
+    ``TypeError`` for a wrong type, ``ValueError`` for a bad value, each naming the argument."""
+    if isinstance(sinkhorn_iters, bool) or not isinstance(sinkhorn_iters, numbers.Integral):
+        raise TypeError(f"sinkhorn_iters must be an int, got {type(sinkhorn_iters).__name__} {sinkhorn_iters!r}")
+    if not 1 <= int(sinkhorn_iters) <= 2**31 - 1:
+        raise ValueError(f"sinkhorn_iters={sinkhorn_iters} must be >= 1 and <= 2**31 - 1")
+    for name, eps in (("rms_eps", rms_eps), ("hc_eps", hc_eps)):
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(eps).__name__} {eps!r}")
+        try:
+            e = float(eps)
+        except OverflowError:
+            raise ValueError(f"{name}={eps!r} is out of float range") from None
+        if not (math.isfinite(e) and 0.0 <= e <= _F32_MAX):
+            raise ValueError(f"{name} must be finite (float32 range) and >= 0, got {eps!r}")
+
+
+def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True):
+    _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2, cuda=cuda)
     k = x.shape[1]
     if k % K_ALIGN or k == 0:
@@ -563,8 +589,6 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, cuda: bool = True):
     if hc_scale.dim() and hc_scale.stride(0) != 1 or hc_base.stride(0) != 1:
         raise ValueError("hc_scale and hc_base must be contiguous")
     check_same_device(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)
-    if int(sinkhorn_iters) < 1:
-        raise ValueError(f"sinkhorn_iters={sinkhorn_iters} must be >= 1")
     if x.shape[0] > 65535 * 16:
         raise ValueError(f"x has {x.shape[0]} rows; at most {65535 * 16} supported")
 
@@ -639,18 +663,36 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mHC pre/post/comb coefficients of each row (DeepSeek mHC, arXiv 2512.24880; seed 001).
 
+    Per row, with ``a = x . hc_fn^T`` (24 values) and ``r = 1 / sqrt(sum(x^2) / K + rms_eps)``::
+
+        pre  = sigmoid(a[0:4] * r * hc_scale[0] + hc_base[0:4]) + hc_eps
+        post = 2 * sigmoid(a[4:8] * r * hc_scale[1] + hc_base[4:8])
+        C    = (a[8:24] * r * hc_scale[2] + hc_base[8:24]).view(4, 4)      # row-major
+        C    = softmax(C, over each row) + hc_eps                          # every entry + hc_eps
+        C    = C / (column sums of C + hc_eps)                             # column normalize
+        repeat sinkhorn_iters - 1 times:
+            C = C / (row sums of C + hc_eps)                               # row normalize
+            C = C / (column sums of C + hc_eps)                            # column normalize
+        comb = C
+
+    (exactly :func:`hc_mix_sinkhorn_reference`; ``sinkhorn_iters = 1`` is the softmax and one
+    column normalization).  The kernel computes the reciprocals with ``rcp.approx``.
+
     Args:
         x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64, M >= 0.
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous.
         hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.
-        sinkhorn_iters: Sinkhorn iterations (>= 1).  rms_eps, hc_eps: see the module docstring.
+        sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
+        rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``.
     Returns:
         ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]``, float32.  ``a = x . hc_fn^T`` is
         float32-accurate (bf16x3 tensor-core products); each row's bits are independent of M.
     Raises:
-        TypeError: wrong dtype.  ValueError: wrong shape, device, alignment, K or iteration count.
+        TypeError: wrong tensor dtype; sinkhorn_iters not an int; rms_eps / hc_eps not real numbers.
+        ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
+            hc_eps negative or not finite.
     """
-    _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters)
+    _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
     return _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
 
 
@@ -672,7 +714,9 @@ def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: to
     """Reference of :func:`hc_mix_sinkhorn` in ``dtype`` (float64 by default; any device).
 
     Returns float32 ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]`` (and computes in ``dtype``).
+    The scalars follow the op's rules (``TypeError`` / ``ValueError`` naming the argument).
     """
+    _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     pre, post, comb = _reference(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, dtype)
     return pre.float(), post.float(), comb.float()
 
