@@ -153,3 +153,47 @@ def test_validation_rules_without_gpu():
         v(q, k, wq, wk, float("nan"))
     big = torch.zeros(4, 64 + 2 * 16, dtype=torch.bfloat16)  # a fused qkv buffer: q and k are strided views
     v(big[:, :64], big[:, 64:80], wq, wk, 1e-6)
+
+
+class _CudaLike:
+    """A CPU tensor that claims to be on cuda:0 (for the eager fast-path test without a GPU)."""
+
+    def __init__(self, t):
+        self.t = t
+        self.dtype, self.shape, self.is_cuda = t.dtype, t.shape, True
+
+    def stride(self):
+        return self.t.stride()
+
+    def data_ptr(self):
+        return self.t.data_ptr()
+
+    def get_device(self):
+        return 0
+
+
+@pytest.mark.parametrize("eps,exc", [
+    (True, TypeError), (False, TypeError), ("1e-6", TypeError), (None, TypeError), (torch.tensor(1e-6), TypeError),
+    (-1e-6, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+    (1e300, ValueError), pytest.param(10**400, ValueError, id="10**400"),  # inf in float32 / beyond float
+])
+def test_eps_rules(eps, exc):
+    q, k, wq, wk = _args()
+    with pytest.raises(exc, match="eps"):
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, eps)  # checked before the device rule
+    with pytest.raises(exc, match="eps"):
+        mod.validate_qk_args(q, k, wq, wk, eps, cuda=False)
+    with pytest.raises(exc, match="eps"):
+        mod.qk_rmsnorm_reference(q, k, wq, wk, eps)
+    cuda_like = [_CudaLike(t) for t in (q, k, wq, wk)]
+    assert mod.args_look_valid(*cuda_like, 1e-6)  # the stand-ins pass the fast path's other rules
+    assert not mod.args_look_valid(*cuda_like, eps)  # the eager fast path must not skip the eps rule
+
+
+def test_eps_accepts_reals():
+    import numpy as np
+
+    q, k, wq, wk = _args()
+    for eps in (0, 1e-6, np.float32(1e-5), np.float64(1e-6), 3):
+        mod.validate_qk_args(q, k, wq, wk, eps, cuda=False)
+        mod.check_eps(eps)

@@ -31,6 +31,7 @@ the same process; the issue's floor at 4185 GB/s is 80 us).  torch ``rms_norm`` 
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from dataclasses import dataclass
 
@@ -365,6 +366,7 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
 
     ``cuda=False`` skips the device check (CPU tests of the other rules).
     """
+    check_eps(eps)
     check_tensor("q", q, dtypes=DTYPES, ndim=2, cuda=cuda, align_bytes=0)
     check_tensor("k", k, dtypes=(q.dtype,), ndim=2, cuda=cuda, align_bytes=0)
     vec = vec_elems(q.dtype)
@@ -380,8 +382,22 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
     if q.device != k.device or q_weight.device != q.device or k_weight.device != q.device:
         raise ValueError(f"q, k, q_weight, k_weight must be on one device, got {q.device}, {k.device}, "
                          f"{q_weight.device}, {k_weight.device}")
-    if not isinstance(eps, (float, int)) or eps < 0 or not math.isfinite(eps):
-        raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+
+
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def check_eps(eps) -> None:
+    """``eps`` must be a real number (not bool, not a string: ``TypeError``), finite in float32 and
+    ``>= 0`` (``ValueError``): the kernels take it as a float32."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number (float), got {type(eps).__name__} {eps!r}")
+    try:
+        e = float(eps)
+    except OverflowError:
+        raise ValueError(f"eps={eps!r} is out of float range") from None
+    if not (math.isfinite(e) and 0.0 <= e <= _F32_MAX):
+        raise ValueError(f"eps must be a finite float >= 0 (float32 range), got {eps!r}")
 
 
 def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
@@ -401,7 +417,7 @@ def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
             return False
         if not q.is_cuda or not (q.get_device() == k.get_device() == q_weight.get_device() == k_weight.get_device()):
             return False
-        return 0 <= eps < math.inf and isinstance(eps, (float, int))
+        return (type(eps) is float or type(eps) is int) and 0 <= eps <= _F32_MAX  # bool is not int here
     except (AttributeError, ValueError, TypeError):
         return False
 
@@ -438,11 +454,12 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
             ``Q`` a multiple of 8 (16-bit types) or 4 (float32).
         k: [N, K], same dtype/device/rules as q.
         q_weight: [Q], k_weight: [K], same dtype as q, contiguous.
-        eps: float >= 0 (standard RMSNorm eps, added to the mean).
+        eps: real number (not bool), finite in float32, >= 0 (standard RMSNorm eps, added to the mean).
     Returns:
         None; q and k are overwritten.
     Raises:
-        TypeError: wrong dtypes.  ValueError: shapes, devices, strides, alignment or eps.
+        TypeError: wrong dtypes; eps not a real number.
+        ValueError: shapes, devices, strides, alignment; eps negative or not finite.
     """
     _qk_rmsnorm_impl(q, k, q_weight, k_weight, eps)
 
@@ -454,8 +471,10 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
 
     ``q_dim``/``k_dim``: the divisor of the sum (default: the row width).  ``q_sumsq``/``k_sumsq``:
     per-token sums of squares to use instead of the local ones (a tensor-parallel reference passes
-    the sums over all shards).
+    the sums over all shards).  ``eps`` follows :func:`check_eps`.
     """
+    check_eps(eps)
+
     def one(x, w, dim, ss):
         xd = x.double()
         ss = (xd * xd).sum(-1, keepdim=True) if ss is None else ss.double().reshape(-1, 1)
