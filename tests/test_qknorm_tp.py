@@ -1,6 +1,8 @@
 """Tensor-parallel Q/K RMSNorm: CPU compile per shipped (dtype, G, Q, K), protocol in the PTX, config, reference."""
 
+import gc
 import re
+import weakref
 
 import pytest
 import torch
@@ -112,3 +114,120 @@ def test_single_rank_group_constructs_without_push_buffers():
             p(q[:4], k[:4], *w, 1e-6)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(max_tokens="16"), TypeError, "max_tokens"),
+    (dict(max_tokens=16.0), TypeError, "max_tokens"),
+    (dict(max_tokens=True), TypeError, "max_tokens"),
+    (dict(max_tokens=2**31), ValueError, "max_tokens"),
+    (dict(q_dim="4096"), TypeError, "q_dim"),
+    (dict(q_dim=4096.0), TypeError, "q_dim"),
+    (dict(k_dim=None), TypeError, "k_dim"),
+    (dict(k_dim=0), ValueError, "k_dim"),
+    (dict(q_dim=-8), ValueError, "q_dim"),
+    (dict(timeout_s=float("inf")), ValueError, "timeout_s"),
+    (dict(timeout_s=float("nan")), ValueError, "timeout_s"),
+    (dict(timeout_s=1e10), ValueError, "int64 nanoseconds"),
+    (dict(timeout_s=10**400), ValueError, "timeout_s"),
+    (dict(timeout_s=-1.0), ValueError, "timeout_s"),
+    (dict(timeout_s=1e-12), ValueError, "1 ns"),
+    (dict(timeout_s="10"), TypeError, "timeout_s"),
+    (dict(timeout_s=True), TypeError, "timeout_s"),
+])
+def test_constructor_argument_types_and_ranges(kw, exc, msg):
+    a = dict(max_tokens=16, q_dim=4096, k_dim=1024)
+    a.update(kw)
+    with pytest.raises(exc, match=msg):
+        cute_kernels.ParallelQKNorm(None, a.pop("max_tokens"), a.pop("q_dim"), a.pop("k_dim"), torch.bfloat16, **a)
+    a = dict(max_tokens=16, q_dim=4096, k_dim=1024)
+    a.update(kw)
+    with pytest.raises(exc, match=msg):  # the emulation checks them before it needs a GPU
+        mod.ParallelQKNorm.emulated(2, a.pop("max_tokens"), a.pop("q_dim"), a.pop("k_dim"), torch.bfloat16, **a)
+
+
+def test_timeout_conversion():
+    assert mod._timeout_ns(10.0) == 10_000_000_000
+    assert mod._timeout_ns(1) == 1_000_000_000
+    assert mod._timeout_ns(9.2e9) <= 2**63 - 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_emulated_without_cuda_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        mod.ParallelQKNorm.emulated(2, 16, 4096, 1024, torch.bfloat16)
+    with pytest.raises(TypeError, match="world"):
+        mod.ParallelQKNorm.emulated(2.0, 16, 4096, 1024, torch.bfloat16)
+    with pytest.raises(ValueError, match="world size"):
+        mod.ParallelQKNorm.emulated(9, 16, 4096, 1024, torch.bfloat16)
+
+
+def test_supported_width_rule_matches_docstring():
+    """The docstring: per-rank q widths of >= 4*G 16-byte vectors are always accepted; narrower may not be."""
+    for dtype in (torch.bfloat16, torch.float32):
+        vec = mod.vec_elems(dtype)
+        for g in (2, 4, 8):
+            for qn in range(4 * g, 4 * g + 40):
+                for kn in (1, 3, 16, 128):
+                    mod.ParallelQKNormConfig.for_shape(g, qn * vec * g, kn * vec * g, dtype)
+    with pytest.raises(ValueError, match="32 rows x 8 ranks exceed the 32 q threads"):
+        mod.ParallelQKNormConfig.for_shape(8, 64, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="4\\*G 16-byte vectors"):
+        mod.ParallelQKNormConfig.for_shape(8, 64, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="exceed"):  # the emulation raises it before it needs a GPU
+        mod.ParallelQKNorm.emulated(8, 16, 64, 64, torch.bfloat16)
+    assert "32 rows x 8 ranks exceed the 32 q threads" in " ".join(mod.ParallelQKNorm.__doc__.split())
+
+
+def _emulated_cpu_ranks(monkeypatch, world=2):
+    """Fused emulated ranks with CPU buffers (no launch): the stand-ins replace the compile and GPU queries."""
+    monkeypatch.setattr(mod, "_compile", lambda *a: (lambda *args: None))
+    monkeypatch.setattr(mod, "resident_ctas", lambda *a, **k: 1)
+    dev = torch.device("cpu")
+    bufs = [torch.full((2, 16, world), mod._sentinel_i64(), dtype=torch.int64) for _ in range(world)]
+    ranks = [mod.ParallelQKNorm(None, 16, 4096, 1024, torch.bfloat16,
+                                _emulation=dict(rank=r, world=world, device=dev, buffers=bufs)) for r in range(world)]
+    return ranks, [weakref.ref(b) for b in bufs]
+
+
+def test_dropped_instances_free_their_buffers(monkeypatch):
+    ranks, buf_refs = _emulated_cpu_ranks(monkeypatch)
+    handles = [r.handle for r in ranks]
+    assert handles[0] != handles[1] and all(mod._instances[h] is r for h, r in zip(handles, ranks))
+    inst_refs = [weakref.ref(r) for r in ranks]
+    del ranks[0]
+    gc.collect()
+    assert inst_refs[0]() is None and handles[0] not in mod._instances
+    assert all(b() is not None for b in buf_refs)  # rank 1 still pushes into both buffers
+    del ranks[0]
+    gc.collect()
+    assert inst_refs[1]() is None and handles[1] not in mod._instances
+    assert all(b() is None for b in buf_refs)
+    with pytest.raises(RuntimeError, match="closed or freed"):
+        mod.parallel_qk_rmsnorm_(torch.zeros(1, 8), torch.zeros(1, 8), torch.ones(8), torch.ones(8), 1e-6, handles[0])
+
+
+def test_close_and_context_manager(monkeypatch):
+    ranks, buf_refs = _emulated_cpu_ranks(monkeypatch)
+    with ranks[0] as r0:
+        assert not r0.closed
+    assert r0.closed and r0.handle not in mod._instances
+    r0.close()  # idempotent
+    q, k = torch.zeros(1, 2048, dtype=torch.bfloat16), torch.zeros(1, 512, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="closed"):
+        r0(q, k, torch.ones(2048, dtype=torch.bfloat16), torch.ones(512, dtype=torch.bfloat16), 1e-6)
+    with pytest.raises(RuntimeError, match="closed"):
+        r0.reset()
+    ranks[1].close()
+    gc.collect()
+    assert all(b() is None for b in buf_refs)  # the objects are still referenced here; their buffers are not
+
+
+def test_call_checks_eps_before_float(monkeypatch):
+    ranks, _ = _emulated_cpu_ranks(monkeypatch)
+    q, k = torch.zeros(1, 2048, dtype=torch.bfloat16), torch.zeros(1, 512, dtype=torch.bfloat16)
+    w = (torch.ones(2048, dtype=torch.bfloat16), torch.ones(512, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="eps"):
+        ranks[0](q, k, *w, True)
+    with pytest.raises(TypeError, match="eps"):
+        ranks[0](q, k, *w, "1e-6")

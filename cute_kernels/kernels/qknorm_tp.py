@@ -53,9 +53,12 @@ N=64: 4.8 / 7.7 us.  The unfused torch path (sums, summed across ranks, scale) i
 
 from __future__ import annotations
 
+import itertools
 import math
+import numbers
 import os
 import socket
+import weakref
 from dataclasses import dataclass
 
 import cutlass
@@ -68,7 +71,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, args_look_valid,
+from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, args_look_valid, check_eps,
                      qk_rmsnorm_reference, validate_qk_args, vec_elems)
 
 NAME = "qknorm_tp"
@@ -100,8 +103,11 @@ class ParallelQKNormConfig:
     def validate(self) -> None:
         self.norm.validate()
         if self.norm.rows * self.world > self.norm.q_threads:
-            raise ValueError(f"{self.norm.rows} rows x {self.world} ranks exceed the {self.norm.q_threads} "
-                             "q threads that push and poll")
+            raise ValueError(
+                f"{self.norm.rows} rows x {self.world} ranks exceed the {self.norm.q_threads} q threads that push "
+                f"and poll: the per-rank q width {self.norm.q.width} is split over {self.norm.q.threads} threads "
+                f"per row, fewer than G={self.world}; per-rank q widths of at least 4*G 16-byte vectors "
+                f"({4 * self.world * self.norm.q.vec} elements here) are always supported")
 
 
 class ParallelQKNormKernel(QKRowNormalizer):
@@ -282,7 +288,39 @@ class PeerTimeoutError(RuntimeError):
     """A rank waited longer than ``timeout_s`` for a peer's partial sums."""
 
 
-_instances: dict[int, "ParallelQKNorm"] = {}
+# The custom op takes the instance as an int handle (torch ops cannot take Python objects); the
+# registry is weak so that dropping a ParallelQKNorm frees it and its buffers.  Handles come from a
+# counter (never reused, unlike id()), so a stale handle cannot name a newer instance.
+_instances: "weakref.WeakValueDictionary[int, ParallelQKNorm]" = weakref.WeakValueDictionary()
+_handles = itertools.count(1)
+_TIMEOUT_NS_MAX = 2**63 - 1  # the kernel's Int64 nanoseconds
+
+
+def _positive_int(name: str, value, upper: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < 1 or (upper is not None and value > upper):
+        raise ValueError(f"{name}={value} must be >= 1" + (f" and <= {upper}" if upper is not None else ""))
+    return value
+
+
+def _timeout_ns(timeout_s) -> int:
+    """``timeout_s`` (seconds, a finite real > 0) as int64 nanoseconds (at least 1)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise TypeError(f"timeout_s must be a real number of seconds, got {type(timeout_s).__name__} {timeout_s!r}")
+    try:
+        t = float(timeout_s)
+    except OverflowError:
+        raise ValueError(f"timeout_s={timeout_s!r} is out of range") from None
+    if not (math.isfinite(t) and t > 0):
+        raise ValueError(f"timeout_s={timeout_s!r} must be finite and > 0")
+    ns = round(t * 1e9)
+    if ns > _TIMEOUT_NS_MAX:
+        raise ValueError(f"timeout_s={timeout_s!r} does not fit int64 nanoseconds (max ~{_TIMEOUT_NS_MAX / 1e9:.3g} s)")
+    if ns < 1:
+        raise ValueError(f"timeout_s={timeout_s!r} is below 1 ns")
+    return ns
 
 
 class ParallelQKNorm:
@@ -297,27 +335,43 @@ class ParallelQKNorm:
     (several nodes), calls go through the unfused path: per-token sums, ``all_reduce``, scale.
     ``ParallelQKNorm.emulated(G, ...)`` builds G ranks on one GPU (tests and benchmarks).
 
+    Lifetime: the object owns its push buffer (and, in the emulation, references to its peers').
+    Dropping the last reference frees it (the op's handle registry is weak); :meth:`close` (or a
+    ``with`` block) frees the buffers now.  Close or drop it on every rank only after every rank's
+    last call has finished (a peer still in flight pushes into this rank's buffer), and never while
+    a captured CUDA graph that launches it may still be replayed.
+
     Args:
         group: a torch.distributed process group (or None for the default group).
-        max_tokens: capacity; a call with more tokens raises ``ValueError``.
-        q_dim, k_dim: full sizes Q and K (divisible by G; per-rank widths multiples of 8 for 16-bit
-            dtypes, 4 for float32).
+        max_tokens: positive int (<= 2**31 - 1), the capacity; a call with more tokens raises ``ValueError``.
+        q_dim, k_dim: positive ints, the full sizes Q and K: divisible by G, per-rank widths
+            ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32), and each q row
+            must be split over at least G threads by the tiling (the q threads push and poll one
+            (row, rank) slot each).  A per-rank q width of at least ``4*G`` 16-byte vectors
+            (``Q/G >= 32*G`` elements for 16-bit dtypes, ``16*G`` for float32) is always accepted; narrower
+            shards may be rejected with ``ValueError`` (e.g. G=8, Q=K=64, bfloat16:
+            "32 rows x 8 ranks exceed the 32 q threads").  GPU-tested: Q in {4096, 6144}, K=1024, G in {2, 4, 8}.
         dtype: float16, bfloat16 or float32 (q, k and the weights).
-        timeout_s: how long a rank waits for a peer before the launch gives up and flags an error.
-    Raises (calls): ``ValueError``/``TypeError`` for bad arguments, ``PeerTimeoutError`` when an
-        earlier launch timed out (see :meth:`check_error`, :meth:`reset`).
+        timeout_s: real number of seconds, finite, > 0 and within int64 nanoseconds: how long a rank
+            waits for a peer before the launch gives up and flags an error.
+    Raises:
+        TypeError (construction): dtype not supported; max_tokens / q_dim / k_dim not ints;
+            timeout_s not a real number.
+        ValueError (construction): non-positive sizes, unsupported widths (above), timeout_s not
+            finite / not > 0 / too large.
+        Calls: ``ValueError``/``TypeError`` for bad arguments, ``PeerTimeoutError`` when an earlier
+        launch timed out (see :meth:`check_error`, :meth:`reset`), ``RuntimeError`` after :meth:`close`.
     """
 
     def __init__(self, group, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype, *,
                  timeout_s: float = 10.0, _emulation: dict | None = None):
+        self._closed = True  # until construction completes (close() / _run on a half-built object)
         if dtype not in DTYPES:
             raise TypeError(f"dtype {dtype} not supported; expected one of {DTYPES}")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s={timeout_s} must be > 0")
-        self.max_tokens, self.q_dim, self.k_dim, self.dtype = int(max_tokens), q_dim, k_dim, dtype
-        self.timeout_ns = int(timeout_s * 1e9)
+        max_tokens = _positive_int("max_tokens", max_tokens, upper=2**31 - 1)  # the kernel's Int32 capacity
+        q_dim, k_dim = _positive_int("q_dim", q_dim), _positive_int("k_dim", k_dim)
+        self.max_tokens, self.q_dim, self.k_dim, self.dtype = max_tokens, q_dim, k_dim, dtype
+        self.timeout_ns = _timeout_ns(timeout_s)
         self.group = group
         # written by the GPU through its UVA address (pinned host memory), read here without a sync
         self._error = torch.zeros(1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
@@ -347,17 +401,32 @@ class ParallelQKNorm:
             self.state = torch.zeros(_STATE_WORDS, dtype=torch.int32, device=self.device)
             self._fn = _compile(dtype, self.world, q_dim, k_dim)
             self._resident = resident_ctas(dtype, self.world, q_dim, k_dim, self.ranks_per_gpu, self.device)
-        self.handle = id(self)
+        self.handle = next(_handles)
         _instances[self.handle] = self
+        self._closed = False
 
     # --- construction helpers
     @classmethod
     def emulated(cls, world: int, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype,
                  device=None, timeout_s: float = 10.0) -> list["ParallelQKNorm"]:
-        """G ranks on one GPU: G buffers on ``device``; run rank r's calls on its own stream."""
+        """G ranks on one GPU: G buffers on ``device``; run rank r's calls on its own stream.
+
+        Raises ``RuntimeError`` without CUDA, ``ValueError`` for a non-CUDA ``device`` or a world
+        size outside [2, 8], and the constructor's errors for the other arguments."""
+        world = _positive_int("world", world)
         if world < 2 or world > MAX_G:
             raise ValueError(f"emulated world size {world} must be in [2, {MAX_G}]")
+        # the constructor's argument checks, before anything is allocated
+        if dtype not in DTYPES:
+            raise TypeError(f"dtype {dtype} not supported; expected one of {DTYPES}")
+        max_tokens = _positive_int("max_tokens", max_tokens, upper=2**31 - 1)
+        ParallelQKNormConfig.for_shape(world, _positive_int("q_dim", q_dim), _positive_int("k_dim", k_dim), dtype)
+        _timeout_ns(timeout_s)
+        if not torch.cuda.is_available():
+            raise RuntimeError("ParallelQKNorm.emulated needs a CUDA device (none is available to torch here)")
         device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"ParallelQKNorm.emulated needs a CUDA device, got {device}")
         bufs = [torch.full((2, max_tokens, world), _sentinel_i64(), dtype=torch.int64, device=device)
                 for _ in range(world)]
         return [cls(None, max_tokens, q_dim, k_dim, dtype, timeout_s=timeout_s,
@@ -398,6 +467,32 @@ class ParallelQKNorm:
         dist.barrier(group=self.group)
         return buf, peers
 
+    # --- lifetime
+    def close(self) -> None:
+        """Free this rank's buffers now (idempotent); later calls raise ``RuntimeError``.
+
+        Waits for this rank's launches on its device; call it on every rank after every rank's
+        last call (a peer still in flight pushes into this rank's buffer)."""
+        if self._closed:
+            return
+        self._closed = True
+        _instances.pop(self.handle, None)
+        if self.fused and torch.cuda.is_available() and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for name in ("buffer", "_peer_bufs", "peers", "state", "_symm_handle", "_fn"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "ParallelQKNorm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # --- errors and recovery
     def check_error(self, synchronize: bool = True) -> None:
         """Raise :class:`PeerTimeoutError` if a launch of this rank timed out waiting for a peer."""
@@ -412,6 +507,7 @@ class ParallelQKNorm:
 
     def reset(self) -> None:
         """Rearm buffers, epoch and error flag (after a timeout).  Call on every rank (collective)."""
+        self._check_open()
         torch.cuda.synchronize(self.device)
         if self.fused:
             self.buffer.fill_(_sentinel_i64())
@@ -427,9 +523,16 @@ class ParallelQKNorm:
     # --- calls
     def __call__(self, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  eps: float) -> None:
+        self._check_open()
+        check_eps(eps)  # before float(): True or "1e-6" must not turn into a number
         parallel_qk_rmsnorm_(q, k, q_weight, k_weight, float(eps), self.handle)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"ParallelQKNorm (rank {getattr(self, 'rank', '?')}) is closed")
+
     def _run(self, q, k, q_weight, k_weight, eps) -> None:
+        self._check_open()
         if not args_look_valid(q, k, q_weight, k_weight, eps):
             validate_qk_args(q, k, q_weight, k_weight, eps)
         if q.shape[1] != self.q_width or k.shape[1] != self.k_width:
@@ -482,7 +585,11 @@ def _scale_in_place(q, k, q_weight, k_weight, eps, sums, q_dim, k_dim) -> None:
 def parallel_qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                          eps: float, handle: int) -> None:
     """The op behind ``ParallelQKNorm.__call__`` (``handle`` names the instance)."""
-    _instances[handle]._run(q, k, q_weight, k_weight, eps)
+    inst = _instances.get(handle)
+    if inst is None:
+        raise RuntimeError(f"ParallelQKNorm handle {handle} was closed or freed (keep the object alive while "
+                           "code that calls it, e.g. a compiled graph, may run)")
+    inst._run(q, k, q_weight, k_weight, eps)
 
 
 def unfused_emulated_step(ranks: list[ParallelQKNorm], qs, ks, wqs, wks, eps: float) -> None:
