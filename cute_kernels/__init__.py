@@ -22,6 +22,7 @@ _PUBLIC = {
     "ParallelQKNorm": ("cute_kernels.kernels.qknorm_tp", "ParallelQKNorm"),
     "hc_mix_sinkhorn": ("cute_kernels.kernels.hc_mix", "hc_mix_sinkhorn"),
     "hc_mix_sinkhorn_reference": ("cute_kernels.kernels.hc_mix", "hc_mix_sinkhorn_reference"),
+    "shipped_configs": ("cute_kernels.tuning", "shipped_configs"),
 }
 
 

@@ -1,0 +1,544 @@
+"""Shipped configs per kernel, the tuned-config cache, and the autotuner (issue 8, "Tile shapes and tuning").
+
+* :func:`shipped_configs` lists each kernel's shipped configs, read from the kernel module's own
+  tables (``ranker_fwd.CONFIGS`` per head dim, ``hc_mix.SMALL/MEDIUM/LARGE`` + ``EXPERIMENTAL``, the
+  per-shape configs of ``qknorm`` / ``qknorm_tp`` / ``scale`` from their ``compile_targets()``).
+  ``cute-kernels configs [--kernel NAME]`` prints them.
+* Tuned configs: ``tuned.json`` in the compile cache root (:func:`cute_kernels.runtime.cache.cache_dir`),
+  one entry per (kernel, GPU name, source fingerprint, dtype, shape key) holding the winning config's
+  fields.  :func:`store` writes it atomically under a file lock; :func:`lookup` / :func:`tuned_config`
+  read it (loaded once per process, reloaded when the cache folder changes or :func:`reload` is called).
+  A corrupt file is ignored with a warning.  ``CUTE_KERNELS_TUNED=0`` ignores the file (read when a
+  kernel first sees a shape: kernels memoize their choice per argument signature).
+  Any kernel can use it: build a shape key from what its host side knows without a device sync, call
+  :func:`tuned_config` on a memo miss, register its memo with :func:`register_memo`.  Wired now:
+  ``ranker_fwd`` (:func:`cute_kernels.kernels.ranker_fwd.config_for_shape`).
+* The autotuner, ``cute-kernels tune --kernel ranker_fwd --shape B=4,S=4608,H=16,D=128`` (GPU):
+  candidates around the shipped config (validated by the config's ``validate()``, enumerated with
+  :func:`cute_kernels.layouts.kernel_layouts.enumerate_configs`), each compiled, its output checked
+  against the shipped config's on the same random inputs, timed with
+  :func:`cute_kernels.runtime.timing.cuda_time_us`; the fastest is stored.  One tuner per kernel in
+  :data:`TUNERS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .runtime.cache import cache_dir, source_fingerprint
+
+TUNED_FILE = "tuned.json"
+FORMAT_VERSION = 1
+
+
+# ============================================================================ shipped configs
+def _dtype_name(dtype) -> str:
+    """``torch.bfloat16`` / ``"torch.bfloat16"`` / ``"bfloat16"`` -> ``"bfloat16"``."""
+    return str(dtype).replace("torch.", "")
+
+
+def _ranker_fwd_configs(mod) -> dict:
+    return {f"head_dim={d}": cfg for d, cfg in sorted(mod.CONFIGS.items())}
+
+
+def _hc_mix_configs(mod) -> dict:
+    out = {"M<=256 (default)": mod.SMALL, "256<M<=1024 (default)": mod.MEDIUM, "M>1024 (default)": mod.LARGE}
+    for i, cfg in enumerate(mod.EXPERIMENTAL):
+        out[f"experimental {i}"] = cfg
+    return out
+
+
+def _qknorm_configs(mod) -> dict:
+    import torch
+
+    return {t.label: mod.QKNormConfig.for_shape(t.key[1], t.key[2], getattr(torch, t.key[0].replace("torch.", "")),
+                                                tuning=mod.DEFAULT_TUNING)
+            for t in mod.compile_targets()}
+
+
+def _qknorm_tp_configs(mod) -> dict:
+    import torch
+
+    return {t.label: mod.ParallelQKNormConfig.for_shape(t.key[1], t.key[2], t.key[3],
+                                                        getattr(torch, t.key[0].replace("torch.", "")))
+            for t in mod.compile_targets()}
+
+
+def _scale_configs(mod) -> dict:
+    return {t.label.split(" ")[0]: t.key[1] for t in mod.compile_targets()}
+
+
+# kernel -> its shipped configs from the module's own tables; other kernels: compile_targets() labels -> keys
+_SHIPPED: dict[str, Callable[[Any], dict]] = {
+    "ranker_fwd": _ranker_fwd_configs,
+    "hc_mix": _hc_mix_configs,
+    "qknorm": _qknorm_configs,
+    "qknorm_tp": _qknorm_tp_configs,
+    "scale": _scale_configs,
+}
+
+
+def shipped_configs(kernel: Optional[str] = None) -> dict:
+    """Shipped configs: ``{kernel: {label: config}}`` for every registered kernel (or just ``kernel``).
+
+    Labels say where a config applies: ``"head_dim=128"`` (ranker_fwd), ``"M<=256 (default)"``
+    (hc_mix, rows per call), ``"bfloat16 q=1024 k=256"`` (qknorm, per-rank widths), ...  Values are
+    the kernels' frozen config dataclasses (for a kernel without an adapter here: its
+    ``compile_targets()`` keys).  Raises ``ValueError`` for an unknown kernel name.
+    """
+    from . import registry
+
+    if kernel is not None and kernel not in registry.KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}")
+    out = {}
+    for name in ([kernel] if kernel is not None else registry.names()):
+        mod = registry.module(name)
+        adapter = _SHIPPED.get(name)
+        out[name] = adapter(mod) if adapter else {t.label: t.key for t in mod.compile_targets()}
+    return out
+
+
+def format_configs(kernel: Optional[str] = None) -> str:
+    """The text ``cute-kernels configs`` prints: shipped configs, then tuned entries of this source."""
+    lines = []
+    for name, table in shipped_configs(kernel).items():
+        lines.append(f"{name}:")
+        width = max((len(label) for label in table), default=0)
+        for label, cfg in table.items():
+            extra = ""
+            smem = getattr(cfg, "smem_bytes", None)
+            if callable(smem):
+                smem = smem()
+            if isinstance(smem, int):
+                extra = f"  [smem {smem} B]"
+            lines.append(f"  {label:<{width}}  {cfg}{extra}")
+    tuned = [e for e in _entries().values() if kernel is None or e.get("kernel") == kernel]
+    fp = source_fingerprint() if tuned else None
+    tuned = [e for e in tuned if e.get("fingerprint") == fp]
+    if tuned:
+        lines.append(f"tuned ({tuned_path()}, source {fp}):")
+        for e in tuned:
+            lines.append(f"  {e.get('kernel')} {e.get('gpu')} {e.get('dtype')} {e.get('shape')}: {e.get('config')}"
+                         f"  ({e.get('time_us')} us, shipped {e.get('shipped_time_us')} us)")
+    return "\n".join(lines) + "\n"
+
+
+# ============================================================================ tuned-config cache
+_lock = threading.Lock()
+_loaded: dict = {"path": None, "entries": {}}
+_memos: list[dict] = []
+_gpu_names: dict = {}
+
+
+def tuned_path() -> Path:
+    """``<cache_dir()>/tuned.json``."""
+    return cache_dir() / TUNED_FILE
+
+
+def tuned_enabled() -> bool:
+    """``CUTE_KERNELS_TUNED`` = 0/false/no/off (any case) makes kernels ignore tuned configs."""
+    return os.environ.get("CUTE_KERNELS_TUNED", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def entry_key(kernel: str, gpu: str, fingerprint: str, dtype, shape_key: str) -> str:
+    """The key of one tuned entry: ``kernel|gpu|fingerprint|dtype|shape_key``."""
+    return "|".join((kernel, gpu, fingerprint, _dtype_name(dtype), shape_key))
+
+
+def gpu_name(device=None) -> str:
+    """``torch.cuda.get_device_name`` of ``device`` (index, ``torch.device`` or None = current), memoized."""
+    import torch
+
+    idx = device.index if isinstance(device, torch.device) else device
+    if idx is None:
+        idx = torch.cuda.current_device()
+    name = _gpu_names.get(idx)
+    if name is None:
+        name = _gpu_names[idx] = torch.cuda.get_device_name(idx)
+    return name
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(f"cute_kernels tuned configs: {msg}", RuntimeWarning, stacklevel=3)
+
+
+def _read_file(path: Path) -> dict:
+    """Entries of ``path`` ({} when absent; {} and a warning when unreadable or malformed)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        _warn(f"cannot read {path} ({exc}); ignoring it")
+        return {}
+    try:
+        data = json.loads(text)
+        entries = data["entries"]
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+            raise ValueError("'entries' is not a mapping of objects")
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"version {data.get('version')!r}, expected {FORMAT_VERSION}")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        _warn(f"{path} is corrupt ({type(exc).__name__}: {exc}); ignoring it (the next `cute-kernels tune` rewrites it)")
+        return {}
+    return entries
+
+
+def _entries() -> dict:
+    """The entries of the current ``tuned.json``, read once per process (and per cache folder)."""
+    path = tuned_path()
+    if _loaded["path"] == path:
+        return _loaded["entries"]
+    with _lock:
+        if _loaded["path"] != path:
+            _loaded["entries"] = _read_file(path)
+            _loaded["path"] = path
+        return _loaded["entries"]
+
+
+def register_memo(memo: dict) -> dict:
+    """Register a kernel's per-signature memo of chosen configs: :func:`reload` clears it."""
+    _memos.append(memo)
+    return memo
+
+
+def reload() -> None:
+    """Forget the loaded ``tuned.json`` and clear the kernels' memos (the next call re-reads the file)."""
+    with _lock:
+        _loaded["path"] = None
+        _loaded["entries"] = {}
+        for memo in _memos:
+            memo.clear()
+
+
+def lookup(kernel: str, dtype, shape_key: str, gpu: Optional[str] = None, device=None) -> Optional[dict]:
+    """Fields of the tuned config of ``(kernel, gpu, this source's fingerprint, dtype, shape_key)``, or None.
+
+    ``gpu`` defaults to the name of ``device`` (a CUDA device; None = current).  None when
+    ``CUTE_KERNELS_TUNED=0``, when ``tuned.json`` is absent/corrupt or has no such entry.
+    """
+    if not tuned_enabled():
+        return None
+    entries = _entries()
+    if not entries:
+        return None
+    if gpu is None:
+        gpu = gpu_name(device)
+    e = entries.get(entry_key(kernel, gpu, source_fingerprint(), dtype, shape_key))
+    cfg = e.get("config") if e else None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def tuned_config(kernel: str, cls, dtype, shape_key: str, default, gpu: Optional[str] = None, device=None,
+                 accept: Optional[Callable[[Any], bool]] = None):
+    """The tuned ``cls`` config of this key, else ``default``.
+
+    The stored fields must build a ``cls`` whose ``validate()`` passes (and ``accept(cfg)``, e.g. the
+    head dim matches); otherwise a warning and ``default``.
+    """
+    fields = lookup(kernel, dtype, shape_key, gpu=gpu, device=device)
+    if fields is None:
+        return default
+    try:
+        cfg = cls(**fields)
+        cfg.validate()
+        if accept is not None and not accept(cfg):
+            raise ValueError("does not fit this call")
+    except (TypeError, ValueError) as exc:
+        _warn(f"tuned {kernel} config {fields} for {shape_key} is unusable ({exc}); using the shipped one")
+        return default
+    return cfg
+
+
+def store(kernel: str, dtype, shape_key: str, config, gpu: str, **meta) -> Path:
+    """Write the tuned ``config`` (a dataclass or a dict of its fields) of this key into ``tuned.json``.
+
+    Read-modify-write under a file lock, written to a temporary file and renamed (atomic: a reader
+    sees the old or the new file).  ``meta`` (times, the inputs it was tuned on) is stored beside.
+    A corrupt existing file is replaced (with a warning).  Returns the file's path.
+    """
+    from filelock import FileLock
+
+    fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    path = tuned_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fp = source_fingerprint()
+    with FileLock(str(path) + ".lock", timeout=60):
+        entries = _read_file(path)
+        entries[entry_key(kernel, gpu, fp, dtype, shape_key)] = dict(
+            kernel=kernel, gpu=gpu, fingerprint=fp, dtype=_dtype_name(dtype), shape=shape_key, config=fields,
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **meta)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TUNED_FILE + ".", suffix=".partial")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": FORMAT_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    reload()
+    return path
+
+
+# ============================================================================ autotuner
+def parse_candidates(text: Optional[str], base) -> dict:
+    """``"tile_n=96,128,stages=2,3,persistent=false"`` -> ``{"tile_n": [96, 128], "stages": [2, 3], ...}``.
+
+    An item with ``=`` starts a field; items without one add values to the last field.  Values are
+    parsed as the type of ``base``'s field (int, float, true/false); unknown fields raise ``ValueError``.
+    """
+    from .layouts.kernel_layouts import _parse_value
+
+    out: dict[str, list] = {}
+    names = {f.name for f in dataclasses.fields(base)}
+    field = None
+    for part in (text or "").replace(" ", "").split(","):
+        if not part:
+            continue
+        if "=" in part:
+            field, part = part.split("=", 1)
+            if field not in names:
+                raise ValueError(f"candidate field {field!r} unknown for {type(base).__name__}; fields: {sorted(names)}")
+            out.setdefault(field, [])
+        elif field is None:
+            raise ValueError(f"candidate item {part!r}: expected field=value[,value...]")
+        value = _parse_value(field, part, getattr(base, field))
+        if value not in out[field]:
+            out[field].append(value)
+    return out
+
+
+def _parse_shape_items(text: str, allowed: dict) -> dict:
+    """``"B=4,S=4608"`` -> ``{"B": 4, "S": 4608}`` with values parsed by ``allowed[name]``."""
+    out = {}
+    for part in (text or "").replace(" ", "").split(","):
+        if not part:
+            continue
+        if "=" not in part:
+            raise ValueError(f"shape item {part!r}: expected name=value")
+        k, v = part.split("=", 1)
+        if k not in allowed:
+            raise ValueError(f"shape item {k!r} unknown; known: {', '.join(allowed)}")
+        try:
+            out[k] = allowed[k](v)
+        except ValueError:
+            raise ValueError(f"shape item {k}={v!r}: not a valid value") from None
+    return out
+
+
+def _cap(v: str):
+    return None if v.lower() == "none" else float(v)
+
+
+class RankerFwdTuner:
+    """Tuner of :mod:`cute_kernels.kernels.ranker_fwd` (the shape key is what ``ranker_attention``
+    sees without a device sync: B, S, Hq, Hkv, D and the cap method; hist/cand only shape the inputs)."""
+
+    kernel = "ranker_fwd"
+    shape_help = "B=4,S=4608,H=16,D=128[,Hkv=..,hist=..,cand=..,cap=..,cap_method=tanh|soft_sign]"
+    _items = dict(B=int, S=int, H=int, Hq=int, D=int, Hkv=int, hist=int, cand=int, cap=_cap, cap_method=str)
+
+    @staticmethod
+    def _module():
+        from .kernels import ranker_fwd
+
+        return ranker_fwd
+
+    def parse_shape(self, text: str) -> dict:
+        """Shape items; defaults: ``Hkv = H``, ``cand = S // 9``, ``hist = S - cand``, no cap."""
+        s = _parse_shape_items(text, self._items)
+        if "H" in s and "Hq" in s and s["H"] != s["Hq"]:
+            raise ValueError("give H or Hq, not both")
+        s["Hq"] = s.pop("H", s.get("Hq"))
+        missing = [k for k in ("B", "S", "Hq", "D") if s.get(k) is None]
+        if missing:
+            raise ValueError(f"shape needs {', '.join(m if m != 'Hq' else 'H' for m in missing)} ({self.shape_help})")
+        s.setdefault("Hkv", s["Hq"])
+        s.setdefault("cand", s["S"] // 9 if "hist" not in s else s["S"] - s["hist"])
+        s.setdefault("hist", s["S"] - s["cand"])
+        s.setdefault("cap", None)
+        s.setdefault("cap_method", "tanh")
+        rf = self._module()
+        if min(s["B"], s["S"], s["Hq"], s["Hkv"]) < 1:
+            raise ValueError("B, S, H, Hkv must be positive")
+        if s["Hq"] % s["Hkv"]:
+            raise ValueError(f"H={s['Hq']} must be a multiple of Hkv={s['Hkv']}")
+        if s["D"] not in rf.CONFIGS:
+            raise ValueError(f"D={s['D']} unsupported; shipped head dims: {sorted(rf.CONFIGS)}")
+        if s["hist"] < 0 or s["cand"] < 0 or s["hist"] + s["cand"] > s["S"]:
+            raise ValueError(f"hist={s['hist']} + cand={s['cand']} must be non-negative and fit in S={s['S']}")
+        rf._check_scalars(None, s["cap"], s["cap_method"])
+        return s
+
+    def shape_key(self, s: dict) -> str:
+        return self._module().tuned_shape_key(s["B"], s["S"], s["Hq"], s["Hkv"], s["D"],
+                                              "none" if s["cap"] is None else s["cap_method"])
+
+    def shipped(self, s: dict):
+        return self._module().CONFIGS[s["D"]]
+
+    def default_choices(self, base) -> dict:
+        """Around ``base``: both schedules, overlap on/off, +-1 stage (>= 2), tile_n +-32."""
+        return dict(persistent=[False, True], intra_wg_overlap=[True, False],
+                    stages=sorted({max(2, base.stages - 1), base.stages, base.stages + 1}),
+                    tile_n=sorted({t for t in (base.tile_n - 32, base.tile_n, base.tile_n + 32) if 64 <= t <= 256}))
+
+    def make_inputs(self, s: dict, dtype, seed: int = 0) -> dict:
+        import torch
+
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        q = torch.randn(s["B"], s["S"], s["Hq"], s["D"], device="cuda", dtype=dtype, generator=g)
+        k = torch.randn(s["B"], s["S"], s["Hkv"], s["D"], device="cuda", dtype=dtype, generator=g)
+        v = torch.randn(s["B"], s["S"], s["Hkv"], s["D"], device="cuda", dtype=dtype, generator=g)
+        h, c = s["hist"], s["cand"]
+        bounds = torch.tensor([[0, h, h, h + c]] * s["B"], device="cuda", dtype=torch.int32)
+        return dict(q=q, k=k, v=v, bounds=bounds, cap=s["cap"], cap_method=s["cap_method"],
+                    out=torch.empty_like(q), lse=torch.empty(s["B"], s["Hq"], s["S"], device="cuda", dtype=torch.float32))
+
+    def run(self, cfg, x: dict):
+        """Launch with ``cfg`` into the preallocated ``out``/``lse`` (compiles on first use)."""
+        return self._module()._ranker_impl(x["q"], x["k"], x["v"], x["bounds"], None, x["cap"], x["cap_method"],
+                                           None, None, out=x["out"], lse=x["lse"], config=cfg)
+
+    @staticmethod
+    def mismatch(got, ref) -> Optional[str]:
+        """None when ``got`` (out, lse) matches ``ref`` up to summation order; else why not."""
+        import torch
+
+        for name, a, b, tol in (("out", got[0], ref[0], 2e-2), ("lse", got[1], ref[1], 1e-3)):
+            a, b = a.float(), b.float()
+            ok = torch.isclose(a, b, rtol=tol, atol=tol)  # -inf == -inf; NaN never matches
+            if not bool(ok.all()):
+                bad = int((~ok).sum())
+                finite = torch.isfinite(a) & torch.isfinite(b)
+                err = (a - b)[finite].abs().max().item() if bool(finite.any()) else float("nan")
+                return f"{name}: {bad} elements differ (max finite abs err {err:.3e}, tol {tol})"
+        return None
+
+
+TUNERS: dict[str, Any] = {"ranker_fwd": RankerFwdTuner()}
+
+
+def candidate_configs(kernel: str, shape: dict, candidates: Optional[str] = None) -> tuple[list, list]:
+    """``(accepted, rejected)`` candidates of ``kernel`` for ``shape``: the shipped config first, then
+    every combination of the choices (``--candidates`` fields replace the defaults) that ``validate()``
+    accepts, via :func:`cute_kernels.layouts.kernel_layouts.enumerate_configs`."""
+    from .layouts.kernel_layouts import enumerate_configs
+
+    tuner = TUNERS[kernel]
+    base = tuner.shipped(shape)
+    choices = tuner.default_choices(base)
+    choices.update(parse_candidates(candidates, base))
+    accepted, rejected = enumerate_configs(base, **choices)
+    return [base] + [c for c in dict.fromkeys(accepted) if c != base], rejected
+
+
+@dataclasses.dataclass
+class TuneRow:
+    config: Any
+    time_us: Optional[float] = None
+    mode: str = ""
+    error: str = ""
+
+
+def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: str = "bf16", rounds: int = 2,
+         save: bool = True, echo: Callable[[str], None] = print) -> tuple[list[TuneRow], Optional[Path]]:
+    """Time the candidates of ``kernel`` on ``shape_text`` (GPU), store the winner; see the module docstring.
+
+    Returns the rows (shipped config first) and the ``tuned.json`` path (None when not saved).
+    """
+    import torch
+
+    from .runtime.timing import cuda_time_us
+
+    tuner = TUNERS[kernel]
+    shape = tuner.parse_shape(shape_text)
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    configs, rejected = candidate_configs(kernel, shape, candidates)
+    echo(f"{kernel} {tuner.shape_key(shape)} {_dtype_name(tdtype)} on {gpu_name()}: {len(configs)} candidates "
+         f"({len(rejected)} rejected by validate())")
+    x = tuner.make_inputs(shape, tdtype)
+    rows = [TuneRow(c) for c in configs]
+    ref = None
+    for row in rows:
+        try:
+            x["out"].fill_(float("nan"))
+            x["lse"].fill_(float("nan"))
+            tuner.run(row.config, x)
+            torch.cuda.synchronize()
+            got = (x["out"].clone(), x["lse"].clone())
+            if ref is None:
+                ref = got  # the shipped config's output
+            else:
+                row.error = tuner.mismatch(got, ref) or ""
+        except Exception as exc:  # a candidate that does not compile or launch is dropped
+            row.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:200]
+        echo(f"  {'ok  ' if not row.error else 'drop'} {row.config}{'  ' + row.error if row.error else ''}")
+        if ref is None:
+            raise RuntimeError(f"the shipped config failed on this shape: {row.error}")
+    live = [r for r in rows if not r.error]
+    for _ in range(rounds):  # interleaved rounds: a noisy machine hits every candidate alike
+        for r in live:
+            fn = lambda r=r: tuner.run(r.config, x)  # noqa: E731
+            try:
+                t, mode = cuda_time_us(fn, graph=True), "graph"
+            except Exception:
+                torch.cuda.synchronize()
+                t, mode = cuda_time_us(fn, graph=False), "eager"
+            r.time_us = t if r.time_us is None else min(r.time_us, t)
+            r.mode = mode
+    best = min(live, key=lambda r: r.time_us)
+    path = None
+    if save:
+        path = store(kernel, tdtype, tuner.shape_key(shape), best.config, gpu_name(), time_us=round(best.time_us, 2),
+                     shipped_time_us=round(rows[0].time_us, 2), candidates=len(live),
+                     inputs={k: shape[k] for k in ("hist", "cand", "cap")} if kernel == "ranker_fwd" else {})
+    return rows, path
+
+
+def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: str = "bf16", list_only: bool = False,
+             rounds: int = 2, save: bool = True) -> int:
+    """``cute-kernels tune``: exit status 0 (tuned or listed), 2 (bad arguments, no GPU, no tuner)."""
+    if kernel not in TUNERS:
+        print(f"no tuner for kernel {kernel!r}; tunable: {', '.join(TUNERS)}", file=sys.stderr)
+        return 2
+    tuner = TUNERS[kernel]
+    try:
+        s = tuner.parse_shape(shape)
+        configs, rejected = candidate_configs(kernel, s, candidates)
+    except (ValueError, TypeError) as exc:
+        print(f"tune: {exc}", file=sys.stderr)
+        return 2
+    if list_only:
+        print(f"{kernel} {tuner.shape_key(s)}: {len(configs)} candidates (first: shipped)")
+        for c in configs:
+            print(f"  {c}")
+        for c, why in rejected:
+            print(f"  rejected {c}: {why}")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("tune needs a CUDA GPU (none found); `cute-kernels tune --list ...` shows the candidates on a CPU",
+              file=sys.stderr)
+        return 2
+    rows, path = tune(kernel, shape, candidates, dtype=dtype, rounds=rounds, save=save)
+    base = rows[0].time_us
+    print(f"{'time_us':>9} {'vs shipped':>10}  config")
+    for r in sorted(rows, key=lambda r: (r.time_us is None, r.time_us or 0.0)):
+        if r.time_us is not None:
+            print(f"{r.time_us:9.2f} {base / r.time_us:9.3f}x  {r.config}{'  (shipped)' if r is rows[0] else ''}")
+        else:
+            print(f"{'-':>9} {'-':>10}  {r.config}  dropped: {r.error}")
+    if path:
+        print(f"winner stored in {path}")
+    return 0
