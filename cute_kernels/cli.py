@@ -5,6 +5,9 @@
     cute-kernels bench   [--kernel NAME] [--json PATH]     # GPU: benchmark records
     cute-kernels info                                      # versions, arch, cache, GPU
     cute-kernels layouts --kernel ranker_fwd [--config tile_n=176] --out DIR   # CPU: pictures + report
+    cute-kernels configs [--kernel NAME]                   # shipped configs per kernel (and tuned ones)
+    cute-kernels tune --kernel ranker_fwd --shape B=4,S=4608,H=16,D=128 [--candidates tile_n=96,128] [--list]
+                                                           # GPU: time candidates, store the winner (tuned.json)
 """
 
 from __future__ import annotations
@@ -191,6 +194,25 @@ def cmd_layouts(args) -> int:
     return 0
 
 
+def cmd_configs(args) -> int:
+    from .tuning import format_configs
+
+    try:
+        text = format_configs(args.kernel)
+    except ValueError as exc:  # unknown kernel
+        print(exc, file=sys.stderr)
+        return 2
+    print(text, end="")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from .tuning import tune_cli
+
+    return tune_cli(args.kernel, args.shape, args.candidates, dtype=args.dtype, list_only=args.list,
+                    rounds=args.rounds, save=not args.no_store)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="cute-kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -217,6 +239,18 @@ def main(argv=None) -> int:
     lay.add_argument("--out", required=True, help="output folder")
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")
     lay.set_defaults(fn=cmd_layouts)
+    cf = sub.add_parser("configs", help="shipped configs per kernel and head dim (and tuned winners)")
+    cf.add_argument("--kernel")
+    cf.set_defaults(fn=cmd_configs)
+    t = sub.add_parser("tune", help="GPU: time candidate configs on a shape, store the winner in tuned.json")
+    t.add_argument("--kernel", required=True)
+    t.add_argument("--shape", required=True, help="e.g. 'B=4,S=4608,H=16,D=128[,Hkv=4,hist=4096,cand=512,cap=50]'")
+    t.add_argument("--candidates", help="fields to try instead of the defaults, e.g. 'tile_n=96,128,stages=2,3'")
+    t.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    t.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (best of)")
+    t.add_argument("--list", action="store_true", help="print the validated candidates and exit (no GPU needed)")
+    t.add_argument("--no-store", action="store_true", help="time only; do not write tuned.json")
+    t.set_defaults(fn=cmd_tune)
     i = sub.add_parser("info", help="versions, arch, cache location, GPU")
     i.set_defaults(fn=cmd_info)
     args = p.parse_args(argv)
