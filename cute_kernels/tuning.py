@@ -158,6 +158,8 @@ def gpu_name(device=None) -> str:
     """``torch.cuda.get_device_name`` of ``device`` (index, ``torch.device`` or None = current), memoized."""
     import torch
 
+    if isinstance(device, torch.device) and device.type != "cuda":
+        raise ValueError(f"{device} is not a CUDA device")
     idx = device.index if isinstance(device, torch.device) else device
     if idx is None:
         idx = torch.cuda.current_device()
@@ -232,7 +234,10 @@ def lookup(kernel: str, dtype, shape_key: str, gpu: Optional[str] = None, device
     if not entries:
         return None
     if gpu is None:
-        gpu = gpu_name(device)
+        try:
+            gpu = gpu_name(device)
+        except (RuntimeError, AssertionError, ValueError):  # not a CUDA device / no CUDA: nothing was tuned for it
+            return None
     e = entries.get(entry_key(kernel, gpu, source_fingerprint(), dtype, shape_key))
     cfg = e.get("config") if e else None
     return cfg if isinstance(cfg, dict) else None

@@ -57,6 +57,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_same_device, check_tensor
+from ..tuning import register_memo, tuned_config
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
 
 NAME = "ranker_fwd"
@@ -927,6 +928,28 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
 _SM_COUNT: dict = {}
 _VALIDATED: dict = {}  # argument signature (shapes, strides, dtypes, devices, scalars) -> _validate's result
 _FNS: dict = {}  # (dtype, config, GQA ratio, cap method, varlen) -> compiled function (skips the cache's key work)
+# (dtype, device, B, S, Hq, Hkv, D, cap method) -> config (tuned or shipped), chosen once per signature
+# (B, S are None for varlen); cleared by cute_kernels.tuning.reload() (a new tuned.json entry)
+_CHOSEN: dict = register_memo({})
+
+
+def tuned_shape_key(nb: int, seq: int, hq: int, hkv: int, d: int, cap_method: str) -> str:
+    """Key of a tuned config in ``tuned.json`` (:mod:`cute_kernels.tuning`): the sizes the host sees
+    without a device sync (the bounds' values are not part of it).  ``cap_method`` is ``"none"``
+    without a cap."""
+    return f"B={nb},S={seq},Hq={hq},Hkv={hkv},D={d},cap={cap_method}"
+
+
+def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d: int, cap_method: str,
+                     varlen: bool = False, gpu: Optional[str] = None, device=None) -> RankerFwdConfig:
+    """The config :func:`ranker_attention` launches for these sizes: the winner stored by
+    ``cute-kernels tune`` for (this GPU, these sources, dtype, :func:`tuned_shape_key`) when there is
+    one (and ``CUTE_KERNELS_TUNED`` is not 0), else the shipped ``CONFIGS[d]``.  Packed (varlen) calls
+    use ``CONFIGS[d]``.  ``gpu`` defaults to the name of CUDA ``device`` (None: current)."""
+    if varlen:
+        return CONFIGS[d]
+    return tuned_config(NAME, RankerFwdConfig, dtype, tuned_shape_key(nb, seq, hq, hkv, d, cap_method), CONFIGS[d],
+                        gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
 
 
 def _signature(t):
@@ -994,7 +1017,14 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         return out, lse
     if config is not None and config.head_dim != d:
         raise ValueError(f"config.head_dim={config.head_dim} does not match the inputs' head dim {d}")
-    cfg = config or CONFIGS[d]
+    cfg = config
+    if cfg is None:  # tuned (cute-kernels tune) or shipped, chosen once per signature
+        skey = (q.dtype, q.device, None if varlen else nb, None if varlen else seq, hq, hkv, d, capm)
+        cfg = _CHOSEN.get(skey)
+        if cfg is None:
+            cfg = config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen, device=q.device)
+            if len(_CHOSEN) < 4096:
+                _CHOSEN[skey] = cfg
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen)
     fn = _FNS.get(fkey)
     if fn is None:
@@ -1054,6 +1084,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             a CUDA graph the host cannot read them: ``max_seqlen`` is then required and the values
             are NOT checked; the caller must guarantee them (invalid offsets make the kernel read
             and write out of bounds), also for every replay.
+    Config: the one ``cute-kernels tune`` stored for this GPU and these sizes (:func:`config_for_shape`),
+    else the shipped ``CONFIGS[D]``; ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.
     Returns:
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
