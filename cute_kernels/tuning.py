@@ -190,7 +190,8 @@ def _read_file(path: Path) -> dict:
         if data.get("version") != FORMAT_VERSION:
             raise ValueError(f"version {data.get('version')!r}, expected {FORMAT_VERSION}")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        _warn(f"{path} is corrupt ({type(exc).__name__}: {exc}); ignoring it (the next `cute-kernels tune` rewrites it)")
+        _warn(f"{path} is corrupt ({type(exc).__name__}: {exc}); ignoring it "
+              "(the next `cute-kernels tune` rewrites it)")
         return {}
     return entries
 
@@ -312,7 +313,8 @@ def parse_candidates(text: Optional[str], base) -> dict:
         if "=" in part:
             field, part = part.split("=", 1)
             if field not in names:
-                raise ValueError(f"candidate field {field!r} unknown for {type(base).__name__}; fields: {sorted(names)}")
+                raise ValueError(f"candidate field {field!r} unknown for {type(base).__name__}; "
+                                 f"fields: {sorted(names)}")
             out.setdefault(field, [])
         elif field is None:
             raise ValueError(f"candidate item {part!r}: expected field=value[,value...]")
@@ -407,7 +409,8 @@ class RankerFwdTuner:
         h, c = s["hist"], s["cand"]
         bounds = torch.tensor([[0, h, h, h + c]] * s["B"], device="cuda", dtype=torch.int32)
         return dict(q=q, k=k, v=v, bounds=bounds, cap=s["cap"], cap_method=s["cap_method"],
-                    out=torch.empty_like(q), lse=torch.empty(s["B"], s["Hq"], s["S"], device="cuda", dtype=torch.float32))
+                    out=torch.empty_like(q),
+                    lse=torch.empty(s["B"], s["Hq"], s["S"], device="cuda", dtype=torch.float32))
 
     def run(self, cfg, x: dict):
         """Launch with ``cfg`` into the preallocated ``out``/``lse`` (compiles on first use)."""
@@ -445,6 +448,13 @@ def candidate_configs(kernel: str, shape: dict, candidates: Optional[str] = None
     choices.update(parse_candidates(candidates, base))
     accepted, rejected = enumerate_configs(base, **choices)
     return [base] + [c for c in dict.fromkeys(accepted) if c != base], rejected
+
+
+def config_diff(cfg, base) -> str:
+    """``"tile_n=96,persistent=False"``: the fields of ``cfg`` that differ from ``base`` ("shipped" if none)."""
+    diff = [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
+            if getattr(cfg, f.name) != getattr(base, f.name)]
+    return ",".join(diff) or "shipped"
 
 
 @dataclasses.dataclass
@@ -487,7 +497,8 @@ def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: 
                 row.error = tuner.mismatch(got, ref) or ""
         except Exception as exc:  # a candidate that does not compile or launch is dropped
             row.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:200]
-        echo(f"  {'ok  ' if not row.error else 'drop'} {row.config}{'  ' + row.error if row.error else ''}")
+        echo(f"  {'ok  ' if not row.error else 'drop'} {config_diff(row.config, configs[0])}"
+             f"{'  ' + row.error if row.error else ''}")
         if ref is None:
             raise RuntimeError(f"the shipped config failed on this shape: {row.error}")
     live = [r for r in rows if not r.error]
@@ -524,11 +535,11 @@ def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: s
         print(f"tune: {exc}", file=sys.stderr)
         return 2
     if list_only:
-        print(f"{kernel} {tuner.shape_key(s)}: {len(configs)} candidates (first: shipped)")
+        print(f"{kernel} {tuner.shape_key(s)}: {len(configs)} candidates, as changes of the shipped {configs[0]}")
         for c in configs:
-            print(f"  {c}")
+            print(f"  {config_diff(c, configs[0])}")
         for c, why in rejected:
-            print(f"  rejected {c}: {why}")
+            print(f"  rejected {config_diff(c, configs[0])}: {why}")
         return 0
     import torch
 
@@ -538,12 +549,12 @@ def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: s
         return 2
     rows, path = tune(kernel, shape, candidates, dtype=dtype, rounds=rounds, save=save)
     base = rows[0].time_us
-    print(f"{'time_us':>9} {'vs shipped':>10}  config")
+    print(f"{'time_us':>9} {'vs shipped':>10}  config (changes of the shipped one)")
     for r in sorted(rows, key=lambda r: (r.time_us is None, r.time_us or 0.0)):
         if r.time_us is not None:
-            print(f"{r.time_us:9.2f} {base / r.time_us:9.3f}x  {r.config}{'  (shipped)' if r is rows[0] else ''}")
+            print(f"{r.time_us:9.2f} {base / r.time_us:9.3f}x  {config_diff(r.config, rows[0].config)} ({r.mode})")
         else:
-            print(f"{'-':>9} {'-':>10}  {r.config}  dropped: {r.error}")
+            print(f"{'-':>9} {'-':>10}  {config_diff(r.config, rows[0].config)}  dropped: {r.error}")
     if path:
         print(f"winner stored in {path}")
     return 0

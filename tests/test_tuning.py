@@ -1,0 +1,269 @@
+"""CPU tests of cute_kernels.tuning: shipped configs, the configs/tune CLI, candidate enumeration,
+the tuned-config cache (tuned.json) and the ranker forward's config selection."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cute_kernels import registry, tuning
+from cute_kernels.kernels import ranker_fwd as rf
+from cute_kernels.runtime.cache import source_fingerprint
+
+GPU = "Fake GPU 141GB"  # any name: the GPU of an entry is part of its key, nothing is launched
+
+
+def _run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "cute_kernels", *args], capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh, empty compile cache root (tuned.json lives there); tuned configs enabled."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUTE_KERNELS_TUNED", raising=False)
+    tuning.reload()
+    yield tmp_path
+    tuning.reload()
+
+
+# ---------------------------------------------------------------------------- shipped configs
+def test_shipped_configs_lists_every_kernel():
+    table = tuning.shipped_configs()
+    assert set(table) == set(registry.names())
+    for name, configs in table.items():
+        assert configs, name
+    assert table["ranker_fwd"] == {f"head_dim={d}": c for d, c in rf.CONFIGS.items()}
+    from cute_kernels.kernels import hc_mix
+
+    assert list(table["hc_mix"].values())[:3] == list(hc_mix.DEFAULTS)
+    assert set(table["hc_mix"].values()) == set(hc_mix.SHIPPED)
+    for name in ("ranker_fwd", "hc_mix", "qknorm", "qknorm_tp", "scale"):  # frozen configs that validate
+        for cfg in table[name].values():
+            cfg.validate()
+
+
+def test_shipped_configs_one_kernel_and_public_name():
+    import cute_kernels
+
+    assert cute_kernels.shipped_configs("ranker_fwd") == {"ranker_fwd": tuning.shipped_configs()["ranker_fwd"]}
+    with pytest.raises(ValueError, match="unknown kernel 'nope'"):
+        tuning.shipped_configs("nope")
+
+
+def test_configs_cli():
+    r = _run("configs")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in registry.names():
+        assert f"{name}:" in r.stdout
+    assert "head_dim=128" in r.stdout and "smem" in r.stdout
+    r = _run("configs", "--kernel", "nope")
+    assert r.returncode == 2 and "unknown kernel" in r.stderr
+
+
+# ---------------------------------------------------------------------------- candidates
+@pytest.mark.parametrize("d", sorted(rf.CONFIGS))
+def test_candidates_are_validated(d):
+    shape = tuning.TUNERS["ranker_fwd"].parse_shape(f"B=2,S=1024,H=4,D={d}")
+    accepted, rejected = tuning.candidate_configs("ranker_fwd", shape)
+    assert accepted[0] == rf.CONFIGS[d]  # the shipped config comes first (the reference)
+    assert len(set(accepted)) == len(accepted) > 1
+    for cfg in accepted:
+        cfg.validate()  # raises if not accepted
+        assert cfg.head_dim == d
+    for cfg, why in rejected:
+        with pytest.raises(ValueError):
+            cfg.validate()
+        assert why
+    assert {c.persistent for c in accepted} <= {True, False}
+
+
+def test_candidates_from_the_command_line():
+    shape = tuning.TUNERS["ranker_fwd"].parse_shape("B=4,S=4608,H=16,D=128")
+    accepted, rejected = tuning.candidate_configs("ranker_fwd", shape, "tile_n=176,160,stages=2,persistent=false")
+    assert {c.tile_n for c in accepted[1:]} == {160} and all(not c.persistent for c in accepted[1:])
+    assert rejected and all(c.tile_n == 176 and "accumulator registers" in why for c, why in rejected)
+    with pytest.raises(ValueError, match="unknown"):
+        tuning.parse_candidates("tile_k=64", rf.CONFIGS[128])
+    with pytest.raises(ValueError, match="true or false"):
+        tuning.parse_candidates("persistent=maybe", rf.CONFIGS[128])
+    assert tuning.parse_candidates("tile_n=96,128, stages=3", rf.CONFIGS[128]) == dict(tile_n=[96, 128], stages=[3])
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("B=4,S=4608,D=128", "needs H"),
+    ("B=4,S=4608,H=16,D=96", "D=96 unsupported"),
+    ("B=4,S=4608,H=16,Hkv=3,D=128", "multiple of Hkv"),
+    ("B=4,S=100,H=16,D=128,hist=90,cand=20", "fit in S=100"),
+    ("B=4,S=4608,H=16,D=128,tile=3", "unknown"),
+    ("B=x,S=4608,H=16,D=128", "not a valid value"),
+])
+def test_tune_shape_errors(text, msg):
+    with pytest.raises(ValueError, match=msg):
+        tuning.TUNERS["ranker_fwd"].parse_shape(text)
+
+
+def test_tune_shape_defaults_and_key():
+    t = tuning.TUNERS["ranker_fwd"]
+    s = t.parse_shape("B=4,S=4608,H=16,D=128")
+    assert (s["Hkv"], s["hist"], s["cand"], s["cap"]) == (16, 4096, 512, None)
+    assert t.shape_key(s) == "B=4,S=4608,Hq=16,Hkv=16,D=128,cap=none"
+    assert t.shape_key(t.parse_shape("B=4,S=4608,H=16,Hkv=4,D=128,cap=50")) == "B=4,S=4608,Hq=16,Hkv=4,D=128,cap=tanh"
+
+
+def test_tune_cli_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,H=2,D=128")
+    assert r.returncode == 2 and "tune needs a CUDA GPU" in r.stderr, r.stdout + r.stderr
+    r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,H=2,D=128", "--list",
+             "--candidates", "tile_n=96,128")
+    assert r.returncode == 0, r.stderr
+    assert "shipped" in r.stdout and "tile_n=96" in r.stdout
+    r = _run("tune", "--kernel", "qknorm", "--shape", "N=4")
+    assert r.returncode == 2 and "no tuner" in r.stderr
+    r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,D=128")
+    assert r.returncode == 2 and "needs H" in r.stderr
+
+
+# ---------------------------------------------------------------------------- tuned cache
+def _tuned_cfg():
+    return rf.RankerFwdConfig(head_dim=128, tile_n=96, stages=3, persistent=False)
+
+
+KEY = rf.tuned_shape_key(4, 4608, 16, 16, 128, "none")
+
+
+def test_store_and_lookup(cache):
+    assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU) is None  # no file yet
+    path = tuning.store("ranker_fwd", torch.bfloat16, KEY, _tuned_cfg(), GPU, time_us=1.0, shipped_time_us=2.0)
+    assert path == cache / "tuned.json"
+    assert not [p for p in cache.iterdir() if p.name.endswith(".partial")]  # the temporary file was renamed
+    fields = tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU)
+    assert rf.RankerFwdConfig(**fields) == _tuned_cfg()
+    assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu="Other GPU") is None
+    assert tuning.lookup("ranker_fwd", torch.float16, KEY, gpu=GPU) is None
+    assert tuning.lookup("ranker_fwd", "bfloat16", KEY, gpu=GPU) == fields  # dtype given by name
+    data = json.loads(path.read_text())
+    (key, entry), = data["entries"].items()
+    fp = source_fingerprint()
+    assert GPU in key and fp in key and entry["fingerprint"] == fp and entry["gpu"] == GPU
+    assert entry["shape"] == KEY and entry["time_us"] == 1.0
+    # a second entry keeps the first
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, rf.CONFIGS[128], "Other GPU")
+    assert len(json.loads(path.read_text())["entries"]) == 2
+    assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU) == fields
+
+
+def test_entry_of_other_sources_is_not_used(cache):
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, _tuned_cfg(), GPU)
+    path = cache / "tuned.json"
+    data = json.loads(path.read_text())
+    data["entries"] = {k.replace(source_fingerprint(), "0" * 16): dict(e, fingerprint="0" * 16)
+                       for k, e in data["entries"].items()}
+    path.write_text(json.dumps(data))
+    tuning.reload()
+    assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU) is None
+
+
+_LOOKUP = ("import json, torch; from cute_kernels import tuning; "
+           "print(json.dumps(tuning.lookup('ranker_fwd', torch.bfloat16, {key!r}, gpu={gpu!r})))")
+
+
+def _lookup_in_fresh_process(cache, **env):
+    r = subprocess.run([sys.executable, "-c", _LOOKUP.format(key=KEY, gpu=GPU)], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(cache), **env))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def test_round_trip_in_a_fresh_process(cache):
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, _tuned_cfg(), GPU)
+    fields, _ = _lookup_in_fresh_process(cache)
+    assert rf.RankerFwdConfig(**fields) == _tuned_cfg()
+    fields, _ = _lookup_in_fresh_process(cache, CUTE_KERNELS_TUNED="0")
+    assert fields is None
+
+
+def test_corrupt_file_is_ignored_with_a_warning(cache):
+    path = cache / "tuned.json"
+    path.write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU) is None
+    fields, err = _lookup_in_fresh_process(cache)
+    assert fields is None and "corrupt" in err
+    path.write_text(json.dumps({"version": 1, "entries": [1, 2]}))
+    tuning.reload()
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU) is None
+    with pytest.warns(RuntimeWarning, match="corrupt"):  # the tuner rewrites a corrupt file
+        tuning.store("ranker_fwd", torch.bfloat16, KEY, _tuned_cfg(), GPU)
+    assert rf.RankerFwdConfig(**tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU)) == _tuned_cfg()
+
+
+def test_disabled_by_environment(cache, monkeypatch):
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, _tuned_cfg(), GPU)
+    monkeypatch.setenv("CUTE_KERNELS_TUNED", "0")
+    assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU) is None
+    assert rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "none", gpu=GPU) == rf.CONFIGS[128]
+
+
+# ---------------------------------------------------------------------------- ranker selection
+def test_ranker_selects_the_tuned_config(cache):
+    base = dict(dtype=torch.bfloat16, nb=4, seq=4608, hq=16, hkv=16, d=128, cap_method="none", gpu=GPU)
+    sel = lambda **kw: rf.config_for_shape(**{**base, **kw})  # noqa: E731
+    assert sel() == rf.CONFIGS[128]
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, _tuned_cfg(), GPU)
+    assert sel() == _tuned_cfg()
+    assert sel(seq=4609) == rf.CONFIGS[128]  # another shape
+    assert sel(cap_method="tanh") == rf.CONFIGS[128]
+    assert sel(dtype=torch.float16) == rf.CONFIGS[128]
+    assert sel(gpu="Other GPU") == rf.CONFIGS[128]
+    assert sel(varlen=True) == rf.CONFIGS[128]  # packed calls: shipped
+    assert sel(device=torch.device("cpu"), gpu=None) == rf.CONFIGS[128]  # not a CUDA device: nothing tuned
+
+
+def test_ranker_rejects_an_unusable_tuned_config(cache):
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, dict(head_dim=128, tile_n=176), GPU)  # fails validate()
+    with pytest.warns(RuntimeWarning, match="unusable"):
+        assert rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "none", gpu=GPU) == rf.CONFIGS[128]
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, dict(head_dim=64), GPU)  # another head dim
+    with pytest.warns(RuntimeWarning, match="unusable"):
+        assert rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "none", gpu=GPU) == rf.CONFIGS[128]
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, dict(head_dim=128, tile_q=3), GPU)  # unknown field
+    with pytest.warns(RuntimeWarning, match="unusable"):
+        assert rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "none", gpu=GPU) == rf.CONFIGS[128]
+
+
+def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypatch):
+    """_ranker_impl on CPU tensors with a recording stand-in kernel: the config it compiles with is the
+    tuned one, chosen once per signature; a new entry (tuning.store -> reload) is picked up."""
+    launched, chosen = [], []
+    full_validate, full_select = rf._validate, rf.config_for_shape
+    monkeypatch.setattr(rf, "_validate", lambda *a: full_validate(*a, cuda=False))
+    monkeypatch.setattr(rf, "_VALIDATED", {})
+    monkeypatch.setattr(rf, "_FNS", {})
+    monkeypatch.setattr(rf, "_compile", lambda dtype, cfg, *a: lambda *args: launched.append(cfg))
+    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "config_for_shape", lambda *a, **kw: chosen.append(a) or full_select(*a, **kw))
+    monkeypatch.setattr(tuning, "gpu_name", lambda device=None: GPU)
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    bounds = torch.tensor([[0, 48, 48, 64]], dtype=torch.int32)
+    call = lambda: rf._ranker_impl(q, k, v, bounds, None, None, "tanh", None, None)  # noqa: E731
+    call()
+    assert launched[-1] == rf.CONFIGS[128]
+    key = rf.tuned_shape_key(1, 64, 2, 2, 128, "none")
+    tuning.store("ranker_fwd", torch.bfloat16, key, _tuned_cfg(), GPU)  # clears the memo
+    call()
+    call()
+    assert launched[-2:] == [_tuned_cfg(), _tuned_cfg()]
+    assert len(chosen) == 2  # once before the entry, once after; not per call
+    monkeypatch.setenv("CUTE_KERNELS_TUNED", "0")
+    tuning.reload()
+    call()
+    assert launched[-1] == rf.CONFIGS[128]
