@@ -1,6 +1,7 @@
 """CPU tests of cute_kernels.tuning: shipped configs, the configs/tune CLI, candidate enumeration,
 the tuned-config cache (tuned.json) and the ranker forward's config selection."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -267,3 +268,72 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     tuning.reload()
     call()
     assert launched[-1] == rf.CONFIGS[128]
+
+
+# ---------------------------------------------------------------------------- the tuner's flow (no GPU)
+@dataclasses.dataclass(frozen=True)
+class ToyConfig:
+    block: int = 4
+    wrong: bool = False  # a candidate whose output differs: must be dropped
+
+    def validate(self):
+        if self.block not in (1, 2, 4, 8):
+            raise ValueError(f"block={self.block}: must be 1, 2, 4 or 8")
+
+
+class ToyTuner:
+    """A CPU stand-in of a kernel tuner: outputs x (or x + 1 when ``wrong``); block 2 is the fastest."""
+
+    def __init__(self):
+        self.last = None
+
+    def parse_shape(self, text):
+        return {"N": int(text.split("=")[1])}
+
+    def shape_key(self, s):
+        return f"N={s['N']}"
+
+    def shipped(self, s):
+        return ToyConfig()
+
+    def default_choices(self, base):
+        return dict(block=[1, 2, 3, 4, 8], wrong=[False, True])
+
+    def make_inputs(self, s, dtype):
+        return dict(x=torch.arange(s["N"], dtype=torch.float32))
+
+    def inputs_meta(self, s):
+        return {}
+
+    def outputs(self, cfg, x):
+        return (x["x"] + cfg.wrong,)
+
+    def run(self, cfg, x):
+        self.last = cfg
+
+    def mismatch(self, got, ref):
+        return None if torch.equal(got[0], ref[0]) else "differs"
+
+
+def test_tune_flow_with_a_stand_in_kernel(cache, monkeypatch):
+    import cute_kernels.runtime.timing as timing
+
+    toy = ToyTuner()
+    monkeypatch.setitem(tuning.TUNERS, "toy", toy)
+    monkeypatch.setattr(tuning, "gpu_name", lambda device=None: GPU)
+
+    def fake_time(fn, graph=True, **kw):
+        fn()
+        return {1: 30.0, 2: 10.0, 4: 20.0, 8: 40.0}[toy.last.block]
+
+    monkeypatch.setattr(timing, "cuda_time_us", fake_time)
+    rows, path = tuning.tune("toy", "N=16", echo=lambda s: None)
+    assert rows[0].config == ToyConfig()  # shipped first
+    assert {r.config.block for r in rows} == {1, 2, 4, 8}  # block=3 rejected by validate()
+    assert all(r.error == "differs" and r.time_us is None for r in rows if r.config.wrong)
+    assert all(not r.error and r.time_us for r in rows if not r.config.wrong)
+    entry = json.loads(path.read_text())["entries"][tuning.entry_key("toy", GPU, source_fingerprint(), "bfloat16",
+                                                                      "N=16")]
+    assert entry["config"] == dict(block=2, wrong=False) and entry["time_us"] == 10.0
+    assert entry["shipped_time_us"] == 20.0 and entry["candidates"] == 4
+    assert tuning.tuned_config("toy", ToyConfig, torch.bfloat16, "N=16", ToyConfig(), gpu=GPU) == ToyConfig(block=2)
