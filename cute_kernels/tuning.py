@@ -7,7 +7,8 @@
 * Tuned configs: ``tuned.json`` in the compile cache root (:func:`cute_kernels.runtime.cache.cache_dir`),
   one entry per (kernel, GPU name, source fingerprint, dtype, shape key) holding the winning config's
   fields.  :func:`store` writes it atomically under a file lock; :func:`lookup` / :func:`tuned_config`
-  read it (loaded once per process, reloaded when the cache folder changes or :func:`reload` is called).
+  read it (loaded once per process; re-read when the file or the cache folder changes, or on :func:`reload`,
+  which also clears the kernels' memos: a kernel keeps the config it chose for a signature until then).
   A corrupt file is ignored with a warning.  ``CUTE_KERNELS_TUNED=0`` ignores the file (read when a
   kernel first sees a shape: kernels memoize their choice per argument signature).
   Any kernel can use it: build a shape key from what its host side knows without a device sync, call
@@ -134,7 +135,7 @@ def format_configs(kernel: Optional[str] = None) -> str:
 
 # ============================================================================ tuned-config cache
 _lock = threading.Lock()
-_loaded: dict = {"path": None, "entries": {}}
+_loaded: dict = {"path": None, "stamp": None, "entries": {}}
 _memos: list[dict] = []
 _gpu_names: dict = {}
 
@@ -196,15 +197,25 @@ def _read_file(path: Path) -> dict:
     return entries
 
 
+def _stamp(path: Path):
+    try:
+        st = path.stat()
+        return st.st_mtime_ns, st.st_size
+    except OSError:
+        return None
+
+
 def _entries() -> dict:
-    """The entries of the current ``tuned.json``, read once per process (and per cache folder)."""
+    """The entries of the current ``tuned.json``: read once, re-read when the file (its mtime or size)
+    or the cache folder changes.  Called on kernels' memo misses only (a ``stat``)."""
     path = tuned_path()
-    if _loaded["path"] == path:
+    stamp = _stamp(path)
+    if _loaded["path"] == path and _loaded["stamp"] == stamp:
         return _loaded["entries"]
     with _lock:
-        if _loaded["path"] != path:
+        if _loaded["path"] != path or _loaded["stamp"] != stamp:
             _loaded["entries"] = _read_file(path)
-            _loaded["path"] = path
+            _loaded["path"], _loaded["stamp"] = path, stamp
         return _loaded["entries"]
 
 

@@ -337,3 +337,26 @@ def test_tune_flow_with_a_stand_in_kernel(cache, monkeypatch):
     assert entry["config"] == dict(block=2, wrong=False) and entry["time_us"] == 10.0
     assert entry["shipped_time_us"] == 20.0 and entry["candidates"] == 4
     assert tuning.tuned_config("toy", ToyConfig, torch.bfloat16, "N=16", ToyConfig(), gpu=GPU) == ToyConfig(block=2)
+
+
+def test_file_written_by_another_process_is_seen(cache):
+    assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU) is None  # loaded: empty
+    code = ("import torch; from cute_kernels import tuning; from cute_kernels.kernels import ranker_fwd as rf; "
+            f"tuning.store('ranker_fwd', torch.bfloat16, {KEY!r}, rf.RankerFwdConfig(tile_n=96), {GPU!r})")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(cache)))
+    assert r.returncode == 0, r.stderr
+    assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU)["tile_n"] == 96  # no reload() needed
+
+
+def test_concurrent_writers_keep_every_entry(cache):
+    code = ("import sys, torch; from cute_kernels import tuning; from cute_kernels.kernels import ranker_fwd as rf; "
+            "[tuning.store('ranker_fwd', torch.bfloat16, f'B={sys.argv[1]},i={i}', rf.CONFIGS[128], 'G') "
+            "for i in range(5)]")
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(cache))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(n)], env=env, stderr=subprocess.PIPE, text=True)
+             for n in range(3)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read()
+    entries = json.loads((cache / "tuned.json").read_text())["entries"]
+    assert len(entries) == 15
