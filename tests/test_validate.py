@@ -47,3 +47,33 @@ def test_same_device():
     check_same_device(a=torch.zeros(1), b=torch.zeros(1))
     with pytest.raises(ValueError, match="different devices"):
         check_same_device(a=torch.zeros(1), b=torch.zeros(1, device="meta"))
+
+
+def test_check_real():
+    import numpy as np
+
+    from cute_kernels.runtime.validate import check_real
+
+    assert check_real("eps", 0, low=0.0) == 0.0
+    assert check_real("eps", np.float32(1e-6), low=0.0) == pytest.approx(1e-6)
+    for bad in (True, "1e-6", None):
+        with pytest.raises(TypeError, match="eps must be a real number"):
+            check_real("eps", bad, low=0.0)
+    for bad in (-1e-9, float("nan"), float("inf"), 1e39):
+        with pytest.raises(ValueError, match="eps must be finite"):
+            check_real("eps", bad, low=0.0)
+    with pytest.raises(ValueError, match="> 0"):
+        check_real("t", 0.0, low=0.0, low_open=True)
+
+
+def test_check_int():
+    from cute_kernels.runtime.validate import check_int
+
+    assert check_int("n", 3) == 3
+    for bad in (True, 1.5, "3"):
+        with pytest.raises(TypeError, match="n must be an int"):
+            check_int("n", bad)
+    with pytest.raises(ValueError, match=r"n=0 must be in \[1, 2147483647\]"):
+        check_int("n", 0)
+    with pytest.raises(ValueError):
+        check_int("n", 2**31)

@@ -58,8 +58,6 @@ same for every M (small M is latency-bound and gets its parallelism from the sam
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 
 import cutlass
@@ -71,7 +69,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_same_device, check_tensor
+from ..runtime.validate import check_same_device, check_tensor, check_int, check_real
 
 NAME = "hc_mix"
 HC = 4  # hc_mult
@@ -555,26 +553,15 @@ def compile_targets() -> list[CompileTarget]:
             for c in SHIPPED]
 
 
-_F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
     """``sinkhorn_iters`` an int (not bool / float) in [1, 2**31 - 1] (the kernel's Int32 loop count);
     ``rms_eps`` and ``hc_eps`` real numbers (not bool / str), finite in float32 and >= 0.
     ``TypeError`` for a wrong type, ``ValueError`` for a bad value, each naming the argument."""
-    if isinstance(sinkhorn_iters, bool) or not isinstance(sinkhorn_iters, numbers.Integral):
-        raise TypeError(f"sinkhorn_iters must be an int, got {type(sinkhorn_iters).__name__} {sinkhorn_iters!r}")
-    if not 1 <= int(sinkhorn_iters) <= 2**31 - 1:
-        raise ValueError(f"sinkhorn_iters={sinkhorn_iters} must be >= 1 and <= 2**31 - 1")
-    for name, eps in (("rms_eps", rms_eps), ("hc_eps", hc_eps)):
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {type(eps).__name__} {eps!r}")
-        try:
-            e = float(eps)
-        except OverflowError:
-            raise ValueError(f"{name}={eps!r} is out of float range") from None
-        if not (math.isfinite(e) and 0.0 <= e <= _F32_MAX):
-            raise ValueError(f"{name} must be finite (float32 range) and >= 0, got {eps!r}")
+    check_int("sinkhorn_iters", sinkhorn_iters, low=1)
+    check_real("rms_eps", rms_eps, low=0.0)
+    check_real("hc_eps", hc_eps, low=0.0)
 
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True):

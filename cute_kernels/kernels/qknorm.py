@@ -30,8 +30,6 @@ the same process; the issue's floor at 4185 GB/s is 80 us).  torch ``rms_norm`` 
 
 from __future__ import annotations
 
-import math
-import numbers
 import operator
 from dataclasses import dataclass
 
@@ -44,7 +42,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_tensor
+from ..runtime.validate import check_tensor, F32_MAX, check_real
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -384,20 +382,12 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
                          f"{q_weight.device}, {k_weight.device}")
 
 
-_F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def check_eps(eps) -> None:
     """``eps`` must be a real number (not bool, not a string: ``TypeError``), finite in float32 and
     ``>= 0`` (``ValueError``): the kernels take it as a float32."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number (float), got {type(eps).__name__} {eps!r}")
-    try:
-        e = float(eps)
-    except OverflowError:
-        raise ValueError(f"eps={eps!r} is out of float range") from None
-    if not (math.isfinite(e) and 0.0 <= e <= _F32_MAX):
-        raise ValueError(f"eps must be a finite float >= 0 (float32 range), got {eps!r}")
+    check_real("eps", eps, low=0.0)
 
 
 def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
@@ -417,7 +407,7 @@ def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
             return False
         if not q.is_cuda or not (q.get_device() == k.get_device() == q_weight.get_device() == k_weight.get_device()):
             return False
-        return (type(eps) is float or type(eps) is int) and 0 <= eps <= _F32_MAX  # bool is not int here
+        return (type(eps) is float or type(eps) is int) and 0 <= eps <= F32_MAX  # bool is not int here
     except (AttributeError, ValueError, TypeError):
         return False
 

@@ -54,8 +54,6 @@ N=64: 4.8 / 7.7 us.  The unfused torch path (sums, summed across ranks, scale) i
 from __future__ import annotations
 
 import itertools
-import math
-import numbers
 import os
 import socket
 import weakref
@@ -71,6 +69,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
+from ..runtime.validate import check_int, check_real
 from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, args_look_valid, check_eps,
                      qk_rmsnorm_reference, validate_qk_args, vec_elems)
 
@@ -296,25 +295,13 @@ _handles = itertools.count(1)
 _TIMEOUT_NS_MAX = 2**63 - 1  # the kernel's Int64 nanoseconds
 
 
-def _positive_int(name: str, value, upper: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if value < 1 or (upper is not None and value > upper):
-        raise ValueError(f"{name}={value} must be >= 1" + (f" and <= {upper}" if upper is not None else ""))
-    return value
+def _positive_int(name: str, value, upper: int = 2**63 - 1) -> int:
+    return check_int(name, value, low=1, high=upper)
 
 
 def _timeout_ns(timeout_s) -> int:
     """``timeout_s`` (seconds, a finite real > 0) as int64 nanoseconds (at least 1)."""
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
-        raise TypeError(f"timeout_s must be a real number of seconds, got {type(timeout_s).__name__} {timeout_s!r}")
-    try:
-        t = float(timeout_s)
-    except OverflowError:
-        raise ValueError(f"timeout_s={timeout_s!r} is out of range") from None
-    if not (math.isfinite(t) and t > 0):
-        raise ValueError(f"timeout_s={timeout_s!r} must be finite and > 0")
+    t = check_real("timeout_s", timeout_s, low=0.0, low_open=True, high=float("inf"))
     ns = round(t * 1e9)
     if ns > _TIMEOUT_NS_MAX:
         raise ValueError(f"timeout_s={timeout_s!r} does not fit int64 nanoseconds (max ~{_TIMEOUT_NS_MAX / 1e9:.3g} s)")

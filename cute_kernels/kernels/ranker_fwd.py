@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -56,7 +55,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_same_device, check_tensor
+from ..runtime.validate import check_same_device, check_tensor, F32_MAX, check_int, check_real
 from ..tuning import register_memo, tuned_config
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
 
@@ -808,19 +807,7 @@ def compile_targets() -> list[CompileTarget]:
     return out
 
 
-INT32_MAX = 2**31 - 1
-_F32_MAX = float(torch.finfo(torch.float32).max)
 _F32_TINY = float(torch.finfo(torch.float32).tiny)
-
-
-def _real(name: str, x) -> float:
-    """``x`` as a float if it is a real number (not bool, not a string); ``TypeError`` otherwise."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be None or a real number, got {type(x).__name__} {x!r}")
-    try:
-        return float(x)
-    except OverflowError:
-        raise ValueError(f"{name}={x!r} is out of float range") from None
 
 
 def _check_scalars(softmax_scale, cap, cap_method) -> None:
@@ -828,20 +815,13 @@ def _check_scalars(softmax_scale, cap, cap_method) -> None:
     if not isinstance(cap_method, str) or cap_method not in ("tanh", "soft_sign"):
         raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign'")
     if cap is not None:
-        c = _real("cap", cap)
-        if not (math.isfinite(c) and _F32_TINY <= c <= _F32_MAX):
-            raise ValueError(f"cap must be None or a positive finite float (a normal float32), got {cap!r}")
+        check_real("cap", cap, low=_F32_TINY)  # a normal float32: its reciprocal is finite
     if softmax_scale is not None:
-        sc = _real("softmax_scale", softmax_scale)
-        if not (math.isfinite(sc) and abs(sc) <= _F32_MAX):
-            raise ValueError(f"softmax_scale must be None or a finite float (float32 range), got {softmax_scale!r}")
+        check_real("softmax_scale", softmax_scale, low=-F32_MAX)
 
 
 def _check_max_seqlen(max_seqlen) -> None:
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-        raise TypeError(f"max_seqlen must be None or an int, got {type(max_seqlen).__name__} {max_seqlen!r}")
-    if not 0 <= max_seqlen <= INT32_MAX:
-        raise ValueError(f"max_seqlen must be in [0, 2**31 - 1], got {max_seqlen}")
+    check_int("max_seqlen", max_seqlen, low=0)
 
 
 def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int] = None) -> int:

@@ -6,6 +6,8 @@ raises ``TypeError``/``ValueError`` in Python instead of a hang or a wrong answe
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Iterable, Sequence
 
 import torch
@@ -75,3 +77,37 @@ def check_same_device(**tensors) -> None:
     devs = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     if len(set(devs.values())) > 1:
         raise ValueError("tensors on different devices: " + ", ".join(f"{n}={d}" for n, d in devs.items()))
+
+
+F32_MAX = float(torch.finfo(torch.float32).max)
+INT32_MAX = 2**31 - 1
+
+
+def check_real(name: str, value, *, low: float | None = None, high: float = F32_MAX, low_open: bool = False) -> float:
+    """A real scalar argument (``int``/``float``/numpy real; not ``bool``, not a string) as a float.
+
+    Raises ``TypeError`` for another type, ``ValueError`` unless it is finite and within
+    ``[low, high]`` (``(low, high]`` with ``low_open``); the default ``high`` is float32's max,
+    since kernels take such scalars as float32.  Messages name the argument.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    try:
+        v = float(value)
+    except OverflowError:
+        raise ValueError(f"{name}={value!r} is out of float range") from None
+    below = low is not None and (v <= low if low_open else v < low)
+    if not math.isfinite(v) or below or v > high:
+        lo = "" if low is None else f"{'>' if low_open else '>='} {low:g} and "
+        raise ValueError(f"{name} must be finite, {lo}<= {high:g}, got {value!r}")
+    return v
+
+
+def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
+    """An integer argument (not ``bool``) in ``[low, high]``: ``TypeError`` / ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if not low <= v <= high:
+        raise ValueError(f"{name}={v} must be in [{low}, {high}]")
+    return v
