@@ -23,6 +23,7 @@ KERNELS: dict[str, str] = {
     "qknorm": "cute_kernels.kernels.qknorm",
     "qknorm_tp": "cute_kernels.kernels.qknorm_tp",
     "hc_mix": "cute_kernels.kernels.hc_mix",
+    "ranker_bwd": "cute_kernels.kernels.ranker_bwd",
 }
 
 

@@ -1,6 +1,6 @@
 """The ranker attention mask: segments of one sequence, block ranges and row predicates.
 
-Shared by the forward (``ranker_fwd``) and, later, the backward.  Semantics (issue 3, seed 002):
+Shared by the forward (``ranker_fwd``) and the backward (``ranker_bwd*``).  Semantics (issue 3, seed 002):
 a sequence of length ``seqlen`` holds a history segment ``[hist_lo, hist_hi)`` and a candidate
 segment ``[cand_lo, cand_hi)``.  Query ``i`` attends key ``j`` iff
 
@@ -60,6 +60,37 @@ def admitted_pairs(bounds: torch.Tensor, seqlens) -> int:
     return total
 
 
+def q_block_ranges(hist_lo: int, hist_hi: int, cand_lo: int, cand_hi: int, tile_m: int):
+    """Host mirror of :meth:`RankerSegments.m_block_ranges` on clamped bounds (plain ints, for tests).
+
+    The q blocks (``tile_m`` rows) holding a row of the history or of the candidates, as at most two
+    disjoint ranges ``(lo1, n1, lo2, n2)``: every such block exactly once, in increasing order."""
+    return _block_ranges(hist_lo, hist_hi, cand_lo, cand_hi, tile_m, int, min, max)
+
+
+def _block_ranges(hl, hh, cl, ch, tile_m, as_int, vmin, vmax):
+    """Branch-free union of the history and candidate q-block ranges (shared by host and device)."""
+    h_ne = as_int(hh > hl)
+    c_ne = as_int(ch > cl)
+    h_lo = hl // tile_m
+    h_hi = ((hh + (tile_m - 1)) // tile_m) * h_ne + h_lo * (1 - h_ne)
+    c_lo = cl // tile_m
+    c_hi = ((ch + (tile_m - 1)) // tile_m) * c_ne + c_lo * (1 - c_ne)
+    # an empty range takes the other one's place (union with the empty set)
+    h_lo, h_hi = h_lo * h_ne + c_lo * (1 - h_ne), h_hi * h_ne + c_hi * (1 - h_ne)
+    c_lo, c_hi = c_lo * c_ne + h_lo * (1 - c_ne), c_hi * c_ne + h_hi * (1 - c_ne)
+    h_first = as_int(h_lo <= c_lo)
+    f_lo = h_lo * h_first + c_lo * (1 - h_first)
+    f_hi = h_hi * h_first + c_hi * (1 - h_first)
+    s_lo = c_lo * h_first + h_lo * (1 - h_first)
+    s_hi = c_hi * h_first + h_hi * (1 - h_first)
+    merged = as_int(s_lo <= f_hi)  # overlapping or touching: one range
+    any_ne = as_int((h_ne + c_ne) > 0)
+    n1 = (f_hi - f_lo + merged * vmax(s_hi - f_hi, s_hi * 0)) * any_ne
+    n2 = (s_hi - s_lo) * (1 - merged) * any_ne
+    return f_lo, n1, s_lo, n2
+
+
 class RankerSegments:
     """Clamped segment bounds of one sequence inside a kernel (trace-time helper, Int32 values)."""
 
@@ -100,6 +131,13 @@ class RankerSegments:
         """History KV blocks to visit (0 for an empty history); each block once."""
         n_max = (self.hist_hi + (tile_n - 1)) // tile_n
         return cutlass.max(n_max - self.n_block_min(tile_n), Int32(0)) * Int32(self.hist_hi > self.hist_lo)
+
+    def m_block_ranges(self, tile_m: int):
+        """Backward: the q blocks whose rows reach a history KV block (rows in the history or the
+        candidates), as two disjoint ranges ``(lo1, n1, lo2, n2)``, each block once (see
+        :func:`q_block_ranges`).  Candidate-only KV blocks are reached by no q block."""
+        return _block_ranges(self.hist_lo, self.hist_hi, self.cand_lo, self.cand_hi, tile_m, Int32,
+                             cutlass.min, cutlass.max)
 
     def tile_active(self, row_lo: Int32, row_hi: Int32) -> Boolean:
         """Does ``[row_lo, row_hi)`` meet the history or the candidates?"""

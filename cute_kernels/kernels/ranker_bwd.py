@@ -1,0 +1,805 @@
+"""Ranker attention backward on Hopper (sm_90a): the mainloop kernel (issue 4, seed 004).
+
+Math (FlashAttention-2/3's backward with the ranker mask and cap of :mod:`.ranker_fwd`).  With
+``s_raw = softmax_scale * q.k``, ``s = cap(s_raw)`` masked, ``P = exp(s - LSE)``,
+``dPsum = rowsum(dO * O)``:
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - dPsum) * cap'(s_raw),
+    dQ = softmax_scale * dS K,     dK = softmax_scale * dS^T Q,
+
+``cap'`` = ``1 - tanh^2(s_raw/cap)`` (tanh) or ``1/(1 + |s_raw|/cap)^2`` (soft_sign), 1 without a cap.
+GQA sums dK, dV over the query heads of a group (in float32).
+
+The backward is three launches (:func:`ranker_attention_backward`):
+
+1. :mod:`.ranker_bwd_preprocess`: ``dPsum`` (float32), ``LSE * log2(e)`` (``+inf`` on rows with no
+   valid key and on padding rows, so that ``P = exp2(.. - LSE)`` is 0 there), zeroed float32 dQ
+   accumulator; all three padded to whole ``tile_m`` q blocks per sequence.
+2. this kernel, one CTA per (history KV block of ``tile_n`` keys, query head, batch row):
+   * warpgroup 0, the producer (``setmaxnreg`` down): warp 0 TMA-loads K and V of the CTA's block
+     once, then Q + LSE and dO + dPsum of every q block that reaches it, through ``stages``-deep
+     ``PipelineTmaAsync`` pipelines; warp 1 adds each q block's float32 dQ tile to the global
+     accumulator with a TMA bulk reduce-add (``cp.reduce.async.bulk.tensor ... .add.f32``), handing
+     the smem tile back and forth with the MMA warpgroups through two named barriers;
+   * warpgroups 1 and 2 (``setmaxnreg`` up), 64 keys each: ``S^T = K Q^T`` and ``dP^T = V dO^T``
+     (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
+     and the key mask, ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO`` and ``dK += dS^T Q`` with
+     P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
+     ``dQ = dS K`` (both warpgroups, 64 head-dim columns each), dQ through smem to warp 1.
+   Only the q blocks holding history or candidate rows are visited (each once,
+   :meth:`.ranker_mask.RankerSegments.m_block_ranges`); candidate-only KV blocks get zero.
+   Epilogue (seed 004, FlashAttention-3's ``CollectiveEpilogueBwd``): dK, dV through smem reusing
+   the K/V buffers after a named barrier (every consumer done) and ``fence_view_async_shared``, then
+   one warp's TMA store (fixed length) or predicated 16-byte stores (varlen); KV blocks no query
+   reaches store zeros.  GQA: float32 dK, dV tiles TMA-reduce-added into float32 accumulators.
+3. :mod:`.ranker_bwd_postprocess`: dQ = scale * accumulator in the input dtype, GQA dK/dV converted,
+   and the candidate self terms (a candidate ``j`` outside the history is its own only extra key:
+   ``dV_j += P_jj dO_j``, ``dK_j += dS_jj q_j scale``, ``dQ_j += dS_jj k_j scale``) as per-row vector
+   operations, never diagonal tiles.
+
+STATUS: compiled for sm_90a on a CPU only; NOT yet validated on a GPU (tests/gpu/test_ranker_bwd_gpu.py
+is ready).  ``cute_kernels.ranker_attention`` stays forward-only until it is; the autograd wiring is
+:func:`.ranker_autograd.ranker_attention_autograd`.  No deterministic mode yet (dQ and GQA dK/dV use
+float32 atomic TMA reduce-adds, whose order varies between runs).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+import torch
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ..registry import CheckResult, CompileTarget
+from ..runtime.cache import compile_cached
+from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.validate import check_tensor
+from .ranker_fwd import (CAP_METHODS, LOG2_E, SMEM_CAPACITY, _acc_as_operand_a, _acc_mn, _check_reference_args,
+                         _row_major, _select, _smem_layout, _transpose_view, ranker_attention_reference)
+from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
+
+NAME = "ranker_bwd"
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+class NamedBarrierBwd(enum.IntEnum):
+    """Named barriers of the backward mainloop (0 is ``__syncthreads``)."""
+
+    Epilogue = 1  # MMA warpgroups: done reading sK/sV before dK/dV (aliasing them) are written; smem ready
+    PdS = 2  # MMA warpgroups: the last dQ GEMM is done reading sdS / both halves of dS^T are in sdS
+    dQFull = 3  # MMA warpgroups -> dQ warp: sdQ holds this q block's dQ
+    dQEmpty = 4  # dQ warp -> MMA warpgroups: the last TMA reduce-add has read sdQ
+
+
+@dataclass(frozen=True)
+class RankerBwdConfig:
+    """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
+    ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA)."""
+
+    head_dim: int = 128
+    tile_m: int = 64
+    tile_n: int = 128
+    stages: int = 2
+    mma_wgs: int = 2
+    producer_regs: int = 24
+    mma_regs: int = 240
+    deterministic: bool = False
+
+    def acc_regs(self) -> int:
+        """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
+        per_wg_keys = self.tile_n // self.mma_wgs
+        sdp = per_wg_keys * self.tile_m // 128
+        dkv = per_wg_keys * self.head_dim // 128
+        dq = self.tile_m * self.head_dim // (128 * self.mma_wgs)
+        return 2 * sdp + 2 * dkv + dq
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        kv = 2 * self.tile_n * self.head_dim * elem_bytes
+        qdo = 2 * self.stages * self.tile_m * self.head_dim * elem_bytes
+        ds = self.tile_n * self.tile_m * elem_bytes
+        dq = self.tile_m * self.head_dim * 4
+        stats = 2 * self.stages * self.tile_m * 4
+        return kv + qdo + ds + dq + stats + 8 * (2 + 4 * self.stages) + 2048
+
+    def validate(self) -> None:
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"head_dim={self.head_dim}: the backward supports head dims 64 and 128")
+        if self.mma_wgs != 2:
+            raise ValueError(f"mma_wgs={self.mma_wgs}: the kernel has exactly 2 MMA warpgroups")
+        if self.tile_n != 64 * self.mma_wgs:
+            raise ValueError(f"tile_n={self.tile_n}: must be 64 (WGMMA M) x mma_wgs = {64 * self.mma_wgs}")
+        if self.tile_m not in (64, 128):
+            raise ValueError(f"tile_m={self.tile_m}: must be 64 or 128 (WGMMA N of S^T, K of dK/dV)")
+        if not 1 <= self.stages <= 4:
+            raise ValueError(f"stages={self.stages}: must be in [1, 4]")
+        if self.deterministic:
+            raise ValueError("deterministic=True: the deterministic mode is not implemented yet")
+        if self.producer_regs % 8 or self.mma_regs % 8:
+            raise ValueError("setmaxnreg counts must be multiples of 8")
+        if self.producer_regs * 128 + self.mma_regs * 128 * self.mma_wgs > 65536:
+            raise ValueError(f"register split {self.producer_regs}/{self.mma_regs} exceeds 64K registers per SM")
+        if self.acc_regs() > self.mma_regs - 8:
+            raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "
+                             f"registers per MMA thread do not fit in {self.mma_regs}")
+        if 2 * self.tile_n * self.head_dim * 2 < self.tile_n * self.head_dim * 4:
+            raise ValueError("the K/V buffers cannot hold a float32 dK/dV tile (GQA epilogue)")
+        smem = self.smem_bytes()
+        if smem > SMEM_CAPACITY:
+            raise ValueError(f"config needs {smem} B of shared memory; the sm_90 limit is {SMEM_CAPACITY} B")
+
+
+# FlashAttention-3's sm90 backward tiles (hdim 64 and 128: 64 q rows x 128 keys, 2 MMA warpgroups,
+# 240 registers); not tuned here yet (no GPU time so far).
+CONFIGS = {
+    64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
+    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2),
+}
+
+
+def padded_offset(offset, batch, tile_m: int):
+    """Start of sequence ``batch`` (packed start ``offset``) in the padded per-row buffers (LSE, dPsum,
+    dQ accumulator) of the varlen form: a multiple of ``tile_m`` with room for whole q blocks."""
+    return ((offset + batch * tile_m) // tile_m) * tile_m
+
+
+def padded_rows(total: int, num_batch: int, tile_m: int, varlen: bool) -> int:
+    """Rows of the padded per-row buffers: ``ceil(S / tile_m) * tile_m`` (fixed length), or
+    ``ceil((T + B * tile_m) / tile_m) * tile_m`` (packed; see :func:`padded_offset`)."""
+    if varlen:
+        return -(-(total + num_batch * tile_m) // tile_m) * tile_m
+    return -(-total // tile_m) * tile_m
+
+
+class RankerAttentionBwd:
+    """The backward mainloop for one (dtype, config, GQA ratio, cap method, varlen)."""
+
+    def __init__(self, dtype, config: RankerBwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
+        config.validate()
+        if cap_method not in CAP_METHODS:
+            raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS}")
+        self.dtype = dtype
+        self.config = config
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.head_dim = config.head_dim
+        self.stages = config.stages
+        self.qhead_per_kvhead = qhead_per_kvhead
+        self.gqa = qhead_per_kvhead > 1  # dK/dV: float32 reduce-add into accumulators, converted later
+        self.cap_method = cap_method
+        self.varlen = varlen
+        self.num_mma_threads = 128 * config.mma_wgs
+        self.num_threads = 128 + self.num_mma_threads
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+                 mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                 mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32,
+                 softmax_scale: Float32, cap: Float32, num_batch: Int32, max_seqlen: Int32, stream):
+        # (B, S, H, D) -> (S, D, H, B); packed (T, H, D) -> (T, D, H).  Per-row buffers (B, H, S_pad) ->
+        # (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator (B, H, S_pad, D) -> (S_pad, D, H, B) /
+        # (H, T_pad, D) -> (T_pad, D, H)
+        if const_expr(self.varlen):
+            mQ, mK, mV, mdO, mdK, mdV = [_select(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+            mLSE2, mdPsum = [_select(t, [1, 0]) for t in (mLSE2, mdPsum)]
+            mdQaccum = _select(mdQaccum, [1, 2, 0])
+        else:
+            mQ, mK, mV, mdO, mdK, mdV = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+            mLSE2, mdPsum = [_select(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
+            mdQaccum = _select(mdQaccum, [2, 3, 1, 0])
+
+        K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        # S^T = K Q^T and dP^T = V dO^T: M = keys (64 per warpgroup), N = q rows, K = head dim
+        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(self.config.mma_wgs, 1, 1),
+            tiler_mn=(64, self.tile_m))
+        # dV += P^T dO and dK += dS^T Q: M = keys, N = head dim, K = q rows; A from registers
+        tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(self.config.mma_wgs, 1, 1),
+            tiler_mn=(64, self.head_dim), a_source=warpgroup.OperandSource.RMEM)
+        # dQ = dS K: M = q rows, N = head dim (split between the warpgroups), K = keys; both MN-major views
+        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, self.config.mma_wgs, 1),
+            tiler_mn=(64, self.head_dim // self.config.mma_wgs))
+
+        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
+        sdO_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
+        sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
+        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
+        sdSt_layout = _smem_layout(self.dtype, self.tile_n, self.tile_m)  # dS^T (keys, q rows), q rows contiguous
+        sdQ_layout = _smem_layout(Float32, self.tile_m, self.head_dim)
+        sdKVacc_layout = _smem_layout(Float32, self.tile_n, self.head_dim)  # GQA: aliases sK + sV
+        sLSE_layout = cute.make_layout((self.tile_m, self.stages))
+
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
+        tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mdO, cute.select(sdO_layout, mode=[0, 1]),
+            (self.tile_m, self.head_dim))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mK, sK_layout, (self.tile_n, self.head_dim))
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mV, sV_layout, (self.tile_n, self.head_dim))
+        tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mLSE2, cute.make_layout(self.tile_m), (self.tile_m,))
+        tma_atom_dPsum, tma_dPsum = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mdPsum, cute.make_layout(self.tile_m), (self.tile_m,))
+        tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQ_layout, (self.tile_m, self.head_dim))
+        if const_expr(self.gqa):
+            tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdK, sdKVacc_layout, (self.tile_n, self.head_dim))
+            tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdV, sdKVacc_layout, (self.tile_n, self.head_dim))
+        else:
+            tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mdK, sK_layout, (self.tile_n, self.head_dim))
+            tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mdV, sV_layout, (self.tile_n, self.head_dim))
+        self.tma_bytes_q = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
+        self.tma_bytes_kv = 2 * cute.size_in_bytes(self.dtype, sK_layout)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            # sK and sV are adjacent (equal sizes, multiples of 1024 B): the GQA epilogue uses both as
+            # one float32 (tile_n, head_dim) tile
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
+            sdSt: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdSt_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
+            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
+
+        self.shared_storage = SharedStorage
+
+        num_n_blocks = cute.ceil_div(max_seqlen, self.tile_n)
+        grid = (num_n_blocks, cute.size(mQ.shape[2]), num_batch)
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dK, tma_dV, mdK, mdV, mBounds, mCuSeqlens,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
+            tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout, sdKVacc_layout, sLSE_layout,
+            scale_log2, softmax_scale, cap, Int32(mQ.shape[0]),
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_dO: cute.Tensor,
+               tma_LSE: cute.Tensor, tma_dPsum: cute.Tensor, tma_dQ: cute.Tensor, tma_dK: cute.Tensor,
+               tma_dV: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mBounds: cute.Tensor,
+               mCuSeqlens: Optional[cute.Tensor],
+               tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
+               tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_dPsum: cute.CopyAtom,
+               tma_atom_dQ: cute.CopyAtom, tma_atom_dK: cute.CopyAtom, tma_atom_dV: cute.CopyAtom,
+               tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sV_layout: cute.ComposedLayout, sdSt_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
+               sdKVacc_layout: cute.ComposedLayout, sLSE_layout: cute.Layout,
+               scale_log2: Float32, softmax_scale: Float32, cap: Float32, seqlen_static: Int32):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads // 32)
+        pipeline_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=self.tma_bytes_kv, defer_sync=True)
+        pipeline_q = pipeline.PipelineTmaAsync.create(  # Q + LSE of a q block
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.tma_bytes_q, defer_sync=True)
+        pipeline_do = pipeline.PipelineTmaAsync.create(  # dO + dPsum of a q block
+            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer,
+            consumer_group=consumers, tx_count=self.tma_bytes_q, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sdSt = storage.sdSt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sLSE = storage.sLSE.get_tensor(sLSE_layout)
+        sdPsum = storage.sdPsum.get_tensor(sLSE_layout)
+        sdKVacc = cute.make_tensor(
+            cute.recast_ptr(storage.sK.data_ptr(), sdKVacc_layout.inner, dtype=Float32), sdKVacc_layout.outer)
+
+        work = self.block_work(mBounds, mCuSeqlens, seqlen_static)
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.config.producer_regs)
+            if warp_idx == 0:
+                self.load(tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, sQ, sK, sV, sdO, sLSE, sdPsum,
+                          tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
+                          pipeline_kv, pipeline_q, pipeline_do, work)
+            if warp_idx == 1:
+                self.dq_reduce(tma_dQ, sdQ, tma_atom_dQ, work)
+        else:
+            cute.arch.setmaxregister_increase(self.config.mma_regs)
+            self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum,
+                     sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q,
+                     pipeline_do, tidx - 128, work, scale_log2, softmax_scale, cap)
+
+    # ------------------------------------------------------------------ work of this CTA
+    @cute.jit
+    def block_work(self, mBounds, mCuSeqlens, seqlen_static):
+        """(n_block, head, batch) of this CTA, the sequence's offsets and segments, and the q blocks
+        to visit: two disjoint ranges (history rows, candidate rows), none for a KV block outside the
+        history (its keys are reached by no query but themselves: postprocess)."""
+        n_block, head, batch = cute.arch.block_idx()
+        offset = Int32(0)
+        seqlen = seqlen_static
+        if const_expr(self.varlen):
+            offset = Int32(mCuSeqlens[batch])
+            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
+        seg = RankerSegments.load(mBounds, batch, seqlen)
+        lo1, n1, lo2, n2 = seg.m_block_ranges(self.tile_m)
+        key_lo = n_block * self.tile_n
+        reached = Int32(key_lo < seg.hist_hi) * Int32(key_lo + self.tile_n > seg.hist_lo)
+        count = (n1 + n2) * reached
+        pad_offset = padded_offset(offset, batch, self.tile_m) if const_expr(self.varlen) else Int32(0)
+        return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2, count)
+
+    @staticmethod
+    def m_block_of(i, work):
+        """The i-th q block to visit (first range, then second)."""
+        lo1, n1, lo2 = work[6], work[7], work[8]
+        in_first = Int32(i < n1)
+        return (lo1 + i) * in_first + (lo2 + i - n1) * (1 - in_first)
+
+    def _view(self, mX, work, head):
+        """(S, D) view of one sequence and head of a (S, D, H, B) or packed (T, D, H) tensor."""
+        if const_expr(self.varlen):
+            return cute.domain_offset((work[3], 0), mX[None, None, head])
+        return mX[None, None, head, work[2]]
+
+    def _padded_view(self, mX, work, head):
+        """View of one sequence and head of a padded per-row buffer ((S_pad[, D], H, B) or (T_pad[, D], H))."""
+        if const_expr(cute.rank(mX) == 4 or (self.varlen and cute.rank(mX) == 3)):
+            if const_expr(self.varlen):
+                return cute.domain_offset((work[4], 0), mX[None, None, head])
+            return mX[None, None, head, work[2]]
+        if const_expr(self.varlen):
+            return cute.domain_offset((work[4],), mX[None, head])
+        return mX[None, head, work[2]]
+
+    # ------------------------------------------------------------------ producer
+    @cute.jit
+    def load(self, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, sQ, sK, sV, sdO, sLSE, sdPsum,
+             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
+             pipeline_kv, pipeline_q, pipeline_do, work):
+        """Warp 0: K and V of this CTA's block once, then Q + LSE and dO + dPsum of each q block
+        to visit, ``stages`` blocks ahead of the MMA warpgroups."""
+        n_block, head, count = work[0], work[1], work[9]
+        head_kv = head // self.qhead_per_kvhead
+        if count > 0:
+            gK = cute.local_tile(self._view(tma_K, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+            gV = cute.local_tile(self._view(tma_V, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+            gQ = cute.local_tile(self._view(tma_Q, work, head), (self.tile_m, self.head_dim), (None, 0))
+            gdO = cute.local_tile(self._view(tma_dO, work, head), (self.tile_m, self.head_dim), (None, 0))
+            gLSE = cute.local_tile(self._padded_view(tma_LSE, work, head), (self.tile_m,), (None,))
+            gdPsum = cute.local_tile(self._padded_view(tma_dPsum, work, head), (self.tile_m,), (None,))
+            one = cute.make_layout(1)
+            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
+                                               cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
+                                               cute.group_modes(gV, 0, 2))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
+                                               cute.group_modes(gLSE, 0, 1))
+            tPsP, tPgP = cpasync.tma_partition(tma_atom_dPsum, 0, one, cute.group_modes(sdPsum, 0, 1),
+                                               cute.group_modes(gdPsum, 0, 1))
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+            pipeline_kv.producer_acquire(kv_state)
+            cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
+            cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            for i in cutlass.range(count, unroll=1):
+                m_block = self.m_block_of(i, work)
+                pipeline_q.producer_acquire(q_state)
+                bar_q = pipeline_q.producer_get_barrier(q_state)
+                cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, q_state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_atom_LSE, tLgL[None, m_block], tLsL[None, q_state.index], tma_bar_ptr=bar_q)
+                pipeline_do.producer_acquire(q_state)
+                bar_do = pipeline_do.producer_get_barrier(q_state)
+                cute.copy(tma_atom_dO, tdOgdO[None, m_block], tdOsdO[None, q_state.index], tma_bar_ptr=bar_do)
+                cute.copy(tma_atom_dPsum, tPgP[None, m_block], tPsP[None, q_state.index], tma_bar_ptr=bar_do)
+                q_state.advance()
+
+    @cute.jit
+    def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, work):
+        """Warp 1: for each q block, wait for the MMA warpgroups' dQ tile in smem, add it to the
+        float32 accumulator in global memory with one TMA bulk reduce-add, hand the buffer back
+        once the reduce has read it."""
+        head, count = work[1], work[9]
+        if count > 0:
+            gdQ = cute.local_tile(self._padded_view(tma_dQ, work, head), (self.tile_m, self.head_dim), (None, 0))
+            tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                                   cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
+            nthreads = self.num_mma_threads + 32
+            for i in cutlass.range(count, unroll=1):
+                m_block = self.m_block_of(i, work)
+                cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty), number_of_threads=nthreads)
+                cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull), number_of_threads=nthreads)
+                cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block])
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    # ------------------------------------------------------------------ MMA warpgroups
+    @cute.jit
+    def mma(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum, sdKVacc,
+            tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q, pipeline_do, tidx, work,
+            scale_log2, softmax_scale, cap):
+        """Warpgroups 1 and 2: for each q block, the five GEMMs and the pointwise steps; then the epilogue."""
+        wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+        wg_layout = cute.make_layout(self.config.mma_wgs, stride=128)
+        thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
+        thr_mma_dq = tiled_mma_dq.get_slice(tidx)
+        wg_mma_sdp = tiled_mma_sdp.get_slice(wg_layout(wg_idx))
+        wg_mma_dkv = tiled_mma_dkv.get_slice(wg_layout(wg_idx))
+        wg_mma_dq = tiled_mma_dq.get_slice(wg_layout(wg_idx))
+        tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
+        tSrQ = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
+        tdPrV = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
+        tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
+        tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sdO)))
+        tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sQ)))
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(_transpose_view(sdSt)))
+        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(_transpose_view(sK)))
+        acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
+        acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        # (key, q row) of this thread's S^T elements; its slice of the dQ tile in smem
+        tScS_mn = _acc_mn(thr_mma_sdp.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m))))
+        tdQsdQ = thr_mma_dq.partition_C(sdQ)
+        smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                        self.dtype)
+        ds_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_sdp).get_slice(tidx)
+        tdSsdS = ds_thr_copy.partition_D(sdSt)
+
+        n_block, count, seg = work[0], work[9], work[5]
+        if count > 0:
+            kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            pipeline_kv.consumer_wait(kv_state)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            # the two keys (rows of S^T) of this thread: inside the history?
+            key_ok = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
+            for r in cutlass.range_constexpr(cute.size(tScS_mn, mode=[0])):
+                key_ok[r] = 1.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else 0.0
+            for i in cutlass.range(count, unroll=1):
+                q_state = self.mma_one_m_block(
+                    q_state, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt,
+                    tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_ok, tdQsdQ, ds_thr_copy, tdSsdS,
+                    smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
+        self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                      tiled_mma_dkv, tidx, work, softmax_scale)
+
+    @cute.jit
+    def mma_one_m_block(self, q_state, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
+                        tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_ok, tdQsdQ, ds_thr_copy,
+                        tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
+        """One q block: S^T, dP^T, P^T, dS^T, dV, dK, dQ (FlashAttention-3's order)."""
+        stage = q_state.index
+        pipeline_q.consumer_wait(q_state)
+        acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        self.gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+        pipeline_do.consumer_wait(q_state)
+        acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        self.gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], zero_init=True)
+        warpgroup.wait_group(1)
+
+        # P^T = exp2(cap(S^T) * scale_log2 - LSE) on history keys, 0 elsewhere; acc_S <- P^T * cap'
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        rP_mn = _acc_mn(rP)
+        acc_S_mn = _acc_mn(acc_S)
+        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+            lse = sLSE[tScS_mn[0, c][1], stage]
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                t, dcap = self.cap_and_slope(acc_S_mn[r, c], softmax_scale, cap)
+                p = cute.math.exp2(t * scale_log2 - lse, fastmath=True) * key_ok[r]
+                rP_mn[r, c] = p.to(self.dtype)
+                acc_S_mn[r, c] = p * dcap
+        warpgroup.wait_group(0)
+
+        # dS^T = P^T cap' (dP^T - dPsum)
+        acc_dP_mn = _acc_mn(acc_dP)
+        for c in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[1])):
+            dpsum = sdPsum[tScS_mn[0, c][1], stage]
+            for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+                acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
+        rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+        rdS.store(acc_dP.load().to(self.dtype))
+
+        # dV += P^T dO (P^T from registers)
+        self.gemm(tiled_mma_dkv, acc_dV, _acc_as_operand_a(rP), tdVrdOt[None, None, None, stage], zero_init=False)
+        # both warpgroups' dQ GEMMs of the last q block are done reading sdS: overwrite it
+        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
+        cute.copy(smem_atom, ds_thr_copy.retile(rdS), tdSsdS)
+        # dK += dS^T Q (dS^T from registers)
+        self.gemm(tiled_mma_dkv, acc_dK, _acc_as_operand_a(rdS), tdKrQt[None, None, None, stage], zero_init=False)
+        cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
+        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
+        # dQ = dS K (this warpgroup's half of the head dim)
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        self.gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True)
+        warpgroup.wait_group(0)
+        pipeline_do.consumer_release(q_state)
+        pipeline_q.consumer_release(q_state)
+
+        # dQ tile -> smem -> warp 1's TMA reduce-add
+        nthreads = self.num_mma_threads + 32
+        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQEmpty), number_of_threads=nthreads)
+        cute.autovec_copy(acc_dQ, tdQsdQ)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull), number_of_threads=nthreads)
+        q_state.advance()
+        return q_state
+
+    @cute.jit
+    def cap_and_slope(self, s, softmax_scale, cap):
+        """Raw score q.k -> (the forward's capped score in the units of ``scale_log2``, cap'):
+        no cap: (s, 1); tanh: (tanh(x), 1 - tanh(x)^2); soft_sign: (x/(1+|x|), (1-|t|)^2) = 1/(1+|x|)^2,
+        with ``x = softmax_scale * s / cap``."""
+        t = s
+        dcap = Float32(1.0)
+        if const_expr(self.cap_method == "tanh"):
+            t = cute.math.tanh(s * (softmax_scale / cap), fastmath=True)
+            dcap = 1.0 - t * t
+        elif const_expr(self.cap_method == "soft_sign"):
+            x = s * (softmax_scale / cap)
+            inv = cute.arch.rcp_approx(1.0 + cute.math.abs(x))
+            t = x * inv
+            dcap = inv * inv
+        return t, dcap
+
+    @cute.jit
+    def gemm(self, tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr):
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    # ------------------------------------------------------------------ epilogue (seed 004)
+    @cute.jit
+    def epilogue(self, acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                 tiled_mma_dkv, tidx, work, softmax_scale):
+        """dK, dV leave the registers through smem that reuses sK/sV once every MMA warpgroup is done
+        with them (named barrier), then one warp's TMA store (fixed length) or predicated 16-byte stores
+        (varlen).  A KV block no query reaches stores zeros.  GQA: float32 tiles TMA-reduce-added into
+        the float32 accumulators (dV first, then dK, through the same smem)."""
+        n_block, head = work[0], work[1]
+        head_kv = head // self.qhead_per_kvhead
+        acc_dK.store(acc_dK.load() * softmax_scale)
+        bar = int(NamedBarrierBwd.Epilogue)
+        if const_expr(self.gqa):
+            if work[9] > 0:  # blocks no query reaches add nothing
+                thr_mma = tiled_mma_dkv.get_slice(tidx)
+                tAccsAcc = thr_mma.partition_C(sdKVacc)
+                gdV = cute.local_tile(self._view(tma_dV, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+                gdK = cute.local_tile(self._view(tma_dK, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+                for acc, atom, g in ((acc_dV, tma_atom_dV, gdV), (acc_dK, tma_atom_dK, gdK)):
+                    cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
+                    cute.autovec_copy(acc, tAccsAcc)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
+                    if tidx < 32:
+                        tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                                           cute.group_modes(sdKVacc, 0, 2), cute.group_modes(g, 0, 2))
+                        cute.copy(atom, tXsX, tXgX)
+                        cute.arch.cp_async_bulk_commit_group()
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+            rdV.store(acc_dV.load().to(self.dtype))
+            rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+            rdK.store(acc_dK.load().to(self.dtype))
+            # every MMA warpgroup is done reading sK and sV (its GEMMs waited) before they are overwritten
+            cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
+            smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                            self.dtype)
+            smem_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_dkv).get_slice(tidx)
+            cute.copy(smem_atom, smem_thr_copy.retile(rdV), smem_thr_copy.partition_D(sV))
+            cute.copy(smem_atom, smem_thr_copy.retile(rdK), smem_thr_copy.partition_D(sK))
+            if const_expr(not self.varlen):
+                cute.arch.fence_view_async_shared()  # stmatrix writes -> TMA reads
+                cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
+                if tidx < 32:
+                    for atom, s, mX in ((tma_atom_dV, sV, tma_dV), (tma_atom_dK, sK, tma_dK)):
+                        g = cute.local_tile(self._view(mX, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+                        tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                                           cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
+                        cute.copy(atom, tXsX, tXgX)
+                    cute.arch.cp_async_bulk_commit_group()
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            else:
+                cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
+                vec = 128 // self.dtype.width
+                cols = self.head_dim // vec
+                atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+                tiled_copy = cute.make_tiled_copy_tv(
+                    atom, cute.make_ordered_layout((self.num_mma_threads // cols, cols), order=(1, 0)),
+                    cute.make_layout((1, vec)))
+                thr_copy = tiled_copy.get_slice(tidx)
+                cX = thr_copy.partition_S(cute.make_identity_tensor((self.tile_n, self.head_dim)))
+                seqlen = work[5].seqlen
+                for s, mX in ((sV, mdV), (sK, mdK)):
+                    g = cute.local_tile(self._view(mX, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+                    tXsX = thr_copy.partition_S(s)
+                    tXgX = thr_copy.partition_D(g)
+                    tXrX = cute.make_rmem_tensor_like(tXsX, self.dtype)
+                    cute.autovec_copy(tXsX, tXrX)
+                    for m in cutlass.range_constexpr(cute.size(tXrX.shape[1])):
+                        if n_block * self.tile_n + cX[0, m, 0][0] < seqlen:
+                            cute.copy(atom, tXrX[None, m, None], tXgX[None, m, None])
+
+
+# ====================================================================== torch side
+def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
+    def build():
+        d = config.head_dim
+        al = 8  # 16-bit elements per 16 bytes (TMA stride alignment)
+        kern = RankerAttentionBwd(cute_dtype(dtype), config, qhead_per_kvhead, cap_method, varlen)
+        hq, hkv, nb = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        acc_dtype = torch.float32 if qhead_per_kvhead > 1 else dtype
+        if varlen:
+            t, tp = cute.sym_int(), cute.sym_int()
+            shape = lambda h: (t, h, d)  # noqa: E731
+            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)  # noqa: E731
+            rows = lambda: _row_major(torch.float32, (hq, tp), align=16)  # noqa: E731
+            dq_acc = _row_major(torch.float32, (hq, tp, d), align=16)
+            cu = _row_major(torch.int32, (cute.sym_int(),), align=4)
+        else:
+            s, sp = cute.sym_int(), cute.sym_int()
+            shape = lambda h: (nb, s, h, d)  # noqa: E731
+            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
+                               cute.sym_int(divisibility=al), 1)
+            rows = lambda: _row_major(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
+            dq_acc = _row_major(torch.float32, (nb, hq, sp, d), align=16)
+            cu = None
+        q = fake_tensor(dtype, shape(hq), stride=strides())
+        k = fake_tensor(dtype, shape(hkv), stride=strides())
+        v = fake_tensor(dtype, shape(hkv), stride=strides())
+        do = fake_tensor(dtype, shape(hq), stride=strides())
+        dk = _row_major(acc_dtype, shape(hkv))
+        dv = _row_major(acc_dtype, shape(hkv))
+        bounds = _row_major(torch.int32, (cute.sym_int(), 4), align=4)
+        return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, Float32(1.0), Float32(1.0),
+                      Float32(1.0), Int32(1), Int32(1), fake_stream())
+
+    return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen), build)
+
+
+def compile_targets() -> list[CompileTarget]:
+    """Shipped configs: bf16 D=128 (MHA no cap / tanh, GQA 4), D=64, varlen."""
+    cases = [
+        (torch.bfloat16, 128, 1, "none", False),
+        (torch.bfloat16, 128, 1, "tanh", False),
+        (torch.bfloat16, 128, 4, "none", False),
+        (torch.bfloat16, 64, 1, "soft_sign", False),
+        (torch.bfloat16, 128, 1, "none", True),
+    ]
+    out = []
+    for dtype, d, g, capm, varlen in cases:
+        cfg = CONFIGS[d]
+        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}"
+        out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
+                                 build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
+                                 _compile(dtype, cfg, g, capm, varlen)))
+    return out
+# ====================================================================== references (float64)
+def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
+    _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    if not isinstance(dout, torch.Tensor) or dout.shape != q.shape:
+        raise ValueError(f"dout must be a tensor shaped like q {list(q.shape)}, "
+                         f"got {list(dout.shape) if isinstance(dout, torch.Tensor) else type(dout).__name__}")
+
+
+def _sequences(q, cu_seqlens):
+    """``(slice, batch row)`` of each sequence: packed (varlen) or ``[B, S, ...]``."""
+    if cu_seqlens is None:
+        return [(b, b) for b in range(q.shape[0])]
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    return [(slice(cu[b], cu[b + 1]), b) for b in range(len(cu) - 1)]
+
+
+def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=None, cap=None, cap_method="tanh",
+                                        cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64):
+    """Gradients ``(dq, dk, dv)`` of :func:`ranker_attention` by torch autograd through the dense
+    reference :func:`.ranker_fwd.ranker_attention_reference` (``compute_dtype`` math, float64 default).
+
+    ``q, k, v, bounds, cu_seqlens`` as in :func:`ranker_attention`; ``dout`` shaped like ``q`` (the
+    gradient of the output).  Rows with no valid key have zero output and get zero gradients (the
+    reference's masked softmax keeps them finite: no NaN).  Returns tensors in ``compute_dtype``
+    shaped like q, k, v (GQA: dk, dv summed over the query heads of a group).  Meant for tests at
+    modest sizes.  Raises ``TypeError``/``ValueError`` like the forward reference.
+    """
+    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    with torch.enable_grad():
+        qd, kd, vd = (t.detach().to(compute_dtype).requires_grad_(True) for t in (q, k, v))
+        out = ranker_attention_reference(qd, kd, vd, bounds, softmax_scale, cap, cap_method,
+                                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, compute_dtype=compute_dtype)
+        dq, dk, dv = torch.autograd.grad(out, (qd, kd, vd), dout.to(compute_dtype), allow_unused=True)
+    zero = lambda g, t: torch.zeros_like(t) if g is None else g  # noqa: E731 (empty problems)
+    return zero(dq, qd).detach(), zero(dk, kd).detach(), zero(dv, vd).detach()
+
+
+def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None, cap=None, cap_method="tanh",
+                                       cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64):
+    """The same gradients by the explicit formulas the kernels implement (FlashAttention-2/3's backward):
+
+    ``P = exp(s - LSE)`` on admitted pairs, ``dV = P^T dO``, ``dP = dO V^T``, ``dPsum = rowsum(dO * O)``,
+    ``dS = P * (dP - dPsum) * cap'(s_raw)`` with ``s_raw = scale * q.k``, ``cap'`` = ``1 - tanh^2(s_raw/cap)``
+    (tanh) or ``1 / (1 + |s_raw|/cap)^2`` (soft_sign), ``dQ = scale * dS K``, ``dK = scale * dS^T Q``;
+    GQA sums dK, dV over the query heads of a group.  Returns ``(dq, dk, dv, lse, dpsum)`` in
+    ``compute_dtype``; ``lse``/``dpsum`` are ``[B, Hq, S]`` (``[Hq, T]`` packed), ``lse = -inf`` and
+    ``dpsum = 0`` on rows with no valid key."""
+    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    d = q.shape[-1]
+    hq, hkv = q.shape[-2], k.shape[-2]
+    g = hq // hkv
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
+    dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
+    lse_shape = (hq, q.shape[0]) if cu_seqlens is not None else (q.shape[0], hq, q.shape[1])
+    lse_all = torch.full(lse_shape, -math.inf, dtype=compute_dtype, device=q.device)
+    dpsum_all = torch.zeros(lse_shape, dtype=compute_dtype, device=q.device)
+    for sl, b in _sequences(q, cu_seqlens):
+        qf = q[sl].to(compute_dtype).transpose(0, 1)  # H, S, D
+        kf = k[sl].to(compute_dtype).transpose(0, 1).repeat_interleave(g, dim=0)
+        vf = v[sl].to(compute_dtype).transpose(0, 1).repeat_interleave(g, dim=0)
+        dof = dout[sl].to(compute_dtype).transpose(0, 1)
+        s = qf.shape[1]
+        if s == 0:
+            continue
+        mask = dense_mask(bounds[b].cpu(), s).to(q.device)[None]
+        s_raw = scale * (qf @ kf.transpose(-1, -2))
+        if cap is None:
+            s_cap, dcap = s_raw, torch.ones_like(s_raw)
+        elif cap_method == "tanh":
+            t = torch.tanh(s_raw / cap)
+            s_cap, dcap = cap * t, 1 - t * t
+        else:
+            s_cap, dcap = s_raw / (1 + s_raw.abs() / cap), 1 / (1 + s_raw.abs() / cap) ** 2
+        s_m = s_cap.masked_fill(~mask, -math.inf)
+        lse = torch.logsumexp(s_m, dim=-1)
+        p = torch.where(mask, torch.exp(s_m - torch.where(torch.isfinite(lse), lse, 0)[..., None]), 0)
+        o = p @ vf
+        dpsum = (dof * o).sum(-1)
+        dp = dof @ vf.transpose(-1, -2)
+        ds = p * (dp - dpsum[..., None]) * dcap
+        dqh = scale * ds @ kf
+        dkh = scale * ds.transpose(-1, -2) @ qf
+        dvh = p.transpose(-1, -2) @ dof
+        dq[sl] = dqh.transpose(0, 1)
+        dk[sl] = dkh.view(hkv, g, s, d).sum(1).transpose(0, 1)
+        dv[sl] = dvh.view(hkv, g, s, d).sum(1).transpose(0, 1)
+        if cu_seqlens is not None:
+            lse_all[:, sl], dpsum_all[:, sl] = lse, dpsum
+        else:
+            lse_all[b], dpsum_all[b] = lse, dpsum
+    return dq, dk, dv, lse_all, dpsum_all
