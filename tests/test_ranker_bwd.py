@@ -10,7 +10,7 @@ import torch
 import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass is imported)
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels import ranker_fwd as rf
-from cute_kernels.kernels.ranker_mask import q_block_ranges
+from cute_kernels.kernels.ranker_mask import clamp_bounds, q_block_ranges
 from cute_kernels.runtime.artifacts import PTX_FEATURES, SASS_FEATURES, find_features
 from cute_kernels.runtime.cache import compile_record
 
@@ -174,3 +174,153 @@ def test_mainloop_compiles_sm90a(target):
         sass = find_features(rec.sass, SASS_FEATURES)
         for feat in ("HGMMA", "USETMAXREG", "UTMALDG", "UTMAREDG"):
             assert feat in sass, (feat, sass)
+
+
+# ---------------------------------------------------------------- the three-kernel plan, emulated in float64
+def _emulate(q, k, v, bounds, do, scale, cap, cap_method, tile_m=4, tile_n=4):
+    """The kernels' algorithm in torch (one sequence batch, fixed length): preprocess (dPsum, LSE2 with
+    +inf on empty rows), the mainloop per history KV block over the q blocks of q_block_ranges with
+    the key mask only, the postprocess's candidate self terms.  Checks the decomposition, not the DSL."""
+    nb, s, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    out = rf.ranker_attention_reference(q, k, v, bounds, scale, cap, cap_method, compute_dtype=torch.float64)
+    lse = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, scale, cap, cap_method)[3]  # float64 LSE
+    log2e = 1 / math.log(2)
+    lse2 = torch.where(torch.isfinite(lse), lse * log2e, torch.full_like(lse, math.inf))  # B, H, S
+    dpsum = (do * out).sum(-1).transpose(1, 2)  # B, H, S
+    scale_log2 = (cap if cap is not None else scale) * log2e
+
+    def capf(x):  # raw q.k -> (t, cap')
+        if cap is None:
+            return x, torch.ones_like(x)
+        xx = x * scale / cap
+        if cap_method == "tanh":
+            t = torch.tanh(xx)
+            return t, 1 - t * t
+        inv = 1 / (1 + xx.abs())
+        return xx * inv, inv * inv
+
+    dq_acc = torch.zeros(nb, s, hq, d, dtype=torch.float64)
+    dk = torch.zeros(nb, s, hkv, d, dtype=torch.float64)
+    dv = torch.zeros(nb, s, hkv, d, dtype=torch.float64)
+    for b in range(nb):
+        hl, hh, cl, ch = (int(x) for x in clamp_bounds(bounds[b], s))
+        lo1, n1, lo2, n2 = q_block_ranges(hl, hh, cl, ch, tile_m)
+        mblocks = list(range(lo1, lo1 + n1)) + list(range(lo2, lo2 + n2))
+        for n in range(-(-s // tile_n)):
+            keys = torch.arange(n * tile_n, min(s, (n + 1) * tile_n))
+            if not (n * tile_n < hh and (n + 1) * tile_n > hl):
+                continue  # no query reaches: zeros
+            kbias = torch.where((keys >= hl) & (keys < hh), 0.0, -math.inf).double()
+            for h in range(hq):
+                kk, vv = k[b, keys, h // g], v[b, keys, h // g]
+                for m in mblocks:
+                    rows = torch.arange(m * tile_m, min(s, (m + 1) * tile_m))
+                    qq, dd = q[b, rows, h], do[b, rows, h]
+                    st = kk @ qq.T  # S^T (keys, rows), raw
+                    t, dcap = capf(st)
+                    p = torch.exp2(t * scale_log2 - lse2[b, h, rows][None] + kbias[:, None])
+                    dpt = vv @ dd.T
+                    ds = p * dcap * (dpt - dpsum[b, h, rows][None])
+                    dv[b, keys, h // g] += p @ dd
+                    dk[b, keys, h // g] += scale * ds @ qq
+                    dq_acc[b, rows, h] += ds.T @ kk
+        # postprocess: self terms of candidates outside the history
+        for j in range(s):
+            if not (cl <= j < ch and not hl <= j < hh):
+                continue
+            for h in range(hq):
+                sj = q[b, j, h] @ k[b, j, h // g]
+                t, dcap = capf(sj)
+                p = torch.exp2(t * scale_log2 - lse2[b, h, j])
+                ds = p * (do[b, j, h] @ v[b, j, h // g] - dpsum[b, h, j]) * dcap * scale
+                dq_acc[b, j, h] += ds / scale * k[b, j, h // g]
+                dk[b, j, h // g] += ds * q[b, j, h]
+                dv[b, j, h // g] += p * do[b, j, h]
+    return scale * dq_acc, dk, dv
+
+
+@pytest.mark.parametrize("s,rows", CASES + [(17, [[1, 10, 3, 16]]), (16, [[8, 16, 0, 8]])])
+@pytest.mark.parametrize("cap,cap_method", CAPS)
+def test_kernel_plan_matches_reference(s, rows, cap, cap_method):
+    q, k, v, do = _inputs(len(rows), s, 4, 2, 8, seed=5)
+    bounds = torch.tensor(rows, dtype=torch.int32)
+    got = _emulate(q, k, v, bounds, do, 0.37, cap, cap_method)
+    ref = rb.ranker_attention_backward_reference(q, k, v, bounds, do, softmax_scale=0.37, cap=cap,
+                                                 cap_method=cap_method)
+    for name, a, r in zip(("dq", "dk", "dv"), got, ref):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9, msg=name)
+
+
+# ---------------------------------------------------------------- pre/postprocess kernels, validation
+@pytest.mark.parametrize("d,varlen", [(128, False), (64, True)])
+def test_preprocess_compiles_vectorized_no_spills(d, varlen):
+    from cute_kernels.kernels import ranker_bwd_preprocess as pre
+
+    key = (str(torch.bfloat16), d, 64, varlen)
+    pre.compile_preprocess(torch.bfloat16, d, 64, varlen)
+    rec = compile_record(pre.NAME, key)
+    ptx = find_features(rec.ptx, PTX_FEATURES)
+    assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx
+    assert "local memory (spill)" not in ptx
+    if rec.sass:
+        sass = find_features(rec.sass, SASS_FEATURES)
+        assert "LDG.E.128" in sass and "LDL/STL (local memory)" not in sass, sass
+
+
+@pytest.mark.parametrize("d,g,capm,varlen", [(128, 1, "tanh", False), (128, 4, "none", False),
+                                             (64, 2, "soft_sign", True)])
+def test_postprocess_compiles_vectorized_no_spills(d, g, capm, varlen):
+    from cute_kernels.kernels import ranker_bwd_postprocess as post
+
+    key = (str(torch.bfloat16), d, 64, g, capm, varlen)
+    post.compile_postprocess(torch.bfloat16, d, 64, g, capm, varlen)
+    rec = compile_record(post.NAME, key)
+    ptx = find_features(rec.ptx, PTX_FEATURES)
+    assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx
+    assert "local memory (spill)" not in ptx
+    if rec.sass:
+        sass = find_features(rec.sass, SASS_FEATURES)
+        assert "STG.E.128" in sass and "LDL/STL (local memory)" not in sass, sass
+
+
+def _bf16_args(nb=2, s=9, hq=4, hkv=2, d=64):
+    q, k, v, do = (t.to(torch.bfloat16) for t in _inputs(nb, s, hq, hkv, d))
+    out = torch.zeros_like(q)
+    lse = torch.zeros(nb, hq, s, dtype=torch.float32)
+    bounds = torch.tensor([[0, 5, 5, 9]] * nb, dtype=torch.int32)
+    return q, k, v, out, lse, do, bounds
+
+
+def test_backward_argument_errors():
+    q, k, v, out, lse, do, bounds = _bf16_args()
+    val = lambda **kw: rb._validate_backward(  # noqa: E731
+        *[kw.get(n, x) for n, x in zip(("q", "k", "v", "out", "lse", "dout", "bounds"),
+                                       (q, k, v, out, lse, do, bounds))], None, None, "tanh", None, None, cuda=False)
+    assert val()[0] is False
+    with pytest.raises(ValueError, match="dout"):
+        val(dout=do[:, :8])
+    with pytest.raises(TypeError, match="out"):
+        val(out=out.float())
+    with pytest.raises(TypeError, match="lse"):
+        val(lse=lse.double())
+    with pytest.raises(ValueError, match="lse"):
+        val(lse=lse[:, :2])
+    with pytest.raises(ValueError, match="contiguous"):
+        val(lse=lse.transpose(1, 2).contiguous().transpose(1, 2))
+    q2, k2, v2, out2, lse2, do2, b2 = _bf16_args(d=256)
+    with pytest.raises(ValueError, match="head dim"):
+        rb._validate_backward(q2, k2, v2, out2, lse2, do2, b2, None, None, "tanh", None, None, cuda=False)
+    with pytest.raises(ValueError, match="CUDA"):  # the public function, on CPU tensors: before any launch
+        rb.ranker_attention_backward(q, k, v, out, lse, do, bounds)
+
+
+def test_autograd_module_is_opt_in():
+    import cute_kernels
+    from cute_kernels.kernels import ranker_autograd
+
+    assert "NOT YET GPU-VALIDATED" in ranker_autograd.ranker_attention_autograd.__doc__
+    assert cute_kernels.ranker_attention is rf.ranker_attention  # the default stays forward-only
+    assert callable(cute_kernels.ranker_attention_backward)
+    assert hasattr(torch.ops.cute_kernels, "ranker_attention_bwd")

@@ -61,9 +61,12 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_tensor
 from .ranker_fwd import (CAP_METHODS, LOG2_E, SMEM_CAPACITY, _acc_as_operand_a, _acc_mn, _check_reference_args,
                          _row_major, _select, _smem_layout, _transpose_view, ranker_attention_reference)
+from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
+from .ranker_bwd_preprocess import compile_preprocess
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
 
 NAME = "ranker_bwd"
@@ -483,21 +486,22 @@ class RankerAttentionBwd:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipeline_kv.consumer_wait(kv_state)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            # the two keys (rows of S^T) of this thread: inside the history?
-            key_ok = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
+            # the keys (rows of S^T) of this thread: 0 inside the history, -inf outside (added to the
+            # exponent, so P = 0 exactly there even where exp2 of the unmasked score would overflow)
+            key_bias = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
             for r in cutlass.range_constexpr(cute.size(tScS_mn, mode=[0])):
-                key_ok[r] = 1.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else 0.0
+                key_bias[r] = 0.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else -Float32.inf
             for i in cutlass.range(count, unroll=1):
                 q_state = self.mma_one_m_block(
                     q_state, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt,
-                    tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_ok, tdQsdQ, ds_thr_copy, tdSsdS,
+                    tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS,
                     smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
         self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                       tiled_mma_dkv, tidx, work, softmax_scale)
 
     @cute.jit
     def mma_one_m_block(self, q_state, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
-                        tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_ok, tdQsdQ, ds_thr_copy,
+                        tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy,
                         tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
         """One q block: S^T, dP^T, P^T, dS^T, dV, dK, dQ (FlashAttention-3's order)."""
         stage = q_state.index
@@ -516,8 +520,8 @@ class RankerAttentionBwd:
         for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
             lse = sLSE[tScS_mn[0, c][1], stage]
             for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                t, dcap = self.cap_and_slope(acc_S_mn[r, c], softmax_scale, cap)
-                p = cute.math.exp2(t * scale_log2 - lse, fastmath=True) * key_ok[r]
+                t, dcap = cap_and_slope(acc_S_mn[r, c], softmax_scale, cap, self.cap_method)
+                p = cute.math.exp2(t * scale_log2 - lse + key_bias[r], fastmath=True)
                 rP_mn[r, c] = p.to(self.dtype)
                 acc_S_mn[r, c] = p * dcap
         warpgroup.wait_group(0)
@@ -555,23 +559,6 @@ class RankerAttentionBwd:
         cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull), number_of_threads=nthreads)
         q_state.advance()
         return q_state
-
-    @cute.jit
-    def cap_and_slope(self, s, softmax_scale, cap):
-        """Raw score q.k -> (the forward's capped score in the units of ``scale_log2``, cap'):
-        no cap: (s, 1); tanh: (tanh(x), 1 - tanh(x)^2); soft_sign: (x/(1+|x|), (1-|t|)^2) = 1/(1+|x|)^2,
-        with ``x = softmax_scale * s / cap``."""
-        t = s
-        dcap = Float32(1.0)
-        if const_expr(self.cap_method == "tanh"):
-            t = cute.math.tanh(s * (softmax_scale / cap), fastmath=True)
-            dcap = 1.0 - t * t
-        elif const_expr(self.cap_method == "soft_sign"):
-            x = s * (softmax_scale / cap)
-            inv = cute.arch.rcp_approx(1.0 + cute.math.abs(x))
-            t = x * inv
-            dcap = inv * inv
-        return t, dcap
 
     @cute.jit
     def gemm(self, tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr):
@@ -710,6 +697,179 @@ def compile_targets() -> list[CompileTarget]:
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
                                  _compile(dtype, cfg, g, capm, varlen)))
     return out
+
+
+_FNS: dict = {}  # compiled functions by key (skips the cache's key work on the hot path)
+
+
+def _fn(kind: str, *key):
+    fn = _FNS.get((kind, key))
+    if fn is None:
+        build = {"pre": compile_preprocess, "main": _compile, "post": compile_postprocess}[kind]
+        fn = _FNS[(kind, key)] = build(*key)
+    return fn
+
+
+def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
+                       cuda: bool = True):
+    """The forward's argument rules for q, k, v, bounds, scalars (:func:`.ranker_fwd._validate`), plus
+    ``out``/``dout`` like ``q`` and ``lse`` float32 ``[B, Hq, S]`` / ``[Hq, T]`` contiguous.  Returns the
+    forward's ``(varlen, B, S_or_T, Hq, Hkv, D)``."""
+    from .ranker_fwd import _validate
+
+    res = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=cuda)
+    varlen, nb, seq, hq, hkv, d = res
+    if d not in CONFIGS:
+        raise ValueError(f"head dim {d}: the backward supports head dims {sorted(CONFIGS)}")
+    for name, t in (("out", out), ("dout", dout)):
+        check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda)
+    lse_shape = (hq, seq) if varlen else (nb, hq, seq)
+    check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape, cuda=cuda, align_bytes=4)
+    if not lse.is_contiguous():
+        raise ValueError("lse must be contiguous (as ranker_attention(..., return_lse=True) returns it)")
+    if cuda:
+        from ..runtime.validate import check_same_device
+
+        check_same_device(q=q, out=out, lse=lse, dout=dout)
+    return res
+
+
+def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh",
+                              cu_seqlens=None, max_seqlen=None, *, dq=None, dk=None, dv=None,
+                              config: Optional[RankerBwdConfig] = None):
+    """Gradients of :func:`.ranker_fwd.ranker_attention` with respect to q, k, v (issue 4, seed 004).
+
+    NOT YET GPU-VALIDATED: compiled for sm_90a on a CPU only; ``tests/gpu/test_ranker_bwd_gpu.py``
+    checks it against the float64 reference on a GPU.
+
+    Args:
+        q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen: exactly as given to
+            the forward (same rules; head dims 64 and 128 only).
+        out: the forward's output (like ``q``).  lse: the forward's ``lse`` (``return_lse=True``),
+            float32 ``[B, Hq, S]`` / ``[Hq, T]``, natural-log units, ``-inf`` on rows with no valid key.
+        dout: gradient of ``out`` (like ``q``: same shape and dtype, last dim contiguous).
+        dq, dk, dv: optional output buffers (like q, k, v; tests pass NaN-poisoned ones).
+        config: a :class:`RankerBwdConfig` (default ``CONFIGS[D]``).
+    Returns:
+        ``(dq, dk, dv)`` shaped and typed like ``q, k, v``.  Float32 accumulation throughout (dQ in a
+        float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  Not
+        deterministic (float32 atomic reduce-adds); no deterministic mode yet.
+    Raises:
+        TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse`` shapes, dtypes or
+        layouts and unsupported head dims, before any launch.
+    Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
+    GQA dK/dV, candidate self terms); see the module docstring.
+    """
+    from .ranker_fwd import _capturing, _check_cu_seqlens_values
+
+    varlen, nb, seq, hq, hkv, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap,
+                                                     cap_method, cu_seqlens, max_seqlen)
+    cfg = config or CONFIGS[d]
+    cfg.validate()
+    if cfg.head_dim != d:
+        raise ValueError(f"config.head_dim={cfg.head_dim} does not match the inputs' head dim {d}")
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
+    capm = "none" if cap is None else cap_method
+    scale_log2 = float(cap) * LOG2_E if cap is not None else scale * LOG2_E
+    capf = float(cap) if cap is not None else 1.0
+    alloc = torch.zeros if varlen else torch.empty  # packed tokens past cu_seqlens[-1] get zero gradients
+    dq = dq if dq is not None else alloc(q.shape, dtype=q.dtype, device=q.device)
+    dk = dk if dk is not None else alloc(k.shape, dtype=k.dtype, device=k.device)
+    dv = dv if dv is not None else alloc(v.shape, dtype=v.dtype, device=v.device)
+    if varlen:
+        if max_seqlen is None:
+            if _capturing(q):
+                raise ValueError("max_seqlen is required with cu_seqlens while a CUDA graph is captured")
+            max_seqlen = _check_cu_seqlens_values(cu_seqlens, seq)
+        elif not _capturing(q):
+            _check_cu_seqlens_values(cu_seqlens, seq, max_seqlen)
+        max_seqlen = min(max_seqlen, seq)
+    else:
+        max_seqlen = seq
+    if q.numel() == 0 or max_seqlen == 0:
+        for t in (dq, dk, dv):
+            t.zero_()
+        return dq, dk, dv
+    rows = padded_rows(seq, nb, cfg.tile_m, varlen)
+    row_shape = (hq, rows) if varlen else (nb, hq, rows)
+    lse2 = torch.empty(row_shape, dtype=torch.float32, device=q.device)
+    dpsum = torch.empty(row_shape, dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)
+    g = hq // hkv
+    _fn("pre", q.dtype, d, cfg.tile_m, varlen)(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
+    dk_accum = dv_accum = None
+    if g > 1:
+        dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    _fn("main", q.dtype, cfg, g, capm, varlen)(
+        q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if g > 1 else dk, dv_accum if g > 1 else dv, bounds,
+        cu_seqlens, scale_log2, scale, capf, nb, max_seqlen)
+    _fn("post", q.dtype, d, cfg.tile_m, g, capm, varlen)(
+        q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens, scale_log2,
+        scale, capf, nb, max_seqlen)
+    return dq, dk, dv
+
+
+def check() -> list[CheckResult]:
+    """GPU: the backward vs the float64 reference gradients (tolerance: twice a bf16-input float32
+    reference's error + 1e-3)."""
+    rows = []
+    torch.manual_seed(0)
+    from .ranker_fwd import ranker_attention
+
+    for d, hq, hkv, cap in ((128, 4, 4, None), (128, 4, 2, 30.0), (64, 2, 2, None)):
+        b, s = 2, 400
+        q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv, hq))
+        bounds = torch.tensor([[0, 300, 300, 400], [37, 200, 250, 371]], device="cuda", dtype=torch.int32)
+        o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+        got = ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap)
+        ref = ranker_attention_backward_reference(q, k, v, bounds, do, cap=cap)
+        low = ranker_attention_backward_reference(q, k, v, bounds, do, cap=cap, compute_dtype=torch.float32)
+        for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+            err = (a.double() - r).abs().max().item()
+            tol = 2 * (lo.double().to(a.dtype).double() - r).abs().max().item() + 1e-3
+            rows.append(CheckResult(NAME, f"{name} D={d} H={hq}/{hkv} cap={cap}", err <= tol, err, 0.0, tol))
+    return rows
+
+
+BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap (the first is the issue's headline shape)
+    (4, 4096, 512, 16, 16, 128, None),
+    (4, 4096, 512, 16, 16, 128, 50.0),
+    (4, 4096, 512, 16, 4, 128, None),
+    (4, 4096, 512, 16, 16, 64, None),
+    (1, 16384, 1024, 16, 16, 128, None),
+    (16, 1024, 256, 16, 16, 128, None),
+    (8, 2048, 2048, 8, 8, 128, None),
+]
+
+
+def bench(shapes: str | None = None) -> list[dict]:
+    """Backward time (CUDA-graph timing of the three launches) and useful TFLOP/s = 2.5 x the
+    forward's useful FLOPs (FlashAttention's convention) = ``10 * D * admitted pairs / time``.
+    ``shapes``: None = all cases, a string containing ``headline`` = the first two.  Peers: see
+    ``bench/ranker_fwd_peers.py`` / ``../shared/bench-peers/`` (not wired here yet)."""
+    from ..runtime.timing import cuda_time_us
+    from .ranker_fwd import ranker_attention
+
+    cases = BENCH_CASES[:2] if shapes and "headline" in shapes else BENCH_CASES
+    recs = []
+    for nb, hist, cand, hq, hkv, d, cap in cases:
+        s = hist + cand
+        q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+        o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+        flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
+        shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
+        try:
+            t = cuda_time_us(lambda: ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap), graph=True)
+            recs.append(dict(kernel=NAME, impl="cute_kernels", shape=shape, time_us=round(t, 1),
+                             tflops=round(flops / t / 1e6, 1)))
+        except Exception as exc:  # noqa: BLE001 (a record, not a crash, per shape)
+            recs.append(dict(kernel=NAME, impl="cute_kernels", shape=shape, error=repr(exc)[:200]))
+    return recs
+
+
 # ====================================================================== references (float64)
 def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
     _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
@@ -803,3 +963,20 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
         else:
             lse_all[b], dpsum_all[b] = lse, dpsum
     return dq, dk, dv, lse_all, dpsum_all
+
+
+# ====================================================================== torch op (for torch.compile)
+def _fake_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None,
+              max_seqlen=None):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@custom_op("ranker_attention_bwd", mutates_args=(), fake=_fake_bwd)
+def ranker_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                                 lse: torch.Tensor, dout: torch.Tensor, bounds: torch.Tensor,
+                                 softmax_scale: Optional[float] = None, cap: Optional[float] = None,
+                                 cap_method: str = "tanh", cu_seqlens: Optional[torch.Tensor] = None,
+                                 max_seqlen: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`ranker_attention_backward` as ``torch.ops.cute_kernels.ranker_attention_bwd`` (eager fast path)."""
+    return ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens,
+                                     max_seqlen)

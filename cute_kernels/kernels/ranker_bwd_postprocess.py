@@ -1,0 +1,246 @@
+"""Ranker attention backward, step 3 of 3 (issue 4): dQ out of its float32 accumulator, GQA dK/dV,
+and the candidate self terms.
+
+Per key row ``j`` and KV head (one row per ``head_dim / 8`` consecutive lanes, 16-byte vectors):
+
+* for each query head ``h`` of the group: ``dQ_h = softmax_scale * dQaccum_h`` in the input dtype;
+* a candidate ``j`` outside the history attends, besides the history, only its own key.  The
+  mainloop leaves that diagonal out (no 128x128 tiles masked down to their diagonal), so it is
+  added here as per-row vector operations (issue 4):
+  ``P_jj = exp2(cap(q_j.k_j) * scale_log2 - LSE2_j)``,
+  ``dS_jj = P_jj (dO_j.v_j - dPsum_j) cap'(s_jj)``,
+  ``dQ_j += scale dS_jj k_j``, ``dK_j += scale dS_jj q_j``, ``dV_j += P_jj dO_j`` (dK, dV summed over
+  the group's query heads in float32);
+* GQA: ``dK = dKaccum + self terms``, ``dV = dVaccum + self terms`` in the input dtype (the
+  mainloop reduce-added the query heads' float32 tiles); MHA: the mainloop wrote dK, dV already
+  (zeros on candidate keys outside the history), so only the self-term rows are written.
+
+STATUS: compiled for sm_90a on a CPU; not yet run on a GPU (see :mod:`.ranker_bwd`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, const_expr
+
+from ..runtime.cache import compile_cached
+from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from .ranker_fwd import _row_major, _select
+from .ranker_mask import RankerSegments
+
+NAME = "ranker_bwd_postprocess"
+NUM_THREADS = 128
+PASSES = 4  # row passes per CTA
+
+
+def cap_and_slope(s, softmax_scale, cap, cap_method: str):
+    """Raw score ``q.k`` -> (the forward's capped score in the units of ``scale_log2``, ``cap'``):
+    no cap: ``(s, 1)``; tanh: ``(tanh(x), 1 - tanh(x)^2)``; soft_sign: ``(x / (1 + |x|), 1 / (1 + |x|)^2)``
+    with ``x = softmax_scale * s / cap`` (the forward's ``scale_log2`` carries ``cap * log2(e)``).
+    Shared by the mainloop and this kernel; ``cap_method`` is static."""
+    t = s
+    dcap = Float32(1.0)
+    if cap_method == "tanh":
+        t = cute.math.tanh(s * (softmax_scale / cap), fastmath=True)
+        dcap = 1.0 - t * t
+    elif cap_method == "soft_sign":
+        x = s * (softmax_scale / cap)
+        inv = cute.arch.rcp_approx(1.0 + cute.math.abs(x))
+        t = x * inv
+        dcap = inv * inv
+    return t, dcap
+
+
+class RankerBwdPostprocess:
+    """For one (dtype, head dim, the mainloop's tile_m, GQA ratio, cap method, varlen)."""
+
+    def __init__(self, dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str, varlen: bool):
+        if head_dim % 64:
+            raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_m = tile_m
+        self.qhead_per_kvhead = qhead_per_kvhead
+        self.gqa = qhead_per_kvhead > 1
+        self.cap_method = cap_method
+        self.varlen = varlen
+        self.vec = 128 // dtype.width
+        self.threads_per_row = head_dim // self.vec
+        self.rows_per_pass = NUM_THREADS // self.threads_per_row
+        self.rows_per_cta = self.rows_per_pass * PASSES
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+                 mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+                 mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor], mBounds: cute.Tensor,
+                 mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
+                 num_batch: Int32, max_seqlen: Int32, stream):
+        if const_expr(self.varlen):
+            mQ, mK, mV, mdO, mdQ, mdK, mdV = [_select(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
+            if const_expr(self.gqa):
+                mdKaccum, mdVaccum = [_select(t, [0, 2, 1]) for t in (mdKaccum, mdVaccum)]
+            mLSE2, mdPsum = [_select(t, [1, 0]) for t in (mLSE2, mdPsum)]
+            mdQaccum = _select(mdQaccum, [1, 2, 0])
+        else:
+            mQ, mK, mV, mdO, mdQ, mdK, mdV = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
+            if const_expr(self.gqa):
+                mdKaccum, mdVaccum = [_select(t, [1, 3, 2, 0]) for t in (mdKaccum, mdVaccum)]
+            mLSE2, mdPsum = [_select(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
+            mdQaccum = _select(mdQaccum, [2, 3, 1, 0])
+        grid = (cute.ceil_div(max_seqlen, self.rows_per_cta), cute.size(mK.shape[2]), num_batch)
+        self.kernel(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, mBounds,
+                    mCuSeqlens, scale_log2, softmax_scale, cap, Int32(mQ.shape[0])).launch(
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
+
+    def _row(self, mX, row, offset, head, batch):
+        """(D,) row ``row`` of one sequence and head of a (S, D, H, B) / packed (T, D, H) tensor."""
+        if const_expr(self.varlen):
+            return mX[offset + row, None, head]
+        return mX[row, None, head, batch]
+
+    def _stat(self, mX, prow, head, batch):
+        if const_expr(self.varlen):
+            return mX[prow, head]
+        return mX[prow, head, batch]
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
+               mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+               mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor], mBounds: cute.Tensor,
+               mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
+               seqlen_static: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        row_block, head_kv, batch = cute.arch.block_idx()
+        offset = Int32(0)
+        seqlen = seqlen_static
+        pad = Int32(0)
+        if const_expr(self.varlen):
+            offset = Int32(mCuSeqlens[batch])
+            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
+            pad = ((offset + batch * self.tile_m) // self.tile_m) * self.tile_m  # ranker_bwd.padded_offset
+        seg = RankerSegments.load(mBounds, batch, seqlen)
+        vec = self.vec
+        ld_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        f32_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+        chunk = tidx % self.threads_per_row
+        g = self.qhead_per_kvhead
+        for p in cutlass.range_constexpr(PASSES):
+            row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
+            valid = row < seqlen
+            self_term = valid and seg.takes_self_term(row)
+            rk = cute.make_rmem_tensor((vec,), Float32)
+            rv = cute.make_rmem_tensor((vec,), Float32)
+            rk.fill(0.0)
+            rv.fill(0.0)
+            if self_term:
+                rk.store(self._load(ld_atom, self._row(mK, row, offset, head_kv, batch), chunk))
+                rv.store(self._load(ld_atom, self._row(mV, row, offset, head_kv, batch), chunk))
+            dk_self = cute.make_rmem_tensor((vec,), Float32)
+            dv_self = cute.make_rmem_tensor((vec,), Float32)
+            dk_self.fill(0.0)
+            dv_self.fill(0.0)
+            for h in cutlass.range(g, unroll=1):
+                head = head_kv * g + h
+                rq = cute.make_rmem_tensor((vec,), Float32)
+                rdo = cute.make_rmem_tensor((vec,), Float32)
+                rq.fill(0.0)
+                rdo.fill(0.0)
+                if self_term:
+                    rq.store(self._load(ld_atom, self._row(mQ, row, offset, head, batch), chunk))
+                    rdo.store(self._load(ld_atom, self._row(mdO, row, offset, head, batch), chunk))
+                # every lane shuffles (rows of one warp differ in self_term)
+                s = cute.arch.warp_reduction_sum((rq.load() * rk.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),
+                                                 threads_in_group=self.threads_per_row)
+                dov = cute.arch.warp_reduction_sum(
+                    (rdo.load() * rv.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),
+                    threads_in_group=self.threads_per_row)
+                if valid:
+                    gacc = self._row(mdQaccum, pad + row, Int32(0), head, batch)
+                    rdq = cute.make_rmem_tensor((vec,), Float32)
+                    for j in cutlass.range_constexpr(vec // 4):
+                        cute.copy(f32_atom, cute.local_tile(gacc, (4,), (chunk * (vec // 4) + j,)),
+                                  cute.local_tile(rdq, (4,), (j,)))
+                    rdq.store(rdq.load() * softmax_scale)
+                    if self_term:
+                        lse2 = Float32(self._stat(mLSE2, pad + row, head, batch))
+                        dpsum = Float32(self._stat(mdPsum, pad + row, head, batch))
+                        t, dcap = cap_and_slope(s, softmax_scale, cap, self.cap_method)
+                        p_self = cute.math.exp2(t * scale_log2 - lse2, fastmath=True)
+                        ds = p_self * (dov - dpsum) * dcap * softmax_scale
+                        rdq.store(rdq.load() + ds * rk.load())
+                        dk_self.store(dk_self.load() + ds * rq.load())
+                        dv_self.store(dv_self.load() + p_self * rdo.load())
+                    self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
+            if const_expr(self.gqa):
+                if valid:
+                    for acc, self_part, mOut in ((mdKaccum, dk_self, mdK), (mdVaccum, dv_self, mdV)):
+                        gacc = self._row(acc, row, offset, head_kv, batch)
+                        racc = cute.make_rmem_tensor((vec,), Float32)
+                        for j in cutlass.range_constexpr(vec // 4):
+                            cute.copy(f32_atom, cute.local_tile(gacc, (4,), (chunk * (vec // 4) + j,)),
+                                      cute.local_tile(racc, (4,), (j,)))
+                        racc.store(racc.load() + self_part.load())
+                        self._store(ld_atom, racc, self._row(mOut, row, offset, head_kv, batch), chunk)
+            else:
+                if self_term:
+                    self._store(ld_atom, dk_self, self._row(mdK, row, offset, head_kv, batch), chunk)
+                    self._store(ld_atom, dv_self, self._row(mdV, row, offset, head_kv, batch), chunk)
+
+    def _load(self, atom, g_row, chunk):
+        """16-byte load of this lane's chunk of a row, as float32 values."""
+        r = cute.make_rmem_tensor((self.vec,), self.dtype)
+        cute.copy(atom, cute.local_tile(g_row, (self.vec,), (chunk,)), r)
+        return r.load().to(Float32)
+
+    def _store(self, atom, r_f32, g_row, chunk):
+        """float32 values -> one 16-byte store of this lane's chunk of a row in the input dtype."""
+        r = cute.make_rmem_tensor((self.vec,), self.dtype)
+        r.store(r_f32.load().to(self.dtype))
+        cute.copy(atom, r, cute.local_tile(g_row, (self.vec,), (chunk,)))
+
+
+def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
+                        varlen: bool):
+    """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum,
+    dv_accum, bounds, cu_seqlens, scale_log2, softmax_scale, cap, num_batch, max_seqlen)`` (the
+    accumulators None unless GQA)."""
+
+    def build():
+        kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen)
+        hq, hkv = cute.sym_int(), cute.sym_int()
+        al = 8
+        d = head_dim
+        if varlen:
+            t, tp = cute.sym_int(), cute.sym_int()
+            shape = lambda h: (t, h, d)  # noqa: E731
+            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)  # noqa: E731
+            rows = lambda: _row_major(torch.float32, (hq, tp), align=16)  # noqa: E731
+            dq_acc = _row_major(torch.float32, (hq, tp, d), align=16)
+            cu = _row_major(torch.int32, (cute.sym_int(),), align=4)
+        else:
+            nb, s, sp = cute.sym_int(), cute.sym_int(), cute.sym_int()
+            shape = lambda h: (nb, s, h, d)  # noqa: E731
+            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
+                               cute.sym_int(divisibility=al), 1)
+            rows = lambda: _row_major(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
+            dq_acc = _row_major(torch.float32, (nb, hq, sp, d), align=16)
+            cu = None
+        q = fake_tensor(dtype, shape(hq), stride=strides())
+        k = fake_tensor(dtype, shape(hkv), stride=strides())
+        v = fake_tensor(dtype, shape(hkv), stride=strides())
+        do = fake_tensor(dtype, shape(hq), stride=strides())
+        dq = _row_major(dtype, shape(hq))
+        dk = _row_major(dtype, shape(hkv))
+        dv = _row_major(dtype, shape(hkv))
+        gqa = qhead_per_kvhead > 1
+        dk_acc = _row_major(torch.float32, shape(hkv)) if gqa else None
+        dv_acc = _row_major(torch.float32, shape(hkv)) if gqa else None
+        bounds = _row_major(torch.int32, (cute.sym_int(), 4), align=4)
+        return kern, (q, k, v, do, rows(), rows(), dq_acc, dq, dk, dv, dk_acc, dv_acc, bounds, cu,
+                      Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
+
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen), build)

@@ -1,0 +1,162 @@
+"""Ranker attention backward, step 1 of 3 (issue 4): per-row statistics for the mainloop.
+
+For every query row and head, over the padded per-row layout of :mod:`.ranker_bwd` (whole
+``tile_m`` q blocks per sequence, :func:`.ranker_bwd.padded_offset` in the packed form):
+
+* ``dPsum = rowsum(dO * O)`` in float32 (FlashAttention-2/3's ``D``), 0 on padding rows;
+* ``LSE2 = LSE * log2(e)``, the form the mainloop's ``exp2(s * scale_log2 - LSE2)`` wants, and
+  ``+inf`` where the forward's LSE is ``-inf`` (rows with no valid key) and on padding rows, so
+  that ``P`` is exactly 0 there;
+* the float32 dQ accumulator row zeroed (the mainloop TMA-reduce-adds into it).
+
+One CTA of 128 threads per (q block, query head, batch row); ``head_dim / 8`` consecutive lanes
+share a row, each with one 16-byte load of O and of dO, reduced by warp shuffles.  Memory-bound.
+STATUS: compiled for sm_90a on a CPU; not yet run on a GPU (see :mod:`.ranker_bwd`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, const_expr
+
+from ..runtime.cache import compile_cached
+from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from .ranker_fwd import _row_major, _select
+
+NAME = "ranker_bwd_preprocess"
+LOG2_E = math.log2(math.e)
+NUM_THREADS = 128
+
+
+class RankerBwdPreprocess:
+    """dPsum, LSE2 and the zeroed dQ accumulator for one (dtype, head dim, q block, varlen)."""
+
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
+        if head_dim % 64:
+            raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_m = tile_m
+        self.varlen = varlen
+        self.vec = 128 // dtype.width  # elements per 16-byte load
+        self.threads_per_row = head_dim // self.vec
+        self.rows_per_pass = NUM_THREADS // self.threads_per_row
+        if tile_m % self.rows_per_pass:
+            raise ValueError(f"tile_m={tile_m} must be a multiple of {self.rows_per_pass}")
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+                 mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+                 num_batch: Int32, max_seqlen: Int32, stream):
+        # O, dO (B, S, H, D) -> (S, D, H, B) / (T, H, D) -> (T, D, H); LSE (B, H, S) -> (S, H, B) / (H, T) -> (T, H)
+        # padded rows (B, H, S_pad) -> (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator likewise + D
+        if const_expr(self.varlen):
+            mO, mdO = [_select(t, [0, 2, 1]) for t in (mO, mdO)]
+            mLSE, mLSE2, mdPsum = [_select(t, [1, 0]) for t in (mLSE, mLSE2, mdPsum)]
+            mdQaccum = _select(mdQaccum, [1, 2, 0])
+        else:
+            mO, mdO = [_select(t, [1, 3, 2, 0]) for t in (mO, mdO)]
+            mLSE, mLSE2, mdPsum = [_select(t, [2, 1, 0]) for t in (mLSE, mLSE2, mdPsum)]
+            mdQaccum = _select(mdQaccum, [2, 3, 1, 0])
+        grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mO.shape[2]), num_batch)
+        self.kernel(mO, mdO, mLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlens, Int32(mO.shape[0])).launch(
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor, mdPsum: cute.Tensor,
+               mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], seqlen_static: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        offset = Int32(0)
+        seqlen = seqlen_static
+        pad = Int32(0)
+        if const_expr(self.varlen):
+            offset = Int32(mCuSeqlens[batch])
+            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
+            pad = ((offset + batch * self.tile_m) // self.tile_m) * self.tile_m  # ranker_bwd.padded_offset
+            mO_cur = cute.domain_offset((offset, 0), mO[None, None, head])
+            mdO_cur = cute.domain_offset((offset, 0), mdO[None, None, head])
+            mLSE_cur = cute.domain_offset((offset,), mLSE[None, head])
+            mLSE2_cur = cute.domain_offset((pad,), mLSE2[None, head])
+            mdPsum_cur = cute.domain_offset((pad,), mdPsum[None, head])
+            mdQ_cur = cute.domain_offset((pad, 0), mdQaccum[None, None, head])
+        else:
+            mO_cur = mO[None, None, head, batch]
+            mdO_cur = mdO[None, None, head, batch]
+            mLSE_cur = mLSE[None, head, batch]
+            mLSE2_cur = mLSE2[None, head, batch]
+            mdPsum_cur = mdPsum[None, head, batch]
+            mdQ_cur = mdQaccum[None, None, head, batch]
+
+        # packed form: a q block past this sequence's end would write into the next one's padded rows
+        if m_block * self.tile_m < seqlen:
+            self.rows(mO_cur, mdO_cur, mLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx)
+
+    @cute.jit
+    def rows(self, mO_cur, mdO_cur, mLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx):
+        """The tile_m padded rows of this q block: dPsum, LSE2, zeroed dQ accumulator."""
+        ld_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+        chunk = tidx % self.threads_per_row
+        rZero = cute.make_rmem_tensor((4,), Float32)
+        rZero.fill(0.0)
+        for p in cutlass.range_constexpr(self.tile_m // self.rows_per_pass):
+            row = m_block * self.tile_m + p * self.rows_per_pass + tidx // self.threads_per_row
+            valid = row < seqlen
+            dot = Float32(0.0)
+            if valid:
+                rO = cute.make_rmem_tensor((self.vec,), self.dtype)
+                rdO = cute.make_rmem_tensor((self.vec,), self.dtype)
+                cute.copy(ld_atom, cute.local_tile(mO_cur[row, None], (self.vec,), (chunk,)), rO)
+                cute.copy(ld_atom, cute.local_tile(mdO_cur[row, None], (self.vec,), (chunk,)), rdO)
+                o = rO.load().to(Float32)
+                do = rdO.load().to(Float32)
+                dot = (o * do).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            dot = cute.arch.warp_reduction_sum(dot, threads_in_group=self.threads_per_row)
+            if chunk == 0:
+                lse2 = Float32.inf
+                if valid:
+                    lse = Float32(mLSE_cur[row])
+                    if lse != -Float32.inf:
+                        lse2 = lse * LOG2_E
+                mLSE2_cur[row] = lse2
+                mdPsum_cur[row] = dot
+            for j in cutlass.range_constexpr(self.vec // 4):  # zero the dQ accumulator row (16-byte stores)
+                cute.copy(st_atom, rZero, cute.local_tile(mdQ_cur[row, None], (4,), (chunk * (self.vec // 4) + j,)))
+
+
+def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool):
+    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen); called as
+    ``fn(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, num_batch, max_seqlen)``."""
+
+    def build():
+        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen)
+        hq = cute.sym_int()
+        al = 8
+        if varlen:
+            t, tp = cute.sym_int(), cute.sym_int()
+            strides = (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)
+            o = fake_tensor(dtype, (t, hq, head_dim), stride=strides)
+            do = fake_tensor(dtype, (t, hq, head_dim), stride=strides)
+            lse = _row_major(torch.float32, (hq, t), align=4)
+            rows = lambda: _row_major(torch.float32, (hq, tp), align=16)  # noqa: E731
+            dq = _row_major(torch.float32, (hq, tp, head_dim), align=16)
+            cu = _row_major(torch.int32, (cute.sym_int(),), align=4)
+        else:
+            nb, s, sp = cute.sym_int(), cute.sym_int(), cute.sym_int()
+            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
+                               cute.sym_int(divisibility=al), 1)
+            o = fake_tensor(dtype, (nb, s, hq, head_dim), stride=strides())
+            do = fake_tensor(dtype, (nb, s, hq, head_dim), stride=strides())
+            lse = _row_major(torch.float32, (nb, hq, s), align=4)
+            rows = lambda: _row_major(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
+            dq = _row_major(torch.float32, (nb, hq, sp, head_dim), align=16)
+            cu = None
+        return kern, (o, do, lse, rows(), rows(), dq, cu, Int32(1), Int32(1), fake_stream())
+
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen), build)
