@@ -1,0 +1,25 @@
+"""Small ranker_bwd launches for compute-sanitizer (memcheck / racecheck); not a pytest file.
+
+Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_ranker_bwd.py
+"""
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import ranker_bwd as rb
+
+torch.manual_seed(0)
+for d, hkv, cap in ((128, 2, None), (64, 1, 20.0)):
+    q = torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 300, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 300, hkv, d, device="cuda", dtype=torch.bfloat16)
+    do = torch.randn_like(q)
+    bounds = torch.tensor([[0, 200, 200, 300], [5, 129, 250, 290]], device="cuda", dtype=torch.int32)
+    o, lse = cute_kernels.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+    dq, dk, dv = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap)
+    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    bv = torch.tensor([[0, 70, 70, 100], [0, 150, 150, 200]], device="cuda", dtype=torch.int32)
+    ov, lv = cute_kernels.ranker_attention(q[0], k[0], v[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200,
+                                           return_lse=True)
+    g = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200)
+torch.cuda.synchronize()
+print("sanitize run done", float(dq.float().abs().sum()), float(g[0].float().abs().sum()))
