@@ -355,7 +355,8 @@ class RankerAttentionBwd:
         seg = RankerSegments.load(mBounds, batch, seqlen)
         lo1, n1, lo2, n2 = seg.m_block_ranges(self.tile_m)
         key_lo = n_block * self.tile_n
-        reached = Int32(key_lo < seg.hist_hi) * Int32(key_lo + self.tile_n > seg.hist_lo)
+        reached = (Int32(key_lo < seg.hist_hi) * Int32(key_lo + self.tile_n > seg.hist_lo)
+                   * Int32(seg.hist_hi > seg.hist_lo))
         count = (n1 + n2) * reached
         pad_offset = padded_offset(offset, batch, self.tile_m) if const_expr(self.varlen) else Int32(0)
         return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2, count)
