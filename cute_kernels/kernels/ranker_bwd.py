@@ -37,14 +37,19 @@ The backward is three launches (:func:`ranker_attention_backward`):
    ``dV_j += P_jj dO_j``, ``dK_j += dS_jj q_j scale``, ``dQ_j += dS_jj k_j scale``) as per-row vector
    operations, never diagonal tiles.
 
+Deterministic mode (``RankerBwdConfig.deterministic``, FlashAttention-3's scheme): the float32
+reduce-adds of dQ (one per KV block) and of GQA dK/dV (one per query head) happen in a fixed order,
+each waiting on an int32 semaphore (acquire spin by one thread) and bumping it after its add has
+completed (release); the default adds in arrival order (not bitwise reproducible).
+
 STATUS: compiled for sm_90a on a CPU only; NOT yet validated on a GPU (tests/gpu/test_ranker_bwd_gpu.py
 is ready).  ``cute_kernels.ranker_attention`` stays forward-only until it is; the autograd wiring is
-:func:`.ranker_autograd.ranker_attention_autograd`.  No deterministic mode yet (dQ and GQA dK/dV use
-float32 atomic TMA reduce-adds, whose order varies between runs).
+:func:`.ranker_autograd.ranker_attention_autograd`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
@@ -94,7 +99,7 @@ class RankerBwdConfig:
     mma_wgs: int = 2
     producer_regs: int = 24
     mma_regs: int = 240
-    deterministic: bool = False
+    deterministic: bool = False  # ordered float32 reduce-adds (dQ by KV block, GQA dK/dV by query head)
 
     def acc_regs(self) -> int:
         """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
@@ -123,8 +128,6 @@ class RankerBwdConfig:
             raise ValueError(f"tile_m={self.tile_m}: must be 64 or 128 (WGMMA N of S^T, K of dK/dV)")
         if not 1 <= self.stages <= 4:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
-        if self.deterministic:
-            raise ValueError("deterministic=True: the deterministic mode is not implemented yet")
         if self.producer_regs % 8 or self.mma_regs % 8:
             raise ValueError("setmaxnreg counts must be multiples of 8")
         if self.producer_regs * 128 + self.mma_regs * 128 * self.mma_wgs > 65536:
@@ -161,6 +164,14 @@ def padded_rows(total: int, num_batch: int, tile_m: int, varlen: bool) -> int:
     return -(-total // tile_m) * tile_m
 
 
+@cute.jit
+def _wait_until(sem_ptr, value):
+    """Spin (one thread) until the int32 semaphore at ``sem_ptr`` equals ``value`` (acquire, GPU scope)."""
+    seen = cute.arch.atomic_add(sem_ptr, Int32(0), sem="acquire", scope="gpu")
+    while seen != value:
+        seen = cute.arch.atomic_add(sem_ptr, Int32(0), sem="acquire", scope="gpu")
+
+
 class RankerAttentionBwd:
     """The backward mainloop for one (dtype, config, GQA ratio, cap method, varlen)."""
 
@@ -185,8 +196,9 @@ class RankerAttentionBwd:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                  mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
-                 mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32,
-                 softmax_scale: Float32, cap: Float32, num_batch: Int32, max_seqlen: Int32, stream):
+                 mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], mdQsem: Optional[cute.Tensor],
+                 mdKVsem: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
+                 num_batch: Int32, max_seqlen: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); packed (T, H, D) -> (T, D, H).  Per-row buffers (B, H, S_pad) ->
         # (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator (B, H, S_pad, D) -> (S_pad, D, H, B) /
         # (H, T_pad, D) -> (T_pad, D, H)
@@ -272,7 +284,7 @@ class RankerAttentionBwd:
         grid = (num_n_blocks, cute.size(mQ.shape[2]), num_batch)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dK, tma_dV, mdK, mdV, mBounds, mCuSeqlens,
-            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
+            mdQsem, mdKVsem, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
             tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout, sdKVacc_layout, sLSE_layout,
             scale_log2, softmax_scale, cap, Int32(mQ.shape[0]),
@@ -283,7 +295,7 @@ class RankerAttentionBwd:
     def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_dO: cute.Tensor,
                tma_LSE: cute.Tensor, tma_dPsum: cute.Tensor, tma_dQ: cute.Tensor, tma_dK: cute.Tensor,
                tma_dV: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mBounds: cute.Tensor,
-               mCuSeqlens: Optional[cute.Tensor],
+               mCuSeqlens: Optional[cute.Tensor], mdQsem: Optional[cute.Tensor], mdKVsem: Optional[cute.Tensor],
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_dPsum: cute.CopyAtom,
                tma_atom_dQ: cute.CopyAtom, tma_atom_dK: cute.CopyAtom, tma_atom_dV: cute.CopyAtom,
@@ -333,12 +345,12 @@ class RankerAttentionBwd:
                           tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                           pipeline_kv, pipeline_q, pipeline_do, work)
             if warp_idx == 1:
-                self.dq_reduce(tma_dQ, sdQ, tma_atom_dQ, work)
+                self.dq_reduce(tma_dQ, sdQ, tma_atom_dQ, mdQsem, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
             self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum,
                      sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q,
-                     pipeline_do, tidx - 128, work, scale_log2, softmax_scale, cap)
+                     pipeline_do, tidx - 128, work, mdKVsem, scale_log2, softmax_scale, cap)
 
     # ------------------------------------------------------------------ work of this CTA
     @cute.jit
@@ -367,6 +379,13 @@ class RankerAttentionBwd:
         lo1, n1, lo2 = work[6], work[7], work[8]
         in_first = Int32(i < n1)
         return (lo1 + i) * in_first + (lo2 + i - n1) * (1 - in_first)
+
+    def _dq_sem_ptr(self, mdQsem, work, head, m_block):
+        """Semaphore of (q block, head, batch): ``(B, Hq, S_pad / tile_m)``, or ``(1, Hq, T_pad / tile_m)``
+        indexed by padded q block in the packed form."""
+        if const_expr(self.varlen):
+            return mdQsem[0, head, None].iterator + (work[4] // self.tile_m + m_block)
+        return mdQsem[work[2], head, None].iterator + m_block
 
     def _view(self, mX, work, head):
         """(S, D) view of one sequence and head of a (S, D, H, B) or packed (T, D, H) tensor."""
@@ -431,11 +450,13 @@ class RankerAttentionBwd:
                 q_state.advance()
 
     @cute.jit
-    def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, work):
+    def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, mdQsem, work):
         """Warp 1: for each q block, wait for the MMA warpgroups' dQ tile in smem, add it to the
         float32 accumulator in global memory with one TMA bulk reduce-add, hand the buffer back
-        once the reduce has read it."""
+        once the reduce has read it.  Deterministic mode: the KV blocks of a q block add in
+        increasing order (a per-q-block semaphore counts the adds done; FlashAttention-3's scheme)."""
         head, count = work[1], work[9]
+        lane = cute.arch.lane_idx()
         if count > 0:
             gdQ = cute.local_tile(self._padded_view(tma_dQ, work, head), (self.tile_m, self.head_dim), (None, 0))
             tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
@@ -445,15 +466,25 @@ class RankerAttentionBwd:
                 m_block = self.m_block_of(i, work)
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty), number_of_threads=nthreads)
                 cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull), number_of_threads=nthreads)
+                if const_expr(self.config.deterministic):
+                    sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
+                    if lane == 0:
+                        _wait_until(sem, work[0] - work[5].n_block_min(self.tile_n))
+                    cute.arch.sync_warp()
                 cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block])
                 cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if const_expr(self.config.deterministic):
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
+                    if lane == 0:
+                        cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+                else:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
     def mma(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum, sdKVacc,
             tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q, pipeline_do, tidx, work,
-            scale_log2, softmax_scale, cap):
+            mdKVsem, scale_log2, softmax_scale, cap):
         """Warpgroups 1 and 2: for each q block, the five GEMMs and the pointwise steps; then the epilogue."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(self.config.mma_wgs, stride=128)
@@ -498,7 +529,7 @@ class RankerAttentionBwd:
                     tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS,
                     smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
         self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                      tiled_mma_dkv, tidx, work, softmax_scale)
+                      tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale)
 
     @cute.jit
     def mma_one_m_block(self, q_state, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
@@ -574,11 +605,12 @@ class RankerAttentionBwd:
     # ------------------------------------------------------------------ epilogue (seed 004)
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                 tiled_mma_dkv, tidx, work, softmax_scale):
+                 tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale):
         """dK, dV leave the registers through smem that reuses sK/sV once every MMA warpgroup is done
         with them (named barrier), then one warp's TMA store (fixed length) or predicated 16-byte stores
         (varlen).  A KV block no query reaches stores zeros.  GQA: float32 tiles TMA-reduce-added into
-        the float32 accumulators (dV first, then dK, through the same smem)."""
+        the float32 accumulators (dV first, then dK, through the same smem); deterministic mode: the
+        query heads of a group add in increasing order (a per-(KV block, KV head) semaphore)."""
         n_block, head = work[0], work[1]
         head_kv = head // self.qhead_per_kvhead
         acc_dK.store(acc_dK.load() * softmax_scale)
@@ -589,17 +621,28 @@ class RankerAttentionBwd:
                 tAccsAcc = thr_mma.partition_C(sdKVacc)
                 gdV = cute.local_tile(self._view(tma_dV, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
                 gdK = cute.local_tile(self._view(tma_dK, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
-                for acc, atom, g in ((acc_dV, tma_atom_dV, gdV), (acc_dK, tma_atom_dK, gdK)):
+                sem = mdKVsem[work[2], head_kv, None].iterator + n_block if const_expr(self.config.deterministic) \
+                    else None
+                for phase, (acc, atom, g) in enumerate(((acc_dV, tma_atom_dV, gdV), (acc_dK, tma_atom_dK, gdK))):
                     cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
                     cute.autovec_copy(acc, tAccsAcc)
                     cute.arch.fence_view_async_shared()
                     cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
                     if tidx < 32:
+                        if const_expr(self.config.deterministic and phase == 0):
+                            if tidx == 0:
+                                _wait_until(sem, head % self.qhead_per_kvhead)
+                            cute.arch.sync_warp()
                         tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1),
                                                            cute.group_modes(sdKVacc, 0, 2), cute.group_modes(g, 0, 2))
                         cute.copy(atom, tXsX, tXgX)
                         cute.arch.cp_async_bulk_commit_group()
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        if const_expr(self.config.deterministic and phase == 1):
+                            cute.arch.cp_async_bulk_wait_group(0, read=False)
+                            if tidx == 0:
+                                cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+                        else:
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
             rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
             rdV.store(acc_dV.load().to(self.dtype))
@@ -675,8 +718,13 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
         dk = _row_major(acc_dtype, shape(hkv))
         dv = _row_major(acc_dtype, shape(hkv))
         bounds = _row_major(torch.int32, (cute.sym_int(), 4), align=4)
-        return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, Float32(1.0), Float32(1.0),
-                      Float32(1.0), Int32(1), Int32(1), fake_stream())
+        dq_sem = dkv_sem = None
+        if config.deterministic:  # int32 semaphores (see ranker_attention_backward)
+            dq_sem = _row_major(torch.int32, (cute.sym_int(), hq, cute.sym_int()), align=4)
+            if qhead_per_kvhead > 1:
+                dkv_sem = _row_major(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
+        return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
+                      Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen), build)
 
@@ -689,11 +737,12 @@ def compile_targets() -> list[CompileTarget]:
         (torch.bfloat16, 128, 4, "none", False),
         (torch.bfloat16, 64, 1, "soft_sign", False),
         (torch.bfloat16, 128, 1, "none", True),
+        (torch.bfloat16, 128, 4, "tanh", True, True),  # deterministic mode
     ]
     out = []
-    for dtype, d, g, capm, varlen in cases:
-        cfg = CONFIGS[d]
-        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}"
+    for dtype, d, g, capm, varlen, *det in cases:
+        cfg = CONFIGS[d] if not det else dataclasses.replace(CONFIGS[d], deterministic=True)
+        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}"
         out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
                                  _compile(dtype, cfg, g, capm, varlen)))
@@ -737,7 +786,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
 
 def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh",
                               cu_seqlens=None, max_seqlen=None, *, dq=None, dk=None, dv=None,
-                              config: Optional[RankerBwdConfig] = None):
+                              config: Optional[RankerBwdConfig] = None, deterministic: bool = False):
     """Gradients of :func:`.ranker_fwd.ranker_attention` with respect to q, k, v (issue 4, seed 004).
 
     NOT YET GPU-VALIDATED: compiled for sm_90a on a CPU only; ``tests/gpu/test_ranker_bwd_gpu.py``
@@ -753,8 +802,10 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         config: a :class:`RankerBwdConfig` (default ``CONFIGS[D]``).
     Returns:
         ``(dq, dk, dv)`` shaped and typed like ``q, k, v``.  Float32 accumulation throughout (dQ in a
-        float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  Not
-        deterministic (float32 atomic reduce-adds); no deterministic mode yet.
+        float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
+        config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
+        ``deterministic=True`` (or a config with ``deterministic=True``) for ordered adds (same bits
+        on every run; also not GPU-validated yet).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse`` shapes, dtypes or
         layouts and unsupported head dims, before any launch.
@@ -766,6 +817,10 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     varlen, nb, seq, hq, hkv, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap,
                                                      cap_method, cu_seqlens, max_seqlen)
     cfg = config or CONFIGS[d]
+    if deterministic and not cfg.deterministic:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, deterministic=True)
     cfg.validate()
     if cfg.head_dim != d:
         raise ValueError(f"config.head_dim={cfg.head_dim} does not match the inputs' head dim {d}")
@@ -802,9 +857,14 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     if g > 1:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    dq_sem = dkv_sem = None
+    if cfg.deterministic:  # adds done per (q block, head) / (KV block, KV head), counted in order
+        dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
+        if g > 1:
+            dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
     _fn("main", q.dtype, cfg, g, capm, varlen)(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if g > 1 else dk, dv_accum if g > 1 else dv, bounds,
-        cu_seqlens, scale_log2, scale, capf, nb, max_seqlen)
+        cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
     _fn("post", q.dtype, d, cfg.tile_m, g, capm, varlen)(
         q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens, scale_log2,
         scale, capf, nb, max_seqlen)

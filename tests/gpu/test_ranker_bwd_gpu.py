@@ -95,7 +95,7 @@ def test_varlen(d, hq, hkv, cap):
 
 
 def test_repeated_calls_agree_closely():
-    """Not bitwise (float32 atomic reduce-adds); no deterministic mode yet."""
+    """The default mode is not bitwise reproducible (float32 reduce-adds in arrival order)."""
     q, k, v, do = _tensors((2, 500, 4, 128), (2, 500, 2, 128), seed=4)
     bounds = torch.tensor([[0, 400, 400, 500], [10, 300, 300, 480]], device="cuda", dtype=torch.int32)
     out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True)
@@ -105,8 +105,25 @@ def test_repeated_calls_agree_closely():
         torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)
 
 
-def test_deterministic_mode():
-    pytest.skip("deterministic mode not implemented yet (RankerBwdConfig.deterministic is rejected)")
+@pytest.mark.parametrize("hq,hkv,varlen", [(4, 4, False), (8, 2, False), (4, 2, True)])
+def test_deterministic_mode(hq, hkv, varlen):
+    """Same bits on every run (ordered float32 adds), and still right."""
+    if varlen:
+        cu = torch.tensor([0, 300, 700], device="cuda", dtype=torch.int32)
+        q, k, v, do = _tensors((700, hq, 128), (700, hkv, 128), seed=6)
+        bounds = torch.tensor([[0, 250, 250, 300], [5, 300, 310, 400]], device="cuda", dtype=torch.int32)
+    else:
+        cu = None
+        q, k, v, do = _tensors((2, 600, hq, 128), (2, 600, hkv, 128), seed=6)
+        bounds = torch.tensor([[0, 500, 500, 600], [30, 333, 340, 590]], device="cuda", dtype=torch.int32)
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=20.0, return_lse=True, cu_seqlens=cu)
+    runs = [rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=20.0, cu_seqlens=cu,
+                                         deterministic=True) for _ in range(4)]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    cfg = rb.dataclasses.replace(rb.CONFIGS[128], deterministic=True)
+    _compare("deterministic", q, k, v, do, bounds, cap=20.0, cu_seqlens=cu, config=cfg)
 
 
 def test_autograd_function_and_compile():
