@@ -904,16 +904,39 @@ BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap (the first is the issue's head
 ]
 
 
-def bench(shapes: str | None = None) -> list[dict]:
-    """Backward time (CUDA-graph timing of the three launches) and useful TFLOP/s = 2.5 x the
-    forward's useful FLOPs (FlashAttention's convention) = ``10 * D * admitted pairs / time``.
-    ``shapes``: None = all cases, a string containing ``headline`` = the first two.  Peers: see
-    ``bench/ranker_fwd_peers.py`` / ``../shared/bench-peers/`` (not wired here yet)."""
-    from ..runtime.timing import cuda_time_us
-    from .ranker_fwd import ranker_attention
+def _load_peers():
+    """``bench/ranker_bwd_peers.py`` of a source checkout (None when absent: an installed package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
 
-    cases = BENCH_CASES[:2] if shapes and "headline" in shapes else BENCH_CASES
+    path = Path(__file__).resolve().parents[2] / "bench" / "ranker_bwd_peers.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("ranker_bwd_peers", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ranker_bwd_peers"] = mod  # torch.compile (Flex) re-imports the mask_mod's module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int = 2, echo: bool = False) -> list[dict]:
+    """Backward time (the three launches; CUDA-graph timing, eager when a peer cannot be captured) and
+    useful TFLOP/s = 2.5 x the forward's useful FLOPs (FlashAttention's convention)
+    = ``10 * D * admitted (query, key) pairs / time``, ours and the peers of ``bench/ranker_bwd_peers.py``
+    interleaved over ``rounds``.  ``shapes``: None = all cases with peers; containing ``headline`` = the
+    first two cases; ``peers`` adds the peers; ``deterministic`` adds our deterministic mode.  Peers are
+    skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
+    import time
+
+    from .ranker_fwd import _time_us, ranker_attention
+
+    spec = shapes or "all+peers"
+    cases = BENCH_CASES[:2] if "headline" in spec else BENCH_CASES
+    peers_mod = _load_peers() if "peers" in spec else None
+    t_start = time.time()
     recs = []
+    n_printed = 0
     for nb, hist, cand, hq, hkv, d, cap in cases:
         s = hist + cand
         q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -922,12 +945,39 @@ def bench(shapes: str | None = None) -> list[dict]:
         o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
         flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
         shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
-        try:
-            t = cuda_time_us(lambda: ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap), graph=True)
-            recs.append(dict(kernel=NAME, impl="cute_kernels", shape=shape, time_us=round(t, 1),
-                             tflops=round(flops / t / 1e6, 1)))
-        except Exception as exc:  # noqa: BLE001 (a record, not a crash, per shape)
-            recs.append(dict(kernel=NAME, impl="cute_kernels", shape=shape, error=repr(exc)[:200]))
+        impls = [("cute_kernels", lambda: ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap))]
+        if "deterministic" in spec:
+            impls.append(("cute_kernels_deterministic", lambda: ranker_attention_backward(
+                q, k, v, o, lse, do, bounds, cap=cap, deterministic=True)))
+        if peers_mod is not None and time.time() - t_start < peer_budget_s:
+            for name, make in peers_mod.PEERS.items():
+                try:
+                    impls.append((name, make(q, k, v, bounds, cap)))
+                except Exception as exc:  # noqa: BLE001 (a record per failing peer)
+                    recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
+        times: dict[str, list] = {}
+        for _ in range(rounds):
+            for impl, fn in impls:
+                if impl in times and times[impl] is None:
+                    continue
+                try:
+                    t, mode = _time_us(fn)
+                    times.setdefault(impl, []).append((t, mode))
+                except Exception as exc:  # noqa: BLE001
+                    times[impl] = None
+                    recs.append(dict(kernel=NAME, impl=impl, shape=shape, error=repr(exc)[:200]))
+        for impl, ts in times.items():
+            if ts:
+                t = min(x[0] for x in ts)
+                recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode=ts[0][1],
+                                 tflops=round(flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts]))
+        if echo:
+            import json
+
+            for r in recs[n_printed:]:
+                print(json.dumps(r), flush=True)
+            n_printed = len(recs)
+        del q, k, v, do, o, lse
     return recs
 
 
