@@ -730,7 +730,8 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
 
 
 def compile_targets() -> list[CompileTarget]:
-    """Shipped configs: bf16 D=128 (MHA no cap / tanh, GQA 4), D=64, varlen."""
+    """Shipped mainloop configs: bf16 D=128 (MHA no cap / tanh, GQA 4), D=64 soft_sign, varlen, the
+    deterministic mode (GQA varlen tanh); plus the pre/postprocess kernels at D=128."""
     cases = [
         (torch.bfloat16, 128, 1, "none", False),
         (torch.bfloat16, 128, 1, "tanh", False),
@@ -746,6 +747,17 @@ def compile_targets() -> list[CompileTarget]:
         out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
                                  _compile(dtype, cfg, g, capm, varlen)))
+    # the pre/postprocess kernels of the default D=128 config (their own compile-cache names)
+    from . import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
+
+    bf, tm = torch.bfloat16, CONFIGS[128].tile_m
+    out.append(CompileTarget(pre.NAME, "bfloat16 D=128", (str(bf), 128, tm, False),
+                             build=lambda: compile_preprocess(bf, 128, tm, False)))
+    for g, capm, varlen in ((1, "tanh", False), (4, "none", True)):
+        out.append(CompileTarget(post.NAME, f"bfloat16 D=128 gqa={g} cap={capm}{' varlen' if varlen else ''}",
+                                 (str(bf), 128, tm, g, capm, varlen),
+                                 build=lambda g=g, capm=capm, varlen=varlen:
+                                 compile_postprocess(bf, 128, tm, g, capm, varlen)))
     return out
 
 
