@@ -840,10 +840,12 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     capm = "none" if cap is None else cap_method
     scale_log2 = float(cap) * LOG2_E if cap is not None else scale * LOG2_E
     capf = float(cap) if cap is not None else 1.0
-    alloc = torch.zeros if varlen else torch.empty  # packed tokens past cu_seqlens[-1] get zero gradients
-    dq = dq if dq is not None else alloc(q.shape, dtype=q.dtype, device=q.device)
-    dk = dk if dk is not None else alloc(k.shape, dtype=k.dtype, device=k.device)
-    dv = dv if dv is not None else alloc(v.shape, dtype=v.dtype, device=v.device)
+    dq = dq if dq is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = dk if dk is not None else torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = dv if dv is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if varlen:  # packed tokens past cu_seqlens[-1] belong to no sequence: zero gradients
+        for t in (dq, dk, dv):
+            t.zero_()
     if varlen:
         if max_seqlen is None:
             if _capturing(q):
