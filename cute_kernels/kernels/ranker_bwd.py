@@ -991,7 +991,6 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
             for r in recs[n_printed:]:
                 print(json.dumps(r), flush=True)
             n_printed = len(recs)
-        del q, k, v, do, o, lse
     return recs
 
 

@@ -159,3 +159,118 @@ def test_check_rows_pass():
     for r in rows:
         print(r)
     assert all(r.passed for r in rows)
+
+
+# ---------------------------------------------------------------- the pre/postprocess kernels in isolation
+# (so that a failure of the whole backward can be located: these two are independent of the mainloop)
+def _padded_rows_of(cu, nb, s, tile_m):
+    """Per sequence: (packed start, padded start, length) as the kernels lay the per-row buffers out."""
+    if cu is None:
+        return [(0, 0, s)] * nb
+    cu = [int(x) for x in cu.tolist()]
+    return [(cu[b], rb.padded_offset(cu[b], b, tile_m), cu[b + 1] - cu[b]) for b in range(nb)]
+
+
+@pytest.mark.parametrize("d,varlen", [(128, False), (64, False), (128, True)])
+def test_preprocess_alone(d, varlen):
+    tm = rb.CONFIGS[d].tile_m
+    hq = 3
+    if varlen:
+        lens = [70, 0, 129, 5]
+        nb, total = len(lens), sum(lens) + 3
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), device="cuda", dtype=torch.int32)
+        o, do = (torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lse = torch.randn(hq, total, device="cuda")
+        lse[:, 3] = -float("inf")
+        rows = rb.padded_rows(total, nb, tm, True)
+        shape, max_seqlen = (hq, rows), max(lens)
+    else:
+        nb, s, cu = 2, 150, None
+        o, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lse = torch.randn(nb, hq, s, device="cuda")
+        lse[0, 1, 7] = -float("inf")
+        rows = rb.padded_rows(s, nb, tm, False)
+        shape, max_seqlen = (nb, hq, rows), s
+    lse2, dpsum = (torch.full(shape, float("nan"), device="cuda") for _ in range(2))
+    dq_acc = torch.full(shape + (d,), float("nan"), device="cuda")
+    rb._fn("pre", torch.bfloat16, d, tm, varlen)(o, do, lse, lse2, dpsum, dq_acc, cu, nb, max_seqlen)
+    torch.cuda.synchronize()
+    dot = (o.float() * do.float()).sum(-1)  # [B, S, H] / [T, H]
+    for b, (start, pad, n) in enumerate(_padded_rows_of(cu, nb, o.shape[1] if not varlen else 0, tm)):
+        span = -(-n // tm) * tm
+        sel = (lambda t: t[:, pad:pad + span]) if varlen else (lambda t: t[b])
+        want_lse = (lse[:, start:start + n] if varlen else lse[b]) * rb.LOG2_E
+        want_lse = torch.where(torch.isinf(want_lse), torch.full_like(want_lse, float("inf")), want_lse)
+        want_dot = (dot[start:start + n] if varlen else dot[b]).transpose(0, 1)
+        torch.testing.assert_close(sel(lse2)[:, :n], want_lse)
+        assert torch.isinf(sel(lse2)[:, n:]).all() and (sel(lse2)[:, n:] > 0).all()
+        torch.testing.assert_close(sel(dpsum)[:, :n], want_dot, rtol=1e-4, atol=1e-4)
+        assert (sel(dpsum)[:, n:] == 0).all()
+        assert (sel(dq_acc) == 0).all()
+
+
+@pytest.mark.parametrize("hq,hkv,cap,capm", [(2, 2, None, "tanh"), (4, 2, 7.0, "tanh"), (4, 1, 3.0, "soft_sign")])
+def test_postprocess_alone(hq, hkv, cap, capm):
+    """Given float32 accumulators (random) and the true LSE/dPsum, the postprocess writes dQ = scale * acc
+    + self terms, GQA dK/dV = acc + self terms, MHA dK/dV only on the self-term rows."""
+    d, nb, s = 128, 2, 150
+    tm = rb.CONFIGS[d].tile_m
+    g = hq // hkv
+    q, k, v, do = _tensors((nb, s, hq, d), (nb, s, hkv, d), seed=9)
+    bounds = torch.tensor([[0, 90, 90, 150], [10, 40, 30, 140]], device="cuda", dtype=torch.int32)
+    scale = 1.0 / d ** 0.5
+    ex = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, cap=cap, cap_method=capm)
+    lse, dps = ex[3], ex[4]  # float64 [B, H, S]
+    rows = rb.padded_rows(s, nb, tm, False)
+    lse2 = torch.full((nb, hq, rows), float("inf"), device="cuda")
+    lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rb.LOG2_E, torch.full_like(lse, float("inf"))).float()
+    dpsum = torch.zeros((nb, hq, rows), device="cuda")
+    dpsum[:, :, :s] = dps.float()
+    dq_acc = torch.randn((nb, hq, rows, d), device="cuda")
+    sentinel = 3.0
+    dq, dk, dv = (torch.full_like(t, sentinel) for t in (q, k, v))
+    dk_acc = dv_acc = None
+    if g > 1:
+        dk_acc, dv_acc = (torch.randn(k.shape, device="cuda") for _ in range(2))
+    scale_log2 = (cap if cap is not None else scale) * rb.LOG2_E
+    rb._fn("post", q.dtype, d, tm, g, "none" if cap is None else capm, False)(
+        q, k, v, do, lse2, dpsum, dq_acc, dq, dk, dv, dk_acc, dv_acc, bounds, None, scale_log2, scale,
+        cap if cap is not None else 1.0, nb, s)
+    torch.cuda.synchronize()
+    # expected self terms (float64), candidates outside the history
+    want_dq = scale * dq_acc[:, :, :s].double().transpose(1, 2)
+    self_dk = torch.zeros(k.shape, dtype=torch.float64, device="cuda")
+    self_dv = torch.zeros(v.shape, dtype=torch.float64, device="cuda")
+    rows_self = torch.zeros(nb, s, dtype=torch.bool, device="cuda")
+    for b in range(nb):
+        hl, hh, cl, ch = (int(x) for x in bounds[b])
+        for j in range(s):
+            if not (cl <= j < ch and not hl <= j < hh):
+                continue
+            rows_self[b, j] = True
+            for h in range(hq):
+                qj, dj = q[b, j, h].double(), do[b, j, h].double()
+                kj, vj = k[b, j, h // g].double(), v[b, j, h // g].double()
+                sr = scale * (qj @ kj)
+                if cap is None:
+                    sc, dc = sr, 1.0
+                elif capm == "tanh":
+                    t = torch.tanh(sr / cap)
+                    sc, dc = cap * t, 1 - t * t
+                else:
+                    sc, dc = sr / (1 + sr.abs() / cap), 1 / (1 + sr.abs() / cap) ** 2
+                p = torch.exp(sc - lse[b, h, j])
+                ds = p * (dj @ vj - dps[b, h, j]) * dc
+                want_dq[b, j, h] += scale * ds * kj
+                self_dk[b, j, h // g] += scale * ds * qj
+                self_dv[b, j, h // g] += p * dj
+    tol = dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(dq.double(), want_dq, **tol)
+    if g > 1:
+        torch.testing.assert_close(dk.double(), dk_acc.double() + self_dk, **tol)
+        torch.testing.assert_close(dv.double(), dv_acc.double() + self_dv, **tol)
+    else:
+        m = rows_self[:, :, None, None].expand_as(dk)
+        torch.testing.assert_close(dk.double()[m], self_dk[m], **tol)
+        torch.testing.assert_close(dv.double()[m], self_dv[m], **tol)
+        assert (dk[~m] == sentinel).all() and (dv[~m] == sentinel).all()  # mainloop rows untouched
