@@ -274,3 +274,61 @@ def test_postprocess_alone(hq, hkv, cap, capm):
         torch.testing.assert_close(dk.double()[m], self_dk[m], **tol)
         torch.testing.assert_close(dv.double()[m], self_dv[m], **tol)
         assert (dk[~m] == sentinel).all() and (dv[~m] == sentinel).all()  # mainloop rows untouched
+
+
+@pytest.mark.parametrize("s,hq,hkv,rows,cap", [
+    (128, 1, 1, [[0, 128, 128, 128]], None),  # one history KV block, one CTA's work: the simplest case
+    (300, 2, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], None),
+    (300, 4, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], 10.0),
+])
+def test_mainloop_alone(s, hq, hkv, rows, cap):
+    """The mainloop given exact LSE2/dPsum and a zeroed accumulator: dQaccum * scale, dK, dV equal the
+    reference gradients without the candidate self terms (those rows' dK/dV are zero)."""
+    d, nb = 128, len(rows)
+    cfg = rb.CONFIGS[d]
+    tm, g = cfg.tile_m, hq // hkv
+    q, k, v, do = _tensors((nb, s, hq, d), (nb, s, hkv, d), seed=11)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    scale = 1.0 / d ** 0.5
+    ex = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, cap=cap)
+    lse, dps = ex[3], ex[4]
+    prow = rb.padded_rows(s, nb, tm, False)
+    lse2 = torch.full((nb, hq, prow), float("inf"), device="cuda")
+    lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rb.LOG2_E, torch.full_like(lse, float("inf"))).float()
+    dpsum = torch.zeros((nb, hq, prow), device="cuda")
+    dpsum[:, :, :s] = dps.float()
+    dq_acc = torch.zeros((nb, hq, prow, d), device="cuda")
+    if g > 1:
+        dk, dv = (torch.zeros(k.shape, device="cuda") for _ in range(2))
+    else:
+        dk, dv = (torch.full_like(k, float("nan")) for _ in range(2))
+    scale_log2 = (cap if cap is not None else scale) * rb.LOG2_E
+    rb._fn("main", q.dtype, cfg, g, "none" if cap is None else "tanh", False)(
+        q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, None, None, scale_log2, scale,
+        cap if cap is not None else 1.0, nb, s)
+    torch.cuda.synchronize()
+    # the reference without the self terms: mask the diagonal of candidates outside the history away
+    self_rows = torch.zeros(nb, s, dtype=torch.bool, device="cuda")
+    for b, (hl, hh, cl, ch) in enumerate(rows):
+        j = torch.arange(s, device="cuda")
+        self_rows[b] = (j >= cl) & (j < ch) & ~((j >= hl) & (j < hh))
+    want_dq, want_dk, want_dv = (t.clone() for t in ex[:3])
+    for b in range(nb):
+        for j in torch.nonzero(self_rows[b]).flatten().tolist():
+            for h in range(hq):
+                qj, dj = q[b, j, h].double(), do[b, j, h].double()
+                kj, vj = k[b, j, h // g].double(), v[b, j, h // g].double()
+                sr = scale * (qj @ kj)
+                sc, dc = (sr, 1.0) if cap is None else (cap * torch.tanh(sr / cap), 1 - torch.tanh(sr / cap) ** 2)
+                p = torch.exp(sc - lse[b, h, j])
+                ds = p * (dj @ vj - dps[b, h, j]) * dc
+                want_dq[b, j, h] -= scale * ds * kj
+                want_dk[b, j, h // g] -= scale * ds * qj
+                want_dv[b, j, h // g] -= p * dj
+    got_dq = scale * dq_acc[:, :, :s].double().transpose(1, 2)
+    tol = dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(got_dq, want_dq, **tol)
+    assert not torch.isnan(dk).any() and not torch.isnan(dv).any()
+    torch.testing.assert_close(dk.double(), want_dk, **tol)
+    torch.testing.assert_close(dv.double(), want_dv, **tol)
+    assert (dq_acc[:, :, s:] == 0).all()  # padding rows of the accumulator: nothing added (zero dS there)
