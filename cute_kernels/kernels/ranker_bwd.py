@@ -15,19 +15,19 @@ The backward is three launches (:func:`ranker_attention_backward`):
 1. :mod:`.ranker_bwd_preprocess`: ``dPsum`` (float32), ``LSE * log2(e)`` (``+inf`` on rows with no
    valid key and on padding rows, so that ``P = exp2(.. - LSE)`` is 0 there), zeroed float32 dQ
    accumulator; all three padded to whole ``tile_m`` q blocks per sequence.
-2. this kernel, one CTA per (history KV block of ``tile_n`` keys, query head, batch row):
+2. this kernel, one CTA per (KV block of ``tile_n`` keys, query head, batch row):
    * warpgroup 0, the producer (``setmaxnreg`` down): warp 0 TMA-loads K and V of the CTA's block
      once, then Q + LSE and dO + dPsum of every q block that reaches it, through ``stages``-deep
      ``PipelineTmaAsync`` pipelines; warp 1 adds each q block's float32 dQ tile to the global
-     accumulator with a TMA bulk reduce-add (``cp.reduce.async.bulk.tensor ... .add.f32``), handing
+     accumulator with a TMA bulk reduce-add (``cp.reduce.async.bulk.tensor...add``, float32), handing
      the smem tile back and forth with the MMA warpgroups through two named barriers;
    * warpgroups 1 and 2 (``setmaxnreg`` up), 64 keys each: ``S^T = K Q^T`` and ``dP^T = V dO^T``
      (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask, ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO`` and ``dK += dS^T Q`` with
      P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
-     ``dQ = dS K`` (both warpgroups, 64 head-dim columns each), dQ through smem to warp 1.
+     ``dQ = dS K`` (both warpgroups, half the head dim each), dQ through smem to warp 1.
    Only the q blocks holding history or candidate rows are visited (each once,
-   :meth:`.ranker_mask.RankerSegments.m_block_ranges`); candidate-only KV blocks get zero.
+   :meth:`.ranker_mask.RankerSegments.m_block_ranges`); KV blocks outside the history do no work.
    Epilogue (seed 004, FlashAttention-3's ``CollectiveEpilogueBwd``): dK, dV through smem reusing
    the K/V buffers after a named barrier (every consumer done) and ``fence_view_async_shared``, then
    one warp's TMA store (fixed length) or predicated 16-byte stores (varlen); KV blocks no query
