@@ -171,14 +171,16 @@ def test_ranker_layouts_are_the_ones_the_kernel_compiles_with(monkeypatch):
 
         monkeypatch.setattr(rf, "smem_layouts", spy)
     else:
-        orig = rf._smem_layout
+        from cute_kernels.kernels import sm90_helpers
+
+        orig = sm90_helpers.smem_layout
 
         def spy(*a, **k):
             out = orig(*a, **k)
             seen.append(_from_dsl(out))
             return out
 
-        monkeypatch.setattr(rf, "_smem_layout", spy)
+        monkeypatch.setattr(sm90_helpers, "smem_layout", spy)
     # the WGMMA accumulators and the epilogue's stmatrix copy, as traced in the kernel
     tv_seen = []
     make_mma, make_copy_c = rf.sm90_utils.make_trivial_tiled_mma, rf.cute.make_tiled_copy_C

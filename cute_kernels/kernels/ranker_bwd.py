@@ -68,8 +68,8 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_tensor
-from .ranker_fwd import (CAP_METHODS, LOG2_E, SMEM_CAPACITY, _acc_as_operand_a, _acc_mn, _check_reference_args,
-                         _row_major, _select, _smem_layout, _transpose_view, ranker_attention_reference)
+from . import sm90_helpers as sm90
+from .ranker_fwd import CAP_METHODS, LOG2_E, SMEM_CAPACITY, _check_reference_args, ranker_attention_reference
 from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -203,13 +203,13 @@ class RankerAttentionBwd:
         # (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator (B, H, S_pad, D) -> (S_pad, D, H, B) /
         # (H, T_pad, D) -> (T_pad, D, H)
         if const_expr(self.varlen):
-            mQ, mK, mV, mdO, mdK, mdV = [_select(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
-            mLSE2, mdPsum = [_select(t, [1, 0]) for t in (mLSE2, mdPsum)]
-            mdQaccum = _select(mdQaccum, [1, 2, 0])
+            mQ, mK, mV, mdO, mdK, mdV = [sm90.select_modes(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+            mLSE2, mdPsum = [sm90.select_modes(t, [1, 0]) for t in (mLSE2, mdPsum)]
+            mdQaccum = sm90.select_modes(mdQaccum, [1, 2, 0])
         else:
-            mQ, mK, mV, mdO, mdK, mdV = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
-            mLSE2, mdPsum = [_select(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
-            mdQaccum = _select(mdQaccum, [2, 3, 1, 0])
+            mQ, mK, mV, mdO, mdK, mdV = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
+            mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
+            mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
 
         K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         # S^T = K Q^T and dP^T = V dO^T: M = keys (64 per warpgroup), N = q rows, K = head dim
@@ -225,13 +225,13 @@ class RankerAttentionBwd:
             self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, self.config.mma_wgs, 1),
             tiler_mn=(64, self.head_dim // self.config.mma_wgs))
 
-        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
-        sdO_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
-        sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
-        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim)
-        sdSt_layout = _smem_layout(self.dtype, self.tile_n, self.tile_m)  # dS^T (keys, q rows), q rows contiguous
-        sdQ_layout = _smem_layout(Float32, self.tile_m, self.head_dim)
-        sdKVacc_layout = _smem_layout(Float32, self.tile_n, self.head_dim)  # GQA: aliases sK + sV
+        sQ_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
+        sdO_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
+        sK_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim)
+        sV_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim)
+        sdSt_layout = sm90.smem_layout(self.dtype, self.tile_n, self.tile_m)  # dS^T (keys, q rows), q rows contiguous
+        sdQ_layout = sm90.smem_layout(Float32, self.tile_m, self.head_dim)
+        sdKVacc_layout = sm90.smem_layout(Float32, self.tile_n, self.head_dim)  # GQA: aliases sK + sV
         sLSE_layout = cute.make_layout((self.tile_m, self.stages))
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
@@ -497,16 +497,16 @@ class RankerAttentionBwd:
         tSrQ = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sQ))
         tdPrV = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sV))
         tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
-        tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sdO)))
-        tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(_transpose_view(sQ)))
-        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(_transpose_view(sdSt)))
-        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(_transpose_view(sK)))
+        tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(sm90.transpose_view(sdO)))
+        tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(sm90.transpose_view(sQ)))
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sm90.transpose_view(sdSt)))
+        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(sm90.transpose_view(sK)))
         acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         # (key, q row) of this thread's S^T elements; its slice of the dQ tile in smem
-        tScS_mn = _acc_mn(thr_mma_sdp.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m))))
+        tScS_mn = sm90.acc_mn(thr_mma_sdp.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m))))
         tdQsdQ = thr_mma_dq.partition_C(sdQ)
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
@@ -539,16 +539,16 @@ class RankerAttentionBwd:
         stage = q_state.index
         pipeline_q.consumer_wait(q_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        self.gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+        sm90.wgmma_gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
         pipeline_do.consumer_wait(q_state)
         acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        self.gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], zero_init=True)
+        sm90.wgmma_gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], zero_init=True)
         warpgroup.wait_group(1)
 
         # P^T = exp2(cap(S^T) * scale_log2 - LSE) on history keys, 0 elsewhere; acc_S <- P^T * cap'
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        rP_mn = _acc_mn(rP)
-        acc_S_mn = _acc_mn(acc_S)
+        rP_mn = sm90.acc_mn(rP)
+        acc_S_mn = sm90.acc_mn(acc_S)
         for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
             lse = sLSE[tScS_mn[0, c][1], stage]
             for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
@@ -559,7 +559,7 @@ class RankerAttentionBwd:
         warpgroup.wait_group(0)
 
         # dS^T = P^T cap' (dP^T - dPsum)
-        acc_dP_mn = _acc_mn(acc_dP)
+        acc_dP_mn = sm90.acc_mn(acc_dP)
         for c in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[1])):
             dpsum = sdPsum[tScS_mn[0, c][1], stage]
             for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
@@ -568,17 +568,17 @@ class RankerAttentionBwd:
         rdS.store(acc_dP.load().to(self.dtype))
 
         # dV += P^T dO (P^T from registers)
-        self.gemm(tiled_mma_dkv, acc_dV, _acc_as_operand_a(rP), tdVrdOt[None, None, None, stage], zero_init=False)
+        sm90.wgmma_gemm(tiled_mma_dkv, acc_dV, sm90.acc_as_operand_a(rP), tdVrdOt[None, None, None, stage], zero_init=False)
         # both warpgroups' dQ GEMMs of the last q block are done reading sdS: overwrite it
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
         cute.copy(smem_atom, ds_thr_copy.retile(rdS), tdSsdS)
         # dK += dS^T Q (dS^T from registers)
-        self.gemm(tiled_mma_dkv, acc_dK, _acc_as_operand_a(rdS), tdKrQt[None, None, None, stage], zero_init=False)
+        sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, sm90.acc_as_operand_a(rdS), tdKrQt[None, None, None, stage], zero_init=False)
         cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
         # dQ = dS K (this warpgroup's half of the head dim)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        self.gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True)
+        sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True)
         warpgroup.wait_group(0)
         pipeline_do.consumer_release(q_state)
         pipeline_q.consumer_release(q_state)
@@ -591,16 +591,6 @@ class RankerAttentionBwd:
         cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull), number_of_threads=nthreads)
         q_state.advance()
         return q_state
-
-    @cute.jit
-    def gemm(self, tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr):
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
 
     # ------------------------------------------------------------------ epilogue (seed 004)
     @cute.jit
@@ -700,29 +690,29 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
             t, tp = cute.sym_int(), cute.sym_int()
             shape = lambda h: (t, h, d)  # noqa: E731
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)  # noqa: E731
-            rows = lambda: _row_major(torch.float32, (hq, tp), align=16)  # noqa: E731
-            dq_acc = _row_major(torch.float32, (hq, tp, d), align=16)
-            cu = _row_major(torch.int32, (cute.sym_int(),), align=4)
+            rows = lambda: fake_tensor(torch.float32, (hq, tp), align=16)  # noqa: E731
+            dq_acc = fake_tensor(torch.float32, (hq, tp, d), align=16)
+            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
         else:
             s, sp = cute.sym_int(), cute.sym_int()
             shape = lambda h: (nb, s, h, d)  # noqa: E731
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
                                cute.sym_int(divisibility=al), 1)
-            rows = lambda: _row_major(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
-            dq_acc = _row_major(torch.float32, (nb, hq, sp, d), align=16)
+            rows = lambda: fake_tensor(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
+            dq_acc = fake_tensor(torch.float32, (nb, hq, sp, d), align=16)
             cu = None
         q = fake_tensor(dtype, shape(hq), stride=strides())
         k = fake_tensor(dtype, shape(hkv), stride=strides())
         v = fake_tensor(dtype, shape(hkv), stride=strides())
         do = fake_tensor(dtype, shape(hq), stride=strides())
-        dk = _row_major(acc_dtype, shape(hkv))
-        dv = _row_major(acc_dtype, shape(hkv))
-        bounds = _row_major(torch.int32, (cute.sym_int(), 4), align=4)
+        dk = fake_tensor(acc_dtype, shape(hkv))
+        dv = fake_tensor(acc_dtype, shape(hkv))
+        bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
         dq_sem = dkv_sem = None
         if config.deterministic:  # int32 semaphores (see ranker_attention_backward)
-            dq_sem = _row_major(torch.int32, (cute.sym_int(), hq, cute.sym_int()), align=4)
+            dq_sem = fake_tensor(torch.int32, (cute.sym_int(), hq, cute.sym_int()), align=4)
             if qhead_per_kvhead > 1:
-                dkv_sem = _row_major(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
+                dkv_sem = fake_tensor(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
         return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
                       Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
 

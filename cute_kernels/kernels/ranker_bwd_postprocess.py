@@ -29,7 +29,7 @@ from cutlass import Float32, Int32, const_expr
 
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from .ranker_fwd import _row_major, _select
+from . import sm90_helpers as sm90
 from .ranker_mask import RankerSegments
 
 NAME = "ranker_bwd_postprocess"
@@ -80,17 +80,17 @@ class RankerBwdPostprocess:
                  mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
                  num_batch: Int32, max_seqlen: Int32, stream):
         if const_expr(self.varlen):
-            mQ, mK, mV, mdO, mdQ, mdK, mdV = [_select(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
+            mQ, mK, mV, mdO, mdQ, mdK, mdV = [sm90.select_modes(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
             if const_expr(self.gqa):
-                mdKaccum, mdVaccum = [_select(t, [0, 2, 1]) for t in (mdKaccum, mdVaccum)]
-            mLSE2, mdPsum = [_select(t, [1, 0]) for t in (mLSE2, mdPsum)]
-            mdQaccum = _select(mdQaccum, [1, 2, 0])
+                mdKaccum, mdVaccum = [sm90.select_modes(t, [0, 2, 1]) for t in (mdKaccum, mdVaccum)]
+            mLSE2, mdPsum = [sm90.select_modes(t, [1, 0]) for t in (mLSE2, mdPsum)]
+            mdQaccum = sm90.select_modes(mdQaccum, [1, 2, 0])
         else:
-            mQ, mK, mV, mdO, mdQ, mdK, mdV = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
+            mQ, mK, mV, mdO, mdQ, mdK, mdV = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
             if const_expr(self.gqa):
-                mdKaccum, mdVaccum = [_select(t, [1, 3, 2, 0]) for t in (mdKaccum, mdVaccum)]
-            mLSE2, mdPsum = [_select(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
-            mdQaccum = _select(mdQaccum, [2, 3, 1, 0])
+                mdKaccum, mdVaccum = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mdKaccum, mdVaccum)]
+            mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
+            mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.rows_per_cta), cute.size(mK.shape[2]), num_batch)
         self.kernel(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, mBounds,
                     mCuSeqlens, scale_log2, softmax_scale, cap, Int32(mQ.shape[0])).launch(
@@ -218,28 +218,28 @@ def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_pe
             t, tp = cute.sym_int(), cute.sym_int()
             shape = lambda h: (t, h, d)  # noqa: E731
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)  # noqa: E731
-            rows = lambda: _row_major(torch.float32, (hq, tp), align=16)  # noqa: E731
-            dq_acc = _row_major(torch.float32, (hq, tp, d), align=16)
-            cu = _row_major(torch.int32, (cute.sym_int(),), align=4)
+            rows = lambda: fake_tensor(torch.float32, (hq, tp), align=16)  # noqa: E731
+            dq_acc = fake_tensor(torch.float32, (hq, tp, d), align=16)
+            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
         else:
             nb, s, sp = cute.sym_int(), cute.sym_int(), cute.sym_int()
             shape = lambda h: (nb, s, h, d)  # noqa: E731
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
                                cute.sym_int(divisibility=al), 1)
-            rows = lambda: _row_major(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
-            dq_acc = _row_major(torch.float32, (nb, hq, sp, d), align=16)
+            rows = lambda: fake_tensor(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
+            dq_acc = fake_tensor(torch.float32, (nb, hq, sp, d), align=16)
             cu = None
         q = fake_tensor(dtype, shape(hq), stride=strides())
         k = fake_tensor(dtype, shape(hkv), stride=strides())
         v = fake_tensor(dtype, shape(hkv), stride=strides())
         do = fake_tensor(dtype, shape(hq), stride=strides())
-        dq = _row_major(dtype, shape(hq))
-        dk = _row_major(dtype, shape(hkv))
-        dv = _row_major(dtype, shape(hkv))
+        dq = fake_tensor(dtype, shape(hq))
+        dk = fake_tensor(dtype, shape(hkv))
+        dv = fake_tensor(dtype, shape(hkv))
         gqa = qhead_per_kvhead > 1
-        dk_acc = _row_major(torch.float32, shape(hkv)) if gqa else None
-        dv_acc = _row_major(torch.float32, shape(hkv)) if gqa else None
-        bounds = _row_major(torch.int32, (cute.sym_int(), 4), align=4)
+        dk_acc = fake_tensor(torch.float32, shape(hkv)) if gqa else None
+        dv_acc = fake_tensor(torch.float32, shape(hkv)) if gqa else None
+        bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
         return kern, (q, k, v, do, rows(), rows(), dq_acc, dq, dk, dv, dk_acc, dv_acc, bounds, cu,
                       Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
 

@@ -26,7 +26,7 @@ from cutlass import Float32, Int32, const_expr
 
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from .ranker_fwd import _row_major, _select
+from . import sm90_helpers as sm90
 
 NAME = "ranker_bwd_preprocess"
 LOG2_E = math.log2(math.e)
@@ -56,13 +56,13 @@ class RankerBwdPreprocess:
         # O, dO (B, S, H, D) -> (S, D, H, B) / (T, H, D) -> (T, D, H); LSE (B, H, S) -> (S, H, B) / (H, T) -> (T, H)
         # padded rows (B, H, S_pad) -> (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator likewise + D
         if const_expr(self.varlen):
-            mO, mdO = [_select(t, [0, 2, 1]) for t in (mO, mdO)]
-            mLSE, mLSE2, mdPsum = [_select(t, [1, 0]) for t in (mLSE, mLSE2, mdPsum)]
-            mdQaccum = _select(mdQaccum, [1, 2, 0])
+            mO, mdO = [sm90.select_modes(t, [0, 2, 1]) for t in (mO, mdO)]
+            mLSE, mLSE2, mdPsum = [sm90.select_modes(t, [1, 0]) for t in (mLSE, mLSE2, mdPsum)]
+            mdQaccum = sm90.select_modes(mdQaccum, [1, 2, 0])
         else:
-            mO, mdO = [_select(t, [1, 3, 2, 0]) for t in (mO, mdO)]
-            mLSE, mLSE2, mdPsum = [_select(t, [2, 1, 0]) for t in (mLSE, mLSE2, mdPsum)]
-            mdQaccum = _select(mdQaccum, [2, 3, 1, 0])
+            mO, mdO = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mO, mdO)]
+            mLSE, mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE, mLSE2, mdPsum)]
+            mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mO.shape[2]), num_batch)
         self.kernel(mO, mdO, mLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlens, Int32(mO.shape[0])).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
@@ -143,19 +143,19 @@ def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: b
             strides = (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)
             o = fake_tensor(dtype, (t, hq, head_dim), stride=strides)
             do = fake_tensor(dtype, (t, hq, head_dim), stride=strides)
-            lse = _row_major(torch.float32, (hq, t), align=4)
-            rows = lambda: _row_major(torch.float32, (hq, tp), align=16)  # noqa: E731
-            dq = _row_major(torch.float32, (hq, tp, head_dim), align=16)
-            cu = _row_major(torch.int32, (cute.sym_int(),), align=4)
+            lse = fake_tensor(torch.float32, (hq, t), align=4)
+            rows = lambda: fake_tensor(torch.float32, (hq, tp), align=16)  # noqa: E731
+            dq = fake_tensor(torch.float32, (hq, tp, head_dim), align=16)
+            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
         else:
             nb, s, sp = cute.sym_int(), cute.sym_int(), cute.sym_int()
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
                                cute.sym_int(divisibility=al), 1)
             o = fake_tensor(dtype, (nb, s, hq, head_dim), stride=strides())
             do = fake_tensor(dtype, (nb, s, hq, head_dim), stride=strides())
-            lse = _row_major(torch.float32, (nb, hq, s), align=4)
-            rows = lambda: _row_major(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
-            dq = _row_major(torch.float32, (nb, hq, sp, head_dim), align=16)
+            lse = fake_tensor(torch.float32, (nb, hq, s), align=4)
+            rows = lambda: fake_tensor(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
+            dq = fake_tensor(torch.float32, (nb, hq, sp, head_dim), align=16)
             cu = None
         return kern, (o, do, lse, rows(), rows(), dq, cu, Int32(1), Int32(1), fake_stream())
 

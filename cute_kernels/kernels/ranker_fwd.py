@@ -49,7 +49,6 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
@@ -57,6 +56,7 @@ from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_same_device, check_tensor, F32_MAX, check_int, check_real
 from ..tuning import register_memo, tuned_config
+from . import sm90_helpers as sm90
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
 
 NAME = "ranker_fwd"
@@ -136,56 +136,6 @@ CONFIGS = {
 }
 
 
-def _select(t: cute.Tensor, modes) -> cute.Tensor:
-    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
-
-
-def _transpose_view(t: cute.Tensor) -> cute.Tensor:
-    """Swap the first two modes of an smem tensor (V -> V^T for the PV GEMM's B operand)."""
-    shape = (t.shape[1], t.shape[0], *t.shape[2:])
-    order = (1, 0, *range(2, cute.rank(t)))
-    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
-
-
-def _acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
-    """WGMMA accumulator ((2, 2, N/8), M, N) -> ((2, M), (2, N/8, N)): rows x columns view."""
-    lay = cute.make_layout(acc_layout.shape)
-    shape = ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[0][2], lay.shape[2]))
-    stride = ((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[0][2], lay.stride[2]))
-    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
-
-
-def _acc_mn(acc: cute.Tensor) -> cute.Tensor:
-    return cute.make_tensor(acc.iterator, _acc_mn_layout(acc.layout))
-
-
-def _acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
-    """View the S accumulator ((2, 2, N/8), M, N) as the RS-WGMMA A operand ((2, 2, 2), M, (N/16, N))."""
-    lay = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
-    op = cute.make_layout(
-        ((lay.shape[0][0], lay.shape[0][1], lay.shape[0][2][0]), lay.shape[1], (lay.shape[0][2][1], lay.shape[2])),
-        stride=((lay.stride[0][0], lay.stride[0][1], lay.stride[0][2][0]), lay.stride[1],
-                (lay.stride[0][2][1], lay.stride[2])),
-    )
-    return cute.make_tensor(acc.iterator, op)
-
-
-def _advanced(state):
-    """A copy of a pipeline state moved one stage on (assignment keeps it visible to DSL control flow)."""
-    nxt = state.clone()
-    nxt.advance()
-    return nxt
-
-
-def _smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
-    """K-major swizzled smem layout (rows, cols[, stages]) with the widest swizzle the row allows."""
-    atom = warpgroup.make_smem_layout_atom(
-        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
-    if stages is None:
-        return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
-    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
-
-
 class RankerAttentionFwd:
     """The forward kernel for one (dtype, head dim, GQA ratio, cap method, varlen, config)."""
 
@@ -213,11 +163,11 @@ class RankerAttentionFwd:
                  max_seqlen: Int32, max_ctas: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); varlen (T, H, D) -> (T, D, H).  LSE (B, H, S) -> (S, H, B); (H, T) -> (T, H)
         if const_expr(self.varlen):
-            mQ, mK, mV, mO = [_select(t, [0, 2, 1]) for t in (mQ, mK, mV, mO)]
-            mLSE = _select(mLSE, [1, 0])
+            mQ, mK, mV, mO = [sm90.select_modes(t, [0, 2, 1]) for t in (mQ, mK, mV, mO)]
+            mLSE = sm90.select_modes(mLSE, [1, 0])
         else:
-            mQ, mK, mV, mO = [_select(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
-            mLSE = _select(mLSE, [2, 1, 0])
+            mQ, mK, mV, mO = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
+            mLSE = sm90.select_modes(mLSE, [2, 1, 0])
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
@@ -227,9 +177,9 @@ class RankerAttentionFwd:
             atom_layout_mnk=(self.tile_m // 64, 1, 1), tiler_mn=(64, self.head_dim),
             a_source=warpgroup.OperandSource.RMEM)
 
-        sQ_layout = _smem_layout(self.dtype, self.tile_m, self.head_dim)
-        sK_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
-        sV_layout = _smem_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
+        sQ_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim)
+        sK_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
+        sV_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
         sO_layout = sQ_layout
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
@@ -425,15 +375,15 @@ class RankerAttentionFwd:
         wg_mma_pv = tiled_mma_pv.get_slice(wg_layout(wg_idx))
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
-        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(_transpose_view(sV)))
+        tOrVt = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sm90.transpose_view(sV)))
         tOrP = wg_mma_pv.make_fragment_A(wg_mma_pv.partition_shape_A((self.tile_m, self.tile_n)))
         acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        num_rows = cute.size(_acc_mn(acc_O), mode=[0])
+        num_rows = cute.size(sm90.acc_mn(acc_O), mode=[0])
         row_max = cute.make_rmem_tensor(num_rows, Float32)
         row_sum = cute.make_rmem_tensor(num_rows, Float32)
         # key columns of this thread in an S tile; rows/cols of this thread in the O tile
-        tScS_mn = _acc_mn(thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
-        tOcO_mn = _acc_mn(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        tScS_mn = sm90.acc_mn(thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
+        tOcO_mn = sm90.acc_mn(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg_idx == 0:  # the first warpgroup issues its WGMMAs first
@@ -462,7 +412,7 @@ class RankerAttentionFwd:
         acc_O.fill(0.0)
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
-        acc_O_mn = _acc_mn(acc_O)
+        acc_O_mn = sm90.acc_mn(acc_O)
         num_rows = cute.size(row_max)
         if active and n_blocks > 0:
             pipeline_q.consumer_wait(q_state)
@@ -490,7 +440,7 @@ class RankerAttentionFwd:
                     kv_state = self.mma_one_n_block(kv_state, n_block_min, *common, is_first=False, need_mask=True)
                 self.scheduler_arrive(wg_idx)
                 pipeline_q.consumer_release(q_state)
-            q_state = _advanced(q_state)
+            q_state = sm90.advanced(q_state)
 
         # per-row finish: quad-reduce the sums, the candidate self term, normalize, LSE
         mQ_cur = self._batch_view(mQ, batch, offset, head)
@@ -538,19 +488,19 @@ class RankerAttentionFwd:
         """One history KV block: S = Q K^T, cap, mask, online softmax, O += P V."""
         pipeline_k.consumer_wait(kv_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
         self.scheduler_arrive(wg_idx)
         warpgroup.wait_group(0)
         pipeline_k.consumer_release(kv_state)
 
         row_scale = self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2,
                                          softmax_scale, cap, is_first=is_first, need_mask=need_mask)
-        tOrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+        tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         if const_expr(not is_first):
             self.rescale_O(acc_O, row_scale)
         pipeline_v.consumer_wait(kv_state)
         self.scheduler_sync(wg_idx)
-        self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=is_first)
+        sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=is_first)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_state)
         kv_state.advance()
@@ -561,7 +511,7 @@ class RankerAttentionFwd:
                         is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
         """Cap, edge mask, online softmax of one S tile in place; returns the O rescale factors."""
         self.apply_cap(acc_S, softmax_scale, cap)
-        acc_S_mn = _acc_mn(acc_S)
+        acc_S_mn = sm90.acc_mn(acc_S)
         if const_expr(need_mask):
             for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
                 if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
@@ -571,7 +521,7 @@ class RankerAttentionFwd:
 
     @cute.jit
     def rescale_O(self, acc_O, row_scale):
-        acc_O_mn = _acc_mn(acc_O)
+        acc_O_mn = sm90.acc_mn(acc_O)
         for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
@@ -583,12 +533,12 @@ class RankerAttentionFwd:
         """Overlapped schedule, first block: S = Q K^T and its softmax; its PV waits for the next step."""
         pipeline_k.consumer_wait(kv_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
         warpgroup.wait_group(0)
         pipeline_k.consumer_release(kv_state)
         self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2, softmax_scale, cap,
                              is_first=True, need_mask=True)
-        tOrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+        tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         return kv_state
 
     @cute.jit
@@ -602,9 +552,9 @@ class RankerAttentionFwd:
         pipeline_k.consumer_wait(kv_state)
         self.scheduler_sync(wg_idx)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        self.gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
         pipeline_v.consumer_wait(kv_state_v)
-        self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state_v.index], zero_init=False)
+        sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state_v.index], zero_init=False)
         self.scheduler_arrive(wg_idx)
         warpgroup.wait_group(1)
         pipeline_k.consumer_release(kv_state)
@@ -612,7 +562,7 @@ class RankerAttentionFwd:
                                          softmax_scale, cap, is_first=False, need_mask=need_mask)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_state_v)
-        tOrP.store(_acc_as_operand_a(acc_S).load().to(self.dtype))
+        tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         self.rescale_O(acc_O, row_scale)
         return kv_state
 
@@ -622,21 +572,11 @@ class RankerAttentionFwd:
                         scale_log2, softmax_scale, cap, wg_idx):
         """Overlapped schedule, last step: the PV GEMM of the last block."""
         pipeline_v.consumer_wait(kv_state)
-        self.gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False)
+        sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
-
-    @cute.jit
-    def gemm(self, tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr):
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
 
     @cute.jit
     def online_softmax(self, acc_S_mn, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr):
@@ -750,14 +690,6 @@ class RankerAttentionFwd:
 
 
 # ====================================================================== torch side
-def _row_major(dtype, shape, align: int = 16):
-    """Fake compact row-major tensor (the DSL's compact default is column-major)."""
-    if isinstance(dtype, torch.dtype):
-        dtype = cute_dtype(dtype)
-    return cute.runtime.make_fake_compact_tensor(dtype, tuple(shape), stride_order=tuple(reversed(range(len(shape)))),
-                                                 assumed_align=align)
-
-
 def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
     def build():
         d = config.head_dim
@@ -769,20 +701,20 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
             t = cute.sym_int()
             qkv_shape = lambda h: (t, h, d)
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)
-            lse = _row_major(torch.float32, (hq, t), align=4)
-            cu = _row_major(torch.int32, (cute.sym_int(),), align=4)
+            lse = fake_tensor(torch.float32, (hq, t), align=4)
+            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
         else:
             s = cute.sym_int()
             qkv_shape = lambda h: (nb, s, h, d)
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),
                                cute.sym_int(divisibility=al), 1)
-            lse = _row_major(torch.float32, (nb, hq, s), align=4)
+            lse = fake_tensor(torch.float32, (nb, hq, s), align=4)
             cu = None
         q = fake_tensor(dtype, qkv_shape(hq), stride=strides())
         k = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
         v = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
-        o = _row_major(dtype, qkv_shape(hq))
-        bounds = _row_major(torch.int32, (cute.sym_int(), 4), align=4)
+        o = fake_tensor(dtype, qkv_shape(hq))
+        bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
         return kern, (q, k, v, bounds, o, lse, cu, Float32(1.0), Float32(1.0), Float32(1.0),
                       Int32(1), Int32(1), Int32(1), fake_stream())
 

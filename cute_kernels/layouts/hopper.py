@@ -49,6 +49,10 @@ def build_hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stag
 
     dt = cutlass_dtype(dtype)
     k_major = major.upper() in ("K", "ROW")
+    if k_major and swizzle == "auto":  # what the kernels use: one definition
+        from ..kernels.sm90_helpers import smem_layout
+
+        return smem_layout(dt, rows, cols, stages)
     major_size = cols if k_major else rows
     if swizzle == "auto":
         kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR if k_major else LayoutEnum.COL_MAJOR, dt,

@@ -2,7 +2,7 @@
 
 :func:`ranker_fwd_layouts` traces the ranker forward's smem layouts through the module's own
 layout function (``ranker_fwd.smem_layouts(dtype, config)`` when the module exposes it, else its
-``_smem_layout`` helper, which is what ``RankerAttentionFwd.__call__`` calls), its WGMMA
+``sm90_helpers.smem_layout``, which is what ``RankerAttentionFwd.__call__`` calls), its WGMMA
 accumulator and epilogue copy thread-value layouts, the TMA boxes, the epilogue's bank conflicts,
 and the smem budget.  :func:`write_report` is what ``cute-kernels layouts`` runs.
 """
@@ -148,14 +148,16 @@ def _ranker_dsl_objects(rf, dt, config):
     import cutlass
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
+
+    from ..kernels import sm90_helpers as sm90
     from cutlass.cute.nvgpu import warpgroup
 
     if hasattr(rf, "smem_layouts"):
         smem = dict(rf.smem_layouts(dt, config))
     else:
-        smem = dict(sQ=rf._smem_layout(dt, config.tile_m, config.head_dim),
-                    sK=rf._smem_layout(dt, config.tile_n, config.head_dim, config.stages),
-                    sV=rf._smem_layout(dt, config.tile_n, config.head_dim, config.stages))
+        smem = dict(sQ=sm90.smem_layout(dt, config.tile_m, config.head_dim),
+                    sK=sm90.smem_layout(dt, config.tile_n, config.head_dim, config.stages),
+                    sV=sm90.smem_layout(dt, config.tile_n, config.head_dim, config.stages))
         smem["sO"] = smem["sQ"]  # the kernel aliases sO onto sQ
     if hasattr(rf, "tiled_mmas"):
         mma_qk, mma_pv = rf.tiled_mmas(dt, config)
@@ -228,7 +230,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     copy_tiles = objs.pop("tiles")
     tma_types = objs.pop("tma_types")
     kl = KernelLayouts("ranker_fwd", config, dt.__name__,
-                       source="ranker_fwd.smem_layouts" if hasattr(rf, "smem_layouts") else "ranker_fwd._smem_layout")
+                       source="ranker_fwd.smem_layouts" if hasattr(rf, "smem_layouts") else "sm90_helpers.smem_layout")
     for k, v in objs.items():
         if k.startswith("tv:"):
             continue

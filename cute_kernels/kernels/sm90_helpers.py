@@ -1,0 +1,82 @@
+"""Small Hopper (sm_90) building blocks shared by the kernels: swizzled smem layouts, WGMMA
+accumulator views, the WGMMA k-loop, and tensor views.
+
+One definition each, used by the ranker forward and backward and by ``cute_kernels.layouts``
+(so a picture shows the layout the kernel compiles with).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+
+def smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
+    """K-major swizzled smem layout (rows, cols[, stages]) with the widest swizzle the row allows
+    (128 B for 64 bf16 columns): what WGMMA operands and TMA boxes of a row-major tile use."""
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
+    if stages is None:
+        return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
+    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def select_modes(t: cute.Tensor, modes) -> cute.Tensor:
+    """``t`` restricted to (and reordered by) ``modes``."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
+
+
+def transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of an smem tensor (e.g. V -> V^T for the PV GEMM's B operand)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+def acc_mn_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """WGMMA accumulator ((2, 2, N/8), M, N) -> ((2, M), (2, N/8, N)): rows x columns view."""
+    lay = cute.make_layout(acc_layout.shape)
+    shape = ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[0][2], lay.shape[2]))
+    stride = ((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[0][2], lay.stride[2]))
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+def acc_mn(acc: cute.Tensor) -> cute.Tensor:
+    """A WGMMA accumulator fragment viewed as (rows, columns) of this thread."""
+    return cute.make_tensor(acc.iterator, acc_mn_layout(acc.layout))
+
+
+def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """View an accumulator ((2, 2, N/8), M, N) as the RS-WGMMA A operand ((2, 2, 2), M, (N/16, N))."""
+    lay = cute.logical_divide(acc.layout, ((None, None, 2), None, None))
+    op = cute.make_layout(
+        ((lay.shape[0][0], lay.shape[0][1], lay.shape[0][2][0]), lay.shape[1], (lay.shape[0][2][1], lay.shape[2])),
+        stride=((lay.stride[0][0], lay.stride[0][1], lay.stride[0][2][0]), lay.stride[1],
+                (lay.stride[0][2][1], lay.stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, op)
+
+
+def advanced(state):
+    """A copy of a pipeline state moved one stage on (assignment keeps it visible to DSL control flow)."""
+    nxt = state.clone()
+    nxt.advance()
+    return nxt
+
+
+@cute.jit
+def wgmma_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr):
+    """Issue ``acc (+)= A B`` over the k-blocks of the partitions as one WGMMA group (not waited on:
+    ``warpgroup.wait_group`` by the caller). ``zero_init`` overwrites ``acc`` with the first k-block."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(tCrA.shape[2])):
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
