@@ -18,6 +18,7 @@ _PUBLIC = {
     "ranker_attention": ("cute_kernels.kernels.ranker_fwd", "ranker_attention"),
     "ranker_attention_reference": ("cute_kernels.kernels.ranker_fwd", "ranker_attention_reference"),
     "ranker_attention_backward": ("cute_kernels.kernels.ranker_bwd", "ranker_attention_backward"),
+    "ranker_attention_backward_reference": ("cute_kernels.kernels.ranker_bwd", "ranker_attention_backward_reference"),
     "qk_rmsnorm_": ("cute_kernels.kernels.qknorm", "qk_rmsnorm_"),
     "qk_rmsnorm_reference": ("cute_kernels.kernels.qknorm", "qk_rmsnorm_reference"),
     "ParallelQKNorm": ("cute_kernels.kernels.qknorm_tp", "ParallelQKNorm"),

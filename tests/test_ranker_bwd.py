@@ -324,4 +324,6 @@ def test_autograd_module_is_opt_in():
     assert "NOT YET GPU-VALIDATED" in ranker_autograd.ranker_attention_autograd.__doc__
     assert cute_kernels.ranker_attention is rf.ranker_attention  # the default stays forward-only
     assert cute_kernels.ranker_attention_backward is rb.ranker_attention_backward
+    assert cute_kernels.ranker_attention_backward_reference is rb.ranker_attention_backward_reference
+    assert "ranker_attention_backward_reference" in dir(cute_kernels)
     assert hasattr(torch.ops.cute_kernels, "ranker_attention_bwd")
