@@ -95,6 +95,28 @@ def test_varlen_reference_matches_padded():
             off += s
 
 
+def test_varlen_reference_trailing_tokens_get_zero_gradients():
+    """Packed tokens past cu_seqlens[-1] (the GPU varlen test has 17 of them): zero gradients, the
+    rest as without the tail; the autograd and explicit references agree."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(12, h, 4, generator=g) for h in (2, 1, 1))
+    do = torch.randn(q.shape, generator=g)
+    bounds = torch.tensor([[0, 3, 3, 5], [1, 3, 0, 4]], dtype=torch.int32)
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    ref = rb.ranker_attention_backward_reference(q, k, v, bounds, do, cap=3.0, cu_seqlens=cu)
+    exp = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, cap=3.0, cu_seqlens=cu)
+    head = rb.ranker_attention_backward_reference(q[:9], k[:9], v[:9], bounds, do[:9], cap=3.0, cu_seqlens=cu)
+    for a, b, h, t in zip(ref, exp[:3], head, (q, k, v)):
+        assert a.shape == t.shape and a.dtype == torch.float64
+        assert (a[9:] == 0).all() and a[:9].abs().max() > 0
+        torch.testing.assert_close(a[:9], h)
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    # all sequences empty, and a tail: all zeros, shaped like the inputs
+    empty = rb.ranker_attention_backward_reference(q, k, v, bounds, do, cu_seqlens=torch.zeros(3, dtype=torch.int32))
+    for a, t in zip(empty, (q, k, v)):
+        assert a.shape == t.shape and (a == 0).all()
+
+
 def test_reference_gradcheck_tiny():
     """Finite differences of the float64 forward reference agree with the gradients (tiny shapes)."""
     q, k, v, _ = _inputs(1, 6, 2, 1, 4)

@@ -1008,17 +1008,26 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
     ``q, k, v, bounds, cu_seqlens`` as in :func:`ranker_attention`; ``dout`` shaped like ``q`` (the
     gradient of the output).  Rows with no valid key have zero output and get zero gradients (the
     reference's masked softmax keeps them finite: no NaN).  Returns tensors in ``compute_dtype``
-    shaped like q, k, v (GQA: dk, dv summed over the query heads of a group).  Meant for tests at
-    modest sizes.  Raises ``TypeError``/``ValueError`` like the forward reference.
+    shaped like q, k, v (GQA: dk, dv summed over the query heads of a group).  Packed tokens past
+    ``cu_seqlens[-1]`` belong to no sequence: zero gradients.  Meant for tests at modest sizes.
+    Raises ``TypeError``/``ValueError`` like the forward reference.
     """
     _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    # the forward reference returns cu_seqlens[-1] packed rows: differentiate through those only
+    end = q.shape[0] if cu_seqlens is None else int(cu_seqlens[-1])
     with torch.enable_grad():
-        qd, kd, vd = (t.detach().to(compute_dtype).requires_grad_(True) for t in (q, k, v))
+        qd, kd, vd = (t[:end].detach().to(compute_dtype).requires_grad_(True) for t in (q, k, v))
         out = ranker_attention_reference(qd, kd, vd, bounds, softmax_scale, cap, cap_method,
                                          cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, compute_dtype=compute_dtype)
-        dq, dk, dv = torch.autograd.grad(out, (qd, kd, vd), dout.to(compute_dtype), allow_unused=True)
-    zero = lambda g, t: torch.zeros_like(t) if g is None else g  # noqa: E731 (empty problems)
-    return zero(dq, qd).detach(), zero(dk, kd).detach(), zero(dv, vd).detach()
+        dq, dk, dv = torch.autograd.grad(out, (qd, kd, vd), dout[:end].to(compute_dtype), allow_unused=True)
+
+    def full(g, t):  # None: empty problems; trailing packed rows: zeros
+        res = torch.zeros(t.shape, dtype=compute_dtype, device=t.device)
+        if g is not None:
+            res[:end] = g.detach()
+        return res
+
+    return full(dq, q), full(dk, k), full(dv, v)
 
 
 def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None, cap=None, cap_method="tanh",
