@@ -340,6 +340,74 @@ def test_backward_argument_errors():
         rb.ranker_attention_backward(q, k, v, out, lse, do, bounds)
 
 
+def test_backward_head_dim_message_lists_backward_dims():
+    """D=32 is rejected by the forward's check too; the message must list the backward's dims (64, 128)."""
+    q, k, v, out, lse, do, bounds = _bf16_args(d=32)
+    for call in (lambda: rb._validate_backward(q, k, v, out, lse, do, bounds, None, None, "tanh", None, None,
+                                               cuda=False),
+                 lambda: rb.ranker_attention_backward(q, k, v, out, lse, do, bounds)):
+        with pytest.raises(ValueError, match="head dim") as e:
+            call()
+        assert str(sorted(rb.CONFIGS)) in str(e.value) and "256" not in str(e.value), str(e.value)
+
+
+def test_backward_output_buffer_and_option_errors():
+    q, k, v, out, lse, do, bounds = _bf16_args()
+    val = lambda **kw: rb._validate_backward(  # noqa: E731
+        q, k, v, out, lse, do, bounds, None, None, "tanh", None, None, cuda=False, **kw)
+    assert val(dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))[0] is False
+    with pytest.raises(TypeError, match="dq"):
+        val(dq=q.float())
+    with pytest.raises(TypeError, match="dk"):
+        val(dk=[1.0])
+    with pytest.raises(ValueError, match="dk"):
+        val(dk=torch.empty_like(q))  # q's shape: Hq != Hkv
+    with pytest.raises(ValueError, match="dv.*shape"):
+        val(dv=v[:, :8])
+    with pytest.raises(ValueError, match="dq.*contiguous"):
+        val(dq=q.transpose(0, 1).contiguous().transpose(0, 1))
+    with pytest.raises(ValueError, match="dv.*contiguous"):  # last dim contiguous, rows padded
+        val(dv=torch.empty(2, 9, 2, 72, dtype=v.dtype)[..., :64])
+    with pytest.raises(TypeError, match="deterministic"):
+        val(deterministic=1)
+    with pytest.raises(TypeError, match="deterministic"):
+        val(deterministic="yes")
+    with pytest.raises(TypeError, match="config"):
+        val(config={"head_dim": 64})
+    assert val(config=rb.CONFIGS[64], deterministic=True)[5] == 64
+
+
+def test_backward_validates_everything_before_writing(monkeypatch):
+    """Varlen: bad cu_seqlens values or bad buffers raise before dq/dk/dv are zeroed (the caller's
+    buffers stay as they were), also when every sequence is empty (no launch).  CPU tensors: the
+    device check is relaxed, the rest of the public function runs as is."""
+    real = rb._validate_backward
+    monkeypatch.setattr(rb, "_validate_backward", lambda *a, **kw: real(*a, **{**kw, "cuda": False}))
+    t, hq, hkv, d = 12, 4, 2, 64
+    q, k, v, do = (x[0].to(torch.bfloat16) for x in _inputs(1, t, hq, hkv, d))
+    out = torch.zeros_like(q)
+    lse = torch.zeros(hq, t, dtype=torch.float32)
+    bounds = torch.tensor([[0, 3, 3, 5], [0, 2, 2, 4]], dtype=torch.int32)
+    nan = lambda x: torch.full_like(x, float("nan"))  # noqa: E731
+    dq, dk, dv = nan(q), nan(k), nan(v)
+    call = lambda cu, **kw: rb.ranker_attention_backward(  # noqa: E731
+        q, k, v, out, lse, do, bounds, cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+        **{"dq": dq, "dk": dk, "dv": dv, **kw})
+    for cu in ([0, 5, 13], [0, 5, 3], [1, 5, 9]):  # past T, decreasing, not starting at 0
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            call(cu)
+    assert dq.isnan().all() and dk.isnan().all() and dv.isnan().all()  # not zeroed by the bad calls
+    with pytest.raises(ValueError, match="max_seqlen"):
+        rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cu_seqlens=torch.tensor([0, 5, 9],
+                                     dtype=torch.int32), max_seqlen=3, dq=dq, dk=dk, dv=dv)
+    for bad in (dict(dk=dk.float()), dict(dv=nan(q)), dict(deterministic=None), dict(config="default")):
+        with pytest.raises((TypeError, ValueError)):
+            call([0, 0, 0], **bad)  # all sequences empty: validated all the same
+    assert dq.isnan().all() and dk.isnan().all() and dv.isnan().all()  # untouched
+    res = call([0, 0, 0])  # all empty: zero gradients, no launch
+    assert res[0] is dq and all((x == 0).all() for x in res)
+
+
 def test_autograd_module_is_opt_in():
     from cute_kernels.kernels import ranker_autograd
 

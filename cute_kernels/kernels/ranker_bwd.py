@@ -763,16 +763,35 @@ def _fn(kind: str, *key):
 
 
 def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
-                       cuda: bool = True):
+                       cuda: bool = True, *, dq=None, dk=None, dv=None, config=None, deterministic: bool = False):
     """The forward's argument rules for q, k, v, bounds, scalars (:func:`.ranker_fwd._validate`), plus
-    ``out``/``dout`` like ``q`` and ``lse`` float32 ``[B, Hq, S]`` / ``[Hq, T]`` contiguous.  Returns the
-    forward's ``(varlen, B, S_or_T, Hq, Hkv, D)``."""
+    ``out``/``dout`` like ``q``, ``lse`` float32 ``[B, Hq, S]`` / ``[Hq, T]`` contiguous, the optional
+    output buffers ``dq``/``dk``/``dv`` (like ``q``/``k``/``v``: same dtype and shape, contiguous, as
+    the kernels are compiled for), ``config`` (None or a :class:`RankerBwdConfig`) and
+    ``deterministic`` (a bool).  Returns the forward's ``(varlen, B, S_or_T, Hq, Hkv, D)``."""
     from .ranker_fwd import _validate
 
+    if isinstance(q, torch.Tensor) and q.dim() > 0 and q.shape[-1] not in CONFIGS:  # before the forward's list
+        raise ValueError(f"head dim {q.shape[-1]} is not supported by the backward; supported: {sorted(CONFIGS)}")
     res = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=cuda)
     varlen, nb, seq, hq, hkv, d = res
     if d not in CONFIGS:
-        raise ValueError(f"head dim {d}: the backward supports head dims {sorted(CONFIGS)}")
+        raise ValueError(f"head dim {d} is not supported by the backward; supported: {sorted(CONFIGS)}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__} {deterministic!r}")
+    if config is not None and not isinstance(config, RankerBwdConfig):
+        raise TypeError(f"config must be None or a RankerBwdConfig, got {type(config).__name__}")
+    for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        if t is None:
+            continue
+        check_tensor(name, t, dtypes=(like.dtype,), shape=tuple(like.shape), cuda=cuda)
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernels write it row-major compact), "
+                             f"got strides {t.stride()}")
+        if cuda:
+            from ..runtime.validate import check_same_device
+
+            check_same_device(q=q, **{name: t})
     for name, t in (("out", out), ("dout", dout)):
         check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda)
     lse_shape = (hq, seq) if varlen else (nb, hq, seq)
@@ -800,8 +819,10 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         out: the forward's output (like ``q``).  lse: the forward's ``lse`` (``return_lse=True``),
             float32 ``[B, Hq, S]`` / ``[Hq, T]``, natural-log units, ``-inf`` on rows with no valid key.
         dout: gradient of ``out`` (like ``q``: same shape and dtype, last dim contiguous).
-        dq, dk, dv: optional output buffers (like q, k, v; tests pass NaN-poisoned ones).
-        config: a :class:`RankerBwdConfig` (default ``CONFIGS[D]``).
+        dq, dk, dv: optional output buffers (like q, k, v: same dtype, shape and device, contiguous;
+            tests pass NaN-poisoned ones).  Varlen calls zero them whole before the launches.
+        config: None or a :class:`RankerBwdConfig` (default ``CONFIGS[D]``).
+        deterministic: a bool.
     Returns:
         ``(dq, dk, dv)`` shaped and typed like ``q, k, v``.  Float32 accumulation throughout (dQ in a
         float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
@@ -809,15 +830,18 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         ``deterministic=True`` (or a config with ``deterministic=True``) for ordered adds (same bits
         on every run; also not GPU-validated yet).
     Raises:
-        TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse`` shapes, dtypes or
-        layouts and unsupported head dims, before any launch.
+        TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dq``/``dk``/``dv``
+        shapes, dtypes or layouts, a wrong ``config``/``deterministic`` type, bad ``cu_seqlens``
+        values and unsupported head dims: all before any buffer is written or kernel launched.
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
     GQA dK/dV, candidate self terms); see the module docstring.
     """
     from .ranker_fwd import _capturing, _check_cu_seqlens_values
 
+    # every check (arguments, output buffers, cu_seqlens values) before any buffer is written or launch
     varlen, nb, seq, hq, hkv, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap,
-                                                     cap_method, cu_seqlens, max_seqlen)
+                                                     cap_method, cu_seqlens, max_seqlen, dq=dq, dk=dk, dv=dv,
+                                                     config=config, deterministic=deterministic)
     cfg = config or CONFIGS[d]
     if deterministic and not cfg.deterministic:
         import dataclasses
@@ -830,12 +854,6 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     capm = "none" if cap is None else cap_method
     scale_log2 = float(cap) * LOG2_E if cap is not None else scale * LOG2_E
     capf = float(cap) if cap is not None else 1.0
-    dq = dq if dq is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = dk if dk is not None else torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = dv if dv is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    if varlen:  # packed tokens past cu_seqlens[-1] belong to no sequence: zero gradients
-        for t in (dq, dk, dv):
-            t.zero_()
     if varlen:
         if max_seqlen is None:
             if _capturing(q):
@@ -846,6 +864,12 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         max_seqlen = min(max_seqlen, seq)
     else:
         max_seqlen = seq
+    dq = dq if dq is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = dk if dk is not None else torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = dv if dv is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if varlen:  # packed tokens past cu_seqlens[-1] belong to no sequence: zero gradients
+        for t in (dq, dk, dv):
+            t.zero_()
     if q.numel() == 0 or max_seqlen == 0:
         for t in (dq, dk, dv):
             t.zero_()
