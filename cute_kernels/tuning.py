@@ -51,6 +51,14 @@ def _ranker_fwd_configs(mod) -> dict:
     return {f"head_dim={d}": cfg for d, cfg in sorted(mod.CONFIGS.items())}
 
 
+def _ranker_bwd_configs(mod) -> dict:
+    out = {}
+    for d, cfg in sorted(mod.CONFIGS.items()):
+        out[f"head_dim={d}"] = cfg
+        out[f"head_dim={d} deterministic"] = dataclasses.replace(cfg, deterministic=True)
+    return out
+
+
 def _hc_mix_configs(mod) -> dict:
     out = {"M<=256 (default)": mod.SMALL, "256<M<=1024 (default)": mod.MEDIUM, "M>1024 (default)": mod.LARGE}
     for i, cfg in enumerate(mod.EXPERIMENTAL):
@@ -81,6 +89,7 @@ def _scale_configs(mod) -> dict:
 # kernel -> its shipped configs from the module's own tables; other kernels: compile_targets() labels -> keys
 _SHIPPED: dict[str, Callable[[Any], dict]] = {
     "ranker_fwd": _ranker_fwd_configs,
+    "ranker_bwd": _ranker_bwd_configs,
     "hc_mix": _hc_mix_configs,
     "qknorm": _qknorm_configs,
     "qknorm_tp": _qknorm_tp_configs,

@@ -362,3 +362,13 @@ def test_reference_varlen_validation(cu, nb, max_seqlen, msg):
     with pytest.raises(ValueError, match=msg):
         rf.ranker_attention_reference(q, k, k, torch.zeros(nb, 4, dtype=torch.int32),
                                       cu_seqlens=torch.tensor(cu, dtype=torch.int32), max_seqlen=max_seqlen)
+
+
+def test_scalars_that_would_overflow_float32_in_the_kernel_are_rejected():
+    from cute_kernels.kernels import ranker_fwd as rf
+
+    for scale, cap, what in ((3e38, None, "softmax_scale"), (None, 3e38, "cap"), (100.0, 1.2e-38, "overflows")):
+        with pytest.raises(ValueError, match=what):
+            rf._check_scalars(scale, cap, "tanh")
+    rf._check_scalars(0.1, 50.0, "tanh")
+    rf._check_scalars(None, None, "soft_sign")

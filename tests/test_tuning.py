@@ -360,3 +360,9 @@ def test_concurrent_writers_keep_every_entry(cache):
         assert p.wait(timeout=300) == 0, p.stderr.read()
     entries = json.loads((cache / "tuned.json").read_text())["entries"]
     assert len(entries) == 15
+
+
+def test_shipped_configs_of_the_backward_are_per_head_dim():
+    table = tuning.shipped_configs("ranker_bwd")["ranker_bwd"]
+    assert {"head_dim=64", "head_dim=128", "head_dim=128 deterministic"} <= set(table)
+    assert table["head_dim=128 deterministic"].deterministic and not table["head_dim=128"].deterministic

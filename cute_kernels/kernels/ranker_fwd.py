@@ -740,16 +740,22 @@ def compile_targets() -> list[CompileTarget]:
 
 
 _F32_TINY = float(torch.finfo(torch.float32).tiny)
+_SCALAR_MAX = F32_MAX / 4
 
 
 def _check_scalars(softmax_scale, cap, cap_method) -> None:
-    """Scalar arguments shared by the op and the reference (``TypeError``/``ValueError`` naming them)."""
+    """Scalar arguments shared by the op and the reference (``TypeError``/``ValueError`` naming them).
+
+    The kernels form ``softmax_scale * log2(e)``, ``cap * log2(e)`` and ``softmax_scale / cap`` in
+    float32, so each is bounded to keep those finite (``_SCALAR_MAX`` = float32 max / 4)."""
     if not isinstance(cap_method, str) or cap_method not in ("tanh", "soft_sign"):
         raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign'")
+    sc = None if softmax_scale is None else check_real("softmax_scale", softmax_scale, low=-_SCALAR_MAX,
+                                                        high=_SCALAR_MAX)
     if cap is not None:
-        check_real("cap", cap, low=_F32_TINY)  # a normal float32: its reciprocal is finite
-    if softmax_scale is not None:
-        check_real("softmax_scale", softmax_scale, low=-F32_MAX)
+        c = check_real("cap", cap, low=_F32_TINY, high=_SCALAR_MAX)  # a normal float32
+        if sc is not None and abs(sc) / c > _SCALAR_MAX:
+            raise ValueError(f"softmax_scale / cap = {abs(sc) / c:.3g} overflows float32; use a larger cap")
 
 
 def _check_max_seqlen(max_seqlen) -> None:

@@ -95,11 +95,11 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     try:
         v = float(value)
     except OverflowError:
-        raise ValueError(f"{name}={value!r} is out of float range") from None
+        raise ValueError(f"{name}={_short(value)} is out of float range") from None
     below = low is not None and (v <= low if low_open else v < low)
     if not math.isfinite(v) or below or v > high:
         lo = "" if low is None else f"{'>' if low_open else '>='} {low:g} and "
-        raise ValueError(f"{name} must be finite, {lo}<= {high:g}, got {value!r}")
+        raise ValueError(f"{name} must be finite, {lo}<= {high:g}, got {_short(value)}")
     return v
 
 
@@ -109,5 +109,10 @@ def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     v = int(value)
     if not low <= v <= high:
-        raise ValueError(f"{name}={v} must be in [{low}, {high}]")
+        raise ValueError(f"{name}={_short(v)} must be in [{low}, {high}]")
     return v
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
