@@ -200,6 +200,26 @@ def test_mainloop_compiles_sm90a(target):
             assert feat in sass, (feat, sass)
 
 
+def _spill_param(target):
+    _, cfg, _, capm, _ = target.key
+    if capm == "tanh" or cfg.deterministic:  # known issue: flips to XPASS (a strict failure) once fixed
+        return pytest.param(target, id=target.label, marks=pytest.mark.xfail(
+            strict=True, reason="known issue: the tanh-cap (and deterministic) mainloops spill a few registers "
+                                "(SASS STL/LDL, 8-24 B stack at 168 registers per thread)"))
+    return pytest.param(target, id=target.label)
+
+
+@pytest.mark.parametrize("target", [_spill_param(t) for t in rb.compile_targets() if t.kernel == rb.NAME])
+def test_mainloop_no_register_spills(target):
+    target.build()
+    rec = compile_record(target.kernel, target.key)
+    assert "local memory (spill)" not in find_features(rec.ptx, PTX_FEATURES)
+    if not rec.sass:
+        pytest.skip("no SASS (disassembler unavailable)")
+    assert "LDL/STL (local memory)" not in find_features(rec.sass, SASS_FEATURES)
+    assert all(not r.stack_bytes for r in rec.resources), [(r.name, r.stack_bytes) for r in rec.resources]
+
+
 # ---------------------------------------------------------------- the three-kernel plan, emulated in float64
 def _emulate(q, k, v, bounds, do, scale, cap, cap_method, tile_m=4, tile_n=4):
     """The kernels' algorithm in torch (one sequence batch, fixed length): preprocess (dPsum, LSE2 with
