@@ -275,6 +275,10 @@ def tuned_config(kernel: str, cls, dtype, shape_key: str, default, gpu: Optional
     if fields is None:
         return default
     try:
+        for f in dataclasses.fields(default):  # a hand-edited "false" string must not pass as a truthy bool
+            want = type(getattr(default, f.name))
+            if f.name in fields and want in (bool, int, float) and type(fields[f.name]) is not want:
+                raise TypeError(f"field {f.name!r} must be a {want.__name__}, got {fields[f.name]!r}")
         cfg = cls(**fields)
         cfg.validate()
         if accept is not None and not accept(cfg):
@@ -355,6 +359,8 @@ def _parse_shape_items(text: str, allowed: dict) -> dict:
         k, v = part.split("=", 1)
         if k not in allowed:
             raise ValueError(f"shape item {k!r} unknown; known: {', '.join(allowed)}")
+        if k in out:
+            raise ValueError(f"shape item {k!r} given twice")
         try:
             out[k] = allowed[k](v)
         except ValueError:
@@ -488,6 +494,9 @@ def candidate_configs(kernel: str, shape: dict, candidates: Optional[str] = None
     base = tuner.shipped(shape)
     choices = tuner.default_choices(base)
     choices.update(parse_candidates(candidates, base))
+    fixed = [f for f in ("head_dim",) if f in choices and any(v != getattr(base, f, v) for v in choices[f])]
+    if fixed:  # the shape decides these; a candidate with another value would never serve this shape
+        raise ValueError(f"--candidates may not change {', '.join(fixed)}: the shape sets it")
     accepted, rejected = enumerate_configs(base, **choices)
     return [base] + [c for c in dict.fromkeys(accepted) if c != base], rejected
 

@@ -366,3 +366,21 @@ def test_shipped_configs_of_the_backward_are_per_head_dim():
     table = tuning.shipped_configs("ranker_bwd")["ranker_bwd"]
     assert {"head_dim=64", "head_dim=128", "head_dim=128 deterministic"} <= set(table)
     assert table["head_dim=128 deterministic"].deterministic and not table["head_dim=128"].deterministic
+
+
+def test_candidates_cannot_change_what_the_shape_sets():
+    shape = tuning.TUNERS["ranker_fwd"].parse_shape("B=4,S=4608,H=16,D=128")
+    with pytest.raises(ValueError, match="may not change head_dim"):
+        tuning.candidate_configs("ranker_fwd", shape, "head_dim=64")
+    with pytest.raises(ValueError, match="given twice"):
+        tuning.TUNERS["ranker_fwd"].parse_shape("B=4,S=4608,H=16,D=128,B=8")
+
+
+def test_tuned_entry_with_a_string_for_a_bool_is_ignored(cache):
+    from cute_kernels.kernels import ranker_fwd as rf
+
+    base = rf.CONFIGS[128]
+    fields = {**dataclasses.asdict(base), "persistent": "false"}
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, fields, GPU)
+    with pytest.warns(RuntimeWarning, match="must be a bool"):
+        assert tuning.tuned_config("ranker_fwd", rf.RankerFwdConfig, torch.bfloat16, KEY, base, gpu=GPU) is base
