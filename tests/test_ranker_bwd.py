@@ -9,6 +9,7 @@ import torch
 
 import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass is imported)
 from cute_kernels.kernels import ranker_bwd as rb
+from cute_kernels.kernels import ranker_bwd_buffers as buffers
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import clamp_bounds, q_block_ranges
 from cute_kernels.runtime.artifacts import PTX_FEATURES, SASS_FEATURES, find_features
@@ -151,16 +152,16 @@ def test_padded_offsets_leave_room():
     tm = 64
     cu = [0, 1, 65, 200, 200, 329]
     nb = len(cu) - 1
-    total = rb.padded_rows(cu[-1], nb, tm, varlen=True)
+    total = buffers.padded_rows(cu[-1], nb, tm, varlen=True)
     ends = []
     for b in range(nb):
-        start = rb.padded_offset(cu[b], b, tm)
+        start = buffers.padded_offset(cu[b], b, tm)
         assert start % tm == 0
         ends.append(start + -(-(cu[b + 1] - cu[b]) // tm) * tm)
         if b:
             assert start >= ends[b - 1]
     assert ends[-1] <= total
-    assert rb.padded_rows(100, 3, tm, varlen=False) == 128
+    assert buffers.padded_rows(100, 3, tm, varlen=False) == 128
 
 
 def test_configs_validate():

@@ -70,6 +70,7 @@ from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_tensor
 from . import sm90_helpers as sm90
 from .ranker_fwd import CAP_METHODS, LOG2_E, SMEM_CAPACITY, _check_reference_args, ranker_attention_reference
+from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
 from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -148,20 +149,6 @@ CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2),
 }
-
-
-def padded_offset(offset, batch, tile_m: int):
-    """Start of sequence ``batch`` (packed start ``offset``) in the padded per-row buffers (LSE, dPsum,
-    dQ accumulator) of the varlen form: a multiple of ``tile_m`` with room for whole q blocks."""
-    return ((offset + batch * tile_m) // tile_m) * tile_m
-
-
-def padded_rows(total: int, num_batch: int, tile_m: int, varlen: bool) -> int:
-    """Rows of the padded per-row buffers: ``ceil(S / tile_m) * tile_m`` (fixed length), or
-    ``ceil((T + B * tile_m) / tile_m) * tile_m`` (packed; see :func:`padded_offset`)."""
-    if varlen:
-        return -(-(total + num_batch * tile_m) // tile_m) * tile_m
-    return -(-total // tile_m) * tile_m
 
 
 @cute.jit
@@ -359,18 +346,13 @@ class RankerAttentionBwd:
         to visit: two disjoint ranges (history rows, candidate rows), none for a KV block outside the
         history (its keys are reached by no query but themselves: postprocess)."""
         n_block, head, batch = cute.arch.block_idx()
-        offset = Int32(0)
-        seqlen = seqlen_static
-        if const_expr(self.varlen):
-            offset = Int32(mCuSeqlens[batch])
-            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
+        offset, seqlen, pad_offset = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
         seg = RankerSegments.load(mBounds, batch, seqlen)
         lo1, n1, lo2, n2 = seg.m_block_ranges(self.tile_m)
         key_lo = n_block * self.tile_n
         reached = (Int32(key_lo < seg.hist_hi) * Int32(key_lo + self.tile_n > seg.hist_lo)
                    * Int32(seg.hist_hi > seg.hist_lo))
         count = (n1 + n2) * reached
-        pad_offset = padded_offset(offset, batch, self.tile_m) if const_expr(self.varlen) else Int32(0)
         return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2, count)
 
     @staticmethod
@@ -681,33 +663,13 @@ class RankerAttentionBwd:
 # ====================================================================== torch side
 def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
     def build():
-        d = config.head_dim
-        al = 8  # 16-bit elements per 16 bytes (TMA stride alignment)
         kern = RankerAttentionBwd(cute_dtype(dtype), config, qhead_per_kvhead, cap_method, varlen)
-        hq, hkv, nb = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        f = BwdFakes(config.head_dim, varlen)
+        hq, hkv = f.hq, f.hkv
         acc_dtype = torch.float32 if qhead_per_kvhead > 1 else dtype
-        if varlen:
-            t, tp = cute.sym_int(), cute.sym_int()
-            shape = lambda h: (t, h, d)  # noqa: E731
-            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)  # noqa: E731
-            rows = lambda: fake_tensor(torch.float32, (hq, tp), align=16)  # noqa: E731
-            dq_acc = fake_tensor(torch.float32, (hq, tp, d), align=16)
-            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
-        else:
-            s, sp = cute.sym_int(), cute.sym_int()
-            shape = lambda h: (nb, s, h, d)  # noqa: E731
-            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
-                               cute.sym_int(divisibility=al), 1)
-            rows = lambda: fake_tensor(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
-            dq_acc = fake_tensor(torch.float32, (nb, hq, sp, d), align=16)
-            cu = None
-        q = fake_tensor(dtype, shape(hq), stride=strides())
-        k = fake_tensor(dtype, shape(hkv), stride=strides())
-        v = fake_tensor(dtype, shape(hkv), stride=strides())
-        do = fake_tensor(dtype, shape(hq), stride=strides())
-        dk = fake_tensor(acc_dtype, shape(hkv))
-        dv = fake_tensor(acc_dtype, shape(hkv))
-        bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
+        q, k, v, do = f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype)
+        rows, dq_acc, cu = f.rows, f.dq_accum(), f.cu
+        dk, dv, bounds = f.outputs(hkv, acc_dtype), f.outputs(hkv, acc_dtype), f.bounds()
         dq_sem = dkv_sem = None
         if config.deterministic:  # int32 semaphores (see ranker_attention_backward)
             dq_sem = fake_tensor(torch.int32, (cute.sym_int(), hq, cute.sym_int()), align=4)

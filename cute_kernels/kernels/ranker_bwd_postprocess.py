@@ -28,8 +28,9 @@ import torch
 from cutlass import Float32, Int32, const_expr
 
 from ..runtime.cache import compile_cached
-from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.fake import cute_dtype, fake_stream
 from . import sm90_helpers as sm90
+from .ranker_bwd_buffers import BwdFakes, sequence_offsets
 from .ranker_mask import RankerSegments
 
 NAME = "ranker_bwd_postprocess"
@@ -115,13 +116,7 @@ class RankerBwdPostprocess:
                seqlen_static: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         row_block, head_kv, batch = cute.arch.block_idx()
-        offset = Int32(0)
-        seqlen = seqlen_static
-        pad = Int32(0)
-        if const_expr(self.varlen):
-            offset = Int32(mCuSeqlens[batch])
-            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
-            pad = ((offset + batch * self.tile_m) // self.tile_m) * self.tile_m  # ranker_bwd.padded_offset
+        offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
         seg = RankerSegments.load(mBounds, batch, seqlen)
         vec = self.vec
         ld_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
@@ -211,36 +206,14 @@ def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_pe
 
     def build():
         kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen)
-        hq, hkv = cute.sym_int(), cute.sym_int()
-        al = 8
-        d = head_dim
-        if varlen:
-            t, tp = cute.sym_int(), cute.sym_int()
-            shape = lambda h: (t, h, d)  # noqa: E731
-            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)  # noqa: E731
-            rows = lambda: fake_tensor(torch.float32, (hq, tp), align=16)  # noqa: E731
-            dq_acc = fake_tensor(torch.float32, (hq, tp, d), align=16)
-            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
-        else:
-            nb, s, sp = cute.sym_int(), cute.sym_int(), cute.sym_int()
-            shape = lambda h: (nb, s, h, d)  # noqa: E731
-            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
-                               cute.sym_int(divisibility=al), 1)
-            rows = lambda: fake_tensor(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
-            dq_acc = fake_tensor(torch.float32, (nb, hq, sp, d), align=16)
-            cu = None
-        q = fake_tensor(dtype, shape(hq), stride=strides())
-        k = fake_tensor(dtype, shape(hkv), stride=strides())
-        v = fake_tensor(dtype, shape(hkv), stride=strides())
-        do = fake_tensor(dtype, shape(hq), stride=strides())
-        dq = fake_tensor(dtype, shape(hq))
-        dk = fake_tensor(dtype, shape(hkv))
-        dv = fake_tensor(dtype, shape(hkv))
+        f = BwdFakes(head_dim, varlen)
+        hq, hkv = f.hq, f.hkv
         gqa = qhead_per_kvhead > 1
-        dk_acc = fake_tensor(torch.float32, shape(hkv)) if gqa else None
-        dv_acc = fake_tensor(torch.float32, shape(hkv)) if gqa else None
-        bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
-        return kern, (q, k, v, do, rows(), rows(), dq_acc, dq, dk, dv, dk_acc, dv_acc, bounds, cu,
-                      Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
+        dk_acc = f.outputs(hkv, torch.float32) if gqa else None
+        dv_acc = f.outputs(hkv, torch.float32) if gqa else None
+        return kern, (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(),
+                      f.rows(), f.dq_accum(), f.outputs(hq, dtype), f.outputs(hkv, dtype), f.outputs(hkv, dtype),
+                      dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1),
+                      fake_stream())
 
     return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen), build)

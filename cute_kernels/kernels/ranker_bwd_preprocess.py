@@ -1,7 +1,7 @@
 """Ranker attention backward, step 1 of 3 (issue 4): per-row statistics for the mainloop.
 
-For every query row and head, over the padded per-row layout of :mod:`.ranker_bwd` (whole
-``tile_m`` q blocks per sequence, :func:`.ranker_bwd.padded_offset` in the packed form):
+For every query row and head, over the padded per-row layout of :mod:`.ranker_bwd_buffers` (whole
+``tile_m`` q blocks per sequence, :func:`.ranker_bwd_buffers.padded_offset` in the packed form):
 
 * ``dPsum = rowsum(dO * O)`` in float32 (FlashAttention-2/3's ``D``), 0 on padding rows;
 * ``LSE2 = LSE * log2(e)``, the form the mainloop's ``exp2(s * scale_log2 - LSE2)`` wants, and
@@ -25,8 +25,9 @@ import torch
 from cutlass import Float32, Int32, const_expr
 
 from ..runtime.cache import compile_cached
-from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.fake import cute_dtype, fake_stream
 from . import sm90_helpers as sm90
+from .ranker_bwd_buffers import BwdFakes, sequence_offsets
 
 NAME = "ranker_bwd_preprocess"
 LOG2_E = math.log2(math.e)
@@ -72,13 +73,8 @@ class RankerBwdPreprocess:
                mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], seqlen_static: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        offset = Int32(0)
-        seqlen = seqlen_static
-        pad = Int32(0)
+        offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
         if const_expr(self.varlen):
-            offset = Int32(mCuSeqlens[batch])
-            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
-            pad = ((offset + batch * self.tile_m) // self.tile_m) * self.tile_m  # ranker_bwd.padded_offset
             mO_cur = cute.domain_offset((offset, 0), mO[None, None, head])
             mdO_cur = cute.domain_offset((offset, 0), mdO[None, None, head])
             mLSE_cur = cute.domain_offset((offset,), mLSE[None, head])
@@ -136,27 +132,8 @@ def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: b
 
     def build():
         kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen)
-        hq = cute.sym_int()
-        al = 8
-        if varlen:
-            t, tp = cute.sym_int(), cute.sym_int()
-            strides = (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)
-            o = fake_tensor(dtype, (t, hq, head_dim), stride=strides)
-            do = fake_tensor(dtype, (t, hq, head_dim), stride=strides)
-            lse = fake_tensor(torch.float32, (hq, t), align=4)
-            rows = lambda: fake_tensor(torch.float32, (hq, tp), align=16)  # noqa: E731
-            dq = fake_tensor(torch.float32, (hq, tp, head_dim), align=16)
-            cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
-        else:
-            nb, s, sp = cute.sym_int(), cute.sym_int(), cute.sym_int()
-            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),  # noqa: E731
-                               cute.sym_int(divisibility=al), 1)
-            o = fake_tensor(dtype, (nb, s, hq, head_dim), stride=strides())
-            do = fake_tensor(dtype, (nb, s, hq, head_dim), stride=strides())
-            lse = fake_tensor(torch.float32, (nb, hq, s), align=4)
-            rows = lambda: fake_tensor(torch.float32, (nb, hq, sp), align=16)  # noqa: E731
-            dq = fake_tensor(torch.float32, (nb, hq, sp, head_dim), align=16)
-            cu = None
-        return kern, (o, do, lse, rows(), rows(), dq, cu, Int32(1), Int32(1), fake_stream())
+        f = BwdFakes(head_dim, varlen)
+        return kern, (f.inputs(f.hq, dtype), f.inputs(f.hq, dtype), f.lse(), f.rows(), f.rows(), f.dq_accum(), f.cu,
+                      Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen), build)

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 import cute_kernels  # noqa: E402,F401
 from cute_kernels.kernels import ranker_bwd as rb  # noqa: E402
+from cute_kernels.kernels import ranker_bwd_buffers as buffers  # noqa: E402
 from cute_kernels.kernels import ranker_fwd as rf  # noqa: E402
 
 
@@ -168,7 +169,7 @@ def _padded_rows_of(cu, nb, s, tile_m):
     if cu is None:
         return [(0, 0, s)] * nb
     cu = [int(x) for x in cu.tolist()]
-    return [(cu[b], rb.padded_offset(cu[b], b, tile_m), cu[b + 1] - cu[b]) for b in range(nb)]
+    return [(cu[b], buffers.padded_offset(cu[b], b, tile_m), cu[b + 1] - cu[b]) for b in range(nb)]
 
 
 @pytest.mark.parametrize("d,varlen", [(128, False), (64, False), (128, True)])
@@ -182,14 +183,14 @@ def test_preprocess_alone(d, varlen):
         o, do = (torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         lse = torch.randn(hq, total, device="cuda")
         lse[:, 3] = -float("inf")
-        rows = rb.padded_rows(total, nb, tm, True)
+        rows = buffers.padded_rows(total, nb, tm, True)
         shape, max_seqlen = (hq, rows), max(lens)
     else:
         nb, s, cu = 2, 150, None
         o, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         lse = torch.randn(nb, hq, s, device="cuda")
         lse[0, 1, 7] = -float("inf")
-        rows = rb.padded_rows(s, nb, tm, False)
+        rows = buffers.padded_rows(s, nb, tm, False)
         shape, max_seqlen = (nb, hq, rows), s
     lse2, dpsum = (torch.full(shape, float("nan"), device="cuda") for _ in range(2))
     dq_acc = torch.full(shape + (d,), float("nan"), device="cuda")
@@ -221,7 +222,7 @@ def test_postprocess_alone(hq, hkv, cap, capm):
     scale = 1.0 / d ** 0.5
     ex = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, cap=cap, cap_method=capm)
     lse, dps = ex[3], ex[4]  # float64 [B, H, S]
-    rows = rb.padded_rows(s, nb, tm, False)
+    rows = buffers.padded_rows(s, nb, tm, False)
     lse2 = torch.full((nb, hq, rows), float("inf"), device="cuda")
     lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rb.LOG2_E, torch.full_like(lse, float("inf"))).float()
     dpsum = torch.zeros((nb, hq, rows), device="cuda")
@@ -292,7 +293,7 @@ def test_mainloop_alone(s, hq, hkv, rows, cap):
     scale = 1.0 / d ** 0.5
     ex = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, cap=cap)
     lse, dps = ex[3], ex[4]
-    prow = rb.padded_rows(s, nb, tm, False)
+    prow = buffers.padded_rows(s, nb, tm, False)
     lse2 = torch.full((nb, hq, prow), float("inf"), device="cuda")
     lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rb.LOG2_E, torch.full_like(lse, float("inf"))).float()
     dpsum = torch.zeros((nb, hq, prow), device="cuda")
