@@ -11,7 +11,24 @@ The forward runs once at set-up; ``fn`` times ``torch.autograd.grad(out, (q, k, 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import torch
+
+
+def _load_forward_peers():
+    """The forward's peer module (its masks), under the name torch.compile re-imports it by."""
+    if "ranker_fwd_peers" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("ranker_fwd_peers", Path(__file__).with_name("ranker_fwd_peers.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["ranker_fwd_peers"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["ranker_fwd_peers"]
+
+
+_FWD = _load_forward_peers()
 
 
 def _grad_fn(out, inputs, dout):
@@ -20,29 +37,11 @@ def _grad_fn(out, inputs, dout):
 
 
 def fa4_mask_mod(q, k, v, bounds, cap=None):
-    import cutlass
-    import cutlass.cute as cute
-    from flash_attn.cute import flash_attn_func, utils
+    from flash_attn.cute import flash_attn_func
     from flash_attn.cute.compute_block_sparsity import compute_block_sparsity
 
-    def make_mask(transposed: bool):
-        @cute.jit
-        def ranker_mask(batch, head, a_idx, b_idx, seqlen_info, aux_tensors):
-            m_idx, n_idx = (b_idx, a_idx) if transposed else (a_idx, b_idx)
-            bnd = aux_tensors[0]
-            hl = utils.scalar_to_ssa(bnd[batch[0], 0], cutlass.Int32)
-            hu = utils.scalar_to_ssa(bnd[batch[0], 1], cutlass.Int32)
-            cl = utils.scalar_to_ssa(bnd[batch[0], 2], cutlass.Int32)
-            cu = utils.scalar_to_ssa(bnd[batch[0], 3], cutlass.Int32)
-            kv_hist = (n_idx >= hl) & (n_idx < hu)
-            q_hist = (m_idx >= hl) & (m_idx < hu)
-            q_cand = (m_idx >= cl) & (m_idx < cu)
-            return (kv_hist & (q_hist | q_cand)) | (q_cand & (m_idx == n_idx))
-
-        return ranker_mask
-
     nb, s, hq, _ = q.shape
-    mask, mask_t = make_mask(False), make_mask(True)
+    mask, mask_t = _FWD.fa4_ranker_mask(False), _FWD.fa4_ranker_mask(True)
     bst = compute_block_sparsity(tile_m=128, tile_n=128, batch_size=nb, num_heads=hq, seqlen_q=s, seqlen_k=s,
                                  mask_mod=mask, aux_tensors=[bounds], device=q.device)
     bst_bwd = compute_block_sparsity(tile_m=128, tile_n=128, batch_size=nb, num_heads=hq, seqlen_q=s, seqlen_k=s,
@@ -63,12 +62,7 @@ def flex(q, k, v, bounds, cap=None):
     fconfig.donated_buffer = False
     nb, s, hq, _ = q.shape
 
-    def mask_mod(b, h, qi, ki):
-        hl, hh, cl, ch = bounds[b, 0], bounds[b, 1], bounds[b, 2], bounds[b, 3]
-        kv_hist = (ki >= hl) & (ki < hh)
-        return (kv_hist & (((qi >= hl) & (qi < hh)) | ((qi >= cl) & (qi < ch)))) | ((qi >= cl) & (qi < ch) & (qi == ki))
-
-    bm = create_block_mask(mask_mod, nb, None, s, s, device=q.device)
+    bm = create_block_mask(lambda b, h, qi, ki: _FWD._mask_terms(bounds, b, qi, ki), nb, None, s, s, device=q.device)
     score_mod = None
     if cap is not None:
         def score_mod(score, b, h, qi, ki):

@@ -16,6 +16,7 @@ import torch
 
 
 def _mask_terms(bounds, b, qi, ki):
+    """The ranker mask for FlexAttention's ``mask_mod`` (query ``qi``, key ``ki`` of batch row ``b``)."""
     hl, hh, cl, ch = bounds[b, 0], bounds[b, 1], bounds[b, 2], bounds[b, 3]
     kv_hist = (ki >= hl) & (ki < hh)
     q_hist = (qi >= hl) & (qi < hh)
@@ -38,14 +39,16 @@ def flex(q, k, v, bounds, cap=None):
     return lambda: fn(qt, kt, vt, block_mask=bm, score_mod=score_mod, enable_gqa=gqa)
 
 
-def fa4_mask_mod(q, k, v, bounds, cap=None):
+def fa4_ranker_mask(transposed: bool = False):
+    """The ranker mask as a FlashAttention-4 CuTe ``mask_mod`` reading the bounds from ``aux_tensors[0]``;
+    ``transposed`` swaps query and key (the backward's block sparsity over the transposed mask)."""
     import cutlass
     import cutlass.cute as cute
-    from flash_attn.cute import flash_attn_func, utils
-    from flash_attn.cute.compute_block_sparsity import compute_block_sparsity
+    from flash_attn.cute import utils
 
     @cute.jit
-    def ranker_mask(batch, head, m_idx, n_idx, seqlen_info, aux_tensors):
+    def ranker_mask(batch, head, a_idx, b_idx, seqlen_info, aux_tensors):
+        m_idx, n_idx = (b_idx, a_idx) if transposed else (a_idx, b_idx)
         bnd = aux_tensors[0]
         hl = utils.scalar_to_ssa(bnd[batch[0], 0], cutlass.Int32)
         hu = utils.scalar_to_ssa(bnd[batch[0], 1], cutlass.Int32)
@@ -56,6 +59,14 @@ def fa4_mask_mod(q, k, v, bounds, cap=None):
         q_cand = (m_idx >= cl) & (m_idx < cu)
         return (kv_hist & (q_hist | q_cand)) | (q_cand & (m_idx == n_idx))
 
+    return ranker_mask
+
+
+def fa4_mask_mod(q, k, v, bounds, cap=None):
+    from flash_attn.cute import flash_attn_func
+    from flash_attn.cute.compute_block_sparsity import compute_block_sparsity
+
+    ranker_mask = fa4_ranker_mask()
     nb, s, hq, _ = q.shape
     bst = compute_block_sparsity(tile_m=128, tile_n=128, batch_size=nb, num_heads=hq, seqlen_q=s, seqlen_k=s,
                                  mask_mod=ranker_mask, aux_tensors=[bounds], device=q.device)
