@@ -350,17 +350,10 @@ def parse_candidates(text: Optional[str], base) -> dict:
 
 def _parse_shape_items(text: str, allowed: dict) -> dict:
     """``"B=4,S=4608"`` -> ``{"B": 4, "S": 4608}`` with values parsed by ``allowed[name]``."""
+    from .layouts.kernel_layouts import key_values
+
     out = {}
-    for part in (text or "").replace(" ", "").split(","):
-        if not part:
-            continue
-        if "=" not in part:
-            raise ValueError(f"shape item {part!r}: expected name=value")
-        k, v = part.split("=", 1)
-        if k not in allowed:
-            raise ValueError(f"shape item {k!r} unknown; known: {', '.join(allowed)}")
-        if k in out:
-            raise ValueError(f"shape item {k!r} given twice")
+    for k, v in key_values(text, "shape item", list(allowed)).items():
         try:
             out[k] = allowed[k](v)
         except ValueError:

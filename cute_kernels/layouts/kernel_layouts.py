@@ -55,18 +55,27 @@ def parse_config(cls, text: Optional[str], base=None):
     cfg = base if base is not None else cls()
     if not text:
         return cfg
-    names = {f.name for f in dataclasses.fields(cls)}
-    kw = {}
-    for part in text.replace(" ", "").split(","):
+    items = key_values(text, f"{cls.__name__} config field", [f.name for f in dataclasses.fields(cls)])
+    kw = {k: _parse_value(k, v, getattr(cfg, k)) for k, v in items.items()}
+    return dataclasses.replace(cfg, **kw)
+
+
+def key_values(text: Optional[str], what: str, known) -> dict:
+    """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (values unparsed).  ``ValueError`` naming ``what`` for
+    an item without ``=``, a name not in ``known`` or a name given twice."""
+    out: dict = {}
+    for part in (text or "").replace(" ", "").split(","):
         if not part:
             continue
         if "=" not in part:
-            raise ValueError(f"config item {part!r}: expected key=value")
+            raise ValueError(f"{what} {part!r}: expected key=value")
         k, v = part.split("=", 1)
-        if k not in names:
-            raise ValueError(f"config field {k!r} unknown for {cls.__name__}; fields: {sorted(names)}")
-        kw[k] = _parse_value(k, v, getattr(cfg, k))
-    return dataclasses.replace(cfg, **kw)
+        if k not in known:
+            raise ValueError(f"{what} {k!r} unknown; known: {', '.join(sorted(known))}")
+        if k in out:
+            raise ValueError(f"{what} {k!r} given twice")
+        out[k] = v
+    return out
 
 
 def _parse_value(field: str, v: str, current):
