@@ -5,7 +5,6 @@ Usage on the GPU machine: compute-sanitizer --tool memcheck python3 tests/gpu/sa
 import torch
 
 import cute_kernels
-from cute_kernels.kernels import ranker_fwd as rf
 
 torch.manual_seed(0)
 for d, cap in ((128, None), (64, 20.0)):

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from seeding import generator
 
 import cute_kernels
 from cute_kernels.kernels import hc_mix as mod
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _inputs(m, k, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = generator(seed)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
     hc_fn = torch.randn(mod.N_MIX, k, device="cuda", generator=g) / math.sqrt(k)
     hc_scale = torch.rand(3, device="cuda", generator=g) + 0.5

@@ -10,6 +10,7 @@ import itertools
 
 import pytest
 import torch
+from seeding import generator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -20,7 +21,7 @@ from cute_kernels.kernels import ranker_fwd as rf  # noqa: E402
 
 
 def _tensors(shape_q, shape_kv, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = generator(seed)
     mk = lambda shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=g)  # noqa: E731
     return mk(shape_q), mk(shape_kv), mk(shape_kv), mk(shape_q)
 

@@ -3,6 +3,7 @@
 
 import pytest
 import torch
+from seeding import generator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -49,7 +50,7 @@ def _compare(name, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None
 
 
 def _qkv(b, s, hq, hkv, d, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = generator(seed)
     mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
     return mk(hq), mk(hkv), mk(hkv)
 
@@ -160,7 +161,7 @@ def test_varlen(d, hkv, cap):
     lens = [300, 1, 517, 129, 0, 64]
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
     t, hq = int(cu[-1]), 4
-    g = torch.Generator(device="cuda").manual_seed(3)
+    g = generator(3)
     q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(t, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)

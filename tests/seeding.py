@@ -1,0 +1,16 @@
+"""Fresh random inputs on every run, reproducible on demand.
+
+One seed per test session: ``CUTE_KERNELS_SEED`` if set, else drawn from ``os.urandom``. pytest prints
+it at the end of every run (tests/conftest.py); set ``CUTE_KERNELS_SEED`` to that value to replay a failure.
+"""
+
+import os
+
+import torch
+
+RUN_SEED = int(os.environ.get("CUTE_KERNELS_SEED") or int.from_bytes(os.urandom(4), "little"))
+
+
+def generator(offset: int = 0) -> torch.Generator:
+    """A CUDA generator for this run: the same ``offset`` gives the same numbers within a run."""
+    return torch.Generator(device="cuda").manual_seed(RUN_SEED + offset)
