@@ -429,12 +429,37 @@ def test_backward_validates_everything_before_writing(monkeypatch):
     assert res[0] is dq and all((x == 0).all() for x in res)
 
 
-def test_autograd_module_is_opt_in():
+def test_ranker_attention_is_differentiable(monkeypatch):
+    """The autograd wiring on a CPU: the two ops replaced by the torch reference, so that the
+    Function's plumbing (saved tensors, argument order, which grads come back) is what is tested."""
     from cute_kernels.kernels import ranker_autograd
 
-    assert "NOT YET GPU-VALIDATED" in ranker_autograd.ranker_attention_autograd.__doc__
-    assert cute_kernels.ranker_attention is rf.ranker_attention  # the default stays forward-only
+    calls = []
+
+    def fwd(q, k, v, bounds, scale, cap, method, cu, ms):
+        calls.append("fwd")
+        return rf.ranker_attention_reference(q, k, v, bounds, scale, cap, method, True, cu, ms)
+
+    def bwd(q, k, v, out, lse, dout, bounds, scale, cap, method, cu, ms):
+        calls.append("bwd")
+        return tuple(g.to(q.dtype) for g in rb.ranker_attention_backward_reference(
+            q, k, v, bounds, dout, scale, cap, method, cu, ms, compute_dtype=torch.float64))
+
+    monkeypatch.setattr(ranker_autograd, "_ranker_op", fwd)
+    monkeypatch.setattr(ranker_autograd, "ranker_attention_backward_op", bwd)
+    monkeypatch.setattr(rf, "_ranker_op", lambda *a: (_ for _ in ()).throw(AssertionError("no-grad path taken")))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 40, h, 64, generator=g, dtype=torch.float64).requires_grad_(h == 4) for h in (4, 2, 2))
+    bounds = torch.tensor([[0, 30, 30, 40]], dtype=torch.int32)
+    out = cute_kernels.ranker_attention(q, k, v, bounds, cap=5.0)
+    do = torch.randn_like(out)
+    out.backward(do)
+    assert calls == ["fwd", "bwd"] and k.grad is None and v.grad is None
+    want = rb.ranker_attention_backward_reference(q.detach(), k, v, bounds, do, cap=5.0)[0]
+    torch.testing.assert_close(q.grad, want)
+    with torch.no_grad():  # no grad mode: the plain op, no Function
+        with pytest.raises(AssertionError, match="no-grad path"):
+            cute_kernels.ranker_attention(q, k, v, bounds)
     assert cute_kernels.ranker_attention_backward is rb.ranker_attention_backward
     assert cute_kernels.ranker_attention_backward_reference is rb.ranker_attention_backward_reference
-    assert "ranker_attention_backward_reference" in dir(cute_kernels)
     assert hasattr(torch.ops.cute_kernels, "ranker_attention_bwd")

@@ -1,15 +1,13 @@
-"""Differentiable ranker attention (issue 4): the forward of :mod:`.ranker_fwd` (with its LSE) and
-the backward of :mod:`.ranker_bwd` joined by a ``torch.autograd.Function``.
+"""Autograd for ranker attention (issues 3 and 4): the forward of :mod:`.ranker_fwd` (with its LSE)
+and the backward of :mod:`.ranker_bwd` joined by a ``torch.autograd.Function``.
 
-STATUS: NOT YET GPU-VALIDATED.  The backward kernels were written and compiled for sm_90a on a
-machine without a GPU; ``tests/gpu/test_ranker_bwd_gpu.py`` checks them against float64 reference
-gradients on a GPU.  Until that passes, :func:`cute_kernels.ranker_attention` stays forward-only
-(no autograd); opt in explicitly with :func:`ranker_attention_autograd`.
+:func:`cute_kernels.ranker_attention` goes through :class:`RankerAttentionFunction` whenever grad
+mode is on and q, k or v requires grad; otherwise it calls the forward op directly (no autograd
+bookkeeping on the inference path).  Both directions are ``torch.library`` custom ops, so the
+function also works under ``torch.compile`` (``fullgraph=True``).
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 
@@ -18,8 +16,13 @@ from .ranker_fwd import _ranker_op
 
 
 class RankerAttentionFunction(torch.autograd.Function):
-    """``out = ranker_attention(q, k, v, bounds, ...)`` with gradients for q, k, v (bounds and
-    cu_seqlens are not differentiable; ``lse`` is returned but not differentiable)."""
+    """``(out, lse) = ranker attention(q, k, v, bounds, ...)`` with gradients for q, k and v.
+
+    ``bounds`` and ``cu_seqlens`` are not differentiable; ``lse`` is returned but marked
+    non-differentiable.  The backward keeps q, k, v, out and lse alive and launches
+    :func:`.ranker_bwd.ranker_attention_backward` (head dims 64 and 128: a 256 head dim raises
+    ``ValueError`` in ``backward()``).
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
@@ -36,20 +39,3 @@ class RankerAttentionFunction(torch.autograd.Function):
         dq, dk, dv = ranker_attention_backward_op(q, k, v, out, lse, dout.contiguous(), bounds, softmax_scale, cap,
                                                   cap_method, cu_seqlens, max_seqlen)
         return dq, dk, dv, None, None, None, None, None, None
-
-
-def ranker_attention_autograd(q, k, v, bounds, softmax_scale=None, cap=None, cap_method: str = "tanh",
-                              return_lse: bool = False, cu_seqlens: Optional[torch.Tensor] = None,
-                              max_seqlen: Optional[int] = None):
-    """:func:`cute_kernels.ranker_attention` with ``.backward()`` support (gradients of q, k, v).
-
-    NOT YET GPU-VALIDATED (see the module docstring): opt-in until a GPU session passes
-    ``tests/gpu/test_ranker_bwd_gpu.py``.  Same arguments, rules, errors and return values as
-    :func:`.ranker_fwd.ranker_attention` (head dims 64 and 128 for the backward: a 256 head dim
-    fails in ``backward()`` with ``ValueError``); ``lse`` is not differentiable.  Works under
-    ``torch.compile`` (both directions are ``torch.library`` custom ops).  The backward keeps q, k,
-    v, out and lse alive; it launches :func:`.ranker_bwd.ranker_attention_backward`.
-    """
-    out, lse = RankerAttentionFunction.apply(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens,
-                                             max_seqlen)
-    return (out, lse) if return_lse else out

@@ -42,9 +42,8 @@ reduce-adds of dQ (one per KV block) and of GQA dK/dV (one per query head) happe
 each waiting on an int32 semaphore (acquire spin by one thread) and bumping it after its add has
 completed (release); the default adds in arrival order (not bitwise reproducible).
 
-STATUS: compiled for sm_90a on a CPU only; NOT yet validated on a GPU (tests/gpu/test_ranker_bwd_gpu.py
-is ready).  ``cute_kernels.ranker_attention`` stays forward-only until it is; the autograd wiring is
-:func:`.ranker_autograd.ranker_attention_autograd`.
+Autograd: :func:`cute_kernels.ranker_attention` is differentiable through
+:class:`.ranker_autograd.RankerAttentionFunction`, which calls this backward.
 """
 
 from __future__ import annotations
@@ -862,8 +861,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
 
 
 def check() -> list[CheckResult]:
-    """GPU: the backward vs the float64 reference gradients (tolerance: twice a bf16-input float32
-    reference's error + 1e-3)."""
+    """GPU: the backward vs the float64 reference gradients.  Tolerance, FlashAttention's convention:
+    twice the error of the same math in torch bf16 (``compute_dtype=bfloat16``), at least 1% of the
+    largest reference gradient, plus 1e-3 (the GPU tests use the same bar)."""
     rows = []
     torch.manual_seed(0)
     from .ranker_fwd import ranker_attention
@@ -875,10 +875,10 @@ def check() -> list[CheckResult]:
         o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
         got = ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap)
         ref = ranker_attention_backward_reference(q, k, v, bounds, do, cap=cap)
-        low = ranker_attention_backward_reference(q, k, v, bounds, do, cap=cap, compute_dtype=torch.float32)
+        low = ranker_attention_backward_reference(q, k, v, bounds, do, cap=cap, compute_dtype=q.dtype)
         for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
             err = (a.double() - r).abs().max().item()
-            tol = 2 * (lo.double().to(a.dtype).double() - r).abs().max().item() + 1e-3
+            tol = max(2 * (lo.double() - r).abs().max().item(), 1e-2 * r.abs().max().item()) + 1e-3
             rows.append(CheckResult(NAME, f"{name} D={d} H={hq}/{hkv} cap={cap}", err <= tol, err, 0.0, tol))
     return rows
 

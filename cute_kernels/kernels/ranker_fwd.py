@@ -1004,6 +1004,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             and write out of bounds), also for every replay.
     Config: the one ``cute-kernels tune`` stored for this GPU and these sizes (:func:`config_for_shape`),
     else the shipped ``CONFIGS[D]``; ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.
+    Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
+    them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
+    non-deterministic mode); ``lse`` is not differentiable.  A 256 head dim raises ``ValueError``
+    in ``backward()``.
     Returns:
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
@@ -1015,7 +1019,13 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture.
     """
-    out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        from .ranker_autograd import RankerAttentionFunction  # the backward's modules load on first use
+
+        out, lse = RankerAttentionFunction.apply(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens,
+                                                 max_seqlen)
+    else:
+        out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     return (out, lse) if return_lse else out
 
 
