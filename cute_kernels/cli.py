@@ -141,6 +141,9 @@ def cmd_bench(args) -> int:
             r.update(meta)
             records.append(r)
             shape = ",".join(f"{k}={v}" for k, v in r.get("shape", {}).items())
+            if r.get("time_us") is None:  # a peer (or case) that failed: its record carries the error
+                print(f"{r['kernel']:<11} {r['impl']:<26} {'':<6} {shape:<60} error: {r.get('error', '?')}")
+                continue
             rate = f"{r['tflops']:.1f} TFLOP/s" if r.get("tflops") is not None else (
                 f"{r['gbps']:.0f} GB/s" if r.get("gbps") is not None else "")
             print(f"{r['kernel']:<11} {r['impl']:<26} {r.get('mode', ''):<6} {shape:<60} {r['time_us']:10.2f} us  {rate}")

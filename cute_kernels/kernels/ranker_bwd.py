@@ -915,7 +915,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
     useful TFLOP/s = 2.5 x the forward's useful FLOPs (FlashAttention's convention)
     = ``10 * D * admitted (query, key) pairs / time``, ours and the peers of ``bench/ranker_bwd_peers.py``
     interleaved over ``rounds``.  ``shapes``: None = all cases with peers; containing ``headline`` = the
-    first two cases; ``peers`` adds the peers; ``deterministic`` adds our deterministic mode.  Peers are
+    first two cases; ``peers`` adds the peers; ``deterministic`` adds our deterministic mode; ``variants``
+    adds the other tile shapes and stage counts that validate.  Peers are
     skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
     import time
 
@@ -929,8 +930,11 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
     n_printed = 0
     for nb, hist, cand, hq, hkv, d, cap in cases:
         s = hist + cand
-        q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        # a generator of our own: a peer whose CUDA-graph capture failed can leave the default
+        # generator unusable ("Offset increment outside graph capture")
+        gen = torch.Generator(device="cuda").manual_seed(len(recs))
+        q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+        k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
         o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
         flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
@@ -939,6 +943,17 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
         if "deterministic" in spec:
             impls.append(("cute_kernels_deterministic", lambda: ranker_attention_backward(
                 q, k, v, o, lse, do, bounds, cap=cap, deterministic=True)))
+        if "variants" in spec:  # other tile shapes / stage counts that validate
+            for tag, kw in (("stages3", dict(stages=3)), ("tile_m128", dict(tile_m=128)),
+                            ("tile_m128_stages1", dict(tile_m=128, stages=1))):
+                try:
+                    cfg = dataclasses.replace(CONFIGS[d], **kw)
+                    cfg.validate()
+                except ValueError:
+                    continue
+                if cfg != CONFIGS[d]:
+                    impls.append((f"cute_kernels_{tag}", lambda cfg=cfg: ranker_attention_backward(
+                        q, k, v, o, lse, do, bounds, cap=cap, config=cfg)))
         if peers_mod is not None and time.time() - t_start < peer_budget_s:
             for name, make in peers_mod.PEERS.items():
                 try:

@@ -1181,9 +1181,12 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
     n_printed = 0
     for nb, hist, cand, hq, hkv, d, cap in cases:
         s = hist + cand
-        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        # a generator of our own: a peer whose CUDA-graph capture failed can leave the default
+        # generator unusable ("Offset increment outside graph capture")
+        gen = torch.Generator(device="cuda").manual_seed(len(recs))
+        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
         flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
         shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
