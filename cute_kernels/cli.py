@@ -104,8 +104,10 @@ def run_metadata() -> dict:
     import torch
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(__file__)).stdout.strip() or os.environ.get("CUTE_KERNELS_COMMIT")
+        # the env var wins: a device copy of the tree may carry a stale .git (seen on the H200 tool)
+        commit = os.environ.get("CUTE_KERNELS_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            cwd=os.path.dirname(__file__)).stdout.strip()
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                     text=True, cwd=os.path.dirname(__file__)).stdout.strip())
     except OSError:

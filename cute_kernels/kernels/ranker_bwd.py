@@ -142,8 +142,10 @@ class RankerBwdConfig:
             raise ValueError(f"config needs {smem} B of shared memory; the sm_90 limit is {SMEM_CAPACITY} B")
 
 
-# FlashAttention-3's sm90 backward tiles (hdim 64 and 128: 64 q rows x 128 keys, 2 MMA warpgroups,
-# 240 registers); not tuned here yet (no GPU time so far).
+# D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers).
+# D=64: the same.  128 q rows per step measured faster without a cap (H200, 2026-11-29, B=4 4096+512
+# H16: 1706 us vs 1848 us; bench/results/2026-11-29_h200_ranker_bwd_s2.md) but its soft_sign mainloop
+# spills (152 B of stack at the 168-register launch bound), so it is not the default.
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2),
