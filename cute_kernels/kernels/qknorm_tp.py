@@ -10,14 +10,14 @@ scale bits.
 
 Protocol (per token, per rank), with the seed's gaps closed:
 
-* **push**: the CTA reduces its rows' partial sums, packs (sum_q, sum_k) into one 64-bit word and
-  stores it with ``st.relaxed.sys`` into slot ``[epoch, token, rank]`` of every peer's buffer
-  (its own included);
-* **poll**: it spins with ``ld.relaxed.sys`` on its own slots ``[epoch, token, 0..G-1]`` until none
-  holds the sentinel, then writes the sentinel back (the slot is free for the launch after next).
-  The sentinel is the bit pattern of (-0.0, -0.0): a sum of squares starts at +0.0 and never
-  becomes -0.0, so a zero row with ``eps = 0`` still completes (the seed waited for a non-zero
-  value and hung);
+* **push**: slot ``[epoch, token, rank]`` of every peer's buffer (its own included) is a 64-bit
+  word (sum_q, sum_k); the q warps store the row's q partial sum into its low half and the k warps
+  the k partial into its high half, each with a 32-bit ``st.relaxed.sys``;
+* **poll**: each role spins with ``ld.relaxed.sys`` on its half of its own slots
+  ``[epoch, token, 0..G-1]`` until none holds the sentinel, then writes the sentinel back (the
+  slot is free for the launch after next).  The sentinel is -0.0 (bits 0x80000000) in each half:
+  a sum of squares starts at +0.0 and never becomes -0.0, so a zero row with ``eps = 0`` still
+  completes (the seed waited for a non-zero value and hung);
 * **bounded wait**: a CTA that waited ``timeout_ns`` (``%globaltimer``) for a peer gives up, writes
   1 into an error word in pinned host memory and finishes the launch (the missing partial counts as
   0). ``ParallelQKNorm.check_error()`` raises on it, and every later call refuses to run until
@@ -36,10 +36,11 @@ Protocol (per token, per rank), with the seed's gaps closed:
   is resident.
 
 The local part (16-byte vector loads, row reductions, scale and store) is the one-GPU kernel's
-(:class:`cute_kernels.kernels.qknorm.QKRowNormalizer`).  q warps and k warps meet around the exchange
-on named barrier 3 from different branches, so it is the unaligned ``barrier.sync`` (``bar.sync`` is
-``.aligned``: all threads at one instruction).  The GPU runs of 2026-11-29 used ``bar.sync`` there
-(all tests passed; racecheck reported 2 hazards, most likely these two divergent aligned barriers).
+(:class:`cute_kernels.kernels.qknorm.QKRowNormalizer`).  The q warps and the k warps each run their own
+exchange and never wait for each other: each role meets only on its own named barrier (1 for q, 2
+for k, the barriers of its row reduction), so no barrier is shared between code paths.  (An earlier
+version met on one CTA-wide barrier from both branches; racecheck reported a hazard on the shared
+partials there, 2026-11-29.)
 
 Spin-waiting kernels and CUDA lazy module loading: the first launch of any kernel may synchronize
 the context; if that happens on a rank's host thread while its previous launch spins for a peer whose
@@ -63,7 +64,6 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, Int64, Uint32, Uint64
-from cutlass._mlir.dialects import nvvm
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached, compile_record
@@ -77,7 +77,7 @@ NAME = "qknorm_tp"
 SHIPPED_G = (2, 4, 8)
 MAX_G = 8
 SENTINEL = 0x8000000080000000  # (-0.0f, -0.0f)
-_BAR_ALL = 3  # named barrier over the whole CTA (q and k warps arrive from their own branches)
+SENTINEL_HALF = 0x80000000  # -0.0f, one role's half of a slot
 _STATE_WORDS = 4  # [epoch, finished CTAs, unused, unused]
 
 
@@ -101,12 +101,6 @@ class ParallelQKNormConfig:
 
     def validate(self) -> None:
         self.norm.validate()
-        if self.norm.rows * self.world > self.norm.q_threads:
-            raise ValueError(
-                f"{self.norm.rows} rows x {self.world} ranks exceed the {self.norm.q_threads} q threads that push "
-                f"and poll: the per-rank q width {self.norm.q.width} is split over {self.norm.q.threads} threads "
-                f"per row, fewer than G={self.world}; per-rank q widths of at least 4*G 16-byte vectors "
-                f"({4 * self.world * self.norm.q.vec} elements here) are always supported")
 
 
 class ParallelQKNormKernel(QKRowNormalizer):
@@ -141,29 +135,30 @@ class ParallelQKNormKernel(QKRowNormalizer):
         comm = (mPeers, error_addr, rank, capacity, epoch, timeout_ns, sPart, sSum)
         if tidx < cfg.q_threads:
             for tile in cutlass.range(bidx, num_tiles, gdim):
-                self.normalize_tile(mQ, mWq, cfg.q, cfg.q_dim, 0, tidx, tile, n, eps, sRed, 0, 1, True, comm)
+                self.normalize_tile(mQ, mWq, cfg.q, cfg.q_dim, 0, tidx, tile, n, eps, sRed, 0, 1, comm)
         else:
             for tile in cutlass.range(bidx, num_tiles, gdim):
                 self.normalize_tile(mK, mWk, cfg.k, cfg.k_dim, 1, tidx - cfg.q_threads, tile, n, eps, sRed,
-                                    cfg.q_threads // 32, 2, False, comm)
+                                    cfg.q_threads // 32, 2, comm)
         self.advance_epoch(mState, epoch, tidx, gdim)
 
     @cute.jit
     def normalize_tile(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
                        which: cutlass.Constexpr, tidx: Int32, tile: Int32, n: Int32, eps: Float32,
-                       sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr,
-                       pushes: cutlass.Constexpr, comm):
-        """Local partial sums -> ``sPart[row, which]``; exchange (q warps); rank-order total; scale."""
+                       sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr, comm):
+        """One role (``which`` 0: q warps, 1: k warps; ``tidx`` counted within the role): local partial
+        sums -> ``sPart[row, which]``; this role's exchange; rank-order total; scale."""
         mPeers, error_addr, rank, capacity, epoch, timeout_ns, sPart, sSum = comm
+        role_threads = self.config.rows * part.threads
         tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, tile, n)
         ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
         row = tidx // part.threads
         if tidx % part.threads == 0:
             sPart[row, which] = ss
-        self.sync_all()  # sPart complete
-        if cutlass.const_expr(pushes):
-            self.exchange(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, tidx, sPart, sSum)
-        self.sync_all()  # sSum complete
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=role_threads)  # sPart[:, which] complete
+        self.exchange(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, tidx, sPart, sSum, which,
+                      role_threads)
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=role_threads)  # sSum[:, which] complete
         total = sSum[row, which, 0]
         for g in cutlass.range_constexpr(1, self.world):  # rank order: same bits on every rank
             total = total + sSum[row, which, g]
@@ -171,45 +166,51 @@ class ParallelQKNormKernel(QKRowNormalizer):
         self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
 
     @cute.jit
-    def sync_all(self):
-        """All threads of the CTA meet: q warps and k warps reach it from different branches (different
-        instructions), which needs the unaligned ``barrier.cta.sync`` (``bar.sync`` is ``.aligned``)."""
-        nvvm.barrier_cta_sync(Int32(_BAR_ALL).ir_value(), thread_count=Int32(self.config.threads).ir_value(),
-                              aligned=False)
+    def exchange(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
+                 tile: Int32, n: Int32, timeout_ns: Int64, tidx: Int32, sPart: cute.Tensor, sSum: cute.Tensor,
+                 which: cutlass.Constexpr, role_threads: cutlass.Constexpr):
+        """Role thread ``i`` takes the (row, g) pairs ``i, i + role_threads, ...``: it pushes the row's
+        partial to rank g (half ``which`` of the slot) and polls rank g's partial in its own buffer."""
+        cfg = self.config
+        if cutlass.const_expr(cfg.rows * self.world <= role_threads):  # one pair per thread at most
+            if tidx < cfg.rows * self.world:
+                self.exchange_pair(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, tidx, sPart,
+                                   sSum, which)
+        else:
+            for i in cutlass.range(tidx, cfg.rows * self.world, role_threads):
+                self.exchange_pair(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, i, sPart,
+                                   sSum, which)
 
     @cute.jit
-    def exchange(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
-                 tile: Int32, n: Int32, timeout_ns: Int64, tidx: Int32, sPart: cute.Tensor, sSum: cute.Tensor):
-        """Thread (row, g) pushes the row's partials to rank g and polls rank g's partials."""
+    def exchange_pair(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
+                      tile: Int32, n: Int32, timeout_ns: Int64, i: Int32, sPart: cute.Tensor, sSum: cute.Tensor,
+                      which: cutlass.Constexpr):
+        """Pair ``i`` = (row ``i // G``, rank ``g = i % G``): push, poll, sentinel back, into ``sSum``."""
         cfg = self.config
-        if tidx < cfg.rows * self.world:
-            row = tidx // self.world
-            g = tidx % self.world
-            token = tile * cfg.rows + row
-            if token < n:
-                lo = Uint64(sPart[row, 0].bitcast(Uint32))
-                hi = Uint64(sPart[row, 1].bitcast(Uint32))
-                word = lo | (hi << 32)
-                # slot [epoch, token, src] of a buffer [2, capacity, G] of 64-bit words
-                push_off = ((Int64(epoch) * Int64(capacity) + Int64(token)) * self.world + Int64(rank)) * 8
-                poll_off = ((Int64(epoch) * Int64(capacity) + Int64(token)) * self.world + Int64(g)) * 8
-                push_ptr = cute.make_ptr(Uint64, mPeers[g] + push_off, cute.AddressSpace.gmem, assumed_align=8)
-                poll_ptr = cute.make_ptr(Uint64, mPeers[rank] + poll_off, cute.AddressSpace.gmem, assumed_align=8)
-                cute.arch.store(push_ptr, word, sem="relaxed", scope="sys")
-                got = cute.arch.load(poll_ptr, Uint64, sem="relaxed", scope="sys")
-                start = cute.arch.globaltimer()
-                waited = Int64(0)
-                while (got == Uint64(SENTINEL)) & (waited < timeout_ns):
-                    got = cute.arch.load(poll_ptr, Uint64, sem="relaxed", scope="sys")
-                    waited = cute.arch.globaltimer() - start
-                if got == Uint64(SENTINEL):  # the peer never came: flag it, count its partial as 0
-                    err_ptr = cute.make_ptr(Int32, error_addr, cute.AddressSpace.gmem, assumed_align=4)
-                    cute.arch.store(err_ptr, Int32(1), sem="relaxed", scope="sys")
-                    got = Uint64(0)
-                else:
-                    cute.arch.store(poll_ptr, Uint64(SENTINEL), sem="relaxed", scope="sys")
-                sSum[row, 0, g] = Uint32(got & Uint64(0xFFFFFFFF)).bitcast(Float32)
-                sSum[row, 1, g] = Uint32(got >> 32).bitcast(Float32)
+        row = i // self.world
+        g = i % self.world
+        token = tile * cfg.rows + row
+        if token < n:
+            # half ``which`` of slot [epoch, token, src] of a buffer [2, capacity, G] of 64-bit words
+            slot = (Int64(epoch) * Int64(capacity) + Int64(token)) * self.world
+            push_off = (slot + Int64(rank)) * 8 + 4 * which
+            poll_off = (slot + Int64(g)) * 8 + 4 * which
+            push_ptr = cute.make_ptr(Uint32, mPeers[g] + push_off, cute.AddressSpace.gmem, assumed_align=4)
+            poll_ptr = cute.make_ptr(Uint32, mPeers[rank] + poll_off, cute.AddressSpace.gmem, assumed_align=4)
+            cute.arch.store(push_ptr, sPart[row, which].bitcast(Uint32), sem="relaxed", scope="sys")
+            got = cute.arch.load(poll_ptr, Uint32, sem="relaxed", scope="sys")
+            start = cute.arch.globaltimer()
+            waited = Int64(0)
+            while (got == Uint32(SENTINEL_HALF)) & (waited < timeout_ns):
+                got = cute.arch.load(poll_ptr, Uint32, sem="relaxed", scope="sys")
+                waited = cute.arch.globaltimer() - start
+            if got == Uint32(SENTINEL_HALF):  # the peer never came: flag it, count its partial as 0
+                err_ptr = cute.make_ptr(Int32, error_addr, cute.AddressSpace.gmem, assumed_align=4)
+                cute.arch.store(err_ptr, Int32(1), sem="relaxed", scope="sys")
+                got = Uint32(0)
+            else:
+                cute.arch.store(poll_ptr, Uint32(SENTINEL_HALF), sem="relaxed", scope="sys")
+            sSum[row, which, g] = got.bitcast(Float32)
 
     @cute.jit
     def advance_epoch(self, mState: cute.Tensor, epoch: Int32, tidx: Int32, gdim: Int32):
@@ -332,12 +333,8 @@ class ParallelQKNorm:
         group: a torch.distributed process group (or None for the default group).
         max_tokens: positive int (<= 2**31 - 1), the capacity; a call with more tokens raises ``ValueError``.
         q_dim, k_dim: positive ints, the full sizes Q and K: divisible by G, per-rank widths
-            ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32), and each q row
-            must be split over at least G threads by the tiling (the q threads push and poll one
-            (row, rank) slot each).  A per-rank q width of at least ``4*G`` 16-byte vectors
-            (``Q/G >= 32*G`` elements for 16-bit dtypes, ``16*G`` for float32) is always accepted; narrower
-            shards may be rejected with ``ValueError`` (e.g. G=8, Q=K=64, bfloat16:
-            "32 rows x 8 ranks exceed the 32 q threads").  GPU-tested: Q in {4096, 6144}, K=1024, G in {2, 4, 8}.
+            ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32).
+            GPU-tested: Q in {4096, 6144}, K=1024: G in {2, 4, 8} emulated on one GPU, G=2 on two GPUs.
         dtype: float16, bfloat16 or float32 (q, k and the weights).
         timeout_s: real number of seconds, finite, > 0 and within int64 nanoseconds: how long a rank
             waits for a peer before the launch gives up and flags an error.
