@@ -372,3 +372,20 @@ def test_scalars_that_would_overflow_float32_in_the_kernel_are_rejected():
             rf._check_scalars(scale, cap, "tanh")
     rf._check_scalars(0.1, 50.0, "tanh")
     rf._check_scalars(None, None, "soft_sign")
+
+
+def test_use_config_overrides_within_the_block_only():
+    import dataclasses
+
+    cfg = dataclasses.replace(rf.CONFIGS[128], stages=3, tile_n=96)
+    with rf.use_config(cfg) as c:
+        assert c is cfg and rf._OVERRIDES[128] is cfg
+        inner = dataclasses.replace(cfg, intra_wg_overlap=not cfg.intra_wg_overlap)
+        with rf.use_config(inner):
+            assert rf._OVERRIDES[128] is inner
+        assert rf._OVERRIDES[128] is cfg
+    assert 128 not in rf._OVERRIDES
+    with pytest.raises(ValueError, match="shared memory"):  # rejected before the block runs
+        with rf.use_config(dataclasses.replace(rf.CONFIGS[128], stages=3)):
+            raise AssertionError("entered")
+    assert 128 not in rf._OVERRIDES

@@ -36,6 +36,7 @@ D=64: 423-438.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import math
@@ -902,6 +903,28 @@ def _sm_count(device) -> int:
     return _SM_COUNT[idx]
 
 
+_OVERRIDES: dict[int, "RankerFwdConfig"] = {}
+
+
+@contextlib.contextmanager
+def use_config(config: "RankerFwdConfig"):
+    """Within the ``with`` block, :func:`ranker_attention` runs inputs of ``config.head_dim`` with
+    ``config`` instead of the tuned or shipped one (to try a new tile shape without editing the
+    module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``ValueError`` (from
+    ``config.validate()``) before the block for a config that does not fit.  Process-wide, not
+    thread-safe; blocks nest."""
+    config.validate()
+    old = _OVERRIDES.get(config.head_dim)
+    _OVERRIDES[config.head_dim] = config
+    try:
+        yield config
+    finally:
+        if old is None:
+            del _OVERRIDES[config.head_dim]
+        else:
+            _OVERRIDES[config.head_dim] = old
+
+
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
                  config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None):
     """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch."""
@@ -935,7 +958,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         return out, lse
     if config is not None and config.head_dim != d:
         raise ValueError(f"config.head_dim={config.head_dim} does not match the inputs' head dim {d}")
-    cfg = config
+    cfg = config if config is not None else _OVERRIDES.get(d)
     if cfg is None:  # tuned (cute-kernels tune) or shipped, chosen once per signature
         skey = (q.dtype, q.device, None if varlen else nb, None if varlen else seq, hq, hkv, d, capm)
         cfg = _CHOSEN.get(skey)
