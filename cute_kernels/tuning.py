@@ -60,7 +60,7 @@ def _ranker_bwd_configs(mod) -> dict:
 
 
 def _hc_mix_configs(mod) -> dict:
-    out = {"M<=256 (default)": mod.SMALL, "256<M<=1024 (default)": mod.MEDIUM, "M>1024 (default)": mod.LARGE}
+    out = {"M<=256 (default)": mod.SMALL, "M>256 (default)": mod.MEDIUM, "LARGE": mod.LARGE}
     for i, cfg in enumerate(mod.EXPERIMENTAL):
         out[f"experimental {i}"] = cfg
     return out

@@ -42,6 +42,8 @@ Measured on the H200 (2026-11-29, defaults, K = 20480, us per call in a CUDA gra
 split-K Triton baseline / torch float32 reference): M = 1: 12.6 / 12.0 / 206; 16: 12.8 / 13.2 / 232;
 128: 13.0 / 16.5 / 288; 512: 23.3 / 28.5 / 351; 1024: 38.5 / 56.4 / 439; 2048: 70.4 / 99.2 / 604;
 4096: 116 / 174 / 919 (1443 GB/s, 34% of the 4.2 TB/s copy rate); 16384: 410 / 648 / 2855.
+Session 2 (same day, MEDIUM for every M > 256 since; this kernel / split-K): 1024: 39.3 / 57.0;
+2048: 61.4 / 101; 4096: 104.7 / 176 (1.68x; 1603 GB/s, 39% of the copy rate); 16384: 377 / 653.
 Error of ``a`` against float64 1.6e-7 .. 2.0e-7 norm-wise; pre/post/comb <= 5.4e-7 absolute.
 Time scales with x + hc_fn bytes (each cluster re-reads hc_fn) and with warps per SM (the
 per-thread ring limits occupancy); the walk is latency-bound, not bandwidth-bound.
@@ -130,16 +132,17 @@ class HcMixConfig:
         return ring + 4 * SP_COLS * (WARPS_K * self.tile_m + self.tile_m // CLUSTER_K) + 512
 
 
-# M -> config; any choice gives the same bits (see the module docstring).  The defaults are the
-# configs validated and timed on the H200 (2026-11-29, bench/results/2026-11-29_h200_hc_mix.jsonl),
-# us per call in a CUDA graph at K = 20480:
-SMALL = HcMixConfig(m_tiles=1, warps_m=1, stages=8)  # 16 rows per cluster: 12.7 (M=1), 13.0 (128)
-MEDIUM = HcMixConfig(m_tiles=2, warps_m=1, stages=4)  # 32 rows: 23.4 (512), 38.5 (1024)
-LARGE = HcMixConfig(m_tiles=2, warps_m=2, stages=4)  # 64 rows: 70.7 (2048), 115 (4096), 399 (16384)
+# M -> config; any choice gives the same bits (see the module docstring).  us per call in a CUDA
+# graph at K = 20480 on the H200 (bench/hc_mix_sweep.py, 2026-11-29 session 2,
+# bench/results/2026-11-29_h200_hc_mix_sweep_s2.jsonl):
+SMALL = HcMixConfig(m_tiles=1, warps_m=1, stages=8)  # 16 rows per cluster: 13.0 (M=128)
+MEDIUM = HcMixConfig(m_tiles=2, warps_m=1, stages=4)  # 32 rows: 23.6 (512), 39.3 (1024), 61.4 (2048),
+#                                                       104.7 (4096), 377 (16384)
+LARGE = HcMixConfig(m_tiles=2, warps_m=2, stages=4)  # 64 rows: 47.2 (1024), 69.8 (2048), 116 (4096), 404
 DEFAULTS = (SMALL, MEDIUM, LARGE)
-# Compiled and tested on CPU only so far (no GPU time left this session): hc_fn pre-split on the
-# host (presplit=True: ~60% fewer instructions per chunk in SASS) and shallower rings for more
-# CTAs per SM.  Run bench/hc_mix_sweep.py on the GPU to re-pick config_for among all of SHIPPED.
+# Alternatives, all GPU-timed in the same sweep and none faster than the defaults by more than the
+# run-to-run noise (best at M=4096: 21s3p 111 us, 22s3p 113): hc_fn pre-split on the host
+# (presplit=True: ~60% fewer instructions per chunk in SASS, but 1.5x the hc_fn bytes) and shallower rings.
 EXPERIMENTAL = (
     HcMixConfig(1, 1, 8, presplit=True), HcMixConfig(1, 1, 4, presplit=True),
     HcMixConfig(1, 1, 2, presplit=True), HcMixConfig(1, 1, 3, presplit=True),
@@ -153,12 +156,7 @@ SHIPPED = DEFAULTS + EXPERIMENTAL
 
 def config_for(m: int, store_mix: bool = False) -> HcMixConfig:
     """The config used for ``m`` rows: enough clusters to fill the GPU, then the largest tile."""
-    if m <= 256:
-        cfg = SMALL
-    elif m <= 1024:
-        cfg = MEDIUM
-    else:
-        cfg = LARGE
+    cfg = SMALL if m <= 256 else MEDIUM  # LARGE measured slower than MEDIUM at every M >= 1024
     if store_mix:
         cfg = dataclasses.replace(cfg, store_mix=True)
     return cfg
