@@ -22,6 +22,7 @@ _PUBLIC = {
     "qk_rmsnorm_": ("cute_kernels.kernels.qknorm", "qk_rmsnorm_"),
     "qk_rmsnorm_reference": ("cute_kernels.kernels.qknorm", "qk_rmsnorm_reference"),
     "ParallelQKNorm": ("cute_kernels.kernels.qknorm_tp", "ParallelQKNorm"),
+    "PeerTimeoutError": ("cute_kernels.kernels.qknorm_tp", "PeerTimeoutError"),
     "hc_mix_sinkhorn": ("cute_kernels.kernels.hc_mix", "hc_mix_sinkhorn"),
     "hc_mix_sinkhorn_reference": ("cute_kernels.kernels.hc_mix", "hc_mix_sinkhorn_reference"),
     "shipped_configs": ("cute_kernels.tuning", "shipped_configs"),

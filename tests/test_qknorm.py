@@ -171,6 +171,9 @@ class _CudaLike:
     def get_device(self):
         return 0
 
+    def element_size(self):
+        return self.t.element_size()
+
 
 @pytest.mark.parametrize("eps,exc", [
     (True, TypeError), (False, TypeError), ("1e-6", TypeError), (None, TypeError), (torch.tensor(1e-6), TypeError),
@@ -197,3 +200,38 @@ def test_eps_accepts_reals():
     for eps in (0, 1e-6, np.float32(1e-5), np.float64(1e-6), 3):
         mod.validate_qk_args(q, k, wq, wk, eps, cuda=False)
         mod.check_eps(eps)
+
+
+def test_overlapping_tensors_are_rejected():
+    """In place over rows that alias (stride-0 expand, overlapping rows) or q/k sharing memory: ValueError."""
+    from cute_kernels.kernels import qknorm as m
+
+    w = torch.ones(64, dtype=torch.bfloat16)
+    k = torch.zeros(4, 64, dtype=torch.bfloat16)
+    expanded = torch.zeros(1, 64, dtype=torch.bfloat16).expand(4, 64)
+    buf = torch.zeros(64, dtype=torch.bfloat16)
+    strided = torch.zeros(128, dtype=torch.bfloat16).as_strided((4, 64), (8, 1))
+    for q in (expanded, strided):
+        with pytest.raises(ValueError, match="rows overlap"):
+            m.validate_qk_args(q, k, w, w, 1e-6, cuda=False)
+    qkv = torch.zeros(4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="q and k overlap"):
+        m.validate_qk_args(qkv[:, :64], qkv[:, 32:96], w, w, 1e-6, cuda=False)
+    m.validate_qk_args(qkv[:, :64], qkv[:, 64:], w, w, 1e-6, cuda=False)  # disjoint column blocks: fine
+    m.validate_qk_args(buf[None], buf[None].clone(), w, w, 1e-6, cuda=False)  # one row: any stride
+
+
+def test_in_place_ops_respect_autograd():
+    from cute_kernels.kernels import qknorm as m
+
+    q, k, w = torch.zeros(2, 8), torch.zeros(2, 8), torch.ones(8)
+    with pytest.raises(RuntimeError, match="no backward"):
+        m.check_no_grad(q.requires_grad_(), k, w, w)
+    with torch.no_grad():
+        m.check_no_grad(q, k, w, w)
+    q.requires_grad_(False)
+    a = torch.ones(2, 8, requires_grad=True)
+    y = (a * q).sum()  # saves q for a's gradient
+    m.bump_versions(q, k)  # what the op does after the kernel wrote q and k
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()

@@ -235,3 +235,15 @@ def test_call_checks_eps_before_float(monkeypatch):
         ranks[0](q, k, *w, True)
     with pytest.raises(TypeError, match="eps"):
         ranks[0](q, k, *w, "1e-6")
+
+
+def test_more_than_8_ranks_use_the_unfused_path_shape_rules_only():
+    assert mod._config_for_world(16, 4096, 1024, torch.bfloat16) is None
+    assert mod._config_for_world(4, 4096, 1024, torch.bfloat16) is not None
+    with pytest.raises(ValueError, match="divisible"):
+        mod._config_for_world(16, 4100, 1024, torch.bfloat16)
+    with pytest.raises(ValueError, match="16-byte"):
+        mod._config_for_world(16, 16 * 12, 1024, torch.bfloat16)
+    import cute_kernels
+
+    assert cute_kernels.PeerTimeoutError is mod.PeerTimeoutError

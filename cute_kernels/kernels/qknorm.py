@@ -380,6 +380,48 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
     if q.device != k.device or q_weight.device != q.device or k_weight.device != q.device:
         raise ValueError(f"q, k, q_weight, k_weight must be on one device, got {q.device}, {k.device}, "
                          f"{q_weight.device}, {k_weight.device}")
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+            raise ValueError(f"{name}'s rows overlap in memory (row stride {t.stride(0)} < width {t.shape[1]}): "
+                             "an in-place op needs distinct rows")
+    if _overlap(q, k):
+        raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
+
+
+def _overlap(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether two [N, W] row-strided tensors share an element (see :func:`_disjoint`)."""
+    if q.numel() == 0 or k.numel() == 0:
+        return False
+    return not _disjoint(q.data_ptr(), k.data_ptr(), q.shape[0], q.stride(0), k.stride(0), q.shape[1], k.shape[1],
+                         q.element_size())
+
+
+def _disjoint(qp: int, kp: int, n: int, sq: int, sk: int, qw: int, kw: int, es: int) -> bool:
+    """q, k: n rows of qw / kw elements at byte addresses qp / kp, row strides sq / sk elements.
+    Disjoint if their byte spans do not meet, or (the fused-qkv case: one row stride) if their column
+    ranges within a row do not meet; other interleavings count as overlapping."""
+    q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es
+    if q_end <= kp or k_end <= qp:
+        return True
+    if sq != sk or (kp - qp) % es or n <= 1:
+        return False
+    b = ((kp - qp) // es) % sq  # k's first column, relative to q's, within a row of sq elements
+    return b >= qw and b + kw <= sq
+
+
+def check_no_grad(q, k, q_weight, k_weight) -> None:
+    """In-place ops without a backward: refuse tensors that require grad while grad mode is on."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or q_weight.requires_grad
+                                    or k_weight.requires_grad):
+        raise RuntimeError("qk_rmsnorm_ / ParallelQKNorm are in-place and have no backward: call them on tensors "
+                           "that do not require grad, or under torch.no_grad()")
+
+
+def bump_versions(q: torch.Tensor, k: torch.Tensor) -> None:
+    """The kernel writes through raw pointers: tell autograd that q and k changed (version counters), so
+    a graph that saved them for backward raises instead of using the new values."""
+    torch.autograd.graph.increment_version(q)
+    torch.autograd.graph.increment_version(k)
 
 
 
@@ -403,8 +445,13 @@ def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
         (sq, uq), (sk, uk) = q.stride(), k.stride()
         if uq != 1 or uk != 1 or sq % vec or sk % vec or q_weight.stride() != (1,) or k_weight.stride() != (1,):
             return False  # (a rare legal layout, e.g. N = 1 with an odd stride, takes the slow path)
-        if (q.data_ptr() | k.data_ptr() | q_weight.data_ptr() | k_weight.data_ptr()) % 16:
+        if n > 1 and (sq < qw or sk < kw):
+            return False  # overlapping rows: the slow path explains
+        qp, kp = q.data_ptr(), k.data_ptr()
+        if (qp | kp | q_weight.data_ptr() | k_weight.data_ptr()) % 16:
             return False
+        if n and not _disjoint(qp, kp, n, sq, sk, qw, kw, q.element_size()):
+            return False  # q and k overlap
         if not q.is_cuda or not (q.get_device() == k.get_device() == q_weight.get_device() == k_weight.get_device()):
             return False
         return (type(eps) is float or type(eps) is int) and 0 <= eps <= F32_MAX  # bool is not int here
@@ -422,6 +469,7 @@ def _qk_rmsnorm_impl(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
         validate_qk_args(q, k, q_weight, k_weight, eps)  # raises with the reason
         if q_weight.stride() != (1,) or k_weight.stride() != (1,):
             raise ValueError("q_weight and k_weight must be contiguous")
+    check_no_grad(q, k, q_weight, k_weight)
     if q.shape[0] == 0:
         return
     key = (q.dtype, q.shape[1], k.shape[1])
@@ -429,6 +477,7 @@ def _qk_rmsnorm_impl(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
     if fn is None:
         fn = _launchers[key] = _compile(*key)
     fn(q, k, q_weight, k_weight, float(eps))
+    bump_versions(q, k)
 
 
 @custom_op("qk_rmsnorm_", mutates_args=("q", "k"))

@@ -70,8 +70,8 @@ from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_int, check_real
-from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, args_look_valid, check_eps,
-                     qk_rmsnorm_reference, validate_qk_args, vec_elems)
+from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, args_look_valid, bump_versions,
+                     check_eps, check_no_grad, qk_rmsnorm_reference, validate_qk_args, vec_elems)
 
 NAME = "qknorm_tp"
 SHIPPED_G = (2, 4, 8)
@@ -333,8 +333,10 @@ class ParallelQKNorm:
         group: a torch.distributed process group (or None for the default group).
         max_tokens: positive int (<= 2**31 - 1), the capacity; a call with more tokens raises ``ValueError``.
         q_dim, k_dim: positive ints, the full sizes Q and K: divisible by G, per-rank widths
-            ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32).
-            GPU-tested: Q in {4096, 6144}, K=1024: G in {2, 4, 8} emulated on one GPU, G=2 on two GPUs.
+            ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32); checked before any
+            collective.  Groups of more than 8 ranks always take the unfused path.
+            GPU-tested: Q in {4096, 6144}, K=1024: G in {2, 4, 8} emulated on one GPU (this kernel), and
+            G=2 on two GPUs (the previous version of the exchange, one 64-bit word per slot).
         dtype: float16, bfloat16 or float32 (q, k and the weights).
         timeout_s: real number of seconds, finite, > 0 and within int64 nanoseconds: how long a rank
             waits for a peer before the launch gives up and flags an error.
@@ -375,10 +377,13 @@ class ParallelQKNorm:
             self.device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
                            else torch.device("cpu"))
             self.ranks_per_gpu = 1
-            self.fused = self.world > 1 and self._all_p2p_reachable()
+            # the shapes are checked before any collective or buffer exchange
+            self.config = _config_for_world(self.world, q_dim, k_dim, dtype)
+            self.fused = 1 < self.world <= MAX_G and self._all_p2p_reachable()
             if self.fused:
                 self.buffer, self._peer_bufs = self._exchange_buffers()
-        self.config = ParallelQKNormConfig.for_shape(self.world, q_dim, k_dim, dtype)
+        if self._emulated:
+            self.config = _config_for_world(self.world, q_dim, k_dim, dtype)
         self.q_width, self.k_width = q_dim // self.world, k_dim // self.world
         if self.fused:
             self.peers = torch.tensor([b.data_ptr() for b in self._peer_bufs], dtype=torch.int64, device=self.device)
@@ -530,6 +535,7 @@ class ParallelQKNorm:
                              "build ParallelQKNorm with a larger max_tokens")
         if self._failed or self._error_np[0]:
             self.check_error(synchronize=False)
+        check_no_grad(q, k, q_weight, k_weight)
         if n == 0:
             return
         if not self.fused:
@@ -545,6 +551,7 @@ class ParallelQKNorm:
         num_ctas = min(-(-n // self.config.norm.rows), self._resident)
         self._fn(q, k, q_weight, k_weight, self.peers, self.state, self._error.data_ptr(), self.rank,
                  self.max_tokens, num_ctas, eps, self.timeout_ns)
+        bump_versions(q, k)
 
     def _run_unfused(self, q, k, q_weight, k_weight, eps) -> None:
         """Any number of nodes: per-token partial sums, all_reduce, scale (torch ops)."""
@@ -554,6 +561,20 @@ class ParallelQKNorm:
         if self.world > 1:
             dist.all_reduce(sums, group=self.group)
         _scale_in_place(q, k, q_weight, k_weight, eps, sums, self.q_dim, self.k_dim)
+
+
+def _config_for_world(world: int, q_dim: int, k_dim: int, dtype: torch.dtype) -> "ParallelQKNormConfig | None":
+    """The fused kernel's config for up to ``MAX_G`` ranks; beyond that (the unfused path only) just the
+    shape rules: Q and K divisible by G, per-rank widths whole 16-byte vectors (``ValueError``)."""
+    if world <= MAX_G:
+        return ParallelQKNormConfig.for_shape(world, q_dim, k_dim, dtype)
+    vec = vec_elems(dtype)
+    if q_dim % world or k_dim % world:
+        raise ValueError(f"q_dim={q_dim} and k_dim={k_dim} must be divisible by the world size {world}")
+    if (q_dim // world) % vec or (k_dim // world) % vec:
+        raise ValueError(f"per-rank widths {q_dim // world} and {k_dim // world} must be multiples of {vec} "
+                         f"elements (16-byte vectors)")
+    return None
 
 
 def _sentinel_i64() -> int:
