@@ -21,6 +21,23 @@ def test_compiles_with_16_byte_vectors(target):
     assert "rsqrt.approx" in rec.ptx
     if rec.sass:
         assert "LDG.E.128" in rec.sass_features and "STG.E.128" in rec.sass_features
+        assert "LDL/STL (local memory)" not in rec.sass_features  # ptxas spills show only in SASS
+    assert all(not r.stack_bytes for r in rec.resources)
+
+
+def test_widest_rows_compile_without_spills_and_wider_are_rejected():
+    widest = 256 * mod._MAX_ROW_VECS * 8  # bf16 elements
+    mod._compile(torch.bfloat16, widest, 1024)
+    rec = compile_record(mod.NAME, (str(torch.bfloat16), widest, 1024))
+    assert all(not r.stack_bytes for r in rec.resources)
+    if rec.sass:
+        assert "LDL/STL (local memory)" not in rec.sass_features
+    with pytest.raises(ValueError, match="fit in registers"):
+        mod.QKNormConfig.for_shape(widest + 256 * 8, 1024, torch.bfloat16, tuning=mod.DEFAULT_TUNING)
+    with pytest.raises(ValueError, match="fit in registers"):
+        mod.validate_qk_args(torch.zeros(2, widest + 256 * 8, dtype=torch.bfloat16), torch.zeros(2, 64, dtype=torch.bfloat16),
+                             torch.ones(widest + 256 * 8, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16),
+                             1e-6, cuda=False)
 
 
 def test_odd_widths_compile():
@@ -39,6 +56,10 @@ def test_row_tiling_covers_row(dtype, width):
     if width % vec:
         pytest.skip("not a multiple of the vector")
     t = mod.RowTiling.choose(width, vec)
+    if width > 256 * mod._MAX_ROW_VECS * vec:  # fp32 16384: 16 vectors per thread would spill
+        with pytest.raises(ValueError, match="fit in registers"):
+            t.validate()
+        return
     t.validate()
     assert t.threads * t.vecs >= t.nvec
     assert t.threads * (t.vecs - 1) < t.nvec  # no thread is all padding in its last slot... of every row

@@ -52,6 +52,9 @@ SHIPPED_G = (1, 2, 4, 8)
 
 _THREAD_CHOICES = (256, 224, 192, 160, 128, 96, 64, 32, 16, 8, 4, 2, 1)
 _MAX_VECS = 8  # 16-byte vectors a thread holds per row (registers: 4 * _MAX_VECS for the data)
+# widest rows: 256 threads x 12 vectors (24576 bf16 / 12288 fp32 elements) compile without spills
+# (sm_90a, 162 registers); 16 vectors spilled 344 B of stack
+_MAX_ROW_VECS = 12
 
 
 def vec_elems(dtype: torch.dtype) -> int:
@@ -101,8 +104,10 @@ class RowTiling:
             raise ValueError(f"threads per row {self.threads}: must be a power of two <= 32 or a multiple of 32")
         if self.threads * self.vecs < self.nvec:
             raise ValueError(f"{self.threads} threads x {self.vecs} vectors do not cover {self.nvec} vectors")
-        if self.vecs > 64:
-            raise ValueError(f"row of {self.width} elements needs {self.vecs} vectors per thread (> 64)")
+        if self.vecs > _MAX_ROW_VECS:
+            raise ValueError(f"a row of {self.width} elements needs {self.vecs} 16-byte vectors per thread; at most "
+                             f"{_MAX_ROW_VECS} fit in registers without spilling (rows up to "
+                             f"{_THREAD_CHOICES[0] * _MAX_ROW_VECS * self.vec} elements)")
 
 
 @dataclass(frozen=True)
@@ -386,6 +391,8 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
                              "an in-place op needs distinct rows")
     if _overlap(q, k):
         raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
+    for t in (q, k):  # rows too wide for the register budget
+        RowTiling.choose(t.shape[1], vec, DEFAULT_TUNING.target_vecs).validate()
 
 
 def _overlap(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -490,15 +497,19 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
     Args:
         q: CUDA tensor [N, Q], float16/bfloat16/float32, last dim contiguous, any row stride that is
             a multiple of 16 bytes (e.g. a column slice of a fused qkv buffer), 16-byte aligned;
-            ``Q`` a multiple of 8 (16-bit types) or 4 (float32).
-        k: [N, K], same dtype/device/rules as q.
+            ``Q`` a multiple of 8 (16-bit types) or 4 (float32), at most 24576 (16-bit) / 12288
+            (float32) elements; rows must not overlap (row stride >= Q when N > 1).
+        k: [N, K], same dtype/device/rules as q, sharing no element with q (column blocks of one
+            fused qkv buffer are fine).
         q_weight: [Q], k_weight: [K], same dtype as q, contiguous.
         eps: real number (not bool), finite in float32, >= 0 (standard RMSNorm eps, added to the mean).
     Returns:
-        None; q and k are overwritten.
+        None; q and k are overwritten (their autograd version counters are bumped).
     Raises:
         TypeError: wrong dtypes; eps not a real number.
-        ValueError: shapes, devices, strides, alignment; eps negative or not finite.
+        ValueError: shapes, devices, strides, alignment, overlapping rows or q/k, rows too wide;
+            eps negative or not finite.
+        RuntimeError: q, k or a weight requires grad while grad mode is on (no backward).
     """
     _qk_rmsnorm_impl(q, k, q_weight, k_weight, eps)
 

@@ -18,7 +18,9 @@ Protocol (per token, per rank), with the seed's gaps closed:
   slot is free for the launch after next).  The sentinel is -0.0 (bits 0x80000000) in each half:
   a sum of squares starts at +0.0 and never becomes -0.0, so a zero row with ``eps = 0`` still
   completes (the seed waited for a non-zero value and hung);
-* **bounded wait**: a CTA that waited ``timeout_ns`` (``%globaltimer``) for a peer gives up, writes
+* **bounded wait**: a launch that waited ``timeout_ns`` (``%globaltimer``, counted from the start of
+  each CTA, so every later slot gives up at once and a missing peer costs about one timeout per
+  launch, not one per token tile) for a peer gives up, writes
   1 into an error word in pinned host memory and finishes the launch (the missing partial counts as
   0). ``ParallelQKNorm.check_error()`` raises on it, and every later call refuses to run until
   ``reset()`` (the buffers are then out of step);
@@ -132,7 +134,8 @@ class ParallelQKNormKernel(QKRowNormalizer):
         n = mQ.shape[0]
         num_tiles = (n + cfg.rows - 1) // cfg.rows
         epoch = cute.arch.load(mState.iterator, Int32, sem="relaxed", scope="gpu")
-        comm = (mPeers, error_addr, rank, capacity, epoch, timeout_ns, sPart, sSum)
+        launch_start = cute.arch.globaltimer()  # every wait of this launch ends timeout_ns after this
+        comm = (mPeers, error_addr, rank, capacity, epoch, timeout_ns, launch_start, sPart, sSum)
         if tidx < cfg.q_threads:
             for tile in cutlass.range(bidx, num_tiles, gdim):
                 self.normalize_tile(mQ, mWq, cfg.q, cfg.q_dim, 0, tidx, tile, n, eps, sRed, 0, 1, comm)
@@ -148,7 +151,7 @@ class ParallelQKNormKernel(QKRowNormalizer):
                        sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr, comm):
         """One role (``which`` 0: q warps, 1: k warps; ``tidx`` counted within the role): local partial
         sums -> ``sPart[row, which]``; this role's exchange; rank-order total; scale."""
-        mPeers, error_addr, rank, capacity, epoch, timeout_ns, sPart, sSum = comm
+        mPeers, error_addr, rank, capacity, epoch, timeout_ns, launch_start, sPart, sSum = comm
         role_threads = self.config.rows * part.threads
         tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, tile, n)
         ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
@@ -156,7 +159,8 @@ class ParallelQKNormKernel(QKRowNormalizer):
         if tidx % part.threads == 0:
             sPart[row, which] = ss
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=role_threads)  # sPart[:, which] complete
-        self.exchange(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, tidx, sPart, sSum, which,
+        self.exchange(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, launch_start, tidx, sPart, sSum,
+                      which,
                       role_threads)
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=role_threads)  # sSum[:, which] complete
         total = sSum[row, which, 0]
@@ -167,23 +171,25 @@ class ParallelQKNormKernel(QKRowNormalizer):
 
     @cute.jit
     def exchange(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
-                 tile: Int32, n: Int32, timeout_ns: Int64, tidx: Int32, sPart: cute.Tensor, sSum: cute.Tensor,
+                 tile: Int32, n: Int32, timeout_ns: Int64, launch_start: Int64, tidx: Int32, sPart: cute.Tensor,
+                 sSum: cute.Tensor,
                  which: cutlass.Constexpr, role_threads: cutlass.Constexpr):
         """Role thread ``i`` takes the (row, g) pairs ``i, i + role_threads, ...``: it pushes the row's
         partial to rank g (half ``which`` of the slot) and polls rank g's partial in its own buffer."""
         cfg = self.config
         if cutlass.const_expr(cfg.rows * self.world <= role_threads):  # one pair per thread at most
             if tidx < cfg.rows * self.world:
-                self.exchange_pair(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, tidx, sPart,
+                self.exchange_pair(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, launch_start, tidx, sPart,
                                    sSum, which)
         else:
             for i in cutlass.range(tidx, cfg.rows * self.world, role_threads):
-                self.exchange_pair(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, i, sPart,
+                self.exchange_pair(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, launch_start, i, sPart,
                                    sSum, which)
 
     @cute.jit
     def exchange_pair(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
-                      tile: Int32, n: Int32, timeout_ns: Int64, i: Int32, sPart: cute.Tensor, sSum: cute.Tensor,
+                      tile: Int32, n: Int32, timeout_ns: Int64, launch_start: Int64, i: Int32, sPart: cute.Tensor,
+                      sSum: cute.Tensor,
                       which: cutlass.Constexpr):
         """Pair ``i`` = (row ``i // G``, rank ``g = i % G``): push, poll, sentinel back, into ``sSum``."""
         cfg = self.config
@@ -199,11 +205,12 @@ class ParallelQKNormKernel(QKRowNormalizer):
             poll_ptr = cute.make_ptr(Uint32, mPeers[rank] + poll_off, cute.AddressSpace.gmem, assumed_align=4)
             cute.arch.store(push_ptr, sPart[row, which].bitcast(Uint32), sem="relaxed", scope="sys")
             got = cute.arch.load(poll_ptr, Uint32, sem="relaxed", scope="sys")
-            start = cute.arch.globaltimer()
-            waited = Int64(0)
+            # the deadline is per launch, not per slot: once it has passed, every later slot of this
+            # launch polls once and gives up, so a missing peer costs about timeout_ns per launch
+            waited = cute.arch.globaltimer() - launch_start
             while (got == Uint32(SENTINEL_HALF)) & (waited < timeout_ns):
                 got = cute.arch.load(poll_ptr, Uint32, sem="relaxed", scope="sys")
-                waited = cute.arch.globaltimer() - start
+                waited = cute.arch.globaltimer() - launch_start
             if got == Uint32(SENTINEL_HALF):  # the peer never came: flag it, count its partial as 0
                 err_ptr = cute.make_ptr(Int32, error_addr, cute.AddressSpace.gmem, assumed_align=4)
                 cute.arch.store(err_ptr, Int32(1), sem="relaxed", scope="sys")

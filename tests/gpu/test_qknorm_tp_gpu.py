@@ -126,6 +126,30 @@ def test_missing_peer_times_out_with_error_then_reset_recovers():
     assert "TIMEOUT" in out and "REFUSED" in out and "RECOVERED" in out, out
 
 
+def test_missing_peer_costs_one_timeout_per_launch_not_per_tile():
+    """Many token tiles per CTA (N at capacity, few resident CTAs): the wait deadline is per launch."""
+    out = _run_watchdog("""
+        import time, torch
+        from cute_kernels.kernels import qknorm_tp as mod
+        ranks = mod.ParallelQKNorm.emulated(2, 8192, 4096, 1024, torch.bfloat16, timeout_s=0.5)
+        n = 8192
+        q = torch.randn(n, 2048, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(n, 512, device="cuda", dtype=torch.bfloat16)
+        w = (torch.ones(2048, device="cuda", dtype=torch.bfloat16), torch.ones(512, device="cuda", dtype=torch.bfloat16))
+        tiles = -(-n // ranks[0].config.norm.rows)
+        print("tiles per CTA", tiles / ranks[0]._resident)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        ranks[0](q, k, w[0], w[1], 1e-6)   # rank 1 never comes
+        torch.cuda.synchronize()
+        print("ELAPSED", time.perf_counter() - t)
+    """, timeout=120)
+    elapsed = float(out.split("ELAPSED")[1].split()[0])
+    per_cta = float(out.split("tiles per CTA")[1].split()[0])
+    assert per_cta > 4, out  # the case needs several tiles per CTA to mean anything
+    assert elapsed < 3 * 0.5, out
+
+
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_1000_launches_varying_n_under_watchdog(world):
     out = _run_watchdog(f"""
