@@ -188,8 +188,8 @@ def cmd_layouts(args) -> int:
 
     try:
         text, files = write_report(args.kernel, args.config, args.out, dtype=args.dtype, compile=args.compile)
-    except ValueError as exc:  # a config the kernel rejects: say why
-        print(f"config rejected: {exc}", file=sys.stderr)
+    except ValueError as exc:  # a config the kernel rejects, or bad arguments: say why
+        print(f"layouts: {exc}", file=sys.stderr)
         return 2
     except KeyError as exc:  # unknown kernel
         print(exc.args[0] if exc.args else exc, file=sys.stderr)
@@ -250,7 +250,8 @@ def main(argv=None) -> int:
     t = sub.add_parser("tune", help="GPU: time candidate configs on a shape, store the winner in tuned.json")
     t.add_argument("--kernel", required=True)
     t.add_argument("--shape", required=True, help="e.g. 'B=4,S=4608,H=16,D=128[,Hkv=4,hist=4096,cand=512,cap=50]'")
-    t.add_argument("--candidates", help="fields to try instead of the defaults, e.g. 'tile_n=96,128,stages=2,3'")
+    t.add_argument("--candidates", help="values to try for the fields named (the other fields keep their default "
+                   "variations), e.g. 'tile_n=96,128,stages=2,3'")
     t.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     t.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (best of)")
     t.add_argument("--list", action="store_true", help="print the validated candidates and exit (no GPU needed)")

@@ -413,9 +413,9 @@ class RankerFwdTuner:
         return self._module().CONFIGS[s["D"]]
 
     def default_choices(self, base) -> dict:
-        """Around ``base``: both schedules, overlap on/off, +-1 stage (>= 2), tile_n +-32."""
+        """Around ``base``: both schedules, overlap on/off, +-1 stage (>= 1), tile_n +-32."""
         return dict(persistent=[False, True], intra_wg_overlap=[True, False],
-                    stages=sorted({max(2, base.stages - 1), base.stages, base.stages + 1}),
+                    stages=sorted({max(1, base.stages - 1), base.stages, base.stages + 1}),
                     tile_n=sorted({t for t in (base.tile_n - 32, base.tile_n, base.tile_n + 32) if 64 <= t <= 256}))
 
     def make_inputs(self, s: dict, dtype, seed: int = 0) -> dict:

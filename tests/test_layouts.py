@@ -154,8 +154,10 @@ def test_ranker_shipped_configs_layouts_and_budget(head_dim):
     assert stsm[0].conflict_free and stsm[1].ratio == 8.0
 
 
-def test_ranker_layouts_are_the_ones_the_kernel_compiles_with(monkeypatch):
-    """Record the layouts RankerAttentionFwd.__call__ builds while it is traced for a real sm_90a compile."""
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_ranker_layouts_are_the_ones_the_kernel_compiles_with(monkeypatch, head_dim):
+    """Record the layouts RankerAttentionFwd.__call__ builds while it is traced for a real sm_90a compile,
+    for every shipped config (one per head dim)."""
     import torch
 
     from cute_kernels.layouts.static import _from_dsl
@@ -198,12 +200,12 @@ def test_ranker_layouts_are_the_ones_the_kernel_compiles_with(monkeypatch):
     monkeypatch.setattr(rf.sm90_utils, "make_trivial_tiled_mma", spy_mma)
     monkeypatch.setattr(rf.cute, "make_tiled_copy_C", spy_copy_c)
     monkeypatch.setenv("CUTE_KERNELS_CACHE", "0")  # force a trace (no disk hit)
-    cfg = rf.CONFIGS[128]
+    cfg = rf.CONFIGS[head_dim]
     rf._compile(torch.bfloat16, cfg, 3, "none", False)  # GQA 3: a key no other test compiles
     compiled = {(lay.shape, lay.stride, lay.swizzle) for lay in seen}
     compiled_tv = {(lay.shape, lay.stride) for lay in tv_seen}
     kl = KL.ranker_fwd_layouts(cfg, "bf16")
-    for name in ("sQ", "sK", "sV"):
+    for name in ("sQ", "sK", "sV", "sO"):
         lay = kl.smem[name]
         assert (lay.shape, lay.stride, lay.swizzle) in compiled, name
     for name in ("S=QK^T accumulator", "O=PV accumulator", "epilogue stmatrix (dst)"):
@@ -258,7 +260,17 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
     assert len(pngs) >= 8 and len(svgs) == len(pngs)
     assert all(p.stat().st_size > 1000 for p in pngs + svgs)
     assert main(["layouts", "--kernel", "ranker_fwd", "--config", "stages=9", "--out", str(tmp_path)]) == 2
-    assert "config rejected" in capsys.readouterr().err
+    assert "stages" in capsys.readouterr().err
+    fresh = tmp_path / "not_made"
+    assert main(["layouts", "--kernel", "ranker_fwd", "--config", "stages=9", "--out", str(fresh)]) == 2
+    assert not fresh.exists()  # nothing written for a rejected config
+    assert main(["layouts", "--kernel", "ranker_fwd", "--config", "head_dim=abc", "--out", str(fresh)]) == 2
+    assert "head_dim takes an integer" in capsys.readouterr().err
+    afile = tmp_path / "report.txt"
+    assert main(["layouts", "--kernel", "ranker_fwd", "--out", str(afile)]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    assert main(["layouts", "--kernel", "qknorm", "--config", "head_dim=128", "--out", str(fresh)]) == 2
+    assert "applies to ranker_fwd only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("script", ["swizzle_banks", "trace_your_own"])

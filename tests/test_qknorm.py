@@ -200,6 +200,7 @@ class _CudaLike:
     (True, TypeError), (False, TypeError), ("1e-6", TypeError), (None, TypeError), (torch.tensor(1e-6), TypeError),
     (-1e-6, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
     (1e300, ValueError), pytest.param(10**400, ValueError, id="10**400"),  # inf in float32 / beyond float
+    (1e-40, ValueError),  # below float32's smallest normal: would be flushed to 0
 ])
 def test_eps_rules(eps, exc):
     q, k, wq, wk = _args()

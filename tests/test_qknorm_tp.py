@@ -108,9 +108,12 @@ def test_single_rank_group_constructs_without_push_buffers():
 
     import torch.distributed as dist
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    import socket
+
+    with socket.socket() as sock:  # a free port: CI hosts may run several jobs
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
         assert (p.rank, p.world, p.fused) == (0, 1, False)

@@ -435,8 +435,12 @@ def bump_versions(q: torch.Tensor, k: torch.Tensor) -> None:
 
 def check_eps(eps) -> None:
     """``eps`` must be a real number (not bool, not a string: ``TypeError``), finite in float32 and
-    ``>= 0`` (``ValueError``): the kernels take it as a float32."""
+    ``>= 0``, and 0 or at least float32's smallest normal 2**-126 (``ValueError``): the kernels take it
+    as a float32, where a smaller eps would be flushed to 0."""
     check_real("eps", eps, low=0.0)
+    if 0 < float(eps) < 2.0 ** -126:
+        raise ValueError(f"eps={eps!r} is below float32's smallest normal number (1.18e-38): it would become 0; "
+                         "pass 0 or a larger eps")
 
 
 def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
@@ -461,7 +465,7 @@ def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
             return False  # q and k overlap
         if not q.is_cuda or not (q.get_device() == k.get_device() == q_weight.get_device() == k_weight.get_device()):
             return False
-        return (type(eps) is float or type(eps) is int) and 0 <= eps <= F32_MAX  # bool is not int here
+        return (type(eps) is float or type(eps) is int) and (eps == 0 or 2.0 ** -126 <= eps <= F32_MAX)  # not bool
     except (AttributeError, ValueError, TypeError):
         return False
 

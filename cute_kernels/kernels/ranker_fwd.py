@@ -119,9 +119,12 @@ class RankerFwdConfig:
             raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} exceeds 64K registers per SM")
         smem = self.smem_bytes()
         if smem > SMEM_CAPACITY:
+            so = (f" + O {self.tile_m}x{self.head_dim} (the persistent schedule keeps sO apart from sQ; "
+                  f"persistent=False reuses sQ)") if self.persistent else ""
             raise ValueError(
                 f"config needs {smem} B of shared memory (Q {self.tile_m}x{self.head_dim} + "
-                f"{self.stages} stages of K,V {self.tile_n}x{self.head_dim}); the sm_90 limit is {SMEM_CAPACITY} B")
+                f"{self.stages} stages of K,V {self.tile_n}x{self.head_dim}{so}); the sm_90 limit is "
+                f"{SMEM_CAPACITY} B")
 
 
 # Shipped configs, one per head dim: tile_m=128 (2 consumer warpgroups), FA3's sm90 tile_n, as many

@@ -103,7 +103,10 @@ def ranker_config(text: Optional[str] = None):
     if text:
         for part in text.replace(" ", "").split(","):
             if part.startswith("head_dim="):
-                base = rf.CONFIGS.get(int(part.split("=", 1)[1]))
+                value = part.split("=", 1)[1]
+                if not value.lstrip("-").isdigit():
+                    raise ValueError(f"head_dim takes an integer, got {value!r}")
+                base = rf.CONFIGS.get(int(value))
     return parse_config(rf.RankerFwdConfig, text, base or rf.CONFIGS.get(rf.RankerFwdConfig().head_dim))
 
 
@@ -365,20 +368,27 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
 
     ranker_fwd: everything of :func:`ranker_fwd_layouts`.  Other kernels (no smem layouts exposed):
     their shipped compile targets, compiled when ``compile`` is set, with registers and features.
-    Returns (report text, files written).  Raises ``ValueError`` for a config the kernel rejects.
+    Returns (report text, files written).  Raises ``ValueError`` for a config the kernel rejects, for
+    ``config`` given to a kernel other than ranker_fwd (they take none), and for an ``out_dir`` that
+    exists and is not a folder; nothing is written then.
     """
-    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out {out_dir} exists and is not a folder")
     files: list[str] = []
     if kernel == "ranker_fwd":
-        kl = ranker_fwd_layouts(config, dtype)
+        kl = ranker_fwd_layouts(config, dtype)  # validates before anything is written
         rec = ranker_compile_record(kl.config, dtype) if compile else None
         text = format_report(kl, rec)
+        os.makedirs(out_dir, exist_ok=True)
         files += draw_all(kl, out_dir)
     else:
         from .. import registry
         from ..runtime.cache import compile_record
 
         mod = registry.module(kernel)
+        if config:
+            raise ValueError(f"--config applies to ranker_fwd only; {kernel}'s configs follow from the tensor "
+                             f"shapes (see `cute-kernels configs --kernel {kernel}`)")
         lines = [f"kernel {kernel}: no shared-memory layouts exposed to cute_kernels.layouts;",
                  "shipped compile targets:"]
         for t in mod.compile_targets():
@@ -390,6 +400,7 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
                     lines.append(f"    {r.name[:60]}: {r.registers} registers, static smem {r.static_smem_bytes} B")
                 lines.append(f"    PTX features: {', '.join(rec.ptx_features)}")
         text = "\n".join(lines) + "\n"
+    os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "report.txt")
     with open(path, "w") as f:
         f.write(text)
