@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs everything GPU-side on a GPU machine, from the source tree (no install, no network):
-#   scripts/gpu_run.sh OUTDIR [tests|check|bench|sanitize|all] [--kernel NAME]
+#   scripts/gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]
 # On the project's H200 through the device tool:
 #   bash ../shared/device/stage.sh --peers         # once per checkout: the DSL kit (+ benchmark peers)
 #   run: carry [".devkit"], command "source .devkit/prelude.sh && CUTE_KERNELS_COMMIT=<sha> bash scripts/gpu_run.sh $OUT all"
@@ -8,7 +8,7 @@
 # Writes into OUTDIR: pytest logs and junit XML, check.txt, bench.json (records with date, GPU, commit),
 # sanitizer logs. Copy bench.json into bench/results/ to back a claim in the README.
 set -uo pipefail
-out=${1:?usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|all] [--kernel NAME]}
+out=${1:?usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]}
 what=${2:-all}
 shift $(( $# >= 2 ? 2 : 1 ))
 kernel_args=("$@")
@@ -35,6 +35,14 @@ fi
 if [[ $what == bench || $what == all ]]; then
   python3 -m cute_kernels bench "${kernel_args[@]}" --json "$out/bench.json" 2>&1 | tee "$out/bench.log" | tail -80
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+fi
+if [[ $what == notebooks || $what == all ]]; then
+  # the notebooks' GPU cells (CI runs them on a CPU only): plain Python, no Jupyter needed
+  for nb in notebooks/*.ipynb; do
+    python3 scripts/run_notebook.py "$nb" > "$out/$(basename "$nb" .ipynb).log" 2>&1
+    rc=$?; echo "$nb exit $rc"; tail -3 "$out/$(basename "$nb" .ipynb).log"
+    [[ $rc == 0 ]] || status=1
+  done
 fi
 if [[ $what == sanitize ]]; then
   # small shapes only: CUTE_KERNELS_SMALL=1 lets GPU tests shrink themselves

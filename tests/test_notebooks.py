@@ -43,3 +43,27 @@ def test_notebook_executes(path, monkeypatch):
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+
+
+def test_run_notebook_script_executes_cells_as_python(tmp_path):
+    """scripts/run_notebook.py (how the GPU machine runs the notebooks): magics dropped, cells share a
+    namespace, a failing cell fails the run."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "run_notebook.py"
+
+    def nb(*cells):
+        path = tmp_path / f"nb{len(list(tmp_path.iterdir()))}.ipynb"
+        path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c} for c in cells],
+                                    "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        return str(path)
+
+    ok = subprocess.run([sys.executable, str(script), nb(["%matplotlib inline\n", "x = 41\n"], ["print(x + 1)\n"])],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "42" in ok.stdout and "ran to the end" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, str(script), nb(["raise ValueError('boom')\n"])],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "boom" in bad.stderr
