@@ -184,3 +184,15 @@ def test_public_op_checks_eps_before_launch():
     with pytest.raises(ValueError, match="hc_eps"):
         cute_kernels.hc_mix_sinkhorn(torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(24, k), torch.ones(3),
                                      torch.zeros(24), 20, 1e-6, -1.0)
+
+
+def test_reference_checks_shapes():
+    x, w = torch.randn(3, 64), torch.randn(24, 64)
+    s, b = torch.ones(3), torch.zeros(24)
+    mod.hc_mix_sinkhorn_reference(x, w, s, b)
+    for args, match in (((x, w[:, :32], s, b), "hc_fn"), ((x, w[:23], s, b), "hc_fn"), ((x[None], w, s, b), "x must"),
+                        ((x, w, s[:2], b), "hc_scale"), ((x, w, s, b[:5]), "hc_base")):
+        with pytest.raises(ValueError, match=match):
+            mod.hc_mix_sinkhorn_reference(*args)
+    with pytest.raises(TypeError):
+        mod.hc_mix_sinkhorn_reference(x.long(), w, s, b)

@@ -235,9 +235,56 @@ def test_scalar_validation(kw, exc, msg):
 def test_scalar_validation_accepts_reals():
     import numpy as np
 
-    for kw in (dict(cap=3), dict(cap=np.float32(2.5)), dict(softmax_scale=-0.5), dict(softmax_scale=np.float64(0.1)),
+    for kw in (dict(cap=3), dict(cap=np.float32(2.5)), dict(softmax_scale=0.0), dict(softmax_scale=np.float64(0.1)),
                dict(cap=30.0, cap_method="soft_sign")):
         rf._validate(**_args(**kw))
+
+
+def test_negative_softmax_scale_is_rejected():
+    """The online softmax keeps its running max over raw scores: a negative scale would turn it into
+    a running min and overflow exp2 (NaN); rejected in the op and the reference alike."""
+    with pytest.raises(ValueError, match="softmax_scale"):
+        rf._validate(**_args(softmax_scale=-0.5))
+    a = _args()
+    with pytest.raises(ValueError, match="softmax_scale"):
+        rf.ranker_attention_reference(a["q"], a["k"], a["v"], a["bounds"], softmax_scale=-0.5)
+
+
+def test_non_tensor_inputs_are_type_errors_also_with_grad_mode():
+    a = _args()
+    with pytest.raises(TypeError):
+        cute_kernels.ranker_attention([1.0], a["k"], a["v"], a["bounds"])  # grad mode on: no AttributeError
+
+
+def test_use_config_takes_a_forward_config_only():
+    from cute_kernels.kernels.ranker_bwd import RankerBwdConfig
+
+    for bad in (RankerBwdConfig(), None, {"head_dim": 128}):
+        with pytest.raises(TypeError, match="RankerFwdConfig"):
+            with rf.use_config(bad):
+                pass
+    assert not rf._OVERRIDES
+
+
+def test_fake_outputs_are_compact_like_the_real_ones():
+    """torch.compile plans with the fake's strides: they must match the real (compact) outputs."""
+    q = torch.zeros(2, 4, 8, 64, dtype=torch.bfloat16).transpose(1, 2)  # [B, S, H, D] view of [B, H, S, D]
+    out, lse = rf._fake(q, q, q, torch.zeros(2, 4, dtype=torch.int32))
+    assert out.shape == q.shape and out.is_contiguous() and not q.is_contiguous()
+    from cute_kernels.kernels import ranker_bwd as rb
+
+    assert all(t.is_contiguous() for t in rb._fake_bwd(q, q, q, q, lse, q, None))
+
+
+def test_varlen_reference_covers_tokens_past_the_last_sequence():
+    """T = 10 packed tokens, sequences cover 7: out has T rows (0 past 7), lse [Hq, T] (-inf past 7)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(10, 2, 64, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    bounds = torch.tensor([[0, 2, 2, 3], [0, 3, 3, 4]], dtype=torch.int32)
+    out, lse = rf.ranker_attention_reference(q, k, v, bounds, cu_seqlens=cu, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 10)
+    assert (out[7:] == 0).all() and torch.isneginf(lse[:, 7:]).all() and torch.isfinite(lse[:, :7]).all()
 
 
 def _varlen_args(cu, nb=None, t=16, **kw):

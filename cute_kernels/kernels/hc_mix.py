@@ -675,11 +675,13 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     column normalization).  The kernel computes the reciprocals with ``rcp.approx``.
 
     Args:
-        x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64, M >= 0.
+        x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64,
+            ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit).
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous.
         hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.
         sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
-        rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``.
+        rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``.  With
+            ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
     Returns:
         ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]``, float32.  ``a = x . hc_fn^T`` is
         float32-accurate (bf16x3 tensor-core products); each row's bits are independent of M.
@@ -710,9 +712,21 @@ def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: to
     """Reference of :func:`hc_mix_sinkhorn` in ``dtype`` (float64 by default; any device).
 
     Returns float32 ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]`` (and computes in ``dtype``).
-    The scalars follow the op's rules (``TypeError`` / ``ValueError`` naming the argument).
+    The scalars follow the op's rules (``TypeError`` / ``ValueError`` naming the argument); the
+    tensors may have any float dtype and device, but their shapes must be the op's (``x [M, K]``,
+    ``hc_fn [24, K]``, ``hc_scale [3]``, ``hc_base [24]``, any K >= 1): ``ValueError`` otherwise.
     """
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
+    for name, t in (("x", x), ("hc_fn", hc_fn), ("hc_scale", hc_scale), ("hc_base", hc_base)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor")
+    if x.dim() != 2 or x.shape[1] < 1:
+        raise ValueError(f"x must be [M, K] with K >= 1, got {list(x.shape)}")
+    if tuple(hc_fn.shape) != (N_MIX, x.shape[1]):
+        raise ValueError(f"hc_fn must be [{N_MIX}, {x.shape[1]}], got {list(hc_fn.shape)}")
+    if tuple(hc_scale.shape) != (3,) or tuple(hc_base.shape) != (N_MIX,):
+        raise ValueError(f"hc_scale must be [3] and hc_base [{N_MIX}], got {list(hc_scale.shape)} and "
+                         f"{list(hc_base.shape)}")
     pre, post, comb = _reference(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, dtype)
     return pre.float(), post.float(), comb.float()
 

@@ -10,6 +10,7 @@ function also works under ``torch.compile`` (``fullgraph=True``).
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .ranker_bwd import ranker_attention_backward_op
 from .ranker_fwd import _ranker_op
@@ -33,6 +34,7 @@ class RankerAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable  # the kernels are not differentiable: double backward raises
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, bounds, cu_seqlens = ctx.saved_tensors
         softmax_scale, cap, cap_method, max_seqlen = ctx.scalars

@@ -773,8 +773,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
                               config: Optional[RankerBwdConfig] = None, deterministic: bool = False):
     """Gradients of :func:`.ranker_fwd.ranker_attention` with respect to q, k, v (issue 4, seed 004).
 
-    NOT YET GPU-VALIDATED: compiled for sm_90a on a CPU only; ``tests/gpu/test_ranker_bwd_gpu.py``
-    checks it against the float64 reference on a GPU.
+    GPU-tested on the H200 (``tests/gpu/test_ranker_bwd_gpu.py``: float64 reference gradients over
+    head dims, GQA, caps, varlen, odd and empty segments; the deterministic mode bitwise).
 
     Args:
         q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen: exactly as given to
@@ -791,7 +791,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
         config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
         ``deterministic=True`` (or a config with ``deterministic=True``) for ordered adds (same bits
-        on every run; also not GPU-validated yet).
+        on every run; measured 7-33% slower, bench/results/2026-11-29_h200_ranker_bwd_s2.md).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, a wrong ``config``/``deterministic`` type, bad ``cu_seqlens``
@@ -1094,7 +1094,7 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
 # ====================================================================== torch op (for torch.compile)
 def _fake_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None,
               max_seqlen=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # compact, like the real ones
 
 
 @custom_op("ranker_attention_bwd", mutates_args=(), fake=_fake_bwd)

@@ -129,10 +129,10 @@ class RankerFwdConfig:
 
 # Shipped configs, one per head dim: tile_m=128 (2 consumer warpgroups), FA3's sm90 tile_n, as many
 # K/V stages as fit.  H200 measurements (bench/results/2026-11-29_h200_ranker_fwd.md, useful TFLOP/s):
-# D=128 persistent beats one-CTA-per-tile at every shape (605 vs 605 headline, 502 vs 462 B=16 short,
+# D=128 persistent ties or beats one-CTA-per-tile (605 vs 605 headline, 502 vs 462 B=16 short,
 # 543 vs 514 candidate-heavy, 502 vs 488 tanh cap); D=64 schedules are within noise of each other
 # (423-438), so D=64 keeps the one-CTA-per-tile schedule whose GPU tests cover every edge case;
-# D=256 cannot be persistent (sQ + sO + 2 K/V stages exceed 227 KB).
+# D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
 CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_n=128, stages=4),
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True),
@@ -726,7 +726,8 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
 
 
 def compile_targets() -> list[CompileTarget]:
-    """Shipped configs: bf16 D=128 (MHA and GQA 4, no cap / tanh), D=64, fp16, varlen."""
+    """What ``cute-kernels compile`` warms: bf16 D=128 MHA (no cap, tanh cap, varlen) and D=64.  Other
+    keys (GQA ratios, fp16, D=256, soft_sign) compile on first use (a few seconds each)."""
     cases = [
         (torch.bfloat16, 128, 1, "none", False),
         (torch.bfloat16, 128, 1, "tanh", False),
@@ -754,8 +755,8 @@ def _check_scalars(softmax_scale, cap, cap_method) -> None:
     float32, so each is bounded to keep those finite (``_SCALAR_MAX`` = float32 max / 4)."""
     if not isinstance(cap_method, str) or cap_method not in ("tanh", "soft_sign"):
         raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign'")
-    sc = None if softmax_scale is None else check_real("softmax_scale", softmax_scale, low=-_SCALAR_MAX,
-                                                        high=_SCALAR_MAX)
+    # >= 0: the online softmax takes its running max over raw scores (a negative scale would flip it)
+    sc = None if softmax_scale is None else check_real("softmax_scale", softmax_scale, low=0.0, high=_SCALAR_MAX)
     if cap is not None:
         c = check_real("cap", cap, low=_F32_TINY, high=_SCALAR_MAX)  # a normal float32
         if sc is not None and abs(sc) / c > _SCALAR_MAX:
@@ -766,11 +767,13 @@ def _check_max_seqlen(max_seqlen) -> None:
     check_int("max_seqlen", max_seqlen, low=0)
 
 
-def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int] = None) -> int:
+def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int] = None,
+                             with_end: bool = False):
     """Check the values of packed-varlen offsets on the host (reads them: a device sync).
 
     ``cu_seqlens[0] == 0``, non-decreasing, ``cu_seqlens[-1] <= total`` (tokens of q/k/v), and
-    ``max_seqlen`` (if given) at least the longest sequence.  Returns the longest sequence length.
+    ``max_seqlen`` (if given) at least the longest sequence.  Returns the longest sequence length
+    (with ``with_end``: ``(longest, cu_seqlens[-1])``).
     Raises ``ValueError`` naming the offending entry: the kernel trusts these values for its loads
     and stores, so bad ones would read or write out of bounds.
     """
@@ -791,7 +794,7 @@ def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, max_seqlen: O
     if max_seqlen is not None and max_seqlen < longest:
         b = int(torch.argmax(lens))
         raise ValueError(f"max_seqlen={max_seqlen} is smaller than sequence {b}'s length {longest} (cu_seqlens)")
-    return longest
+    return (longest, int(cu[-1])) if with_end else longest
 
 
 def _capturing(t: torch.Tensor) -> bool:
@@ -916,6 +919,8 @@ def use_config(config: "RankerFwdConfig"):
     module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``ValueError`` (from
     ``config.validate()``) before the block for a config that does not fit.  Process-wide, not
     thread-safe; blocks nest."""
+    if not isinstance(config, RankerFwdConfig):
+        raise TypeError(f"use_config takes a RankerFwdConfig, got {type(config).__name__}")
     config.validate()
     old = _OVERRIDES.get(config.head_dim)
     _OVERRIDES[config.head_dim] = config
@@ -943,14 +948,25 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
             lse = torch.empty((hq, seq), dtype=torch.float32, device=q.device)
         # Offsets drive the kernel's loads and stores: check their values whenever the host may read
         # them.  Under CUDA-graph capture it may not (no sync): the caller guarantees them (docstring).
+        capturing = _capturing(q)
+        end = None  # cu_seqlens[-1] when the host may read it
         if max_seqlen is None:
-            if _capturing(q):
+            if capturing:
                 raise ValueError("max_seqlen is required with cu_seqlens while a CUDA graph is captured "
                                  "(computing it reads cu_seqlens on the host)")
-            max_seqlen = _check_cu_seqlens_values(cu_seqlens, seq)
-        elif not _capturing(q):
-            _check_cu_seqlens_values(cu_seqlens, seq, max_seqlen)
+            max_seqlen, end = _check_cu_seqlens_values(cu_seqlens, seq, with_end=True)
+        elif not capturing:
+            _, end = _check_cu_seqlens_values(cu_seqlens, seq, max_seqlen, with_end=True)
         max_seqlen = min(max_seqlen, seq)  # no valid sequence is longer than the packed total
+        # packed tokens past cu_seqlens[-1] belong to no sequence and the kernel never writes them:
+        # out = 0, lse = -inf there (eager: the known tail; in capture: a device-side mask)
+        if end is None:
+            tail = torch.arange(seq, device=q.device) >= cu_seqlens[-1]
+            out.masked_fill_(tail[:, None, None], 0)
+            lse.masked_fill_(tail[None, :], -math.inf)
+        elif end < seq:
+            out[end:].zero_()
+            lse[:, end:].fill_(-math.inf)
     else:
         if lse is None:
             lse = torch.empty((nb, hq, seq), dtype=torch.float32, device=q.device)
@@ -987,7 +1003,7 @@ def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_s
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-    return torch.empty_like(q), lse
+    return q.new_empty(q.shape), lse  # compact, like the real output (not q's strides)
 
 
 @custom_op("ranker_attention_fwd", mutates_args=(), fake=_fake)
@@ -1014,7 +1030,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         bounds: ``[B, 4]`` int32, contiguous: (hist_lo, hist_hi, cand_lo, cand_hi), half-open, per
             sequence (relative to the sequence start in the varlen form).  Values are clamped to
             ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.
-        softmax_scale: None or a finite real number (float32 range), default ``1/sqrt(D)``.
+        softmax_scale: None or a real number in ``[0, float32 max / 4]``, default ``1/sqrt(D)``.
         cap: None (no cap) or a positive finite real number (a normal float32); ``cap_method``
             ``"tanh"`` (``cap*tanh(s/cap)``) or ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before
             the mask.
@@ -1022,7 +1038,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         cu_seqlens: ``[B+1]`` int32 (same device, contiguous) offsets of the packed form:
             ``cu_seqlens[0] == 0``, non-decreasing, ``cu_seqlens[-1] <= T``; sequence ``b`` is
             tokens ``cu_seqlens[b]:cu_seqlens[b+1]``.  ``max_seqlen``: None or an int >= the longest
-            sequence (``cu_seqlens[b+1] - cu_seqlens[b]``), at most ``2**31 - 1``.
+            sequence (``cu_seqlens[b+1] - cu_seqlens[b]``), at most ``2**31 - 1``.  Packed tokens past
+            ``cu_seqlens[-1]`` belong to no sequence: their ``out`` is 0 and ``lse`` -inf.
             The values are checked on the host (a device sync) on every eager call, and
             ``max_seqlen`` is computed from them when omitted.  While the current stream captures
             a CUDA graph the host cannot read them: ``max_seqlen`` is then required and the values
@@ -1045,7 +1062,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture.
     """
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         from .ranker_autograd import RankerAttentionFunction  # the backward's modules load on first use
 
         out, lse = RankerAttentionFunction.apply(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens,
@@ -1059,6 +1076,11 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
     for name, t in (("q", q), ("k", k), ("v", v), ("bounds", bounds)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_floating_point():
+            raise TypeError(f"{name} has dtype {t.dtype}; the reference takes floating-point q, k, v")
+    if bounds.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"bounds has dtype {bounds.dtype}; expected int32 (or int64)")
     nd = 3 if cu_seqlens is not None else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != nd:
@@ -1111,8 +1133,11 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
                                               cap, cap_method, True, compute_dtype=compute_dtype)
             outs.append(o[0])
             lses.append(l[0])
-        out = torch.cat(outs, 0) if outs else q.new_zeros(q.shape)
-        lse = torch.cat(lses, 1) if lses else q.new_zeros((q.shape[1], 0), dtype=torch.float32)
+        # tokens past cu_seqlens[-1] belong to no sequence: 0 output, -inf LSE (as the kernel writes)
+        tail = q.shape[0] - cu[-1]
+        outs.append(q.new_zeros((tail, *q.shape[1:])))
+        lses.append(torch.full((q.shape[1], tail), -math.inf, dtype=torch.float32, device=q.device))
+        out, lse = torch.cat(outs, 0), torch.cat(lses, 1)
         return (out, lse) if return_lse else out
     nb, s, hq, d = q.shape
     hkv = k.shape[2]

@@ -170,6 +170,30 @@ def test_varlen(d, hkv, cap):
     _compare(f"varlen d={d} hkv={hkv}", q, k, v, bounds, cap=cap, cu_seqlens=cu, max_seqlen=max(lens))
 
 
+@pytest.mark.parametrize("capture", [False, True])
+def test_varlen_tokens_past_the_last_sequence(capture):
+    """T > cu_seqlens[-1]: the trailing tokens get out = 0 and lse = -inf (poisoned buffers before), eager
+    (host-known tail) and inside a CUDA graph (device-side mask)."""
+    cu = torch.tensor([0, 100, 237], device="cuda", dtype=torch.int32)
+    t, g = 300, generator(4)
+    q, k, v = (torch.randn(t, h, 128, device="cuda", dtype=torch.bfloat16, generator=g) for h in (4, 2, 2))
+    bounds = torch.tensor([[0, 70, 70, 100], [0, 100, 100, 137]], device="cuda", dtype=torch.int32)
+    if not capture:
+        _compare("varlen tail", q, k, v, bounds, cu_seqlens=cu)
+        return
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((4, t), float("nan"), device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rf._ranker_impl(q, k, v, bounds, None, None, "tanh", cu, 137, out=out, lse=lse)
+    graph.replay()
+    torch.cuda.synchronize()
+    ro, rl = rf.ranker_attention_reference(q, k, v, bounds, cu_seqlens=cu, return_lse=True)
+    assert (out[237:] == 0).all() and torch.isneginf(lse[:, 237:]).all()
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (out.float() - ro.float()).abs().max().item() < 3e-2
+
+
 def test_public_api_and_determinism():
     q, k, v = _qkv(2, 640, 4, 4, 128, seed=7)
     bounds = torch.tensor([[0, 512, 512, 640], [0, 300, 300, 640]], device="cuda", dtype=torch.int32)
