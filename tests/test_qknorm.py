@@ -257,3 +257,16 @@ def test_in_place_ops_respect_autograd():
     m.bump_versions(q, k)  # what the op does after the kernel wrote q and k
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+def test_single_row_with_any_stride_gets_a_launchable_view():
+    from cute_kernels.kernels import qknorm as m
+
+    buf = torch.zeros(1, 70, dtype=torch.bfloat16)
+    q = buf.as_strided((1, 64), (67, 1))  # one row, odd stride: legal, the stride is never used
+    v = m.launch_view(q)
+    assert v.data_ptr() == q.data_ptr() and v.stride() == (64, 1) and v.shape == q.shape
+    v.fill_(1.0)  # the same elements
+    assert (q == 1).all()
+    two = torch.zeros(2, 72, dtype=torch.bfloat16)[:, :64]
+    assert m.launch_view(two) is two

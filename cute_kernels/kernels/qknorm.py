@@ -424,6 +424,15 @@ def check_no_grad(q, k, q_weight, k_weight) -> None:
                            "that do not require grad, or under torch.no_grad()")
 
 
+def launch_view(t: torch.Tensor) -> torch.Tensor:
+    """The kernels are compiled for row strides that are whole 16-byte vectors; a single row may have
+    any stride (it is never used), so give it one: the same storage, offset and elements."""
+    vec = _VEC[t.dtype]
+    if t.shape[0] == 1 and t.stride(0) % vec:
+        return t.as_strided(t.shape, (-(-t.shape[1] // vec) * vec, 1))
+    return t
+
+
 def bump_versions(q: torch.Tensor, k: torch.Tensor) -> None:
     """The kernel writes through raw pointers: tell autograd that q and k changed (version counters), so
     a graph that saved them for backward raises instead of using the new values."""
@@ -487,7 +496,7 @@ def _qk_rmsnorm_impl(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
     fn = _launchers.get(key)
     if fn is None:
         fn = _launchers[key] = _compile(*key)
-    fn(q, k, q_weight, k_weight, float(eps))
+    fn(launch_view(q), launch_view(k), q_weight, k_weight, float(eps))
     bump_versions(q, k)
 
 

@@ -73,7 +73,7 @@ from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_int, check_real
 from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, args_look_valid, bump_versions,
-                     check_eps, check_no_grad, qk_rmsnorm_reference, validate_qk_args, vec_elems)
+                     check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args, vec_elems)
 
 NAME = "qknorm_tp"
 SHIPPED_G = (2, 4, 8)
@@ -519,6 +519,11 @@ class ParallelQKNorm:
     # --- calls
     def __call__(self, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  eps: float) -> None:
+        """Normalize this rank's shards in place: ``q [N, Q/G]``, ``k [N, K/G]`` with ``N <= max_tokens``,
+        the weights ``[Q/G]`` / ``[K/G]`` of this rank, the dtype and rules of :func:`cute_kernels.qk_rmsnorm_`
+        (seed 000 math over all ranks' sums).  Every rank must make the same sequence of calls with the same
+        N.  Raises ``ValueError`` / ``TypeError`` before any launch, ``RuntimeError`` when closed,
+        ``PeerTimeoutError`` when an earlier call timed out (until :meth:`reset`)."""
         self._check_open()
         check_eps(eps)  # before float(): True or "1e-6" must not turn into a number
         parallel_qk_rmsnorm_(q, k, q_weight, k_weight, float(eps), self.handle)
@@ -556,8 +561,8 @@ class ParallelQKNorm:
         if q.device != self.device:
             raise ValueError(f"q is on {q.device}; this ParallelQKNorm lives on {self.device}")
         num_ctas = min(-(-n // self.config.norm.rows), self._resident)
-        self._fn(q, k, q_weight, k_weight, self.peers, self.state, self._error.data_ptr(), self.rank,
-                 self.max_tokens, num_ctas, eps, self.timeout_ns)
+        self._fn(launch_view(q), launch_view(k), q_weight, k_weight, self.peers, self.state,
+                 self._error.data_ptr(), self.rank, self.max_tokens, num_ctas, eps, self.timeout_ns)
         bump_versions(q, k)
 
     def _run_unfused(self, q, k, q_weight, k_weight, eps) -> None:
