@@ -11,6 +11,7 @@ import sys
 import torch
 
 from cute_kernels.kernels import hc_mix as mod
+from cute_kernels.kernels import hc_mix_tma as tma
 from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
 
@@ -37,6 +38,13 @@ def main():
             fn = lambda cfg=cfg: mod._launch(x, hc_fn, hc_scale, hc_base, 20, 1e-6, 1e-6, config=cfg, out=out)
             row[_name(cfg)] = round(cuda_time_us(fn), 2)
         row["op"] = round(cuda_time_us(lambda: mod.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)), 2)
+        for ck in (4, 8):  # the experimental TMA + WGMMA kernel (hc_mix_tma), two cluster sizes
+            cfg = tma.HcMixTmaConfig(cluster_k=ck)
+            try:
+                row[f"tma_c{ck}"] = round(cuda_time_us(
+                    lambda cfg=cfg: tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg)), 2)
+            except Exception as exc:  # noqa: BLE001 (experimental: report, keep sweeping)
+                row[f"tma_c{ck}"] = f"error: {exc!r}"[:120]
         if splitk is not None:
             row["splitk"] = round(cuda_time_us(lambda: splitk(x, hc_fn, hc_scale, hc_base)), 2)
             ref = mod.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)

@@ -11,6 +11,7 @@ import torch
 RUN_SEED = int(os.environ.get("CUTE_KERNELS_SEED") or int.from_bytes(os.urandom(4), "little"))
 
 
-def generator(offset: int = 0) -> torch.Generator:
-    """A CUDA generator for this run: the same ``offset`` gives the same numbers within a run."""
-    return torch.Generator(device="cuda").manual_seed(RUN_SEED + offset)
+def generator(offset: int = 0, device: str = "cuda") -> torch.Generator:
+    """A generator for this run (CUDA by default; ``device="cpu"`` for CPU tests): the same ``offset``
+    gives the same numbers within a run."""
+    return torch.Generator(device=device).manual_seed(RUN_SEED + offset)

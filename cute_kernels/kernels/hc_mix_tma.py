@@ -1,0 +1,351 @@
+"""mHC mix statistics + Sinkhorn on TMA + WGMMA (issue 7, seed 001): the design planned in
+:mod:`.hc_mix`'s docstring.  EXPERIMENTAL: compiled for sm_90a and CPU-tested (layouts, PTX/SASS,
+a float64 emulation of its summation order); NOT yet run on a GPU, so :func:`.hc_mix.hc_mix_sinkhorn`
+does not use it.  ``tests/gpu/test_hc_mix_gpu.py::test_tma_kernel_*`` checks and times it there.
+
+Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: sigmoids + Sinkhorn).
+The K walk differs:
+
+* One cluster of ``cluster_k`` CTAs per 128-row tile of x; CTA ``r`` walks the k tiles
+  ``[r * KT / cluster_k, (r + 1) * KT / cluster_k)`` of 64 columns (KT = K / 64).
+* Warp 0 (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[128, 64]`` and of
+  the host-split hc_fn ``[72, 64]`` (:func:`.hc_mix.split_pieces`: rows lo 0-23, mid 24-47, hi 48-71)
+  into a ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem).
+* Two consumer warpgroups (64 rows each) issue ``wgmma m64n72k16`` (A = x, B = the pieces; bf16 in,
+  float32 out) over the 4 k16 steps of a tile into a fresh accumulator, and add it to float32 running
+  sums (one tile = one chunk: the per-chunk accuracy argument of :mod:`.hc_mix`).  While the WGMMAs
+  run, each thread sums the squares of half a row of the x tile from smem (thread ``2 r + h``: row
+  ``r``, columns ``32 h .. 32 h + 31``, float32, in column order).
+* After the walk: partials to smem (aliasing the drained x ring), ``a_j = (lo_j + mid_j) + hi_j``,
+  sum x^2 = half 0 + half 1; the cluster's CTAs sum their partials in rank order through distributed
+  shared memory; one consumer thread per row runs the epilogue.
+
+Reduction order: fixed by (cluster rank, k tile, column), independent of M, so each row's bits are
+the same for every M (batch invariant); the bits differ from :mod:`.hc_mix`'s kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+import torch
+from cutlass import BFloat16, Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ..runtime.cache import compile_cached
+from ..runtime.fake import fake_stream, fake_tensor
+from . import sm90_helpers as sm90
+from .hc_mix import HC, K_ALIGN, N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32
+
+NAME = "hc_mix_tma"
+TILE_M = 128  # rows per cluster: two consumer warpgroups of 64
+N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
+P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
+
+
+@dataclass(frozen=True)
+class HcMixTmaConfig:
+    """``tile_k`` columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth,
+    ``cluster_k`` CTAs splitting K (part of the reduction order), register split producer/consumer.
+
+    One CTA per SM (384 threads x 120 registers); six stages keep 150 KB of loads in flight per SM.
+    Not tuned: no GPU run yet (cluster_k 4 gives one wave of 128 CTAs at M = 4096; 8 more CTAs at
+    small M)."""
+
+    tile_k: int = 64
+    stages: int = 6
+    cluster_k: int = 8
+    producer_regs: int = 40
+    consumer_regs: int = 120  # two accumulators (36 + 36) and addressing; 112 spills 8 B (sm_90a ptxas)
+    store_mix: bool = False
+
+    @property
+    def tile_m(self) -> int:
+        return TILE_M
+
+    def smem_bytes(self) -> int:
+        ring = self.stages * (TILE_M + N_W) * self.tile_k * 2
+        partials = TILE_M * P_COLS * 4  # aliases the x ring when that is large enough
+        x_ring = self.stages * TILE_M * self.tile_k * 2
+        totals = (TILE_M // self.cluster_k) * SP_COLS * 4
+        return ring + (0 if partials <= x_ring else partials) + totals + 16 * self.stages + 2048
+
+    def validate(self) -> None:
+        if self.tile_k != 64:
+            raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
+        if not 2 <= self.stages <= 8:
+            raise ValueError(f"stages={self.stages}: must be in [2, 8]")
+        if self.cluster_k not in (1, 2, 4, 8):
+            raise ValueError(f"cluster_k={self.cluster_k}: must be 1, 2, 4 or 8 (portable cluster sizes)")
+        if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
+            raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
+        if 128 * self.producer_regs + 256 * self.consumer_regs > 65536:
+            raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} exceeds 64K per SM")
+        if self.smem_bytes() > SMEM_LIMIT:
+            raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
+
+
+class HcMixTmaKernel(HcMixKernel):
+    """One cluster per 128-row tile; warp-specialized TMA producer + two WGMMA consumer warpgroups.
+    Reuses :class:`.hc_mix.HcMixKernel`'s epilogue (sigmoids, Sinkhorn)."""
+
+    def __init__(self, config: HcMixTmaConfig):
+        config.validate()
+        self.config = config
+        self.stages = config.stages
+        self.tile_k = config.tile_k
+        self.cluster_k = config.cluster_k
+        self.tile_m = TILE_M
+        self.threads = 384
+        self.num_consumers = 256
+        self.rows_per_rank = TILE_M // config.cluster_k
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
+                 mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
+                 sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, stream):
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
+        sX_layout = sm90.smem_layout(BFloat16, TILE_M, self.tile_k, self.stages)
+        sW_layout = sm90.smem_layout(BFloat16, N_W, self.tile_k, self.stages)
+        tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mX, cute.select(sX_layout, mode=[0, 1]), (TILE_M, self.tile_k))
+        tma_atom_W, tma_W = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mW, cute.select(sW_layout, mode=[0, 1]), (N_W, self.tile_k))
+        self.tma_bytes = (cute.size_in_bytes(BFloat16, cute.select(sX_layout, mode=[0, 1]))
+                          + cute.size_in_bytes(BFloat16, cute.select(sW_layout, mode=[0, 1])))
+        x_ring = cute.cosize(sX_layout)
+        alias = TILE_M * P_COLS * 2 <= x_ring  # partials (float32) fit in the drained x ring (bf16 elements)
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            sX: cute.struct.Align[cute.struct.MemRange[BFloat16, x_ring], 1024]
+            sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[Float32, 0 if alias else TILE_M * P_COLS], 16]
+            sA: cute.struct.Align[cute.struct.MemRange[Float32, self.rows_per_rank * SP_COLS], 16]
+
+        self.shared_storage = SharedStorage
+        self.partials_alias_x = alias
+        grid_m = (mX.shape[0] + TILE_M - 1) // TILE_M
+        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mScale, mBase,
+                    mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps).launch(
+            grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1], cluster=[self.cluster_k, 1, 1],
+            stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ kernel
+    @cute.kernel
+    def kernel(self, tma_X: cute.Tensor, tma_W: cute.Tensor, tma_atom_X: cute.CopyAtom, tma_atom_W: cute.CopyAtom,
+               tiled_mma: cute.TiledMma, sX_layout: cute.ComposedLayout, sW_layout: cute.ComposedLayout,
+               mX: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor, mPost: cute.Tensor,
+               mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        rank, m_block, _ = cute.arch.block_idx()  # cluster = (cluster_k, 1, 1): rank in the cluster
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_atom_X)
+            cpasync.prefetch_descriptor(tma_atom_W)
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumers // 32),
+            tx_count=self.tma_bytes, defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
+        sW = storage.sW.get_tensor(sW_layout.outer, swizzle=sW_layout.inner)
+        p_layout = cute.make_layout((TILE_M, P_COLS), stride=(P_COLS, 1))
+        if cutlass.const_expr(self.partials_alias_x):
+            sP = cute.make_tensor(cute.recast_ptr(storage.sX.data_ptr(), dtype=Float32), p_layout)
+        else:
+            sP = storage.sP.get_tensor(p_layout)
+        sA = storage.sA.get_tensor(cute.make_layout((self.rows_per_rank, SP_COLS), stride=(SP_COLS, 1)))
+
+        k_tiles = (mX.shape[1] + self.tile_k - 1) // self.tile_k
+        kt_begin = rank * k_tiles // self.cluster_k
+        kt_end = (rank + 1) * k_tiles // self.cluster_k
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.config.producer_regs)
+            if warp_idx == 0:
+                self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block, kt_begin, kt_end)
+        else:
+            cute.arch.setmaxregister_increase(self.config.consumer_regs)
+            self.mma(tiled_mma, sX, sW, sP, ring, tidx - 128, kt_begin, kt_end)
+
+        cute.arch.cluster_arrive()  # every CTA's partials are in its smem
+        cute.arch.cluster_wait()
+        if tidx >= 128:
+            self.cluster_reduce_rows(sP, sA, rank, tidx - 128)
+        cute.arch.cluster_arrive()  # no CTA leaves while a peer still reads its partials
+        cute.arch.cluster_wait()
+        if tidx >= 128 and tidx - 128 < self.rows_per_rank:
+            rr = tidx - 128
+            row = m_block * TILE_M + rr * self.cluster_k + rank
+            if row < mX.shape[0]:
+                self.epilogue(sA, rr, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
+                              sinkhorn_iters, rms_eps, hc_eps)
+
+    # ------------------------------------------------------------------ roles
+    @cute.jit
+    def load(self, tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block, kt_begin, kt_end):
+        """Producer warp: the x tile and the hc_fn pieces of every k tile of this CTA, in order."""
+        gX = cute.local_tile(tma_X, (TILE_M, self.tile_k), (m_block, None))  # (128, 64, k tiles)
+        gW = cute.local_tile(tma_W, (N_W, self.tile_k), (0, None))  # (72, 64, k tiles)
+        tXsX, tXgX = cpasync.tma_partition(tma_atom_X, 0, cute.make_layout(1),
+                                           cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
+        tWsW, tWgW = cpasync.tma_partition(tma_atom_W, 0, cute.make_layout(1),
+                                           cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for kt in cutlass.range(kt_begin, kt_end, unroll=1):
+            ring.producer_acquire(state)
+            bar = ring.producer_get_barrier(state)
+            cute.copy(tma_atom_X, tXgX[None, kt], tXsX[None, state.index], tma_bar_ptr=bar)
+            cute.copy(tma_atom_W, tWgW[None, kt], tWsW[None, state.index], tma_bar_ptr=bar)
+            state.advance()
+
+    @cute.jit
+    def mma(self, tiled_mma, sX, sW, sP, ring, ctidx, kt_begin, kt_end):
+        """Consumers: per k tile, WGMMA into a fresh accumulator, squares of half a row meanwhile, then
+        the float32 running sums; at the end the CTA's partials into ``sP`` (rows x (72 + 1))."""
+        wg_idx = cute.arch.make_warp_uniform(ctidx // 128)
+        wg_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg_idx))
+        thr_mma = tiled_mma.get_slice(ctidx)
+        tCrX = wg_mma.make_fragment_A(wg_mma.partition_A(sX))
+        tCrW = wg_mma.make_fragment_B(wg_mma.partition_B(sW))
+        acc_shape = tiled_mma.partition_shape_C((TILE_M, N_W))
+        acc = cute.make_rmem_tensor(acc_shape, Float32)
+        run = cute.make_rmem_tensor(acc_shape, Float32)
+        run.fill(0.0)
+        sq_row = ctidx // 2
+        sq_col0 = (ctidx % 2) * (self.tile_k // 2)
+        sq = Float32(0.0)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for _ in cutlass.range(kt_begin, kt_end, unroll=1):
+            ring.consumer_wait(state)
+            sm90.wgmma_gemm(tiled_mma, acc, tCrX[None, None, None, state.index], tCrW[None, None, None, state.index],
+                            zero_init=True)
+            part = Float32(0.0)
+            for c in cutlass.range_constexpr(self.tile_k // 2):
+                v = sX[sq_row, sq_col0 + c, state.index].to(Float32)
+                part = part + v * v
+            sq = sq + part
+            warpgroup.wait_group(0)
+            ring.consumer_release(state)
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                run[i] = run[i] + acc[i]
+            state.advance()
+        # every consumer is done with the ring (and every TMA load has landed): sP may alias sX
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
+        tCcP = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, N_W)))
+        for i in cutlass.range_constexpr(cute.size(run)):
+            r, c = tCcP[i]
+            sP[r, c] = run[i]
+        other = cute.arch.shuffle_sync_bfly(sq, offset=1)  # the row's other half
+        if ctidx % 2 == 0:
+            sP[sq_row, N_W] = sq + other  # half 0 + half 1
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
+        # a_j = (lo_j + mid_j) + hi_j, in place into columns 0..23
+        for i in cutlass.range_constexpr((TILE_M * N_MIX + self.num_consumers - 1) // self.num_consumers):
+            item = ctidx + i * self.num_consumers
+            if item < TILE_M * N_MIX:
+                r = item // N_MIX
+                j = item % N_MIX
+                sP[r, j] = (sP[r, j] + sP[r, N_MIX + j]) + sP[r, 2 * N_MIX + j]
+
+    @cute.jit
+    def cluster_reduce_rows(self, sP, sA, rank, ctidx):
+        """Rows ``rank, rank + cluster_k, ...`` of the tile: the cluster's partials summed in rank order
+        (24 mix values and the sum of squares)."""
+        n_items = self.rows_per_rank * SP_COLS
+        for i in cutlass.range_constexpr((n_items + self.num_consumers - 1) // self.num_consumers):
+            item = ctidx + i * self.num_consumers
+            if item < n_items:
+                rr = item // SP_COLS
+                col = item % SP_COLS
+                src_col = col if col < N_MIX else N_W  # column 24 of sA = sum of squares
+                row = rr * self.cluster_k + rank
+                total = Float32(0.0)
+                for src in cutlass.range_constexpr(self.cluster_k):
+                    total = total + _ld_dsmem_f32(sP.iterator + (row * P_COLS + src_col), Int32(src))
+                sA[rr, col] = total
+
+
+def _compile(config: HcMixTmaConfig):
+    def build():
+        m = cute.sym_int()
+        k = cute.sym_int(divisibility=K_ALIGN)
+        mm = cute.sym_int()
+        x_ld = cute.sym_int(divisibility=8)
+        w_ld = cute.sym_int(divisibility=8)
+        return HcMixTmaKernel(config), (
+            fake_tensor(torch.bfloat16, (m, k), stride=(x_ld, 1)),
+            fake_tensor(torch.bfloat16, (N_W, k), stride=(w_ld, 1)),
+            fake_tensor(torch.float32, (3,), align=4),
+            fake_tensor(torch.float32, (N_MIX,), align=4),
+            fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
+            fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
+            fake_tensor(torch.float32, (m, HC * HC), stride=(HC * HC, 1)),
+            fake_tensor(torch.float32, (mm, SP_COLS), stride=(SP_COLS, 1), align=4),
+            Int32(20), Float32(1e-6), Float32(1e-6), fake_stream())
+
+    return compile_cached(NAME, config, build)
+
+
+def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+                        sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
+                        config: HcMixTmaConfig | None = None, mix: torch.Tensor | None = None):
+    """EXPERIMENTAL (not yet GPU-validated): :func:`.hc_mix.hc_mix_sinkhorn` on this kernel.  Same
+    arguments, rules, errors and outputs; ``mix`` (``[M, 25]`` float32) receives the raw ``a`` and
+    sum x^2 per row when ``config.store_mix`` is set."""
+    from .hc_mix import _pieces, _validate
+
+    _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
+    cfg = config or HcMixTmaConfig()
+    m = x.shape[0]
+    pre = torch.empty(m, HC, dtype=torch.float32, device=x.device)
+    post = torch.empty(m, HC, dtype=torch.float32, device=x.device)
+    comb = torch.empty(m, HC, HC, dtype=torch.float32, device=x.device)
+    if m:
+        mix_arg = mix if mix is not None else pre.new_empty(1, SP_COLS)
+        _compile(cfg)(x, _pieces(hc_fn), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
+                      int(sinkhorn_iters), float(rms_eps), float(hc_eps))
+    return pre, post, comb
+
+
+def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | None = None) -> torch.Tensor:
+    """The kernel's summation order in float32 on any device (CPU tests): ``[M, 25]`` = (a, sum x^2).
+
+    Exact bf16 x bf16 products; each k tile's 64 products summed in float32 (the WGMMA chunk, modelled
+    as exact-then-rounded), added to float32 running sums per CTA, pieces combined (lo + mid) + hi,
+    the cluster's CTAs summed in rank order; squares: per thread half-row sums in column order.
+    """
+    from .hc_mix import split_pieces
+
+    cfg = config or HcMixTmaConfig()
+    m, k = x.shape
+    w3 = split_pieces(hc_fn.float()).double()  # [72, K], exact bf16 values
+    xd = x.double()
+    kt = -(-k // cfg.tile_k)
+    out = torch.zeros(m, SP_COLS, dtype=torch.float32)
+    for rank in range(cfg.cluster_k):
+        run = torch.zeros(m, N_W, dtype=torch.float32)
+        sq = torch.zeros(m, 2, dtype=torch.float32)
+        for t in range(rank * kt // cfg.cluster_k, (rank + 1) * kt // cfg.cluster_k):
+            cols = slice(t * cfg.tile_k, min(k, (t + 1) * cfg.tile_k))
+            run = run + (xd[:, cols] @ w3[:, cols].t()).float()
+            for h in range(2):
+                part = torch.zeros(m, dtype=torch.float32)
+                for c in range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2):
+                    part = part + (xd[:, c] * xd[:, c]).float()
+                sq[:, h] = sq[:, h] + part
+        a = (run[:, :N_MIX] + run[:, N_MIX:2 * N_MIX]) + run[:, 2 * N_MIX:]
+        out[:, :N_MIX] = out[:, :N_MIX] + a
+        out[:, N_MIX] = out[:, N_MIX] + (sq[:, 0] + sq[:, 1])
+    return out
