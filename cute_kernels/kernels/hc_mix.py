@@ -534,27 +534,30 @@ class HcMixKernel:
 
 
 # ---------------------------------------------------------------------- compile + torch glue
-def _compile(config: HcMixConfig):
-    def build():
-        m = cute.sym_int()
-        k = cute.sym_int(divisibility=K_ALIGN)
-        mm = cute.sym_int()
-        x_ld = cute.sym_int(divisibility=8)  # row strides: 16-byte multiples (checked on the host)
-        w_ld = cute.sym_int(divisibility=8 if config.presplit else 4)
-        # explicit row-major strides (a compact fake tensor without strides is column-major)
-        return HcMixKernel(config), (
-            fake_tensor(torch.bfloat16, (m, k), stride=(x_ld, 1)),
-            (fake_tensor(torch.bfloat16, (N_PIECES * N_MIX, k), stride=(w_ld, 1)) if config.presplit
-             else fake_tensor(torch.float32, (N_MIX, k), stride=(w_ld, 1))),
-            fake_tensor(torch.float32, (3,), align=4),
-            fake_tensor(torch.float32, (N_MIX,), align=4),
-            fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
-            fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
-            fake_tensor(torch.float32, (m, HC * HC), stride=(HC * HC, 1)),
-            fake_tensor(torch.float32, (mm, SP_COLS), stride=(SP_COLS, 1), align=4),
-            Int32(20), Float32(1e-6), Float32(1e-6), fake_stream())
+def fake_launch_args(presplit: bool) -> tuple:
+    """Compile-time stand-ins for the launch arguments (x, hc_fn or its [72, K] bf16 pieces, scale, base,
+    pre, post, comb, mix, sinkhorn_iters, rms_eps, hc_eps, stream), shared by both hc_mix kernels."""
+    m = cute.sym_int()
+    k = cute.sym_int(divisibility=K_ALIGN)
+    mm = cute.sym_int()
+    x_ld = cute.sym_int(divisibility=8)  # row strides: 16-byte multiples (checked on the host)
+    w_ld = cute.sym_int(divisibility=8 if presplit else 4)
+    # explicit row-major strides (a compact fake tensor without strides is column-major)
+    return (
+        fake_tensor(torch.bfloat16, (m, k), stride=(x_ld, 1)),
+        (fake_tensor(torch.bfloat16, (N_PIECES * N_MIX, k), stride=(w_ld, 1)) if presplit
+         else fake_tensor(torch.float32, (N_MIX, k), stride=(w_ld, 1))),
+        fake_tensor(torch.float32, (3,), align=4),
+        fake_tensor(torch.float32, (N_MIX,), align=4),
+        fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
+        fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
+        fake_tensor(torch.float32, (m, HC * HC), stride=(HC * HC, 1)),
+        fake_tensor(torch.float32, (mm, SP_COLS), stride=(SP_COLS, 1), align=4),
+        Int32(20), Float32(1e-6), Float32(1e-6), fake_stream())
 
-    return compile_cached(NAME, config, build)
+
+def _compile(config: HcMixConfig):
+    return compile_cached(NAME, config, lambda: (HcMixKernel(config), fake_launch_args(config.presplit)))
 
 
 def compile_targets() -> list[CompileTarget]:

@@ -37,9 +37,8 @@ from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.cache import compile_cached
-from ..runtime.fake import fake_stream, fake_tensor
 from . import sm90_helpers as sm90
-from .hc_mix import HC, K_ALIGN, N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32
+from .hc_mix import HC, N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32, fake_launch_args
 
 NAME = "hc_mix_tma"
 TILE_M = 128  # rows per cluster: two consumer warpgroups of 64
@@ -278,24 +277,7 @@ class HcMixTmaKernel(HcMixKernel):
 
 
 def _compile(config: HcMixTmaConfig):
-    def build():
-        m = cute.sym_int()
-        k = cute.sym_int(divisibility=K_ALIGN)
-        mm = cute.sym_int()
-        x_ld = cute.sym_int(divisibility=8)
-        w_ld = cute.sym_int(divisibility=8)
-        return HcMixTmaKernel(config), (
-            fake_tensor(torch.bfloat16, (m, k), stride=(x_ld, 1)),
-            fake_tensor(torch.bfloat16, (N_W, k), stride=(w_ld, 1)),
-            fake_tensor(torch.float32, (3,), align=4),
-            fake_tensor(torch.float32, (N_MIX,), align=4),
-            fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
-            fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
-            fake_tensor(torch.float32, (m, HC * HC), stride=(HC * HC, 1)),
-            fake_tensor(torch.float32, (mm, SP_COLS), stride=(SP_COLS, 1), align=4),
-            Int32(20), Float32(1e-6), Float32(1e-6), fake_stream())
-
-    return compile_cached(NAME, config, build)
+    return compile_cached(NAME, config, lambda: (HcMixTmaKernel(config), fake_launch_args(presplit=True)))
 
 
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
