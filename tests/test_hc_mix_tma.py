@@ -29,7 +29,8 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills():
 
 @pytest.mark.parametrize("kw,match", [(dict(tile_k=32), "tile_k"), (dict(stages=1), "stages"),
                                       (dict(cluster_k=3), "cluster_k"), (dict(consumer_regs=100), "multiples"),
-                                      (dict(stages=8, consumer_regs=240), "64K"), ])
+                                      (dict(stages=8, consumer_regs=240), "register split"),
+                                      (dict(producer_regs=32, consumer_regs=240), "register split")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
         mod.HcMixTmaConfig(**kw).validate()
@@ -62,3 +63,26 @@ def test_emulation_is_row_independent():
     x = torch.randn(6, 1024, generator=g).bfloat16()
     w = torch.randn(24, 1024, generator=g)
     assert torch.equal(mod.emulate_mix(x, w)[2:3], mod.emulate_mix(x[2:3], w))
+
+
+def test_register_split_bound_is_the_launch_pool():
+    """setmaxnreg redistributes the registers the launch gave the CTA (384 x 168 = 64512), not 65536: a
+    split above that makes the consumers' setmaxnreg.inc retry forever."""
+    from cute_kernels.kernels import ranker_bwd, ranker_fwd, sm90_helpers
+
+    assert sm90_helpers.register_pool(384) == 64512
+    sm90_helpers.check_register_split(24, 240, 2)  # the ranker kernels' split: exactly the pool
+    for cfg in (ranker_fwd.RankerFwdConfig(producer_regs=32), ranker_bwd.RankerBwdConfig(producer_regs=32)):
+        with pytest.raises(ValueError, match="register split"):
+            cfg.validate()
+
+
+def test_mix_buffer_is_checked_before_launch():
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    w, s, b = torch.zeros(24, 64), torch.ones(3), torch.zeros(24)
+    with pytest.raises(ValueError):  # CPU tensors: the device rule, before any mix rule or launch
+        mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=torch.zeros(4, 25))
+    from cute_kernels.runtime.validate import check_tensor
+
+    with pytest.raises(ValueError, match="mix"):
+        check_tensor("mix", torch.zeros(3, 25), dtypes=(torch.float32,), shape=(4, 25), align_bytes=4, cuda=False)

@@ -26,6 +26,7 @@ the same for every M (batch invariant); the bits differ from :mod:`.hc_mix`'s ke
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cutlass
@@ -37,6 +38,7 @@ from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.cache import compile_cached
+from ..runtime.validate import check_tensor
 from . import sm90_helpers as sm90
 from .hc_mix import HC, N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32, fake_launch_args
 
@@ -82,8 +84,7 @@ class HcMixTmaConfig:
             raise ValueError(f"cluster_k={self.cluster_k}: must be 1, 2, 4 or 8 (portable cluster sizes)")
         if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
             raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
-        if 128 * self.producer_regs + 256 * self.consumer_regs > 65536:
-            raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} exceeds 64K per SM")
+        sm90.check_register_split(self.producer_regs, self.consumer_regs, 2)
         if self.smem_bytes() > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
 
@@ -284,13 +285,18 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
                         sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
                         config: HcMixTmaConfig | None = None, mix: torch.Tensor | None = None):
     """EXPERIMENTAL (not yet GPU-validated): :func:`.hc_mix.hc_mix_sinkhorn` on this kernel.  Same
-    arguments, rules, errors and outputs; ``mix`` (``[M, 25]`` float32) receives the raw ``a`` and
-    sum x^2 per row when ``config.store_mix`` is set."""
+    arguments, rules, errors and outputs; ``mix`` (``[M, 25]`` float32, contiguous, on x's device), when
+    given, receives the raw ``a`` and sum x^2 of each row (``config.store_mix`` follows it)."""
     from .hc_mix import _pieces, _validate
 
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
-    cfg = config or HcMixTmaConfig()
     m = x.shape[0]
+    if mix is not None:  # the epilogue writes mix[row, 0:25] for every row: check it whole
+        check_tensor("mix", mix, dtypes=(torch.float32,), shape=(m, SP_COLS), align_bytes=4)
+        if not mix.is_contiguous() or mix.device != x.device:
+            raise ValueError("mix must be contiguous and on x's device")
+    # store_mix follows mix: set without a buffer the epilogue would write past a dummy one
+    cfg = dataclasses.replace(config or HcMixTmaConfig(), store_mix=mix is not None)
     pre = torch.empty(m, HC, dtype=torch.float32, device=x.device)
     post = torch.empty(m, HC, dtype=torch.float32, device=x.device)
     comb = torch.empty(m, HC, HC, dtype=torch.float32, device=x.device)

@@ -130,8 +130,7 @@ class RankerBwdConfig:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
         if self.producer_regs % 8 or self.mma_regs % 8:
             raise ValueError("setmaxnreg counts must be multiples of 8")
-        if self.producer_regs * 128 + self.mma_regs * 128 * self.mma_wgs > 65536:
-            raise ValueError(f"register split {self.producer_regs}/{self.mma_regs} exceeds 64K registers per SM")
+        sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
         if self.acc_regs() > self.mma_regs - 8:
             raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "
                              f"registers per MMA thread do not fit in {self.mma_regs}")

@@ -115,8 +115,7 @@ class RankerFwdConfig:
                 f"consumer thread leave too few of {self.consumer_regs}; use a smaller tile_n")
         if self.producer_regs % 8 or self.consumer_regs % 8:
             raise ValueError("setmaxnreg counts must be multiples of 8")
-        if self.producer_regs * 128 + self.consumer_regs * 128 * self.consumer_wgs > 65536:
-            raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} exceeds 64K registers per SM")
+        sm90.check_register_split(self.producer_regs, self.consumer_regs, self.consumer_wgs)
         smem = self.smem_bytes()
         if smem > SMEM_CAPACITY:
             so = (f" + O {self.tile_m}x{self.head_dim} (the persistent schedule keeps sO apart from sQ; "

@@ -16,6 +16,25 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 
+def register_pool(threads: int) -> int:
+    """Registers a CTA of ``threads`` threads owns for ``setmaxnreg`` to redistribute: the launch gives each
+    thread the per-thread cap of one CTA per SM (65536 / threads, rounded down to a multiple of 8, at most
+    255 rounded: 248), so the pool is ``threads * cap`` (64512 for 384 threads), not 65536.  A split
+    that asks for more makes ``setmaxnreg.inc`` retry forever (a hang)."""
+    cap = min(248, (65536 // threads) // 8 * 8)
+    return threads * cap
+
+
+def check_register_split(producer_regs: int, consumer_regs: int, consumer_wgs: int) -> None:
+    """``ValueError`` unless one producer warpgroup at ``producer_regs`` and ``consumer_wgs`` consumer
+    warpgroups at ``consumer_regs`` fit the CTA's register pool (see :func:`register_pool`)."""
+    threads = 128 * (1 + consumer_wgs)
+    need = 128 * producer_regs + 128 * consumer_wgs * consumer_regs
+    if need > register_pool(threads):
+        raise ValueError(f"register split {producer_regs}/{consumer_regs} needs {need} registers; a CTA of "
+                         f"{threads} threads has {register_pool(threads)} for setmaxnreg to hand out")
+
+
 def smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
     """K-major swizzled smem layout (rows, cols[, stages]) with the widest swizzle the row allows
     (128 B for 64 bf16 columns): what WGMMA operands and TMA boxes of a row-major tile use."""

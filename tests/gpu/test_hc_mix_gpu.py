@@ -147,14 +147,11 @@ def test_in_place_weight_update_is_seen():
 def test_tma_kernel_matches_float64_reference(m, k):
     """hc_mix_tma (not used by hc_mix_sinkhorn until this passes): a and sum x^2 within 2e-6 of float64,
     near its CPU emulation, outputs as the reference; k=192 leaves CTAs of the cluster without k tiles."""
-    import dataclasses
-
     from cute_kernels.kernels import hc_mix_tma as tma
 
     x, hc_fn, hc_scale, hc_base = _inputs(m, k, seed=100 + m)
     mix = torch.full((m, mod.SP_COLS), float("nan"), device="cuda")
-    cfg = dataclasses.replace(tma.HcMixTmaConfig(), store_mix=True)
-    out = tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
+    out = tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, mix=mix)
     torch.cuda.synchronize()
     xd = x.double()
     a64, sq64 = xd @ hc_fn.double().t(), (xd * xd).sum(-1)
