@@ -15,7 +15,7 @@ Per key row ``j`` and KV head (one row per ``head_dim / 8`` consecutive lanes, 1
   mainloop reduce-added the query heads' float32 tiles); MHA: the mainloop wrote dK, dV already
   (zeros on candidate keys outside the history), so only the self-term rows are written.
 
-STATUS: compiled for sm_90a on a CPU; not yet run on a GPU (see :mod:`.ranker_bwd`).
+STATUS: GPU-tested on the H200 alone and as part of the backward (tests/gpu/test_ranker_bwd_gpu.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ For every query row and head, over the padded per-row layout of :mod:`.ranker_bw
 
 One CTA of 128 threads per (q block, query head, batch row); ``head_dim / 8`` consecutive lanes
 share a row, each with one 16-byte load of O and of dO, reduced by warp shuffles.  Memory-bound.
-STATUS: compiled for sm_90a on a CPU; not yet run on a GPU (see :mod:`.ranker_bwd`).
+STATUS: GPU-tested on the H200 alone and as part of the backward (tests/gpu/test_ranker_bwd_gpu.py).
 """
 
 from __future__ import annotations
