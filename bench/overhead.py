@@ -1,4 +1,5 @@
-"""Compile time, cached-load time and per-call host overhead of the tiny scale kernel.
+"""Compile time, cached-load time and per-call host overhead (the tiny scale kernel, and the eager entry
+points of the other kernels with their raw compiled calls and torch baselines).
 
     python3 bench/overhead.py [--json PATH]
 
@@ -55,7 +56,15 @@ def main():
         bounds = torch.tensor([[0, 96, 96, 128]], device="cuda", dtype=torch.int32)
         xm = torch.randn(1, 20480, device="cuda", dtype=torch.bfloat16)
         fn_, scale_, base_ = torch.randn(24, 20480, device="cuda") * 1e-2, torch.ones(3, device="cuda"), torch.zeros(24, device="cuda")
+        from cute_kernels.kernels import qknorm as qknorm_mod
+
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+        raw_qk = qknorm_mod._launchers[(q.dtype, 4096, 1024)]
+        rms = torch.nn.functional.rms_norm
         calls = [("compiled function, raw tvm-ffi call", lambda: raw(x, y, 2.0)),
+                 ("compiled qknorm, raw tvm-ffi call (4 tensors)", lambda: raw_qk(q, k, wq, wk, 1e-6)),
+                 ("qknorm argument check (args_look_valid)", lambda: qknorm_mod.args_look_valid(q, k, wq, wk, 1e-6)),
+                 ("F.rms_norm on q and k N=1", lambda: (rms(q, (4096,), wq, 1e-6), rms(k, (1024,), wk, 1e-6))),
                  ("cute_kernels.scale (eager fast path)", lambda: cute_kernels.scale(x, 2.0)),
                  ("torch.ops.cute_kernels.scale (custom op)", lambda: torch.ops.cute_kernels.scale(x, 2.0)),
                  ("torch.mul", lambda: torch.mul(x, 2.0)),
