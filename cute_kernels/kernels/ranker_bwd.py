@@ -798,7 +798,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
     GQA dK/dV, candidate self terms); see the module docstring.
     """
-    from .ranker_fwd import _capturing, _check_cu_seqlens_values
+    from .ranker_fwd import _varlen_extent
 
     # every check (arguments, output buffers, cu_seqlens values) before any buffer is written or launch
     varlen, nb, seq, hq, hkv, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap,
@@ -817,13 +817,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     scale_log2 = float(cap) * LOG2_E if cap is not None else scale * LOG2_E
     capf = float(cap) if cap is not None else 1.0
     if varlen:
-        if max_seqlen is None:
-            if _capturing(q):
-                raise ValueError("max_seqlen is required with cu_seqlens while a CUDA graph is captured")
-            max_seqlen = _check_cu_seqlens_values(cu_seqlens, seq)
-        elif not _capturing(q):
-            _check_cu_seqlens_values(cu_seqlens, seq, max_seqlen)
-        max_seqlen = min(max_seqlen, seq)
+        max_seqlen, _ = _varlen_extent(q, cu_seqlens, seq, max_seqlen)
     else:
         max_seqlen = seq
     dq = dq if dq is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -758,21 +758,21 @@ def _check_scalars(softmax_scale, cap, cap_method) -> None:
     sc = None if softmax_scale is None else check_real("softmax_scale", softmax_scale, low=0.0, high=_SCALAR_MAX)
     if cap is not None:
         c = check_real("cap", cap, low=_F32_TINY, high=_SCALAR_MAX)  # a normal float32
-        if sc is not None and abs(sc) / c > _SCALAR_MAX:
-            raise ValueError(f"softmax_scale / cap = {abs(sc) / c:.3g} overflows float32; use a larger cap")
+        if sc is not None and sc / c > _SCALAR_MAX:
+            raise ValueError(f"softmax_scale / cap = {sc / c:.3g} overflows float32; use a larger cap")
 
 
 def _check_max_seqlen(max_seqlen) -> None:
     check_int("max_seqlen", max_seqlen, low=0)
 
 
-def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int] = None,
-                             with_end: bool = False):
+def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int,
+                             max_seqlen: Optional[int] = None) -> tuple[int, int]:
     """Check the values of packed-varlen offsets on the host (reads them: a device sync).
 
     ``cu_seqlens[0] == 0``, non-decreasing, ``cu_seqlens[-1] <= total`` (tokens of q/k/v), and
-    ``max_seqlen`` (if given) at least the longest sequence.  Returns the longest sequence length
-    (with ``with_end``: ``(longest, cu_seqlens[-1])``).
+    ``max_seqlen`` (if given) at least the longest sequence.  Returns ``(longest sequence length,
+    cu_seqlens[-1])``.
     Raises ``ValueError`` naming the offending entry: the kernel trusts these values for its loads
     and stores, so bad ones would read or write out of bounds.
     """
@@ -793,12 +793,29 @@ def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int, max_seqlen: O
     if max_seqlen is not None and max_seqlen < longest:
         b = int(torch.argmax(lens))
         raise ValueError(f"max_seqlen={max_seqlen} is smaller than sequence {b}'s length {longest} (cu_seqlens)")
-    return (longest, int(cu[-1])) if with_end else longest
+    return longest, int(cu[-1])
 
 
 def _capturing(t: torch.Tensor) -> bool:
     """Is the current CUDA stream capturing a graph (host reads of device values are not allowed)?"""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _varlen_extent(q: torch.Tensor, cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int]):
+    """``(max_seqlen, end)`` of a packed call, shared by the forward and the backward.  Offsets drive the
+    kernels' loads and stores, so their values are checked whenever the host may read them; ``end`` is
+    ``cu_seqlens[-1]`` then, and None while the stream captures a CUDA graph (no host reads: the caller
+    guarantees the values, and ``max_seqlen`` is required).  ``max_seqlen`` comes back clamped to
+    ``total`` (no valid sequence is longer than the packed total)."""
+    end = None
+    if _capturing(q):
+        if max_seqlen is None:
+            raise ValueError("max_seqlen is required with cu_seqlens while a CUDA graph is captured "
+                             "(computing it reads cu_seqlens on the host)")
+    else:
+        longest, end = _check_cu_seqlens_values(cu_seqlens, total, max_seqlen)
+        max_seqlen = longest if max_seqlen is None else max_seqlen
+    return min(max_seqlen, total), end
 
 
 def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda: bool = True):
@@ -945,18 +962,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     if varlen:
         if lse is None:
             lse = torch.empty((hq, seq), dtype=torch.float32, device=q.device)
-        # Offsets drive the kernel's loads and stores: check their values whenever the host may read
-        # them.  Under CUDA-graph capture it may not (no sync): the caller guarantees them (docstring).
-        capturing = _capturing(q)
-        end = None  # cu_seqlens[-1] when the host may read it
-        if max_seqlen is None:
-            if capturing:
-                raise ValueError("max_seqlen is required with cu_seqlens while a CUDA graph is captured "
-                                 "(computing it reads cu_seqlens on the host)")
-            max_seqlen, end = _check_cu_seqlens_values(cu_seqlens, seq, with_end=True)
-        elif not capturing:
-            _, end = _check_cu_seqlens_values(cu_seqlens, seq, max_seqlen, with_end=True)
-        max_seqlen = min(max_seqlen, seq)  # no valid sequence is longer than the packed total
+        max_seqlen, end = _varlen_extent(q, cu_seqlens, seq, max_seqlen)
         # packed tokens past cu_seqlens[-1] belong to no sequence and the kernel never writes them:
         # out = 0, lse = -inf there (eager: the known tail; in capture: a device-side mask)
         if end is None:
