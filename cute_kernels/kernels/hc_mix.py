@@ -630,24 +630,31 @@ def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     return pieces
 
 
-def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, config=None,
-            out=None):
-    """Launch on validated inputs; ``out`` = preallocated (pre, post, comb) (tests poison them)."""
+def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None):
+    """The launch glue both hc_mix kernels share: allocate ``pre [M, 4]``, ``post [M, 4]``,
+    ``comb [M, 4, 4]`` float32 (or use ``out``: tests pass poisoned buffers) and, for M > 0, launch
+    ``compile_fn()`` with ``weights()`` as the hc_fn argument (fp32 hc_fn or its bf16 pieces, made only
+    when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer."""
     m = x.shape[0]
-    dev = x.device
     if out is not None:
         pre, post, comb = out
     else:
-        pre = torch.empty(m, HC, dtype=torch.float32, device=dev)
-        post = torch.empty(m, HC, dtype=torch.float32, device=dev)
-        comb = torch.empty(m, HC, HC, dtype=torch.float32, device=dev)
+        pre = torch.empty(m, HC, dtype=torch.float32, device=x.device)
+        post = torch.empty(m, HC, dtype=torch.float32, device=x.device)
+        comb = torch.empty(m, HC, HC, dtype=torch.float32, device=x.device)
     if m:
-        cfg = config or config_for(m, store_mix=mix is not None)
         mix_arg = mix if mix is not None else pre.new_empty(1, SP_COLS)
-        w_arg = _pieces(hc_fn) if cfg.presplit else hc_fn
-        _compile(cfg)(x, w_arg, hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
-                      int(sinkhorn_iters), float(rms_eps), float(hc_eps))
+        compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
+                     int(sinkhorn_iters), float(rms_eps), float(hc_eps))
     return pre, post, comb
+
+
+def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, config=None,
+            out=None):
+    """Launch on validated inputs; ``out`` = preallocated (pre, post, comb) (tests poison them)."""
+    cfg = config or config_for(x.shape[0], store_mix=mix is not None)
+    return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn) if cfg.presplit else hc_fn, x, hc_scale,
+                        hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=mix, out=out)
 
 
 def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6):

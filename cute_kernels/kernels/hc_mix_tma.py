@@ -40,7 +40,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..runtime.cache import compile_cached
 from ..runtime.validate import check_tensor
 from . import sm90_helpers as sm90
-from .hc_mix import HC, N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32, fake_launch_args
+from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32, _pieces, _validate,
+                     fake_launch_args, run_compiled, split_pieces)
 
 NAME = "hc_mix_tma"
 TILE_M = 128  # rows per cluster: two consumer warpgroups of 64
@@ -287,24 +288,15 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
     """EXPERIMENTAL (not yet GPU-validated): :func:`.hc_mix.hc_mix_sinkhorn` on this kernel.  Same
     arguments, rules, errors and outputs; ``mix`` (``[M, 25]`` float32, contiguous, on x's device), when
     given, receives the raw ``a`` and sum x^2 of each row (``config.store_mix`` follows it)."""
-    from .hc_mix import _pieces, _validate
-
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
-    m = x.shape[0]
     if mix is not None:  # the epilogue writes mix[row, 0:25] for every row: check it whole
-        check_tensor("mix", mix, dtypes=(torch.float32,), shape=(m, SP_COLS), align_bytes=4)
+        check_tensor("mix", mix, dtypes=(torch.float32,), shape=(x.shape[0], SP_COLS), align_bytes=4)
         if not mix.is_contiguous() or mix.device != x.device:
             raise ValueError("mix must be contiguous and on x's device")
     # store_mix follows mix: set without a buffer the epilogue would write past a dummy one
     cfg = dataclasses.replace(config or HcMixTmaConfig(), store_mix=mix is not None)
-    pre = torch.empty(m, HC, dtype=torch.float32, device=x.device)
-    post = torch.empty(m, HC, dtype=torch.float32, device=x.device)
-    comb = torch.empty(m, HC, HC, dtype=torch.float32, device=x.device)
-    if m:
-        mix_arg = mix if mix is not None else pre.new_empty(1, SP_COLS)
-        _compile(cfg)(x, _pieces(hc_fn), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
-                      int(sinkhorn_iters), float(rms_eps), float(hc_eps))
-    return pre, post, comb
+    return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
+                        rms_eps, hc_eps, mix=mix)
 
 
 def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | None = None) -> torch.Tensor:
@@ -314,8 +306,6 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     as exact-then-rounded), added to float32 running sums per CTA, pieces combined (lo + mid) + hi,
     the cluster's CTAs summed in rank order; squares: per thread half-row sums in column order.
     """
-    from .hc_mix import split_pieces
-
     cfg = config or HcMixTmaConfig()
     m, k = x.shape
     w3 = split_pieces(hc_fn.float()).double()  # [72, K], exact bf16 values

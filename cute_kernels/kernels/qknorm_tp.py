@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Float32, Int32, Int64, Uint32, Uint64
+from cutlass import Float32, Int32, Int64, Uint32
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached, compile_record
