@@ -463,3 +463,10 @@ def test_ranker_attention_is_differentiable(monkeypatch):
     assert cute_kernels.ranker_attention_backward is rb.ranker_attention_backward
     assert cute_kernels.ranker_attention_backward_reference is rb.ranker_attention_backward_reference
     assert hasattr(torch.ops.cute_kernels, "ranker_attention_bwd")
+
+
+def test_grad_tolerance_is_the_flash_attention_bar():
+    ref = torch.tensor([1.0, -4.0], dtype=torch.float64)
+    assert rb.grad_tolerance(ref, torch.tensor([1.1, -4.0])) == pytest.approx(2 * 0.1 + 1e-3, rel=1e-6)
+    assert rb.grad_tolerance(ref, ref.clone()) == pytest.approx(0.04 + 1e-3)  # floor: 1% of max |ref|
+    assert rb.grad_tolerance(ref[:0], ref[:0]) == 1e-3
