@@ -77,12 +77,19 @@ def test_register_split_bound_is_the_launch_pool():
             cfg.validate()
 
 
-def test_mix_buffer_is_checked_before_launch():
-    x = torch.zeros(4, 64, dtype=torch.bfloat16)
-    w, s, b = torch.zeros(24, 64), torch.ones(3), torch.zeros(24)
-    with pytest.raises(ValueError):  # CPU tensors: the device rule, before any mix rule or launch
-        mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=torch.zeros(4, 25))
+def test_mix_buffer_is_checked_before_launch(monkeypatch):
+    """The epilogue writes mix[row, 0:25] for every row: a short, mistyped or strided mix is refused
+    (the tensor rules of the op are stubbed so that the CPU tensors get as far as the mix rule)."""
+    import functools
+
     from cute_kernels.runtime.validate import check_tensor
 
-    with pytest.raises(ValueError, match="mix"):
-        check_tensor("mix", torch.zeros(3, 25), dtypes=(torch.float32,), shape=(4, 25), align_bytes=4, cuda=False)
+    monkeypatch.setattr(mod, "_validate", lambda *a, **k: None)
+    monkeypatch.setattr(mod, "check_tensor", functools.partial(check_tensor, cuda=False))
+    monkeypatch.setattr(mod, "run_compiled", lambda *a, **k: (_ for _ in ()).throw(AssertionError("launched")))
+    x, w, s, b = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(24, 64), torch.ones(3), torch.zeros(24)
+    for bad in (torch.zeros(3, 25), torch.zeros(4, 25, dtype=torch.float64), torch.zeros(25, 4).t()):
+        with pytest.raises((ValueError, TypeError)):
+            mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=bad)
+    with pytest.raises(AssertionError, match="launched"):  # a right-sized mix gets to the launch
+        mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=torch.zeros(4, 25))
