@@ -169,6 +169,7 @@ class HcMixTmaKernel(HcMixKernel):
             sP = storage.sP.get_tensor(p_layout)
         sA = storage.sA.get_tensor(cute.make_layout((self.rows_per_rank, SP_COLS), stride=(SP_COLS, 1)))
 
+        x_vectors = cute.cosize(sX_layout) // 8
         k_tiles = (mX.shape[1] + self.tile_k - 1) // self.tile_k
         kt_begin = rank * k_tiles // self.cluster_k
         kt_end = (rank + 1) * k_tiles // self.cluster_k
@@ -178,7 +179,9 @@ class HcMixTmaKernel(HcMixKernel):
                 self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block, kt_begin, kt_end)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
-            self.mma(tiled_mma, sX, sW, sP, ring, tidx - 128, kt_begin, kt_end)
+            # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
+            sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
+            self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, kt_begin, kt_end)
 
         cute.arch.cluster_arrive()  # every CTA's partials are in its smem
         cute.arch.cluster_wait()
@@ -212,7 +215,7 @@ class HcMixTmaKernel(HcMixKernel):
             state.advance()
 
     @cute.jit
-    def mma(self, tiled_mma, sX, sW, sP, ring, ctidx, kt_begin, kt_end):
+    def mma(self, tiled_mma, sX, sW, sXv, sP, ring, ctidx, kt_begin, kt_end):
         """Consumers: per k tile, WGMMA into a fresh accumulator, squares of half a row meanwhile, then
         the float32 running sums; at the end the CTA's partials into ``sP`` (rows x (72 + 1))."""
         wg_idx = cute.arch.make_warp_uniform(ctidx // 128)
@@ -224,18 +227,26 @@ class HcMixTmaKernel(HcMixKernel):
         acc = cute.make_rmem_tensor(acc_shape, Float32)
         run = cute.make_rmem_tensor(acc_shape, Float32)
         run.fill(0.0)
+        # squares: thread 2 r + h reads row r, 16-byte vectors 4 h .. 4 h + 3 of each 128-byte row.
+        # TMA's 128-byte swizzle stores vector v of row r at position v ^ (r % 8) (1024-byte aligned
+        # stages), so a quarter warp (4 rows x 2 halves) touches 8 distinct bank groups: no conflicts.
         sq_row = ctidx // 2
-        sq_col0 = (ctidx % 2) * (self.tile_k // 2)
+        vec_per_row = self.tile_k // 8
+        sq_vec0 = (ctidx % 2) * (vec_per_row // 2)
+        rX = cute.make_rmem_tensor((8,), BFloat16)
         sq = Float32(0.0)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for _ in cutlass.range(kt_begin, kt_end, unroll=1):
             ring.consumer_wait(state)
             sm90.wgmma_gemm(tiled_mma, acc, tCrX[None, None, None, state.index], tCrW[None, None, None, state.index],
                             zero_init=True)
+            row_vec = (state.index * TILE_M + sq_row) * vec_per_row
             part = Float32(0.0)
-            for c in cutlass.range_constexpr(self.tile_k // 2):
-                v = sX[sq_row, sq_col0 + c, state.index].to(Float32)
-                part = part + v * v
+            for v in cutlass.range_constexpr(vec_per_row // 2):
+                cute.autovec_copy(sXv[None, row_vec + ((sq_vec0 + v) ^ (sq_row % 8))], rX)
+                for e in cutlass.range_constexpr(8):  # column order, as before
+                    x = rX[e].to(Float32)
+                    part = part + x * x
             sq = sq + part
             warpgroup.wait_group(0)
             ring.consumer_release(state)

@@ -41,11 +41,13 @@ def test_matches_float64_reference(dtype, qk, n):
     _check(buf, q, k, wq, wk, 1e-6, qd, kd, n)
 
 
-@pytest.mark.parametrize("qk", [(8, 8), (8 * 97, 24), (1000, 8), (16384, 64)])
+@pytest.mark.parametrize("qk", [(8, 8), (8 * 97, 24), (1000, 8), (12288, 64), (24576, 64)])
 def test_odd_widths(qk):
     qd, kd = qk
     for dtype in (torch.bfloat16, torch.float32):
         if qd % mod.vec_elems(dtype) or kd % mod.vec_elems(dtype):
+            continue
+        if qd * dtype.itemsize > 48 * 1024:  # wider rows are refused (test_too_wide_rows_refused on CPU)
             continue
         buf, q, k, wq, wk = _make(37, qd, kd, dtype)
         _check(buf, q, k, wq, wk, 1e-5, qd, kd, 37)
