@@ -16,6 +16,14 @@ from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
 
 VARIANTS = list(mod.SHIPPED)
+TMA_VARIANTS = {
+    "tma_c8": tma.HcMixTmaConfig(),
+    "tma_c8_ov": tma.HcMixTmaConfig(overlap=True, consumer_regs=160),
+    "tma_c8_t256": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200),
+    "tma_c8_t256s4": tma.HcMixTmaConfig(tile_m=256, stages=4, consumer_regs=200),
+    "tma_c4_ov": tma.HcMixTmaConfig(cluster_k=4, overlap=True, consumer_regs=160),
+    "tma_c4_t256": tma.HcMixTmaConfig(cluster_k=4, tile_m=256, stages=5, consumer_regs=200),
+}
 
 
 def _name(c):
@@ -38,13 +46,18 @@ def main():
             fn = lambda cfg=cfg: mod._launch(x, hc_fn, hc_scale, hc_base, 20, 1e-6, 1e-6, config=cfg, out=out)
             row[_name(cfg)] = round(cuda_time_us(fn), 2)
         row["op"] = round(cuda_time_us(lambda: mod.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)), 2)
-        for ck in (4, 8):  # the experimental TMA + WGMMA kernel (hc_mix_tma), two cluster sizes
-            cfg = tma.HcMixTmaConfig(cluster_k=ck)
+        ref_mix = {}  # per cluster_k: the same split gives the same bits, whatever the tile
+        for name, cfg in TMA_VARIANTS.items():  # the TMA + WGMMA kernel (hc_mix_tma)
+            mix = torch.empty(m, mod.SP_COLS, device="cuda")
             try:
-                row[f"tma_c{ck}"] = round(cuda_time_us(
+                row[name] = round(cuda_time_us(
                     lambda cfg=cfg: tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg)), 2)
-            except Exception as exc:  # noqa: BLE001 (experimental: report, keep sweeping)
-                row[f"tma_c{ck}"] = f"error: {exc!r}"[:120]
+                tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
+                ref = ref_mix.setdefault(cfg.cluster_k, mix)
+                if ref is not mix:
+                    row[name + "_bits"] = "same" if torch.equal(mix, ref) else "DIFFER"
+            except Exception as exc:  # noqa: BLE001 (report, keep sweeping)
+                row[name] = f"error: {exc!r}"[:120]
         if splitk is not None:
             row["splitk"] = round(cuda_time_us(lambda: splitk(x, hc_fn, hc_scale, hc_base)), 2)
             ref = mod.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)

@@ -44,7 +44,7 @@ from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsme
                      fake_launch_args, run_compiled, split_pieces)
 
 NAME = "hc_mix_tma"
-TILE_M = 128  # rows per cluster: two consumer warpgroups of 64
+ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
 
@@ -58,25 +58,33 @@ class HcMixTmaConfig:
     Not tuned: no GPU run yet (cluster_k 4 gives one wave of 128 CTAs at M = 4096; 8 more CTAs at
     small M)."""
 
+    tile_m: int = 128
     tile_k: int = 64
     stages: int = 6
     cluster_k: int = 8
+    overlap: bool = False
     producer_regs: int = 40
-    consumer_regs: int = 120  # two accumulators (36 + 36) and addressing; 112 spills 8 B (sm_90a ptxas)
+    consumer_regs: int = 120
     store_mix: bool = False
 
     @property
-    def tile_m(self) -> int:
-        return TILE_M
+    def m_atoms(self) -> int:
+        """64-row WGMMA atoms per consumer warpgroup."""
+        return self.tile_m // ROWS_PER_ATOM
 
     def smem_bytes(self) -> int:
-        ring = self.stages * (TILE_M + N_W) * self.tile_k * 2
-        partials = TILE_M * P_COLS * 4  # aliases the x ring when that is large enough
-        x_ring = self.stages * TILE_M * self.tile_k * 2
-        totals = (TILE_M // self.cluster_k) * SP_COLS * 4
+        ring = self.stages * (self.tile_m + N_W) * self.tile_k * 2
+        partials = self.tile_m * P_COLS * 4  # aliases the x ring when that is large enough
+        x_ring = self.stages * self.tile_m * self.tile_k * 2
+        totals = (self.tile_m // self.cluster_k) * SP_COLS * 4
         return ring + (0 if partials <= x_ring else partials) + totals + 16 * self.stages + 2048
 
     def validate(self) -> None:
+        if self.tile_m not in (128, 256):
+            raise ValueError(f"tile_m={self.tile_m}: must be 128 or 256 (one or two m64 atoms per consumer warpgroup)")
+        if self.overlap and self.m_atoms != 1:
+            raise ValueError("overlap (two accumulators) needs tile_m=128: three 72-column float32 sets per "
+                             "thread at tile_m=256 exceed the 240-register limit")
         if self.tile_k != 64:
             raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
         if not 2 <= self.stages <= 8:
@@ -100,10 +108,10 @@ class HcMixTmaKernel(HcMixKernel):
         self.stages = config.stages
         self.tile_k = config.tile_k
         self.cluster_k = config.cluster_k
-        self.tile_m = TILE_M
+        self.tile_m = config.tile_m
         self.threads = 384
         self.num_consumers = 256
-        self.rows_per_rank = TILE_M // config.cluster_k
+        self.rows_per_rank = config.tile_m // config.cluster_k
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
@@ -112,28 +120,28 @@ class HcMixTmaKernel(HcMixKernel):
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
-        sX_layout = sm90.smem_layout(BFloat16, TILE_M, self.tile_k, self.stages)
+        sX_layout = sm90.smem_layout(BFloat16, self.tile_m, self.tile_k, self.stages)
         sW_layout = sm90.smem_layout(BFloat16, N_W, self.tile_k, self.stages)
         tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mX, cute.select(sX_layout, mode=[0, 1]), (TILE_M, self.tile_k))
+            cpasync.CopyBulkTensorTileG2SOp(), mX, cute.select(sX_layout, mode=[0, 1]), (self.tile_m, self.tile_k))
         tma_atom_W, tma_W = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mW, cute.select(sW_layout, mode=[0, 1]), (N_W, self.tile_k))
         self.tma_bytes = (cute.size_in_bytes(BFloat16, cute.select(sX_layout, mode=[0, 1]))
                           + cute.size_in_bytes(BFloat16, cute.select(sW_layout, mode=[0, 1])))
         x_ring = cute.cosize(sX_layout)
-        alias = TILE_M * P_COLS * 2 <= x_ring  # partials (float32) fit in the drained x ring (bf16 elements)
+        alias = self.tile_m * P_COLS * 2 <= x_ring  # partials (float32) fit in the drained x ring (bf16 elements)
 
         @cute.struct
         class SharedStorage:
             mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sX: cute.struct.Align[cute.struct.MemRange[BFloat16, x_ring], 1024]
             sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[Float32, 0 if alias else TILE_M * P_COLS], 16]
+            sP: cute.struct.Align[cute.struct.MemRange[Float32, 0 if alias else self.tile_m * P_COLS], 16]
             sA: cute.struct.Align[cute.struct.MemRange[Float32, self.rows_per_rank * SP_COLS], 16]
 
         self.shared_storage = SharedStorage
         self.partials_alias_x = alias
-        grid_m = (mX.shape[0] + TILE_M - 1) // TILE_M
+        grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
         self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mScale, mBase,
                     mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps).launch(
             grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1], cluster=[self.cluster_k, 1, 1],
@@ -162,7 +170,7 @@ class HcMixTmaKernel(HcMixKernel):
         cute.arch.sync_threads()
         sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
         sW = storage.sW.get_tensor(sW_layout.outer, swizzle=sW_layout.inner)
-        p_layout = cute.make_layout((TILE_M, P_COLS), stride=(P_COLS, 1))
+        p_layout = cute.make_layout((self.tile_m, P_COLS), stride=(P_COLS, 1))
         if cutlass.const_expr(self.partials_alias_x):
             sP = cute.make_tensor(cute.recast_ptr(storage.sX.data_ptr(), dtype=Float32), p_layout)
         else:
@@ -191,7 +199,7 @@ class HcMixTmaKernel(HcMixKernel):
         cute.arch.cluster_wait()
         if tidx >= 128 and tidx - 128 < self.rows_per_rank:
             rr = tidx - 128
-            row = m_block * TILE_M + rr * self.cluster_k + rank
+            row = m_block * self.tile_m + rr * self.cluster_k + rank
             if row < mX.shape[0]:
                 self.epilogue(sA, rr, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
                               sinkhorn_iters, rms_eps, hc_eps)
@@ -200,7 +208,7 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def load(self, tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block, kt_begin, kt_end):
         """Producer warp: the x tile and the hc_fn pieces of every k tile of this CTA, in order."""
-        gX = cute.local_tile(tma_X, (TILE_M, self.tile_k), (m_block, None))  # (128, 64, k tiles)
+        gX = cute.local_tile(tma_X, (self.tile_m, self.tile_k), (m_block, None))  # (128, 64, k tiles)
         gW = cute.local_tile(tma_W, (N_W, self.tile_k), (0, None))  # (72, 64, k tiles)
         tXsX, tXgX = cpasync.tma_partition(tma_atom_X, 0, cute.make_layout(1),
                                            cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
@@ -216,60 +224,107 @@ class HcMixTmaKernel(HcMixKernel):
 
     @cute.jit
     def mma(self, tiled_mma, sX, sW, sXv, sP, ring, ctidx, kt_begin, kt_end):
-        """Consumers: per k tile, WGMMA into a fresh accumulator, squares of half a row meanwhile, then
-        the float32 running sums; at the end the CTA's partials into ``sP`` (rows x (72 + 1))."""
+        """Consumers: per k tile, WGMMA into a fresh accumulator, squares meanwhile, then the float32
+        running sums (``overlap``: the next tile's WGMMAs run while the previous accumulator is added);
+        at the end the CTA's partials into ``sP`` (rows x (72 + 1))."""
         wg_idx = cute.arch.make_warp_uniform(ctidx // 128)
         wg_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg_idx))
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrX = wg_mma.make_fragment_A(wg_mma.partition_A(sX))
         tCrW = wg_mma.make_fragment_B(wg_mma.partition_B(sW))
-        acc_shape = tiled_mma.partition_shape_C((TILE_M, N_W))
-        acc = cute.make_rmem_tensor(acc_shape, Float32)
+        acc_shape = tiled_mma.partition_shape_C((self.tile_m, N_W))
         run = cute.make_rmem_tensor(acc_shape, Float32)
         run.fill(0.0)
-        # squares: thread 2 r + h reads row r, 16-byte vectors 4 h .. 4 h + 3 of each 128-byte row.
-        # TMA's 128-byte swizzle stores vector v of row r at position v ^ (r % 8) (1024-byte aligned
-        # stages), so a quarter warp (4 rows x 2 halves) touches 8 distinct bank groups: no conflicts.
-        sq_row = ctidx // 2
-        vec_per_row = self.tile_k // 8
-        sq_vec0 = (ctidx % 2) * (vec_per_row // 2)
+        sq = cute.make_rmem_tensor((self.config.m_atoms,), Float32)
+        sq.fill(0.0)
         rX = cute.make_rmem_tensor((8,), BFloat16)
-        sq = Float32(0.0)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        for _ in cutlass.range(kt_begin, kt_end, unroll=1):
-            ring.consumer_wait(state)
-            sm90.wgmma_gemm(tiled_mma, acc, tCrX[None, None, None, state.index], tCrW[None, None, None, state.index],
-                            zero_init=True)
-            row_vec = (state.index * TILE_M + sq_row) * vec_per_row
-            part = Float32(0.0)
-            for v in cutlass.range_constexpr(vec_per_row // 2):
-                cute.autovec_copy(sXv[None, row_vec + ((sq_vec0 + v) ^ (sq_row % 8))], rX)
-                for e in cutlass.range_constexpr(8):  # column order, as before
-                    x = rX[e].to(Float32)
-                    part = part + x * x
-            sq = sq + part
-            warpgroup.wait_group(0)
-            ring.consumer_release(state)
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                run[i] = run[i] + acc[i]
-            state.advance()
+        if cutlass.const_expr(not self.config.overlap):
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            for _ in cutlass.range(kt_begin, kt_end, unroll=1):
+                acc = cute.make_rmem_tensor(acc_shape, Float32)
+                ring.consumer_wait(state)
+                self.issue(tiled_mma, acc, tCrX, tCrW, state.index)
+                self.squares(sXv, sq, rX, state.index, ctidx)
+                warpgroup.wait_group(0)
+                ring.consumer_release(state)
+                self.accumulate(run, acc)
+                state.advance()
+        else:
+            # k tiles in pairs (every CTA has an even count: the host checks K % (128 cluster_k) == 0):
+            # tile t + 1's WGMMAs run while tile t's result is added; accumulators are made per pair
+            # (see issue()); pipeline states come from t.
+            for t in cutlass.range(0, kt_end - kt_begin, 2, unroll=1):
+                acc = cute.make_rmem_tensor(acc_shape, Float32)
+                acc_next = cute.make_rmem_tensor(acc_shape, Float32)
+                first, second = self.consumer_state(t), self.consumer_state(t + 1)
+                ring.consumer_wait(first)
+                self.issue(tiled_mma, acc, tCrX, tCrW, first.index)
+                self.squares(sXv, sq, rX, first.index, ctidx)
+                ring.consumer_wait(second)
+                self.issue(tiled_mma, acc_next, tCrX, tCrW, second.index)
+                self.squares(sXv, sq, rX, second.index, ctidx)
+                warpgroup.wait_group(1)
+                ring.consumer_release(first)
+                self.accumulate(run, acc)
+                warpgroup.wait_group(0)
+                ring.consumer_release(second)
+                self.accumulate(run, acc_next)
         # every consumer is done with the ring (and every TMA load has landed): sP may alias sX
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        tCcP = thr_mma.partition_C(cute.make_identity_tensor((TILE_M, N_W)))
+        tCcP = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, N_W)))
         for i in cutlass.range_constexpr(cute.size(run)):
             r, c = tCcP[i]
             sP[r, c] = run[i]
-        other = cute.arch.shuffle_sync_bfly(sq, offset=1)  # the row's other half
-        if ctidx % 2 == 0:
-            sP[sq_row, N_W] = sq + other  # half 0 + half 1
+        for m in cutlass.range_constexpr(self.config.m_atoms):
+            other = cute.arch.shuffle_sync_bfly(sq[m], offset=1)  # the row's other half
+            if ctidx % 2 == 0:
+                sP[m * ROWS_PER_ATOM + ctidx // 2, N_W] = sq[m] + other  # half 0 + half 1
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
         # a_j = (lo_j + mid_j) + hi_j, in place into columns 0..23
-        for i in cutlass.range_constexpr((TILE_M * N_MIX + self.num_consumers - 1) // self.num_consumers):
+        for i in cutlass.range_constexpr((self.tile_m * N_MIX + self.num_consumers - 1) // self.num_consumers):
             item = ctidx + i * self.num_consumers
-            if item < TILE_M * N_MIX:
+            if item < self.tile_m * N_MIX:
                 r = item // N_MIX
                 j = item % N_MIX
                 sP[r, j] = (sP[r, j] + sP[r, N_MIX + j]) + sP[r, 2 * N_MIX + j]
+
+    @cute.jit
+    def issue(self, tiled_mma, acc, tCrX, tCrW, stage):
+        """The k tile's four k16 WGMMAs (per m64 atom) into a fresh accumulator, committed, not waited on.
+        Pass a tensor made in the same loop iteration: a reused one has its old values copied into
+        the WGMMA's (ignored) accumulator input, a read that makes ptxas serialize WGMMAs (C7514)."""
+        sm90.wgmma_gemm(tiled_mma, acc, tCrX[None, None, None, stage], tCrW[None, None, None, stage],
+                        zero_init=True)
+
+    @cute.jit
+    def squares(self, sXv, sq, rX, stage, ctidx):
+        """Add this k tile's squares to ``sq``: thread ``2 r + h`` sums row ``r`` (and ``r + 128``),
+        columns ``32 h .. 32 h + 31``, float32, in column order, into a per-tile partial first.
+
+        It reads 16-byte vectors: TMA's 128-byte swizzle stores vector ``v`` of row ``r`` at position
+        ``v ^ (r % 8)`` of the row (1024-byte aligned stages), so a quarter warp (4 rows x 2 halves)
+        touches 8 distinct bank groups, no conflicts."""
+        vec_per_row = self.tile_k // 8
+        vec0 = (ctidx % 2) * (vec_per_row // 2)
+        for m in cutlass.range_constexpr(self.config.m_atoms):
+            row = m * ROWS_PER_ATOM + ctidx // 2
+            row_vec = (stage * self.tile_m + row) * vec_per_row
+            part = Float32(0.0)
+            for v in cutlass.range_constexpr(vec_per_row // 2):
+                cute.autovec_copy(sXv[None, row_vec + ((vec0 + v) ^ (row % 8))], rX)
+                for e in cutlass.range_constexpr(8):
+                    x = rX[e].to(Float32)
+                    part = part + x * x
+            sq[m] = sq[m] + part
+
+    @cute.jit
+    def accumulate(self, run, acc):
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            run[i] = run[i] + acc[i]
+
+    def consumer_state(self, t):
+        """The ring position of this CTA's k tile ``t`` (consumer side)."""
+        return pipeline.PipelineState(self.stages, t, t % self.stages, (t // self.stages) % 2)
 
     @cute.jit
     def cluster_reduce_rows(self, sP, sA, rank, ctidx):
@@ -306,6 +361,8 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
             raise ValueError("mix must be contiguous and on x's device")
     # store_mix follows mix: set without a buffer the epilogue would write past a dummy one
     cfg = dataclasses.replace(config or HcMixTmaConfig(), store_mix=mix is not None)
+    if cfg.overlap and x.shape[1] % (2 * cfg.tile_k * cfg.cluster_k):
+        cfg = dataclasses.replace(cfg, overlap=False)  # odd k-tile counts: the plain loop (same bits)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
                         rms_eps, hc_eps, mix=mix)
 
