@@ -58,6 +58,7 @@ def main():
                     row[name + "_bits"] = "same" if torch.equal(mix, ref) else "DIFFER"
             except Exception as exc:  # noqa: BLE001 (report, keep sweeping)
                 row[name] = f"error: {exc!r}"[:120]
+        row["tma_auto"] = round(cuda_time_us(lambda: tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base)), 2)
         if splitk is not None:
             row["splitk"] = round(cuda_time_us(lambda: splitk(x, hc_fn, hc_scale, hc_base)), 2)
             ref = mod.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)

@@ -1,5 +1,5 @@
-"""CPU tests of the experimental TMA + WGMMA hc_mix kernel (issue 7): compile, features, budget, and the
-accuracy of its summation order (float32 emulation vs float64)."""
+"""CPU tests of the TMA + WGMMA hc_mix kernel (issue 7): compile, features, budget, and the accuracy of
+its summation order (float32 emulation vs float64)."""
 
 import pytest
 import torch
@@ -12,8 +12,11 @@ from cute_kernels.runtime.cache import compile_record
 from seeding import generator
 
 
-def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills():
-    cfg = mod.HcMixTmaConfig()
+CONFIGS = [mod.HcMixTmaConfig(), mod.config_for(1), mod.config_for(1 << 20)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"t{c.tile_m}s{c.stages}{'ov' if c.overlap else ''}")
+def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)
     feats = rec.ptx_features
@@ -25,21 +28,28 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills():
         assert {"HGMMA", "UTMALDG", "USETMAXREG"} <= set(rec.sass_features)
         assert "LDL/STL (local memory)" not in rec.sass_features
     assert "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16" in rec.ptx
+    if cfg.overlap:  # the second tile of a pair stays in flight: wait_group 1, then 0
+        assert rec.ptx.count("wgmma.wait_group.sync.aligned \t1;") == 1
+        if rec.sass:  # ptxas kept it (a serialized pipeline has only DEPBAR.LE gsb0, 0x0)
+            assert "DEPBAR.LE gsb0, 0x1" in rec.sass
 
 
 @pytest.mark.parametrize("kw,match", [(dict(tile_k=32), "tile_k"), (dict(stages=1), "stages"),
                                       (dict(cluster_k=3), "cluster_k"), (dict(consumer_regs=100), "multiples"),
                                       (dict(stages=8, consumer_regs=240), "register split"),
-                                      (dict(producer_regs=32, consumer_regs=240), "register split")])
+                                      (dict(producer_regs=32, consumer_regs=240), "register split"),
+                                      (dict(tile_m=192), "tile_m"),
+                                      (dict(tile_m=256, overlap=True), "overlap")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
         mod.HcMixTmaConfig(**kw).validate()
 
 
-def test_default_config_fits():
-    cfg = mod.HcMixTmaConfig()
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_shipped_configs_fit_and_share_one_split(cfg):
     cfg.validate()
     assert cfg.smem_bytes() <= base.SMEM_LIMIT
+    assert cfg.cluster_k == mod.HcMixTmaConfig().cluster_k  # the split is part of the bits
 
 
 @pytest.mark.parametrize("m,k", [(5, 2048), (3, 20480)])

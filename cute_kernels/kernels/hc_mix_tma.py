@@ -1,27 +1,37 @@
 """mHC mix statistics + Sinkhorn on TMA + WGMMA (issue 7, seed 001): the design planned in
-:mod:`.hc_mix`'s docstring.  EXPERIMENTAL: compiled for sm_90a and CPU-tested (layouts, PTX/SASS,
-a float64 emulation of its summation order); NOT yet run on a GPU, so :func:`.hc_mix.hc_mix_sinkhorn`
-does not use it.  ``tests/gpu/test_hc_mix_gpu.py::test_tma_kernel_*`` checks and times it there.
+:mod:`.hc_mix`'s docstring, as :func:`hc_mix_sinkhorn_tma`.  GPU-validated on the H200 (against float64,
+its float32 emulation, batch invariance), but not what :func:`.hc_mix.hc_mix_sinkhorn` runs: its bits
+differ from that kernel's, and at small M it is slower (measured below), so one batch-invariant family
+cannot serve every M faster yet.
 
 Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: sigmoids + Sinkhorn).
 The K walk differs:
 
-* One cluster of ``cluster_k`` CTAs per 128-row tile of x; CTA ``r`` walks the k tiles
+* One cluster of ``cluster_k`` CTAs per ``tile_m``-row tile of x; CTA ``r`` walks the k tiles
   ``[r * KT / cluster_k, (r + 1) * KT / cluster_k)`` of 64 columns (KT = K / 64).
-* Warp 0 (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[128, 64]`` and of
-  the host-split hc_fn ``[72, 64]`` (:func:`.hc_mix.split_pieces`: rows lo 0-23, mid 24-47, hi 48-71)
-  into a ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem).
-* Two consumer warpgroups (64 rows each) issue ``wgmma m64n72k16`` (A = x, B = the pieces; bf16 in,
-  float32 out) over the 4 k16 steps of a tile into a fresh accumulator, and add it to float32 running
-  sums (one tile = one chunk: the per-chunk accuracy argument of :mod:`.hc_mix`).  While the WGMMAs
-  run, each thread sums the squares of half a row of the x tile from smem (thread ``2 r + h``: row
-  ``r``, columns ``32 h .. 32 h + 31``, float32, in column order).
+* Warp 0 (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[tile_m, 64]`` and
+  of the host-split hc_fn ``[72, 64]`` (:func:`.hc_mix.split_pieces`: rows lo 0-23, mid 24-47, hi
+  48-71) into a ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem).
+* Two consumer warpgroups (``tile_m / 2`` rows each, one or two m64 atoms) issue ``wgmma m64n72k16``
+  (A = x, B = the pieces; bf16 in, float32 out) over the 4 k16 steps of a tile into a fresh
+  accumulator, and add it to float32 running sums (one tile = one chunk: the per-chunk accuracy
+  argument of :mod:`.hc_mix`).  While the WGMMAs run, each thread sums the squares of half a row of
+  the x tile from smem with 16-byte loads (thread ``2 r + h``: row ``r``, columns ``32 h .. 32 h +
+  31``, float32, in column order).  ``overlap``: tiles in pairs, the second's WGMMAs in flight while
+  the first is added.
 * After the walk: partials to smem (aliasing the drained x ring), ``a_j = (lo_j + mid_j) + hi_j``,
   sum x^2 = half 0 + half 1; the cluster's CTAs sum their partials in rank order through distributed
   shared memory; one consumer thread per row runs the epilogue.
 
-Reduction order: fixed by (cluster rank, k tile, column), independent of M, so each row's bits are
-the same for every M (batch invariant); the bits differ from :mod:`.hc_mix`'s kernel.
+Reduction order: fixed by (cluster rank, k tile, column), independent of M, of ``tile_m``, ``stages``
+and ``overlap`` (bitwise equal on the H200), so :func:`config_for` may change the tile with M and each
+row's bits stay the same for every M (batch invariant).  ``cluster_k`` is part of the order.
+
+Measured (H200, CUDA graph, K = 20480, us; bench/results/2026-11-29_h200_hc_mix_tma_s3.jsonl):
+M = 128: 22.2 (hc_mix_sinkhorn 13.0); 512: 22.0 (23.6); 4096: 74.4 (104.9; split-K Triton 174;
+floor 40); 16384: 221 (384).  What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile
+(with the math removed the TMA ring alone moves a tile in 0.15 us), and at large M DRAM delivers
+2.2-3.2 TB/s to this access pattern (128-byte row pieces 40 KB apart), not the 4.2 TB/s copy rate.
 """
 
 from __future__ import annotations
@@ -344,6 +354,14 @@ class HcMixTmaKernel(HcMixKernel):
                 sA[rr, col] = total
 
 
+def config_for(m: int) -> HcMixTmaConfig:
+    """The measured-best configuration of the ``cluster_k = 8`` family for ``m`` rows (every one gives
+    the same bits): 128-row tiles with paired k tiles up to 8192 rows, 256-row tiles beyond."""
+    if m <= 8192:
+        return HcMixTmaConfig(overlap=True, consumer_regs=160)
+    return HcMixTmaConfig(tile_m=256, stages=4, consumer_regs=200)
+
+
 def _compile(config: HcMixTmaConfig):
     return compile_cached(NAME, config, lambda: (HcMixTmaKernel(config), fake_launch_args(presplit=True)))
 
@@ -351,8 +369,10 @@ def _compile(config: HcMixTmaConfig):
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                         sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
                         config: HcMixTmaConfig | None = None, mix: torch.Tensor | None = None):
-    """EXPERIMENTAL (not yet GPU-validated): :func:`.hc_mix.hc_mix_sinkhorn` on this kernel.  Same
-    arguments, rules, errors and outputs; ``mix`` (``[M, 25]`` float32, contiguous, on x's device), when
+    """:func:`.hc_mix.hc_mix_sinkhorn` on the TMA + WGMMA kernel (faster from M = 512 up, slower below;
+    see the module docstring).  Same arguments, rules, errors and outputs; batch invariant on its own,
+    but its bits differ from ``hc_mix_sinkhorn``'s: use one of the two for every call.  ``config``
+    (default :func:`config_for` (M)); ``mix`` (``[M, 25]`` float32, contiguous, on x's device), when
     given, receives the raw ``a`` and sum x^2 of each row (``config.store_mix`` follows it)."""
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
     if mix is not None:  # the epilogue writes mix[row, 0:25] for every row: check it whole
@@ -360,7 +380,7 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
         if not mix.is_contiguous() or mix.device != x.device:
             raise ValueError("mix must be contiguous and on x's device")
     # store_mix follows mix: set without a buffer the epilogue would write past a dummy one
-    cfg = dataclasses.replace(config or HcMixTmaConfig(), store_mix=mix is not None)
+    cfg = dataclasses.replace(config or config_for(x.shape[0]), store_mix=mix is not None)
     if cfg.overlap and x.shape[1] % (2 * cfg.tile_k * cfg.cluster_k):
         cfg = dataclasses.replace(cfg, overlap=False)  # odd k-tile counts: the plain loop (same bits)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,

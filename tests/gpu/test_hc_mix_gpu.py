@@ -142,10 +142,10 @@ def test_in_place_weight_update_is_seen():
         assert (g.double() - w.double()).abs().max().item() <= 1e-5
 
 
-# ---------------------------------------------------------------- the experimental TMA + WGMMA kernel
+# ---------------------------------------------------------------- the TMA + WGMMA kernel (hc_mix_tma)
 @pytest.mark.parametrize("m,k", [(1, 20480), (7, 20480), (130, 20480), (1000, 7168), (5, 192)])
 def test_tma_kernel_matches_float64_reference(m, k):
-    """hc_mix_tma (not used by hc_mix_sinkhorn until this passes): a and sum x^2 within 2e-6 of float64,
+    """hc_mix_tma: a and sum x^2 within 2e-6 of float64,
     near its CPU emulation, outputs as the reference; k=192 leaves CTAs of the cluster without k tiles."""
     from cute_kernels.kernels import hc_mix_tma as tma
 
@@ -173,3 +173,21 @@ def test_tma_kernel_is_batch_invariant():
         one = tma.hc_mix_sinkhorn_tma(x[i:i + 1], hc_fn, hc_scale, hc_base)
         for a, b in zip(full, one):
             assert torch.equal(a[i:i + 1], b)
+
+
+def test_tma_kernel_tiles_give_the_same_bits():
+    """config_for changes tile_m, stages and overlap with M: all must give the same bits (batch
+    invariance across the switch).  K = 7232 (113 k tiles: uneven per CTA) takes overlap's fallback,
+    the plain loop."""
+    from cute_kernels.kernels import hc_mix_tma as tma
+
+    for k in (20480, 7232):
+        x, hc_fn, hc_scale, hc_base = _inputs(300, k, seed=11)
+        mixes = []
+        for cfg in (tma.HcMixTmaConfig(), tma.config_for(1), tma.config_for(1 << 20),
+                    tma.HcMixTmaConfig(stages=3)):
+            mix = torch.full((300, mod.SP_COLS), float("nan"), device="cuda")
+            tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
+            mixes.append(mix)
+        for other in mixes[1:]:
+            assert torch.equal(other, mixes[0])
