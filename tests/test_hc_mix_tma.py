@@ -28,6 +28,7 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
         assert {"HGMMA", "UTMALDG", "USETMAXREG"} <= set(rec.sass_features)
         assert "LDL/STL (local memory)" not in rec.sass_features
     assert "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16" in rec.ptx
+    assert "ld.shared.v4" in rec.ptx  # the squares read 16-byte vectors
     if cfg.overlap:  # the second tile of a pair stays in flight: wait_group 1, then 0
         assert rec.ptx.count("wgmma.wait_group.sync.aligned \t1;") == 1
         if rec.sass:  # ptxas kept it (a serialized pipeline has only DEPBAR.LE gsb0, 0x0)
@@ -39,6 +40,8 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(stages=8, consumer_regs=240), "register split"),
                                       (dict(producer_regs=32, consumer_regs=240), "register split"),
                                       (dict(tile_m=192), "tile_m"),
+                                      (dict(tile_m=256), "needs >= 200"),
+                                      (dict(overlap=True), "needs >= 160"),
                                       (dict(tile_m=256, overlap=True), "overlap")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -28,8 +28,8 @@ and ``overlap`` (bitwise equal on the H200), so :func:`config_for` may change th
 row's bits stay the same for every M (batch invariant).  ``cluster_k`` is part of the order.
 
 Measured (H200, CUDA graph, K = 20480, us; bench/results/2026-11-29_h200_hc_mix_tma_s3.jsonl):
-M = 128: 22.2 (hc_mix_sinkhorn 13.0); 512: 22.0 (23.6); 4096: 74.4 (104.9; split-K Triton 174;
-floor 40); 16384: 221 (384).  What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile
+M = 128: 21.5 (hc_mix_sinkhorn 13.0); 512: 21.5 (23.0); 2048: 38.7 (61.1); 4096: 73.6 (105.0;
+split-K Triton 176.7; floor 40); 16384: 213.5 (380.3).  What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile
 (with the math removed the TMA ring alone moves a tile in 0.15 us), and at large M DRAM delivers
 2.2-3.2 TB/s to this access pattern (128-byte row pieces 40 KB apart), not the 4.2 TB/s copy rate.
 """
@@ -61,12 +61,12 @@ P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
 
 @dataclass(frozen=True)
 class HcMixTmaConfig:
-    """``tile_k`` columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth,
-    ``cluster_k`` CTAs splitting K (part of the reduction order), register split producer/consumer.
-
-    One CTA per SM (384 threads x 120 registers); six stages keep 150 KB of loads in flight per SM.
-    Not tuned: no GPU run yet (cluster_k 4 gives one wave of 128 CTAs at M = 4096; 8 more CTAs at
-    small M)."""
+    """``tile_m`` rows per cluster (128 or 256: one or two m64 atoms per consumer warpgroup), ``tile_k``
+    columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth, ``cluster_k``
+    CTAs splitting K (part of the reduction order: the bits), ``overlap`` (k tiles in pairs; needs an
+    even count per CTA, which :func:`hc_mix_sinkhorn_tma` checks, falling back to the plain loop:
+    an odd count would make the consumers wait for a tile never loaded), register split
+    producer/consumer (384 threads; one CTA per SM).  :func:`config_for` picks per M."""
 
     tile_m: int = 128
     tile_k: int = 64
@@ -103,13 +103,17 @@ class HcMixTmaConfig:
             raise ValueError(f"cluster_k={self.cluster_k}: must be 1, 2, 4 or 8 (portable cluster sizes)")
         if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
             raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
+        need = 200 if self.tile_m == 256 else 160 if self.overlap else 120
+        if self.consumer_regs < need:  # below these ptxas spills (72 running sums + 36-72 per accumulator)
+            raise ValueError(f"consumer_regs={self.consumer_regs}: tile_m={self.tile_m}"
+                             f"{' with overlap' if self.overlap else ''} needs >= {need} (spills below)")
         sm90.check_register_split(self.producer_regs, self.consumer_regs, 2)
         if self.smem_bytes() > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
 
 
 class HcMixTmaKernel(HcMixKernel):
-    """One cluster per 128-row tile; warp-specialized TMA producer + two WGMMA consumer warpgroups.
+    """One cluster per ``tile_m``-row tile; warp-specialized TMA producer + two WGMMA consumer warpgroups.
     Reuses :class:`.hc_mix.HcMixKernel`'s epilogue (sigmoids, Sinkhorn)."""
 
     def __init__(self, config: HcMixTmaConfig):
@@ -218,7 +222,7 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def load(self, tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block, kt_begin, kt_end):
         """Producer warp: the x tile and the hc_fn pieces of every k tile of this CTA, in order."""
-        gX = cute.local_tile(tma_X, (self.tile_m, self.tile_k), (m_block, None))  # (128, 64, k tiles)
+        gX = cute.local_tile(tma_X, (self.tile_m, self.tile_k), (m_block, None))  # (tile_m, 64, k tiles)
         gW = cute.local_tile(tma_W, (N_W, self.tile_k), (0, None))  # (72, 64, k tiles)
         tXsX, tXgX = cpasync.tma_partition(tma_atom_X, 0, cute.make_layout(1),
                                            cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
@@ -354,12 +358,24 @@ class HcMixTmaKernel(HcMixKernel):
                 sA[rr, col] = total
 
 
+# Measured on the H200 (K = 20480): a cluster walks its k tiles in ~23 us with 128-row tiles (overlap)
+# and ~38 us with 256-row tiles, and time steps up in waves of ACTIVE_CLUSTERS 8-CTA clusters (64 -> 128
+# CTAs doubles the time at 1.8 TB/s; 14 is inferred from those steps, not queried from the driver).
+ACTIVE_CLUSTERS = 14
+_TILE_COST = {128: 23.0, 256: 38.0}
+
+
 def config_for(m: int) -> HcMixTmaConfig:
-    """The measured-best configuration of the ``cluster_k = 8`` family for ``m`` rows (every one gives
-    the same bits): 128-row tiles with paired k tiles up to 8192 rows, 256-row tiles beyond."""
-    if m <= 8192:
+    """The ``cluster_k = 8`` configuration with the fewest estimated microseconds for ``m`` rows:
+    waves of :data:`ACTIVE_CLUSTERS` clusters times the measured per-cluster cost of each tile height
+    (128-row tiles with paired k tiles, or 256-row tiles).  Every choice gives the same bits."""
+    def estimate(tile_m: int) -> float:
+        clusters = max(1, -(-m // tile_m))
+        return -(-clusters // ACTIVE_CLUSTERS) * _TILE_COST[tile_m]
+
+    if estimate(128) <= estimate(256):
         return HcMixTmaConfig(overlap=True, consumer_regs=160)
-    return HcMixTmaConfig(tile_m=256, stages=4, consumer_regs=200)
+    return HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200)
 
 
 def _compile(config: HcMixTmaConfig):
