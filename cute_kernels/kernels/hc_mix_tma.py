@@ -27,9 +27,9 @@ Reduction order: fixed by (cluster rank, k tile, column), independent of M, of `
 and ``overlap`` (bitwise equal on the H200), so :func:`config_for` may change the tile with M and each
 row's bits stay the same for every M (batch invariant).  ``cluster_k`` is part of the order.
 
-Measured (H200, CUDA graph, K = 20480, us; bench/results/2026-11-29_h200_hc_mix_tma_s3.jsonl):
-M = 128: 21.5 (hc_mix_sinkhorn 13.0); 512: 21.5 (23.0); 2048: 38.7 (61.1); 4096: 73.6 (105.0;
-split-K Triton 176.7; floor 40); 16384: 213.5 (380.3).  What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile
+Measured (H200, CUDA graph, K = 20480, us; bench/results/2026-11-29_h200_hc_mix_tma_*s3.jsonl):
+M = 128: 22.1 (hc_mix_sinkhorn 13.3); 512: 22.0 (23.8); 2048: 38.9 (61.5); 4096: 74.2 (104.5;
+split-K Triton 176.7; floor 40); 16384: 218 (380).  What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile
 (with the math removed the TMA ring alone moves a tile in 0.15 us), and at large M DRAM delivers
 2.2-3.2 TB/s to this access pattern (128-byte row pieces 40 KB apart), not the 4.2 TB/s copy rate.
 """
