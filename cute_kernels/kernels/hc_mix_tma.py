@@ -29,9 +29,12 @@ row's bits stay the same for every M (batch invariant).  ``cluster_k`` is part o
 
 Measured (H200, CUDA graph, K = 20480, us; bench/results/2026-11-29_h200_hc_mix_tma_*s3.jsonl):
 M = 128: 22.1 (hc_mix_sinkhorn 13.3); 512: 22.0 (23.8); 2048: 38.9 (61.5); 4096: 74.2 (104.5;
-split-K Triton 176.7; floor 40); 16384: 218 (380).  What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile
-(with the math removed the TMA ring alone moves a tile in 0.15 us), and at large M DRAM delivers
-2.2-3.2 TB/s to this access pattern (128-byte row pieces 40 KB apart), not the 4.2 TB/s copy rate.
+split-K Triton 176.7; floor 40); 16384: 218 (380).
+What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile (with the math removed the TMA
+ring alone moves a tile in 0.15 us; shared-memory traffic of the TMA writes, the SS WGMMA operand
+reads and the squares is the likely limit: next, A from registers with the squares taken from the
+same fragment), and time steps up in waves of about 14 co-resident 8-CTA clusters (64 -> 128 CTAs
+doubles it); the row stride of x makes no difference (no DRAM channel camping).
 """
 
 from __future__ import annotations
