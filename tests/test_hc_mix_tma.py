@@ -36,7 +36,7 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
 
 
 @pytest.mark.parametrize("kw,match", [(dict(tile_k=32), "tile_k"), (dict(stages=1), "stages"),
-                                      (dict(cluster_k=3), "cluster_k"), (dict(consumer_regs=100), "multiples"),
+                                      (dict(cluster_k=3), "cluster_k"), (dict(cluster_k=32), "cluster_k"), (dict(consumer_regs=100), "multiples"),
                                       (dict(stages=8, consumer_regs=240), "register split"),
                                       (dict(producer_regs=32, consumer_regs=240), "register split"),
                                       (dict(tile_m=192), "tile_m"),
@@ -46,6 +46,14 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
         mod.HcMixTmaConfig(**kw).validate()
+
+
+def test_sixteen_cta_clusters_compile():
+    """cluster_k=16 is a non-portable cluster size; it ran on the H200 (logs/..._cluster16.jsonl)."""
+    cfg = mod.HcMixTmaConfig(cluster_k=16, overlap=True, consumer_regs=160)
+    cfg.validate()
+    mod._compile(cfg)
+    assert all(not r.stack_bytes for r in compile_record(mod.NAME, cfg).resources)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS)
