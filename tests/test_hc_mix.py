@@ -196,3 +196,30 @@ def test_reference_checks_shapes():
             mod.hc_mix_sinkhorn_reference(*args)
     with pytest.raises(TypeError):
         mod.hc_mix_sinkhorn_reference(x.long(), w, s, b)
+
+
+@pytest.mark.parametrize("kernel", ["", "TMA", None, 1])
+def test_unknown_kernel_refused_before_anything_else(kernel):
+    k = 64
+    with pytest.raises(ValueError, match="kernel"):
+        cute_kernels.hc_mix_sinkhorn(torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(24, k), torch.ones(3),
+                                     torch.zeros(24), kernel=kernel)
+
+
+def test_kernel_option_routes_after_validation(monkeypatch):
+    """kernel="tma" validates like the default, then launches hc_mix_tma's kernel (nothing else)."""
+    from cute_kernels.kernels import hc_mix_tma
+
+    calls = []
+    monkeypatch.setattr(mod, "_validate", lambda *a, **k: calls.append("validate"))
+    monkeypatch.setattr(hc_mix_tma, "launch", lambda *a, **k: calls.append("tma") or "tma-out")
+    monkeypatch.setattr(mod, "_launch", lambda *a, **k: calls.append("walk") or "walk-out")
+    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
+    assert cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24), kernel="tma") == "tma-out"
+    assert cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24)) == "walk-out"
+    assert calls == ["validate", "tma", "validate", "walk"]
+
+
+def test_kernel_option_in_the_op_schema():
+    schema = str(torch.ops.cute_kernels.hc_mix_sinkhorn.default._schema)
+    assert 'str kernel="walk"' in schema, schema

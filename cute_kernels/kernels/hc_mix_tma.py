@@ -1,8 +1,9 @@
 """mHC mix statistics + Sinkhorn on TMA + WGMMA (issue 7, seed 001): the design planned in
-:mod:`.hc_mix`'s docstring, as :func:`hc_mix_sinkhorn_tma`.  GPU-validated on the H200 (against float64,
-its float32 emulation, batch invariance), but not what :func:`.hc_mix.hc_mix_sinkhorn` runs: its bits
-differ from that kernel's, and at small M it is slower (measured below), so one batch-invariant family
-cannot serve every M faster yet.
+:mod:`.hc_mix`'s docstring; ``hc_mix_sinkhorn(..., kernel="tma")`` (the torch op) and
+:func:`hc_mix_sinkhorn_tma` (with config and raw-statistics access) run it.  GPU-validated on the H200
+(against float64, its float32 emulation, batch invariance).  Not the default: its bits differ from the
+``"walk"`` kernel's and at small M it is slower (measured below), so one batch-invariant family cannot
+serve every M fastest yet; the caller picks one.
 
 Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: sigmoids + Sinkhorn).
 The K walk differs:
@@ -397,6 +398,12 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
     (default :func:`config_for` (M)); ``mix`` (``[M, 25]`` float32, contiguous, on x's device), when
     given, receives the raw ``a`` and sum x^2 of each row (``config.store_mix`` follows it)."""
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
+    return launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=config, mix=mix)
+
+
+def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None):
+    """Launch on validated inputs (``hc_mix_sinkhorn(..., kernel="tma")`` and
+    :func:`hc_mix_sinkhorn_tma` come here)."""
     if mix is not None:  # the epilogue writes mix[row, 0:25] for every row: check it whole
         check_tensor("mix", mix, dtypes=(torch.float32,), shape=(x.shape[0], SP_COLS), align_bytes=4)
         if not mix.is_contiguous() or mix.device != x.device:

@@ -106,30 +106,49 @@ def test_row_stride_and_does_not_write_past_the_end():
     assert (out[0] - ref[0]).abs().max().item() <= 1e-5
 
 
-def test_cuda_graph_capture():
+@pytest.mark.parametrize("kernel", ["walk", "tma"])
+def test_cuda_graph_capture(kernel):
     x, hc_fn, hc_scale, hc_base = _inputs(128, 20480, seed=5)
-    eager = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    eager = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+        cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+        out = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
     x.copy_(torch.randn_like(x))
     g.replay()
     torch.cuda.synchronize()
-    want = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    want = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
     for a, b, e in zip(out, want, eager):
         assert torch.equal(a, b) and not torch.equal(a, e)
 
 
-def test_torch_compile():
+@pytest.mark.parametrize("kernel", ["walk", "tma"])
+def test_torch_compile(kernel):
     x, hc_fn, hc_scale, hc_base = _inputs(64, 1024, seed=9)
-    f = torch.compile(lambda *a: cute_kernels.hc_mix_sinkhorn(*a), fullgraph=True)
-    for a, b in zip(f(x, hc_fn, hc_scale, hc_base), cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)):
+    f = torch.compile(lambda *a: cute_kernels.hc_mix_sinkhorn(*a, kernel=kernel), fullgraph=True)
+    for a, b in zip(f(x, hc_fn, hc_scale, hc_base),
+                    cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)):
         assert torch.equal(a, b)
+
+
+def test_op_kernel_tma_is_the_tma_entry_point():
+    """hc_mix_sinkhorn(kernel="tma") gives hc_mix_sinkhorn_tma's bits, batch invariant, near float64."""
+    from cute_kernels.kernels import hc_mix_tma as tma
+
+    x, hc_fn, hc_scale, hc_base = _inputs(600, 20480, seed=21)
+    got = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel="tma")
+    for a, b in zip(got, tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base)):
+        assert torch.equal(a, b)
+    one = cute_kernels.hc_mix_sinkhorn(x[517:518], hc_fn, hc_scale, hc_base, kernel="tma")
+    for a, b in zip(got, one):
+        assert torch.equal(a[517:518], b)
+    ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
+    for a, w in zip(got, ref):
+        assert (a.double() - w.double()).abs().max().item() <= 1e-5
 
 
 def test_in_place_weight_update_is_seen():
