@@ -198,16 +198,16 @@ def test_reference_checks_shapes():
         mod.hc_mix_sinkhorn_reference(x.long(), w, s, b)
 
 
-@pytest.mark.parametrize("kernel", ["", "TMA", None, 1])
-def test_unknown_kernel_refused_before_anything_else(kernel):
+@pytest.mark.parametrize("method", ["", "TMA", None, 1])
+def test_unknown_method_refused_before_anything_else(method):
     k = 64
-    with pytest.raises(ValueError, match="kernel"):
+    with pytest.raises(ValueError, match="method"):
         cute_kernels.hc_mix_sinkhorn(torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(24, k), torch.ones(3),
-                                     torch.zeros(24), kernel=kernel)
+                                     torch.zeros(24), method=method)
 
 
-def test_kernel_option_routes_after_validation(monkeypatch):
-    """kernel="tma" validates like the default, then launches hc_mix_tma's kernel (nothing else)."""
+def test_method_option_routes_after_validation(monkeypatch):
+    """method="tma" validates like the default, then launches hc_mix_tma's kernel (nothing else)."""
     from cute_kernels.kernels import hc_mix_tma
 
     calls = []
@@ -215,11 +215,22 @@ def test_kernel_option_routes_after_validation(monkeypatch):
     monkeypatch.setattr(hc_mix_tma, "launch", lambda *a, **k: calls.append("tma") or "tma-out")
     monkeypatch.setattr(mod, "_launch", lambda *a, **k: calls.append("walk") or "walk-out")
     x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
-    assert cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24), kernel="tma") == "tma-out"
+    assert cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24), method="tma") == "tma-out"
     assert cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24)) == "walk-out"
     assert calls == ["validate", "tma", "validate", "walk"]
 
 
-def test_kernel_option_in_the_op_schema():
+def test_method_option_in_the_op_schema():
     schema = str(torch.ops.cute_kernels.hc_mix_sinkhorn.default._schema)
-    assert 'str kernel="walk"' in schema, schema
+    assert 'str method="walk"' in schema, schema
+
+
+@pytest.mark.parametrize("method", ["walk", "tma"])
+def test_torch_compile_lowers_the_method_argument(method):
+    """Inductor lowers the op with the option (an argument named ``kernel`` collided with
+    FallbackKernel.create's own: an InductorError the H200 run caught); on CPU tensors the compiled
+    call then reaches our validation, which refuses them."""
+    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
+    f = torch.compile(lambda *a: cute_kernels.hc_mix_sinkhorn(*a, method=method), fullgraph=True)
+    with pytest.raises(ValueError, match="CUDA|cuda"):
+        f(x, w, torch.ones(3), torch.zeros(24))

@@ -657,16 +657,16 @@ def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=No
                         hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=mix, out=out)
 
 
-KERNELS = ("walk", "tma")
+METHODS = ("walk", "tma")  # not "kernel": inductor's FallbackKernel.create takes that name
 
 
-def _check_kernel(kernel) -> None:
-    if not isinstance(kernel, str) or kernel not in KERNELS:
-        raise ValueError(f"kernel={kernel!r}: must be one of {KERNELS}")
+def _check_method(method) -> None:
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method={method!r}: must be one of {METHODS}")
 
 
-def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, kernel="walk"):
-    _check_kernel(kernel)
+def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="walk"):
+    _check_method(method)
     m = x.shape[0]
     return (x.new_empty(m, HC, dtype=torch.float32), x.new_empty(m, HC, dtype=torch.float32),
             x.new_empty(m, HC, HC, dtype=torch.float32))
@@ -674,7 +674,7 @@ def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1
 
 @custom_op("hc_mix_sinkhorn", mutates_args=(), fake=_fake)
 def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
-                    sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6, kernel: str = "walk"
+                    sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6, method: str = "walk"
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mHC pre/post/comb coefficients of each row (DeepSeek mHC, arXiv 2512.24880; seed 001).
 
@@ -701,7 +701,7 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
         rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``.  With
             ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
-        kernel: ``"walk"`` (default: this module's per-thread K walk; fastest up to a few hundred
+        method: ``"walk"`` (default: this module's per-thread K walk; fastest up to a few hundred
             rows, e.g. decode) or ``"tma"`` (:mod:`.hc_mix_tma`: TMA + WGMMA, 1.1-1.8x faster from
             M = 512 up, e.g. prefill and training; ~22 us instead of ~13 below).  Each is batch
             invariant on its own but their bits differ: pick one per deployment and keep it.
@@ -711,11 +711,11 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     Raises:
         TypeError: wrong tensor dtype; sinkhorn_iters not an int; rms_eps / hc_eps not real numbers.
         ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
-            hc_eps negative or not finite; kernel not ``"walk"`` or ``"tma"``.
+            hc_eps negative or not finite; method not ``"walk"`` or ``"tma"``.
     """
-    _check_kernel(kernel)
+    _check_method(method)
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
-    if kernel == "tma":
+    if method == "tma":
         from .hc_mix_tma import launch as launch_tma
 
         return launch_tma(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
@@ -794,10 +794,10 @@ def check() -> list[CheckResult]:
         err_a = ((a.double() - a64).norm() / a64.norm()).item()
         rows.append(CheckResult(NAME, f"a M={m} K={k}", err_a <= 2e-6, float("nan"), err_a, 2e-6))
         want = hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
-        for kernel in KERNELS:
-            got = hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
+        for method in METHODS:
+            got = hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
             err = max((g.double() - w.double()).abs().max().item() for g, w in zip(got, want))
-            rows.append(CheckResult(NAME, f"pre/post/comb kernel={kernel} M={m} K={k}", err <= 1e-5, err,
+            rows.append(CheckResult(NAME, f"pre/post/comb method={method} M={m} K={k}", err <= 1e-5, err,
                                     float("nan"), 1e-5))
     return rows
 
@@ -820,7 +820,7 @@ def _splitk_baseline():
 def bench(shapes: str | None = None) -> list[dict]:
     """us per call inside a CUDA graph (10 calls per replay) and GB/s of reading x once (M*K*2 B).
 
-    Ours: ``kernel="walk"`` (impl ``cute_kernels``) and ``kernel="tma"`` (``cute_kernels_tma``).
+    Ours: ``method="walk"`` (impl ``cute_kernels``) and ``method="tma"`` (``cute_kernels_tma``).
     Peers in the same process: the float32 torch reference and the split-K Triton baseline.
     ``shapes``: comma-separated M values (K = 20480), default 1,16,128,512,1024,2048,4096,16384.
     """
@@ -840,7 +840,7 @@ def bench(shapes: str | None = None) -> list[dict]:
         hc_base = torch.randn(N_MIX, device="cuda")
         args = (x, hc_fn, hc_scale, hc_base)
         impls = [("cute_kernels", lambda: hc_mix_sinkhorn(*args)),
-                 ("cute_kernels_tma", lambda: hc_mix_sinkhorn(*args, kernel="tma")),
+                 ("cute_kernels_tma", lambda: hc_mix_sinkhorn(*args, method="tma")),
                  ("torch_fp32_reference", lambda: _reference(*args, dtype=torch.float32))]
         if splitk is not None:
             impls.append(("triton_splitk", lambda: splitk(*args)))

@@ -1,5 +1,5 @@
 """mHC mix statistics + Sinkhorn on TMA + WGMMA (issue 7, seed 001): the design planned in
-:mod:`.hc_mix`'s docstring; ``hc_mix_sinkhorn(..., kernel="tma")`` (the torch op) and
+:mod:`.hc_mix`'s docstring; ``hc_mix_sinkhorn(..., method="tma")`` (the torch op) and
 :func:`hc_mix_sinkhorn_tma` (with config and raw-statistics access) run it.  GPU-validated on the H200
 (against float64, its float32 emulation, batch invariance).  Not the default: its bits differ from the
 ``"walk"`` kernel's and at small M it is slower (measured below), so one batch-invariant family cannot
@@ -402,7 +402,7 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
 
 
 def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None):
-    """Launch on validated inputs (``hc_mix_sinkhorn(..., kernel="tma")`` and
+    """Launch on validated inputs (``hc_mix_sinkhorn(..., method="tma")`` and
     :func:`hc_mix_sinkhorn_tma` come here)."""
     if mix is not None:  # the epilogue writes mix[row, 0:25] for every row: check it whole
         check_tensor("mix", mix, dtypes=(torch.float32,), shape=(x.shape[0], SP_COLS), align_bytes=4)

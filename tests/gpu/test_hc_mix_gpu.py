@@ -106,44 +106,44 @@ def test_row_stride_and_does_not_write_past_the_end():
     assert (out[0] - ref[0]).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("kernel", ["walk", "tma"])
-def test_cuda_graph_capture(kernel):
+@pytest.mark.parametrize("method", ["walk", "tma"])
+def test_cuda_graph_capture(method):
     x, hc_fn, hc_scale, hc_base = _inputs(128, 20480, seed=5)
-    eager = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
+    eager = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
+        cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
+        out = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
     x.copy_(torch.randn_like(x))
     g.replay()
     torch.cuda.synchronize()
-    want = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)
+    want = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
     for a, b, e in zip(out, want, eager):
         assert torch.equal(a, b) and not torch.equal(a, e)
 
 
-@pytest.mark.parametrize("kernel", ["walk", "tma"])
-def test_torch_compile(kernel):
+@pytest.mark.parametrize("method", ["walk", "tma"])
+def test_torch_compile(method):
     x, hc_fn, hc_scale, hc_base = _inputs(64, 1024, seed=9)
-    f = torch.compile(lambda *a: cute_kernels.hc_mix_sinkhorn(*a, kernel=kernel), fullgraph=True)
+    f = torch.compile(lambda *a: cute_kernels.hc_mix_sinkhorn(*a, method=method), fullgraph=True)
     for a, b in zip(f(x, hc_fn, hc_scale, hc_base),
-                    cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel=kernel)):
+                    cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)):
         assert torch.equal(a, b)
 
 
-def test_op_kernel_tma_is_the_tma_entry_point():
-    """hc_mix_sinkhorn(kernel="tma") gives hc_mix_sinkhorn_tma's bits, batch invariant, near float64."""
+def test_op_method_tma_is_the_tma_entry_point():
+    """hc_mix_sinkhorn(method="tma") gives hc_mix_sinkhorn_tma's bits, batch invariant, near float64."""
     from cute_kernels.kernels import hc_mix_tma as tma
 
     x, hc_fn, hc_scale, hc_base = _inputs(600, 20480, seed=21)
-    got = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, kernel="tma")
+    got = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method="tma")
     for a, b in zip(got, tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base)):
         assert torch.equal(a, b)
-    one = cute_kernels.hc_mix_sinkhorn(x[517:518], hc_fn, hc_scale, hc_base, kernel="tma")
+    one = cute_kernels.hc_mix_sinkhorn(x[517:518], hc_fn, hc_scale, hc_base, method="tma")
     for a, b in zip(got, one):
         assert torch.equal(a[517:518], b)
     ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
