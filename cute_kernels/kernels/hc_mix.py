@@ -1,4 +1,5 @@
-"""Hyper-connection mix statistics + Sinkhorn in one K walk (DeepSeek mHC, seed 001).
+"""Hyper-connection mix statistics + Sinkhorn in one K walk (DeepSeek mHC, seed 001): the torch op
+:func:`hc_mix_sinkhorn` and its default ``method="walk"`` kernel.
 
 For each row of ``x [M, K]`` (bf16) this computes the manifold-constrained hyper-connection
 coefficients (mHC, arXiv 2512.24880; seed ``001_ea94da0ccc866503``), hc_mult = 4:
@@ -48,16 +49,13 @@ Error of ``a`` against float64 1.6e-7 .. 2.0e-7 norm-wise; pre/post/comb <= 5.4e
 Time scales with x + hc_fn bytes (each cluster re-reads hc_fn) and with warps per SM (the
 per-thread ring limits occupancy); the walk is latency-bound, not bandwidth-bound.
 
-Why it misses the issue's 47 us at M=4096 (105 us, 39% of the copy rate), and the planned design:
-every thread streams its own cp.async ring, so bytes in flight per SM are limited by registers and
-occupancy, and each 32-row cluster re-reads all of hc_fn (2 MB fp32) from L2 (128 clusters: 256 MB of
-L2 reads for 168 MB of x).  Next: one producer warp issuing TMA loads of 128-row x tiles (64 columns,
-128B swizzle) and of a host-split bf16 [72, K] hc_fn (hi/mid/lo pieces of the 24 rows) into a
-multi-stage PipelineTmaAsync; two consumer warpgroups each doing ``wgmma m64n72k16`` (A = x tile,
-B = the pieces) plus ``m64n64k16`` with B = the same x tile (the Gram diagonal is sum x^2); a fresh
-accumulator per stage added into fp32 running sums (the per-chunk accuracy argument above); the
-cluster's split-K reduction and the epilogue unchanged.  hc_fn re-reads drop 4x (128-row tiles) and
-the loads are bulk, so the walk should become HBM-bound.
+Why it misses the issue's 47 us at M=4096 (105 us, 39% of the copy rate): every thread streams its
+own cp.async ring, so bytes in flight per SM are limited by registers and occupancy, and each 32-row
+cluster re-reads all of hc_fn (2 MB fp32) from L2 (128 clusters: 256 MB of L2 reads for 168 MB of x).
+The redesign (one TMA producer warp, 128/256-row x tiles, ``wgmma m64n72k16`` with the pieces as B,
+squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, reached as ``method="tma"``: 74 us at M=4096,
+faster from M=512 up, slower below (its docstring has the figures and what limits it).  Its bits
+differ from this kernel's, so the two are separate methods of the op, not a switch on M.
 
 Reduction order (bitwise determinism and batch invariance): a chunk's value is the MMA chain
 step 0 (lo, mid, hi) then step 1 (lo, mid, hi) from zero; part p's partial is ``0 + V[p] +
