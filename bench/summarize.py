@@ -1,5 +1,6 @@
-"""Markdown table of a ``cute-kernels bench --json`` file: one row per (shape, impl), with each
-impl's speed relative to the FlashAttention-4 mask_mod peer of the same shape when present.
+"""Markdown table of a ``cute-kernels bench --json`` file: one row per (shape, impl).  Attention
+records show useful TFLOP/s and the speed relative to the FlashAttention-4 mask_mod peer of the same
+shape; bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
 
     python3 bench/summarize.py bench/results/2026-11-29_h200_ranker_bwd_s2.json > table.md
 """
@@ -11,7 +12,9 @@ import sys
 
 
 def table(records: list[dict]) -> str:
-    cols = ["shape", "impl", "mode", "time (us)", "useful TFLOP/s", "vs fa4_mask_mod"]
+    bandwidth = any("gbps" in r for r in records)
+    cols = (["shape", "impl", "mode", "time (us)", "GB/s", "of copy rate"] if bandwidth else
+            ["shape", "impl", "mode", "time (us)", "useful TFLOP/s", "vs fa4_mask_mod"])
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     fa4 = {}
     for r in records:
@@ -24,9 +27,13 @@ def table(records: list[dict]) -> str:
         if r.get("time_us") is None:
             lines.append(f"| {label} | {r.get('impl')} | | error: {str(r.get('error', '?'))[:60]} | | |")
             continue
-        rel = f"{fa4[key] / r['time_us']:.2f}x" if key in fa4 else ""
-        lines.append(f"| {label} | {r['impl']} | {r.get('mode', '')} | {r['time_us']:.1f} | "
-                     f"{r.get('tflops', '')} | {rel} |")
+        if bandwidth:
+            frac = f"{r['copy_bw_frac']:.0%}" if r.get("copy_bw_frac") is not None else ""
+            extra = f"{r['gbps']:.0f} | {frac}" if r.get("gbps") is not None else " | "
+        else:
+            rel = f"{fa4[key] / r['time_us']:.2f}x" if key in fa4 else ""
+            extra = f"{r.get('tflops', '')} | {rel}"
+        lines.append(f"| {label} | {r['impl']} | {r.get('mode', '')} | {r['time_us']:.1f} | {extra} |")
     meta = records[0] if records else {}
     head = f"{meta.get('gpu', '?')}, {meta.get('date', '?')}, commit {meta.get('commit', '?')}, torch {meta.get('torch', '?')}"
     return head + "\n\n" + "\n".join(lines) + "\n"
