@@ -141,3 +141,20 @@ def test_squares_read_the_swizzled_vectors_without_bank_conflicts(tile_m):
     scalars = AccessPattern("squares, 2-byte", np.array(
         [np.stack([t // 2, (t % 2) * 32 + c], -1) for c in range(32)]), vec=1)
     assert bank_conflicts(lay, scalars, 2).ratio == 4.0
+
+
+@pytest.mark.parametrize("tile_m", [128, 256])
+def test_two_kernel_form_compiles_without_clusters(tile_m):
+    """cluster_reduce=False: the walk without a cluster (no barrier.cluster, no DSMEM) plus the
+    reduction kernel, both without spills; the workspace covers every (row tile, rank, row)."""
+    cfg = (mod.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False) if tile_m == 128 else
+           mod.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False))
+    cfg.validate()
+    mod._compile(cfg)
+    rec = compile_record(mod.NAME, cfg)
+    assert rec.ptx.count(".entry") == 2
+    assert "barrier.cluster" not in rec.ptx and "ld.shared::cluster" not in rec.ptx
+    assert all(not r.stack_bytes for r in rec.resources) and len(rec.resources) == 2
+    x = torch.zeros(tile_m + 1, 64, dtype=torch.bfloat16)
+    assert mod.workspace(x, cfg).shape == (2 * cfg.cluster_k * tile_m, 25)
+    assert mod.workspace(x, mod.HcMixTmaConfig()).shape == (1, 25)

@@ -628,11 +628,13 @@ def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     return pieces
 
 
-def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None):
+def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None,
+                 extra=()):
     """The launch glue both hc_mix kernels share: allocate ``pre [M, 4]``, ``post [M, 4]``,
     ``comb [M, 4, 4]`` float32 (or use ``out``: tests pass poisoned buffers) and, for M > 0, launch
     ``compile_fn()`` with ``weights()`` as the hc_fn argument (fp32 hc_fn or its bf16 pieces, made only
-    when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer."""
+    when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer; ``extra``
+    arguments go last (hc_mix_tma's workspace)."""
     m = x.shape[0]
     if out is not None:
         pre, post, comb = out
@@ -643,7 +645,7 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
     if m:
         mix_arg = mix if mix is not None else pre.new_empty(1, SP_COLS)
         compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
-                     int(sinkhorn_iters), float(rms_eps), float(hc_eps))
+                     int(sinkhorn_iters), float(rms_eps), float(hc_eps), *extra)
     return pre, post, comb
 
 

@@ -23,6 +23,11 @@ The K walk differs:
 * After the walk: partials to smem (aliasing the drained x ring), ``a_j = (lo_j + mid_j) + hi_j``,
   sum x^2 = half 0 + half 1; the cluster's CTAs sum their partials in rank order through distributed
   shared memory; one consumer thread per row runs the epilogue.
+* ``cluster_reduce=False`` (EXPERIMENTAL: compiled and CPU-tested, not yet run on a GPU): no
+  clusters; each CTA writes its partials to a global workspace and a second kernel (one thread per
+  row) sums them in the same rank order and runs the epilogue.  Same bits; meant to lift the limit
+  of ~14 co-resident 8-CTA clusters (measured below), e.g. M = 4096 in two waves of 132 CTAs
+  instead of three of 112.
 
 Reduction order: fixed by (cluster rank, k tile, column), independent of M, of ``tile_m``, ``stages``
 and ``overlap`` (bitwise equal on the H200), so :func:`config_for` may change the tile with M and each
@@ -54,6 +59,7 @@ from cutlass import BFloat16, Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.cache import compile_cached
+from ..runtime.fake import fake_tensor
 from ..runtime.validate import check_tensor
 from . import sm90_helpers as sm90
 from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32, _pieces, _validate,
@@ -63,6 +69,7 @@ NAME = "hc_mix_tma"
 ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
+REDUCE_ROWS = 128  # rows (threads) per CTA of the two-kernel form's reduction kernel
 
 
 @dataclass(frozen=True)
@@ -71,14 +78,19 @@ class HcMixTmaConfig:
     columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth, ``cluster_k``
     CTAs splitting K (part of the reduction order: the bits), ``overlap`` (k tiles in pairs; needs an
     even count per CTA, which :func:`hc_mix_sinkhorn_tma` checks, falling back to the plain loop:
-    an odd count would make the consumers wait for a tile never loaded), register split
-    producer/consumer (384 threads; one CTA per SM).  :func:`config_for` picks per M."""
+    an odd count would make the consumers wait for a tile never loaded), ``cluster_reduce`` (True:
+    the ``cluster_k`` CTAs of a row tile form a cluster and sum their partials over DSMEM; False:
+    no clusters, partials go to a global workspace and a second kernel sums them in the same rank
+    order and runs the epilogue: the same bits, without the limit of ~14 co-resident 8-CTA clusters;
+    EXPERIMENTAL, compiled and CPU-tested only), register split producer/consumer (384 threads; one
+    CTA per SM).  :func:`config_for` picks per M."""
 
     tile_m: int = 128
     tile_k: int = 64
     stages: int = 6
     cluster_k: int = 8
     overlap: bool = False
+    cluster_reduce: bool = True
     producer_regs: int = 40
     consumer_regs: int = 120
     store_mix: bool = False
@@ -92,7 +104,7 @@ class HcMixTmaConfig:
         ring = self.stages * (self.tile_m + N_W) * self.tile_k * 2
         partials = self.tile_m * P_COLS * 4  # aliases the x ring when that is large enough
         x_ring = self.stages * self.tile_m * self.tile_k * 2
-        totals = (self.tile_m // self.cluster_k) * SP_COLS * 4
+        totals = (self.tile_m // self.cluster_k) * SP_COLS * 4 if self.cluster_reduce else 0
         return ring + (0 if partials <= x_ring else partials) + totals + 16 * self.stages + 2048
 
     def validate(self) -> None:
@@ -137,7 +149,10 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
                  mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
-                 sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, stream):
+                 sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor, stream):
+        """Launch the walk (and, without ``cluster_reduce``, the reduction kernel after it on the same
+        stream).  ``mPart``: ``[ceil(M / tile_m) * cluster_k * tile_m, 25]`` float32 workspace of the
+        two-kernel form (unused with ``cluster_reduce``)."""
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
@@ -158,22 +173,32 @@ class HcMixTmaKernel(HcMixKernel):
             sX: cute.struct.Align[cute.struct.MemRange[BFloat16, x_ring], 1024]
             sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[Float32, 0 if alias else self.tile_m * P_COLS], 16]
-            sA: cute.struct.Align[cute.struct.MemRange[Float32, self.rows_per_rank * SP_COLS], 16]
+            sA: cute.struct.Align[cute.struct.MemRange[
+                Float32, self.rows_per_rank * SP_COLS if self.config.cluster_reduce else 0], 16]
 
         self.shared_storage = SharedStorage
         self.partials_alias_x = alias
         grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
-        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mScale, mBase,
-                    mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps).launch(
-            grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1], cluster=[self.cluster_k, 1, 1],
-            stream=stream, min_blocks_per_mp=1)
+        walk = self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mScale,
+                           mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart)
+        if cutlass.const_expr(self.config.cluster_reduce):
+            walk.launch(grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1],
+                        cluster=[self.cluster_k, 1, 1], stream=stream, min_blocks_per_mp=1)
+        else:
+            walk.launch(grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
+                        min_blocks_per_mp=1)
+            self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
+                               sinkhorn_iters, rms_eps, hc_eps).launch(
+                grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_ROWS, 1, 1],
+                stream=stream)
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
     def kernel(self, tma_X: cute.Tensor, tma_W: cute.Tensor, tma_atom_X: cute.CopyAtom, tma_atom_W: cute.CopyAtom,
                tiled_mma: cute.TiledMma, sX_layout: cute.ComposedLayout, sW_layout: cute.ComposedLayout,
                mX: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor, mPost: cute.Tensor,
-               mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
+               mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32,
+               mPart: cute.Tensor):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         rank, m_block, _ = cute.arch.block_idx()  # cluster = (cluster_k, 1, 1): rank in the cluster
@@ -196,7 +221,6 @@ class HcMixTmaKernel(HcMixKernel):
             sP = cute.make_tensor(cute.recast_ptr(storage.sX.data_ptr(), dtype=Float32), p_layout)
         else:
             sP = storage.sP.get_tensor(p_layout)
-        sA = storage.sA.get_tensor(cute.make_layout((self.rows_per_rank, SP_COLS), stride=(SP_COLS, 1)))
 
         x_vectors = cute.cosize(sX_layout) // 8
         k_tiles = (mX.shape[1] + self.tile_k - 1) // self.tile_k
@@ -212,18 +236,22 @@ class HcMixTmaKernel(HcMixKernel):
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
             self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, kt_begin, kt_end)
 
-        cute.arch.cluster_arrive()  # every CTA's partials are in its smem
-        cute.arch.cluster_wait()
-        if tidx >= 128:
-            self.cluster_reduce_rows(sP, sA, rank, tidx - 128)
-        cute.arch.cluster_arrive()  # no CTA leaves while a peer still reads its partials
-        cute.arch.cluster_wait()
-        if tidx >= 128 and tidx - 128 < self.rows_per_rank:
-            rr = tidx - 128
-            row = m_block * self.tile_m + rr * self.cluster_k + rank
-            if row < mX.shape[0]:
-                self.epilogue(sA, rr, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
-                              sinkhorn_iters, rms_eps, hc_eps)
+        if cutlass.const_expr(self.config.cluster_reduce):
+            sA = storage.sA.get_tensor(cute.make_layout((self.rows_per_rank, SP_COLS), stride=(SP_COLS, 1)))
+            cute.arch.cluster_arrive()  # every CTA's partials are in its smem
+            cute.arch.cluster_wait()
+            if tidx >= 128:
+                self.cluster_reduce_rows(sP, sA, rank, tidx - 128)
+            cute.arch.cluster_arrive()  # no CTA leaves while a peer still reads its partials
+            cute.arch.cluster_wait()
+            if tidx >= 128 and tidx - 128 < self.rows_per_rank:
+                rr = tidx - 128
+                row = m_block * self.tile_m + rr * self.cluster_k + rank
+                if row < mX.shape[0]:
+                    self.epilogue(sA, rr, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
+                                  sinkhorn_iters, rms_eps, hc_eps)
+        elif tidx >= 128:
+            self.store_partials(sP, mPart, m_block, rank, tidx - 128)
 
     # ------------------------------------------------------------------ roles
     @cute.jit
@@ -348,6 +376,42 @@ class HcMixTmaKernel(HcMixKernel):
         return pipeline.PipelineState(self.stages, t, t % self.stages, (t // self.stages) % 2)
 
     @cute.jit
+    def store_partials(self, sP, mPart, m_block, rank, ctidx):
+        """Two-kernel form: this CTA's 25 partials per row (the values a cluster peer would read over
+        DSMEM) to its slice ``(m_block, rank)`` of the workspace."""
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)  # the pieces are combined
+        base = (m_block * self.cluster_k + rank) * self.tile_m
+        for i in cutlass.range_constexpr((self.tile_m * SP_COLS + self.num_consumers - 1) // self.num_consumers):
+            item = ctidx + i * self.num_consumers
+            if item < self.tile_m * SP_COLS:
+                r = item // SP_COLS
+                col = item % SP_COLS
+                mPart[base + r, col] = sP[r, col if col < N_MIX else N_W]
+
+    @cute.kernel
+    def reduce_kernel(self, mPart: cute.Tensor, m: Int32, k: Int32, mScale: cute.Tensor, mBase: cute.Tensor,
+                      mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
+                      sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
+        """Two-kernel form, second kernel: one thread per row sums the ``cluster_k`` partials in rank
+        order (exactly :meth:`cluster_reduce_rows`' order, so the bits match) and runs the epilogue."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(Float32, cute.make_layout((REDUCE_ROWS, SP_COLS), stride=(SP_COLS, 1)),
+                                  byte_alignment=16)
+        row = bidx * REDUCE_ROWS + tidx
+        if row < m:
+            m_block = row // self.tile_m
+            rr = row - m_block * self.tile_m
+            for col in cutlass.range_constexpr(SP_COLS):
+                total = Float32(0.0)
+                for src in cutlass.range_constexpr(self.cluster_k):
+                    total = total + mPart[(m_block * self.cluster_k + src) * self.tile_m + rr, col]
+                sA[tidx, col] = total
+            self.epilogue(sA, tidx, row, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps,
+                          hc_eps)
+
+    @cute.jit
     def cluster_reduce_rows(self, sP, sA, rank, ctidx):
         """Rows ``rank, rank + cluster_k, ...`` of the tile: the cluster's partials summed in rank order
         (24 mix values and the sum of squares)."""
@@ -386,7 +450,21 @@ def config_for(m: int) -> HcMixTmaConfig:
 
 
 def _compile(config: HcMixTmaConfig):
-    return compile_cached(NAME, config, lambda: (HcMixTmaKernel(config), fake_launch_args(presplit=True)))
+    def build():
+        args = fake_launch_args(presplit=True)
+        part = fake_tensor(torch.float32, (cute.sym_int(), SP_COLS), stride=(SP_COLS, 1))
+        return HcMixTmaKernel(config), args[:-1] + (part, args[-1])  # the workspace goes before the stream
+
+    return compile_cached(NAME, config, build)
+
+
+def workspace(x: torch.Tensor, config: HcMixTmaConfig) -> torch.Tensor:
+    """The two-kernel form's partials, ``[ceil(M / tile_m) * cluster_k * tile_m, 25]`` float32 (every
+    element written by the walk before the reduction reads it); one dummy row with ``cluster_reduce``."""
+    rows = 1
+    if not config.cluster_reduce:
+        rows = max(1, -(-x.shape[0] // config.tile_m) * config.cluster_k * config.tile_m)
+    return torch.empty(rows, SP_COLS, dtype=torch.float32, device=x.device)
 
 
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
@@ -413,7 +491,7 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
     if cfg.overlap and x.shape[1] % (2 * cfg.tile_k * cfg.cluster_k):
         cfg = dataclasses.replace(cfg, overlap=False)  # odd k-tile counts: the plain loop (same bits)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
-                        rms_eps, hc_eps, mix=mix)
+                        rms_eps, hc_eps, mix=mix, extra=(workspace(x, cfg),))
 
 
 def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | None = None) -> torch.Tensor:
