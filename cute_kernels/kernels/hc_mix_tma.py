@@ -28,6 +28,10 @@ The K walk differs:
   row) sums them in the same rank order and runs the epilogue.  Same bits; meant to lift the limit
   of ~14 co-resident 8-CTA clusters (measured below), e.g. M = 4096 in two waves of 132 CTAs
   instead of three of 112.
+* ``rs`` (EXPERIMENTAL, compiled and CPU-tested only): ldmatrix the x tile into registers once per k
+  tile; they are the WGMMA's A operand and the squares' input, so shared memory serves x twice instead
+  of three times (~59 instead of ~75 KB of smem traffic per 128 x 64 tile).  The squares' order
+  changes (per quad lane, combined (q0 + q1) + (q2 + q3)): other bits than the ``rs=False`` family.
 
 Reduction order: fixed by (cluster rank, k tile, column), independent of M, of ``tile_m``, ``stages``
 and ``overlap`` (bitwise equal on the H200), so :func:`config_for` may change the tile with M and each
@@ -70,6 +74,8 @@ ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
 REDUCE_ROWS = 128  # rows (threads) per CTA of the two-kernel form's reduction kernel
+# rs: WGMMA A-fragment values of a k16 block holding row g (cols 2q, 2q+1, 2q+8, 2q+9) and row g + 8
+RS_ROW_VALUES = ((0, 1, 4, 5), (2, 3, 6, 7))
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class HcMixTmaConfig:
     cluster_k: int = 8
     overlap: bool = False
     cluster_reduce: bool = True
+    rs: bool = False
     producer_regs: int = 40
     consumer_regs: int = 120
     store_mix: bool = False
@@ -122,7 +129,9 @@ class HcMixTmaConfig:
                              "cluster size, which the DSL allows on every kernel it launches)")
         if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
             raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
-        need = 200 if self.tile_m == 256 else 160 if self.overlap else 120
+        if self.rs and self.overlap:
+            raise ValueError("rs (A from registers) has no overlap form")
+        need = (200 if self.tile_m == 256 else 160 if self.overlap else 120) + (16 * self.m_atoms if self.rs else 0)
         if self.consumer_regs < need:  # below these ptxas spills (72 running sums + 36-72 per accumulator)
             raise ValueError(f"consumer_regs={self.consumer_regs}: tile_m={self.tile_m}"
                              f"{' with overlap' if self.overlap else ''} needs >= {need} (spills below)")
@@ -155,7 +164,8 @@ class HcMixTmaKernel(HcMixKernel):
         two-kernel form (unused with ``cluster_reduce``)."""
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W),
+            a_source=warpgroup.OperandSource.RMEM if self.config.rs else warpgroup.OperandSource.SMEM)
         sX_layout = sm90.smem_layout(BFloat16, self.tile_m, self.tile_k, self.stages)
         sW_layout = sm90.smem_layout(BFloat16, N_W, self.tile_k, self.stages)
         tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
@@ -234,7 +244,10 @@ class HcMixTmaKernel(HcMixKernel):
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
-            self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, kt_begin, kt_end)
+            if cutlass.const_expr(self.config.rs):
+                self.mma_rs(tiled_mma, sX, sW, sP, ring, tidx - 128, kt_begin, kt_end)
+            else:
+                self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, kt_begin, kt_end)
 
         if cutlass.const_expr(self.config.cluster_reduce):
             sA = storage.sA.get_tensor(cute.make_layout((self.rows_per_rank, SP_COLS), stride=(SP_COLS, 1)))
@@ -328,14 +341,80 @@ class HcMixTmaKernel(HcMixKernel):
             other = cute.arch.shuffle_sync_bfly(sq[m], offset=1)  # the row's other half
             if ctidx % 2 == 0:
                 sP[m * ROWS_PER_ATOM + ctidx // 2, N_W] = sq[m] + other  # half 0 + half 1
+        self.combine_pieces(sP, ctidx)
+
+    @cute.jit
+    def combine_pieces(self, sP, ctidx):
+        """After every consumer has written its partials: ``a_j = (lo_j + mid_j) + hi_j`` in place into
+        columns 0..23 of ``sP``."""
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        # a_j = (lo_j + mid_j) + hi_j, in place into columns 0..23
         for i in cutlass.range_constexpr((self.tile_m * N_MIX + self.num_consumers - 1) // self.num_consumers):
             item = ctidx + i * self.num_consumers
             if item < self.tile_m * N_MIX:
                 r = item // N_MIX
                 j = item % N_MIX
                 sP[r, j] = (sP[r, j] + sP[r, N_MIX + j]) + sP[r, 2 * N_MIX + j]
+
+    @cute.jit
+    def mma_rs(self, tiled_mma, sX, sW, sP, ring, ctidx, kt_begin, kt_end):
+        """``rs``: per k tile, ldmatrix the x tile into registers once; they feed the WGMMA's A (RS)
+        and the squares, so shared memory serves x twice (TMA write, ldmatrix) instead of three times
+        (TMA write, WGMMA A reads, square reads).  Squares: each thread sums its values of rows
+        ``g`` and ``g + 8`` of each 16-row warp slab (WGMMA A fragment: values 0, 1, 4, 5 and 2, 3, 6,
+        7 of a k16 block; columns 2q, 2q+1, 2q+8, 2q+9 for quad lane q), k block by k block, into a
+        per-tile partial; at the end the four lanes of a quad combine as (q0 + q1) + (q2 + q3)."""
+        thr_mma = tiled_mma.get_slice(ctidx)
+        wg_idx = cute.arch.make_warp_uniform(ctidx // 128)
+        wg_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg_idx))
+        tCrW = wg_mma.make_fragment_B(wg_mma.partition_B(sW))
+        a_shape = thr_mma.partition_shape_A((self.tile_m, self.tile_k))
+        copy_A = cute.make_tiled_copy_A(
+            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16),
+            tiled_mma)
+        thr_copy_A = copy_A.get_slice(ctidx)
+        tAsX = thr_copy_A.partition_S(sX)  # (copy, m, k block, stage)
+        acc_shape = tiled_mma.partition_shape_C((self.tile_m, N_W))
+        run = cute.make_rmem_tensor(acc_shape, Float32)
+        run.fill(0.0)
+        m_atoms = self.config.m_atoms
+        sq = cute.make_rmem_tensor((2 * m_atoms,), Float32)  # (row g, row g + 8) per m atom
+        sq.fill(0.0)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for _ in cutlass.range(kt_begin, kt_end, unroll=1):
+            tCrX = thr_mma.make_fragment_A(a_shape)
+            acc = cute.make_rmem_tensor(acc_shape, Float32)
+            tArX = thr_copy_A.retile(tCrX)
+            ring.consumer_wait(state)
+            for kb in cutlass.range_constexpr(self.tile_k // 16):
+                cute.copy(copy_A, tAsX[None, None, kb, state.index], tArX[None, None, kb])
+            sm90.wgmma_gemm(tiled_mma, acc, tCrX, tCrW[None, None, None, state.index], zero_init=True)
+            for m in cutlass.range_constexpr(m_atoms):
+                for half in cutlass.range_constexpr(2):
+                    part = Float32(0.0)
+                    for kb in cutlass.range_constexpr(self.tile_k // 16):
+                        for v in cutlass.range_constexpr(4):
+                            x = tCrX[RS_ROW_VALUES[half][v], m, kb].to(Float32)
+                            part = part + x * x
+                    sq[2 * m + half] = sq[2 * m + half] + part
+            warpgroup.wait_group(0)
+            ring.consumer_release(state)
+            self.accumulate(run, acc)
+            state.advance()
+        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
+        tCcP = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, N_W)))
+        for i in cutlass.range_constexpr(cute.size(run)):
+            r, c = tCcP[i]
+            sP[r, c] = run[i]
+        tCcX = thr_mma.partition_A(cute.make_identity_tensor((self.tile_m, self.tile_k)))
+        for m in cutlass.range_constexpr(m_atoms):
+            for half in cutlass.range_constexpr(2):
+                total = sq[2 * m + half]
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)  # q0 + q1 (either order)
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)  # (q0 + q1) + (q2 + q3)
+                if ctidx % 4 == 0:
+                    r, _ = tCcX[RS_ROW_VALUES[half][0], m, 0]
+                    sP[r, N_W] = total
+        self.combine_pieces(sP, ctidx)
 
     @cute.jit
     def issue(self, tiled_mma, acc, tCrX, tCrW, stage):
@@ -499,7 +578,8 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
 
     Exact bf16 x bf16 products; each k tile's 64 products summed in float32 (the WGMMA chunk, modelled
     as exact-then-rounded), added to float32 running sums per CTA, pieces combined (lo + mid) + hi,
-    the cluster's CTAs summed in rank order; squares: per thread half-row sums in column order.
+    the cluster's CTAs summed in rank order; squares: per thread half-row sums in column order (``rs``:
+    per quad lane, in A-fragment order, combined (q0 + q1) + (q2 + q3)).
     """
     cfg = config or HcMixTmaConfig()
     m, k = x.shape
@@ -510,15 +590,23 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     for rank in range(cfg.cluster_k):
         run = torch.zeros(m, N_W, dtype=torch.float32)
         sq = torch.zeros(m, 2, dtype=torch.float32)
+        if cfg.rs:  # four quad lanes, lane q: columns 2q, 2q+1, 2q+8, 2q+9 of each k16 block
+            sq = torch.zeros(m, 4, dtype=torch.float32)
         for t in range(rank * kt // cfg.cluster_k, (rank + 1) * kt // cfg.cluster_k):
             cols = slice(t * cfg.tile_k, min(k, (t + 1) * cfg.tile_k))
             run = run + (xd[:, cols] @ w3[:, cols].t()).float()
-            for h in range(2):
+            for h in range(sq.shape[1]):
                 part = torch.zeros(m, dtype=torch.float32)
-                for c in range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2):
+                if cfg.rs:
+                    order = [t * cfg.tile_k + 16 * kb + c for kb in range(cfg.tile_k // 16)
+                             for c in (2 * h, 2 * h + 1, 2 * h + 8, 2 * h + 9)]
+                else:
+                    order = range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2)
+                for c in order:
                     part = part + (xd[:, c] * xd[:, c]).float()
                 sq[:, h] = sq[:, h] + part
         a = (run[:, :N_MIX] + run[:, N_MIX:2 * N_MIX]) + run[:, 2 * N_MIX:]
         out[:, :N_MIX] = out[:, :N_MIX] + a
-        out[:, N_MIX] = out[:, N_MIX] + (sq[:, 0] + sq[:, 1])
+        total = (sq[:, 0] + sq[:, 1]) + (sq[:, 2] + sq[:, 3]) if cfg.rs else sq[:, 0] + sq[:, 1]
+        out[:, N_MIX] = out[:, N_MIX] + total
     return out
