@@ -88,8 +88,9 @@ class HcMixTmaConfig:
     the ``cluster_k`` CTAs of a row tile form a cluster and sum their partials over DSMEM; False:
     no clusters, partials go to a global workspace and a second kernel sums them in the same rank
     order and runs the epilogue: the same bits, without the limit of ~14 co-resident 8-CTA clusters;
-    EXPERIMENTAL, compiled and CPU-tested only), register split producer/consumer (384 threads; one
-    CTA per SM).  :func:`config_for` picks per M."""
+    EXPERIMENTAL, compiled and CPU-tested only), ``rs`` (x from registers for the WGMMA and the
+    squares: other bits; EXPERIMENTAL, see the module docstring), register split producer/consumer
+    (384 threads; one CTA per SM).  :func:`config_for` picks per M."""
 
     tile_m: int = 128
     tile_k: int = 64
