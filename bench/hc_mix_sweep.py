@@ -26,6 +26,7 @@ TMA_VARIANTS = {
     "tma_c8_t256_2k": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False),
     "tma_c8_rs": tma.HcMixTmaConfig(rs=True, consumer_regs=136),  # other bits (squares' order)
     "tma_c8_rs_2k": tma.HcMixTmaConfig(rs=True, consumer_regs=136, cluster_reduce=False),
+    "tma_c8_t256_rs_2k": tma.HcMixTmaConfig(tile_m=256, stages=5, rs=True, consumer_regs=232, cluster_reduce=False),
     "tma_c4_ov": tma.HcMixTmaConfig(cluster_k=4, overlap=True, consumer_regs=160),
     "tma_c4_t256": tma.HcMixTmaConfig(cluster_k=4, tile_m=256, stages=5, consumer_regs=200),
 }
