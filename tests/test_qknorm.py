@@ -202,7 +202,7 @@ class _CudaLike:
     (1e300, ValueError), pytest.param(10**400, ValueError, id="10**400"),  # inf in float32 / beyond float
     (1e-40, ValueError),  # below float32's smallest normal: would be flushed to 0
 ])
-def test_eps_rules(eps, exc):
+def test_eps_rules(eps, exc, monkeypatch):
     q, k, wq, wk = _args()
     with pytest.raises(exc, match="eps"):
         cute_kernels.qk_rmsnorm_(q, k, wq, wk, eps)  # checked before the device rule
@@ -211,8 +211,26 @@ def test_eps_rules(eps, exc):
     with pytest.raises(exc, match="eps"):
         mod.qk_rmsnorm_reference(q, k, wq, wk, eps)
     cuda_like = [_CudaLike(t) for t in (q, k, wq, wk)]
+    monkeypatch.setattr(mod, "_DEVICE_OK", set())
+    assert not mod.args_look_valid(*cuda_like, 1e-6)  # a device not yet checked to be Hopper: slow path
+    monkeypatch.setattr(mod, "_DEVICE_OK", {0})
     assert mod.args_look_valid(*cuda_like, 1e-6)  # the stand-ins pass the fast path's other rules
     assert not mod.args_look_valid(*cuda_like, eps)  # the eager fast path must not skip the eps rule
+
+
+def test_weight_overlapping_q_or_k_is_refused(monkeypatch):
+    """q and k are written in place while the weights are read: a weight sharing elements with them
+    is refused (slow path explains, fast path declines); one in the gap between rows is fine."""
+    buf = torch.zeros(4, 4096 + 1024 + 1024, dtype=torch.bfloat16)
+    q, k = buf[:, :4096], buf[:, 4096:5120]
+    wk_ok = buf[0, 5120:6144]  # the unused third column block: in the row gaps of q and k
+    monkeypatch.setattr(mod, "_DEVICE_OK", {0})
+    for wq, wk, bad in ((q[1], torch.ones(1024, dtype=torch.bfloat16), "q_weight overlaps q"),
+                        (torch.ones(4096, dtype=torch.bfloat16), k[2], "k_weight overlaps k")):
+        with pytest.raises(ValueError, match=bad):
+            mod.validate_qk_args(q, k, wq, wk, 1e-6, cuda=False)
+        assert not mod.args_look_valid(*[_CudaLike(t) for t in (q, k, wq, wk)], 1e-6)
+    mod.validate_qk_args(q, k, torch.ones(4096, dtype=torch.bfloat16), wk_ok, 1e-6, cuda=False)
 
 
 def test_eps_accepts_reals():

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import torch
 
+import cute_kernels
 from cute_kernels.runtime import arch, artifacts, cache
 from cute_kernels.kernels import scale
 
@@ -130,3 +131,29 @@ def test_unusable_cache_folder_falls_back_to_memory(tmp_path, monkeypatch):
 def test_cache_switch_values(monkeypatch, value, enabled):
     monkeypatch.setenv("CUTE_KERNELS_CACHE", value)
     assert cache.disk_cache_enabled() is enabled
+
+
+def test_tracers_see_the_registered_op_not_the_implementation():
+    """make_fx (a Python dispatch mode) must record torch.ops.cute_kernels.*: a direct call of the
+    implementation writes through raw pointers the tracer cannot see, and the graph would lose it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = make_fx(lambda x: cute_kernels.scale(x, 2.0), tracing_mode="fake")(torch.ones(8, device="meta"))
+    assert "torch.ops.cute_kernels.scale.default" in g.code
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: cute_kernels.scale(x, True),
+    lambda x: cute_kernels.hc_mix_sinkhorn(x, torch.zeros(24, 64), torch.ones(3), torch.zeros(24), sinkhorn_iters=True),
+    lambda x: cute_kernels.hc_mix_sinkhorn(x, torch.zeros(24, 64), torch.ones(3), torch.zeros(24), rms_eps=True),
+])
+def test_traced_calls_refuse_bools_the_schema_would_convert(call):
+    """Through the registered op (what torch.compile and tracers call) the schema turns True into 1 or
+    1.0; the pre-check sees the Python value first and refuses it, as the eager call does."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.zeros(4, 64, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(TypeError, match="must be"):
+        make_fx(call, tracing_mode="fake")(x)
+    with pytest.raises(TypeError, match="must be"):
+        call(torch.zeros(4, 64, dtype=torch.bfloat16))  # eager: the implementation's own check

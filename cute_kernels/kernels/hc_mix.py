@@ -576,10 +576,11 @@ def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True):
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
-    check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2, cuda=cuda)
+    check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2, cuda=cuda, align_bytes=0)
     k = x.shape[1]
     if k % K_ALIGN or k == 0:
         raise ValueError(f"x.shape[1]={k} must be a positive multiple of {K_ALIGN}")
+    check_tensor("x", x, cuda=cuda)  # then the alignment of pointer and row stride
     check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda)
     check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4)
     check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4)
@@ -672,7 +673,12 @@ def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1
             x.new_empty(m, HC, HC, dtype=torch.float32))
 
 
-@custom_op("hc_mix_sinkhorn", mutates_args=(), fake=_fake)
+def _precheck(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="walk"):
+    _check_method(method)
+    _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
+
+
+@custom_op("hc_mix_sinkhorn", mutates_args=(), fake=_fake, precheck=_precheck)
 def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                     sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6, method: str = "walk"
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

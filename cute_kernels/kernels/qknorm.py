@@ -41,6 +41,7 @@ from cutlass import Float32, Int32
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_tensor, F32_MAX, check_real
 
@@ -391,6 +392,13 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
                              "an in-place op needs distinct rows")
     if _overlap(q, k):
         raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
+    if q.shape[0]:
+        for wname, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+            for name, t in (("q", q), ("k", k)):
+                if not _weight_clear(t.data_ptr(), t.shape[0], t.stride(0), t.shape[1], w.data_ptr(), w.numel(),
+                                     t.element_size()):
+                    raise ValueError(f"{wname} overlaps {name} in memory: {name} is written in place while "
+                                     f"{wname} is read; pass a weight that shares no element with q or k")
     for t in (q, k):  # rows too wide for the register budget
         RowTiling.choose(t.shape[1], vec, DEFAULT_TUNING.target_vecs).validate()
 
@@ -414,6 +422,19 @@ def _disjoint(qp: int, kp: int, n: int, sq: int, sk: int, qw: int, kw: int, es: 
         return False
     b = ((kp - qp) // es) % sq  # k's first column, relative to q's, within a row of sq elements
     return b >= qw and b + kw <= sq
+
+
+def _weight_clear(tp: int, n: int, st: int, tw: int, wp: int, ww: int, es: int) -> bool:
+    """Whether a contiguous weight of ``ww`` elements at byte address ``wp`` shares no element with
+    the ``n`` rows of ``tw`` elements (row stride ``st``) at ``tp``: outside their span, or inside
+    the gap between two rows."""
+    t_end = tp + ((n - 1) * st + tw) * es
+    if wp + ww * es <= tp or t_end <= wp:
+        return True
+    if n <= 1 or (wp - tp) % es:
+        return False
+    b = ((wp - tp) // es) % st
+    return b >= tw and b + ww <= st
 
 
 def check_no_grad(q, k, q_weight, k_weight) -> None:
@@ -467,13 +488,21 @@ def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
             return False  # (a rare legal layout, e.g. N = 1 with an odd stride, takes the slow path)
         if n > 1 and (sq < qw or sk < kw):
             return False  # overlapping rows: the slow path explains
-        qp, kp = q.data_ptr(), k.data_ptr()
-        if (qp | kp | q_weight.data_ptr() | k_weight.data_ptr()) % 16:
+        qp, kp, wqp, wkp = q.data_ptr(), k.data_ptr(), q_weight.data_ptr(), k_weight.data_ptr()
+        if (qp | kp | wqp | wkp) % 16:
             return False
-        if n and not _disjoint(qp, kp, n, sq, sk, qw, kw, q.element_size()):
+        es = q.element_size()
+        if n and not _disjoint(qp, kp, n, sq, sk, qw, kw, es):
             return False  # q and k overlap
-        if not q.is_cuda or not (q.get_device() == k.get_device() == q_weight.get_device() == k_weight.get_device()):
-            return False
+        if n:  # a weight inside q's or k's span: the slow path decides (and explains)
+            q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es
+            for wp, wb in ((wqp, qw * es), (wkp, kw * es)):
+                if (wp < q_end and qp < wp + wb) or (wp < k_end and kp < wp + wb):
+                    return False
+        dev = q.get_device()
+        if not q.is_cuda or dev not in _DEVICE_OK or not (dev == k.get_device() == q_weight.get_device()
+                                                          == k_weight.get_device()):
+            return False  # (first call on a device: the slow path checks it is a Hopper GPU)
         return (type(eps) is float or type(eps) is int) and (eps == 0 or 2.0 ** -126 <= eps <= F32_MAX)  # not bool
     except (AttributeError, ValueError, TypeError):
         return False
@@ -500,7 +529,7 @@ def _qk_rmsnorm_impl(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
     bump_versions(q, k)
 
 
-@custom_op("qk_rmsnorm_", mutates_args=("q", "k"))
+@custom_op("qk_rmsnorm_", mutates_args=("q", "k"), precheck=lambda q, k, q_weight, k_weight, eps: check_eps(eps))
 def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                 eps: float) -> None:
     """In-place fused RMSNorm of q and k over their whole rows, one launch (seed 000, G = 1).

@@ -825,7 +825,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     varlen = cu_seqlens is not None
     nd = 3 if varlen else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, dtypes=DTYPES, ndim=nd, cuda=cuda)
+        check_tensor(name, t, dtypes=DTYPES, ndim=nd, cuda=cuda, align_bytes=0)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
@@ -835,6 +835,8 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         raise ValueError(f"q and k head dims differ: {d} vs {k.shape[-1]}")
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported; supported: {sorted(CONFIGS)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, cuda=cuda)  # then the alignment of pointers and strides
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
@@ -1011,7 +1013,11 @@ def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_s
     return q.new_empty(q.shape), lse  # compact, like the real output (not q's strides)
 
 
-@custom_op("ranker_attention_fwd", mutates_args=(), fake=_fake)
+def _precheck(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None):
+    _check_scalars(softmax_scale, cap, cap_method)
+
+
+@custom_op("ranker_attention_fwd", mutates_args=(), fake=_fake, precheck=_precheck)
 def _ranker_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor,
                softmax_scale: Optional[float] = None, cap: Optional[float] = None, cap_method: str = "tanh",
                cu_seqlens: Optional[torch.Tensor] = None,

@@ -22,7 +22,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_tensor
+from ..runtime.validate import check_real, check_tensor
 
 NAME = "scale"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -104,6 +104,7 @@ def compile_targets() -> list[CompileTarget]:
 
 
 def _scale_impl(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    check_real("alpha", alpha)
     check_tensor("x", x, dtypes=DTYPES)
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous, got strides {x.stride()}")
@@ -116,18 +117,20 @@ def _scale_impl(x: torch.Tensor, alpha: float) -> torch.Tensor:
     return y
 
 
-@custom_op("scale", mutates_args=(), fake=lambda x, alpha: torch.empty_like(x))
+@custom_op("scale", mutates_args=(), fake=lambda x, alpha: torch.empty_like(x),
+           precheck=lambda x, alpha: check_real("alpha", alpha))
 def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
     """``alpha * x`` computed in float32 and rounded to ``x.dtype``.
 
     Args:
         x: CUDA tensor, float16/bfloat16/float32, contiguous, 16-byte aligned, ``numel`` a
             multiple of 16 bytes' worth of elements (8 for 16-bit types, 4 for float32).
-        alpha: Python float.
+        alpha: real number (not bool / str), finite in float32.
     Returns:
         A new tensor like ``x``.
     Raises:
-        TypeError: wrong dtype.  ValueError: not CUDA, not contiguous, misaligned, bad length.
+        TypeError: wrong dtype; alpha not a real number.  ValueError: not CUDA, not contiguous,
+        misaligned, bad length; alpha not finite in float32.
     """
     return _scale_impl(x, alpha)
 

@@ -3,7 +3,9 @@
 ``torch.library.custom_op`` makes an op visible to ``torch.compile`` and safe in CUDA-graph
 capture, but its dispatch costs tens of microseconds per eager call, more than our small kernels
 take.  :func:`custom_op` registers the op and returns a callable that goes through the
-registered op only while torch.compile traces, and calls the implementation directly otherwise.
+registered op while anything traces (torch.compile / torch.export, or a Python dispatch mode such
+as ``make_fx``'s or a FakeTensorMode: a direct call would be invisible to them and the traced graph
+would lose the kernel), and calls the implementation directly otherwise.
 """
 
 from __future__ import annotations
@@ -12,25 +14,32 @@ import functools
 from typing import Callable, Iterable
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
 class _EagerFastPath:
-    def __init__(self, op, impl: Callable):
+    def __init__(self, op, impl: Callable, precheck: Callable | None):
         self.op = op
         self.impl = impl
+        self.precheck = precheck
         functools.update_wrapper(self, impl)
 
     def __call__(self, *args, **kwargs):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+            if self.precheck is not None:  # the op's schema would turn a bool into 1 / 1.0 unseen
+                self.precheck(*args, **kwargs)
             return self.op(*args, **kwargs)
         return self.impl(*args, **kwargs)
 
 
-def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | None = None):
+def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | None = None,
+              precheck: Callable | None = None):
     """Decorator: register ``impl`` as ``torch.ops.cute_kernels.<name>``; return the fast-path caller.
 
     ``fake``: the meta implementation (output shapes); ops that only mutate inputs may omit it.
-    The registered op stays reachable as ``.op`` (e.g. for ``torch.library.opcheck``).
+    ``precheck``: called with the Python arguments before the registered op (only there: ``impl``
+    checks them itself), for the checks the schema's conversions would hide (``True`` passed as an
+    int or float).  The registered op stays reachable as ``.op`` (e.g. for ``torch.library.opcheck``).
     """
 
     def deco(impl: Callable):
@@ -39,6 +48,6 @@ def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | 
             op.register_fake(fake)
         else:
             op.register_fake(lambda *a, **k: None)
-        return _EagerFastPath(op, impl)
+        return _EagerFastPath(op, impl, precheck)
 
     return deco
