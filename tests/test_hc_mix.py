@@ -11,7 +11,16 @@ from cute_kernels.kernels import hc_mix as mod
 from cute_kernels.runtime.cache import compile_record
 
 
-@pytest.mark.parametrize("target", mod.compile_targets(), ids=lambda t: t.label)
+def test_compile_targets_cover_both_methods():
+    from cute_kernels.kernels import hc_mix_tma
+
+    kernels = {t.kernel for t in mod.compile_targets()}
+    assert kernels == {mod.NAME, hc_mix_tma.NAME}
+    assert {t.key for t in mod.compile_targets() if t.kernel == hc_mix_tma.NAME} == {
+        hc_mix_tma.config_for(1), hc_mix_tma.config_for(1 << 20)}
+
+
+@pytest.mark.parametrize("target", [t for t in mod.compile_targets() if t.kernel == mod.NAME], ids=lambda t: t.label)
 def test_compiles_with_mma_sync_and_no_spills(target):
     target.build()
     rec = compile_record(target.kernel, target.key)

@@ -208,3 +208,27 @@ def test_rs_summation_order_meets_the_accuracy_target():
     sq64 = (x.double() ** 2).sum(-1)
     assert ((got[:, 24].double() - sq64).abs() / sq64).max().item() <= 1e-6
     assert torch.equal(got[:, :24], mod.emulate_mix(x, w)[:, :24])  # a is unchanged; only the squares' order
+
+
+@pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(rs=1)])
+def test_config_field_types(kw):
+    with pytest.raises(TypeError, match=next(iter(kw))):
+        mod.HcMixTmaConfig(**kw).validate()
+
+
+@pytest.mark.parametrize("m,exc", [(-5, ValueError), (3.7, TypeError), (True, TypeError), ("12", TypeError),
+                                   (None, TypeError)])
+def test_config_for_checks_m(m, exc):
+    with pytest.raises(exc, match="m"):
+        mod.config_for(m)
+
+
+def test_launch_refuses_a_foreign_config_and_emulation_checks_k():
+    x, w = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
+    for bad in ("fast", base.HcMixConfig()):
+        with pytest.raises(TypeError, match="HcMixTmaConfig"):
+            mod.launch(x, w, torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, config=bad)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        mod.emulate_mix(torch.zeros(2, 100, dtype=torch.bfloat16), torch.zeros(24, 100))
+    meta = mod.emulate_mix(torch.zeros(3, 128, dtype=torch.bfloat16, device="meta"), torch.zeros(24, 128))
+    assert meta.shape == (3, 25) and meta.device.type == "meta"

@@ -559,8 +559,14 @@ def _compile(config: HcMixConfig):
 
 
 def compile_targets() -> list[CompileTarget]:
-    return [CompileTarget(NAME, f"tile_m={c.tile_m} {c}", c, build=lambda c=c: _compile(c))
-            for c in SHIPPED]
+    """The walk's shipped configs and the configs ``method="tma"`` picks (hc_mix_tma.config_for), so
+    ``cute-kernels compile --kernel hc_mix`` prebuilds both methods."""
+    from . import hc_mix_tma
+
+    tma = {hc_mix_tma.config_for(1), hc_mix_tma.config_for(1 << 20)}
+    return ([CompileTarget(NAME, f"tile_m={c.tile_m} {c}", c, build=lambda c=c: _compile(c)) for c in SHIPPED]
+            + [CompileTarget(hc_mix_tma.NAME, f"method=tma tile_m={c.tile_m} {c}", c,
+                             build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)])
 
 
 

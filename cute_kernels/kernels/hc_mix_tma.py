@@ -64,7 +64,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_tensor
-from ..runtime.validate import check_tensor
+from ..runtime.validate import check_int, check_tensor
 from . import sm90_helpers as sm90
 from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32, _pieces, _validate,
                      fake_launch_args, run_compiled, split_pieces)
@@ -116,6 +116,11 @@ class HcMixTmaConfig:
         return ring + (0 if partials <= x_ring else partials) + totals + 16 * self.stages + 2048
 
     def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            want = bool if f.type in ("bool", bool) else int
+            if type(v) is not want:
+                raise TypeError(f"{f.name}={v!r}: must be {want.__name__}")
         if self.tile_m not in (128, 256):
             raise ValueError(f"tile_m={self.tile_m}: must be 128 or 256 (one or two m64 atoms per consumer warpgroup)")
         if self.overlap and self.m_atoms != 1:
@@ -519,7 +524,9 @@ _TILE_COST = {128: 23.0, 256: 38.0}
 def config_for(m: int) -> HcMixTmaConfig:
     """The ``cluster_k = 8`` configuration with the fewest estimated microseconds for ``m`` rows:
     waves of :data:`ACTIVE_CLUSTERS` clusters times the measured per-cluster cost of each tile height
-    (128-row tiles with paired k tiles, or 256-row tiles).  Every choice gives the same bits."""
+    (128-row tiles with paired k tiles, or 256-row tiles).  Every choice gives the same bits.
+    ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
+    check_int("m", m, low=0)
     def estimate(tile_m: int) -> float:
         clusters = max(1, -(-m // tile_m))
         return -(-clusters // ACTIVE_CLUSTERS) * _TILE_COST[tile_m]
@@ -567,6 +574,8 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         if not mix.is_contiguous() or mix.device != x.device:
             raise ValueError("mix must be contiguous and on x's device")
     # store_mix follows mix: set without a buffer the epilogue would write past a dummy one
+    if config is not None and not isinstance(config, HcMixTmaConfig):
+        raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
     cfg = dataclasses.replace(config or config_for(x.shape[0]), store_mix=mix is not None)
     if cfg.overlap and x.shape[1] % (2 * cfg.tile_k * cfg.cluster_k):
         cfg = dataclasses.replace(cfg, overlap=False)  # odd k-tile counts: the plain loop (same bits)
@@ -584,20 +593,22 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     """
     cfg = config or HcMixTmaConfig()
     m, k = x.shape
-    w3 = split_pieces(hc_fn.float()).double()  # [72, K], exact bf16 values
+    if k % cfg.tile_k:
+        raise ValueError(f"x.shape[1]={k} must be a multiple of {cfg.tile_k} (as the kernel requires)")
+    dev = x.device
+    w3 = split_pieces(hc_fn.float()).double().to(dev)  # [72, K], exact bf16 values
     xd = x.double()
     kt = -(-k // cfg.tile_k)
-    out = torch.zeros(m, SP_COLS, dtype=torch.float32)
+    out = torch.zeros(m, SP_COLS, dtype=torch.float32, device=dev)
     for rank in range(cfg.cluster_k):
-        run = torch.zeros(m, N_W, dtype=torch.float32)
-        sq = torch.zeros(m, 2, dtype=torch.float32)
-        if cfg.rs:  # four quad lanes, lane q: columns 2q, 2q+1, 2q+8, 2q+9 of each k16 block
-            sq = torch.zeros(m, 4, dtype=torch.float32)
+        run = torch.zeros(m, N_W, dtype=torch.float32, device=dev)
+        # squares: two half-row sums per row, or (rs) four quad lanes, lane q: columns 2q, 2q+1, 2q+8, 2q+9
+        sq = torch.zeros(m, 4 if cfg.rs else 2, dtype=torch.float32, device=dev)
         for t in range(rank * kt // cfg.cluster_k, (rank + 1) * kt // cfg.cluster_k):
             cols = slice(t * cfg.tile_k, min(k, (t + 1) * cfg.tile_k))
             run = run + (xd[:, cols] @ w3[:, cols].t()).float()
             for h in range(sq.shape[1]):
-                part = torch.zeros(m, dtype=torch.float32)
+                part = torch.zeros(m, dtype=torch.float32, device=dev)
                 if cfg.rs:
                     order = [t * cfg.tile_k + 16 * kb + c for kb in range(cfg.tile_k // 16)
                              for c in (2 * h, 2 * h + 1, 2 * h + 8, 2 * h + 9)]
