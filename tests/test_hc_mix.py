@@ -243,3 +243,10 @@ def test_torch_compile_lowers_the_method_argument(method):
     f = torch.compile(lambda *a: cute_kernels.hc_mix_sinkhorn(*a, method=method), fullgraph=True)
     with pytest.raises(ValueError, match="CUDA|cuda"):
         f(x, w, torch.ones(3), torch.zeros(24))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, "float64", torch.float16])
+def test_reference_dtype_must_be_float32_or_float64(dtype):
+    x, w = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
+    with pytest.raises(TypeError, match="dtype"):
+        cute_kernels.hc_mix_sinkhorn_reference(x, w, torch.ones(3), torch.zeros(24), dtype=dtype)

@@ -288,3 +288,10 @@ def test_single_row_with_any_stride_gets_a_launchable_view():
     assert (q == 1).all()
     two = torch.zeros(2, 72, dtype=torch.bfloat16)[:, :64]
     assert m.launch_view(two) is two
+
+
+def test_reference_refuses_wrong_weight_shapes():
+    q, k, wq, wk = _args()
+    for bad_wq in (wq[:1], wq.reshape(-1, 1)):
+        with pytest.raises(ValueError, match="q_weight must be"):
+            mod.qk_rmsnorm_reference(q, k, bad_wq, wk, 1e-6)

@@ -749,7 +749,7 @@ def hc_mix_raw(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixConfig | None 
 def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
                               hc_base: torch.Tensor, sinkhorn_iters: int = 20, rms_eps: float = 1e-6,
                               hc_eps: float = 1e-6, dtype: torch.dtype = torch.float64):
-    """Reference of :func:`hc_mix_sinkhorn` in ``dtype`` (float64 by default; any device).
+    """Reference of :func:`hc_mix_sinkhorn` in ``dtype`` (float64 by default, or float32; any device).
 
     Returns float32 ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]`` (and computes in ``dtype``).
     The scalars follow the op's rules (``TypeError`` / ``ValueError`` naming the argument); the
@@ -757,6 +757,8 @@ def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: to
     ``hc_fn [24, K]``, ``hc_scale [3]``, ``hc_base [24]``, any K >= 1): ``ValueError`` otherwise.
     """
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     for name, t in (("x", x), ("hc_fn", hc_fn), ("hc_scale", hc_scale), ("hc_base", hc_base)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point torch.Tensor")

@@ -563,9 +563,15 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
 
     ``q_dim``/``k_dim``: the divisor of the sum (default: the row width).  ``q_sumsq``/``k_sumsq``:
     per-token sums of squares to use instead of the local ones (a tensor-parallel reference passes
-    the sums over all shards).  ``eps`` follows :func:`check_eps`.
+    the sums over all shards).  ``eps`` follows :func:`check_eps`.  Shapes: ``q [N, Q]``, ``k [N, K]``,
+    ``q_weight [Q]``, ``k_weight [K]`` (``ValueError`` otherwise: no silent broadcasting).
     """
     check_eps(eps)
+    if q.dim() != 2 or k.dim() != 2 or q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must be [N, Q] and [N, K], got {list(q.shape)} and {list(k.shape)}")
+    if tuple(q_weight.shape) != (q.shape[1],) or tuple(k_weight.shape) != (k.shape[1],):
+        raise ValueError(f"q_weight must be [{q.shape[1]}] and k_weight [{k.shape[1]}], got "
+                         f"{list(q_weight.shape)} and {list(k_weight.shape)}")
 
     def one(x, w, dim, ss):
         xd = x.double()
