@@ -339,15 +339,20 @@ class HcMixTmaKernel(HcMixKernel):
                 self.accumulate(run, acc_next)
         # every consumer is done with the ring (and every TMA load has landed): sP may alias sX
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        tCcP = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, N_W)))
-        for i in cutlass.range_constexpr(cute.size(run)):
-            r, c = tCcP[i]
-            sP[r, c] = run[i]
+        self.store_run(sP, run, thr_mma)
         for m in cutlass.range_constexpr(self.config.m_atoms):
             other = cute.arch.shuffle_sync_bfly(sq[m], offset=1)  # the row's other half
             if ctidx % 2 == 0:
                 sP[m * ROWS_PER_ATOM + ctidx // 2, N_W] = sq[m] + other  # half 0 + half 1
         self.combine_pieces(sP, ctidx)
+
+    @cute.jit
+    def store_run(self, sP, run, thr_mma):
+        """The thread's running sums (its part of the tile_m x 72 piece sums) into ``sP``."""
+        tCcP = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, N_W)))
+        for i in cutlass.range_constexpr(cute.size(run)):
+            r, c = tCcP[i]
+            sP[r, c] = run[i]
 
     @cute.jit
     def combine_pieces(self, sP, ctidx):
@@ -407,10 +412,7 @@ class HcMixTmaKernel(HcMixKernel):
             self.accumulate(run, acc)
             state.advance()
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        tCcP = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, N_W)))
-        for i in cutlass.range_constexpr(cute.size(run)):
-            r, c = tCcP[i]
-            sP[r, c] = run[i]
+        self.store_run(sP, run, thr_mma)
         tCcX = thr_mma.partition_A(cute.make_identity_tensor((self.tile_m, self.tile_k)))
         for m in cutlass.range_constexpr(m_atoms):
             for half in cutlass.range_constexpr(2):
