@@ -161,6 +161,19 @@ def test_check_rows_pass():
 
 # ---------------------------------------------------------------- the pre/postprocess kernels in isolation
 # (so that a failure of the whole backward can be located: these two are independent of the mainloop)
+def _mainloop_stats(lse, dps, tile_m):
+    """What the preprocess would hand the mainloop, from the float64 reference's ``lse`` / ``dPsum``
+    ``[B, H, S]``: (padded rows, LSE in log2 units with +inf for rows without keys, dPsum), float32,
+    rows padded to whole q tiles (+inf / 0 in the padding)."""
+    nb, hq, s = lse.shape
+    rows = buffers.padded_rows(s, nb, tile_m, False)
+    lse2 = torch.full((nb, hq, rows), float("inf"), device="cuda")
+    lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rb.LOG2_E, torch.full_like(lse, float("inf"))).float()
+    dpsum = torch.zeros((nb, hq, rows), device="cuda")
+    dpsum[:, :, :s] = dps.float()
+    return rows, lse2, dpsum
+
+
 def _padded_rows_of(cu, nb, s, tile_m):
     """Per sequence: (packed start, padded start, length) as the kernels lay the per-row buffers out."""
     if cu is None:
@@ -219,11 +232,7 @@ def test_postprocess_alone(hq, hkv, cap, capm):
     scale = 1.0 / d ** 0.5
     ex = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, cap=cap, cap_method=capm)
     lse, dps = ex[3], ex[4]  # float64 [B, H, S]
-    rows = buffers.padded_rows(s, nb, tm, False)
-    lse2 = torch.full((nb, hq, rows), float("inf"), device="cuda")
-    lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rb.LOG2_E, torch.full_like(lse, float("inf"))).float()
-    dpsum = torch.zeros((nb, hq, rows), device="cuda")
-    dpsum[:, :, :s] = dps.float()
+    rows, lse2, dpsum = _mainloop_stats(lse, dps, tm)
     dq_acc = torch.randn((nb, hq, rows, d), device="cuda")
     sentinel = 3.0
     dq, dk, dv = (torch.full_like(t, sentinel) for t in (q, k, v))
@@ -290,11 +299,7 @@ def test_mainloop_alone(s, hq, hkv, rows, cap):
     scale = 1.0 / d ** 0.5
     ex = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, cap=cap)
     lse, dps = ex[3], ex[4]
-    prow = buffers.padded_rows(s, nb, tm, False)
-    lse2 = torch.full((nb, hq, prow), float("inf"), device="cuda")
-    lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rb.LOG2_E, torch.full_like(lse, float("inf"))).float()
-    dpsum = torch.zeros((nb, hq, prow), device="cuda")
-    dpsum[:, :, :s] = dps.float()
+    prow, lse2, dpsum = _mainloop_stats(lse, dps, tm)
     dq_acc = torch.zeros((nb, hq, prow, d), device="cuda")
     if g > 1:
         dk, dv = (torch.zeros(k.shape, device="cuda") for _ in range(2))
