@@ -52,6 +52,7 @@ a ~7 us fixed part (launch, first loads, cluster reduction, Sinkhorn) remains.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import cutlass
@@ -310,9 +311,7 @@ class HcMixTmaKernel(HcMixKernel):
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             for _ in cutlass.range(kt_begin, kt_end, unroll=1):
                 acc = cute.make_rmem_tensor(acc_shape, Float32)
-                ring.consumer_wait(state)
-                self.issue(tiled_mma, acc, tCrX, tCrW, state.index)
-                self.squares(sXv, sq, rX, state.index, ctidx)
+                self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
                 warpgroup.wait_group(0)
                 ring.consumer_release(state)
                 self.accumulate(run, acc)
@@ -325,12 +324,8 @@ class HcMixTmaKernel(HcMixKernel):
                 acc = cute.make_rmem_tensor(acc_shape, Float32)
                 acc_next = cute.make_rmem_tensor(acc_shape, Float32)
                 first, second = self.consumer_state(t), self.consumer_state(t + 1)
-                ring.consumer_wait(first)
-                self.issue(tiled_mma, acc, tCrX, tCrW, first.index)
-                self.squares(sXv, sq, rX, first.index, ctidx)
-                ring.consumer_wait(second)
-                self.issue(tiled_mma, acc_next, tCrX, tCrW, second.index)
-                self.squares(sXv, sq, rX, second.index, ctidx)
+                self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, first, ctidx)
+                self.begin_tile(tiled_mma, acc_next, tCrX, tCrW, sXv, sq, rX, ring, second, ctidx)
                 warpgroup.wait_group(1)
                 ring.consumer_release(first)
                 self.accumulate(run, acc)
@@ -423,6 +418,14 @@ class HcMixTmaKernel(HcMixKernel):
                     r, _ = tCcX[RS_ROW_VALUES[half][0], m, 0]
                     sP[r, N_W] = total
         self.combine_pieces(sP, ctidx)
+
+    @cute.jit
+    def begin_tile(self, tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx):
+        """Wait for the k tile at ``state``, issue its WGMMAs into ``acc`` and add its squares while
+        they run (the caller waits for the WGMMAs and frees the stage)."""
+        ring.consumer_wait(state)
+        self.issue(tiled_mma, acc, tCrX, tCrW, state.index)
+        self.squares(sXv, sq, rX, state.index, ctidx)
 
     @cute.jit
     def issue(self, tiled_mma, acc, tCrX, tCrW, stage):
@@ -529,6 +532,11 @@ def config_for(m: int) -> HcMixTmaConfig:
     (128-row tiles with paired k tiles, or 256-row tiles).  Every choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
+    return _config_for(int(m))
+
+
+@functools.lru_cache(maxsize=256)
+def _config_for(m: int) -> HcMixTmaConfig:
     def estimate(tile_m: int) -> float:
         clusters = max(1, -(-m // tile_m))
         return -(-clusters // ACTIVE_CLUSTERS) * _TILE_COST[tile_m]
@@ -568,6 +576,17 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
     return launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=config, mix=mix)
 
 
+@functools.lru_cache(maxsize=256)
+def _launch_config(config: HcMixTmaConfig, k: int, store_mix: bool) -> HcMixTmaConfig:
+    """The config actually compiled for a call (memoized: dataclasses.replace costs microseconds):
+    ``store_mix`` follows the mix buffer (set without one, the epilogue would write past the dummy
+    row); overlap falls back to the plain loop when some CTA gets an odd number of k tiles (same bits)."""
+    cfg = dataclasses.replace(config, store_mix=store_mix)
+    if cfg.overlap and k % (2 * cfg.tile_k * cfg.cluster_k):
+        cfg = dataclasses.replace(cfg, overlap=False)
+    return cfg
+
+
 def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None):
     """Launch on validated inputs (``hc_mix_sinkhorn(..., method="tma")`` and
     :func:`hc_mix_sinkhorn_tma` come here)."""
@@ -575,12 +594,9 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         check_tensor("mix", mix, dtypes=(torch.float32,), shape=(x.shape[0], SP_COLS), align_bytes=4)
         if not mix.is_contiguous() or mix.device != x.device:
             raise ValueError("mix must be contiguous and on x's device")
-    # store_mix follows mix: set without a buffer the epilogue would write past a dummy one
     if config is not None and not isinstance(config, HcMixTmaConfig):
         raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
-    cfg = dataclasses.replace(config or config_for(x.shape[0]), store_mix=mix is not None)
-    if cfg.overlap and x.shape[1] % (2 * cfg.tile_k * cfg.cluster_k):
-        cfg = dataclasses.replace(cfg, overlap=False)  # odd k-tile counts: the plain loop (same bits)
+    cfg = _launch_config(config or config_for(x.shape[0]), x.shape[1], mix is not None)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
                         rms_eps, hc_eps, mix=mix, extra=(workspace(x, cfg),))
 
