@@ -42,8 +42,6 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(tile_m=192), "tile_m"),
                                       (dict(tile_m=256), "needs >= 200"),
                                       (dict(overlap=True), "needs >= 160"),
-                                      (dict(rs=True), "needs >= 136"),
-                                      (dict(rs=True, overlap=True, consumer_regs=200), "no overlap form"),
                                       (dict(tile_m=256, overlap=True), "overlap")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -162,55 +160,7 @@ def test_two_kernel_form_compiles_without_clusters(tile_m):
     assert mod.workspace(x, mod.HcMixTmaConfig()).shape == (1, 25)
 
 
-def test_rs_row_values_match_the_wgmma_a_fragment():
-    """RS_ROW_VALUES (which A-fragment values hold row g and row g + 8) against the DSL's own
-    thread-value layout of the RS tiled MMA, traced on the CPU: lane q of a quad holds columns
-    2q, 2q+1, 2q+8, 2q+9 of each k16 block, for both rows."""
-    import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
-    from cutlass import BFloat16, Float32
-    from cutlass.cute.nvgpu import warpgroup
-
-    from cute_kernels.layouts import trace
-
-    tv = trace(lambda: sm90_utils.make_trivial_tiled_mma(
-        BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-        atom_layout_mnk=(2, 1, 1), tiler_mn=(64, mod.N_W), a_source=warpgroup.OperandSource.RMEM).tv_layout_A_tiled)
-    idx = tv.outer_offsets()  # (256 threads, 8 values) -> index in the column-major (128, 16) tile
-    for t in range(256):
-        rows, cols = idx[t] % 128, idx[t] // 128
-        g = (t // 128) * 64 + (t % 128) // 32 * 16 + (t % 32) // 4
-        q = t % 4
-        for half, vals in enumerate(mod.RS_ROW_VALUES):
-            assert [int(rows[v]) for v in vals] == [g + 8 * half] * 4
-            assert [int(cols[v]) for v in vals] == [2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9]
-
-
-@pytest.mark.parametrize("cluster_reduce", [True, False])
-def test_rs_form_compiles_with_ldmatrix_and_no_spills(cluster_reduce):
-    cfg = mod.HcMixTmaConfig(rs=True, consumer_regs=136, cluster_reduce=cluster_reduce)
-    cfg.validate()
-    mod._compile(cfg)
-    rec = compile_record(mod.NAME, cfg)
-    assert "ldmatrix.sync.aligned" in rec.ptx
-    assert rec.ptx.count("wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16") == 4
-    assert "ld.shared.v4" not in rec.ptx  # the squares come from the registers
-    assert all(not r.stack_bytes for r in rec.resources)
-    if rec.sass:
-        assert "LDSM" in rec.sass and "LDL/STL (local memory)" not in rec.sass_features
-
-
-def test_rs_summation_order_meets_the_accuracy_target():
-    g = generator(13, device="cpu")
-    x = torch.randn(3, 2048, generator=g).bfloat16()
-    w = torch.randn(24, 2048, generator=g) * 0.05
-    got = mod.emulate_mix(x, w, mod.HcMixTmaConfig(rs=True, consumer_regs=136))
-    sq64 = (x.double() ** 2).sum(-1)
-    assert ((got[:, 24].double() - sq64).abs() / sq64).max().item() <= 1e-6
-    assert torch.equal(got[:, :24], mod.emulate_mix(x, w)[:, :24])  # a is unchanged; only the squares' order
-
-
-@pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(rs=1)])
+@pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(cluster_reduce=1)])
 def test_config_field_types(kw):
     with pytest.raises(TypeError, match=next(iter(kw))):
         mod.HcMixTmaConfig(**kw).validate()

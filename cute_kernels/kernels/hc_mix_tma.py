@@ -23,30 +23,27 @@ The K walk differs:
 * After the walk: partials to smem (aliasing the drained x ring), ``a_j = (lo_j + mid_j) + hi_j``,
   sum x^2 = half 0 + half 1; the cluster's CTAs sum their partials in rank order through distributed
   shared memory; one consumer thread per row runs the epilogue.
-* ``cluster_reduce=False`` (EXPERIMENTAL: compiled and CPU-tested, not yet run on a GPU): no
-  clusters; each CTA writes its partials to a global workspace and a second kernel (one thread per
-  row) sums them in the same rank order and runs the epilogue.  Same bits; meant to lift the limit
-  of ~14 co-resident 8-CTA clusters (measured below), e.g. M = 4096 in two waves of 132 CTAs
-  instead of three of 112.
-* ``rs`` (EXPERIMENTAL, compiled and CPU-tested only): ldmatrix the x tile into registers once per k
-  tile; they are the WGMMA's A operand and the squares' input, so shared memory serves x twice instead
-  of three times (~59 instead of ~75 KB of smem traffic per 128 x 64 tile).  The squares' order
-  changes (per quad lane, combined (q0 + q1) + (q2 + q3)): other bits than the ``rs=False`` family.
+* ``cluster_reduce=False`` (the two-kernel form): no clusters; each CTA writes its partials to a
+  global workspace and a second kernel (one thread per row) sums them in the same rank order and
+  runs the epilogue.  Same bits (GPU test); it lifts the limit of ~14 co-resident 8-CTA clusters
+  (measured below), so :func:`config_for` uses it above one wave of clusters.
 
 Reduction order: fixed by (cluster rank, k tile, column), independent of M, of ``tile_m``, ``stages``
 and ``overlap`` (bitwise equal on the H200), so :func:`config_for` may change the tile with M and each
 row's bits stay the same for every M (batch invariant).  ``cluster_k`` is part of the order.
 
-Measured (H200, CUDA graph, K = 20480, us; bench/results/2026-11-29_h200_hc_mix_tma_*s3.jsonl):
-M = 128: 22.1 (hc_mix_sinkhorn 13.3); 512: 22.0 (23.8); 2048: 38.9 (61.5); 4096: 74.2 (104.5;
-split-K Triton 176.7; floor 40); 16384: 218 (380).
+Measured (H200, CUDA graph, K = 20480, us; bench/results/logs/2026-11-29_s4_hc_mix_sweep.jsonl),
+cluster form (overlap) / two-kernel form (overlap) / walk kernel: M = 128: 21.5 / 25.9 / 13.1;
+512: 21.7 / 26.3 / 23.5; 1024: 22.5 / 27.7 / 38.6; 2048: 47.8 / 35.0 / 60.7; 4096: 74.3 / 60.1 /
+103.8 (split-K Triton 173.7; floor 40); 16384: 230 / 193 / 382.
 What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile (with the math removed the TMA
-ring alone moves a tile in 0.15 us; shared-memory traffic of the TMA writes, the SS WGMMA operand
-reads and the squares is the likely limit: next, A from registers with the squares taken from the
-same fragment), and time steps up in waves of about 14 co-resident 8-CTA clusters (64 -> 128 CTAs
-doubles it); the row stride of x makes no difference (no DRAM channel camping).  16-CTA clusters
-(other bits) halve the walk: 15.4 us at M = 128 but slower from M = 1024 up (fewer fit at once), and
-a ~7 us fixed part (launch, first loads, cluster reduction, Sinkhorn) remains.
+ring alone moves a tile in 0.15 us; the t256/t128 time ratio matches their shared-memory traffic
+ratio), and the cluster form steps up in waves of about 14 co-resident 8-CTA clusters (64 -> 128
+CTAs doubles it); the row stride of x makes no difference (no DRAM channel camping).  Taking A
+from registers (ldmatrix once, squares from the same fragment: ~59 instead of ~75 KB of smem
+traffic per tile) was measured and gained nothing (76.0 vs 76.3 us at M = 4096), so it was removed.
+16-CTA clusters (other bits) halve the walk: 15.4 us at M = 128 but slower from M = 1024 up, and a
+~7 us fixed part (launch, first loads, cluster reduction, Sinkhorn) remains.
 """
 
 from __future__ import annotations
@@ -75,8 +72,6 @@ ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
 REDUCE_ROWS = 128  # rows (threads) per CTA of the two-kernel form's reduction kernel
-# rs: WGMMA A-fragment values of a k16 block holding row g (cols 2q, 2q+1, 2q+8, 2q+9) and row g + 8
-RS_ROW_VALUES = ((0, 1, 4, 5), (2, 3, 6, 7))
 
 
 @dataclass(frozen=True)
@@ -88,9 +83,8 @@ class HcMixTmaConfig:
     an odd count would make the consumers wait for a tile never loaded), ``cluster_reduce`` (True:
     the ``cluster_k`` CTAs of a row tile form a cluster and sum their partials over DSMEM; False:
     no clusters, partials go to a global workspace and a second kernel sums them in the same rank
-    order and runs the epilogue: the same bits, without the limit of ~14 co-resident 8-CTA clusters;
-    EXPERIMENTAL, compiled and CPU-tested only), ``rs`` (x from registers for the WGMMA and the
-    squares: other bits; EXPERIMENTAL, see the module docstring), register split producer/consumer
+    order and runs the epilogue: the same bits, without the limit of ~14 co-resident 8-CTA clusters),
+    register split producer/consumer
     (384 threads; one CTA per SM).  :func:`config_for` picks per M."""
 
     tile_m: int = 128
@@ -99,7 +93,6 @@ class HcMixTmaConfig:
     cluster_k: int = 8
     overlap: bool = False
     cluster_reduce: bool = True
-    rs: bool = False
     producer_regs: int = 40
     consumer_regs: int = 120
     store_mix: bool = False
@@ -136,9 +129,7 @@ class HcMixTmaConfig:
                              "cluster size, which the DSL allows on every kernel it launches)")
         if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
             raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
-        if self.rs and self.overlap:
-            raise ValueError("rs (A from registers) has no overlap form")
-        need = (200 if self.tile_m == 256 else 160 if self.overlap else 120) + (16 * self.m_atoms if self.rs else 0)
+        need = 200 if self.tile_m == 256 else 160 if self.overlap else 120
         if self.consumer_regs < need:  # below these ptxas spills (72 running sums + 36-72 per accumulator)
             raise ValueError(f"consumer_regs={self.consumer_regs}: tile_m={self.tile_m}"
                              f"{' with overlap' if self.overlap else ''} needs >= {need} (spills below)")
@@ -171,8 +162,7 @@ class HcMixTmaKernel(HcMixKernel):
         two-kernel form (unused with ``cluster_reduce``)."""
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W),
-            a_source=warpgroup.OperandSource.RMEM if self.config.rs else warpgroup.OperandSource.SMEM)
+            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
         sX_layout = sm90.smem_layout(BFloat16, self.tile_m, self.tile_k, self.stages)
         sW_layout = sm90.smem_layout(BFloat16, N_W, self.tile_k, self.stages)
         tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
@@ -251,10 +241,7 @@ class HcMixTmaKernel(HcMixKernel):
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
-            if cutlass.const_expr(self.config.rs):
-                self.mma_rs(tiled_mma, sX, sW, sP, ring, tidx - 128, kt_begin, kt_end)
-            else:
-                self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, kt_begin, kt_end)
+            self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, kt_begin, kt_end)
 
         if cutlass.const_expr(self.config.cluster_reduce):
             sA = storage.sA.get_tensor(cute.make_layout((self.rows_per_rank, SP_COLS), stride=(SP_COLS, 1)))
@@ -362,64 +349,6 @@ class HcMixTmaKernel(HcMixKernel):
                 sP[r, j] = (sP[r, j] + sP[r, N_MIX + j]) + sP[r, 2 * N_MIX + j]
 
     @cute.jit
-    def mma_rs(self, tiled_mma, sX, sW, sP, ring, ctidx, kt_begin, kt_end):
-        """``rs``: per k tile, ldmatrix the x tile into registers once; they feed the WGMMA's A (RS)
-        and the squares, so shared memory serves x twice (TMA write, ldmatrix) instead of three times
-        (TMA write, WGMMA A reads, square reads).  Squares: each thread sums its values of rows
-        ``g`` and ``g + 8`` of each 16-row warp slab (WGMMA A fragment: values 0, 1, 4, 5 and 2, 3, 6,
-        7 of a k16 block; columns 2q, 2q+1, 2q+8, 2q+9 for quad lane q), k block by k block, into a
-        per-tile partial; at the end the four lanes of a quad combine as (q0 + q1) + (q2 + q3)."""
-        thr_mma = tiled_mma.get_slice(ctidx)
-        wg_idx = cute.arch.make_warp_uniform(ctidx // 128)
-        wg_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg_idx))
-        tCrW = wg_mma.make_fragment_B(wg_mma.partition_B(sW))
-        a_shape = thr_mma.partition_shape_A((self.tile_m, self.tile_k))
-        copy_A = cute.make_tiled_copy_A(
-            cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16),
-            tiled_mma)
-        thr_copy_A = copy_A.get_slice(ctidx)
-        tAsX = thr_copy_A.partition_S(sX)  # (copy, m, k block, stage)
-        acc_shape = tiled_mma.partition_shape_C((self.tile_m, N_W))
-        run = cute.make_rmem_tensor(acc_shape, Float32)
-        run.fill(0.0)
-        m_atoms = self.config.m_atoms
-        sq = cute.make_rmem_tensor((2 * m_atoms,), Float32)  # (row g, row g + 8) per m atom
-        sq.fill(0.0)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        for _ in cutlass.range(kt_begin, kt_end, unroll=1):
-            tCrX = thr_mma.make_fragment_A(a_shape)
-            acc = cute.make_rmem_tensor(acc_shape, Float32)
-            tArX = thr_copy_A.retile(tCrX)
-            ring.consumer_wait(state)
-            for kb in cutlass.range_constexpr(self.tile_k // 16):
-                cute.copy(copy_A, tAsX[None, None, kb, state.index], tArX[None, None, kb])
-            sm90.wgmma_gemm(tiled_mma, acc, tCrX, tCrW[None, None, None, state.index], zero_init=True)
-            for m in cutlass.range_constexpr(m_atoms):
-                for half in cutlass.range_constexpr(2):
-                    part = Float32(0.0)
-                    for kb in cutlass.range_constexpr(self.tile_k // 16):
-                        for v in cutlass.range_constexpr(4):
-                            x = tCrX[RS_ROW_VALUES[half][v], m, kb].to(Float32)
-                            part = part + x * x
-                    sq[2 * m + half] = sq[2 * m + half] + part
-            warpgroup.wait_group(0)
-            ring.consumer_release(state)
-            self.accumulate(run, acc)
-            state.advance()
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        self.store_run(sP, run, thr_mma)
-        tCcX = thr_mma.partition_A(cute.make_identity_tensor((self.tile_m, self.tile_k)))
-        for m in cutlass.range_constexpr(m_atoms):
-            for half in cutlass.range_constexpr(2):
-                total = sq[2 * m + half]
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)  # q0 + q1 (either order)
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)  # (q0 + q1) + (q2 + q3)
-                if ctidx % 4 == 0:
-                    r, _ = tCcX[RS_ROW_VALUES[half][0], m, 0]
-                    sP[r, N_W] = total
-        self.combine_pieces(sP, ctidx)
-
-    @cute.jit
     def begin_tile(self, tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx):
         """Wait for the k tile at ``state``, issue its WGMMAs into ``acc`` and add its squares while
         they run (the caller waits for the WGMMAs and frees the stage)."""
@@ -519,17 +448,19 @@ class HcMixTmaKernel(HcMixKernel):
                 sA[rr, col] = total
 
 
-# Measured on the H200 (K = 20480): a cluster walks its k tiles in ~23 us with 128-row tiles (overlap)
-# and ~38 us with 256-row tiles, and time steps up in waves of ACTIVE_CLUSTERS 8-CTA clusters (64 -> 128
-# CTAs doubles the time at 1.8 TB/s; 14 is inferred from those steps, not queried from the driver).
+# Measured on the H200 (K = 20480): a cluster walks its k tiles in ~23 us (128-row tiles, overlap) and
+# the cluster form steps up in waves of ACTIVE_CLUSTERS 8-CTA clusters (64 -> 128 CTAs doubles the time;
+# 14 is inferred from those steps, not queried from the driver).  Within one wave the cluster form is
+# fastest (M = 1024: 22.5 us vs 27.7 two-kernel); beyond it the two-kernel form is (M = 2048: 35.0 vs
+# 47.8; 4096: 60.1 vs 74.3; 16384: 193 vs 230; 256-row tiles are no faster in either form:
+# bench/results/logs/2026-11-29_s4_hc_mix_sweep.jsonl).
 ACTIVE_CLUSTERS = 14
-_TILE_COST = {128: 23.0, 256: 38.0}
 
 
 def config_for(m: int) -> HcMixTmaConfig:
-    """The ``cluster_k = 8`` configuration with the fewest estimated microseconds for ``m`` rows:
-    waves of :data:`ACTIVE_CLUSTERS` clusters times the measured per-cluster cost of each tile height
-    (128-row tiles with paired k tiles, or 256-row tiles).  Every choice gives the same bits.
+    """The configuration for ``m`` rows: 128-row tiles with paired k tiles, as one wave of 8-CTA
+    clusters reducing over DSMEM while ``m`` <= :data:`ACTIVE_CLUSTERS` x 128, else the two-kernel
+    form (no clusters).  Every choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
     return _config_for(int(m))
@@ -537,13 +468,8 @@ def config_for(m: int) -> HcMixTmaConfig:
 
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
-    def estimate(tile_m: int) -> float:
-        clusters = max(1, -(-m // tile_m))
-        return -(-clusters // ACTIVE_CLUSTERS) * _TILE_COST[tile_m]
-
-    if estimate(128) <= estimate(256):
-        return HcMixTmaConfig(overlap=True, consumer_regs=160)
-    return HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200)
+    one_wave = m <= ACTIVE_CLUSTERS * 128  # 128-row tiles
+    return HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=one_wave)
 
 
 def _compile(config: HcMixTmaConfig):
@@ -606,8 +532,7 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
 
     Exact bf16 x bf16 products; each k tile's 64 products summed in float32 (the WGMMA chunk, modelled
     as exact-then-rounded), added to float32 running sums per CTA, pieces combined (lo + mid) + hi,
-    the cluster's CTAs summed in rank order; squares: per thread half-row sums in column order (``rs``:
-    per quad lane, in A-fragment order, combined (q0 + q1) + (q2 + q3)).
+    the cluster's CTAs summed in rank order; squares: per thread half-row sums in column order.
     """
     cfg = config or HcMixTmaConfig()
     m, k = x.shape
@@ -620,23 +545,16 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     out = torch.zeros(m, SP_COLS, dtype=torch.float32, device=dev)
     for rank in range(cfg.cluster_k):
         run = torch.zeros(m, N_W, dtype=torch.float32, device=dev)
-        # squares: two half-row sums per row, or (rs) four quad lanes, lane q: columns 2q, 2q+1, 2q+8, 2q+9
-        sq = torch.zeros(m, 4 if cfg.rs else 2, dtype=torch.float32, device=dev)
+        sq = torch.zeros(m, 2, dtype=torch.float32, device=dev)  # squares: two half-row sums per row
         for t in range(rank * kt // cfg.cluster_k, (rank + 1) * kt // cfg.cluster_k):
             cols = slice(t * cfg.tile_k, min(k, (t + 1) * cfg.tile_k))
             run = run + (xd[:, cols] @ w3[:, cols].t()).float()
             for h in range(sq.shape[1]):
                 part = torch.zeros(m, dtype=torch.float32, device=dev)
-                if cfg.rs:
-                    order = [t * cfg.tile_k + 16 * kb + c for kb in range(cfg.tile_k // 16)
-                             for c in (2 * h, 2 * h + 1, 2 * h + 8, 2 * h + 9)]
-                else:
-                    order = range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2)
-                for c in order:
+                for c in range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2):
                     part = part + (xd[:, c] * xd[:, c]).float()
                 sq[:, h] = sq[:, h] + part
         a = (run[:, :N_MIX] + run[:, N_MIX:2 * N_MIX]) + run[:, 2 * N_MIX:]
         out[:, :N_MIX] = out[:, :N_MIX] + a
-        total = (sq[:, 0] + sq[:, 1]) + (sq[:, 2] + sq[:, 3]) if cfg.rs else sq[:, 0] + sq[:, 1]
-        out[:, N_MIX] = out[:, N_MIX] + total
+        out[:, N_MIX] = out[:, N_MIX] + (sq[:, 0] + sq[:, 1])
     return out
