@@ -220,7 +220,7 @@ def test_method_option_routes_after_validation(monkeypatch):
     from cute_kernels.kernels import hc_mix_tma
 
     calls = []
-    monkeypatch.setattr(mod, "_validate", lambda *a, **k: calls.append("validate"))
+    monkeypatch.setattr(mod, "_validate_cached", lambda *a, **k: calls.append("validate"))
     monkeypatch.setattr(hc_mix_tma, "launch", lambda *a, **k: calls.append("tma") or "tma-out")
     monkeypatch.setattr(mod, "_launch", lambda *a, **k: calls.append("walk") or "walk-out")
     x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
@@ -250,3 +250,24 @@ def test_reference_dtype_must_be_float32_or_float64(dtype):
     x, w = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
     with pytest.raises(TypeError, match="dtype"):
         cute_kernels.hc_mix_sinkhorn_reference(x, w, torch.ones(3), torch.zeros(24), dtype=dtype)
+
+
+def test_cached_validation_rechecks_alignment_and_scalar_types(monkeypatch):
+    """The op validates once per argument signature; a later call with the same signature still gets
+    the pointer-alignment check, and a bool where an int was cached is still refused."""
+    full = mod._validate
+    monkeypatch.setattr(mod, "_validate", lambda *a, **kw: full(*a, **kw, cuda=False))
+    monkeypatch.setattr(mod, "_VALIDATED", set())
+    k = 128
+    base = torch.zeros(2 * k + 8, dtype=torch.bfloat16)
+    aligned = base.as_strided((2, k), (k, 1), 0)
+    shifted = base.as_strided((2, k), (k, 1), 1)  # same shape, strides, dtype, device: 2-byte offset
+    args = (torch.zeros(24, k), torch.ones(3), torch.zeros(24))
+    mod._validate_cached(aligned, *args, 20, 1e-6, 1e-6)
+    assert len(mod._VALIDATED) == 1
+    with pytest.raises(ValueError, match="align"):
+        mod._validate_cached(shifted, *args, 20, 1e-6, 1e-6)
+    with pytest.raises(TypeError, match="sinkhorn_iters"):
+        mod._validate_cached(aligned, *args, True, 1e-6, 1e-6)
+    with pytest.raises(ValueError, match="hc_fn"):
+        mod._validate_cached(aligned, torch.zeros(24, k)[:, :k - 64].contiguous(), *args[1:], 20, 1e-6, 1e-6)

@@ -80,7 +80,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_same_device, check_tensor, check_int, check_real
+from ..runtime.validate import check_same_device, check_tensor, check_int, check_real, signature
 
 NAME = "hc_mix"
 HC = 4  # hc_mult
@@ -597,6 +597,27 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
         raise ValueError(f"x has {x.shape[0]} rows; at most {65535 * 16} supported")
 
 
+_VALIDATED: set = set()  # argument signatures (shapes, strides, dtypes, devices, scalars) _validate accepted
+
+
+def _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps) -> None:
+    """:func:`_validate` once per argument signature (about 12 us of host time per call otherwise);
+    later calls only re-check what a signature does not fix: the alignment of the data pointers."""
+    try:
+        # scalar types are part of the key: True == 1 == 1.0 hash alike, but bool is rejected
+        key = (signature(x), signature(hc_fn), signature(hc_scale), signature(hc_base), type(sinkhorn_iters),
+               sinkhorn_iters, type(rms_eps), rms_eps, type(hc_eps), hc_eps)
+        hit = key in _VALIDATED
+    except (AttributeError, TypeError):  # not tensors / unhashable scalars: the full check says why
+        key, hit = None, False
+    if hit and not (x.data_ptr() % 16 or hc_fn.data_ptr() % 16 or hc_scale.data_ptr() % 4
+                    or hc_base.data_ptr() % 4):
+        return
+    _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
+    if key is not None and len(_VALIDATED) < 4096:
+        _VALIDATED.add(key)
+
+
 def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     """``[72, K]`` bf16: row ``24 p + n`` = piece p (lo, mid, hi) of ``hc_fn[n]``.
 
@@ -635,13 +656,18 @@ def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     return pieces
 
 
+MIX_DUMMY = 28  # floats of the dummy raw-statistics row (25, padded to keep what follows 16-byte aligned)
+
+
 def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None,
-                 extra=()):
+                 workspace_rows=None):
     """The launch glue both hc_mix kernels share: allocate ``pre [M, 4]``, ``post [M, 4]``,
     ``comb [M, 4, 4]`` float32 (or use ``out``: tests pass poisoned buffers) and, for M > 0, launch
     ``compile_fn()`` with ``weights()`` as the hc_fn argument (fp32 hc_fn or its bf16 pieces, made only
-    when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer; ``extra``
-    arguments go last (hc_mix_tma's workspace)."""
+    when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer;
+    ``workspace_rows``: rows of a ``[rows, 25]`` float32 workspace passed last (hc_mix_tma's).  The
+    dummy row and the workspace share one allocation (the outputs may not: a custom op's outputs must
+    not alias each other)."""
     m = x.shape[0]
     if out is not None:
         pre, post, comb = out
@@ -650,7 +676,10 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
         post = torch.empty(m, HC, dtype=torch.float32, device=x.device)
         comb = torch.empty(m, HC, HC, dtype=torch.float32, device=x.device)
     if m:
-        mix_arg = mix if mix is not None else pre.new_empty(1, SP_COLS)
+        n_mix = MIX_DUMMY if mix is None else 0
+        scratch = torch.empty(n_mix + (workspace_rows or 0) * SP_COLS, dtype=torch.float32, device=x.device)
+        mix_arg = mix if mix is not None else scratch[:SP_COLS].view(1, SP_COLS)
+        extra = () if workspace_rows is None else (scratch[n_mix:].view(workspace_rows, SP_COLS),)
         compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
                      int(sinkhorn_iters), float(rms_eps), float(hc_eps), *extra)
     return pre, post, comb
@@ -726,7 +755,7 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             hc_eps negative or not finite; method not ``"walk"`` or ``"tma"``.
     """
     _check_method(method)
-    _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
+    _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
     if method == "tma":
         from .hc_mix_tma import launch as launch_tma
 

@@ -481,13 +481,13 @@ def _compile(config: HcMixTmaConfig):
     return compile_cached(NAME, config, build)
 
 
-def workspace(x: torch.Tensor, config: HcMixTmaConfig) -> torch.Tensor:
-    """The two-kernel form's partials, ``[ceil(M / tile_m) * cluster_k * tile_m, 25]`` float32 (every
-    element written by the walk before the reduction reads it); one dummy row with ``cluster_reduce``."""
-    rows = 1
-    if not config.cluster_reduce:
-        rows = max(1, -(-x.shape[0] // config.tile_m) * config.cluster_k * config.tile_m)
-    return torch.empty(rows, SP_COLS, dtype=torch.float32, device=x.device)
+def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
+    """Rows of the two-kernel form's ``[rows, 25]`` float32 partials: ``ceil(M / tile_m) * cluster_k *
+    tile_m`` (every element written by the walk before the reduction reads it); one dummy row with
+    ``cluster_reduce``."""
+    if config.cluster_reduce:
+        return 1
+    return max(1, -(-m // config.tile_m) * config.cluster_k * config.tile_m)
 
 
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
@@ -524,7 +524,7 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
     cfg = _launch_config(config or config_for(x.shape[0]), x.shape[1], mix is not None)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
-                        rms_eps, hc_eps, mix=mix, extra=(workspace(x, cfg),))
+                        rms_eps, hc_eps, mix=mix, workspace_rows=workspace_rows(x.shape[0], cfg))
 
 
 def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | None = None) -> torch.Tensor:

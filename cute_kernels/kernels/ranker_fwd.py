@@ -55,7 +55,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_same_device, check_tensor, F32_MAX, check_int, check_real
+from ..runtime.validate import check_same_device, check_tensor, F32_MAX, check_int, check_real, signature
 from ..tuning import register_memo, tuned_config
 from . import sm90_helpers as sm90
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -896,10 +896,6 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
                         gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
 
 
-def _signature(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-
-
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
     """:func:`_validate` once per argument signature; later calls only re-check what a signature
     does not fix (the 16-byte alignment of the data pointers).  Keeps host overhead low.  The
@@ -907,7 +903,7 @@ def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens
     them on every call, never through this cache."""
     try:
         # scalar types are part of the key: True == 1 == 1.0 hash alike, but bool is rejected
-        key = (_signature(q), _signature(k), _signature(v), _signature(bounds), _signature(cu_seqlens),
+        key = (signature(q), signature(k), signature(v), signature(bounds), signature(cu_seqlens),
                type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method,
                type(max_seqlen), max_seqlen)
         hit = _VALIDATED.get(key)

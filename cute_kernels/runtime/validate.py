@@ -116,3 +116,9 @@ def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
 def _short(value, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def signature(t) -> tuple | None:
+    """What a cached validation may key on: shape, strides, dtype and device of a tensor (None for
+    None).  The data pointer is not part of it: callers re-check its alignment on every call."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
