@@ -1,0 +1,30 @@
+"""Small hc_mix launches for compute-sanitizer (memcheck / racecheck); not a pytest file.
+
+Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_hc_mix.py
+
+Both methods; for "tma" the cluster form, the two-kernel form (workspace + reduction kernel) and
+256-row tiles, with an uneven k-tile split (K = 7232) and a ragged last row tile.
+"""
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import hc_mix_tma as tma
+
+torch.manual_seed(0)
+checks = []
+for m, k in ((5, 192), (130, 7232)):
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    hc_fn = torch.randn(24, k, device="cuda") / k ** 0.5
+    hc_scale, hc_base = torch.rand(3, device="cuda") + 0.5, torch.randn(24, device="cuda")
+    ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
+    outs = [cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)]
+    for cfg in (tma.HcMixTmaConfig(overlap=True, consumer_regs=160),
+                tma.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False),
+                tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False)):
+        mix = torch.empty(m, 25, device="cuda")
+        outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix))
+    for out in outs:
+        checks.append(max((g.double() - w.double()).abs().max().item() for g, w in zip(out, ref)))
+torch.cuda.synchronize()
+print("sanitize run done; max abs error per launch:", ["%.1e" % e for e in checks])
+assert max(checks) < 1e-4
