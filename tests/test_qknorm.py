@@ -272,7 +272,9 @@ def test_in_place_ops_respect_autograd():
     q.requires_grad_(False)
     a = torch.ones(2, 8, requires_grad=True)
     y = (a * q).sum()  # saves q for a's gradient
+    before = (q._version, k._version)
     m.bump_versions(q, k)  # what the op does after the kernel wrote q and k
+    assert (q._version, k._version) == (before[0] + 1, before[1] + 1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
 
