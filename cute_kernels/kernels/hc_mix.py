@@ -677,7 +677,8 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
         comb = torch.empty(m, HC, HC, dtype=torch.float32, device=x.device)
     if m:
         n_mix = MIX_DUMMY if mix is None else 0
-        scratch = torch.empty(n_mix + (workspace_rows or 0) * SP_COLS, dtype=torch.float32, device=x.device)
+        n_scratch = n_mix + (workspace_rows or 0) * SP_COLS
+        scratch = torch.empty(n_scratch, dtype=torch.float32, device=x.device) if n_scratch else None
         mix_arg = mix if mix is not None else scratch[:SP_COLS].view(1, SP_COLS)
         extra = () if workspace_rows is None else (scratch[n_mix:].view(workspace_rows, SP_COLS),)
         compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
