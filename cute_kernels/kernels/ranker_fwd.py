@@ -107,10 +107,11 @@ class RankerFwdConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [64, 256] (WGMMA N / K)")
         if self.stages < 1 or self.stages > 8:
             raise ValueError(f"stages={self.stages}: must be in [1, 8]")
-        # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs); at 240
-        # registers ptxas fits head_dim=128 with tile_n=176 (196 of them) and spills at tile_n=192 (208)
+        # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs).  A rule of
+        # thumb with headroom: at D=128 ptxas fits tile_n=176 (196 of them, refused here) without spills, but it
+        # ran 12% slower than 128 on the H200 (bench/results/logs/2026-11-29_s4_ranker_fwd_tune_*), and 192 spills
         acc_regs = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
-        if acc_regs > self.consumer_regs - 44:
+        if acc_regs > self.consumer_regs - 48:
             raise ValueError(
                 f"tile_n={self.tile_n}, head_dim={self.head_dim}: {acc_regs} accumulator registers per "
                 f"consumer thread leave too few of {self.consumer_regs}; use a smaller tile_n")
