@@ -29,6 +29,18 @@ _PUBLIC = {
 }
 
 
+def register_ops() -> None:
+    """Import every kernel module, so that every ``torch.ops.cute_kernels.*`` op is registered.
+
+    The ops register when their module is first used (``cute_kernels.scale`` and so on); call this
+    first when something needs them by name only, e.g. ``torch.export.load`` of a program that
+    calls them, or ``torch.ops.cute_kernels.<name>`` before any other use."""
+    import importlib
+
+    for mod in sorted({m for m, _ in _PUBLIC.values()}):
+        importlib.import_module(mod)
+
+
 def __getattr__(name: str):
     if name in _PUBLIC:
         import importlib

@@ -1,3 +1,4 @@
+import pytest
 import subprocess
 import sys
 
@@ -19,8 +20,9 @@ def test_compile_one_kernel():
     assert "ld.global.v4" in r.stdout
 
 
-def test_unknown_kernel_is_an_error():
-    r = _run("compile", "--kernel", "nope")
+@pytest.mark.parametrize("cmd", ["compile", "bench"])
+def test_unknown_kernel_is_an_error(cmd):
+    r = _run(cmd, "--kernel", "nope")  # bench too, before it looks for a GPU
     assert r.returncode != 0 and "unknown kernel" in (r.stdout + r.stderr)
 
 

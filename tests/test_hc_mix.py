@@ -271,3 +271,26 @@ def test_cached_validation_rechecks_alignment_and_scalar_types(monkeypatch):
         mod._validate_cached(aligned, *args, True, 1e-6, 1e-6)
     with pytest.raises(ValueError, match="hc_fn"):
         mod._validate_cached(aligned, torch.zeros(24, k)[:, :k - 64].contiguous(), *args[1:], 20, 1e-6, 1e-6)
+
+
+def test_walk_refuses_x_beyond_its_32_bit_offsets():
+    x = torch.empty(131072, 20480, dtype=torch.bfloat16, device="meta")  # 2.7e9 elements
+    with pytest.raises(ValueError, match="32-bit"):
+        mod._launch(x, torch.empty(24, 20480, device="meta"), torch.empty(3, device="meta"),
+                    torch.empty(24, device="meta"), 20, 1e-6, 1e-6)
+    mod._check_walk_extent(torch.empty(104857, 20480, dtype=torch.bfloat16, device="meta"))  # just fits
+
+
+@pytest.mark.parametrize("name", ["rms_eps", "hc_eps"])
+def test_eps_that_float32_would_flush_to_zero_is_refused(name):
+    with pytest.raises(ValueError, match="smallest normal"):
+        mod._check_scalars(20, **{"rms_eps": 1e-6, "hc_eps": 1e-6, name: 1e-50})
+    mod._check_scalars(20, **{"rms_eps": 1e-6, "hc_eps": 1e-6, name: 0.0})
+
+
+def test_inference_tensor_weights_are_split_every_call_not_cached():
+    with torch.inference_mode():
+        w = torch.randn(24, 64)
+    before = dict(mod._PIECES)
+    pieces = mod._pieces(w)  # an inference tensor has no version counter to key a cache on
+    assert torch.equal(pieces, mod.split_pieces(w)) and mod._PIECES == before

@@ -297,3 +297,12 @@ def test_reference_refuses_wrong_weight_shapes():
     for bad_wq in (wq[:1], wq.reshape(-1, 1)):
         with pytest.raises(ValueError, match="q_weight must be"):
             mod.qk_rmsnorm_reference(q, k, bad_wq, wk, 1e-6)
+
+
+@pytest.mark.parametrize("kw,exc", [(dict(q_dim=-8), ValueError), (dict(q_dim=0), ValueError),
+                                    (dict(k_dim=True), TypeError), (dict(q_dim=2.5), TypeError),
+                                    (dict(q_sumsq=torch.ones(1)), ValueError)])
+def test_reference_checks_its_divisors_and_sums(kw, exc):
+    q, k = torch.ones(3, 8), torch.ones(3, 4)
+    with pytest.raises(exc):
+        cute_kernels.qk_rmsnorm_reference(q, k, torch.ones(8), torch.ones(4), 1e-6, **kw)

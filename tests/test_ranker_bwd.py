@@ -470,3 +470,25 @@ def test_grad_tolerance_is_the_flash_attention_bar():
     assert rb.grad_tolerance(ref, torch.tensor([1.1, -4.0])) == pytest.approx(2 * 0.1 + 1e-3, rel=1e-6)
     assert rb.grad_tolerance(ref, ref.clone()) == pytest.approx(0.04 + 1e-3)  # floor: 1% of max |ref|
     assert rb.grad_tolerance(ref[:0], ref[:0]) == 1e-3
+
+
+def test_backward_refuses_output_buffers_that_alias():
+    """dq/dk/dv are written (varlen: zeroed first) while q, k, v, out, dout are read: an alias would
+    destroy an input or give wrong gradients."""
+    q, k, v, out, lse, do, bounds = _bf16_args()
+    val = lambda **kw: rb._validate_backward(  # noqa: E731
+        q, k, v, out, lse, do, bounds, None, None, "tanh", None, None, cuda=False, **kw)
+    dk = torch.empty_like(k)
+    for kw, match in ((dict(dq=q), "dq shares memory with q"), (dict(dq=do.view_as(q)), "dq shares memory with dout"),
+                      (dict(dq=out), "dq.*out"), (dict(dk=dk, dv=dk), "dk shares memory with dv"),
+                      (dict(dv=v), "dv.*v")):
+        with pytest.raises(ValueError, match=match):
+            val(**kw)
+    both = torch.empty(2, *k.shape, dtype=k.dtype)  # disjoint halves of one buffer are fine
+    val(dk=both[0], dv=both[1])
+
+
+def test_forward_return_lse_must_be_a_bool():
+    q, k, v, out, lse, do, bounds = _bf16_args()
+    with pytest.raises(TypeError, match="return_lse"):
+        cute_kernels.ranker_attention(q, k, v, bounds, return_lse="no")

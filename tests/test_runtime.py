@@ -157,3 +157,40 @@ def test_traced_calls_refuse_bools_the_schema_would_convert(call):
         make_fx(call, tracing_mode="fake")(x)
     with pytest.raises(TypeError, match="must be"):
         call(torch.zeros(4, 64, dtype=torch.bfloat16))  # eager: the implementation's own check
+
+
+def test_ops_route_grad_requiring_calls_through_the_registered_op():
+    """A new-tensor op called eagerly with an input that requires grad goes through the registered op,
+    as the compiled call does: the output is tracked and backward() raises instead of the gradient
+    being dropped silently.  Without grad (or for in-place ops) the implementation runs directly."""
+    from cute_kernels.runtime.torch_op import custom_op
+
+    @custom_op("_test_grad_route", mutates_args=(), fake=lambda x: torch.empty_like(x))
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.ones(3, requires_grad=True)
+    y = doubled(x)
+    assert y.requires_grad
+    with pytest.raises(RuntimeError, match="autograd"):
+        y.sum().backward()
+    with torch.no_grad():
+        assert not doubled(x).requires_grad
+    assert not doubled(torch.ones(3)).requires_grad
+
+    @custom_op("_test_grad_route_inplace", mutates_args=("x",))
+    def bump(x: torch.Tensor) -> None:
+        x.add_(1)
+
+    assert not bump.grad_via_op and doubled.grad_via_op
+
+
+def test_register_ops_registers_every_op():
+    import subprocess
+    import sys
+
+    code = ("import torch, cute_kernels; cute_kernels.register_ops(); "
+            "print(sorted(n for n in ('scale', 'hc_mix_sinkhorn', 'qk_rmsnorm_', 'ranker_attention_fwd', 'ranker_attention_bwd', 'parallel_qk_rmsnorm_') "
+            "if hasattr(torch.ops.cute_kernels, n)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.count("'") == 12, out  # all six names

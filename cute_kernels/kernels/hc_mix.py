@@ -573,11 +573,15 @@ def compile_targets() -> list[CompileTarget]:
 
 def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
     """``sinkhorn_iters`` an int (not bool / float) in [1, 2**31 - 1] (the kernel's Int32 loop count);
-    ``rms_eps`` and ``hc_eps`` real numbers (not bool / str), finite in float32 and >= 0.
+    ``rms_eps`` and ``hc_eps`` real numbers (not bool / str), finite in float32, >= 0, and 0 or at least
+    float32's smallest normal 2**-126 (the kernels take them as float32).
     ``TypeError`` for a wrong type, ``ValueError`` for a bad value, each naming the argument."""
     check_int("sinkhorn_iters", sinkhorn_iters, low=1)
-    check_real("rms_eps", rms_eps, low=0.0)
-    check_real("hc_eps", hc_eps, low=0.0)
+    for name, eps in (("rms_eps", rms_eps), ("hc_eps", hc_eps)):
+        check_real(name, eps, low=0.0)
+        if 0 < float(eps) < 2.0 ** -126:  # the kernels take it as a float32, which would flush it to 0
+            raise ValueError(f"{name}={eps!r} is below float32's smallest normal number (1.18e-38): it would "
+                             "become 0; pass 0 or a larger value")
 
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True):
@@ -641,9 +645,14 @@ def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     Outside CUDA-graph capture a miss fills the cache; during capture a miss splits inline (the
     split is captured and reruns on every replay).  A graph captured after the cache was filled
     reads the cached pieces: change hc_fn in place after capture and the graph must be recaptured.
+    Writes that bypass the version counter (``hc_fn.data.copy_(...)``, raw pointers) are not seen:
+    call ``torch.autograd.graph.increment_version(hc_fn)`` after them.  Inference tensors have no
+    version counter: they are split on every call.
     """
     import weakref
 
+    if hc_fn.is_inference():
+        return split_pieces(hc_fn)
     hit = _PIECES.get(id(hc_fn))
     if (hit is not None and hit[0]() is hc_fn and hit[1] == hc_fn.data_ptr()
             and hit[2] == hc_fn._version):
@@ -686,9 +695,22 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
     return pre, post, comb
 
 
+WALK_MAX_OFFSET = 2**31 - 1  # the walk indexes x with 32-bit element offsets
+
+
+def _check_walk_extent(x: torch.Tensor) -> None:
+    """The walk computes x's element offsets in 32 bits: refuse an x that spans more elements."""
+    m, k = x.shape
+    span = (m - 1) * x.stride(0) + k if m else 0
+    if span > WALK_MAX_OFFSET:
+        raise ValueError(f"x spans {span} elements (M={m}, row stride {x.stride(0)}); method='walk' indexes x "
+                         f"with 32-bit offsets (at most {WALK_MAX_OFFSET}): use method='tma' or fewer rows per call")
+
+
 def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, config=None,
             out=None):
     """Launch on validated inputs; ``out`` = preallocated (pre, post, comb) (tests poison them)."""
+    _check_walk_extent(x)
     cfg = config or config_for(x.shape[0], store_mix=mix is not None)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn) if cfg.presplit else hc_fn, x, hc_scale,
                         hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=mix, out=out)
@@ -737,15 +759,18 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 
     Args:
         x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64,
-            ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit).
+            ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"``
+            also needs ``(M - 1) * row stride + K < 2**31`` (32-bit offsets; M < 104858 at K = 20480).
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous.
         hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.
         sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
-        rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``.  With
+        rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``, and 0 or ``>= 2**-126``
+            (a smaller value would become 0 in float32).  With
             ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
         method: ``"walk"`` (default: this module's per-thread K walk; fastest up to a few hundred
-            rows, e.g. decode) or ``"tma"`` (:mod:`.hc_mix_tma`: TMA + WGMMA, 1.1-1.8x faster from
-            M = 512 up, e.g. prefill and training; ~22 us instead of ~13 below).  Each is batch
+            rows, e.g. decode) or ``"tma"`` (:mod:`.hc_mix_tma`: TMA + WGMMA, 1.1-2x faster from
+            M = 512 up, e.g. prefill and training; ~22 us instead of ~13 below; a hidden float32
+            workspace of 800 bytes per row above 1792 rows).  Each is batch
             invariant on its own but their bits differ: pick one per deployment and keep it.
     Returns:
         ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]``, float32.  ``a = x . hc_fn^T`` is
@@ -753,7 +778,11 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     Raises:
         TypeError: wrong tensor dtype; sinkhorn_iters not an int; rms_eps / hc_eps not real numbers.
         ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
-            hc_eps negative or not finite; method not ``"walk"`` or ``"tma"``.
+            hc_eps negative, not finite or below 2**-126 (but not 0); method not ``"walk"`` or
+            ``"tma"``; x too large for the walk's 32-bit offsets.
+    Weights: ``method="tma"`` caches hc_fn split into bf16 pieces per tensor and version counter;
+    after writing hc_fn in a way torch does not count (``hc_fn.data.copy_(...)``, raw pointers),
+    call ``torch.autograd.graph.increment_version(hc_fn)``.
     """
     _check_method(method)
     _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)

@@ -43,7 +43,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_tensor, F32_MAX, check_real
+from ..runtime.validate import check_int, check_tensor, F32_MAX, check_real
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -564,7 +564,7 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
                          q_sumsq: torch.Tensor | None = None, k_sumsq: torch.Tensor | None = None):
     """Out-of-place float64 reference, returns (q_out, k_out) in the input dtype (any device).
 
-    ``q_dim``/``k_dim``: the divisor of the sum (default: the row width).  ``q_sumsq``/``k_sumsq``:
+    ``q_dim``/``k_dim``: the divisor of the sum, an int >= 1 (default: the row width).  ``q_sumsq``/``k_sumsq``:
     per-token sums of squares to use instead of the local ones (a tensor-parallel reference passes
     the sums over all shards).  ``eps`` follows :func:`check_eps`.  Shapes: ``q [N, Q]``, ``k [N, K]``,
     ``q_weight [Q]``, ``k_weight [K]`` (``ValueError`` otherwise: no silent broadcasting).
@@ -575,6 +575,12 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     if tuple(q_weight.shape) != (q.shape[1],) or tuple(k_weight.shape) != (k.shape[1],):
         raise ValueError(f"q_weight must be [{q.shape[1]}] and k_weight [{k.shape[1]}], got "
                          f"{list(q_weight.shape)} and {list(k_weight.shape)}")
+    for name, dim in (("q_dim", q_dim), ("k_dim", k_dim)):
+        if dim is not None:
+            check_int(name, dim, low=1)
+    for name, ss in (("q_sumsq", q_sumsq), ("k_sumsq", k_sumsq)):
+        if ss is not None and ss.numel() != q.shape[0]:
+            raise ValueError(f"{name} must hold one sum per token ({q.shape[0]}), got shape {list(ss.shape)}")
 
     def one(x, w, dim, ss):
         xd = x.double()

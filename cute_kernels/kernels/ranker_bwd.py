@@ -66,7 +66,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_tensor
+from ..runtime.validate import check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .ranker_fwd import CAP_METHODS, LOG2_E, SMEM_CAPACITY, _check_reference_args, ranker_attention_reference
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
@@ -764,6 +764,8 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
         from ..runtime.validate import check_same_device
 
         check_same_device(q=q, out=out, lse=lse, dout=dout)
+    check_outputs_disjoint(dict(dq=dq, dk=dk, dv=dv), dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout,
+                                                             bounds=bounds, cu_seqlens=cu_seqlens))
     return res
 
 
@@ -781,8 +783,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         out: the forward's output (like ``q``).  lse: the forward's ``lse`` (``return_lse=True``),
             float32 ``[B, Hq, S]`` / ``[Hq, T]``, natural-log units, ``-inf`` on rows with no valid key.
         dout: gradient of ``out`` (like ``q``: same shape and dtype, last dim contiguous).
-        dq, dk, dv: optional output buffers (like q, k, v: same dtype, shape and device, contiguous;
-            tests pass NaN-poisoned ones).  Varlen calls zero them whole before the launches.
+        dq, dk, dv: optional output buffers (like q, k, v: same dtype, shape and device, contiguous,
+            sharing no memory with each other or any input; tests pass NaN-poisoned ones).  Varlen
+            calls zero them whole before the launches.
         config: None or a :class:`RankerBwdConfig` (default ``CONFIGS[D]``).
         deterministic: a bool.
     Returns:
@@ -793,8 +796,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         on every run; measured 7-33% slower, bench/results/2026-11-29_h200_ranker_bwd_s2.md).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dq``/``dk``/``dv``
-        shapes, dtypes or layouts, a wrong ``config``/``deterministic`` type, bad ``cu_seqlens``
-        values and unsupported head dims: all before any buffer is written or kernel launched.
+        shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
+        a wrong ``config``/``deterministic`` type, bad ``cu_seqlens`` values and unsupported head
+        dims: all before any buffer is written or kernel launched.
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
     GQA dK/dV, candidate self terms); see the module docstring.
     """

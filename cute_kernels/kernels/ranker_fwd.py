@@ -1004,6 +1004,9 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
 
 
 def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None):
+    nd = 3 if cu_seqlens is not None else 4  # the checks a fake tensor allows (no data pointers), at trace time
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, dtypes=DTYPES, ndim=nd, cuda=False, align_bytes=0)
     if cu_seqlens is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
@@ -1064,13 +1067,16 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
     Raises:
-        TypeError: wrong dtypes (q/k/v not bf16/fp16 or mixed, bounds/cu_seqlens not int32);
+        TypeError: wrong dtypes (q/k/v not bf16/fp16 or mixed, bounds/cu_seqlens not int32); return_lse
+            not a bool;
             cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int.
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
             bounds rows != B, non-positive/non-finite cap, non-finite softmax_scale, unknown
             cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture.
     """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}")
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         from .ranker_autograd import RankerAttentionFunction  # the backward's modules load on first use
 

@@ -5,7 +5,10 @@ capture, but its dispatch costs tens of microseconds per eager call, more than o
 take.  :func:`custom_op` registers the op and returns a callable that goes through the
 registered op while anything traces (torch.compile / torch.export, or a Python dispatch mode such
 as ``make_fx``'s or a FakeTensorMode: a direct call would be invisible to them and the traced graph
-would lose the kernel), and calls the implementation directly otherwise.
+would lose the kernel), and calls the implementation directly otherwise.  Ops that return new
+tensors also go through the registered op when grad mode is on and an argument requires grad: the
+outputs then take part in autograd like the compiled op's do, and ``backward()`` raises torch's
+"no autograd formula" error instead of gradients being dropped silently.
 """
 
 from __future__ import annotations
@@ -17,15 +20,22 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
+def _requires_grad(args, kwargs) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+
+
 class _EagerFastPath:
-    def __init__(self, op, impl: Callable, precheck: Callable | None):
+    def __init__(self, op, impl: Callable, precheck: Callable | None, grad_via_op: bool):
         self.op = op
         self.impl = impl
         self.precheck = precheck
+        self.grad_via_op = grad_via_op
         functools.update_wrapper(self, impl)
 
     def __call__(self, *args, **kwargs):
-        if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+                or (self.grad_via_op and _requires_grad(args, kwargs))):
             if self.precheck is not None:  # the op's schema would turn a bool into 1 / 1.0 unseen
                 self.precheck(*args, **kwargs)
             return self.op(*args, **kwargs)
@@ -48,6 +58,6 @@ def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | 
             op.register_fake(fake)
         else:
             op.register_fake(lambda *a, **k: None)
-        return _EagerFastPath(op, impl, precheck)
+        return _EagerFastPath(op, impl, precheck, grad_via_op=not mutates_args)
 
     return deco

@@ -122,3 +122,25 @@ def signature(t) -> tuple | None:
     """What a cached validation may key on: shape, strides, dtype and device of a tensor (None for
     None).  The data pointer is not part of it: callers re-check its alignment on every call."""
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def byte_extent(t: torch.Tensor) -> tuple[int, int]:
+    """``[first, last + 1)`` bytes of memory that tensor ``t`` can touch (empty for no elements)."""
+    start = t.data_ptr()
+    if t.numel() == 0:
+        return start, start
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
+def check_outputs_disjoint(outputs: dict, inputs: dict) -> None:
+    """``ValueError`` when an output buffer (a name -> tensor or None) shares memory with another
+    output or with an input (conservatively: their byte extents intersect).  Kernels write outputs
+    while they read inputs, so an alias gives wrong results, or destroys an input."""
+    named = [(n, t, byte_extent(t)) for n, t in outputs.items() if t is not None]
+    others = named + [(n, t, byte_extent(t)) for n, t in inputs.items() if isinstance(t, torch.Tensor)]
+    for i, (name, _, (a0, a1)) in enumerate(named):
+        for other, _, (b0, b1) in others[i + 1:]:
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"{name} shares memory with {other}: output buffers must not overlap "
+                                 "each other or any input")
