@@ -294,3 +294,17 @@ def test_inference_tensor_weights_are_split_every_call_not_cached():
     before = dict(mod._PIECES)
     pieces = mod._pieces(w)  # an inference tensor has no version counter to key a cache on
     assert torch.equal(pieces, mod.split_pieces(w)) and mod._PIECES == before
+
+
+@pytest.mark.parametrize("bad", [dict(k=96), dict(x_dtype=torch.float32), dict(rows=23)])
+def test_trace_time_checks_refuse_what_the_kernel_would(bad):
+    """Under torch.compile / make_fx the fake implementation runs instead of ours: it applies the
+    shape and dtype rules (not the pointer ones), so a bad call fails at trace time, clearly."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    k = bad.get("k", 128)
+    x = torch.zeros(4, k, dtype=bad.get("x_dtype", torch.bfloat16))
+    w = torch.zeros(bad.get("rows", 24), k)
+    with pytest.raises((ValueError, TypeError)):
+        make_fx(lambda x, w: cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24)),
+                tracing_mode="fake")(x, w)

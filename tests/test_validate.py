@@ -77,3 +77,10 @@ def test_check_int():
         check_int("n", 0)
     with pytest.raises(ValueError):
         check_int("n", 2**31)
+
+
+def test_sparse_tensors_get_a_clear_error():
+    from cute_kernels.runtime.validate import check_tensor
+
+    with pytest.raises(TypeError, match="dense"):
+        check_tensor("x", torch.eye(4).to_sparse_csr(), cuda=False)

@@ -584,16 +584,20 @@ def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
                              "become 0; pass 0 or a larger value")
 
 
-def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True):
+def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True,
+              pointers: bool = True):
+    """Every argument rule; ``pointers=False`` skips the alignment checks (fake tensors at trace time
+    have no data pointers)."""
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2, cuda=cuda, align_bytes=0)
     k = x.shape[1]
     if k % K_ALIGN or k == 0:
         raise ValueError(f"x.shape[1]={k} must be a positive multiple of {K_ALIGN}")
-    check_tensor("x", x, cuda=cuda)  # then the alignment of pointer and row stride
-    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda)
-    check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4)
-    check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4)
+    a16, a4 = (16, 4) if pointers else (0, 0)
+    check_tensor("x", x, cuda=cuda, align_bytes=a16)  # then the alignment of pointer and row stride
+    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, align_bytes=a16)
+    check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=a4)
+    check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=a4)
     if hc_scale.dim() and hc_scale.stride(0) != 1 or hc_base.stride(0) != 1:
         raise ValueError("hc_scale and hc_base must be contiguous")
     check_same_device(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)
@@ -726,6 +730,7 @@ def _check_method(method) -> None:
 
 def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="walk"):
     _check_method(method)
+    _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, cuda=False, pointers=False)
     m = x.shape[0]
     return (x.new_empty(m, HC, dtype=torch.float32), x.new_empty(m, HC, dtype=torch.float32),
             x.new_empty(m, HC, HC, dtype=torch.float32))

@@ -37,12 +37,14 @@ def check_tensor(
         align_bytes: data pointer and every non-unit stride (in bytes) must be multiples of this
             (16 for 128-bit vector loads and TMA); 0 disables the check.
     Raises:
-        TypeError: not a tensor, or wrong dtype.
+        TypeError: not a tensor, not dense (sparse layouts), or wrong dtype.
         ValueError: wrong rank, shape, device, stride or alignment.
         RuntimeError: the tensor's GPU is not a Hopper (sm_90) GPU.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if dtypes is not None:
         dtypes = tuple(dtypes)
         if t.dtype not in dtypes:
