@@ -29,6 +29,9 @@ _PUBLIC = {
 }
 
 
+__all__ = sorted([*_PUBLIC, "register_ops"])  # `from cute_kernels import *` loads the public ops
+
+
 def register_ops() -> None:
     """Import every kernel module, so that every ``torch.ops.cute_kernels.*`` op is registered.
 

@@ -285,3 +285,14 @@ def test_example_scripts_run(script, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "conflict-free" in out and "8" in out
     assert all(p.stat().st_size > 1000 for p in tmp_path.glob("*.png"))
+
+
+def test_smem_layout_refuses_partial_atoms_and_tma_box_refuses_mn_major():
+    from cute_kernels.layouts.hopper import hopper_smem_layout, tma_box
+
+    for rows, cols in ((7, 64), (100, 64)):
+        with pytest.raises(ValueError, match="swizzle atoms"):
+            hopper_smem_layout(rows, cols, "bf16")
+    with pytest.raises(ValueError, match="K-major"):
+        tma_box(hopper_smem_layout(128, 64, "bf16", major="MN"), "bf16")
+    assert tma_box(hopper_smem_layout(64, 128, "bf16", stages=2), "bf16")["boxes"] == 2

@@ -248,3 +248,43 @@ def test_more_than_8_ranks_use_the_unfused_path_shape_rules_only():
     import cute_kernels
 
     assert cute_kernels.PeerTimeoutError is mod.PeerTimeoutError
+
+
+def _agreement_rank(rank, port, q_dims, max_tokens, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(q_dims))
+    try:
+        p = cute_kernels.ParallelQKNorm(None, max_tokens[rank], q_dims[rank], 1024, torch.bfloat16)
+        out.put((rank, "ok", p.fused))
+    except Exception as exc:  # noqa: BLE001 (reported to the parent)
+        out.put((rank, type(exc).__name__, str(exc)))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("q_dims,max_tokens,want", [
+    ((4096, 4096), (16, 16), ("ok", "ok")),
+    ((4096, 2048), (16, 16), ("ValueError", "ValueError")),  # different sizes: every rank refuses
+    ((4096, 4096), (16, 0), ("ValueError", "ValueError")),  # one rank's own check fails: no rank hangs
+])
+def test_ranks_agree_on_constructor_arguments(q_dims, max_tokens, want):
+    """Two CPU ranks over gloo (no GPU: the unfused path): a mismatch or one rank's bad argument makes
+    every rank raise at construction, instead of wrong results or a rank waiting in a collective."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_agreement_rank, args=(r, port, q_dims, max_tokens, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r, (kind, msg)) for r, kind, msg in (out.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=30)
+    assert tuple(got[r][0] for r in range(2)) == want, got
+    if want[0] == "ValueError" and q_dims[0] != q_dims[1]:
+        assert all("differ across ranks" in got[r][1] for r in range(2)), got

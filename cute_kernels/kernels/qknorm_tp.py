@@ -359,12 +359,20 @@ class ParallelQKNorm:
     def __init__(self, group, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype, *,
                  timeout_s: float = 10.0, _emulation: dict | None = None):
         self._closed = True  # until construction completes (close() / _run on a half-built object)
-        if dtype not in DTYPES:
-            raise TypeError(f"dtype {dtype} not supported; expected one of {DTYPES}")
-        max_tokens = _positive_int("max_tokens", max_tokens, upper=2**31 - 1)  # the kernel's Int32 capacity
-        q_dim, k_dim = _positive_int("q_dim", q_dim), _positive_int("k_dim", k_dim)
+        local_error = None
+        try:
+            if dtype not in DTYPES:
+                raise TypeError(f"dtype {dtype} not supported; expected one of {DTYPES}")
+            max_tokens = _positive_int("max_tokens", max_tokens, upper=2**31 - 1)  # the kernel's Int32 capacity
+            q_dim, k_dim = _positive_int("q_dim", q_dim), _positive_int("k_dim", k_dim)
+            self.timeout_ns = _timeout_ns(timeout_s)
+        except (TypeError, ValueError) as exc:
+            local_error = exc
+        if _emulation is None:  # every rank of a group learns whether all ranks agree, before raising
+            _agree_across_ranks(group, (max_tokens, q_dim, k_dim, str(dtype)), local_error)
+        if local_error is not None:
+            raise local_error
         self.max_tokens, self.q_dim, self.k_dim, self.dtype = max_tokens, q_dim, k_dim, dtype
-        self.timeout_ns = _timeout_ns(timeout_s)
         self.group = group
         # written by the GPU through its UVA address (pinned host memory), read here without a sync
         self._error = torch.zeros(1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
@@ -431,10 +439,10 @@ class ParallelQKNorm:
     def _all_p2p_reachable(self) -> bool:
         import torch.distributed as dist
 
-        me = (socket.gethostname(), torch.cuda.current_device())
+        me = (socket.gethostname(), torch.cuda.current_device() if torch.cuda.is_available() else -1)
         everyone = [None] * self.world
         dist.all_gather_object(everyone, me, group=self.group)
-        ok = all(h == me[0] for h, _ in everyone) and all(
+        ok = me[1] >= 0 and all(h == me[0] and d >= 0 for h, d in everyone) and all(
             d == me[1] or torch.cuda.can_device_access_peer(me[1], d) for _, d in everyone)
         votes = [None] * self.world
         dist.all_gather_object(votes, ok, group=self.group)
@@ -492,7 +500,7 @@ class ParallelQKNorm:
     # --- errors and recovery
     def check_error(self, synchronize: bool = True) -> None:
         """Raise :class:`PeerTimeoutError` if a launch of this rank timed out waiting for a peer."""
-        if synchronize:
+        if synchronize and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if self._failed or self._error_np[0]:
             self._failed = True
@@ -504,13 +512,16 @@ class ParallelQKNorm:
     def reset(self) -> None:
         """Rearm buffers, epoch and error flag (after a timeout).  Call on every rank (collective)."""
         self._check_open()
-        torch.cuda.synchronize(self.device)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
         if self.fused:
             self.buffer.fill_(_sentinel_i64())
             self.state.zero_()
         self._error.zero_()
         self._failed = False
-        torch.cuda.synchronize(self.device)
+        if cuda:
+            torch.cuda.synchronize(self.device)
         if not self._emulated and self.world > 1:
             import torch.distributed as dist
 
@@ -573,6 +584,32 @@ class ParallelQKNorm:
         if self.world > 1:
             dist.all_reduce(sums, group=self.group)
         _scale_in_place(q, k, q_weight, k_weight, eps, sums, self.q_dim, self.k_dim)
+
+
+def _agree_across_ranks(group, args: tuple, local_error: Exception | None) -> None:
+    """Collective (when torch.distributed runs with more than one rank in ``group``): every rank shares
+    its constructor arguments (max_tokens, q_dim, k_dim, dtype) and whether its own checks passed, so
+    that every rank raises, instead of some waiting forever in the next collective or the ranks
+    normalizing with different sizes.  ``ValueError`` if a peer's checks failed or the arguments
+    differ; a rank whose own checks failed raises its own error afterwards."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return
+    mine = (args, None if local_error is None else f"{type(local_error).__name__}: {local_error}")
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    if local_error is not None:
+        return
+    for r, (_, err) in enumerate(everyone):
+        if err is not None:
+            raise ValueError(f"ParallelQKNorm: rank {r} refused its arguments ({err}); every rank must be "
+                             "built with the same valid arguments")
+    for r, (theirs, _) in enumerate(everyone):
+        if theirs != args:
+            names = ("max_tokens", "q_dim", "k_dim", "dtype")
+            raise ValueError(f"ParallelQKNorm arguments differ across ranks: rank {r} has "
+                             f"{dict(zip(names, theirs))}, this rank {dict(zip(names, args))}")
 
 
 def _config_for_world(world: int, q_dim: int, k_dim: int, dtype: torch.dtype) -> "ParallelQKNormConfig | None":

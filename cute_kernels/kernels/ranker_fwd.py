@@ -842,10 +842,13 @@ def _varlen_extent(q: torch.Tensor, cu_seqlens: torch.Tensor, total: int, max_se
     return min(max_seqlen, total), end
 
 
-def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda: bool = True):
+def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda: bool = True,
+              pointers: bool = True):
     """Argument checks that depend only on the argument signature (shapes, strides, dtypes, devices,
     scalars), before any launch.  Returns (varlen, B, S_or_T, Hq, Hkv, D).  The values of
-    ``cu_seqlens`` are checked separately (:func:`_check_cu_seqlens_values`), on every call."""
+    ``cu_seqlens`` are checked separately (:func:`_check_cu_seqlens_values`), on every call.
+    ``pointers=False`` skips the alignment checks (fake tensors at trace time have no data pointers)."""
+    al = 16 if pointers else 0
     varlen = cu_seqlens is not None
     nd = 3 if varlen else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -860,12 +863,12 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported; supported: {sorted(CONFIGS)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, cuda=cuda)  # then the alignment of pointers and strides
+        check_tensor(name, t, cuda=cuda, align_bytes=al)  # then the alignment of pointers and strides
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
     if varlen:
-        check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, cuda=cuda, align_bytes=4)
+        check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, cuda=cuda, align_bytes=al // 4)
         nb = cu_seqlens.shape[0] - 1
         if nb < 1:
             raise ValueError("cu_seqlens must have at least 2 entries (B + 1)")
@@ -883,7 +886,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     if varlen and isinstance(bounds, torch.Tensor) and bounds.dim() == 2 and bounds.shape[0] != nb:
         raise ValueError(f"bounds has {bounds.shape[0]} rows but cu_seqlens has {nb + 1} entries "
                          f"(B + 1 = {nb + 1}); they must agree")
-    check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4)
+    check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=al // 4)
     if not bounds.is_contiguous():
         raise ValueError("bounds must be contiguous")
     _check_scalars(softmax_scale, cap, cap_method)
@@ -1026,9 +1029,8 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
 
 
 def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None):
-    nd = 3 if cu_seqlens is not None else 4  # the checks a fake tensor allows (no data pointers), at trace time
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, dtypes=DTYPES, ndim=nd, cuda=False, align_bytes=0)
+    # at trace time: every rule a fake tensor allows (shapes, dtypes, strides; no data pointers)
+    _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=False, pointers=False)
     if cu_seqlens is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:

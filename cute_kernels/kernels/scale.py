@@ -103,21 +103,30 @@ def compile_targets() -> list[CompileTarget]:
                           build=lambda d=d: _compile(d, cfg)) for d in DTYPES]
 
 
-def _scale_impl(x: torch.Tensor, alpha: float) -> torch.Tensor:
-    check_real("alpha", alpha)
-    check_tensor("x", x, dtypes=DTYPES)
+def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
+    check_tensor("x", x, dtypes=DTYPES, cuda=cuda, align_bytes=16 if pointers else 0)
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous, got strides {x.stride()}")
     vec = 16 // x.element_size()
     if x.numel() % vec:
         raise ValueError(f"x.numel()={x.numel()} must be a multiple of {vec} (16-byte vectors)")
+
+
+def _scale_impl(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    check_real("alpha", alpha)
+    _check_x(x)
     y = torch.empty_like(x)
     if x.numel():
         _compile(x.dtype, ScaleConfig())(x.view(-1), y.view(-1), float(alpha))
     return y
 
 
-@custom_op("scale", mutates_args=(), fake=lambda x, alpha: torch.empty_like(x),
+def _fake(x, alpha):
+    _check_x(x, cuda=False, pointers=False)  # at trace time: the rules a fake tensor allows
+    return torch.empty_like(x)
+
+
+@custom_op("scale", mutates_args=(), fake=_fake,
            precheck=lambda x, alpha: check_real("alpha", alpha))
 def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
     """``alpha * x`` computed in float32 and rounded to ``x.dtype``.

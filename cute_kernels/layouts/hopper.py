@@ -91,6 +91,10 @@ def hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stages: Op
     if (major_size * elem_bytes(dtype)) % 16:
         raise ValueError(f"contiguous extent {major_size} x {elem_bytes(dtype)} B is not a multiple of 16 bytes")
     lay = trace(lambda: build_hopper_smem_layout(rows, cols, dtype, major, stages, swizzle))
+    if tuple(lay.dims[:2]) != (rows, cols):  # the DSL tiles the atom over the shape, rounding it up
+        raise ValueError(f"a {rows} x {cols} tile is not a whole number of {lay.swizzle.byte_swizzle_name if lay.swizzle else ''}"
+                         f" swizzle atoms (the layout would cover {lay.dims[0]} x {lay.dims[1]}); pick multiples of "
+                         "the atom or another swizzle")
     return lay.named(name or f"{swizzle if swizzle != 'auto' else lay.swizzle.byte_swizzle_name} "
                              f"{major}-major {rows}x{cols}{f'x{stages}' if stages else ''} {cutlass_dtype(dtype).__name__}")
 
@@ -101,9 +105,13 @@ def tma_box(layout: StaticLayout, dtype) -> dict:
     With a 128B/64B/32B swizzle the TMA box's inner extent is at most the swizzle width, so a
     tile wider than its atom is loaded as several boxes (the DSL's ``make_tiled_tma_atom`` splits it).
     Returns rows, cols, box inner width in elements, boxes per tile, bytes per tile, swizzle name.
+    Raises ``ValueError`` for a layout that is not K-major.
     """
     eb = elem_bytes(dtype)
     rows, cols = layout.dims[0], layout.dims[1]
+    first = layout.outer_offsets()[(slice(0, 2), slice(0, 2)) + (0,) * (layout.rank - 2)]
+    if cols > 1 and first[0, 1] - first[0, 0] != 1:
+        raise ValueError(f"tma_box describes K-major tiles (cols contiguous); {layout.name or 'this layout'} is not")
     sw = layout.swizzle.byte_swizzle_name if layout.swizzle is not None else "none"
     width_b = {"128B": 128, "64B": 64, "32B": 32}.get(sw, 16)
     inner = min(cols, width_b // eb) if sw in ("128B", "64B", "32B") else cols
