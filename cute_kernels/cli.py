@@ -195,6 +195,9 @@ def cmd_layouts(args) -> int:
     except KeyError as exc:  # unknown kernel
         print(exc.args[0] if exc.args else exc, file=sys.stderr)
         return 2
+    except OSError as exc:  # --out not writable
+        print(f"layouts: cannot write to {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(text, end="")
     print(f"wrote {len(files)} files to {args.out}")
     return 0

@@ -100,8 +100,9 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
         raise ValueError(f"{name}={_short(value)} is out of float range") from None
     below = low is not None and (v <= low if low_open else v < low)
     if not math.isfinite(v) or below or v > high:
-        lo = "" if low is None else f"{'>' if low_open else '>='} {low:g} and "
-        raise ValueError(f"{name} must be finite, {lo}<= {high:g}, got {_short(value)}")
+        bounds = ([] if low is None else [f"{'>' if low_open else '>='} {low:g}"]) + (
+            [f"<= {high:g}"] if math.isfinite(high) else [])
+        raise ValueError(f"{name} must be finite{', ' + ' and '.join(bounds) if bounds else ''}, got {_short(value)}")
     return v
 
 
