@@ -30,7 +30,7 @@ TMA_VARIANTS = {
 
 
 def _name(c):
-    return f"{c.m_tiles}{c.warps_m}s{c.stages}{'p' if c.presplit else 'r'}"
+    return f"{c.m_tiles}{c.warps_m}s{c.stages}"
 
 
 def main():

@@ -1,7 +1,7 @@
 """Shipped configs per kernel, the tuned-config cache, and the autotuner (issue 8, "Tile shapes and tuning").
 
 * :func:`shipped_configs` lists each kernel's shipped configs, read from the kernel module's own
-  tables (``ranker_fwd.CONFIGS`` per head dim, ``hc_mix.SMALL/MEDIUM/LARGE`` + ``EXPERIMENTAL``, the
+  tables (``ranker_fwd.CONFIGS`` per head dim, ``hc_mix.SMALL/MEDIUM/LARGE``, the
   per-shape configs of ``qknorm`` / ``qknorm_tp`` / ``scale`` from their ``compile_targets()``).
   ``cute-kernels configs [--kernel NAME]`` prints them.
 * Tuned configs: ``tuned.json`` in the compile cache root (:func:`cute_kernels.runtime.cache.cache_dir`),
@@ -60,10 +60,10 @@ def _ranker_bwd_configs(mod) -> dict:
 
 
 def _hc_mix_configs(mod) -> dict:
-    out = {"M<=256 (default)": mod.SMALL, "M>256 (default)": mod.MEDIUM, "LARGE": mod.LARGE}
-    for i, cfg in enumerate(mod.EXPERIMENTAL):
-        out[f"experimental {i}"] = cfg
-    return out
+    from .kernels import hc_mix_tma
+
+    return {"M<=256 (default)": mod.SMALL, "M>256 (default)": mod.MEDIUM, "LARGE": mod.LARGE,
+            "method=tma M<=1792": hc_mix_tma.config_for(1), "method=tma M>1792": hc_mix_tma.config_for(1 << 20)}
 
 
 def _qknorm_configs(mod) -> dict:

@@ -33,8 +33,7 @@ def test_compiles_with_mma_sync_and_no_spills(target):
     assert "local memory (spill)" not in rec.ptx_features
     assert "ld.shared::cluster" in rec.ptx  # cluster reduction through distributed shared memory
     assert "barrier.cluster.arrive" in rec.ptx and "barrier.cluster.wait" in rec.ptx
-    if not target.key.presplit:
-        assert rec.ptx.count("cvt.rn.bf16x2.f32") >= 36  # in-register hi/mid/lo split of hc_fn
+    assert rec.ptx.count("cvt.rn.bf16x2.f32") >= 36  # in-register hi/mid/lo split of hc_fn
     if rec.sass:
         assert "LDL/STL (local memory)" not in rec.sass_features
         assert "LDGSTS.E.BYPASS.LTC128B.128" in rec.sass

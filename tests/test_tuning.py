@@ -41,8 +41,10 @@ def test_shipped_configs_lists_every_kernel():
     assert table["ranker_fwd"] == {f"head_dim={d}": c for d, c in rf.CONFIGS.items()}
     from cute_kernels.kernels import hc_mix
 
-    assert list(table["hc_mix"].values())[:3] == list(hc_mix.DEFAULTS)
-    assert set(table["hc_mix"].values()) == set(hc_mix.SHIPPED)
+    from cute_kernels.kernels import hc_mix_tma
+
+    assert list(table["hc_mix"].values()) == [*hc_mix.SHIPPED, hc_mix_tma.config_for(1),
+                                              hc_mix_tma.config_for(1 << 20)]  # both methods
     for name in ("ranker_fwd", "hc_mix", "qknorm", "qknorm_tp", "scale"):  # frozen configs that validate
         for cfg in table[name].values():
             cfg.validate()

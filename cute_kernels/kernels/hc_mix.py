@@ -21,9 +21,8 @@ Design (one kernel, no partials in global memory):
   x as the A operand (exact in bf16), hc_fn as three bf16 pieces hi + mid + lo (hi = rn(w),
   mid = rn(w - hi), lo = rn(w - hi - mid); the differences are exact, the representation error is
   <= 2^-27 |w|); per 16-column step the pieces are issued lo, mid, hi; 24 outputs = three n8 tiles.
-  The pieces come either from a bf16 copy split once on the host and cached per hc_fn tensor and
-  version (``presplit=True``, :func:`_pieces`) or from an in-register split of the fp32 hc_fn
-  (``presplit=False``, :func:`_split3_bf16x2`); both give the same bits.
+  The pieces are split in registers from the fp32 hc_fn (:func:`_split3_bf16x2`); the same split
+  made once on the host (:func:`split_pieces`, cached by :func:`_pieces`) feeds :mod:`.hc_mix_tma`.
 * The sum of squares is a Gram MMA: x . x^T of the warp's 16 rows with B = the lane's own A
   registers; its diagonal is sum x^2 (exact bf16 products, fp32 accumulation).
 * Each chunk is accumulated into fresh registers (2 k16 steps x 3 pieces) and its value is added
@@ -106,7 +105,6 @@ class HcMixConfig:
     m_tiles: int = 2
     warps_m: int = 2
     stages: int = 4
-    presplit: bool = False
     store_mix: bool = False
 
     @property
@@ -131,8 +129,8 @@ class HcMixConfig:
 
     @property
     def w_slots(self) -> int:
-        """16-byte hc_fn vectors per thread and chunk: 3 tiles x 3 bf16 pieces, or 3 x 2 fp32."""
-        return N_TILES * N_PIECES if self.presplit else N_TILES * 2
+        """16-byte hc_fn vectors per thread and chunk: 3 n8 tiles x 2 fp32 vectors."""
+        return N_TILES * 2
 
     @property
     def smem_bytes(self) -> int:
@@ -148,19 +146,10 @@ SMALL = HcMixConfig(m_tiles=1, warps_m=1, stages=8)  # 16 rows per cluster: 13.0
 MEDIUM = HcMixConfig(m_tiles=2, warps_m=1, stages=4)  # 32 rows: 23.6 (512), 39.3 (1024), 61.4 (2048),
 #                                                       104.7 (4096), 377 (16384)
 LARGE = HcMixConfig(m_tiles=2, warps_m=2, stages=4)  # 64 rows: 47.2 (1024), 69.8 (2048), 116 (4096), 404
-DEFAULTS = (SMALL, MEDIUM, LARGE)
-# Alternatives, all GPU-timed in the same sweep and none faster than the defaults by more than the
-# run-to-run noise (best at M=4096: 21s3p 111 us, 22s3p 113): hc_fn pre-split on the host
-# (presplit=True: ~60% fewer instructions per chunk in SASS, but 1.5x the hc_fn bytes) and shallower rings.
-EXPERIMENTAL = (
-    HcMixConfig(1, 1, 8, presplit=True), HcMixConfig(1, 1, 4, presplit=True),
-    HcMixConfig(1, 1, 2, presplit=True), HcMixConfig(1, 1, 3, presplit=True),
-    HcMixConfig(2, 1, 2, presplit=True), HcMixConfig(2, 1, 3, presplit=True),
-    HcMixConfig(2, 2, 3, presplit=True), HcMixConfig(1, 2, 2, presplit=True),
-    HcMixConfig(1, 4, 2, presplit=True),
-    HcMixConfig(2, 1, 2), HcMixConfig(1, 4, 2), HcMixConfig(1, 1, 4),
-)
-SHIPPED = DEFAULTS + EXPERIMENTAL
+SHIPPED = (SMALL, MEDIUM, LARGE)
+# Alternatives GPU-timed in the same sweep, none faster than these by more than the run-to-run noise
+# (best at M=4096: 111 and 113 us), and removed in session 4: hc_fn pre-split into bf16 pieces on the
+# host (~60% fewer instructions per chunk in SASS, but 1.5x the hc_fn bytes) and shallower rings.
 
 
 def config_for(m: int, store_mix: bool = False) -> HcMixConfig:
@@ -223,10 +212,9 @@ class HcMixKernel:
         self.threads = config.threads
         self.rows_per_rank = self.tile_m // CLUSTER_K
         self.x_slots = 2 * self.m_tiles  # 16-byte x vectors per thread per chunk
-        self.presplit = config.presplit
         self.w_slots = config.w_slots  # 16-byte hc_fn vectors per thread per chunk
-        self.w_dtype = BFloat16 if config.presplit else Float32
-        self.w_vec = 8 if config.presplit else 4
+        self.w_dtype = Float32
+        self.w_vec = 4  # float32 per 16-byte vector
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
@@ -313,17 +301,10 @@ class HcMixKernel:
                 if row < m:
                     cute.copy(atom_x, mXv[(0, None), (row, chunk * 4 + t)],
                               sX[None, tidx, mt * 2 + h, stage])
-        if cutlass.const_expr(self.presplit):
-            # pieces[p, n, 32c + 8t : +8] (bf16), p = lo, mid, hi; rows of the [72, K] view: 24p + n
-            for j in cutlass.range_constexpr(N_TILES):
-                for p in cutlass.range_constexpr(N_PIECES):
-                    cute.copy(atom_w, mWv[(0, None), (p * N_MIX + j * 8 + g, chunk * 4 + t)],
-                              sW[None, tidx, j * N_PIECES + p, stage])
-        else:
-            for j in cutlass.range_constexpr(N_TILES):
-                for h in cutlass.range_constexpr(2):
-                    cute.copy(atom_w, mWv[(0, None), (j * 8 + g, chunk * 8 + t * 2 + h)],
-                              sW[None, tidx, j * 2 + h, stage])
+        for j in cutlass.range_constexpr(N_TILES):
+            for h in cutlass.range_constexpr(2):
+                cute.copy(atom_w, mWv[(0, None), (j * 8 + g, chunk * 8 + t * 2 + h)],
+                          sW[None, tidx, j * 2 + h, stage])
 
     @cute.jit
     def mma_chunk(self, tiled_mma: cute.TiledMma, rX, rW, rV, rG, rA, rB, rPk):
@@ -332,16 +313,10 @@ class HcMixKernel:
         for j in cutlass.range_constexpr(N_TILES):
             for s in cutlass.range_constexpr(2):
                 for q in cutlass.range_constexpr(2):
-                    if cutlass.const_expr(self.presplit):
-                        # piece vector = 8 bf16 at k 8t..8t+7: word 2s + q is B register q of step s
-                        for p in cutlass.range_constexpr(N_PIECES):
-                            rPk[((j * 2 + s) * 2 + q) * N_PIECES + p] = cute.recast_tensor(
-                                rW[j * N_PIECES + p], Int32)[2 * s + q]
-                    else:
-                        lo, mid, hi = _split3_bf16x2(rW[j * 2 + s][2 * q], rW[j * 2 + s][2 * q + 1])
-                        rPk[((j * 2 + s) * 2 + q) * N_PIECES + 0] = lo
-                        rPk[((j * 2 + s) * 2 + q) * N_PIECES + 1] = mid
-                        rPk[((j * 2 + s) * 2 + q) * N_PIECES + 2] = hi
+                    lo, mid, hi = _split3_bf16x2(rW[j * 2 + s][2 * q], rW[j * 2 + s][2 * q + 1])
+                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 0] = lo
+                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 1] = mid
+                    rPk[((j * 2 + s) * 2 + q) * N_PIECES + 2] = hi
         # fresh accumulators per chunk (in place: cute.gemm with d != c writes c in DSL 4.8.1)
         for acc in rV:
             acc.fill(0.0)
@@ -379,7 +354,7 @@ class HcMixKernel:
         lane = tidx % 32
         g = lane // 4
         mXv = cute.zipped_divide(mX, (1, 8))  # ((1, 8), (M, K / 8)): 16-byte vectors
-        mWv = cute.zipped_divide(mW, (1, self.w_vec))  # ((1, 4), (24, K / 4)) or ((1, 8), (72, K / 8))
+        mWv = cute.zipped_divide(mW, (1, self.w_vec))  # ((1, 4), (24, K / 4))
         m = mX.shape[0]
         n_chunks = mX.shape[1] // K_CHUNK
         n_my = (n_chunks + (K_PARTS - 1) - part) // K_PARTS  # chunks of this part
@@ -555,7 +530,7 @@ def fake_launch_args(presplit: bool) -> tuple:
 
 
 def _compile(config: HcMixConfig):
-    return compile_cached(NAME, config, lambda: (HcMixKernel(config), fake_launch_args(config.presplit)))
+    return compile_cached(NAME, config, lambda: (HcMixKernel(config), fake_launch_args(presplit=False)))
 
 
 def compile_targets() -> list[CompileTarget]:
@@ -716,7 +691,7 @@ def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=No
     """Launch on validated inputs; ``out`` = preallocated (pre, post, comb) (tests poison them)."""
     _check_walk_extent(x)
     cfg = config or config_for(x.shape[0], store_mix=mix is not None)
-    return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn) if cfg.presplit else hc_fn, x, hc_scale,
+    return run_compiled(lambda: _compile(cfg), lambda: hc_fn, x, hc_scale,
                         hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=mix, out=out)
 
 
