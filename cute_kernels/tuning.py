@@ -1,7 +1,8 @@
 """Shipped configs per kernel, the tuned-config cache, and the autotuner (issue 8, "Tile shapes and tuning").
 
 * :func:`shipped_configs` lists each kernel's shipped configs, read from the kernel module's own
-  tables (``ranker_fwd.CONFIGS`` per head dim, ``hc_mix.SMALL/MEDIUM/LARGE``, the
+  tables (``ranker_fwd.CONFIGS`` per head dim, ``hc_mix.SMALL/MEDIUM/LARGE`` and the two
+  configs ``hc_mix_tma.config_for`` picks, the
   per-shape configs of ``qknorm`` / ``qknorm_tp`` / ``scale`` from their ``compile_targets()``).
   ``cute-kernels configs [--kernel NAME]`` prints them.
 * Tuned configs: ``tuned.json`` in the compile cache root (:func:`cute_kernels.runtime.cache.cache_dir`),

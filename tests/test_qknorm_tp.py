@@ -102,8 +102,6 @@ def test_constructor_validation():
 
 def test_single_rank_group_constructs_without_push_buffers():
     """G = 1 needs no peers: the object only routes to the one-GPU kernel (checked here up to the launch)."""
-    import os
-
     import torch.distributed as dist
 
     import socket

@@ -37,3 +37,14 @@ def test_config_validation():
         mod.ScaleConfig(threads=100).validate()
     with pytest.raises(ValueError, match="unroll"):
         mod.ScaleConfig(unroll=0).validate()
+
+
+def test_reference_checks_alpha_like_the_op():
+    import torch
+
+    from cute_kernels.kernels import scale as mod
+
+    for bad, exc in ((float("nan"), ValueError), (True, TypeError), (1e39, ValueError)):
+        with pytest.raises(exc, match="alpha"):
+            mod.scale_reference(torch.ones(8), bad)
+    assert torch.equal(mod.scale_reference(torch.ones(8, dtype=torch.bfloat16), 0.5), torch.full((8,), 0.5).bfloat16())

@@ -79,7 +79,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_same_device, check_tensor, check_int, check_real, signature
+from ..runtime.validate import check_f32_eps, check_int, check_real, check_same_device, check_tensor, signature
 
 NAME = "hc_mix"
 HC = 4  # hc_mult
@@ -153,7 +153,8 @@ SHIPPED = (SMALL, MEDIUM, LARGE)
 
 
 def config_for(m: int, store_mix: bool = False) -> HcMixConfig:
-    """The config used for ``m`` rows: enough clusters to fill the GPU, then the largest tile."""
+    """The config used for ``m`` rows: 16-row clusters up to 256 rows (more clusters to fill the GPU),
+    32-row clusters above (every config gives the same bits)."""
     cfg = SMALL if m <= 256 else MEDIUM  # LARGE measured slower than MEDIUM at every M >= 1024
     if store_mix:
         cfg = dataclasses.replace(cfg, store_mix=True)
@@ -507,18 +508,19 @@ class HcMixKernel:
 
 
 # ---------------------------------------------------------------------- compile + torch glue
-def fake_launch_args(presplit: bool) -> tuple:
-    """Compile-time stand-ins for the launch arguments (x, hc_fn or its [72, K] bf16 pieces, scale, base,
-    pre, post, comb, mix, sinkhorn_iters, rms_eps, hc_eps, stream), shared by both hc_mix kernels."""
+def fake_launch_args(pieces: bool) -> tuple:
+    """Compile-time stand-ins for the launch arguments, shared by both hc_mix kernels: x, hc_fn (with
+    ``pieces``: its [72, K] bf16 pieces, which the tma kernel loads), scale, base, pre, post, comb, mix,
+    sinkhorn_iters, rms_eps, hc_eps, stream."""
     m = cute.sym_int()
     k = cute.sym_int(divisibility=K_ALIGN)
     mm = cute.sym_int()
     x_ld = cute.sym_int(divisibility=8)  # row strides: 16-byte multiples (checked on the host)
-    w_ld = cute.sym_int(divisibility=8 if presplit else 4)
+    w_ld = cute.sym_int(divisibility=8 if pieces else 4)
     # explicit row-major strides (a compact fake tensor without strides is column-major)
     return (
         fake_tensor(torch.bfloat16, (m, k), stride=(x_ld, 1)),
-        (fake_tensor(torch.bfloat16, (N_PIECES * N_MIX, k), stride=(w_ld, 1)) if presplit
+        (fake_tensor(torch.bfloat16, (N_PIECES * N_MIX, k), stride=(w_ld, 1)) if pieces
          else fake_tensor(torch.float32, (N_MIX, k), stride=(w_ld, 1))),
         fake_tensor(torch.float32, (3,), align=4),
         fake_tensor(torch.float32, (N_MIX,), align=4),
@@ -530,7 +532,7 @@ def fake_launch_args(presplit: bool) -> tuple:
 
 
 def _compile(config: HcMixConfig):
-    return compile_cached(NAME, config, lambda: (HcMixKernel(config), fake_launch_args(presplit=False)))
+    return compile_cached(NAME, config, lambda: (HcMixKernel(config), fake_launch_args(pieces=False)))
 
 
 def compile_targets() -> list[CompileTarget]:
@@ -552,11 +554,8 @@ def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
     float32's smallest normal 2**-126 (the kernels take them as float32).
     ``TypeError`` for a wrong type, ``ValueError`` for a bad value, each naming the argument."""
     check_int("sinkhorn_iters", sinkhorn_iters, low=1)
-    for name, eps in (("rms_eps", rms_eps), ("hc_eps", hc_eps)):
-        check_real(name, eps, low=0.0)
-        if 0 < float(eps) < 2.0 ** -126:  # the kernels take it as a float32, which would flush it to 0
-            raise ValueError(f"{name}={eps!r} is below float32's smallest normal number (1.18e-38): it would "
-                             "become 0; pass 0 or a larger value")
+    check_f32_eps("rms_eps", rms_eps)
+    check_f32_eps("hc_eps", hc_eps)
 
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True,
@@ -605,7 +604,8 @@ def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     """``[72, K]`` bf16: row ``24 p + n`` = piece p (lo, mid, hi) of ``hc_fn[n]``.
 
     hi = rn(w), mid = rn(w - hi), lo = rn(w - hi - mid) (round to nearest even, exact differences):
-    the same bits as the kernel's in-register split, so both paths give identical results.
+    the same values as the walk kernel's in-register split (:func:`_split3_bf16x2`); the
+    :mod:`.hc_mix_tma` kernel loads these pieces with TMA.
     """
     hi = hc_fn.bfloat16()
     r1 = hc_fn - hi.float()
@@ -856,7 +856,8 @@ def check() -> list[CheckResult]:
 
 
 def _splitk_baseline():
-    """The split-K Triton baseline from ``bench/hc_mix_splitk_triton.py`` (None without Triton)."""
+    """The split-K Triton baseline from ``bench/hc_mix_splitk_triton.py`` (None without Triton or
+    without that file, e.g. in an installed package)."""
     import importlib.util
     from pathlib import Path
 

@@ -79,13 +79,13 @@ class HcMixTmaConfig:
     """``tile_m`` rows per cluster (128 or 256: one or two m64 atoms per consumer warpgroup), ``tile_k``
     columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth, ``cluster_k``
     CTAs splitting K (part of the reduction order: the bits), ``overlap`` (k tiles in pairs; needs an
-    even count per CTA, which :func:`hc_mix_sinkhorn_tma` checks, falling back to the plain loop:
+    even count per CTA; every launch checks it (``_launch_config``) and falls back to the plain loop:
     an odd count would make the consumers wait for a tile never loaded), ``cluster_reduce`` (True:
     the ``cluster_k`` CTAs of a row tile form a cluster and sum their partials over DSMEM; False:
     no clusters, partials go to a global workspace and a second kernel sums them in the same rank
     order and runs the epilogue: the same bits, without the limit of ~14 co-resident 8-CTA clusters),
-    register split producer/consumer
-    (384 threads; one CTA per SM).  :func:`config_for` picks per M."""
+    ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads; one CTA per SM),
+    ``store_mix`` (also write the raw ``[a, sum x^2]`` rows).  :func:`config_for` picks per M."""
 
     tile_m: int = 128
     tile_k: int = 64
@@ -474,7 +474,7 @@ def _config_for(m: int) -> HcMixTmaConfig:
 
 def _compile(config: HcMixTmaConfig):
     def build():
-        args = fake_launch_args(presplit=True)
+        args = fake_launch_args(pieces=True)
         part = fake_tensor(torch.float32, (cute.sym_int(), SP_COLS), stride=(SP_COLS, 1))
         return HcMixTmaKernel(config), args[:-1] + (part, args[-1])  # the workspace goes before the stream
 

@@ -43,7 +43,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_int, check_tensor, F32_MAX, check_real
+from ..runtime.validate import check_f32_eps, check_int, check_tensor, F32_MAX, check_real
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -466,10 +466,7 @@ def check_eps(eps) -> None:
     """``eps`` must be a real number (not bool, not a string: ``TypeError``), finite in float32 and
     ``>= 0``, and 0 or at least float32's smallest normal 2**-126 (``ValueError``): the kernels take it
     as a float32, where a smaller eps would be flushed to 0."""
-    check_real("eps", eps, low=0.0)
-    if 0 < float(eps) < 2.0 ** -126:
-        raise ValueError(f"eps={eps!r} is below float32's smallest normal number (1.18e-38): it would become 0; "
-                         "pass 0 or a larger eps")
+    check_f32_eps("eps", eps)
 
 
 def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
@@ -553,7 +550,7 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
     Raises:
         TypeError: wrong dtypes; eps not a real number.
         ValueError: shapes, devices, strides, alignment, overlapping rows or q/k, rows too wide;
-            eps negative or not finite.
+            eps negative, not finite, or below 2**-126 but not 0 (float32 would flush it to 0).
         RuntimeError: q, k or a weight requires grad while grad mode is on (no backward).
     """
     _qk_rmsnorm_impl(q, k, q_weight, k_weight, eps)

@@ -1153,7 +1153,9 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
 
 def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
                                cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float32):
-    """Dense-mask torch reference of :func:`ranker_attention` (any device; float32 or float64 math).
+    """Dense-mask torch reference of :func:`ranker_attention` (any device; the math in ``compute_dtype``:
+    float32 by default, float64 for the tests' reference, or the input dtype for the error a plain
+    torch implementation in that dtype makes, which the tests use as their bar).
 
     Builds the full ``[S, S]`` mask per sequence (:func:`.ranker_mask.dense_mask`, same clamping),
     so it is meant for tests at modest sizes.  Returns ``out`` in ``q.dtype`` (and ``lse`` float32

@@ -65,10 +65,10 @@ def q_block_ranges(hist_lo: int, hist_hi: int, cand_lo: int, cand_hi: int, tile_
 
     The q blocks (``tile_m`` rows) holding a row of the history or of the candidates, as at most two
     disjoint ranges ``(lo1, n1, lo2, n2)``: every such block exactly once, in increasing order."""
-    return _block_ranges(hist_lo, hist_hi, cand_lo, cand_hi, tile_m, int, min, max)
+    return _block_ranges(hist_lo, hist_hi, cand_lo, cand_hi, tile_m, int, max)
 
 
-def _block_ranges(hl, hh, cl, ch, tile_m, as_int, vmin, vmax):
+def _block_ranges(hl, hh, cl, ch, tile_m, as_int, vmax):
     """Branch-free union of the history and candidate q-block ranges (shared by host and device)."""
     h_ne = as_int(hh > hl)
     c_ne = as_int(ch > cl)
@@ -136,8 +136,7 @@ class RankerSegments:
         """Backward: the q blocks whose rows reach a history KV block (rows in the history or the
         candidates), as two disjoint ranges ``(lo1, n1, lo2, n2)``, each block once (see
         :func:`q_block_ranges`).  Candidate-only KV blocks are reached by no q block."""
-        return _block_ranges(self.hist_lo, self.hist_hi, self.cand_lo, self.cand_hi, tile_m, Int32,
-                             cutlass.min, cutlass.max)
+        return _block_ranges(self.hist_lo, self.hist_hi, self.cand_lo, self.cand_hi, tile_m, Int32, cutlass.max)
 
     def tile_active(self, row_lo: Int32, row_hi: Int32) -> Boolean:
         """Does ``[row_lo, row_hi)`` meet the history or the candidates?"""

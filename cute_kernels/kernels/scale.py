@@ -145,7 +145,11 @@ def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def scale_reference(x: torch.Tensor, alpha: float) -> torch.Tensor:
-    """float32 reference of :func:`scale` (any device)."""
+    """float32 reference of :func:`scale`: ``alpha * x`` in float32, rounded to ``x.dtype``.
+
+    ``x``: a tensor of any shape, float dtype and device; ``alpha``: as for :func:`scale` (a real
+    number, finite in float32: ``TypeError`` / ``ValueError`` otherwise)."""
+    check_real("alpha", alpha)
     return (x.float() * alpha).to(x.dtype)
 
 

@@ -59,7 +59,6 @@ class KernelResources:
 # EIATTR codes of the CUDA ELF .nv.info attribute records
 _EIATTR_REGCOUNT = 0x2F
 _EIATTR_FRAME_SIZE = 0x11
-_EIATTR_MAX_STACK_SIZE = 0x23
 
 
 def cubin_resources(cubin: bytes | None) -> list[KernelResources]:
@@ -113,7 +112,7 @@ def cubin_resources(cubin: bytes | None) -> list[KernelResources]:
                     if kname in kernels:
                         if attr == _EIATTR_REGCOUNT:
                             kernels[kname].registers = val
-                        elif attr in (_EIATTR_FRAME_SIZE,):
+                        elif attr == _EIATTR_FRAME_SIZE:
                             kernels[kname].stack_bytes = val
                     pos = payload + sz
                 elif fmt == 0x04:

@@ -106,6 +106,17 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     return v
 
 
+def check_f32_eps(name: str, value) -> float:
+    """An epsilon a kernel takes as float32: a real number (``TypeError`` otherwise), finite in float32,
+    ``>= 0``, and 0 or at least float32's smallest normal ``2**-126`` (``ValueError``: a smaller one
+    would become 0)."""
+    v = check_real(name, value, low=0.0)
+    if 0 < v < 2.0 ** -126:
+        raise ValueError(f"{name}={value!r} is below float32's smallest normal number (1.18e-38): it would "
+                         "become 0; pass 0 or a larger value")
+    return v
+
+
 def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
     """An integer argument (not ``bool``) in ``[low, high]``: ``TypeError`` / ``ValueError`` naming it."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
