@@ -151,10 +151,10 @@ def check_outputs_disjoint(outputs: dict, inputs: dict) -> None:
     """``ValueError`` when an output buffer (a name -> tensor or None) shares memory with another
     output or with an input (conservatively: their byte extents intersect).  Kernels write outputs
     while they read inputs, so an alias gives wrong results, or destroys an input."""
-    named = [(n, t, byte_extent(t)) for n, t in outputs.items() if t is not None]
-    others = named + [(n, t, byte_extent(t)) for n, t in inputs.items() if isinstance(t, torch.Tensor)]
-    for i, (name, _, (a0, a1)) in enumerate(named):
-        for other, _, (b0, b1) in others[i + 1:]:
+    named = [(n, byte_extent(t)) for n, t in outputs.items() if t is not None]
+    others = named + [(n, byte_extent(t)) for n, t in inputs.items() if isinstance(t, torch.Tensor)]
+    for i, (name, (a0, a1)) in enumerate(named):
+        for other, (b0, b1) in others[i + 1:]:
             if a0 < b1 and b0 < a1:
                 raise ValueError(f"{name} shares memory with {other}: output buffers must not overlap "
                                  "each other or any input")
