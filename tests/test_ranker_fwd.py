@@ -167,57 +167,6 @@ def test_config_validate():
         rf.RankerFwdConfig(head_dim=256, tile_n=64, stages=2, persistent=True).validate()
     with pytest.raises(ValueError, match="registers"):
         rf.RankerFwdConfig(head_dim=256, tile_n=256, stages=1).validate()
-    for bad in (-1, 33, 2.0, True):
-        with pytest.raises(ValueError, match="exp2_poly_every"):
-            rf.RankerFwdConfig(exp2_poly_every=bad).validate()
-
-
-def _exp2_poly_model(x):
-    """sm90_helpers.exp2_poly step by step in float32 (numpy), as the PTX computes it."""
-    import numpy as np
-
-    from cute_kernels.kernels.sm90_helpers import EXP2_POLY_VALUES
-
-    c = [np.float32(v) for v in EXP2_POLY_VALUES]
-    x = np.asarray(x, np.float32)
-    xc = np.maximum(x, np.float32(-127))
-    t = (xc + np.float32(12582912.0)).astype(np.float32)
-    f = (xc - (t - np.float32(12582912.0)).astype(np.float32)).astype(np.float32)
-    p = (f * c[4] + c[3]).astype(np.float32)
-    for cc in (c[2], c[1], c[0]):
-        p = (p * f + cc).astype(np.float32)
-    bits = (p.view(np.int32) + (t.view(np.int32) << 23)).astype(np.int32)
-    out = bits.view(np.float32).copy()
-    out[x < -126] = 0
-    return out
-
-
-def test_exp2_polynomial_accuracy_and_constants():
-    import numpy as np
-
-    from cute_kernels.kernels.sm90_helpers import ptx_f32
-
-    assert ptx_f32(1.0) == "0f3F800000" and ptx_f32(-127.0) == "0fC2FE0000"  # the literals exp2_poly uses
-    x = np.linspace(-126, 0, 400001, dtype=np.float32)
-    rel = np.abs(_exp2_poly_model(x) / np.exp2(x.astype(np.float64)) - 1)
-    assert rel.max() < 3e-6
-    assert (_exp2_poly_model(np.array([-np.inf, -1e30, -126.25], np.float32)) == 0).all()  # masked keys: exactly 0
-
-
-def test_exp2_polynomial_config_compiles_with_fewer_mufu_exponentials():
-    import dataclasses
-
-    from cute_kernels.runtime.cache import compile_record
-
-    recs = {}
-    for every in (0, 4):
-        cfg = dataclasses.replace(rf.CONFIGS[64], exp2_poly_every=every)
-        rf._compile(torch.bfloat16, cfg, 1, "none", False)
-        recs[every] = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, "none", False))
-    assert "0f4B400000" in recs[4].ptx and "0f4B400000" not in recs[0].ptx
-    assert not re.search(r"\b(ld|st)\.local", recs[4].ptx), "register spills"
-    if recs[4].sass and recs[0].sass:
-        assert recs[4].sass.count("MUFU.EX2") < recs[0].sass.count("MUFU.EX2")
 
 
 @pytest.mark.parametrize("target", rf.compile_targets(), ids=lambda t: t.label)

@@ -90,10 +90,6 @@ class RankerFwdConfig:
     consumer_regs: int = 240
     intra_wg_overlap: bool = True  # softmax of block n overlaps the PV GEMM of block n+1 (FA3)
     persistent: bool = False  # one CTA per SM looping over tiles (needs its own sO: no aliasing of sQ)
-    # softmax columns c with c % exp2_poly_every == 0 take 2**x from a polynomial on the FMA pipe
-    # (sm90_helpers.exp2_poly) instead of the MUFU; 0: all from the MUFU.  EXPERIMENTAL: compiled and
-    # CPU-tested, not yet run on a GPU (aimed at D=64 and the tanh cap, where the MUFU limits)
-    exp2_poly_every: int = 0
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -111,8 +107,6 @@ class RankerFwdConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [64, 256] (WGMMA N / K)")
         if self.stages < 1 or self.stages > 8:
             raise ValueError(f"stages={self.stages}: must be in [1, 8]")
-        if type(self.exp2_poly_every) is not int or not 0 <= self.exp2_poly_every <= 32:
-            raise ValueError(f"exp2_poly_every={self.exp2_poly_every!r}: must be an int in [0, 32] (0: off)")
         # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs).  A rule of
         # thumb with headroom: at D=128 ptxas fits tile_n=176 (196 of them, refused here) without spills, but it
         # ran 12% slower than 128 on the H200 (bench/results/logs/2026-11-29_s4_ranker_fwd_tune_*), and 192 spills
@@ -601,10 +595,7 @@ class RankerAttentionFwd:
             m_prev = row_max[r]
             row_max[r] = m_cur
             m_safe = 0.0 if m_cur == -Float32.inf else m_cur
-            if const_expr(self.config.exp2_poly_every):
-                p_row = self.exp2_mixed(acc_S_mn, r, scale_log2, m_safe * scale_log2)
-            else:
-                p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
+            p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
             p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             if const_expr(is_first):
                 row_scale[r] = 1.0
@@ -614,19 +605,6 @@ class RankerAttentionFwd:
                 row_sum[r] = row_sum[r] * row_scale[r] + p_sum
             acc_S_mn[r, None].store(p_row)
         return row_scale
-
-    @cute.jit
-    def exp2_mixed(self, acc_S_mn, r, scale_log2, max_scaled):
-        """Row ``r``'s ``2**(s * scale_log2 - max_scaled)``: every ``exp2_poly_every``-th column by the
-        FMA-pipe polynomial, the others by the MUFU; written into ``acc_S_mn`` and returned."""
-        every = self.config.exp2_poly_every
-        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-            x = acc_S_mn[r, c] * scale_log2 - max_scaled
-            if const_expr(c % every == 0):
-                acc_S_mn[r, c] = sm90.exp2_poly(x)
-            else:
-                acc_S_mn[r, c] = cute.arch.exp2(x)
-        return acc_S_mn[r, None].load()
 
     @cute.jit
     def apply_cap(self, acc_S, softmax_scale, cap):

@@ -7,7 +7,6 @@ One definition each, used by the ranker forward and backward and by ``cute_kerne
 
 from __future__ import annotations
 
-import struct
 from typing import Optional
 
 import cutlass
@@ -100,44 +99,3 @@ def wgmma_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr):
         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
-
-
-# 2^f on [-0.5, 0.5], degree 4, fitted for relative error (max 2.7e-6 in float32 Horner form; the
-# MUFU's ex2.approx is ~2.4e-7): coefficients c0 .. c4
-EXP2_POLY_VALUES = (0.999999166, 0.69312197, 0.240249813, 0.0559170395, 0.00956051052)
-
-
-def ptx_f32(value: float) -> str:
-    """``value`` rounded to float32, as a PTX hexadecimal float literal (``0fXXXXXXXX``)."""
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
-
-
-@cute.jit
-def exp2_poly(x: cutlass.Float32) -> cutlass.Float32:
-    """``2**x`` for ``x <= 0`` on the FMA and integer pipes instead of the MUFU: x = n + f with n = round(x)
-    (by adding and subtracting 1.5 * 2**23) and f in [-0.5, 0.5], 2**f by a degree-4 polynomial, then n
-    added to the exponent bits.  ``x < -126`` (and -inf) gives exactly 0.  Relative error <= 3e-6.
-    Meant for a fraction of a softmax's exponentials, so that the MUFU (16 results per clock per SM)
-    is not the bottleneck, as FlashAttention-4 does on Blackwell."""
-    c0, c1, c2, c3, c4 = (ptx_f32(c) for c in EXP2_POLY_VALUES)
-    lowest, zero_below, magic = ptx_f32(-127.0), ptx_f32(-126.0), ptx_f32(1.5 * 2**23)
-    return cute.arch.inline_ptx(
-        "{\n\t.reg .f32 xc, t, r, f, p;\n\t.reg .b32 n, pb;\n\t.reg .pred lo;\n\t"
-        f"max.ftz.f32 xc, {{$r0}}, {lowest};\n\t"  # clamp at -127 (keeps n in range; -inf too)
-        f"add.rn.ftz.f32 t, xc, {magic};\n\t"  # round(xc) lands in t's low mantissa bits
-        f"sub.rn.ftz.f32 r, t, {magic};\n\t"
-        "sub.rn.ftz.f32 f, xc, r;\n\t"
-        f"fma.rn.ftz.f32 p, f, {c4}, {c3};\n\t"
-        f"fma.rn.ftz.f32 p, p, f, {c2};\n\t"
-        f"fma.rn.ftz.f32 p, p, f, {c1};\n\t"
-        f"fma.rn.ftz.f32 p, p, f, {c0};\n\t"
-        "mov.b32 n, t;\n\t"
-        "shl.b32 n, n, 23;\n\t"  # round(xc) << 23 (the bits of 1.5 * 2**23 shift out)
-        "mov.b32 pb, p;\n\t"
-        "add.s32 pb, pb, n;\n\t"
-        f"setp.lt.ftz.f32 lo, {{$r0}}, {zero_below};\n\t"  # below -126 the result would be subnormal: 0
-        "selp.b32 pb, 0, pb, lo;\n\t"
-        "mov.b32 {$w0}, pb;\n\t}\n",
-        write_only_types=[cutlass.Float32],
-        read_only_args=[x],
-    )

@@ -127,22 +127,6 @@ def test_one_tile_per_cta(case):
     _compare(name + " one-tile-per-cta", q, k, v, bounds, cap, capm, config=cfg)
 
 
-@pytest.mark.parametrize("every", [4, 1])
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("headline-small", "d64", "gqa4-tanh", "softsign-fp16",
-                                                                "empty-history", "gap-tiles", "one-row")],
-                         ids=lambda c: c[0])
-def test_exp2_polynomial_columns(case, every):
-    """exp2_poly_every: some (4) or all (1) softmax exponentials from the FMA-pipe polynomial; same
-    bars as the MUFU path, masked keys still exactly 0 (rows with no key: out 0, LSE -inf)."""
-    import dataclasses
-
-    name, b, s, hq, hkv, d, rows, cap, capm, dtype = case
-    q, k, v = _qkv(b, s, hq, hkv, d, dtype)
-    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
-    cfg = dataclasses.replace(rf.CONFIGS[d], exp2_poly_every=every)
-    _compare(f"{name} exp2_poly_every={every}", q, k, v, bounds, cap, capm, config=cfg)
-
-
 def test_persistent_varlen():
     import dataclasses
 
