@@ -1,6 +1,8 @@
 """CPU tests of the TMA + WGMMA hc_mix kernel (issue 7): compile, features, budget, and the accuracy of
 its summation order (float32 emulation vs float64)."""
 
+import re
+
 import pytest
 import torch
 
@@ -143,20 +145,24 @@ def test_squares_read_the_swizzled_vectors_without_bank_conflicts(tile_m):
     assert bank_conflicts(lay, scalars, 2).ratio == 4.0
 
 
-@pytest.mark.parametrize("tile_m", [128, 256])
-def test_two_kernel_form_compiles_without_clusters(tile_m):
-    """cluster_reduce=False: the walk without a cluster (no barrier.cluster, no DSMEM) plus the
-    reduction kernel, both without spills; the workspace covers every (row tile, rank, row)."""
-    cfg = (mod.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False) if tile_m == 128 else
-           mod.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False))
+def test_last_cta_form_compiles_without_clusters():
+    """cluster_reduce=False: one kernel, no cluster (no barrier.cluster, no DSMEM): partials to the
+    workspace after a GPU-scope fence, one acq_rel arrival atomic per CTA, no spills; the workspace
+    covers every (row tile, rank, row); tile_m=256 is refused in this form (it spilled)."""
+    cfg = mod.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False)
     cfg.validate()
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)
-    assert rec.ptx.count(".entry") == 2
+    assert rec.ptx.count(".entry") == 1
     assert "barrier.cluster" not in rec.ptx and "ld.shared::cluster" not in rec.ptx
-    assert all(not r.stack_bytes for r in rec.resources) and len(rec.resources) == 2
-    assert mod.workspace_rows(tile_m + 1, cfg) == 2 * cfg.cluster_k * tile_m
-    assert mod.workspace_rows(tile_m + 1, mod.HcMixTmaConfig()) == 1
+    assert re.search(r"atom\.global\.acq_rel(\.gpu)?\.add\.u32", rec.ptx), "no arrival atomic"
+    assert "fence.acq_rel.gpu" in rec.ptx
+    assert not re.search(r"\b(ld|st)\.local", rec.ptx)
+    assert all(not r.stack_bytes for r in rec.resources) and len(rec.resources) == 1
+    assert mod.workspace_rows(129, cfg) == 2 * cfg.cluster_k * 128
+    assert mod.workspace_rows(129, mod.HcMixTmaConfig()) == 1
+    with pytest.raises(ValueError, match="cluster_reduce=True"):
+        mod.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False).validate()
 
 
 @pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(cluster_reduce=1)])
