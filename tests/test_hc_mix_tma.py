@@ -118,6 +118,32 @@ def test_mix_buffer_is_checked_before_launch(monkeypatch):
         mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=torch.zeros(4, 25))
 
 
+@pytest.mark.parametrize("m", [1, 127, 300])
+@pytest.mark.parametrize("with_mix", [False, True])
+def test_launch_arguments_are_aligned_and_counters_zeroed(m, with_mix):
+    """run_compiled (CPU tensors, the compiled kernel replaced by a recorder): every tensor argument
+    starts 16-byte aligned (the compiled kernel refuses others), the last-CTA form gets one zeroed
+    arrival counter per row tile and a workspace with a row per (row tile, rank, row)."""
+    from cute_kernels.kernels.hc_mix import run_compiled
+
+    for cfg in (mod.config_for(1 << 20), mod.config_for(1)):
+        seen = []
+        x = torch.zeros(m, 128, dtype=torch.bfloat16)
+        s, b = torch.ones(3), torch.zeros(24)
+        mix = torch.zeros(m, 25) if with_mix else None
+        tiles = -(-m // cfg.tile_m)
+        run_compiled(lambda: lambda *a: seen.extend(a), lambda: torch.zeros(72, 128, dtype=torch.bfloat16), x, s, b,
+                     20, 1e-6, 1e-6, mix=mix, workspace_rows=mod.workspace_rows(m, cfg),
+                     counters=0 if cfg.cluster_reduce else tiles)
+        tensors = [a for a in seen if isinstance(a, torch.Tensor)]
+        assert len(tensors) == 10
+        assert all(t.data_ptr() % 16 == 0 for t in tensors), [t.data_ptr() % 16 for t in tensors]
+        part, count = tensors[-2:]
+        assert part.shape == (mod.workspace_rows(m, cfg), 25) and count.dtype == torch.int32
+        if not cfg.cluster_reduce:
+            assert count.numel() >= tiles and (count[:tiles] == 0).all()
+
+
 @pytest.mark.parametrize("tile_m", [128, 256])
 def test_squares_read_the_swizzled_vectors_without_bank_conflicts(tile_m):
     """The squares' index math (vector v of row r at position v ^ (r % 8), stages tile_m * 128 bytes
