@@ -434,18 +434,28 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def reduce_rows(self, mPart, sA, m_block, ctidx):
         """Last-CTA form: the tile's ``cluster_k`` partials summed in rank order (exactly
-        :meth:`cluster_reduce_rows`' order, so the bits match the cluster form) into ``sA``."""
+        :meth:`cluster_reduce_rows`' order, so the bits match the cluster form) into ``sA``.  The
+        full rounds carry no bounds check, so ptxas can issue their L2 loads ahead of the sums."""
         n_items = self.tile_m * SP_COLS
-        for i in cutlass.range_constexpr((n_items + self.num_consumers - 1) // self.num_consumers):
-            item = ctidx + i * self.num_consumers
+        full_rounds = n_items // self.num_consumers
+        for i in cutlass.range_constexpr(full_rounds):
+            self.reduce_item(mPart, sA, m_block, ctidx + i * self.num_consumers)
+        if cutlass.const_expr(n_items % self.num_consumers):
+            item = ctidx + full_rounds * self.num_consumers
             if item < n_items:
-                rr = item // SP_COLS
-                col = item % SP_COLS
-                total = Float32(0.0)
-                for src in cutlass.range_constexpr(self.cluster_k):
-                    total = total + mPart[(m_block * self.cluster_k + src) * self.tile_m + rr, col]
-                sA[rr, col] = total
+                self.reduce_item(mPart, sA, m_block, item)
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
+
+    @cute.jit
+    def reduce_item(self, mPart, sA, m_block, item):
+        """``sA[row, col]`` = the ``cluster_k`` workspace partials of (row, col), summed in rank order."""
+        rr = item // SP_COLS
+        col = item - rr * SP_COLS
+        first = m_block * self.cluster_k * self.tile_m + rr
+        total = Float32(0.0)
+        for src in cutlass.range_constexpr(self.cluster_k):
+            total = total + mPart[first + src * self.tile_m, col]
+        sA[rr, col] = total
 
     @cute.jit
     def cluster_reduce_rows(self, sP, sA, rank, ctidx):
