@@ -23,6 +23,7 @@ TMA_VARIANTS = {
     # K % (128 cluster_k) == 0, else hc_mix_sinkhorn_tma runs them as the plain loop)
     "tma_c8_t256s4": tma.HcMixTmaConfig(tile_m=256, stages=4, consumer_regs=200),
     "tma_c8_ov_2k": tma.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False),
+    "tma_c8_t256_2k": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False),
     "tma_c4_ov": tma.HcMixTmaConfig(cluster_k=4, overlap=True, consumer_regs=160),
     "tma_c4_t256": tma.HcMixTmaConfig(cluster_k=4, tile_m=256, stages=5, consumer_regs=200),
 }

@@ -71,6 +71,7 @@ NAME = "hc_mix_tma"
 ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
+REDUCE_ROWS = 128  # rows (threads) per CTA of the two-kernel form's reduction kernel
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class HcMixTmaConfig:
         partials = self.tile_m * P_COLS * 4  # aliases the x ring when that is large enough
         x_ring = self.stages * self.tile_m * self.tile_k * 2
         totals = (self.tile_m // self.cluster_k) * SP_COLS * 4 if self.cluster_reduce else 0
-        return ring + (0 if partials <= x_ring else partials) + totals + 16 * self.stages + 2048 + 16
+        return ring + (0 if partials <= x_ring else partials) + totals + 16 * self.stages + 2048
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -119,9 +120,6 @@ class HcMixTmaConfig:
         if self.overlap and self.m_atoms != 1:
             raise ValueError("overlap (two accumulators) needs tile_m=128: three 72-column float32 sets per "
                              "thread at tile_m=256 exceed the 240-register limit")
-        if self.tile_m == 256 and not self.cluster_reduce:
-            raise ValueError("tile_m=256 needs cluster_reduce=True: the last-CTA reduction spills registers "
-                             "at tile_m=256 (and 256-row tiles were no faster: see config_for)")
         if self.tile_k != 64:
             raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
         if not 2 <= self.stages <= 8:
@@ -158,11 +156,10 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
                  mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
-                 sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor,
-                 mCount: cute.Tensor, stream):
-        """Launch the walk.  Without ``cluster_reduce``: ``mPart`` ``[ceil(M / tile_m) * cluster_k *
-        tile_m, 25]`` float32 partials and ``mCount`` ``[ceil(M / tile_m)]`` int32 arrival counters,
-        zero at launch (both unused with ``cluster_reduce``)."""
+                 sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor, stream):
+        """Launch the walk (and, without ``cluster_reduce``, the reduction kernel after it on the same
+        stream).  ``mPart``: ``[ceil(M / tile_m) * cluster_k * tile_m, 25]`` float32 workspace of the
+        two-kernel form (unused with ``cluster_reduce``)."""
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
@@ -185,19 +182,22 @@ class HcMixTmaKernel(HcMixKernel):
             sP: cute.struct.Align[cute.struct.MemRange[Float32, 0 if alias else self.tile_m * P_COLS], 16]
             sA: cute.struct.Align[cute.struct.MemRange[
                 Float32, self.rows_per_rank * SP_COLS if self.config.cluster_reduce else 0], 16]
-            arrival: cute.struct.MemRange[Int32, 1]  # the counter value this CTA saw (last-CTA form)
 
         self.shared_storage = SharedStorage
         self.partials_alias_x = alias
         grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
         walk = self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mScale,
-                           mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart, mCount)
+                           mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart)
         if cutlass.const_expr(self.config.cluster_reduce):
             walk.launch(grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1],
                         cluster=[self.cluster_k, 1, 1], stream=stream, min_blocks_per_mp=1)
         else:
             walk.launch(grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
                         min_blocks_per_mp=1)
+            self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
+                               sinkhorn_iters, rms_eps, hc_eps).launch(
+                grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_ROWS, 1, 1],
+                stream=stream)
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
@@ -205,7 +205,7 @@ class HcMixTmaKernel(HcMixKernel):
                tiled_mma: cute.TiledMma, sX_layout: cute.ComposedLayout, sW_layout: cute.ComposedLayout,
                mX: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor, mPost: cute.Tensor,
                mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32,
-               mPart: cute.Tensor, mCount: cute.Tensor):
+               mPart: cute.Tensor):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         rank, m_block, _ = cute.arch.block_idx()  # cluster = (cluster_k, 1, 1): rank in the cluster
@@ -259,15 +259,6 @@ class HcMixTmaKernel(HcMixKernel):
                                   sinkhorn_iters, rms_eps, hc_eps)
         elif tidx >= 128:
             self.store_partials(sP, mPart, m_block, rank, tidx - 128)
-            # the tile's totals overwrite this CTA's partials in sP (already in the workspace)
-            sA = cute.make_tensor(sP.iterator, cute.make_layout((self.tile_m, SP_COLS), stride=(P_COLS, 1)))
-            if self.arrive(mCount, m_block, storage.arrival.get_tensor(cute.make_layout(1)), tidx - 128):
-                self.reduce_rows(mPart, sA, m_block, tidx - 128)
-                if tidx - 128 < self.tile_m:
-                    row = m_block * self.tile_m + tidx - 128
-                    if row < mX.shape[0]:
-                        self.epilogue(sA, tidx - 128, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
-                                      sinkhorn_iters, rms_eps, hc_eps)
 
     # ------------------------------------------------------------------ roles
     @cute.jit
@@ -405,8 +396,8 @@ class HcMixTmaKernel(HcMixKernel):
 
     @cute.jit
     def store_partials(self, sP, mPart, m_block, rank, ctidx):
-        """Last-CTA form: this CTA's 25 partials per row (the values a cluster peer would read over
-        DSMEM) to its slice ``(m_block, rank)`` of the workspace, made visible GPU-wide."""
+        """Two-kernel form: this CTA's 25 partials per row (the values a cluster peer would read over
+        DSMEM) to its slice ``(m_block, rank)`` of the workspace."""
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)  # the pieces are combined
         base = (m_block * self.cluster_k + rank) * self.tile_m
         for i in cutlass.range_constexpr((self.tile_m * SP_COLS + self.num_consumers - 1) // self.num_consumers):
@@ -415,47 +406,29 @@ class HcMixTmaKernel(HcMixKernel):
                 r = item // SP_COLS
                 col = item % SP_COLS
                 mPart[base + r, col] = sP[r, col if col < N_MIX else N_W]
-        cute.arch.fence_acq_rel_gpu()  # each thread's stores before the arrival below (threadfence)
 
-    @cute.jit
-    def arrive(self, mCount, m_block, sArrival, ctidx) -> cutlass.Boolean:
-        """Count this CTA in its row tile's arrival counter (one acq_rel atomic after every consumer's
-        stores); true in the tile's last CTA, which then reads all ``cluster_k`` partials.  Which CTA
-        is last does not matter for the bits: :meth:`reduce_rows` sums in rank order."""
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        if ctidx == 0:
-            sArrival[0] = cute.arch.atomic_add(mCount.iterator + m_block, Int32(1), sem="acq_rel", scope="gpu")
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        last = sArrival[0] == self.cluster_k - 1
-        if last:
-            cute.arch.fence_acq_rel_gpu()  # the peers' partials, seen through thread 0's acquire
-        return last
-
-    @cute.jit
-    def reduce_rows(self, mPart, sA, m_block, ctidx):
-        """Last-CTA form: the tile's ``cluster_k`` partials summed in rank order (exactly
-        :meth:`cluster_reduce_rows`' order, so the bits match the cluster form) into ``sA``.  The
-        full rounds carry no bounds check, so ptxas can issue their L2 loads ahead of the sums."""
-        n_items = self.tile_m * SP_COLS
-        full_rounds = n_items // self.num_consumers
-        for i in cutlass.range_constexpr(full_rounds):
-            self.reduce_item(mPart, sA, m_block, ctidx + i * self.num_consumers)
-        if cutlass.const_expr(n_items % self.num_consumers):
-            item = ctidx + full_rounds * self.num_consumers
-            if item < n_items:
-                self.reduce_item(mPart, sA, m_block, item)
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-
-    @cute.jit
-    def reduce_item(self, mPart, sA, m_block, item):
-        """``sA[row, col]`` = the ``cluster_k`` workspace partials of (row, col), summed in rank order."""
-        rr = item // SP_COLS
-        col = item - rr * SP_COLS
-        first = m_block * self.cluster_k * self.tile_m + rr
-        total = Float32(0.0)
-        for src in cutlass.range_constexpr(self.cluster_k):
-            total = total + mPart[first + src * self.tile_m, col]
-        sA[rr, col] = total
+    @cute.kernel
+    def reduce_kernel(self, mPart: cute.Tensor, m: Int32, k: Int32, mScale: cute.Tensor, mBase: cute.Tensor,
+                      mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
+                      sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
+        """Two-kernel form, second kernel: one thread per row sums the ``cluster_k`` partials in rank
+        order (exactly :meth:`cluster_reduce_rows`' order, so the bits match) and runs the epilogue."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(Float32, cute.make_layout((REDUCE_ROWS, SP_COLS), stride=(SP_COLS, 1)),
+                                  byte_alignment=16)
+        row = bidx * REDUCE_ROWS + tidx
+        if row < m:
+            m_block = row // self.tile_m
+            rr = row - m_block * self.tile_m
+            for col in cutlass.range_constexpr(SP_COLS):
+                total = Float32(0.0)
+                for src in cutlass.range_constexpr(self.cluster_k):
+                    total = total + mPart[(m_block * self.cluster_k + src) * self.tile_m + rr, col]
+                sA[tidx, col] = total
+            self.epilogue(sA, tidx, row, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps,
+                          hc_eps)
 
     @cute.jit
     def cluster_reduce_rows(self, sP, sA, rank, ctidx):
@@ -503,8 +476,7 @@ def _compile(config: HcMixTmaConfig):
     def build():
         args = fake_launch_args(pieces=True)
         part = fake_tensor(torch.float32, (cute.sym_int(), SP_COLS), stride=(SP_COLS, 1))
-        count = fake_tensor(torch.int32, (cute.sym_int(),), stride=(1,))
-        return HcMixTmaKernel(config), args[:-1] + (part, count, args[-1])  # workspace, counters, stream
+        return HcMixTmaKernel(config), args[:-1] + (part, args[-1])  # the workspace goes before the stream
 
     return compile_cached(NAME, config, build)
 
@@ -552,8 +524,7 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
     cfg = _launch_config(config or config_for(x.shape[0]), x.shape[1], mix is not None)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
-                        rms_eps, hc_eps, mix=mix, workspace_rows=workspace_rows(x.shape[0], cfg),
-                        counters=0 if cfg.cluster_reduce else -(-x.shape[0] // cfg.tile_m))
+                        rms_eps, hc_eps, mix=mix, workspace_rows=workspace_rows(x.shape[0], cfg))
 
 
 def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | None = None) -> torch.Tensor:

@@ -2,9 +2,8 @@
 
 Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_hc_mix.py
 
-Both methods; for "tma" the cluster form and the last-CTA form (workspace, arrival counters, the
-last CTA of a row tile reduces), paired and plain k loops, with an uneven k-tile split (K = 7232) and
-a ragged last row tile.
+Both methods; for "tma" the cluster form, the two-kernel form (workspace + reduction kernel) and
+256-row tiles, with an uneven k-tile split (K = 7232) and a ragged last row tile.
 """
 import torch
 
@@ -21,7 +20,7 @@ for m, k in ((5, 192), (130, 7232)):
     outs = [cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)]
     for cfg in (tma.HcMixTmaConfig(overlap=True, consumer_regs=160),
                 tma.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False),
-                tma.HcMixTmaConfig(cluster_reduce=False)):
+                tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False)):
         mix = torch.empty(m, 25, device="cuda")
         outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix))
     for out in outs:

@@ -195,7 +195,7 @@ def test_tma_kernel_is_batch_invariant():
 
 
 def test_tma_kernel_tiles_give_the_same_bits():
-    """config_for switches between the cluster and last-CTA forms with M, and the tile, stage and
+    """config_for switches between the cluster and two-kernel forms with M, and the tile, stage and
     overlap choices must not matter either: all give the same bits (batch invariance across the
     switch).  K = 7232 (113 k tiles: uneven per CTA) takes overlap's fallback, the plain loop."""
     from cute_kernels.kernels import hc_mix_tma as tma
@@ -203,10 +203,10 @@ def test_tma_kernel_tiles_give_the_same_bits():
     for k in (20480, 7232):
         x, hc_fn, hc_scale, hc_base = _inputs(300, k, seed=11)
         mixes = []
-        last_cta = dict(cluster_reduce=False)
+        two_kernel = dict(cluster_reduce=False)
         for cfg in (tma.HcMixTmaConfig(), tma.config_for(1), tma.config_for(1 << 20),
-                    tma.HcMixTmaConfig(stages=3), tma.HcMixTmaConfig(overlap=True, consumer_regs=160, **last_cta),
-                    tma.HcMixTmaConfig(**last_cta), tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200)):
+                    tma.HcMixTmaConfig(stages=3), tma.HcMixTmaConfig(overlap=True, consumer_regs=160, **two_kernel),
+                    tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, **two_kernel)):
             mix = torch.full((300, mod.SP_COLS), float("nan"), device="cuda")
             tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
             mixes.append(mix)
