@@ -116,6 +116,28 @@ def test_mix_buffer_is_checked_before_launch(monkeypatch):
         mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=torch.zeros(4, 25))
 
 
+@pytest.mark.parametrize("m", [1, 127, 300])
+@pytest.mark.parametrize("with_mix", [False, True])
+def test_launch_arguments_are_aligned(m, with_mix):
+    """run_compiled (CPU tensors, the compiled kernel replaced by a recorder): every tensor argument
+    starts 16-byte aligned (the compiled kernel refuses others) and the two-kernel form's workspace has
+    a row per (row tile, rank, row), covering every row the reduction kernel reads."""
+    from cute_kernels.kernels.hc_mix import run_compiled
+
+    for cfg in (mod.config_for(1 << 20), mod.config_for(1)):
+        seen = []
+        x = torch.zeros(m, 128, dtype=torch.bfloat16)
+        mix = torch.zeros(m, 25) if with_mix else None
+        run_compiled(lambda: lambda *a: seen.extend(a), lambda: torch.zeros(72, 128, dtype=torch.bfloat16), x,
+                     torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, mix=mix, workspace_rows=mod.workspace_rows(m, cfg))
+        tensors = [a for a in seen if isinstance(a, torch.Tensor)]
+        assert len(tensors) == 9 and all(t.data_ptr() % 16 == 0 for t in tensors)
+        assert tensors[-1].shape == (mod.workspace_rows(m, cfg), 25)
+        if not cfg.cluster_reduce:  # the reduction reads rows up to ceil(m / REDUCE_ROWS) * REDUCE_ROWS
+            reduce_rows = -(-m // mod.REDUCE_ROWS) * mod.REDUCE_ROWS
+            assert tensors[-1].shape[0] >= ((reduce_rows - 1) // cfg.tile_m + 1) * cfg.cluster_k * cfg.tile_m
+
+
 @pytest.mark.parametrize("tile_m", [128, 256])
 def test_squares_read_the_swizzled_vectors_without_bank_conflicts(tile_m):
     """The squares' index math (vector v of row r at position v ^ (r % 8), stages tile_m * 128 bytes

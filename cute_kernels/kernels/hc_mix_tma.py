@@ -71,7 +71,8 @@ NAME = "hc_mix_tma"
 ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
-REDUCE_ROWS = 128  # rows (threads) per CTA of the two-kernel form's reduction kernel
+REDUCE_ROWS = 32  # rows per CTA of the two-kernel form's reduction kernel (divides every tile_m)
+REDUCE_THREADS = 256  # its threads: 800 (row, column) sums, ~3 per thread, their 8 loads each in flight at once
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class HcMixTmaKernel(HcMixKernel):
                         min_blocks_per_mp=1)
             self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
                                sinkhorn_iters, rms_eps, hc_eps).launch(
-                grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_ROWS, 1, 1],
+                grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_THREADS, 1, 1],
                 stream=stream)
 
     # ------------------------------------------------------------------ kernel
@@ -411,24 +412,44 @@ class HcMixTmaKernel(HcMixKernel):
     def reduce_kernel(self, mPart: cute.Tensor, m: Int32, k: Int32, mScale: cute.Tensor, mBase: cute.Tensor,
                       mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
                       sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
-        """Two-kernel form, second kernel: one thread per row sums the ``cluster_k`` partials in rank
-        order (exactly :meth:`cluster_reduce_rows`' order, so the bits match) and runs the epilogue."""
+        """Two-kernel form, second kernel: each CTA takes :data:`REDUCE_ROWS` rows, sums the
+        ``cluster_k`` partials of each (row, column) in rank order (exactly
+        :meth:`cluster_reduce_rows`' order, so the bits match), then one thread per row runs the
+        epilogue.  The loads from L2 set this kernel's time, so the (row, column) sums are spread over
+        all the CTA's threads, and the full rounds carry no bounds check (rows past M, up to the last
+        row tile's end, have zero partials in the workspace) so ptxas can issue their loads together."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         sA = smem.allocate_tensor(Float32, cute.make_layout((REDUCE_ROWS, SP_COLS), stride=(SP_COLS, 1)),
                                   byte_alignment=16)
-        row = bidx * REDUCE_ROWS + tidx
-        if row < m:
-            m_block = row // self.tile_m
-            rr = row - m_block * self.tile_m
-            for col in cutlass.range_constexpr(SP_COLS):
-                total = Float32(0.0)
-                for src in cutlass.range_constexpr(self.cluster_k):
-                    total = total + mPart[(m_block * self.cluster_k + src) * self.tile_m + rr, col]
-                sA[tidx, col] = total
-            self.epilogue(sA, tidx, row, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps,
-                          hc_eps)
+        row0 = bidx * REDUCE_ROWS
+        n_items = REDUCE_ROWS * SP_COLS
+        full_rounds = n_items // REDUCE_THREADS
+        for i in cutlass.range_constexpr(full_rounds):
+            self.reduce_item(mPart, sA, row0, tidx + i * REDUCE_THREADS)
+        if cutlass.const_expr(n_items % REDUCE_THREADS):
+            item = tidx + full_rounds * REDUCE_THREADS
+            if item < n_items:
+                self.reduce_item(mPart, sA, row0, item)
+        cute.arch.sync_threads()
+        if tidx < REDUCE_ROWS and row0 + tidx < m:
+            self.epilogue(sA, tidx, row0 + tidx, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters,
+                          rms_eps, hc_eps)
+
+    @cute.jit
+    def reduce_item(self, mPart, sA, row0, item):
+        """``sA[r, col]`` = the ``cluster_k`` workspace partials of row ``row0 + r``, column ``col``
+        (``item = r * 25 + col``), summed in rank order."""
+        r = item // SP_COLS
+        col = item - r * SP_COLS
+        row = row0 + r
+        m_block = row // self.tile_m
+        first = m_block * self.cluster_k * self.tile_m + (row - m_block * self.tile_m)
+        total = Float32(0.0)
+        for src in cutlass.range_constexpr(self.cluster_k):
+            total = total + mPart[first + src * self.tile_m, col]
+        sA[r, col] = total
 
     @cute.jit
     def cluster_reduce_rows(self, sP, sA, rank, ctidx):
