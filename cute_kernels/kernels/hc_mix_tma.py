@@ -32,10 +32,14 @@ Reduction order: fixed by (cluster rank, k tile, column), independent of M, of `
 and ``overlap`` (bitwise equal on the H200), so :func:`config_for` may change the tile with M and each
 row's bits stay the same for every M (batch invariant).  ``cluster_k`` is part of the order.
 
-Measured (H200, CUDA graph, K = 20480, us; bench/results/logs/2026-11-29_s4_hc_mix_sweep.jsonl),
-cluster form (overlap) / two-kernel form (overlap) / walk kernel: M = 128: 21.5 / 25.9 / 13.1;
-512: 21.7 / 26.3 / 23.5; 1024: 22.5 / 27.7 / 38.6; 2048: 47.8 / 35.0 / 60.7; 4096: 74.3 / 60.1 /
-103.8 (split-K Triton 173.7; floor 40); 16384: 230 / 193 / 382.
+Measured (H200, K = 20480, us; GPU kernel times from CUPTI, session 5,
+bench/results/logs/2026-11-29_s5_hc_mix_kernel_times_reduce32.json), cluster form (overlap) /
+two-kernel form (overlap: walk + reduction): M = 128: 20.8 / 16.8 + 4.2; 1024: 22.0 / 18.0 + 4.6;
+2048: 47.4 / 25.4 + 4.7; 4096: 74.1 / 48.8 + 6.0; 16384: 229 / 180 + 7.8.  End to end in a CUDA
+graph (bench/results/2026-11-29_h200_hc_mix_s5.md, config_for's choice): 21.8 at M = 128, 55.8 at
+4096 (split-K Triton 173.7, walk kernel 104.0; floor 40), 190 at 16384.  Folding the reduction into
+the walk (the last CTA of a row tile, found by an arrival counter, reduces) measured 67.5 at 4096:
+slower, reverted.
 What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile (with the math removed the TMA
 ring alone moves a tile in 0.15 us; the t256/t128 time ratio matches their shared-memory traffic
 ratio), and the cluster form steps up in waves of about 14 co-resident 8-CTA clusters (64 -> 128
@@ -471,10 +475,11 @@ class HcMixTmaKernel(HcMixKernel):
 
 # Measured on the H200 (K = 20480): a cluster walks its k tiles in ~23 us (128-row tiles, overlap) and
 # the cluster form steps up in waves of ACTIVE_CLUSTERS 8-CTA clusters (64 -> 128 CTAs doubles the time;
-# 14 is inferred from those steps, not queried from the driver).  Within one wave the cluster form is
-# fastest (M = 1024: 22.5 us vs 27.7 two-kernel); beyond it the two-kernel form is (M = 2048: 35.0 vs
-# 47.8; 4096: 60.1 vs 74.3; 16384: 193 vs 230; 256-row tiles are no faster in either form:
-# bench/results/logs/2026-11-29_s4_hc_mix_sweep.jsonl).
+# 14 is inferred from those steps, not queried from the driver).  Within one wave the two forms are
+# level (kernel times, M = 1024: 22.0 us cluster vs 18.0 + 4.6 two-kernel); beyond it the two-kernel
+# form is faster (M = 2048: 30.1 vs 47.4; 4096: 54.8 vs 74.1; 16384: 188 vs 229; session 5,
+# bench/results/logs/2026-11-29_s5_hc_mix_kernel_times_reduce32.json; 256-row tiles were no faster in
+# either form: bench/results/logs/2026-11-29_s4_hc_mix_sweep.jsonl).
 ACTIVE_CLUSTERS = 14
 
 
