@@ -142,13 +142,21 @@ class RankerBwdConfig:
 
 
 # D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers).
-# D=64: the same.  128 q rows per step measured faster without a cap (H200, 2026-11-29, B=4 4096+512
-# H16: 1706 us vs 1848 us; bench/results/2026-11-29_h200_ranker_bwd_s2.md) but its soft_sign mainloop
-# spills (152 B of stack at the 168-register launch bound), so it is not the default.
+# D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
+# 2026-11-29, B=4 4096+512 H16: 1706 us vs 1848 us; bench/results/2026-11-29_h200_ranker_bwd_s2.md),
+# while with a cap its mainloop spills (120-176 B of stack at the 168-register launch bound).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2),
 }
+D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2)
+
+
+def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
+    """The shipped mainloop config for ``head_dim`` (64 or 128; ``KeyError`` otherwise) with or without
+    a logit cap: :data:`CONFIGS` [head_dim], except :data:`D64_UNCAPPED` (128 q rows per step) at D=64
+    without a cap."""
+    return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
 
 
 @cute.jit
@@ -682,19 +690,23 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
 
 
 def compile_targets() -> list[CompileTarget]:
-    """Shipped mainloop configs: bf16 D=128 (MHA no cap / tanh, GQA 4), D=64 soft_sign, varlen, the
-    deterministic mode (GQA varlen tanh); plus the pre/postprocess kernels at D=128."""
+    """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4), D=64
+    soft_sign and no cap (GQA 2, also deterministic), varlen, the deterministic mode (GQA varlen tanh);
+    plus the pre/postprocess kernels at D=128."""
     cases = [
         (torch.bfloat16, 128, 1, "none", False),
         (torch.bfloat16, 128, 1, "tanh", False),
         (torch.bfloat16, 128, 4, "none", False),
         (torch.bfloat16, 64, 1, "soft_sign", False),
+        (torch.bfloat16, 64, 2, "none", False),
+        (torch.bfloat16, 64, 2, "none", False, True),
         (torch.bfloat16, 128, 1, "none", True),
         (torch.bfloat16, 128, 4, "tanh", True, True),  # deterministic mode
     ]
     out = []
     for dtype, d, g, capm, varlen, *det in cases:
-        cfg = CONFIGS[d] if not det else dataclasses.replace(CONFIGS[d], deterministic=True)
+        cfg = config_for(d, capm != "none")
+        cfg = dataclasses.replace(cfg, deterministic=True) if det else cfg
         label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}"
         out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
@@ -786,7 +798,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         dq, dk, dv: optional output buffers (like q, k, v: same dtype, shape and device, contiguous,
             sharing no memory with each other or any input; tests pass NaN-poisoned ones).  Varlen
             calls zero them whole before the launches.
-        config: None or a :class:`RankerBwdConfig` (default ``CONFIGS[D]``).
+        config: None or a :class:`RankerBwdConfig` (default :func:`config_for` (D, cap is not None)).
         deterministic: a bool.
     Returns:
         ``(dq, dk, dv)`` shaped and typed like ``q, k, v``.  Float32 accumulation throughout (dQ in a
@@ -808,7 +820,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     varlen, nb, seq, hq, hkv, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap,
                                                      cap_method, cu_seqlens, max_seqlen, dq=dq, dk=dk, dv=dv,
                                                      config=config, deterministic=deterministic)
-    cfg = config or CONFIGS[d]
+    cfg = config or config_for(d, cap is not None)
     if deterministic and not cfg.deterministic:
         import dataclasses
 
@@ -953,14 +965,15 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
             impls.append(("cute_kernels_deterministic", lambda: ranker_attention_backward(
                 q, k, v, o, lse, do, bounds, cap=cap, deterministic=True)))
         if "variants" in spec:  # other tile shapes / stage counts that validate
-            for tag, kw in (("stages3", dict(stages=3)), ("tile_m128", dict(tile_m=128)),
+            shipped = config_for(d, cap is not None)
+            for tag, kw in (("stages3", dict(stages=3)), ("tile_m64", dict(tile_m=64)), ("tile_m128", dict(tile_m=128)),
                             ("tile_m128_stages1", dict(tile_m=128, stages=1))):
                 try:
-                    cfg = dataclasses.replace(CONFIGS[d], **kw)
+                    cfg = dataclasses.replace(shipped, **kw)
                     cfg.validate()
                 except ValueError:
                     continue
-                if cfg != CONFIGS[d]:
+                if cfg != shipped:
                     impls.append((f"cute_kernels_{tag}", lambda cfg=cfg: ranker_attention_backward(
                         q, k, v, o, lse, do, bounds, cap=cap, config=cfg)))
         if peers_mod is not None and time.time() - t_start < peer_budget_s:

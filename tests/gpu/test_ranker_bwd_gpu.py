@@ -52,6 +52,7 @@ def _compare(name, q, k, v, do, bounds, cap=None, cap_method="tanh", cu_seqlens=
 CASES = [  # name, B, S, Hq, Hkv, D, bounds, cap, cap_method, dtype
     ("headline-small", 2, 700, 4, 4, 128, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.bfloat16),
     ("d64", 2, 700, 4, 4, 64, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.bfloat16),
+    ("gqa2-d64-odd", 2, 389, 4, 2, 64, [[7, 263, 263, 389], [0, 129, 129, 257]], None, "tanh", torch.bfloat16),
     ("gqa4-tanh", 2, 333, 8, 2, 128, [[0, 200, 200, 333], [5, 129, 130, 300]], 30.0, "tanh", torch.bfloat16),
     ("gqa2-d64-softsign", 1, 301, 4, 2, 64, [[0, 250, 250, 301]], 5.0, "soft_sign", torch.bfloat16),
     ("softsign-fp16", 1, 300, 2, 1, 128, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16),
@@ -85,7 +86,7 @@ def test_softmax_scale():
     _compare("scale-cap", q, k, v, do, bounds, cap=10.0, scale=0.2)
 
 
-@pytest.mark.parametrize("d,hq,hkv,cap", [(128, 2, 2, None), (64, 4, 2, 20.0), (128, 4, 1, None)])
+@pytest.mark.parametrize("d,hq,hkv,cap", [(128, 2, 2, None), (64, 4, 2, 20.0), (64, 4, 2, None), (128, 4, 1, None)])
 def test_varlen(d, hq, hkv, cap):
     lens = [100, 0, 333, 64, 1]
     rows = [[0, 70, 70, 100], [0, 0, 0, 0], [3, 200, 200, 333], [0, 64, 64, 64], [0, 0, 0, 1]]
@@ -127,6 +128,29 @@ def test_deterministic_mode(hq, hkv, varlen):
             assert torch.equal(a, b)
     cfg = rb.dataclasses.replace(rb.CONFIGS[128], deterministic=True)
     _compare("deterministic", q, k, v, do, bounds, cap=20.0, cu_seqlens=cu, config=cfg)
+
+
+@pytest.mark.parametrize("hq,hkv,varlen", [(4, 4, False), (4, 2, True)])
+def test_deterministic_mode_d64_uncapped(hq, hkv, varlen):
+    """D=64 without a cap runs config_for's 128-row q tiles (rb.D64_UNCAPPED): the deterministic mode
+    there gives the same bits on every run and is right."""
+    assert rb.config_for(64, False).tile_m == 128
+    if varlen:
+        cu = torch.tensor([0, 300, 700], device="cuda", dtype=torch.int32)
+        q, k, v, do = _tensors((700, hq, 64), (700, hkv, 64), seed=7)
+        bounds = torch.tensor([[0, 250, 250, 300], [5, 300, 310, 400]], device="cuda", dtype=torch.int32)
+    else:
+        cu = None
+        q, k, v, do = _tensors((2, 600, hq, 64), (2, 600, hkv, 64), seed=7)
+        bounds = torch.tensor([[0, 500, 500, 600], [30, 333, 340, 590]], device="cuda", dtype=torch.int32)
+    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, cu_seqlens=cu)
+    runs = [rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cu_seqlens=cu, deterministic=True)
+            for _ in range(3)]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    cfg = rb.dataclasses.replace(rb.D64_UNCAPPED, deterministic=True)
+    _compare("deterministic-d64", q, k, v, do, bounds, cu_seqlens=cu, config=cfg)
 
 
 def test_autograd_and_compile():
