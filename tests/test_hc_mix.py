@@ -256,7 +256,7 @@ def test_cached_validation_rechecks_alignment_and_scalar_types(monkeypatch):
     the pointer-alignment check, and a bool where an int was cached is still refused."""
     full = mod._validate
     monkeypatch.setattr(mod, "_validate", lambda *a, **kw: full(*a, **kw, cuda=False))
-    monkeypatch.setattr(mod, "_VALIDATED", set())
+    monkeypatch.setattr(mod, "_VALIDATED", {})
     k = 128
     base = torch.zeros(2 * k + 8, dtype=torch.bfloat16)
     aligned = base.as_strided((2, k), (k, 1), 0)

@@ -84,3 +84,26 @@ def test_sparse_tensors_get_a_clear_error():
 
     with pytest.raises(TypeError, match="dense"):
         check_tensor("x", torch.eye(4).to_sparse_csr(), cuda=False)
+
+
+def test_validated_once_keys_on_signature_and_rechecks_alignment():
+    """check() runs once per signature (shapes, strides, dtype, device, scalar types and values); a hit
+    still needs aligned(); scalars of another type (True vs 1) or non-tensors are checked in full."""
+    from cute_kernels.runtime.validate import validated_once
+
+    memo, calls = {}, []
+
+    def check(result="ok"):
+        calls.append(result)
+        return result
+
+    t = torch.zeros(4, 8)
+    assert validated_once(memo, (t,), (1,), lambda: True, check) == "ok" and len(calls) == 1
+    assert validated_once(memo, (torch.ones(4, 8),), (1,), lambda: True, check) == "ok" and len(calls) == 1
+    validated_once(memo, (t,), (1,), lambda: False, check)  # misaligned pointer: full check again
+    validated_once(memo, (t,), (True,), lambda: True, check)  # bool is not int here
+    validated_once(memo, (t.t(),), (1,), lambda: True, check)  # other strides
+    assert len(calls) == 4
+    validated_once(memo, ("not a tensor",), (1,), lambda: True, check)
+    validated_once(memo, (t,), ([1],), lambda: True, check)  # unhashable scalar
+    assert len(calls) == 6 and len(memo) == 3

@@ -79,7 +79,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_f32_eps, check_int, check_real, check_same_device, check_tensor, signature
+from ..runtime.validate import check_f32_eps, check_int, check_same_device, check_tensor, validated_once
 
 NAME = "hc_mix"
 HC = 4  # hc_mult
@@ -579,25 +579,16 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
         raise ValueError(f"x has {x.shape[0]} rows; at most {65535 * 16} supported")
 
 
-_VALIDATED: set = set()  # argument signatures (shapes, strides, dtypes, devices, scalars) _validate accepted
+_VALIDATED: dict = {}  # argument signature (shapes, strides, dtypes, devices, scalars) -> None (accepted)
 
 
 def _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps) -> None:
-    """:func:`_validate` once per argument signature (about 12 us of host time per call otherwise);
-    later calls only re-check what a signature does not fix: the alignment of the data pointers."""
-    try:
-        # scalar types are part of the key: True == 1 == 1.0 hash alike, but bool is rejected
-        key = (signature(x), signature(hc_fn), signature(hc_scale), signature(hc_base), type(sinkhorn_iters),
-               sinkhorn_iters, type(rms_eps), rms_eps, type(hc_eps), hc_eps)
-        hit = key in _VALIDATED
-    except (AttributeError, TypeError):  # not tensors / unhashable scalars: the full check says why
-        key, hit = None, False
-    if hit and not (x.data_ptr() % 16 or hc_fn.data_ptr() % 16 or hc_scale.data_ptr() % 4
-                    or hc_base.data_ptr() % 4):
-        return
-    _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
-    if key is not None and len(_VALIDATED) < 4096:
-        _VALIDATED.add(key)
+    """:func:`_validate` once per argument signature (:func:`~cute_kernels.runtime.validate.validated_once`);
+    later calls only re-check the alignment of the data pointers."""
+    validated_once(_VALIDATED, (x, hc_fn, hc_scale, hc_base), (sinkhorn_iters, rms_eps, hc_eps),
+                   lambda: not (x.data_ptr() % 16 or hc_fn.data_ptr() % 16 or hc_scale.data_ptr() % 4
+                                or hc_base.data_ptr() % 4),
+                   lambda: _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps))
 
 
 def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_same_device, check_tensor, F32_MAX, check_int, check_real, signature
+from ..runtime.validate import check_same_device, check_tensor, F32_MAX, check_int, check_real, validated_once
 from ..tuning import register_memo, tuned_config
 from . import sm90_helpers as sm90
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -901,24 +901,13 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
 
 
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
-    """:func:`_validate` once per argument signature; later calls only re-check what a signature
-    does not fix (the 16-byte alignment of the data pointers).  Keeps host overhead low.  The
-    values of ``cu_seqlens`` change between calls of one signature: :func:`_ranker_impl` checks
-    them on every call, never through this cache."""
-    try:
-        # scalar types are part of the key: True == 1 == 1.0 hash alike, but bool is rejected
-        key = (signature(q), signature(k), signature(v), signature(bounds), signature(cu_seqlens),
-               type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method,
-               type(max_seqlen), max_seqlen)
-        hit = _VALIDATED.get(key)
-    except (AttributeError, TypeError):  # not tensors / unhashable scalars: the full check says why
-        key, hit = None, None
-    if hit is not None and not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16):
-        return hit
-    res = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
-    if key is not None and len(_VALIDATED) < 4096:
-        _VALIDATED[key] = res
-    return res
+    """:func:`_validate` once per argument signature
+    (:func:`~cute_kernels.runtime.validate.validated_once`); later calls only re-check the 16-byte
+    alignment of the data pointers.  The values of ``cu_seqlens`` change between calls of one
+    signature: :func:`_ranker_impl` checks them on every call, never through this cache."""
+    return validated_once(_VALIDATED, (q, k, v, bounds, cu_seqlens), (softmax_scale, cap, cap_method, max_seqlen),
+                          lambda: not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16),
+                          lambda: _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen))
 
 
 def _sm_count(device) -> int:

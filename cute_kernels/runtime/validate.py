@@ -138,6 +138,30 @@ def signature(t) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
+MEMO_LIMIT = 4096  # signatures kept per memo (later ones are checked in full on every call)
+_MISS = object()
+
+
+def validated_once(memo: dict, tensors: tuple, scalars: tuple, aligned, check):
+    """``check()`` once per argument signature, its result kept in ``memo``: the :func:`signature` of
+    each of ``tensors`` plus the type and value of each of ``scalars`` (types too: ``True == 1 == 1.0``
+    hash alike, but a bool may be refused where an int is not).  A later call with the same signature
+    returns the kept result when ``aligned()`` (what a signature does not fix: the data pointers'
+    alignment) holds, and runs ``check()`` again otherwise.  Non-tensor or unhashable arguments are
+    never kept: ``check()`` runs and says what is wrong.  Saves ~10 us of host time per eager call."""
+    try:
+        key = tuple(signature(t) for t in tensors) + tuple((type(s), s) for s in scalars)
+        hit = memo.get(key, _MISS)
+    except (AttributeError, TypeError):
+        key, hit = None, _MISS
+    if hit is not _MISS and aligned():
+        return hit
+    result = check()
+    if key is not None and len(memo) < MEMO_LIMIT:
+        memo[key] = result
+    return result
+
+
 def byte_extent(t: torch.Tensor) -> tuple[int, int]:
     """``[first, last + 1)`` bytes of memory that tensor ``t`` can touch (empty for no elements)."""
     start = t.data_ptr()
