@@ -79,11 +79,36 @@ def test_check_int():
         check_int("n", 2**31)
 
 
-def test_sparse_tensors_get_a_clear_error():
+def _strideless():
+    """Tensors with no strides: sparse CSR and COO, and a nested tensor (whose layout reads strided)."""
+    nested = torch.nested.nested_tensor([torch.zeros(2, 128), torch.zeros(3, 128)]).bfloat16()
+    return [torch.zeros(4, 128).to_sparse_csr().bfloat16(), torch.zeros(4, 128).to_sparse().bfloat16(), nested]
+
+
+def test_sparse_and_nested_tensors_get_a_clear_error():
     from cute_kernels.runtime.validate import check_tensor
 
-    with pytest.raises(TypeError, match="dense"):
-        check_tensor("x", torch.eye(4).to_sparse_csr(), cuda=False)
+    for t in _strideless():
+        with pytest.raises(TypeError, match="dense"):
+            check_tensor("x", t, cuda=False)
+
+
+def test_public_ops_refuse_strideless_tensors_with_a_type_error():
+    """Through every public op (their signature memos and fast paths touch strides before the full
+    check): a TypeError, never torch's RuntimeError about missing strides."""
+    import cute_kernels as ck
+
+    w = torch.ones(128, dtype=torch.bfloat16)
+    bounds = torch.zeros(1, 4, dtype=torch.int32)
+    for t in _strideless():
+        calls = [lambda: ck.hc_mix_sinkhorn(t, torch.zeros(24, 128), torch.ones(3), torch.zeros(24)),
+                 lambda: ck.hc_mix_sinkhorn(t, torch.zeros(24, 128), torch.ones(3), torch.zeros(24), method="tma"),
+                 lambda: ck.ranker_attention(t, t, t, bounds),
+                 lambda: ck.qk_rmsnorm_(t, t, w, w, 1e-6),
+                 lambda: ck.scale(t, 2.0)]
+        for call in calls:
+            with pytest.raises(TypeError, match="dense"):
+                call()
 
 
 def test_validated_once_keys_on_signature_and_rechecks_alignment():

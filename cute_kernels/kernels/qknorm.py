@@ -500,7 +500,7 @@ def args_look_valid(q, k, q_weight, k_weight, eps) -> bool:
                                                           == k_weight.get_device()):
             return False  # (first call on a device: the slow path checks it is a Hopper GPU)
         return (type(eps) is float or type(eps) is int) and (eps == 0 or 2.0 ** -126 <= eps <= F32_MAX)  # not bool
-    except (AttributeError, ValueError, TypeError):
+    except (AttributeError, ValueError, TypeError, RuntimeError):  # (RuntimeError: sparse / nested: no strides)
         return False
 
 

@@ -43,8 +43,9 @@ def check_tensor(
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.layout != torch.strided or t.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got "
+                        f"{'a nested tensor' if t.is_nested else f'layout {t.layout}'}")
     if dtypes is not None:
         dtypes = tuple(dtypes)
         if t.dtype not in dtypes:
@@ -147,12 +148,12 @@ def validated_once(memo: dict, tensors: tuple, scalars: tuple, aligned, check):
     each of ``tensors`` plus the type and value of each of ``scalars`` (types too: ``True == 1 == 1.0``
     hash alike, but a bool may be refused where an int is not).  A later call with the same signature
     returns the kept result when ``aligned()`` (what a signature does not fix: the data pointers'
-    alignment) holds, and runs ``check()`` again otherwise.  Non-tensor or unhashable arguments are
-    never kept: ``check()`` runs and says what is wrong.  Saves ~10 us of host time per eager call."""
+    alignment) holds, and runs ``check()`` again otherwise.  Non-tensor, strideless (sparse, nested)
+    or unhashable arguments are never kept: ``check()`` runs and says what is wrong.  Saves ~10 us of host time per eager call."""
     try:
         key = tuple(signature(t) for t in tensors) + tuple((type(s), s) for s in scalars)
         hit = memo.get(key, _MISS)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):  # (sparse / nested tensors have no strides)
         key, hit = None, _MISS
     if hit is not _MISS and aligned():
         return hit
