@@ -53,10 +53,14 @@ def _ranker_fwd_configs(mod) -> dict:
 
 
 def _ranker_bwd_configs(mod) -> dict:
+    """What ``ranker_bwd.config_for`` ships per head dim, split by cap where the choice depends on it."""
     out = {}
-    for d, cfg in sorted(mod.CONFIGS.items()):
-        out[f"head_dim={d}"] = cfg
-        out[f"head_dim={d} deterministic"] = dataclasses.replace(cfg, deterministic=True)
+    for d in sorted(mod.CONFIGS):
+        plain, capped = mod.config_for(d, False), mod.config_for(d, True)
+        for label, cfg in ([(f"head_dim={d}", plain)] if plain == capped else
+                           [(f"head_dim={d} no cap", plain), (f"head_dim={d} cap", capped)]):
+            out[label] = cfg
+            out[f"{label} deterministic"] = dataclasses.replace(cfg, deterministic=True)
     return out
 
 

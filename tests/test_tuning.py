@@ -365,9 +365,15 @@ def test_concurrent_writers_keep_every_entry(cache):
 
 
 def test_shipped_configs_of_the_backward_are_per_head_dim():
+    """The table shows what config_for runs: at D=64 it depends on the cap (128-row q tiles without)."""
+    from cute_kernels.kernels import ranker_bwd as rb
+
     table = tuning.shipped_configs("ranker_bwd")["ranker_bwd"]
-    assert {"head_dim=64", "head_dim=128", "head_dim=128 deterministic"} <= set(table)
+    assert {"head_dim=64 no cap", "head_dim=64 cap", "head_dim=128", "head_dim=128 deterministic",
+            "head_dim=64 no cap deterministic"} <= set(table)
     assert table["head_dim=128 deterministic"].deterministic and not table["head_dim=128"].deterministic
+    assert table["head_dim=64 no cap"] == rb.config_for(64, False) and table["head_dim=64 no cap"].tile_m == 128
+    assert table["head_dim=64 cap"] == rb.config_for(64, True) and table["head_dim=64 cap"].tile_m == 64
 
 
 def test_candidates_cannot_change_what_the_shape_sets():
