@@ -299,12 +299,12 @@ def test_kernel_plan_matches_reference(s, rows, cap, cap_method):
 
 
 # ---------------------------------------------------------------- pre/postprocess kernels, validation
-@pytest.mark.parametrize("d,varlen", [(128, False), (64, True)])
-def test_preprocess_compiles_vectorized_no_spills(d, varlen):
+@pytest.mark.parametrize("d,tm,varlen", [(128, 64, False), (64, 64, True), (64, 128, False)])
+def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen):
     from cute_kernels.kernels import ranker_bwd_preprocess as pre
 
-    key = (str(torch.bfloat16), d, 64, varlen)
-    pre.compile_preprocess(torch.bfloat16, d, 64, varlen)
+    key = (str(torch.bfloat16), d, tm, varlen)
+    pre.compile_preprocess(torch.bfloat16, d, tm, varlen)
     rec = compile_record(pre.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx
@@ -314,13 +314,20 @@ def test_preprocess_compiles_vectorized_no_spills(d, varlen):
         assert "LDG.E.128" in sass and "LDL/STL (local memory)" not in sass, sass
 
 
-@pytest.mark.parametrize("d,g,capm,varlen", [(128, 1, "tanh", False), (128, 4, "none", False),
-                                             (64, 2, "soft_sign", True)])
-def test_postprocess_compiles_vectorized_no_spills(d, g, capm, varlen):
+_MHA_VARLEN_SPILL = pytest.mark.xfail(strict=True, reason=(
+    "known issue (found in session 5, in every MHA varlen postprocess since it was written): ptxas "
+    "spills one register (SASS STL/LDL 'SpillRefill', 8 B of stack at 48 registers, no register cap); "
+    "neither unrolling the one-head loop nor moving it into a method removed it"))
+
+
+@pytest.mark.parametrize("d,tm,g,capm,varlen", [(128, 64, 1, "tanh", False), (128, 64, 4, "none", False),
+                                                (64, 64, 2, "soft_sign", True), (64, 128, 2, "none", False),
+                                                pytest.param(64, 128, 1, "none", True, marks=_MHA_VARLEN_SPILL)])
+def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen):
     from cute_kernels.kernels import ranker_bwd_postprocess as post
 
-    key = (str(torch.bfloat16), d, 64, g, capm, varlen)
-    post.compile_postprocess(torch.bfloat16, d, 64, g, capm, varlen)
+    key = (str(torch.bfloat16), d, tm, g, capm, varlen)
+    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen)
     rec = compile_record(post.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx
@@ -501,8 +508,11 @@ def test_config_for_picks_128_row_tiles_only_for_uncapped_d64():
     assert rb.config_for(64, True) == rb.CONFIGS[64] and rb.CONFIGS[64].tile_m == 64
     assert rb.config_for(128, False) == rb.config_for(128, True) == rb.CONFIGS[128]
     rb.D64_UNCAPPED.validate()
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match="supported"):
         rb.config_for(96, False)
+    for bad in ((64.0, False), (64, "no"), (True, False)):
+        with pytest.raises(TypeError):
+            rb.config_for(*bad)
     shipped = {rb.dataclasses.replace(t.key[1], deterministic=False) for t in rb.compile_targets()
                if t.kernel == rb.NAME}
     assert rb.D64_UNCAPPED in shipped  # CI compiles (and spill-checks) what config_for ships

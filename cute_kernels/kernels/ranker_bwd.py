@@ -153,9 +153,13 @@ D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2)
 
 
 def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
-    """The shipped mainloop config for ``head_dim`` (64 or 128; ``KeyError`` otherwise) with or without
-    a logit cap: :data:`CONFIGS` [head_dim], except :data:`D64_UNCAPPED` (128 q rows per step) at D=64
-    without a cap."""
+    """The shipped mainloop config for ``head_dim`` (an int, 64 or 128) with or without a logit cap
+    (``capped``, a bool): :data:`CONFIGS` [head_dim], except :data:`D64_UNCAPPED` (128 q rows per
+    step) at D=64 without a cap.  Raises ``TypeError`` (types) or ``ValueError`` (head dim)."""
+    if type(head_dim) is not int or not isinstance(capped, bool):
+        raise TypeError(f"config_for(head_dim={head_dim!r}, capped={capped!r}): head_dim must be an int, capped a bool")
+    if head_dim not in CONFIGS:
+        raise ValueError(f"head dim {head_dim} is not supported by the backward; supported: {sorted(CONFIGS)}")
     return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
 
 
@@ -711,17 +715,20 @@ def compile_targets() -> list[CompileTarget]:
         out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
                                  _compile(dtype, cfg, g, capm, varlen)))
-    # the pre/postprocess kernels of the default D=128 config (their own compile-cache names)
+    # the pre/postprocess kernels (their own compile-cache names) of the D=128 config and of the
+    # uncapped D=64 one (128-row q tiles)
     from . import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
 
-    bf, tm = torch.bfloat16, CONFIGS[128].tile_m
-    out.append(CompileTarget(pre.NAME, "bfloat16 D=128", (str(bf), 128, tm, False),
-                             build=lambda: compile_preprocess(bf, 128, tm, False)))
-    for g, capm, varlen in ((1, "tanh", False), (4, "none", True)):
-        out.append(CompileTarget(post.NAME, f"bfloat16 D=128 gqa={g} cap={capm}{' varlen' if varlen else ''}",
-                                 (str(bf), 128, tm, g, capm, varlen),
-                                 build=lambda g=g, capm=capm, varlen=varlen:
-                                 compile_postprocess(bf, 128, tm, g, capm, varlen)))
+    bf = torch.bfloat16
+    for d, tm, posts in ((128, CONFIGS[128].tile_m, ((1, "tanh", False), (4, "none", True))),
+                         (64, D64_UNCAPPED.tile_m, ((2, "none", False),))):
+        out.append(CompileTarget(pre.NAME, f"bfloat16 D={d} tile_m={tm}", (str(bf), d, tm, False),
+                                 build=lambda d=d, tm=tm: compile_preprocess(bf, d, tm, False)))
+        for g, capm, varlen in posts:
+            out.append(CompileTarget(
+                post.NAME, f"bfloat16 D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}",
+                (str(bf), d, tm, g, capm, varlen),
+                build=lambda d=d, tm=tm, g=g, capm=capm, varlen=varlen: compile_postprocess(bf, d, tm, g, capm, varlen)))
     return out
 
 

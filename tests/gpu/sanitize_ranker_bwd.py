@@ -8,7 +8,7 @@ import cute_kernels
 from cute_kernels.kernels import ranker_bwd as rb
 
 torch.manual_seed(0)
-for d, hkv, cap in ((128, 2, None), (64, 1, 20.0)):
+for d, hkv, cap in ((128, 2, None), (64, 1, 20.0), (64, 2, None)):  # (64, no cap): 128-row q tiles
     q = torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 300, hkv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 300, hkv, d, device="cuda", dtype=torch.bfloat16)
@@ -21,5 +21,6 @@ for d, hkv, cap in ((128, 2, None), (64, 1, 20.0)):
     ov, lv = cute_kernels.ranker_attention(q[0], k[0], v[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200,
                                            return_lse=True)
     g = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200)
+    gd = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, deterministic=True)
 torch.cuda.synchronize()
 print("sanitize run done", float(dq.float().abs().sum()), float(g[0].float().abs().sum()))
