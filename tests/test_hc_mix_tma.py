@@ -120,8 +120,9 @@ def test_mix_buffer_is_checked_before_launch(monkeypatch):
 @pytest.mark.parametrize("with_mix", [False, True])
 def test_launch_arguments_are_aligned(m, with_mix):
     """run_compiled (CPU tensors, the compiled kernel replaced by a recorder): every tensor argument
-    starts 16-byte aligned (the compiled kernel refuses others) and the two-kernel form's workspace has
-    a row per (row tile, rank, row), covering every row the reduction kernel reads."""
+    starts 16-byte aligned (the compiled kernel needs it of x, the pieces and the buffers made here)
+    and the two-kernel form's workspace has a row per (row tile, rank, row), covering every row the
+    reduction kernel reads."""
     from cute_kernels.kernels.hc_mix import run_compiled
 
     for cfg in (mod.config_for(1 << 20), mod.config_for(1)):

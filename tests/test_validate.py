@@ -132,3 +132,19 @@ def test_validated_once_keys_on_signature_and_rechecks_alignment():
     validated_once(memo, ("not a tensor",), (1,), lambda: True, check)
     validated_once(memo, (t,), ([1],), lambda: True, check)  # unhashable scalar
     assert len(calls) == 6 and len(memo) == 3
+
+
+def test_references_refuse_non_tensors_and_integer_tensors():
+    """The CPU references check their tensors too (a TypeError, not an AttributeError or an int result)."""
+    import cute_kernels as ck
+
+    q, w = torch.zeros(2, 8), torch.ones(8)
+    for bad in (None, torch.zeros(2, 8, dtype=torch.int32)):
+        with pytest.raises(TypeError):
+            ck.qk_rmsnorm_reference(q, q, w, bad if bad is None else torch.ones(8, dtype=torch.int32), 1e-6)
+        with pytest.raises(TypeError):
+            ck.qk_rmsnorm_reference(bad if bad is not None else None, q, w, w, 1e-6)
+        with pytest.raises(TypeError):
+            ck.scale_reference(bad, 2.0)
+    out_q, _ = ck.qk_rmsnorm_reference(q + 1, q, w, w, 1e-6)
+    assert torch.allclose(out_q, torch.ones(2, 8))

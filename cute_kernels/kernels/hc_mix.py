@@ -52,7 +52,7 @@ Why it misses the issue's 47 us at M=4096 (105 us, 39% of the copy rate): every 
 own cp.async ring, so bytes in flight per SM are limited by registers and occupancy, and each 32-row
 cluster re-reads all of hc_fn (2 MB fp32) from L2 (128 clusters: 256 MB of L2 reads for 168 MB of x).
 The redesign (one TMA producer warp, 128/256-row x tiles, ``wgmma m64n72k16`` with the pieces as B,
-squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, reached as ``method="tma"``: 59 us at M=4096,
+squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, reached as ``method="tma"``: 55.8 us at M=4096,
 faster from M=512 up, slower below (its docstring has the figures and what limits it).  Its bits
 differ from this kernel's, so the two are separate methods of the op, not a switch on M.
 

@@ -24,8 +24,9 @@ The K walk differs:
   sum x^2 = half 0 + half 1; the cluster's CTAs sum their partials in rank order through distributed
   shared memory; one consumer thread per row runs the epilogue.
 * ``cluster_reduce=False`` (the two-kernel form): no clusters; each CTA writes its partials to a
-  global workspace and a second kernel (one thread per row) sums them in the same rank order and
-  runs the epilogue.  Same bits (GPU test); it lifts the limit of ~14 co-resident 8-CTA clusters
+  global workspace and a second kernel (:data:`REDUCE_ROWS` rows per 256-thread CTA, the (row,
+  column) sums spread over all its threads) sums them in the same rank order, then one thread per
+  row runs the epilogue.  Same bits (GPU test); it lifts the limit of ~14 co-resident 8-CTA clusters
   (measured below), so :func:`config_for` uses it above one wave of clusters.
 
 Reduction order: fixed by (cluster rank, k tile, column), independent of M, of ``tile_m``, ``stages``

@@ -564,8 +564,13 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     ``q_dim``/``k_dim``: the divisor of the sum, an int >= 1 (default: the row width).  ``q_sumsq``/``k_sumsq``:
     per-token sums of squares to use instead of the local ones (a tensor-parallel reference passes
     the sums over all shards).  ``eps`` follows :func:`check_eps`.  Shapes: ``q [N, Q]``, ``k [N, K]``,
-    ``q_weight [Q]``, ``k_weight [K]`` (``ValueError`` otherwise: no silent broadcasting).
+    ``q_weight [Q]``, ``k_weight [K]`` (``ValueError`` otherwise: no silent broadcasting); floating
+    point tensors (``TypeError`` otherwise).
     """
+    for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
     check_eps(eps)
     if q.dim() != 2 or k.dim() != 2 or q.shape[0] != k.shape[0]:
         raise ValueError(f"q and k must be [N, Q] and [N, K], got {list(q.shape)} and {list(k.shape)}")
@@ -576,6 +581,8 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
         if dim is not None:
             check_int(name, dim, low=1)
     for name, ss in (("q_sumsq", q_sumsq), ("k_sumsq", k_sumsq)):
+        if ss is not None and not isinstance(ss, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(ss).__name__}")
         if ss is not None and ss.numel() != q.shape[0]:
             raise ValueError(f"{name} must hold one sum per token ({q.shape[0]}), got shape {list(ss.shape)}")
 

@@ -144,7 +144,7 @@ class RankerBwdConfig:
 # D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers).
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
 # 2026-11-29, B=4 4096+512 H16: 1706 us vs 1848 us; bench/results/2026-11-29_h200_ranker_bwd_s2.md),
-# while with a cap its mainloop spills (120-176 B of stack at the 168-register launch bound).
+# while with a cap its mainloop spills (80-176 B of stack at the 168-register launch bound).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2),
@@ -812,7 +812,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
         config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
         ``deterministic=True`` (or a config with ``deterministic=True``) for ordered adds (same bits
-        on every run; measured 7-33% slower, bench/results/2026-11-29_h200_ranker_bwd_s2.md).
+        on every run; measured 3-9% slower at D=128 (bench/results/2026-11-29_h200_ranker_bwd_s2.md)
+        and 16-17% at D=64 without a cap (bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json)).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,

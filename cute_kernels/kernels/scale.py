@@ -148,7 +148,11 @@ def scale_reference(x: torch.Tensor, alpha: float) -> torch.Tensor:
     """float32 reference of :func:`scale`: ``alpha * x`` in float32, rounded to ``x.dtype``.
 
     ``x``: a tensor of any shape, float dtype and device; ``alpha``: as for :func:`scale` (a real
-    number, finite in float32: ``TypeError`` / ``ValueError`` otherwise)."""
+    number, finite in float32: ``TypeError`` / ``ValueError`` otherwise; a non-float ``x``:
+    ``TypeError``)."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch.Tensor, got "
+                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
     check_real("alpha", alpha)
     return (x.float() * alpha).to(x.dtype)
 
