@@ -109,48 +109,29 @@ def test_repeated_calls_agree_closely():
         torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("hq,hkv,varlen", [(4, 4, False), (8, 2, False), (4, 2, True)])
-def test_deterministic_mode(hq, hkv, varlen):
-    """Same bits on every run (ordered float32 adds), and still right."""
+@pytest.mark.parametrize("d,cap,hq,hkv,varlen", [(128, 20.0, 4, 4, False), (128, 20.0, 8, 2, False),
+                                                (128, 20.0, 4, 2, True), (64, None, 4, 4, False),
+                                                (64, None, 4, 2, True)])
+def test_deterministic_mode(d, cap, hq, hkv, varlen):
+    """Same bits on every run (ordered float32 adds), and still right; D=64 without a cap runs
+    config_for's 128-row q tiles (rb.D64_UNCAPPED)."""
     if varlen:
         cu = torch.tensor([0, 300, 700], device="cuda", dtype=torch.int32)
-        q, k, v, do = _tensors((700, hq, 128), (700, hkv, 128), seed=6)
+        q, k, v, do = _tensors((700, hq, d), (700, hkv, d), seed=6)
         bounds = torch.tensor([[0, 250, 250, 300], [5, 300, 310, 400]], device="cuda", dtype=torch.int32)
     else:
         cu = None
-        q, k, v, do = _tensors((2, 600, hq, 128), (2, 600, hkv, 128), seed=6)
+        q, k, v, do = _tensors((2, 600, hq, d), (2, 600, hkv, d), seed=6)
         bounds = torch.tensor([[0, 500, 500, 600], [30, 333, 340, 590]], device="cuda", dtype=torch.int32)
-    out, lse = rf.ranker_attention(q, k, v, bounds, cap=20.0, return_lse=True, cu_seqlens=cu)
-    runs = [rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=20.0, cu_seqlens=cu,
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True, cu_seqlens=cu)
+    runs = [rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap, cu_seqlens=cu,
                                          deterministic=True) for _ in range(4)]
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             assert torch.equal(a, b)
-    cfg = rb.dataclasses.replace(rb.CONFIGS[128], deterministic=True)
-    _compare("deterministic", q, k, v, do, bounds, cap=20.0, cu_seqlens=cu, config=cfg)
-
-
-@pytest.mark.parametrize("hq,hkv,varlen", [(4, 4, False), (4, 2, True)])
-def test_deterministic_mode_d64_uncapped(hq, hkv, varlen):
-    """D=64 without a cap runs config_for's 128-row q tiles (rb.D64_UNCAPPED): the deterministic mode
-    there gives the same bits on every run and is right."""
-    assert rb.config_for(64, False).tile_m == 128
-    if varlen:
-        cu = torch.tensor([0, 300, 700], device="cuda", dtype=torch.int32)
-        q, k, v, do = _tensors((700, hq, 64), (700, hkv, 64), seed=7)
-        bounds = torch.tensor([[0, 250, 250, 300], [5, 300, 310, 400]], device="cuda", dtype=torch.int32)
-    else:
-        cu = None
-        q, k, v, do = _tensors((2, 600, hq, 64), (2, 600, hkv, 64), seed=7)
-        bounds = torch.tensor([[0, 500, 500, 600], [30, 333, 340, 590]], device="cuda", dtype=torch.int32)
-    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, cu_seqlens=cu)
-    runs = [rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cu_seqlens=cu, deterministic=True)
-            for _ in range(3)]
-    for other in runs[1:]:
-        for a, b in zip(runs[0], other):
-            assert torch.equal(a, b)
-    cfg = rb.dataclasses.replace(rb.D64_UNCAPPED, deterministic=True)
-    _compare("deterministic-d64", q, k, v, do, bounds, cu_seqlens=cu, config=cfg)
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), deterministic=True)
+    assert cfg.tile_m == (128 if d == 64 and cap is None else 64)
+    _compare(f"deterministic-d{d}", q, k, v, do, bounds, cap=cap, cu_seqlens=cu, config=cfg)
 
 
 def test_autograd_and_compile():
