@@ -143,7 +143,8 @@ class RankerBwdConfig:
 
 # D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers).
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
-# 2026-11-29, B=4 4096+512 H16: 1706 us vs 1848 us; bench/results/2026-11-29_h200_ranker_bwd_s2.md),
+# 2026-11-29, B=4 4096+512 H16: 1695 us vs 1847, deterministic 1961 vs 2515;
+# bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json),
 # while with a cap its mainloop spills (80-176 B of stack at the 168-register launch bound).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
@@ -157,7 +158,8 @@ def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
     (``capped``, a bool): :data:`CONFIGS` [head_dim], except :data:`D64_UNCAPPED` (128 q rows per
     step) at D=64 without a cap.  Raises ``TypeError`` (types) or ``ValueError`` (head dim)."""
     if type(head_dim) is not int or not isinstance(capped, bool):
-        raise TypeError(f"config_for(head_dim={head_dim!r}, capped={capped!r}): head_dim must be an int, capped a bool")
+        raise TypeError(f"config_for(head_dim={head_dim!r}, capped={capped!r}): head_dim must be an int, "
+                        "capped a bool")
     if head_dim not in CONFIGS:
         raise ValueError(f"head dim {head_dim} is not supported by the backward; supported: {sorted(CONFIGS)}")
     return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
@@ -696,7 +698,7 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
 def compile_targets() -> list[CompileTarget]:
     """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4), D=64
     soft_sign and no cap (GQA 2, also deterministic), varlen, the deterministic mode (GQA varlen tanh);
-    plus the pre/postprocess kernels at D=128."""
+    plus the pre/postprocess kernels at D=128 and at uncapped D=64."""
     cases = [
         (torch.bfloat16, 128, 1, "none", False),
         (torch.bfloat16, 128, 1, "tanh", False),
@@ -728,7 +730,8 @@ def compile_targets() -> list[CompileTarget]:
             out.append(CompileTarget(
                 post.NAME, f"bfloat16 D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}",
                 (str(bf), d, tm, g, capm, varlen),
-                build=lambda d=d, tm=tm, g=g, capm=capm, varlen=varlen: compile_postprocess(bf, d, tm, g, capm, varlen)))
+                build=lambda d=d, tm=tm, g=g, capm=capm, varlen=varlen:
+                compile_postprocess(bf, d, tm, g, capm, varlen)))
     return out
 
 
