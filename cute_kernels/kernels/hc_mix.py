@@ -79,7 +79,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_f32_eps, check_int, check_same_device, check_tensor, validated_once
+from ..runtime.validate import check_f32_eps, check_float_tensors, check_int, check_same_device, check_tensor, validated_once
 
 NAME = "hc_mix"
 HC = 4  # hc_mult
@@ -789,9 +789,7 @@ def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: to
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    for name, t in (("x", x), ("hc_fn", hc_fn), ("hc_scale", hc_scale), ("hc_base", hc_base)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point torch.Tensor")
+    check_float_tensors(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)
     if x.dim() != 2 or x.shape[1] < 1:
         raise ValueError(f"x must be [M, K] with K >= 1, got {list(x.shape)}")
     if tuple(hc_fn.shape) != (N_MIX, x.shape[1]):

@@ -43,7 +43,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_f32_eps, check_int, check_tensor, F32_MAX, check_real
+from ..runtime.validate import check_f32_eps, check_float_tensors, check_int, check_tensor, F32_MAX
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -567,10 +567,7 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     ``q_weight [Q]``, ``k_weight [K]`` (``ValueError`` otherwise: no silent broadcasting); floating
     point tensors (``TypeError`` otherwise).
     """
-    for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point torch.Tensor, got "
-                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    check_float_tensors(q=q, k=k, q_weight=q_weight, k_weight=k_weight)
     check_eps(eps)
     if q.dim() != 2 or k.dim() != 2 or q.shape[0] != k.shape[0]:
         raise ValueError(f"q and k must be [N, Q] and [N, K], got {list(q.shape)} and {list(k.shape)}")

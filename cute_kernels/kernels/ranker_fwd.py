@@ -55,7 +55,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_same_device, check_tensor, F32_MAX, check_int, check_real, validated_once
+from ..runtime.validate import check_float_tensors, check_same_device, check_tensor, F32_MAX, check_int, check_real, validated_once
 from ..tuning import register_memo, tuned_config
 from . import sm90_helpers as sm90
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -1079,12 +1079,9 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
 
 
 def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v), ("bounds", bounds)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not t.is_floating_point():
-            raise TypeError(f"{name} has dtype {t.dtype}; the reference takes floating-point q, k, v")
+    check_float_tensors(q=q, k=k, v=v)
+    if not isinstance(bounds, torch.Tensor):
+        raise TypeError(f"bounds must be a torch.Tensor, got {type(bounds).__name__}")
     if bounds.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"bounds has dtype {bounds.dtype}; expected int32 (or int64)")
     nd = 3 if cu_seqlens is not None else 4

@@ -22,7 +22,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_real, check_tensor
+from ..runtime.validate import check_float_tensors, check_real, check_tensor
 
 NAME = "scale"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -150,9 +150,7 @@ def scale_reference(x: torch.Tensor, alpha: float) -> torch.Tensor:
     ``x``: a tensor of any shape, float dtype and device; ``alpha``: as for :func:`scale` (a real
     number, finite in float32: ``TypeError`` / ``ValueError`` otherwise; a non-float ``x``:
     ``TypeError``)."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point torch.Tensor, got "
-                        f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+    check_float_tensors(x=x)
     check_real("alpha", alpha)
     return (x.float() * alpha).to(x.dtype)
 

@@ -107,6 +107,15 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     return v
 
 
+def check_float_tensors(**tensors) -> None:
+    """For the CPU references: each named argument must be a floating-point torch.Tensor of any device,
+    shape and layout (``TypeError`` naming the first that is not)."""
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got {got}")
+
+
 def check_f32_eps(name: str, value) -> float:
     """An epsilon a kernel takes as float32: a real number (``TypeError`` otherwise), finite in float32,
     ``>= 0``, and 0 or at least float32's smallest normal ``2**-126`` (``ValueError``: a smaller one
