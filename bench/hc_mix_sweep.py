@@ -19,13 +19,13 @@ VARIANTS = list(mod.SHIPPED)
 TMA_VARIANTS = {
     "tma_c8": tma.HcMixTmaConfig(),
     "tma_c8_ov": tma.HcMixTmaConfig(overlap=True, consumer_regs=160),
-    "tma_c8_t256": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200),  # (_ov variants need
-    # K % (128 cluster_k) == 0, else hc_mix_sinkhorn_tma runs them as the plain loop)
-    "tma_c8_t256s4": tma.HcMixTmaConfig(tile_m=256, stages=4, consumer_regs=200),
-    "tma_c8_ov_2k": tma.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False),
-    "tma_c8_t256_2k": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False),
-    "tma_c4_ov": tma.HcMixTmaConfig(cluster_k=4, overlap=True, consumer_regs=160),
-    "tma_c4_t256": tma.HcMixTmaConfig(cluster_k=4, tile_m=256, stages=5, consumer_regs=200),
+    "tma_c8_t256": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224),  # (_ov variants need an
+    # even tile count per split, K % (128 n_splits) == 0, else hc_mix_sinkhorn_tma runs the plain loop)
+    "tma_c8_ov_groups": tma.HcMixTmaConfig(overlap=True, consumer_regs=160, form="groups"),
+    "tma_c8_t256_groups": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form="groups"),
+    "tma_c8_ov_splits": tma.HcMixTmaConfig(overlap=True, consumer_regs=160, form="splits"),
+    "tma_c8_splits": tma.HcMixTmaConfig(form="splits"),
+    "tma_c8_s4_splits": tma.HcMixTmaConfig(stages=4, form="splits"),
 }
 
 
@@ -49,14 +49,14 @@ def main():
             fn = lambda cfg=cfg: mod._launch(x, hc_fn, hc_scale, hc_base, 20, 1e-6, 1e-6, config=cfg, out=out)
             row[_name(cfg)] = round(cuda_time_us(fn), 2)
         row["op"] = round(cuda_time_us(lambda: mod.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)), 2)
-        ref_mix = {}  # per cluster_k (the split): the same split gives the same bits
+        ref_mix = {}  # per K split: the same split gives the same bits
         for name, cfg in TMA_VARIANTS.items():  # the TMA + WGMMA kernel (hc_mix_tma)
             mix = torch.full((m, mod.SP_COLS), float("nan"), device="cuda")  # unwritten rows never match
             try:
                 row[name] = round(cuda_time_us(
                     lambda cfg=cfg: tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg)), 2)
                 tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
-                ref = ref_mix.setdefault(cfg.cluster_k, mix)
+                ref = ref_mix.setdefault((cfg.cluster_k, cfg.group_splits), mix)
                 if ref is not mix:
                     row[name + "_bits"] = "same" if torch.equal(mix, ref) else "DIFFER"
             except Exception as exc:  # noqa: BLE001 (report, keep sweeping)

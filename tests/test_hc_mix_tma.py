@@ -12,10 +12,10 @@ from cute_kernels.runtime.cache import compile_record
 from seeding import generator
 
 
-CONFIGS = [mod.HcMixTmaConfig(), mod.config_for(1), mod.config_for(1 << 20)]
+CONFIGS = [mod.HcMixTmaConfig(), *(mod.config_for(m) for m in mod.FORM_EXAMPLE_M)]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"t{c.tile_m}s{c.stages}{'ov' if c.overlap else ''}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.form}-t{c.tile_m}s{c.stages}{'ov' if c.overlap else ''}")
 def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)
@@ -36,11 +36,12 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
 
 
 @pytest.mark.parametrize("kw,match", [(dict(tile_k=32), "tile_k"), (dict(stages=1), "stages"),
-                                      (dict(cluster_k=3), "cluster_k"), (dict(cluster_k=32), "cluster_k"), (dict(consumer_regs=100), "multiples"),
+                                      (dict(cluster_k=3), "cluster_k"), (dict(cluster_k=32), "cluster_k"),
+                                      (dict(group_splits=3), "group_splits"), (dict(form="split"), "form"), (dict(consumer_regs=100), "multiples"),
                                       (dict(stages=8, consumer_regs=240), "register split"),
                                       (dict(producer_regs=32, consumer_regs=240), "register split"),
                                       (dict(tile_m=192), "tile_m"),
-                                      (dict(tile_m=256), "needs >= 200"),
+                                      (dict(tile_m=256), "needs >= 224"),
                                       (dict(overlap=True), "needs >= 160"),
                                       (dict(tile_m=256, overlap=True), "overlap")])
 def test_config_rejections(kw, match):
@@ -60,10 +61,19 @@ def test_sixteen_cta_clusters_compile():
 def test_shipped_configs_fit_and_share_one_split(cfg):
     cfg.validate()
     assert cfg.smem_bytes() <= base.SMEM_LIMIT
-    assert cfg.cluster_k == mod.HcMixTmaConfig().cluster_k  # the split is part of the bits
+    base_cfg = mod.HcMixTmaConfig()  # the split is part of the bits
+    assert (cfg.cluster_k, cfg.group_splits) == (base_cfg.cluster_k, base_cfg.group_splits)
 
 
-@pytest.mark.parametrize("m,k", [(5, 2048), (3, 20480)])
+def test_config_for_picks_each_form_by_m():
+    assert [mod.config_for(m).form for m in (0, 1, 128, 1024, 1025, 1792, 1793, 16384)] == [
+        "splits"] * 4 + ["cluster"] * 2 + ["groups"] * 2
+    cfg = mod.config_for(1)
+    assert (cfg.ctas_per_tile, cfg.splits_per_cta) == (32, 1)
+    assert (mod.config_for(4096).ctas_per_tile, mod.config_for(4096).splits_per_cta) == (8, 4)
+
+
+@pytest.mark.parametrize("m,k", [(5, 2048), (3, 20480), (2, 1344)])
 def test_summation_order_meets_the_accuracy_target(m, k):
     """a = x . hc_fn^T summed the kernel's way (float32 chunks of 64, three bf16 pieces, cluster order)
     is within the issue's 2e-6 norm-wise of float64; the sum of squares within 1e-6."""
@@ -125,7 +135,7 @@ def test_launch_arguments_are_aligned(m, with_mix):
     reduction kernel reads."""
     from cute_kernels.kernels.hc_mix import run_compiled
 
-    for cfg in (mod.config_for(1 << 20), mod.config_for(1)):
+    for cfg in (mod.config_for(m) for m in mod.FORM_EXAMPLE_M):
         seen = []
         x = torch.zeros(m, 128, dtype=torch.bfloat16)
         mix = torch.zeros(m, 25) if with_mix else None
@@ -134,9 +144,9 @@ def test_launch_arguments_are_aligned(m, with_mix):
         tensors = [a for a in seen if isinstance(a, torch.Tensor)]
         assert len(tensors) == 9 and all(t.data_ptr() % 16 == 0 for t in tensors)
         assert tensors[-1].shape == (mod.workspace_rows(m, cfg), 25)
-        if not cfg.cluster_reduce:  # the reduction reads rows up to ceil(m / REDUCE_ROWS) * REDUCE_ROWS
+        if cfg.form != "cluster":  # the reduction reads rows up to ceil(m / REDUCE_ROWS) * REDUCE_ROWS
             reduce_rows = -(-m // mod.REDUCE_ROWS) * mod.REDUCE_ROWS
-            assert tensors[-1].shape[0] >= ((reduce_rows - 1) // cfg.tile_m + 1) * cfg.cluster_k * cfg.tile_m
+            assert tensors[-1].shape[0] >= ((reduce_rows - 1) // cfg.tile_m + 1) * cfg.ctas_per_tile * cfg.tile_m
 
 
 @pytest.mark.parametrize("tile_m", [128, 256])
@@ -166,23 +176,36 @@ def test_squares_read_the_swizzled_vectors_without_bank_conflicts(tile_m):
     assert bank_conflicts(lay, scalars, 2).ratio == 4.0
 
 
-@pytest.mark.parametrize("tile_m", [128, 256])
-def test_two_kernel_form_compiles_without_clusters(tile_m):
-    """cluster_reduce=False: the walk without a cluster (no barrier.cluster, no DSMEM) plus the
-    reduction kernel, both without spills; the workspace covers every (row tile, rank, row)."""
-    cfg = (mod.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False) if tile_m == 128 else
-           mod.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False))
+@pytest.mark.parametrize("form,tile_m", [("groups", 128), ("groups", 256), ("splits", 128)])
+def test_two_kernel_forms_compile_without_clusters(form, tile_m):
+    """"groups" / "splits": the walk without a cluster (no barrier.cluster, no DSMEM) plus the
+    reduction kernel, a programmatic dependent launch (griddepcontrol), both without spills; the
+    workspace covers every (row tile, CTA, row)."""
+    cfg = (mod.HcMixTmaConfig(overlap=True, consumer_regs=160, form=form) if tile_m == 128 else
+           mod.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form=form))
     cfg.validate()
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)
     assert rec.ptx.count(".entry") == 2
     assert "barrier.cluster" not in rec.ptx and "ld.shared::cluster" not in rec.ptx
+    assert "griddepcontrol.launch_dependents" in rec.ptx and "griddepcontrol.wait" in rec.ptx
     assert all(not r.stack_bytes for r in rec.resources) and len(rec.resources) == 2
-    assert mod.workspace_rows(tile_m + 1, cfg) == 2 * cfg.cluster_k * tile_m
+    assert mod.workspace_rows(tile_m + 1, cfg) == 2 * cfg.ctas_per_tile * tile_m
     assert mod.workspace_rows(tile_m + 1, mod.HcMixTmaConfig()) == 1
 
 
-@pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(cluster_reduce=1)])
+def test_splits_change_the_bits_forms_do_not():
+    """The emulated order depends on (cluster_k, group_splits), not on the form."""
+    g = generator(13, device="cpu")
+    x = torch.randn(3, 4096, generator=g).bfloat16()
+    w = torch.randn(24, 4096, generator=g)
+    ref = mod.emulate_mix(x, w)
+    assert torch.equal(ref, mod.emulate_mix(x, w, mod.HcMixTmaConfig(form="splits")))
+    assert not torch.equal(ref, mod.emulate_mix(x, w, mod.HcMixTmaConfig(group_splits=1)))
+
+
+@pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(form=1),
+                                dict(group_splits=True)])
 def test_config_field_types(kw):
     with pytest.raises(TypeError, match=next(iter(kw))):
         mod.HcMixTmaConfig(**kw).validate()

@@ -540,7 +540,7 @@ def compile_targets() -> list[CompileTarget]:
     ``cute-kernels compile --kernel hc_mix`` prebuilds both methods."""
     from . import hc_mix_tma
 
-    tma = {hc_mix_tma.config_for(1), hc_mix_tma.config_for(1 << 20)}
+    tma = {hc_mix_tma.config_for(m) for m in hc_mix_tma.FORM_EXAMPLE_M}
     return ([CompileTarget(NAME, f"tile_m={c.tile_m} {c}", c, build=lambda c=c: _compile(c)) for c in SHIPPED]
             + [CompileTarget(hc_mix_tma.NAME, f"method=tma tile_m={c.tile_m} {c}", c,
                              build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)])

@@ -75,21 +75,38 @@ from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsme
 NAME = "hc_mix_tma"
 ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
-P_COLS = N_W + 1  # per-CTA partials: 72 piece sums + sum of squares
+ACC_PER_ATOM = N_W // 2  # accumulator values per thread per m64 atom: (2 cols, 2 rows, 9 n8 blocks)
+A_PER_ATOM = N_MIX // 2  # of those, one piece of the 24 columns (n8 blocks 0-2)
 REDUCE_ROWS = 32  # rows per CTA of the two-kernel form's reduction kernel (divides every tile_m)
 REDUCE_THREADS = 256  # its threads: 800 (row, column) sums, ~3 per thread, their 8 loads each in flight at once
 
 
+FORMS = ("cluster", "groups", "splits")
+
+
 @dataclass(frozen=True)
 class HcMixTmaConfig:
-    """``tile_m`` rows per cluster (128 or 256: one or two m64 atoms per consumer warpgroup), ``tile_k``
-    columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth, ``cluster_k``
-    CTAs splitting K (part of the reduction order: the bits), ``overlap`` (k tiles in pairs; needs an
-    even count per CTA; every launch checks it (``_launch_config``) and falls back to the plain loop:
-    an odd count would make the consumers wait for a tile never loaded), ``cluster_reduce`` (True:
-    the ``cluster_k`` CTAs of a row tile form a cluster and sum their partials over DSMEM; False:
-    no clusters, partials go to a global workspace and a second kernel sums them in the same rank
-    order and runs the epilogue: the same bits, without the limit of ~14 co-resident 8-CTA clusters),
+    """``tile_m`` rows per row tile (128 or 256: one or two m64 atoms per consumer warpgroup),
+    ``tile_k`` columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth.
+
+    The K split (part of the reduction order, so of the bits): K is cut into ``cluster_k`` groups of
+    ``group_splits`` splits each (k tiles ``[s * KT / n, (s + 1) * KT / n)`` for split ``s`` of
+    ``n = cluster_k * group_splits``); a split's tiles are summed in order from zero, a group's splits
+    in order from zero, and the groups in order from zero.  ``form`` says who does which sum (any
+    form, same bits):
+
+    * ``"cluster"``: one CTA per group (``cluster_k`` CTAs per row tile) folding its splits in
+      registers; the row tile's CTAs form a cluster and sum the groups over DSMEM; one kernel.
+    * ``"groups"``: the same CTAs without clusters; each writes its group sums to a global workspace
+      and a second kernel sums the groups and runs the epilogue (no limit of ~14 co-resident
+      8-CTA clusters).
+    * ``"splits"``: one CTA per split (``cluster_k * group_splits`` per row tile, a quarter of the
+      walk each at the default split): the parallelism small M needs; the second kernel sums the
+      splits of each group, then the groups.
+
+    ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; needs an
+    even tile count per split: every launch checks it (``_launch_config``) and falls back to the
+    plain loop, since an odd count would make the consumers wait for a tile never loaded),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads; one CTA per SM),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows).  :func:`config_for` picks per M."""
 
@@ -97,8 +114,9 @@ class HcMixTmaConfig:
     tile_k: int = 64
     stages: int = 6
     cluster_k: int = 8
+    group_splits: int = 4
+    form: str = "cluster"
     overlap: bool = False
-    cluster_reduce: bool = True
     producer_regs: int = 40
     consumer_regs: int = 120
     store_mix: bool = False
@@ -108,17 +126,29 @@ class HcMixTmaConfig:
         """64-row WGMMA atoms per consumer warpgroup."""
         return self.tile_m // ROWS_PER_ATOM
 
+    @property
+    def n_splits(self) -> int:
+        """Splits of K (the finest unit of the reduction order)."""
+        return self.cluster_k * self.group_splits
+
+    @property
+    def ctas_per_tile(self) -> int:
+        """Walk CTAs per row tile (and partials per row in the two-kernel forms' workspace)."""
+        return self.n_splits if self.form == "splits" else self.cluster_k
+
+    @property
+    def splits_per_cta(self) -> int:
+        return 1 if self.form == "splits" else self.group_splits
+
     def smem_bytes(self) -> int:
-        ring = self.stages * (self.tile_m + N_W) * self.tile_k * 2
-        partials = self.tile_m * P_COLS * 4  # aliases the x ring when that is large enough
-        x_ring = self.stages * self.tile_m * self.tile_k * 2
-        totals = (self.tile_m // self.cluster_k) * SP_COLS * 4 if self.cluster_reduce else 0
-        return ring + (0 if partials <= x_ring else partials) + totals + 16 * self.stages + 2048
+        ring = self.stages * (self.tile_m + N_W) * self.tile_k * 2  # the partials alias the x ring
+        totals = (self.tile_m // self.cluster_k) * SP_COLS * 4 if self.form == "cluster" else 0
+        return ring + totals + 16 * self.stages + 2048
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            want = bool if f.type in ("bool", bool) else int
+            want = {"bool": bool, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, int)
             if type(v) is not want:
                 raise TypeError(f"{f.name}={v!r}: must be {want.__name__}")
         if self.tile_m not in (128, 256):
@@ -133,10 +163,14 @@ class HcMixTmaConfig:
         if self.cluster_k not in (1, 2, 4, 8, 16):
             raise ValueError(f"cluster_k={self.cluster_k}: must be 1, 2, 4, 8 or 16 (16 is a non-portable "
                              "cluster size, which the DSL allows on every kernel it launches)")
+        if self.group_splits not in (1, 2, 4, 8):
+            raise ValueError(f"group_splits={self.group_splits}: must be 1, 2, 4 or 8")
+        if self.form not in FORMS:
+            raise ValueError(f"form={self.form!r}: must be one of {FORMS}")
         if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
             raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
-        need = 200 if self.tile_m == 256 else 160 if self.overlap else 120
-        if self.consumer_regs < need:  # below these ptxas spills (72 running sums + 36-72 per accumulator)
+        need = 224 if self.tile_m == 256 else 160 if self.overlap else 120
+        if self.consumer_regs < need:  # below these ptxas spills (72 running sums, 13-26 totals, 36-72 per accumulator)
             raise ValueError(f"consumer_regs={self.consumer_regs}: tile_m={self.tile_m}"
                              f"{' with overlap' if self.overlap else ''} needs >= {need} (spills below)")
         sm90.check_register_split(self.producer_regs, self.consumer_regs, 2)
@@ -145,7 +179,8 @@ class HcMixTmaConfig:
 
 
 class HcMixTmaKernel(HcMixKernel):
-    """One cluster per ``tile_m``-row tile; warp-specialized TMA producer + two WGMMA consumer warpgroups.
+    """Warp-specialized TMA producer + two WGMMA consumer warpgroups walking a share of K for one row
+    tile; ``config.form`` says how the shares are summed (cluster DSMEM or a second kernel).
     Reuses :class:`.hc_mix.HcMixKernel`'s epilogue (sigmoids, Sinkhorn)."""
 
     def __init__(self, config: HcMixTmaConfig):
@@ -163,9 +198,9 @@ class HcMixTmaKernel(HcMixKernel):
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
                  mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
                  sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor, stream):
-        """Launch the walk (and, without ``cluster_reduce``, the reduction kernel after it on the same
-        stream).  ``mPart``: ``[ceil(M / tile_m) * cluster_k * tile_m, 25]`` float32 workspace of the
-        two-kernel form (unused with ``cluster_reduce``)."""
+        """Launch the walk (and, in the two-kernel forms, the reduction kernel after it on the same
+        stream, with programmatic dependent launch).  ``mPart``: ``[ceil(M / tile_m) * ctas_per_tile
+        * tile_m, 25]`` float32 workspace of the two-kernel forms (unused by ``"cluster"``)."""
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
@@ -177,33 +212,29 @@ class HcMixTmaKernel(HcMixKernel):
             cpasync.CopyBulkTensorTileG2SOp(), mW, cute.select(sW_layout, mode=[0, 1]), (N_W, self.tile_k))
         self.tma_bytes = (cute.size_in_bytes(BFloat16, cute.select(sX_layout, mode=[0, 1]))
                           + cute.size_in_bytes(BFloat16, cute.select(sW_layout, mode=[0, 1])))
-        x_ring = cute.cosize(sX_layout)
-        alias = self.tile_m * P_COLS * 2 <= x_ring  # partials (float32) fit in the drained x ring (bf16 elements)
 
         @cute.struct
         class SharedStorage:
             mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sX: cute.struct.Align[cute.struct.MemRange[BFloat16, x_ring], 1024]
+            sX: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sX_layout)], 1024]
             sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[Float32, 0 if alias else self.tile_m * P_COLS], 16]
             sA: cute.struct.Align[cute.struct.MemRange[
-                Float32, self.rows_per_rank * SP_COLS if self.config.cluster_reduce else 0], 16]
+                Float32, self.rows_per_rank * SP_COLS if self.config.form == "cluster" else 0], 16]
 
         self.shared_storage = SharedStorage
-        self.partials_alias_x = alias
         grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
         walk = self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mScale,
                            mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart)
-        if cutlass.const_expr(self.config.cluster_reduce):
-            walk.launch(grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1],
-                        cluster=[self.cluster_k, 1, 1], stream=stream, min_blocks_per_mp=1)
-        else:
-            walk.launch(grid=[self.cluster_k, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
+        grid = [self.config.ctas_per_tile, grid_m, 1]
+        if cutlass.const_expr(self.config.form == "cluster"):
+            walk.launch(grid=grid, block=[self.threads, 1, 1], cluster=[self.cluster_k, 1, 1], stream=stream,
                         min_blocks_per_mp=1)
+        else:
+            walk.launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
             self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
                                sinkhorn_iters, rms_eps, hc_eps).launch(
                 grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_THREADS, 1, 1],
-                stream=stream)
+                stream=stream, use_pdl=True)
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
@@ -214,7 +245,9 @@ class HcMixTmaKernel(HcMixKernel):
                mPart: cute.Tensor):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        rank, m_block, _ = cute.arch.block_idx()  # cluster = (cluster_k, 1, 1): rank in the cluster
+        cta, m_block, _ = cute.arch.block_idx()  # "cluster": cluster = (cluster_k, 1, 1), cta = rank in it
+        if cutlass.const_expr(self.config.form != "cluster"):
+            cute.arch.griddepcontrol_launch_dependents()  # the reduction kernel may launch (it waits for us)
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_X)
             cpasync.prefetch_descriptor(tma_atom_W)
@@ -229,42 +262,44 @@ class HcMixTmaKernel(HcMixKernel):
         cute.arch.sync_threads()
         sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
         sW = storage.sW.get_tensor(sW_layout.outer, swizzle=sW_layout.inner)
-        p_layout = cute.make_layout((self.tile_m, P_COLS), stride=(P_COLS, 1))
-        if cutlass.const_expr(self.partials_alias_x):
-            sP = cute.make_tensor(cute.recast_ptr(storage.sX.data_ptr(), dtype=Float32), p_layout)
-        else:
-            sP = storage.sP.get_tensor(p_layout)
+        # the CTA's partials (rows x (24 + 1)) alias the x ring once every tile has been consumed
+        sP = cute.make_tensor(cute.recast_ptr(storage.sX.data_ptr(), dtype=Float32),
+                              cute.make_layout((self.tile_m, SP_COLS), stride=(SP_COLS, 1)))
 
         x_vectors = cute.cosize(sX_layout) // 8
         k_tiles = (mX.shape[1] + self.tile_k - 1) // self.tile_k
-        kt_begin = rank * k_tiles // self.cluster_k
-        kt_end = (rank + 1) * k_tiles // self.cluster_k
+        split_begin = cta * self.config.splits_per_cta
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
-                self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block, kt_begin, kt_end)
+                self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block,
+                          self.split_tile(split_begin, k_tiles), self.split_tile(split_begin + self.config.splits_per_cta, k_tiles))
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
-            self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, kt_begin, kt_end)
+            self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, split_begin, k_tiles)
 
-        if cutlass.const_expr(self.config.cluster_reduce):
+        if cutlass.const_expr(self.config.form == "cluster"):
             sA = storage.sA.get_tensor(cute.make_layout((self.rows_per_rank, SP_COLS), stride=(SP_COLS, 1)))
             cute.arch.cluster_arrive()  # every CTA's partials are in its smem
             cute.arch.cluster_wait()
             if tidx >= 128:
-                self.cluster_reduce_rows(sP, sA, rank, tidx - 128)
+                self.cluster_reduce_rows(sP, sA, cta, tidx - 128)
             cute.arch.cluster_arrive()  # no CTA leaves while a peer still reads its partials
             cute.arch.cluster_wait()
             if tidx >= 128 and tidx - 128 < self.rows_per_rank:
                 rr = tidx - 128
-                row = m_block * self.tile_m + rr * self.cluster_k + rank
+                row = m_block * self.tile_m + rr * self.cluster_k + cta
                 if row < mX.shape[0]:
                     self.epilogue(sA, rr, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
                                   sinkhorn_iters, rms_eps, hc_eps)
         elif tidx >= 128:
-            self.store_partials(sP, mPart, m_block, rank, tidx - 128)
+            self.store_partials(sP, mPart, m_block, cta, tidx - 128)
+
+    def split_tile(self, split, k_tiles):
+        """The first k tile of ``split`` (``k_tiles`` for ``split == n_splits``)."""
+        return split * k_tiles // self.config.n_splits
 
     # ------------------------------------------------------------------ roles
     @cute.jit
@@ -285,10 +320,11 @@ class HcMixTmaKernel(HcMixKernel):
             state.advance()
 
     @cute.jit
-    def mma(self, tiled_mma, sX, sW, sXv, sP, ring, ctidx, kt_begin, kt_end):
-        """Consumers: per k tile, WGMMA into a fresh accumulator, squares meanwhile, then the float32
-        running sums (``overlap``: the next tile's WGMMAs run while the previous accumulator is added);
-        at the end the CTA's partials into ``sP`` (rows x (72 + 1))."""
+    def mma(self, tiled_mma, sX, sW, sXv, sP, ring, ctidx, split_begin, k_tiles):
+        """Consumers, per split of this CTA: per k tile, WGMMA into a fresh accumulator, squares
+        meanwhile, then the float32 running sums (``overlap``: the next tile's WGMMAs run while the
+        previous accumulator is added); at the split's end :meth:`close_split` folds it into the CTA's
+        totals.  At the end the totals go to ``sP`` (rows x (24 + 1))."""
         wg_idx = cute.arch.make_warp_uniform(ctidx // 128)
         wg_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg_idx))
         thr_mma = tiled_mma.get_slice(ctidx)
@@ -299,60 +335,73 @@ class HcMixTmaKernel(HcMixKernel):
         run.fill(0.0)
         sq = cute.make_rmem_tensor((self.config.m_atoms,), Float32)
         sq.fill(0.0)
+        tot = cute.make_rmem_tensor((self.config.m_atoms * A_PER_ATOM,), Float32)  # the CTA's a values
+        tot.fill(0.0)
+        tot_sq = cute.make_rmem_tensor((self.config.m_atoms,), Float32)
+        tot_sq.fill(0.0)
         rX = cute.make_rmem_tensor((8,), BFloat16)
-        if cutlass.const_expr(not self.config.overlap):
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            for _ in cutlass.range(kt_begin, kt_end, unroll=1):
-                acc = cute.make_rmem_tensor(acc_shape, Float32)
-                self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
-                warpgroup.wait_group(0)
-                ring.consumer_release(state)
-                self.accumulate(run, acc)
-                state.advance()
-        else:
-            # k tiles in pairs (every CTA has an even count: the host checks K % (128 cluster_k) == 0):
-            # tile t + 1's WGMMAs run while tile t's result is added; accumulators are made per pair
-            # (see issue()); pipeline states come from t.
-            for t in cutlass.range(0, kt_end - kt_begin, 2, unroll=1):
-                acc = cute.make_rmem_tensor(acc_shape, Float32)
-                acc_next = cute.make_rmem_tensor(acc_shape, Float32)
-                first, second = self.consumer_state(t), self.consumer_state(t + 1)
-                self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, first, ctidx)
-                self.begin_tile(tiled_mma, acc_next, tCrX, tCrW, sXv, sq, rX, ring, second, ctidx)
-                warpgroup.wait_group(1)
-                ring.consumer_release(first)
-                self.accumulate(run, acc)
-                warpgroup.wait_group(0)
-                ring.consumer_release(second)
-                self.accumulate(run, acc_next)
+        kt_begin = self.split_tile(split_begin, k_tiles)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for split in cutlass.range(split_begin, split_begin + self.config.splits_per_cta, unroll=1):
+            t_begin = self.split_tile(split, k_tiles)
+            t_end = self.split_tile(split + 1, k_tiles)
+            if cutlass.const_expr(not self.config.overlap):
+                for _ in cutlass.range(t_begin, t_end, unroll=1):
+                    acc = cute.make_rmem_tensor(acc_shape, Float32)
+                    self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
+                    warpgroup.wait_group(0)
+                    ring.consumer_release(state)
+                    self.accumulate(run, acc)
+                    state.advance()
+            else:
+                # k tiles in pairs (every split has an even count: _launch_config checks it): tile t + 1's
+                # WGMMAs run while tile t's result is added; accumulators are made per pair (see issue());
+                # pipeline states come from t's position in this CTA's walk.
+                for t in cutlass.range(t_begin - kt_begin, t_end - kt_begin, 2, unroll=1):
+                    acc = cute.make_rmem_tensor(acc_shape, Float32)
+                    acc_next = cute.make_rmem_tensor(acc_shape, Float32)
+                    first, second = self.consumer_state(t), self.consumer_state(t + 1)
+                    self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, first, ctidx)
+                    self.begin_tile(tiled_mma, acc_next, tCrX, tCrW, sXv, sq, rX, ring, second, ctidx)
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(first)
+                    self.accumulate(run, acc)
+                    warpgroup.wait_group(0)
+                    ring.consumer_release(second)
+                    self.accumulate(run, acc_next)
+            self.close_split(run, sq, tot, tot_sq)
         # every consumer is done with the ring (and every TMA load has landed): sP may alias sX
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        self.store_run(sP, run, thr_mma)
+        self.store_totals(sP, tot, tot_sq, thr_mma, ctidx)
+
+    @cute.jit
+    def close_split(self, run, sq, tot, tot_sq):
+        """End of a split: ``tot += (lo + mid) + hi`` of its running sums (the three pieces of a
+        column sit in the same thread: WGMMA n8 blocks ``b``, ``b + 3``, ``b + 6``), ``tot_sq += half
+        0 + half 1`` of its squares (the row's other half from the neighbour lane; a + b = b + a, so
+        both lanes hold the same bits); both running sums restart from zero."""
         for m in cutlass.range_constexpr(self.config.m_atoms):
-            other = cute.arch.shuffle_sync_bfly(sq[m], offset=1)  # the row's other half
-            if ctidx % 2 == 0:
-                sP[m * ROWS_PER_ATOM + ctidx // 2, N_W] = sq[m] + other  # half 0 + half 1
-        self.combine_pieces(sP, ctidx)
+            for i in cutlass.range_constexpr(A_PER_ATOM):
+                lo = m * ACC_PER_ATOM + i  # fragment ((2 cols, 2 rows, 9 n8 blocks), m atom): blocks 0-2 = lo
+                tot[m * A_PER_ATOM + i] = tot[m * A_PER_ATOM + i] + (
+                    (run[lo] + run[lo + A_PER_ATOM]) + run[lo + 2 * A_PER_ATOM])
+            other = cute.arch.shuffle_sync_bfly(sq[m], offset=1)
+            tot_sq[m] = tot_sq[m] + (sq[m] + other)
+        run.fill(0.0)
+        sq.fill(0.0)
 
     @cute.jit
-    def store_run(self, sP, run, thr_mma):
-        """The thread's running sums (its part of the tile_m x 72 piece sums) into ``sP``."""
+    def store_totals(self, sP, tot, tot_sq, thr_mma, ctidx):
+        """The thread's totals (its 12 ``a`` values per m atom; the even lane of a pair its row's sum of
+        squares) into ``sP``; returns after every consumer has written."""
         tCcP = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, N_W)))
-        for i in cutlass.range_constexpr(cute.size(run)):
-            r, c = tCcP[i]
-            sP[r, c] = run[i]
-
-    @cute.jit
-    def combine_pieces(self, sP, ctidx):
-        """After every consumer has written its partials: ``a_j = (lo_j + mid_j) + hi_j`` in place into
-        columns 0..23 of ``sP``."""
+        for m in cutlass.range_constexpr(self.config.m_atoms):
+            for i in cutlass.range_constexpr(A_PER_ATOM):
+                r, c = tCcP[m * ACC_PER_ATOM + i]
+                sP[r, c] = tot[m * A_PER_ATOM + i]
+            if ctidx % 2 == 0:
+                sP[m * ROWS_PER_ATOM + ctidx // 2, N_MIX] = tot_sq[m]
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        for i in cutlass.range_constexpr((self.tile_m * N_MIX + self.num_consumers - 1) // self.num_consumers):
-            item = ctidx + i * self.num_consumers
-            if item < self.tile_m * N_MIX:
-                r = item // N_MIX
-                j = item % N_MIX
-                sP[r, j] = (sP[r, j] + sP[r, N_MIX + j]) + sP[r, 2 * N_MIX + j]
 
     @cute.jit
     def begin_tile(self, tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx):
@@ -401,33 +450,35 @@ class HcMixTmaKernel(HcMixKernel):
         return pipeline.PipelineState(self.stages, t, t % self.stages, (t // self.stages) % 2)
 
     @cute.jit
-    def store_partials(self, sP, mPart, m_block, rank, ctidx):
-        """Two-kernel form: this CTA's 25 partials per row (the values a cluster peer would read over
-        DSMEM) to its slice ``(m_block, rank)`` of the workspace."""
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)  # the pieces are combined
-        base = (m_block * self.cluster_k + rank) * self.tile_m
+    def store_partials(self, sP, mPart, m_block, cta, ctidx):
+        """Two-kernel forms: this CTA's 25 partials per row to its slice ``(m_block, cta)`` of the
+        workspace."""
+        base = (m_block * self.config.ctas_per_tile + cta) * self.tile_m
         for i in cutlass.range_constexpr((self.tile_m * SP_COLS + self.num_consumers - 1) // self.num_consumers):
             item = ctidx + i * self.num_consumers
             if item < self.tile_m * SP_COLS:
                 r = item // SP_COLS
-                col = item % SP_COLS
-                mPart[base + r, col] = sP[r, col if col < N_MIX else N_W]
+                col = item - r * SP_COLS
+                mPart[base + r, col] = sP[r, col]
 
     @cute.kernel
     def reduce_kernel(self, mPart: cute.Tensor, m: Int32, k: Int32, mScale: cute.Tensor, mBase: cute.Tensor,
                       mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
                       sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
-        """Two-kernel form, second kernel: each CTA takes :data:`REDUCE_ROWS` rows, sums the
-        ``cluster_k`` partials of each (row, column) in rank order (exactly
-        :meth:`cluster_reduce_rows`' order, so the bits match), then one thread per row runs the
-        epilogue.  The loads from L2 set this kernel's time, so the (row, column) sums are spread over
-        all the CTA's threads, and the full rounds carry no bounds check (rows past M, up to the last
-        row tile's end, have zero partials in the workspace) so ptxas can issue their loads together."""
+        """Two-kernel forms, second kernel (a programmatic dependent launch: it waits for the walk's
+        completion and memory flush before reading): each CTA takes :data:`REDUCE_ROWS` rows, sums the
+        workspace partials of each (row, column) in the reduction order (``"splits"``: a group's
+        splits, then the groups; ``"groups"``: the groups: :meth:`cluster_reduce_rows`' order, so the
+        bits match), then one thread per row runs the epilogue.  The loads from L2 set this kernel's
+        time, so the (row, column) sums are spread over all the CTA's threads, and the full rounds
+        carry no bounds check (rows past M, up to the last row tile's end, have zero partials in the
+        workspace) so ptxas can issue their loads together."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         sA = smem.allocate_tensor(Float32, cute.make_layout((REDUCE_ROWS, SP_COLS), stride=(SP_COLS, 1)),
                                   byte_alignment=16)
+        cute.arch.griddepcontrol_wait()
         row0 = bidx * REDUCE_ROWS
         n_items = REDUCE_ROWS * SP_COLS
         full_rounds = n_items // REDUCE_THREADS
@@ -444,50 +495,57 @@ class HcMixTmaKernel(HcMixKernel):
 
     @cute.jit
     def reduce_item(self, mPart, sA, row0, item):
-        """``sA[r, col]`` = the ``cluster_k`` workspace partials of row ``row0 + r``, column ``col``
-        (``item = r * 25 + col``), summed in rank order."""
+        """``sA[r, col]`` = the workspace partials of row ``row0 + r``, column ``col`` (``item = r * 25 +
+        col``) in the reduction order: per group, its parts from zero; the groups from zero."""
         r = item // SP_COLS
         col = item - r * SP_COLS
         row = row0 + r
         m_block = row // self.tile_m
-        first = m_block * self.cluster_k * self.tile_m + (row - m_block * self.tile_m)
+        first = m_block * self.config.ctas_per_tile * self.tile_m + (row - m_block * self.tile_m)
+        parts_per_group = self.config.ctas_per_tile // self.cluster_k
         total = Float32(0.0)
-        for src in cutlass.range_constexpr(self.cluster_k):
-            total = total + mPart[first + src * self.tile_m, col]
+        for g in cutlass.range_constexpr(self.cluster_k):
+            group = Float32(0.0)
+            for p in cutlass.range_constexpr(parts_per_group):
+                group = group + mPart[first + (g * parts_per_group + p) * self.tile_m, col]
+            total = total + group
         sA[r, col] = total
 
     @cute.jit
     def cluster_reduce_rows(self, sP, sA, rank, ctidx):
-        """Rows ``rank, rank + cluster_k, ...`` of the tile: the cluster's partials summed in rank order
-        (24 mix values and the sum of squares)."""
+        """Rows ``rank, rank + cluster_k, ...`` of the tile: the cluster's group sums added in rank order
+        from zero (24 mix values and the sum of squares), as :meth:`reduce_item` does."""
         n_items = self.rows_per_rank * SP_COLS
         for i in cutlass.range_constexpr((n_items + self.num_consumers - 1) // self.num_consumers):
             item = ctidx + i * self.num_consumers
             if item < n_items:
                 rr = item // SP_COLS
                 col = item % SP_COLS
-                src_col = col if col < N_MIX else N_W  # column 24 of sA = sum of squares
                 row = rr * self.cluster_k + rank
                 total = Float32(0.0)
                 for src in cutlass.range_constexpr(self.cluster_k):
-                    total = total + _ld_dsmem_f32(sP.iterator + (row * P_COLS + src_col), Int32(src))
+                    # a group sum is never -0.0 (it starts at +0.0), so this equals reduce_item's 0 + group
+                    total = total + _ld_dsmem_f32(sP.iterator + (row * SP_COLS + col), Int32(src))
                 sA[rr, col] = total
 
 
 # Measured on the H200 (K = 20480): a cluster walks its k tiles in ~23 us (128-row tiles, overlap) and
 # the cluster form steps up in waves of ACTIVE_CLUSTERS 8-CTA clusters (64 -> 128 CTAs doubles the time;
-# 14 is inferred from those steps, not queried from the driver).  Within one wave the two forms are
-# level (kernel times, M = 1024: 22.0 us cluster vs 18.0 + 4.6 two-kernel); beyond it the two-kernel
-# form is faster (M = 2048: 30.1 vs 47.4; 4096: 54.8 vs 74.1; 16384: 188 vs 229; session 5,
-# bench/results/logs/2026-11-29_s5_hc_mix_kernel_times_reduce32.json; 256-row tiles were no faster in
-# either form: bench/results/logs/2026-11-29_s4_hc_mix_sweep.jsonl).
+# 14 is inferred from those steps, not queried from the driver).  Within one wave the cluster and
+# groups forms are level (kernel times, M = 1024: 22.0 us cluster vs 18.0 + 4.6 two-kernel); beyond it
+# the two-kernel form is faster (M = 2048: 30.1 vs 47.4; 4096: 54.8 vs 74.1; 16384: 188 vs 229; session
+# 5, bench/results/logs/2026-11-29_s5_hc_mix_kernel_times_reduce32.json; 256-row tiles were no faster
+# in either form: bench/results/logs/2026-11-29_s4_hc_mix_sweep.jsonl).
 ACTIVE_CLUSTERS = 14
+SPLITS_MAX_M = 1024  # "splits" up to here: 32 CTAs per 128-row tile, at most two waves on 132 SMs
+FORM_EXAMPLE_M = (1, ACTIVE_CLUSTERS * 128, 1 << 20)  # an M for each form config_for picks (compile targets)
 
 
 def config_for(m: int) -> HcMixTmaConfig:
-    """The configuration for ``m`` rows: 128-row tiles with paired k tiles, as one wave of 8-CTA
-    clusters reducing over DSMEM while ``m`` <= :data:`ACTIVE_CLUSTERS` x 128, else the two-kernel
-    form (no clusters).  Every choice gives the same bits.
+    """The configuration for ``m`` rows: 128-row tiles with paired k tiles; one CTA per split
+    (``"splits"``) while ``m`` <= :data:`SPLITS_MAX_M`, one wave of 8-CTA clusters reducing over DSMEM
+    while ``m`` <= :data:`ACTIVE_CLUSTERS` x 128, else one CTA per group without clusters
+    (``"groups"``).  Every choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
     return _config_for(int(m))
@@ -495,8 +553,8 @@ def config_for(m: int) -> HcMixTmaConfig:
 
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
-    one_wave = m <= ACTIVE_CLUSTERS * 128  # 128-row tiles
-    return HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=one_wave)
+    form = "splits" if m <= SPLITS_MAX_M else "cluster" if m <= ACTIVE_CLUSTERS * 128 else "groups"
+    return HcMixTmaConfig(overlap=True, consumer_regs=160, form=form)
 
 
 def _compile(config: HcMixTmaConfig):
@@ -509,12 +567,12 @@ def _compile(config: HcMixTmaConfig):
 
 
 def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
-    """Rows of the two-kernel form's ``[rows, 25]`` float32 partials: ``ceil(M / tile_m) * cluster_k *
-    tile_m`` (every element written by the walk before the reduction reads it); one dummy row with
-    ``cluster_reduce``."""
-    if config.cluster_reduce:
+    """Rows of the two-kernel forms' ``[rows, 25]`` float32 partials: ``ceil(M / tile_m) *
+    ctas_per_tile * tile_m`` (every element written by the walk before the reduction reads it); one
+    dummy row for ``"cluster"``."""
+    if config.form == "cluster":
         return 1
-    return max(1, -(-m // config.tile_m) * config.cluster_k * config.tile_m)
+    return max(1, -(-m // config.tile_m) * config.ctas_per_tile * config.tile_m)
 
 
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
@@ -533,9 +591,10 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
 def _launch_config(config: HcMixTmaConfig, k: int, store_mix: bool) -> HcMixTmaConfig:
     """The config actually compiled for a call (memoized: dataclasses.replace costs microseconds):
     ``store_mix`` follows the mix buffer (set without one, the epilogue would write past the dummy
-    row); overlap falls back to the plain loop when some CTA gets an odd number of k tiles (same bits)."""
+    row); overlap falls back to the plain loop when some split gets an odd number of k tiles (same
+    bits)."""
     cfg = dataclasses.replace(config, store_mix=store_mix)
-    if cfg.overlap and k % (2 * cfg.tile_k * cfg.cluster_k):
+    if cfg.overlap and k % (2 * cfg.tile_k * cfg.n_splits):
         cfg = dataclasses.replace(cfg, overlap=False)
     return cfg
 
@@ -558,8 +617,10 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     """The kernel's summation order in float32 on any device (CPU tests): ``[M, 25]`` = (a, sum x^2).
 
     Exact bf16 x bf16 products; each k tile's 64 products summed in float32 (the WGMMA chunk, modelled
-    as exact-then-rounded), added to float32 running sums per CTA, pieces combined (lo + mid) + hi,
-    the cluster's CTAs summed in rank order; squares: per thread half-row sums in column order.
+    as exact-then-rounded) and added to a split's float32 running sums; at the split's end its pieces
+    are combined (lo + mid) + hi and its squares' half-row sums added (per thread, in column order);
+    splits are summed per group from zero, groups from zero (the config's ``cluster_k`` and
+    ``group_splits``; its ``form`` does not matter).
     """
     cfg = config or HcMixTmaConfig()
     m, k = x.shape
@@ -570,18 +631,20 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     xd = x.double()
     kt = -(-k // cfg.tile_k)
     out = torch.zeros(m, SP_COLS, dtype=torch.float32, device=dev)
-    for rank in range(cfg.cluster_k):
-        run = torch.zeros(m, N_W, dtype=torch.float32, device=dev)
-        sq = torch.zeros(m, 2, dtype=torch.float32, device=dev)  # squares: two half-row sums per row
-        for t in range(rank * kt // cfg.cluster_k, (rank + 1) * kt // cfg.cluster_k):
-            cols = slice(t * cfg.tile_k, min(k, (t + 1) * cfg.tile_k))
-            run = run + (xd[:, cols] @ w3[:, cols].t()).float()
-            for h in range(sq.shape[1]):
-                part = torch.zeros(m, dtype=torch.float32, device=dev)
-                for c in range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2):
-                    part = part + (xd[:, c] * xd[:, c]).float()
-                sq[:, h] = sq[:, h] + part
-        a = (run[:, :N_MIX] + run[:, N_MIX:2 * N_MIX]) + run[:, 2 * N_MIX:]
-        out[:, :N_MIX] = out[:, :N_MIX] + a
-        out[:, N_MIX] = out[:, N_MIX] + (sq[:, 0] + sq[:, 1])
+    for group in range(cfg.cluster_k):
+        group_sum = torch.zeros(m, SP_COLS, dtype=torch.float32, device=dev)
+        for split in range(group * cfg.group_splits, (group + 1) * cfg.group_splits):
+            run = torch.zeros(m, N_W, dtype=torch.float32, device=dev)
+            sq = torch.zeros(m, 2, dtype=torch.float32, device=dev)  # squares: two half-row sums per row
+            for t in range(split * kt // cfg.n_splits, (split + 1) * kt // cfg.n_splits):
+                cols = slice(t * cfg.tile_k, min(k, (t + 1) * cfg.tile_k))
+                run = run + (xd[:, cols] @ w3[:, cols].t()).float()
+                for h in range(sq.shape[1]):
+                    part = torch.zeros(m, dtype=torch.float32, device=dev)
+                    for c in range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2):
+                        part = part + (xd[:, c] * xd[:, c]).float()
+                    sq[:, h] = sq[:, h] + part
+            group_sum[:, :N_MIX] = group_sum[:, :N_MIX] + ((run[:, :N_MIX] + run[:, N_MIX:2 * N_MIX]) + run[:, 2 * N_MIX:])
+            group_sum[:, N_MIX] = group_sum[:, N_MIX] + (sq[:, 0] + sq[:, 1])
+        out = out + group_sum
     return out

@@ -2,8 +2,8 @@
 
 Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_hc_mix.py
 
-Both methods; for "tma" the cluster form, the two-kernel form (workspace + reduction kernel) and
-256-row tiles, with an uneven k-tile split (K = 7232) and a ragged last row tile.
+Both methods; for "tma" the cluster form, the two two-kernel forms (workspace + reduction kernel,
+one CTA per group or per split) and 256-row tiles, with an uneven k-tile split (K = 7232) and a ragged last row tile.
 """
 import torch
 
@@ -19,8 +19,9 @@ for m, k in ((5, 192), (130, 7232)):
     ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
     outs = [cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)]
     for cfg in (tma.HcMixTmaConfig(overlap=True, consumer_regs=160),
-                tma.HcMixTmaConfig(overlap=True, consumer_regs=160, cluster_reduce=False),
-                tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, cluster_reduce=False)):
+                tma.HcMixTmaConfig(overlap=True, consumer_regs=160, form="groups"),
+                tma.HcMixTmaConfig(overlap=True, consumer_regs=160, form="splits"),
+                tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form="groups")):
         mix = torch.empty(m, 25, device="cuda")
         outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix))
     for out in outs:

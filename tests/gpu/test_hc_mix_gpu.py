@@ -195,18 +195,20 @@ def test_tma_kernel_is_batch_invariant():
 
 
 def test_tma_kernel_tiles_give_the_same_bits():
-    """config_for switches between the cluster and two-kernel forms with M, and the tile, stage and
-    overlap choices must not matter either: all give the same bits (batch invariance across the
-    switch).  K = 7232 (113 k tiles: uneven per CTA) takes overlap's fallback, the plain loop."""
+    """config_for switches between the splits, cluster and groups forms with M, and the tile, stage
+    and overlap choices must not matter either: all give the same bits (batch invariance across the
+    switch).  K = 7232 (113 k tiles: uneven per split) takes overlap's fallback, the plain loop."""
     from cute_kernels.kernels import hc_mix_tma as tma
 
     for k in (20480, 7232):
         x, hc_fn, hc_scale, hc_base = _inputs(300, k, seed=11)
         mixes = []
-        two_kernel = dict(cluster_reduce=False)
-        for cfg in (tma.HcMixTmaConfig(), tma.config_for(1), tma.config_for(1 << 20),
-                    tma.HcMixTmaConfig(stages=3), tma.HcMixTmaConfig(overlap=True, consumer_regs=160, **two_kernel),
-                    tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=200, **two_kernel)):
+        ov = dict(overlap=True, consumer_regs=160)
+        for cfg in (tma.HcMixTmaConfig(), *(tma.config_for(m) for m in tma.FORM_EXAMPLE_M),
+                    tma.HcMixTmaConfig(stages=3), tma.HcMixTmaConfig(form="groups", **ov),
+                    tma.HcMixTmaConfig(form="splits", **ov), tma.HcMixTmaConfig(form="splits", stages=3),
+                    tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form="groups"),
+                    tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form="splits")):
             mix = torch.full((300, mod.SP_COLS), float("nan"), device="cuda")
             tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
             mixes.append(mix)
