@@ -163,8 +163,8 @@ class HcMixTmaConfig:
         if self.cluster_k not in (1, 2, 4, 8, 16):
             raise ValueError(f"cluster_k={self.cluster_k}: must be 1, 2, 4, 8 or 16 (16 is a non-portable "
                              "cluster size, which the DSL allows on every kernel it launches)")
-        if self.group_splits not in (1, 2, 4, 8):
-            raise ValueError(f"group_splits={self.group_splits}: must be 1, 2, 4 or 8")
+        if self.group_splits not in (1, 2, 4, 8, 16):
+            raise ValueError(f"group_splits={self.group_splits}: must be 1, 2, 4, 8 or 16")
         if self.form not in FORMS:
             raise ValueError(f"form={self.form!r}: must be one of {FORMS}")
         if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
@@ -470,9 +470,8 @@ class HcMixTmaKernel(HcMixKernel):
         workspace partials of each (row, column) in the reduction order (``"splits"``: a group's
         splits, then the groups; ``"groups"``: the groups: :meth:`cluster_reduce_rows`' order, so the
         bits match), then one thread per row runs the epilogue.  The loads from L2 set this kernel's
-        time, so the (row, column) sums are spread over all the CTA's threads, and the full rounds
-        carry no bounds check (rows past M, up to the last row tile's end, have zero partials in the
-        workspace) so ptxas can issue their loads together."""
+        time, so the (row, column) sums are spread over all the CTA's threads, each sum's loads
+        issued together; rows past M are skipped."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
@@ -482,34 +481,36 @@ class HcMixTmaKernel(HcMixKernel):
         row0 = bidx * REDUCE_ROWS
         n_items = REDUCE_ROWS * SP_COLS
         full_rounds = n_items // REDUCE_THREADS
+        rows = cutlass.min(m - row0, REDUCE_ROWS)
         for i in cutlass.range_constexpr(full_rounds):
-            self.reduce_item(mPart, sA, row0, tidx + i * REDUCE_THREADS)
+            self.reduce_item(mPart, sA, row0, tidx + i * REDUCE_THREADS, rows * SP_COLS)
         if cutlass.const_expr(n_items % REDUCE_THREADS):
             item = tidx + full_rounds * REDUCE_THREADS
-            if item < n_items:
-                self.reduce_item(mPart, sA, row0, item)
+            self.reduce_item(mPart, sA, row0, item, cutlass.min(rows * SP_COLS, n_items))
         cute.arch.sync_threads()
         if tidx < REDUCE_ROWS and row0 + tidx < m:
             self.epilogue(sA, tidx, row0 + tidx, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters,
                           rms_eps, hc_eps)
 
     @cute.jit
-    def reduce_item(self, mPart, sA, row0, item):
+    def reduce_item(self, mPart, sA, row0, item, n_items):
         """``sA[r, col]`` = the workspace partials of row ``row0 + r``, column ``col`` (``item = r * 25 +
-        col``) in the reduction order: per group, its parts from zero; the groups from zero."""
-        r = item // SP_COLS
-        col = item - r * SP_COLS
-        row = row0 + r
-        m_block = row // self.tile_m
-        first = m_block * self.config.ctas_per_tile * self.tile_m + (row - m_block * self.tile_m)
-        parts_per_group = self.config.ctas_per_tile // self.cluster_k
-        total = Float32(0.0)
-        for g in cutlass.range_constexpr(self.cluster_k):
-            group = Float32(0.0)
-            for p in cutlass.range_constexpr(parts_per_group):
-                group = group + mPart[first + (g * parts_per_group + p) * self.tile_m, col]
-            total = total + group
-        sA[r, col] = total
+        col``) in the reduction order: per group, its parts from zero; the groups from zero.  Items
+        from ``n_items`` on (rows past M) are skipped: at small M most of the CTA's rows are."""
+        if item < n_items:
+            r = item // SP_COLS
+            col = item - r * SP_COLS
+            row = row0 + r
+            m_block = row // self.tile_m
+            first = m_block * self.config.ctas_per_tile * self.tile_m + (row - m_block * self.tile_m)
+            parts_per_group = self.config.ctas_per_tile // self.cluster_k
+            total = Float32(0.0)
+            for g in cutlass.range_constexpr(self.cluster_k):
+                group = Float32(0.0)
+                for p in cutlass.range_constexpr(parts_per_group):
+                    group = group + mPart[first + (g * parts_per_group + p) * self.tile_m, col]
+                total = total + group
+            sA[r, col] = total
 
     @cute.jit
     def cluster_reduce_rows(self, sP, sA, rank, ctidx):
