@@ -16,17 +16,17 @@ from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
 
 VARIANTS = list(mod.SHIPPED)
-TMA_VARIANTS = {
-    "tma_c8": tma.HcMixTmaConfig(),
-    "tma_c8_ov": tma.HcMixTmaConfig(overlap=True, consumer_regs=160),
-    "tma_c8_t256": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224),  # (_ov variants need an
-    # even tile count per split, K % (128 n_splits) == 0, else hc_mix_sinkhorn_tma runs the plain loop)
-    "tma_c8_ov_groups": tma.HcMixTmaConfig(overlap=True, consumer_regs=160, form="groups"),
-    "tma_c8_t256_groups": tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form="groups"),
-    "tma_c8_ov_splits": tma.HcMixTmaConfig(overlap=True, consumer_regs=160, form="splits"),
-    "tma_c8_splits": tma.HcMixTmaConfig(form="splits"),
-    "tma_c8_s4_splits": tma.HcMixTmaConfig(stages=4, form="splits"),
-}
+def _tuned(**kw):
+    cfg = tma.HcMixTmaConfig(**kw)
+    return tma.dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
+
+
+TMA_VARIANTS = {f"tma_L{lv}": _tuned(cta_level=lv) for lv in range(len(tma.TREE) + 1)}  # the shipped tree
+TMA_VARIANTS.update({  # other trees (other bits): 32 splits of 10 k tiles, paired (overlap)
+    "tma_4x8_L1_ov": _tuned(tree=(4, 8), cta_level=1, overlap=True),
+    "tma_4x8_L2_ov": _tuned(tree=(4, 8), cta_level=2, overlap=True),
+    "tma_L5_t256": _tuned(tile_m=256, stages=5),
+})
 
 
 def _name(c):
@@ -56,7 +56,7 @@ def main():
                 row[name] = round(cuda_time_us(
                     lambda cfg=cfg: tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg)), 2)
                 tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
-                ref = ref_mix.setdefault((cfg.cluster_k, cfg.group_splits), mix)
+                ref = ref_mix.setdefault(cfg.tree, mix)
                 if ref is not mix:
                     row[name + "_bits"] = "same" if torch.equal(mix, ref) else "DIFFER"
             except Exception as exc:  # noqa: BLE001 (report, keep sweeping)

@@ -68,7 +68,7 @@ def _hc_mix_configs(mod) -> dict:
     from .kernels import hc_mix_tma
 
     return {"M<=256 (default)": mod.SMALL, "M>256 (default)": mod.MEDIUM, "LARGE": mod.LARGE,
-            **{f"method=tma {hc_mix_tma.config_for(m).form}": hc_mix_tma.config_for(m) for m in hc_mix_tma.FORM_EXAMPLE_M}}
+            **{f"method=tma M={m}": hc_mix_tma.config_for(m) for m in hc_mix_tma.FORM_EXAMPLE_M}}
 
 
 def _qknorm_configs(mod) -> dict:

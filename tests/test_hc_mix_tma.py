@@ -15,7 +15,7 @@ from seeding import generator
 CONFIGS = [mod.HcMixTmaConfig(), *(mod.config_for(m) for m in mod.FORM_EXAMPLE_M)]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.form}-t{c.tile_m}s{c.stages}{'ov' if c.overlap else ''}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"L{c.cta_level}-t{c.tile_m}s{c.stages}{'ov' if c.overlap else ''}")
 def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)
@@ -29,6 +29,9 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
         assert "LDL/STL (local memory)" not in rec.sass_features
     assert "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16" in rec.ptx
     assert "ld.shared.v4" in rec.ptx  # the squares read 16-byte vectors
+    assert rec.ptx.count(".entry") == 2  # the walk and the reduction kernel (no clusters, no DSMEM)
+    assert "barrier.cluster" not in rec.ptx and "ld.shared::cluster" not in rec.ptx
+    assert "griddepcontrol.launch_dependents" in rec.ptx and "griddepcontrol.wait" in rec.ptx  # PDL
     if cfg.overlap:  # the second tile of a pair stays in flight: wait_group 1, then 0
         assert rec.ptx.count("wgmma.wait_group.sync.aligned \t1;") == 1
         if rec.sass:  # ptxas kept it (a serialized pipeline has only DEPBAR.LE gsb0, 0x0)
@@ -36,46 +39,41 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
 
 
 @pytest.mark.parametrize("kw,match", [(dict(tile_k=32), "tile_k"), (dict(stages=1), "stages"),
-                                      (dict(cluster_k=3), "cluster_k"), (dict(cluster_k=32), "cluster_k"),
-                                      (dict(group_splits=3), "group_splits"), (dict(form="split"), "form"), (dict(consumer_regs=100), "multiples"),
+                                      (dict(tree=(3, 2)), "fan-outs"), (dict(tree=(32,)), "fan-outs"),
+                                      (dict(tree=()), "fan-outs"), (dict(tree=(16, 16)), "at most 128"),
+                                      (dict(cta_level=6), "cta_level"), (dict(cta_level=-1), "cta_level"),
+                                      (dict(consumer_regs=100), "multiples"),
                                       (dict(stages=8, consumer_regs=240), "register split"),
                                       (dict(producer_regs=32, consumer_regs=240), "register split"),
                                       (dict(tile_m=192), "tile_m"),
-                                      (dict(tile_m=256), "needs >= 224"),
-                                      (dict(overlap=True), "needs >= 160"),
+                                      (dict(tile_m=256), "needs >="),
+                                      (dict(tile_m=256, cta_level=1, consumer_regs=232), "needs >="),
+                                      (dict(overlap=True, cta_level=0), "needs >="),
                                       (dict(tile_m=256, overlap=True), "overlap")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
         mod.HcMixTmaConfig(**kw).validate()
 
 
-def test_sixteen_cta_clusters_compile():
-    """cluster_k=16 is a non-portable cluster size; it ran on the H200 (logs/..._cluster16.jsonl)."""
-    cfg = mod.HcMixTmaConfig(cluster_k=16, overlap=True, consumer_regs=160)
-    cfg.validate()
-    mod._compile(cfg)
-    assert all(not r.stack_bytes for r in compile_record(mod.NAME, cfg).resources)
-
-
 @pytest.mark.parametrize("cfg", CONFIGS)
-def test_shipped_configs_fit_and_share_one_split(cfg):
+def test_shipped_configs_fit_and_share_one_tree(cfg):
     cfg.validate()
     assert cfg.smem_bytes() <= base.SMEM_LIMIT
-    base_cfg = mod.HcMixTmaConfig()  # the split is part of the bits
-    assert (cfg.cluster_k, cfg.group_splits) == (base_cfg.cluster_k, base_cfg.group_splits)
+    assert cfg.tree == mod.TREE  # the tree is part of the bits
 
 
-def test_config_for_picks_each_form_by_m():
-    assert [mod.config_for(m).form for m in (0, 1, 128, 1024, 1025, 1792, 1793, 16384)] == [
-        "splits"] * 4 + ["cluster"] * 2 + ["groups"] * 2
-    cfg = mod.config_for(1)
-    assert (cfg.ctas_per_tile, cfg.splits_per_cta) == (32, 1)
-    assert (mod.config_for(4096).ctas_per_tile, mod.config_for(4096).splits_per_cta) == (8, 4)
+def test_config_for_fills_about_one_wave_per_m():
+    got = {m: mod.config_for(m).ctas_per_tile for m in (0, 1, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)}
+    assert got == {0: 64, 1: 64, 128: 64, 256: 64, 512: 32, 1024: 16, 2048: 8, 4096: 4, 8192: 4, 16384: 1}
+    for m in (1, 512, 4096, 16384):
+        cfg = mod.config_for(m)
+        assert cfg.consumer_regs == cfg.min_consumer_regs() and not cfg.overlap
+    assert {mod.config_for(m).cta_level for m in mod.FORM_EXAMPLE_M} == set(range(len(mod.TREE) + 1))
 
 
 @pytest.mark.parametrize("m,k", [(5, 2048), (3, 20480), (2, 1344)])
 def test_summation_order_meets_the_accuracy_target(m, k):
-    """a = x . hc_fn^T summed the kernel's way (float32 chunks of 64, three bf16 pieces, cluster order)
+    """a = x . hc_fn^T summed the kernel's way (float32 chunks of 64, three bf16 pieces, the tree's order)
     is within the issue's 2e-6 norm-wise of float64; the sum of squares within 1e-6."""
     g = generator(11, device="cpu")
     x = torch.randn(m, k, generator=g).bfloat16()
@@ -131,7 +129,7 @@ def test_mix_buffer_is_checked_before_launch(monkeypatch):
 def test_launch_arguments_are_aligned(m, with_mix):
     """run_compiled (CPU tensors, the compiled kernel replaced by a recorder): every tensor argument
     starts 16-byte aligned (the compiled kernel needs it of x, the pieces and the buffers made here)
-    and the two-kernel form's workspace has a row per (row tile, rank, row), covering every row the
+    and the workspace has a row per (row tile, CTA, row), covering every row the
     reduction kernel reads."""
     from cute_kernels.kernels.hc_mix import run_compiled
 
@@ -144,9 +142,8 @@ def test_launch_arguments_are_aligned(m, with_mix):
         tensors = [a for a in seen if isinstance(a, torch.Tensor)]
         assert len(tensors) == 9 and all(t.data_ptr() % 16 == 0 for t in tensors)
         assert tensors[-1].shape == (mod.workspace_rows(m, cfg), 25)
-        if cfg.form != "cluster":  # the reduction reads rows up to ceil(m / REDUCE_ROWS) * REDUCE_ROWS
-            reduce_rows = -(-m // mod.REDUCE_ROWS) * mod.REDUCE_ROWS
-            assert tensors[-1].shape[0] >= ((reduce_rows - 1) // cfg.tile_m + 1) * cfg.ctas_per_tile * cfg.tile_m
+        # the reduction reads the node sums of rows < m: up to the last row's tile
+        assert tensors[-1].shape[0] >= ((m - 1) // cfg.tile_m + 1) * cfg.ctas_per_tile * cfg.tile_m
 
 
 @pytest.mark.parametrize("tile_m", [128, 256])
@@ -176,36 +173,33 @@ def test_squares_read_the_swizzled_vectors_without_bank_conflicts(tile_m):
     assert bank_conflicts(lay, scalars, 2).ratio == 4.0
 
 
-@pytest.mark.parametrize("form,tile_m", [("groups", 128), ("groups", 256), ("splits", 128)])
-def test_two_kernel_forms_compile_without_clusters(form, tile_m):
-    """"groups" / "splits": the walk without a cluster (no barrier.cluster, no DSMEM) plus the
-    reduction kernel, a programmatic dependent launch (griddepcontrol), both without spills; the
-    workspace covers every (row tile, CTA, row)."""
-    cfg = (mod.HcMixTmaConfig(overlap=True, consumer_regs=160, form=form) if tile_m == 128 else
-           mod.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form=form))
+@pytest.mark.parametrize("kw", [dict(tile_m=256, stages=5, cta_level=5),
+                                dict(overlap=True, tree=(8, 4), cta_level=1)])
+def test_other_configs_compile_without_spills(kw):
+    """256-row tiles (two m64 atoms per warpgroup) and overlap (two accumulators) at the register
+    counts ``min_consumer_regs`` gives them; the workspace covers every (row tile, CTA, row)."""
+    cfg = mod.HcMixTmaConfig(**kw)
+    cfg = mod.dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
     cfg.validate()
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)
-    assert rec.ptx.count(".entry") == 2
-    assert "barrier.cluster" not in rec.ptx and "ld.shared::cluster" not in rec.ptx
-    assert "griddepcontrol.launch_dependents" in rec.ptx and "griddepcontrol.wait" in rec.ptx
     assert all(not r.stack_bytes for r in rec.resources) and len(rec.resources) == 2
-    assert mod.workspace_rows(tile_m + 1, cfg) == 2 * cfg.ctas_per_tile * tile_m
-    assert mod.workspace_rows(tile_m + 1, mod.HcMixTmaConfig()) == 1
+    assert "local memory (spill)" not in find_features(rec.ptx, PTX_FEATURES)
+    assert mod.workspace_rows(cfg.tile_m + 1, cfg) == 2 * cfg.ctas_per_tile * cfg.tile_m
 
 
-def test_splits_change_the_bits_forms_do_not():
-    """The emulated order depends on (cluster_k, group_splits), not on the form."""
+def test_the_tree_sets_the_bits_the_cta_level_does_not():
+    """The emulated order depends on the tree, not on which level the CTAs take."""
     g = generator(13, device="cpu")
     x = torch.randn(3, 4096, generator=g).bfloat16()
     w = torch.randn(24, 4096, generator=g)
     ref = mod.emulate_mix(x, w)
-    assert torch.equal(ref, mod.emulate_mix(x, w, mod.HcMixTmaConfig(form="splits")))
-    assert not torch.equal(ref, mod.emulate_mix(x, w, mod.HcMixTmaConfig(group_splits=1)))
+    assert torch.equal(ref, mod.emulate_mix(x, w, mod.HcMixTmaConfig(cta_level=0)))
+    assert not torch.equal(ref, mod.emulate_mix(x, w, mod.HcMixTmaConfig(tree=(8, 8))))
 
 
-@pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(form=1),
-                                dict(group_splits=True)])
+@pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(tree=[4, 2]),
+                                dict(cta_level=True), dict(tree=(4, 2.0))])
 def test_config_field_types(kw):
     with pytest.raises(TypeError, match=next(iter(kw))):
         mod.HcMixTmaConfig(**kw).validate()

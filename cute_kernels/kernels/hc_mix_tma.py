@@ -69,7 +69,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_tensor
 from ..runtime.validate import check_int, check_tensor
 from . import sm90_helpers as sm90
-from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _ld_dsmem_f32, _pieces, _validate,
+from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _pieces, _validate,
                      fake_launch_args, run_compiled, split_pieces)
 
 NAME = "hc_mix_tma"
@@ -77,11 +77,16 @@ ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 ACC_PER_ATOM = N_W // 2  # accumulator values per thread per m64 atom: (2 cols, 2 rows, 9 n8 blocks)
 A_PER_ATOM = N_MIX // 2  # of those, one piece of the 24 columns (n8 blocks 0-2)
-REDUCE_ROWS = 32  # rows per CTA of the two-kernel form's reduction kernel (divides every tile_m)
-REDUCE_THREADS = 256  # its threads: 800 (row, column) sums, ~3 per thread, their 8 loads each in flight at once
+REDUCE_ROWS = 8  # rows per CTA of the reduction kernel (divides every tile_m): many CTAs, so small M is fast
+REDUCE_THREADS = 224  # its threads: 200 (row, column) sums, one per thread, their loads issued together
+TREE = (4, 2, 2, 2, 2)  # the shipped reduction tree of K: 64 splits (5 k tiles each at K = 20480)
 
 
-FORMS = ("cluster", "groups", "splits")
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
 
 
 @dataclass(frozen=True)
@@ -89,36 +94,30 @@ class HcMixTmaConfig:
     """``tile_m`` rows per row tile (128 or 256: one or two m64 atoms per consumer warpgroup),
     ``tile_k`` columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth.
 
-    The K split (part of the reduction order, so of the bits): K is cut into ``cluster_k`` groups of
-    ``group_splits`` splits each (k tiles ``[s * KT / n, (s + 1) * KT / n)`` for split ``s`` of
-    ``n = cluster_k * group_splits``); a split's tiles are summed in order from zero, a group's splits
-    in order from zero, and the groups in order from zero.  ``form`` says who does which sum (any
-    form, same bits):
-
-    * ``"cluster"``: one CTA per group (``cluster_k`` CTAs per row tile) folding its splits in
-      registers; the row tile's CTAs form a cluster and sum the groups over DSMEM; one kernel.
-    * ``"groups"``: the same CTAs without clusters; each writes its group sums to a global workspace
-      and a second kernel sums the groups and runs the epilogue (no limit of ~14 co-resident
-      8-CTA clusters).
-    * ``"splits"``: one CTA per split (``cluster_k * group_splits`` per row tile, a quarter of the
-      walk each at the default split): the parallelism small M needs; the second kernel sums the
-      splits of each group, then the groups.
+    ``tree`` (part of the reduction order, so of the bits): K's ``KT`` k tiles are cut into ``n =
+    prod(tree)`` splits (split ``s``: tiles ``[s * KT // n, (s + 1) * KT // n)``), the leaves of a tree
+    with fan-outs ``tree`` (root first).  A split's tiles are summed in order from zero (float32
+    running sums, pieces combined ``(lo + mid) + hi`` at its end), every inner node sums its
+    children in order from zero.  ``cta_level`` (not part of the bits) says which nodes the walk's
+    CTAs take: the nodes ``cta_level`` levels below the root (``prod(tree[:cta_level])`` CTAs per row
+    tile, each folding its subtree in registers and writing the node's sums to a workspace); the
+    reduction kernel folds the levels above.  0 = one CTA walks all of K; ``len(tree)`` = one CTA per
+    split.  :func:`config_for` picks it per M so that about one wave of CTAs runs.
 
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; needs an
     even tile count per split: every launch checks it (``_launch_config``) and falls back to the
     plain loop, since an odd count would make the consumers wait for a tile never loaded),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads; one CTA per SM),
-    ``store_mix`` (also write the raw ``[a, sum x^2]`` rows).  :func:`config_for` picks per M."""
+    ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
 
     tile_m: int = 128
     tile_k: int = 64
     stages: int = 6
-    cluster_k: int = 8
-    group_splits: int = 4
-    form: str = "cluster"
+    tree: tuple = TREE
+    cta_level: int = len(TREE)
     overlap: bool = False
     producer_regs: int = 40
-    consumer_regs: int = 120
+    consumer_regs: int = 176
     store_mix: bool = False
 
     @property
@@ -128,29 +127,36 @@ class HcMixTmaConfig:
 
     @property
     def n_splits(self) -> int:
-        """Splits of K (the finest unit of the reduction order)."""
-        return self.cluster_k * self.group_splits
+        """Splits of K (the leaves of the reduction tree)."""
+        return _prod(self.tree)
 
     @property
     def ctas_per_tile(self) -> int:
-        """Walk CTAs per row tile (and partials per row in the two-kernel forms' workspace)."""
-        return self.n_splits if self.form == "splits" else self.cluster_k
+        """Walk CTAs per row tile (and partials per row in the workspace)."""
+        return _prod(self.tree[:self.cta_level])
 
     @property
-    def splits_per_cta(self) -> int:
-        return 1 if self.form == "splits" else self.group_splits
+    def subtree(self) -> tuple:
+        """Fan-outs of the tree below a CTA's node (empty: the CTA walks one split)."""
+        return self.tree[self.cta_level:]
 
     def smem_bytes(self) -> int:
-        ring = self.stages * (self.tile_m + N_W) * self.tile_k * 2  # the partials alias the x ring
-        totals = (self.tile_m // self.cluster_k) * SP_COLS * 4 if self.form == "cluster" else 0
-        return ring + totals + 16 * self.stages + 2048
+        return self.stages * (self.tile_m + N_W) * self.tile_k * 2 + 16 * self.stages + 2048  # partials alias sX
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            want = {"bool": bool, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, int)
+            want = {"bool": bool, "tuple": tuple}.get(f.type if isinstance(f.type, str) else f.type.__name__, int)
             if type(v) is not want:
                 raise TypeError(f"{f.name}={v!r}: must be {want.__name__}")
+        if any(type(f) is not int for f in self.tree):
+            raise TypeError(f"tree={self.tree}: fan-outs must be ints")
+        if not self.tree or any(f not in (1, 2, 4, 8, 16) for f in self.tree):
+            raise ValueError(f"tree={self.tree}: fan-outs must be 1, 2, 4, 8 or 16")
+        if self.n_splits > 128:
+            raise ValueError(f"tree={self.tree}: at most 128 splits (got {self.n_splits})")
+        if not 0 <= self.cta_level <= len(self.tree):
+            raise ValueError(f"cta_level={self.cta_level}: must be in [0, {len(self.tree)}]")
         if self.tile_m not in (128, 256):
             raise ValueError(f"tile_m={self.tile_m}: must be 128 or 256 (one or two m64 atoms per consumer warpgroup)")
         if self.overlap and self.m_atoms != 1:
@@ -160,47 +166,43 @@ class HcMixTmaConfig:
             raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages}: must be in [2, 8]")
-        if self.cluster_k not in (1, 2, 4, 8, 16):
-            raise ValueError(f"cluster_k={self.cluster_k}: must be 1, 2, 4, 8 or 16 (16 is a non-portable "
-                             "cluster size, which the DSL allows on every kernel it launches)")
-        if self.group_splits not in (1, 2, 4, 8, 16):
-            raise ValueError(f"group_splits={self.group_splits}: must be 1, 2, 4, 8 or 16")
-        if self.form not in FORMS:
-            raise ValueError(f"form={self.form!r}: must be one of {FORMS}")
         if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
             raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
-        need = 224 if self.tile_m == 256 else 160 if self.overlap else 120
-        if self.consumer_regs < need:  # below these ptxas spills (72 running sums, 13-26 totals, 36-72 per accumulator)
-            raise ValueError(f"consumer_regs={self.consumer_regs}: tile_m={self.tile_m}"
-                             f"{' with overlap' if self.overlap else ''} needs >= {need} (spills below)")
+        need = self.min_consumer_regs()
+        if self.consumer_regs < need:
+            raise ValueError(f"consumer_regs={self.consumer_regs}: this config needs >= {need} (spills below)")
         sm90.check_register_split(self.producer_regs, self.consumer_regs, 2)
         if self.smem_bytes() > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
 
+    def min_consumer_regs(self) -> int:
+        """Below this ptxas spills (checked by the CPU tests): 36 running sums and 36 per accumulator per
+        m atom, 13 totals per tree level below the CTA's node per m atom, ~40 for addresses."""
+        per_atom = 36 * (3 if self.overlap else 2) + 13 * (len(self.subtree) + 1)
+        return -(-(per_atom * self.m_atoms + 40) // 8) * 8
+
 
 class HcMixTmaKernel(HcMixKernel):
-    """Warp-specialized TMA producer + two WGMMA consumer warpgroups walking a share of K for one row
-    tile; ``config.form`` says how the shares are summed (cluster DSMEM or a second kernel).
-    Reuses :class:`.hc_mix.HcMixKernel`'s epilogue (sigmoids, Sinkhorn)."""
+    """The walk (warp-specialized TMA producer + two WGMMA consumer warpgroups; one CTA per row tile and
+    node of the K tree at ``config.cta_level``) and the reduction kernel (the levels above, then the
+    epilogue).  Reuses :class:`.hc_mix.HcMixKernel`'s epilogue (sigmoids, Sinkhorn)."""
 
     def __init__(self, config: HcMixTmaConfig):
         config.validate()
         self.config = config
         self.stages = config.stages
         self.tile_k = config.tile_k
-        self.cluster_k = config.cluster_k
         self.tile_m = config.tile_m
         self.threads = 384
         self.num_consumers = 256
-        self.rows_per_rank = config.tile_m // config.cluster_k
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
                  mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
                  sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor, stream):
-        """Launch the walk (and, in the two-kernel forms, the reduction kernel after it on the same
-        stream, with programmatic dependent launch).  ``mPart``: ``[ceil(M / tile_m) * ctas_per_tile
-        * tile_m, 25]`` float32 workspace of the two-kernel forms (unused by ``"cluster"``)."""
+        """Launch the walk and the reduction kernel after it on the same stream (a programmatic
+        dependent launch).  ``mPart``: ``[ceil(M / tile_m) * ctas_per_tile * tile_m, 25]`` float32
+        workspace (the walk's node sums)."""
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
             atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
@@ -218,36 +220,26 @@ class HcMixTmaKernel(HcMixKernel):
             mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sX: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sX_layout)], 1024]
             sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
-            sA: cute.struct.Align[cute.struct.MemRange[
-                Float32, self.rows_per_rank * SP_COLS if self.config.form == "cluster" else 0], 16]
 
         self.shared_storage = SharedStorage
         grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
-        walk = self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mScale,
-                           mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart)
-        grid = [self.config.ctas_per_tile, grid_m, 1]
-        if cutlass.const_expr(self.config.form == "cluster"):
-            walk.launch(grid=grid, block=[self.threads, 1, 1], cluster=[self.cluster_k, 1, 1], stream=stream,
-                        min_blocks_per_mp=1)
-        else:
-            walk.launch(grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
-            self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
-                               sinkhorn_iters, rms_eps, hc_eps).launch(
-                grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_THREADS, 1, 1],
-                stream=stream, use_pdl=True)
+        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart).launch(
+            grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
+            min_blocks_per_mp=1)
+        self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
+                           sinkhorn_iters, rms_eps, hc_eps).launch(
+            grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_THREADS, 1, 1],
+            stream=stream, use_pdl=True)
 
     # ------------------------------------------------------------------ kernel
     @cute.kernel
     def kernel(self, tma_X: cute.Tensor, tma_W: cute.Tensor, tma_atom_X: cute.CopyAtom, tma_atom_W: cute.CopyAtom,
                tiled_mma: cute.TiledMma, sX_layout: cute.ComposedLayout, sW_layout: cute.ComposedLayout,
-               mX: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor, mPost: cute.Tensor,
-               mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32,
-               mPart: cute.Tensor):
+               mX: cute.Tensor, mPart: cute.Tensor):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        cta, m_block, _ = cute.arch.block_idx()  # "cluster": cluster = (cluster_k, 1, 1), cta = rank in it
-        if cutlass.const_expr(self.config.form != "cluster"):
-            cute.arch.griddepcontrol_launch_dependents()  # the reduction kernel may launch (it waits for us)
+        node, m_block, _ = cute.arch.block_idx()  # node: this CTA's node of the K tree (at cta_level)
+        cute.arch.griddepcontrol_launch_dependents()  # the reduction kernel may launch (it waits for us)
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_X)
             cpasync.prefetch_descriptor(tma_atom_W)
@@ -262,40 +254,25 @@ class HcMixTmaKernel(HcMixKernel):
         cute.arch.sync_threads()
         sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
         sW = storage.sW.get_tensor(sW_layout.outer, swizzle=sW_layout.inner)
-        # the CTA's partials (rows x (24 + 1)) alias the x ring once every tile has been consumed
+        # the CTA's node sums (rows x (24 + 1)) alias the x ring once every tile has been consumed
         sP = cute.make_tensor(cute.recast_ptr(storage.sX.data_ptr(), dtype=Float32),
                               cute.make_layout((self.tile_m, SP_COLS), stride=(SP_COLS, 1)))
 
         x_vectors = cute.cosize(sX_layout) // 8
         k_tiles = (mX.shape[1] + self.tile_k - 1) // self.tile_k
-        split_begin = cta * self.config.splits_per_cta
+        split_begin = node * self.config.n_splits // self.config.ctas_per_tile
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
+                split_end = split_begin + self.config.n_splits // self.config.ctas_per_tile
                 self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block,
-                          self.split_tile(split_begin, k_tiles), self.split_tile(split_begin + self.config.splits_per_cta, k_tiles))
+                          self.split_tile(split_begin, k_tiles), self.split_tile(split_end, k_tiles))
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
             self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, split_begin, k_tiles)
-
-        if cutlass.const_expr(self.config.form == "cluster"):
-            sA = storage.sA.get_tensor(cute.make_layout((self.rows_per_rank, SP_COLS), stride=(SP_COLS, 1)))
-            cute.arch.cluster_arrive()  # every CTA's partials are in its smem
-            cute.arch.cluster_wait()
-            if tidx >= 128:
-                self.cluster_reduce_rows(sP, sA, cta, tidx - 128)
-            cute.arch.cluster_arrive()  # no CTA leaves while a peer still reads its partials
-            cute.arch.cluster_wait()
-            if tidx >= 128 and tidx - 128 < self.rows_per_rank:
-                rr = tidx - 128
-                row = m_block * self.tile_m + rr * self.cluster_k + cta
-                if row < mX.shape[0]:
-                    self.epilogue(sA, rr, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
-                                  sinkhorn_iters, rms_eps, hc_eps)
-        elif tidx >= 128:
-            self.store_partials(sP, mPart, m_block, cta, tidx - 128)
+            self.store_partials(sP, mPart, m_block, node, tidx - 128)
 
     def split_tile(self, split, k_tiles):
         """The first k tile of ``split`` (``k_tiles`` for ``split == n_splits``)."""
@@ -321,86 +298,110 @@ class HcMixTmaKernel(HcMixKernel):
 
     @cute.jit
     def mma(self, tiled_mma, sX, sW, sXv, sP, ring, ctidx, split_begin, k_tiles):
-        """Consumers, per split of this CTA: per k tile, WGMMA into a fresh accumulator, squares
-        meanwhile, then the float32 running sums (``overlap``: the next tile's WGMMAs run while the
-        previous accumulator is added); at the split's end :meth:`close_split` folds it into the CTA's
-        totals.  At the end the totals go to ``sP`` (rows x (24 + 1))."""
+        """Consumers: the CTA's subtree of splits (:meth:`walk_node`), then its node sums into ``sP``
+        (rows x (24 + 1))."""
         wg_idx = cute.arch.make_warp_uniform(ctidx // 128)
         wg_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg_idx))
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrX = wg_mma.make_fragment_A(wg_mma.partition_A(sX))
         tCrW = wg_mma.make_fragment_B(wg_mma.partition_B(sW))
-        acc_shape = tiled_mma.partition_shape_C((self.tile_m, N_W))
-        run = cute.make_rmem_tensor(acc_shape, Float32)
+        self.acc_shape = tiled_mma.partition_shape_C((self.tile_m, N_W))  # static: kept on self (trace time)
+        w = (tiled_mma, tCrX, tCrW, sXv, ring, ctidx, k_tiles, self.split_tile(split_begin, k_tiles))
+        run = cute.make_rmem_tensor(self.acc_shape, Float32)
         run.fill(0.0)
         sq = cute.make_rmem_tensor((self.config.m_atoms,), Float32)
         sq.fill(0.0)
-        tot = cute.make_rmem_tensor((self.config.m_atoms * A_PER_ATOM,), Float32)  # the CTA's a values
+        # tot[d]: the sums (12 a values + the row's sum of squares per m atom) of the node being walked
+        # at depth d below the CTA's node (depth 0: the CTA's node)
+        depth = len(self.config.subtree)
+        tot = cute.make_rmem_tensor((depth + 1, self.config.m_atoms * (A_PER_ATOM + 1)), Float32)
         tot.fill(0.0)
-        tot_sq = cute.make_rmem_tensor((self.config.m_atoms,), Float32)
-        tot_sq.fill(0.0)
         rX = cute.make_rmem_tensor((8,), BFloat16)
-        kt_begin = self.split_tile(split_begin, k_tiles)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        for split in cutlass.range(split_begin, split_begin + self.config.splits_per_cta, unroll=1):
-            t_begin = self.split_tile(split, k_tiles)
-            t_end = self.split_tile(split + 1, k_tiles)
-            if cutlass.const_expr(not self.config.overlap):
-                for _ in cutlass.range(t_begin, t_end, unroll=1):
-                    acc = cute.make_rmem_tensor(acc_shape, Float32)
-                    self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
-                    warpgroup.wait_group(0)
-                    ring.consumer_release(state)
-                    self.accumulate(run, acc)
-                    state.advance()
-            else:
-                # k tiles in pairs (every split has an even count: _launch_config checks it): tile t + 1's
-                # WGMMAs run while tile t's result is added; accumulators are made per pair (see issue());
-                # pipeline states come from t's position in this CTA's walk.
-                for t in cutlass.range(t_begin - kt_begin, t_end - kt_begin, 2, unroll=1):
-                    acc = cute.make_rmem_tensor(acc_shape, Float32)
-                    acc_next = cute.make_rmem_tensor(acc_shape, Float32)
-                    first, second = self.consumer_state(t), self.consumer_state(t + 1)
-                    self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, first, ctidx)
-                    self.begin_tile(tiled_mma, acc_next, tCrX, tCrW, sXv, sq, rX, ring, second, ctidx)
-                    warpgroup.wait_group(1)
-                    ring.consumer_release(first)
-                    self.accumulate(run, acc)
-                    warpgroup.wait_group(0)
-                    ring.consumer_release(second)
-                    self.accumulate(run, acc_next)
-            self.close_split(run, sq, tot, tot_sq)
+        self.walk_node(w, run, sq, tot, rX, state, 0, split_begin)
         # every consumer is done with the ring (and every TMA load has landed): sP may alias sX
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        self.store_totals(sP, tot, tot_sq, thr_mma, ctidx)
+        self.store_totals(sP, tot, thr_mma, ctidx)
 
     @cute.jit
-    def close_split(self, run, sq, tot, tot_sq):
-        """End of a split: ``tot += (lo + mid) + hi`` of its running sums (the three pieces of a
-        column sit in the same thread: WGMMA n8 blocks ``b``, ``b + 3``, ``b + 6``), ``tot_sq += half
-        0 + half 1`` of its squares (the row's other half from the neighbour lane; a + b = b + a, so
-        both lanes hold the same bits); both running sums restart from zero."""
+    def walk_node(self, w, run, sq, tot, rX, state, d: cutlass.Constexpr, split):
+        """Sum the node at depth ``d`` below the CTA's node, whose first split is ``split``, into
+        ``tot[d]`` (zero on entry): a split walks its k tiles (:meth:`walk_split`), an inner node sums
+        its children in order from zero (each child into ``tot[d + 1]``, added, cleared)."""
+        if cutlass.const_expr(d == len(self.config.subtree)):
+            self.walk_split(w, run, sq, rX, state, split)
+            self.close_split(run, sq, tot, d)
+        else:
+            span = _prod(self.config.subtree[d + 1:])  # splits per child
+            for c in cutlass.range(self.config.subtree[d], unroll=1):
+                self.walk_node(w, run, sq, tot, rX, state, d + 1, split + c * span)
+                for i in cutlass.range_constexpr(cute.size(tot, mode=[1])):
+                    tot[d, i] = tot[d, i] + tot[d + 1, i]
+                    tot[d + 1, i] = Float32(0.0)
+
+    @cute.jit
+    def walk_split(self, w, run, sq, rX, state, split):
+        """One split's k tiles into ``run`` (float32 running sums) and ``sq`` (squares); ``w``: the walk's
+        fixed arguments (see :meth:`mma`).  Per tile, WGMMA
+        into a fresh accumulator, squares meanwhile, then the running sums (``overlap``: tiles in
+        pairs, the second's WGMMAs in flight while the first is added)."""
+        tiled_mma, tCrX, tCrW, sXv, ring, ctidx, k_tiles, kt_begin = w
+        t_begin = self.split_tile(split, k_tiles)
+        t_end = self.split_tile(split + 1, k_tiles)
+        if cutlass.const_expr(not self.config.overlap):
+            for _ in cutlass.range(t_begin, t_end, unroll=1):
+                acc = cute.make_rmem_tensor(self.acc_shape, Float32)
+                self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
+                warpgroup.wait_group(0)
+                ring.consumer_release(state)
+                self.accumulate(run, acc)
+                state.advance()
+        else:
+            # k tiles in pairs (every split has an even count: _launch_config checks it): tile t + 1's
+            # WGMMAs run while tile t's result is added; accumulators are made per pair (see issue());
+            # pipeline states come from t's position in this CTA's walk.
+            for t in cutlass.range(t_begin - kt_begin, t_end - kt_begin, 2, unroll=1):
+                acc = cute.make_rmem_tensor(self.acc_shape, Float32)
+                acc_next = cute.make_rmem_tensor(self.acc_shape, Float32)
+                first, second = self.consumer_state(t), self.consumer_state(t + 1)
+                self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, first, ctidx)
+                self.begin_tile(tiled_mma, acc_next, tCrX, tCrW, sXv, sq, rX, ring, second, ctidx)
+                warpgroup.wait_group(1)
+                ring.consumer_release(first)
+                self.accumulate(run, acc)
+                warpgroup.wait_group(0)
+                ring.consumer_release(second)
+                self.accumulate(run, acc_next)
+
+    @cute.jit
+    def close_split(self, run, sq, tot, d: cutlass.Constexpr):
+        """End of a split: ``tot[d] = (lo + mid) + hi`` of its running sums (the three pieces of a
+        column sit in the same thread: WGMMA n8 blocks ``b``, ``b + 3``, ``b + 6``; ``tot[d]`` is zero,
+        so adding is the fold from zero), and half 0 + half 1 of its squares (the row's other half from
+        the neighbour lane; a + b = b + a, so both lanes hold the same bits); ``run`` and ``sq`` restart
+        from zero."""
         for m in cutlass.range_constexpr(self.config.m_atoms):
+            t0 = m * (A_PER_ATOM + 1)
             for i in cutlass.range_constexpr(A_PER_ATOM):
                 lo = m * ACC_PER_ATOM + i  # fragment ((2 cols, 2 rows, 9 n8 blocks), m atom): blocks 0-2 = lo
-                tot[m * A_PER_ATOM + i] = tot[m * A_PER_ATOM + i] + (
-                    (run[lo] + run[lo + A_PER_ATOM]) + run[lo + 2 * A_PER_ATOM])
+                tot[d, t0 + i] = tot[d, t0 + i] + ((run[lo] + run[lo + A_PER_ATOM]) + run[lo + 2 * A_PER_ATOM])
             other = cute.arch.shuffle_sync_bfly(sq[m], offset=1)
-            tot_sq[m] = tot_sq[m] + (sq[m] + other)
+            tot[d, t0 + A_PER_ATOM] = tot[d, t0 + A_PER_ATOM] + (sq[m] + other)
         run.fill(0.0)
         sq.fill(0.0)
 
     @cute.jit
-    def store_totals(self, sP, tot, tot_sq, thr_mma, ctidx):
-        """The thread's totals (its 12 ``a`` values per m atom; the even lane of a pair its row's sum of
-        squares) into ``sP``; returns after every consumer has written."""
+    def store_totals(self, sP, tot, thr_mma, ctidx):
+        """The CTA's node sums ``tot[0]`` (the thread's 12 ``a`` values per m atom; the even lane of a
+        pair its row's sum of squares) into ``sP``; returns after every consumer has written."""
         tCcP = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, N_W)))
         for m in cutlass.range_constexpr(self.config.m_atoms):
+            t0 = m * (A_PER_ATOM + 1)
             for i in cutlass.range_constexpr(A_PER_ATOM):
                 r, c = tCcP[m * ACC_PER_ATOM + i]
-                sP[r, c] = tot[m * A_PER_ATOM + i]
+                sP[r, c] = tot[0, t0 + i]
             if ctidx % 2 == 0:
-                sP[m * ROWS_PER_ATOM + ctidx // 2, N_MIX] = tot_sq[m]
+                sP[m * ROWS_PER_ATOM + ctidx // 2, N_MIX] = tot[0, t0 + A_PER_ATOM]
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
 
     @cute.jit
@@ -450,10 +451,9 @@ class HcMixTmaKernel(HcMixKernel):
         return pipeline.PipelineState(self.stages, t, t % self.stages, (t // self.stages) % 2)
 
     @cute.jit
-    def store_partials(self, sP, mPart, m_block, cta, ctidx):
-        """Two-kernel forms: this CTA's 25 partials per row to its slice ``(m_block, cta)`` of the
-        workspace."""
-        base = (m_block * self.config.ctas_per_tile + cta) * self.tile_m
+    def store_partials(self, sP, mPart, m_block, node, ctidx):
+        """This CTA's 25 node sums per row to its slice ``(m_block, node)`` of the workspace."""
+        base = (m_block * self.config.ctas_per_tile + node) * self.tile_m
         for i in cutlass.range_constexpr((self.tile_m * SP_COLS + self.num_consumers - 1) // self.num_consumers):
             item = ctidx + i * self.num_consumers
             if item < self.tile_m * SP_COLS:
@@ -465,13 +465,11 @@ class HcMixTmaKernel(HcMixKernel):
     def reduce_kernel(self, mPart: cute.Tensor, m: Int32, k: Int32, mScale: cute.Tensor, mBase: cute.Tensor,
                       mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
                       sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
-        """Two-kernel forms, second kernel (a programmatic dependent launch: it waits for the walk's
-        completion and memory flush before reading): each CTA takes :data:`REDUCE_ROWS` rows, sums the
-        workspace partials of each (row, column) in the reduction order (``"splits"``: a group's
-        splits, then the groups; ``"groups"``: the groups: :meth:`cluster_reduce_rows`' order, so the
-        bits match), then one thread per row runs the epilogue.  The loads from L2 set this kernel's
-        time, so the (row, column) sums are spread over all the CTA's threads, each sum's loads
-        issued together; rows past M are skipped."""
+        """The second kernel (a programmatic dependent launch: it waits for the walk's completion and
+        memory flush before reading): each CTA takes :data:`REDUCE_ROWS` rows, folds the workspace's
+        node sums of each (row, column) up the tree (:meth:`reduce_item`), then one thread per row runs
+        the epilogue.  The loads from L2 set this kernel's time, so the (row, column) sums are spread
+        over all the CTA's threads, each sum's loads issued together; rows past M are skipped."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
@@ -494,59 +492,38 @@ class HcMixTmaKernel(HcMixKernel):
 
     @cute.jit
     def reduce_item(self, mPart, sA, row0, item, n_items):
-        """``sA[r, col]`` = the workspace partials of row ``row0 + r``, column ``col`` (``item = r * 25 +
-        col``) in the reduction order: per group, its parts from zero; the groups from zero.  Items
-        from ``n_items`` on (rows past M) are skipped: at small M most of the CTA's rows are."""
+        """``sA[r, col]`` = the root sum of row ``row0 + r``, column ``col`` (``item = r * 25 + col``):
+        the workspace holds the sums of the nodes at ``cta_level``; the levels above are folded here,
+        each node's children in order from zero.  Items from ``n_items`` on (rows past M) are skipped:
+        at small M most of the CTA's rows are."""
         if item < n_items:
             r = item // SP_COLS
             col = item - r * SP_COLS
             row = row0 + r
             m_block = row // self.tile_m
             first = m_block * self.config.ctas_per_tile * self.tile_m + (row - m_block * self.tile_m)
-            parts_per_group = self.config.ctas_per_tile // self.cluster_k
-            total = Float32(0.0)
-            for g in cutlass.range_constexpr(self.cluster_k):
-                group = Float32(0.0)
-                for p in cutlass.range_constexpr(parts_per_group):
-                    group = group + mPart[first + (g * parts_per_group + p) * self.tile_m, col]
-                total = total + group
-            sA[r, col] = total
+            sA[r, col] = self.fold(mPart, first, col, 0, 0)
 
     @cute.jit
-    def cluster_reduce_rows(self, sP, sA, rank, ctidx):
-        """Rows ``rank, rank + cluster_k, ...`` of the tile: the cluster's group sums added in rank order
-        from zero (24 mix values and the sum of squares), as :meth:`reduce_item` does."""
-        n_items = self.rows_per_rank * SP_COLS
-        for i in cutlass.range_constexpr((n_items + self.num_consumers - 1) // self.num_consumers):
-            item = ctidx + i * self.num_consumers
-            if item < n_items:
-                rr = item // SP_COLS
-                col = item % SP_COLS
-                row = rr * self.cluster_k + rank
-                total = Float32(0.0)
-                for src in cutlass.range_constexpr(self.cluster_k):
-                    # a group sum is never -0.0 (it starts at +0.0), so this equals reduce_item's 0 + group
-                    total = total + _ld_dsmem_f32(sP.iterator + (row * SP_COLS + col), Int32(src))
-                sA[rr, col] = total
+    def fold(self, mPart, first, col, d: cutlass.Constexpr, node: cutlass.Constexpr):
+        """The sum of ``node`` at depth ``d`` of the tree (unrolled at trace time)."""
+        if cutlass.const_expr(d == self.config.cta_level):
+            return mPart[first + node * self.tile_m, col]
+        total = Float32(0.0)
+        for c in cutlass.range_constexpr(self.config.tree[d]):
+            total = total + self.fold(mPart, first, col, d + 1, node * self.config.tree[d] + c)
+        return total
 
 
-# Measured on the H200 (K = 20480): a cluster walks its k tiles in ~23 us (128-row tiles, overlap) and
-# the cluster form steps up in waves of ACTIVE_CLUSTERS 8-CTA clusters (64 -> 128 CTAs doubles the time;
-# 14 is inferred from those steps, not queried from the driver).  Within one wave the cluster and
-# groups forms are level (kernel times, M = 1024: 22.0 us cluster vs 18.0 + 4.6 two-kernel); beyond it
-# the two-kernel form is faster (M = 2048: 30.1 vs 47.4; 4096: 54.8 vs 74.1; 16384: 188 vs 229; session
-# 5, bench/results/logs/2026-11-29_s5_hc_mix_kernel_times_reduce32.json; 256-row tiles were no faster
-# in either form: bench/results/logs/2026-11-29_s4_hc_mix_sweep.jsonl).
-ACTIVE_CLUSTERS = 14
-SPLITS_MAX_M = 1024  # "splits" up to here: 32 CTAs per 128-row tile, at most two waves on 132 SMs
-FORM_EXAMPLE_M = (1, ACTIVE_CLUSTERS * 128, 1 << 20)  # an M for each form config_for picks (compile targets)
+NUM_SMS = 132  # H200; config_for aims at about one wave of walk CTAs (the bits do not depend on it)
 
 
 def config_for(m: int) -> HcMixTmaConfig:
-    """The configuration for ``m`` rows: 128-row tiles with paired k tiles; one CTA per split
-    (``"splits"``) while ``m`` <= :data:`SPLITS_MAX_M`, one wave of 8-CTA clusters reducing over DSMEM
-    while ``m`` <= :data:`ACTIVE_CLUSTERS` x 128, else one CTA per group without clusters
-    (``"groups"``).  Every choice gives the same bits.
+    """The configuration for ``m`` rows: 128-row tiles, the shipped :data:`TREE`, and the shallowest CTA
+    level whose walk CTAs (``ceil(m / 128)`` x ``ctas_per_tile``) fill about one wave (>= 90% of
+    :data:`NUM_SMS`), else the deepest: 64 CTAs per row tile for ``m`` <= 256 (5 k tiles each at
+    K = 20480), 32 at 512, 16 at 1024, 8 at 2048, 4 at 4096, one from 16384.  Fewer CTAs mean less
+    workspace; every choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
     return _config_for(int(m))
@@ -554,8 +531,13 @@ def config_for(m: int) -> HcMixTmaConfig:
 
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
-    form = "splits" if m <= SPLITS_MAX_M else "cluster" if m <= ACTIVE_CLUSTERS * 128 else "groups"
-    return HcMixTmaConfig(overlap=True, consumer_regs=160, form=form)
+    row_tiles = max(1, -(-m // 128))
+    filled = [lv for lv in range(len(TREE) + 1) if row_tiles * _prod(TREE[:lv]) >= 0.9 * NUM_SMS]
+    cfg = HcMixTmaConfig(cta_level=filled[0] if filled else len(TREE))
+    return dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
+
+
+FORM_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)
 
 
 def _compile(config: HcMixTmaConfig):
@@ -568,11 +550,8 @@ def _compile(config: HcMixTmaConfig):
 
 
 def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
-    """Rows of the two-kernel forms' ``[rows, 25]`` float32 partials: ``ceil(M / tile_m) *
-    ctas_per_tile * tile_m`` (every element written by the walk before the reduction reads it); one
-    dummy row for ``"cluster"``."""
-    if config.form == "cluster":
-        return 1
+    """Rows of the ``[rows, 25]`` float32 workspace of node sums: ``ceil(M / tile_m) * ctas_per_tile *
+    tile_m`` (every element written by the walk before the reduction reads it)."""
     return max(1, -(-m // config.tile_m) * config.ctas_per_tile * config.tile_m)
 
 
@@ -620,8 +599,8 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     Exact bf16 x bf16 products; each k tile's 64 products summed in float32 (the WGMMA chunk, modelled
     as exact-then-rounded) and added to a split's float32 running sums; at the split's end its pieces
     are combined (lo + mid) + hi and its squares' half-row sums added (per thread, in column order);
-    splits are summed per group from zero, groups from zero (the config's ``cluster_k`` and
-    ``group_splits``; its ``form`` does not matter).
+    then every node of the config's ``tree`` sums its children in order from zero (``cta_level``
+    does not matter).
     """
     cfg = config or HcMixTmaConfig()
     m, k = x.shape
@@ -631,21 +610,28 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     w3 = split_pieces(hc_fn.float()).double().to(dev)  # [72, K], exact bf16 values
     xd = x.double()
     kt = -(-k // cfg.tile_k)
-    out = torch.zeros(m, SP_COLS, dtype=torch.float32, device=dev)
-    for group in range(cfg.cluster_k):
-        group_sum = torch.zeros(m, SP_COLS, dtype=torch.float32, device=dev)
-        for split in range(group * cfg.group_splits, (group + 1) * cfg.group_splits):
-            run = torch.zeros(m, N_W, dtype=torch.float32, device=dev)
-            sq = torch.zeros(m, 2, dtype=torch.float32, device=dev)  # squares: two half-row sums per row
-            for t in range(split * kt // cfg.n_splits, (split + 1) * kt // cfg.n_splits):
-                cols = slice(t * cfg.tile_k, min(k, (t + 1) * cfg.tile_k))
-                run = run + (xd[:, cols] @ w3[:, cols].t()).float()
-                for h in range(sq.shape[1]):
-                    part = torch.zeros(m, dtype=torch.float32, device=dev)
-                    for c in range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2):
-                        part = part + (xd[:, c] * xd[:, c]).float()
-                    sq[:, h] = sq[:, h] + part
-            group_sum[:, :N_MIX] = group_sum[:, :N_MIX] + ((run[:, :N_MIX] + run[:, N_MIX:2 * N_MIX]) + run[:, 2 * N_MIX:])
-            group_sum[:, N_MIX] = group_sum[:, N_MIX] + (sq[:, 0] + sq[:, 1])
-        out = out + group_sum
-    return out
+    leaves = []
+    for split in range(cfg.n_splits):
+        run = torch.zeros(m, N_W, dtype=torch.float32, device=dev)
+        sq = torch.zeros(m, 2, dtype=torch.float32, device=dev)  # squares: two half-row sums per row
+        for t in range(split * kt // cfg.n_splits, (split + 1) * kt // cfg.n_splits):
+            cols = slice(t * cfg.tile_k, min(k, (t + 1) * cfg.tile_k))
+            run = run + (xd[:, cols] @ w3[:, cols].t()).float()
+            for h in range(sq.shape[1]):
+                part = torch.zeros(m, dtype=torch.float32, device=dev)
+                for c in range(t * cfg.tile_k + h * cfg.tile_k // 2, t * cfg.tile_k + (h + 1) * cfg.tile_k // 2):
+                    part = part + (xd[:, c] * xd[:, c]).float()
+                sq[:, h] = sq[:, h] + part
+        leaf = torch.zeros(m, SP_COLS, dtype=torch.float32, device=dev)
+        leaf[:, :N_MIX] = leaf[:, :N_MIX] + ((run[:, :N_MIX] + run[:, N_MIX:2 * N_MIX]) + run[:, 2 * N_MIX:])
+        leaf[:, N_MIX] = leaf[:, N_MIX] + (sq[:, 0] + sq[:, 1])
+        leaves.append(leaf)
+    for fan in reversed(cfg.tree):  # fold the tree bottom up: each node = its children from zero
+        nodes = []
+        for first in range(0, len(leaves), fan):
+            total = torch.zeros(m, SP_COLS, dtype=torch.float32, device=dev)
+            for child in leaves[first:first + fan]:
+                total = total + child
+            nodes.append(total)
+        leaves = nodes
+    return leaves[0]

@@ -2,8 +2,8 @@
 
 Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_hc_mix.py
 
-Both methods; for "tma" the cluster form, the two two-kernel forms (workspace + reduction kernel,
-one CTA per group or per split) and 256-row tiles, with an uneven k-tile split (K = 7232) and a ragged last row tile.
+Both methods; for "tma" walk CTAs at three levels of the K tree (one per split, per quarter of K,
+per row tile), paired k tiles (another tree) and 256-row tiles, with an uneven k-tile split (K = 7232) and a ragged last row tile.
 """
 import torch
 
@@ -18,10 +18,9 @@ for m, k in ((5, 192), (130, 7232)):
     hc_scale, hc_base = torch.rand(3, device="cuda") + 0.5, torch.randn(24, device="cuda")
     ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
     outs = [cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)]
-    for cfg in (tma.HcMixTmaConfig(overlap=True, consumer_regs=160),
-                tma.HcMixTmaConfig(overlap=True, consumer_regs=160, form="groups"),
-                tma.HcMixTmaConfig(overlap=True, consumer_regs=160, form="splits"),
-                tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form="groups")):
+    for cfg in (tma.config_for(1), tma.config_for(4096), tma.config_for(16384),
+                tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True, consumer_regs=168),
+                tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=216)):
         mix = torch.empty(m, 25, device="cuda")
         outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix))
     for out in outs:

@@ -2,6 +2,8 @@
 
 import math
 
+import dataclasses
+
 import pytest
 import torch
 from seeding import generator
@@ -195,24 +197,28 @@ def test_tma_kernel_is_batch_invariant():
 
 
 def test_tma_kernel_tiles_give_the_same_bits():
-    """config_for switches between the splits, cluster and groups forms with M, and the tile, stage
-    and overlap choices must not matter either: all give the same bits (batch invariance across the
-    switch).  K = 7232 (113 k tiles: uneven per split) takes overlap's fallback, the plain loop."""
+    """config_for moves the walk's CTAs between levels of the K tree with M, and the tile and stage
+    choices must not matter either: all give the same bits (batch invariance across the switch); with
+    another tree, overlap (paired k tiles) gives the plain loop's bits.  K = 7232 (113 k tiles: uneven
+    splits) takes overlap's fallback, the plain loop."""
     from cute_kernels.kernels import hc_mix_tma as tma
+
+    def tuned(**kw):
+        cfg = tma.HcMixTmaConfig(**kw)
+        return dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
 
     for k in (20480, 7232):
         x, hc_fn, hc_scale, hc_base = _inputs(300, k, seed=11)
-        mixes = []
-        ov = dict(overlap=True, consumer_regs=160)
-        for cfg in (tma.HcMixTmaConfig(), *(tma.config_for(m) for m in tma.FORM_EXAMPLE_M),
-                    tma.HcMixTmaConfig(stages=3), tma.HcMixTmaConfig(form="groups", **ov),
-                    tma.HcMixTmaConfig(form="splits", **ov), tma.HcMixTmaConfig(form="splits", stages=3),
-                    tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form="groups"),
-                    tma.HcMixTmaConfig(tile_m=256, stages=5, consumer_regs=224, form="splits")):
-            mix = torch.full((300, mod.SP_COLS), float("nan"), device="cuda")
-            tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
-            mixes.append(mix)
-        for other in mixes[1:]:
-            assert torch.equal(other, mixes[0])
+        for family in ([*(tma.config_for(m) for m in tma.FORM_EXAMPLE_M), tuned(stages=3), tuned(stages=3, cta_level=0),
+                        tuned(tile_m=256, stages=5)],
+                       [tuned(tree=(4, 8), cta_level=1), tuned(tree=(4, 8), cta_level=1, overlap=True),
+                        tuned(tree=(4, 8), cta_level=2, overlap=True)]):
+            mixes = []
+            for cfg in family:
+                mix = torch.full((300, mod.SP_COLS), float("nan"), device="cuda")
+                tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix)
+                mixes.append(mix)
+            for other in mixes[1:]:
+                assert torch.equal(other, mixes[0])
 
 
