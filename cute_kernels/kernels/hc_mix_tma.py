@@ -317,30 +317,29 @@ class HcMixTmaKernel(HcMixKernel):
         tot = cute.make_rmem_tensor((depth + 1, self.config.m_atoms * (A_PER_ATOM + 1)), Float32)
         tot.fill(0.0)
         rX = cute.make_rmem_tensor((8,), BFloat16)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        self.walk_node(w, run, sq, tot, rX, state, 0, split_begin)
+        self.walk_node(w, run, sq, tot, rX, 0, split_begin)
         # every consumer is done with the ring (and every TMA load has landed): sP may alias sX
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
         self.store_totals(sP, tot, thr_mma, ctidx)
 
     @cute.jit
-    def walk_node(self, w, run, sq, tot, rX, state, d: cutlass.Constexpr, split):
+    def walk_node(self, w, run, sq, tot, rX, d: cutlass.Constexpr, split):
         """Sum the node at depth ``d`` below the CTA's node, whose first split is ``split``, into
         ``tot[d]`` (zero on entry): a split walks its k tiles (:meth:`walk_split`), an inner node sums
         its children in order from zero (each child into ``tot[d + 1]``, added, cleared)."""
         if cutlass.const_expr(d == len(self.config.subtree)):
-            self.walk_split(w, run, sq, rX, state, split)
+            self.walk_split(w, run, sq, rX, split)
             self.close_split(run, sq, tot, d)
         else:
             span = _prod(self.config.subtree[d + 1:])  # splits per child
             for c in cutlass.range(self.config.subtree[d], unroll=1):
-                self.walk_node(w, run, sq, tot, rX, state, d + 1, split + c * span)
+                self.walk_node(w, run, sq, tot, rX, d + 1, split + c * span)
                 for i in cutlass.range_constexpr(cute.size(tot, mode=[1])):
                     tot[d, i] = tot[d, i] + tot[d + 1, i]
                     tot[d + 1, i] = Float32(0.0)
 
     @cute.jit
-    def walk_split(self, w, run, sq, rX, state, split):
+    def walk_split(self, w, run, sq, rX, split):
         """One split's k tiles into ``run`` (float32 running sums) and ``sq`` (squares); ``w``: the walk's
         fixed arguments (see :meth:`mma`).  Per tile, WGMMA
         into a fresh accumulator, squares meanwhile, then the running sums (``overlap``: tiles in
@@ -348,18 +347,20 @@ class HcMixTmaKernel(HcMixKernel):
         tiled_mma, tCrX, tCrW, sXv, ring, ctidx, k_tiles, kt_begin = w
         t_begin = self.split_tile(split, k_tiles)
         t_end = self.split_tile(split + 1, k_tiles)
+        # pipeline states come from t's position in this CTA's walk: a PipelineState advanced inside
+        # these nested loops does not carry out of them (measured: the consumers then wait on a wrong
+        # phase and the walk hangs from the second split on)
         if cutlass.const_expr(not self.config.overlap):
-            for _ in cutlass.range(t_begin, t_end, unroll=1):
+            for t in cutlass.range(t_begin - kt_begin, t_end - kt_begin, unroll=1):
                 acc = cute.make_rmem_tensor(self.acc_shape, Float32)
+                state = self.consumer_state(t)
                 self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
                 warpgroup.wait_group(0)
                 ring.consumer_release(state)
                 self.accumulate(run, acc)
-                state.advance()
         else:
             # k tiles in pairs (every split has an even count: _launch_config checks it): tile t + 1's
-            # WGMMAs run while tile t's result is added; accumulators are made per pair (see issue());
-            # pipeline states come from t's position in this CTA's walk.
+            # WGMMAs run while tile t's result is added; accumulators are made per pair (see issue())
             for t in cutlass.range(t_begin - kt_begin, t_end - kt_begin, 2, unroll=1):
                 acc = cute.make_rmem_tensor(self.acc_shape, Float32)
                 acc_next = cute.make_rmem_tensor(self.acc_shape, Float32)
