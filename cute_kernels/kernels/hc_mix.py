@@ -52,8 +52,9 @@ Why it misses the issue's 47 us at M=4096 (105 us, 39% of the copy rate): every 
 own cp.async ring, so bytes in flight per SM are limited by registers and occupancy, and each 32-row
 cluster re-reads all of hc_fn (2 MB fp32) from L2 (128 clusters: 256 MB of L2 reads for 168 MB of x).
 The redesign (one TMA producer warp, 128/256-row x tiles, ``wgmma m64n72k16`` with the pieces as B,
-squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, reached as ``method="tma"``: 55.8 us at M=4096,
-faster from M=512 up, slower below (its docstring has the figures and what limits it).  Its bits
+squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, reached as ``method="tma"``: 51.8 us at M=4096,
+9.8-10.0 us at M <= 128, faster than this kernel at every M measured (session 6; its docstring has the
+figures and what limits it).  Its bits
 differ from this kernel's, so the two are separate methods of the op, not a switch on M.
 
 Reduction order (bitwise determinism and batch invariance): a chunk's value is the MMA chain
@@ -738,11 +739,12 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``, and 0 or ``>= 2**-126``
             (a smaller value would become 0 in float32).  With
             ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
-        method: ``"walk"`` (default: this module's per-thread K walk; fastest up to a few hundred
-            rows, e.g. decode) or ``"tma"`` (:mod:`.hc_mix_tma`: TMA + WGMMA, 1.1-2x faster from
-            M = 512 up, e.g. prefill and training; ~22 us instead of ~13 below; a hidden float32
-            workspace of 800 bytes per row above 1792 rows).  Each is batch
-            invariant on its own but their bits differ: pick one per deployment and keep it.
+        method: ``"walk"`` (default: this module's per-thread K walk) or ``"tma"``
+            (:mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on the H200: 9.8-10.0 us
+            instead of 12.7-13.0 at M <= 128, 2x from M = 512 up; a hidden float32 workspace of
+            100 bytes x CTAs per row tile per row: 6.4 KB per row at M <= 256, 400 B at 4096).  Each
+            is batch invariant on its own but their bits differ: pick one per deployment and keep it
+            (the default stays "walk" so that existing deployments keep their bits).
     Returns:
         ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]``, float32.  ``a = x . hc_fn^T`` is
         float32-accurate (bf16x3 tensor-core products); each row's bits are independent of M.

@@ -1,54 +1,44 @@
-"""mHC mix statistics + Sinkhorn on TMA + WGMMA (issue 7, seed 001): the design planned in
-:mod:`.hc_mix`'s docstring; ``hc_mix_sinkhorn(..., method="tma")`` (the torch op) and
-:func:`hc_mix_sinkhorn_tma` (with config and raw-statistics access) run it.  GPU-validated on the H200
-(against float64, its float32 emulation, batch invariance).  Not the default: its bits differ from the
-``"walk"`` kernel's and at small M it is slower (measured below), so one batch-invariant family cannot
-serve every M fastest yet; the caller picks one.
+"""mHC mix statistics + Sinkhorn on TMA + WGMMA (issue 7, seed 001): ``hc_mix_sinkhorn(...,
+method="tma")`` (the torch op) and :func:`hc_mix_sinkhorn_tma` (with config and raw-statistics
+access) run it.  GPU-validated on the H200 (against float64, its float32 emulation, batch invariance,
+compute-sanitizer).  Its bits differ from the ``"walk"`` kernel's (:mod:`.hc_mix`), so the caller
+picks one method for every call.
 
 Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: sigmoids + Sinkhorn).
-The K walk differs:
 
-* One cluster of ``cluster_k`` CTAs per ``tile_m``-row tile of x; CTA ``r`` walks the k tiles
-  ``[r * KT / cluster_k, (r + 1) * KT / cluster_k)`` of 64 columns (KT = K / 64).
-* Warp 0 (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[tile_m, 64]`` and
-  of the host-split hc_fn ``[72, 64]`` (:func:`.hc_mix.split_pieces`: rows lo 0-23, mid 24-47, hi
-  48-71) into a ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem).
-* Two consumer warpgroups (``tile_m / 2`` rows each, one or two m64 atoms) issue ``wgmma m64n72k16``
-  (A = x, B = the pieces; bf16 in, float32 out) over the 4 k16 steps of a tile into a fresh
-  accumulator, and add it to float32 running sums (one tile = one chunk: the per-chunk accuracy
-  argument of :mod:`.hc_mix`).  While the WGMMAs run, each thread sums the squares of half a row of
-  the x tile from smem with 16-byte loads (thread ``2 r + h``: row ``r``, columns ``32 h .. 32 h +
-  31``, float32, in column order).  ``overlap``: tiles in pairs, the second's WGMMAs in flight while
-  the first is added.
-* After the walk: partials to smem (aliasing the drained x ring), ``a_j = (lo_j + mid_j) + hi_j``,
-  sum x^2 = half 0 + half 1; the cluster's CTAs sum their partials in rank order through distributed
-  shared memory; one consumer thread per row runs the epilogue.
-* ``cluster_reduce=False`` (the two-kernel form): no clusters; each CTA writes its partials to a
-  global workspace and a second kernel (:data:`REDUCE_ROWS` rows per 256-thread CTA, the (row,
-  column) sums spread over all its threads) sums them in the same rank order, then one thread per
-  row runs the epilogue.  Same bits (GPU test); it lifts the limit of ~14 co-resident 8-CTA clusters
-  (measured below), so :func:`config_for` uses it above one wave of clusters.
+* The reduction order is one tree over K (:data:`TREE` = (4, 2, 2, 2, 2): 64 splits of
+  ``KT / 64`` k tiles of 64 columns; a split sums its tiles from zero, every node its children from
+  zero).  It does not depend on M or on who computes which node, so every row's bits are the same
+  for every M (batch invariant).
+* The walk kernel: one CTA per (row tile of ``tile_m`` rows, tree node at ``cta_level``).  Warp 0
+  (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[tile_m, 64]`` and the
+  host-split hc_fn ``[72, 64]`` (:func:`.hc_mix.split_pieces`: rows lo 0-23, mid 24-47, hi 48-71)
+  into a ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem).  Two consumer
+  warpgroups issue ``wgmma m64n72k16`` (A = x, B = the pieces; bf16 in, float32 out) per k tile into
+  a fresh accumulator added to float32 running sums (the per-chunk accuracy argument of
+  :mod:`.hc_mix`); meanwhile each thread sums the squares of half a row of the tile from smem
+  (16-byte loads).  At a split's end the pieces are combined ``(lo + mid) + hi`` in registers (the
+  three pieces of a column sit in the same thread) and folded into the node totals, one register set
+  per tree level below the CTA's node.  The CTA's node sums go to a ``[rows, 25]`` workspace.
+* The reduction kernel, launched with programmatic dependent launch (the walk triggers it at its
+  start; it waits in ``griddepcontrol.wait`` for the walk's completion and memory flush): 8 rows per
+  CTA, one (row, column) per thread, folds the levels above ``cta_level``, then one thread per row
+  runs the epilogue.
+* :func:`config_for` picks ``cta_level`` so the walk fills about one wave: 64 CTAs per row tile for
+  M <= 256 (5 k tiles each at K = 20480) ... one per row tile from M = 16384.
 
-Reduction order: fixed by (cluster rank, k tile, column), independent of M, of ``tile_m``, ``stages``
-and ``overlap`` (bitwise equal on the H200), so :func:`config_for` may change the tile with M and each
-row's bits stay the same for every M (batch invariant).  ``cluster_k`` is part of the order.
-
-Measured (H200, K = 20480, us; GPU kernel times from CUPTI, session 5,
-bench/results/logs/2026-11-29_s5_hc_mix_kernel_times_reduce32.json), cluster form (overlap) /
-two-kernel form (overlap: walk + reduction): M = 128: 20.8 / 16.8 + 4.2; 1024: 22.0 / 18.0 + 4.6;
-2048: 47.4 / 25.4 + 4.7; 4096: 74.1 / 48.8 + 6.0; 16384: 229 / 180 + 7.8.  End to end in a CUDA
-graph (bench/results/2026-11-29_h200_hc_mix_s5.md, config_for's choice): 21.8 at M = 128, 55.8 at
-4096 (split-K Triton 173.7, walk kernel 104.0; floor 40), 190 at 16384.  Folding the reduction into
-the walk (the last CTA of a row tile, found by an arrival counter, reduces) measured 67.5 at 4096:
-slower, reverted.
-What limits it: per CTA the consumers need ~0.4 us per 128 x 64 tile (with the math removed the TMA
-ring alone moves a tile in 0.15 us; the t256/t128 time ratio matches their shared-memory traffic
-ratio), and the cluster form steps up in waves of about 14 co-resident 8-CTA clusters (64 -> 128
-CTAs doubles it); the row stride of x makes no difference (no DRAM channel camping).  Taking A
-from registers (ldmatrix once, squares from the same fragment: ~59 instead of ~75 KB of smem
-traffic per tile) was measured and gained nothing (76.0 vs 76.3 us at M = 4096), so it was removed.
-16-CTA clusters (other bits) halve the walk: 15.4 us at M = 128 but slower from M = 1024 up, and a
-~7 us fixed part (launch, first loads, cluster reduction, Sinkhorn) remains.
+Measured (H200, K = 20480, us per call in a CUDA graph, session 6,
+bench/results/2026-11-29_h200_hc_mix_s6.md; split-K Triton baseline in brackets): M = 1: 10.0
+(12.2); 128: 9.8 (16.8); 512: 13.6 (28.4); 1024: 18.6 (56.5); 2048: 32.2 (101.0); 4096: 51.8 (176.4;
+78% of the copy rate); 16384: 178.9 (651.4).  Before (session 5: 8-CTA clusters over DSMEM up to one
+wave, then one CTA per eighth of K with a reduction kernel): 21.3 / 21.8 / 21.8 / 22.6 / 31.4 / 55.8 /
+190.  Measured on the way (bench/results/logs/2026-11-29_s6_hc_mix_*): 32 splits of 10 tiles
+(8 x 4) gave 12.5 us at M <= 128 (too few CTAs: per-SM bandwidth), 64 splits with the reduction
+kernel at 32 rows per CTA 13.5-13.9 at M = 128 (its loads then limit); at M = 4096 one wave of CTAs
+(4 per tile) beats two waves (8 per tile): 51 vs 56 us.  What limits M = 4096 is the walk itself
+(~48 us of kernel time for 168 MB of x: ~83% of the copy rate, with 47 MB of hc_fn pieces re-read
+from L2); the earlier cluster-form notes: 16-CTA clusters, x from registers (ldmatrix) and a
+last-CTA fused reduction were each measured and gained nothing.
 """
 
 from __future__ import annotations
