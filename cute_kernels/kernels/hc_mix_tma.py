@@ -28,9 +28,9 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   M <= 256 (5 k tiles each at K = 20480) ... one per row tile from M = 16384.
 
 Measured (H200, K = 20480, us per call in a CUDA graph, session 6,
-bench/results/2026-11-29_h200_hc_mix_s6.md; split-K Triton baseline in brackets): M = 1: 10.0
-(12.2); 128: 9.8 (16.8); 512: 13.6 (28.4); 1024: 18.6 (56.5); 2048: 32.2 (101.0); 4096: 51.8 (176.4;
-78% of the copy rate); 16384: 178.9 (651.4).  Before (session 5: 8-CTA clusters over DSMEM up to one
+bench/results/2026-11-29_h200_hc_mix_s6.md; split-K Triton baseline in brackets; a later run gave
+9.8-10.1 at M <= 128): M = 1: 10.0 (12.2); 128: 9.8 (16.8); 512: 13.6 (28.4); 1024: 18.6
+(56.5); 2048: 32.2 (101.0); 4096: 51.8 (176.4; 78% of the copy rate); 16384: 178.9 (651.4).  Before (session 5: 8-CTA clusters over DSMEM up to one
 wave, then one CTA per eighth of K with a reduction kernel): 21.3 / 21.8 / 21.8 / 22.6 / 31.4 / 55.8 /
 190.  Measured on the way (bench/results/logs/2026-11-29_s6_hc_mix_*): 32 splits of 10 tiles
 (8 x 4) gave 12.5 us at M <= 128 (too few CTAs: per-SM bandwidth), 64 splits with the reduction
