@@ -1,8 +1,8 @@
 """Shipped configs per kernel, the tuned-config cache, and the autotuner (issue 8, "Tile shapes and tuning").
 
 * :func:`shipped_configs` lists each kernel's shipped configs, read from the kernel module's own
-  tables (``ranker_fwd.CONFIGS`` per head dim, ``hc_mix.SMALL/MEDIUM/LARGE`` and the two
-  configs ``hc_mix_tma.config_for`` picks, the
+  tables (``ranker_fwd.CONFIGS`` per head dim, ``hc_mix.SMALL/MEDIUM/LARGE`` and the six
+  configs ``hc_mix_tma.config_for`` picks (one per CTA level, labelled by an M that gets it), the
   per-shape configs of ``qknorm`` / ``qknorm_tp`` / ``scale`` from their ``compile_targets()``).
   ``cute-kernels configs [--kernel NAME]`` prints them.
 * Tuned configs: ``tuned.json`` in the compile cache root (:func:`cute_kernels.runtime.cache.cache_dir`),
@@ -68,7 +68,7 @@ def _hc_mix_configs(mod) -> dict:
     from .kernels import hc_mix_tma
 
     return {"M<=256 (default)": mod.SMALL, "M>256 (default)": mod.MEDIUM, "LARGE": mod.LARGE,
-            **{f"method=tma M={m}": hc_mix_tma.config_for(m) for m in hc_mix_tma.FORM_EXAMPLE_M}}
+            **{f"method=tma M={m}": hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}}
 
 
 def _qknorm_configs(mod) -> dict:

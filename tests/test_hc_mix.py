@@ -17,7 +17,7 @@ def test_compile_targets_cover_both_methods():
     kernels = {t.kernel for t in mod.compile_targets()}
     assert kernels == {mod.NAME, hc_mix_tma.NAME}
     assert {t.key for t in mod.compile_targets() if t.kernel == hc_mix_tma.NAME} == {
-        hc_mix_tma.config_for(m) for m in hc_mix_tma.FORM_EXAMPLE_M}
+        hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
 
 
 @pytest.mark.parametrize("target", [t for t in mod.compile_targets() if t.kernel == mod.NAME], ids=lambda t: t.label)

@@ -12,7 +12,7 @@ from cute_kernels.runtime.cache import compile_record
 from seeding import generator
 
 
-CONFIGS = [mod.HcMixTmaConfig(), *(mod.config_for(m) for m in mod.FORM_EXAMPLE_M)]
+CONFIGS = [mod.HcMixTmaConfig(), *(mod.config_for(m) for m in mod.LEVEL_EXAMPLE_M)]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"L{c.cta_level}-t{c.tile_m}s{c.stages}{'ov' if c.overlap else ''}")
@@ -47,7 +47,7 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(producer_regs=32, consumer_regs=240), "register split"),
                                       (dict(tile_m=192), "tile_m"),
                                       (dict(tile_m=256), "needs >="),
-                                      (dict(tile_m=256, cta_level=1, consumer_regs=232), "needs >="),
+                                      (dict(tile_m=256, cta_level=1, consumer_regs=232), "more than the 232"),
                                       (dict(overlap=True, cta_level=0), "needs >="),
                                       (dict(tile_m=256, overlap=True), "overlap")])
 def test_config_rejections(kw, match):
@@ -62,13 +62,29 @@ def test_shipped_configs_fit_and_share_one_tree(cfg):
     assert cfg.tree == mod.TREE  # the tree is part of the bits
 
 
-def test_config_for_fills_about_one_wave_per_m():
+def test_config_for_follows_the_wave_model():
     got = {m: mod.config_for(m).ctas_per_tile for m in (0, 1, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)}
     assert got == {0: 64, 1: 64, 128: 64, 256: 64, 512: 32, 1024: 16, 2048: 8, 4096: 4, 8192: 4, 16384: 1}
     for m in (1, 512, 4096, 16384):
         cfg = mod.config_for(m)
         assert cfg.consumer_regs == cfg.min_consumer_regs() and not cfg.overlap
-    assert {mod.config_for(m).cta_level for m in mod.FORM_EXAMPLE_M} == set(range(len(mod.TREE) + 1))
+    assert {mod.config_for(m).cta_level for m in mod.LEVEL_EXAMPLE_M} == set(range(len(mod.TREE) + 1))
+    assert mod.config_for(17 * 128).ctas_per_tile == 32  # 17 row tiles: 544 CTAs in 5 waves, not 136 in 2
+
+
+def test_a_callers_config_is_checked_before_anything_is_sized(monkeypatch):
+    """launch validates a caller's config first (a bad one used to reach the workspace arithmetic:
+    ZeroDivisionError, unhashable lists, a workspace sized for a cta_level past the tree)."""
+    monkeypatch.setattr(mod, "run_compiled", lambda *a, **k: (_ for _ in ()).throw(AssertionError("launched")))
+    x, w = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
+    for kw, exc in ((dict(tile_m=0), ValueError), (dict(tree=[4, 2]), TypeError), (dict(cta_level=9), ValueError),
+                    (dict(tile_m="128"), TypeError)):
+        with pytest.raises(exc):
+            mod.launch(x, w, torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, config=mod.HcMixTmaConfig(**kw))
+    with pytest.raises(ValueError, match="232"):
+        mod.HcMixTmaConfig(tile_m=256, cta_level=1, consumer_regs=232).validate()
+    with pytest.raises(ValueError, match="fan-outs"):
+        mod.emulate_mix(x, w, mod.HcMixTmaConfig(tree=(3,)))
 
 
 @pytest.mark.parametrize("m,k", [(5, 2048), (3, 20480), (2, 1344)])
@@ -133,7 +149,7 @@ def test_launch_arguments_are_aligned(m, with_mix):
     reduction kernel reads."""
     from cute_kernels.kernels.hc_mix import run_compiled
 
-    for cfg in (mod.config_for(m) for m in mod.FORM_EXAMPLE_M):
+    for cfg in (mod.config_for(m) for m in mod.LEVEL_EXAMPLE_M):
         seen = []
         x = torch.zeros(m, 128, dtype=torch.bfloat16)
         mix = torch.zeros(m, 25) if with_mix else None
@@ -188,14 +204,14 @@ def test_other_configs_compile_without_spills(kw):
     assert mod.workspace_rows(cfg.tile_m + 1, cfg) == 2 * cfg.ctas_per_tile * cfg.tile_m
 
 
-def test_the_tree_sets_the_bits_the_cta_level_does_not():
-    """The emulated order depends on the tree, not on which level the CTAs take."""
+def test_the_tree_sets_the_bits():
+    """Another tree is another summation order (other bits).  That the CTA level does not change the
+    bits is a property of the kernel (the emulation has no CTAs): tests/gpu/test_hc_mix_gpu.py checks it
+    on the GPU for every level."""
     g = generator(13, device="cpu")
     x = torch.randn(3, 4096, generator=g).bfloat16()
     w = torch.randn(24, 4096, generator=g)
-    ref = mod.emulate_mix(x, w)
-    assert torch.equal(ref, mod.emulate_mix(x, w, mod.HcMixTmaConfig(cta_level=0)))
-    assert not torch.equal(ref, mod.emulate_mix(x, w, mod.HcMixTmaConfig(tree=(8, 8))))
+    assert not torch.equal(mod.emulate_mix(x, w), mod.emulate_mix(x, w, mod.HcMixTmaConfig(tree=(8, 8), cta_level=2)))
 
 
 @pytest.mark.parametrize("kw", [dict(stages=2.5), dict(tile_m=128.0), dict(overlap="no"), dict(tree=[4, 2]),

@@ -44,7 +44,7 @@ def test_shipped_configs_lists_every_kernel():
     from cute_kernels.kernels import hc_mix_tma
 
     assert list(table["hc_mix"].values()) == [*hc_mix.SHIPPED, *(hc_mix_tma.config_for(m)  # both methods
-                                                                 for m in hc_mix_tma.FORM_EXAMPLE_M)]
+                                                                 for m in hc_mix_tma.LEVEL_EXAMPLE_M)]
     assert [c.cta_level for c in list(table["hc_mix"].values())[3:]] == [5, 4, 3, 2, 1, 0]
     for name in ("ranker_fwd", "hc_mix", "qknorm", "qknorm_tp", "scale"):  # frozen configs that validate
         for cfg in table[name].values():

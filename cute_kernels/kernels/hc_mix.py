@@ -541,7 +541,7 @@ def compile_targets() -> list[CompileTarget]:
     ``cute-kernels compile --kernel hc_mix`` prebuilds both methods."""
     from . import hc_mix_tma
 
-    tma = {hc_mix_tma.config_for(m) for m in hc_mix_tma.FORM_EXAMPLE_M}
+    tma = {hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
     return ([CompileTarget(NAME, f"tile_m={c.tile_m} {c}", c, build=lambda c=c: _compile(c)) for c in SHIPPED]
             + [CompileTarget(hc_mix_tma.NAME, f"method=tma tile_m={c.tile_m} {c}", c,
                              build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)])
@@ -742,7 +742,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         method: ``"walk"`` (default: this module's per-thread K walk) or ``"tma"``
             (:mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on the H200: 9.8-10.0 us
             instead of 12.7-13.0 at M <= 128, 2x from M = 512 up; a hidden float32 workspace of
-            100 bytes x CTAs per row tile per row: 6.4 KB per row at M <= 256, 400 B at 4096).  Each
+            100 bytes x CTAs per row tile for every row of the 128-row tiles: 819 KB at M = 1, 6.4 KB
+            per row up to M = 384, 400 B per row at 4096).  Each
             is batch invariant on its own but their bits differ: pick one per deployment and keep it
             (the default stays "walk" so that existing deployments keep their bits).
     Returns:

@@ -24,8 +24,8 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   start; it waits in ``griddepcontrol.wait`` for the walk's completion and memory flush): 8 rows per
   CTA, one (row, column) per thread, folds the levels above ``cta_level``, then one thread per row
   runs the epilogue.
-* :func:`config_for` picks ``cta_level`` so the walk fills about one wave: 64 CTAs per row tile for
-  M <= 256 (5 k tiles each at K = 20480) ... one per row tile from M = 16384.
+* :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
+  M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
 
 Measured (H200, K = 20480, us per call in a CUDA graph, session 6,
 bench/results/2026-11-29_h200_hc_mix_s6.md; split-K Triton baseline in brackets; a later run gave
@@ -146,7 +146,8 @@ class HcMixTmaConfig:
         if self.n_splits > 128:
             raise ValueError(f"tree={self.tree}: at most 128 splits (got {self.n_splits})")
         if not 0 <= self.cta_level <= len(self.tree):
-            raise ValueError(f"cta_level={self.cta_level}: must be in [0, {len(self.tree)}]")
+            raise ValueError(f"cta_level={self.cta_level}: must be in [0, len(tree) = {len(self.tree)}] (the "
+                             f"default, {len(TREE)}, is the shipped tree's leaves: set it with another tree)")
         if self.tile_m not in (128, 256):
             raise ValueError(f"tile_m={self.tile_m}: must be 128 or 256 (one or two m64 atoms per consumer warpgroup)")
         if self.overlap and self.m_atoms != 1:
@@ -159,6 +160,9 @@ class HcMixTmaConfig:
         if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
             raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
         need = self.min_consumer_regs()
+        if need > 232:  # the most a consumer thread of a 384-thread CTA can get (sm90.check_register_split)
+            raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the 232 a "
+                             "384-thread CTA can give: use tile_m=128, no overlap, or a higher cta_level")
         if self.consumer_regs < need:
             raise ValueError(f"consumer_regs={self.consumer_regs}: this config needs >= {need} (spills below)")
         sm90.check_register_split(self.producer_regs, self.consumer_regs, 2)
@@ -166,8 +170,10 @@ class HcMixTmaConfig:
             raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
 
     def min_consumer_regs(self) -> int:
-        """Below this ptxas spills (checked by the CPU tests): 36 running sums and 36 per accumulator per
-        m atom, 13 totals per tree level below the CTA's node per m atom, ~40 for addresses."""
+        """A conservative register count per consumer thread (the CPU tests compile every config that
+        :func:`config_for` returns at it without spills; ptxas needed 16-24 fewer): 36 running sums and
+        36 per accumulator per m atom, 13 totals per level of the CTA's subtree, its own node included,
+        per m atom, 40 for addresses."""
         per_atom = 36 * (3 if self.overlap else 2) + 13 * (len(self.subtree) + 1)
         return -(-(per_atom * self.m_atoms + 40) // 8) * 8
 
@@ -509,26 +515,36 @@ class HcMixTmaKernel(HcMixKernel):
 NUM_SMS = 132  # H200; config_for aims at about one wave of walk CTAs (the bits do not depend on it)
 
 
+WAVE_OVERHEAD = 0.01  # config_for's model: fixed cost of a wave (launch, first loads, drain) / a full-K walk
+
+
 def config_for(m: int) -> HcMixTmaConfig:
-    """The configuration for ``m`` rows: 128-row tiles, the shipped :data:`TREE`, and the shallowest CTA
-    level whose walk CTAs (``ceil(m / 128)`` x ``ctas_per_tile``) fill about one wave (>= 90% of
-    :data:`NUM_SMS`), else the deepest: 64 CTAs per row tile for ``m`` <= 256 (5 k tiles each at
-    K = 20480), 32 at 512, 16 at 1024, 8 at 2048, 4 at 4096, one from 16384.  Fewer CTAs mean less
-    workspace; every choice gives the same bits.
+    """The configuration for ``m`` rows: 128-row tiles, the shipped :data:`TREE`, and the CTA level that
+    minimizes a wave model of the walk: with ``c`` CTAs per row tile, ``w = ceil(ceil(m / 128) * c /
+    NUM_SMS)`` waves, each taking ``1 / c`` of a full-K walk plus :data:`WAVE_OVERHEAD` (fewer CTAs on
+    a tie).  On 132 SMs this gives 64 CTAs per row tile up to M = 256 (5 k tiles each at K = 20480),
+    32 at 512, 16 at 1024, 8 at 2048, 4 at 4096, 1 at 16384: the choices the H200 measurements
+    favoured (e.g. one wave of 4 per tile beat two of 8 at M = 4096: 51 vs 56 us); M in between is
+    modelled, not measured.  Every choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
     return _config_for(int(m))
 
 
+def _wave_cost(row_tiles: int, level: int) -> tuple:
+    c = _prod(TREE[:level])
+    waves = -(-row_tiles * c // NUM_SMS)
+    return (waves * (1 / c + WAVE_OVERHEAD), c)
+
+
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
     row_tiles = max(1, -(-m // 128))
-    filled = [lv for lv in range(len(TREE) + 1) if row_tiles * _prod(TREE[:lv]) >= 0.9 * NUM_SMS]
-    cfg = HcMixTmaConfig(cta_level=filled[0] if filled else len(TREE))
+    cfg = HcMixTmaConfig(cta_level=min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv)))
     return dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
 
 
-FORM_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)
+LEVEL_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)
 
 
 def _compile(config: HcMixTmaConfig):
@@ -549,8 +565,8 @@ def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                         sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
                         config: HcMixTmaConfig | None = None, mix: torch.Tensor | None = None):
-    """:func:`.hc_mix.hc_mix_sinkhorn` on the TMA + WGMMA kernel (faster from M = 512 up, slower below;
-    see the module docstring).  Same arguments, rules, errors and outputs; batch invariant on its own,
+    """:func:`.hc_mix.hc_mix_sinkhorn` on the TMA + WGMMA kernel (faster than the walk at every M measured
+    on the H200; see the module docstring).  Same arguments, rules, errors and outputs; batch invariant on its own,
     but its bits differ from ``hc_mix_sinkhorn``'s: use one of the two for every call.  ``config``
     (default :func:`config_for` (M)); ``mix`` (``[M, 25]`` float32, contiguous, on x's device), when
     given, receives the raw ``a`` and sum x^2 of each row (``config.store_mix`` follows it)."""
@@ -577,8 +593,10 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         check_tensor("mix", mix, dtypes=(torch.float32,), shape=(x.shape[0], SP_COLS), align_bytes=4)
         if not mix.is_contiguous() or mix.device != x.device:
             raise ValueError("mix must be contiguous and on x's device")
-    if config is not None and not isinstance(config, HcMixTmaConfig):
-        raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
+    if config is not None:  # a caller's config: checked whole before anything is sized from it
+        if not isinstance(config, HcMixTmaConfig):
+            raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
+        config.validate()
     cfg = _launch_config(config or config_for(x.shape[0]), x.shape[1], mix is not None)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
                         rms_eps, hc_eps, mix=mix, workspace_rows=workspace_rows(x.shape[0], cfg))
@@ -594,6 +612,7 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     does not matter).
     """
     cfg = config or HcMixTmaConfig()
+    cfg.validate()
     m, k = x.shape
     if k % cfg.tile_k:
         raise ValueError(f"x.shape[1]={k} must be a multiple of {cfg.tile_k} (as the kernel requires)")

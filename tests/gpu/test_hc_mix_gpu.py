@@ -209,7 +209,7 @@ def test_tma_kernel_tiles_give_the_same_bits():
 
     for k in (20480, 7232):
         x, hc_fn, hc_scale, hc_base = _inputs(300, k, seed=11)
-        for family in ([*(tma.config_for(m) for m in tma.FORM_EXAMPLE_M), tuned(stages=3), tuned(stages=3, cta_level=0),
+        for family in ([*(tma.config_for(m) for m in tma.LEVEL_EXAMPLE_M), tuned(stages=3), tuned(stages=3, cta_level=0),
                         tuned(tile_m=256, stages=5)],
                        [tuned(tree=(4, 8), cta_level=1), tuned(tree=(4, 8), cta_level=1, overlap=True),
                         tuned(tree=(4, 8), cta_level=2, overlap=True)]):
