@@ -16,16 +16,11 @@ from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
 
 VARIANTS = list(mod.SHIPPED)
-def _tuned(**kw):
-    cfg = tma.HcMixTmaConfig(**kw)
-    return tma.dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
-
-
-TMA_VARIANTS = {f"tma_L{lv}": _tuned(cta_level=lv) for lv in range(len(tma.TREE) + 1)}  # the shipped tree
+TMA_VARIANTS = {f"tma_L{lv}": tma.HcMixTmaConfig(cta_level=lv) for lv in range(len(tma.TREE) + 1)}  # the shipped tree
 TMA_VARIANTS.update({  # other trees (other bits): 32 splits of 10 k tiles, paired (overlap)
-    "tma_4x8_L1_ov": _tuned(tree=(4, 8), cta_level=1, overlap=True),
-    "tma_4x8_L2_ov": _tuned(tree=(4, 8), cta_level=2, overlap=True),
-    "tma_L5_t256": _tuned(tile_m=256, stages=5),
+    "tma_4x8_L1_ov": tma.HcMixTmaConfig(tree=(4, 8), cta_level=1, overlap=True),
+    "tma_4x8_L2_ov": tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True),
+    "tma_L5_t256": tma.HcMixTmaConfig(tile_m=256, stages=5),
 })
 
 

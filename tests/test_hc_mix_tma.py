@@ -46,9 +46,9 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(stages=8, consumer_regs=240), "register split"),
                                       (dict(producer_regs=32, consumer_regs=240), "register split"),
                                       (dict(tile_m=192), "tile_m"),
-                                      (dict(tile_m=256), "needs >="),
+                                      (dict(tile_m=256, consumer_regs=176), "needs >="),
                                       (dict(tile_m=256, cta_level=1, consumer_regs=232), "more than the 232"),
-                                      (dict(overlap=True, cta_level=0), "needs >="),
+                                      (dict(overlap=True, cta_level=0, consumer_regs=176), "needs >="),
                                       (dict(tile_m=256, overlap=True), "overlap")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -67,7 +67,7 @@ def test_config_for_follows_the_wave_model():
     assert got == {0: 64, 1: 64, 128: 64, 256: 64, 512: 32, 1024: 16, 2048: 8, 4096: 4, 8192: 4, 16384: 1}
     for m in (1, 512, 4096, 16384):
         cfg = mod.config_for(m)
-        assert cfg.consumer_regs == cfg.min_consumer_regs() and not cfg.overlap
+        assert cfg.consumer_regs == 0 and cfg.consumer_registers == cfg.min_consumer_regs() and not cfg.overlap
     assert {mod.config_for(m).cta_level for m in mod.LEVEL_EXAMPLE_M} == set(range(len(mod.TREE) + 1))
     assert mod.config_for(17 * 128).ctas_per_tile == 32  # 17 row tiles: 544 CTAs in 5 waves, not 136 in 2
 
@@ -195,7 +195,6 @@ def test_other_configs_compile_without_spills(kw):
     """256-row tiles (two m64 atoms per warpgroup) and overlap (two accumulators) at the register
     counts ``min_consumer_regs`` gives them; the workspace covers every (row tile, CTA, row)."""
     cfg = mod.HcMixTmaConfig(**kw)
-    cfg = mod.dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
     cfg.validate()
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)

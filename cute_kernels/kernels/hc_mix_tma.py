@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 import cutlass
@@ -72,13 +73,6 @@ REDUCE_THREADS = 224  # its threads: 200 (row, column) sums, one per thread, the
 TREE = (4, 2, 2, 2, 2)  # the shipped reduction tree of K: 64 splits (5 k tiles each at K = 20480)
 
 
-def _prod(values) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
-
-
 @dataclass(frozen=True)
 class HcMixTmaConfig:
     """``tile_m`` rows per row tile (128 or 256: one or two m64 atoms per consumer warpgroup),
@@ -97,7 +91,8 @@ class HcMixTmaConfig:
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; needs an
     even tile count per split: every launch checks it (``_launch_config``) and falls back to the
     plain loop, since an odd count would make the consumers wait for a tile never loaded),
-    ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads; one CTA per SM),
+    ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
+    ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
 
     tile_m: int = 128
@@ -107,7 +102,7 @@ class HcMixTmaConfig:
     cta_level: int = len(TREE)
     overlap: bool = False
     producer_regs: int = 40
-    consumer_regs: int = 176
+    consumer_regs: int = 0
     store_mix: bool = False
 
     @property
@@ -118,17 +113,22 @@ class HcMixTmaConfig:
     @property
     def n_splits(self) -> int:
         """Splits of K (the leaves of the reduction tree)."""
-        return _prod(self.tree)
+        return math.prod(self.tree)
 
     @property
     def ctas_per_tile(self) -> int:
         """Walk CTAs per row tile (and partials per row in the workspace)."""
-        return _prod(self.tree[:self.cta_level])
+        return math.prod(self.tree[:self.cta_level])
 
     @property
     def subtree(self) -> tuple:
         """Fan-outs of the tree below a CTA's node (empty: the CTA walks one split)."""
         return self.tree[self.cta_level:]
+
+    @property
+    def consumer_registers(self) -> int:
+        """The consumers' setmaxnreg count: ``consumer_regs``, or :meth:`min_consumer_regs` for 0."""
+        return self.consumer_regs or self.min_consumer_regs()
 
     def smem_bytes(self) -> int:
         return self.stages * (self.tile_m + N_W) * self.tile_k * 2 + 16 * self.stages + 2048  # partials alias sX
@@ -157,21 +157,22 @@ class HcMixTmaConfig:
             raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages}: must be in [2, 8]")
-        if self.producer_regs % 8 or self.consumer_regs % 8 or not 24 <= self.producer_regs <= self.consumer_regs:
+        regs = self.consumer_registers
+        if self.producer_regs % 8 or regs % 8 or not 24 <= self.producer_regs <= regs:
             raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
         need = self.min_consumer_regs()
         if need > 232:  # the most a consumer thread of a 384-thread CTA can get (sm90.check_register_split)
             raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the 232 a "
                              "384-thread CTA can give: use tile_m=128, no overlap, or a higher cta_level")
-        if self.consumer_regs < need:
-            raise ValueError(f"consumer_regs={self.consumer_regs}: this config needs >= {need} (spills below)")
-        sm90.check_register_split(self.producer_regs, self.consumer_regs, 2)
+        if regs < need:
+            raise ValueError(f"consumer_regs={regs}: this config needs >= {need} (spills below)")
+        sm90.check_register_split(self.producer_regs, regs, 2)
         if self.smem_bytes() > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
 
     def min_consumer_regs(self) -> int:
         """A conservative register count per consumer thread (the CPU tests compile every config that
-        :func:`config_for` returns at it without spills; ptxas needed 16-24 fewer): 36 running sums and
+        :func:`config_for` returns, and others, at it without spills; ptxas needed 16-24 fewer): 36 running sums and
         36 per accumulator per m atom, 13 totals per level of the CTA's subtree, its own node included,
         per m atom, 40 for addresses."""
         per_atom = 36 * (3 if self.overlap else 2) + 13 * (len(self.subtree) + 1)
@@ -264,7 +265,7 @@ class HcMixTmaKernel(HcMixKernel):
                 self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block,
                           self.split_tile(split_begin, k_tiles), self.split_tile(split_end, k_tiles))
         else:
-            cute.arch.setmaxregister_increase(self.config.consumer_regs)
+            cute.arch.setmaxregister_increase(self.config.consumer_registers)
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
             self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, split_begin, k_tiles)
@@ -327,7 +328,7 @@ class HcMixTmaKernel(HcMixKernel):
             self.walk_split(w, run, sq, rX, split)
             self.close_split(run, sq, tot, d)
         else:
-            span = _prod(self.config.subtree[d + 1:])  # splits per child
+            span = math.prod(self.config.subtree[d + 1:])  # splits per child
             for c in cutlass.range(self.config.subtree[d], unroll=1):
                 self.walk_node(w, run, sq, tot, rX, d + 1, split + c * span)
                 for i in cutlass.range_constexpr(cute.size(tot, mode=[1])):
@@ -532,7 +533,7 @@ def config_for(m: int) -> HcMixTmaConfig:
 
 
 def _wave_cost(row_tiles: int, level: int) -> tuple:
-    c = _prod(TREE[:level])
+    c = math.prod(TREE[:level])
     waves = -(-row_tiles * c // NUM_SMS)
     return (waves * (1 / c + WAVE_OVERHEAD), c)
 
@@ -540,8 +541,7 @@ def _wave_cost(row_tiles: int, level: int) -> tuple:
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
     row_tiles = max(1, -(-m // 128))
-    cfg = HcMixTmaConfig(cta_level=min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv)))
-    return dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
+    return HcMixTmaConfig(cta_level=min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv)))
 
 
 LEVEL_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)

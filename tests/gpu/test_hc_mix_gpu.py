@@ -2,7 +2,6 @@
 
 import math
 
-import dataclasses
 
 import pytest
 import torch
@@ -203,16 +202,13 @@ def test_tma_kernel_tiles_give_the_same_bits():
     splits) takes overlap's fallback, the plain loop."""
     from cute_kernels.kernels import hc_mix_tma as tma
 
-    def tuned(**kw):
-        cfg = tma.HcMixTmaConfig(**kw)
-        return dataclasses.replace(cfg, consumer_regs=cfg.min_consumer_regs())
-
     for k in (20480, 7232):
         x, hc_fn, hc_scale, hc_base = _inputs(300, k, seed=11)
-        for family in ([*(tma.config_for(m) for m in tma.LEVEL_EXAMPLE_M), tuned(stages=3), tuned(stages=3, cta_level=0),
-                        tuned(tile_m=256, stages=5)],
-                       [tuned(tree=(4, 8), cta_level=1), tuned(tree=(4, 8), cta_level=1, overlap=True),
-                        tuned(tree=(4, 8), cta_level=2, overlap=True)]):
+        make = tma.HcMixTmaConfig
+        for family in ([*(tma.config_for(m) for m in tma.LEVEL_EXAMPLE_M), make(stages=3), make(stages=3, cta_level=0),
+                        make(tile_m=256, stages=5)],
+                       [make(tree=(4, 8), cta_level=1), make(tree=(4, 8), cta_level=1, overlap=True),
+                        make(tree=(4, 8), cta_level=2, overlap=True)]):
             mixes = []
             for cfg in family:
                 mix = torch.full((300, mod.SP_COLS), float("nan"), device="cuda")
