@@ -203,6 +203,20 @@ def test_other_configs_compile_without_spills(kw):
     assert mod.workspace_rows(cfg.tile_m + 1, cfg) == 2 * cfg.ctas_per_tile * cfg.tile_m
 
 
+def test_l2_hints_reach_the_tma_loads():
+    """l2_hints: x's loads carry the evict-first policy word, the pieces' the evict-last one."""
+    cfg = mod.HcMixTmaConfig(cta_level=1, l2_hints=True)
+    mod._compile(cfg)
+    ptx = compile_record(mod.NAME, cfg).ptx
+    loads = [line for line in ptx.splitlines() if "cp.async.bulk.tensor" in line]
+    assert len(loads) == 2 and all(".L2::cache_hint" in line for line in loads)
+    assert str(mod.L2_EVICT_FIRST) in ptx and str(mod.L2_EVICT_LAST) in ptx
+    plain = mod.config_for(4096)  # shipped: no hints until measured
+    mod._compile(plain)
+    plain_ptx = compile_record(mod.NAME, plain).ptx  # (the DSL always emits .L2::cache_hint, with policy 0)
+    assert not plain.l2_hints and str(mod.L2_EVICT_FIRST) not in plain_ptx and str(mod.L2_EVICT_LAST) not in plain_ptx
+
+
 def test_the_tree_sets_the_bits():
     """Another tree is another summation order (other bits).  That the CTA level does not change the
     bits is a property of the kernel (the emulation has no CTAs): tests/gpu/test_hc_mix_gpu.py checks it

@@ -70,6 +70,8 @@ ACC_PER_ATOM = N_W // 2  # accumulator values per thread per m64 atom: (2 cols, 
 A_PER_ATOM = N_MIX // 2  # of those, one piece of the 24 columns (n8 blocks 0-2)
 REDUCE_ROWS = 8  # rows per CTA of the reduction kernel (divides every tile_m): many CTAs, so small M is fast
 REDUCE_THREADS = 224  # its threads: 200 (row, column) sums, one per thread, their loads issued together
+L2_EVICT_FIRST = 0x12F0000000000000  # TMA L2 cache-policy words (CUTLASS cute/arch/copy_sm90_desc.hpp)
+L2_EVICT_LAST = 0x14F0000000000000
 TREE = (4, 2, 2, 2, 2)  # the shipped reduction tree of K: 64 splits (5 k tiles each at K = 20480)
 
 
@@ -91,6 +93,8 @@ class HcMixTmaConfig:
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; needs an
     even tile count per split: every launch checks it (``_launch_config``) and falls back to the
     plain loop, since an odd count would make the consumers wait for a tile never loaded),
+    ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
+    every row tile, evict-last; not yet measured, so off),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
@@ -101,6 +105,7 @@ class HcMixTmaConfig:
     tree: tuple = TREE
     cta_level: int = len(TREE)
     overlap: bool = False
+    l2_hints: bool = False
     producer_regs: int = 40
     consumer_regs: int = 0
     store_mix: bool = False
@@ -285,12 +290,16 @@ class HcMixTmaKernel(HcMixKernel):
                                            cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
         tWsW, tWgW = cpasync.tma_partition(tma_atom_W, 0, cute.make_layout(1),
                                            cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+        hints_x, hints_w = {}, {}
+        if cutlass.const_expr(self.config.l2_hints):  # CUTLASS's CacheHintSm90 policy words
+            hints_x = dict(cache_policy=cutlass.Int64(L2_EVICT_FIRST))
+            hints_w = dict(cache_policy=cutlass.Int64(L2_EVICT_LAST))
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for kt in cutlass.range(kt_begin, kt_end, unroll=1):
             ring.producer_acquire(state)
             bar = ring.producer_get_barrier(state)
-            cute.copy(tma_atom_X, tXgX[None, kt], tXsX[None, state.index], tma_bar_ptr=bar)
-            cute.copy(tma_atom_W, tWgW[None, kt], tWsW[None, state.index], tma_bar_ptr=bar)
+            cute.copy(tma_atom_X, tXgX[None, kt], tXsX[None, state.index], tma_bar_ptr=bar, **hints_x)
+            cute.copy(tma_atom_W, tWgW[None, kt], tWsW[None, state.index], tma_bar_ptr=bar, **hints_w)
             state.advance()
 
     @cute.jit

@@ -206,7 +206,7 @@ def test_tma_kernel_tiles_give_the_same_bits():
         x, hc_fn, hc_scale, hc_base = _inputs(300, k, seed=11)
         make = tma.HcMixTmaConfig
         for family in ([*(tma.config_for(m) for m in tma.LEVEL_EXAMPLE_M), make(stages=3), make(stages=3, cta_level=0),
-                        make(tile_m=256, stages=5)],
+                        make(tile_m=256, stages=5), make(cta_level=1, l2_hints=True)],
                        [make(tree=(4, 8), cta_level=1), make(tree=(4, 8), cta_level=1, overlap=True),
                         make(tree=(4, 8), cta_level=2, overlap=True)]):
             mixes = []
