@@ -190,7 +190,8 @@ def test_squares_read_the_swizzled_vectors_without_bank_conflicts(tile_m):
 
 
 @pytest.mark.parametrize("kw", [dict(tile_m=256, stages=5, cta_level=5),
-                                dict(overlap=True, tree=(8, 4), cta_level=1)])
+                                dict(overlap=True, tree=(8, 4), cta_level=1),
+                                *(dict(overlap=True, cta_level=lv) for lv in range(6))])
 def test_other_configs_compile_without_spills(kw):
     """256-row tiles (two m64 atoms per warpgroup) and overlap (two accumulators) at the register
     counts ``min_consumer_regs`` gives them; the workspace covers every (row tile, CTA, row)."""
@@ -201,6 +202,10 @@ def test_other_configs_compile_without_spills(kw):
     assert all(not r.stack_bytes for r in rec.resources) and len(rec.resources) == 2
     assert "local memory (spill)" not in find_features(rec.ptx, PTX_FEATURES)
     assert mod.workspace_rows(cfg.tile_m + 1, cfg) == 2 * cfg.ctas_per_tile * cfg.tile_m
+    if cfg.overlap:  # the second tile of a pair stays in flight (wait_group 1); the odd tail waits for 0
+        assert "wgmma.wait_group.sync.aligned \t1;" in rec.ptx
+        if rec.sass:
+            assert "DEPBAR.LE gsb0, 0x1" in rec.sass
 
 
 def test_l2_hints_reach_the_tma_loads():

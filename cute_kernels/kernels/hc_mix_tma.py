@@ -90,9 +90,8 @@ class HcMixTmaConfig:
     reduction kernel folds the levels above.  0 = one CTA walks all of K; ``len(tree)`` = one CTA per
     split.  :func:`config_for` picks it per M so that about one wave of CTAs runs.
 
-    ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; needs an
-    even tile count per split: every launch checks it (``_launch_config``) and falls back to the
-    plain loop, since an odd count would make the consumers wait for a tile never loaded),
+    ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; a split's
+    odd last tile runs alone; same bits),
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
     every row tile, evict-last; not yet measured, so off),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
@@ -347,27 +346,24 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def walk_split(self, w, run, sq, rX, split):
         """One split's k tiles into ``run`` (float32 running sums) and ``sq`` (squares); ``w``: the walk's
-        fixed arguments (see :meth:`mma`).  Per tile, WGMMA
-        into a fresh accumulator, squares meanwhile, then the running sums (``overlap``: tiles in
-        pairs, the second's WGMMAs in flight while the first is added)."""
+        fixed arguments (see :meth:`mma`).  Per tile, WGMMA into a fresh accumulator, squares meanwhile,
+        then the running sums (``overlap``: tiles in pairs, the second's WGMMAs in flight while the first
+        is added; the same order, so the same bits)."""
         tiled_mma, tCrX, tCrW, sXv, ring, ctidx, k_tiles, kt_begin = w
         t_begin = self.split_tile(split, k_tiles)
         t_end = self.split_tile(split + 1, k_tiles)
         # pipeline states come from t's position in this CTA's walk: a PipelineState advanced inside
         # these nested loops does not carry out of them (measured: the consumers then wait on a wrong
         # phase and the walk hangs from the second split on)
+        t0 = t_begin - kt_begin
+        n = t_end - t_begin
         if cutlass.const_expr(not self.config.overlap):
-            for t in cutlass.range(t_begin - kt_begin, t_end - kt_begin, unroll=1):
-                acc = cute.make_rmem_tensor(self.acc_shape, Float32)
-                state = self.consumer_state(t)
-                self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
-                warpgroup.wait_group(0)
-                ring.consumer_release(state)
-                self.accumulate(run, acc)
+            for t in cutlass.range(t0, t0 + n, unroll=1):
+                self.single_tile(w, run, sq, rX, t)
         else:
-            # k tiles in pairs (every split has an even count: _launch_config checks it): tile t + 1's
-            # WGMMAs run while tile t's result is added; accumulators are made per pair (see issue())
-            for t in cutlass.range(t_begin - kt_begin, t_end - kt_begin, 2, unroll=1):
+            # k tiles in pairs: tile t + 1's WGMMAs run while tile t's result is added; accumulators are
+            # made per pair (see issue()); an odd count ends with one tile alone
+            for t in cutlass.range(t0, t0 + n - n % 2, 2, unroll=1):
                 acc = cute.make_rmem_tensor(self.acc_shape, Float32)
                 acc_next = cute.make_rmem_tensor(self.acc_shape, Float32)
                 first, second = self.consumer_state(t), self.consumer_state(t + 1)
@@ -379,6 +375,20 @@ class HcMixTmaKernel(HcMixKernel):
                 warpgroup.wait_group(0)
                 ring.consumer_release(second)
                 self.accumulate(run, acc_next)
+            if n % 2 == 1:
+                self.single_tile(w, run, sq, rX, t0 + n - 1)
+
+    @cute.jit
+    def single_tile(self, w, run, sq, rX, t):
+        """Tile ``t`` of this CTA's walk on its own: wait, WGMMA into a fresh accumulator with the squares
+        meanwhile, wait for the WGMMAs, free the stage, add to the running sums."""
+        tiled_mma, tCrX, tCrW, sXv, ring, ctidx, _, _ = w
+        acc = cute.make_rmem_tensor(self.acc_shape, Float32)
+        state = self.consumer_state(t)
+        self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
+        warpgroup.wait_group(0)
+        ring.consumer_release(state)
+        self.accumulate(run, acc)
 
     @cute.jit
     def close_split(self, run, sq, tot, d: cutlass.Constexpr):
@@ -584,15 +594,11 @@ def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Te
 
 
 @functools.lru_cache(maxsize=256)
-def _launch_config(config: HcMixTmaConfig, k: int, store_mix: bool) -> HcMixTmaConfig:
+def _launch_config(config: HcMixTmaConfig, store_mix: bool) -> HcMixTmaConfig:
     """The config actually compiled for a call (memoized: dataclasses.replace costs microseconds):
     ``store_mix`` follows the mix buffer (set without one, the epilogue would write past the dummy
-    row); overlap falls back to the plain loop when some split gets an odd number of k tiles (same
-    bits)."""
-    cfg = dataclasses.replace(config, store_mix=store_mix)
-    if cfg.overlap and k % (2 * cfg.tile_k * cfg.n_splits):
-        cfg = dataclasses.replace(cfg, overlap=False)
-    return cfg
+    row)."""
+    return dataclasses.replace(config, store_mix=store_mix)
 
 
 def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None):
@@ -606,7 +612,7 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         if not isinstance(config, HcMixTmaConfig):
             raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
         config.validate()
-    cfg = _launch_config(config or config_for(x.shape[0]), x.shape[1], mix is not None)
+    cfg = _launch_config(config or config_for(x.shape[0]), mix is not None)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
                         rms_eps, hc_eps, mix=mix, workspace_rows=workspace_rows(x.shape[0], cfg))
 

@@ -198,15 +198,16 @@ def test_tma_kernel_is_batch_invariant():
 def test_tma_kernel_tiles_give_the_same_bits():
     """config_for moves the walk's CTAs between levels of the K tree with M, and the tile and stage
     choices must not matter either: all give the same bits (batch invariance across the switch); with
-    another tree, overlap (paired k tiles) gives the plain loop's bits.  K = 7232 (113 k tiles: uneven
-    splits) takes overlap's fallback, the plain loop."""
+    another tree too, and overlap (paired k tiles; a split's odd last tile alone) gives the plain loop's
+    bits.  K = 7232 (113 k tiles) makes uneven splits, odd and even."""
     from cute_kernels.kernels import hc_mix_tma as tma
 
     for k in (20480, 7232):
         x, hc_fn, hc_scale, hc_base = _inputs(300, k, seed=11)
         make = tma.HcMixTmaConfig
         for family in ([*(tma.config_for(m) for m in tma.LEVEL_EXAMPLE_M), make(stages=3), make(stages=3, cta_level=0),
-                        make(tile_m=256, stages=5), make(cta_level=1, l2_hints=True)],
+                        make(tile_m=256, stages=5), make(cta_level=1, l2_hints=True), make(cta_level=1, overlap=True),
+                        make(cta_level=5, overlap=True)],
                        [make(tree=(4, 8), cta_level=1), make(tree=(4, 8), cta_level=1, overlap=True),
                         make(tree=(4, 8), cta_level=2, overlap=True)]):
             mixes = []
