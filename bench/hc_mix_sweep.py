@@ -1,7 +1,8 @@
 """Tuning aid for hc_mix: us per call (CUDA graph) of every shipped config and the split-K baseline.
 
 Run on the GPU: ``python3 bench/hc_mix_sweep.py [M,M,...]``; prints one JSON line per measurement.
-Every config gives the same bits, so ``config_for`` may pick any of them per M.
+Configs with the same K tree give the same bits (the ``_bits`` fields check it), so ``config_for``
+may pick any CTA level per M; another tree is another summation order.
 """
 
 import json
@@ -30,7 +31,8 @@ def _name(c):
 
 def main():
     k = 20480
-    ms = [int(s) for s in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 16, 128, 256, 512, 1024, 2048, 4096, 16384]
+    ms = ([int(s) for s in sys.argv[1].split(",")] if len(sys.argv) > 1
+          else [1, 16, 128, 256, 512, 1024, 2048, 4096, 16384])
     print(json.dumps(dict(copy_gbps=copy_bandwidth_gbps())), flush=True)
     splitk = mod._splitk_baseline()
     for m in ms:

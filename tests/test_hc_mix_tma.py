@@ -15,7 +15,7 @@ from seeding import generator
 CONFIGS = [mod.HcMixTmaConfig(), *(mod.config_for(m) for m in mod.LEVEL_EXAMPLE_M)]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"L{c.cta_level}-t{c.tile_m}s{c.stages}{'ov' if c.overlap else ''}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"L{c.cta_level}-t{c.tile_m}s{c.stages}")
 def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)

@@ -80,7 +80,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_f32_eps, check_float_tensors, check_int, check_same_device, check_tensor, validated_once
+from ..runtime.validate import (check_f32_eps, check_float_tensors, check_int, check_same_device, check_tensor,
+                                validated_once)
 
 NAME = "hc_mix"
 HC = 4  # hc_mult

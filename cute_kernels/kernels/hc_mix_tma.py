@@ -30,9 +30,9 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
 Measured (H200, K = 20480, us per call in a CUDA graph, session 6,
 bench/results/2026-11-29_h200_hc_mix_s6.md; split-K Triton baseline in brackets; a later run gave
 9.8-10.1 at M <= 128): M = 1: 10.0 (12.2); 128: 9.8 (16.8); 512: 13.6 (28.4); 1024: 18.6
-(56.5); 2048: 32.2 (101.0); 4096: 51.8 (176.4; 78% of the copy rate); 16384: 178.9 (651.4).  Before (session 5: 8-CTA clusters over DSMEM up to one
-wave, then one CTA per eighth of K with a reduction kernel): 21.3 / 21.8 / 21.8 / 22.6 / 31.4 / 55.8 /
-190.  Measured on the way (bench/results/logs/2026-11-29_s6_hc_mix_*): 32 splits of 10 tiles
+(56.5); 2048: 32.2 (101.0); 4096: 51.8 (176.4; 78% of the copy rate); 16384: 178.9 (651.4).
+Before (session 5: 8-CTA clusters over DSMEM up to one wave, then one CTA per eighth of K with a
+reduction kernel): 21.3 / 21.8 / 21.8 / 22.6 / 31.4 / 55.8 / 190.  Measured on the way (bench/results/logs/2026-11-29_s6_hc_mix_*): 32 splits of 10 tiles
 (8 x 4) gave 12.5 us at M <= 128 (too few CTAs: per-SM bandwidth), 64 splits with the reduction
 kernel at 32 rows per CTA 13.5-13.9 at M = 128 (its loads then limit); at M = 4096 one wave of CTAs
 (4 per tile) beats two waves (8 per tile): 51 vs 56 us.  What limits M = 4096 is the walk itself
@@ -88,7 +88,7 @@ class HcMixTmaConfig:
     CTAs take: the nodes ``cta_level`` levels below the root (``prod(tree[:cta_level])`` CTAs per row
     tile, each folding its subtree in registers and writing the node's sums to a workspace); the
     reduction kernel folds the levels above.  0 = one CTA walks all of K; ``len(tree)`` = one CTA per
-    split.  :func:`config_for` picks it per M so that about one wave of CTAs runs.
+    split.  :func:`config_for` picks it per M from a wave model.
 
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; a split's
     odd last tile runs alone; same bits),
@@ -128,6 +128,11 @@ class HcMixTmaConfig:
     def subtree(self) -> tuple:
         """Fan-outs of the tree below a CTA's node (empty: the CTA walks one split)."""
         return self.tree[self.cta_level:]
+
+    @property
+    def splits_per_cta(self) -> int:
+        """Splits under one CTA's node."""
+        return math.prod(self.subtree)
 
     @property
     def consumer_registers(self) -> int:
@@ -176,9 +181,9 @@ class HcMixTmaConfig:
 
     def min_consumer_regs(self) -> int:
         """A conservative register count per consumer thread (the CPU tests compile every config that
-        :func:`config_for` returns, and others, at it without spills; ptxas needed 16-24 fewer): 36 running sums and
-        36 per accumulator per m atom, 13 totals per level of the CTA's subtree, its own node included,
-        per m atom, 40 for addresses."""
+        :func:`config_for` returns, and others, at it without spills; ptxas needed 16-24 fewer): 36
+        running sums and 36 per accumulator per m atom, 13 totals per level of the CTA's subtree, its
+        own node included, per m atom, 40 for addresses."""
         per_atom = 36 * (3 if self.overlap else 2) + 13 * (len(self.subtree) + 1)
         return -(-(per_atom * self.m_atoms + 40) // 8) * 8
 
@@ -261,13 +266,13 @@ class HcMixTmaKernel(HcMixKernel):
 
         x_vectors = cute.cosize(sX_layout) // 8
         k_tiles = (mX.shape[1] + self.tile_k - 1) // self.tile_k
-        split_begin = node * self.config.n_splits // self.config.ctas_per_tile
+        split_begin = node * self.config.splits_per_cta
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
-                split_end = split_begin + self.config.n_splits // self.config.ctas_per_tile
                 self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block,
-                          self.split_tile(split_begin, k_tiles), self.split_tile(split_end, k_tiles))
+                          self.split_tile(split_begin, k_tiles),
+                          self.split_tile(split_begin + self.config.splits_per_cta, k_tiles))
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
@@ -496,12 +501,11 @@ class HcMixTmaKernel(HcMixKernel):
         row0 = bidx * REDUCE_ROWS
         n_items = REDUCE_ROWS * SP_COLS
         full_rounds = n_items // REDUCE_THREADS
-        rows = cutlass.min(m - row0, REDUCE_ROWS)
+        live_items = cutlass.min(m - row0, REDUCE_ROWS) * SP_COLS  # rows past M are skipped
         for i in cutlass.range_constexpr(full_rounds):
-            self.reduce_item(mPart, sA, row0, tidx + i * REDUCE_THREADS, rows * SP_COLS)
+            self.reduce_item(mPart, sA, row0, tidx + i * REDUCE_THREADS, live_items)
         if cutlass.const_expr(n_items % REDUCE_THREADS):
-            item = tidx + full_rounds * REDUCE_THREADS
-            self.reduce_item(mPart, sA, row0, item, cutlass.min(rows * SP_COLS, n_items))
+            self.reduce_item(mPart, sA, row0, tidx + full_rounds * REDUCE_THREADS, live_items)
         cute.arch.sync_threads()
         if tidx < REDUCE_ROWS and row0 + tidx < m:
             self.epilogue(sA, tidx, row0 + tidx, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters,
@@ -532,9 +536,7 @@ class HcMixTmaKernel(HcMixKernel):
         return total
 
 
-NUM_SMS = 132  # H200; config_for aims at about one wave of walk CTAs (the bits do not depend on it)
-
-
+NUM_SMS = 132  # H200; config_for's wave model (the bits do not depend on it)
 WAVE_OVERHEAD = 0.01  # config_for's model: fixed cost of a wave (launch, first loads, drain) / a full-K walk
 
 
@@ -584,9 +586,10 @@ def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                         sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
                         config: HcMixTmaConfig | None = None, mix: torch.Tensor | None = None):
-    """:func:`.hc_mix.hc_mix_sinkhorn` on the TMA + WGMMA kernel (faster than the walk at every M measured
-    on the H200; see the module docstring).  Same arguments, rules, errors and outputs; batch invariant on its own,
-    but its bits differ from ``hc_mix_sinkhorn``'s: use one of the two for every call.  ``config``
+    """:func:`.hc_mix.hc_mix_sinkhorn` on the TMA + WGMMA kernel (faster than the walk at every M
+    measured on the H200 in a CUDA graph; see the module docstring).  Same arguments, rules, errors and
+    outputs; batch invariant on its own, but its bits differ from ``hc_mix_sinkhorn``'s: use one of
+    the two for every call.  ``config``
     (default :func:`config_for` (M)); ``mix`` (``[M, 25]`` float32, contiguous, on x's device), when
     given, receives the raw ``a`` and sum x^2 of each row (``config.store_mix`` follows it)."""
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
