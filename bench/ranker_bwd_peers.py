@@ -1,5 +1,7 @@
 """Peers of ``ranker_bwd`` for ``bench()``: each returns ``fn`` (one backward: the gradients of q, k,
-v for a fixed ``dout``) or raises.
+v for the caller's ``dout``, the same tensor every implementation gets) or raises.  No peer draws
+random numbers: a peer whose CUDA-graph capture fails leaves torch's default generator unusable
+("Offset increment outside graph capture"), which used to break the next shape's peers.
 
 They import only on the GPU machine (FlashAttention-4 from the ``.devkit`` peers wheels).  Set-up as
 in ``../shared/bench-peers/anchor_bench2.py`` (how the issue's backward figures were taken):
@@ -36,7 +38,7 @@ def _grad_fn(out, inputs, dout):
     return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
 
-def fa4_mask_mod(q, k, v, bounds, cap=None):
+def fa4_mask_mod(q, k, v, bounds, dout, cap=None):
     from flash_attn.cute import flash_attn_func
     from flash_attn.cute.compute_block_sparsity import compute_block_sparsity
 
@@ -52,10 +54,10 @@ def fa4_mask_mod(q, k, v, bounds, cap=None):
         kw["softcap"] = cap
     out = flash_attn_func(qq, kk, vv, **kw)
     out = out[0] if isinstance(out, tuple) else out
-    return _grad_fn(out, (qq, kk, vv), torch.randn_like(out))
+    return _grad_fn(out, (qq, kk, vv), dout)
 
 
-def flex(q, k, v, bounds, cap=None):
+def flex(q, k, v, bounds, dout, cap=None):
     import torch._functorch.config as fconfig
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -70,10 +72,10 @@ def flex(q, k, v, bounds, cap=None):
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
     out = torch.compile(flex_attention)(qt, kt, vt, block_mask=bm, score_mod=score_mod,
                                         enable_gqa=k.shape[2] != hq)
-    return _grad_fn(out, (qt, kt, vt), torch.randn_like(out))
+    return _grad_fn(out, (qt, kt, vt), dout.transpose(1, 2).contiguous())
 
 
-def sdpa_dense(q, k, v, bounds, cap=None):
+def sdpa_dense(q, k, v, bounds, dout, cap=None):
     """cuDNN SDPA backward, dense over all keys (for scale, not the ranker mask)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -83,7 +85,7 @@ def sdpa_dense(q, k, v, bounds, cap=None):
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_(True) for t in (q, k, v))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         out = F.scaled_dot_product_attention(qt, kt, vt)
-    dout = torch.randn_like(out)
+    dout = dout.transpose(1, 2).contiguous()
 
     def fn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

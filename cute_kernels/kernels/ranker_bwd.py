@@ -990,7 +990,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
         if peers_mod is not None and time.time() - t_start < peer_budget_s:
             for name, make in peers_mod.PEERS.items():
                 try:
-                    impls.append((name, make(q, k, v, bounds, cap)))
+                    impls.append((name, make(q, k, v, bounds, do, cap)))
                 except Exception as exc:  # noqa: BLE001 (a record per failing peer)
                     recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
         times: dict[str, list] = {}

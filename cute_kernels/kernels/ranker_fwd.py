@@ -1202,7 +1202,11 @@ def _time_us(fn) -> tuple[float, str]:
 
     try:
         return cuda_time_us(fn, graph=True), "graph"
-    except Exception:
+    except Exception as exc:  # a peer that cannot be captured is timed eagerly; say why
+        import sys
+
+        print(f"CUDA-graph capture failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}); "
+              "timing eagerly", file=sys.stderr, flush=True)
         torch.cuda.synchronize()
         return cuda_time_us(fn, graph=False), "eager"
 
