@@ -255,3 +255,18 @@ def test_launch_refuses_a_foreign_config_and_emulation_checks_k():
         mod.emulate_mix(torch.zeros(2, 100, dtype=torch.bfloat16), torch.zeros(24, 100))
     meta = mod.emulate_mix(torch.zeros(3, 128, dtype=torch.bfloat16, device="meta"), torch.zeros(24, 128))
     assert meta.shape == (3, 25) and meta.device.type == "meta"
+
+
+def test_walk_is_a_programmatic_dependent_launch():
+    """pdl (default): the walk waits (griddepcontrol.wait) before its loads and the reduction kernel
+    triggers the next launch after its own wait; pdl=False keeps only the walk -> reduction pair."""
+    def ptx_of(cfg):
+        mod._compile(cfg)
+        return compile_record(mod.NAME, cfg).ptx
+
+    shipped = mod.config_for(1)
+    assert shipped.pdl
+    ptx = ptx_of(shipped)
+    assert ptx.count("griddepcontrol.wait") == 2 and ptx.count("griddepcontrol.launch_dependents") == 2
+    plain = ptx_of(mod.dataclasses.replace(shipped, pdl=False))
+    assert plain.count("griddepcontrol.wait") == 1 and plain.count("griddepcontrol.launch_dependents") == 2

@@ -94,6 +94,9 @@ class HcMixTmaConfig:
     odd last tile runs alone; same bits),
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
     every row tile, evict-last; not yet measured, so off),
+    ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
+    previous kernel's tail (the previous call's reduction kernel triggers it at its start); it waits in
+    ``griddepcontrol.wait`` before its first global-memory access, so the order is that of the stream),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
@@ -105,6 +108,7 @@ class HcMixTmaConfig:
     cta_level: int = len(TREE)
     overlap: bool = False
     l2_hints: bool = False
+    pdl: bool = True
     producer_regs: int = 40
     consumer_regs: int = 0
     store_mix: bool = False
@@ -231,7 +235,7 @@ class HcMixTmaKernel(HcMixKernel):
         grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
         self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart).launch(
             grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
-            min_blocks_per_mp=1)
+            min_blocks_per_mp=1, use_pdl=self.config.pdl)
         self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
                            sinkhorn_iters, rms_eps, hc_eps).launch(
             grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_THREADS, 1, 1],
@@ -258,6 +262,8 @@ class HcMixTmaKernel(HcMixKernel):
             tx_count=self.tma_bytes, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.config.pdl):
+            cute.arch.griddepcontrol_wait()  # the stream's earlier kernels done: x, hc_fn, the workspace free
         sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
         sW = storage.sW.get_tensor(sW_layout.outer, swizzle=sW_layout.inner)
         # the CTA's node sums (rows x (24 + 1)) alias the x ring once every tile has been consumed
@@ -498,6 +504,7 @@ class HcMixTmaKernel(HcMixKernel):
         sA = smem.allocate_tensor(Float32, cute.make_layout((REDUCE_ROWS, SP_COLS), stride=(SP_COLS, 1)),
                                   byte_alignment=16)
         cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()  # the next call's walk may launch (it waits for us)
         row0 = bidx * REDUCE_ROWS
         n_items = REDUCE_ROWS * SP_COLS
         full_rounds = n_items // REDUCE_THREADS
