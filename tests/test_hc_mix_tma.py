@@ -45,7 +45,7 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(consumer_regs=100), "multiples"),
                                       (dict(stages=8, consumer_regs=240), "register split"),
                                       (dict(producer_regs=32, consumer_regs=240), "register split"),
-                                      (dict(tile_m=192), "tile_m"),
+                                      (dict(tile_m=192), "tile_m"), (dict(reduce_rows=12), "reduce_rows"),
                                       (dict(tile_m=256, consumer_regs=176), "needs >="),
                                       (dict(tile_m=256, cta_level=1, consumer_regs=232), "more than the 232"),
                                       (dict(overlap=True, cta_level=0, consumer_regs=176), "needs >="),
@@ -216,10 +216,11 @@ def test_l2_hints_reach_the_tma_loads():
     loads = [line for line in ptx.splitlines() if "cp.async.bulk.tensor" in line]
     assert len(loads) == 2 and all(".L2::cache_hint" in line for line in loads)
     assert str(mod.L2_EVICT_FIRST) in ptx and str(mod.L2_EVICT_LAST) in ptx
-    plain = mod.config_for(4096)  # shipped: no hints until measured
+    assert mod.config_for(4096).l2_hints  # shipped on
+    plain = mod.HcMixTmaConfig(cta_level=1, l2_hints=False)
     mod._compile(plain)
     plain_ptx = compile_record(mod.NAME, plain).ptx  # (the DSL always emits .L2::cache_hint, with policy 0)
-    assert not plain.l2_hints and str(mod.L2_EVICT_FIRST) not in plain_ptx and str(mod.L2_EVICT_LAST) not in plain_ptx
+    assert str(mod.L2_EVICT_FIRST) not in plain_ptx and str(mod.L2_EVICT_LAST) not in plain_ptx
 
 
 def test_the_tree_sets_the_bits():

@@ -21,8 +21,8 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   three pieces of a column sit in the same thread) and folded into the node totals, one register set
   per tree level below the CTA's node.  The CTA's node sums go to a ``[rows, 25]`` workspace.
 * The reduction kernel, launched with programmatic dependent launch (the walk triggers it at its
-  start; it waits in ``griddepcontrol.wait`` for the walk's completion and memory flush): 8 rows per
-  CTA, one (row, column) per thread, folds the levels above ``cta_level``, then one thread per row
+  start; it waits in ``griddepcontrol.wait`` for the walk's completion and memory flush):
+  ``reduce_rows`` rows per CTA, one (row, column) per thread, folds the levels above ``cta_level``, then one thread per row
   runs the epilogue.
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
   M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
@@ -68,8 +68,6 @@ ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 ACC_PER_ATOM = N_W // 2  # accumulator values per thread per m64 atom: (2 cols, 2 rows, 9 n8 blocks)
 A_PER_ATOM = N_MIX // 2  # of those, one piece of the 24 columns (n8 blocks 0-2)
-REDUCE_ROWS = 8  # rows per CTA of the reduction kernel (divides every tile_m): many CTAs, so small M is fast
-REDUCE_THREADS = 224  # its threads: 200 (row, column) sums, one per thread, their loads issued together
 L2_EVICT_FIRST = 0x12F0000000000000  # TMA L2 cache-policy words (CUTLASS cute/arch/copy_sm90_desc.hpp)
 L2_EVICT_LAST = 0x14F0000000000000
 TREE = (4, 2, 2, 2, 2)  # the shipped reduction tree of K: 64 splits (5 k tiles each at K = 20480)
@@ -93,10 +91,13 @@ class HcMixTmaConfig:
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; a split's
     odd last tile runs alone; same bits),
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
-    every row tile, evict-last; not yet measured, so off),
+    every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
     previous kernel's tail (the previous call's reduction kernel triggers it at its start); it waits in
     ``griddepcontrol.wait`` before its first global-memory access, so the order is that of the stream),
+    ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
+    sum, so its loads issue together; then one thread per row runs the epilogue: 32 rows keep that
+    warp's lanes all busy),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
@@ -107,8 +108,9 @@ class HcMixTmaConfig:
     tree: tuple = TREE
     cta_level: int = len(TREE)
     overlap: bool = False
-    l2_hints: bool = False
+    l2_hints: bool = True
     pdl: bool = True
+    reduce_rows: int = 32
     producer_regs: int = 40
     consumer_regs: int = 0
     store_mix: bool = False
@@ -137,6 +139,11 @@ class HcMixTmaConfig:
     def splits_per_cta(self) -> int:
         """Splits under one CTA's node."""
         return math.prod(self.subtree)
+
+    @property
+    def reduce_threads(self) -> int:
+        """Threads of a reduction CTA: one per (row, column) sum, rounded up to whole warps."""
+        return -(-self.reduce_rows * SP_COLS // 32) * 32
 
     @property
     def consumer_registers(self) -> int:
@@ -168,6 +175,8 @@ class HcMixTmaConfig:
                              "thread at tile_m=256 exceed the 240-register limit")
         if self.tile_k != 64:
             raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
+        if self.reduce_rows not in (8, 16, 32):
+            raise ValueError(f"reduce_rows={self.reduce_rows}: must be 8, 16 or 32")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages}: must be in [2, 8]")
         regs = self.consumer_registers
@@ -238,7 +247,8 @@ class HcMixTmaKernel(HcMixKernel):
             min_blocks_per_mp=1, use_pdl=self.config.pdl)
         self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
                            sinkhorn_iters, rms_eps, hc_eps).launch(
-            grid=[(mX.shape[0] + REDUCE_ROWS - 1) // REDUCE_ROWS, 1, 1], block=[REDUCE_THREADS, 1, 1],
+            grid=[(mX.shape[0] + self.config.reduce_rows - 1) // self.config.reduce_rows, 1, 1],
+            block=[self.config.reduce_threads, 1, 1],
             stream=stream, use_pdl=True)
 
     # ------------------------------------------------------------------ kernel
@@ -494,27 +504,20 @@ class HcMixTmaKernel(HcMixKernel):
                       mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
                       sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
         """The second kernel (a programmatic dependent launch: it waits for the walk's completion and
-        memory flush before reading): each CTA takes :data:`REDUCE_ROWS` rows, folds the workspace's
-        node sums of each (row, column) up the tree (:meth:`reduce_item`), then one thread per row runs
-        the epilogue.  The loads from L2 set this kernel's time, so the (row, column) sums are spread
-        over all the CTA's threads, each sum's loads issued together; rows past M are skipped."""
+        memory flush before reading): each CTA takes ``config.reduce_rows`` rows, one thread per (row,
+        column) folds the workspace's node sums up the tree (:meth:`reduce_item`; a sum's loads issue
+        together), then one thread per row runs the epilogue.  Rows past M are skipped."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
-        sA = smem.allocate_tensor(Float32, cute.make_layout((REDUCE_ROWS, SP_COLS), stride=(SP_COLS, 1)),
-                                  byte_alignment=16)
+        rows = self.config.reduce_rows
+        sA = smem.allocate_tensor(Float32, cute.make_layout((rows, SP_COLS), stride=(SP_COLS, 1)), byte_alignment=16)
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()  # the next call's walk may launch (it waits for us)
-        row0 = bidx * REDUCE_ROWS
-        n_items = REDUCE_ROWS * SP_COLS
-        full_rounds = n_items // REDUCE_THREADS
-        live_items = cutlass.min(m - row0, REDUCE_ROWS) * SP_COLS  # rows past M are skipped
-        for i in cutlass.range_constexpr(full_rounds):
-            self.reduce_item(mPart, sA, row0, tidx + i * REDUCE_THREADS, live_items)
-        if cutlass.const_expr(n_items % REDUCE_THREADS):
-            self.reduce_item(mPart, sA, row0, tidx + full_rounds * REDUCE_THREADS, live_items)
+        row0 = bidx * rows
+        self.reduce_item(mPart, sA, row0, tidx, cutlass.min(m - row0, rows) * SP_COLS)  # rows past M skipped
         cute.arch.sync_threads()
-        if tidx < REDUCE_ROWS and row0 + tidx < m:
+        if tidx < rows and row0 + tidx < m:
             self.epilogue(sA, tidx, row0 + tidx, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters,
                           rms_eps, hc_eps)
 
