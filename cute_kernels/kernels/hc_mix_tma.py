@@ -22,8 +22,9 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   per tree level below the CTA's node.  The CTA's node sums go to a ``[rows, 25]`` workspace.
 * The reduction kernel, launched with programmatic dependent launch (the walk triggers it at its
   start; it waits in ``griddepcontrol.wait`` for the walk's completion and memory flush):
-  ``reduce_rows`` rows per CTA, one (row, column) per thread, folds the levels above ``cta_level``, then one thread per row
-  runs the epilogue.
+  ``reduce_rows`` rows per CTA, one (row, column) per thread, folds the levels above ``cta_level``,
+  then one thread per row runs the epilogue.  It triggers the next launch after its wait, and the walk
+  is a programmatic dependent launch as well (``pdl``): its prologue overlaps the previous kernel.
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
   M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
 
@@ -96,8 +97,8 @@ class HcMixTmaConfig:
     previous kernel's tail (the previous call's reduction kernel triggers it at its start); it waits in
     ``griddepcontrol.wait`` before its first global-memory access, so the order is that of the stream),
     ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
-    sum, so its loads issue together; then one thread per row runs the epilogue: 32 rows keep that
-    warp's lanes all busy),
+    sum, so a sum's loads issue together; then one thread per row runs the epilogue, so more rows
+    fill that warp; :func:`config_for` picks 8 or 16),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
@@ -110,7 +111,7 @@ class HcMixTmaConfig:
     overlap: bool = False
     l2_hints: bool = True
     pdl: bool = True
-    reduce_rows: int = 32
+    reduce_rows: int = 8
     producer_regs: int = 40
     consumer_regs: int = 0
     store_mix: bool = False
@@ -557,7 +558,10 @@ def config_for(m: int) -> HcMixTmaConfig:
     a tie).  On 132 SMs this gives 64 CTAs per row tile up to M = 256 (5 k tiles each at K = 20480),
     32 at 512, 16 at 1024, 8 at 2048, 4 at 4096, 1 at 16384: the choices the H200 measurements
     favoured (e.g. one wave of 4 per tile beat two of 8 at M = 4096: 51 vs 56 us); M in between is
-    modelled, not measured.  Every choice gives the same bits.
+    modelled, not measured.  The reduction kernel takes 8 rows per CTA at 32 or 64 CTAs per row tile
+    (each sum folds that many node sums: more CTAs share the loads) and 16 below (fuller epilogue
+    warps; session 7: 47.9 vs 49.5 us at M = 4096, 9.6 vs 10.4 at M = 128 against 32 rows).  Every
+    choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
     return _config_for(int(m))
@@ -572,7 +576,8 @@ def _wave_cost(row_tiles: int, level: int) -> tuple:
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
     row_tiles = max(1, -(-m // 128))
-    return HcMixTmaConfig(cta_level=min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv)))
+    level = min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv))
+    return HcMixTmaConfig(cta_level=level, reduce_rows=8 if math.prod(TREE[:level]) >= 32 else 16)
 
 
 LEVEL_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)

@@ -21,7 +21,7 @@ for m, k in ((5, 192), (130, 7232)):
     for cfg in (tma.config_for(1), tma.config_for(4096), tma.config_for(16384),
                 tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True),
                 tma.HcMixTmaConfig(tile_m=256, stages=5), tma.HcMixTmaConfig(cta_level=1, l2_hints=False, pdl=False),
-                tma.HcMixTmaConfig(reduce_rows=8), tma.HcMixTmaConfig(cta_level=2, reduce_rows=16)):
+                tma.HcMixTmaConfig(reduce_rows=32), tma.HcMixTmaConfig(cta_level=2, reduce_rows=16)):
         mix = torch.empty(m, 25, device="cuda")
         outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix))
     for out in outs:

@@ -208,7 +208,7 @@ def test_tma_kernel_tiles_give_the_same_bits():
         for family in ([*(tma.config_for(m) for m in tma.LEVEL_EXAMPLE_M), make(stages=3), make(stages=3, cta_level=0),
                         make(tile_m=256, stages=5), make(cta_level=1, l2_hints=True), make(cta_level=1, overlap=True),
                         make(cta_level=5, pdl=False), make(cta_level=1, pdl=False), make(cta_level=1, l2_hints=False),
-                        make(reduce_rows=8), make(cta_level=1, reduce_rows=16),
+                        make(reduce_rows=32), make(cta_level=1, reduce_rows=16),
                         make(cta_level=5, overlap=True)],
                        [make(tree=(4, 8), cta_level=1), make(tree=(4, 8), cta_level=1, overlap=True),
                         make(tree=(4, 8), cta_level=2, overlap=True)]):
