@@ -482,7 +482,7 @@ class HcMixKernel:
             for j in cutlass.range_constexpr(HC):
                 rM[i * HC + j] = rM[i * HC + j] * inv + hc_eps
         self.normalize_cols(rM, hc_eps)
-        for _ in cutlass.range(sinkhorn_iters - 1, unroll=2):
+        for _ in cutlass.range(sinkhorn_iters - 1, unroll=1):
             self.normalize_rows(rM, hc_eps)
             self.normalize_cols(rM, hc_eps)
         for i in cutlass.range_constexpr(HC * HC):
@@ -491,7 +491,9 @@ class HcMixKernel:
     @cute.jit
     def normalize_rows(self, rM: cute.Tensor, hc_eps: Float32):
         for i in cutlass.range_constexpr(HC):
-            ssum = (rM[i * HC] + rM[i * HC + 1]) + (rM[i * HC + 2] + rM[i * HC + 3])  # pairwise: a shorter chain
+            ssum = rM[i * HC]
+            for j in cutlass.range_constexpr(1, HC):
+                ssum = ssum + rM[i * HC + j]
             inv = cute.arch.rcp_approx(ssum + hc_eps)
             for j in cutlass.range_constexpr(HC):
                 rM[i * HC + j] = rM[i * HC + j] * inv
@@ -499,7 +501,9 @@ class HcMixKernel:
     @cute.jit
     def normalize_cols(self, rM: cute.Tensor, hc_eps: Float32):
         for j in cutlass.range_constexpr(HC):
-            ssum = (rM[j] + rM[HC + j]) + (rM[2 * HC + j] + rM[3 * HC + j])
+            ssum = rM[j]
+            for i in cutlass.range_constexpr(1, HC):
+                ssum = ssum + rM[i * HC + j]
             inv = cute.arch.rcp_approx(ssum + hc_eps)
             for i in cutlass.range_constexpr(HC):
                 rM[i * HC + j] = rM[i * HC + j] * inv
