@@ -67,7 +67,8 @@ def test_config_for_follows_the_wave_model():
     assert got == {0: 64, 1: 64, 128: 64, 256: 64, 512: 32, 1024: 16, 2048: 8, 4096: 4, 8192: 4, 16384: 1}
     for m in (1, 512, 4096, 16384):
         cfg = mod.config_for(m)
-        assert cfg.consumer_regs == 0 and cfg.consumer_registers == cfg.min_consumer_regs() and not cfg.overlap
+        assert cfg.consumer_regs == 0 and cfg.consumer_registers == cfg.min_consumer_regs()
+        assert cfg.overlap == (cfg.cta_level <= 2)  # paired k tiles where a CTA walks 8+ splits
     assert {mod.config_for(m).cta_level for m in mod.LEVEL_EXAMPLE_M} == set(range(len(mod.TREE) + 1))
     assert mod.config_for(17 * 128).ctas_per_tile == 32  # 17 row tiles: 544 CTAs in 5 waves, not 136 in 2
     rows = {m: mod.config_for(m).reduce_rows for m in (1, 512, 1024, 4096, 16384)}

@@ -90,7 +90,7 @@ class HcMixTmaConfig:
     split.  :func:`config_for` picks it per M from a wave model.
 
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; a split's
-    odd last tile runs alone; same bits),
+    odd last tile runs alone; same bits; :func:`config_for` sets it for M >= 2048),
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
     every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
@@ -560,8 +560,9 @@ def config_for(m: int) -> HcMixTmaConfig:
     favoured (e.g. one wave of 4 per tile beat two of 8 at M = 4096: 51 vs 56 us); M in between is
     modelled, not measured.  The reduction kernel takes 8 rows per CTA at 32 or 64 CTAs per row tile
     (each sum folds that many node sums: more CTAs share the loads) and 16 below (fuller epilogue
-    warps; session 7: 47.9 vs 49.5 us at M = 4096, 9.6 vs 10.4 at M = 128 against 32 rows).  Every
-    choice gives the same bits.
+    warps; session 7: 47.9 vs 49.5 us at M = 4096, 9.6 vs 10.4 at M = 128 against 32 rows).  Paired k
+    tiles (``overlap``) where a CTA walks 8 or more splits (M >= 2048: 48.2 vs 48.8 us at 4096, 28.3
+    vs 28.6 at 2048; at M = 512 it was slower, 14.7 vs 13.4).  Every choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
     return _config_for(int(m))
@@ -577,7 +578,8 @@ def _wave_cost(row_tiles: int, level: int) -> tuple:
 def _config_for(m: int) -> HcMixTmaConfig:
     row_tiles = max(1, -(-m // 128))
     level = min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv))
-    return HcMixTmaConfig(cta_level=level, reduce_rows=8 if math.prod(TREE[:level]) >= 32 else 16)
+    return HcMixTmaConfig(cta_level=level, overlap=level <= 2,
+                          reduce_rows=8 if math.prod(TREE[:level]) >= 32 else 16)
 
 
 LEVEL_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)
