@@ -28,18 +28,16 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
   M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
 
-Measured (H200, K = 20480, us per call in a CUDA graph, session 6,
-bench/results/2026-11-29_h200_hc_mix_s6.md; split-K Triton baseline in brackets; a later run gave
-9.8-10.1 at M <= 128): M = 1: 10.0 (12.2); 128: 9.8 (16.8); 512: 13.6 (28.4); 1024: 18.6
-(56.5); 2048: 32.2 (101.0); 4096: 51.8 (176.4; 78% of the copy rate); 16384: 178.9 (651.4).
-Before (session 5: 8-CTA clusters over DSMEM up to one wave, then one CTA per eighth of K with a
-reduction kernel): 21.3 / 21.8 / 21.8 / 22.6 / 31.4 / 55.8 / 190.  Measured on the way (bench/results/logs/2026-11-29_s6_hc_mix_*): 32 splits of 10 tiles
-(8 x 4) gave 12.5 us at M <= 128 (too few CTAs: per-SM bandwidth), 64 splits with the reduction
-kernel at 32 rows per CTA 13.5-13.9 at M = 128 (its loads then limit); at M = 4096 one wave of CTAs
-(4 per tile) beats two waves (8 per tile): 51 vs 56 us.  What limits M = 4096 is the walk itself
-(~48 us of kernel time for 168 MB of x: ~83% of the copy rate, with 47 MB of hc_fn pieces re-read
-from L2); the earlier cluster-form notes: 16-CTA clusters, x from registers (ldmatrix) and a
-last-CTA fused reduction were each measured and gained nothing.
+Measured (H200, K = 20480, us per call in a CUDA graph, session 7,
+bench/results/2026-11-29_h200_hc_mix_s7.md; split-K Triton baseline in brackets): M = 1: 9.1 (12.1);
+128: 9.5 (16.9); 512: 12.8 (28.7); 1024: 18.5 (56.6); 2048: 28.5 (99.5); 4096: 48.2 (175; 82% of the
+copy rate); 16384: 170 (643).  Session 6 (before pdl, l2_hints, reduce_rows, overlap at large M):
+10.0 / 9.8 / 13.6 / 18.6 / 32.2 / 51.8 / 179.  The walk with its math removed took 49.1 us at M =
+4096 (session 7, before those changes): the access pattern, not the math, sets the walk.  Measured on
+the way (bench/results/logs/2026-11-29_s6_*, _s7_*): 32 splits gave 12.5 us at M <= 128 (too few
+CTAs); one wave of CTAs beats two at M = 4096 (4 per tile: 51 vs 56 us); 256-row tiles (half the
+hc_fn L2 reads), stages 4-8, x from registers (ldmatrix), a last-CTA fused reduction and 16-CTA
+clusters gained nothing.
 """
 
 from __future__ import annotations
