@@ -92,8 +92,9 @@ class HcMixTmaConfig:
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
     every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
-    previous kernel's tail (the previous call's reduction kernel triggers it at its start); it waits in
-    ``griddepcontrol.wait`` before its first global-memory access, so the order is that of the stream),
+    previous kernel's tail (the previous call's reduction kernel triggers it once its own wait is
+    over); it waits in ``griddepcontrol.wait`` before its first global-memory access, so the order is
+    that of the stream),
     ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
     sum, so a sum's loads issue together; then one thread per row runs the epilogue, so more rows
     fill that warp; :func:`config_for` picks 8 or 16),
@@ -510,7 +511,8 @@ class HcMixTmaKernel(HcMixKernel):
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         rows = self.config.reduce_rows
-        sA = smem.allocate_tensor(Float32, cute.make_layout((rows, SP_COLS), stride=(SP_COLS, 1)), byte_alignment=16)
+        sA = smem.allocate_tensor(Float32, cute.make_layout((rows, SP_COLS), stride=(SP_COLS, 1)),
+                                  byte_alignment=16)
         cute.arch.griddepcontrol_wait()
         cute.arch.griddepcontrol_launch_dependents()  # the next call's walk may launch (it waits for us)
         row0 = bidx * rows

@@ -3,7 +3,8 @@
 Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_hc_mix.py
 
 Both methods; for "tma" walk CTAs at three levels of the K tree (one per split, per quarter of K,
-per row tile), paired k tiles (another tree) and 256-row tiles, with an uneven k-tile split (K = 7232) and a ragged last row tile.
+per row tile), paired k tiles (another tree), 256-row tiles, without PDL and L2 hints, and
+reduction CTAs of 8, 16 and 32 rows, with an uneven k-tile split (K = 7232) and a ragged last row tile.
 """
 import torch
 
