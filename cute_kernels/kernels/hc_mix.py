@@ -1,5 +1,6 @@
 """Hyper-connection mix statistics + Sinkhorn in one K walk (DeepSeek mHC, seed 001): the torch op
-:func:`hc_mix_sinkhorn` and its default ``method="walk"`` kernel.
+:func:`hc_mix_sinkhorn` and its ``method="walk"`` kernel (the default, ``method="tma"``, is
+:mod:`.hc_mix_tma`).
 
 For each row of ``x [M, K]`` (bf16) this computes the manifold-constrained hyper-connection
 coefficients (mHC, arXiv 2512.24880; seed ``001_ea94da0ccc866503``), hc_mult = 4:
@@ -52,10 +53,10 @@ Why it misses the issue's 47 us at M=4096 (105 us, 39% of the copy rate): every 
 own cp.async ring, so bytes in flight per SM are limited by registers and occupancy, and each 32-row
 cluster re-reads all of hc_fn (2 MB fp32) from L2 (128 clusters: 256 MB of L2 reads for 168 MB of x).
 The redesign (one TMA producer warp, 128/256-row x tiles, ``wgmma m64n72k16`` with the pieces as B,
-squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, reached as ``method="tma"``: 51.8 us at M=4096,
-9.8-10.0 us at M <= 128, faster than this kernel at every M measured (session 6; its docstring has the
-figures and what limits it).  Its bits
-differ from this kernel's, so the two are separate methods of the op, not a switch on M.
+squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, the op's default ``method="tma"``: 48.2 us at
+M=4096, 9.1-9.5 us at M <= 128, faster than this kernel at every M measured (session 7; its docstring
+has the figures and what limits it).  Its bits differ from this kernel's, so the two are separate
+methods of the op, not a switch on M.
 
 Reduction order (bitwise determinism and batch invariance): a chunk's value is the MMA chain
 step 0 (lo, mid, hi) then step 1 (lo, mid, hi) from zero; part p's partial is ``0 + V[p] +
@@ -696,7 +697,7 @@ def _check_method(method) -> None:
         raise ValueError(f"method={method!r}: must be one of {METHODS}")
 
 
-def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="walk"):
+def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="tma"):
     _check_method(method)
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, cuda=False, pointers=False)
     m = x.shape[0]
@@ -704,14 +705,14 @@ def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1
             x.new_empty(m, HC, HC, dtype=torch.float32))
 
 
-def _precheck(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="walk"):
+def _precheck(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="tma"):
     _check_method(method)
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
 
 
 @custom_op("hc_mix_sinkhorn", mutates_args=(), fake=_fake, precheck=_precheck)
 def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
-                    sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6, method: str = "walk"
+                    sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6, method: str = "tma"
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mHC pre/post/comb coefficients of each row (DeepSeek mHC, arXiv 2512.24880; seed 001).
 
@@ -740,13 +741,12 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``, and 0 or ``>= 2**-126``
             (a smaller value would become 0 in float32).  With
             ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
-        method: ``"walk"`` (default: this module's per-thread K walk) or ``"tma"``
-            (:mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on the H200: 9.8-10.0 us
-            instead of 12.7-13.0 at M <= 128, 2x from M = 512 up; a hidden float32 workspace of
-            100 bytes x CTAs per row tile for every row of the 128-row tiles: 819 KB at M = 1, 6.4 KB
-            per row up to M = 384, 400 B per row at 4096).  Each
-            is batch invariant on its own but their bits differ: pick one per deployment and keep it
-            (the default stays "walk" so that existing deployments keep their bits).
+        method: ``"tma"`` (default; :mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on
+            the H200: 9.1-9.5 us instead of 12.5-13.2 at M <= 128, about 2x from M = 512 up; a hidden
+            float32 workspace of 100 bytes x CTAs per row tile for every row of the 128-row tiles:
+            819 KB at M = 1, 6.4 KB per row up to M = 384, 400 B per row at 4096) or ``"walk"``
+            (this module's per-thread K walk, the default until session 7).  Each is batch
+            invariant on its own but their bits differ: pick one per deployment and keep it.
     Returns:
         ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]``, float32.  ``a = x . hc_fn^T`` is
         float32-accurate (bf16x3 tensor-core products); each row's bits are independent of M.
@@ -769,7 +769,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 
 
 def hc_mix_raw(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixConfig | None = None):
-    """Testing aid: the kernel's raw ``a [M, 24]`` and ``sum x^2 [M]`` (same reduction as the op)."""
+    """Testing aid: the walk kernel's raw ``a [M, 24]`` and ``sum x^2 [M]`` (same reduction as the op's
+    ``method="walk"``; :func:`.hc_mix_tma.hc_mix_sinkhorn_tma` takes ``mix=`` for the default)."""
     _validate(x, hc_fn, torch.ones(3, device=x.device), torch.zeros(N_MIX, device=x.device), 1)
     m = x.shape[0]
     mix = torch.empty(max(m, 1), SP_COLS, dtype=torch.float32, device=x.device)
@@ -867,7 +868,8 @@ def _splitk_baseline():
 def bench(shapes: str | None = None) -> list[dict]:
     """us per call inside a CUDA graph (10 calls per replay) and GB/s of reading x once (M*K*2 B).
 
-    Ours: ``method="walk"`` (impl ``cute_kernels``) and ``method="tma"`` (``cute_kernels_tma``).
+    Ours: ``method="tma"`` (the default, impl ``cute_kernels_tma``) and ``method="walk"``
+    (``cute_kernels_walk``; records before session 7 call it ``cute_kernels``).
     Peers in the same process: the float32 torch reference and the split-K Triton baseline.
     ``shapes``: comma-separated M values (K = 20480), default 1,16,128,512,1024,2048,4096,16384.
     """
@@ -886,7 +888,7 @@ def bench(shapes: str | None = None) -> list[dict]:
         hc_scale = torch.rand(3, device="cuda") + 0.5
         hc_base = torch.randn(N_MIX, device="cuda")
         args = (x, hc_fn, hc_scale, hc_base)
-        impls = [("cute_kernels", lambda: hc_mix_sinkhorn(*args)),
+        impls = [("cute_kernels_walk", lambda: hc_mix_sinkhorn(*args, method="walk")),
                  ("cute_kernels_tma", lambda: hc_mix_sinkhorn(*args, method="tma")),
                  ("torch_fp32_reference", lambda: _reference(*args, dtype=torch.float32))]
         if splitk is not None:
