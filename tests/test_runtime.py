@@ -194,3 +194,44 @@ def test_register_ops_registers_every_op():
             "if hasattr(torch.ops.cute_kernels, n)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.count("'") == 12, out  # all six names
+
+
+def _python(code, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
+    env.update(CUTE_KERNELS_CACHE_DIR=str(tmp_path), PYTHONWARNINGS="error::RuntimeWarning")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_cutlass_imported_first_still_compiles_for_sm90a(tmp_path):
+    """cutlass imported before cute_kernels, CUTE_DSL_ARCH unset: the DSL has not picked a target yet
+    (it would fall back to sm_100a at its first compile), so cute_kernels gives it sm_90a."""
+    code = ("import cutlass, cute_kernels\n"
+            "from cute_kernels.kernels import scale\n"
+            "from cute_kernels.runtime import arch, cache\n"
+            "t = scale.compile_targets()[0]; t.build()\n"
+            "print(arch.dsl_arch(), '.target sm_90a' in cache.compile_record(t.kernel, t.key).ptx)\n")
+    r = _python(code, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-2:] == ["sm_90a", "True"], r.stdout
+
+
+def test_dsl_settled_on_another_arch_refuses_to_compile(tmp_path):
+    """cutlass imported and its target read (sm_100a without a GPU) before cute_kernels: a warning at
+    import, then a RuntimeError at the first compile, not an sm_100a object cached as sm_90a."""
+    code = ("import cutlass\n"
+            "from cutlass.cutlass_dsl import CuTeDSL\n"
+            "assert CuTeDSL._get_dsl().envar.arch == 'sm_100a'\n"
+            "import warnings\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import cute_kernels\n"
+            "assert any('refuse to compile' in str(x.message) for x in w), w\n"
+            "from cute_kernels.kernels import scale\n"
+            "try:\n"
+            "    scale.compile_targets()[0].build()\n"
+            "except RuntimeError as e:\n"
+            "    print('refused:', e)\n")
+    r = _python(code, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused: the CuTe DSL in this process compiles for 'sm_100a'" in r.stdout, r.stdout
+    assert not list(tmp_path.rglob("*.o"))

@@ -19,29 +19,57 @@ def configure() -> str:
     """Set ``CUTE_DSL_ARCH`` (if the user has not) and return the target arch.
 
     Order: an explicit ``CUTE_DSL_ARCH``; else ``sm_90a`` (every kernel here is Hopper-only; a
-    non-Hopper GPU gets a clear error at the first op call, see :func:`check_device`).
-    Warns when ``cutlass`` was imported earlier with no arch set, since the DSL then already
-    decided on its default.
+    non-Hopper GPU gets a clear error at the first op call, see :func:`check_device`).  When
+    ``cutlass`` was imported earlier, the DSL has read the variable already: if it has not settled
+    on a target yet (it decides lazily, at its first compile), it is given this one; if it has, and
+    it differs, :func:`check_target_arch` refuses to compile (a warning says so here).
     """
-    if "CUTE_DSL_ARCH" not in os.environ:
-        if "cutlass" in sys.modules:
+    arch = os.environ.setdefault("CUTE_DSL_ARCH", DEFAULT_ARCH)
+    if "cutlass" in sys.modules:
+        try:
+            envar = _dsl_env()
+            if envar._arch is None:  # not decided yet: without this it would fall back to sm_100a
+                envar.arch = arch
+        except Exception:  # noqa: BLE001 (another DSL version: check_target_arch still compares)
+            pass
+        if dsl_arch() != arch:
             warnings.warn(
-                "cutlass was imported before cute_kernels without CUTE_DSL_ARCH set; the DSL may "
-                "target sm_100a. Set CUTE_DSL_ARCH=sm_90a in the environment.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        os.environ["CUTE_DSL_ARCH"] = DEFAULT_ARCH
-    return os.environ["CUTE_DSL_ARCH"]
+                f"cutlass was imported before cute_kernels and targets {dsl_arch()!r}, not {arch!r}: "
+                "cute_kernels will refuse to compile. Set CUTE_DSL_ARCH=sm_90a before importing cutlass.",
+                RuntimeWarning, stacklevel=3)
+    return arch
+
+
+def _dsl_env():
+    """The CuTe DSL's environment manager (where it keeps its target arch)."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    return CuTeDSL._get_dsl().envar
+
+
+def dsl_arch() -> str:
+    """The arch the imported CuTe DSL actually compiles for (``target_arch()`` when that cannot be
+    read, e.g. another DSL version)."""
+    try:
+        return str(_dsl_env().arch)
+    except Exception:  # noqa: BLE001
+        return target_arch()
 
 
 def check_target_arch() -> str:
-    """The target arch, or ``RuntimeError`` when it is one the kernels do not support."""
+    """The target arch, or ``RuntimeError`` when it is one the kernels do not support, or when the
+    imported DSL compiles for another one than ``CUTE_DSL_ARCH`` says (cutlass imported first)."""
     arch = target_arch()
     if arch not in SUPPORTED_ARCHS:
         raise RuntimeError(
             f"cute_kernels compiles for {', '.join(SUPPORTED_ARCHS)} (Hopper) only; this process targets "
             f"{arch!r} (CUTE_DSL_ARCH). Unset it or set CUTE_DSL_ARCH=sm_90a before importing cute_kernels.")
+    dsl = dsl_arch()
+    if dsl != arch:
+        raise RuntimeError(
+            f"the CuTe DSL in this process compiles for {dsl!r}, not {arch!r}: cutlass was imported and used "
+            "before CUTE_DSL_ARCH was set. Set CUTE_DSL_ARCH=sm_90a in the environment before anything "
+            "imports cutlass.")
     return arch
 
 
