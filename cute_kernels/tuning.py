@@ -67,8 +67,8 @@ def _ranker_bwd_configs(mod) -> dict:
 def _hc_mix_configs(mod) -> dict:
     from .kernels import hc_mix_tma
 
-    return {"M<=256 (default)": mod.SMALL, "M>256 (default)": mod.MEDIUM, "LARGE": mod.LARGE,
-            **{f"method=tma M={m}": hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}}
+    return {"method=walk M<=256": mod.SMALL, "method=walk M>256": mod.MEDIUM, "method=walk LARGE": mod.LARGE,
+            **{f"method=tma (default) M={m}": hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}}
 
 
 def _qknorm_configs(mod) -> dict:
@@ -105,8 +105,8 @@ _SHIPPED: dict[str, Callable[[Any], dict]] = {
 def shipped_configs(kernel: Optional[str] = None) -> dict:
     """Shipped configs: ``{kernel: {label: config}}`` for every registered kernel (or just ``kernel``).
 
-    Labels say where a config applies: ``"head_dim=128"`` (ranker_fwd), ``"M<=256 (default)"``
-    (hc_mix, rows per call), ``"bfloat16 q=1024 k=256"`` (qknorm, per-rank widths), ...  Values are
+    Labels say where a config applies: ``"head_dim=128"`` (ranker_fwd), ``"method=tma (default) M=4096"``
+    (hc_mix: method and rows per call), ``"bfloat16 q=1024 k=256"`` (qknorm, per-rank widths), ...  Values are
     the kernels' frozen config dataclasses (for a kernel without an adapter here: its
     ``compile_targets()`` keys).  Raises ``ValueError`` for an unknown kernel name.
     """

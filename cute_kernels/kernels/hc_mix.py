@@ -744,8 +744,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         method: ``"tma"`` (default; :mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on
             the H200: 9.1-9.5 us instead of 12.5-13.2 at M <= 128, about 2x from M = 512 up; a hidden
             float32 workspace of 100 bytes x CTAs per row tile for every row of the 128-row tiles:
-            819 KB at M = 1, 6.4 KB per row up to M = 384, 400 B per row at 4096) or ``"walk"``
-            (this module's per-thread K walk, the default until session 7).  Each is batch
+            819 KB at M = 1, 6.4 KB per row up to M = 256, 3.2 KB up to 512, 400 B per row at 4096)
+            or ``"walk"`` (this module's per-thread K walk, the default until session 7).  Each is batch
             invariant on its own but their bits differ: pick one per deployment and keep it.
     Returns:
         ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]``, float32.  ``a = x . hc_fn^T`` is
@@ -826,8 +826,10 @@ def _reference(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_
 
 
 def check() -> list[CheckResult]:
-    """Norm-wise error of ``a`` and max abs error of the outputs vs float64, K = 20480."""
+    """Norm-wise error of ``a`` and max abs error of the outputs vs float64, K = 20480, both methods."""
     import math
+
+    from . import hc_mix_tma
 
     rows = []
     for m in (1, 511, 4096):
@@ -836,10 +838,13 @@ def check() -> list[CheckResult]:
         hc_fn = torch.randn(N_MIX, k, device="cuda") / math.sqrt(k)
         hc_scale = torch.rand(3, device="cuda") + 0.5
         hc_base = torch.randn(N_MIX, device="cuda")
-        a, _ = hc_mix_raw(x, hc_fn)
         a64 = x.double() @ hc_fn.double().t()
-        err_a = ((a.double() - a64).norm() / a64.norm()).item()
-        rows.append(CheckResult(NAME, f"a M={m} K={k}", err_a <= 2e-6, float("nan"), err_a, 2e-6))
+        mix = torch.empty(m, SP_COLS, device="cuda")
+        hc_mix_tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, mix=mix)
+        for method, a in (("walk", hc_mix_raw(x, hc_fn)[0]), ("tma", mix[:, :N_MIX])):
+            err_a = ((a.double() - a64).norm() / a64.norm()).item()
+            rows.append(CheckResult(NAME, f"a method={method} M={m} K={k}", err_a <= 2e-6, float("nan"), err_a,
+                                    2e-6))
         want = hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
         for method in METHODS:
             got = hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)

@@ -88,7 +88,8 @@ class HcMixTmaConfig:
     split.  :func:`config_for` picks it per M from a wave model.
 
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; a split's
-    odd last tile runs alone; same bits; :func:`config_for` sets it for M >= 2048),
+    odd last tile runs alone; same bits; :func:`config_for` sets it where a CTA walks 8 or more splits,
+    ``cta_level <= 2``: e.g. M = 2048, 4096, 16384),
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
     every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
@@ -561,8 +562,8 @@ def config_for(m: int) -> HcMixTmaConfig:
     modelled, not measured.  The reduction kernel takes 8 rows per CTA at 32 or 64 CTAs per row tile
     (each sum folds that many node sums: more CTAs share the loads) and 16 below (fuller epilogue
     warps; session 7: 47.9 vs 49.5 us at M = 4096, 9.6 vs 10.4 at M = 128 against 32 rows).  Paired k
-    tiles (``overlap``) where a CTA walks 8 or more splits (M >= 2048: 48.2 vs 48.8 us at 4096, 28.3
-    vs 28.6 at 2048; at M = 512 it was slower, 14.7 vs 13.4).  Every choice gives the same bits.
+    tiles (``overlap``) where a CTA walks 8 or more splits (``cta_level <= 2``; measured at M = 2048 and
+    4096: 28.3 vs 28.6 and 48.2 vs 48.8 us; at M = 512, level 4, it was slower, 14.7 vs 13.4).  Every choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
     return _config_for(int(m))

@@ -18,7 +18,7 @@ for m, k in ((5, 192), (130, 7232)):
     hc_fn = torch.randn(24, k, device="cuda") / k ** 0.5
     hc_scale, hc_base = torch.rand(3, device="cuda") + 0.5, torch.randn(24, device="cuda")
     ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
-    outs = [cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)]
+    outs = [cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=m) for m in ("walk", "tma")]
     for cfg in (tma.config_for(1), tma.config_for(4096), tma.config_for(16384),
                 tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True),
                 tma.HcMixTmaConfig(tile_m=256, stages=5), tma.HcMixTmaConfig(cta_level=1, l2_hints=False, pdl=False),

@@ -54,38 +54,44 @@ def test_matches_float64_reference(m, k):
                       for n, g, w in zip(("pre", "post", "comb"), out, ref)))
 
 
-def test_public_op_matches_launch_and_is_deterministic():
+@pytest.mark.parametrize("method", ["walk", "tma"])
+def test_public_op_is_deterministic(method):
     x, hc_fn, hc_scale, hc_base = _inputs(1000, 20480, seed=3)
-    r1 = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
-    r2 = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    r1 = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
+    r2 = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
     for a, b in zip(r1, r2):
         assert torch.equal(a, b)
     assert r1[0].shape == (1000, 4) and r1[1].shape == (1000, 4) and r1[2].shape == (1000, 4, 4)
 
 
+@pytest.mark.parametrize("method", ["walk", "tma"])
 @pytest.mark.parametrize("k", [20480, 7168])
-def test_batch_invariant_bitwise(k):
+def test_batch_invariant_bitwise(k, method):
+    """Each row of a 4096-row call equals the same row alone and inside 513-row calls (the configs
+    each method picks for those M differ: walk SMALL / MEDIUM, tma other CTA levels)."""
     x, hc_fn, hc_scale, hc_base = _inputs(4096, k, seed=11)
-    full = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
-    a_full, sq_full = mod.hc_mix_raw(x, hc_fn)
+    full = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
     rows = [0, 1, 17, 513, 2047, 4095]
-    for r in rows:  # the same row alone (SMALL config)
-        one = cute_kernels.hc_mix_sinkhorn(x[r:r + 1].clone(), hc_fn, hc_scale, hc_base)
+    for r in rows:  # the same row alone
+        one = cute_kernels.hc_mix_sinkhorn(x[r:r + 1].clone(), hc_fn, hc_scale, hc_base, method=method)
         for got, want in zip(one, full):
             assert torch.equal(got[0], want[r]), f"row {r} alone differs"
-    for start in (0, 1000, 3583):  # 513 rows at odd offsets (MEDIUM config, other tile neighbours)
-        part = cute_kernels.hc_mix_sinkhorn(x[start:start + 513].clone(), hc_fn, hc_scale, hc_base)
+    for start in (0, 1000, 3583):  # 513 rows at odd offsets (other tile neighbours)
+        part = cute_kernels.hc_mix_sinkhorn(x[start:start + 513].clone(), hc_fn, hc_scale, hc_base, method=method)
         for got, want in zip(part, full):
             assert torch.equal(got, want[start:start + 513]), f"rows {start}+513 differ"
-    for cfg in mod.SHIPPED:  # every config gives the same bits
-        a, sq = mod.hc_mix_raw(x, hc_fn, config=cfg)
-        assert torch.equal(a, a_full) and torch.equal(sq, sq_full), cfg
+    if method == "walk":  # every walk config gives the same raw bits
+        a_full, sq_full = mod.hc_mix_raw(x, hc_fn)
+        for cfg in mod.SHIPPED:
+            a, sq = mod.hc_mix_raw(x, hc_fn, config=cfg)
+            assert torch.equal(a, a_full) and torch.equal(sq, sq_full), cfg
 
 
 def test_empty_and_odd_shapes():
     x, hc_fn, hc_scale, hc_base = _inputs(0, 20480)
-    pre, post, comb = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
-    assert pre.shape == (0, 4) and post.shape == (0, 4) and comb.shape == (0, 4, 4)
+    for method in ("walk", "tma"):
+        pre, post, comb = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
+        assert pre.shape == (0, 4) and post.shape == (0, 4) and comb.shape == (0, 4, 4)
     for m, k in ((3, 64), (33, 192), (65, 2112)):
         x, hc_fn, hc_scale, hc_base = _inputs(m, k, seed=m)
         out = tuple(torch.full(s, float("nan"), device="cuda") for s in ((m, 4), (m, 4), (m, 4, 4)))
@@ -105,6 +111,8 @@ def test_row_stride_and_does_not_write_past_the_end():
     assert torch.all(buf[40:] == 7.0)
     ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
     assert (out[0] - ref[0]).abs().max().item() <= 1e-5
+    for got, want in zip(cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method="tma"), ref):
+        assert (got.double() - want.double()).abs().max().item() <= 1e-5  # the TMA descriptor's row stride
 
 
 @pytest.mark.parametrize("method", ["walk", "tma"])
@@ -152,11 +160,12 @@ def test_op_method_tma_is_the_tma_entry_point():
         assert (a.double() - w.double()).abs().max().item() <= 1e-5
 
 
-def test_in_place_weight_update_is_seen():
+@pytest.mark.parametrize("method", ["walk", "tma"])
+def test_in_place_weight_update_is_seen(method):
     x, hc_fn, hc_scale, hc_base = _inputs(300, 2048, seed=21)
-    cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)  # fills the pre-split cache
+    cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)  # tma: fills the pre-split cache
     hc_fn.mul_(-0.5)
-    got = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base)
+    got = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
     want = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
     for g, w in zip(got, want):
         assert (g.double() - w.double()).abs().max().item() <= 1e-5
@@ -166,7 +175,8 @@ def test_in_place_weight_update_is_seen():
 @pytest.mark.parametrize("m,k", [(1, 20480), (7, 20480), (130, 20480), (1000, 7168), (5, 192)])
 def test_tma_kernel_matches_float64_reference(m, k):
     """hc_mix_tma: a and sum x^2 within 2e-6 of float64,
-    near its CPU emulation, outputs as the reference; k=192 leaves CTAs of the cluster without k tiles."""
+    near its CPU emulation, outputs as the reference; k=192 (3 k tiles for 64 splits) leaves most splits
+    without k tiles."""
     from cute_kernels.kernels import hc_mix_tma as tma
 
     x, hc_fn, hc_scale, hc_base = _inputs(m, k, seed=100 + m)
