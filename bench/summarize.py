@@ -42,5 +42,9 @@ def table(records: list[dict]) -> str:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
-    with open(sys.argv[1]) as f:
-        print(table(json.load(f)))
+    try:
+        with open(sys.argv[1]) as f:
+            records = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"summarize: cannot read {sys.argv[1]}: {exc}") from None
+    print(table(records))

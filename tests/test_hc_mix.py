@@ -308,3 +308,14 @@ def test_trace_time_checks_refuse_what_the_kernel_would(bad):
     with pytest.raises((ValueError, TypeError)):
         make_fx(lambda x, w: cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24)),
                 tracing_mode="fake")(x, w)
+
+
+def test_trace_time_check_includes_the_walk_extent():
+    """method="walk" indexes x in 32 bits: the fake refuses an x too large for it, as the eager call does."""
+    x = torch.empty(200000, 20480, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(24, 20480, device="meta")
+    s, b = torch.empty(3, device="meta"), torch.empty(24, device="meta")
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        mod._fake(x, w, s, b, method="walk")
+    pre, post, comb = mod._fake(x, w, s, b)  # tma: no such limit
+    assert comb.shape == (200000, 4, 4)

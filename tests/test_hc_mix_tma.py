@@ -258,6 +258,10 @@ def test_launch_refuses_a_foreign_config_and_emulation_checks_k():
             mod.launch(x, w, torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, config=bad)
     with pytest.raises(ValueError, match="multiple of 64"):
         mod.emulate_mix(torch.zeros(2, 100, dtype=torch.bfloat16), torch.zeros(24, 100))
+    with pytest.raises(ValueError, match="hc_fn"):
+        mod.emulate_mix(torch.zeros(128, dtype=torch.bfloat16), torch.zeros(24, 128))
+    with pytest.raises(ValueError, match="hc_fn"):
+        mod.emulate_mix(torch.zeros(2, 128, dtype=torch.bfloat16), torch.zeros(23, 128))
     meta = mod.emulate_mix(torch.zeros(3, 128, dtype=torch.bfloat16, device="meta"), torch.zeros(24, 128))
     assert meta.shape == (3, 25) and meta.device.type == "meta"
 

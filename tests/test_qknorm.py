@@ -306,3 +306,21 @@ def test_reference_checks_its_divisors_and_sums(kw, exc):
     q, k = torch.ones(3, 8), torch.ones(3, 4)
     with pytest.raises(exc):
         cute_kernels.qk_rmsnorm_reference(q, k, torch.ones(8), torch.ones(4), 1e-6, **kw)
+
+
+def test_trace_time_checks_need_no_pointers():
+    """Under torch.compile / make_fx the op's fake runs the pointer-free rules, so a bad call fails
+    while tracing (before, the fake accepted anything and the error came at run time)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    bf = torch.bfloat16
+    q, k = torch.zeros(4, 64, dtype=bf), torch.zeros(4, 32, dtype=bf)
+    w64, w32 = torch.ones(64, dtype=bf), torch.ones(32, dtype=bf)
+    mod.validate_qk_shapes(q, k, w64, w32, 1e-6, cuda=False)
+    bad = [(q, k, torch.ones(48, dtype=bf), w32), (q, q, w64, w64), (q, k[:3], w64, w32),
+           (q, k, torch.ones(64), w32), (torch.zeros(2, 24584, dtype=bf), k[:2], torch.ones(24584, dtype=bf), w32)]
+    for args in bad:
+        with pytest.raises((TypeError, ValueError)):
+            mod.validate_qk_shapes(*args, 1e-6, cuda=False)
+    with pytest.raises(ValueError, match="CUDA"):  # CPU tensors: the fake itself refuses them
+        make_fx(lambda *a: cute_kernels.qk_rmsnorm_(*a, 1e-6), tracing_mode="fake")(q, k, w64, w32)

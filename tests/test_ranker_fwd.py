@@ -436,3 +436,13 @@ def test_use_config_overrides_within_the_block_only():
         with rf.use_config(dataclasses.replace(rf.CONFIGS[128], stages=3)):
             raise AssertionError("entered")
     assert 128 not in rf._OVERRIDES
+
+
+def test_trace_time_check_includes_devices():
+    """The fake (torch.compile / make_fx) refuses tensors on different devices, as the eager call does."""
+    q = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16, device="meta")
+    bounds = torch.zeros(1, 4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="different devices"):
+        rf._fake(q, q, q, bounds)
+    out, lse = rf._fake(q, q, q, bounds.to("meta"))
+    assert out.shape == q.shape and lse.shape == (1, 2, 128)

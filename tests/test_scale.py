@@ -48,3 +48,10 @@ def test_reference_checks_alpha_like_the_op():
         with pytest.raises(exc, match="alpha"):
             mod.scale_reference(torch.ones(8), bad)
     assert torch.equal(mod.scale_reference(torch.ones(8, dtype=torch.bfloat16), 0.5), torch.full((8,), 0.5).bfloat16())
+
+
+def test_element_count_must_fit_32_bits():
+    x = torch.empty(2**31, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="below 2\\*\\*31"):
+        mod._fake(x, 2.0)
+    assert mod._fake(torch.empty(2**31 - 8, dtype=torch.bfloat16, device="meta"), 2.0).shape == (2**31 - 8,)

@@ -700,6 +700,8 @@ def _check_method(method) -> None:
 def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="tma"):
     _check_method(method)
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, cuda=False, pointers=False)
+    if method == "walk":
+        _check_walk_extent(x)  # shapes and strides only: the same error at trace time
     m = x.shape[0]
     return (x.new_empty(m, HC, dtype=torch.float32), x.new_empty(m, HC, dtype=torch.float32),
             x.new_empty(m, HC, HC, dtype=torch.float32))

@@ -645,10 +645,13 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     as exact-then-rounded) and added to a split's float32 running sums; at the split's end its pieces
     are combined (lo + mid) + hi and its squares' half-row sums added (per thread, in column order);
     then every node of the config's ``tree`` sums its children in order from zero (``cta_level``
-    does not matter).
+    does not matter).  ``x [M, K]`` bf16, ``hc_fn [24, K]`` (``ValueError`` for other shapes or a K
+    that is not a multiple of ``tile_k``).
     """
     cfg = config or HcMixTmaConfig()
     cfg.validate()
+    if x.dim() != 2 or hc_fn.dim() != 2 or tuple(hc_fn.shape) != (N_MIX, x.shape[1]):
+        raise ValueError(f"x must be [M, K] and hc_fn [{N_MIX}, K], got {list(x.shape)} and {list(hc_fn.shape)}")
     m, k = x.shape
     if k % cfg.tile_k:
         raise ValueError(f"x.shape[1]={k} must be a multiple of {cfg.tile_k} (as the kernel requires)")

@@ -365,11 +365,9 @@ def compile_targets() -> list[CompileTarget]:
             for d in DTYPES for qw, kw in shipped_shapes()]
 
 
-def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
-    """Shared argument checks of the one-GPU and tensor-parallel ops (raise before any launch).
-
-    ``cuda=False`` skips the device check (CPU tests of the other rules).
-    """
+def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
+    """The argument rules that need no data pointer (dtypes, shapes, devices, strides, row width):
+    the first half of :func:`validate_qk_args`, and the op's trace-time check under torch.compile."""
     check_eps(eps)
     check_tensor("q", q, dtypes=DTYPES, ndim=2, cuda=cuda, align_bytes=0)
     check_tensor("k", k, dtypes=(q.dtype,), ndim=2, cuda=cuda, align_bytes=0)
@@ -377,12 +375,10 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
     for name, t in (("q", q), ("k", k)):
         if t.shape[1] % vec:
             raise ValueError(f"{name} has {t.shape[1]} columns; must be a multiple of {vec} (16-byte vectors)")
-    check_tensor("q", q, cuda=cuda)  # alignment of pointer and row stride
-    check_tensor("k", k, cuda=cuda)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
-    check_tensor("q_weight", q_weight, dtypes=(q.dtype,), shape=(q.shape[1],), cuda=cuda)
-    check_tensor("k_weight", k_weight, dtypes=(q.dtype,), shape=(k.shape[1],), cuda=cuda)
+    check_tensor("q_weight", q_weight, dtypes=(q.dtype,), shape=(q.shape[1],), cuda=cuda, align_bytes=0)
+    check_tensor("k_weight", k_weight, dtypes=(q.dtype,), shape=(k.shape[1],), cuda=cuda, align_bytes=0)
     if q.device != k.device or q_weight.device != q.device or k_weight.device != q.device:
         raise ValueError(f"q, k, q_weight, k_weight must be on one device, got {q.device}, {k.device}, "
                          f"{q_weight.device}, {k_weight.device}")
@@ -390,6 +386,23 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
         if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
             raise ValueError(f"{name}'s rows overlap in memory (row stride {t.stride(0)} < width {t.shape[1]}): "
                              "an in-place op needs distinct rows")
+    if q is k:
+        raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
+    for t in (q, k):  # rows too wide for the register budget
+        RowTiling.choose(t.shape[1], vec, DEFAULT_TUNING.target_vecs).validate()
+
+
+def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
+    """Shared argument checks of the one-GPU and tensor-parallel ops (raise before any launch):
+    :func:`validate_qk_shapes`, then the pointer rules (16-byte alignment, q/k/weights disjoint).
+
+    ``cuda=False`` skips the device check (CPU tests of the other rules).
+    """
+    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=cuda)
+    check_tensor("q", q, cuda=cuda)  # alignment of pointer and row stride
+    check_tensor("k", k, cuda=cuda)
+    check_tensor("q_weight", q_weight, cuda=cuda)
+    check_tensor("k_weight", k_weight, cuda=cuda)
     if _overlap(q, k):
         raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
     if q.shape[0]:
@@ -399,8 +412,6 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> Non
                                      t.element_size()):
                     raise ValueError(f"{wname} overlaps {name} in memory: {name} is written in place while "
                                      f"{wname} is read; pass a weight that shares no element with q or k")
-    for t in (q, k):  # rows too wide for the register budget
-        RowTiling.choose(t.shape[1], vec, DEFAULT_TUNING.target_vecs).validate()
 
 
 def _overlap(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -529,7 +540,13 @@ def _qk_rmsnorm_impl(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
     bump_versions(q, k)
 
 
-@custom_op("qk_rmsnorm_", mutates_args=("q", "k"), precheck=lambda q, k, q_weight, k_weight, eps: check_eps(eps))
+def _fake_qk_rmsnorm_(q, k, q_weight, k_weight, eps) -> None:
+    """Trace-time (torch.compile / make_fx) check: the rules that need no data pointer."""
+    validate_qk_shapes(q, k, q_weight, k_weight, eps)
+
+
+@custom_op("qk_rmsnorm_", mutates_args=("q", "k"), fake=_fake_qk_rmsnorm_,
+           precheck=lambda q, k, q_weight, k_weight, eps: check_eps(eps))
 def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                 eps: float) -> None:
     """In-place fused RMSNorm of q and k over their whole rows, one launch (seed 000, G = 1).

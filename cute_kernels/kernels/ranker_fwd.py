@@ -868,8 +868,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     if not bounds.is_contiguous():
         raise ValueError("bounds must be contiguous")
     _check_scalars(softmax_scale, cap, cap_method)
-    if cuda:
-        check_same_device(q=q, k=k, v=v, bounds=bounds, cu_seqlens=cu_seqlens)
+    check_same_device(q=q, k=k, v=v, bounds=bounds, cu_seqlens=cu_seqlens)  # also at trace time (fakes)
     return varlen, nb, seq, hq, hkv, d
 
 

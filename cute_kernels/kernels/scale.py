@@ -110,6 +110,8 @@ def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
     vec = 16 // x.element_size()
     if x.numel() % vec:
         raise ValueError(f"x.numel()={x.numel()} must be a multiple of {vec} (16-byte vectors)")
+    if x.numel() >= 2**31:  # the kernel's element count is a 32-bit integer
+        raise ValueError(f"x.numel()={x.numel()} must be below 2**31 (32-bit element count); split the call")
 
 
 def _scale_impl(x: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -133,13 +135,13 @@ def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
     Args:
         x: CUDA tensor, float16/bfloat16/float32, contiguous, 16-byte aligned, ``numel`` a
-            multiple of 16 bytes' worth of elements (8 for 16-bit types, 4 for float32).
+            multiple of 16 bytes' worth of elements (8 for 16-bit types, 4 for float32) and below 2**31.
         alpha: real number (not bool / str), finite in float32.
     Returns:
         A new tensor like ``x``.
     Raises:
         TypeError: wrong dtype; alpha not a real number.  ValueError: not CUDA, not contiguous,
-        misaligned, bad length; alpha not finite in float32.
+        misaligned, bad length (including ``numel >= 2**31``); alpha not finite in float32.
     """
     return _scale_impl(x, alpha)
 
