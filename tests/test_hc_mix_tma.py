@@ -70,7 +70,8 @@ def test_config_for_follows_the_wave_model():
         assert cfg.consumer_regs == 0 and cfg.consumer_registers == cfg.min_consumer_regs()
         assert cfg.overlap == (cfg.cta_level <= 2)  # paired k tiles where a CTA walks 8+ splits
     assert {mod.config_for(m).cta_level for m in mod.LEVEL_EXAMPLE_M} == set(range(len(mod.TREE) + 1))
-    assert mod.config_for(17 * 128).ctas_per_tile == 32  # 17 row tiles: 544 CTAs in 5 waves, not 136 in 2
+    assert mod.config_for(17 * 128).ctas_per_tile == 16  # 17 row tiles: 272 CTAs in 3 waves, not 136 in 2
+    assert mod.config_for(1025).ctas_per_tile == 8  # 9 row tiles: one wave of 72, not 288 in 3
     rows = {m: mod.config_for(m).reduce_rows for m in (1, 512, 1024, 4096, 16384)}
     assert rows == {1: 8, 512: 8, 1024: 16, 4096: 16, 16384: 16}  # 8 where a sum folds 32+ node sums
     assert all(mod.config_for(m).l2_hints and mod.config_for(m).pdl for m in mod.LEVEL_EXAMPLE_M)

@@ -549,7 +549,10 @@ class HcMixTmaKernel(HcMixKernel):
 
 
 NUM_SMS = 132  # H200; config_for's wave model (the bits do not depend on it)
-WAVE_OVERHEAD = 0.01  # config_for's model: fixed cost of a wave (launch, first loads, drain) / a full-K walk
+# config_for's model: fixed cost of a wave (launch, first loads, drain) / a full-K walk; calibrated on the
+# one measured pair (M = 4096: two waves of 8 CTAs per tile 56 us, one of 4 51 us: 2 (1/8 + w) = 1.098
+# (1/4 + w), w = 0.027); every measured M keeps its pick (0.01 before session 7, the same picks there)
+WAVE_OVERHEAD = 0.027
 
 
 def config_for(m: int) -> HcMixTmaConfig:
