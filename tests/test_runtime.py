@@ -216,11 +216,12 @@ def test_cutlass_imported_first_still_compiles_for_sm90a(tmp_path):
 
 
 def test_dsl_settled_on_another_arch_refuses_to_compile(tmp_path):
-    """cutlass imported and its target read (sm_100a without a GPU) before cute_kernels: a warning at
-    import, then a RuntimeError at the first compile, not an sm_100a object cached as sm_90a."""
+    """cutlass imported and settled on another target before cute_kernels (set here; without a GPU its
+    first compile would pick sm_100a): a warning at import, then a RuntimeError at the first compile,
+    not an sm_100a object cached as sm_90a."""
     code = ("import cutlass\n"
             "from cutlass.cutlass_dsl import CuTeDSL\n"
-            "assert CuTeDSL._get_dsl().envar.arch == 'sm_100a'\n"
+            "CuTeDSL._get_dsl().envar.arch = 'sm_100a'\n"
             "import warnings\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
