@@ -270,7 +270,35 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
     assert main(["layouts", "--kernel", "ranker_fwd", "--out", str(afile)]) == 2
     assert "not a folder" in capsys.readouterr().err
     assert main(["layouts", "--kernel", "qknorm", "--config", "head_dim=128", "--out", str(fresh)]) == 2
-    assert "applies to ranker_fwd only" in capsys.readouterr().err
+    assert "applies to ranker_fwd and hc_mix only" in capsys.readouterr().err
+
+
+def test_hc_mix_tma_layouts_match_the_kernel_and_draw(tmp_path):
+    """hc_mix (its default TMA kernel): the rings the kernel builds (128B swizzle, one TMA box per
+    stage and ring), squares conflict-free only with the swizzle, the budget equal to the config's
+    own smem accounting; a config string with a tree; rejections before anything is written."""
+    from cute_kernels.kernels import hc_mix_tma
+    from cute_kernels.layouts.kernel_layouts import hc_mix_tma_layouts, write_report
+
+    kl = hc_mix_tma_layouts()
+    assert kl.smem["sX"].dims == (128, 64, 6) and kl.smem["sW"].dims == (hc_mix_tma.N_W, 64, 6)
+    assert all(kl.smem[k].swizzle.byte_swizzle_name == "128B" for k in ("sX", "sW"))
+    assert kl.tma["sX"]["dsl_box"] == (128, 64) and kl.tma["sW"]["dsl_box"] == (hc_mix_tma.N_W, 64)
+    swizzled, plain = kl.conflicts
+    assert swizzled.conflict_free and plain.ratio == 4.0
+    assert kl.budget.total == kl.config.smem_bytes() and kl.budget.fits
+    big = hc_mix_tma_layouts("tile_m=256,stages=5,tree=4x8,cta_level=2")
+    assert big.smem["sX"].dims == (256, 64, 5) and big.config.tree == (4, 8)
+    with pytest.raises(ValueError, match="tile_k"):
+        hc_mix_tma_layouts("tile_k=32")
+    with pytest.raises(ValueError, match="joined by 'x'"):
+        hc_mix_tma_layouts("tree=4-2")
+    text, files = write_report("hc_mix", "stages=3", str(tmp_path / "hc"))
+    assert "squares: 16-byte reads" in text and "conflict-free" in text
+    assert any(f.endswith("sX_banks.png") for f in files)
+    with pytest.raises(ValueError):
+        write_report("hc_mix", "stages=1", str(tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("script", ["swizzle_banks", "trace_your_own"])

@@ -4,7 +4,9 @@
 layout function (``ranker_fwd.smem_layouts(dtype, config)`` when the module exposes it, else its
 ``sm90_helpers.smem_layout``, which is what ``RankerAttentionFwd.__call__`` calls), its WGMMA
 accumulator and epilogue copy thread-value layouts, the TMA boxes, the epilogue's bank conflicts,
-and the smem budget.  :func:`write_report` is what ``cute-kernels layouts`` runs.
+and the smem budget.  :func:`hc_mix_tma_layouts` does the same for the mHC TMA kernel (its x and hc_fn
+piece rings, the WGMMA accumulator, the squares' 16-byte reads).  :func:`write_report` is what
+``cute-kernels layouts`` runs.
 """
 
 from __future__ import annotations
@@ -84,6 +86,11 @@ def _parse_value(field: str, v: str, current):
         if v.lower() not in ("true", "false"):
             raise ValueError(f"config field {field!r} takes true or false, got {v!r}")
         return v.lower() == "true"
+    if isinstance(current, tuple):  # e.g. hc_mix_tma's tree: "4x2x2x2x2"
+        try:
+            return tuple(int(x) for x in v.split("x"))
+        except ValueError:
+            raise ValueError(f"config field {field!r} takes integers joined by 'x' (e.g. 4x2x2), got {v!r}") from None
     for typ in (int, float):
         if isinstance(current, typ):
             try:
@@ -282,6 +289,81 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     return kl
 
 
+def hc_mix_tma_config(text: Optional[str] = None):
+    """An ``HcMixTmaConfig`` from ``"stages=4,tile_m=256"`` (``tree`` as ``4x2x2``): the defaults
+    (whose smem rings every shipped config shares: 128-row tiles, 6 stages) with the given fields
+    replaced.  Not validated."""
+    from ..kernels import hc_mix_tma
+
+    return parse_config(hc_mix_tma.HcMixTmaConfig, text)
+
+
+def _hc_mix_tma_dsl_objects(tma, config):
+    """DSL side (inside trace): the walk's smem rings, WGMMA and TMA atoms as ``HcMixTmaKernel.__call__``
+    builds them."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import cpasync
+
+    from ..kernels import sm90_helpers as sm90
+
+    bf16 = cutlass.BFloat16
+    smem = dict(sX=sm90.smem_layout(bf16, config.tile_m, config.tile_k, config.stages),
+                sW=sm90.smem_layout(bf16, tma.N_W, config.tile_k, config.stages))
+    mma = sm90_utils.make_trivial_tiled_mma(bf16, bf16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+                                            cutlass.Float32, atom_layout_mnk=(2, 1, 1), tiler_mn=(64, tma.N_W))
+    types = {}
+    for name, rows in (("sX", config.tile_m), ("sW", tma.N_W)):
+        ptr = cute.make_ptr(bf16, 0, cute.AddressSpace.gmem, assumed_align=16)
+        g = cute.make_tensor(ptr, cute.make_layout((rows * 4, config.tile_k * 4), stride=(config.tile_k * 4, 1)))
+        atom, _ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), g,
+                                              cute.select(smem[name], mode=[0, 1]), (rows, config.tile_k))
+        types[name] = str(atom.type)
+    return dict(**smem, tma_types=types, acc=mma.tv_layout_C_tiled)
+
+
+def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
+    """The hc_mix TMA walk's smem rings (x tile and hc_fn pieces, 128B-swizzled K-major), their TMA
+    boxes, the WGMMA accumulator's thread-value layout, the bank conflicts of the squares' 16-byte
+    smem reads (kernel layout vs the same ring unswizzled) and the smem budget.
+
+    Args:
+        config: an ``HcMixTmaConfig``, a string such as ``"stages=4,tile_m=256"`` or None (the
+            defaults: the smem rings of every shipped config).
+        validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).
+    """
+    import numpy as np
+
+    from ..kernels import hc_mix_tma as tma
+
+    if config is None or isinstance(config, str):
+        config = hc_mix_tma_config(config)
+    if validate:
+        config.validate()
+    objs = trace(lambda: _hc_mix_tma_dsl_objects(tma, config))
+    kl = KernelLayouts("hc_mix_tma", config, "BFloat16", source="sm90_helpers.smem_layout")
+    for name in ("sX", "sW"):
+        lay = objs[name].named(f"{name} {objs[name].dims}")
+        kl.smem[name] = lay
+        two_d = StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset, lay.name)
+        kl.tma[name] = tma_box(two_d, "bf16")
+        kl.tma[name].update(parse_tma_type(objs["tma_types"][name]))
+    kl.tv["WGMMA accumulator (x . pieces^T)"] = TVLayout(objs["acc"].named("accumulator"), (128, tma.N_W), 1,
+                                                         "per m64 atom of each consumer warpgroup")
+    # the squares (HcMixTmaKernel.squares): thread 2 r + h of a warp reads row r, half h, 16 bytes at a time
+    t = np.arange(32)
+    halves = config.tile_k // 16  # 16-byte vectors per half row
+    reads = analysis.AccessPattern("squares: 16-byte reads of half a row per thread", np.array(
+        [np.stack([t // 2, 8 * ((t % 2) * halves + v)], -1) for v in range(halves)]), vec=8)
+    for lay in (kl.smem["sX"], kl.smem["sX"].unswizzled()):
+        kl.conflicts.append(analysis.bank_conflicts(lay, reads, 2))
+    bufs = {f"{k} {'x'.join(map(str, v.dims))}": v.cosize * 2 for k, v in kl.smem.items()}
+    kl.budget = analysis.SmemBudget(bufs, config.stages, sum(bufs.values()) // config.stages,
+                                    config.smem_bytes() - sum(bufs.values()), tma.SMEM_LIMIT)
+    return kl
+
+
 def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_method: str = "none",
                           varlen: bool = False):
     """Compile (CPU, sm_90a) the ranker forward with ``config`` and return its compile record
@@ -366,18 +448,29 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
                  compile: bool = False) -> tuple[str, list[str]]:
     """``cute-kernels layouts``: pictures + ``report.txt`` for ``kernel`` and ``config`` into ``out_dir``.
 
-    ranker_fwd: everything of :func:`ranker_fwd_layouts`.  Other kernels (no smem layouts exposed):
-    their shipped compile targets, compiled when ``compile`` is set, with registers and features.
-    Returns (report text, files written).  Raises ``ValueError`` for a config the kernel rejects, for
-    ``config`` given to a kernel other than ranker_fwd (they take none), and for an ``out_dir`` that
-    exists and is not a folder; nothing is written then.
+    ranker_fwd: everything of :func:`ranker_fwd_layouts`; hc_mix: :func:`hc_mix_tma_layouts` (the
+    default ``method="tma"`` kernel).  Other kernels (no smem layouts exposed): their shipped compile
+    targets, compiled when ``compile`` is set, with registers and features.  Returns (report text,
+    files written).  Raises ``ValueError`` for a config the kernel rejects, for ``config`` given to
+    another kernel (they take none), and for an ``out_dir`` that exists and is not a folder; nothing
+    is written then.
     """
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out {out_dir} exists and is not a folder")
     files: list[str] = []
-    if kernel == "ranker_fwd":
-        kl = ranker_fwd_layouts(config, dtype)  # validates before anything is written
-        rec = ranker_compile_record(kl.config, dtype) if compile else None
+    if kernel in ("ranker_fwd", "hc_mix"):
+        if kernel == "ranker_fwd":
+            kl = ranker_fwd_layouts(config, dtype)  # validates before anything is written
+            rec = ranker_compile_record(kl.config, dtype) if compile else None
+        else:
+            kl = hc_mix_tma_layouts(config)
+            rec = None
+            if compile:
+                from ..kernels import hc_mix_tma
+                from ..runtime.cache import compile_record
+
+                hc_mix_tma._compile(kl.config)
+                rec = compile_record(hc_mix_tma.NAME, kl.config)
         text = format_report(kl, rec)
         os.makedirs(out_dir, exist_ok=True)
         files += draw_all(kl, out_dir)
@@ -387,7 +480,7 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
 
         mod = registry.module(kernel)
         if config:
-            raise ValueError(f"--config applies to ranker_fwd only; {kernel}'s configs follow from the tensor "
+            raise ValueError(f"--config applies to ranker_fwd and hc_mix only; {kernel}'s configs follow from the tensor "
                              f"shapes (see `cute-kernels configs --kernel {kernel}`)")
         lines = [f"kernel {kernel}: no shared-memory layouts exposed to cute_kernels.layouts;",
                  "shipped compile targets:"]
