@@ -1,7 +1,7 @@
 """cute_kernels: NVIDIA Hopper (sm_90a) kernels in CUTLASS's Python CuTe DSL, called from PyTorch.
 
-Importing this package sets ``CUTE_DSL_ARCH`` (sm_90a unless a GPU or the user says otherwise)
-before ``cutlass`` is imported: the DSL reads it once, at its first import.
+Importing this package sets ``CUTE_DSL_ARCH`` (sm_90a unless the user set it) before ``cutlass`` is
+imported: the DSL reads it once, at its first import (see :mod:`.runtime.arch` for cutlass imported first).
 Public ops are loaded lazily (``cute_kernels.scale`` imports its kernel module on first use).
 """
 

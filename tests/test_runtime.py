@@ -236,3 +236,41 @@ def test_dsl_settled_on_another_arch_refuses_to_compile(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "refused: the CuTe DSL in this process compiles for 'sm_100a'" in r.stdout, r.stdout
     assert not list(tmp_path.rglob("*.o"))
+
+
+def test_ops_trace_under_torch_compile_with_dynamic_shapes():
+    """torch.compile(dynamic=True, fullgraph=True) traces every op into the graph (meta tensors; the
+    backend stops before anything runs): the fakes and prechecks take symbolic sizes and scalars
+    (they hashed a symbolic head dim, compared symbolic widths, called math.isfinite on them)."""
+    import cute_kernels as ck
+
+    class Traced(Exception):
+        pass
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+
+        def run(*args):
+            raise Traced()
+        return run
+
+    def graph_of(fn, *args):
+        torch._dynamo.reset()
+        graphs.clear()
+        with pytest.raises(Traced):
+            torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)(*args)
+        return graphs[0]
+
+    bf, meta = torch.bfloat16, dict(device="meta")
+    x, w = torch.empty(8, 128, dtype=bf, **meta), torch.empty(24, 128, **meta)
+    s, b = torch.empty(3, **meta), torch.empty(24, **meta)
+    for method in ("walk", "tma"):
+        assert "hc_mix_sinkhorn" in graph_of(lambda x, w, s, b: ck.hc_mix_sinkhorn(x, w, s, b, method=method), x, w, s, b)
+    q, bounds = torch.empty(2, 256, 4, 128, dtype=bf, **meta), torch.empty(2, 4, dtype=torch.int32, **meta)
+    assert "ranker_attention" in graph_of(lambda q, b: ck.ranker_attention(q, q, q, b), q, bounds)
+    qq, kk = torch.empty(4, 64, dtype=bf, **meta), torch.empty(4, 32, dtype=bf, **meta)
+    assert "qk_rmsnorm_" in graph_of(lambda q, k, a, c: ck.qk_rmsnorm_(q, k, a, c, 1e-6), qq, kk,
+                                     torch.empty(64, dtype=bf, **meta), torch.empty(32, dtype=bf, **meta))
+    assert "scale" in graph_of(lambda x: ck.scale(x, 2.0), torch.empty(64, dtype=bf, **meta))

@@ -167,8 +167,9 @@ class HcMixTmaConfig:
         if self.n_splits > 128:
             raise ValueError(f"tree={self.tree}: at most 128 splits (got {self.n_splits})")
         if not 0 <= self.cta_level <= len(self.tree):
-            raise ValueError(f"cta_level={self.cta_level}: must be in [0, len(tree) = {len(self.tree)}] (the "
-                             f"default, {len(TREE)}, is the shipped tree's leaves: set it with another tree)")
+            hint = (f" (the default, {len(TREE)}, is the shipped tree's leaves: set it with another tree)"
+                    if self.cta_level == len(TREE) and self.tree != TREE else "")
+            raise ValueError(f"cta_level={self.cta_level}: must be in [0, len(tree) = {len(self.tree)}]{hint}")
         if self.tile_m not in (128, 256):
             raise ValueError(f"tile_m={self.tile_m}: must be 128 or 256 (one or two m64 atoms per consumer warpgroup)")
         if self.overlap and self.m_atoms != 1:
@@ -182,7 +183,8 @@ class HcMixTmaConfig:
             raise ValueError(f"stages={self.stages}: must be in [2, 8]")
         regs = self.consumer_registers
         if self.producer_regs % 8 or regs % 8 or not 24 <= self.producer_regs <= regs:
-            raise ValueError("setmaxnreg counts must be multiples of 8, producer <= consumer, >= 24")
+            raise ValueError(f"setmaxnreg counts (producer_regs={self.producer_regs}, consumer {regs}) must be "
+                             "multiples of 8, producer <= consumer, >= 24")
         need = self.min_consumer_regs()
         if need > 232:  # the most a consumer thread of a 384-thread CTA can get (sm90.check_register_split)
             raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the 232 a "

@@ -388,8 +388,8 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
                              "an in-place op needs distinct rows")
     if q is k:
         raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
-    for t in (q, k):  # rows too wide for the register budget
-        RowTiling.choose(t.shape[1], vec, DEFAULT_TUNING.target_vecs).validate()
+    for t in (q, k):  # rows too wide for the register budget (int: a symbolic width is specialized here,
+        RowTiling.choose(int(t.shape[1]), vec, DEFAULT_TUNING.target_vecs).validate()  # as the kernel is)
 
 
 def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
@@ -541,8 +541,9 @@ def _qk_rmsnorm_impl(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k
 
 
 def _fake_qk_rmsnorm_(q, k, q_weight, k_weight, eps) -> None:
-    """Trace-time (torch.compile / make_fx) check: the rules that need no data pointer."""
-    validate_qk_shapes(q, k, q_weight, k_weight, eps)
+    """Trace-time (torch.compile / make_fx) check: the rules that need no data pointer or device
+    query (the op checks the device when it runs), as the other ops' fakes do."""
+    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False)
 
 
 @custom_op("qk_rmsnorm_", mutates_args=("q", "k"), fake=_fake_qk_rmsnorm_,

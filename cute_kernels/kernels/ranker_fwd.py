@@ -835,7 +835,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}")
-    d = q.shape[-1]
+    d = int(q.shape[-1])  # (int: a symbolic head dim under torch.compile(dynamic=True) is specialized here)
     if k.shape[-1] != d:
         raise ValueError(f"q and k head dims differ: {d} vs {k.shape[-1]}")
     if d not in CONFIGS:

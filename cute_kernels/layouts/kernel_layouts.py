@@ -339,6 +339,8 @@ def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
 
     if config is None or isinstance(config, str):
         config = hc_mix_tma_config(config)
+    if not isinstance(config, tma.HcMixTmaConfig):
+        raise TypeError(f"config must be an HcMixTmaConfig, a string or None, got {type(config).__name__}")
     if validate:
         config.validate()
     objs = trace(lambda: _hc_mix_tma_dsl_objects(tma, config))
@@ -349,7 +351,7 @@ def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
         two_d = StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset, lay.name)
         kl.tma[name] = tma_box(two_d, "bf16")
         kl.tma[name].update(parse_tma_type(objs["tma_types"][name]))
-    kl.tv["WGMMA accumulator (x . pieces^T)"] = TVLayout(objs["acc"].named("accumulator"), (128, tma.N_W), 1,
+    kl.tv["WGMMA accumulator (x times pieces^T)"] = TVLayout(objs["acc"].named("accumulator"), (128, tma.N_W), 1,
                                                          "per m64 atom of each consumer warpgroup")
     # the squares (HcMixTmaKernel.squares): thread 2 r + h of a warp reads row r, half h, 16 bytes at a time
     t = np.arange(32)
@@ -463,6 +465,8 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
             kl = ranker_fwd_layouts(config, dtype)  # validates before anything is written
             rec = ranker_compile_record(kl.config, dtype) if compile else None
         else:
+            if cutlass_dtype(dtype).__name__ != "BFloat16":
+                raise ValueError(f"--dtype {dtype}: hc_mix takes bf16 x only")
             kl = hc_mix_tma_layouts(config)
             rec = None
             if compile:
@@ -472,6 +476,9 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
                 hc_mix_tma._compile(kl.config)
                 rec = compile_record(hc_mix_tma.NAME, kl.config)
         text = format_report(kl, rec)
+        if rec is not None and kernel == "hc_mix":
+            text += (f"  (the walk's count is its launch budget; setmaxnreg then gives the producer warpgroup "
+                     f"{kl.config.producer_regs} and the consumers {kl.config.consumer_registers} registers)\n")
         os.makedirs(out_dir, exist_ok=True)
         files += draw_all(kl, out_dir)
     else:

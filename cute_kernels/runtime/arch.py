@@ -63,7 +63,7 @@ def check_target_arch() -> str:
     if arch not in SUPPORTED_ARCHS:
         raise RuntimeError(
             f"cute_kernels compiles for {', '.join(SUPPORTED_ARCHS)} (Hopper) only; this process targets "
-            f"{arch!r} (CUTE_DSL_ARCH). Unset it or set CUTE_DSL_ARCH=sm_90a before importing cute_kernels.")
+            f"{arch!r} (CUTE_DSL_ARCH). Unset it or set CUTE_DSL_ARCH=sm_90a before importing cutlass or cute_kernels.")
     dsl = dsl_arch()
     if dsl != arch:
         raise RuntimeError(

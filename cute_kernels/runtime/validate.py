@@ -91,8 +91,11 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
 
     Raises ``TypeError`` for another type, ``ValueError`` unless it is finite and within
     ``[low, high]`` (``(low, high]`` with ``low_open``); the default ``high`` is float32's max,
-    since kernels take such scalars as float32.  Messages name the argument.
+    since kernels take such scalars as float32.  Messages name the argument.  A symbolic value
+    (torch.compile with dynamic shapes) is returned as is: the op checks the concrete value when it runs.
     """
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     try:
@@ -100,7 +103,7 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     except OverflowError:
         raise ValueError(f"{name}={_short(value)} is out of float range") from None
     below = low is not None and (v <= low if low_open else v < low)
-    if not math.isfinite(v) or below or v > high:
+    if not -math.inf < v < math.inf or below or v > high:  # (comparisons, not math.isfinite: dynamo traces them)
         bounds = ([] if low is None else [f"{'>' if low_open else '>='} {low:g}"]) + (
             [f"<= {high:g}"] if math.isfinite(high) else [])
         raise ValueError(f"{name} must be finite{', ' + ' and '.join(bounds) if bounds else ''}, got {_short(value)}")
@@ -121,6 +124,8 @@ def check_f32_eps(name: str, value) -> float:
     ``>= 0``, and 0 or at least float32's smallest normal ``2**-126`` (``ValueError``: a smaller one
     would become 0)."""
     v = check_real(name, value, low=0.0)
+    if isinstance(v, torch.SymFloat):
+        return v
     if 0 < v < 2.0 ** -126:
         raise ValueError(f"{name}={value!r} is below float32's smallest normal number (1.18e-38): it would "
                          "become 0; pass 0 or a larger value")
@@ -128,7 +133,10 @@ def check_f32_eps(name: str, value) -> float:
 
 
 def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
-    """An integer argument (not ``bool``) in ``[low, high]``: ``TypeError`` / ``ValueError`` naming it."""
+    """An integer argument (not ``bool``) in ``[low, high]``: ``TypeError`` / ``ValueError`` naming it
+    (a symbolic one, under torch.compile with dynamic shapes, is returned as is; see :func:`check_real`)."""
+    if isinstance(value, torch.SymInt):
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     v = int(value)
