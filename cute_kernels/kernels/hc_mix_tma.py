@@ -204,6 +204,22 @@ class HcMixTmaConfig:
         return -(-(per_atom * self.m_atoms + 40) // 8) * 8
 
 
+def smem_layouts(config: HcMixTmaConfig):
+    """The walk's two smem rings, 128B-swizzled K-major bf16 (DSL objects; call inside a trace):
+    ``sX (tile_m, tile_k, stages)`` (x tiles) and ``sW (72, tile_k, stages)`` (hc_fn pieces).  The
+    kernel and :func:`cute_kernels.layouts.kernel_layouts.hc_mix_tma_layouts` both build them here."""
+    return (sm90.smem_layout(BFloat16, config.tile_m, config.tile_k, config.stages),
+            sm90.smem_layout(BFloat16, N_W, config.tile_k, config.stages))
+
+
+def make_tiled_mma():
+    """The consumers' WGMMA: two m64 warpgroup atoms, n = 72 (the three pieces of 24 columns), bf16 in,
+    float32 out, both operands K-major (DSL object; call inside a trace)."""
+    return sm90_utils.make_trivial_tiled_mma(
+        BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+        atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
+
+
 class HcMixTmaKernel(HcMixKernel):
     """The walk (warp-specialized TMA producer + two WGMMA consumer warpgroups; one CTA per row tile and
     node of the K tree at ``config.cta_level``) and the reduction kernel (the levels above, then the
@@ -225,11 +241,8 @@ class HcMixTmaKernel(HcMixKernel):
         """Launch the walk and the reduction kernel after it on the same stream (a programmatic
         dependent launch).  ``mPart``: ``[ceil(M / tile_m) * ctas_per_tile * tile_m, 25]`` float32
         workspace (the walk's node sums)."""
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            BFloat16, BFloat16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
-        sX_layout = sm90.smem_layout(BFloat16, self.tile_m, self.tile_k, self.stages)
-        sW_layout = sm90.smem_layout(BFloat16, N_W, self.tile_k, self.stages)
+        tiled_mma = make_tiled_mma()
+        sX_layout, sW_layout = smem_layouts(self.config)
         tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mX, cute.select(sX_layout, mode=[0, 1]), (self.tile_m, self.tile_k))
         tma_atom_W, tma_W = cpasync.make_tiled_tma_atom(

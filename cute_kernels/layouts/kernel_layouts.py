@@ -299,20 +299,16 @@ def hc_mix_tma_config(text: Optional[str] = None):
 
 
 def _hc_mix_tma_dsl_objects(tma, config):
-    """DSL side (inside trace): the walk's smem rings, WGMMA and TMA atoms as ``HcMixTmaKernel.__call__``
-    builds them."""
+    """DSL side (inside trace): the walk's smem rings and WGMMA from the kernel module's own builders
+    (``hc_mix_tma.smem_layouts`` / ``make_tiled_mma``, what ``HcMixTmaKernel.__call__`` calls), and TMA
+    atoms made over them as ``__call__`` makes them."""
     import cutlass
     import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import cpasync
 
-    from ..kernels import sm90_helpers as sm90
-
     bf16 = cutlass.BFloat16
-    smem = dict(sX=sm90.smem_layout(bf16, config.tile_m, config.tile_k, config.stages),
-                sW=sm90.smem_layout(bf16, tma.N_W, config.tile_k, config.stages))
-    mma = sm90_utils.make_trivial_tiled_mma(bf16, bf16, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-                                            cutlass.Float32, atom_layout_mnk=(2, 1, 1), tiler_mn=(64, tma.N_W))
+    smem = dict(zip(("sX", "sW"), tma.smem_layouts(config)))
+    mma = tma.make_tiled_mma()
     types = {}
     for name, rows in (("sX", config.tile_m), ("sW", tma.N_W)):
         ptr = cute.make_ptr(bf16, 0, cute.AddressSpace.gmem, assumed_align=16)
@@ -344,7 +340,7 @@ def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
     if validate:
         config.validate()
     objs = trace(lambda: _hc_mix_tma_dsl_objects(tma, config))
-    kl = KernelLayouts("hc_mix_tma", config, "BFloat16", source="sm90_helpers.smem_layout")
+    kl = KernelLayouts("hc_mix_tma", config, "BFloat16", source="hc_mix_tma.smem_layouts")
     for name in ("sX", "sW"):
         lay = objs[name].named(f"{name} {objs[name].dims}")
         kl.smem[name] = lay
