@@ -181,7 +181,7 @@ class _CudaLike:
 
     def __init__(self, t):
         self.t = t
-        self.dtype, self.shape, self.is_cuda = t.dtype, t.shape, True
+        self.dtype, self.shape, self.is_cuda, self.requires_grad = t.dtype, t.shape, True, False
 
     def stride(self):
         return self.t.stride()
