@@ -63,7 +63,7 @@ def main():
         rms = torch.nn.functional.rms_norm
         calls = [("compiled function, raw tvm-ffi call", lambda: raw(x, y, 2.0)),
                  ("compiled qknorm, raw tvm-ffi call (4 tensors)", lambda: raw_qk(q, k, wq, wk, 1e-6)),
-                 ("qknorm argument check (args_look_valid)", lambda: qknorm_mod.args_look_valid(q, k, wq, wk, 1e-6)),
+                 ("qknorm argument check (fast_path_key)", lambda: qknorm_mod.fast_path_key(q, k, wq, wk, 1e-6)),
                  ("F.rms_norm on q and k N=1", lambda: (rms(q, (4096,), wq, 1e-6), rms(k, (1024,), wk, 1e-6))),
                  ("cute_kernels.scale (eager fast path)", lambda: cute_kernels.scale(x, 2.0)),
                  ("torch.ops.cute_kernels.scale (custom op)", lambda: torch.ops.cute_kernels.scale(x, 2.0)),

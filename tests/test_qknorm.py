@@ -212,10 +212,11 @@ def test_eps_rules(eps, exc, monkeypatch):
         mod.qk_rmsnorm_reference(q, k, wq, wk, eps)
     cuda_like = [_CudaLike(t) for t in (q, k, wq, wk)]
     monkeypatch.setattr(mod, "_DEVICE_OK", set())
-    assert not mod.args_look_valid(*cuda_like, 1e-6)  # a device not yet checked to be Hopper: slow path
+    assert mod.fast_path_key(*cuda_like, 1e-6) is None  # a device not yet checked to be Hopper: slow path
     monkeypatch.setattr(mod, "_DEVICE_OK", {0})
-    assert mod.args_look_valid(*cuda_like, 1e-6)  # the stand-ins pass the fast path's other rules
-    assert not mod.args_look_valid(*cuda_like, eps)  # the eager fast path must not skip the eps rule
+    # the stand-ins pass the fast path's other rules: (N, the compiled kernel's key)
+    assert mod.fast_path_key(*cuda_like, 1e-6) == (q.shape[0], (q.dtype, q.shape[1], k.shape[1]))
+    assert mod.fast_path_key(*cuda_like, eps) is None  # the eager fast path must not skip the eps rule
 
 
 def test_weight_overlapping_q_or_k_is_refused(monkeypatch):
@@ -229,7 +230,7 @@ def test_weight_overlapping_q_or_k_is_refused(monkeypatch):
                         (torch.ones(4096, dtype=torch.bfloat16), k[2], "k_weight overlaps k")):
         with pytest.raises(ValueError, match=bad):
             mod.validate_qk_args(q, k, wq, wk, 1e-6, cuda=False)
-        assert not mod.args_look_valid(*[_CudaLike(t) for t in (q, k, wq, wk)], 1e-6)
+        assert mod.fast_path_key(*[_CudaLike(t) for t in (q, k, wq, wk)], 1e-6) is None
     mod.validate_qk_args(q, k, torch.ones(4096, dtype=torch.bfloat16), wk_ok, 1e-6, cuda=False)
 
 

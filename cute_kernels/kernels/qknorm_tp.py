@@ -72,7 +72,7 @@ from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_int, check_real
-from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, args_look_valid, bump_versions,
+from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, fast_path_key, bump_versions,
                      check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args, vec_elems)
 
 NAME = "qknorm_tp"
@@ -545,7 +545,7 @@ class ParallelQKNorm:
 
     def _run(self, q, k, q_weight, k_weight, eps) -> None:
         self._check_open()
-        if not args_look_valid(q, k, q_weight, k_weight, eps):
+        if fast_path_key(q, k, q_weight, k_weight, eps) is None:
             validate_qk_args(q, k, q_weight, k_weight, eps)
         if q.shape[1] != self.q_width or k.shape[1] != self.k_width:
             raise ValueError(f"rank shards must be q [N, {self.q_width}] and k [N, {self.k_width}] "
