@@ -62,8 +62,7 @@ def main():
         raw_qk = qknorm_mod._launchers[(q.dtype, 4096, 1024)]
         rms = torch.nn.functional.rms_norm
         calls = [("compiled function, raw tvm-ffi call", lambda: raw(x, y, 2.0)),
-                 ("compiled qknorm, raw tvm-ffi call (q + 3 pointers)",
-                  lambda: raw_qk(q, k.data_ptr(), wq.data_ptr(), wk.data_ptr(), k.stride(0), 1e-6)),
+                 ("compiled qknorm, raw tvm-ffi call (4 tensors)", lambda: raw_qk(q, k, wq, wk, 1e-6)),
                  ("qknorm argument check (fast_path_key)", lambda: qknorm_mod.fast_path_key(q, k, wq, wk, 1e-6)),
                  ("F.rms_norm on q and k N=1", lambda: (rms(q, (4096,), wq, 1e-6), rms(k, (1024,), wk, 1e-6))),
                  ("cute_kernels.scale (eager fast path)", lambda: cute_kernels.scale(x, 2.0)),

@@ -27,7 +27,7 @@ def main():
             k = torch.randn(n, kd, device="cuda", dtype=dtype)
             wq = torch.randn(qd, device="cuda", dtype=dtype)
             wk = torch.randn(kd, device="cuda", dtype=dtype)
-            t = cuda_time_us(lambda: fn(q, k.data_ptr(), wq.data_ptr(), wk.data_ptr(), k.stride(0), 1e-6), graph=True, reps=30)
+            t = cuda_time_us(lambda: fn(q, k, wq, wk, 1e-6), graph=True, reps=30)
             gbps = 2 * (q.numel() + k.numel()) * 2 / t / 1e3
             print(json.dumps(dict(vecs=tuning.target_vecs, streaming=tuning.streaming, n=n,
                                   time_us=round(t, 2), copy_frac=round(gbps / bw, 3))))

@@ -303,18 +303,6 @@ class QKNormKernel(QKRowNormalizer):
         self.kernel(mQ, mK, mWq, mWk, eps).launch(
             grid=[(n + rows - 1) // rows, 1, 1], block=[self.config.threads, 1, 1], stream=stream)
 
-    @cute.jit
-    def with_pointers(self, mQ: cute.Tensor, pK: cute.Pointer, pWq: cute.Pointer, pWk: cute.Pointer,
-                      k_stride: Int32, eps: Float32, stream):
-        """The compiled entry point: q as a tensor (it gives tvm-ffi the device and torch's current
-        stream), k and the weights as 16-byte aligned global pointers (the host passes ``data_ptr()``
-        ints, which tvm-ffi takes without a DLPack exchange: ~0.5 us of host time per tensor), k's row
-        stride in elements (a multiple of a 16-byte vector)."""
-        cfg = self.config
-        k_layout = cute.make_layout((mQ.shape[0], cfg.k.width), stride=(cute.assume(k_stride, divby=self.vec), 1))
-        self.__call__(mQ, cute.make_tensor(pK, k_layout), cute.make_tensor(pWq, cute.make_layout((cfg.q.width,))),
-                      cute.make_tensor(pWk, cute.make_layout((cfg.k.width,))), eps, stream)
-
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor, eps: Float32):
         tidx, _, _ = cute.arch.thread_idx()
@@ -351,10 +339,11 @@ def _compile(dtype: torch.dtype, q_width: int, k_width: int, tuning: QKNormTunin
 
     def build():
         vec = vec_elems(dtype)
-        q = fake_tensor(dtype, (cute.sym_int(), q_width), stride=(cute.sym_int(divisibility=vec), 1))
-        ptr = lambda: cute.runtime.make_ptr(cute_dtype(dtype), 16, cute.AddressSpace.gmem, assumed_align=16)
-        return QKNormKernel(cute_dtype(dtype), cfg).with_pointers, (
-            q, ptr(), ptr(), ptr(), Int32(vec), Float32(1e-6), fake_stream())
+        n = cute.sym_int()
+        sq, sk = cute.sym_int(divisibility=vec), cute.sym_int(divisibility=vec)
+        return QKNormKernel(cute_dtype(dtype), cfg), (
+            fake_tensor(dtype, (n, q_width), stride=(sq, 1)), fake_tensor(dtype, (n, k_width), stride=(sk, 1)),
+            fake_tensor(dtype, (q_width,)), fake_tensor(dtype, (k_width,)), Float32(1e-6), fake_stream())
 
     key = (str(dtype), q_width, k_width) if tuning == DEFAULT_TUNING else (str(dtype), q_width, k_width, tuning)
     return compile_cached(NAME, key, build)
@@ -493,9 +482,8 @@ def check_eps(eps) -> None:
 
 def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
     """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures), and
-    that no tensor requires grad (the slow path applies :func:`check_no_grad`): if all hold, the compiled
-    kernel's key ``(dtype, Q, K)`` and the launch arguments after q, ``(k.data_ptr(),
-    q_weight.data_ptr(), k_weight.data_ptr(), k.stride(0))`` (None for N = 0); else None.  Each tensor attribute is
+    that no tensor requires grad (the slow path applies :func:`check_no_grad`): ``(N, (dtype, Q, K))``
+    (the token count and the compiled kernel's key) if all hold, else None.  Each tensor attribute is
     read once (a read costs ~0.05-0.15 us of host time; the eager target is 10 us per call)."""
     try:
         dt = q.dtype
@@ -527,7 +515,7 @@ def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
                     or (wkp < q_end and qp < wk_end) or (wkp < k_end and kp < wk_end)):
                 return None
         if (type(eps) is float or type(eps) is int) and (eps == 0 or 2.0 ** -126 <= eps <= F32_MAX):  # not bool
-            return (dt, qw, kw), ((kp, wqp, wkp, sk) if n else None)
+            return n, (dt, qw, kw)
         return None
     except (AttributeError, ValueError, TypeError, RuntimeError):  # (RuntimeError: sparse / nested: no strides)
         return None
@@ -574,20 +562,18 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         if q_weight.stride() != (1,) or k_weight.stride() != (1,):
             raise ValueError("q_weight and k_weight must be contiguous")
         check_no_grad(q, k, q_weight, k_weight)  # (the fast path admits no tensor that requires grad)
-        if q.shape[0] == 0:
-            return
-        q_arg, k_view = launch_view(q), launch_view(k)
-        key = (q.dtype, q.shape[1], k.shape[1])
-        k_args = (k_view.data_ptr(), q_weight.data_ptr(), k_weight.data_ptr(), k_view.stride(0))
+        n, key = q.shape[0], (q.dtype, q.shape[1], k.shape[1])
     else:
-        key, k_args = fast
-        if k_args is None:  # N = 0
-            return
-        q_arg = q  # (the fast path admits only 16-byte row strides: no launch view needed)
+        n, key = fast
+    if n == 0:
+        return
     fn = _launchers.get(key)
     if fn is None:
         fn = _launchers[key] = _compile(*key)
-    fn(q_arg, *k_args, float(eps))
+    if fast is not None:  # the fast path admits only 16-byte row strides: no launch view needed
+        fn(q, k, q_weight, k_weight, float(eps))
+    else:
+        fn(launch_view(q), launch_view(k), q_weight, k_weight, float(eps))
     bump_versions(q, k)
 
 
