@@ -62,14 +62,6 @@ from . import sm90_helpers as sm90
 from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _pieces, _validate,
                      fake_launch_args, run_compiled, split_pieces)
 
-
-@cute.jit
-def _ld_dsmem_f32(ptr: cute.Pointer, cta_rank: Int32) -> Float32:
-    """One float32 at shared-memory address ``ptr`` of CTA ``cta_rank`` of the cluster (``ld.shared::cluster``)."""
-    remote = cute.arch.map_dsmem_ptr(ptr, cta_rank)
-    return cute.arch.inline_ptx("ld.shared::cluster.f32 {$w0}, [{$r0}];", write_only_types=[Float32],
-                                read_only_args=[Int32(remote.toint())])
-
 NAME = "hc_mix_tma"
 ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
@@ -107,9 +99,6 @@ class HcMixTmaConfig:
     ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
     sum, so a sum's loads issue together; then one thread per row runs the epilogue, so more rows
     fill that warp; :func:`config_for` picks 8 or 16),
-    ``cluster_reduce`` (the walk's CTAs of a row tile form a cluster (none for one CTA per tile) and fold
-    the levels above ``cta_level`` over distributed shared memory, then run the epilogue: one kernel,
-    no workspace; ``ctas_per_tile`` <= 8; same bits),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
@@ -123,7 +112,6 @@ class HcMixTmaConfig:
     l2_hints: bool = True
     pdl: bool = True
     reduce_rows: int = 8
-    cluster_reduce: bool = False
     producer_regs: int = 40
     consumer_regs: int = 0
     store_mix: bool = False
@@ -189,9 +177,6 @@ class HcMixTmaConfig:
                              "thread at tile_m=256 exceed the 240-register limit")
         if self.tile_k != 64:
             raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
-        if self.cluster_reduce and self.ctas_per_tile > 8:
-            raise ValueError(f"cluster_reduce needs at most 8 CTAs per row tile (a portable cluster), got "
-                             f"{self.ctas_per_tile} (cta_level={self.cta_level})")
         if self.reduce_rows not in (8, 16, 32):
             raise ValueError(f"reduce_rows={self.reduce_rows}: must be 8, 16 or 32")
         if not 2 <= self.stages <= 8:
@@ -273,19 +258,9 @@ class HcMixTmaKernel(HcMixKernel):
 
         self.shared_storage = SharedStorage
         grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
-        c = self.config.ctas_per_tile
-        cluster = dict(cluster=[c, 1, 1]) if self.config.cluster_reduce and c > 1 else {}
-        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart,
-                    mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps).launch(
-            grid=[c, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
-            min_blocks_per_mp=1, use_pdl=self.config.pdl, **cluster)
-        if cutlass.const_expr(not self.config.cluster_reduce):
-            self.launch_reduce(mX, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart,
-                               stream)
-
-    @cute.jit
-    def launch_reduce(self, mX, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart,
-                      stream):
+        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart).launch(
+            grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
+            min_blocks_per_mp=1, use_pdl=self.config.pdl)
         self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
                            sinkhorn_iters, rms_eps, hc_eps).launch(
             grid=[(mX.shape[0] + self.config.reduce_rows - 1) // self.config.reduce_rows, 1, 1],
@@ -296,9 +271,7 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.kernel
     def kernel(self, tma_X: cute.Tensor, tma_W: cute.Tensor, tma_atom_X: cute.CopyAtom, tma_atom_W: cute.CopyAtom,
                tiled_mma: cute.TiledMma, sX_layout: cute.ComposedLayout, sW_layout: cute.ComposedLayout,
-               mX: cute.Tensor, mPart: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor,
-               mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32,
-               hc_eps: Float32):
+               mX: cute.Tensor, mPart: cute.Tensor):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         node, m_block, _ = cute.arch.block_idx()  # node: this CTA's node of the K tree (at cta_level)
@@ -337,15 +310,7 @@ class HcMixTmaKernel(HcMixKernel):
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
             self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, split_begin, k_tiles)
-            if cutlass.const_expr(not self.config.cluster_reduce):
-                self.store_partials(sP, mPart, m_block, node, tidx - 128)
-        if cutlass.const_expr(self.config.cluster_reduce):
-            # the root sums of this CTA's rows, (rows / ctas_per_tile) x 25, alias the hc_fn ring (unread now)
-            sA = cute.make_tensor(cute.recast_ptr(storage.sW.data_ptr(), dtype=Float32),
-                                  cute.make_layout((self.tile_m // self.config.ctas_per_tile, SP_COLS),
-                                                   stride=(SP_COLS, 1)))
-            self.cluster_epilogue(sP, sA, node, m_block, tidx, mX, mScale, mBase, mPre, mPost, mComb, mMix,
-                                  sinkhorn_iters, rms_eps, hc_eps)
+            self.store_partials(sP, mPart, m_block, node, tidx - 128)
 
     def split_tile(self, split, k_tiles):
         """The first k tile of ``split`` (``k_tiles`` for ``split == n_splits``)."""
@@ -550,44 +515,6 @@ class HcMixTmaKernel(HcMixKernel):
                 col = item - r * SP_COLS
                 mPart[base + r, col] = sP[r, col]
 
-    @cute.jit
-    def cluster_epilogue(self, sP, sA, rank, m_block, tidx, mX, mScale, mBase, mPre, mPost, mComb, mMix,
-                         sinkhorn_iters, rms_eps, hc_eps):
-        """``cluster_reduce``: CTA ``rank`` of the row tile's cluster takes rows ``rank, rank + c, ...``
-        (``c = ctas_per_tile``): every consumer thread folds (row, column) sums up the levels above
-        ``cta_level`` from the cluster's ``sP`` (the node sums, read over DSMEM; :meth:`fold`'s order, so
-        the reduction kernel's bits), then one thread per row runs the epilogue.  Every thread of every
-        CTA meets both cluster barriers (the second keeps each CTA's ``sP`` alive until its peers have
-        read it)."""
-        c = self.config.ctas_per_tile
-        rows = self.tile_m // c
-        if cutlass.const_expr(c > 1):
-            cute.arch.cluster_arrive()  # every CTA's node sums are in its sP
-            cute.arch.cluster_wait()
-        if tidx >= 128:
-            n_items = rows * SP_COLS
-            for i in cutlass.range_constexpr((n_items + self.num_consumers - 1) // self.num_consumers):
-                item = tidx - 128 + i * self.num_consumers
-                if item < n_items:
-                    rr = item // SP_COLS
-                    col = item - rr * SP_COLS
-                    if cutlass.const_expr(c == 1):
-                        sA[rr, col] = sP[rr, col]
-                    else:
-                        offset = (rr * c + rank) * SP_COLS + col
-                        sA[rr, col] = self.fold(lambda node: _ld_dsmem_f32(sP.iterator + offset, Int32(node)), 0, 0)
-            if cutlass.const_expr(c == 1):
-                cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        if cutlass.const_expr(c > 1):
-            cute.arch.cluster_arrive()  # no CTA leaves while a peer still reads its sP
-            cute.arch.cluster_wait()
-        if tidx >= 128 and tidx - 128 < rows:
-            rr = tidx - 128
-            row = m_block * self.tile_m + rr * c + rank
-            if row < mX.shape[0]:
-                self.epilogue(sA, rr, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters,
-                              rms_eps, hc_eps)
-
     @cute.kernel
     def reduce_kernel(self, mPart: cute.Tensor, m: Int32, k: Int32, mScale: cute.Tensor, mBase: cute.Tensor,
                       mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
@@ -623,17 +550,16 @@ class HcMixTmaKernel(HcMixKernel):
             row = row0 + r
             m_block = row // self.tile_m
             first = m_block * self.config.ctas_per_tile * self.tile_m + (row - m_block * self.tile_m)
-            sA[r, col] = self.fold(lambda node: mPart[first + node * self.tile_m, col], 0, 0)
+            sA[r, col] = self.fold(mPart, first, col, 0, 0)
 
-    def fold(self, load, d: int, node: int):
-        """The sum of ``node`` at depth ``d`` of the tree, each node its children in order from zero, down
-        to the nodes at ``cta_level``, whose sums ``load(node)`` gives (unrolled at trace time; called
-        from traced code)."""
-        if d == self.config.cta_level:
-            return load(node)
+    @cute.jit
+    def fold(self, mPart, first, col, d: cutlass.Constexpr, node: cutlass.Constexpr):
+        """The sum of ``node`` at depth ``d`` of the tree (unrolled at trace time)."""
+        if cutlass.const_expr(d == self.config.cta_level):
+            return mPart[first + node * self.tile_m, col]
         total = Float32(0.0)
-        for c in range(self.config.tree[d]):
-            total = total + self.fold(load, d + 1, node * self.config.tree[d] + c)
+        for c in cutlass.range_constexpr(self.config.tree[d]):
+            total = total + self.fold(mPart, first, col, d + 1, node * self.config.tree[d] + c)
         return total
 
 
@@ -689,10 +615,7 @@ def _compile(config: HcMixTmaConfig):
 
 def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
     """Rows of the ``[rows, 25]`` float32 workspace of node sums: ``ceil(M / tile_m) * ctas_per_tile *
-    tile_m`` (every element written by the walk before the reduction reads it); one unused row with
-    ``cluster_reduce``."""
-    if config.cluster_reduce:
-        return 1
+    tile_m`` (every element written by the walk before the reduction reads it)."""
     return max(1, -(-m // config.tile_m) * config.ctas_per_tile * config.tile_m)
 
 
