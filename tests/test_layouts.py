@@ -230,8 +230,8 @@ def test_ranker_new_tile_shapes_that_fit():
     # D=128 ships persistent (a separate sO): three stages fit only with one tile per CTA (sO aliases sQ)
     three = KL.ranker_fwd_layouts("head_dim=128,stages=3,persistent=False")
     assert three.budget.fits and three.budget.total > 225 * 1024
-    wide = KL.ranker_fwd_layouts("head_dim=64,tile_n=176")
-    assert wide.smem["sK"].dims == (176, 64, wide.config.stages)
+    narrow = KL.ranker_fwd_layouts("head_dim=64,tile_n=96")  # D=64 ships three consumer warpgroups
+    assert narrow.smem["sK"].dims == (96, 64, narrow.config.stages) and narrow.smem["sQ"].dims[0] == 192
 
 
 def test_enumerate_configs_splits_by_validate():

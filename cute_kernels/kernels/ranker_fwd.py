@@ -74,12 +74,15 @@ class NamedBarrierFwd(enum.IntEnum):
     Epilogue = 1  # consumers: done reading sQ before sO (aliasing it) is written; sO ready for TMA
     WarpSchedulerWG1 = 2  # consumer warpgroup 1 may issue its WGMMAs
     WarpSchedulerWG2 = 3  # consumer warpgroup 2 may issue its WGMMAs
+    WarpSchedulerWG3 = 4  # consumer warpgroup 3 (tile_m = 192) may issue its WGMMAs
 
 
 @dataclass(frozen=True)
 class RankerFwdConfig:
-    """Tile shape of the forward: ``tile_m`` q rows (64 per consumer warpgroup), ``tile_n`` keys per
-    KV block, ``stages`` K/V smem buffers, register split (producer / consumer)."""
+    """Tile shape of the forward: ``tile_m`` q rows (64 per consumer warpgroup; ``consumer_wgs`` 2 or 3,
+    the warpgroups taking turns to issue their WGMMAs round-robin), ``tile_n`` keys per KV block,
+    ``stages`` K/V smem buffers, register split (producer / consumer: 24/240 for two warpgroups, 32/160
+    for three fill the 64K-register file)."""
 
     head_dim: int = 128
     tile_m: int = 128
@@ -99,8 +102,8 @@ class RankerFwdConfig:
     def validate(self) -> None:
         if self.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim={self.head_dim}: supported head dims are 64, 128, 256")
-        if self.consumer_wgs != 2:
-            raise ValueError(f"consumer_wgs={self.consumer_wgs}: the kernel has exactly 2 consumer warpgroups")
+        if self.consumer_wgs not in (2, 3):
+            raise ValueError(f"consumer_wgs={self.consumer_wgs}: the kernel has 2 or 3 consumer warpgroups")
         if self.tile_m != 64 * self.consumer_wgs:
             raise ValueError(f"tile_m={self.tile_m}: must be 64 (WGMMA M) x consumer_wgs = {64 * self.consumer_wgs}")
         if self.tile_n % 16 or not 64 <= self.tile_n <= 256:
@@ -108,10 +111,13 @@ class RankerFwdConfig:
         if self.stages < 1 or self.stages > 8:
             raise ValueError(f"stages={self.stages}: must be in [1, 8]")
         # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs).  A rule of
-        # thumb with headroom: at D=128 ptxas fits tile_n=176 (196 of them, refused here) without spills, but it
-        # ran 12% slower than 128 on the H200 (bench/results/logs/2026-11-29_s4_ranker_fwd_tune_*), and 192 spills
+        # thumb from ptxas, with headroom for addresses and softmax state: two warpgroups at 240 registers
+        # keep 48 (D=128: tile_n=176, 196 of them, fits without spills but ran 12% slower than 128 on the
+        # H200, bench/results/logs/2026-11-29_s4_ranker_fwd_tune_*, and 192 spills); three at 160 keep 44
+        # (D=64: tile_n=112, 116 of them, fits; 128, 128 of them, spills 56 bytes)
         acc_regs = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
-        if acc_regs > self.consumer_regs - 48:
+        headroom = 48 if self.consumer_wgs == 2 else 44
+        if acc_regs > self.consumer_regs - headroom:
             raise ValueError(
                 f"tile_n={self.tile_n}, head_dim={self.head_dim}: {acc_regs} accumulator registers per "
                 f"consumer thread leave too few of {self.consumer_regs}; use a smaller tile_n")
@@ -128,14 +134,17 @@ class RankerFwdConfig:
                 f"{SMEM_CAPACITY} B")
 
 
-# Shipped configs, one per head dim: tile_m=128 (2 consumer warpgroups), FA3's sm90 tile_n, as many
-# K/V stages as fit.  H200 measurements (bench/results/2026-11-29_h200_ranker_fwd.md, useful TFLOP/s):
-# D=128 persistent ties or beats one-CTA-per-tile (605 vs 605 headline, 502 vs 462 B=16 short,
-# 543 vs 514 candidate-heavy, 502 vs 488 tanh cap); D=64 schedules are within noise of each other
-# (423-438), so D=64 keeps the one-CTA-per-tile schedule whose GPU tests cover every edge case;
+# Shipped configs, one per head dim, as many K/V stages as fit.  H200 measurements (useful TFLOP/s):
+# D=128: tile_m=128 (2 consumer warpgroups), FA3's sm90 tile_n; persistent ties or beats one CTA per
+# tile (bench/results/2026-11-29_h200_ranker_fwd.md: 605 vs 605 headline, 502 vs 462 B=16 short, 543 vs
+# 514 candidate-heavy, 502 vs 488 tanh cap).  D=64: three consumer warpgroups (tile_m=192, FA3's D=64
+# tile; 160 registers each, so tile_n=112), persistent: session 8, same run, against the earlier 2x64-row
+# tile_n=128 one-tile-per-CTA config: headline 445 vs 418, tanh cap 323 vs 310, B=16 1K+256 341 vs 316,
+# GQA 16/4 446 vs 428 (bench/results/logs/2026-11-29_s8_ranker_fwd_d64_three_warpgroups.log).
 # D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
 CONFIGS = {
-    64: RankerFwdConfig(head_dim=64, tile_n=128, stages=4),
+    64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=4, consumer_wgs=3, producer_regs=32,
+                        consumer_regs=160, persistent=True),
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
@@ -392,8 +401,7 @@ class RankerAttentionFwd:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg_idx == 0:  # the first warpgroup issues its WGMMAs first
-            cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1),
-                                     number_of_threads=self.num_consumer_threads)
+            cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1), number_of_threads=256)
         tile = Int32(cute.arch.block_idx()[0])
         num_tiles = sched[5]
         while tile < num_tiles:
@@ -633,13 +641,15 @@ class RankerAttentionFwd:
 
     @cute.jit
     def scheduler_sync(self, wg_idx):
-        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1) + wg_idx,
-                          number_of_threads=self.num_consumer_threads)
+        """Wait for this warpgroup's turn to issue WGMMAs (the warpgroups take turns round-robin, as in
+        FlashAttention-3: each barrier counts its warpgroup and the one before it)."""
+        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1) + wg_idx, number_of_threads=256)
 
     @cute.jit
     def scheduler_arrive(self, wg_idx):
-        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1) + (1 - wg_idx),
-                                 number_of_threads=self.num_consumer_threads)
+        """Hand the turn to the next warpgroup."""
+        next_wg = (wg_idx + 1) % self.config.consumer_wgs
+        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1) + next_wg, number_of_threads=256)
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit

@@ -102,7 +102,7 @@ def _parse_value(field: str, v: str, current):
 
 
 def ranker_config(text: Optional[str] = None):
-    """A ranker forward config from ``"head_dim=64,tile_n=176"``: the shipped config of that head dim
+    """A ranker forward config from ``"head_dim=64,tile_n=96"``: the shipped config of that head dim
     (``ranker_fwd.CONFIGS``) with the other fields replaced.  Not validated."""
     from ..kernels import ranker_fwd as rf
 
@@ -232,7 +232,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     """Layouts, TMA boxes, TV layouts, epilogue bank conflicts and smem budget of a ranker forward config.
 
     Args:
-        config: a ``RankerFwdConfig``, a string such as ``"head_dim=64,tile_n=176"`` or None (the
+        config: a ``RankerFwdConfig``, a string such as ``"head_dim=64,tile_n=96"`` or None (the
             shipped head-dim-128 config).
         dtype: "bf16"/"fp16" (or torch/cutlass dtype).
         validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).

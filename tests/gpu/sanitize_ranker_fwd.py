@@ -16,5 +16,9 @@ for d, cap in ((128, None), (64, 20.0)):
     cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
     bv = torch.tensor([[0, 70, 70, 100], [0, 150, 150, 200]], device="cuda", dtype=torch.int32)
     ov = cute_kernels.ranker_attention(q[0], k[0], v[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200)
+    # persistent schedules (D=64: three consumer warpgroups) with several tiles per CTA: the round-robin
+    # scheduler barriers carry over from tile to tile
+    from cute_kernels.kernels import ranker_fwd as rf
+    op, _ = rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, max_ctas=3)
 torch.cuda.synchronize()
 print("sanitize run done", float(o.float().abs().sum()), float(ov.float().abs().sum()))

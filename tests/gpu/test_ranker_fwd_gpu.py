@@ -127,19 +127,43 @@ def test_one_tile_per_cta(case):
     _compare(name + " one-tile-per-cta", q, k, v, bounds, cap, capm, config=cfg)
 
 
-def test_persistent_varlen():
+THREE_WG_CASES = [c for c in CASES if c[5] == 128 and c[0] not in ("softsign-fp16",)] + [
+    ("softsign-fp16", 1, 300, 2, 1, 64, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16)]
+
+
+@pytest.mark.parametrize("schedule", ["persistent", "one-tile-per-cta", "no-overlap"])
+@pytest.mark.parametrize("case", THREE_WG_CASES, ids=lambda c: c[0])
+def test_d64_three_warpgroups(case, schedule):
+    """D=64 ships three consumer warpgroups (tile_m=192, round-robin WGMMA turns): the D=128 cases at
+    D=64, persistent with 7 CTAs (the turns carry across tiles), one tile per CTA, and without the
+    softmax/PV overlap."""
+    import dataclasses
+
+    name, b, s, hq, hkv, _, rows, cap, capm, dtype = case
+    q, k, v = _qkv(b, s, hq, hkv, 64, dtype)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    assert rf.CONFIGS[64].consumer_wgs == 3
+    kw = {"persistent": dict(persistent=True), "one-tile-per-cta": dict(persistent=False),
+          "no-overlap": dict(intra_wg_overlap=False)}[schedule]
+    cfg = dataclasses.replace(rf.CONFIGS[64], **kw)
+    _compare(f"{name} D=64 3wg {schedule}", q, k, v, bounds, cap, capm, config=cfg,
+             max_ctas=7 if cfg.persistent else None)
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_persistent_varlen(d):
     import dataclasses
 
     lens = [300, 1, 517, 129, 0, 64]
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
     t, hq = int(cu[-1]), 4
-    q = torch.randn(t, hq, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(t, 2, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(t, 2, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(t, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(t, 2, d, device="cuda", dtype=torch.bfloat16)
     bounds = torch.tensor([[0, 250, 250, 300], [0, 0, 0, 1], [7, 400, 410, 517], [0, 129, 129, 129],
                            [0, 0, 0, 0], [0, 10, 10, 64]], device="cuda", dtype=torch.int32)
-    cfg = dataclasses.replace(rf.CONFIGS[128], persistent=True)
-    _compare("varlen persistent", q, k, v, bounds, cu_seqlens=cu, max_seqlen=max(lens), config=cfg, max_ctas=5)
+    cfg = dataclasses.replace(rf.CONFIGS[d], persistent=True)
+    _compare(f"varlen persistent D={d}", q, k, v, bounds, cu_seqlens=cu, max_seqlen=max(lens), config=cfg, max_ctas=5)
 
 
 def test_strided_inputs():
