@@ -140,7 +140,7 @@ class RankerFwdConfig:
 # 514 candidate-heavy, 502 vs 488 tanh cap).  D=64: three consumer warpgroups (tile_m=192, FA3's D=64
 # tile; 160 registers each, so tile_n=112), persistent: session 8, same run, against the earlier 2x64-row
 # tile_n=128 one-tile-per-CTA config: headline 445 vs 418, tanh cap 323 vs 310, B=16 1K+256 341 vs 316,
-# GQA 16/4 446 vs 428 (bench/results/logs/2026-11-29_s8_ranker_fwd_d64_three_warpgroups.log).
+# GQA 16/4 446 vs 428 (bench/results/logs/2026-11-30_s8_ranker_fwd_d64_three_warpgroups.log).
 # D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
 CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=4, consumer_wgs=3, producer_regs=32,
