@@ -11,14 +11,17 @@ Bounds are clamped to ``[0, S]`` (see :mod:`.ranker_mask`), never rejected.
 Kernel design.  Work is a list of tiles (q tile of ``tile_m`` rows, query head, batch row), m-block
 fastest; a CTA takes tiles ``c, c + gridDim.x, ...``: one tile per CTA, or (``persistent``, the D=128
 default) one CTA per SM looping over tiles with the pipelines, named barriers and a separate sO carried
-across tiles, so the producer loads the next tile while the consumers finish the last.  3 warpgroups:
+across tiles, so the producer loads the next tile while the consumers finish the last.  3 or 4
+warpgroups:
 
-* warpgroup 0, the producer (``setmaxnreg`` down to 24): its warp 0 issues TMA loads of the Q tile
-  and of the history K/V blocks through multi-stage ``PipelineTmaAsync`` pipelines (swizzled smem);
-* warpgroups 1 and 2, the consumers (``setmaxnreg`` up to 240), 64 q rows each: WGMMA
+* warpgroup 0, the producer (``setmaxnreg`` down to 24, 32 with three consumers): its warp 0 issues
+  TMA loads of the Q tile and of the history K/V blocks through multi-stage ``PipelineTmaAsync``
+  pipelines (swizzled smem);
+* ``consumer_wgs`` consumers (2: ``setmaxnreg`` up to 240, the D=128 and D=256 configs; 3: 160, the
+  D=64 config, ``tile_m`` = 192 as in FlashAttention-3's D=64 tile), 64 q rows each: WGMMA
   ``S = Q K^T`` (both operands in smem), cap, edge-block column mask, online softmax in exp2,
-  ``O += P V`` with P in registers; the two warpgroups take turns issuing WGMMAs through two
-  named barriers (:class:`NamedBarrierFwd`), so one's softmax overlaps the other's GEMMs, and
+  ``O += P V`` with P in registers; the warpgroups take turns issuing WGMMAs, round-robin, through
+  one named barrier each (:class:`NamedBarrierFwd`), so one's softmax overlaps the others' GEMMs, and
   (``intra_wg_overlap``, FA3's schedule) each warpgroup issues ``S_{n+1} = Q K_{n+1}^T`` and
   ``O += P_n V_n`` together, running the softmax of ``S_{n+1}`` while the PV GEMM is in flight.
 
@@ -31,7 +34,8 @@ are no diagonal tiles.  Epilogue: O through ``stmatrix`` into smem (sQ itself un
 Measured on the H200 (bench/results/2026-11-29_h200_ranker_fwd.md, useful TFLOP/s, bf16, D=128):
 headline B=4, history 4096 + 512 candidates, 16 heads: 605 (FA4 + mask_mod 622 in the same run);
 tanh cap 502 (FA4 289); GQA 16/4 622; B=1 16K + 1K 632; B=16 1K + 256: 502; B=8 2K + 2K (H=8): 543.
-D=64: 423-438.
+D=64 (three consumer warpgroups since session 8, bench/results/2026-11-30_h200_ranker_fwd_d64_s8.md):
+451 (FA4 + mask_mod 440, two warpgroups 423).
 """
 
 from __future__ import annotations
@@ -379,7 +383,7 @@ class RankerAttentionFwd:
     @cute.jit
     def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_atom_O,
             pipeline_q, pipeline_k, pipeline_v, tidx, sched, scale_log2, softmax_scale, cap):
-        """The two consumer warpgroups, for each tile of this CTA: the history loop, the self term,
+        """The consumer warpgroups (2 or 3), for each tile of this CTA: the history loop, the self term,
         normalization and LSE, the epilogue."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(self.config.consumer_wgs, stride=128)
