@@ -2,6 +2,7 @@
 
     python3 bench/ranker_fwd_wg3_probe.py   (H200: bench/results/logs/2026-11-30_s8_ranker_fwd_wg3_d128_and_d64_stages.log)
 """
+import dataclasses as dc, json, statistics, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
 from cute_kernels.runtime.timing import cuda_time_us
