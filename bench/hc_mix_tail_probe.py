@@ -6,7 +6,7 @@ CUDA graph of 10 calls, median of 5 interleaved rounds; the parts are checked bi
 """
 import json, math, statistics, torch, cutlass, cutlass.cute as cute
 from cute_kernels.kernels import hc_mix_tma as tma
-from cute_kernels.kernels.hc_mix import fake_launch_args, run_compiled, _pieces, SP_COLS
+from cute_kernels.kernels.hc_mix import fake_launch_args, _pieces, SP_COLS
 from cute_kernels.runtime.cache import compile_cached
 from cute_kernels.runtime.fake import fake_tensor
 from cute_kernels.runtime.timing import cuda_time_us, copy_bandwidth_gbps
