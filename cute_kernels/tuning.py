@@ -49,7 +49,10 @@ def _dtype_name(dtype) -> str:
 
 
 def _ranker_fwd_configs(mod) -> dict:
-    return {f"head_dim={d}": cfg for d, cfg in sorted(mod.CONFIGS.items())}
+    out = {f"head_dim={d}": cfg for d, cfg in sorted(mod.CONFIGS.items())}
+    for d, cfg in sorted(mod.FP16_CONFIGS.items()):  # float16 exceptions (bfloat16 keeps CONFIGS[d])
+        out[f"head_dim={d} float16"] = cfg
+    return out
 
 
 def _ranker_bwd_configs(mod) -> dict:
@@ -414,8 +417,11 @@ class RankerFwdTuner:
         return self._module().tuned_shape_key(s["B"], s["S"], s["Hq"], s["Hkv"], s["D"],
                                               "none" if s["cap"] is None else s["cap_method"])
 
-    def shipped(self, s: dict):
-        return self._module().CONFIGS[s["D"]]
+    def shipped(self, s: dict, dtype=None):
+        """The shipped config for the shape's head dim and ``dtype`` (a torch dtype; None: bfloat16)."""
+        import torch
+
+        return self._module().shipped_config(dtype or torch.bfloat16, s["D"])
 
     def default_choices(self, base) -> dict:
         """Around ``base``: both schedules, overlap on/off, +-1 stage (>= 1), tile_n +-32."""
@@ -476,20 +482,22 @@ class RankerFwdTuner:
 
 
 # kernel -> its tuner: parse_shape(text) -> shape dict, shape_key(shape) -> str (what the kernel's host side
-# looks up), shipped(shape) -> config, default_choices(base) -> {field: values}, make_inputs(shape, dtype),
+# looks up), shipped(shape, dtype) -> config, default_choices(base) -> {field: values}, make_inputs(shape, dtype),
 # outputs(config, inputs) -> tensors, run(config, inputs) (timed), mismatch(got, ref) -> None | reason,
 # inputs_meta(shape) -> dict
 TUNERS: dict[str, Any] = {"ranker_fwd": RankerFwdTuner()}
 
 
-def candidate_configs(kernel: str, shape: dict, candidates: Optional[str] = None) -> tuple[list, list]:
-    """``(accepted, rejected)`` candidates of ``kernel`` for ``shape``: the shipped config first, then
-    every combination of the choices (``--candidates`` fields replace the defaults) that ``validate()``
-    accepts, via :func:`cute_kernels.layouts.kernel_layouts.enumerate_configs`."""
+def candidate_configs(kernel: str, shape: dict, candidates: Optional[str] = None,
+                      dtype=None) -> tuple[list, list]:
+    """``(accepted, rejected)`` candidates of ``kernel`` for ``shape`` (and ``dtype``, a torch dtype; None:
+    bfloat16): the shipped config first, then every combination of the choices (``--candidates`` fields
+    replace the defaults) that ``validate()`` accepts, via
+    :func:`cute_kernels.layouts.kernel_layouts.enumerate_configs`."""
     from .layouts.kernel_layouts import enumerate_configs
 
     tuner = TUNERS[kernel]
-    base = tuner.shipped(shape)
+    base = tuner.shipped(shape, dtype)
     choices = tuner.default_choices(base)
     choices.update(parse_candidates(candidates, base))
     fixed = [f for f in ("head_dim",) if f in choices and any(v != getattr(base, f, v) for v in choices[f])]
@@ -527,7 +535,7 @@ def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: 
     tuner = TUNERS[kernel]
     shape = tuner.parse_shape(shape_text)
     tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    configs, rejected = candidate_configs(kernel, shape, candidates)
+    configs, rejected = candidate_configs(kernel, shape, candidates, dtype=tdtype)
     echo(f"{kernel} {tuner.shape_key(shape)} {_dtype_name(tdtype)} on {gpu_name()}: {len(configs)} candidates "
          f"({len(rejected)} rejected by validate())")
     x = tuner.make_inputs(shape, tdtype)
@@ -577,8 +585,13 @@ def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: s
         return 2
     tuner = TUNERS[kernel]
     try:
+        import torch
+
         s = tuner.parse_shape(shape)
-        configs, rejected = candidate_configs(kernel, s, candidates)
+        if dtype not in ("bf16", "fp16"):
+            raise ValueError(f"--dtype {dtype!r}: bf16 or fp16")
+        configs, rejected = candidate_configs(kernel, s, candidates,
+                                              dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
     except (ValueError, TypeError) as exc:
         print(f"tune: {exc}", file=sys.stderr)
         return 2

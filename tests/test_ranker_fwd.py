@@ -177,6 +177,22 @@ def test_config_validate():
         rf.RankerFwdConfig(tile_m=256, consumer_wgs=4).validate()
 
 
+@pytest.mark.parametrize("dtype,cap_method,varlen", [
+    (torch.bfloat16, "none", False), (torch.bfloat16, "tanh", True), (torch.bfloat16, "soft_sign", False),
+    (torch.float16, "none", False), (torch.float16, "soft_sign", True)])
+def test_shipped_d64_configs_do_not_spill(dtype, cap_method, varlen):
+    """D=64 ships three consumer warpgroups at 160 registers for bf16; float16 spills there (24-80 bytes)
+    and keeps the two-warpgroup config: every shipped D=64 variant compiles without local memory."""
+    from cute_kernels.runtime.cache import compile_record
+
+    cfg = rf.shipped_config(dtype, 64)
+    assert cfg.consumer_wgs == (3 if dtype == torch.bfloat16 else 2)
+    assert rf.config_for_shape(dtype, 1, 256, 4, 4, 64, cap_method, varlen=varlen) == cfg
+    rf._compile(dtype, cfg, 1, cap_method, varlen)
+    rec = compile_record(rf.NAME, (str(dtype), cfg, 1, cap_method, varlen))
+    assert all(not r.stack_bytes for r in rec.resources), [r.stack_bytes for r in rec.resources]
+
+
 @pytest.mark.parametrize("target", rf.compile_targets(), ids=lambda t: t.label)
 def test_compiles_for_sm90a(target):
     from cute_kernels.runtime.cache import compile_record

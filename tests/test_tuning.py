@@ -38,7 +38,8 @@ def test_shipped_configs_lists_every_kernel():
     assert set(table) == set(registry.names())
     for name, configs in table.items():
         assert configs, name
-    assert table["ranker_fwd"] == {f"head_dim={d}": c for d, c in rf.CONFIGS.items()}
+    assert table["ranker_fwd"] == {**{f"head_dim={d}": c for d, c in rf.CONFIGS.items()},
+                                   **{f"head_dim={d} float16": c for d, c in rf.FP16_CONFIGS.items()}}
     from cute_kernels.kernels import hc_mix
 
     from cute_kernels.kernels import hc_mix_tma
@@ -70,6 +71,16 @@ def test_configs_cli():
 
 
 # ---------------------------------------------------------------------------- candidates
+def test_candidates_start_from_the_dtypes_shipped_config():
+    """float16 at D=64 ships the two-warpgroup config (the three-warpgroup one spills in float16)."""
+    import torch
+
+    shape = tuning.TUNERS["ranker_fwd"].parse_shape("B=2,S=1024,H=4,D=64")
+    assert tuning.candidate_configs("ranker_fwd", shape, dtype=torch.float16)[0][0] == rf.FP16_CONFIGS[64]
+    assert tuning.candidate_configs("ranker_fwd", shape, dtype=torch.bfloat16)[0][0] == rf.CONFIGS[64]
+    assert rf.FP16_CONFIGS[64] != rf.CONFIGS[64]
+
+
 @pytest.mark.parametrize("d", sorted(rf.CONFIGS))
 def test_candidates_are_validated(d):
     shape = tuning.TUNERS["ranker_fwd"].parse_shape(f"B=2,S=1024,H=4,D={d}")
@@ -296,7 +307,7 @@ class ToyTuner:
     def shape_key(self, s):
         return f"N={s['N']}"
 
-    def shipped(self, s):
+    def shipped(self, s, dtype=None):
         return ToyConfig()
 
     def default_choices(self, base):

@@ -152,6 +152,17 @@ CONFIGS = {
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
+# float16 at D=64: the three-warpgroup kernel spills 24-80 bytes per thread at tile_n 96-112 (ptxas; bf16
+# does not), so float16 keeps the two-warpgroup config D=64 shipped before session 8 (spill-free)
+FP16_CONFIGS = {64: RankerFwdConfig(head_dim=64, tile_n=128, stages=4)}
+
+
+def shipped_config(dtype: torch.dtype, head_dim: int) -> RankerFwdConfig:
+    """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16) and ``head_dim``:
+    ``FP16_CONFIGS[head_dim]`` for float16 where there is one, else ``CONFIGS[head_dim]``."""
+    if dtype == torch.float16 and head_dim in FP16_CONFIGS:
+        return FP16_CONFIGS[head_dim]
+    return CONFIGS[head_dim]
 
 
 class RankerAttentionFwd:
@@ -905,12 +916,12 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
                      varlen: bool = False, gpu: Optional[str] = None, device=None) -> RankerFwdConfig:
     """The config :func:`ranker_attention` launches for these sizes: the winner stored by
     ``cute-kernels tune`` for (this GPU, these sources, dtype, :func:`tuned_shape_key`) when there is
-    one (and ``CUTE_KERNELS_TUNED`` is not 0), else the shipped ``CONFIGS[d]``.  Packed (varlen) calls
-    use ``CONFIGS[d]``.  ``gpu`` defaults to the name of CUDA ``device`` (None: current)."""
+    one (and ``CUTE_KERNELS_TUNED`` is not 0), else the shipped :func:`shipped_config` (dtype, d).  Packed
+    (varlen) calls use the shipped one.  ``gpu`` defaults to the name of CUDA ``device`` (None: current)."""
     if varlen:
-        return CONFIGS[d]
-    return tuned_config(NAME, RankerFwdConfig, dtype, tuned_shape_key(nb, seq, hq, hkv, d, cap_method), CONFIGS[d],
-                        gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
+        return shipped_config(dtype, d)
+    return tuned_config(NAME, RankerFwdConfig, dtype, tuned_shape_key(nb, seq, hq, hkv, d, cap_method),
+                        shipped_config(dtype, d), gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
 
 
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
