@@ -219,6 +219,26 @@ def test_eps_rules(eps, exc, monkeypatch):
     assert mod.fast_path_key(*cuda_like, eps) is None  # the eager fast path must not skip the eps rule
 
 
+def test_fast_path_declines_what_the_slow_path_must_judge(monkeypatch):
+    """Zero tokens, empty rows and rows wider than the kernel takes go to the slow path (which raises
+    for the last two, and for q is k even with N = 0), never straight to a launch."""
+    monkeypatch.setattr(mod, "_DEVICE_OK", {0})
+    bf = torch.bfloat16
+    widest = mod._MAX_WIDTH_VECS * 8
+    ok = lambda n, qw, kw: [torch.zeros(n, qw, dtype=bf), torch.zeros(n, kw, dtype=bf), torch.ones(qw, dtype=bf),
+                            torch.ones(kw, dtype=bf)]
+    assert mod.fast_path_key(*[_CudaLike(t) for t in ok(2, widest, 8)], 1e-6) == (2, (bf, widest, 8))
+    for n, qw, kw in ((0, 64, 64), (2, 0, 64), (2, 64, 0), (2, widest + 8, 64), (2, 64, widest + 8)):
+        args = ok(n, qw, kw)
+        assert mod.fast_path_key(*[_CudaLike(t) for t in args], 1e-6) is None, (n, qw, kw)
+        if n:
+            with pytest.raises(ValueError):
+                mod.validate_qk_args(*args, 1e-6, cuda=False)
+    q = torch.zeros(0, 64, dtype=bf)
+    with pytest.raises(ValueError, match="overlap"):
+        mod.validate_qk_args(q, q, torch.ones(64, dtype=bf), torch.ones(64, dtype=bf), 1e-6, cuda=False)
+
+
 def test_weight_overlapping_q_or_k_is_refused(monkeypatch):
     """q and k are written in place while the weights are read: a weight sharing elements with them
     is refused (slow path explains, fast path declines); one in the gap between rows is fine."""

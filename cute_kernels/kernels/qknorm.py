@@ -481,9 +481,10 @@ def check_eps(eps) -> None:
 
 
 def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
-    """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures), and
+    """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures, including rows
+    wider than the kernel takes), and
     that no tensor requires grad (the slow path applies :func:`check_no_grad`): ``(N, (dtype, Q, K))``
-    (the token count and the compiled kernel's key) if all hold, else None.  Each tensor attribute is
+    (the token count and the compiled kernel's key) if all hold and N > 0, else None.  Each tensor attribute is
     read once (a read costs ~0.05-0.15 us of host time; the eager target is 10 us per call)."""
     try:
         dt = q.dtype
@@ -492,10 +493,11 @@ def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
             return None
         (n, qw), (nk, kw), (wq,), (wk,) = q.shape, k.shape, q_weight.shape, k_weight.shape
         (sq, uq), (sk, uk), (uwq,), (uwk,) = q.stride(), k.stride(), q_weight.stride(), k_weight.stride()
-        if (nk != n or wq != qw or wk != kw or (qw | kw | sq | sk) % vec or uq != 1 or uk != 1 or uwq != 1
-                or uwk != 1 or (n > 1 and (sq < qw or sk < kw))):
-            return None  # (a rare legal layout, e.g. N = 1 with an odd stride, takes the slow path;
-            # overlapping rows too: the slow path explains)
+        if (n == 0 or nk != n or wq != qw or wk != kw or not 0 < qw <= _MAX_WIDTH_VECS * vec
+                or not 0 < kw <= _MAX_WIDTH_VECS * vec or (qw | kw | sq | sk) % vec or uq != 1 or uk != 1
+                or uwq != 1 or uwk != 1 or (n > 1 and (sq < qw or sk < kw))):
+            return None  # (N = 0, a rare legal layout such as N = 1 with an odd stride, and every error
+            # (empty or too wide rows, overlapping rows) take the slow path, which explains)
         if q.requires_grad or k.requires_grad or q_weight.requires_grad or k_weight.requires_grad:
             return None
         dev = q.get_device()  # -1 on the CPU; _DEVICE_OK holds the CUDA devices checked to be Hopper
@@ -505,15 +507,14 @@ def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
         qp, kp, wqp, wkp = q.data_ptr(), k.data_ptr(), q_weight.data_ptr(), k_weight.data_ptr()
         if (qp | kp | wqp | wkp) % 16:
             return None
-        if n:
-            es = 16 // vec
-            q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es
-            if not (q_end <= kp or k_end <= qp or _disjoint(qp, kp, n, sq, sk, qw, kw, es)):
-                return None  # q and k overlap
-            wq_end, wk_end = wqp + qw * es, wkp + kw * es  # a weight inside q's or k's span: the slow path
-            if ((wqp < q_end and qp < wq_end) or (wqp < k_end and kp < wq_end)  # decides (and explains)
-                    or (wkp < q_end and qp < wk_end) or (wkp < k_end and kp < wk_end)):
-                return None
+        es = 16 // vec
+        q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es
+        if not (q_end <= kp or k_end <= qp or _disjoint(qp, kp, n, sq, sk, qw, kw, es)):
+            return None  # q and k overlap
+        wq_end, wk_end = wqp + qw * es, wkp + kw * es  # a weight inside q's or k's span: the slow path
+        if ((wqp < q_end and qp < wq_end) or (wqp < k_end and kp < wq_end)  # decides (and explains)
+                or (wkp < q_end and qp < wk_end) or (wkp < k_end and kp < wk_end)):
+            return None
         if (type(eps) is float or type(eps) is int) and (eps == 0 or 2.0 ** -126 <= eps <= F32_MAX):  # not bool
             return n, (dt, qw, kw)
         return None
@@ -522,6 +523,7 @@ def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
 
 
 _VEC = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
+_MAX_WIDTH_VECS = _THREAD_CHOICES[0] * _MAX_ROW_VECS  # widest row RowTiling admits, in 16-byte vectors
 _launchers: dict[tuple, object] = {}
 
 
