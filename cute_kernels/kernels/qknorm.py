@@ -481,11 +481,11 @@ def check_eps(eps) -> None:
 
 
 def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
-    """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures, including rows
-    wider than the kernel takes), and
-    that no tensor requires grad (the slow path applies :func:`check_no_grad`): ``(N, (dtype, Q, K))``
-    (the token count and the compiled kernel's key) if all hold and N > 0, else None.  Each tensor attribute is
-    read once (a read costs ~0.05-0.15 us of host time; the eager target is 10 us per call)."""
+    """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures, rows wider
+    than the kernel takes included) and that no tensor requires grad (the slow path applies
+    :func:`check_no_grad`): ``(N, (dtype, Q, K))`` (the token count and the compiled kernel's key) if all
+    hold and N > 0, else None.  Each tensor attribute is read once (a read costs ~0.05-0.15 us of host
+    time; the eager target is 10 us per call)."""
     try:
         dt = q.dtype
         vec = _VEC.get(dt)
