@@ -10,11 +10,12 @@ from cute_kernels.kernels.hc_mix import fake_launch_args, _pieces, SP_COLS
 from cute_kernels.runtime.cache import compile_cached
 from cute_kernels.runtime.fake import fake_tensor
 from cute_kernels.runtime.timing import cuda_time_us, copy_bandwidth_gbps
-from cutlass import BFloat16, Int32, Float32
-from cutlass.cute.nvgpu import cpasync
+from cutlass import Float32, Int32
 
 
 class Part(tma.HcMixTmaKernel):
+    """The op's kernel launching only the walk (``part="walk"``) or only the reduction kernel."""
+
     def __init__(self, config, part):
         super().__init__(config)
         self.part = part
@@ -22,32 +23,11 @@ class Part(tma.HcMixTmaKernel):
     @cute.jit
     def __call__(self, mX, mW, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters: Int32, rms_eps: Float32,
                  hc_eps: Float32, mPart, stream):
-        tiled_mma = tma.make_tiled_mma()
-        sX_layout, sW_layout = tma.smem_layouts(self.config)
-        tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mX, cute.select(sX_layout, mode=[0, 1]), (self.tile_m, self.tile_k))
-        tma_atom_W, tma_W = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mW, cute.select(sW_layout, mode=[0, 1]), (tma.N_W, self.tile_k))
-        self.tma_bytes = (cute.size_in_bytes(BFloat16, cute.select(sX_layout, mode=[0, 1]))
-                          + cute.size_in_bytes(BFloat16, cute.select(sW_layout, mode=[0, 1])))
-
-        @cute.struct
-        class SharedStorage:
-            mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            sX: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sX_layout)], 1024]
-            sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
-
-        self.shared_storage = SharedStorage
-        grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
         if cutlass.const_expr(self.part == "walk"):
-            self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart).launch(
-                grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
-                min_blocks_per_mp=1, use_pdl=self.config.pdl)
+            self.launch_walk(mX, mW, mPart, stream)
         else:
-            self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
-                               sinkhorn_iters, rms_eps, hc_eps).launch(
-                grid=[(mX.shape[0] + self.config.reduce_rows - 1) // self.config.reduce_rows, 1, 1],
-                block=[self.config.reduce_threads, 1, 1], stream=stream, use_pdl=True)
+            self.launch_reduce(mX, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart,
+                               stream)
 
 
 def compiled_part(cfg, part):

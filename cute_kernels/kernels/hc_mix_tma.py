@@ -241,6 +241,13 @@ class HcMixTmaKernel(HcMixKernel):
         """Launch the walk and the reduction kernel after it on the same stream (a programmatic
         dependent launch).  ``mPart``: ``[ceil(M / tile_m) * ctas_per_tile * tile_m, 25]`` float32
         workspace (the walk's node sums)."""
+        self.launch_walk(mX, mW, mPart, stream)
+        self.launch_reduce(mX, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart,
+                           stream)
+
+    @cute.jit
+    def launch_walk(self, mX: cute.Tensor, mW: cute.Tensor, mPart: cute.Tensor, stream):
+        """The walk: TMA atoms, shared storage, one CTA per (tree node at ``cta_level``, row tile)."""
         tiled_mma = make_tiled_mma()
         sX_layout, sW_layout = smem_layouts(self.config)
         tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
@@ -261,6 +268,12 @@ class HcMixTmaKernel(HcMixKernel):
         self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart).launch(
             grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1, use_pdl=self.config.pdl)
+
+    @cute.jit
+    def launch_reduce(self, mX: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor,
+                      mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32,
+                      rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor, stream):
+        """The reduction kernel (a programmatic dependent launch after the walk): ``reduce_rows`` rows per CTA."""
         self.reduce_kernel(mPart, mX.shape[0], mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
                            sinkhorn_iters, rms_eps, hc_eps).launch(
             grid=[(mX.shape[0] + self.config.reduce_rows - 1) // self.config.reduce_rows, 1, 1],
