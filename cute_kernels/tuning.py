@@ -52,6 +52,8 @@ def _ranker_fwd_configs(mod) -> dict:
     out = {f"head_dim={d}": cfg for d, cfg in sorted(mod.CONFIGS.items())}
     for d, cfg in sorted(mod.FP16_CONFIGS.items()):  # float16 exceptions (bfloat16 keeps CONFIGS[d])
         out[f"head_dim={d} float16"] = cfg
+    for d, cfg in sorted(mod.TANH_CONFIGS.items()):  # the tanh cap
+        out[f"head_dim={d} tanh cap"] = cfg
     return out
 
 
@@ -421,7 +423,8 @@ class RankerFwdTuner:
         """The shipped config for the shape's head dim and ``dtype`` (a torch dtype; None: bfloat16)."""
         import torch
 
-        return self._module().shipped_config(dtype or torch.bfloat16, s["D"])
+        return self._module().shipped_config(dtype or torch.bfloat16, s["D"],
+                                             "none" if s["cap"] is None else s["cap_method"])
 
     def default_choices(self, base) -> dict:
         """Around ``base``: both schedules, overlap on/off, +-1 stage (>= 1), tile_n +-32."""

@@ -193,6 +193,21 @@ def test_shipped_d64_configs_do_not_spill(dtype, cap_method, varlen):
     assert all(not r.stack_bytes for r in rec.resources), [r.stack_bytes for r in rec.resources]
 
 
+@pytest.mark.parametrize("dtype,cap_method,varlen", [
+    (torch.bfloat16, "tanh", False), (torch.bfloat16, "tanh", True), (torch.float16, "tanh", False)])
+def test_shipped_tanh_d128_config_does_not_spill(dtype, cap_method, varlen):
+    """The tanh cap at D=128 ships three consumer warpgroups (tile_n=64); soft_sign keeps CONFIGS[128]."""
+    from cute_kernels.runtime.cache import compile_record
+
+    cfg = rf.shipped_config(dtype, 128, cap_method)
+    assert cfg.consumer_wgs == 3 and rf.shipped_config(dtype, 128, "soft_sign") == rf.CONFIGS[128]
+    assert rf.config_for_shape(dtype, 1, 256, 4, 4, 128, cap_method, varlen=varlen) == cfg
+    for hr in (1, 4):
+        rf._compile(dtype, cfg, hr, cap_method, varlen)
+        rec = compile_record(rf.NAME, (str(dtype), cfg, hr, cap_method, varlen))
+        assert all(not r.stack_bytes for r in rec.resources), [r.stack_bytes for r in rec.resources]
+
+
 @pytest.mark.parametrize("target", rf.compile_targets(), ids=lambda t: t.label)
 def test_compiles_for_sm90a(target):
     from cute_kernels.runtime.cache import compile_record

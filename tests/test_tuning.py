@@ -39,7 +39,8 @@ def test_shipped_configs_lists_every_kernel():
     for name, configs in table.items():
         assert configs, name
     assert table["ranker_fwd"] == {**{f"head_dim={d}": c for d, c in rf.CONFIGS.items()},
-                                   **{f"head_dim={d} float16": c for d, c in rf.FP16_CONFIGS.items()}}
+                                   **{f"head_dim={d} float16": c for d, c in rf.FP16_CONFIGS.items()},
+                                   **{f"head_dim={d} tanh cap": c for d, c in rf.TANH_CONFIGS.items()}}
     from cute_kernels.kernels import hc_mix
 
     from cute_kernels.kernels import hc_mix_tma
@@ -235,7 +236,7 @@ def test_ranker_selects_the_tuned_config(cache):
     tuning.store("ranker_fwd", torch.bfloat16, KEY, _tuned_cfg(), GPU)
     assert sel() == _tuned_cfg()
     assert sel(seq=4609) == rf.CONFIGS[128]  # another shape
-    assert sel(cap_method="tanh") == rf.CONFIGS[128]
+    assert sel(cap_method="tanh") == rf.TANH_CONFIGS[128]  # another shape key: the shipped tanh config
     assert sel(dtype=torch.float16) == rf.CONFIGS[128]
     assert sel(gpu="Other GPU") == rf.CONFIGS[128]
     assert sel(varlen=True) == rf.CONFIGS[128]  # packed calls: shipped

@@ -147,7 +147,7 @@ class RankerFwdConfig:
 # GQA 16/4 446 vs 428 (bench/results/logs/2026-11-30_s8_ranker_fwd_d64_three_warpgroups.log).
 # D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
 CONFIGS = {
-    64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=4, consumer_wgs=3, producer_regs=32,
+    64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=6, consumer_wgs=3, producer_regs=32,
                         consumer_regs=160, persistent=True),
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
@@ -155,11 +155,19 @@ CONFIGS = {
 # float16 at D=64: the three-warpgroup kernel spills 24-80 bytes per thread at tile_n 96-112 (ptxas; bf16
 # does not), so float16 keeps the two-warpgroup config D=64 shipped before session 8 (spill-free)
 FP16_CONFIGS = {64: RankerFwdConfig(head_dim=64, tile_n=128, stages=4)}
+# the tanh cap at D=128: three consumer warpgroups hide more of the cap's MUFU work (session 8 probe: 522 vs
+# 487 useful TFLOP/s at the headline shape; without a cap they are slower, 585 vs 647); spill-free for
+# bf16 and fp16 with tanh (soft_sign spills 8 bytes there, so it keeps CONFIGS[128])
+TANH_CONFIGS = {128: RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3,
+                                     producer_regs=32, consumer_regs=160, persistent=True)}
 
 
-def shipped_config(dtype: torch.dtype, head_dim: int) -> RankerFwdConfig:
-    """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16) and ``head_dim``:
-    ``FP16_CONFIGS[head_dim]`` for float16 where there is one, else ``CONFIGS[head_dim]``."""
+def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: str = "none") -> RankerFwdConfig:
+    """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16), ``head_dim`` and ``cap_method``
+    (``"none"`` without a cap): ``TANH_CONFIGS[head_dim]`` for the tanh cap, ``FP16_CONFIGS[head_dim]``
+    for float16, where there is one, else ``CONFIGS[head_dim]``."""
+    if cap_method == "tanh" and head_dim in TANH_CONFIGS:
+        return TANH_CONFIGS[head_dim]
     if dtype == torch.float16 and head_dim in FP16_CONFIGS:
         return FP16_CONFIGS[head_dim]
     return CONFIGS[head_dim]
@@ -916,12 +924,12 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
                      varlen: bool = False, gpu: Optional[str] = None, device=None) -> RankerFwdConfig:
     """The config :func:`ranker_attention` launches for these sizes: the winner stored by
     ``cute-kernels tune`` for (this GPU, these sources, dtype, :func:`tuned_shape_key`) when there is
-    one (and ``CUTE_KERNELS_TUNED`` is not 0), else the shipped :func:`shipped_config` (dtype, d).  Packed
+    one (and ``CUTE_KERNELS_TUNED`` is not 0), else the shipped :func:`shipped_config` (dtype, d, cap).  Packed
     (varlen) calls use the shipped one.  ``gpu`` defaults to the name of CUDA ``device`` (None: current)."""
     if varlen:
-        return shipped_config(dtype, d)
+        return shipped_config(dtype, d, cap_method)
     return tuned_config(NAME, RankerFwdConfig, dtype, tuned_shape_key(nb, seq, hq, hkv, d, cap_method),
-                        shipped_config(dtype, d), gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
+                        shipped_config(dtype, d, cap_method), gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
 
 
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):

@@ -150,6 +150,25 @@ def test_d64_three_warpgroups(case, schedule):
              max_ctas=7 if cfg.persistent else None)
 
 
+@pytest.mark.parametrize("schedule", ["persistent", "one-tile-per-cta"])
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("gqa4-tanh", "gap-tiles", "empty-history", "one-row")],
+                         ids=lambda c: c[0])
+def test_d128_tanh_three_warpgroups(case, schedule):
+    """The tanh cap at D=128 ships three consumer warpgroups (tile_m=192, tile_n=64): persistent with 7
+    CTAs (turns carried across tiles) and one tile per CTA, with the tanh cap whatever the case's cap."""
+    import dataclasses
+
+    name, b, s, hq, hkv, d, rows, cap, _, dtype = case
+    q, k, v = _qkv(b, s, hq, hkv, d, dtype)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    cfg = rf.TANH_CONFIGS[128]
+    assert rf.config_for_shape(dtype, b, s, hq, hkv, 128, "tanh") == cfg
+    if schedule != "persistent":
+        cfg = dataclasses.replace(cfg, persistent=False)
+    _compare(f"{name} D=128 tanh 3wg {schedule}", q, k, v, bounds, cap or 25.0, "tanh", config=cfg,
+             max_ctas=7 if cfg.persistent else None)
+
+
 @pytest.mark.parametrize("d", [128, 64])
 def test_persistent_varlen(d):
     import dataclasses
