@@ -1260,7 +1260,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
 
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
     (no cap / tanh cap); ``peers`` adds the peers; ``variants`` adds our other schedules
-    (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the default).
+    (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped one) and the
+    configs the other shipped tables (CONFIGS, FP16_CONFIGS, TANH_CONFIGS) hold for that head dim.
     Useful TFLOP/s = ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once
     ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
     import time
@@ -1283,16 +1284,23 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
         flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
         shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
         impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds, cap=cap))]
-        if "variants" in spec:  # the other schedules of the same kernel
-            for tag, kw in (("no_overlap", dict(intra_wg_overlap=False)), ("persistent", dict(persistent=True)),
-                            ("one_tile_per_cta", dict(persistent=False))):
+        if "variants" in spec:  # the other schedules of the same kernel, and the other shipped tables' configs
+            base = shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
+            alts = [(tag, kw) for tag, kw in (("no_overlap", dict(intra_wg_overlap=False)),
+                                              ("persistent", dict(persistent=True)),
+                                              ("one_tile_per_cta", dict(persistent=False)))]
+            alts += [(name, dataclasses.asdict(table[d])) for name, table in (
+                ("CONFIGS", CONFIGS), ("FP16_CONFIGS", FP16_CONFIGS), ("TANH_CONFIGS", TANH_CONFIGS)) if d in table]
+            seen = [base]
+            for tag, kw in alts:
                 try:
-                    cfg = dataclasses.replace(CONFIGS[d], **kw)
+                    cfg = dataclasses.replace(base, **kw)
                     cfg.validate()
                 except ValueError:
                     continue
-                if cfg == CONFIGS[d]:
+                if cfg in seen:
                     continue
+                seen.append(cfg)
                 impls.append((f"cute_kernels_{tag}", lambda cfg=cfg: _ranker_impl(
                     q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)))
         if peers_mod is not None and time.time() - t_start < peer_budget_s:
