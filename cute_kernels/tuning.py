@@ -50,10 +50,8 @@ def _dtype_name(dtype) -> str:
 
 def _ranker_fwd_configs(mod) -> dict:
     out = {f"head_dim={d}": cfg for d, cfg in sorted(mod.CONFIGS.items())}
-    for d, cfg in sorted(mod.FP16_CONFIGS.items()):  # float16 exceptions (bfloat16 keeps CONFIGS[d])
-        out[f"head_dim={d} float16"] = cfg
-    for d, cfg in sorted(mod.TANH_CONFIGS.items()):  # the tanh cap
-        out[f"head_dim={d} tanh cap"] = cfg
+    for (cap_method, d), cfg in sorted(mod.CAP_CONFIGS.items(), key=lambda kv: (kv[0][1], kv[0][0])):  # capped
+        out[f"head_dim={d} {cap_method} cap"] = cfg
     return out
 
 

@@ -39,8 +39,7 @@ def test_shipped_configs_lists_every_kernel():
     for name, configs in table.items():
         assert configs, name
     assert table["ranker_fwd"] == {**{f"head_dim={d}": c for d, c in rf.CONFIGS.items()},
-                                   **{f"head_dim={d} float16": c for d, c in rf.FP16_CONFIGS.items()},
-                                   **{f"head_dim={d} tanh cap": c for d, c in rf.TANH_CONFIGS.items()}}
+                                   **{f"head_dim={d} {m} cap": c for (m, d), c in rf.CAP_CONFIGS.items()}}
     from cute_kernels.kernels import hc_mix
 
     from cute_kernels.kernels import hc_mix_tma
@@ -72,14 +71,15 @@ def test_configs_cli():
 
 
 # ---------------------------------------------------------------------------- candidates
-def test_candidates_start_from_the_dtypes_shipped_config():
-    """float16 at D=64 ships the two-warpgroup config (the three-warpgroup one spills in float16)."""
+def test_candidates_start_from_the_shipped_config_of_the_cap():
+    """The tanh cap at D=128 ships three warpgroups (CAP_CONFIGS); float16 and bfloat16 share configs."""
     import torch
 
     shape = tuning.TUNERS["ranker_fwd"].parse_shape("B=2,S=1024,H=4,D=64")
-    assert tuning.candidate_configs("ranker_fwd", shape, dtype=torch.float16)[0][0] == rf.FP16_CONFIGS[64]
-    assert tuning.candidate_configs("ranker_fwd", shape, dtype=torch.bfloat16)[0][0] == rf.CONFIGS[64]
-    assert rf.FP16_CONFIGS[64] != rf.CONFIGS[64]
+    for dtype in (torch.float16, torch.bfloat16):
+        assert tuning.candidate_configs("ranker_fwd", shape, dtype=dtype)[0][0] == rf.CONFIGS[64]
+    shape = tuning.TUNERS["ranker_fwd"].parse_shape("B=2,S=1024,H=4,D=128,cap=30")
+    assert tuning.candidate_configs("ranker_fwd", shape)[0][0] == rf.CAP_CONFIGS[("tanh", 128)] != rf.CONFIGS[128]
 
 
 @pytest.mark.parametrize("d", sorted(rf.CONFIGS))
@@ -101,8 +101,10 @@ def test_candidates_are_validated(d):
 def test_candidates_from_the_command_line():
     shape = tuning.TUNERS["ranker_fwd"].parse_shape("B=4,S=4608,H=16,D=128")
     accepted, rejected = tuning.candidate_configs("ranker_fwd", shape, "tile_n=176,160,stages=2,persistent=false")
-    assert {c.tile_n for c in accepted[1:]} == {160} and all(not c.persistent for c in accepted[1:])
-    assert rejected and all(c.tile_n == 176 and "accumulator registers" in why for c, why in rejected)
+    assert {c.tile_n for c in accepted[1:]} == {160, 176} and all(not c.persistent for c in accepted[1:])
+    assert all(not c.intra_wg_overlap for c in accepted[1:] if c.tile_n == 176)  # without it P reuses S's registers
+    assert rejected and all(c.tile_n == 176 and c.intra_wg_overlap and "accumulator registers" in why
+                            for c, why in rejected)
     with pytest.raises(ValueError, match="unknown"):
         tuning.parse_candidates("tile_k=64", rf.CONFIGS[128])
     with pytest.raises(ValueError, match="true or false"):
@@ -236,7 +238,7 @@ def test_ranker_selects_the_tuned_config(cache):
     tuning.store("ranker_fwd", torch.bfloat16, KEY, _tuned_cfg(), GPU)
     assert sel() == _tuned_cfg()
     assert sel(seq=4609) == rf.CONFIGS[128]  # another shape
-    assert sel(cap_method="tanh") == rf.TANH_CONFIGS[128]  # another shape key: the shipped tanh config
+    assert sel(cap_method="tanh") == rf.CAP_CONFIGS[("tanh", 128)]  # another shape key: the shipped tanh config
     assert sel(dtype=torch.float16) == rf.CONFIGS[128]
     assert sel(gpu="Other GPU") == rf.CONFIGS[128]
     assert sel(varlen=True) == rf.CONFIGS[128]  # packed calls: shipped

@@ -118,8 +118,10 @@ class RankerFwdConfig:
         # thumb from ptxas, with headroom for addresses and softmax state: two warpgroups at 240 registers
         # keep 48 (D=128: tile_n=176, 196 of them, fits without spills but ran 12% slower than 128 on the
         # H200, bench/results/logs/2026-11-29_s4_ranker_fwd_tune_*, and 192 spills); three at 160 keep 44
-        # (D=64: tile_n=112, 116 of them, fits; 128, 128 of them, spills 56 bytes)
-        acc_regs = self.tile_n // 2 + self.head_dim // 2 + self.tile_n // 4
+        # (D=64: tile_n=112, 116 of them, fits; 128, 128 of them, spills 56 bytes).  Without the intra-warpgroup
+        # overlap P takes the place of S (no S of the next tile is live beside it): D=64 tile_n=128 on three
+        # warpgroups, 96 of them, compiles without spills in bf16 and fp16 (ptxas, session 9)
+        acc_regs = self.tile_n // 2 + self.head_dim // 2 + (self.tile_n // 4 if self.intra_wg_overlap else 0)
         headroom = 48 if self.consumer_wgs == 2 else 44
         if acc_regs > self.consumer_regs - headroom:
             raise ValueError(
@@ -142,35 +144,39 @@ class RankerFwdConfig:
 # D=128: tile_m=128 (2 consumer warpgroups), FA3's sm90 tile_n; persistent ties or beats one CTA per
 # tile (bench/results/2026-11-29_h200_ranker_fwd.md: 605 vs 605 headline, 502 vs 462 B=16 short, 543 vs
 # 514 candidate-heavy, 502 vs 488 tanh cap).  D=64: three consumer warpgroups (tile_m=192, FA3's D=64
-# tile; 160 registers each, so tile_n=112), persistent: session 8, same run, against the earlier 2x64-row
-# tile_n=128 one-tile-per-CTA config: headline 445 vs 418, tanh cap 323 vs 310, B=16 1K+256 341 vs 316,
-# GQA 16/4 446 vs 428 (bench/results/logs/2026-11-30_s8_ranker_fwd_d64_three_warpgroups.log).
+# tile) at 160 registers each, persistent, WITHOUT the intra-warpgroup overlap: the three warpgroups'
+# round-robin turns already keep the tensor cores fed, and without the overlap P reuses S's registers, so
+# tile_n=128 fits (spills with the overlap).  Session 9, same run (bench/results/logs/
+# 2026-11-30_s9_ranker_fwd_noov.log), against session 8's overlapped tile_n=112 config: headline 477 vs
+# 443, tanh cap 343 vs 318, B=16 1K+256 378 vs 336, B=8 2K+2K 405 vs 367; float16 (one config for both
+# dtypes now) 460-467 vs 424 for the two-warpgroup config it had before.
 # D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
 CONFIGS = {
-    64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=6, consumer_wgs=3, producer_regs=32,
-                        consumer_regs=160, persistent=True),
+    64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
+                        consumer_regs=160, persistent=True, intra_wg_overlap=False),
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
-# float16 at D=64: the three-warpgroup kernel spills 24-80 bytes per thread at tile_n 96-112 (ptxas; bf16
-# does not), so float16 keeps the two-warpgroup config D=64 shipped before session 8 (spill-free)
-FP16_CONFIGS = {64: RankerFwdConfig(head_dim=64, tile_n=128, stages=4)}
-# the tanh cap at D=128: three consumer warpgroups hide more of the cap's MUFU work (session 8 probe: 522 vs
-# 487 useful TFLOP/s at the headline shape; without a cap they are slower, 585 vs 647); spill-free for
-# bf16 and fp16 with tanh (soft_sign spills 8 bytes there, so it keeps CONFIGS[128])
-TANH_CONFIGS = {128: RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3,
-                                     producer_regs=32, consumer_regs=160, persistent=True)}
+# With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
+# the cap's MUFU work (session 8 probe: 522 vs 487 useful TFLOP/s at the headline shape; session 9: 525 vs
+# 489 and, in the recorded bench, 517 vs 503; without a cap they are slower, 583 vs 647); spill-free for
+# bf16 and fp16 with tanh (soft_sign spills 8 bytes there, so it keeps CONFIGS[128]).  D=64 with a cap:
+# tile_n=112, 6 stages, because the varlen kernels spill at tile_n=128 with a cap (8 bytes tanh, 32
+# soft_sign; ptxas, session 9); tanh cap at the headline shape 347 vs 343 for tile_n=128 (same run).
+_D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6)
+CAP_CONFIGS = {
+    ("tanh", 128): RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3,
+                                   producer_regs=32, consumer_regs=160, persistent=True),
+    ("tanh", 64): _D64_CAPPED,
+    ("soft_sign", 64): _D64_CAPPED,
+}
 
 
 def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: str = "none") -> RankerFwdConfig:
-    """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16), ``head_dim`` and ``cap_method``
-    (``"none"`` without a cap): ``TANH_CONFIGS[head_dim]`` for the tanh cap, ``FP16_CONFIGS[head_dim]``
-    for float16, where there is one, else ``CONFIGS[head_dim]``."""
-    if cap_method == "tanh" and head_dim in TANH_CONFIGS:
-        return TANH_CONFIGS[head_dim]
-    if dtype == torch.float16 and head_dim in FP16_CONFIGS:
-        return FP16_CONFIGS[head_dim]
-    return CONFIGS[head_dim]
+    """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16; both take the same today),
+    ``head_dim`` and ``cap_method`` (``"none"`` without a cap, else ``"tanh"`` / ``"soft_sign"``):
+    ``CAP_CONFIGS[(cap_method, head_dim)]`` where there is one, else ``CONFIGS[head_dim]``."""
+    return CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
 
 
 class RankerAttentionFwd:
@@ -1261,7 +1267,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
     (no cap / tanh cap); ``peers`` adds the peers; ``variants`` adds our other schedules
     (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped one) and the
-    configs the other shipped tables (CONFIGS, FP16_CONFIGS, TANH_CONFIGS) hold for that head dim.
+    configs the other shipped tables (CONFIGS, CAP_CONFIGS) hold for that head dim.
     Useful TFLOP/s = ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once
     ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
     import time
@@ -1289,8 +1295,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
             alts = [(tag, kw) for tag, kw in (("no_overlap", dict(intra_wg_overlap=False)),
                                               ("persistent", dict(persistent=True)),
                                               ("one_tile_per_cta", dict(persistent=False)))]
-            alts += [(name, dataclasses.asdict(table[d])) for name, table in (
-                ("CONFIGS", CONFIGS), ("FP16_CONFIGS", FP16_CONFIGS), ("TANH_CONFIGS", TANH_CONFIGS)) if d in table]
+            alts += [("CONFIGS", dataclasses.asdict(CONFIGS[d]))] + [
+                (f"CAP_CONFIGS_{m}", dataclasses.asdict(c)) for (m, hd), c in CAP_CONFIGS.items() if hd == d]
             seen = [base]
             for tag, kw in alts:
                 try:

@@ -131,21 +131,23 @@ THREE_WG_CASES = [c for c in CASES if c[5] == 128 and c[0] not in ("softsign-fp1
     ("softsign-fp16", 1, 300, 2, 1, 64, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16)]
 
 
-@pytest.mark.parametrize("schedule", ["persistent", "one-tile-per-cta", "no-overlap"])
+@pytest.mark.parametrize("schedule", ["shipped", "one-tile-per-cta", "overlap"])
 @pytest.mark.parametrize("case", THREE_WG_CASES, ids=lambda c: c[0])
 def test_d64_three_warpgroups(case, schedule):
-    """D=64 ships three consumer warpgroups (tile_m=192, round-robin WGMMA turns): the D=128 cases at
-    D=64, persistent with 7 CTAs (the turns carry across tiles), one tile per CTA, and without the
-    softmax/PV overlap."""
+    """D=64 ships three consumer warpgroups (tile_m=192, round-robin WGMMA turns), persistent, without the
+    softmax/PV overlap inside a warpgroup (tile_n=128 without a cap, 112 with one): the D=128 cases at D=64,
+    bfloat16 and float16, persistent with 7 CTAs (the turns carry across tiles), one tile per CTA, and with
+    the overlap (tile_n=112, which fits)."""
     import dataclasses
 
     name, b, s, hq, hkv, _, rows, cap, capm, dtype = case
     q, k, v = _qkv(b, s, hq, hkv, 64, dtype)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
-    assert rf.CONFIGS[64].consumer_wgs == 3
-    kw = {"persistent": dict(persistent=True), "one-tile-per-cta": dict(persistent=False),
-          "no-overlap": dict(intra_wg_overlap=False)}[schedule]
-    cfg = dataclasses.replace(rf.CONFIGS[64], **kw)
+    shipped = rf.shipped_config(dtype, 64, capm if cap else "none")  # tile_n 128 without a cap, 112 with one
+    assert shipped.consumer_wgs == 3 and rf.config_for_shape(dtype, b, s, hq, hkv, 64, capm if cap else "none") == shipped
+    kw = {"shipped": {}, "one-tile-per-cta": dict(persistent=False),
+          "overlap": dict(intra_wg_overlap=True, tile_n=112)}[schedule]
+    cfg = dataclasses.replace(shipped, **kw)
     _compare(f"{name} D=64 3wg {schedule}", q, k, v, bounds, cap, capm, config=cfg,
              max_ctas=7 if cfg.persistent else None)
 
@@ -161,7 +163,7 @@ def test_d128_tanh_three_warpgroups(case, schedule):
     name, b, s, hq, hkv, d, rows, cap, _, dtype = case
     q, k, v = _qkv(b, s, hq, hkv, d, dtype)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
-    cfg = rf.TANH_CONFIGS[128]
+    cfg = rf.CAP_CONFIGS[("tanh", 128)]
     assert rf.config_for_shape(dtype, b, s, hq, hkv, 128, "tanh") == cfg
     if schedule != "persistent":
         cfg = dataclasses.replace(cfg, persistent=False)

@@ -1,0 +1,48 @@
+"""D=64 forward: intra-warpgroup overlap on/off with three consumer warpgroups, stage counts, tile_n
+(session 9 probe; the session-9 bench had the shipped D=64 config at 439 and its no-overlap variant at 460).
+
+    python3 bench/ranker_fwd_d64_overlap_probe.py   (H200: bench/results/logs/2026-11-30_s9_ranker_fwd_d64_overlap.log)
+"""
+import dataclasses as dc, json, statistics, torch
+from cute_kernels.kernels import ranker_fwd as rf
+from cute_kernels.kernels.ranker_mask import admitted_pairs
+from cute_kernels.runtime.timing import cuda_time_us
+
+base = rf.CONFIGS[64]
+cfgs = {"base": base, "s4": dc.replace(base, stages=4),
+        "noov_s6": dc.replace(base, intra_wg_overlap=False),
+        "noov_s4": dc.replace(base, intra_wg_overlap=False, stages=4),
+        "noov_n96_s6": dc.replace(base, intra_wg_overlap=False, tile_n=96),
+        "noov_n128_s5": dc.replace(base, intra_wg_overlap=False, tile_n=128, stages=5),
+        "wg2_noov": dc.replace(rf.FP16_CONFIGS[64], intra_wg_overlap=False),
+        "wg2_noov_pers": dc.replace(rf.FP16_CONFIGS[64], intra_wg_overlap=False, persistent=True)}
+for n, c in list(cfgs.items()):
+    try:
+        c.validate()
+    except ValueError as e:
+        print(json.dumps({"cfg": n, "invalid": str(e)[:160]})); del cfgs[n]
+g = torch.Generator(device="cuda").manual_seed(0)
+shapes = [(4, 4096, 512, 16, 16, None), (4, 4096, 512, 16, 16, 50.0), (16, 1024, 256, 16, 16, None),
+          (4, 4096, 512, 16, 4, None), (8, 2048, 2048, 8, 8, None)]
+data, res = [], {}
+for nb, hist, cand, h, hkv, cap in shapes:
+    s = hist + cand
+    q = torch.randn(nb, s, h, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(nb, s, hkv, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+    ref = rf.ranker_attention_reference(q[:1].float(), k[:1].float(), v[:1].float(), bounds[:1], cap=cap)
+    for n, c in cfgs.items():
+        o = rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=c)[0]
+        err = (o[:1].float() - ref).abs().max().item()
+        if err > 2e-2:
+            print(json.dumps({"cfg": n, "mismatch": err}))
+    flops = 4 * 64 * h * admitted_pairs(bounds.cpu(), [s] * nb)
+    data.append((f"B={nb},h={hist},c={cand},H={h}/{hkv},D=64,cap={cap}", q, k, v, bounds, cap, flops))
+for r in range(3):
+    for key, q, k, v, bounds, cap, flops in data:
+        for n, c in cfgs.items():
+            res.setdefault((key, n), []).append(cuda_time_us(
+                lambda: rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=c), reps=8, inner=5))
+for key, q, k, v, bounds, cap, flops in data:
+    print(json.dumps({"shape": key, **{n: [round(statistics.median(ts), 1), round(flops / statistics.median(ts) / 1e6)]
+                                       for (kk, n), ts in res.items() if kk == key}}), flush=True)

@@ -1,0 +1,52 @@
+"""Configs without the intra-warpgroup overlap, which frees P's registers (session 9 probe): D=64 tile_n=128
+on three warpgroups, float16 on three warpgroups, D=128 on three warpgroups (tile_n=96) and two (tile_n=176).
+
+    python3 bench/ranker_fwd_noov_probe.py   (H200: bench/results/logs/2026-11-30_s9_ranker_fwd_noov.log)
+"""
+import dataclasses as dc, json, statistics, torch
+from cute_kernels.kernels import ranker_fwd as rf
+from cute_kernels.kernels.ranker_mask import admitted_pairs
+from cute_kernels.runtime.timing import cuda_time_us
+
+bf16, fp16 = torch.bfloat16, torch.float16
+noov = dc.replace(rf.CONFIGS[64], intra_wg_overlap=False)
+d64 = {"base": rf.CONFIGS[64], "noov": noov, "noov_n128_s5": dc.replace(noov, tile_n=128, stages=5),
+       "noov_n128_s4": dc.replace(noov, tile_n=128, stages=4)}
+d64h = {"fp16_base": rf.FP16_CONFIGS[64], "fp16_w3_noov": noov, "fp16_w3_noov_n128_s5": d64["noov_n128_s5"]}
+w3 = dict(consumer_wgs=3, tile_m=192, producer_regs=32, consumer_regs=160, intra_wg_overlap=False, persistent=True)
+d128 = {"base": rf.CONFIGS[128], "tanh_cfg": rf.CAP_CONFIGS[("tanh", 128)],
+        "w3_noov_n96_s2": rf.RankerFwdConfig(head_dim=128, tile_n=96, stages=2, **w3),
+        "w2_noov_n176_s2": rf.RankerFwdConfig(head_dim=128, tile_n=176, stages=2, intra_wg_overlap=False, persistent=False),
+        "w2_noov_n128_pers": dc.replace(rf.CONFIGS[128], intra_wg_overlap=False)}
+shapes = [(4, 4096, 512, 16, 16, 64, None, bf16, d64), (4, 4096, 512, 16, 16, 64, 50.0, bf16, d64),
+          (16, 1024, 256, 16, 16, 64, None, bf16, d64), (8, 2048, 2048, 8, 8, 64, None, bf16, d64),
+          (4, 4096, 512, 16, 16, 64, None, fp16, d64h),
+          (4, 4096, 512, 16, 16, 128, None, bf16, d128), (4, 4096, 512, 16, 16, 128, 50.0, bf16, d128),
+          (16, 1024, 256, 16, 16, 128, None, bf16, d128)]
+g = torch.Generator(device="cuda").manual_seed(0)
+data, res = [], {}
+for nb, hist, cand, h, hkv, d, cap, dt, cfgs in shapes:
+    s = hist + cand
+    q = torch.randn(nb, s, h, d, device="cuda", dtype=dt, generator=g)
+    k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=dt, generator=g) for _ in range(2))
+    bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+    ref = rf.ranker_attention_reference(q[:1].float(), k[:1].float(), v[:1].float(), bounds[:1], cap=cap)
+    for n, c in list(cfgs.items()):
+        try:
+            c.validate()
+            o = rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=c)[0]
+        except Exception as e:
+            print(json.dumps({"cfg": n, "error": repr(e)[:160]})); del cfgs[n]; continue
+        err = (o[:1].float() - ref).abs().max().item()
+        if err > 2e-2:
+            print(json.dumps({"cfg": n, "mismatch": err}))
+    flops = 4 * d * h * admitted_pairs(bounds.cpu(), [s] * nb)
+    data.append((f"B={nb},h={hist},c={cand},H={h}/{hkv},D={d},cap={cap},{str(dt)[6:]}", q, k, v, bounds, cap, flops, cfgs))
+for r in range(3):
+    for key, q, k, v, bounds, cap, flops, cfgs in data:
+        for n, c in cfgs.items():
+            res.setdefault((key, n), []).append(cuda_time_us(
+                lambda: rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=c), reps=8, inner=5))
+for key, q, k, v, bounds, cap, flops, cfgs in data:
+    print(json.dumps({"shape": key, **{n: [round(statistics.median(ts), 1), round(flops / statistics.median(ts) / 1e6)]
+                                       for (kk, n), ts in res.items() if kk == key}}), flush=True)
