@@ -8,14 +8,17 @@ from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
 from cute_kernels.runtime.timing import cuda_time_us
 
-base = rf.CONFIGS[64]
+# the configs as they were at the time of the probe (session 8's shipped D=64 config and its float16 one)
+base = rf.RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=6, consumer_wgs=3, producer_regs=32,
+                          consumer_regs=160, persistent=True)
+two_wg = rf.RankerFwdConfig(head_dim=64, tile_n=128, stages=4)
 cfgs = {"base": base, "s4": dc.replace(base, stages=4),
         "noov_s6": dc.replace(base, intra_wg_overlap=False),
         "noov_s4": dc.replace(base, intra_wg_overlap=False, stages=4),
         "noov_n96_s6": dc.replace(base, intra_wg_overlap=False, tile_n=96),
         "noov_n128_s5": dc.replace(base, intra_wg_overlap=False, tile_n=128, stages=5),
-        "wg2_noov": dc.replace(rf.FP16_CONFIGS[64], intra_wg_overlap=False),
-        "wg2_noov_pers": dc.replace(rf.FP16_CONFIGS[64], intra_wg_overlap=False, persistent=True)}
+        "wg2_noov": dc.replace(two_wg, intra_wg_overlap=False),
+        "wg2_noov_pers": dc.replace(two_wg, intra_wg_overlap=False, persistent=True)}
 for n, c in list(cfgs.items()):
     try:
         c.validate()

@@ -9,10 +9,14 @@ from cute_kernels.kernels.ranker_mask import admitted_pairs
 from cute_kernels.runtime.timing import cuda_time_us
 
 bf16, fp16 = torch.bfloat16, torch.float16
-noov = dc.replace(rf.CONFIGS[64], intra_wg_overlap=False)
-d64 = {"base": rf.CONFIGS[64], "noov": noov, "noov_n128_s5": dc.replace(noov, tile_n=128, stages=5),
+# the configs as they were at the time of the probe: session 8's D=64 config (overlapped, tile_n=112) and
+# float16's two-warpgroup config; CONFIGS[64] is now "noov_n128_s4"
+s8_d64 = rf.RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=6, consumer_wgs=3, producer_regs=32,
+                            consumer_regs=160, persistent=True)
+noov = dc.replace(s8_d64, intra_wg_overlap=False)
+d64 = {"base": s8_d64, "noov": noov, "noov_n128_s5": dc.replace(noov, tile_n=128, stages=5),
        "noov_n128_s4": dc.replace(noov, tile_n=128, stages=4)}
-d64h = {"fp16_base": rf.FP16_CONFIGS[64], "fp16_w3_noov": noov, "fp16_w3_noov_n128_s5": d64["noov_n128_s5"]}
+d64h = {"fp16_base": rf.RankerFwdConfig(head_dim=64, tile_n=128, stages=4), "fp16_w3_noov": noov, "fp16_w3_noov_n128_s5": d64["noov_n128_s5"]}
 w3 = dict(consumer_wgs=3, tile_m=192, producer_regs=32, consumer_regs=160, intra_wg_overlap=False, persistent=True)
 d128 = {"base": rf.CONFIGS[128], "tanh_cfg": rf.CAP_CONFIGS[("tanh", 128)],
         "w3_noov_n96_s2": rf.RankerFwdConfig(head_dim=128, tile_n=96, stages=2, **w3),

@@ -12,8 +12,9 @@ c128 = {"base": rf.CONFIGS[128],
         "w3_n64_s3_pers": rf.RankerFwdConfig(head_dim=128, tile_n=64, stages=3, persistent=True, **w3),
         "w3_n64_s4": rf.RankerFwdConfig(head_dim=128, tile_n=64, stages=4, **w3),
         "w3_n64_s5": rf.RankerFwdConfig(head_dim=128, tile_n=64, stages=5, **w3)}
-c64 = {"base": rf.CONFIGS[64], "s5": dc.replace(rf.CONFIGS[64], stages=5), "s6": dc.replace(rf.CONFIGS[64], stages=6),
-       "n96_s6": dc.replace(rf.CONFIGS[64], tile_n=96, stages=6)}
+s8_d64 = rf.RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=4, **w3, persistent=True)  # D=64 then
+c64 = {"base": s8_d64, "s5": dc.replace(s8_d64, stages=5), "s6": dc.replace(s8_d64, stages=6),
+       "n96_s6": dc.replace(s8_d64, tile_n=96, stages=6)}
 for cs in (c128, c64):
     for n, c in list(cs.items()):
         try:
