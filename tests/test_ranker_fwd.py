@@ -489,3 +489,19 @@ def test_trace_time_check_includes_devices():
         rf._fake(q, q, q, bounds)
     out, lse = rf._fake(q, q, q, bounds.to("meta"))
     assert out.shape == q.shape and lse.shape == (1, 2, 128)
+
+
+def test_skip_unit_rescale_ships_on_the_three_warpgroup_configs_only():
+    """skip_unit_rescale (a warp vote around O *= factors) measured faster on three consumer warpgroups and
+    slower on the two-warpgroup D=128 config; it compiles to a vote in the consumer loop."""
+    import re
+
+    from cute_kernels.runtime.cache import compile_record
+
+    shipped = [*rf.CONFIGS.values(), *rf.CAP_CONFIGS.values()]
+    assert all(c.skip_unit_rescale == (c.consumer_wgs == 3) for c in shipped)
+    for cfg, capm in ((rf.CONFIGS[64], "none"), (rf.CONFIGS[128], "none")):
+        rf._compile(torch.bfloat16, cfg, 1, capm, False)
+        ptx = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, capm, False)).ptx
+        assert bool(re.search(r"vote\.sync\.any", ptx)) == cfg.skip_unit_rescale
+

@@ -97,6 +97,7 @@ class RankerFwdConfig:
     consumer_regs: int = 240
     intra_wg_overlap: bool = True  # softmax of block n overlaps the PV GEMM of block n+1 (FA3)
     persistent: bool = False  # one CTA per SM looping over tiles (needs its own sO: no aliasing of sQ)
+    skip_unit_rescale: bool = False  # skip O *= 1 when no row max of the warp changed (a warp vote)
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -150,10 +151,12 @@ class RankerFwdConfig:
 # 2026-11-30_s9_ranker_fwd_noov.log), against session 8's overlapped tile_n=112 config: headline 477 vs
 # 443, tanh cap 343 vs 318, B=16 1K+256 378 vs 336, B=8 2K+2K 405 vs 367; float16 (one config for both
 # dtypes now) 460-467 vs 424 for the two-warpgroup config it had before.
+# The three-warpgroup configs skip the O rescale when no row max of a warp changed (skip_unit_rescale:
+# same bits; session 9: +3-4% on them, -8% on the two-warpgroup D=128 config, which keeps it off).
 # D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
 CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
-                        consumer_regs=160, persistent=True, intra_wg_overlap=False),
+                        consumer_regs=160, persistent=True, intra_wg_overlap=False, skip_unit_rescale=True),
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
@@ -166,7 +169,7 @@ CONFIGS = {
 _D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6)
 CAP_CONFIGS = {
     ("tanh", 128): RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3,
-                                   producer_regs=32, consumer_regs=160, persistent=True),
+                                   producer_regs=32, consumer_regs=160, persistent=True, skip_unit_rescale=True),
     ("tanh", 64): _D64_CAPPED,
     ("soft_sign", 64): _D64_CAPPED,
 }
@@ -563,10 +566,24 @@ class RankerAttentionFwd:
 
     @cute.jit
     def rescale_O(self, acc_O, row_scale):
+        """O *= the rows' rescale factors.  ``skip_unit_rescale``: skipped when every factor of the warp is
+        exactly 1 (no row max of the warp changed; exp2(0) is exactly 1, so the output bits are the same),
+        a warp-uniform branch on a vote.  Session 9, same run (bench/results/logs/
+        2026-11-30_s9_ranker_fwd_skip_rescale.log): faster on the three-warpgroup configs (D=128 tanh
+        cap 511 vs 493, D=64 457 vs 441), slower on the two-warpgroup D=128 one (559 vs 607)."""
         acc_O_mn = sm90.acc_mn(acc_O)
-        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
-            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+        if const_expr(self.config.skip_unit_rescale):
+            changed = row_scale[0] != 1.0
+            for r in cutlass.range_constexpr(1, cute.size(row_scale)):
+                changed = changed | (row_scale[r] != 1.0)
+            if cute.arch.vote_any_sync(changed):
+                for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                        acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+        else:
+            for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
 
     @cute.jit
     def first_half_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
