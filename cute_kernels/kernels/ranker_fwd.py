@@ -17,13 +17,15 @@ warpgroups:
 * warpgroup 0, the producer (``setmaxnreg`` down to 24, 32 with three consumers): its warp 0 issues
   TMA loads of the Q tile and of the history K/V blocks through multi-stage ``PipelineTmaAsync``
   pipelines (swizzled smem);
-* ``consumer_wgs`` consumers (2: ``setmaxnreg`` up to 240, the D=128 and D=256 configs; 3: 160, the
-  D=64 config, ``tile_m`` = 192 as in FlashAttention-3's D=64 tile), 64 q rows each: WGMMA
-  ``S = Q K^T`` (both operands in smem), cap, edge-block column mask, online softmax in exp2,
-  ``O += P V`` with P in registers; the warpgroups take turns issuing WGMMAs, round-robin, through
-  one named barrier each (:class:`NamedBarrierFwd`), so one's softmax overlaps the others' GEMMs, and
-  (``intra_wg_overlap``, FA3's schedule) each warpgroup issues ``S_{n+1} = Q K_{n+1}^T`` and
-  ``O += P_n V_n`` together, running the softmax of ``S_{n+1}`` while the PV GEMM is in flight.
+* ``consumer_wgs`` consumers (2: ``setmaxnreg`` up to 240, the D=128 / D=256 configs; 3: 160, the D=64
+  configs and D=128 with the tanh cap, ``tile_m`` = 192 as in FlashAttention-3's D=64 tile), 64 q rows
+  each: WGMMA ``S = Q K^T`` (both operands in smem), cap, edge-block column mask, online softmax in
+  exp2, ``O += P V`` with P in registers; the warpgroups take turns issuing WGMMAs, round-robin,
+  through one named barrier each (:class:`NamedBarrierFwd`), so one's softmax overlaps the others'
+  GEMMs, and (``intra_wg_overlap``, FA3's schedule; off at D=64, where the three warpgroups' turns
+  suffice and P taking S's registers lets tile_n be 128) each warpgroup issues ``S_{n+1} = Q K_{n+1}^T``
+  and ``O += P_n V_n`` together, running the softmax of ``S_{n+1}`` while the PV GEMM is in flight.
+  ``skip_unit_rescale`` (the three-warpgroup configs) skips ``O *= 1`` when no row max of a warp changed.
 
 Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
@@ -31,11 +33,10 @@ the online softmax after the history loop as a per-row dot product ``q_i . k_i``
 are no diagonal tiles.  Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
-Measured on the H200 (bench/results/2026-11-29_h200_ranker_fwd.md, useful TFLOP/s, bf16, D=128):
-headline B=4, history 4096 + 512 candidates, 16 heads: 605 (FA4 + mask_mod 622 in the same run);
-tanh cap 502 (FA4 289); GQA 16/4 622; B=1 16K + 1K 632; B=16 1K + 256: 502; B=8 2K + 2K (H=8): 543.
-D=64 (three consumer warpgroups since session 8, bench/results/2026-11-30_h200_ranker_fwd_d64_s8.md):
-451 (FA4 + mask_mod 440, two warpgroups 423).
+Measured on the H200 (bench/results/2026-11-30_h200_ranker_fwd_s9_final.md, useful TFLOP/s, bf16, same
+run, ours / FA4 + mask_mod): headline B=4, history 4096 + 512 candidates, 16 heads, D=128: 606 / 616;
+tanh cap 509 / 292; GQA 16/4 613 / 615; D=64 468 / 444; B=1 16K + 1K 635 / 639; B=16 1K + 256: 508 /
+532; B=8 2K + 2K (H=8): 546 / 580.
 """
 
 from __future__ import annotations
