@@ -128,7 +128,8 @@ def test_one_tile_per_cta(case):
 
 
 THREE_WG_CASES = [c for c in CASES if c[5] == 128 and c[0] not in ("softsign-fp16",)] + [
-    ("softsign-fp16", 1, 300, 2, 1, 64, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16)]
+    ("softsign-fp16", 1, 300, 2, 1, 64, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16),
+    ("fp16-gqa2", 2, 700, 4, 2, 64, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.float16)]
 
 
 @pytest.mark.parametrize("schedule", ["shipped", "one-tile-per-cta", "overlap"])
