@@ -504,4 +504,3 @@ def test_skip_unit_rescale_ships_on_the_three_warpgroup_configs_only():
         rf._compile(torch.bfloat16, cfg, 1, capm, False)
         ptx = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, capm, False)).ptx
         assert bool(re.search(r"vote\.sync\.any", ptx)) == cfg.skip_unit_rescale
-

@@ -572,19 +572,21 @@ class RankerAttentionFwd:
         a warp-uniform branch on a vote.  Session 9, same run (bench/results/logs/
         2026-11-30_s9_ranker_fwd_skip_rescale.log): faster on the three-warpgroup configs (D=128 tanh
         cap 511 vs 493, D=64 457 vs 441), slower on the two-warpgroup D=128 one (559 vs 607)."""
-        acc_O_mn = sm90.acc_mn(acc_O)
         if const_expr(self.config.skip_unit_rescale):
             changed = row_scale[0] != 1.0
             for r in cutlass.range_constexpr(1, cute.size(row_scale)):
                 changed = changed | (row_scale[r] != 1.0)
             if cute.arch.vote_any_sync(changed):
-                for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
-                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                        acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+                self.scale_rows(acc_O, row_scale)
         else:
-            for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
-                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                    acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
+            self.scale_rows(acc_O, row_scale)
+
+    @cute.jit
+    def scale_rows(self, acc_O, row_scale):
+        acc_O_mn = sm90.acc_mn(acc_O)
+        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
 
     @cute.jit
     def first_half_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
@@ -1310,10 +1312,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
         impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds, cap=cap))]
         if "variants" in spec:  # the other schedules of the same kernel, and the other shipped tables' configs
             base = shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
-            alts = [(tag, kw) for tag, kw in (("no_overlap", dict(intra_wg_overlap=False)),
-                                              ("persistent", dict(persistent=True)),
-                                              ("one_tile_per_cta", dict(persistent=False)))]
-            alts += [("CONFIGS", dataclasses.asdict(CONFIGS[d]))] + [
+            alts = [("no_overlap", dict(intra_wg_overlap=False)), ("persistent", dict(persistent=True)),
+                    ("one_tile_per_cta", dict(persistent=False)), ("CONFIGS", dataclasses.asdict(CONFIGS[d]))] + [
                 (f"CAP_CONFIGS_{m}", dataclasses.asdict(c)) for (m, hd), c in CAP_CONFIGS.items() if hd == d]
             seen = [base]
             for tag, kw in alts:
