@@ -272,9 +272,10 @@ def test_overlapping_tensors_are_rejected():
     expanded = torch.zeros(1, 64, dtype=torch.bfloat16).expand(4, 64)
     buf = torch.zeros(64, dtype=torch.bfloat16)
     strided = torch.zeros(128, dtype=torch.bfloat16).as_strided((4, 64), (8, 1))
-    for q in (expanded, strided):
-        with pytest.raises(ValueError, match="rows overlap"):
-            m.validate_qk_args(q, k, w, w, 1e-6, cuda=False)
+    with pytest.raises(ValueError, match="broadcast view"):
+        m.validate_qk_args(expanded, k, w, w, 1e-6, cuda=False)
+    with pytest.raises(ValueError, match="rows overlap"):
+        m.validate_qk_args(strided, k, w, w, 1e-6, cuda=False)
     qkv = torch.zeros(4, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="q and k overlap"):
         m.validate_qk_args(qkv[:, :64], qkv[:, 32:96], w, w, 1e-6, cuda=False)

@@ -504,3 +504,13 @@ def test_skip_unit_rescale_ships_on_the_three_warpgroup_configs_only():
         rf._compile(torch.bfloat16, cfg, 1, capm, False)
         ptx = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, capm, False)).ptx
         assert bool(re.search(r"vote\.sync\.any", ptx)) == cfg.skip_unit_rescale
+
+
+def test_broadcast_kv_is_rejected_before_launch():
+    """k expanded over the sequence (stride 0) would reach the TMA descriptor: a ValueError instead."""
+    q = torch.zeros(2, 300, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 1, 4, 64, dtype=torch.bfloat16).expand(2, 300, 4, 64)
+    bounds = torch.tensor([[0, 200, 200, 300]] * 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="k is a broadcast view"):
+        rf._validate(q, k, q, bounds, None, None, "tanh", None, None, cuda=False)
+    rf._validate(q, k.contiguous(), q, bounds, None, None, "tanh", None, None, cuda=False)

@@ -148,3 +148,12 @@ def test_references_refuse_non_tensors_and_integer_tensors():
             ck.scale_reference(bad, 2.0)
     out_q, _ = ck.qk_rmsnorm_reference(q + 1, q, w, w, 1e-6)
     assert torch.allclose(out_q, torch.ones(2, 8))
+
+
+def test_rejects_broadcast_views():
+    """An expand()ed tensor (stride 0 in a dim of size > 1): TMA boxes and written outputs need distinct rows."""
+    with pytest.raises(ValueError, match=r"broadcast view \(stride 0 in dim 0"):
+        check_tensor("q", torch.zeros(1, 64, dtype=torch.bfloat16).expand(8, 64), cuda=False)
+    with pytest.raises(ValueError, match="stride 0 in dim 1"):
+        check_tensor("q", torch.zeros(2, 1, 4, 64, dtype=torch.bfloat16).expand(2, 300, 4, 64), cuda=False)
+    check_tensor("q", torch.zeros(1, 64, dtype=torch.bfloat16).expand(1, 64), cuda=False)  # size-1 dims: any stride

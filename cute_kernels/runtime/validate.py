@@ -38,7 +38,8 @@ def check_tensor(
             (16 for 128-bit vector loads and TMA); 0 disables the check.
     Raises:
         TypeError: not a tensor, not dense (sparse layouts), or wrong dtype.
-        ValueError: wrong rank, shape, device, stride or alignment.
+        ValueError: wrong rank, shape, device, stride (a broadcast view, stride 0 in a dim of size > 1,
+            included) or alignment.
         RuntimeError: the tensor's GPU is not a Hopper (sm_90) GPU.
     """
     if not isinstance(t, torch.Tensor):
@@ -63,6 +64,10 @@ def check_tensor(
         check_device(t.device)
     if last_dim_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
+    for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        if size > 1 and stride == 0:  # an expand()ed view: TMA boxes and written outputs need distinct rows
+            raise ValueError(f"{name} is a broadcast view (stride 0 in dim {d}, strides {t.stride()}); "
+                             "pass .contiguous()")
     if align_bytes and t.numel() > 0:
         if t.data_ptr() % align_bytes:
             raise ValueError(f"{name}'s data pointer is not {align_bytes}-byte aligned (a sliced view?); pass .contiguous() or an aligned slice")
