@@ -28,8 +28,9 @@ def _select(kernel: str | None) -> list[str]:
 
     if kernel is None:
         return registry.names()
-    if kernel not in registry.KERNELS:
-        raise SystemExit(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}")
+    if kernel not in registry.KERNELS:  # exit status 2, as for every bad argument of the CLI
+        print(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}", file=sys.stderr)
+        raise SystemExit(2)
     return [kernel]
 
 
