@@ -516,3 +516,14 @@ def test_config_for_picks_128_row_tiles_only_for_uncapped_d64():
     shipped = {rb.dataclasses.replace(t.key[1], deterministic=False) for t in rb.compile_targets()
                if t.kernel == rb.NAME}
     assert rb.D64_UNCAPPED in shipped  # CI compiles (and spill-checks) what config_for ships
+
+
+def test_grid_limits_are_checked_before_launch():
+    """B above CUDA's grid z limit (the backward's (block, head, batch) grids): a ValueError, not a failed launch."""
+    t = 70000
+    q = torch.zeros(t, 2, 64, dtype=torch.bfloat16)
+    cu = torch.arange(t + 1, dtype=torch.int32)  # 70000 one-token sequences
+    bounds = torch.tensor([[0, 1, 1, 1]] * t, dtype=torch.int32)
+    lse = torch.zeros(2, t)
+    with pytest.raises(ValueError, match="at most 65535 sequences"):
+        rb._validate_backward(q, q, q, q, lse, q, bounds, None, None, "tanh", cu, 1, cuda=False)

@@ -514,3 +514,11 @@ def test_broadcast_kv_is_rejected_before_launch():
     with pytest.raises(ValueError, match="k is a broadcast view"):
         rf._validate(q, k, q, bounds, None, None, "tanh", None, None, cuda=False)
     rf._validate(q, k.contiguous(), q, bounds, None, None, "tanh", None, None, cuda=False)
+
+
+def test_tile_count_limit():
+    """The kernel indexes its work tiles with Int32: 2^31 of them is a ValueError before the launch."""
+    rf._check_tile_count(4608, 128, 16, 4)
+    rf._check_tile_count(2**20, 128, 16, 2**14 - 1)  # 8192 x 16 x 16383 < 2^31
+    with pytest.raises(ValueError, match="2\\^31 work tiles"):
+        rf._check_tile_count(2**20, 128, 16, 2**14)

@@ -87,6 +87,9 @@ class NamedBarrierBwd(enum.IntEnum):
     dQEmpty = 4  # dQ warp -> MMA warpgroups: the last TMA reduce-add has read sdQ
 
 
+MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
+
+
 @dataclass(frozen=True)
 class RankerBwdConfig:
     """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
@@ -761,6 +764,9 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     varlen, nb, seq, hq, hkv, d = res
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported by the backward; supported: {sorted(CONFIGS)}")
+    if nb > MAX_GRID_YZ or hq > MAX_GRID_YZ:  # the launches' grids are (blocks, head, batch)
+        raise ValueError(f"the backward supports at most {MAX_GRID_YZ} sequences and {MAX_GRID_YZ} query heads "
+                         f"(CUDA's grid y/z limit), got B={nb}, Hq={hq}; split the batch")
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__} {deterministic!r}")
     if config is not None and not isinstance(config, RankerBwdConfig):
@@ -820,8 +826,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
-        a wrong ``config``/``deterministic`` type, bad ``cu_seqlens`` values and unsupported head
-        dims: all before any buffer is written or kernel launched.
+        a wrong ``config``/``deterministic`` type, bad ``cu_seqlens`` values, unsupported head
+        dims, B or Hq above 65535 (the grids' y/z limit): all before any buffer is written or kernel
+        launched.
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
     GQA dK/dV, candidate self terms); see the module docstring.
     """

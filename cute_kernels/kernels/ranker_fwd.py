@@ -857,6 +857,15 @@ def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int,
     return longest, int(cu[-1])
 
 
+def _check_tile_count(max_seqlen: int, tile_m: int, hq: int, nb: int) -> None:
+    """The work list (q tile, head, batch row) is indexed with Int32 in the kernel: ValueError from 2^31 tiles
+    (varlen: ``ceil(max_seqlen / tile_m)`` tiles for every one of the B sequences)."""
+    m_blocks = -(-max_seqlen // tile_m)
+    if m_blocks * hq * nb >= 2**31:
+        raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} reach 2^31 work tiles (max_seqlen x number of "
+                         "sequences is too large); split the batch, or pass a smaller, exact max_seqlen")
+
+
 def _capturing(t: torch.Tensor) -> bool:
     """Is the current CUDA stream capturing a graph (host reads of device values are not allowed)?"""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -885,6 +894,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     scalars), before any launch.  Returns (varlen, B, S_or_T, Hq, Hkv, D).  The values of
     ``cu_seqlens`` are checked separately (:func:`_check_cu_seqlens_values`), on every call.
     ``pointers=False`` skips the alignment checks (fake tensors at trace time have no data pointers)."""
+    _check_scalars(softmax_scale, cap, cap_method)  # first, as the other ops do
     al = 16 if pointers else 0
     varlen = cu_seqlens is not None
     nd = 3 if varlen else 4
@@ -926,7 +936,6 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=al // 4)
     if not bounds.is_contiguous():
         raise ValueError("bounds must be contiguous")
-    _check_scalars(softmax_scale, cap, cap_method)
     check_same_device(q=q, k=k, v=v, bounds=bounds, cu_seqlens=cu_seqlens)  # also at trace time (fakes)
     return varlen, nb, seq, hq, hkv, d
 
@@ -1040,6 +1049,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
             cfg = config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen, device=q.device)
             if len(_CHOSEN) < 4096:
                 _CHOSEN[skey] = cfg
+    _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen)
     fn = _FNS.get(fkey)
     if fn is None:
@@ -1122,7 +1132,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
             bounds rows != B, non-positive/non-finite cap, non-finite softmax_scale, unknown
             cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
-            max_seqlen omitted during CUDA-graph capture.
+            max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B >= 2^31
+            work tiles; for the backward (``.backward()``), B or Hq above 65535.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}")
