@@ -527,3 +527,27 @@ def test_grid_limits_are_checked_before_launch():
     lse = torch.zeros(2, t)
     with pytest.raises(ValueError, match="at most 65535 sequences"):
         rb._validate_backward(q, q, q, q, lse, q, bounds, None, None, "tanh", cu, 1, cuda=False)
+
+
+def test_traced_backward_goes_through_the_registered_op():
+    """make_fx (and torch.compile) see torch.ops.cute_kernels.ranker_attention_bwd; its fake checks the
+    pointer-free rules, so a bad call fails while tracing; eager-only arguments are refused there."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    bf = torch.bfloat16
+    q = torch.zeros(2, 300, 4, 64, dtype=bf)
+    kv = torch.zeros(2, 300, 2, 64, dtype=bf)
+    lse = torch.zeros(2, 4, 300)
+    bounds = torch.tensor([[0, 200, 200, 300]] * 2, dtype=torch.int32)
+    trace = make_fx(lambda *a: rb.ranker_attention_backward(*a, cap=30.0, deterministic=True), tracing_mode="fake")
+    g = trace(q, kv, kv, q, lse, q, bounds)
+    assert "cute_kernels.ranker_attention_bwd" in g.code
+    with pytest.raises(ValueError, match="lse must have shape"):
+        trace(q, kv, kv, q, lse[:, :, :299], q, bounds)
+    with pytest.raises(ValueError, match="head dim 256"):
+        trace(*(torch.zeros(2, 300, 4, 256, dtype=bf),) * 4, lse, torch.zeros(2, 300, 4, 256, dtype=bf), bounds)
+    with pytest.raises(ValueError, match="eager-only"):
+        make_fx(lambda *a: rb.ranker_attention_backward(*a, dq=torch.empty_like(a[0])), tracing_mode="fake")(
+            q, kv, kv, q, lse, q, bounds)
+    with pytest.raises(TypeError, match="cap"):
+        make_fx(lambda *a: rb.ranker_attention_backward(*a, cap=True), tracing_mode="fake")(q, kv, kv, q, lse, q, bounds)

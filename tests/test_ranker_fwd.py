@@ -316,7 +316,7 @@ def test_fake_outputs_are_compact_like_the_real_ones():
     assert out.shape == q.shape and out.is_contiguous() and not q.is_contiguous()
     from cute_kernels.kernels import ranker_bwd as rb
 
-    assert all(t.is_contiguous() for t in rb._fake_bwd(q, q, q, q, lse, q, None))
+    assert all(t.is_contiguous() for t in rb._fake_bwd(q, q, q, q, lse, q, torch.zeros(2, 4, dtype=torch.int32)))
 
 
 def test_varlen_reference_covers_tokens_past_the_last_sequence():

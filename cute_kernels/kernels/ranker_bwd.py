@@ -65,7 +65,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op
+from ..runtime.torch_op import custom_op, tracing
 from ..runtime.validate import check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .ranker_fwd import CAP_METHODS, LOG2_E, SMEM_CAPACITY, _check_reference_args, ranker_attention_reference
@@ -750,17 +750,21 @@ def _fn(kind: str, *key):
 
 
 def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
-                       cuda: bool = True, *, dq=None, dk=None, dv=None, config=None, deterministic: bool = False):
+                       cuda: bool = True, *, dq=None, dk=None, dv=None, config=None, deterministic: bool = False,
+                       pointers: bool = True):
     """The forward's argument rules for q, k, v, bounds, scalars (:func:`.ranker_fwd._validate`), plus
     ``out``/``dout`` like ``q``, ``lse`` float32 ``[B, Hq, S]`` / ``[Hq, T]`` contiguous, the optional
     output buffers ``dq``/``dk``/``dv`` (like ``q``/``k``/``v``: same dtype and shape, contiguous, as
     the kernels are compiled for), ``config`` (None or a :class:`RankerBwdConfig`) and
-    ``deterministic`` (a bool).  Returns the forward's ``(varlen, B, S_or_T, Hq, Hkv, D)``."""
+    ``deterministic`` (a bool).  Returns the forward's ``(varlen, B, S_or_T, Hq, Hkv, D)``.
+    ``pointers=False`` (fake tensors at trace time) skips the alignment and aliasing checks."""
     from .ranker_fwd import _validate
 
     if isinstance(q, torch.Tensor) and q.dim() > 0 and q.shape[-1] not in CONFIGS:  # before the forward's list
         raise ValueError(f"head dim {q.shape[-1]} is not supported by the backward; supported: {sorted(CONFIGS)}")
-    res = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=cuda)
+    res = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=cuda,
+                    pointers=pointers)
+    al = 16 if pointers else 0
     varlen, nb, seq, hq, hkv, d = res
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported by the backward; supported: {sorted(CONFIGS)}")
@@ -774,7 +778,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if t is None:
             continue
-        check_tensor(name, t, dtypes=(like.dtype,), shape=tuple(like.shape), cuda=cuda)
+        check_tensor(name, t, dtypes=(like.dtype,), shape=tuple(like.shape), cuda=cuda, align_bytes=al)
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernels write it row-major compact), "
                              f"got strides {t.stride()}")
@@ -783,17 +787,18 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
 
             check_same_device(q=q, **{name: t})
     for name, t in (("out", out), ("dout", dout)):
-        check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda)
+        check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda, align_bytes=al)
     lse_shape = (hq, seq) if varlen else (nb, hq, seq)
-    check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape, cuda=cuda, align_bytes=4)
+    check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape, cuda=cuda, align_bytes=al // 4)
     if not lse.is_contiguous():
         raise ValueError("lse must be contiguous (as ranker_attention(..., return_lse=True) returns it)")
     if cuda:
         from ..runtime.validate import check_same_device
 
         check_same_device(q=q, out=out, lse=lse, dout=dout)
-    check_outputs_disjoint(dict(dq=dq, dk=dk, dv=dv), dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout,
-                                                             bounds=bounds, cu_seqlens=cu_seqlens))
+    if pointers:
+        check_outputs_disjoint(dict(dq=dq, dk=dk, dv=dv), dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout,
+                                                                 bounds=bounds, cu_seqlens=cu_seqlens))
     return res
 
 
@@ -830,8 +835,23 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         dims, B or Hq above 65535 (the grids' y/z limit): all before any buffer is written or kernel
         launched.
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
-    GQA dK/dV, candidate self terms); see the module docstring.
+    GQA dK/dV, candidate self terms); see the module docstring.  While torch.compile / make_fx trace,
+    the call goes through the registered op ``torch.ops.cute_kernels.ranker_attention_bwd`` (its fake
+    checks the pointer-free rules); ``dq``/``dk``/``dv`` and ``config`` are eager-only (ValueError there).
     """
+    if tracing():  # torch.compile / make_fx / FakeTensorMode: through the registered op, which they see
+        if dq is not None or dk is not None or dv is not None or config is not None:
+            raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only; while "
+                             "tracing (torch.compile, make_fx) call it without them")
+        return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
+                                            cu_seqlens, max_seqlen, deterministic)
+    return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
+                          dq=dq, dk=dk, dv=dv, config=config, deterministic=deterministic)
+
+
+def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, *,
+                   dq=None, dk=None, dv=None, config=None, deterministic=False):
+    """The eager backward: every check, then the three launches."""
     from .ranker_fwd import _varlen_extent
 
     # every check (arguments, output buffers, cu_seqlens values) before any buffer is written or launch
@@ -1131,16 +1151,30 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
 
 # ====================================================================== torch op (for torch.compile)
 def _fake_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None,
-              max_seqlen=None):
+              max_seqlen=None, deterministic=False):
+    # at trace time: every rule a fake tensor allows (shapes, dtypes, strides, devices; no data pointers)
+    _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
+                       cuda=False, deterministic=deterministic, pointers=False)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # compact, like the real ones
 
 
-@custom_op("ranker_attention_bwd", mutates_args=(), fake=_fake_bwd)
+def _precheck_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh",
+                  cu_seqlens=None, max_seqlen=None, deterministic=False):
+    from .ranker_fwd import _check_scalars
+
+    _check_scalars(softmax_scale, cap, cap_method)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__} {deterministic!r}")
+
+
+@custom_op("ranker_attention_bwd", mutates_args=(), fake=_fake_bwd, precheck=_precheck_bwd)
 def ranker_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                                  lse: torch.Tensor, dout: torch.Tensor, bounds: torch.Tensor,
                                  softmax_scale: Optional[float] = None, cap: Optional[float] = None,
                                  cap_method: str = "tanh", cu_seqlens: Optional[torch.Tensor] = None,
-                                 max_seqlen: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`ranker_attention_backward` as ``torch.ops.cute_kernels.ranker_attention_bwd`` (eager fast path)."""
-    return ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens,
-                                     max_seqlen)
+                                 max_seqlen: Optional[int] = None,
+                                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`ranker_attention_backward` (without output buffers and config) as
+    ``torch.ops.cute_kernels.ranker_attention_bwd`` (eager fast path)."""
+    return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens,
+                          max_seqlen, deterministic=deterministic)

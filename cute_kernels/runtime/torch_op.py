@@ -20,6 +20,12 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
+def tracing() -> bool:
+    """True while torch.compile / torch.export trace or a Python dispatch mode (make_fx, FakeTensorMode) is
+    active: a call must then go through the registered op, which they see."""
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+
+
 def _requires_grad(args, kwargs) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
@@ -34,8 +40,7 @@ class _EagerFastPath:
         functools.update_wrapper(self, impl)
 
     def __call__(self, *args, **kwargs):
-        if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
-                or (self.grad_via_op and _requires_grad(args, kwargs))):
+        if tracing() or (self.grad_via_op and _requires_grad(args, kwargs)):
             if self.precheck is not None:  # the op's schema would turn a bool into 1 / 1.0 unseen
                 self.precheck(*args, **kwargs)
             return self.op(*args, **kwargs)
