@@ -163,7 +163,7 @@ def cmd_info(args) -> int:
     import cutlass
     import torch
 
-    from .runtime.arch import target_arch
+    from .runtime.arch import SUPPORTED_ARCHS, target_arch
     from .runtime.cache import cache_dir, disk_cache_enabled, source_fingerprint
 
     try:
@@ -178,7 +178,9 @@ def cmd_info(args) -> int:
     print(f"python           {platform.python_version()}")
     print(f"torch            {torch.__version__} (CUDA {torch.version.cuda})")
     print(f"nvidia-cutlass-dsl {cutlass.__version__}; apache-tvm-ffi {tvm}")
-    print(f"target arch      {target_arch()} (CUTE_DSL_ARCH)")
+    arch = target_arch()
+    note = "" if arch in SUPPORTED_ARCHS else f"  NOT SUPPORTED: the kernels compile for {', '.join(SUPPORTED_ARCHS)} only"
+    print(f"target arch      {arch} (CUTE_DSL_ARCH){note}")
     print(f"compile cache    {cache_dir() / source_fingerprint()} ({'on' if disk_cache_enabled() else 'off'})")
     print(f"GPU              {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
     print(f"kernels          {', '.join(registry.names())}")

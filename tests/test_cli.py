@@ -11,6 +11,16 @@ def test_info():
     r = _run("info")
     assert r.returncode == 0, r.stderr
     assert "sm_90a" in r.stdout and "nvidia-cutlass-dsl 4.8.1" in r.stdout
+    assert "NOT SUPPORTED" not in r.stdout
+
+
+def test_info_flags_an_unsupported_target_arch():
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "info"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, CUTE_DSL_ARCH="sm_100a"))
+    assert r.returncode == 0, r.stderr
+    assert "sm_100a (CUTE_DSL_ARCH)  NOT SUPPORTED" in r.stdout
 
 
 def test_compile_one_kernel():
