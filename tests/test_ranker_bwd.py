@@ -527,6 +527,9 @@ def test_grid_limits_are_checked_before_launch():
     lse = torch.zeros(2, t)
     with pytest.raises(ValueError, match="at most 65535 sequences"):
         rb._validate_backward(q, q, q, q, lse, q, bounds, None, None, "tanh", cu, 1, cuda=False)
+    empty = q[:0]  # no tokens: nothing is launched, so no limit (zeros come back)
+    rb._validate_backward(empty, empty, empty, empty, lse[:, :0], empty, bounds, None, None, "tanh",
+                          torch.zeros(t + 1, dtype=torch.int32), 0, cuda=False)
 
 
 def test_traced_backward_goes_through_the_registered_op():
@@ -546,8 +549,26 @@ def test_traced_backward_goes_through_the_registered_op():
         trace(q, kv, kv, q, lse[:, :, :299], q, bounds)
     with pytest.raises(ValueError, match="head dim 256"):
         trace(*(torch.zeros(2, 300, 4, 256, dtype=bf),) * 4, lse, torch.zeros(2, 300, 4, 256, dtype=bf), bounds)
-    with pytest.raises(ValueError, match="eager-only"):
-        make_fx(lambda *a: rb.ranker_attention_backward(*a, dq=torch.empty_like(a[0])), tracing_mode="fake")(
-            q, kv, kv, q, lse, q, bounds)
     with pytest.raises(TypeError, match="cap"):
         make_fx(lambda *a: rb.ranker_attention_backward(*a, cap=True), tracing_mode="fake")(q, kv, kv, q, lse, q, bounds)
+    with pytest.raises(ValueError, match="different devices"):  # the fake compares devices too
+        trace(q, kv, kv, q.to("meta"), lse, q, bounds)
+    qv, cu = q[0], torch.tensor([0, 100, 300], dtype=torch.int32)  # varlen: max_seqlen=True is no 1
+    with pytest.raises(TypeError, match="max_seqlen"):
+        make_fx(lambda *a: rb.ranker_attention_backward(*a, cu_seqlens=cu, max_seqlen=True), tracing_mode="fake")(
+            qv, kv[0], kv[0], qv, lse[0], qv, bounds)
+
+
+def test_eager_only_backward_arguments_under_dispatch_modes():
+    """dq/dk/dv/config are eager-only: refused under torch.compile; under another dispatch mode (a flop
+    counter on real tensors) the call runs the eager implementation, which validates as usual."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q = torch.zeros(2, 300, 4, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(2, 4, 300)
+    bounds = torch.tensor([[0, 200, 200, 300]] * 2, dtype=torch.int32)
+    with FlopCounterMode(display=False), pytest.raises(ValueError, match="CUDA device"):  # eager path: CPU refused
+        rb.ranker_attention_backward(q, q, q, q, lse, q, bounds, dq=torch.empty_like(q))
+    with pytest.raises(Exception, match="eager-only"):
+        torch.compile(lambda *a: rb.ranker_attention_backward(*a, dq=torch.empty_like(a[0])), fullgraph=True,
+                      backend="eager")(q, q, q, q, lse, q, bounds)

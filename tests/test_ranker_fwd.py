@@ -517,8 +517,20 @@ def test_broadcast_kv_is_rejected_before_launch():
 
 
 def test_tile_count_limit():
-    """The kernel indexes its work tiles with Int32: 2^31 of them is a ValueError before the launch."""
+    """The kernel walks its work tiles with an Int32 index stepping by the grid size (the tile count with one
+    CTA per tile): more than 2^30 of them is a ValueError before the launch; _ranker_impl calls the check."""
+    import inspect
+
+    assert "_check_tile_count(max_seqlen, cfg.tile_m, hq, nb)" in inspect.getsource(rf._ranker_impl)
     rf._check_tile_count(4608, 128, 16, 4)
-    rf._check_tile_count(2**20, 128, 16, 2**14 - 1)  # 8192 x 16 x 16383 < 2^31
-    with pytest.raises(ValueError, match="2\\^31 work tiles"):
-        rf._check_tile_count(2**20, 128, 16, 2**14)
+    rf._check_tile_count(2**20, 128, 16, 2**13)  # 8192 x 16 x 8192 = 2^30: the last allowed
+    with pytest.raises(ValueError, match="2\\^30 work tiles"):  # tile + gridDim.x would reach 2^31
+        rf._check_tile_count(2**20, 128, 16, 2**13 + 1)
+
+
+def test_compile_targets_are_the_shipped_configs():
+    """`cute-kernels compile` warms what a default call runs (the tanh target: CAP_CONFIGS, three warpgroups)."""
+    for t in rf.compile_targets():
+        dtype, cfg, g, capm, varlen = t.key
+        assert cfg == rf.shipped_config(getattr(torch, dtype[6:]), cfg.head_dim, capm), t.label
+

@@ -270,6 +270,11 @@ def test_ops_trace_under_torch_compile_with_dynamic_shapes():
         assert "hc_mix_sinkhorn" in graph_of(lambda x, w, s, b: ck.hc_mix_sinkhorn(x, w, s, b, method=method), x, w, s, b)
     q, bounds = torch.empty(2, 256, 4, 128, dtype=bf, **meta), torch.empty(2, 4, dtype=torch.int32, **meta)
     assert "ranker_attention" in graph_of(lambda q, b: ck.ranker_attention(q, q, q, b), q, bounds)
+    from cute_kernels.kernels import ranker_bwd as rb  # the explicit backward (its fake hashed the head dim)
+
+    lse = torch.empty(2, 4, 256, **meta)
+    assert "ranker_attention_bwd" in graph_of(lambda q, b, l: rb.ranker_attention_backward(q, q, q, q, l, q, b),
+                                              q, bounds, lse)
     qq, kk = torch.empty(4, 64, dtype=bf, **meta), torch.empty(4, 32, dtype=bf, **meta)
     assert "qk_rmsnorm_" in graph_of(lambda q, k, a, c: ck.qk_rmsnorm_(q, k, a, c, 1e-6), qq, kk,
                                      torch.empty(64, dtype=bf, **meta), torch.empty(32, dtype=bf, **meta))

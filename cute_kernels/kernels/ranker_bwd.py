@@ -760,7 +760,8 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     ``pointers=False`` (fake tensors at trace time) skips the alignment and aliasing checks."""
     from .ranker_fwd import _validate
 
-    if isinstance(q, torch.Tensor) and q.dim() > 0 and q.shape[-1] not in CONFIGS:  # before the forward's list
+    # before the forward's list (int(): a symbolic head dim under torch.compile(dynamic=True) is not hashable)
+    if isinstance(q, torch.Tensor) and q.dim() > 0 and int(q.shape[-1]) not in CONFIGS:
         raise ValueError(f"head dim {q.shape[-1]} is not supported by the backward; supported: {sorted(CONFIGS)}")
     res = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=cuda,
                     pointers=pointers)
@@ -768,7 +769,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     varlen, nb, seq, hq, hkv, d = res
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported by the backward; supported: {sorted(CONFIGS)}")
-    if nb > MAX_GRID_YZ or hq > MAX_GRID_YZ:  # the launches' grids are (blocks, head, batch)
+    if q.numel() and (nb > MAX_GRID_YZ or hq > MAX_GRID_YZ):  # the launches' grids are (blocks, head, batch)
         raise ValueError(f"the backward supports at most {MAX_GRID_YZ} sequences and {MAX_GRID_YZ} query heads "
                          f"(CUDA's grid y/z limit), got B={nb}, Hq={hq}; split the batch")
     if not isinstance(deterministic, bool):
@@ -792,10 +793,9 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape, cuda=cuda, align_bytes=al // 4)
     if not lse.is_contiguous():
         raise ValueError("lse must be contiguous (as ranker_attention(..., return_lse=True) returns it)")
-    if cuda:
-        from ..runtime.validate import check_same_device
+    from ..runtime.validate import check_same_device
 
-        check_same_device(q=q, out=out, lse=lse, dout=dout)
+    check_same_device(q=q, out=out, lse=lse, dout=dout)  # also at trace time (fakes), as the forward does
     if pointers:
         check_outputs_disjoint(dict(dq=dq, dk=dk, dv=dv), dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout,
                                                                  bounds=bounds, cu_seqlens=cu_seqlens))
@@ -837,14 +837,16 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
     GQA dK/dV, candidate self terms); see the module docstring.  While torch.compile / make_fx trace,
     the call goes through the registered op ``torch.ops.cute_kernels.ranker_attention_bwd`` (its fake
-    checks the pointer-free rules); ``dq``/``dk``/``dv`` and ``config`` are eager-only (ValueError there).
+    checks the pointer-free rules); ``dq``/``dk``/``dv`` and ``config`` are eager-only (ValueError under
+    torch.compile; under another dispatch mode such a call runs the eager implementation).
     """
-    if tracing():  # torch.compile / make_fx / FakeTensorMode: through the registered op, which they see
-        if dq is not None or dk is not None or dv is not None or config is not None:
-            raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only; while "
-                             "tracing (torch.compile, make_fx) call it without them")
+    eager_only = dq is not None or dk is not None or dv is not None or config is not None
+    if tracing() and not eager_only:  # torch.compile / make_fx / FakeTensorMode: the registered op, which they see
         return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
                                             cu_seqlens, max_seqlen, deterministic)
+    if eager_only and torch.compiler.is_compiling():
+        raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only; under "
+                         "torch.compile call it without them")
     return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
                           dq=dq, dk=dk, dv=dv, config=config, deterministic=deterministic)
 
@@ -1160,9 +1162,11 @@ def _fake_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap
 
 def _precheck_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh",
                   cu_seqlens=None, max_seqlen=None, deterministic=False):
-    from .ranker_fwd import _check_scalars
+    from .ranker_fwd import _check_max_seqlen, _check_scalars
 
     _check_scalars(softmax_scale, cap, cap_method)
+    if max_seqlen is not None:  # the schema would turn True into 1
+        _check_max_seqlen(max_seqlen)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__} {deterministic!r}")
 

@@ -796,7 +796,7 @@ def compile_targets() -> list[CompileTarget]:
     ]
     out = []
     for dtype, d, g, capm, varlen in cases:
-        cfg = CONFIGS[d]
+        cfg = shipped_config(dtype, d, capm)
         label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}"
         out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
@@ -857,12 +857,16 @@ def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int,
     return longest, int(cu[-1])
 
 
+MAX_WORK_TILES = 2**30  # tile + gridDim.x (<= the tile count) must stay below 2^31 in the kernel's Int32 loop
+
+
 def _check_tile_count(max_seqlen: int, tile_m: int, hq: int, nb: int) -> None:
-    """The work list (q tile, head, batch row) is indexed with Int32 in the kernel: ValueError from 2^31 tiles
-    (varlen: ``ceil(max_seqlen / tile_m)`` tiles for every one of the B sequences)."""
+    """The work list (q tile, head, batch row) is walked with an Int32 index that steps by the grid size
+    (one CTA per tile: the tile count): ValueError above :data:`MAX_WORK_TILES` tiles (varlen:
+    ``ceil(max_seqlen / tile_m)`` tiles for every one of the B sequences)."""
     m_blocks = -(-max_seqlen // tile_m)
-    if m_blocks * hq * nb >= 2**31:
-        raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} reach 2^31 work tiles (max_seqlen x number of "
+    if m_blocks * hq * nb > MAX_WORK_TILES:
+        raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} exceed 2^30 work tiles (max_seqlen x number of "
                          "sequences is too large); split the batch, or pass a smaller, exact max_seqlen")
 
 
@@ -1075,6 +1079,8 @@ def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_s
 
 def _precheck(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None):
     _check_scalars(softmax_scale, cap, cap_method)
+    if max_seqlen is not None:  # the schema would turn True into 1
+        _check_max_seqlen(max_seqlen)
 
 
 @custom_op("ranker_attention_fwd", mutates_args=(), fake=_fake, precheck=_precheck)
@@ -1132,7 +1138,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
             bounds rows != B, non-positive/non-finite cap, non-finite softmax_scale, unknown
             cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
-            max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B >= 2^31
+            max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B > 2^30
             work tiles; for the backward (``.backward()``), B or Hq above 65535.
     """
     if not isinstance(return_lse, bool):
