@@ -279,3 +279,21 @@ def test_ops_trace_under_torch_compile_with_dynamic_shapes():
     assert "qk_rmsnorm_" in graph_of(lambda q, k, a, c: ck.qk_rmsnorm_(q, k, a, c, 1e-6), qq, kk,
                                      torch.empty(64, dtype=bf, **meta), torch.empty(32, dtype=bf, **meta))
     assert "scale" in graph_of(lambda x: ck.scale(x, 2.0), torch.empty(64, dtype=bf, **meta))
+
+
+def test_traced_calls_name_a_non_tensor_argument():
+    """While tracing, a list where the op schema wants a tensor is a TypeError naming the argument (the
+    dispatcher's schema error would be a RuntimeError)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    q = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16)
+    bounds = torch.zeros(2, 4, dtype=torch.int32)
+    with pytest.raises(TypeError, match="bounds must be a torch.Tensor, got list"):
+        make_fx(lambda q: cute_kernels.ranker_attention(q, q, q, [[0, 1, 1, 2]] * 2), tracing_mode="fake")(q)
+    with pytest.raises(TypeError, match=r"cu_seqlens must be a torch.Tensor or None, got list"):
+        make_fx(lambda q, b: cute_kernels.ranker_attention(q[0], q[0], q[0], b, cu_seqlens=[0, 32, 64]),
+                tracing_mode="fake")(q, bounds)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        make_fx(lambda q: cute_kernels.scale([1.0], 2.0), tracing_mode="fake")(q)
+    assert "ranker_attention" in make_fx(lambda q, b: cute_kernels.ranker_attention(q, q, q, b),
+                                         tracing_mode="fake")(q, bounds).code

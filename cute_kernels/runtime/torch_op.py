@@ -31,16 +31,43 @@ def _requires_grad(args, kwargs) -> bool:
         isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
 
 
+def _tensor_params(op) -> list[tuple[int, str, bool]]:
+    """(position, name, optional) of the op schema's Tensor / Optional[Tensor] arguments."""
+    out = []
+    for i, a in enumerate(op._opoverload._schema.arguments):
+        t = a.type
+        optional = isinstance(t, torch.OptionalType)
+        if isinstance(t.getElementType() if optional else t, torch.TensorType):
+            out.append((i, a.name, optional))
+    return out
+
+
 class _EagerFastPath:
     def __init__(self, op, impl: Callable, precheck: Callable | None, grad_via_op: bool):
         self.op = op
         self.impl = impl
         self.precheck = precheck
         self.grad_via_op = grad_via_op
+        self.tensor_params = _tensor_params(op)
         functools.update_wrapper(self, impl)
+
+    def check_tensor_types(self, args, kwargs) -> None:
+        """TypeError naming the argument for a non-tensor where the schema wants a tensor (the dispatcher
+        would raise a RuntimeError about the schema instead)."""
+        for i, name, optional in self.tensor_params:
+            if i < len(args):
+                v = args[i]
+            elif name in kwargs:
+                v = kwargs[name]
+            else:
+                continue
+            if not isinstance(v, torch.Tensor) and not (optional and v is None):
+                raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, "
+                                f"got {type(v).__name__}")
 
     def __call__(self, *args, **kwargs):
         if tracing() or (self.grad_via_op and _requires_grad(args, kwargs)):
+            self.check_tensor_types(args, kwargs)
             if self.precheck is not None:  # the op's schema would turn a bool into 1 / 1.0 unseen
                 self.precheck(*args, **kwargs)
             return self.op(*args, **kwargs)
