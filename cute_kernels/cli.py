@@ -29,9 +29,22 @@ def _select(kernel: str | None) -> list[str]:
     if kernel is None:
         return registry.names()
     if kernel not in registry.KERNELS:  # exit status 2, as for every bad argument of the CLI
-        print(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}", file=sys.stderr)
+        parent = next((name for name in registry.names() if kernel.startswith(name + "_") and _has_part(name, kernel)),
+                      None)
+        hint = f" ({kernel!r} is a launch of {parent!r}: use --kernel {parent})" if parent else ""
+        print(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}{hint}", file=sys.stderr)
         raise SystemExit(2)
     return [kernel]
+
+
+def _has_part(name: str, part: str) -> bool:
+    """Whether registry entry ``name`` compiles kernels named ``part`` (``compile`` lists them by that name)."""
+    from . import registry
+
+    try:
+        return any(t.kernel == part for t in registry.module(name).compile_targets())
+    except Exception:  # noqa: BLE001 (only a hint)
+        return False
 
 
 def _first_line(exc: BaseException) -> str:

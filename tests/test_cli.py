@@ -56,3 +56,10 @@ def test_layouts_config_values_are_typed(tmp_path):
     assert r.returncode == 2 and "'stages' takes an integer" in r.stderr
     r = _run("layouts", "--kernel", "ranker_fwd", "--config", "persistent=maybe", "--out", str(tmp_path))
     assert r.returncode == 2 and "true or false" in r.stderr
+
+
+def test_unknown_kernel_that_is_a_launch_of_a_registered_one_gets_a_hint():
+    """`compile` lists rows by launch (hc_mix_tma, ranker_bwd_preprocess); --kernel takes the registry name."""
+    r = _run("compile", "--kernel", "hc_mix_tma")
+    assert r.returncode == 2 and "'hc_mix_tma' is a launch of 'hc_mix': use --kernel hc_mix" in r.stderr
+
