@@ -32,9 +32,14 @@ def _requires_grad(args, kwargs) -> bool:
 
 
 def _tensor_params(op) -> list[tuple[int, str, bool]]:
-    """(position, name, optional) of the op schema's Tensor / Optional[Tensor] arguments."""
+    """(position, name, optional) of the op schema's Tensor / Optional[Tensor] arguments ([] where this torch
+    does not expose the schema that way: the dispatcher's own error then stands)."""
+    try:
+        arguments = op._opoverload._schema.arguments
+    except AttributeError:
+        return []
     out = []
-    for i, a in enumerate(op._opoverload._schema.arguments):
+    for i, a in enumerate(arguments):
         t = a.type
         optional = isinstance(t, torch.OptionalType)
         if isinstance(t.getElementType() if optional else t, torch.TensorType):
