@@ -3,10 +3,10 @@
 
     python3 bench/ranker_fwd_d64_overlap_probe.py   (H200: bench/results/logs/2026-11-30_s9_ranker_fwd_d64_overlap.log)
 """
-import dataclasses as dc, json, statistics, torch
+import dataclasses as dc, json, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
-from cute_kernels.runtime.timing import cuda_time_us
+from probe_timing import time_configs
 
 # the configs as they were at the time of the probe (session 8's shipped D=64 config and its float16 one)
 base = rf.RankerFwdConfig(head_dim=64, tile_m=192, tile_n=112, stages=6, consumer_wgs=3, producer_regs=32,
@@ -27,7 +27,7 @@ for n, c in list(cfgs.items()):
 g = torch.Generator(device="cuda").manual_seed(0)
 shapes = [(4, 4096, 512, 16, 16, None), (4, 4096, 512, 16, 16, 50.0), (16, 1024, 256, 16, 16, None),
           (4, 4096, 512, 16, 4, None), (8, 2048, 2048, 8, 8, None)]
-data, res = [], {}
+data = []
 for nb, hist, cand, h, hkv, cap in shapes:
     s = hist + cand
     q = torch.randn(nb, s, h, 64, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -40,12 +40,5 @@ for nb, hist, cand, h, hkv, cap in shapes:
         if err > 2e-2:
             print(json.dumps({"cfg": n, "mismatch": err}))
     flops = 4 * 64 * h * admitted_pairs(bounds.cpu(), [s] * nb)
-    data.append((f"B={nb},h={hist},c={cand},H={h}/{hkv},D=64,cap={cap}", q, k, v, bounds, cap, flops))
-for r in range(3):
-    for key, q, k, v, bounds, cap, flops in data:
-        for n, c in cfgs.items():
-            res.setdefault((key, n), []).append(cuda_time_us(
-                lambda: rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=c), reps=8, inner=5))
-for key, q, k, v, bounds, cap, flops in data:
-    print(json.dumps({"shape": key, **{n: [round(statistics.median(ts), 1), round(flops / statistics.median(ts) / 1e6)]
-                                       for (kk, n), ts in res.items() if kk == key}}), flush=True)
+    data.append((f"B={nb},h={hist},c={cand},H={h}/{hkv},D=64,cap={cap}", q, k, v, bounds, cap, flops, cfgs))
+time_configs(data)

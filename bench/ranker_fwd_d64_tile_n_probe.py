@@ -3,10 +3,10 @@ consumer warpgroups (session 9 probe; all spill-free in bf16 without a cap).
 
     python3 bench/ranker_fwd_d64_tile_n_probe.py   (H200: bench/results/logs/2026-11-30_s9_ranker_fwd_d64_tile_n.log)
 """
-import dataclasses as dc, json, statistics, torch
+import dataclasses as dc, json, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
-from cute_kernels.runtime.timing import cuda_time_us
+from probe_timing import time_configs
 
 n128 = rf.RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
                           consumer_regs=160, persistent=True, intra_wg_overlap=False)  # shipped in session 9
@@ -16,7 +16,7 @@ cfgs = {"n128_s4": n128, "n128_s3": dc.replace(n128, stages=3), "n128_s2": dc.re
 g = torch.Generator(device="cuda").manual_seed(0)
 shapes = [(4, 4096, 512, 16, 16), (16, 1024, 256, 16, 16), (4, 4096, 512, 16, 4), (8, 2048, 2048, 8, 8),
           (1, 16384, 1024, 16, 16)]
-data, res = [], {}
+data = []
 for nb, hist, cand, h, hkv in shapes:
     s = hist + cand
     q = torch.randn(nb, s, h, 64, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -29,12 +29,5 @@ for nb, hist, cand, h, hkv in shapes:
         if err > 2e-2:
             print(json.dumps({"cfg": n, "mismatch": err}))
     flops = 4 * 64 * h * admitted_pairs(bounds.cpu(), [s] * nb)
-    data.append((f"B={nb},h={hist},c={cand},H={h}/{hkv},D=64", q, k, v, bounds, flops))
-for r in range(3):
-    for key, q, k, v, bounds, flops in data:
-        for n, c in cfgs.items():
-            res.setdefault((key, n), []).append(cuda_time_us(
-                lambda: rf._ranker_impl(q, k, v, bounds, None, None, "tanh", None, None, config=c), reps=8, inner=5))
-for key, q, k, v, bounds, flops in data:
-    print(json.dumps({"shape": key, **{n: [round(statistics.median(ts), 1), round(flops / statistics.median(ts) / 1e6)]
-                                       for (kk, n), ts in res.items() if kk == key}}), flush=True)
+    data.append((f"B={nb},h={hist},c={cand},H={h}/{hkv},D=64", q, k, v, bounds, None, flops, cfgs))
+time_configs(data)

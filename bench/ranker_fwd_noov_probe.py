@@ -3,10 +3,10 @@ on three warpgroups, float16 on three warpgroups, D=128 on three warpgroups (til
 
     python3 bench/ranker_fwd_noov_probe.py   (H200: bench/results/logs/2026-11-30_s9_ranker_fwd_noov.log)
 """
-import dataclasses as dc, json, statistics, torch
+import dataclasses as dc, json, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
-from cute_kernels.runtime.timing import cuda_time_us
+from probe_timing import time_configs
 
 bf16, fp16 = torch.bfloat16, torch.float16
 # the configs as they were at the time of the probe: session 8's D=64 config (overlapped, tile_n=112) and
@@ -28,7 +28,7 @@ shapes = [(4, 4096, 512, 16, 16, 64, None, bf16, d64), (4, 4096, 512, 16, 16, 64
           (4, 4096, 512, 16, 16, 128, None, bf16, d128), (4, 4096, 512, 16, 16, 128, 50.0, bf16, d128),
           (16, 1024, 256, 16, 16, 128, None, bf16, d128)]
 g = torch.Generator(device="cuda").manual_seed(0)
-data, res = [], {}
+data = []
 for nb, hist, cand, h, hkv, d, cap, dt, cfgs in shapes:
     s = hist + cand
     q = torch.randn(nb, s, h, d, device="cuda", dtype=dt, generator=g)
@@ -46,11 +46,4 @@ for nb, hist, cand, h, hkv, d, cap, dt, cfgs in shapes:
             print(json.dumps({"cfg": n, "mismatch": err}))
     flops = 4 * d * h * admitted_pairs(bounds.cpu(), [s] * nb)
     data.append((f"B={nb},h={hist},c={cand},H={h}/{hkv},D={d},cap={cap},{str(dt)[6:]}", q, k, v, bounds, cap, flops, cfgs))
-for r in range(3):
-    for key, q, k, v, bounds, cap, flops, cfgs in data:
-        for n, c in cfgs.items():
-            res.setdefault((key, n), []).append(cuda_time_us(
-                lambda: rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=c), reps=8, inner=5))
-for key, q, k, v, bounds, cap, flops, cfgs in data:
-    print(json.dumps({"shape": key, **{n: [round(statistics.median(ts), 1), round(flops / statistics.median(ts) / 1e6)]
-                                       for (kk, n), ts in res.items() if kk == key}}), flush=True)
+time_configs(data)

@@ -3,12 +3,12 @@ output is bitwise the same) vs always rescaling (session 9 probe; config field s
 
     python3 bench/ranker_fwd_skip_rescale_probe.py   (H200: bench/results/logs/2026-11-30_s9_ranker_fwd_skip_rescale.log)
 """
-import dataclasses as dc, json, statistics, torch
+import dataclasses as dc, json, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
-from cute_kernels.runtime.timing import cuda_time_us
+from probe_timing import time_configs
 
-data, res = [], {}
+data = []
 for nb, hist, cand, hq, hkv, d, cap in rf.BENCH_CASES:
     s = hist + cand
     g = torch.Generator(device="cuda").manual_seed(len(data))
@@ -23,11 +23,4 @@ for nb, hist, cand, hq, hkv, d, cap in rf.BENCH_CASES:
     print(json.dumps({"shape": key, "bitwise_equal_out_lse": [torch.equal(o0, o1), torch.equal(l0, l1)]}), flush=True)
     flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
     data.append((key, q, k, v, bounds, cap, flops, cfgs))
-for r in range(3):
-    for key, q, k, v, bounds, cap, flops, cfgs in data:
-        for n, c in cfgs.items():
-            res.setdefault((key, n), []).append(cuda_time_us(
-                lambda: rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=c), reps=8, inner=5))
-for key, *_, flops, cfgs in data:
-    print(json.dumps({"shape": key, **{n: [round(statistics.median(ts), 1), round(flops / statistics.median(ts) / 1e6)]
-                                       for (kk, n), ts in res.items() if kk == key}}), flush=True)
+time_configs(data)

@@ -2,10 +2,10 @@
 
     python3 bench/ranker_fwd_wg3_probe.py   (H200: bench/results/logs/2026-11-30_s8_ranker_fwd_wg3_d128_and_d64_stages.log)
 """
-import dataclasses as dc, json, statistics, torch
+import dataclasses as dc, json, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
-from cute_kernels.runtime.timing import cuda_time_us
+from probe_timing import time_configs
 
 w3 = dict(consumer_wgs=3, tile_m=192, producer_regs=32, consumer_regs=160)
 c128 = {"base": rf.CONFIGS[128],
@@ -24,7 +24,7 @@ for cs in (c128, c64):
 g = torch.Generator(device="cuda").manual_seed(0)
 shapes = [(4, 4096, 512, 16, 128, None, c128), (4, 4096, 512, 16, 128, 50.0, c128), (16, 1024, 256, 16, 128, None, c128),
           (8, 2048, 2048, 8, 128, None, c128), (4, 4096, 512, 16, 64, None, c64)]
-data, res = [], {}
+data = []
 for nb, hist, cand, h, d, cap, cfgs in shapes:
     s = hist + cand
     q, k, v = (torch.randn(nb, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
@@ -37,11 +37,4 @@ for nb, hist, cand, h, d, cap, cfgs in shapes:
             print(json.dumps({"cfg": n, "d": d, "mismatch": err}))
     flops = 4 * d * h * admitted_pairs(bounds.cpu(), [s] * nb)
     data.append((f"B={nb},h={hist},c={cand},H={h},D={d},cap={cap}", q, k, v, bounds, cap, flops, cfgs))
-for r in range(3):
-    for key, q, k, v, bounds, cap, flops, cfgs in data:
-        for n, c in cfgs.items():
-            res.setdefault((key, n), []).append(cuda_time_us(
-                lambda: rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=c), reps=8, inner=5))
-for key, q, k, v, bounds, cap, flops, cfgs in data:
-    print(json.dumps({"shape": key, **{n: [round(statistics.median(ts), 1), round(flops / statistics.median(ts) / 1e6)]
-                                       for (kk, n), ts in res.items() if kk == key}}), flush=True)
+time_configs(data)

@@ -22,3 +22,25 @@ def test_bandwidth_records_show_gbps_and_copy_fraction():
                                  gbps=2267.4, copy_bw_frac=0.534)])
     assert "GB/s" in text and "useful TFLOP/s" not in text
     assert "| m=4096,k=20480 | cute_kernels | graph | 74.0 | 2267 | 53% |" in text
+
+
+def test_probe_timing_interleaves_rounds_and_reports_medians(capsys):
+    """bench/probe_timing.py (the probes' shared loop): every config of every case once per round, in
+    order, medians over rounds, one JSON line per case with [median us, useful TFLOP/s]."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("probe_timing", Path(__file__).parents[1] / "bench" / "probe_timing.py")
+    pt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pt)
+    calls, times = [], iter([10.0, 20.0, 30.0, 12.0, 22.0, 32.0, 11.0, 24.0, 31.0])
+
+    def time_us(fn, reps, inner):
+        fn()
+        return next(times)
+
+    cases = [("A", "qa", "k", "v", "b", None, 2e9, {"x": "cx", "y": "cy"}), ("B", "qb", "k", "v", "b", 5.0, 3e9, {"x": "cx"})]
+    med = pt.time_configs(cases, launch=lambda q, k, v, b, cap, cfg: calls.append((q, cap, cfg)), time_us=time_us)
+    assert calls == [("qa", None, "cx"), ("qa", None, "cy"), ("qb", 5.0, "cx")] * 3
+    assert med == {"A": {"x": 11.0, "y": 22.0}, "B": {"x": 31.0}}
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert lines == [{"shape": "A", "x": [11.0, 182], "y": [22.0, 91]}, {"shape": "B", "x": [31.0, 97]}]

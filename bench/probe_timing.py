@@ -1,0 +1,34 @@
+"""The timing loop the ranker_fwd probe scripts share: every config of every case, interleaved over rounds
+(the H200 drifts within a run), CUDA-graph medians, one JSON line per case.
+
+    from probe_timing import time_configs   # (bench/ is on sys.path when a probe runs as a script)
+"""
+import json
+import statistics
+
+
+def _launch(q, k, v, bounds, cap, cfg):
+    from cute_kernels.kernels import ranker_fwd as rf
+
+    return rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)
+
+
+def time_configs(cases, rounds: int = 3, reps: int = 8, inner: int = 5, launch=_launch, time_us=None) -> dict:
+    """``cases``: ``(key, q, k, v, bounds, cap, flops, {name: RankerFwdConfig})``.  Times ``launch(q, k, v,
+    bounds, cap, cfg)`` per config, ``rounds`` interleaved passes over all cases, and prints per case
+    ``{"shape": key, name: [median us, useful TFLOP/s], ...}`` (flops: useful FLOPs of one call); returns
+    ``{key: {name: median us}}``.  ``time_us(fn, reps=, inner=)`` defaults to CUDA-graph timing."""
+    if time_us is None:
+        from cute_kernels.runtime.timing import cuda_time_us as time_us
+    res = {}
+    for _ in range(rounds):
+        for key, q, k, v, bounds, cap, flops, cfgs in cases:
+            for name, cfg in cfgs.items():
+                res.setdefault(key, {}).setdefault(name, []).append(
+                    time_us(lambda: launch(q, k, v, bounds, cap, cfg), reps=reps, inner=inner))
+    medians = {}
+    for key, *_, flops, cfgs in cases:
+        medians[key] = {name: statistics.median(res[key][name]) for name in cfgs}
+        print(json.dumps({"shape": key, **{name: [round(t, 1), round(flops / t / 1e6)]
+                                           for name, t in medians[key].items()}}), flush=True)
+    return medians
