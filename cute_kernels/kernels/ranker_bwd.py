@@ -83,8 +83,10 @@ class NamedBarrierBwd(enum.IntEnum):
 
     Epilogue = 1  # MMA warpgroups: done reading sK/sV before dK/dV (aliasing them) are written; smem ready
     PdS = 2  # MMA warpgroups: the last dQ GEMM is done reading sdS / both halves of dS^T are in sdS
-    dQFull = 3  # MMA warpgroups -> dQ warp: sdQ holds this q block's dQ
-    dQEmpty = 4  # dQ warp -> MMA warpgroups: the last TMA reduce-add has read sdQ
+    # MMA warpgroup(s) -> dQ warp: sdQ holds this q block's dQ; dQ warp -> MMA warpgroup(s): the last TMA
+    # reduce-add has read sdQ.  With dq_per_wg, warpgroup w uses dQFull + w and dQEmpty + w.
+    dQFull = 3
+    dQEmpty = 5
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -103,6 +105,8 @@ class RankerBwdConfig:
     producer_regs: int = 24
     mma_regs: int = 240
     deterministic: bool = False  # ordered float32 reduce-adds (dQ by KV block, GQA dK/dV by query head)
+    ds_stages: int = 1  # dS^T smem buffers; 2 drops the barrier before each dS^T write (FlashAttention-4)
+    dq_per_wg: bool = False  # each MMA warpgroup hands its half of dQ to the dQ warp on its own barriers
 
     def acc_regs(self) -> int:
         """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
@@ -115,7 +119,7 @@ class RankerBwdConfig:
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
         qdo = 2 * self.stages * self.tile_m * self.head_dim * elem_bytes
-        ds = self.tile_n * self.tile_m * elem_bytes
+        ds = self.ds_stages * self.tile_n * self.tile_m * elem_bytes
         dq = self.tile_m * self.head_dim * 4
         stats = 2 * self.stages * self.tile_m * 4
         return kv + qdo + ds + dq + stats + 8 * (2 + 4 * self.stages) + 2048
@@ -131,6 +135,8 @@ class RankerBwdConfig:
             raise ValueError(f"tile_m={self.tile_m}: must be 64 or 128 (WGMMA N of S^T, K of dK/dV)")
         if not 1 <= self.stages <= 4:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
+        if self.ds_stages not in (1, 2):
+            raise ValueError(f"ds_stages={self.ds_stages}: must be 1 or 2")
         if self.producer_regs % 8 or self.mma_regs % 8:
             raise ValueError("setmaxnreg counts must be multiples of 8")
         sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
@@ -195,6 +201,7 @@ class RankerAttentionBwd:
         self.varlen = varlen
         self.num_mma_threads = 128 * config.mma_wgs
         self.num_threads = 128 + self.num_mma_threads
+        self.dq_parts = config.mma_wgs if config.dq_per_wg else 1  # TMA reduce-adds per q block
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -233,8 +240,12 @@ class RankerAttentionBwd:
         sdO_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
         sK_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim)
         sV_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim)
-        sdSt_layout = sm90.smem_layout(self.dtype, self.tile_n, self.tile_m)  # dS^T (keys, q rows), q rows contiguous
+        # dS^T (keys, q rows, ds_stages), q rows contiguous
+        sdSt_layout = sm90.smem_layout(self.dtype, self.tile_n, self.tile_m, self.config.ds_stages)
+        # dQ (q rows, head dim); each warpgroup's half of the columns is a contiguous block of it
         sdQ_layout = sm90.smem_layout(Float32, self.tile_m, self.head_dim)
+        dq_box = (self.tile_m, self.head_dim // self.dq_parts)
+        sdQpart_layout = sm90.smem_layout(Float32, *dq_box)
         sdKVacc_layout = sm90.smem_layout(Float32, self.tile_n, self.head_dim)  # GQA: aliases sK + sV
         sLSE_layout = cute.make_layout((self.tile_m, self.stages))
 
@@ -252,7 +263,7 @@ class RankerAttentionBwd:
         tma_atom_dPsum, tma_dPsum = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mdPsum, cute.make_layout(self.tile_m), (self.tile_m,))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQ_layout, (self.tile_m, self.head_dim))
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
         if const_expr(self.gqa):
             tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(), mdK, sdKVacc_layout, (self.tile_n, self.head_dim))
@@ -450,31 +461,39 @@ class RankerAttentionBwd:
 
     @cute.jit
     def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, mdQsem, work):
-        """Warp 1: for each q block, wait for the MMA warpgroups' dQ tile in smem, add it to the
-        float32 accumulator in global memory with one TMA bulk reduce-add, hand the buffer back
-        once the reduce has read it.  Deterministic mode: the KV blocks of a q block add in
-        increasing order (a per-q-block semaphore counts the adds done; FlashAttention-3's scheme)."""
+        """Warp 1: for each q block, wait for the MMA warpgroups' dQ tile in smem (``dq_parts`` column
+        blocks, one per warpgroup with ``dq_per_wg``), add each to the float32 accumulator in global
+        memory with one TMA bulk reduce-add, hand the buffers back once the reduces have read them.
+        Deterministic mode: the KV blocks of a q block add in increasing order (a per-q-block semaphore
+        counts the adds done; FlashAttention-3's scheme)."""
         head, count = work[1], work[9]
         lane = cute.arch.lane_idx()
         if count > 0:
-            gdQ = cute.local_tile(self._padded_view(tma_dQ, work, head), (self.tile_m, self.head_dim), (None, 0))
-            tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
-                                                   cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
-            nthreads = self.num_mma_threads + 32
+            box = (self.tile_m, self.head_dim // self.dq_parts)
+            gdQ = cute.local_tile(self._padded_view(tma_dQ, work, head), box, (None, None))
+            parts = [cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                           cute.group_modes(cute.local_tile(sdQ, box, (0, w)), 0, 2),
+                                           cute.group_modes(gdQ, 0, 2))
+                     for w in range(self.dq_parts)]
+            nthreads = self.num_mma_threads // self.dq_parts + 32
             for i in cutlass.range(count, unroll=1):
                 m_block = self.m_block_of(i, work)
-                cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty), number_of_threads=nthreads)
-                cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull), number_of_threads=nthreads)
-                if const_expr(self.config.deterministic):
-                    sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
-                    if lane == 0:
-                        _wait_until(sem, work[0] - work[5].n_block_min(self.tile_n))
-                    cute.arch.sync_warp()
-                cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block])
-                cute.arch.cp_async_bulk_commit_group()
+                for w in cutlass.range_constexpr(self.dq_parts):
+                    cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
+                for w in cutlass.range_constexpr(self.dq_parts):
+                    cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
+                    if const_expr(self.config.deterministic and w == 0):
+                        sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
+                        if lane == 0:
+                            _wait_until(sem, work[0] - work[5].n_block_min(self.tile_n))
+                        cute.arch.sync_warp()
+                    tdQsdQ, tdQgdQ = parts[w]
+                    cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block, w])
+                    cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.config.deterministic):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
                     if lane == 0:
+                        sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
                 else:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -498,7 +517,7 @@ class RankerAttentionBwd:
         tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
         tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(sm90.transpose_view(sdO)))
         tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(sm90.transpose_view(sQ)))
-        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sm90.transpose_view(sdSt)))
+        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sm90.transpose_view(sdSt)))  # (.., ds stage)
         tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(sm90.transpose_view(sK)))
         acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
@@ -510,7 +529,7 @@ class RankerAttentionBwd:
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
         ds_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_sdp).get_slice(tidx)
-        tdSsdS = ds_thr_copy.partition_D(sdSt)
+        tdSsdS = ds_thr_copy.partition_D(sdSt)  # (.., ds stage)
 
         n_block, count, seg = work[0], work[9], work[5]
         if count > 0:
@@ -523,15 +542,17 @@ class RankerAttentionBwd:
             for r in cutlass.range_constexpr(cute.size(tScS_mn, mode=[0])):
                 key_bias[r] = 0.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else -Float32.inf
             for i in cutlass.range(count, unroll=1):
+                ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
                 q_state = self.mma_one_m_block(
-                    q_state, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt,
+                    q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV,
+                    tdPrdO, tdVrdOt,
                     tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS,
                     smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
         self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                       tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale)
 
     @cute.jit
-    def mma_one_m_block(self, q_state, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
+    def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
                         tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy,
                         tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
         """One q block: S^T, dP^T, P^T, dS^T, dV, dK, dQ (FlashAttention-3's order)."""
@@ -568,26 +589,30 @@ class RankerAttentionBwd:
 
         # dV += P^T dO (P^T from registers)
         sm90.wgmma_gemm(tiled_mma_dkv, acc_dV, sm90.acc_as_operand_a(rP), tdVrdOt[None, None, None, stage], zero_init=False)
-        # both warpgroups' dQ GEMMs of the last q block are done reading sdS: overwrite it
-        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
-        cute.copy(smem_atom, ds_thr_copy.retile(rdS), tdSsdS)
+        if const_expr(self.config.ds_stages == 1):
+            # both warpgroups' dQ GEMMs of the last q block are done reading sdS: overwrite it.  (With
+            # two buffers, this buffer's last reader was the dQ GEMM two q blocks back, which both
+            # warpgroups finished before the last PdS barrier.)
+            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
+        cute.copy(smem_atom, ds_thr_copy.retile(rdS), tdSsdS[None, None, None, ds_idx])
         # dK += dS^T Q (dS^T from registers)
         sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, sm90.acc_as_operand_a(rdS), tdKrQt[None, None, None, stage], zero_init=False)
         cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
         # dQ = dS K (this warpgroup's half of the head dim)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, zero_init=True)
+        sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
         warpgroup.wait_group(0)
         pipeline_do.consumer_release(q_state)
         pipeline_q.consumer_release(q_state)
 
-        # dQ tile -> smem -> warp 1's TMA reduce-add
-        nthreads = self.num_mma_threads + 32
-        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQEmpty), number_of_threads=nthreads)
+        # dQ tile -> smem -> warp 1's TMA reduce-add (per warpgroup: its own pair of barriers)
+        nthreads = self.num_mma_threads // self.dq_parts + 32
+        part = wg_idx if const_expr(self.config.dq_per_wg) else 0
+        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQEmpty) + part, number_of_threads=nthreads)
         cute.autovec_copy(acc_dQ, tdQsdQ)
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull), number_of_threads=nthreads)
+        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull) + part, number_of_threads=nthreads)
         q_state.advance()
         return q_state
 
