@@ -20,12 +20,14 @@ The backward is three launches (:func:`ranker_attention_backward`):
      once, then Q + LSE and dO + dPsum of every q block that reaches it, through ``stages``-deep
      ``PipelineTmaAsync`` pipelines; warp 1 adds each q block's float32 dQ tile to the global
      accumulator with a TMA bulk reduce-add (``cp.reduce.async.bulk.tensor...add``, float32), handing
-     the smem tile back and forth with the MMA warpgroups through two named barriers;
+     the smem tile back and forth with the MMA warpgroups through named barriers;
    * warpgroups 1 and 2 (``setmaxnreg`` up), 64 keys each: ``S^T = K Q^T`` and ``dP^T = V dO^T``
      (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask, ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO`` and ``dK += dS^T Q`` with
      P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
-     ``dQ = dS K`` (both warpgroups, half the head dim each), dQ through smem to warp 1.
+     ``dQ = dS K`` (both warpgroups, half the head dim each), dQ through smem to warp 1 (each
+     warpgroup's half on its own pair of named barriers, one TMA reduce-add per half; two dS^T
+     buffers, so a warpgroup writes the next dS^T without waiting for the other's dQ GEMM).
    Only the q blocks holding history or candidate rows are visited (each once,
    :meth:`.ranker_mask.RankerSegments.m_block_ranges`); KV blocks outside the history do no work.
    Epilogue (seed 004, FlashAttention-3's ``CollectiveEpilogueBwd``): dK, dV through smem reusing
@@ -105,8 +107,11 @@ class RankerBwdConfig:
     producer_regs: int = 24
     mma_regs: int = 240
     deterministic: bool = False  # ordered float32 reduce-adds (dQ by KV block, GQA dK/dV by query head)
-    ds_stages: int = 1  # dS^T smem buffers; 2 drops the barrier before each dS^T write (FlashAttention-4)
-    dq_per_wg: bool = False  # each MMA warpgroup hands its half of dQ to the dQ warp on its own barriers
+    # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
+    # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
+    # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
+    ds_stages: int = 2  # dS^T smem buffers; 2 drops the barrier before each dS^T write
+    dq_per_wg: bool = True  # each MMA warpgroup hands its half of dQ to the dQ warp on its own barriers
 
     def acc_regs(self) -> int:
         """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
