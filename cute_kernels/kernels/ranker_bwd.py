@@ -112,6 +112,7 @@ class RankerBwdConfig:
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
     ds_stages: int = 2  # dS^T smem buffers; 2 drops the barrier before each dS^T write
     dq_per_wg: bool = True  # each MMA warpgroup hands its half of dQ to the dQ warp on its own barriers
+    dq_first: bool = False  # issue dQ = dS K before dK += dS^T Q; dQ's hand-off overlaps the dK GEMM
 
     def acc_regs(self) -> int:
         """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
@@ -600,16 +601,27 @@ class RankerAttentionBwd:
             # warpgroups finished before the last PdS barrier.)
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
         cute.copy(smem_atom, ds_thr_copy.retile(rdS), tdSsdS[None, None, None, ds_idx])
-        # dK += dS^T Q (dS^T from registers)
-        sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, sm90.acc_as_operand_a(rdS), tdKrQt[None, None, None, stage], zero_init=False)
+        if const_expr(not self.config.dq_first):
+            # dK += dS^T Q (dS^T from registers)
+            sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, sm90.acc_as_operand_a(rdS), tdKrQt[None, None, None, stage],
+                            zero_init=False)
         cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
-        # dQ = dS K (this warpgroup's half of the head dim)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
-        warpgroup.wait_group(0)
-        pipeline_do.consumer_release(q_state)
-        pipeline_q.consumer_release(q_state)
+        if const_expr(self.config.dq_first):
+            warpgroup.wait_group(0)  # dV done: sdO and P^T's registers are free before dQ's accumulator lives
+            pipeline_do.consumer_release(q_state)
+            # dQ = dS K (this warpgroup's half of the head dim), then dK += dS^T Q behind it
+            sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
+            sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, sm90.acc_as_operand_a(rdS), tdKrQt[None, None, None, stage],
+                            zero_init=False)
+            warpgroup.wait_group(1)
+        else:
+            # dQ = dS K (this warpgroup's half of the head dim)
+            sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
+            warpgroup.wait_group(0)
+            pipeline_do.consumer_release(q_state)
+            pipeline_q.consumer_release(q_state)
 
         # dQ tile -> smem -> warp 1's TMA reduce-add (per warpgroup: its own pair of barriers)
         nthreads = self.num_mma_threads // self.dq_parts + 32
@@ -618,6 +630,9 @@ class RankerAttentionBwd:
         cute.autovec_copy(acc_dQ, tdQsdQ)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull) + part, number_of_threads=nthreads)
+        if const_expr(self.config.dq_first):
+            warpgroup.wait_group(0)  # dK done: sQ is free
+            pipeline_q.consumer_release(q_state)
         q_state.advance()
         return q_state
 

@@ -1,0 +1,81 @@
+"""Backward mainloop config variants vs the shipped config (:func:`ranker_bwd.config_for`) on the bench
+shapes: checks, then CUDA-graph medians of interleaved rounds (``probe_timing.time_configs``).
+
+Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerBwdConfig fields:
+
+    python3 bench/ranker_bwd_config_probe.py ds2=ds_stages:2 dq_per_wg=dq_per_wg:True
+    python3 bench/ranker_bwd_config_probe.py dq_first=dq_first:True
+
+Checks per variant: dK and dV bitwise equal to the shipped config's (MHA: same GEMMs in the same order;
+GQA adds heads in arrival order, so only deterministic mode is bitwise there), dQ's relative difference,
+and in deterministic mode all of dQ, dK, dV bitwise equal.
+
+Runs recorded: bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log (the session-10 sync variants, when
+``ds_stages=1, dq_per_wg=False`` was shipped), 2026-11-30_s10_ranker_bwd_dq_first.log.
+"""
+import ast
+import dataclasses as dc
+import json
+import sys
+from types import SimpleNamespace
+
+import torch
+from probe_timing import time_configs
+
+from cute_kernels.kernels import ranker_bwd as rb
+from cute_kernels.kernels.ranker_fwd import ranker_attention
+from cute_kernels.kernels.ranker_mask import admitted_pairs
+
+
+def parse_variant(arg: str):
+    name, _, spec = arg.partition("=")
+    fields = {}
+    for item in spec.split(","):
+        field, _, value = item.partition(":")
+        fields[field] = ast.literal_eval(value)
+    return name, fields
+
+
+def launch(x, k, v, bounds, cap, cfg):
+    return rb.ranker_attention_backward(x.q, k, v, x.o, x.lse, x.do, bounds, cap=cap, config=cfg)
+
+
+def main(variants):
+    data = []
+    for nb, hist, cand, hq, hkv, d, cap in rb.BENCH_CASES:
+        s = hist + cand
+        g = torch.Generator(device="cuda").manual_seed(len(data))
+        q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+        o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+        x = SimpleNamespace(q=q, o=o, lse=lse, do=do)
+        base = rb.config_for(d, cap is not None)
+        cfgs = {"shipped": base}
+        for name, fields in variants:
+            cfg = dc.replace(base, **fields)
+            try:
+                cfg.validate()
+            except ValueError as exc:
+                print(json.dumps({"variant": name, "D": d, "invalid": str(exc)}), flush=True)
+                continue
+            cfgs[name] = cfg
+        key = f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}"
+        ref = launch(x, k, v, bounds, cap, base)
+        ref_det = launch(x, k, v, bounds, cap, dc.replace(base, deterministic=True))
+        checks = {}
+        for name, cfg in cfgs.items():
+            got = launch(x, k, v, bounds, cap, cfg)
+            got_det = launch(x, k, v, bounds, cap, dc.replace(cfg, deterministic=True))
+            checks[name] = dict(
+                dk_dv_bitwise=[torch.equal(got[1], ref[1]), torch.equal(got[2], ref[2])],
+                dq_rel=round(((got[0].float() - ref[0].float()).norm() / ref[0].float().norm()).item(), 6),
+                det_bitwise=all(torch.equal(a, b) for a, b in zip(got_det, ref_det)))
+        print(json.dumps({"shape": key, "checks": checks}), flush=True)
+        flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
+        data.append((key, x, k, v, bounds, cap, flops, cfgs))
+    time_configs(data, launch=launch)
+
+
+if __name__ == "__main__":
+    main([parse_variant(a) for a in sys.argv[1:]])
