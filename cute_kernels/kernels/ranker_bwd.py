@@ -112,7 +112,9 @@ class RankerBwdConfig:
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
     ds_stages: int = 2  # dS^T smem buffers; 2 drops the barrier before each dS^T write
     dq_per_wg: bool = True  # each MMA warpgroup hands its half of dQ to the dQ warp on its own barriers
-    dq_first: bool = False  # issue dQ = dS K before dK += dS^T Q; dQ's hand-off overlaps the dK GEMM
+    # issue dQ = dS K before dK += dS^T Q, so dQ's hand-off overlaps the dK GEMM, which then reads dS^T
+    # from smem (keeping it in registers too spills)
+    dq_first: bool = False
 
     def acc_regs(self) -> int:
         """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
@@ -523,6 +525,13 @@ class RankerAttentionBwd:
         tdPrdO = wg_mma_sdp.make_fragment_B(wg_mma_sdp.partition_B(sdO))
         tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(sm90.transpose_view(sdO)))
         tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(sm90.transpose_view(sQ)))
+        tiled_mma_dk, tdKrdSt = tiled_mma_dkv, None
+        if const_expr(self.config.dq_first):  # dK += dS^T Q with dS^T from smem
+            tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+                atom_layout_mnk=(self.config.mma_wgs, 1, 1), tiler_mn=(64, self.head_dim))
+            wg_mma_dk = tiled_mma_dk.get_slice(wg_layout(wg_idx))
+            tdKrdSt = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_A(sdSt))  # (.., ds stage)
         tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sm90.transpose_view(sdSt)))  # (.., ds stage)
         tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(sm90.transpose_view(sK)))
         acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
@@ -550,16 +559,15 @@ class RankerAttentionBwd:
             for i in cutlass.range(count, unroll=1):
                 ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
                 q_state = self.mma_one_m_block(
-                    q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV,
-                    tdPrdO, tdVrdOt,
-                    tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS,
+                    q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ,
+                    tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS,
                     smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
         self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                       tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale)
 
     @cute.jit
-    def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
-                        tdVrdOt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy,
+    def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
+                        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy,
                         tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
         """One q block: S^T, dP^T, P^T, dS^T, dV, dK, dQ (FlashAttention-3's order)."""
         stage = q_state.index
@@ -613,7 +621,7 @@ class RankerAttentionBwd:
             pipeline_do.consumer_release(q_state)
             # dQ = dS K (this warpgroup's half of the head dim), then dK += dS^T Q behind it
             sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
-            sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, sm90.acc_as_operand_a(rdS), tdKrQt[None, None, None, stage],
+            sm90.wgmma_gemm(tiled_mma_dk, acc_dK, tdKrdSt[None, None, None, ds_idx], tdKrQt[None, None, None, stage],
                             zero_init=False)
             warpgroup.wait_group(1)
         else:
