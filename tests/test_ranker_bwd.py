@@ -201,24 +201,30 @@ def test_mainloop_compiles_sm90a(target):
             assert feat in sass, (feat, sass)
 
 
-def _spill_param(target):
-    _, cfg, _, capm, _ = target.key
-    if capm == "tanh":  # known issue: flips to XPASS (a strict failure) once fixed
-        return pytest.param(target, id=target.label, marks=pytest.mark.xfail(
-            strict=True, reason="known issue: the tanh-cap mainloops (also the deterministic one) spill a few "
-                                "registers (SASS STL/LDL, 8-24 B stack at 168 registers per thread)"))
-    return pytest.param(target, id=target.label)
+# Mainloops that ptxas spills a few bytes in, as shipped (label -> stack bytes at most): the D=128 configs
+# issue the dQ GEMM first (dq_first), measured faster with these spills than without dq_first (see
+# ranker_bwd.CONFIGS); the tanh cap adds its own.  Every other shipped mainloop must be spill-free, and a
+# listed one that stops spilling fails too, so the table stays true.
+KNOWN_SPILL_BYTES = {
+    "bfloat16 D=128 gqa=1 cap=none": 8,
+    "bfloat16 D=128 gqa=1 cap=tanh": 48,
+    "bfloat16 D=128 gqa=1 cap=none varlen": 32,
+    "bfloat16 D=128 gqa=4 cap=tanh varlen det": 8,
+}
 
 
-@pytest.mark.parametrize("target", [_spill_param(t) for t in rb.compile_targets() if t.kernel == rb.NAME])
-def test_mainloop_no_register_spills(target):
+@pytest.mark.parametrize("target", [t for t in rb.compile_targets() if t.kernel == rb.NAME], ids=lambda t: t.label)
+def test_mainloop_register_spills_bounded(target):
     target.build()
     rec = compile_record(target.kernel, target.key)
     assert "local memory (spill)" not in find_features(rec.ptx, PTX_FEATURES)
     if not rec.sass:
         pytest.skip("no SASS (disassembler unavailable)")
-    assert "LDL/STL (local memory)" not in find_features(rec.sass, SASS_FEATURES)
-    assert all(not r.stack_bytes for r in rec.resources), [(r.name, r.stack_bytes) for r in rec.resources]
+    stack = max(r.stack_bytes or 0 for r in rec.resources)
+    bound = KNOWN_SPILL_BYTES.get(target.label, 0)
+    assert stack <= bound, (target.label, stack, bound)
+    assert (stack > 0) == (bound > 0), f"{target.label}: {stack} B of stack; update KNOWN_SPILL_BYTES"
+    assert ("LDL/STL (local memory)" in find_features(rec.sass, SASS_FEATURES)) == (bound > 0)
 
 
 # ---------------------------------------------------------------- the three-kernel plan, emulated in float64

@@ -112,9 +112,8 @@ class RankerBwdConfig:
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
     ds_stages: int = 2  # dS^T smem buffers; 2 drops the barrier before each dS^T write
     dq_per_wg: bool = True  # each MMA warpgroup hands its half of dQ to the dQ warp on its own barriers
-    # issue dQ = dS K before dK += dS^T Q, so dQ's hand-off overlaps the dK GEMM, which then reads dS^T
-    # from smem (keeping it in registers too spills)
-    dq_first: bool = False
+    dq_first: bool = False  # issue dQ = dS K before dK += dS^T Q, so dQ's hand-off overlaps the dK GEMM
+    dk_from_smem: bool = False  # dK += dS^T Q reads dS^T from smem (SS WGMMA) instead of registers
 
     def acc_regs(self) -> int:
         """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
@@ -145,6 +144,8 @@ class RankerBwdConfig:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
         if self.ds_stages not in (1, 2):
             raise ValueError(f"ds_stages={self.ds_stages}: must be 1 or 2")
+        if self.dk_from_smem and not self.dq_first:
+            raise ValueError("dk_from_smem needs dq_first (the dK GEMM must come after the dS^T fence and barrier)")
         if self.producer_regs % 8 or self.mma_regs % 8:
             raise ValueError("setmaxnreg counts must be multiples of 8")
         sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
@@ -158,14 +159,21 @@ class RankerBwdConfig:
             raise ValueError(f"config needs {smem} B of shared memory; the sm_90 limit is {SMEM_CAPACITY} B")
 
 
-# D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers).
+# D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers),
+# with the dQ GEMM issued before dK's (dq_first; session 10 probe, same run, useful TFLOP/s vs dK first:
+# headline 538 vs 529, tanh cap 493 vs 481, 16K 565 vs 544, B=16 1K+256 454 vs 425, B=8 2K+2K 507 vs
+# 485, GQA 508 vs 502; bench/results/logs/2026-11-30_s10_ranker_bwd_dq_first_rs.log).  It costs a
+# few bytes of spill (ptxas: 8 B MHA, 32 B varlen, 48 B tanh; at MHA two loop-invariant values reloaded
+# from L1 per q block; tests/test_ranker_bwd.py KNOWN_SPILL_BYTES), which the measured gain includes; reading dS^T from smem for dK instead
+# (dk_from_smem) is spill-free but gave back most of the gain (..._dq_first_smem.log).  At D=64 (128
+# q rows) dq_first is slower: 452 vs 467.
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
 # 2026-11-29, B=4 4096+512 H16: 1695 us vs 1847, deterministic 1961 vs 2515;
 # bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json),
 # while with a cap its mainloop spills (80-176 B of stack at the 168-register launch bound).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
-    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2),
+    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2)
 
@@ -526,7 +534,7 @@ class RankerAttentionBwd:
         tdVrdOt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(sm90.transpose_view(sdO)))
         tdKrQt = wg_mma_dkv.make_fragment_B(wg_mma_dkv.partition_B(sm90.transpose_view(sQ)))
         tiled_mma_dk, tdKrdSt = tiled_mma_dkv, None
-        if const_expr(self.config.dq_first):  # dK += dS^T Q with dS^T from smem
+        if const_expr(self.config.dk_from_smem):
             tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(self.config.mma_wgs, 1, 1), tiler_mn=(64, self.head_dim))
@@ -621,8 +629,9 @@ class RankerAttentionBwd:
             pipeline_do.consumer_release(q_state)
             # dQ = dS K (this warpgroup's half of the head dim), then dK += dS^T Q behind it
             sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
-            sm90.wgmma_gemm(tiled_mma_dk, acc_dK, tdKrdSt[None, None, None, ds_idx], tdKrQt[None, None, None, stage],
-                            zero_init=False)
+            tdKrA = tdKrdSt[None, None, None, ds_idx] if const_expr(self.config.dk_from_smem) \
+                else sm90.acc_as_operand_a(rdS)
+            sm90.wgmma_gemm(tiled_mma_dk, acc_dK, tdKrA, tdKrQt[None, None, None, stage], zero_init=False)
             warpgroup.wait_group(1)
         else:
             # dQ = dS K (this warpgroup's half of the head dim)
