@@ -3,8 +3,20 @@
 
     from probe_timing import time_configs   # (bench/ is on sys.path when a probe runs as a script)
 """
+import ast
 import json
 import statistics
+
+
+def parse_variant(arg: str):
+    """``NAME=field:value[,field:value...]`` (a config variant given on a probe's command line) ->
+    ``(NAME, {field: value})``; values are Python literals (``True``, ``2``)."""
+    name, _, spec = arg.partition("=")
+    fields = {}
+    for item in spec.split(","):
+        field, _, value = item.partition(":")
+        fields[field] = ast.literal_eval(value)
+    return name, fields
 
 
 def _launch(q, k, v, bounds, cap, cfg):

@@ -11,29 +11,19 @@ GQA adds heads in arrival order, so only deterministic mode is bitwise there), d
 and in deterministic mode all of dQ, dK, dV bitwise equal.
 
 Runs recorded: bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log (the session-10 sync variants, when
-``ds_stages=1, dq_per_wg=False`` was shipped), 2026-11-30_s10_ranker_bwd_dq_first.log.
+``ds_stages=1, dq_per_wg=False`` was shipped), 2026-11-30_s10_ranker_bwd_dq_first_rs.log and ..._dq_first_smem.log.
 """
-import ast
 import dataclasses as dc
 import json
 import sys
 from types import SimpleNamespace
 
 import torch
-from probe_timing import time_configs
+from probe_timing import parse_variant, time_configs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels.ranker_fwd import ranker_attention
 from cute_kernels.kernels.ranker_mask import admitted_pairs
-
-
-def parse_variant(arg: str):
-    name, _, spec = arg.partition("=")
-    fields = {}
-    for item in spec.split(","):
-        field, _, value = item.partition(":")
-        fields[field] = ast.literal_eval(value)
-    return name, fields
 
 
 def launch(x, k, v, bounds, cap, cfg):

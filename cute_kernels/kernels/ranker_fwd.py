@@ -99,6 +99,9 @@ class RankerFwdConfig:
     intra_wg_overlap: bool = True  # softmax of block n overlaps the PV GEMM of block n+1 (FA3)
     persistent: bool = False  # one CTA per SM looping over tiles (needs its own sO: no aliasing of sQ)
     skip_unit_rescale: bool = False  # skip O *= 1 when no row max of the warp changed (a warp vote)
+    # the producer TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term
+    # reads from global memory after the history loop
+    prefetch_self_kv: bool = True
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -369,14 +372,14 @@ class RankerAttentionFwd:
             if in_range and active and n_blocks > 0:
                 q_state, kv_state = self.load_tile(
                     tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipeline_q, pipeline_k,
-                    pipeline_v, q_state, kv_state, m_block, head, head // self.qhead_per_kvhead, batch, offset,
-                    seg.n_block_min(self.tile_n), n_blocks)
+                    pipeline_v, q_state, kv_state, m_block, head, head // self.qhead_per_kvhead, batch, offset, seg)
             tile += Int32(cute.arch.grid_dim()[0])
 
     @cute.jit
     def load_tile(self, tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                   pipeline_q, pipeline_k, pipeline_v, q_state, kv_state, m_block, head, head_kv, batch, offset,
-                  n_block_min, n_blocks):
+                  seg):
+        n_block_min, n_blocks = seg.n_block_min(self.tile_n), seg.n_block_count(self.tile_n)
         gQ = cute.local_tile(self._batch_view(tma_Q, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
         gK = cute.local_tile(self._batch_view(tma_K, batch, offset, head_kv), (self.tile_n, self.head_dim), (None, 0))
         gV = cute.local_tile(self._batch_view(tma_V, batch, offset, head_kv), (self.tile_n, self.head_dim), (None, 0))
@@ -393,6 +396,8 @@ class RankerAttentionFwd:
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         q_state.advance()
+        if const_expr(self.config.prefetch_self_kv):
+            self.prefetch_self_kv(tma_atom_K, tma_atom_V, tKgK, tVgV, m_block, seg)
         pipeline_v.producer_acquire(kv_state)
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                   tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
@@ -407,6 +412,18 @@ class RankerAttentionFwd:
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
         return q_state, kv_state
+
+    @cute.jit
+    def prefetch_self_kv(self, tma_atom_K, tma_atom_V, tKgK, tVgV, m_block, seg):
+        """The candidate rows of this tile read their own k_i, v_i from global memory after the history
+        loop (the self term): pull the KV blocks holding those rows into L2 now (TMA prefetch, no smem),
+        so that those reads hit L2 instead of HBM."""
+        lo = cutlass.max(m_block * self.tile_m, seg.cand_lo)
+        hi = cutlass.min((m_block + 1) * self.tile_m, seg.cand_hi)
+        if lo < hi:
+            for n_block in cutlass.range(lo // self.tile_n, (hi - 1) // self.tile_n + 1, unroll=1):
+                cute.prefetch(tma_atom_K, tKgK[None, n_block])
+                cute.prefetch(tma_atom_V, tVgV[None, n_block])
 
     # ------------------------------------------------------------------ consumers
     @cute.jit

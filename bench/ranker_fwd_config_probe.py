@@ -1,0 +1,69 @@
+"""Forward config variants vs the shipped config (:func:`ranker_fwd.shipped_config`) on the bench shapes:
+checks (output and LSE bitwise equal to the shipped config's, for variants that must not change the
+math), then CUDA-graph medians of interleaved rounds (``probe_timing.time_configs``); ``--fa4`` adds
+FlashAttention-4 with the ranker mask_mod (bench/ranker_fwd_peers.py) to the same rounds.
+
+Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerFwdConfig fields:
+
+    python3 bench/ranker_fwd_config_probe.py --fa4 no_prefetch=prefetch_self_kv:False
+
+Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log.
+"""
+import dataclasses as dc
+import json
+import sys
+
+import torch
+from probe_timing import parse_variant, time_configs
+
+from cute_kernels.kernels import ranker_fwd as rf
+from cute_kernels.kernels.ranker_mask import admitted_pairs
+
+
+def launch(q, k, v, bounds, cap, cfg):
+    if callable(cfg):  # a peer's prepared call
+        return cfg()
+    return rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)
+
+
+def main(variants, fa4: bool):
+    data = []
+    for nb, hist, cand, hq, hkv, d, cap in rf.BENCH_CASES:
+        s = hist + cand
+        g = torch.Generator(device="cuda").manual_seed(len(data))
+        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+        base = rf.shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
+        cfgs = {"shipped": base}
+        for name, fields in variants:
+            cfg = dc.replace(base, **fields)
+            try:
+                cfg.validate()
+            except ValueError as exc:
+                print(json.dumps({"variant": name, "D": d, "invalid": str(exc)}), flush=True)
+                continue
+            if cfg not in cfgs.values():
+                cfgs[name] = cfg
+        key = f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}"
+        o0, l0 = launch(q, k, v, bounds, cap, base)
+        checks = {}
+        for name, cfg in cfgs.items():
+            o1, l1 = launch(q, k, v, bounds, cap, cfg)
+            checks[name] = [torch.equal(o0, o1), torch.equal(l0, l1)]
+        print(json.dumps({"shape": key, "bitwise_equal_out_lse": checks}), flush=True)
+        if fa4:
+            from ranker_fwd_peers import fa4_mask_mod
+
+            try:
+                cfgs["fa4_mask_mod"] = fa4_mask_mod(q, k, v, bounds, cap)
+            except Exception as exc:  # noqa: BLE001 (a line per failing peer)
+                print(json.dumps({"shape": key, "fa4_mask_mod": repr(exc)[:200]}), flush=True)
+        flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
+        data.append((key, q, k, v, bounds, cap, flops, cfgs))
+    time_configs(data, launch=launch)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    main([parse_variant(a) for a in args if a != "--fa4"], "--fa4" in args)
