@@ -5,7 +5,7 @@ FlashAttention-4 with the ranker mask_mod (bench/ranker_fwd_peers.py) to the sam
 
 Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerFwdConfig fields:
 
-    python3 bench/ranker_fwd_config_probe.py --fa4 no_prefetch=prefetch_self_kv:False
+    python3 bench/ranker_fwd_config_probe.py --fa4 no_prefetch=prefetch_self_kv:False skip=skip_unit_rescale:True
 
 Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log.
 """

@@ -534,3 +534,19 @@ def test_compile_targets_are_the_shipped_configs():
         dtype, cfg, g, capm, varlen = t.key
         assert cfg == rf.shipped_config(getattr(torch, dtype[6:]), cfg.head_dim, capm), t.label
 
+
+
+def test_prefetch_self_kv_ships_on_d128_without_a_cap_and_compiles_to_tma_prefetch():
+    """The L2 prefetch of the candidate rows' K/V (session 10: faster on the two-warpgroup D=128 config,
+    slower on the three-warpgroup ones) is a TMA prefetch (cp.async.bulk.prefetch.tensor, SASS UTMAPF)
+    in the producer, only where shipped."""
+    from cute_kernels.runtime.cache import compile_record
+
+    assert [d for d, c in rf.CONFIGS.items() if c.prefetch_self_kv] == [128]
+    assert not any(c.prefetch_self_kv for c in rf.CAP_CONFIGS.values())
+    for cfg, capm in ((rf.CONFIGS[128], "none"), (rf.CAP_CONFIGS[("tanh", 128)], "tanh")):
+        rf._compile(torch.bfloat16, cfg, 1, capm, False)
+        rec = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, capm, False))
+        assert ("cp.async.bulk.prefetch.tensor" in rec.ptx) == cfg.prefetch_self_kv
+        if rec.sass:
+            assert ("UTMAPF" in rec.sass) == cfg.prefetch_self_kv

@@ -101,7 +101,7 @@ class RankerFwdConfig:
     skip_unit_rescale: bool = False  # skip O *= 1 when no row max of the warp changed (a warp vote)
     # the producer TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term
     # reads from global memory after the history loop
-    prefetch_self_kv: bool = True
+    prefetch_self_kv: bool = False
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -161,7 +161,11 @@ class RankerFwdConfig:
 CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
                         consumer_regs=160, persistent=True, intra_wg_overlap=False, skip_unit_rescale=True),
-    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True),
+    # D=128: with prefetch_self_kv (session 10, two runs, useful TFLOP/s with vs without: headline 654/626
+    # vs 602/595, GQA 16/4 679/651 vs 616/611, B=8 2K+2K 571/601 vs 566/556, 16K 645/644 vs 640/642,
+    # B=16 1K+256 470/482 vs 490/505; bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log).
+    # The three-warpgroup configs lost 3-6% with it (D=64, D=128 tanh) and keep it off.
+    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, prefetch_self_kv=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
 # With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
