@@ -19,6 +19,24 @@ def parse_variant(arg: str):
     return name, fields
 
 
+def variant_configs(base, variants, label: str) -> dict:
+    """``{"shipped": base, name: dataclasses.replace(base, **fields), ...}`` for the ``(name, fields)``
+    variants that validate and differ from every config before them (an invalid one prints why)."""
+    import dataclasses
+
+    cfgs = {"shipped": base}
+    for name, fields in variants:
+        cfg = dataclasses.replace(base, **fields)
+        try:
+            cfg.validate()
+        except ValueError as exc:
+            print(json.dumps({"variant": name, "at": label, "invalid": str(exc)}), flush=True)
+            continue
+        if cfg not in cfgs.values():
+            cfgs[name] = cfg
+    return cfgs
+
+
 def _launch(q, k, v, bounds, cap, cfg):
     from cute_kernels.kernels import ranker_fwd as rf
 

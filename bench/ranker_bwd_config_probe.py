@@ -19,7 +19,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from probe_timing import parse_variant, time_configs
+from probe_timing import parse_variant, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels.ranker_fwd import ranker_attention
@@ -41,17 +41,8 @@ def main(variants):
         o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
         x = SimpleNamespace(q=q, o=o, lse=lse, do=do)
         base = rb.config_for(d, cap is not None)
-        cfgs = {"shipped": base}
-        for name, fields in variants:
-            cfg = dc.replace(base, **fields)
-            try:
-                cfg.validate()
-            except ValueError as exc:
-                print(json.dumps({"variant": name, "D": d, "invalid": str(exc)}), flush=True)
-                continue
-            if cfg not in cfgs.values():  # a variant equal to the shipped config (or another) runs once
-                cfgs[name] = cfg
         key = f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}"
+        cfgs = variant_configs(base, variants, key)
         ref = launch(x, k, v, bounds, cap, base)
         ref_det = launch(x, k, v, bounds, cap, dc.replace(base, deterministic=True))
         checks = {}

@@ -9,12 +9,11 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerFwdCon
 
 Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log.
 """
-import dataclasses as dc
 import json
 import sys
 
 import torch
-from probe_timing import parse_variant, time_configs
+from probe_timing import parse_variant, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
@@ -35,17 +34,8 @@ def main(variants, fa4: bool):
         k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
         base = rf.shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
-        cfgs = {"shipped": base}
-        for name, fields in variants:
-            cfg = dc.replace(base, **fields)
-            try:
-                cfg.validate()
-            except ValueError as exc:
-                print(json.dumps({"variant": name, "D": d, "invalid": str(exc)}), flush=True)
-                continue
-            if cfg not in cfgs.values():
-                cfgs[name] = cfg
         key = f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}"
+        cfgs = variant_configs(base, variants, key)
         o0, l0 = launch(q, k, v, bounds, cap, base)
         checks = {}
         for name, cfg in cfgs.items():

@@ -44,3 +44,22 @@ def test_probe_timing_interleaves_rounds_and_reports_medians(capsys):
     assert med == {"A": {"x": 11.0, "y": 22.0}, "B": {"x": 31.0}}
     lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert lines == [{"shape": "A", "x": [11.0, 182], "y": [22.0, 91]}, {"shape": "B", "x": [31.0, 97]}]
+
+
+def test_probe_variants_parse_and_validate(capsys):
+    """probe_timing.parse_variant reads ``NAME=field:value,...`` from a probe's command line;
+    variant_configs keeps the shipped config first, drops invalid variants (saying why) and duplicates."""
+    import json
+
+    from cute_kernels.kernels import ranker_bwd as rb
+
+    spec = importlib.util.spec_from_file_location("probe_timing", Path(__file__).parents[1] / "bench" / "probe_timing.py")
+    pt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pt)
+    assert pt.parse_variant("ds1=ds_stages:1,dq_per_wg:False") == ("ds1", {"ds_stages": 1, "dq_per_wg": False})
+    base = rb.CONFIGS[128]
+    variants = [pt.parse_variant(a) for a in ("ds1=ds_stages:1", "bad=stages:9", "same=dq_first:True")]
+    cfgs = pt.variant_configs(base, variants, "D=128")
+    assert list(cfgs) == ["shipped", "ds1"] and cfgs["ds1"].ds_stages == 1 and cfgs["shipped"] is base
+    out = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert len(out) == 1 and out[0]["variant"] == "bad" and "stages=9" in out[0]["invalid"]

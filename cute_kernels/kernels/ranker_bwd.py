@@ -25,7 +25,8 @@ The backward is three launches (:func:`ranker_attention_backward`):
      (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask, ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO`` and ``dK += dS^T Q`` with
      P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
-     ``dQ = dS K`` (both warpgroups, half the head dim each), dQ through smem to warp 1 (each
+     ``dQ = dS K`` (both warpgroups, half the head dim each; at D=128 issued before the dK GEMM,
+     whose run then covers dQ's hand-off), dQ through smem to warp 1 (each
      warpgroup's half on its own pair of named barriers, one TMA reduce-add per half; two dS^T
      buffers, so a warpgroup writes the next dS^T without waiting for the other's dQ GEMM).
    Only the q blocks holding history or candidate rows are visited (each once,
@@ -162,11 +163,11 @@ class RankerBwdConfig:
 # D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers),
 # with the dQ GEMM issued before dK's (dq_first; session 10 probe, same run, useful TFLOP/s vs dK first:
 # headline 538 vs 529, tanh cap 493 vs 481, 16K 565 vs 544, B=16 1K+256 454 vs 425, B=8 2K+2K 507 vs
-# 485, GQA 508 vs 502; bench/results/logs/2026-11-30_s10_ranker_bwd_dq_first_rs.log).  It costs a
-# few bytes of spill (ptxas: 8 B MHA, 32 B varlen, 48 B tanh; at MHA two loop-invariant values reloaded
-# from L1 per q block; tests/test_ranker_bwd.py KNOWN_SPILL_BYTES), which the measured gain includes; reading dS^T from smem for dK instead
-# (dk_from_smem) is spill-free but gave back most of the gain (..._dq_first_smem.log).  At D=64 (128
-# q rows) dq_first is slower: 452 vs 467.
+# 485, GQA 508 vs 502; bench/results/logs/2026-11-30_s10_ranker_bwd_dq_first_rs.log).  It costs a few
+# bytes of spill (ptxas: 8 B MHA, 32 B varlen, 48 B tanh; at MHA two loop-invariant values reloaded
+# from L1 per q block; tests/test_ranker_bwd.py KNOWN_SPILL_BYTES), which the measured gain includes.
+# Reading dS^T from smem for dK instead (dk_from_smem) is spill-free but gave back most of the gain
+# (..._dq_first_smem.log).  At D=64 (128 q rows) dq_first is slower: 452 vs 467.
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
 # 2026-11-29, B=4 4096+512 H16: 1695 us vs 1847, deterministic 1961 vs 2515;
 # bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json),
@@ -568,16 +569,19 @@ class RankerAttentionBwd:
                 ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
                 q_state = self.mma_one_m_block(
                     q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ,
-                    tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS,
-                    smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
+                    tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias,
+                    tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2,
+                    softmax_scale, cap)
         self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                       tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale)
 
     @cute.jit
     def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
-                        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ, ds_thr_copy,
-                        tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
-        """One q block: S^T, dP^T, P^T, dS^T, dV, dK, dQ (FlashAttention-3's order)."""
+                        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
+                        tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q,
+                        pipeline_do, scale_log2, softmax_scale, cap):
+        """One q block: S^T, dP^T, P^T, dS^T (registers and sdS^T buffer ``ds_idx``), dV, then dK and dQ
+        (dK first, or with ``dq_first`` dQ first so its hand-off to the dQ warp overlaps the dK GEMM)."""
         stage = q_state.index
         pipeline_q.consumer_wait(q_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
