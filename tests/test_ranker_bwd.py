@@ -566,8 +566,9 @@ def test_traced_backward_goes_through_the_registered_op():
 
 
 def test_eager_only_backward_arguments_under_dispatch_modes():
-    """dq/dk/dv/config are eager-only: refused under torch.compile; under another dispatch mode (a flop
-    counter on real tensors) the call runs the eager implementation, which validates as usual."""
+    """dq/dk/dv/config are eager-only: refused under torch.compile and on fake or meta tensors; under another
+    dispatch mode (a flop counter on real tensors) the call runs the eager implementation, which validates
+    as usual."""
     from torch.utils.flop_counter import FlopCounterMode
 
     q = torch.zeros(2, 300, 4, 64, dtype=torch.bfloat16)
@@ -578,3 +579,33 @@ def test_eager_only_backward_arguments_under_dispatch_modes():
     with pytest.raises(Exception, match="eager-only"):
         torch.compile(lambda *a: rb.ranker_attention_backward(*a, dq=torch.empty_like(a[0])), fullgraph=True,
                       backend="eager")(q, q, q, q, lse, q, bounds)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:  # fake tensors have no data to launch on: refused, not an internal error
+        fq, flse, fb = (mode.from_tensor(t) for t in (q, lse, bounds))
+        with pytest.raises(ValueError, match="eager-only"):
+            rb.ranker_attention_backward(fq, fq, fq, fq, flse, fq, fb, dq=torch.empty_like(fq))
+    with pytest.raises(ValueError, match="eager-only"):
+        mq = q.to("meta")
+        rb.ranker_attention_backward(mq, mq, mq, mq, lse.to("meta"), mq, bounds.to("meta"), config=rb.CONFIGS[64])
+
+
+@pytest.mark.parametrize("same", ["qkv", "kv"])
+def test_compiled_autograd_accepts_one_tensor_as_several_inputs(same):
+    """torch.compile(fullgraph=True) of a differentiable call with q is k is v (self-attention on one
+    tensor) or k is v: Dynamo refuses one tensor as two inputs of an autograd.Function, so the call passes
+    views; on CPU tensors the trace then completes and the run fails on the device rule, as with
+    distinct tensors (newcomer review, session 10)."""
+    import cute_kernels as ck
+
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    bounds = torch.tensor([[0, 6, 6, 8]], dtype=torch.int32)
+    if same == "qkv":
+        def f(q, k, b):
+            return ck.ranker_attention(q, q, q, b).float().sum()
+    else:
+        def f(q, k, b):
+            return ck.ranker_attention(q, k, k, b).float().sum()
+    with pytest.raises(Exception, match="must be on a CUDA device"):
+        torch.compile(f, fullgraph=True, backend="eager")(q, k, bounds)

@@ -22,7 +22,7 @@ class RankerAttentionFunction(torch.autograd.Function):
     ``bounds`` and ``cu_seqlens`` are not differentiable; ``lse`` is returned but marked
     non-differentiable.  The backward keeps q, k, v, out and lse alive and launches
     :func:`.ranker_bwd.ranker_attention_backward` (head dims 64 and 128: a 256 head dim raises
-    ``ValueError`` in ``backward()``).
+    ``ValueError`` in ``backward()``; under torch.compile, when the call is compiled).
     """
 
     @staticmethod

@@ -68,7 +68,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op, tracing
+from ..runtime.torch_op import custom_op, tracing, without_data
 from ..runtime.validate import check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .ranker_fwd import CAP_METHODS, LOG2_E, SMEM_CAPACITY, _check_reference_args, ranker_attention_reference
@@ -892,8 +892,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
         config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
         ``deterministic=True`` (or a config with ``deterministic=True``) for ordered adds (same bits
-        on every run; measured 3-9% slower at D=128 (bench/results/2026-11-29_h200_ranker_bwd_s2.md)
-        and 16-17% at D=64 without a cap (bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json)).
+        on every run; measured 6-15% slower at D=128 (12% at the headline shape) and 15% at D=64
+        without a cap (bench/results/2026-11-30_h200_ranker_bwd_s10.md)).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
@@ -904,15 +904,16 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     GQA dK/dV, candidate self terms); see the module docstring.  While torch.compile / make_fx trace,
     the call goes through the registered op ``torch.ops.cute_kernels.ranker_attention_bwd`` (its fake
     checks the pointer-free rules); ``dq``/``dk``/``dv`` and ``config`` are eager-only (ValueError under
-    torch.compile; under another dispatch mode such a call runs the eager implementation).
+    torch.compile or on fake/meta tensors; under another dispatch mode with real tensors, e.g.
+    FlopCounterMode, such a call runs the eager implementation).
     """
     eager_only = dq is not None or dk is not None or dv is not None or config is not None
     if tracing() and not eager_only:  # torch.compile / make_fx / FakeTensorMode: the registered op, which they see
         return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
                                             cu_seqlens, max_seqlen, deterministic)
-    if eager_only and torch.compiler.is_compiling():
-        raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only; under "
-                         "torch.compile call it without them")
+    if eager_only and (torch.compiler.is_compiling() or without_data(q)):
+        raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only; while "
+                         "torch.compile / make_fx / FakeTensorMode trace, call it without them")
     return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
                           dq=dq, dk=dk, dv=dv, config=config, deterministic=deterministic)
 

@@ -1148,7 +1148,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
     non-deterministic mode); ``lse`` is not differentiable.  A 256 head dim raises ``ValueError``
-    in ``backward()``.
+    in ``backward()`` (under torch.compile, which traces the backward with the forward: when the
+    differentiable call is compiled).
     Returns:
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
@@ -1167,6 +1168,9 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         from .ranker_autograd import RankerAttentionFunction  # the backward's modules load on first use
 
+        if torch.compiler.is_compiling():  # Dynamo refuses one tensor as two inputs of a Function: views
+            k = k.view_as(k) if k is q else k
+            v = v.view_as(v) if v is q or v is k else v
         out, lse = RankerAttentionFunction.apply(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens,
                                                  max_seqlen)
     else:

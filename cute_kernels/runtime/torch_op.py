@@ -26,6 +26,16 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
 
 
+def without_data(t) -> bool:
+    """True for a tensor that has no data to launch a kernel on: a fake tensor (FakeTensorMode, torch.compile
+    tracing) or one on the "meta" device."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:  # private module: then only "meta" is recognised
+        FakeTensor = ()
+    return isinstance(t, torch.Tensor) and (isinstance(t, FakeTensor) or t.device.type == "meta")
+
+
 def _requires_grad(args, kwargs) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
