@@ -168,6 +168,17 @@ def test_emulated_without_cuda_is_a_clear_error():
         mod.ParallelQKNorm.emulated(2.0, 16, 4096, 1024, torch.bfloat16)
     with pytest.raises(ValueError, match="world size"):
         mod.ParallelQKNorm.emulated(9, 16, 4096, 1024, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"world size 0 must be in \[2, 8\]"):  # one range in every message
+        mod.ParallelQKNorm.emulated(0, 16, 4096, 1024, torch.bfloat16)
+    with pytest.raises(TypeError, match="world must be an int, got bool"):
+        mod.ParallelQKNorm.emulated(True, 16, 4096, 1024, torch.bfloat16)
+
+
+def test_group_of_the_wrong_type_is_a_type_error():
+    """A group that is not a ProcessGroup (or None) is a TypeError before any collective (newcomer review:
+    a string reached torch.distributed and raised an AttributeError there)."""
+    with pytest.raises(TypeError, match="group must be a torch.distributed ProcessGroup or None"):
+        mod.ParallelQKNorm("world", 16, 4096, 1024, torch.bfloat16)
 
 
 def test_any_width_is_supported():

@@ -348,8 +348,8 @@ class ParallelQKNorm:
         timeout_s: real number of seconds, finite, > 0 and within int64 nanoseconds: how long a rank
             waits for a peer before the launch gives up and flags an error.
     Raises:
-        TypeError (construction): dtype not supported; max_tokens / q_dim / k_dim not ints;
-            timeout_s not a real number.
+        TypeError (construction): group neither a ProcessGroup nor None; dtype not supported;
+            max_tokens / q_dim / k_dim not ints; timeout_s not a real number.
         ValueError (construction): non-positive sizes, unsupported widths (above), timeout_s not
             finite / not > 0 / too large.
         Calls: ``ValueError``/``TypeError`` for bad arguments, ``PeerTimeoutError`` when an earlier
@@ -359,6 +359,9 @@ class ParallelQKNorm:
     def __init__(self, group, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype, *,
                  timeout_s: float = 10.0, _emulation: dict | None = None):
         self._closed = True  # until construction completes (close() / _run on a half-built object)
+        if group is not None and not _is_process_group(group):  # before any collective, which needs it
+            raise TypeError(f"group must be a torch.distributed ProcessGroup or None (the default group), "
+                            f"got {type(group).__name__}")
         local_error = None
         try:
             if dtype not in DTYPES:
@@ -415,9 +418,11 @@ class ParallelQKNorm:
                  device=None, timeout_s: float = 10.0) -> list["ParallelQKNorm"]:
         """G ranks on one GPU: G buffers on ``device``; run rank r's calls on its own stream.
 
-        Raises ``RuntimeError`` without CUDA, ``ValueError`` for a non-CUDA ``device`` or a world
-        size outside [2, 8], and the constructor's errors for the other arguments."""
-        world = _positive_int("world", world)
+        Raises ``RuntimeError`` without CUDA, ``TypeError`` for a non-int ``world``, ``ValueError`` for a
+        non-CUDA ``device`` or a world size outside [2, 8], and the constructor's errors for the other
+        arguments."""
+        if isinstance(world, bool) or not isinstance(world, int):
+            raise TypeError(f"world must be an int, got {type(world).__name__} {world!r}")
         if world < 2 or world > MAX_G:
             raise ValueError(f"emulated world size {world} must be in [2, {MAX_G}]")
         # the constructor's argument checks, before anything is allocated
@@ -584,6 +589,15 @@ class ParallelQKNorm:
         if self.world > 1:
             dist.all_reduce(sums, group=self.group)
         _scale_in_place(q, k, q_weight, k_weight, eps, sums, self.q_dim, self.k_dim)
+
+
+def _is_process_group(group) -> bool:
+    try:
+        import torch.distributed as dist
+
+        return isinstance(group, dist.ProcessGroup)
+    except (ImportError, AttributeError):  # a torch without distributed: no group can be valid
+        return False
 
 
 def _agree_across_ranks(group, args: tuple, local_error: Exception | None) -> None:
