@@ -59,11 +59,17 @@ def cmd_compile(args) -> int:
     from tqdm import tqdm
 
     from . import registry
-    from .runtime.cache import compile_record
+    from .runtime.cache import compile_record, disk_cache_enabled, disk_cache_problem
 
+    names = _select(args.kernel)
+    problem = disk_cache_problem() if disk_cache_enabled() else None
+    if problem:  # compile's job is to fill the disk cache: an unusable one is an error, not a warning
+        print(f"compile: the compile cache folder {problem}; set CUTE_KERNELS_CACHE_DIR to a writable folder "
+              "(or CUTE_KERNELS_CACHE=0 to compile without it)", file=sys.stderr)
+        return 1
     failures = 0
     targets = []
-    for name in _select(args.kernel):
+    for name in names:
         try:
             targets += registry.module(name).compile_targets()
         except Exception as exc:  # a broken module is reported, the others still compile
@@ -93,11 +99,12 @@ def cmd_check(args) -> int:
 
     from . import registry
 
+    names = _select(args.kernel)  # an unknown kernel first: exit 2 before anything else is said
     if not torch.cuda.is_available():
         print("no CUDA GPU: compiling only (check needs a GPU)")
         return cmd_compile(args)
     rows, failed = [], 0
-    for name in _select(args.kernel):
+    for name in names:
         try:
             rows += registry.module(name).check()
         except Exception as exc:
@@ -177,7 +184,7 @@ def cmd_info(args) -> int:
     import torch
 
     from .runtime.arch import SUPPORTED_ARCHS, target_arch
-    from .runtime.cache import cache_dir, disk_cache_enabled, source_fingerprint
+    from .runtime.cache import cache_dir, disk_cache_enabled, disk_cache_problem, source_fingerprint
 
     try:
         import tvm_ffi
@@ -194,7 +201,9 @@ def cmd_info(args) -> int:
     arch = target_arch()
     note = "" if arch in SUPPORTED_ARCHS else f"  NOT SUPPORTED: the kernels compile for {', '.join(SUPPORTED_ARCHS)} only"
     print(f"target arch      {arch} (CUTE_DSL_ARCH){note}")
-    print(f"compile cache    {cache_dir() / source_fingerprint()} ({'on' if disk_cache_enabled() else 'off'})")
+    problem = disk_cache_problem() if disk_cache_enabled() else None
+    state = "off" if not disk_cache_enabled() else f"NOT USABLE: {problem}" if problem else "on"
+    print(f"compile cache    {cache_dir() / source_fingerprint()} ({state})")
     print(f"GPU              {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
     print(f"kernels          {', '.join(registry.names())}")
     return 0
@@ -238,27 +247,30 @@ def cmd_tune(args) -> int:
                     rounds=args.rounds, save=not args.no_store)
 
 
+KERNEL_HELP = "a registry name: ranker_fwd, ranker_bwd, qknorm, qknorm_tp, hc_mix, scale"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="cute-kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile every registered config into the on-disk cache")
-    c.add_argument("--kernel")
+    c.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")
     c.add_argument("--arch", choices=("sm_90a",), help="target arch (sm_90a: the kernels are Hopper-only)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("-v", "--verbose", action="store_true")
     c.set_defaults(fn=cmd_compile)
     k = sub.add_parser("check", help="GPU correctness of every kernel vs its reference")
-    k.add_argument("--kernel")
+    k.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")
     k.add_argument("--quiet", action="store_true")
     k.add_argument("-v", "--verbose", action="store_true")
     k.set_defaults(fn=cmd_check)
     b = sub.add_parser("bench", help="GPU benchmarks against the peers")
-    b.add_argument("--kernel")
+    b.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")
     b.add_argument("--json", help="write the records to this file")
     b.add_argument("--shapes", help="kernel-specific shape selection (see each kernel's bench())")
     b.set_defaults(fn=cmd_bench)
     lay = sub.add_parser("layouts", help="CPU: a kernel config's smem/TV layouts as pictures + a text report")
-    lay.add_argument("--kernel", required=True)
+    lay.add_argument("--kernel", required=True, help=KERNEL_HELP)
     lay.add_argument("--config", help="config fields, e.g. 'head_dim=64,tile_n=96,stages=3' (ranker_fwd) or "
                                       "'tile_m=256,stages=5' (hc_mix)")
     lay.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
@@ -266,10 +278,10 @@ def main(argv=None) -> int:
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")
     lay.set_defaults(fn=cmd_layouts)
     cf = sub.add_parser("configs", help="shipped configs per kernel and head dim (and tuned winners)")
-    cf.add_argument("--kernel")
+    cf.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")
     cf.set_defaults(fn=cmd_configs)
     t = sub.add_parser("tune", help="GPU: time candidate configs on a shape, store the winner in tuned.json")
-    t.add_argument("--kernel", required=True)
+    t.add_argument("--kernel", required=True, help="ranker_fwd (the kernel with tunable tile shapes)")
     t.add_argument("--shape", required=True, help="e.g. 'B=4,S=4608,H=16,D=128[,Hkv=4,hist=4096,cand=512,cap=50]'")
     t.add_argument("--candidates", help="values to try for the fields named (the other fields keep their default "
                    "variations), e.g. 'tile_n=96,128,stages=2,3'")

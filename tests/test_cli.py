@@ -34,6 +34,32 @@ def test_compile_one_kernel():
 def test_unknown_kernel_is_an_error(cmd):
     r = _run(cmd, "--kernel", "nope")  # bench too, before it looks for a GPU; status 2 as configs/tune/layouts
     assert r.returncode == 2 and "unknown kernel" in r.stderr
+    assert "no CUDA GPU" not in r.stdout  # the bad name is the first thing said (check without a GPU)
+
+
+def test_kernel_help_names_every_registered_kernel():
+    from cute_kernels import registry
+    from cute_kernels.cli import KERNEL_HELP
+
+    assert sorted(KERNEL_HELP.split(": ", 1)[1].split(", ")) == sorted(registry.names())
+    r = _run("compile", "--help")
+    assert r.returncode == 0 and "ranker_bwd" in r.stdout
+
+
+def test_compile_into_an_unwritable_cache_folder_is_an_error(tmp_path):
+    """compile exists to fill the disk cache: a folder it cannot write is exit status 1 (was 0 with a
+    warning); info says the cache is not usable (newcomer review)."""
+    import os
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(blocker / "cache"))  # below a file: cannot be created
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "compile", "--kernel", "scale", "--quiet"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 1 and "is not writable" in r.stderr, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "info"], capture_output=True, text=True, timeout=600,
+                       env=env)
+    assert r.returncode == 0 and "NOT USABLE" in r.stdout, r.stdout + r.stderr
 
 
 def test_check_without_gpu_compiles_and_exits_zero():

@@ -54,6 +54,18 @@ def disk_cache_enabled() -> bool:
     return os.environ.get("CUTE_KERNELS_CACHE", "1").strip().lower() not in ("0", "false", "no", "off", "")
 
 
+def disk_cache_problem() -> str | None:
+    """Why the on-disk cache cannot be used (its folder cannot be created or written), or None."""
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe"):
+            pass
+    except OSError as exc:
+        return f"{folder} is not writable ({exc.strerror or exc})"
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def source_fingerprint() -> str:
     """Hash of the kernel-facing sources (``runtime/``, ``kernels/``) + DSL/tvm-ffi/Python versions.
