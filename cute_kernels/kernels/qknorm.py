@@ -550,6 +550,8 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
             fused qkv buffer are fine).
         q_weight: [Q], k_weight: [K], same dtype as q, contiguous.
         eps: real number (not bool), finite in float32, >= 0 (standard RMSNorm eps, added to the mean).
+            With ``eps = 0`` an all-zero row is 0 * rsqrt(0) = NaN, as in the float64 reference and
+            ``torch.nn.functional.rms_norm``.
     Returns:
         None; q and k are overwritten (their autograd version counters are bumped).
     Raises:

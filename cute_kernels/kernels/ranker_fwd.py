@@ -1223,11 +1223,15 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
 
     Builds the full ``[S, S]`` mask per sequence (:func:`.ranker_mask.dense_mask`, same clamping),
     so it is meant for tests at modest sizes.  Returns ``out`` in ``q.dtype`` (and ``lse`` float32
-    ``[B, Hq, S]`` / ``[Hq, T]`` with ``return_lse``).  Any float dtype and device; the same
-    argument rules as :func:`ranker_attention` otherwise (``Hq % Hkv == 0``, ``bounds [B, 4]``
-    with ``B = len(cu_seqlens) - 1`` in the packed form, valid ``cu_seqlens`` values, scalars):
+    ``[B, Hq, S]`` / ``[Hq, T]`` with ``return_lse``).  Any float dtype and any device with data (CPU or
+    CUDA; not "meta": the mask is built from the bounds' values); ``bounds`` and ``cu_seqlens`` int32
+    or int64 (the op takes int32); ``compute_dtype`` a float dtype.  The same argument rules as
+    :func:`ranker_attention` otherwise (``Hq % Hkv == 0``, ``bounds [B, 4]`` with
+    ``B = len(cu_seqlens) - 1`` in the packed form, valid ``cu_seqlens`` values, scalars):
     ``TypeError`` / ``ValueError`` saying which.
     """
+    if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
+        raise TypeError(f"compute_dtype must be a float torch.dtype, got {compute_dtype!r}")
     _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     if cu_seqlens is not None:
         cu = [int(x) for x in cu_seqlens.tolist()]
