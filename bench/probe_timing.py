@@ -14,8 +14,13 @@ def parse_variant(arg: str):
     name, _, spec = arg.partition("=")
     fields = {}
     for item in spec.split(","):
-        field, _, value = item.partition(":")
-        fields[field] = ast.literal_eval(value)
+        field, sep, value = item.partition(":")
+        try:
+            if not (name and field and sep):
+                raise ValueError("expected NAME=field:value[,field:value...]")
+            fields[field] = ast.literal_eval(value)
+        except (ValueError, SyntaxError) as exc:
+            raise ValueError(f"variant {arg!r}: {exc}") from None
     return name, fields
 
 
@@ -26,6 +31,9 @@ def variant_configs(base, variants, label: str) -> dict:
 
     cfgs = {"shipped": base}
     for name, fields in variants:
+        unknown = set(fields) - {f.name for f in dataclasses.fields(base)}
+        if unknown:
+            raise ValueError(f"variant {name!r}: {type(base).__name__} has no field {sorted(unknown)}")
         cfg = dataclasses.replace(base, **fields)
         try:
             cfg.validate()

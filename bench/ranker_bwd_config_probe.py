@@ -3,8 +3,10 @@ shapes: checks, then CUDA-graph medians of interleaved rounds (``probe_timing.ti
 
 Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerBwdConfig fields:
 
-    python3 bench/ranker_bwd_config_probe.py ds2=ds_stages:2 dq_per_wg=dq_per_wg:True
-    python3 bench/ranker_bwd_config_probe.py dq_first=dq_first:True
+    python3 bench/ranker_bwd_config_probe.py ds1=ds_stages:1 shared_dq=dq_per_wg:False
+    python3 bench/ranker_bwd_config_probe.py dk_smem=dq_first:True,dk_from_smem:True
+
+(a variant equal to the shipped config is dropped: at D=128 ``dq_first:True`` is shipped).
 
 Checks per variant: dK and dV bitwise equal to the shipped config's (MHA: same GEMMs in the same order;
 GQA adds heads in arrival order, so only deterministic mode is bitwise there), dQ's relative difference,

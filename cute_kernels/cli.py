@@ -201,7 +201,7 @@ def cmd_info(args) -> int:
     arch = target_arch()
     note = "" if arch in SUPPORTED_ARCHS else f"  NOT SUPPORTED: the kernels compile for {', '.join(SUPPORTED_ARCHS)} only"
     print(f"target arch      {arch} (CUTE_DSL_ARCH){note}")
-    problem = disk_cache_problem() if disk_cache_enabled() else None
+    problem = disk_cache_problem(probe=False) if disk_cache_enabled() else None  # a report: no side effect
     state = "off" if not disk_cache_enabled() else f"NOT USABLE: {problem}" if problem else "on"
     print(f"compile cache    {cache_dir() / source_fingerprint()} ({state})")
     print(f"GPU              {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")

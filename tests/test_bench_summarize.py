@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 _spec = importlib.util.spec_from_file_location("summarize", Path(__file__).parents[1] / "bench" / "summarize.py")
 summarize = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(summarize)
@@ -63,3 +65,9 @@ def test_probe_variants_parse_and_validate(capsys):
     assert list(cfgs) == ["shipped", "ds1"] and cfgs["ds1"].ds_stages == 1 and cfgs["shipped"] is base
     out = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
     assert len(out) == 1 and out[0]["variant"] == "bad" and "stages=9" in out[0]["invalid"]
+    for bad, msg in (("nofields", "expected NAME=field:value"), ("x=stages", "expected NAME=field:value"),
+                     ("x=stages:(", "variant 'x=stages:\\('")):
+        with pytest.raises(ValueError, match=msg):
+            pt.parse_variant(bad)
+    with pytest.raises(ValueError, match=r"has no field \['tile_k'\]"):
+        pt.variant_configs(base, [("typo", {"tile_k": 1})], "D=128")

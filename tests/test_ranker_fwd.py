@@ -535,7 +535,6 @@ def test_compile_targets_are_the_shipped_configs():
         assert cfg == rf.shipped_config(getattr(torch, dtype[6:]), cfg.head_dim, capm), t.label
 
 
-
 def test_prefetch_self_kv_ships_on_d128_without_a_cap_and_compiles_to_tma_prefetch():
     """The L2 prefetch of the candidate rows' K/V (session 10: faster on the two-warpgroup D=128 config,
     slower on the three-warpgroup ones) is a TMA prefetch (cp.async.bulk.prefetch.tensor, SASS UTMAPF)

@@ -27,7 +27,7 @@ The backward is three launches (:func:`ranker_attention_backward`):
      P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
      ``dQ = dS K`` (both warpgroups, half the head dim each; at D=128 issued before the dK GEMM,
      whose run then covers dQ's hand-off), dQ through smem to warp 1 (each
-     warpgroup's half on its own pair of named barriers, one TMA reduce-add per half; two dS^T
+     warpgroup's half on its own pair of named barriers, one TMA reduce-add copy per half; two dS^T
      buffers, so a warpgroup writes the next dS^T without waiting for the other's dQ GEMM).
    Only the q blocks holding history or candidate rows are visited (each once,
    :meth:`.ranker_mask.RankerSegments.m_block_ranges`); KV blocks outside the history do no work.
@@ -85,7 +85,8 @@ class NamedBarrierBwd(enum.IntEnum):
     """Named barriers of the backward mainloop (0 is ``__syncthreads``)."""
 
     Epilogue = 1  # MMA warpgroups: done reading sK/sV before dK/dV (aliasing them) are written; smem ready
-    PdS = 2  # MMA warpgroups: the last dQ GEMM is done reading sdS / both halves of dS^T are in sdS
+    PdS = 2  # MMA warpgroups: both halves of dS^T are in sdS (and, with one dS buffer, before the write: the
+    # last dQ GEMM is done reading it)
     # MMA warpgroup(s) -> dQ warp: sdQ holds this q block's dQ; dQ warp -> MMA warpgroup(s): the last TMA
     # reduce-add has read sdQ.  With dq_per_wg, warpgroup w uses dQFull + w and dQEmpty + w.
     dQFull = 3
@@ -164,8 +165,9 @@ class RankerBwdConfig:
 # with the dQ GEMM issued before dK's (dq_first; session 10 probe, same run, useful TFLOP/s vs dK first:
 # headline 538 vs 529, tanh cap 493 vs 481, 16K 565 vs 544, B=16 1K+256 454 vs 425, B=8 2K+2K 507 vs
 # 485, GQA 508 vs 502; bench/results/logs/2026-11-30_s10_ranker_bwd_dq_first_rs.log).  It costs a few
-# bytes of spill (ptxas: 8 B MHA, 32 B varlen, 48 B tanh; at MHA two loop-invariant values reloaded
-# from L1 per q block; tests/test_ranker_bwd.py KNOWN_SPILL_BYTES), which the measured gain includes.
+# bytes of spill (ptxas: 8 B MHA, 32 B varlen, 48 B tanh, 8 B GQA tanh varlen deterministic; at MHA two
+# loop-invariant values reloaded from L1 per q block; tests/test_ranker_bwd.py KNOWN_SPILL_BYTES), which
+# the measured gain includes.
 # Reading dS^T from smem for dK instead (dk_from_smem) is spill-free but gave back most of the gain
 # (..._dq_first_smem.log).  At D=64 (128 q rows) dq_first is slower: 452 vs 467.
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
@@ -480,7 +482,8 @@ class RankerAttentionBwd:
     def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, mdQsem, work):
         """Warp 1: for each q block, wait for the MMA warpgroups' dQ tile in smem (``dq_parts`` column
         blocks, one per warpgroup with ``dq_per_wg``), add each to the float32 accumulator in global
-        memory with one TMA bulk reduce-add, hand the buffers back once the reduces have read them.
+        memory with one TMA bulk reduce-add copy (at D=128 two instructions per half: a 128-byte swizzle
+        box holds 32 float32 columns), hand the buffers back once the reduces have read them.
         Deterministic mode: the KV blocks of a q block add in increasing order (a per-q-block semaphore
         counts the adds done; FlashAttention-3's scheme)."""
         head, count = work[1], work[9]
@@ -912,8 +915,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
                                             cu_seqlens, max_seqlen, deterministic)
     if eager_only and (torch.compiler.is_compiling() or without_data(q)):
-        raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only; while "
-                         "torch.compile / make_fx / FakeTensorMode trace, call it without them")
+        raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only and need real "
+                         "CUDA tensors; while torch.compile / make_fx / FakeTensorMode trace, call it without them")
     return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
                           dq=dq, dk=dk, dv=dv, config=config, deterministic=deterministic)
 

@@ -54,9 +54,19 @@ def disk_cache_enabled() -> bool:
     return os.environ.get("CUTE_KERNELS_CACHE", "1").strip().lower() not in ("0", "false", "no", "off", "")
 
 
-def disk_cache_problem() -> str | None:
-    """Why the on-disk cache cannot be used (its folder cannot be created or written), or None."""
+def disk_cache_problem(probe: bool = True) -> str | None:
+    """Why the on-disk cache cannot be used (its folder cannot be created or written), or None.
+    ``probe``: create the folder and a temporary file in it (what ``compile`` is about to do anyway);
+    ``False``: only ask the OS whether the folder, or its nearest existing parent, is writable (no
+    side effect, for reports)."""
     folder = cache_dir()
+    if not probe:
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+            return None
+        return f"{folder} is not writable ({existing} is {'read-only' if existing.is_dir() else 'not a folder'})"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe"):
