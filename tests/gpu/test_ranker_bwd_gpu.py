@@ -109,6 +109,24 @@ def test_repeated_calls_agree_closely():
         torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("fields", [dict(ds_stages=1, dq_per_wg=False, dq_first=False),
+                                    dict(ds_stages=1, dq_first=True), dict(dq_first=True, dk_from_smem=True)],
+                         ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("d,hkv,cap", [(128, 2, 20.0), (64, 4, None)])
+def test_sync_variants(fields, d, hkv, cap):
+    """The mainloop's other synchronisation schedules (one dS^T buffer, one shared dQ hand-off, dK first or
+    from smem; session 10 ships two buffers, per-warpgroup hand-off, dQ first at D=128) are still right
+    at odd lengths, with and without GQA, and bitwise deterministic in deterministic mode."""
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), **fields)
+    q, k, v, do = _tensors((2, 389, 4, d), (2, 389, hkv, d), seed=8)
+    bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 129, 257]], device="cuda", dtype=torch.int32)
+    _compare(f"sync-{fields}", q, k, v, do, bounds, cap=cap, config=cfg)
+    det = rb.dataclasses.replace(cfg, deterministic=True)
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap, config=det) for _ in range(2))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 @pytest.mark.parametrize("d,cap,hq,hkv,varlen", [(128, 20.0, 4, 4, False), (128, 20.0, 8, 2, False),
                                                 (128, 20.0, 4, 2, True), (64, None, 4, 4, False),
                                                 (64, None, 4, 2, True)])
