@@ -1,0 +1,52 @@
+"""Where the backward's time goes, per GPU kernel (torch.profiler, CUDA activity): the preprocess, the
+mainloop, the postprocess and torch's own launches (the zeroed GQA float32 accumulators, output
+allocations), at the bench shapes, MHA vs GQA side by side.  Evidence for the GQA gap (session 10: GQA
+16/4 513 useful TFLOP/s vs MHA 542 in the same run, while FlashAttention-4's two are within 1%).
+
+    python3 bench/ranker_bwd_launch_breakdown.py [--iters 20]   (on the GPU)
+
+Prints one JSON line per shape: {kernel name (shortened): mean microseconds per backward call}.
+"""
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+
+from cute_kernels.kernels import ranker_bwd as rb
+from cute_kernels.kernels.ranker_fwd import ranker_attention
+
+
+def breakdown(nb, hist, cand, hq, hkv, d, cap, iters):
+    s = hist + cand
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+    o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+    for _ in range(3):  # compile and warm up outside the profile
+        rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap)
+        torch.cuda.synchronize()
+    per_kernel = defaultdict(float)
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[evt.name[:60]] += evt.time_range.elapsed_us() / iters
+    total = sum(per_kernel.values())
+    return {"shape": f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}", "total_us": round(total, 1),
+            **{name: round(t, 1) for name, t in sorted(per_kernel.items(), key=lambda kv: -kv[1])}}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args()
+    for case in rb.BENCH_CASES:
+        print(json.dumps(breakdown(*case, args.iters)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
