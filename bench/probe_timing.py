@@ -24,6 +24,22 @@ def parse_variant(arg: str):
     return name, fields
 
 
+def ranker_inputs(case, seed: int, dout: bool = False, device: str = "cuda"):
+    """Random bf16 inputs of one ranker bench case ``(B, hist, cand, Hq, Hkv, D, cap)`` (history first, then
+    the candidates, in every batch row): ``(key, q, k, v, bounds, do)``; ``do`` (like q) with ``dout``,
+    else None.  The draw order (q, [do,] k, v) is the one the probes' logs were taken with."""
+    import torch
+
+    nb, hist, cand, hq, hkv, d, cap = case
+    s = hist + cand
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(nb, s, hq, d, device=device, dtype=torch.bfloat16, generator=g)
+    do = torch.randn(nb, s, hq, d, device=device, dtype=torch.bfloat16, generator=g) if dout else None
+    k, v = (torch.randn(nb, s, hkv, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    bounds = torch.tensor([[0, hist, hist, s]] * nb, device=device, dtype=torch.int32)
+    return f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}", q, k, v, bounds, do
+
+
 def variant_configs(base, variants, label: str) -> dict:
     """``{"shipped": base, name: dataclasses.replace(base, **fields), ...}`` for the ``(name, fields)``
     variants that validate and differ from every config before them (an invalid one prints why)."""

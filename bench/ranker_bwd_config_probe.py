@@ -21,7 +21,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from probe_timing import parse_variant, time_configs, variant_configs
+from probe_timing import parse_variant, ranker_inputs, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels.ranker_fwd import ranker_attention
@@ -34,16 +34,12 @@ def launch(x, k, v, bounds, cap, cfg):
 
 def main(variants):
     data = []
-    for nb, hist, cand, hq, hkv, d, cap in rb.BENCH_CASES:
-        s = hist + cand
-        g = torch.Generator(device="cuda").manual_seed(len(data))
-        q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+    for case in rb.BENCH_CASES:
+        nb, hist, cand, hq, hkv, d, cap = case
+        key, q, k, v, bounds, do = ranker_inputs(case, seed=len(data), dout=True)
         o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
         x = SimpleNamespace(q=q, o=o, lse=lse, do=do)
         base = rb.config_for(d, cap is not None)
-        key = f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}"
         cfgs = variant_configs(base, variants, key)
         ref = launch(x, k, v, bounds, cap, base)
         ref_det = launch(x, k, v, bounds, cap, dc.replace(base, deterministic=True))
@@ -56,7 +52,7 @@ def main(variants):
                 dq_rel=round(((got[0].float() - ref[0].float()).norm() / ref[0].float().norm()).item(), 6),
                 det_bitwise=all(torch.equal(a, b) for a, b in zip(got_det, ref_det)))
         print(json.dumps({"shape": key, "checks": checks}), flush=True)
-        flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
+        flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [hist + cand] * nb)
         data.append((key, x, k, v, bounds, cap, flops, cfgs))
     time_configs(data, launch=launch)
 

@@ -3,7 +3,7 @@ mainloop, the postprocess and torch's own launches (the zeroed GQA float32 accum
 allocations), at the bench shapes, MHA vs GQA side by side.  Evidence for the GQA gap (session 10: GQA
 16/4 513 useful TFLOP/s vs MHA 542 in the same run, while FlashAttention-4's two are within 1%).
 
-    python3 bench/ranker_bwd_launch_breakdown.py [--iters 20]   (on the GPU)
+    python3 bench/ranker_bwd_launch_breakdown.py [--iters 20]   (on the GPU; bench/ on sys.path as for a script)
 
 Prints one JSON line per shape: {kernel name (shortened): mean microseconds per backward call}.
 """
@@ -12,17 +12,15 @@ import json
 from collections import defaultdict
 
 import torch
+from probe_timing import ranker_inputs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels.ranker_fwd import ranker_attention
 
 
-def breakdown(nb, hist, cand, hq, hkv, d, cap, iters):
-    s = hist + cand
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+def breakdown(case, iters):
+    cap = case[-1]
+    key, q, k, v, bounds, do = ranker_inputs(case, seed=0, dout=True)
     o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
     for _ in range(3):  # compile and warm up outside the profile
         rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap)
@@ -36,7 +34,7 @@ def breakdown(nb, hist, cand, hq, hkv, d, cap, iters):
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[evt.name[:60]] += evt.time_range.elapsed_us() / iters
     total = sum(per_kernel.values())
-    return {"shape": f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}", "total_us": round(total, 1),
+    return {"shape": key, "total_us": round(total, 1),
             **{name: round(t, 1) for name, t in sorted(per_kernel.items(), key=lambda kv: -kv[1])}}
 
 
@@ -45,7 +43,7 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     args = p.parse_args()
     for case in rb.BENCH_CASES:
-        print(json.dumps(breakdown(*case, args.iters)), flush=True)
+        print(json.dumps(breakdown(case, args.iters)), flush=True)
 
 
 if __name__ == "__main__":

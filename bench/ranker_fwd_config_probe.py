@@ -13,7 +13,7 @@ import json
 import sys
 
 import torch
-from probe_timing import parse_variant, time_configs, variant_configs
+from probe_timing import parse_variant, ranker_inputs, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
@@ -27,14 +27,10 @@ def launch(q, k, v, bounds, cap, cfg):
 
 def main(variants, fa4: bool):
     data = []
-    for nb, hist, cand, hq, hkv, d, cap in rf.BENCH_CASES:
-        s = hist + cand
-        g = torch.Generator(device="cuda").manual_seed(len(data))
-        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+    for case in rf.BENCH_CASES:
+        nb, hist, cand, hq, hkv, d, cap = case
+        key, q, k, v, bounds, _ = ranker_inputs(case, seed=len(data))
         base = rf.shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
-        key = f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}"
         cfgs = variant_configs(base, variants, key)
         o0, l0 = launch(q, k, v, bounds, cap, base)
         checks = {}
@@ -49,7 +45,7 @@ def main(variants, fa4: bool):
                 cfgs["fa4_mask_mod"] = fa4_mask_mod(q, k, v, bounds, cap)
             except Exception as exc:  # noqa: BLE001 (a line per failing peer)
                 print(json.dumps({"shape": key, "fa4_mask_mod": repr(exc)[:200]}), flush=True)
-        flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
+        flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [hist + cand] * nb)
         data.append((key, q, k, v, bounds, cap, flops, cfgs))
     time_configs(data, launch=launch)
 

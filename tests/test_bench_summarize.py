@@ -71,3 +71,19 @@ def test_probe_variants_parse_and_validate(capsys):
             pt.parse_variant(bad)
     with pytest.raises(ValueError, match=r"has no field \['tile_k'\]"):
         pt.variant_configs(base, [("typo", {"tile_k": 1})], "D=128")
+
+
+def test_probe_ranker_inputs_shapes_and_draw_order():
+    """probe_timing.ranker_inputs: one bench case's tensors and key; the same seed gives the same q, and q is
+    drawn first whether or not dout is (so the forward probes' inputs match the backward's q)."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("probe_timing", Path(__file__).parents[1] / "bench" / "probe_timing.py")
+    pt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pt)
+    key, q, k, v, bounds, do = pt.ranker_inputs((2, 6, 3, 4, 2, 64, None), seed=1, device="cpu")
+    assert key == "B=2,h=6,c=3,H=4/2,D=64,cap=None" and do is None
+    assert q.shape == (2, 9, 4, 64) and k.shape == v.shape == (2, 9, 2, 64) and q.dtype == torch.bfloat16
+    assert bounds.tolist() == [[0, 6, 6, 9]] * 2 and bounds.dtype == torch.int32
+    _, q2, k2, _, _, do2 = pt.ranker_inputs((2, 6, 3, 4, 2, 64, None), seed=1, dout=True, device="cpu")
+    assert torch.equal(q, q2) and do2.shape == q.shape and not torch.equal(k, k2)
