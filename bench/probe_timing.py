@@ -24,6 +24,32 @@ def parse_variant(arg: str):
     return name, fields
 
 
+def probe_options(argv: list[str], flags: tuple[str, ...] = ()) -> tuple[list, dict]:
+    """A config probe's command line: variants (``NAME=field:value,...``), the boolean ``flags`` given
+    (``--fa4``), and the timing options ``--rounds=N`` (default 5) and ``--seed=N`` (the shuffle seed;
+    default: drawn and printed, so the order can be replayed) -> ``(variants, options)`` where options
+    holds the flags and ``rounds``/``shuffle_seed``/``control=True`` for :func:`time_configs`."""
+    import random
+
+    opts = {f.lstrip("-"): False for f in flags}
+    opts.update(rounds=5, shuffle_seed=random.randrange(1 << 16), control=True)
+    variants = []
+    for a in argv:
+        if a in flags:
+            opts[a.lstrip("-")] = True
+        elif a.startswith("--rounds=") or a.startswith("--seed="):
+            name, _, value = a[2:].partition("=")
+            if not value.isdigit() or (name == "rounds" and int(value) < 1):
+                raise ValueError(f"{a!r}: expected a positive integer")
+            opts["rounds" if name == "rounds" else "shuffle_seed"] = int(value)
+        elif a.startswith("--"):
+            raise ValueError(f"unknown option {a!r} (known: {', '.join(flags + ('--rounds=N', '--seed=N'))})")
+        else:
+            variants.append(parse_variant(a))
+    print(json.dumps({"rounds": opts["rounds"], "shuffle_seed": opts["shuffle_seed"]}), flush=True)
+    return variants, opts
+
+
 def ranker_inputs(case, seed: int, dout: bool = False, device: str = "cuda"):
     """Random bf16 inputs of one ranker bench case ``(B, hist, cand, Hq, Hkv, D, cap)`` (history first, then
     the candidates, in every batch row): ``(key, q, k, v, bounds, do)``; ``do`` (like q) with ``dout``,
@@ -67,22 +93,42 @@ def _launch(q, k, v, bounds, cap, cfg):
     return rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)
 
 
-def time_configs(cases, rounds: int = 3, reps: int = 8, inner: int = 5, launch=_launch, time_us=None) -> dict:
+def time_configs(cases, rounds: int = 3, reps: int = 8, inner: int = 5, launch=_launch, time_us=None,
+                 shuffle_seed: int | None = None, control: bool = False) -> dict:
     """``cases``: ``(key, q, k, v, bounds, cap, flops, {name: RankerFwdConfig})``.  Times ``launch(q, k, v,
     bounds, cap, cfg)`` per config, ``rounds`` interleaved passes over all cases, and prints per case
     ``{"shape": key, name: [median us, useful TFLOP/s], ...}`` (flops: useful FLOPs of one call); returns
-    ``{key: {name: median us}}``.  ``time_us(fn, reps=, inner=)`` defaults to CUDA-graph timing."""
+    ``{key: {name: median us}}``.  ``time_us(fn, reps=, inner=)`` defaults to CUDA-graph timing.
+
+    Noise controls (the H200 gave two builds of identical code 10% apart in one fixed-order run, session
+    11): ``shuffle_seed`` shuffles the configs' order within a case in every round (seeded, so a run can
+    be replayed); ``control`` times the first config a second time as ``<first>_again`` (an A/A pair:
+    a difference between variants smaller than the pair's is noise) and adds ``"spread_pct"`` per name
+    (max - min over rounds, in % of the median)."""
+    import random
+
     if time_us is None:
         from cute_kernels.runtime.timing import cuda_time_us as time_us
+    rng = random.Random(shuffle_seed)
     res = {}
     for _ in range(rounds):
         for key, q, k, v, bounds, cap, flops, cfgs in cases:
-            for name, cfg in cfgs.items():
+            items = list(cfgs.items())
+            if control:
+                items.append((f"{items[0][0]}_again", items[0][1]))
+            if shuffle_seed is not None:
+                rng.shuffle(items)
+            for name, cfg in items:
                 res.setdefault(key, {}).setdefault(name, []).append(
                     time_us(lambda: launch(q, k, v, bounds, cap, cfg), reps=reps, inner=inner))
     medians = {}
     for key, *_, flops, cfgs in cases:
-        medians[key] = {name: statistics.median(res[key][name]) for name in cfgs}
-        print(json.dumps({"shape": key, **{name: [round(t, 1), round(flops / t / 1e6)]
-                                           for name, t in medians[key].items()}}), flush=True)
+        names = list(res[key])
+        names.sort(key=lambda n: (n not in cfgs, list(cfgs).index(n) if n in cfgs else 0))
+        medians[key] = {name: statistics.median(res[key][name]) for name in names}
+        line = {"shape": key, **{name: [round(t, 1), round(flops / t / 1e6)] for name, t in medians[key].items()}}
+        if control:
+            line["spread_pct"] = {name: round(100 * (max(ts) - min(ts)) / medians[key][name], 1)
+                                  for name, ts in res[key].items()}
+        print(json.dumps(line), flush=True)
     return medians

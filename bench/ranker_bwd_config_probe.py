@@ -7,6 +7,7 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerBwdCon
     python3 bench/ranker_bwd_config_probe.py dk_smem=dq_first:True,dk_from_smem:True
 
 (a variant equal to the shipped config is dropped: at D=128 ``dq_first:True`` is shipped).
+Timing options as the forward probe's (``--rounds=N``, ``--seed=N``; shuffled order, A/A pair).
 
 Checks per variant: dK and dV bitwise equal to the shipped config's (MHA: same GEMMs in the same order;
 GQA adds heads in arrival order, so only deterministic mode is bitwise there), dQ's relative difference,
@@ -21,7 +22,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from probe_timing import parse_variant, ranker_inputs, time_configs, variant_configs
+from probe_timing import probe_options, ranker_inputs, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels.ranker_fwd import ranker_attention
@@ -32,7 +33,7 @@ def launch(x, k, v, bounds, cap, cfg):
     return rb.ranker_attention_backward(x.q, k, v, x.o, x.lse, x.do, bounds, cap=cap, config=cfg)
 
 
-def main(variants):
+def main(variants, timing: dict):
     data = []
     for case in rb.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
@@ -54,8 +55,9 @@ def main(variants):
         print(json.dumps({"shape": key, "checks": checks}), flush=True)
         flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [hist + cand] * nb)
         data.append((key, x, k, v, bounds, cap, flops, cfgs))
-    time_configs(data, launch=launch)
+    time_configs(data, launch=launch, **timing)
 
 
 if __name__ == "__main__":
-    main([parse_variant(a) for a in sys.argv[1:]])
+    variants, opts = probe_options(sys.argv[1:])
+    main(variants, opts)

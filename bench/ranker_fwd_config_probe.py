@@ -7,13 +7,17 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerFwdCon
 
     python3 bench/ranker_fwd_config_probe.py --fa4 no_prefetch=prefetch_self_kv:False skip=skip_unit_rescale:True
 
+Timing (``probe_timing.probe_options``): ``--rounds=N`` (default 5), the configs' order shuffled in every
+round (``--seed=N`` replays an order), and the shipped config timed twice (``shipped_again``: the A/A
+pair that says how large a difference is noise) with each config's spread over rounds.
+
 Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log.
 """
 import json
 import sys
 
 import torch
-from probe_timing import parse_variant, ranker_inputs, time_configs, variant_configs
+from probe_timing import probe_options, ranker_inputs, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
@@ -25,7 +29,7 @@ def launch(q, k, v, bounds, cap, cfg):
     return rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)
 
 
-def main(variants, fa4: bool):
+def main(variants, fa4: bool, timing: dict):
     data = []
     for case in rf.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
@@ -47,9 +51,10 @@ def main(variants, fa4: bool):
                 print(json.dumps({"shape": key, "fa4_mask_mod": repr(exc)[:200]}), flush=True)
         flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [hist + cand] * nb)
         data.append((key, q, k, v, bounds, cap, flops, cfgs))
-    time_configs(data, launch=launch)
+    time_configs(data, launch=launch, **timing)
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main([parse_variant(a) for a in args if a != "--fa4"], "--fa4" in args)
+    variants, opts = probe_options(sys.argv[1:], flags=("--fa4",))
+    fa4 = opts.pop("fa4")
+    main(variants, fa4, opts)

@@ -87,3 +87,38 @@ def test_probe_ranker_inputs_shapes_and_draw_order():
     assert bounds.tolist() == [[0, 6, 6, 9]] * 2 and bounds.dtype == torch.int32
     _, q2, k2, _, _, do2 = pt.ranker_inputs((2, 6, 3, 4, 2, 64, None), seed=1, dout=True, device="cpu")
     assert torch.equal(q, q2) and do2.shape == q.shape and not torch.equal(k, k2)
+
+
+def test_probe_timing_shuffle_and_control(capsys):
+    """Shuffled rounds time every config once per round (plus the A/A repeat of the first), in a
+    seeded order that differs between rounds; spread_pct is (max - min) / median per name; the
+    command line's --rounds/--seed/flags are parsed and bad ones named."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("probe_timing", Path(__file__).parents[1] / "bench" / "probe_timing.py")
+    pt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pt)
+    order, clock = [], iter(range(1, 100))
+
+    def time_us(fn, reps, inner):
+        fn()
+        return float(next(clock))
+
+    cfgs = {"shipped": "c0", "a": "c1", "b": "c2", "c": "c3"}
+    cases = [("A", "q", "k", "v", "b", None, 1e9, cfgs)]
+    med = pt.time_configs(cases, rounds=4, launch=lambda q, k, v, b, cap, cfg: order.append(cfg), time_us=time_us,
+                          shuffle_seed=7, control=True)
+    rounds = [order[i:i + 5] for i in range(0, 20, 5)]
+    assert all(sorted(r) == ["c0", "c0", "c1", "c2", "c3"] for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1, "the order must change between rounds"
+    assert list(med["A"]) == ["shipped", "a", "b", "c", "shipped_again"]
+    line = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert set(line["spread_pct"]) == set(med["A"]) and all(v > 0 for v in line["spread_pct"].values())
+    pt2 = pt.time_configs(cases, rounds=1, launch=lambda *a: None, time_us=time_us)
+    assert list(pt2["A"]) == list(cfgs)  # no control, no shuffle: the given order, no A/A entry
+
+    variants, opts = pt.probe_options(["--fa4", "x=stages:3", "--rounds=7", "--seed=3"], flags=("--fa4",))
+    assert variants == [("x", {"stages": 3})] and opts == dict(fa4=True, rounds=7, shuffle_seed=3, control=True)
+    for bad in (["--rounds=0"], ["--seed=x"], ["--fast"]):
+        with pytest.raises(ValueError, match="positive integer|unknown option"):
+            pt.probe_options(bad, flags=("--fa4",))
