@@ -210,8 +210,26 @@ KNOWN_SPILL_BYTES = {
     "bfloat16 D=128 gqa=1 cap=none": 8,
     "bfloat16 D=128 gqa=1 cap=tanh": 48,
     "bfloat16 D=128 gqa=1 cap=none varlen": 32,
-    "bfloat16 D=128 gqa=4 cap=tanh varlen det": 8,
+    "bfloat16 D=128 gqa=4 group cap=none": 16,  # as MHA's: loop-invariant values reloaded per q block
+    "bfloat16 D=128 gqa=4 group cap=tanh varlen det": 64,
+    "bfloat16 D=128 gqa=4 per-head cap=tanh varlen det": 8,
 }
+
+
+@pytest.mark.parametrize("g,nb,hkv,s,sms,given,want", [
+    (1, 4, 16, 4608, 132, None, None),     # MHA: left as given
+    (4, 4, 4, 4608, 132, None, True),      # 4 * 4 * 36 = 576 CTAs >= 2 waves: a group per CTA
+    (4, 1, 2, 4608, 132, None, False),     # 72 CTAs: one query head per CTA (288)
+    (8, 2, 1, 16896, 132, None, True),     # 2 * 1 * 132 = 264: exactly two waves
+    (8, 2, 1, 16768, 132, None, False),    # 262 CTAs
+    (4, 1, 2, 4608, 132, True, True),      # an explicit choice is kept
+    (4, 4, 4, 4608, 132, False, False),
+])
+def test_resolve_gqa_group(g, nb, hkv, s, sms, given, want):
+    cfg = rb.dataclasses.replace(rb.CONFIGS[128], gqa_group_per_cta=given)
+    assert rb.resolve_gqa_group(cfg, g, nb, hkv, s, sms).gqa_group_per_cta is want
+    with pytest.raises(ValueError, match="gqa_group_per_cta"):
+        rb.dataclasses.replace(cfg, gqa_group_per_cta=1).validate()
 
 
 @pytest.mark.parametrize("target", [t for t in rb.compile_targets() if t.kernel == rb.NAME], ids=lambda t: t.label)
@@ -327,14 +345,15 @@ _MHA_VARLEN_SPILL = pytest.mark.xfail(strict=True, reason=(
     "neither unrolling the one-head loop nor moving it into a method removed it"))
 
 
-@pytest.mark.parametrize("d,tm,g,capm,varlen", [(128, 64, 1, "tanh", False), (128, 64, 4, "none", False),
-                                                (64, 64, 2, "soft_sign", True), (64, 128, 2, "none", False),
-                                                pytest.param(64, 128, 1, "none", True, marks=_MHA_VARLEN_SPILL)])
-def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen):
+@pytest.mark.parametrize("d,tm,g,capm,varlen,acc", [
+    (128, 64, 1, "tanh", False, False), (128, 64, 4, "none", False, True), (128, 64, 4, "none", False, False),
+    (64, 64, 2, "soft_sign", True, True), (64, 128, 2, "none", False, False),
+    pytest.param(64, 128, 1, "none", True, False, marks=_MHA_VARLEN_SPILL)])
+def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc):
     from cute_kernels.kernels import ranker_bwd_postprocess as post
 
-    key = (str(torch.bfloat16), d, tm, g, capm, varlen)
-    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen)
+    key = (str(torch.bfloat16), d, tm, g, capm, varlen, acc)
+    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen, acc)
     rec = compile_record(post.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx
@@ -520,8 +539,8 @@ def test_config_for_picks_128_row_tiles_only_for_uncapped_d64():
     for bad in ((64.0, False), (64, "no"), (True, False)):
         with pytest.raises(TypeError):
             rb.config_for(*bad)
-    shipped = {rb.dataclasses.replace(t.key[1], deterministic=False) for t in rb.compile_targets()
-               if t.kernel == rb.NAME}
+    shipped = {rb.dataclasses.replace(t.key[1], deterministic=False, gqa_group_per_cta=None)
+               for t in rb.compile_targets() if t.kernel == rb.NAME}
     assert rb.D64_UNCAPPED in shipped  # CI compiles (and spill-checks) what config_for ships
 
 

@@ -116,6 +116,11 @@ class RankerBwdConfig:
     dq_per_wg: bool = True  # each MMA warpgroup hands its half of dQ to the dQ warp on its own barriers
     dq_first: bool = False  # issue dQ = dS K before dK += dS^T Q, so dQ's hand-off overlaps the dK GEMM
     dk_from_smem: bool = False  # dK += dS^T Q reads dS^T from smem (SS WGMMA) instead of registers
+    # GQA: one CTA walks the q blocks of every query head of its KV head, so dK/dV add up in registers and
+    # are stored once in the input dtype (no float32 accumulators, no reduce-adds, no conversion pass).
+    # False: one query head per CTA, dK/dV reduce-added into float32 accumulators.  None: the host picks
+    # (:func:`gqa_group_per_cta`: True while that leaves at least two waves of CTAs).
+    gqa_group_per_cta: Optional[bool] = None
 
     def acc_regs(self) -> int:
         """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
@@ -150,6 +155,8 @@ class RankerBwdConfig:
             raise ValueError("dk_from_smem needs dq_first (the dK GEMM must come after the dS^T fence and barrier)")
         if self.producer_regs % 8 or self.mma_regs % 8:
             raise ValueError("setmaxnreg counts must be multiples of 8")
+        if not (self.gqa_group_per_cta is None or type(self.gqa_group_per_cta) is bool):
+            raise ValueError(f"gqa_group_per_cta={self.gqa_group_per_cta!r}: must be None, True or False")
         sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
         if self.acc_regs() > self.mma_regs - 8:
             raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "
@@ -193,6 +200,25 @@ def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
     return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
 
 
+GQA_MIN_WAVES = 2  # gqa_group_per_cta=None: a group per CTA while that leaves this many waves of CTAs
+
+
+def resolve_gqa_group(config: RankerBwdConfig, qhead_per_kvhead: int, num_batch: int, num_kv_heads: int,
+                      max_seqlen: int, num_sms: int) -> RankerBwdConfig:
+    """``config`` with ``gqa_group_per_cta`` decided: as given when True/False; for MHA (one query head
+    per KV head) None; else True when ``num_batch * num_kv_heads * ceil(max_seqlen / tile_n)`` CTAs
+    (a group per CTA) fill at least :data:`GQA_MIN_WAVES` waves of ``num_sms`` SMs, False otherwise
+    (one query head per CTA: ``qhead_per_kvhead`` times the CTAs, dK/dV through float32 accumulators).
+    Session 11 launch breakdown (H200, B=4 4096+512 H16/4 D=128, one head per CTA): the mainloop took
+    185 us more than MHA's and the accumulators' zeroing and conversion 60 us more
+    (bench/results/logs/2026-11-30_s11_ranker_bwd_launch_breakdown.log)."""
+
+    if qhead_per_kvhead == 1 or config.gqa_group_per_cta is not None:
+        return config
+    ctas = num_batch * num_kv_heads * -(-max_seqlen // config.tile_n)
+    return dataclasses.replace(config, gqa_group_per_cta=ctas >= GQA_MIN_WAVES * num_sms)
+
+
 @cute.jit
 def _wait_until(sem_ptr, value):
     """Spin (one thread) until the int32 semaphore at ``sem_ptr`` equals ``value`` (acquire, GPU scope)."""
@@ -215,7 +241,11 @@ class RankerAttentionBwd:
         self.head_dim = config.head_dim
         self.stages = config.stages
         self.qhead_per_kvhead = qhead_per_kvhead
-        self.gqa = qhead_per_kvhead > 1  # dK/dV: float32 reduce-add into accumulators, converted later
+        # query heads per CTA (all of a KV head's, or one) and whether dK/dV go through float32
+        # accumulators (GQA with one query head per CTA: reduce-added, converted by the postprocess)
+        group = qhead_per_kvhead > 1 and config.gqa_group_per_cta is not False
+        self.heads_per_cta = qhead_per_kvhead if group else 1
+        self.dkv_accumulated = qhead_per_kvhead > 1 and not group
         self.cap_method = cap_method
         self.varlen = varlen
         self.num_mma_threads = 128 * config.mma_wgs
@@ -283,7 +313,7 @@ class RankerAttentionBwd:
             cpasync.CopyBulkTensorTileG2SOp(), mdPsum, cute.make_layout(self.tile_m), (self.tile_m,))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
-        if const_expr(self.gqa):
+        if const_expr(self.dkv_accumulated):
             tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(), mdK, sdKVacc_layout, (self.tile_n, self.head_dim))
             tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(
@@ -315,7 +345,7 @@ class RankerAttentionBwd:
         self.shared_storage = SharedStorage
 
         num_n_blocks = cute.ceil_div(max_seqlen, self.tile_n)
-        grid = (num_n_blocks, cute.size(mQ.shape[2]), num_batch)
+        grid = (num_n_blocks, cute.size(mQ.shape[2]) // self.heads_per_cta, num_batch)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dK, tma_dV, mdK, mdV, mBounds, mCuSeqlens,
             mdQsem, mdKVsem, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
@@ -389,25 +419,41 @@ class RankerAttentionBwd:
     # ------------------------------------------------------------------ work of this CTA
     @cute.jit
     def block_work(self, mBounds, mCuSeqlens, seqlen_static):
-        """(n_block, head, batch) of this CTA, the sequence's offsets and segments, and the q blocks
-        to visit: two disjoint ranges (history rows, candidate rows), none for a KV block outside the
-        history (its keys are reached by no query but themselves: postprocess)."""
-        n_block, head, batch = cute.arch.block_idx()
+        """(n_block, first query head, batch) of this CTA, the sequence's offsets and segments, and the
+        q blocks to visit: two disjoint ranges (history rows, candidate rows), for each of the CTA's
+        ``heads_per_cta`` query heads in turn; none for a KV block outside the history (its keys are
+        reached by no query but themselves: postprocess).  ``work[10]``: q blocks per head."""
+        n_block, head_group, batch = cute.arch.block_idx()
+        head = head_group * self.heads_per_cta
         offset, seqlen, pad_offset = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
         seg = RankerSegments.load(mBounds, batch, seqlen)
         lo1, n1, lo2, n2 = seg.m_block_ranges(self.tile_m)
         key_lo = n_block * self.tile_n
         reached = (Int32(key_lo < seg.hist_hi) * Int32(key_lo + self.tile_n > seg.hist_lo)
                    * Int32(seg.hist_hi > seg.hist_lo))
-        count = (n1 + n2) * reached
-        return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2, count)
+        per_head = (n1 + n2) * reached
+        return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2,
+                per_head * self.heads_per_cta, per_head)
 
     @staticmethod
     def m_block_of(i, work):
-        """The i-th q block to visit (first range, then second)."""
+        """The i-th q block to visit of one head (first range, then second)."""
         lo1, n1, lo2 = work[6], work[7], work[8]
         in_first = Int32(i < n1)
         return (lo1 + i) * in_first + (lo2 + i - n1) * (1 - in_first)
+
+    def _block(self, tXgX, m_block, head):
+        """Q block ``m_block`` of a producer partition: by q block (one head per CTA) or (q block, head)."""
+        if const_expr(self.heads_per_cta == 1):
+            return tXgX[None, m_block]
+        return tXgX[None, m_block, head]
+
+    def head_m_block_of(self, i, work):
+        """(query head, q block) of the CTA's i-th step: the heads in turn, each over its q blocks."""
+        if const_expr(self.heads_per_cta == 1):
+            return work[1], self.m_block_of(i, work)
+        h = i // work[10]
+        return work[1] + h, self.m_block_of(i - h * work[10], work)
 
     def _dq_sem_ptr(self, mdQsem, work, head, m_block):
         """Semaphore of (q block, head, batch): ``(B, Hq, S_pad / tile_m)``, or ``(1, Hq, T_pad / tile_m)``
@@ -417,17 +463,31 @@ class RankerAttentionBwd:
         return mdQsem[work[2], head, None].iterator + m_block
 
     def _view(self, mX, work, head):
-        """(S, D) view of one sequence and head of a (S, D, H, B) or packed (T, D, H) tensor."""
+        """(S, D) view of one sequence and head of a (S, D, H, B) or packed (T, D, H) tensor; ``head=None``:
+        (S, D, H), every head."""
+        if const_expr(head is None):
+            if const_expr(self.varlen):
+                return cute.domain_offset((work[3], 0, 0), mX)
+            return mX[None, None, None, work[2]]
         if const_expr(self.varlen):
             return cute.domain_offset((work[3], 0), mX[None, None, head])
         return mX[None, None, head, work[2]]
 
     def _padded_view(self, mX, work, head):
-        """View of one sequence and head of a padded per-row buffer ((S_pad[, D], H, B) or (T_pad[, D], H))."""
+        """View of one sequence and head of a padded per-row buffer ((S_pad[, D], H, B) or (T_pad[, D], H));
+        ``head=None``: every head (the H mode kept last)."""
         if const_expr(cute.rank(mX) == 4 or (self.varlen and cute.rank(mX) == 3)):
+            if const_expr(head is None):
+                if const_expr(self.varlen):
+                    return cute.domain_offset((work[4], 0, 0), mX)
+                return mX[None, None, None, work[2]]
             if const_expr(self.varlen):
                 return cute.domain_offset((work[4], 0), mX[None, None, head])
             return mX[None, None, head, work[2]]
+        if const_expr(head is None):
+            if const_expr(self.varlen):
+                return cute.domain_offset((work[4], 0), mX)
+            return mX[None, None, work[2]]
         if const_expr(self.varlen):
             return cute.domain_offset((work[4],), mX[None, head])
         return mX[None, head, work[2]]
@@ -438,45 +498,59 @@ class RankerAttentionBwd:
              tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
              pipeline_kv, pipeline_q, pipeline_do, work):
         """Warp 0: K and V of this CTA's block once, then Q + LSE and dO + dPsum of each q block
-        to visit, ``stages`` blocks ahead of the MMA warpgroups."""
-        n_block, head, count = work[0], work[1], work[9]
-        head_kv = head // self.qhead_per_kvhead
+        to visit (of each of the CTA's query heads), ``stages`` blocks ahead of the MMA warpgroups."""
+        n_block, count = work[0], work[9]
+        head_kv = work[1] // self.qhead_per_kvhead
         if count > 0:
             gK = cute.local_tile(self._view(tma_K, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
             gV = cute.local_tile(self._view(tma_V, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
-            gQ = cute.local_tile(self._view(tma_Q, work, head), (self.tile_m, self.head_dim), (None, 0))
-            gdO = cute.local_tile(self._view(tma_dO, work, head), (self.tile_m, self.head_dim), (None, 0))
-            gLSE = cute.local_tile(self._padded_view(tma_LSE, work, head), (self.tile_m,), (None,))
-            gdPsum = cute.local_tile(self._padded_view(tma_dPsum, work, head), (self.tile_m,), (None,))
             one = cute.make_layout(1)
             tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
                                                cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
                                                cute.group_modes(gV, 0, 2))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))
-            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
-                                                   cute.group_modes(gdO, 0, 2))
-            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
-                                               cute.group_modes(gLSE, 0, 1))
-            tPsP, tPgP = cpasync.tma_partition(tma_atom_dPsum, 0, one, cute.group_modes(sdPsum, 0, 1),
-                                               cute.group_modes(gdPsum, 0, 1))
+            # one query head: partitions by q block; a group: by (q block, head)
+            srcs = self.q_block_sources(tma_Q, tma_dO, tma_LSE, tma_dPsum, sQ, sdO, sLSE, sdPsum, tma_atom_Q,
+                                        tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, work,
+                                        work[1] if const_expr(self.heads_per_cta == 1) else None)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipeline_kv.producer_acquire(kv_state)
             cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
             cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for i in cutlass.range(count, unroll=1):
-                m_block = self.m_block_of(i, work)
+                head, m_block = self.head_m_block_of(i, work)
+                (tQsQ, tQgQ), (tdOsdO, tdOgdO), (tLsL, tLgL), (tPsP, tPgP) = srcs
                 pipeline_q.producer_acquire(q_state)
                 bar_q = pipeline_q.producer_get_barrier(q_state)
-                cute.copy(tma_atom_Q, tQgQ[None, m_block], tQsQ[None, q_state.index], tma_bar_ptr=bar_q)
-                cute.copy(tma_atom_LSE, tLgL[None, m_block], tLsL[None, q_state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_atom_Q, self._block(tQgQ, m_block, head), tQsQ[None, q_state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_atom_LSE, self._block(tLgL, m_block, head), tLsL[None, q_state.index], tma_bar_ptr=bar_q)
                 pipeline_do.producer_acquire(q_state)
                 bar_do = pipeline_do.producer_get_barrier(q_state)
-                cute.copy(tma_atom_dO, tdOgdO[None, m_block], tdOsdO[None, q_state.index], tma_bar_ptr=bar_do)
-                cute.copy(tma_atom_dPsum, tPgP[None, m_block], tPsP[None, q_state.index], tma_bar_ptr=bar_do)
+                cute.copy(tma_atom_dO, self._block(tdOgdO, m_block, head), tdOsdO[None, q_state.index],
+                          tma_bar_ptr=bar_do)
+                cute.copy(tma_atom_dPsum, self._block(tPgP, m_block, head), tPsP[None, q_state.index],
+                          tma_bar_ptr=bar_do)
                 q_state.advance()
+
+    @cute.jit
+    def q_block_sources(self, tma_Q, tma_dO, tma_LSE, tma_dPsum, sQ, sdO, sLSE, sdPsum, tma_atom_Q, tma_atom_dO,
+                        tma_atom_LSE, tma_atom_dPsum, work, head):
+        """TMA partitions (smem, gmem by q block) of Q, dO, LSE and dPsum of query head ``head``; ``head=None``:
+        gmem by (q block, head)."""
+        every = head is None
+        tile_coord, row_coord = ((None, 0, None), (None, None)) if const_expr(every) else ((None, 0), (None,))
+        gQ = cute.local_tile(self._view(tma_Q, work, head), (self.tile_m, self.head_dim), tile_coord)
+        gdO = cute.local_tile(self._view(tma_dO, work, head), (self.tile_m, self.head_dim), tile_coord)
+        gLSE = cute.local_tile(self._padded_view(tma_LSE, work, head), (self.tile_m,), row_coord)
+        gdPsum = cute.local_tile(self._padded_view(tma_dPsum, work, head), (self.tile_m,), row_coord)
+        one = cute.make_layout(1)
+        return (cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)),
+                cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2)),
+                cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
+                                      cute.group_modes(gLSE, 0, 1)),
+                cpasync.tma_partition(tma_atom_dPsum, 0, one, cute.group_modes(sdPsum, 0, 1),
+                                      cute.group_modes(gdPsum, 0, 1)))
 
     @cute.jit
     def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, mdQsem, work):
@@ -486,18 +560,14 @@ class RankerAttentionBwd:
         box holds 32 float32 columns), hand the buffers back once the reduces have read them.
         Deterministic mode: the KV blocks of a q block add in increasing order (a per-q-block semaphore
         counts the adds done; FlashAttention-3's scheme)."""
-        head, count = work[1], work[9]
+        count = work[9]
         lane = cute.arch.lane_idx()
         if count > 0:
-            box = (self.tile_m, self.head_dim // self.dq_parts)
-            gdQ = cute.local_tile(self._padded_view(tma_dQ, work, head), box, (None, None))
-            parts = [cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
-                                           cute.group_modes(cute.local_tile(sdQ, box, (0, w)), 0, 2),
-                                           cute.group_modes(gdQ, 0, 2))
-                     for w in range(self.dq_parts)]
+            parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work,
+                                     work[1] if const_expr(self.heads_per_cta == 1) else None)
             nthreads = self.num_mma_threads // self.dq_parts + 32
             for i in cutlass.range(count, unroll=1):
-                m_block = self.m_block_of(i, work)
+                head, m_block = self.head_m_block_of(i, work)
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
                 for w in cutlass.range_constexpr(self.dq_parts):
@@ -508,7 +578,9 @@ class RankerAttentionBwd:
                             _wait_until(sem, work[0] - work[5].n_block_min(self.tile_n))
                         cute.arch.sync_warp()
                     tdQsdQ, tdQgdQ = parts[w]
-                    cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ[None, m_block, w])
+                    dst = tdQgdQ[None, m_block, w] if const_expr(self.heads_per_cta == 1) \
+                        else tdQgdQ[None, m_block, w, head]
+                    cute.copy(tma_atom_dQ, tdQsdQ, dst)
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.config.deterministic):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
@@ -517,6 +589,17 @@ class RankerAttentionBwd:
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
                 else:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def dq_parts_of(self, tma_dQ, sdQ, tma_atom_dQ, work, head):
+        """TMA partitions (smem part w, gmem by (q block, part)) of query head ``head``'s dQ accumulator;
+        ``head=None``: gmem by (q block, part, head)."""
+        box = (self.tile_m, self.head_dim // self.dq_parts)
+        coord = (None, None, None) if const_expr(head is None) else (None, None)
+        gdQ = cute.local_tile(self._padded_view(tma_dQ, work, head), box, coord)
+        return [cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                      cute.group_modes(cute.local_tile(sdQ, box, (0, w)), 0, 2),
+                                      cute.group_modes(gdQ, 0, 2))
+                for w in range(self.dq_parts)]
 
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
@@ -666,14 +749,16 @@ class RankerAttentionBwd:
                  tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale):
         """dK, dV leave the registers through smem that reuses sK/sV once every MMA warpgroup is done
         with them (named barrier), then one warp's TMA store (fixed length) or predicated 16-byte stores
-        (varlen).  A KV block no query reaches stores zeros.  GQA: float32 tiles TMA-reduce-added into
-        the float32 accumulators (dV first, then dK, through the same smem); deterministic mode: the
-        query heads of a group add in increasing order (a per-(KV block, KV head) semaphore)."""
+        (varlen).  A KV block no query reaches stores zeros.  GQA with a group per CTA: the same (the
+        registers hold the sum over the group's query heads).  GQA with one query head per CTA: float32
+        tiles TMA-reduce-added into the float32 accumulators (dV first, then dK, through the same smem);
+        deterministic mode: the query heads of a group add in increasing order (a per-(KV block, KV
+        head) semaphore)."""
         n_block, head = work[0], work[1]
         head_kv = head // self.qhead_per_kvhead
         acc_dK.store(acc_dK.load() * softmax_scale)
         bar = int(NamedBarrierBwd.Epilogue)
-        if const_expr(self.gqa):
+        if const_expr(self.dkv_accumulated):
             if work[9] > 0:  # blocks no query reaches add nothing
                 thr_mma = tiled_mma_dkv.get_slice(tidx)
                 tAccsAcc = thr_mma.partition_C(sdKVacc)
@@ -752,14 +837,15 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
         kern = RankerAttentionBwd(cute_dtype(dtype), config, qhead_per_kvhead, cap_method, varlen)
         f = BwdFakes(config.head_dim, varlen)
         hq, hkv = f.hq, f.hkv
-        acc_dtype = torch.float32 if qhead_per_kvhead > 1 else dtype
+        accumulated = kern.dkv_accumulated
+        acc_dtype = torch.float32 if accumulated else dtype
         q, k, v, do = f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype)
         rows, dq_acc, cu = f.rows, f.dq_accum(), f.cu
         dk, dv, bounds = f.outputs(hkv, acc_dtype), f.outputs(hkv, acc_dtype), f.bounds()
         dq_sem = dkv_sem = None
         if config.deterministic:  # int32 semaphores (see ranker_attention_backward)
             dq_sem = fake_tensor(torch.int32, (cute.sym_int(), hq, cute.sym_int()), align=4)
-            if qhead_per_kvhead > 1:
+            if accumulated:
                 dkv_sem = fake_tensor(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
         return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
                       Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
@@ -768,46 +854,59 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
 
 
 def compile_targets() -> list[CompileTarget]:
-    """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4), D=64
-    soft_sign and no cap (GQA 2, also deterministic), varlen, the deterministic mode (GQA varlen tanh);
-    plus the pre/postprocess kernels at D=128 and at uncapped D=64."""
-    cases = [
-        (torch.bfloat16, 128, 1, "none", False),
-        (torch.bfloat16, 128, 1, "tanh", False),
-        (torch.bfloat16, 128, 4, "none", False),
-        (torch.bfloat16, 64, 1, "soft_sign", False),
-        (torch.bfloat16, 64, 2, "none", False),
-        (torch.bfloat16, 64, 2, "none", False, True),
-        (torch.bfloat16, 128, 1, "none", True),
-        (torch.bfloat16, 128, 4, "tanh", True, True),  # deterministic mode
+    """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4 with a group
+    per CTA and with one query head per CTA), D=64 soft_sign and no cap (GQA 2, also deterministic),
+    varlen, the deterministic mode (GQA varlen tanh, both GQA forms); plus the pre/postprocess kernels
+    at D=128 and at uncapped D=64."""
+    cases = [  # dtype, head dim, GQA ratio, cap, varlen, deterministic, gqa_group_per_cta
+        (torch.bfloat16, 128, 1, "none", False, False, None),
+        (torch.bfloat16, 128, 1, "tanh", False, False, None),
+        (torch.bfloat16, 128, 4, "none", False, False, True),
+        (torch.bfloat16, 128, 4, "none", False, False, False),
+        (torch.bfloat16, 64, 1, "soft_sign", False, False, None),
+        (torch.bfloat16, 64, 2, "none", False, False, True),
+        (torch.bfloat16, 64, 2, "none", False, True, True),
+        (torch.bfloat16, 128, 1, "none", True, False, None),
+        (torch.bfloat16, 128, 4, "tanh", True, True, True),
+        (torch.bfloat16, 128, 4, "tanh", True, True, False),
     ]
     out = []
-    for dtype, d, g, capm, varlen, *det in cases:
-        cfg = config_for(d, capm != "none")
-        cfg = dataclasses.replace(cfg, deterministic=True) if det else cfg
-        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}"
+    for dtype, d, g, capm, varlen, det, group in cases:
+        cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group)
+        label = (f"{str(dtype)[6:]} D={d} gqa={g}{'' if group is None else (' group' if group else ' per-head')}"
+                 f" cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}")
         out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
                                  _compile(dtype, cfg, g, capm, varlen)))
     # the pre/postprocess kernels (their own compile-cache names) of the D=128 config and of the
-    # uncapped D=64 one (128-row q tiles)
+    # uncapped D=64 one (128-row q tiles); (GQA ratio, cap, varlen, dK/dV in float32 accumulators)
     from . import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
 
     bf = torch.bfloat16
-    for d, tm, posts in ((128, CONFIGS[128].tile_m, ((1, "tanh", False), (4, "none", True))),
-                         (64, D64_UNCAPPED.tile_m, ((2, "none", False),))):
+    for d, tm, posts in ((128, CONFIGS[128].tile_m, ((1, "tanh", False, False), (4, "none", True, False),
+                                                     (4, "none", False, True))),
+                         (64, D64_UNCAPPED.tile_m, ((2, "none", False, False),))):
         out.append(CompileTarget(pre.NAME, f"bfloat16 D={d} tile_m={tm}", (str(bf), d, tm, False),
                                  build=lambda d=d, tm=tm: compile_preprocess(bf, d, tm, False)))
-        for g, capm, varlen in posts:
+        for g, capm, varlen, acc in posts:
             out.append(CompileTarget(
-                post.NAME, f"bfloat16 D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}",
-                (str(bf), d, tm, g, capm, varlen),
-                build=lambda d=d, tm=tm, g=g, capm=capm, varlen=varlen:
-                compile_postprocess(bf, d, tm, g, capm, varlen)))
+                post.NAME, f"bfloat16 D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}"
+                           f"{' accumulated' if acc else ''}",
+                (str(bf), d, tm, g, capm, varlen, acc),
+                build=lambda d=d, tm=tm, g=g, capm=capm, varlen=varlen, acc=acc:
+                compile_postprocess(bf, d, tm, g, capm, varlen, acc)))
     return out
 
 
 _FNS: dict = {}  # compiled functions by key (skips the cache's key work on the hot path)
+_SMS: dict = {}  # SM count by device index
+
+
+def _num_sms(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
 
 
 def _fn(kind: str, *key):
@@ -962,20 +1061,22 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     dpsum = torch.empty(row_shape, dtype=torch.float32, device=q.device)
     dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)
     g = hq // hkv
+    cfg = resolve_gqa_group(cfg, g, nb, hkv, max_seqlen, _num_sms(q.device))
+    accumulated = g > 1 and not cfg.gqa_group_per_cta  # dK/dV through float32 accumulators
     _fn("pre", q.dtype, d, cfg.tile_m, varlen)(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     dk_accum = dv_accum = None
-    if g > 1:
+    if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     dq_sem = dkv_sem = None
     if cfg.deterministic:  # adds done per (q block, head) / (KV block, KV head), counted in order
         dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
-        if g > 1:
+        if accumulated:
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
     _fn("main", q.dtype, cfg, g, capm, varlen)(
-        q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if g > 1 else dk, dv_accum if g > 1 else dv, bounds,
-        cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
-    _fn("post", q.dtype, d, cfg.tile_m, g, capm, varlen)(
+        q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
+        bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
+    _fn("post", q.dtype, d, cfg.tile_m, g, capm, varlen, accumulated)(
         q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens, scale_log2,
         scale, capf, nb, max_seqlen)
     return dq, dk, dv

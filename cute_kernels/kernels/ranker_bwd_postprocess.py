@@ -11,9 +11,10 @@ Per key row ``j`` and KV head (one row per ``head_dim / 8`` consecutive lanes, 1
   ``dS_jj = P_jj (dO_j.v_j - dPsum_j) cap'(s_jj)``,
   ``dQ_j += scale dS_jj k_j``, ``dK_j += scale dS_jj q_j``, ``dV_j += P_jj dO_j`` (dK, dV summed over
   the group's query heads in float32);
-* GQA: ``dK = dKaccum + self terms``, ``dV = dVaccum + self terms`` in the input dtype (the
-  mainloop reduce-added the query heads' float32 tiles); MHA: the mainloop wrote dK, dV already
-  (zeros on candidate keys outside the history), so only the self-term rows are written.
+* GQA with one query head per mainloop CTA (``dkv_accumulated``): ``dK = dKaccum + self terms``,
+  ``dV = dVaccum + self terms`` in the input dtype (the mainloop reduce-added the query heads'
+  float32 tiles); MHA, and GQA with a group per CTA: the mainloop wrote dK, dV already (zeros on
+  candidate keys outside the history), so only the self-term rows are written.
 
 STATUS: GPU-tested on the H200 alone and as part of the backward (tests/gpu/test_ranker_bwd_gpu.py).
 """
@@ -57,16 +58,20 @@ def cap_and_slope(s, softmax_scale, cap, cap_method: str):
 
 
 class RankerBwdPostprocess:
-    """For one (dtype, head dim, the mainloop's tile_m, GQA ratio, cap method, varlen)."""
+    """For one (dtype, head dim, the mainloop's tile_m, GQA ratio, cap method, varlen, whether dK/dV come
+    in float32 accumulators)."""
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str, varlen: bool):
+    def __init__(self, dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str, varlen: bool,
+                 dkv_accumulated: bool = False):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
         self.qhead_per_kvhead = qhead_per_kvhead
-        self.gqa = qhead_per_kvhead > 1
+        if dkv_accumulated and qhead_per_kvhead == 1:
+            raise ValueError("dkv_accumulated: only GQA (qhead_per_kvhead > 1) has dK/dV accumulators")
+        self.dkv_accumulated = dkv_accumulated
         self.cap_method = cap_method
         self.varlen = varlen
         self.vec = 128 // dtype.width
@@ -82,13 +87,13 @@ class RankerBwdPostprocess:
                  num_batch: Int32, max_seqlen: Int32, stream):
         if const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = [sm90.select_modes(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
-            if const_expr(self.gqa):
+            if const_expr(self.dkv_accumulated):
                 mdKaccum, mdVaccum = [sm90.select_modes(t, [0, 2, 1]) for t in (mdKaccum, mdVaccum)]
             mLSE2, mdPsum = [sm90.select_modes(t, [1, 0]) for t in (mLSE2, mdPsum)]
             mdQaccum = sm90.select_modes(mdQaccum, [1, 2, 0])
         else:
             mQ, mK, mV, mdO, mdQ, mdK, mdV = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
-            if const_expr(self.gqa):
+            if const_expr(self.dkv_accumulated):
                 mdKaccum, mdVaccum = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mdKaccum, mdVaccum)]
             mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
@@ -170,7 +175,7 @@ class RankerBwdPostprocess:
                         dk_self.store(dk_self.load() + ds * rq.load())
                         dv_self.store(dv_self.load() + p_self * rdo.load())
                     self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
-            if const_expr(self.gqa):
+            if const_expr(self.dkv_accumulated):
                 if valid:
                     for acc, self_part, mOut in ((mdKaccum, dk_self, mdK), (mdVaccum, dv_self, mdV)):
                         gacc = self._row(acc, row, offset, head_kv, batch)
@@ -199,21 +204,22 @@ class RankerBwdPostprocess:
 
 
 def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
-                        varlen: bool):
+                        varlen: bool, dkv_accumulated: bool = False):
     """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum,
     dv_accum, bounds, cu_seqlens, scale_log2, softmax_scale, cap, num_batch, max_seqlen)`` (the
-    accumulators None unless GQA)."""
+    accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA)."""
 
     def build():
-        kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen)
+        kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen,
+                                    dkv_accumulated)
         f = BwdFakes(head_dim, varlen)
         hq, hkv = f.hq, f.hkv
-        gqa = qhead_per_kvhead > 1
-        dk_acc = f.outputs(hkv, torch.float32) if gqa else None
-        dv_acc = f.outputs(hkv, torch.float32) if gqa else None
+        dk_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
+        dv_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
         return kern, (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(),
                       f.rows(), f.dq_accum(), f.outputs(hq, dtype), f.outputs(hkv, dtype), f.outputs(hkv, dtype),
                       dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1),
                       fake_stream())
 
-    return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen), build)
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated),
+                          build)

@@ -127,6 +127,37 @@ def test_sync_variants(fields, d, hkv, cap):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("group", [True, False], ids=["group", "per-head"])
+@pytest.mark.parametrize("d,hq,hkv,cap,capm,varlen,det", [
+    (128, 8, 2, None, "tanh", False, False), (128, 6, 2, 15.0, "tanh", False, False),
+    (64, 4, 1, 5.0, "soft_sign", False, False), (128, 4, 2, 20.0, "tanh", True, False),
+    (128, 8, 2, 20.0, "tanh", True, True), (64, 4, 2, None, "tanh", False, True)])
+def test_gqa_forms(group, d, hq, hkv, cap, capm, varlen, det):
+    """GQA both ways (gqa_group_per_cta: a CTA walks every query head of its KV head and stores dK/dV
+    once, or one query head per CTA with float32 accumulators), forced by the config since the host
+    picks per-head at these small sizes: right against float64 at odd lengths, varlen, caps,
+    deterministic mode (bitwise on repeat).  With a group per CTA dK/dV are bitwise reproducible in
+    the default mode too (no reduce-adds)."""
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group, deterministic=det)
+    if varlen:
+        cu = torch.tensor([0, 389, 400, 789], device="cuda", dtype=torch.int32)
+        q, k, v, do = _tensors((800, hq, d), (800, hkv, d), seed=12)
+        bounds = torch.tensor([[7, 263, 263, 389], [0, 11, 0, 0], [0, 129, 129, 389]], device="cuda",
+                              dtype=torch.int32)
+    else:
+        cu = None
+        q, k, v, do = _tensors((2, 389, hq, d), (2, 389, hkv, d), seed=12)
+        bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 130, 300]], device="cuda", dtype=torch.int32)
+    kw = dict(cap=cap, cap_method=capm, cu_seqlens=cu)
+    _compare(f"gqa-{'group' if group else 'per-head'}-d{d}-{hq}/{hkv}", q, k, v, do, bounds, config=cfg, **kw)
+    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, **kw)
+    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, config=cfg, **kw) for _ in range(2))
+    if det:
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    elif group:
+        assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+
+
 @pytest.mark.parametrize("d,cap,hq,hkv,varlen", [(128, 20.0, 4, 4, False), (128, 20.0, 8, 2, False),
                                                 (128, 20.0, 4, 2, True), (64, None, 4, 4, False),
                                                 (64, None, 4, 2, True)])
@@ -243,10 +274,13 @@ def test_preprocess_alone(d, varlen):
         assert (sel(dq_acc) == 0).all()
 
 
-@pytest.mark.parametrize("hq,hkv,cap,capm", [(2, 2, None, "tanh"), (4, 2, 7.0, "tanh"), (4, 1, 3.0, "soft_sign")])
-def test_postprocess_alone(hq, hkv, cap, capm):
+@pytest.mark.parametrize("hq,hkv,cap,capm,acc", [(2, 2, None, "tanh", False), (4, 2, 7.0, "tanh", True),
+                                                 (4, 1, 3.0, "soft_sign", True), (4, 2, 7.0, "tanh", False)])
+def test_postprocess_alone(hq, hkv, cap, capm, acc):
     """Given float32 accumulators (random) and the true LSE/dPsum, the postprocess writes dQ = scale * acc
-    + self terms, GQA dK/dV = acc + self terms, MHA dK/dV only on the self-term rows."""
+    + self terms, GQA dK/dV = acc + self terms when the mainloop left dK/dV in float32 accumulators
+    (one query head per CTA), else (MHA, GQA with a group per CTA) dK/dV only on the self-term rows,
+    summed over the group's query heads."""
     d, nb, s = 128, 2, 150
     tm = rb.CONFIGS[d].tile_m
     g = hq // hkv
@@ -260,10 +294,10 @@ def test_postprocess_alone(hq, hkv, cap, capm):
     sentinel = 3.0
     dq, dk, dv = (torch.full_like(t, sentinel) for t in (q, k, v))
     dk_acc = dv_acc = None
-    if g > 1:
+    if acc:
         dk_acc, dv_acc = (torch.randn(k.shape, device="cuda") for _ in range(2))
     scale_log2 = (cap if cap is not None else scale) * rb.LOG2_E
-    rb._fn("post", q.dtype, d, tm, g, "none" if cap is None else capm, False)(
+    rb._fn("post", q.dtype, d, tm, g, "none" if cap is None else capm, False, acc)(
         q, k, v, do, lse2, dpsum, dq_acc, dq, dk, dv, dk_acc, dv_acc, bounds, None, scale_log2, scale,
         cap if cap is not None else 1.0, nb, s)
     torch.cuda.synchronize()
@@ -296,7 +330,7 @@ def test_postprocess_alone(hq, hkv, cap, capm):
                 self_dv[b, j, h // g] += p * dj
     tol = dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(dq.double(), want_dq, **tol)
-    if g > 1:
+    if acc:
         torch.testing.assert_close(dk.double(), dk_acc.double() + self_dk, **tol)
         torch.testing.assert_close(dv.double(), dv_acc.double() + self_dv, **tol)
     else:
@@ -306,16 +340,18 @@ def test_postprocess_alone(hq, hkv, cap, capm):
         assert (dk[~m] == sentinel).all() and (dv[~m] == sentinel).all()  # mainloop rows untouched
 
 
-@pytest.mark.parametrize("s,hq,hkv,rows,cap", [
-    (128, 1, 1, [[0, 128, 128, 128]], None),  # one history KV block, one CTA's work: the simplest case
-    (300, 2, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], None),
-    (300, 4, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], 10.0),
+@pytest.mark.parametrize("s,hq,hkv,rows,cap,group", [
+    (128, 1, 1, [[0, 128, 128, 128]], None, None),  # one history KV block, one CTA's work: the simplest case
+    (300, 2, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], None, None),
+    (300, 4, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], 10.0, False),
+    (300, 4, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], 10.0, True),
 ])
-def test_mainloop_alone(s, hq, hkv, rows, cap):
+def test_mainloop_alone(s, hq, hkv, rows, cap, group):
     """The mainloop given exact LSE2/dPsum and a zeroed accumulator: dQaccum * scale, dK, dV equal the
-    reference gradients without the candidate self terms (those rows' dK/dV are zero)."""
+    reference gradients without the candidate self terms (those rows' dK/dV are zero).  GQA: into
+    zeroed float32 accumulators (one query head per CTA) or straight into dK/dV (a group per CTA)."""
     d, nb = 128, len(rows)
-    cfg = rb.CONFIGS[d]
+    cfg = rb.dataclasses.replace(rb.CONFIGS[d], gqa_group_per_cta=group)
     tm, g = cfg.tile_m, hq // hkv
     q, k, v, do = _tensors((nb, s, hq, d), (nb, s, hkv, d), seed=11)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
@@ -324,7 +360,7 @@ def test_mainloop_alone(s, hq, hkv, rows, cap):
     lse, dps = ex[3], ex[4]
     prow, lse2, dpsum = _mainloop_stats(lse, dps, tm)
     dq_acc = torch.zeros((nb, hq, prow, d), device="cuda")
-    if g > 1:
+    if g > 1 and not group:
         dk, dv = (torch.zeros(k.shape, device="cuda") for _ in range(2))
     else:
         dk, dv = (torch.full_like(k, float("nan")) for _ in range(2))
