@@ -8,14 +8,18 @@ Math (FlashAttention-2/3's backward with the ranker mask and cap of :mod:`.ranke
     dQ = softmax_scale * dS K,     dK = softmax_scale * dS^T Q,
 
 ``cap'`` = ``1 - tanh^2(s_raw/cap)`` (tanh) or ``1/(1 + |s_raw|/cap)^2`` (soft_sign), 1 without a cap.
-GQA sums dK, dV over the query heads of a group (in float32).
+GQA sums dK, dV over the query heads of a group (in float32: in registers when one CTA walks the
+whole group, else in float32 accumulators in global memory).
 
 The backward is three launches (:func:`ranker_attention_backward`):
 
 1. :mod:`.ranker_bwd_preprocess`: ``dPsum`` (float32), ``LSE * log2(e)`` (``+inf`` on rows with no
    valid key and on padding rows, so that ``P = exp2(.. - LSE)`` is 0 there), zeroed float32 dQ
    accumulator; all three padded to whole ``tile_m`` q blocks per sequence.
-2. this kernel, one CTA per (KV block of ``tile_n`` keys, query head, batch row):
+2. this kernel, one CTA per (KV block of ``tile_n`` keys, query head, batch row), or with GQA per
+   (KV block, KV head, batch row) walking the q blocks of each query head of the group in turn
+   (``RankerBwdConfig.gqa_group_per_cta``; :func:`resolve_gqa_group` picks it while those CTAs
+   fill two waves of SMs, else one query head per CTA):
    * warpgroup 0, the producer (``setmaxnreg`` down): warp 0 TMA-loads K and V of the CTA's block
      once, then Q + LSE and dO + dPsum of every q block that reaches it, through ``stages``-deep
      ``PipelineTmaAsync`` pipelines; warp 1 adds each q block's float32 dQ tile to the global
@@ -34,16 +38,20 @@ The backward is three launches (:func:`ranker_attention_backward`):
    Epilogue (seed 004, FlashAttention-3's ``CollectiveEpilogueBwd``): dK, dV through smem reusing
    the K/V buffers after a named barrier (every consumer done) and ``fence_view_async_shared``, then
    one warp's TMA store (fixed length) or predicated 16-byte stores (varlen); KV blocks no query
-   reaches store zeros.  GQA: float32 dK, dV tiles TMA-reduce-added into float32 accumulators.
-3. :mod:`.ranker_bwd_postprocess`: dQ = scale * accumulator in the input dtype, GQA dK/dV converted,
+   reaches store zeros.  GQA with a group per CTA: the same (dK, dV summed over the group in the
+   registers); with one query head per CTA: float32 dK, dV tiles TMA-reduce-added into float32
+   accumulators.
+3. :mod:`.ranker_bwd_postprocess`: dQ = scale * accumulator in the input dtype, GQA dK/dV converted
+   from the accumulators (one query head per CTA),
    and the candidate self terms (a candidate ``j`` outside the history is its own only extra key:
    ``dV_j += P_jj dO_j``, ``dK_j += dS_jj q_j scale``, ``dQ_j += dS_jj k_j scale``) as per-row vector
    operations, never diagonal tiles.
 
 Deterministic mode (``RankerBwdConfig.deterministic``, FlashAttention-3's scheme): the float32
-reduce-adds of dQ (one per KV block) and of GQA dK/dV (one per query head) happen in a fixed order,
-each waiting on an int32 semaphore (acquire spin by one thread) and bumping it after its add has
-completed (release); the default adds in arrival order (not bitwise reproducible).
+reduce-adds of dQ (one per KV block) and of GQA dK/dV with one query head per CTA (one per query
+head) happen in a fixed order, each waiting on an int32 semaphore (acquire spin by one thread) and
+bumping it after its add has completed (release); the default adds in arrival order (not bitwise
+reproducible; dK, dV with a GQA group per CTA are: no adds in memory).
 
 Autograd: :func:`cute_kernels.ranker_attention` is differentiable through
 :class:`.ranker_autograd.RankerAttentionFunction`, which calls this backward.
