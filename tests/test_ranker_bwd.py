@@ -211,13 +211,15 @@ KNOWN_SPILL_BYTES = {
     "bfloat16 D=128 gqa=1 cap=tanh": 48,
     "bfloat16 D=128 gqa=1 cap=none varlen": 32,
     "bfloat16 D=128 gqa=4 group cap=none": 16,  # as MHA's: loop-invariant values reloaded per q block
+    "bfloat16 D=128 gqa=4 group cap=tanh": 48,  # as MHA tanh's
     "bfloat16 D=128 gqa=4 group cap=tanh varlen det": 64,
     "bfloat16 D=128 gqa=4 per-head cap=tanh varlen det": 8,
 }
 
 
 @pytest.mark.parametrize("g,nb,hkv,s,sms,given,want", [
-    (1, 4, 16, 4608, 132, None, None),     # MHA: left as given
+    (1, 4, 16, 4608, 132, None, None),     # MHA: None (the field changes nothing there: one compile key)
+    (1, 4, 16, 4608, 132, True, None),
     (4, 4, 4, 4608, 132, None, True),      # 4 * 4 * 36 = 576 CTAs >= 2 waves: a group per CTA
     (4, 1, 2, 4608, 132, None, False),     # 72 CTAs: one query head per CTA (288)
     (8, 2, 1, 16896, 132, None, True),     # 2 * 1 * 132 = 264: exactly two waves
@@ -228,7 +230,7 @@ KNOWN_SPILL_BYTES = {
 def test_resolve_gqa_group(g, nb, hkv, s, sms, given, want):
     cfg = rb.dataclasses.replace(rb.CONFIGS[128], gqa_group_per_cta=given)
     assert rb.resolve_gqa_group(cfg, g, nb, hkv, s, sms).gqa_group_per_cta is want
-    with pytest.raises(ValueError, match="gqa_group_per_cta"):
+    with pytest.raises(TypeError, match="gqa_group_per_cta"):
         rb.dataclasses.replace(cfg, gqa_group_per_cta=1).validate()
 
 

@@ -116,7 +116,7 @@ class RankerBwdConfig:
     mma_wgs: int = 2
     producer_regs: int = 24
     mma_regs: int = 240
-    deterministic: bool = False  # ordered float32 reduce-adds (dQ by KV block, GQA dK/dV by query head)
+    deterministic: bool = False  # ordered float32 reduce-adds (dQ by KV block; per-head GQA dK/dV by query head)
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -127,7 +127,7 @@ class RankerBwdConfig:
     # GQA: one CTA walks the q blocks of every query head of its KV head, so dK/dV add up in registers and
     # are stored once in the input dtype (no float32 accumulators, no reduce-adds, no conversion pass).
     # False: one query head per CTA, dK/dV reduce-added into float32 accumulators.  None: the host picks
-    # (:func:`gqa_group_per_cta`: True while that leaves at least two waves of CTAs).
+    # (:func:`resolve_gqa_group`: True while that leaves at least two waves of CTAs).
     gqa_group_per_cta: Optional[bool] = None
 
     def acc_regs(self) -> int:
@@ -164,13 +164,13 @@ class RankerBwdConfig:
         if self.producer_regs % 8 or self.mma_regs % 8:
             raise ValueError("setmaxnreg counts must be multiples of 8")
         if not (self.gqa_group_per_cta is None or type(self.gqa_group_per_cta) is bool):
-            raise ValueError(f"gqa_group_per_cta={self.gqa_group_per_cta!r}: must be None, True or False")
+            raise TypeError(f"gqa_group_per_cta={self.gqa_group_per_cta!r}: must be None, True or False")
         sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
         if self.acc_regs() > self.mma_regs - 8:
             raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "
                              f"registers per MMA thread do not fit in {self.mma_regs}")
         if 2 * self.tile_n * self.head_dim * 2 < self.tile_n * self.head_dim * 4:
-            raise ValueError("the K/V buffers cannot hold a float32 dK/dV tile (GQA epilogue)")
+            raise ValueError("the K/V buffers cannot hold a float32 dK/dV tile (per-head GQA epilogue)")
         smem = self.smem_bytes()
         if smem > SMEM_CAPACITY:
             raise ValueError(f"config needs {smem} B of shared memory; the sm_90 limit is {SMEM_CAPACITY} B")
@@ -180,7 +180,7 @@ class RankerBwdConfig:
 # with the dQ GEMM issued before dK's (dq_first; session 10 probe, same run, useful TFLOP/s vs dK first:
 # headline 538 vs 529, tanh cap 493 vs 481, 16K 565 vs 544, B=16 1K+256 454 vs 425, B=8 2K+2K 507 vs
 # 485, GQA 508 vs 502; bench/results/logs/2026-11-30_s10_ranker_bwd_dq_first_rs.log).  It costs a few
-# bytes of spill (ptxas: 8 B MHA, 32 B varlen, 48 B tanh, 8 B GQA tanh varlen deterministic; at MHA two
+# bytes of spill (ptxas: 8 B MHA, 32 B varlen, 48 B tanh, 16-64 B with a GQA group per CTA; at MHA two
 # loop-invariant values reloaded from L1 per q block; tests/test_ranker_bwd.py KNOWN_SPILL_BYTES), which
 # the measured gain includes.
 # Reading dS^T from smem for dK instead (dk_from_smem) is spill-free but gave back most of the gain
@@ -213,15 +213,20 @@ GQA_MIN_WAVES = 2  # gqa_group_per_cta=None: a group per CTA while that leaves t
 
 def resolve_gqa_group(config: RankerBwdConfig, qhead_per_kvhead: int, num_batch: int, num_kv_heads: int,
                       max_seqlen: int, num_sms: int) -> RankerBwdConfig:
-    """``config`` with ``gqa_group_per_cta`` decided: as given when True/False; for MHA (one query head
-    per KV head) None; else True when ``num_batch * num_kv_heads * ceil(max_seqlen / tile_n)`` CTAs
-    (a group per CTA) fill at least :data:`GQA_MIN_WAVES` waves of ``num_sms`` SMs, False otherwise
-    (one query head per CTA: ``qhead_per_kvhead`` times the CTAs, dK/dV through float32 accumulators).
-    Session 11 launch breakdown (H200, B=4 4096+512 H16/4 D=128, one head per CTA): the mainloop took
-    185 us more than MHA's and the accumulators' zeroing and conversion 60 us more
-    (bench/results/logs/2026-11-30_s11_ranker_bwd_launch_breakdown.log)."""
+    """``config`` with ``gqa_group_per_cta`` decided: for MHA (one query head per KV head) None (one
+    compile key for the one kernel); as given when True/False; else True when
+    ``num_batch * num_kv_heads * ceil(max_seqlen / tile_n)`` CTAs (a group per CTA) fill at least
+    :data:`GQA_MIN_WAVES` waves of ``num_sms`` SMs, False otherwise (one query head per CTA:
+    ``qhead_per_kvhead`` times the CTAs, dK/dV through float32 accumulators).  A heuristic: fewer
+    CTAs than that leave SMs idle at the end of the grid.
+    Measured (H200, B=4 4096+512 H16/4 D=128, session 11): one head per CTA, the mainloop took 185 us
+    more than MHA's plus 60 us of accumulator zeroing and conversion
+    (bench/results/logs/2026-11-30_s11_ranker_bwd_launch_breakdown.log); a group per CTA 521-526 vs
+    498 useful TFLOP/s (..._gqa_group_probe.log)."""
 
-    if qhead_per_kvhead == 1 or config.gqa_group_per_cta is not None:
+    if qhead_per_kvhead == 1:
+        return config if config.gqa_group_per_cta is None else dataclasses.replace(config, gqa_group_per_cta=None)
+    if config.gqa_group_per_cta is not None:
         return config
     ctas = num_batch * num_kv_heads * -(-max_seqlen // config.tile_n)
     return dataclasses.replace(config, gqa_group_per_cta=ctas >= GQA_MIN_WAVES * num_sms)
@@ -303,7 +308,7 @@ class RankerAttentionBwd:
         sdQ_layout = sm90.smem_layout(Float32, self.tile_m, self.head_dim)
         dq_box = (self.tile_m, self.head_dim // self.dq_parts)
         sdQpart_layout = sm90.smem_layout(Float32, *dq_box)
-        sdKVacc_layout = sm90.smem_layout(Float32, self.tile_n, self.head_dim)  # GQA: aliases sK + sV
+        sdKVacc_layout = sm90.smem_layout(Float32, self.tile_n, self.head_dim)  # per-head GQA: aliases sK + sV
         sLSE_layout = cute.make_layout((self.tile_m, self.stages))
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
@@ -339,7 +344,7 @@ class RankerAttentionBwd:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             mbar_do: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            # sK and sV are adjacent (equal sizes, multiples of 1024 B): the GQA epilogue uses both as
+            # sK and sV are adjacent (equal sizes, multiples of 1024 B): the per-head GQA epilogue uses both as
             # one float32 (tile_n, head_dim) tile
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -562,10 +567,11 @@ class RankerAttentionBwd:
 
     @cute.jit
     def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, mdQsem, work):
-        """Warp 1: for each q block, wait for the MMA warpgroups' dQ tile in smem (``dq_parts`` column
-        blocks, one per warpgroup with ``dq_per_wg``), add each to the float32 accumulator in global
-        memory with one TMA bulk reduce-add copy (at D=128 two instructions per half: a 128-byte swizzle
-        box holds 32 float32 columns), hand the buffers back once the reduces have read them.
+        """Warp 1: for each (q block, query head) step, wait for the MMA warpgroups' dQ tile in smem
+        (``dq_parts`` column blocks, one per warpgroup with ``dq_per_wg``), add each to the float32
+        accumulator in global memory with one TMA bulk reduce-add copy (at D=128 two instructions per
+        half: a 128-byte swizzle box holds 32 float32 columns), hand the buffers back once the reduces
+        have read them.
         Deterministic mode: the KV blocks of a q block add in increasing order (a per-q-block semaphore
         counts the adds done; FlashAttention-3's scheme)."""
         count = work[9]
@@ -863,7 +869,8 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
 
 def compile_targets() -> list[CompileTarget]:
     """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4 with a group
-    per CTA and with one query head per CTA), D=64 soft_sign and no cap (GQA 2, also deterministic),
+    per CTA (no cap, tanh) and with one query head per CTA), D=64 soft_sign and no cap (GQA 2 both
+    ways, also deterministic),
     varlen, the deterministic mode (GQA varlen tanh, both GQA forms); plus the pre/postprocess kernels
     at D=128 and at uncapped D=64."""
     cases = [  # dtype, head dim, GQA ratio, cap, varlen, deterministic, gqa_group_per_cta
@@ -871,8 +878,10 @@ def compile_targets() -> list[CompileTarget]:
         (torch.bfloat16, 128, 1, "tanh", False, False, None),
         (torch.bfloat16, 128, 4, "none", False, False, True),
         (torch.bfloat16, 128, 4, "none", False, False, False),
+        (torch.bfloat16, 128, 4, "tanh", False, False, True),
         (torch.bfloat16, 64, 1, "soft_sign", False, False, None),
         (torch.bfloat16, 64, 2, "none", False, False, True),
+        (torch.bfloat16, 64, 2, "none", False, False, False),
         (torch.bfloat16, 64, 2, "none", False, True, True),
         (torch.bfloat16, 128, 1, "none", True, False, None),
         (torch.bfloat16, 128, 4, "tanh", True, True, True),
@@ -893,7 +902,7 @@ def compile_targets() -> list[CompileTarget]:
     bf = torch.bfloat16
     for d, tm, posts in ((128, CONFIGS[128].tile_m, ((1, "tanh", False, False), (4, "none", True, False),
                                                      (4, "none", False, True))),
-                         (64, D64_UNCAPPED.tile_m, ((2, "none", False, False),))):
+                         (64, D64_UNCAPPED.tile_m, ((2, "none", False, False), (2, "none", False, True)))):
         out.append(CompileTarget(pre.NAME, f"bfloat16 D={d} tile_m={tm}", (str(bf), d, tm, False),
                                  build=lambda d=d, tm=tm: compile_preprocess(bf, d, tm, False)))
         for g, capm, varlen, acc in posts:
@@ -1011,7 +1020,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         dims, B or Hq above 65535 (the grids' y/z limit): all before any buffer is written or kernel
         launched.
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
-    GQA dK/dV, candidate self terms); see the module docstring.  While torch.compile / make_fx trace,
+    GQA dK/dV from float32 accumulators when the mainloop ran one query head per CTA, candidate self
+    terms); see the module docstring (GQA: :func:`resolve_gqa_group` picks a group per CTA or one
+    query head per CTA).  While torch.compile / make_fx trace,
     the call goes through the registered op ``torch.ops.cute_kernels.ranker_attention_bwd`` (its fake
     checks the pointer-free rules); ``dq``/``dk``/``dv`` and ``config`` are eager-only (ValueError under
     torch.compile or on fake/meta tensors; under another dispatch mode with real tensors, e.g.

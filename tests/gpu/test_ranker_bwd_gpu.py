@@ -86,16 +86,35 @@ def test_softmax_scale():
     _compare("scale-cap", q, k, v, do, bounds, cap=10.0, scale=0.2)
 
 
-@pytest.mark.parametrize("d,hq,hkv,cap", [(128, 2, 2, None), (64, 4, 2, 20.0), (64, 4, 2, None), (128, 4, 1, None)])
-def test_varlen(d, hq, hkv, cap):
+@pytest.mark.parametrize("d,hq,hkv,cap,group", [
+    (128, 2, 2, None, None), (64, 4, 2, 20.0, None), (64, 4, 2, None, None), (128, 4, 1, None, None),
+    (64, 4, 2, 20.0, True), (128, 4, 1, None, True), (128, 8, 1, 20.0, True), (128, 8, 1, 20.0, False)])
+def test_varlen(d, hq, hkv, cap, group):
+    """Packed sequences incl. empty, one-token and history-only ones, a packed tail that belongs to no
+    sequence, max_seqlen above the longest; GQA as the host picks it (one query head per CTA at this
+    size) and forced both ways (``group``), up to a ratio of 8."""
+    cfg = None if group is None else rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group)
     lens = [100, 0, 333, 64, 1]
     rows = [[0, 70, 70, 100], [0, 0, 0, 0], [3, 200, 200, 333], [0, 64, 64, 64], [0, 0, 0, 1]]
     total = sum(lens) + 17  # packed tail that belongs to no sequence
     q, k, v, do = _tensors((total, hq, d), (total, hkv, d), seed=1)
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), device="cuda", dtype=torch.int32)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
-    _compare(f"varlen-d{d}-{hq}/{hkv}", q, k, v, do, bounds, cap, cu_seqlens=cu)
-    _compare(f"varlen-d{d}-{hq}/{hkv}-maxlen", q, k, v, do, bounds, cap, cu_seqlens=cu, max_seqlen=400)
+    _compare(f"varlen-d{d}-{hq}/{hkv}", q, k, v, do, bounds, cap, cu_seqlens=cu, config=cfg)
+    _compare(f"varlen-d{d}-{hq}/{hkv}-maxlen", q, k, v, do, bounds, cap, cu_seqlens=cu, max_seqlen=400, config=cfg)
+
+
+def test_gqa_group_picked_by_the_host(monkeypatch):
+    """The default config (gqa_group_per_cta=None) takes a group per CTA once the CTAs fill two waves:
+    with the SM count patched down to 1, a small GQA call resolves to it, runs it and is right."""
+    picked = []
+    real = rb.resolve_gqa_group
+    monkeypatch.setattr(rb, "resolve_gqa_group", lambda *a: picked.append(real(*a)) or picked[-1])
+    monkeypatch.setitem(rb._SMS, torch.cuda.current_device(), 1)
+    q, k, v, do = _tensors((2, 389, 8, 128), (2, 389, 2, 128), seed=14)
+    bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 130, 300]], device="cuda", dtype=torch.int32)
+    _compare("gqa-auto-group", q, k, v, do, bounds, cap=20.0)
+    assert picked and picked[-1].gqa_group_per_cta is True
 
 
 def test_repeated_calls_agree_closely():
@@ -112,12 +131,12 @@ def test_repeated_calls_agree_closely():
 @pytest.mark.parametrize("fields", [dict(ds_stages=1, dq_per_wg=False, dq_first=False),
                                     dict(ds_stages=1, dq_first=True), dict(dq_first=True, dk_from_smem=True)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
-@pytest.mark.parametrize("d,hkv,cap", [(128, 2, 20.0), (64, 4, None)])
-def test_sync_variants(fields, d, hkv, cap):
+@pytest.mark.parametrize("d,hkv,cap,group", [(128, 2, 20.0, False), (128, 2, 20.0, True), (64, 4, None, None)])
+def test_sync_variants(fields, d, hkv, cap, group):
     """The mainloop's other synchronisation schedules (one dS^T buffer, one shared dQ hand-off, dK first or
     from smem; session 10 ships two buffers, per-warpgroup hand-off, dQ first at D=128) are still right
     at odd lengths, with and without GQA, and bitwise deterministic in deterministic mode."""
-    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), **fields)
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group, **fields)
     q, k, v, do = _tensors((2, 389, 4, d), (2, 389, hkv, d), seed=8)
     bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 129, 257]], device="cuda", dtype=torch.int32)
     _compare(f"sync-{fields}", q, k, v, do, bounds, cap=cap, config=cfg)
