@@ -164,7 +164,10 @@ CONFIGS = {
     # D=128: with prefetch_self_kv (session 10, two runs, useful TFLOP/s with vs without: headline 654/626
     # vs 602/595, GQA 16/4 679/651 vs 616/611, B=8 2K+2K 571/601 vs 566/556, 16K 645/644 vs 640/642,
     # B=16 1K+256 470/482 vs 490/505; bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log).
-    # The three-warpgroup configs lost 3-6% with it (D=64, D=128 tanh) and keep it off.
+    # The three-warpgroup configs lost 3-6% with it (D=64, D=128 tanh) and keep it off.  Session 11, with
+    # shuffled rounds and an A/A pair (the fixed-order runs above had two builds of identical code 10%
+    # apart): shipped 615, without 611, compiled in but skipped at run time 612, A/A 615 at the headline,
+    # all within the noise (logs/2026-11-30_s11_ranker_fwd_prefetch_shuffled_aa.log); kept, unproven.
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, prefetch_self_kv=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
