@@ -455,11 +455,12 @@ class RankerAttentionBwd:
         in_first = Int32(i < n1)
         return (lo1 + i) * in_first + (lo2 + i - n1) * (1 - in_first)
 
-    def _block(self, tXgX, m_block, head):
-        """Q block ``m_block`` of a producer partition: by q block (one head per CTA) or (q block, head)."""
+    def _block(self, tXgX, head, *coord):
+        """``tXgX[None, *coord]`` of a TMA partition by q block (one head per CTA), or
+        ``tXgX[None, *coord, head]`` of one by (q block, ..., head) (a group per CTA)."""
         if const_expr(self.heads_per_cta == 1):
-            return tXgX[None, m_block]
-        return tXgX[None, m_block, head]
+            return tXgX[(None, *coord)]
+        return tXgX[(None, *coord, head)]
 
     def head_m_block_of(self, i, work):
         """(query head, q block) of the CTA's i-th step: the heads in turn, each over its q blocks."""
@@ -536,13 +537,13 @@ class RankerAttentionBwd:
                 (tQsQ, tQgQ), (tdOsdO, tdOgdO), (tLsL, tLgL), (tPsP, tPgP) = srcs
                 pipeline_q.producer_acquire(q_state)
                 bar_q = pipeline_q.producer_get_barrier(q_state)
-                cute.copy(tma_atom_Q, self._block(tQgQ, m_block, head), tQsQ[None, q_state.index], tma_bar_ptr=bar_q)
-                cute.copy(tma_atom_LSE, self._block(tLgL, m_block, head), tLsL[None, q_state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_atom_Q, self._block(tQgQ, head, m_block), tQsQ[None, q_state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_atom_LSE, self._block(tLgL, head, m_block), tLsL[None, q_state.index], tma_bar_ptr=bar_q)
                 pipeline_do.producer_acquire(q_state)
                 bar_do = pipeline_do.producer_get_barrier(q_state)
-                cute.copy(tma_atom_dO, self._block(tdOgdO, m_block, head), tdOsdO[None, q_state.index],
+                cute.copy(tma_atom_dO, self._block(tdOgdO, head, m_block), tdOsdO[None, q_state.index],
                           tma_bar_ptr=bar_do)
-                cute.copy(tma_atom_dPsum, self._block(tPgP, m_block, head), tPsP[None, q_state.index],
+                cute.copy(tma_atom_dPsum, self._block(tPgP, head, m_block), tPsP[None, q_state.index],
                           tma_bar_ptr=bar_do)
                 q_state.advance()
 
@@ -592,9 +593,7 @@ class RankerAttentionBwd:
                             _wait_until(sem, work[0] - work[5].n_block_min(self.tile_n))
                         cute.arch.sync_warp()
                     tdQsdQ, tdQgdQ = parts[w]
-                    dst = tdQgdQ[None, m_block, w] if const_expr(self.heads_per_cta == 1) \
-                        else tdQgdQ[None, m_block, w, head]
-                    cute.copy(tma_atom_dQ, tdQsdQ, dst)
+                    cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, m_block, w))
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.config.deterministic):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
@@ -870,9 +869,8 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
 def compile_targets() -> list[CompileTarget]:
     """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4 with a group
     per CTA (no cap, tanh) and with one query head per CTA), D=64 soft_sign and no cap (GQA 2 both
-    ways, also deterministic),
-    varlen, the deterministic mode (GQA varlen tanh, both GQA forms); plus the pre/postprocess kernels
-    at D=128 and at uncapped D=64."""
+    ways, also deterministic), varlen, the deterministic mode (GQA varlen tanh, both GQA forms); plus
+    the pre/postprocess kernels at D=128 and at uncapped D=64."""
     cases = [  # dtype, head dim, GQA ratio, cap, varlen, deterministic, gqa_group_per_cta
         (torch.bfloat16, 128, 1, "none", False, False, None),
         (torch.bfloat16, 128, 1, "tanh", False, False, None),
