@@ -50,6 +50,12 @@ def probe_options(argv: list[str], flags: tuple[str, ...] = ()) -> tuple[list, d
     return variants, opts
 
 
+def case_key(case) -> str:
+    """The label of a ranker bench case ``(B, hist, cand, Hq, Hkv, D, cap)`` in the probes' logs."""
+    nb, hist, cand, hq, hkv, d, cap = case
+    return f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}"
+
+
 def ranker_inputs(case, seed: int, dout: bool = False, device: str = "cuda"):
     """Random bf16 inputs of one ranker bench case ``(B, hist, cand, Hq, Hkv, D, cap)`` (history first, then
     the candidates, in every batch row): ``(key, q, k, v, bounds, do)``; ``do`` (like q) with ``dout``,
@@ -63,7 +69,7 @@ def ranker_inputs(case, seed: int, dout: bool = False, device: str = "cuda"):
     do = torch.randn(nb, s, hq, d, device=device, dtype=torch.bfloat16, generator=g) if dout else None
     k, v = (torch.randn(nb, s, hkv, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
     bounds = torch.tensor([[0, hist, hist, s]] * nb, device=device, dtype=torch.int32)
-    return f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d},cap={cap}", q, k, v, bounds, do
+    return case_key(case), q, k, v, bounds, do
 
 
 def variant_configs(base, variants, label: str) -> dict:

@@ -3,7 +3,14 @@ mainloop, the postprocess and torch's own launches (the zeroed GQA float32 accum
 allocations), at the bench shapes, MHA vs GQA side by side.  Evidence for the GQA gap (session 10: GQA
 16/4 513 useful TFLOP/s vs MHA 542 in the same run, while FlashAttention-4's two are within 1%).
 
-    python3 bench/ranker_bwd_launch_breakdown.py [--iters 20]   (on the GPU; bench/ on sys.path as for a script)
+    python3 bench/ranker_bwd_launch_breakdown.py [--iters 20] [--only KEY ...]   (on the GPU; bench/ on sys.path)
+
+``--only`` (repeatable) keeps the bench shapes whose key (``B=4,h=4096,c=512,H=16/4,D=128,cap=None``)
+contains the given substring.  Under Nsight Compute, the mainloop's counters at the headline (MHA)
+shape, then the same at the GQA one (``--only H=16/4``); the first three calls are the warm-up:
+
+    ncu --kernel-name regex:RankerAttentionBwd --launch-skip 3 --launch-count 1 --set full -o bwd_mha \
+        python3 bench/ranker_bwd_launch_breakdown.py --iters 1 --only h=4096,c=512,H=16/16,D=128,cap=None
 
 Prints one JSON line per shape: {kernel name (shortened): mean microseconds per backward call}.
 """
@@ -12,7 +19,7 @@ import json
 from collections import defaultdict
 
 import torch
-from probe_timing import ranker_inputs
+from probe_timing import case_key, ranker_inputs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels.ranker_fwd import ranker_attention
@@ -41,9 +48,13 @@ def breakdown(case, iters):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--only", action="append", default=[], help="keep the shapes whose key contains this")
     args = p.parse_args()
+    keep = args.only
     for case in rb.BENCH_CASES:
-        print(json.dumps(breakdown(case, args.iters)), flush=True)
+        key = case_key(case)
+        if not keep or any(k in key for k in keep):
+            print(json.dumps(breakdown(case, args.iters)), flush=True)
 
 
 if __name__ == "__main__":
