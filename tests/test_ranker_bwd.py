@@ -631,3 +631,20 @@ def test_compiled_autograd_accepts_one_tensor_as_several_inputs(same):
             return ck.ranker_attention(q, k, k, b).float().sum()
     with pytest.raises(Exception, match="must be on a CUDA device"):
         torch.compile(f, fullgraph=True, backend="eager")(q, k, bounds)
+
+
+def test_compile_targets_cover_each_call_they_stand_for():
+    """``cute-kernels compile`` leaves nothing to compile for a call with a target's mainloop: its
+    preprocess and postprocess (ranker_bwd.launch_args, what the eager call launches) are targets too."""
+    from cute_kernels.kernels import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
+
+    targets = rb.compile_targets()
+    keys = {(t.kernel, t.key) for t in targets}
+    mains = [t for t in targets if t.kernel == rb.NAME]
+    assert mains
+    for t in mains:
+        dtype_s, cfg, g, capm, varlen = t.key
+        args = rb.launch_args(getattr(torch, dtype_s[6:]), cfg, g, capm, varlen)
+        assert (pre.NAME, (dtype_s, *args["pre"][1:])) in keys, t.label
+        assert (post.NAME, (dtype_s, *args["post"][1:])) in keys, t.label
+        assert args["post"][-1] == (g > 1 and cfg.gqa_group_per_cta is False)

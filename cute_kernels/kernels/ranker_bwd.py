@@ -870,7 +870,8 @@ def compile_targets() -> list[CompileTarget]:
     """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4 with a group
     per CTA (no cap, tanh) and with one query head per CTA), D=64 soft_sign and no cap (GQA 2 both
     ways, also deterministic), varlen, the deterministic mode (GQA varlen tanh, both GQA forms); plus
-    the pre/postprocess kernels at D=128 and at uncapped D=64."""
+    the pre/postprocess kernels each of them launches with (so that ``cute-kernels compile`` leaves
+    nothing of those calls to compile)."""
     cases = [  # dtype, head dim, GQA ratio, cap, varlen, deterministic, gqa_group_per_cta
         (torch.bfloat16, 128, 1, "none", False, False, None),
         (torch.bfloat16, 128, 1, "tanh", False, False, None),
@@ -893,23 +894,23 @@ def compile_targets() -> list[CompileTarget]:
         out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
                                  _compile(dtype, cfg, g, capm, varlen)))
-    # the pre/postprocess kernels (their own compile-cache names) of the D=128 config and of the
-    # uncapped D=64 one (128-row q tiles); (GQA ratio, cap, varlen, dK/dV in float32 accumulators)
+    # the pre/postprocess kernels (their own compile-cache names) that a call with each of those mainloops
+    # launches, each once
     from . import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
 
-    bf = torch.bfloat16
-    for d, tm, posts in ((128, CONFIGS[128].tile_m, ((1, "tanh", False, False), (4, "none", True, False),
-                                                     (4, "none", False, True))),
-                         (64, D64_UNCAPPED.tile_m, ((2, "none", False, False), (2, "none", False, True)))):
-        out.append(CompileTarget(pre.NAME, f"bfloat16 D={d} tile_m={tm}", (str(bf), d, tm, False),
-                                 build=lambda d=d, tm=tm: compile_preprocess(bf, d, tm, False)))
-        for g, capm, varlen, acc in posts:
-            out.append(CompileTarget(
-                post.NAME, f"bfloat16 D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}"
-                           f"{' accumulated' if acc else ''}",
-                (str(bf), d, tm, g, capm, varlen, acc),
-                build=lambda d=d, tm=tm, g=g, capm=capm, varlen=varlen, acc=acc:
-                compile_postprocess(bf, d, tm, g, capm, varlen, acc)))
+    helpers = {}
+    for dtype, d, g, capm, varlen, det, group in cases:
+        cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group)
+        args = launch_args(dtype, cfg, g, capm, varlen)
+        dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][-1]
+        helpers.setdefault((pre.NAME, (str(dtype), *args["pre"][1:])), (
+            f"{dt} D={d} tile_m={tm}{' varlen' if varlen else ''}",
+            lambda a=args["pre"]: compile_preprocess(*a)))
+        helpers.setdefault((post.NAME, (str(dtype), *args["post"][1:])), (
+            f"{dt} D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}{' accumulated' if acc else ''}",
+            lambda a=args["post"]: compile_postprocess(*a)))
+    for (name, key), (label, build) in helpers.items():
+        out.append(CompileTarget(name, label, key, build=build))
     return out
 
 
@@ -922,6 +923,17 @@ def _num_sms(device: torch.device) -> int:
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SMS[idx]
+
+
+def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int, cap_method: str,
+                varlen: bool) -> dict:
+    """The compile arguments of the three kernels one backward call launches with a resolved mainloop
+    ``cfg`` (:func:`resolve_gqa_group` applied): ``{"pre": .., "main": .., "post": ..}`` (what
+    :func:`_backward_impl` and :func:`compile_targets` both use)."""
+    accumulated = qhead_per_kvhead > 1 and cfg.gqa_group_per_cta is False  # dK/dV in float32 accumulators
+    d, tm = cfg.head_dim, cfg.tile_m
+    return {"pre": (dtype, d, tm, varlen), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
+            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated)}
 
 
 def _fn(kind: str, *key):
@@ -1079,8 +1091,9 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)
     g = hq // hkv
     cfg = resolve_gqa_group(cfg, g, nb, hkv, max_seqlen, _num_sms(q.device))
-    accumulated = g > 1 and not cfg.gqa_group_per_cta  # dK/dV through float32 accumulators
-    _fn("pre", q.dtype, d, cfg.tile_m, varlen)(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
+    keys = launch_args(q.dtype, cfg, g, capm, varlen)
+    accumulated = keys["post"][-1]  # dK/dV through float32 accumulators
+    _fn("pre", *keys["pre"])(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     dk_accum = dv_accum = None
     if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
@@ -1090,10 +1103,10 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
         if accumulated:
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
-    _fn("main", q.dtype, cfg, g, capm, varlen)(
+    _fn("main", *keys["main"])(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
         bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
-    _fn("post", q.dtype, d, cfg.tile_m, g, capm, varlen, accumulated)(
+    _fn("post", *keys["post"])(
         q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens, scale_log2,
         scale, capf, nb, max_seqlen)
     return dq, dk, dv
