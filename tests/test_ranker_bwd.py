@@ -648,3 +648,16 @@ def test_compile_targets_cover_each_call_they_stand_for():
         assert (pre.NAME, (dtype_s, *args["pre"][1:])) in keys, t.label
         assert (post.NAME, (dtype_s, *args["post"][1:])) in keys, t.label
         assert args["post"][-1] == (g > 1 and cfg.gqa_group_per_cta is False)
+
+
+@pytest.mark.parametrize("cls,kw", [
+    (rb.RankerBwdConfig, dict(tile_m=64.0)), (rb.RankerBwdConfig, dict(deterministic=1)),
+    (rb.RankerBwdConfig, dict(dq_first="no")), (rb.RankerBwdConfig, dict(gqa_group_per_cta="yes")),
+    (rf.RankerFwdConfig, dict(stages=True)), (rf.RankerFwdConfig, dict(persistent=1)),
+])
+def test_config_field_types(cls, kw):
+    """A config field of the wrong type is a TypeError naming it at validate() (before any buffer or
+    launch), not a late failure inside torch (tile_m=64.0) or a silently truthy value (dq_first='no')."""
+    name = next(iter(kw))
+    with pytest.raises(TypeError, match=rf"{cls.__name__}\.{name}="):
+        cls(**kw).validate()

@@ -77,7 +77,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, tracing, without_data
-from ..runtime.validate import check_outputs_disjoint, check_tensor
+from ..runtime.validate import check_config_fields, check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .ranker_fwd import CAP_METHODS, LOG2_E, SMEM_CAPACITY, _check_reference_args, ranker_attention_reference
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
@@ -147,6 +147,7 @@ class RankerBwdConfig:
         return kv + qdo + ds + dq + stats + 8 * (2 + 4 * self.stages) + 2048
 
     def validate(self) -> None:
+        check_config_fields(self)
         if self.head_dim not in (64, 128):
             raise ValueError(f"head_dim={self.head_dim}: the backward supports head dims 64 and 128")
         if self.mma_wgs != 2:
@@ -163,8 +164,6 @@ class RankerBwdConfig:
             raise ValueError("dk_from_smem needs dq_first (the dK GEMM must come after the dS^T fence and barrier)")
         if self.producer_regs % 8 or self.mma_regs % 8:
             raise ValueError("setmaxnreg counts must be multiples of 8")
-        if not (self.gqa_group_per_cta is None or type(self.gqa_group_per_cta) is bool):
-            raise TypeError(f"gqa_group_per_cta={self.gqa_group_per_cta!r}: must be None, True or False")
         sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
         if self.acc_regs() > self.mma_regs - 8:
             raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "

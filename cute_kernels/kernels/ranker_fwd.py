@@ -60,7 +60,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_float_tensors, check_same_device, check_tensor, F32_MAX, check_int, check_real, validated_once
+from ..runtime.validate import check_config_fields, check_float_tensors, check_same_device, check_tensor, F32_MAX, check_int, check_real, validated_once
 from ..tuning import register_memo, tuned_config
 from . import sm90_helpers as sm90
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -109,6 +109,7 @@ class RankerFwdConfig:
         return sq + skv + 8 * (2 + 4 * self.stages) + 2048  # mbarriers + 1024-byte alignment slack
 
     def validate(self) -> None:
+        check_config_fields(self)
         if self.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim={self.head_dim}: supported head dims are 64, 128, 256")
         if self.consumer_wgs not in (2, 3):

@@ -205,3 +205,24 @@ def check_outputs_disjoint(outputs: dict, inputs: dict) -> None:
             if a0 < b1 and b0 < a1:
                 raise ValueError(f"{name} shares memory with {other}: output buffers must not overlap "
                                  "each other or any input")
+
+
+def check_config_fields(config) -> None:
+    """Every field of a frozen config dataclass has its default's type: ``bool`` fields a ``bool``,
+    ``int`` fields an ``int`` (not a bool), fields defaulting to None None or a ``bool``.  Raises
+    ``TypeError`` naming the field (a ``tile_m=64.0`` would otherwise fail late, inside torch)."""
+    import dataclasses
+
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        default = f.default
+        if isinstance(default, bool):
+            ok, want = type(value) is bool, "a bool"
+        elif isinstance(default, int):
+            ok, want = type(value) is int, "an int"
+        elif default is None:
+            ok, want = value is None or type(value) is bool, "None, True or False"
+        else:
+            continue
+        if not ok:
+            raise TypeError(f"{type(config).__name__}.{f.name}={value!r} ({type(value).__name__}): must be {want}")
