@@ -33,19 +33,23 @@ def probe_options(argv: list[str], flags: tuple[str, ...] = ()) -> tuple[list, d
 
     opts = {f.lstrip("-"): False for f in flags}
     opts.update(rounds=5, shuffle_seed=random.randrange(1 << 16), control=True)
-    variants = []
+    variants, names = [], set()
     for a in argv:
         if a in flags:
             opts[a.lstrip("-")] = True
         elif a.startswith("--rounds=") or a.startswith("--seed="):
             name, _, value = a[2:].partition("=")
-            if not value.isdigit() or (name == "rounds" and int(value) < 1):
-                raise ValueError(f"{a!r}: expected a positive integer")
+            low = 1 if name == "rounds" else 0
+            if not (value.isascii() and value.isdigit()) or int(value) < low:
+                raise ValueError(f"{a!r}: expected {'a positive' if low else 'a non-negative'} integer")
             opts["rounds" if name == "rounds" else "shuffle_seed"] = int(value)
         elif a.startswith("--"):
             raise ValueError(f"unknown option {a!r} (known: {', '.join(flags + ('--rounds=N', '--seed=N'))})")
         else:
             variants.append(parse_variant(a))
+            if variants[-1][0] in names or variants[-1][0] in ("shipped", "shipped_again"):
+                raise ValueError(f"variant name {variants[-1][0]!r} is used twice or reserved")
+            names.add(variants[-1][0])
     print(json.dumps({"rounds": opts["rounds"], "shuffle_seed": opts["shuffle_seed"]}), flush=True)
     return variants, opts
 
@@ -85,7 +89,7 @@ def variant_configs(base, variants, label: str) -> dict:
         cfg = dataclasses.replace(base, **fields)
         try:
             cfg.validate()
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             print(json.dumps({"variant": name, "at": label, "invalid": str(exc)}), flush=True)
             continue
         if cfg not in cfgs.values():

@@ -9,9 +9,10 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerBwdCon
 (a variant equal to the shipped config is dropped: at D=128 ``dq_first:True`` is shipped).
 Timing options as the forward probe's (``--rounds=N``, ``--seed=N``; shuffled order, A/A pair).
 
-Checks per variant: dK and dV bitwise equal to the shipped config's (MHA: same GEMMs in the same order;
-GQA adds heads in arrival order, so only deterministic mode is bitwise there), dQ's relative difference,
-and in deterministic mode all of dQ, dK, dV bitwise equal.
+Checks per variant: dK and dV bitwise equal to the shipped config's (MHA, and GQA with a group per CTA
+in both: same GEMMs in the same order; a variant that changes the GQA form, or the summation order of
+the heads (one query head per CTA adds them in arrival order), is expected to differ), dQ's relative
+difference, and in deterministic mode all of dQ, dK, dV bitwise equal (likewise within one GQA form).
 
 Runs recorded: bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log (the session-10 sync variants, when
 ``ds_stages=1, dq_per_wg=False`` was shipped), 2026-11-30_s10_ranker_bwd_dq_first_rs.log and ..._dq_first_smem.log.
@@ -59,5 +60,7 @@ def main(variants, timing: dict):
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        raise SystemExit(__doc__)
     variants, opts = probe_options(sys.argv[1:])
     main(variants, opts)

@@ -60,11 +60,13 @@ def test_probe_variants_parse_and_validate(capsys):
     spec.loader.exec_module(pt)
     assert pt.parse_variant("ds1=ds_stages:1,dq_per_wg:False") == ("ds1", {"ds_stages": 1, "dq_per_wg": False})
     base = rb.CONFIGS[128]
-    variants = [pt.parse_variant(a) for a in ("ds1=ds_stages:1", "bad=stages:9", "same=dq_first:True")]
+    variants = [pt.parse_variant(a) for a in ("ds1=ds_stages:1", "bad=stages:9", "same=dq_first:True",
+                                              "typed=gqa_group_per_cta:1")]
     cfgs = pt.variant_configs(base, variants, "D=128")
     assert list(cfgs) == ["shipped", "ds1"] and cfgs["ds1"].ds_stages == 1 and cfgs["shipped"] is base
     out = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
-    assert len(out) == 1 and out[0]["variant"] == "bad" and "stages=9" in out[0]["invalid"]
+    assert [o["variant"] for o in out] == ["bad", "typed"] and "stages=9" in out[0]["invalid"]
+    assert "gqa_group_per_cta=1" in out[1]["invalid"]
     for bad, msg in (("nofields", "expected NAME=field:value"), ("x=stages", "expected NAME=field:value"),
                      ("x=stages:(", "variant 'x=stages:\\('")):
         with pytest.raises(ValueError, match=msg):
@@ -119,6 +121,8 @@ def test_probe_timing_shuffle_and_control(capsys):
 
     variants, opts = pt.probe_options(["--fa4", "x=stages:3", "--rounds=7", "--seed=3"], flags=("--fa4",))
     assert variants == [("x", {"stages": 3})] and opts == dict(fa4=True, rounds=7, shuffle_seed=3, control=True)
-    for bad in (["--rounds=0"], ["--seed=x"], ["--fast"]):
-        with pytest.raises(ValueError, match="positive integer|unknown option"):
+    assert pt.probe_options(["--seed=0"])[1]["shuffle_seed"] == 0
+    for bad in (["--rounds=0"], ["--seed=x"], ["--seed=-3"], ["--rounds=\u00b2"], ["--fast"], ["a=stages:3", "a=stages:4"],
+                ["shipped=stages:3"]):
+        with pytest.raises(ValueError, match="positive integer|non-negative integer|unknown option|used twice"):
             pt.probe_options(bad, flags=("--fa4",))

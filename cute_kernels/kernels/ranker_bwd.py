@@ -107,7 +107,11 @@ MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 @dataclass(frozen=True)
 class RankerBwdConfig:
     """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
-    ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA)."""
+    ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA); the
+    synchronisation schedule (``ds_stages``, ``dq_per_wg``, ``dq_first``, ``dk_from_smem``), the
+    deterministic mode, and how GQA is spread over CTAs (``gqa_group_per_cta``: a group per CTA, one
+    query head per CTA, or None for :func:`resolve_gqa_group`'s pick).  Field types are checked by
+    :meth:`validate` (TypeError)."""
 
     head_dim: int = 128
     tile_m: int = 64
@@ -149,7 +153,7 @@ class RankerBwdConfig:
     def validate(self) -> None:
         check_config_fields(self)
         if self.head_dim not in (64, 128):
-            raise ValueError(f"head_dim={self.head_dim}: the backward supports head dims 64 and 128")
+            raise ValueError(f"head_dim={self.head_dim!r}: the backward supports head dims 64 and 128")
         if self.mma_wgs != 2:
             raise ValueError(f"mma_wgs={self.mma_wgs}: the kernel has exactly 2 MMA warpgroups")
         if self.tile_n != 64 * self.mma_wgs:
@@ -1033,9 +1037,12 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     terms); see the module docstring (GQA: :func:`resolve_gqa_group` picks a group per CTA or one
     query head per CTA).  While torch.compile / make_fx trace,
     the call goes through the registered op ``torch.ops.cute_kernels.ranker_attention_bwd`` (its fake
-    checks the pointer-free rules); ``dq``/``dk``/``dv`` and ``config`` are eager-only (ValueError under
-    torch.compile or on fake/meta tensors; under another dispatch mode with real tensors, e.g.
-    FlopCounterMode, such a call runs the eager implementation).
+    checks the pointer-free rules); ``dq``/``dk``/``dv`` and ``config`` are eager-only: on fake/meta
+    tensors (make_fx, FakeTensorMode) they are a ValueError; under torch.compile with
+    ``fullgraph=True`` the same ValueError stops the compile (Dynamo reports it as ``Unsupported:
+    Observed exception``, the message in its debug context), without fullgraph Dynamo breaks the graph
+    there and the call runs eagerly; under another dispatch mode with real tensors, e.g.
+    FlopCounterMode, such a call runs the eager implementation.
     """
     eager_only = dq is not None or dk is not None or dv is not None or config is not None
     if tracing() and not eager_only:  # torch.compile / make_fx / FakeTensorMode: the registered op, which they see
