@@ -2,7 +2,7 @@
 
     cute-kernels compile [--kernel NAME] [--arch sm_90a]   # CPU or GPU: fill the on-disk cache
     cute-kernels check   [--kernel NAME]                   # GPU: correctness table vs references
-    cute-kernels bench   [--kernel NAME] [--json PATH]     # GPU: benchmark records
+    cute-kernels bench   [--kernel NAME] [--shapes SEL] [--json PATH]   # GPU: benchmark records
     cute-kernels info                                      # versions, arch, cache, GPU
     cute-kernels layouts --kernel ranker_fwd|hc_mix [--config head_dim=64,tile_n=96] --out DIR   # CPU: pictures + report
     cute-kernels configs [--kernel NAME]                   # shipped configs per kernel (and tuned ones)

@@ -907,10 +907,11 @@ def compile_targets() -> list[CompileTarget]:
         args = launch_args(dtype, cfg, g, capm, varlen)
         dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][-1]
         helpers.setdefault((pre.NAME, (str(dtype), *args["pre"][1:])), (
-            f"{dt} D={d} tile_m={tm}{' varlen' if varlen else ''}",
+            f"preprocess {dt} D={d} tile_m={tm}{' varlen' if varlen else ''}",
             lambda a=args["pre"]: compile_preprocess(*a)))
         helpers.setdefault((post.NAME, (str(dtype), *args["post"][1:])), (
-            f"{dt} D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}{' accumulated' if acc else ''}",
+            f"postprocess {dt} D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}"
+            f"{' accumulated' if acc else ''}",
             lambda a=args["post"]: compile_postprocess(*a)))
     for (name, key), (label, build) in helpers.items():
         out.append(CompileTarget(name, label, key, build=build))
