@@ -24,12 +24,16 @@ def parse_variant(arg: str):
     return name, fields
 
 
-def probe_options(argv: list[str], flags: tuple[str, ...] = ()) -> tuple[list, dict]:
+def probe_options(argv: list[str], flags: tuple[str, ...] = (), doc: str | None = None) -> tuple[list, dict]:
     """A config probe's command line: variants (``NAME=field:value,...``), the boolean ``flags`` given
     (``--fa4``), and the timing options ``--rounds=N`` (default 5) and ``--seed=N`` (the shuffle seed;
     default: drawn and printed, so the order can be replayed) -> ``(variants, options)`` where options
-    holds the flags and ``rounds``/``shuffle_seed``/``control=True`` for :func:`time_configs`."""
+    holds the flags and ``rounds``/``shuffle_seed``/``control=True`` for :func:`time_configs`.
+    ``-h``/``--help`` exits with ``doc`` (the probe's docstring)."""
     import random
+
+    if {"-h", "--help"} & set(argv):
+        raise SystemExit(doc or "usage: NAME=field:value[,field:value...] ... [--rounds=N] [--seed=N]")
 
     opts = {f.lstrip("-"): False for f in flags}
     opts.update(rounds=5, shuffle_seed=random.randrange(1 << 16), control=True)

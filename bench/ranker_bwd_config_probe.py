@@ -60,7 +60,5 @@ def main(variants, timing: dict):
 
 
 if __name__ == "__main__":
-    if {"-h", "--help"} & set(sys.argv[1:]):
-        raise SystemExit(__doc__)
-    variants, opts = probe_options(sys.argv[1:])
+    variants, opts = probe_options(sys.argv[1:], doc=__doc__)
     main(variants, opts)

@@ -55,8 +55,6 @@ def main(variants, fa4: bool, timing: dict):
 
 
 if __name__ == "__main__":
-    if {"-h", "--help"} & set(sys.argv[1:]):
-        raise SystemExit(__doc__)
-    variants, opts = probe_options(sys.argv[1:], flags=("--fa4",))
+    variants, opts = probe_options(sys.argv[1:], flags=("--fa4",), doc=__doc__)
     fa4 = opts.pop("fa4")
     main(variants, fa4, opts)

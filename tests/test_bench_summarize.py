@@ -122,6 +122,8 @@ def test_probe_timing_shuffle_and_control(capsys):
     variants, opts = pt.probe_options(["--fa4", "x=stages:3", "--rounds=7", "--seed=3"], flags=("--fa4",))
     assert variants == [("x", {"stages": 3})] and opts == dict(fa4=True, rounds=7, shuffle_seed=3, control=True)
     assert pt.probe_options(["--seed=0"])[1]["shuffle_seed"] == 0
+    with pytest.raises(SystemExit, match="the probe's doc"):
+        pt.probe_options(["x=stages:3", "--help"], doc="the probe's doc")
     for bad in (["--rounds=0"], ["--seed=x"], ["--seed=-3"], ["--rounds=\u00b2"], ["--fast"], ["a=stages:3", "a=stages:4"],
                 ["shipped=stages:3"]):
         with pytest.raises(ValueError, match="positive integer|non-negative integer|unknown option|used twice"):

@@ -889,23 +889,19 @@ def compile_targets() -> list[CompileTarget]:
         (torch.bfloat16, 128, 4, "tanh", True, True, True),
         (torch.bfloat16, 128, 4, "tanh", True, True, False),
     ]
-    out = []
-    for dtype, d, g, capm, varlen, det, group in cases:
-        cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group)
-        label = (f"{str(dtype)[6:]} D={d} gqa={g}{'' if group is None else (' group' if group else ' per-head')}"
-                 f" cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}")
-        out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
-                                 build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
-                                 _compile(dtype, cfg, g, capm, varlen)))
-    # the pre/postprocess kernels (their own compile-cache names) that a call with each of those mainloops
+    # each mainloop, then the pre/postprocess kernels (their own compile-cache names) that a call with it
     # launches, each once
     from . import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
 
-    helpers = {}
+    out, helpers = [], {}
     for dtype, d, g, capm, varlen, det, group in cases:
         cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group)
         args = launch_args(dtype, cfg, g, capm, varlen)
         dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][-1]
+        label = (f"{dt} D={d} gqa={g}{'' if group is None else (' group' if group else ' per-head')}"
+                 f" cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}")
+        out.append(CompileTarget(NAME, label, (str(dtype), *args["main"][1:]),
+                                 build=lambda a=args["main"]: _compile(*a)))
         helpers.setdefault((pre.NAME, (str(dtype), *args["pre"][1:])), (
             f"preprocess {dt} D={d} tile_m={tm}{' varlen' if varlen else ''}",
             lambda a=args["pre"]: compile_preprocess(*a)))
