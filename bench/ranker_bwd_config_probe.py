@@ -8,6 +8,9 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerBwdCon
 
 (a variant equal to the shipped config is dropped: at D=128 ``dq_first:True`` is shipped).
 Timing options as the forward probe's (``--rounds=N``, ``--seed=N``; shuffled order, A/A pair).
+``--jobs=N``: first compile every kernel the probe launches in N processes (into the disk compile
+cache, which the probe then loads), instead of one after another on first launch (a cold device
+spends minutes there).
 
 Checks per variant: dK and dV bitwise equal to the shipped config's (MHA, and GQA with a group per CTA
 in both: same GEMMs in the same order; a variant that changes the GQA form, or the summation order of
@@ -32,6 +35,31 @@ from cute_kernels.kernels.ranker_mask import admitted_pairs
 
 def launch(x, k, v, bounds, cap, cfg):
     return rb.ranker_attention_backward(x.q, k, v, x.o, x.lse, x.do, bounds, cap=cap, config=cfg)
+
+
+def _precompile_one(args):
+    a = rb.launch_args(*args)
+    rb.compile_preprocess(*a["pre"]), rb._compile(*a["main"]), rb.compile_postprocess(*a["post"])
+
+
+def precompile(variants, jobs: int):
+    """Compile, in ``jobs`` spawned processes, the three kernels of every call :func:`main` makes."""
+    import contextlib
+    import io
+    import multiprocessing as mp
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    todo = set()
+    for nb, hist, cand, hq, hkv, d, cap in rb.BENCH_CASES:
+        with contextlib.redirect_stdout(io.StringIO()):  # main() reports invalid variants
+            cfgs = variant_configs(rb.config_for(d, cap is not None), variants, "")
+        for cfg in cfgs.values():
+            for det in (False, True):
+                c = rb.resolve_gqa_group(dc.replace(cfg, deterministic=det), hq // hkv, nb, hkv, hist + cand, num_sms)
+                todo.add((torch.bfloat16, c, hq // hkv, "tanh", False))
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        pool.map(_precompile_one, sorted(todo, key=repr), chunksize=1)
+    print(json.dumps({"precompiled": len(todo), "jobs": jobs}), flush=True)
 
 
 def main(variants, timing: dict):
@@ -60,5 +88,8 @@ def main(variants, timing: dict):
 
 
 if __name__ == "__main__":
-    variants, opts = probe_options(sys.argv[1:], doc=__doc__)
+    jobs = [a for a in sys.argv[1:] if a.startswith("--jobs=")]
+    variants, opts = probe_options([a for a in sys.argv[1:] if a not in jobs], doc=__doc__)
+    if jobs:
+        precompile(variants, int(jobs[-1].partition("=")[2]))
     main(variants, opts)
