@@ -151,7 +151,7 @@ class RankerBwdConfig:
         qdo = 2 * self.stages * self.tile_m * self.head_dim * elem_bytes
         ds = self.ds_stages * self.tile_n * self.tile_m * elem_bytes
         dq = self.tile_m * self.head_dim * 4
-        stats = 2 * self.stages * self.tile_m * 4
+        stats = 2 * self.stages * -(-self.tile_m // 32) * 32 * 4  # stages 128-byte aligned
         return kv + qdo + ds + dq + stats + 8 * (2 + 4 * self.stages) + 2048
 
     def validate(self) -> None:
@@ -325,7 +325,9 @@ class RankerAttentionBwd:
         dq_box = (self.tile_m, self.head_dim // self.dq_parts)
         sdQpart_layout = sm90.smem_layout(Float32, *dq_box)
         sdKVacc_layout = sm90.smem_layout(Float32, self.tile_n, self.head_dim)  # per-head GQA: aliases sK + sV
-        sLSE_layout = cute.make_layout((self.tile_m, self.stages))
+        # one stage per 128 bytes at least: each stage is a TMA destination (128-byte aligned; tile_m=80
+        # rows are 320 bytes)
+        sLSE_layout = cute.make_layout((self.tile_m, self.stages), stride=(1, -(-self.tile_m // 32) * 32))
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
