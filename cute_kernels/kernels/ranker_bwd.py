@@ -133,21 +133,25 @@ class RankerBwdConfig:
     # False: one query head per CTA, dK/dV reduce-added into float32 accumulators.  None: the host picks
     # (:func:`resolve_gqa_group`: True while that leaves at least two waves of CTAs).
     gqa_group_per_cta: Optional[bool] = None
+    # dQ^T = K^T dS^T instead of dQ = dS K (FlashAttention-3's dQ_swapAB): M = head dim (64 per
+    # warpgroup), N = q rows, so tile_m need not be a multiple of 64 (FA3's 80-row tiles at D=128)
+    dq_swap_ab: bool = False
 
     def acc_regs(self) -> int:
-        """fp32 accumulator registers per MMA thread: S^T, dP^T, dK, dV, dQ (+ P^T, dS^T in bf16)."""
+        """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
+        dS^T is formed (in bf16), then dQ beside dS^T."""
         per_wg_keys = self.tile_n // self.mma_wgs
         sdp = per_wg_keys * self.tile_m // 128
         dkv = per_wg_keys * self.head_dim // 128
         dq = self.tile_m * self.head_dim // (128 * self.mma_wgs)
-        return 2 * sdp + 2 * dkv + dq
+        return 2 * dkv + max(2 * sdp, dq + sdp // 2)
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         kv = 2 * self.tile_n * self.head_dim * elem_bytes
         qdo = 2 * self.stages * self.tile_m * self.head_dim * elem_bytes
         ds = self.ds_stages * self.tile_n * self.tile_m * elem_bytes
         dq = self.tile_m * self.head_dim * 4
-        stats = 2 * self.stages * self.tile_m * 4
+        stats = 2 * self.stages * -(-self.tile_m // 32) * 32 * 4  # stages 128-byte aligned
         return kv + qdo + ds + dq + stats + 8 * (2 + 4 * self.stages) + 2048
 
     def validate(self) -> None:
@@ -158,8 +162,12 @@ class RankerBwdConfig:
             raise ValueError(f"mma_wgs={self.mma_wgs}: the kernel has exactly 2 MMA warpgroups")
         if self.tile_n != 64 * self.mma_wgs:
             raise ValueError(f"tile_n={self.tile_n}: must be 64 (WGMMA M) x mma_wgs = {64 * self.mma_wgs}")
-        if self.tile_m not in (64, 128):
-            raise ValueError(f"tile_m={self.tile_m}: must be 64 or 128 (WGMMA N of S^T, K of dK/dV)")
+        if self.tile_m not in (64, 80, 128):
+            raise ValueError(f"tile_m={self.tile_m}: must be 64, 80 or 128 (WGMMA N of S^T, K of dK/dV)")
+        if self.dq_swap_ab and self.head_dim != 64 * self.mma_wgs:
+            raise ValueError(f"dq_swap_ab: head_dim={self.head_dim} must be 64 x mma_wgs (dQ^T's M per warpgroup)")
+        if self.tile_m % 64 and not self.dq_swap_ab:
+            raise ValueError(f"tile_m={self.tile_m}: dQ = dS K needs a multiple of 64 q rows; use dq_swap_ab")
         if not 1 <= self.stages <= 4:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
         if self.ds_stages not in (1, 2):
@@ -297,9 +305,14 @@ class RankerAttentionBwd:
             self.dtype, self.dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(self.config.mma_wgs, 1, 1),
             tiler_mn=(64, self.head_dim), a_source=warpgroup.OperandSource.RMEM)
         # dQ = dS K: M = q rows, N = head dim (split between the warpgroups), K = keys; both MN-major views
-        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, self.config.mma_wgs, 1),
-            tiler_mn=(64, self.head_dim // self.config.mma_wgs))
+        if const_expr(self.config.dq_swap_ab):  # dQ^T = K^T dS^T: M = head dim, 64 per warpgroup
+            tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(self.config.mma_wgs, 1, 1),
+                tiler_mn=(64, self.tile_m))
+        else:
+            tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, self.config.mma_wgs, 1),
+                tiler_mn=(64, self.head_dim // self.config.mma_wgs))
 
         sQ_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
         sdO_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
@@ -312,7 +325,9 @@ class RankerAttentionBwd:
         dq_box = (self.tile_m, self.head_dim // self.dq_parts)
         sdQpart_layout = sm90.smem_layout(Float32, *dq_box)
         sdKVacc_layout = sm90.smem_layout(Float32, self.tile_n, self.head_dim)  # per-head GQA: aliases sK + sV
-        sLSE_layout = cute.make_layout((self.tile_m, self.stages))
+        # one stage per 128 bytes at least: each stage is a TMA destination (128-byte aligned; tile_m=80
+        # rows are 320 bytes)
+        sLSE_layout = cute.make_layout((self.tile_m, self.stages), stride=(1, -(-self.tile_m // 32) * 32))
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
@@ -643,15 +658,19 @@ class RankerAttentionBwd:
                 atom_layout_mnk=(self.config.mma_wgs, 1, 1), tiler_mn=(64, self.head_dim))
             wg_mma_dk = tiled_mma_dk.get_slice(wg_layout(wg_idx))
             tdKrdSt = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_A(sdSt))  # (.., ds stage)
-        tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sm90.transpose_view(sdSt)))  # (.., ds stage)
-        tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(sm90.transpose_view(sK)))
+        if const_expr(self.config.dq_swap_ab):  # dQ^T = K^T dS^T
+            tdQrKt = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sm90.transpose_view(sK)))
+            tdQrdS = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(sm90.transpose_view(sdSt)))  # (.., ds stage)
+        else:
+            tdQrdS = wg_mma_dq.make_fragment_A(wg_mma_dq.partition_A(sm90.transpose_view(sdSt)))  # (.., ds stage)
+            tdQrKt = wg_mma_dq.make_fragment_B(wg_mma_dq.partition_B(sm90.transpose_view(sK)))
         acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
         # (key, q row) of this thread's S^T elements; its slice of the dQ tile in smem
         tScS_mn = sm90.acc_mn(thr_mma_sdp.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m))))
-        tdQsdQ = thr_mma_dq.partition_C(sdQ)
+        tdQsdQ = thr_mma_dq.partition_C(sm90.transpose_view(sdQ) if const_expr(self.config.dq_swap_ab) else sdQ)
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
         ds_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_sdp).get_slice(tidx)
@@ -729,19 +748,20 @@ class RankerAttentionBwd:
                             zero_init=False)
         cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
-        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        dq_shape = (self.head_dim, self.tile_m) if const_expr(self.config.dq_swap_ab) else (self.tile_m, self.head_dim)
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C(dq_shape), Float32)
         if const_expr(self.config.dq_first):
             warpgroup.wait_group(0)  # dV done: sdO and P^T's registers are free before dQ's accumulator lives
             pipeline_do.consumer_release(q_state)
             # dQ = dS K (this warpgroup's half of the head dim), then dK += dS^T Q behind it
-            sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
+            self.dq_gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx)
             tdKrA = tdKrdSt[None, None, None, ds_idx] if const_expr(self.config.dk_from_smem) \
                 else sm90.acc_as_operand_a(rdS)
             sm90.wgmma_gemm(tiled_mma_dk, acc_dK, tdKrA, tdKrQt[None, None, None, stage], zero_init=False)
             warpgroup.wait_group(1)
         else:
             # dQ = dS K (this warpgroup's half of the head dim)
-            sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
+            self.dq_gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx)
             warpgroup.wait_group(0)
             pipeline_do.consumer_release(q_state)
             pipeline_q.consumer_release(q_state)
@@ -758,6 +778,13 @@ class RankerAttentionBwd:
             pipeline_q.consumer_release(q_state)
         q_state.advance()
         return q_state
+
+    def dq_gemm(self, tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx):
+        """dQ = dS K (this warpgroup's half of the head dim), or with ``dq_swap_ab`` dQ^T = K^T dS^T."""
+        if const_expr(self.config.dq_swap_ab):
+            sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, ds_idx], zero_init=True)
+        else:
+            sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, None, ds_idx], tdQrKt, zero_init=True)
 
     # ------------------------------------------------------------------ epilogue (seed 004)
     @cute.jit

@@ -146,6 +146,33 @@ def test_sync_variants(fields, d, hkv, cap, group):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("fields", [dict(dq_swap_ab=True), dict(dq_swap_ab=True, tile_m=80, ds_stages=1),
+                                    dict(dq_swap_ab=True, tile_m=80, ds_stages=1, dq_first=False)],
+                         ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("hkv,cap,varlen", [(4, None, False), (2, 20.0, False), (2, None, True)])
+def test_dq_swap_ab(fields, hkv, cap, varlen):
+    """dQ^T = K^T dS^T (dq_swap_ab), also with FA3's 80-row q tiles at D=128: right against float64
+    (odd lengths, GQA both ways, a cap, varlen), deterministic bitwise on repeat."""
+    cfg = rb.dataclasses.replace(rb.config_for(128, cap is not None), **fields)
+    if varlen:
+        cu = torch.tensor([0, 389, 400, 789], device="cuda", dtype=torch.int32)
+        q, k, v, do = _tensors((800, 4, 128), (800, hkv, 128), seed=15)
+        bounds = torch.tensor([[7, 263, 263, 389], [0, 11, 0, 0], [0, 129, 129, 389]], device="cuda",
+                              dtype=torch.int32)
+    else:
+        cu = None
+        q, k, v, do = _tensors((2, 389, 4, 128), (2, 389, hkv, 128), seed=15)
+        bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 130, 300]], device="cuda", dtype=torch.int32)
+    for group in ((True, False) if hkv < 4 else (None,)):
+        c = rb.dataclasses.replace(cfg, gqa_group_per_cta=group)
+        _compare(f"dq_swap_ab-{fields}-{hkv}-{group}", q, k, v, do, bounds, cap=cap, cu_seqlens=cu, config=c)
+    det = rb.dataclasses.replace(cfg, deterministic=True)
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True, cu_seqlens=cu)
+    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap, cu_seqlens=cu, config=det)
+            for _ in range(2))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 @pytest.mark.parametrize("group", [True, False], ids=["group", "per-head"])
 @pytest.mark.parametrize("d,hq,hkv,cap,capm,varlen,det", [
     (128, 8, 2, None, "tanh", False, False), (128, 6, 2, 15.0, "tanh", False, False),
