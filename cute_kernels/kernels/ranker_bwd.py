@@ -104,12 +104,18 @@ class NamedBarrierBwd(enum.IntEnum):
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 
 
+def stats_stage_stride(tile_m: int) -> int:
+    """float32 elements between the smem stages of LSE and dPsum: ``tile_m`` rounded up to 32 (each stage
+    is a TMA destination, 128-byte aligned; 80 rows are 320 bytes)."""
+    return -(-tile_m // 32) * 32
+
+
 @dataclass(frozen=True)
 class RankerBwdConfig:
     """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
     ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA); the
-    synchronisation schedule (``ds_stages``, ``dq_per_wg``, ``dq_first``, ``dk_from_smem``), the
-    deterministic mode, and how GQA is spread over CTAs (``gqa_group_per_cta``: a group per CTA, one
+    synchronisation schedule (``ds_stages``, ``dq_per_wg``, ``dq_first``, ``dk_from_smem``), the dQ
+    GEMM's operand order (``dq_swap_ab``), the deterministic mode, and how GQA is spread over CTAs (``gqa_group_per_cta``: a group per CTA, one
     query head per CTA, or None for :func:`resolve_gqa_group`'s pick).  Field types are checked by
     :meth:`validate` (TypeError)."""
 
@@ -134,7 +140,8 @@ class RankerBwdConfig:
     # (:func:`resolve_gqa_group`: True while that leaves at least two waves of CTAs).
     gqa_group_per_cta: Optional[bool] = None
     # dQ^T = K^T dS^T instead of dQ = dS K (FlashAttention-3's dQ_swapAB): M = head dim (64 per
-    # warpgroup), N = q rows, so tile_m need not be a multiple of 64 (FA3's 80-row tiles at D=128)
+    # warpgroup), N = q rows, so tile_m need not be a multiple of 64 (FA3's 80-row tiles at D=128).
+    # Needs head_dim = 64 x mma_wgs; shipped at D=128 (CONFIGS)
     dq_swap_ab: bool = False
 
     def acc_regs(self) -> int:
@@ -151,7 +158,7 @@ class RankerBwdConfig:
         qdo = 2 * self.stages * self.tile_m * self.head_dim * elem_bytes
         ds = self.ds_stages * self.tile_n * self.tile_m * elem_bytes
         dq = self.tile_m * self.head_dim * 4
-        stats = 2 * self.stages * -(-self.tile_m // 32) * 32 * 4  # stages 128-byte aligned
+        stats = 2 * self.stages * stats_stage_stride(self.tile_m) * 4
         return kv + qdo + ds + dq + stats + 8 * (2 + 4 * self.stages) + 2048
 
     def validate(self) -> None:
@@ -190,19 +197,25 @@ class RankerBwdConfig:
 # D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers),
 # with the dQ GEMM issued before dK's (dq_first; session 10 probe, same run, useful TFLOP/s vs dK first:
 # headline 538 vs 529, tanh cap 493 vs 481, 16K 565 vs 544, B=16 1K+256 454 vs 425, B=8 2K+2K 507 vs
-# 485, GQA 508 vs 502; bench/results/logs/2026-11-30_s10_ranker_bwd_dq_first_rs.log).  It costs a few
-# bytes of spill (ptxas: 8 B MHA, 32 B varlen, 48 B tanh, 16-64 B with a GQA group per CTA; at MHA two
-# loop-invariant values reloaded from L1 per q block; tests/test_ranker_bwd.py KNOWN_SPILL_BYTES), which
-# the measured gain includes.
+# 485, GQA 508 vs 502; bench/results/logs/2026-11-30_s10_ranker_bwd_dq_first_rs.log).  With dQ = dS K
+# it cost a few bytes of spill (8-64 B), which the measured gain includes.
 # Reading dS^T from smem for dK instead (dk_from_smem) is spill-free but gave back most of the gain
 # (..._dq_first_smem.log).  At D=64 (128 q rows) dq_first is slower: 452 vs 467.
+# dQ as dQ^T = K^T dS^T (dq_swap_ab, FlashAttention-3's dQ_swapAB; session 12): faster at every D=128
+# bench shape in two same-run probes with an A/A pair (useful TFLOP/s, swap vs shipped / shipped again:
+# headline 552 vs 537 / 532, tanh 499 vs 491 / 483, GQA 16/4 547 vs 524 / 533, 16K 586 vs 561 / 566,
+# B=16 1K+256 467 vs 449 / 450, B=8 2K+2K 519 vs 503 / 508; bench/results/logs/
+# 2026-11-30_s12_ranker_bwd_dq_swap_ab_probe.log and ..._probe_first.log) and spills less (ptxas, bytes
+# of stack: none 8 -> 0 (GQA group 16 -> 0, varlen 32 -> 0), tanh 48 -> 24, tanh with a GQA group 48 -> 8;
+# tests/test_ranker_bwd.py KNOWN_SPILL_BYTES).  80-row q tiles (tile_m=80, which dq_swap_ab allows; FA3's non-causal
+# D=128 tile, ds_stages=1 to fit smem) were slower there: headline 496-507.
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
 # 2026-11-29, B=4 4096+512 H16: 1695 us vs 1847, deterministic 1961 vs 2515;
 # bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json),
 # while with a cap its mainloop spills (80-176 B of stack at the 168-register launch bound).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
-    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True),
+    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2)
 
@@ -325,9 +338,7 @@ class RankerAttentionBwd:
         dq_box = (self.tile_m, self.head_dim // self.dq_parts)
         sdQpart_layout = sm90.smem_layout(Float32, *dq_box)
         sdKVacc_layout = sm90.smem_layout(Float32, self.tile_n, self.head_dim)  # per-head GQA: aliases sK + sV
-        # one stage per 128 bytes at least: each stage is a TMA destination (128-byte aligned; tile_m=80
-        # rows are 320 bytes)
-        sLSE_layout = cute.make_layout((self.tile_m, self.stages), stride=(1, -(-self.tile_m // 32) * 32))
+        sLSE_layout = cute.make_layout((self.tile_m, self.stages), stride=(1, stats_stage_stride(self.tile_m)))
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))

@@ -146,13 +146,14 @@ def test_sync_variants(fields, d, hkv, cap, group):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("fields", [dict(dq_swap_ab=True), dict(dq_swap_ab=True, tile_m=80, ds_stages=1),
-                                    dict(dq_swap_ab=True, tile_m=80, ds_stages=1, dq_first=False)],
+@pytest.mark.parametrize("fields", [dict(dq_swap_ab=False), dict(tile_m=80, ds_stages=1),
+                                    dict(tile_m=80, ds_stages=1, dq_first=False)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 @pytest.mark.parametrize("hkv,cap,varlen", [(4, None, False), (2, 20.0, False), (2, None, True)])
-def test_dq_swap_ab(fields, hkv, cap, varlen):
-    """dQ^T = K^T dS^T (dq_swap_ab), also with FA3's 80-row q tiles at D=128: right against float64
-    (odd lengths, GQA both ways, a cap, varlen), deterministic bitwise on repeat."""
+def test_dq_forms(fields, hkv, cap, varlen):
+    """The D=128 dQ GEMM's other forms beside the shipped dQ^T = K^T dS^T: dQ = dS K (dq_swap_ab=False),
+    and FA3's 80-row q tiles (which need dq_swap_ab): right against float64 (odd lengths, GQA both
+    ways, a cap, varlen), deterministic bitwise on repeat."""
     cfg = rb.dataclasses.replace(rb.config_for(128, cap is not None), **fields)
     if varlen:
         cu = torch.tensor([0, 389, 400, 789], device="cuda", dtype=torch.int32)
@@ -165,7 +166,7 @@ def test_dq_swap_ab(fields, hkv, cap, varlen):
         bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 130, 300]], device="cuda", dtype=torch.int32)
     for group in ((True, False) if hkv < 4 else (None,)):
         c = rb.dataclasses.replace(cfg, gqa_group_per_cta=group)
-        _compare(f"dq_swap_ab-{fields}-{hkv}-{group}", q, k, v, do, bounds, cap=cap, cu_seqlens=cu, config=c)
+        _compare(f"dq-{fields}-{hkv}-{group}", q, k, v, do, bounds, cap=cap, cu_seqlens=cu, config=c)
     det = rb.dataclasses.replace(cfg, deterministic=True)
     out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True, cu_seqlens=cu)
     a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap, cu_seqlens=cu, config=det)
