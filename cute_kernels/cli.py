@@ -129,8 +129,10 @@ def run_metadata() -> dict:
         commit = os.environ.get("CUTE_KERNELS_COMMIT") or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
             cwd=os.path.dirname(__file__)).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                    text=True, cwd=os.path.dirname(__file__)).stdout.strip())
+        # with the commit given, the local git state says nothing about the tree that ran: unknown (None)
+        dirty = None if os.environ.get("CUTE_KERNELS_COMMIT") else bool(subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+            cwd=os.path.dirname(__file__)).stdout.strip())
     except OSError:
         commit, dirty = None, None
     return dict(
