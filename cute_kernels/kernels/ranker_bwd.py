@@ -115,7 +115,7 @@ class RankerBwdConfig:
     """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
     ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA); the
     synchronisation schedule (``ds_stages``, ``dq_per_wg``, ``dq_first``, ``dk_from_smem``), the dQ
-    GEMM's operand order (``dq_swap_ab``), programmatic dependent launch (``pdl``), the deterministic mode, and how GQA is spread over CTAs (``gqa_group_per_cta``: a group per CTA, one
+    GEMM's operand order (``dq_swap_ab``), the deterministic mode, and how GQA is spread over CTAs (``gqa_group_per_cta``: a group per CTA, one
     query head per CTA, or None for :func:`resolve_gqa_group`'s pick).  Field types are checked by
     :meth:`validate` (TypeError)."""
 
@@ -143,9 +143,6 @@ class RankerBwdConfig:
     # warpgroup), N = q rows, so tile_m need not be a multiple of 64 (FA3's 80-row tiles at D=128).
     # Needs head_dim = 64 x mma_wgs; shipped at D=128 (CONFIGS)
     dq_swap_ab: bool = False
-    # programmatic dependent launch of all three kernels (FA3/FA4): the mainloop's CTAs start as the
-    # preprocess drains and load K/V before they wait for its outputs; the postprocess launches early
-    pdl: bool = True
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -397,8 +394,7 @@ class RankerAttentionBwd:
             tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout, sdKVacc_layout, sLSE_layout,
             scale_log2, softmax_scale, cap, Int32(mQ.shape[0]),
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1,
-                 use_pdl=self.config.pdl)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -564,10 +560,6 @@ class RankerAttentionBwd:
             pipeline_kv.producer_acquire(kv_state)
             cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
             cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
-            if const_expr(self.config.pdl):
-                # the preprocess's grid done: its LSE2, dPsum and zeroed dQ accumulator are visible (the
-                # MMA warpgroups and the dQ warp use them only after this warp's loads)
-                cute.arch.griddepcontrol_wait()
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for i in cutlass.range(count, unroll=1):
                 head, m_block = self.head_m_block_of(i, work)
@@ -943,7 +935,7 @@ def compile_targets() -> list[CompileTarget]:
     for dtype, d, g, capm, varlen, det, group in cases:
         cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group)
         args = launch_args(dtype, cfg, g, capm, varlen)
-        dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["accumulated"]
+        dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][-1]
         label = (f"{dt} D={d} gqa={g}{'' if group is None else (' group' if group else ' per-head')}"
                  f" cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}")
         out.append(CompileTarget(NAME, label, (str(dtype), *args["main"][1:]),
@@ -974,14 +966,12 @@ def _num_sms(device: torch.device) -> int:
 def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int, cap_method: str,
                 varlen: bool) -> dict:
     """The compile arguments of the three kernels one backward call launches with a resolved mainloop
-    ``cfg`` (:func:`resolve_gqa_group` applied): ``{"pre": .., "main": .., "post": .., "accumulated": ..}``
-    (what :func:`_backward_impl` and :func:`compile_targets` both use; ``accumulated``: dK/dV go through
-    float32 accumulators, GQA with one query head per CTA)."""
-    accumulated = qhead_per_kvhead > 1 and cfg.gqa_group_per_cta is False
+    ``cfg`` (:func:`resolve_gqa_group` applied): ``{"pre": .., "main": .., "post": ..}`` (what
+    :func:`_backward_impl` and :func:`compile_targets` both use)."""
+    accumulated = qhead_per_kvhead > 1 and cfg.gqa_group_per_cta is False  # dK/dV in float32 accumulators
     d, tm = cfg.head_dim, cfg.tile_m
-    return {"pre": (dtype, d, tm, varlen, cfg.pdl), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
-            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, cfg.pdl),
-            "accumulated": accumulated}
+    return {"pre": (dtype, d, tm, varlen), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
+            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated)}
 
 
 def _fn(kind: str, *key):
@@ -1143,8 +1133,8 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     g = hq // hkv
     cfg = resolve_gqa_group(cfg, g, nb, hkv, max_seqlen, _num_sms(q.device))
     keys = launch_args(q.dtype, cfg, g, capm, varlen)
-    accumulated = keys["accumulated"]  # dK/dV through float32 accumulators
-    # zeroed before the preprocess: the three kernels are launched back to back (PDL chains them)
+    accumulated = keys["post"][-1]  # dK/dV through float32 accumulators
+    _fn("pre", *keys["pre"])(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     dk_accum = dv_accum = None
     if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
@@ -1154,7 +1144,6 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
         if accumulated:
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
-    _fn("pre", *keys["pre"])(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     _fn("main", *keys["main"])(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
         bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)

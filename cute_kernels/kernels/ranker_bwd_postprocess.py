@@ -16,10 +16,6 @@ Per key row ``j`` and KV head (one row per ``head_dim / 8`` consecutive lanes, 1
   float32 tiles); MHA, and GQA with a group per CTA: the mainloop wrote dK, dV already (zeros on
   candidate keys outside the history), so only the self-term rows are written.
 
-With ``pdl`` it is launched with the programmatic-dependent-launch attribute and every CTA waits
-(``griddepcontrol.wait``) for the mainloop's grid before it reads anything: only the launch latency
-overlaps.
-
 STATUS: GPU-tested on the H200 alone and as part of the backward (tests/gpu/test_ranker_bwd_gpu.py).
 """
 
@@ -66,7 +62,7 @@ class RankerBwdPostprocess:
     in float32 accumulators)."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str, varlen: bool,
-                 dkv_accumulated: bool, pdl: bool = True):
+                 dkv_accumulated: bool):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
         self.dtype = dtype
@@ -76,7 +72,6 @@ class RankerBwdPostprocess:
         if dkv_accumulated and qhead_per_kvhead == 1:
             raise ValueError("dkv_accumulated: only GQA (qhead_per_kvhead > 1) has dK/dV accumulators")
         self.dkv_accumulated = dkv_accumulated
-        self.pdl = pdl
         self.cap_method = cap_method
         self.varlen = varlen
         self.vec = 128 // dtype.width
@@ -105,7 +100,7 @@ class RankerBwdPostprocess:
         grid = (cute.ceil_div(max_seqlen, self.rows_per_cta), cute.size(mK.shape[2]), num_batch)
         self.kernel(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, mBounds,
                     mCuSeqlens, scale_log2, softmax_scale, cap, Int32(mQ.shape[0])).launch(
-            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     def _row(self, mX, row, offset, head, batch):
         """(D,) row ``row`` of one sequence and head of a (S, D, H, B) / packed (T, D, H) tensor."""
@@ -126,8 +121,6 @@ class RankerBwdPostprocess:
                seqlen_static: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         row_block, head_kv, batch = cute.arch.block_idx()
-        if const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()  # the mainloop's dQ accumulator, dK, dV
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
         seg = RankerSegments.load(mBounds, batch, seqlen)
         vec = self.vec
@@ -211,15 +204,14 @@ class RankerBwdPostprocess:
 
 
 def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
-                        varlen: bool, dkv_accumulated: bool, pdl: bool = True):
+                        varlen: bool, dkv_accumulated: bool):
     """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum,
     dv_accum, bounds, cu_seqlens, scale_log2, softmax_scale, cap, num_batch, max_seqlen)`` (the
-    accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA); ``pdl``: launched
-    with programmatic dependent launch (waits for the mainloop's grid first)."""
+    accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA)."""
 
     def build():
         kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen,
-                                    dkv_accumulated, pdl)
+                                    dkv_accumulated)
         f = BwdFakes(head_dim, varlen)
         hq, hkv = f.hq, f.hkv
         dk_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
@@ -229,5 +221,5 @@ def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_pe
                       dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1),
                       fake_stream())
 
-    return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated,
-                                 pdl), build)
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated),
+                          build)

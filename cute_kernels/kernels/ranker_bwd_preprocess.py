@@ -11,12 +11,6 @@ For every query row and head, over the padded per-row layout of :mod:`.ranker_bw
 
 One CTA of 128 threads per (q block, query head, batch row); ``head_dim / 8`` consecutive lanes
 share a row, each with one 16-byte load of O and of dO, reduced by warp shuffles.  Memory-bound.
-
-Programmatic dependent launch (``pdl``, as FlashAttention-3/4): launched with the PDL attribute, each
-CTA first waits for the previous kernel of the stream (``griddepcontrol.wait``: its grid done and its
-writes visible; before this kernel reads O/dO or writes buffers that kernel may still use), then lets
-the mainloop launch (``griddepcontrol.launch_dependents``), so the mainloop's CTAs take the SMs as this
-grid's last wave drains, and load K/V before they wait for this kernel's LSE2/dPsum/zeroed dQ.
 STATUS: GPU-tested on the H200 alone and as part of the backward (tests/gpu/test_ranker_bwd_gpu.py).
 """
 
@@ -43,14 +37,13 @@ NUM_THREADS = 128
 class RankerBwdPreprocess:
     """dPsum, LSE2 and the zeroed dQ accumulator for one (dtype, head dim, q block, varlen)."""
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool, pdl: bool = True):
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
         self.varlen = varlen
-        self.pdl = pdl
         self.vec = 128 // dtype.width  # elements per 16-byte load
         self.threads_per_row = head_dim // self.vec
         self.rows_per_pass = NUM_THREADS // self.threads_per_row
@@ -73,16 +66,13 @@ class RankerBwdPreprocess:
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mO.shape[2]), num_batch)
         self.kernel(mO, mdO, mLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlens, Int32(mO.shape[0])).launch(
-            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor, mdPsum: cute.Tensor,
                mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], seqlen_static: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        if const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
         if const_expr(self.varlen):
             mO_cur = cute.domain_offset((offset, 0), mO[None, None, head])
@@ -136,14 +126,14 @@ class RankerBwdPreprocess:
                 cute.copy(st_atom, rZero, cute.local_tile(mdQ_cur[row, None], (4,), (chunk * (self.vec // 4) + j,)))
 
 
-def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool, pdl: bool = True):
-    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen, launched with PDL);
-    called as ``fn(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, num_batch, max_seqlen)``."""
+def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool):
+    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen); called as
+    ``fn(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, num_batch, max_seqlen)``."""
 
     def build():
-        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen, pdl)
+        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen)
         f = BwdFakes(head_dim, varlen)
         return kern, (f.inputs(f.hq, dtype), f.inputs(f.hq, dtype), f.lse(), f.rows(), f.rows(), f.dq_accum(), f.cu,
                       Int32(1), Int32(1), fake_stream())
 
-    return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen, pdl), build)
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen), build)

@@ -26,8 +26,6 @@ PTX_FEATURES: dict[str, str] = {
     "ldmatrix": r"ldmatrix",
     "volatile/system-scope store": r"st\.(volatile|relaxed\.sys|release\.sys)|st\.global\.(volatile|relaxed\.sys)",
     "local memory (spill)": r"\b(ld|st)\.local",
-    "pdl wait (griddepcontrol.wait)": r"griddepcontrol\.wait",
-    "pdl trigger (griddepcontrol.launch_dependents)": r"griddepcontrol\.launch_dependents",
 }
 SASS_FEATURES: dict[str, str] = {
     "HGMMA": r"\bHGMMA\b",
