@@ -115,9 +115,9 @@ class RankerBwdConfig:
     """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
     ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA); the
     synchronisation schedule (``ds_stages``, ``dq_per_wg``, ``dq_first``, ``dk_from_smem``), the dQ
-    GEMM's operand order (``dq_swap_ab``), the deterministic mode, and how GQA is spread over CTAs (``gqa_group_per_cta``: a group per CTA, one
-    query head per CTA, or None for :func:`resolve_gqa_group`'s pick).  Field types are checked by
-    :meth:`validate` (TypeError)."""
+    GEMM's operand order (``dq_swap_ab``), the deterministic mode, and how GQA is spread over CTAs
+    (``gqa_group_per_cta``: a group per CTA, one query head per CTA, or None for
+    :func:`resolve_gqa_group`'s pick).  Field types are checked by :meth:`validate` (TypeError)."""
 
     head_dim: int = 128
     tile_m: int = 64
@@ -207,8 +207,8 @@ class RankerBwdConfig:
 # B=16 1K+256 467 vs 449 / 450, B=8 2K+2K 519 vs 503 / 508; bench/results/logs/
 # 2026-11-30_s12_ranker_bwd_dq_swap_ab_probe.log and ..._probe_first.log) and spills less (ptxas, bytes
 # of stack: none 8 -> 0 (GQA group 16 -> 0, varlen 32 -> 0), tanh 48 -> 24, tanh with a GQA group 48 -> 8;
-# tests/test_ranker_bwd.py KNOWN_SPILL_BYTES).  80-row q tiles (tile_m=80, which dq_swap_ab allows; FA3's non-causal
-# D=128 tile, ds_stages=1 to fit smem) were slower there: headline 496-507.
+# tests/test_ranker_bwd.py KNOWN_SPILL_BYTES).  80-row q tiles (tile_m=80, which dq_swap_ab allows;
+# FA3's non-causal D=128 tile, ds_stages=1 to fit smem) were slower there: headline 496-507.
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
 # 2026-11-29, B=4 4096+512 H16: 1695 us vs 1847, deterministic 1961 vs 2515;
 # bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json),
