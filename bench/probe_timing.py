@@ -24,11 +24,14 @@ def parse_variant(arg: str):
     return name, fields
 
 
-def probe_options(argv: list[str], flags: tuple[str, ...] = (), doc: str | None = None) -> tuple[list, dict]:
+def probe_options(argv: list[str], flags: tuple[str, ...] = (), doc: str | None = None,
+                  jobs: bool = False) -> tuple[list, dict]:
     """A config probe's command line: variants (``NAME=field:value,...``), the boolean ``flags`` given
     (``--fa4``), and the timing options ``--rounds=N`` (default 5) and ``--seed=N`` (the shuffle seed;
     default: drawn and printed, so the order can be replayed) -> ``(variants, options)`` where options
     holds the flags and ``rounds``/``shuffle_seed``/``control=True`` for :func:`time_configs`.
+    ``jobs=True``: the probe also takes ``--jobs=N`` (a positive integer: parallel precompile), returned
+    as ``options["jobs"]`` (None when absent; pop it before passing the options on).
     ``-h``/``--help`` exits with ``doc`` (the probe's docstring)."""
     import random
 
@@ -37,18 +40,22 @@ def probe_options(argv: list[str], flags: tuple[str, ...] = (), doc: str | None 
 
     opts = {f.lstrip("-"): False for f in flags}
     opts.update(rounds=5, shuffle_seed=random.randrange(1 << 16), control=True)
+    counts = ("rounds", "seed") + (("jobs",) if jobs else ())
+    if jobs:
+        opts["jobs"] = None
     variants, names = [], set()
     for a in argv:
         if a in flags:
             opts[a.lstrip("-")] = True
-        elif a.startswith("--rounds=") or a.startswith("--seed="):
+        elif a.startswith("--") and a[2:].partition("=")[0] in counts and "=" in a:
             name, _, value = a[2:].partition("=")
-            low = 1 if name == "rounds" else 0
+            low = 0 if name == "seed" else 1
             if not (value.isascii() and value.isdigit()) or int(value) < low:
                 raise ValueError(f"{a!r}: expected {'a positive' if low else 'a non-negative'} integer")
-            opts["rounds" if name == "rounds" else "shuffle_seed"] = int(value)
+            opts["shuffle_seed" if name == "seed" else name] = int(value)
         elif a.startswith("--"):
-            raise ValueError(f"unknown option {a!r} (known: {', '.join(flags + ('--rounds=N', '--seed=N'))})")
+            known = flags + tuple(f"--{c}=N" for c in counts)
+            raise ValueError(f"unknown option {a!r} (known: {', '.join(known)})")
         else:
             variants.append(parse_variant(a))
             if variants[-1][0] in names or variants[-1][0] in ("shipped", "shipped_again"):

@@ -88,8 +88,8 @@ def main(variants, timing: dict):
 
 
 if __name__ == "__main__":
-    jobs = [a for a in sys.argv[1:] if a.startswith("--jobs=")]
-    variants, opts = probe_options([a for a in sys.argv[1:] if a not in jobs], doc=__doc__)
+    variants, opts = probe_options(sys.argv[1:], doc=__doc__, jobs=True)
+    jobs = opts.pop("jobs")
     if jobs:
-        precompile(variants, int(jobs[-1].partition("=")[2]))
+        precompile(variants, jobs)
     main(variants, opts)

@@ -128,3 +128,10 @@ def test_probe_timing_shuffle_and_control(capsys):
                 ["shipped=stages:3"]):
         with pytest.raises(ValueError, match="positive integer|non-negative integer|unknown option|used twice"):
             pt.probe_options(bad, flags=("--fa4",))
+    # --jobs=N only where the probe takes it (the backward probe's parallel precompile)
+    assert pt.probe_options(["--jobs=4"], jobs=True)[1]["jobs"] == 4
+    assert pt.probe_options([], jobs=True)[1]["jobs"] is None
+    for bad, kw in ((["--jobs=0"], dict(jobs=True)), (["--jobs=abc"], dict(jobs=True)), (["--jobs=-1"], dict(jobs=True)),
+                    (["--jobs"], dict(jobs=True)), (["--jobs=2"], {})):
+        with pytest.raises(ValueError, match="positive integer|unknown option"):
+            pt.probe_options(bad, **kw)
