@@ -32,11 +32,12 @@ def probe_options(argv: list[str], flags: tuple[str, ...] = (), doc: str | None 
     holds the flags and ``rounds``/``shuffle_seed``/``control=True`` for :func:`time_configs`.
     ``jobs=True``: the probe also takes ``--jobs=N`` (a positive integer: parallel precompile), returned
     as ``options["jobs"]`` (None when absent; pop it before passing the options on).
-    ``-h``/``--help`` exits with ``doc`` (the probe's docstring)."""
+    ``-h``/``--help`` prints ``doc`` (the probe's docstring) and exits with status 0."""
     import random
 
     if {"-h", "--help"} & set(argv):
-        raise SystemExit(doc or "usage: NAME=field:value[,field:value...] ... [--rounds=N] [--seed=N]")
+        print(doc or "usage: NAME=field:value[,field:value...] ... [--rounds=N] [--seed=N]")
+        raise SystemExit(0)
 
     opts = {f.lstrip("-"): False for f in flags}
     opts.update(rounds=5, shuffle_seed=random.randrange(1 << 16), control=True)

@@ -43,7 +43,8 @@ def _precompile_one(args):
 
 
 def precompile(variants, jobs: int):
-    """Compile, in ``jobs`` spawned processes, the three kernels of every call :func:`main` makes."""
+    """Compile, in ``jobs`` spawned processes, the three backward kernels of every call :func:`main`
+    makes (the forward's, one per shape, compile on first use)."""
     import contextlib
     import io
     import multiprocessing as mp
@@ -56,7 +57,8 @@ def precompile(variants, jobs: int):
         for cfg in cfgs.values():
             for det in (False, True):
                 c = rb.resolve_gqa_group(dc.replace(cfg, deterministic=det), hq // hkv, nb, hkv, hist + cand, num_sms)
-                todo.add((torch.bfloat16, c, hq // hkv, "tanh", False))
+                # the eager call's cap method: "none" without a cap (launch() passes the default "tanh")
+                todo.add((torch.bfloat16, c, hq // hkv, "none" if cap is None else "tanh", False))
     with mp.get_context("spawn").Pool(jobs) as pool:
         pool.map(_precompile_one, sorted(todo, key=repr), chunksize=1)
     print(json.dumps({"precompiled": len(todo), "jobs": jobs}), flush=True)

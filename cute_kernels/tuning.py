@@ -137,7 +137,7 @@ def format_configs(kernel: Optional[str] = None) -> str:
             if callable(smem):
                 smem = smem()
             if isinstance(smem, int):
-                extra = f"  [smem {smem} B]"
+                extra = f"  [smem <= {smem} B, estimate]"
             lines.append(f"  {label:<{width}}  {cfg}{extra}")
     tuned = [e for e in _entries().values() if kernel is None or e.get("kernel") == kernel]
     fp = source_fingerprint() if tuned else None

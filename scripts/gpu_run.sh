@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs everything GPU-side on a GPU machine, from the source tree (no install, no network):
 #   scripts/gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]
+# (all = tests, check, bench and notebooks; sanitize runs on its own)
 # On the project's H200 through the device tool:
 #   bash ../shared/device/stage.sh --peers         # once per checkout: the DSL kit (+ benchmark peers)
 #   run: carry [".devkit"], command "source .devkit/prelude.sh && CUTE_KERNELS_COMMIT=<sha> bash scripts/gpu_run.sh $OUT all"
@@ -10,6 +11,11 @@
 set -uo pipefail
 out=${1:?usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]}
 what=${2:-all}
+case $what in
+  tests|check|bench|sanitize|notebooks|all) ;;
+  *) echo "gpu_run.sh: unknown mode '$what' (tests, check, bench, sanitize, notebooks or all; all leaves out" \
+          "sanitize)" >&2; exit 2 ;;
+esac
 shift $(( $# >= 2 ? 2 : 1 ))
 kernel_args=("$@")
 tests=(tests/gpu)

@@ -122,8 +122,10 @@ def test_probe_timing_shuffle_and_control(capsys):
     variants, opts = pt.probe_options(["--fa4", "x=stages:3", "--rounds=7", "--seed=3"], flags=("--fa4",))
     assert variants == [("x", {"stages": 3})] and opts == dict(fa4=True, rounds=7, shuffle_seed=3, control=True)
     assert pt.probe_options(["--seed=0"])[1]["shuffle_seed"] == 0
-    with pytest.raises(SystemExit, match="the probe's doc"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
         pt.probe_options(["x=stages:3", "--help"], doc="the probe's doc")
+    assert exit_info.value.code == 0 and "the probe's doc" in capsys.readouterr().out
     for bad in (["--rounds=0"], ["--seed=x"], ["--seed=-3"], ["--rounds=\u00b2"], ["--fast"], ["a=stages:3", "a=stages:4"],
                 ["shipped=stages:3"]):
         with pytest.raises(ValueError, match="positive integer|non-negative integer|unknown option|used twice"):
@@ -135,3 +137,47 @@ def test_probe_timing_shuffle_and_control(capsys):
                     (["--jobs"], dict(jobs=True)), (["--jobs=2"], {})):
         with pytest.raises(ValueError, match="positive integer|unknown option"):
             pt.probe_options(bad, **kw)
+
+
+def test_bwd_probe_precompiles_what_the_probe_launches(monkeypatch, capsys):
+    """bench/ranker_bwd_config_probe.py --jobs: the compile keys are the eager call's (cap method "none"
+    without a cap: a "tanh" key there would leave the headline kernels to compile on first launch)."""
+    import multiprocessing
+    import sys
+    from types import SimpleNamespace
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    sys.modules.pop("ranker_bwd_config_probe", None)
+    import ranker_bwd_config_probe as probe
+
+    seen = []
+
+    class Pool:
+        def __init__(self, n):
+            assert n == 3
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, fn, items, chunksize=1):
+            seen.extend(items)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(multiprocessing, "get_context", lambda kind: SimpleNamespace(Pool=Pool))
+    probe.precompile([("ds1", {"ds_stages": 1})], 3)
+    rb = probe.rb
+    want = set()
+    for nb, hist, cand, hq, hkv, d, cap in rb.BENCH_CASES:
+        base = rb.config_for(d, cap is not None)
+        for cfg in {base, rb.dataclasses.replace(base, ds_stages=1)}:
+            for det in (False, True):
+                c = rb.resolve_gqa_group(rb.dataclasses.replace(cfg, deterministic=det), hq // hkv, nb, hkv,
+                                         hist + cand, 132)
+                want.add((torch.bfloat16, c, hq // hkv, "none" if cap is None else "tanh", False))
+    assert set(seen) == want and len(seen) == len(want)
+    assert any(k[3] == "none" for k in seen) and any(k[3] == "tanh" for k in seen)

@@ -29,8 +29,9 @@ The backward is three launches (:func:`ranker_attention_backward`):
      (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask, ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO`` and ``dK += dS^T Q`` with
      P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
-     ``dQ = dS K`` (both warpgroups, half the head dim each; at D=128 issued before the dK GEMM,
-     whose run then covers dQ's hand-off), dQ through smem to warp 1 (each
+     ``dQ = dS K`` (both warpgroups, half the head dim each; at D=128 computed as
+     ``dQ^T = K^T dS^T``, ``dq_swap_ab``, and issued before the dK GEMM, whose run then covers dQ's
+     hand-off), dQ through smem to warp 1 (each
      warpgroup's half on its own pair of named barriers, one TMA reduce-add copy per half; two dS^T
      buffers, so a warpgroup writes the next dS^T without waiting for the other's dQ GEMM).
    Only the q blocks holding history or candidate rows are visited (each once,
@@ -174,7 +175,8 @@ class RankerBwdConfig:
         if self.dq_swap_ab and self.head_dim != 64 * self.mma_wgs:
             raise ValueError(f"dq_swap_ab: head_dim={self.head_dim} must be 64 x mma_wgs (dQ^T's M per warpgroup)")
         if self.tile_m % 64 and not self.dq_swap_ab:
-            raise ValueError(f"tile_m={self.tile_m}: dQ = dS K needs a multiple of 64 q rows; use dq_swap_ab")
+            raise ValueError(f"tile_m={self.tile_m}: dQ = dS K needs a multiple of 64 q rows; use dq_swap_ab "
+                             "(head_dim 128 only)")
         if not 1 <= self.stages <= 4:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
         if self.ds_stages not in (1, 2):
@@ -186,7 +188,8 @@ class RankerBwdConfig:
         sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
         if self.acc_regs() > self.mma_regs - 8:
             raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "
-                             f"registers per MMA thread do not fit in {self.mma_regs}")
+                             f"registers per MMA thread do not fit in mma_regs={self.mma_regs} less 8 for "
+                             "addresses and loop state")
         if 2 * self.tile_n * self.head_dim * 2 < self.tile_n * self.head_dim * 4:
             raise ValueError("the K/V buffers cannot hold a float32 dK/dV tile (per-head GQA epilogue)")
         smem = self.smem_bytes()

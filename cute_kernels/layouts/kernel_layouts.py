@@ -483,8 +483,8 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
 
         mod = registry.module(kernel)
         if config:
-            raise ValueError(f"--config applies to ranker_fwd and hc_mix only; {kernel}'s configs follow from the tensor "
-                             f"shapes (see `cute-kernels configs --kernel {kernel}`)")
+            raise ValueError(f"--config applies to ranker_fwd and hc_mix only: {kernel} exposes no smem layouts to draw "
+                             f"(its shipped configs: `cute-kernels configs --kernel {kernel}`)")
         lines = [f"kernel {kernel}: no shared-memory layouts exposed to cute_kernels.layouts;",
                  "shipped compile targets:"]
         for t in mod.compile_targets():
