@@ -26,7 +26,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from probe_timing import probe_options, ranker_inputs, time_configs, variant_configs
+from probe_timing import case_key, probe_options, ranker_inputs, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels.ranker_fwd import ranker_attention
@@ -68,11 +68,12 @@ def main(variants, timing: dict):
     data = []
     for case in rb.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
+        # the variants first: a misspelled field fails before any input is built
+        base = rb.config_for(d, cap is not None)
+        cfgs = variant_configs(base, variants, case_key(case))
         key, q, k, v, bounds, do = ranker_inputs(case, seed=len(data), dout=True)
         o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
         x = SimpleNamespace(q=q, o=o, lse=lse, do=do)
-        base = rb.config_for(d, cap is not None)
-        cfgs = variant_configs(base, variants, key)
         ref = launch(x, k, v, bounds, cap, base)
         ref_det = launch(x, k, v, bounds, cap, dc.replace(base, deterministic=True))
         checks = {}

@@ -47,14 +47,18 @@ def breakdown(case, iters):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=20, help="profiled backward calls per shape (>= 1)")
     p.add_argument("--only", action="append", default=[], help="keep the shapes whose key contains this")
     args = p.parse_args()
+    if args.iters < 1:
+        p.error(f"--iters {args.iters}: must be at least 1")
     keep = args.only
-    for case in rb.BENCH_CASES:
-        key = case_key(case)
-        if not keep or any(k in key for k in keep):
-            print(json.dumps(breakdown(case, args.iters)), flush=True)
+    cases = [c for c in rb.BENCH_CASES if not keep or any(k in case_key(c) for k in keep)]
+    if not cases:
+        p.error(f"--only {keep}: no bench shape matches; the keys are "
+                + ", ".join(case_key(c) for c in rb.BENCH_CASES))
+    for case in cases:
+        print(json.dumps(breakdown(case, args.iters)), flush=True)
 
 
 if __name__ == "__main__":

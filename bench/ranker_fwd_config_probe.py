@@ -17,7 +17,7 @@ import json
 import sys
 
 import torch
-from probe_timing import probe_options, ranker_inputs, time_configs, variant_configs
+from probe_timing import case_key, probe_options, ranker_inputs, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
@@ -33,9 +33,10 @@ def main(variants, fa4: bool, timing: dict):
     data = []
     for case in rf.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
-        key, q, k, v, bounds, _ = ranker_inputs(case, seed=len(data))
+        # the variants first: a misspelled field fails before any input is built
         base = rf.shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
-        cfgs = variant_configs(base, variants, key)
+        cfgs = variant_configs(base, variants, case_key(case))
+        key, q, k, v, bounds, _ = ranker_inputs(case, seed=len(data))
         o0, l0 = launch(q, k, v, bounds, cap, base)
         checks = {}
         for name, cfg in cfgs.items():
