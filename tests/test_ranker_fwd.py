@@ -549,3 +549,15 @@ def test_prefetch_self_kv_ships_on_d128_without_a_cap_and_compiles_to_tma_prefet
         assert ("cp.async.bulk.prefetch.tensor" in rec.ptx) == cfg.prefetch_self_kv
         if rec.sass:
             assert ("UTMAPF" in rec.sass) == cfg.prefetch_self_kv
+
+
+def test_exp2_scale_floor():
+    """The kernels' exp2 multiplier: scale * log2(e) (or cap * log2(e)), floored at the smallest normal
+    float32, so softmax_scale = 0 (accepted) keeps masked keys at -inf * scale = -inf instead of NaN."""
+    tiny = torch.finfo(torch.float32).tiny
+    assert rf.exp2_scale(0.125, None) == 0.125 * rf.LOG2_E
+    assert rf.exp2_scale(0.125, 30.0) == 30.0 * rf.LOG2_E
+    assert rf.exp2_scale(0.0, None) == tiny and rf.exp2_scale(1e-45, None) == tiny
+    s = torch.tensor([-float("inf"), 0.0, -3.0, 1e4], dtype=torch.float32) * rf.exp2_scale(0.0, None)
+    assert s[0] == -float("inf") and not torch.isnan(s).any()
+    assert torch.equal(torch.exp2(s[1:]), torch.ones(3))

@@ -80,7 +80,8 @@ from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, tracing, without_data
 from ..runtime.validate import check_config_fields, check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
-from .ranker_fwd import CAP_METHODS, LOG2_E, SMEM_CAPACITY, _check_reference_args, ranker_attention_reference
+from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale,
+                         ranker_attention_reference)
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
 from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
@@ -1112,7 +1113,7 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         raise ValueError(f"config.head_dim={cfg.head_dim} does not match the inputs' head dim {d}")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     capm = "none" if cap is None else cap_method
-    scale_log2 = float(cap) * LOG2_E if cap is not None else scale * LOG2_E
+    scale_log2 = exp2_scale(scale, cap)
     capf = float(cap) if cap is not None else 1.0
     if varlen:
         max_seqlen, _ = _varlen_extent(q, cu_seqlens, seq, max_seqlen)

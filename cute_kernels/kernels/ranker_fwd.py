@@ -1037,6 +1037,16 @@ def use_config(config: "RankerFwdConfig"):
             _OVERRIDES[config.head_dim] = old
 
 
+def exp2_scale(softmax_scale: float, cap: Optional[float]) -> float:
+    """The kernels' ``exp2`` multiplier of a score (forward and backward): ``cap * log2(e)`` with a cap
+    (the capped score is ``cap * t``, ``t`` in (-1, 1); see :meth:`RankerAttentionFwd.apply_cap`), else
+    ``softmax_scale * log2(e)``, at least the smallest normal float32.  The floor: ``softmax_scale = 0``
+    (accepted: uniform attention over the admitted keys) or a scale that flushes to zero would make
+    the masked keys' ``-inf * 0`` a NaN; at the floor every finite score maps to ``exp2(~0) = 1`` and
+    ``-inf`` stays ``-inf``, which is the uniform softmax exactly, and the LSE is ``ln(count)``."""
+    return max(float(cap) * LOG2_E if cap is not None else softmax_scale * LOG2_E, _F32_TINY)
+
+
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
                  config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None):
     """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch."""
@@ -1044,7 +1054,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
                                                    max_seqlen)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
     capm = "none" if cap is None else cap_method
-    scale_log2 = float(cap) * LOG2_E if cap is not None else scale * LOG2_E  # see apply_cap
+    scale_log2 = exp2_scale(scale, cap)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen:
@@ -1132,7 +1142,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         bounds: ``[B, 4]`` int32, contiguous: (hist_lo, hist_hi, cand_lo, cand_hi), half-open, per
             sequence (relative to the sequence start in the varlen form).  Values are clamped to
             ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.
-        softmax_scale: None or a real number in ``[0, float32 max / 4]``, default ``1/sqrt(D)``.
+        softmax_scale: None or a real number in ``[0, float32 max / 4]``, default ``1/sqrt(D)`` (0: uniform
+            attention over the admitted keys).
         cap: None (no cap) or a positive finite real number (a normal float32); ``cap_method``
             ``"tanh"`` (``cap*tanh(s/cap)``) or ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before
             the mask.

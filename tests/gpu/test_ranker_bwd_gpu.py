@@ -84,6 +84,9 @@ def test_softmax_scale():
     bounds = torch.tensor([[0, 200, 200, 300]], device="cuda", dtype=torch.int32)
     _compare("scale", q, k, v, do, bounds, scale=0.05)
     _compare("scale-cap", q, k, v, do, bounds, cap=10.0, scale=0.2)
+    # 0 (accepted: uniform attention; dQ = dK = 0) with a history end inside a tile: no NaN
+    bounds = torch.tensor([[3, 200, 200, 300]], device="cuda", dtype=torch.int32)
+    _compare("scale=0", q, k, v, do, bounds, scale=0.0)
 
 
 @pytest.mark.parametrize("d,hq,hkv,cap,group", [

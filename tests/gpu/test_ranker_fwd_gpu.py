@@ -200,6 +200,10 @@ def test_softmax_scale():
     q, k, v = _qkv(1, 200, 2, 2, 128)
     bounds = torch.tensor([[0, 150, 150, 200]], device="cuda", dtype=torch.int32)
     _compare("scale=0.3", q, k, v, bounds, scale=0.3)
+    # 0 (accepted: uniform attention) with a history end inside a tile: masked keys stay -inf, no NaN
+    bounds = torch.tensor([[3, 150, 150, 200]], device="cuda", dtype=torch.int32)
+    _compare("scale=0", q, k, v, bounds, scale=0.0)
+    _compare("scale=0 tanh", q, k, v, bounds, scale=0.0, cap=5.0)
 
 
 @pytest.mark.parametrize("d,hkv,cap", [(128, 2, None), (64, 1, 10.0)])
