@@ -78,6 +78,8 @@ def ranker_inputs(case, seed: int, dout: bool = False, device: str = "cuda"):
     else None.  The draw order (q, [do,] k, v) is the one the probes' logs were taken with."""
     import torch
 
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("this probe times kernels on a CUDA GPU (sm_90a); none is visible here")
     nb, hist, cand, hq, hkv, d, cap = case
     s = hist + cand
     g = torch.Generator(device=device).manual_seed(seed)
