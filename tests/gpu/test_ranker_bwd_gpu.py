@@ -324,6 +324,21 @@ def test_preprocess_alone(d, varlen):
         assert (sel(dq_acc) == 0).all()
 
 
+@pytest.mark.parametrize("hkv", [2, 1])
+def test_zero_dout_candidates_get_positive_zero_dk_dv(hkv):
+    """Candidate rows with dO = 0 (outside the loss): their keys' dK and dV (the self term alone) are +0.0
+    bit for bit, never -0.0 (a -0.0 product is added to +0.0, as in the GQA path)."""
+    q, k, v, do = _tensors((2, 300, 2, 128), (2, 300, hkv, 128), seed=21)
+    bounds = torch.tensor([[0, 200, 200, 300], [5, 129, 140, 290]], device="cuda", dtype=torch.int32)
+    do[0, 200:300] = 0
+    do[1, 140:290] = 0
+    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True)
+    dq, dk, dv = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds)
+    for t in (dk, dv):
+        cand = torch.cat([t[0, 200:300].reshape(-1), t[1, 140:290].reshape(-1)])
+        assert (cand.view(torch.int16) == 0).all(), "a -0.0 (or nonzero) in dK/dV of a zero-dO candidate"
+
+
 @pytest.mark.parametrize("hq,hkv,cap,capm,acc", [(2, 2, None, "tanh", False), (4, 2, 7.0, "tanh", True),
                                                  (4, 1, 3.0, "soft_sign", True), (4, 2, 7.0, "tanh", False)])
 def test_postprocess_alone(hq, hkv, cap, capm, acc):
