@@ -37,8 +37,7 @@ def launch(x, k, v, bounds, cap, cfg):
     return rb.ranker_attention_backward(x.q, k, v, x.o, x.lse, x.do, bounds, cap=cap, config=cfg)
 
 
-def _precompile_one(args):
-    a = rb.launch_args(*args)
+def _precompile_one(a):
     rb.compile_preprocess(*a["pre"]), rb._compile(*a["main"]), rb.compile_postprocess(*a["post"])
 
 
@@ -50,17 +49,17 @@ def precompile(variants, jobs: int):
     import multiprocessing as mp
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    todo = set()
+    todo = {}
     for nb, hist, cand, hq, hkv, d, cap in rb.BENCH_CASES:
         with contextlib.redirect_stdout(io.StringIO()):  # main() reports invalid variants
             cfgs = variant_configs(rb.config_for(d, cap is not None), variants, "")
         for cfg in cfgs.values():
-            for det in (False, True):
-                c = rb.resolve_gqa_group(dc.replace(cfg, deterministic=det), hq // hkv, nb, hkv, hist + cand, num_sms)
-                # the eager call's cap method: "none" without a cap (launch() passes the default "tanh")
-                todo.add((torch.bfloat16, c, hq // hkv, "none" if cap is None else "tanh", False))
+            for det in (False, True):  # launch() passes the default cap method, "tanh"
+                a = rb.call_launch_args(torch.bfloat16, dc.replace(cfg, deterministic=det), hq // hkv, nb, hkv,
+                                        hist + cand, cap, "tanh", False, num_sms)
+                todo[repr(a)] = a
     with mp.get_context("spawn").Pool(jobs) as pool:
-        pool.map(_precompile_one, sorted(todo, key=repr), chunksize=1)
+        pool.map(_precompile_one, [todo[key] for key in sorted(todo)], chunksize=1)
     print(json.dumps({"precompiled": len(todo), "jobs": jobs}), flush=True)
 
 

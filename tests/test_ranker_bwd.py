@@ -230,6 +230,16 @@ KNOWN_SPILL_BYTES = {  # ptxas stack bytes of the shipped D=128 config (dQ^T = K
 }
 
 
+def test_call_launch_args_follows_the_eager_call():
+    """call_launch_args (the eager backward's keys, also what the probe precompiles): cap method "none"
+    without a cap, the given one with a cap; the GQA form resolved."""
+    cfg = rb.CONFIGS[128]
+    a = rb.call_launch_args(torch.bfloat16, cfg, 4, 4, 4, 4608, None, "tanh", False, 132)
+    assert a["main"][3] == "none" and a["post"][4] == "none" and a["main"][1].gqa_group_per_cta is True
+    a = rb.call_launch_args(torch.bfloat16, cfg, 4, 1, 2, 4608, 20.0, "soft_sign", True, 132)
+    assert a["main"][3] == "soft_sign" and a["main"][1].gqa_group_per_cta is False and a["post"][-1]
+
+
 @pytest.mark.parametrize("g,nb,hkv,s,sms,given,want", [
     (1, 4, 16, 4608, 132, None, None),     # MHA: None (the field changes nothing there: one compile key)
     (1, 4, 16, 4608, 132, True, None),

@@ -978,6 +978,16 @@ def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int,
             "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated)}
 
 
+def call_launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int, num_batch: int,
+                     num_kv_heads: int, max_seqlen: int, cap: Optional[float], cap_method: str, varlen: bool,
+                     num_sms: int) -> dict:
+    """:func:`launch_args` of one eager backward call (what :func:`_backward_impl` launches, and what
+    the config probe precompiles): the GQA form resolved by :func:`resolve_gqa_group` and the cap
+    method ``"none"`` when ``cap`` is None."""
+    cfg = resolve_gqa_group(cfg, qhead_per_kvhead, num_batch, num_kv_heads, max_seqlen, num_sms)
+    return launch_args(dtype, cfg, qhead_per_kvhead, "none" if cap is None else cap_method, varlen)
+
+
 def _fn(kind: str, *key):
     fn = _FNS.get((kind, key))
     if fn is None:
@@ -1112,7 +1122,6 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     if cfg.head_dim != d:
         raise ValueError(f"config.head_dim={cfg.head_dim} does not match the inputs' head dim {d}")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
-    capm = "none" if cap is None else cap_method
     scale_log2 = exp2_scale(scale, cap)
     capf = float(cap) if cap is not None else 1.0
     if varlen:
@@ -1134,9 +1143,8 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     lse2 = torch.empty(row_shape, dtype=torch.float32, device=q.device)
     dpsum = torch.empty(row_shape, dtype=torch.float32, device=q.device)
     dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)
-    g = hq // hkv
-    cfg = resolve_gqa_group(cfg, g, nb, hkv, max_seqlen, _num_sms(q.device))
-    keys = launch_args(q.dtype, cfg, g, capm, varlen)
+    keys = call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, max_seqlen, cap, cap_method, varlen,
+                            _num_sms(q.device))
     accumulated = keys["post"][-1]  # dK/dV through float32 accumulators
     _fn("pre", *keys["pre"])(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     dk_accum = dv_accum = None
