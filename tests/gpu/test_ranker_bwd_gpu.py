@@ -272,7 +272,7 @@ def _mainloop_stats(lse, dps, tile_m):
     nb, hq, s = lse.shape
     rows = buffers.padded_rows(s, nb, tile_m, False)
     lse2 = torch.full((nb, hq, rows), float("inf"), device="cuda")
-    lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rb.LOG2_E, torch.full_like(lse, float("inf"))).float()
+    lse2[:, :, :s] = torch.where(torch.isfinite(lse), lse * rf.LOG2_E, torch.full_like(lse, float("inf"))).float()
     dpsum = torch.zeros((nb, hq, rows), device="cuda")
     dpsum[:, :, :s] = dps.float()
     return rows, lse2, dpsum
@@ -314,7 +314,7 @@ def test_preprocess_alone(d, varlen):
     for b, (start, pad, n) in enumerate(_padded_rows_of(cu, nb, o.shape[1] if not varlen else 0, tm)):
         span = -(-n // tm) * tm
         sel = (lambda t: t[:, pad:pad + span]) if varlen else (lambda t: t[b])
-        want_lse = (lse[:, start:start + n] if varlen else lse[b]) * rb.LOG2_E
+        want_lse = (lse[:, start:start + n] if varlen else lse[b]) * rf.LOG2_E
         want_lse = torch.where(torch.isinf(want_lse), torch.full_like(want_lse, float("inf")), want_lse)
         want_dot = (dot[start:start + n] if varlen else dot[b]).transpose(0, 1)
         torch.testing.assert_close(sel(lse2)[:, :n], want_lse)
@@ -361,7 +361,7 @@ def test_postprocess_alone(hq, hkv, cap, capm, acc):
     dk_acc = dv_acc = None
     if acc:
         dk_acc, dv_acc = (torch.randn(k.shape, device="cuda") for _ in range(2))
-    scale_log2 = (cap if cap is not None else scale) * rb.LOG2_E
+    scale_log2 = (cap if cap is not None else scale) * rf.LOG2_E
     rb._fn("post", q.dtype, d, tm, g, "none" if cap is None else capm, False, acc)(
         q, k, v, do, lse2, dpsum, dq_acc, dq, dk, dv, dk_acc, dv_acc, bounds, None, scale_log2, scale,
         cap if cap is not None else 1.0, nb, s)
@@ -429,7 +429,7 @@ def test_mainloop_alone(s, hq, hkv, rows, cap, group):
         dk, dv = (torch.zeros(k.shape, device="cuda") for _ in range(2))
     else:
         dk, dv = (torch.full_like(k, float("nan")) for _ in range(2))
-    scale_log2 = (cap if cap is not None else scale) * rb.LOG2_E
+    scale_log2 = (cap if cap is not None else scale) * rf.LOG2_E
     rb._fn("main", q.dtype, cfg, g, "none" if cap is None else "tanh", False)(
         q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, None, None, scale_log2, scale,
         cap if cap is not None else 1.0, nb, s)
