@@ -642,15 +642,14 @@ MIX_DUMMY = 28  # floats of the dummy raw-statistics row (25, padded to keep wha
 
 
 def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None,
-                 workspace_rows=None, counters=0):
+                 workspace_rows=None):
     """The launch glue both hc_mix kernels share: allocate ``pre [M, 4]``, ``post [M, 4]``,
     ``comb [M, 4, 4]`` float32 (or use ``out``: tests pass poisoned buffers) and, for M > 0, launch
     ``compile_fn()`` with ``weights()`` as the hc_fn argument (fp32 hc_fn or its bf16 pieces, made only
     when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer;
-    ``workspace_rows``: rows of a ``[rows, 25]`` float32 workspace, passed after the scalars with int32
-    ``[max(counters, 1)]`` arrival counters, the first ``counters`` of them zeroed (hc_mix_tma's).  The
-    dummy row, the workspace and the counters share one allocation (the outputs may not: a custom op's
-    outputs must not alias each other)."""
+    ``workspace_rows``: rows of a ``[rows, 25]`` float32 workspace passed last (hc_mix_tma's).  The
+    dummy row and the workspace share one allocation (the outputs may not: a custom op's outputs must
+    not alias each other)."""
     m = x.shape[0]
     if out is not None:
         pre, post, comb = out
@@ -660,17 +659,10 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
         comb = torch.empty(m, HC, HC, dtype=torch.float32, device=x.device)
     if m:
         n_mix = MIX_DUMMY if mix is None else 0
-        n_work = 0 if workspace_rows is None else workspace_rows * SP_COLS
-        n_count = 0 if workspace_rows is None else max(counters, 1)
-        n_scratch = n_mix + n_work + n_count
+        n_scratch = n_mix + (workspace_rows or 0) * SP_COLS
         scratch = torch.empty(n_scratch, dtype=torch.float32, device=x.device) if n_scratch else None
         mix_arg = mix if mix is not None else scratch[:SP_COLS].view(1, SP_COLS)
-        extra = ()
-        if workspace_rows is not None:
-            count = scratch[n_mix + n_work:].view(torch.int32)
-            if counters:
-                count[:counters].zero_()
-            extra = (scratch[n_mix:n_mix + n_work].view(workspace_rows, SP_COLS), count)
+        extra = () if workspace_rows is None else (scratch[n_mix:].view(workspace_rows, SP_COLS),)
         compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
                      int(sinkhorn_iters), float(rms_eps), float(hc_eps), *extra)
     return pre, post, comb

@@ -4,11 +4,8 @@ Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/s
 
 Both methods; for "tma" walk CTAs at three levels of the K tree (one per split, per quarter of K,
 per row tile), paired k tiles (another tree), 256-row tiles, without PDL and L2 hints, and
-reduction CTAs of 8, 16 and 32 rows, the fused epilogue (last CTA per row tile; at levels 1, 2 and
-0), with an uneven k-tile split (K = 7232) and a ragged last row tile.
+reduction CTAs of 8, 16 and 32 rows, with an uneven k-tile split (K = 7232) and a ragged last row tile.
 """
-import dataclasses
-
 import torch
 
 import cute_kernels
@@ -25,8 +22,7 @@ for m, k in ((5, 192), (130, 7232)):
     for cfg in (tma.config_for(1), tma.config_for(4096), tma.config_for(16384),
                 tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True),
                 tma.HcMixTmaConfig(tile_m=256, stages=5), tma.HcMixTmaConfig(cta_level=1, l2_hints=False, pdl=False),
-                tma.HcMixTmaConfig(reduce_rows=32), tma.HcMixTmaConfig(cta_level=2, reduce_rows=16),
-                *(dataclasses.replace(tma.config_for(mm), fused_epilogue=True) for mm in (4096, 2048, 16384))):
+                tma.HcMixTmaConfig(reduce_rows=32), tma.HcMixTmaConfig(cta_level=2, reduce_rows=16)):
         mix = torch.empty(m, 25, device="cuda")
         outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix))
     for out in outs:
