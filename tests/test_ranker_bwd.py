@@ -364,16 +364,10 @@ def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen):
         assert "LDG.E.128" in sass and "LDL/STL (local memory)" not in sass, sass
 
 
-_MHA_VARLEN_SPILL = pytest.mark.xfail(strict=True, reason=(
-    "known issue (found in session 5, in every MHA varlen postprocess since it was written): ptxas "
-    "spills one register (SASS STL/LDL 'SpillRefill', 8 B of stack at 48 registers, no register cap); "
-    "neither unrolling the one-head loop nor moving it into a method removed it"))
-
-
 @pytest.mark.parametrize("d,tm,g,capm,varlen,acc", [
     (128, 64, 1, "tanh", False, False), (128, 64, 4, "none", False, True), (128, 64, 4, "none", False, False),
     (64, 64, 2, "soft_sign", True, True), (64, 128, 2, "none", False, False),
-    pytest.param(64, 128, 1, "none", True, False, marks=_MHA_VARLEN_SPILL)])
+    (64, 128, 1, "none", True, False)])  # MHA varlen: spilled 8 B before the dQ loads were hoisted
 def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc):
     from cute_kernels.kernels import ranker_bwd_postprocess as post
 
