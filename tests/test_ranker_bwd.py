@@ -678,3 +678,25 @@ def test_config_field_types(cls, kw):
     name = next(iter(kw))
     with pytest.raises(TypeError, match=rf"{cls.__name__}\.{name}="):
         cls(**kw).validate()
+
+
+def test_pre_and_postprocess_issue_their_loads_before_their_stores():
+    """Branch s12/post-hoist: the preprocess issues every row pass's global loads before its first
+    store, the MHA postprocess its dQ-accumulator loads (16-byte) before its first store (a pass's
+    loads used to wait behind the previous pass's stores)."""
+    import re
+
+    from cute_kernels.kernels import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
+
+    pre.compile_preprocess(torch.bfloat16, 128, 64, False)
+    post.compile_postprocess(torch.bfloat16, 128, 64, 1, "tanh", False, False)
+    recs = (compile_record(pre.NAME, (str(torch.bfloat16), 128, 64, False)),
+            compile_record(post.NAME, (str(torch.bfloat16), 128, 64, 1, "tanh", False, False)))
+    if not all(r.sass for r in recs):
+        pytest.skip("no SASS (disassembler unavailable)")
+    ops = re.findall(r"\b(LDG\.E[.A-Z0-9]*|STG\.E[.A-Z0-9]*)", recs[0].sass)
+    first_store = next(i for i, o in enumerate(ops) if o.startswith("STG"))
+    assert not any(o.startswith("LDG") for o in ops[first_store:]), ops  # preprocess: all loads first
+    ops = re.findall(r"\b(LDG\.E[.A-Z0-9]*|STG\.E[.A-Z0-9]*)", recs[1].sass)
+    first_store = next(i for i, o in enumerate(ops) if o.startswith("STG"))
+    assert sum(o.startswith("LDG") and o.endswith(".128") for o in ops[:first_store]) >= 8, ops  # 4 passes x 2

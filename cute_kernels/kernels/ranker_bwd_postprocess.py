@@ -222,14 +222,16 @@ class RankerBwdPostprocess:
             rq, rk, rv, rdo = (cute.make_rmem_tensor((vec,), Float32) for _ in range(4))
             for r in (rq, rk, rv, rdo):
                 r.fill(0.0)
+            s_part = Float32(0.0)
+            dov_part = Float32(0.0)
             if self_term:
                 for r, mX in zip((rq, rk, rv, rdo), (mQ, mK, mV, mdO)):
                     r.store(self._load(ld_atom, self._row(mX, row, offset, head, batch), chunk))
+                s_part = (rq.load() * rk.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                dov_part = (rdo.load() * rv.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             # every lane shuffles (rows of one warp differ in self_term)
-            s = cute.arch.warp_reduction_sum((rq.load() * rk.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),
-                                             threads_in_group=self.threads_per_row)
-            dov = cute.arch.warp_reduction_sum((rdo.load() * rv.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),
-                                               threads_in_group=self.threads_per_row)
+            s = cute.arch.warp_reduction_sum(s_part, threads_in_group=self.threads_per_row)
+            dov = cute.arch.warp_reduction_sum(dov_part, threads_in_group=self.threads_per_row)
             if valid:
                 rdq = rdqs[p]
                 rdq.store(rdq.load() * softmax_scale)
@@ -242,8 +244,10 @@ class RankerBwdPostprocess:
                     rdq.store(rdq.load() + ds * rk.load())
                     dk_self = cute.make_rmem_tensor((vec,), Float32)
                     dv_self = cute.make_rmem_tensor((vec,), Float32)
-                    dk_self.store(ds * rq.load())
-                    dv_self.store(p_self * rdo.load())
+                    dk_self.fill(0.0)  # 0 + x, as the GQA loop: a -0.0 product is written as +0.0
+                    dv_self.fill(0.0)
+                    dk_self.store(dk_self.load() + ds * rq.load())
+                    dv_self.store(dv_self.load() + p_self * rdo.load())
                     self._store(ld_atom, dk_self, self._row(mdK, row, offset, head, batch), chunk)
                     self._store(ld_atom, dv_self, self._row(mdV, row, offset, head, batch), chunk)
                 self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
