@@ -128,6 +128,11 @@ class RankerBwdPostprocess:
         f32_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         chunk = tidx % self.threads_per_row
         g = self.qhead_per_kvhead
+        if const_expr(g == 1):
+            self.rows_mha(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, seg, row_block, head_kv,
+                          batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale,
+                          cap)
+            return
         for p in cutlass.range_constexpr(PASSES):
             row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
             valid = row < seqlen
@@ -189,6 +194,63 @@ class RankerBwdPostprocess:
                 if self_term:
                     self._store(ld_atom, dk_self, self._row(mdK, row, offset, head_kv, batch), chunk)
                     self._store(ld_atom, dv_self, self._row(mdV, row, offset, head_kv, batch), chunk)
+
+    @cute.jit
+    def rows_mha(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, seg, row_block, head, batch,
+                 offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale, cap):
+        """One query head per KV head: the same per-row work as the GQA loop, with the dQ accumulator
+        loads of all the CTA's PASSES rows issued first (16-byte vectors into registers): otherwise a
+        pass's loads wait behind the previous pass's stores, which the compiler cannot move them past
+        (it cannot prove the tensors disjoint).  The candidate rows' self-term loads (q, k, v, dO,
+        LSE2, dPsum: a minority of rows) stay in their pass."""
+        vec = self.vec
+        rdqs = []
+        for p in cutlass.range_constexpr(PASSES):
+            row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
+            rdq = cute.make_rmem_tensor((vec,), Float32)
+            rdq.fill(0.0)
+            if row < seqlen:
+                gacc = self._row(mdQaccum, pad + row, Int32(0), head, batch)
+                for j in cutlass.range_constexpr(vec // 4):
+                    cute.copy(f32_atom, cute.local_tile(gacc, (4,), (chunk * (vec // 4) + j,)),
+                              cute.local_tile(rdq, (4,), (j,)))
+            rdqs.append(rdq)
+        for p in cutlass.range_constexpr(PASSES):
+            row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
+            valid = row < seqlen
+            self_term = valid and seg.takes_self_term(row)
+            rq, rk, rv, rdo = (cute.make_rmem_tensor((vec,), Float32) for _ in range(4))
+            for r in (rq, rk, rv, rdo):
+                r.fill(0.0)
+            s_part = Float32(0.0)
+            dov_part = Float32(0.0)
+            if self_term:
+                for r, mX in zip((rq, rk, rv, rdo), (mQ, mK, mV, mdO)):
+                    r.store(self._load(ld_atom, self._row(mX, row, offset, head, batch), chunk))
+                s_part = (rq.load() * rk.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                dov_part = (rdo.load() * rv.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            # every lane shuffles (rows of one warp differ in self_term)
+            s = cute.arch.warp_reduction_sum(s_part, threads_in_group=self.threads_per_row)
+            dov = cute.arch.warp_reduction_sum(dov_part, threads_in_group=self.threads_per_row)
+            if valid:
+                rdq = rdqs[p]
+                rdq.store(rdq.load() * softmax_scale)
+                if self_term:
+                    lse2 = Float32(self._stat(mLSE2, pad + row, head, batch))
+                    dpsum = Float32(self._stat(mdPsum, pad + row, head, batch))
+                    t, dcap = cap_and_slope(s, softmax_scale, cap, self.cap_method)
+                    p_self = cute.math.exp2(t * scale_log2 - lse2, fastmath=True)
+                    ds = p_self * (dov - dpsum) * dcap * softmax_scale
+                    rdq.store(rdq.load() + ds * rk.load())
+                    dk_self = cute.make_rmem_tensor((vec,), Float32)
+                    dv_self = cute.make_rmem_tensor((vec,), Float32)
+                    dk_self.fill(0.0)  # 0 + x, as the GQA loop: a -0.0 product is written as +0.0
+                    dv_self.fill(0.0)
+                    dk_self.store(dk_self.load() + ds * rq.load())
+                    dv_self.store(dv_self.load() + p_self * rdo.load())
+                    self._store(ld_atom, dk_self, self._row(mdK, row, offset, head, batch), chunk)
+                    self._store(ld_atom, dv_self, self._row(mdV, row, offset, head, batch), chunk)
+                self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
 
     def _load(self, atom, g_row, chunk):
         """16-byte load of this lane's chunk of a row, as float32 values."""

@@ -95,31 +95,39 @@ class RankerBwdPreprocess:
 
     @cute.jit
     def rows(self, mO_cur, mdO_cur, mLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx):
-        """The tile_m padded rows of this q block: dPsum, LSE2, zeroed dQ accumulator."""
+        """The tile_m padded rows of this q block: dPsum, LSE2, zeroed dQ accumulator.  Every pass's O and
+        dO loads are issued first, then the sums and stores: otherwise a pass's loads wait behind the
+        previous pass's stores, which the compiler cannot move them past (it cannot prove the tensors
+        disjoint)."""
         ld_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         chunk = tidx % self.threads_per_row
         rZero = cute.make_rmem_tensor((4,), Float32)
         rZero.fill(0.0)
-        for p in cutlass.range_constexpr(self.tile_m // self.rows_per_pass):
+        passes = self.tile_m // self.rows_per_pass
+        rLSE = cute.make_rmem_tensor((passes,), Float32)  # the forward's LSE of each pass's row (lane 0)
+        loaded = []
+        for p in cutlass.range_constexpr(passes):
             row = m_block * self.tile_m + p * self.rows_per_pass + tidx // self.threads_per_row
-            valid = row < seqlen
-            dot = Float32(0.0)
-            if valid:
-                rO = cute.make_rmem_tensor((self.vec,), self.dtype)
-                rdO = cute.make_rmem_tensor((self.vec,), self.dtype)
+            rO = cute.make_rmem_tensor((self.vec,), self.dtype)
+            rdO = cute.make_rmem_tensor((self.vec,), self.dtype)
+            rO.fill(0.0)
+            rdO.fill(0.0)
+            rLSE[p] = -Float32.inf
+            if row < seqlen:
                 cute.copy(ld_atom, cute.local_tile(mO_cur[row, None], (self.vec,), (chunk,)), rO)
                 cute.copy(ld_atom, cute.local_tile(mdO_cur[row, None], (self.vec,), (chunk,)), rdO)
-                o = rO.load().to(Float32)
-                do = rdO.load().to(Float32)
-                dot = (o * do).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                if chunk == 0:
+                    rLSE[p] = Float32(mLSE_cur[row])
+            loaded.append((row, rO, rdO))
+        for p in cutlass.range_constexpr(passes):
+            row, rO, rdO = loaded[p]
+            dot = (rO.load().to(Float32) * rdO.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             dot = cute.arch.warp_reduction_sum(dot, threads_in_group=self.threads_per_row)
             if chunk == 0:
-                lse2 = Float32.inf
-                if valid:
-                    lse = Float32(mLSE_cur[row])
-                    if lse != -Float32.inf:
-                        lse2 = lse * LOG2_E
+                lse2 = Float32.inf  # also on padding rows (rLSE -inf there)
+                if rLSE[p] != -Float32.inf:
+                    lse2 = rLSE[p] * LOG2_E
                 mLSE2_cur[row] = lse2
                 mdPsum_cur[row] = dot
             for j in cutlass.range_constexpr(self.vec // 4):  # zero the dQ accumulator row (16-byte stores)
