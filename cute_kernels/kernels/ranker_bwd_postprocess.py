@@ -123,16 +123,26 @@ class RankerBwdPostprocess:
         row_block, head_kv, batch = cute.arch.block_idx()
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
         seg = RankerSegments.load(mBounds, batch, seqlen)
-        vec = self.vec
         ld_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         f32_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         chunk = tidx % self.threads_per_row
-        g = self.qhead_per_kvhead
-        if const_expr(g == 1):
+        if const_expr(self.qhead_per_kvhead == 1):
             self.rows_mha(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, seg, row_block, head_kv,
                           batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale,
                           cap)
-            return
+        else:
+            self.rows_gqa(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
+                          row_block, head_kv, batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2,
+                          softmax_scale, cap)
+
+    @cute.jit
+    def rows_gqa(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg, row_block,
+                 head_kv, batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale, cap):
+        """A group of query heads per KV head, row by row (PASSES rows per lane group): each query head's
+        dQ (with its self term), then the row's dK/dV self terms summed over the group in float32 (plus
+        the float32 accumulators with ``dkv_accumulated``)."""
+        vec = self.vec
+        g = self.qhead_per_kvhead
         for p in cutlass.range_constexpr(PASSES):
             row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
             valid = row < seqlen
@@ -164,18 +174,12 @@ class RankerBwdPostprocess:
                     (rdo.load() * rv.load()).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),
                     threads_in_group=self.threads_per_row)
                 if valid:
-                    gacc = self._row(mdQaccum, pad + row, Int32(0), head, batch)
                     rdq = cute.make_rmem_tensor((vec,), Float32)
-                    for j in cutlass.range_constexpr(vec // 4):
-                        cute.copy(f32_atom, cute.local_tile(gacc, (4,), (chunk * (vec // 4) + j,)),
-                                  cute.local_tile(rdq, (4,), (j,)))
+                    self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
                     rdq.store(rdq.load() * softmax_scale)
                     if self_term:
-                        lse2 = Float32(self._stat(mLSE2, pad + row, head, batch))
-                        dpsum = Float32(self._stat(mdPsum, pad + row, head, batch))
-                        t, dcap = cap_and_slope(s, softmax_scale, cap, self.cap_method)
-                        p_self = cute.math.exp2(t * scale_log2 - lse2, fastmath=True)
-                        ds = p_self * (dov - dpsum) * dcap * softmax_scale
+                        p_self, ds = self._self_term(s, dov, mLSE2, mdPsum, pad + row, head, batch, scale_log2,
+                                                     softmax_scale, cap)
                         rdq.store(rdq.load() + ds * rk.load())
                         dk_self.store(dk_self.load() + ds * rq.load())
                         dv_self.store(dv_self.load() + p_self * rdo.load())
@@ -183,11 +187,8 @@ class RankerBwdPostprocess:
             if const_expr(self.dkv_accumulated):
                 if valid:
                     for acc, self_part, mOut in ((mdKaccum, dk_self, mdK), (mdVaccum, dv_self, mdV)):
-                        gacc = self._row(acc, row, offset, head_kv, batch)
                         racc = cute.make_rmem_tensor((vec,), Float32)
-                        for j in cutlass.range_constexpr(vec // 4):
-                            cute.copy(f32_atom, cute.local_tile(gacc, (4,), (chunk * (vec // 4) + j,)),
-                                      cute.local_tile(racc, (4,), (j,)))
+                        self._load_f32(f32_atom, self._row(acc, row, offset, head_kv, batch), chunk, racc)
                         racc.store(racc.load() + self_part.load())
                         self._store(ld_atom, racc, self._row(mOut, row, offset, head_kv, batch), chunk)
             else:
@@ -210,10 +211,7 @@ class RankerBwdPostprocess:
             rdq = cute.make_rmem_tensor((vec,), Float32)
             rdq.fill(0.0)
             if row < seqlen:
-                gacc = self._row(mdQaccum, pad + row, Int32(0), head, batch)
-                for j in cutlass.range_constexpr(vec // 4):
-                    cute.copy(f32_atom, cute.local_tile(gacc, (4,), (chunk * (vec // 4) + j,)),
-                              cute.local_tile(rdq, (4,), (j,)))
+                self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
             rdqs.append(rdq)
         for p in cutlass.range_constexpr(PASSES):
             row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
@@ -236,11 +234,8 @@ class RankerBwdPostprocess:
                 rdq = rdqs[p]
                 rdq.store(rdq.load() * softmax_scale)
                 if self_term:
-                    lse2 = Float32(self._stat(mLSE2, pad + row, head, batch))
-                    dpsum = Float32(self._stat(mdPsum, pad + row, head, batch))
-                    t, dcap = cap_and_slope(s, softmax_scale, cap, self.cap_method)
-                    p_self = cute.math.exp2(t * scale_log2 - lse2, fastmath=True)
-                    ds = p_self * (dov - dpsum) * dcap * softmax_scale
+                    p_self, ds = self._self_term(s, dov, mLSE2, mdPsum, pad + row, head, batch, scale_log2,
+                                                 softmax_scale, cap)
                     rdq.store(rdq.load() + ds * rk.load())
                     dk_self = cute.make_rmem_tensor((vec,), Float32)
                     dv_self = cute.make_rmem_tensor((vec,), Float32)
@@ -251,6 +246,22 @@ class RankerBwdPostprocess:
                     self._store(ld_atom, dk_self, self._row(mdK, row, offset, head, batch), chunk)
                     self._store(ld_atom, dv_self, self._row(mdV, row, offset, head, batch), chunk)
                 self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
+
+    @cute.jit
+    def _load_f32(self, atom, g_row, chunk, r):
+        """This lane's chunk (``vec`` values) of a float32 row into ``r``, in 16-byte loads."""
+        for j in cutlass.range_constexpr(self.vec // 4):
+            cute.copy(atom, cute.local_tile(g_row, (4,), (chunk * (self.vec // 4) + j,)),
+                      cute.local_tile(r, (4,), (j,)))
+
+    def _self_term(self, s, dov, mLSE2, mdPsum, prow, head, batch, scale_log2, softmax_scale, cap):
+        """A candidate's own key: ``(P_jj, scale * dS_jj)`` from its raw score ``s = q_j.k_j`` and
+        ``dov = dO_j.v_j`` (module docstring)."""
+        lse2 = Float32(self._stat(mLSE2, prow, head, batch))
+        dpsum = Float32(self._stat(mdPsum, prow, head, batch))
+        t, dcap = cap_and_slope(s, softmax_scale, cap, self.cap_method)
+        p_self = cute.math.exp2(t * scale_log2 - lse2, fastmath=True)
+        return p_self, p_self * (dov - dpsum) * dcap * softmax_scale
 
     def _load(self, atom, g_row, chunk):
         """16-byte load of this lane's chunk of a row, as float32 values."""
