@@ -297,3 +297,67 @@ def test_traced_calls_name_a_non_tensor_argument():
         make_fx(lambda q: cute_kernels.scale([1.0], 2.0), tracing_mode="fake")(q)
     assert "ranker_attention" in make_fx(lambda q, b: cute_kernels.ranker_attention(q, q, q, b),
                                          tracing_mode="fake")(q, bounds).code
+
+
+def test_traced_in_place_ops_refuse_tensors_that_require_grad():
+    """qk_rmsnorm_ works in place and has no backward: eager calls refuse inputs that require grad, and
+    so must traced ones (torch.compile, FakeTensorMode), which otherwise passed gradients through as if
+    the norm were not there (a newcomer's finding); under no_grad they trace."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def f(a, k, wq, wk):
+        q = a * 2
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+        return q
+
+    meta = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    a = meta(4, 128).requires_grad_()
+    with pytest.raises(Exception, match="works in place and has no backward"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(a, meta(4, 64), meta(128), meta(64))
+    with FakeTensorMode(), pytest.raises(RuntimeError, match="works in place and has no backward"):
+        f(torch.empty(4, 128, dtype=torch.bfloat16).requires_grad_(), torch.empty(4, 64, dtype=torch.bfloat16),
+          torch.empty(128, dtype=torch.bfloat16), torch.empty(64, dtype=torch.bfloat16))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.compile(f, backend="aot_eager", fullgraph=True)(a, meta(4, 64), meta(128), meta(64)).shape == (4, 128)
+
+
+def test_trace_time_checks_include_strides():
+    """A row stride that is not a multiple of 16 bytes is shape data, not a pointer: the trace-time
+    checks refuse it as the eager ones do (before, only eager calls did)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def strided(*shape, stride):
+        return torch.empty(4352 * shape[0], dtype=torch.bfloat16).as_strided(shape, stride)
+
+    q = strided(2, 16, 4, 64, stride=(4352, 272, 68, 1))  # 272 elements = 544 bytes per token; 68 * 2 = 136 B
+    kv = torch.zeros(2, 16, 4, 64, dtype=torch.bfloat16)
+    bounds = torch.tensor([[0, 8, 8, 16]] * 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="stride 68 in dim 2 is not a multiple of 16 bytes"):
+        make_fx(lambda *a: cute_kernels.ranker_attention(*a), tracing_mode="fake")(q, kv, kv, bounds)
+    x = torch.zeros(4, 136, dtype=torch.bfloat16)[:, :128]  # row stride 272 bytes: fine
+    make_fx(lambda t: cute_kernels.scale(t.contiguous(), 2.0), tracing_mode="fake")(x)
+    qn = torch.zeros(4, 68, dtype=torch.bfloat16)[:, :64]  # qk_rmsnorm_ q rows 136 bytes apart
+    with pytest.raises(ValueError, match="not a multiple of 16 bytes"):
+        make_fx(lambda *a: cute_kernels.qk_rmsnorm_(*a, 1e-6), tracing_mode="fake")(
+            qn, torch.zeros(4, 32, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16),
+            torch.ones(32, dtype=torch.bfloat16))
+
+
+def test_dynamic_compile_reports_a_bad_scalar():
+    """torch.compile(dynamic=True): a scalar out of range must surface as our ValueError (Dynamo's
+    'Observed exception' wrapping it), not as a tracing failure while the message is formatted."""
+    meta = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    q = meta(1, 128, 2, 64)
+    bounds = torch.tensor([[0, 64, 64, 128]], dtype=torch.int32, device="meta")
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v, b, s: cute_kernels.ranker_attention(q, k, v, b, softmax_scale=s),
+                      dynamic=True, fullgraph=True)
+    f(q, q, q, bounds, 0.1)
+    with pytest.raises(Exception) as info:
+        f(q, q, q, bounds, -1.0)
+    chain, e = [], info.value
+    while e is not None:
+        chain.append(str(e))
+        e = e.__cause__ or e.__context__
+    assert any("softmax_scale is not finite or out of its range" in m for m in chain), chain

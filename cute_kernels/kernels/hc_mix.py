@@ -563,18 +563,19 @@ def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True,
               pointers: bool = True):
-    """Every argument rule; ``pointers=False`` skips the alignment checks (fake tensors at trace time
-    have no data pointers)."""
+    """Every argument rule; ``pointers=False`` skips the data-pointer alignment checks (fake tensors at
+    trace time have no data pointers; the strides are checked)."""
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2, cuda=cuda, align_bytes=0)
     k = x.shape[1]
     if k % K_ALIGN or k == 0:
         raise ValueError(f"x.shape[1]={k} must be a positive multiple of {K_ALIGN}")
-    a16, a4 = (16, 4) if pointers else (0, 0)
-    check_tensor("x", x, cuda=cuda, align_bytes=a16)  # then the alignment of pointer and row stride
-    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, align_bytes=a16)
-    check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=a4)
-    check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=a4)
+    check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
+    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
+    check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4,
+                 data_pointer=pointers)
+    check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4,
+                 data_pointer=pointers)
     if hc_scale.dim() and hc_scale.stride(0) != 1 or hc_base.stride(0) != 1:
         raise ValueError("hc_scale and hc_base must be contiguous")
     check_same_device(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)

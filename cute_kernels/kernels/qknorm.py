@@ -375,6 +375,7 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
     for name, t in (("q", q), ("k", k)):
         if t.shape[1] % vec:
             raise ValueError(f"{name} has {t.shape[1]} columns; must be a multiple of {vec} (16-byte vectors)")
+        check_tensor(name, t, cuda=cuda, data_pointer=False)  # row strides: 16-byte multiples
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
     check_tensor("q_weight", q_weight, dtypes=(q.dtype,), shape=(q.shape[1],), cuda=cuda, align_bytes=0)

@@ -1004,7 +1004,8 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     output buffers ``dq``/``dk``/``dv`` (like ``q``/``k``/``v``: same dtype and shape, contiguous, as
     the kernels are compiled for), ``config`` (None or a :class:`RankerBwdConfig`) and
     ``deterministic`` (a bool).  Returns the forward's ``(varlen, B, S_or_T, Hq, Hkv, D)``.
-    ``pointers=False`` (fake tensors at trace time) skips the alignment and aliasing checks."""
+    ``pointers=False`` (fake tensors at trace time) skips the data-pointer alignment and the aliasing
+    checks (the strides are checked)."""
     from .ranker_fwd import _validate
 
     # before the forward's list (int(): a symbolic head dim under torch.compile(dynamic=True) is not hashable)
@@ -1012,7 +1013,6 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
         raise ValueError(f"head dim {q.shape[-1]} is not supported by the backward; supported: {sorted(CONFIGS)}")
     res = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=cuda,
                     pointers=pointers)
-    al = 16 if pointers else 0
     varlen, nb, seq, hq, hkv, d = res
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported by the backward; supported: {sorted(CONFIGS)}")
@@ -1026,7 +1026,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if t is None:
             continue
-        check_tensor(name, t, dtypes=(like.dtype,), shape=tuple(like.shape), cuda=cuda, align_bytes=al)
+        check_tensor(name, t, dtypes=(like.dtype,), shape=tuple(like.shape), cuda=cuda, data_pointer=pointers)
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (the kernels write it row-major compact), "
                              f"got strides {t.stride()}")
@@ -1035,9 +1035,10 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
 
             check_same_device(q=q, **{name: t})
     for name, t in (("out", out), ("dout", dout)):
-        check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda, align_bytes=al)
+        check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda, data_pointer=pointers)
     lse_shape = (hq, seq) if varlen else (nb, hq, seq)
-    check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape, cuda=cuda, align_bytes=al // 4)
+    check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape, cuda=cuda, align_bytes=4,
+                 data_pointer=pointers)
     if not lse.is_contiguous():
         raise ValueError("lse must be contiguous (as ranker_attention(..., return_lse=True) returns it)")
     from ..runtime.validate import check_same_device

@@ -922,9 +922,9 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     """Argument checks that depend only on the argument signature (shapes, strides, dtypes, devices,
     scalars), before any launch.  Returns (varlen, B, S_or_T, Hq, Hkv, D).  The values of
     ``cu_seqlens`` are checked separately (:func:`_check_cu_seqlens_values`), on every call.
-    ``pointers=False`` skips the alignment checks (fake tensors at trace time have no data pointers)."""
+    ``pointers=False`` skips the data-pointer alignment checks (fake tensors at trace time have no data
+    pointers; the strides are checked)."""
     _check_scalars(softmax_scale, cap, cap_method)  # first, as the other ops do
-    al = 16 if pointers else 0
     varlen = cu_seqlens is not None
     nd = 3 if varlen else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -939,12 +939,13 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported; supported: {sorted(CONFIGS)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, cuda=cuda, align_bytes=al)  # then the alignment of pointers and strides
+        check_tensor(name, t, cuda=cuda, data_pointer=pointers)  # then the alignment of pointers and strides
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
     if varlen:
-        check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, cuda=cuda, align_bytes=al // 4)
+        check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, cuda=cuda, align_bytes=4,
+                     data_pointer=pointers)
         nb = cu_seqlens.shape[0] - 1
         if nb < 1:
             raise ValueError("cu_seqlens must have at least 2 entries (B + 1)")
@@ -962,7 +963,8 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     if varlen and isinstance(bounds, torch.Tensor) and bounds.dim() == 2 and bounds.shape[0] != nb:
         raise ValueError(f"bounds has {bounds.shape[0]} rows but cu_seqlens has {nb + 1} entries "
                          f"(B + 1 = {nb + 1}); they must agree")
-    check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=al // 4)
+    check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4,
+                 data_pointer=pointers)
     if not bounds.is_contiguous():
         raise ValueError("bounds must be contiguous")
     check_same_device(q=q, k=k, v=v, bounds=bounds, cu_seqlens=cu_seqlens)  # also at trace time (fakes)

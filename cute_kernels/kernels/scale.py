@@ -104,7 +104,7 @@ def compile_targets() -> list[CompileTarget]:
 
 
 def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
-    check_tensor("x", x, dtypes=DTYPES, cuda=cuda, align_bytes=16 if pointers else 0)
+    check_tensor("x", x, dtypes=DTYPES, cuda=cuda, data_pointer=pointers)
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous, got strides {x.stride()}")
     vec = 16 // x.element_size()

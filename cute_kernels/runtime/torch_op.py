@@ -8,7 +8,9 @@ as ``make_fx``'s or a FakeTensorMode: a direct call would be invisible to them a
 would lose the kernel), and calls the implementation directly otherwise.  Ops that return new
 tensors also go through the registered op when grad mode is on and an argument requires grad: the
 outputs then take part in autograd like the compiled op's do, and ``backward()`` raises torch's
-"no autograd formula" error instead of gradients being dropped silently.
+"no autograd formula" error instead of gradients being dropped silently.  Ops that mutate their inputs
+(and have no backward) refuse, while tracing as eagerly, arguments that require grad in grad mode:
+traced, the in-place op would otherwise pass gradients through as if it were not there.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def _tensor_params(op) -> list[tuple[int, str, bool]]:
 
 
 class _EagerFastPath:
-    def __init__(self, op, impl: Callable, precheck: Callable | None, grad_via_op: bool):
+    def __init__(self, op, impl: Callable, precheck: Callable | None, grad_via_op: bool, name: str):
         self.op = op
+        self.name = name
         self.impl = impl
         self.precheck = precheck
         self.grad_via_op = grad_via_op
@@ -83,6 +86,9 @@ class _EagerFastPath:
     def __call__(self, *args, **kwargs):
         if tracing() or (self.grad_via_op and _requires_grad(args, kwargs)):
             self.check_tensor_types(args, kwargs)
+            if not self.grad_via_op and _requires_grad(args, kwargs):  # eager: the impl raises the same
+                raise RuntimeError(f"cute_kernels::{self.name} works in place and has no backward: call it on "
+                                   "tensors that do not require grad, or under torch.no_grad()")
             if self.precheck is not None:  # the op's schema would turn a bool into 1 / 1.0 unseen
                 self.precheck(*args, **kwargs)
             return self.op(*args, **kwargs)
@@ -105,6 +111,6 @@ def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | 
             op.register_fake(fake)
         else:
             op.register_fake(lambda *a, **k: None)
-        return _EagerFastPath(op, impl, precheck, grad_via_op=not mutates_args)
+        return _EagerFastPath(op, impl, precheck, grad_via_op=not mutates_args, name=name)
 
     return deco

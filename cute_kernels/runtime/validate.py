@@ -25,6 +25,7 @@ def check_tensor(
     cuda: bool = True,
     last_dim_contiguous: bool = True,
     align_bytes: int = 16,
+    data_pointer: bool = True,
 ) -> None:
     """Validate one tensor argument.
 
@@ -36,6 +37,7 @@ def check_tensor(
         last_dim_contiguous: stride of the last dim must be 1 (vector / TMA loads).
         align_bytes: data pointer and every non-unit stride (in bytes) must be multiples of this
             (16 for 128-bit vector loads and TMA); 0 disables the check.
+        data_pointer: False checks the strides only (fake tensors at trace time have no data pointer).
     Raises:
         TypeError: not a tensor, not dense (sparse layouts), or wrong dtype.
         ValueError: wrong rank, shape, device, stride (a broadcast view, stride 0 in a dim of size > 1,
@@ -69,7 +71,7 @@ def check_tensor(
             raise ValueError(f"{name} is a broadcast view (stride 0 in dim {d}, strides {t.stride()}); "
                              "pass .contiguous()")
     if align_bytes and t.numel() > 0:
-        if t.data_ptr() % align_bytes:
+        if data_pointer and t.data_ptr() % align_bytes:
             raise ValueError(f"{name}'s data pointer is not {align_bytes}-byte aligned (a sliced view?); pass .contiguous() or an aligned slice")
         es = t.element_size()
         for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
@@ -109,6 +111,8 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
         raise ValueError(f"{name}={_short(value)} is out of float range") from None
     below = low is not None and (v <= low if low_open else v < low)
     if not -math.inf < v < math.inf or below or v > high:  # (comparisons, not math.isfinite: dynamo traces them)
+        if torch.compiler.is_compiling():  # dynamo cannot format a symbolic value (dynamic=True): a fixed text
+            raise ValueError(name + " is not finite or out of its range (the eager call's message gives the bounds)")
         bounds = ([] if low is None else [f"{'>' if low_open else '>='} {low:g}"]) + (
             [f"<= {high:g}"] if math.isfinite(high) else [])
         raise ValueError(f"{name} must be finite{', ' + ' and '.join(bounds) if bounds else ''}, got {_short(value)}")
