@@ -4,7 +4,7 @@
     cute-kernels check   [--kernel NAME]                   # GPU: correctness table vs references
     cute-kernels bench   [--kernel NAME] [--shapes SEL] [--json PATH]   # GPU: benchmark records
     cute-kernels info                                      # versions, arch, cache, GPU
-    cute-kernels layouts --kernel ranker_fwd|hc_mix [--config head_dim=64,tile_n=96] --out DIR   # CPU: pictures + report
+    cute-kernels layouts --kernel ranker_fwd|ranker_bwd|hc_mix [--config head_dim=64,tile_n=96] --out DIR   # CPU: pictures + report
     cute-kernels configs [--kernel NAME]                   # shipped configs per kernel (and tuned ones)
     cute-kernels tune --kernel ranker_fwd --shape B=4,S=4608,H=16,D=128 [--candidates tile_n=96,128] [--list]
                                                            # GPU: time candidates, store the winner (tuned.json)
@@ -273,8 +273,8 @@ def main(argv=None) -> int:
     b.set_defaults(fn=cmd_bench)
     lay = sub.add_parser("layouts", help="CPU: a kernel config's smem/TV layouts as pictures + a text report")
     lay.add_argument("--kernel", required=True, help=KERNEL_HELP)
-    lay.add_argument("--config", help="config fields, e.g. 'head_dim=64,tile_n=96,stages=3' (ranker_fwd) or "
-                                      "'tile_m=256,stages=5' (hc_mix)")
+    lay.add_argument("--config", help="config fields, e.g. 'head_dim=64,tile_n=96,stages=3' (ranker_fwd), "
+                                      "'head_dim=64,tile_m=128' (ranker_bwd) or 'tile_m=256,stages=5' (hc_mix)")
     lay.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     lay.add_argument("--out", required=True, help="output folder")
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")

@@ -270,7 +270,7 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
     assert main(["layouts", "--kernel", "ranker_fwd", "--out", str(afile)]) == 2
     assert "not a folder" in capsys.readouterr().err
     assert main(["layouts", "--kernel", "qknorm", "--config", "head_dim=128", "--out", str(fresh)]) == 2
-    assert "applies to ranker_fwd and hc_mix only" in capsys.readouterr().err
+    assert "applies to ranker_fwd, ranker_bwd and hc_mix only" in capsys.readouterr().err
 
 
 def test_hc_mix_tma_layouts_match_the_kernel_and_draw(tmp_path):
@@ -299,6 +299,41 @@ def test_hc_mix_tma_layouts_match_the_kernel_and_draw(tmp_path):
     with pytest.raises(ValueError):
         write_report("hc_mix", "stages=1", str(tmp_path / "bad"))
     assert not (tmp_path / "bad").exists()
+
+
+def test_ranker_bwd_layouts_match_the_kernel_and_draw(tmp_path):
+    """ranker_bwd (the mainloop): the buffers the kernel builds (through ranker_bwd.smem_layouts, also
+    what RankerAttentionBwd.__call__ uses), 64-column TMA boxes (32 float32 columns for the dQ
+    reduce-add), the dS^T stmatrix and dQ^T stores conflict-free only with the 128B swizzle, the budget
+    equal to the config's accounting; D=64 and the dQ = dS K form; rejections before anything is
+    written; the CLI."""
+    from cute_kernels.cli import main as cli_main
+    from cute_kernels.kernels import ranker_bwd as rb
+    from cute_kernels.layouts.kernel_layouts import ranker_bwd_layouts, write_report
+
+    kl = ranker_bwd_layouts()
+    cfg = rb.CONFIGS[128]
+    assert kl.config == cfg
+    assert kl.smem["sQ"].dims == (cfg.tile_m, 128, cfg.stages) and kl.smem["sK"].dims == (cfg.tile_n, 128)
+    assert kl.smem["sdSt"].dims == (cfg.tile_n, cfg.tile_m, cfg.ds_stages) and kl.smem["sdQ"].dims == (cfg.tile_m, 128)
+    assert kl.tma["sQ"]["dsl_box"] == (cfg.tile_m, 64) and kl.tma["sdQpart"]["dsl_box"] == (cfg.tile_m, 32)
+    ds, ds_plain, dq, dq_plain = kl.conflicts
+    assert ds.conflict_free and ds_plain.ratio == 8.0 and dq.conflict_free and dq_plain.ratio == 4.0
+    assert kl.tv["dQ accumulator"].tile == (128, cfg.tile_m)  # dq_swap_ab: dQ^T
+    assert kl.budget.total == cfg.smem_bytes() and kl.budget.fits
+    d64 = ranker_bwd_layouts("head_dim=64")
+    assert d64.config == rb.config_for(64, False) and d64.smem["sdQ"].dims == (128, 64)
+    plain = ranker_bwd_layouts("dq_swap_ab=False")
+    assert plain.tv["dQ accumulator"].tile == (cfg.tile_m, 128) and plain.conflicts[2].layout.startswith("sdQ")
+    with pytest.raises(ValueError, match="ds_stages"):
+        ranker_bwd_layouts("ds_stages=3")
+    text, files = write_report("ranker_bwd", "stages=1", str(tmp_path / "bwd"))
+    assert "dQ accumulator stores" in text and "conflict-free" in text
+    assert any(f.endswith("sdQ_banks.png") for f in files) and any(f.endswith("sdSt_banks.png") for f in files)
+    with pytest.raises(ValueError):
+        write_report("ranker_bwd", "tile_n=64", str(tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists()
+    assert cli_main(["layouts", "--kernel", "ranker_bwd", "--config", "head_dim=64", "--out", str(tmp_path / "c")]) == 0
 
 
 @pytest.mark.parametrize("script", ["swizzle_banks", "trace_your_own"])

@@ -268,6 +268,50 @@ def _wait_until(sem_ptr, value):
         seen = cute.arch.atomic_add(sem_ptr, Int32(0), sem="acquire", scope="gpu")
 
 
+def tiled_mmas(dtype, config: RankerBwdConfig):
+    """The mainloop's WGMMAs (DSL objects; call inside a trace), ``(sdp, dkv, dq)``: S^T = K Q^T and
+    dP^T = V dO^T (M = keys, 64 per MMA warpgroup; N = q rows; K = head dim); dV += P^T dO and dK +=
+    dS^T Q (M = keys, N = head dim, K = q rows, A from registers); dQ = dS K (M = q rows, N = head dim
+    split between the warpgroups) or, with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per
+    warpgroup; N = q rows).  The kernel and :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts`
+    both build them here."""
+    K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+    sdp = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1), tiler_mn=(64, config.tile_m))
+    dkv = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+        tiler_mn=(64, config.head_dim), a_source=warpgroup.OperandSource.RMEM)
+    if config.dq_swap_ab:
+        dq = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+            tiler_mn=(64, config.tile_m))
+    else:
+        dq = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
+            tiler_mn=(64, config.head_dim // config.mma_wgs))
+    return sdp, dkv, dq
+
+
+def smem_layouts(dtype, config: RankerBwdConfig) -> dict:
+    """The mainloop's shared-memory layouts (DSL objects; call inside a trace): ``sQ``, ``sdO`` (q rows,
+    head dim, stages), ``sK``, ``sV`` (keys, head dim), ``sdSt`` (keys, q rows, ds_stages: dS^T, q rows
+    contiguous), ``sdQ`` (q rows, head dim: float32 dQ; each warpgroup's half of the columns a
+    contiguous block), ``sdQpart`` (one TMA reduce-add box of it), ``sdKVacc`` (float32 dK/dV of the
+    per-head GQA epilogue, aliasing sK + sV) and ``sLSE`` (q rows, stages: LSE and dPsum stages, each a
+    128-byte aligned TMA destination).  Swizzled K-major (:func:`.sm90_helpers.smem_layout`)."""
+    dq_parts = config.mma_wgs if config.dq_per_wg else 1
+    return dict(
+        sQ=sm90.smem_layout(dtype, config.tile_m, config.head_dim, config.stages),
+        sdO=sm90.smem_layout(dtype, config.tile_m, config.head_dim, config.stages),
+        sK=sm90.smem_layout(dtype, config.tile_n, config.head_dim),
+        sV=sm90.smem_layout(dtype, config.tile_n, config.head_dim),
+        sdSt=sm90.smem_layout(dtype, config.tile_n, config.tile_m, config.ds_stages),
+        sdQ=sm90.smem_layout(Float32, config.tile_m, config.head_dim),
+        sdQpart=sm90.smem_layout(Float32, config.tile_m, config.head_dim // dq_parts),
+        sdKVacc=sm90.smem_layout(Float32, config.tile_n, config.head_dim),
+        sLSE=cute.make_layout((config.tile_m, config.stages), stride=(1, stats_stage_stride(config.tile_m))))
+
+
 class RankerAttentionBwd:
     """The backward mainloop for one (dtype, config, GQA ratio, cap method, varlen)."""
 
@@ -312,37 +356,12 @@ class RankerAttentionBwd:
             mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
 
-        K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
-        # S^T = K Q^T and dP^T = V dO^T: M = keys (64 per warpgroup), N = q rows, K = head dim
-        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(self.config.mma_wgs, 1, 1),
-            tiler_mn=(64, self.tile_m))
-        # dV += P^T dO and dK += dS^T Q: M = keys, N = head dim, K = q rows; A from registers
-        tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(self.config.mma_wgs, 1, 1),
-            tiler_mn=(64, self.head_dim), a_source=warpgroup.OperandSource.RMEM)
-        # dQ = dS K: M = q rows, N = head dim (split between the warpgroups), K = keys; both MN-major views
-        if const_expr(self.config.dq_swap_ab):  # dQ^T = K^T dS^T: M = head dim, 64 per warpgroup
-            tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(self.config.mma_wgs, 1, 1),
-                tiler_mn=(64, self.tile_m))
-        else:
-            tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, self.config.mma_wgs, 1),
-                tiler_mn=(64, self.head_dim // self.config.mma_wgs))
-
-        sQ_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
-        sdO_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim, self.stages)
-        sK_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim)
-        sV_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim)
-        # dS^T (keys, q rows, ds_stages), q rows contiguous
-        sdSt_layout = sm90.smem_layout(self.dtype, self.tile_n, self.tile_m, self.config.ds_stages)
-        # dQ (q rows, head dim); each warpgroup's half of the columns is a contiguous block of it
-        sdQ_layout = sm90.smem_layout(Float32, self.tile_m, self.head_dim)
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = tiled_mmas(self.dtype, self.config)
+        lay = smem_layouts(self.dtype, self.config)
+        sQ_layout, sdO_layout, sK_layout, sV_layout = lay["sQ"], lay["sdO"], lay["sK"], lay["sV"]
+        sdSt_layout, sdQ_layout, sdQpart_layout = lay["sdSt"], lay["sdQ"], lay["sdQpart"]
+        sdKVacc_layout, sLSE_layout = lay["sdKVacc"], lay["sLSE"]
         dq_box = (self.tile_m, self.head_dim // self.dq_parts)
-        sdQpart_layout = sm90.smem_layout(Float32, *dq_box)
-        sdKVacc_layout = sm90.smem_layout(Float32, self.tile_n, self.head_dim)  # per-head GQA: aliases sK + sV
-        sLSE_layout = cute.make_layout((self.tile_m, self.stages), stride=(1, stats_stage_stride(self.tile_m)))
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))

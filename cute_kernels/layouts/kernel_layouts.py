@@ -4,8 +4,10 @@
 layout function (``ranker_fwd.smem_layouts(dtype, config)`` when the module exposes it, else its
 ``sm90_helpers.smem_layout``, which is what ``RankerAttentionFwd.__call__`` calls), its WGMMA
 accumulator and epilogue copy thread-value layouts, the TMA boxes, the epilogue's bank conflicts,
-and the smem budget.  :func:`hc_mix_tma_layouts` does the same for the mHC TMA kernel (its x and hc_fn
-piece rings, the WGMMA accumulator, the squares' 16-byte reads).  :func:`write_report` is what
+and the smem budget.  :func:`ranker_bwd_layouts` does the same for the backward mainloop (through
+``ranker_bwd.smem_layouts`` / ``tiled_mmas``: Q, dO, K, V, dS^T and float32 dQ buffers, the five GEMMs'
+accumulators, the dS^T stmatrix and dQ stores' bank conflicts) and :func:`hc_mix_tma_layouts` for the
+mHC TMA kernel (its x and hc_fn piece rings, the WGMMA accumulator, the squares' 16-byte reads).  :func:`write_report` is what
 ``cute-kernels layouts`` runs.
 """
 
@@ -44,6 +46,7 @@ class KernelLayouts:
     conflicts: list[analysis.ConflictReport] = field(default_factory=list)
     budget: Optional[analysis.SmemBudget] = None
     source: str = ""  # where the smem layouts came from
+    smem_elem_bytes: dict[str, int] = field(default_factory=dict)  # buffers not of the kernel's dtype
 
 
 # ---------------------------------------------------------------------------- config parsing
@@ -289,6 +292,119 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     return kl
 
 
+# ---------------------------------------------------------------------------- ranker backward
+def ranker_bwd_config(text: Optional[str] = None):
+    """A ``RankerBwdConfig`` from ``"head_dim=64,tile_m=128"``: the shipped D=128 config (or, when the
+    text sets ``head_dim``, that head dim's shipped config without a cap) with the given fields
+    replaced.  Not validated."""
+    from ..kernels import ranker_bwd as rb
+
+    fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)})
+    base = rb.config_for(int(fields["head_dim"]), False) if "head_dim" in fields else rb.CONFIGS[128]
+    return parse_config(rb.RankerBwdConfig, text, base=base)
+
+
+def _ranker_bwd_dsl_objects(rb, dt, config):
+    """DSL side (inside trace): the mainloop's smem layouts and WGMMAs from the kernel module's own
+    builders (what ``RankerAttentionBwd.__call__`` calls), the dS^T stmatrix copy the MMA warpgroups
+    use, and TMA atoms made over the layouts as ``__call__`` makes them."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.nvgpu import cpasync
+
+    smem = rb.smem_layouts(dt, config)
+    sdp, dkv, dq = rb.tiled_mmas(dt, config)
+    stsm = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
+    ds_copy = cute.make_tiled_copy_C(stsm, sdp)
+    types = {}
+    for name, rows, cols, op, el in (
+            ("sQ", config.tile_m, config.head_dim, cpasync.CopyBulkTensorTileG2SOp(), dt),
+            ("sdO", config.tile_m, config.head_dim, cpasync.CopyBulkTensorTileG2SOp(), dt),
+            ("sK", config.tile_n, config.head_dim, cpasync.CopyBulkTensorTileG2SOp(), dt),
+            ("sV", config.tile_n, config.head_dim, cpasync.CopyBulkTensorTileG2SOp(), dt),
+            ("sdQpart", config.tile_m, cute.size(smem["sdQpart"], mode=[1]), cpasync.CopyReduceBulkTensorTileS2GOp(),
+             cutlass.Float32)):
+        lay = smem[name]
+        if cute.rank(lay) == 3:
+            lay = cute.select(lay, mode=[0, 1])
+        ptr = cute.make_ptr(el, 0, cute.AddressSpace.gmem, assumed_align=16)
+        g = cute.make_tensor(ptr, cute.make_layout((rows * 4, config.head_dim), stride=(config.head_dim, 1)))
+        atom, _ = cpasync.make_tiled_tma_atom(op, g, lay, (rows, cols))
+        types[name] = str(atom.type)
+    out = {k: v for k, v in smem.items() if k in ("sQ", "sdO", "sK", "sV", "sdSt", "sdQ", "sdQpart")}
+    out.update({"tma_types": types, "tv:S^T and dP^T accumulators": sdp.tv_layout_C_tiled,
+                "tv:dK and dV accumulators": dkv.tv_layout_C_tiled, "tv:dQ accumulator": dq.tv_layout_C_tiled,
+                "tv:dS^T stmatrix (dst)": ds_copy.layout_dst_tv_tiled,
+                "ds_tile": tuple(int(cute.size(m)) for m in ds_copy.tiler_mn)})
+    return out
+
+
+def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> KernelLayouts:
+    """The ranker backward mainloop's shared-memory layouts (Q/dO stages, resident K and V, dS^T
+    buffers, the float32 dQ tile and one TMA reduce-add box of it), TMA boxes, the five GEMMs'
+    accumulator thread-value layouts (S^T/dP^T, dK/dV, dQ or dQ^T with ``dq_swap_ab``), the bank
+    conflicts of the MMA warpgroups' two shared-memory stores per q block (dS^T by stmatrix, the
+    dQ accumulator by 4-byte stores; kernel layouts vs the same tiles unswizzled) and the smem budget
+    (``config.smem_bytes()``).
+
+    Args:
+        config: a ``RankerBwdConfig``, a string such as ``"head_dim=64,tile_m=128"`` or None (the
+            shipped D=128 config).
+        dtype: "bf16"/"fp16" (or torch/cutlass dtype).
+        validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).
+    """
+    import numpy as np
+
+    from ..kernels import ranker_bwd as rb
+
+    if config is None or isinstance(config, str):
+        config = ranker_bwd_config(config)
+    if not isinstance(config, rb.RankerBwdConfig):
+        raise TypeError(f"config must be a RankerBwdConfig, a string or None, got {type(config).__name__}")
+    if validate:
+        config.validate()
+    dt = cutlass_dtype(dtype)
+    eb = elem_bytes(dt)
+    objs = trace(lambda: _ranker_bwd_dsl_objects(rb, dt, config))
+    kl = KernelLayouts("ranker_bwd", config, dt.__name__, source="ranker_bwd.smem_layouts / tiled_mmas")
+    for name in ("sQ", "sdO", "sK", "sV", "sdSt", "sdQ", "sdQpart"):
+        kl.smem[name] = objs[name].named(f"{name} {objs[name].dims}")
+    kl.smem_elem_bytes.update(sdQ=4, sdQpart=4)
+    for name in ("sQ", "sdO", "sK", "sV", "sdQpart"):
+        lay = kl.smem[name]
+        two_d = lay if len(lay.dims) == 2 else StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset,
+                                                            lay.name)
+        kl.tma[name] = tma_box(two_d, "fp32" if name == "sdQpart" else dt)
+        kl.tma[name].update(parse_tma_type(objs["tma_types"][name]))
+    dq_tile = (config.head_dim, config.tile_m) if config.dq_swap_ab else (config.tile_m, config.head_dim)
+    for key, tile, note in (("S^T and dP^T accumulators", (config.tile_n, config.tile_m), "keys x q rows"),
+                            ("dK and dV accumulators", (config.tile_n, config.head_dim), "keys x head dim"),
+                            ("dQ accumulator", dq_tile,
+                             "dQ^T: head dim x q rows" if config.dq_swap_ab else "q rows x head dim")):
+        kl.tv[key] = TVLayout(objs["tv:" + key].named(key), tile, 1, note)
+    kl.tv["dS^T stmatrix (dst)"] = TVLayout(objs["tv:dS^T stmatrix (dst)"].named("dS^T stmatrix"), objs["ds_tile"],
+                                           16 // eb)
+    # dS^T: stmatrix rows of 16 bytes into sdSt (stage 0); dQ: each accumulator value one 4-byte store
+    tv = kl.tv["dS^T stmatrix (dst)"]
+    pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, "dS^T stmatrix stores (warp 0)")
+    for lay in (kl.smem["sdSt"], kl.smem["sdSt"].unswizzled()):
+        kl.conflicts.append(analysis.bank_conflicts(lay, pat, eb))
+    tv = kl.tv["dQ accumulator"]
+    pat = analysis.pattern_from_tv(tv.layout, tv.tile, 1, "dQ accumulator stores (warp 0, 4 B each)")
+    if config.dq_swap_ab:  # the accumulator holds dQ^T: element (d, m) goes to sdQ[m, d]
+        pat = analysis.AccessPattern(pat.name, pat.coords[..., ::-1].copy(), 1)
+    for lay in (kl.smem["sdQ"], kl.smem["sdQ"].unswizzled()):
+        kl.conflicts.append(analysis.bank_conflicts(lay, pat, 4))
+    bufs = {}
+    for name in ("sK", "sV", "sQ", "sdO", "sdSt", "sdQ"):
+        lay = kl.smem[name]
+        bufs[f"{name} {'x'.join(map(str, lay.dims))}"] = lay.cosize * kl.smem_elem_bytes.get(name, eb)
+    per_stage = sum(v for k, v in bufs.items() if k.startswith(("sQ", "sdO"))) // max(config.stages, 1)
+    kl.budget = analysis.SmemBudget(bufs, config.stages, per_stage, config.smem_bytes(eb) - sum(bufs.values()),
+                                    rb.SMEM_CAPACITY)
+    return kl
+
+
 def hc_mix_tma_config(text: Optional[str] = None):
     """An ``HcMixTmaConfig`` from ``"stages=4,tile_m=256"`` (``tree`` as ``4x2x2``): the defaults
     (whose smem rings every shipped config shares: 128-row tiles, 6 stages) with the given fields
@@ -423,6 +539,7 @@ def draw_all(kl: KernelLayouts, out_dir: str) -> list[str]:
     for k, lay in kl.smem.items():
         if k == "sO" and "sQ" in kl.smem and kl.smem["sQ"].shape == lay.shape:
             continue  # same buffer and layout as sQ
+        eb = kl.smem_elem_bytes.get(k, elem_bytes(kl.dtype.replace("BFloat16", "bf16").replace("Float16", "fp16")))
         fig = viz.draw_offsets(lay, elem_bytes=eb, stage=0, title=f"{kl.kernel} {k}: element offsets (stage 0)\n{lay}")
         files += viz.save(fig, os.path.join(out_dir, f"{k}_offsets"))
         fig = viz.draw_offsets(lay, elem_bytes=eb, stage=0, region=(16, 32),
@@ -446,8 +563,8 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
                  compile: bool = False) -> tuple[str, list[str]]:
     """``cute-kernels layouts``: pictures + ``report.txt`` for ``kernel`` and ``config`` into ``out_dir``.
 
-    ranker_fwd: everything of :func:`ranker_fwd_layouts`; hc_mix: :func:`hc_mix_tma_layouts` (the
-    default ``method="tma"`` kernel).  Other kernels (no smem layouts exposed): their shipped compile
+    ranker_fwd: everything of :func:`ranker_fwd_layouts`; ranker_bwd: :func:`ranker_bwd_layouts` (the
+    mainloop); hc_mix: :func:`hc_mix_tma_layouts` (the default ``method="tma"`` kernel).  Other kernels (no smem layouts exposed): their shipped compile
     targets, compiled when ``compile`` is set, with registers and features.  Returns (report text,
     files written).  Raises ``ValueError`` for a config the kernel rejects, for ``config`` given to
     another kernel (they take none), and for an ``out_dir`` that exists and is not a folder; nothing
@@ -456,10 +573,23 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out {out_dir} exists and is not a folder")
     files: list[str] = []
-    if kernel in ("ranker_fwd", "hc_mix"):
+    if kernel in ("ranker_fwd", "ranker_bwd", "hc_mix"):
         if kernel == "ranker_fwd":
             kl = ranker_fwd_layouts(config, dtype)  # validates before anything is written
             rec = ranker_compile_record(kl.config, dtype) if compile else None
+        elif kernel == "ranker_bwd":
+            kl = ranker_bwd_layouts(config, dtype)  # validates before anything is written
+            rec = None
+            if compile:
+                import torch
+
+                from ..kernels import ranker_bwd as rb
+                from ..runtime.cache import compile_record
+
+                tdt = {"BFloat16": torch.bfloat16, "Float16": torch.float16}[kl.dtype]
+                args = rb.launch_args(tdt, kl.config, 1, "none", False)["main"]
+                rb._compile(*args)
+                rec = compile_record(rb.NAME, (str(tdt), *args[1:]))
         else:
             if cutlass_dtype(dtype).__name__ != "BFloat16":
                 raise ValueError(f"--dtype {dtype}: hc_mix takes bf16 x only")
@@ -483,7 +613,7 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
 
         mod = registry.module(kernel)
         if config:
-            raise ValueError(f"--config applies to ranker_fwd and hc_mix only: {kernel} exposes no smem layouts to draw "
+            raise ValueError(f"--config applies to ranker_fwd, ranker_bwd and hc_mix only: {kernel} exposes no smem layouts to draw "
                              f"(its shipped configs: `cute-kernels configs --kernel {kernel}`)")
         lines = [f"kernel {kernel}: no shared-memory layouts exposed to cute_kernels.layouts;",
                  "shipped compile targets:"]
