@@ -164,6 +164,25 @@ def enumerate_configs(base, **choices) -> tuple[list, list]:
     return accepted, rejected
 
 
+def _resolve_config(config, cls, parse, validate: bool):
+    """``config`` as a ``cls`` instance: None or a string go through ``parse`` (``TypeError`` for
+    anything else); ``validate`` runs ``config.validate()`` (``ValueError`` with the reason)."""
+    if config is None or isinstance(config, str):
+        config = parse(config)
+    if not isinstance(config, cls):
+        raise TypeError(f"config must be a {cls.__name__}, a string or None, got {type(config).__name__}")
+    if validate:
+        config.validate()
+    return config
+
+
+def _tma_box_2d(lay: StaticLayout, dtype) -> dict:
+    """:func:`tma_box` of the first two modes (rows, cols) of a possibly staged smem layout."""
+    two_d = lay if len(lay.dims) == 2 else StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset,
+                                                        lay.name)
+    return tma_box(two_d, dtype)
+
+
 # ---------------------------------------------------------------------------- ranker forward
 def _ranker_dsl_objects(rf, dt, config):
     """DSL side (inside trace): smem layouts, tiled MMAs and epilogue copies as the kernel builds them."""
@@ -242,10 +261,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     """
     from ..kernels import ranker_fwd as rf
 
-    if config is None or isinstance(config, str):
-        config = ranker_config(config)
-    if validate:
-        config.validate()
+    config = _resolve_config(config, rf.RankerFwdConfig, ranker_config, validate)
     dt = cutlass_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_dsl_objects(rf, dt, config))
@@ -265,10 +281,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
         kl.tv[k[3:]] = TVLayout(objs[k].named(k[3:]), tile, vec)
     for name in ("sQ", "sK", "sV", "sO"):
         if name in kl.smem:
-            lay = kl.smem[name]
-            two_d = lay if len(lay.dims) == 2 else StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset,
-                                                                lay.name)
-            kl.tma[name] = tma_box(two_d, dt)
+            kl.tma[name] = _tma_box_2d(kl.smem[name], dt)
             kl.tma[name].update(parse_tma_type(tma_types.get(name, "")))
     # epilogue bank conflicts, kernel layout vs the same tile unswizzled
     sO = kl.smem.get("sO")
@@ -353,16 +366,9 @@ def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
         dtype: "bf16"/"fp16" (or torch/cutlass dtype).
         validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).
     """
-    import numpy as np
-
     from ..kernels import ranker_bwd as rb
 
-    if config is None or isinstance(config, str):
-        config = ranker_bwd_config(config)
-    if not isinstance(config, rb.RankerBwdConfig):
-        raise TypeError(f"config must be a RankerBwdConfig, a string or None, got {type(config).__name__}")
-    if validate:
-        config.validate()
+    config = _resolve_config(config, rb.RankerBwdConfig, ranker_bwd_config, validate)
     dt = cutlass_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_bwd_dsl_objects(rb, dt, config))
@@ -371,10 +377,7 @@ def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
         kl.smem[name] = objs[name].named(f"{name} {objs[name].dims}")
     kl.smem_elem_bytes.update(sdQ=4, sdQpart=4)
     for name in ("sQ", "sdO", "sK", "sV", "sdQpart"):
-        lay = kl.smem[name]
-        two_d = lay if len(lay.dims) == 2 else StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset,
-                                                            lay.name)
-        kl.tma[name] = tma_box(two_d, "fp32" if name == "sdQpart" else dt)
+        kl.tma[name] = _tma_box_2d(kl.smem[name], "fp32" if name == "sdQpart" else dt)
         kl.tma[name].update(parse_tma_type(objs["tma_types"][name]))
     dq_tile = (config.head_dim, config.tile_m) if config.dq_swap_ab else (config.tile_m, config.head_dim)
     for key, tile, note in (("S^T and dP^T accumulators", (config.tile_n, config.tile_m), "keys x q rows"),
@@ -449,19 +452,13 @@ def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
 
     from ..kernels import hc_mix_tma as tma
 
-    if config is None or isinstance(config, str):
-        config = hc_mix_tma_config(config)
-    if not isinstance(config, tma.HcMixTmaConfig):
-        raise TypeError(f"config must be an HcMixTmaConfig, a string or None, got {type(config).__name__}")
-    if validate:
-        config.validate()
+    config = _resolve_config(config, tma.HcMixTmaConfig, hc_mix_tma_config, validate)
     objs = trace(lambda: _hc_mix_tma_dsl_objects(tma, config))
     kl = KernelLayouts("hc_mix_tma", config, "BFloat16", source="hc_mix_tma.smem_layouts")
     for name in ("sX", "sW"):
         lay = objs[name].named(f"{name} {objs[name].dims}")
         kl.smem[name] = lay
-        two_d = StaticLayout(lay.shape[:2], lay.stride[:2], lay.swizzle, lay.offset, lay.name)
-        kl.tma[name] = tma_box(two_d, "bf16")
+        kl.tma[name] = _tma_box_2d(lay, "bf16")
         kl.tma[name].update(parse_tma_type(objs["tma_types"][name]))
     kl.tv["WGMMA accumulator (x times pieces^T)"] = TVLayout(objs["acc"].named("accumulator"), (128, tma.N_W), 1,
                                                          "per m64 atom of each consumer warpgroup")
