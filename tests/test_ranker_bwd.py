@@ -174,11 +174,34 @@ def test_configs_validate():
     for kw, msg in ((dict(head_dim=256), "head dims"), (dict(tile_n=64), "tile_n"), (dict(stages=9), "stages"),
                     (dict(mma_regs=250), "multiples of 8"),
                     (dict(tile_m=128), "accumulator registers"), (dict(ds_stages=3), "ds_stages"),
+                    (dict(tile_m=80, stages=3), "shared memory"),
                     (dict(dq_first=False, dk_from_smem=True), "dk_from_smem needs dq_first"),
                     (dict(tile_m=80, dq_swap_ab=False), "use dq_swap_ab"), (dict(tile_m=96), "tile_m"),
                     (dict(head_dim=64, tile_m=64), "dq_swap_ab: head_dim=64")):
         with pytest.raises(ValueError, match=msg):
             dataclasses.replace(base, **kw).validate()
+
+
+@pytest.mark.parametrize("fields", [{}, dict(tile_m=80, ds_stages=1), dict(tile_m=80, ds_stages=1, stages=1),
+                                    dict(stages=3, ds_stages=1), dict(head_dim=64),
+                                    dict(head_dim=64, tile_m=128, dq_swap_ab=False)],
+                         ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "shipped")
+def test_smem_bytes_is_the_struct_size(fields):
+    """RankerBwdConfig.smem_bytes (what validate() checks against the limit, with the 1024 B of static
+    smem) equals the size of the kernel's SharedStorage struct (alignment padding and the 1024-byte
+    rounding of the total included), so a config that fits is not refused and one that does not is."""
+    import cutlass
+    from cute_kernels.layouts.static import trace
+
+    cfg = rb.dataclasses.replace(rb.CONFIGS[128], **fields)
+    box = {}
+
+    def build():
+        box["struct"] = rb.shared_storage(cutlass.BFloat16, cfg, rb.smem_layouts(cutlass.BFloat16, cfg))
+        return 0
+
+    trace(build)
+    assert box["struct"].__sizeof__() == cfg.smem_bytes()
 
 
 def test_80_row_tiles_compile():

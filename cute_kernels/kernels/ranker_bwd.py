@@ -104,6 +104,9 @@ class NamedBarrierBwd(enum.IntEnum):
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
+# ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
+# base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
+STATIC_SMEM_BYTES = 1024
 
 
 def stats_stage_stride(tile_m: int) -> int:
@@ -156,12 +159,23 @@ class RankerBwdConfig:
         return 2 * dkv + max(2 * sdp, dq + sdp // 2)
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
-        kv = 2 * self.tile_n * self.head_dim * elem_bytes
-        qdo = 2 * self.stages * self.tile_m * self.head_dim * elem_bytes
-        ds = self.ds_stages * self.tile_n * self.tile_m * elem_bytes
-        dq = self.tile_m * self.head_dim * 4
-        stats = 2 * self.stages * stats_stage_stride(self.tile_m) * 4
-        return kv + qdo + ds + dq + stats + 8 * (2 + 4 * self.stages) + 2048
+        """Bytes of the kernel's ``SharedStorage`` struct, laid out as the DSL does (each member at its
+        alignment, in declaration order): the mbarriers, then sK, sV, sQ, sdO, sdS^T, sdQ (1024-byte
+        aligned: the 128-byte swizzle repeats every 1024 bytes), then the LSE and dPsum stages; the total
+        rounded up to 1024 bytes (:func:`shared_storage`'s size, checked by a CPU test)."""
+        stats = ((self.stages - 1) * stats_stage_stride(self.tile_m) + self.tile_m) * 4
+        members = ((8 * (2 + 4 * self.stages), 8),
+                   (self.tile_n * self.head_dim * elem_bytes, 1024),  # sK
+                   (self.tile_n * self.head_dim * elem_bytes, 1024),  # sV
+                   (self.stages * self.tile_m * self.head_dim * elem_bytes, 1024),  # sQ
+                   (self.stages * self.tile_m * self.head_dim * elem_bytes, 1024),  # sdO
+                   (self.ds_stages * self.tile_n * self.tile_m * elem_bytes, 1024),  # sdSt
+                   (self.tile_m * self.head_dim * 4, 1024),  # sdQ
+                   (stats, 128), (stats, 128))  # sLSE, sdPsum
+        end = 0
+        for size, align in members:
+            end = -(-end // align) * align + size
+        return -(-end // 1024) * 1024  # the struct's size is a multiple of its strictest member alignment
 
     def validate(self) -> None:
         check_config_fields(self)
@@ -193,9 +207,10 @@ class RankerBwdConfig:
                              "addresses and loop state")
         if 2 * self.tile_n * self.head_dim * 2 < self.tile_n * self.head_dim * 4:
             raise ValueError("the K/V buffers cannot hold a float32 dK/dV tile (per-head GQA epilogue)")
-        smem = self.smem_bytes()
+        smem = self.smem_bytes() + STATIC_SMEM_BYTES
         if smem > SMEM_CAPACITY:
-            raise ValueError(f"config needs {smem} B of shared memory; the sm_90 limit is {SMEM_CAPACITY} B")
+            raise ValueError(f"config needs {smem} B of shared memory ({STATIC_SMEM_BYTES} B static); the "
+                             f"sm_90 limit is {SMEM_CAPACITY} B")
 
 
 # D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers),
@@ -213,6 +228,12 @@ class RankerBwdConfig:
 # of stack: none 8 -> 0 (GQA group 16 -> 0, varlen 32 -> 0), tanh 48 -> 24, tanh with a GQA group 48 -> 8;
 # tests/test_ranker_bwd.py KNOWN_SPILL_BYTES).  80-row q tiles (tile_m=80, which dq_swap_ab allows;
 # FA3's non-causal D=128 tile, ds_stages=1 to fit smem) were slower there: headline 496-507.
+# The dQ reduce-adds cost 6-8% at D=128 (a build that skips them: bench/results/logs/
+# 2026-11-30_s13_ranker_bwd_dq_reduce_cost.log), but neither a second sdQ buffer (the MMA warpgroups
+# writing the next q block's dQ while the TMA reduce-add reads this one's: headline 540 vs 538 / 545,
+# B=8 2K+2K 504 vs 521 / 511; ..._s14_ranker_bwd_dq_stages_probe.log) nor red.global.add.v4.f32 from
+# the MMA threads' registers without smem staging (7-9% slower: ..._s14_ranker_bwd_dq_red_global_probe.log)
+# recovers it: the cost is bandwidth (L2 reductions, shared memory), not the hand-off's latency.
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
 # 2026-11-29, B=4 4096+512 H16: 1695 us vs 1847, deterministic 1961 vs 2515;
 # bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json),
@@ -312,6 +333,27 @@ def smem_layouts(dtype, config: RankerBwdConfig) -> dict:
         sLSE=cute.make_layout((config.tile_m, config.stages), stride=(1, stats_stage_stride(config.tile_m))))
 
 
+def shared_storage(dtype, config: RankerBwdConfig, lay: dict):
+    """The mainloop's ``SharedStorage`` struct (DSL; call inside a trace) for the layouts ``lay`` of
+    :func:`smem_layouts`: its size is :meth:`RankerBwdConfig.smem_bytes`."""
+
+    def aligned(elem, layout, align):
+        return cute.struct.Align[cute.struct.MemRange[elem, cute.cosize(layout)], align]
+
+    # members in order (a plain dict: this module's annotations are strings, which cute.struct cannot read).
+    # sK and sV are adjacent (equal sizes, multiples of 1024 B): the per-head GQA epilogue uses both as one
+    # float32 (tile_n, head_dim) tile
+    members = dict(
+        mbar_kv=cute.struct.MemRange[cutlass.Int64, 2],
+        mbar_q=cute.struct.MemRange[cutlass.Int64, config.stages * 2],
+        mbar_do=cute.struct.MemRange[cutlass.Int64, config.stages * 2],
+        sK=aligned(dtype, lay["sK"], 1024), sV=aligned(dtype, lay["sV"], 1024),
+        sQ=aligned(dtype, lay["sQ"], 1024), sdO=aligned(dtype, lay["sdO"], 1024),
+        sdSt=aligned(dtype, lay["sdSt"], 1024), sdQ=aligned(Float32, lay["sdQ"], 1024),
+        sLSE=aligned(Float32, lay["sLSE"], 128), sdPsum=aligned(Float32, lay["sLSE"], 128))
+    return cute.struct(type("SharedStorage", (), {"__annotations__": members}))
+
+
 class RankerAttentionBwd:
     """The backward mainloop for one (dtype, config, GQA ratio, cap method, varlen)."""
 
@@ -391,23 +433,7 @@ class RankerAttentionBwd:
         self.tma_bytes_q = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
         self.tma_bytes_kv = 2 * cute.size_in_bytes(self.dtype, sK_layout)
 
-        @cute.struct
-        class SharedStorage:
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_q: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            mbar_do: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            # sK and sV are adjacent (equal sizes, multiples of 1024 B): the per-head GQA epilogue uses both as
-            # one float32 (tile_n, head_dim) tile
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
-            sdSt: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdSt_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
-            sdPsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = shared_storage(self.dtype, self.config, lay)
 
         num_n_blocks = cute.ceil_div(max_seqlen, self.tile_n)
         grid = (num_n_blocks, cute.size(mQ.shape[2]) // self.heads_per_cta, num_batch)
