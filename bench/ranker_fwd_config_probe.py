@@ -1,6 +1,6 @@
 """Forward config variants vs the shipped config (:func:`ranker_fwd.shipped_config`) on the bench shapes:
 checks (output and LSE bitwise equal to the shipped config's, for variants that must not change the
-math), then CUDA-graph medians of interleaved rounds (``probe_timing.time_configs``); ``--fa4`` adds
+math, and their largest differences from it), then CUDA-graph medians of interleaved rounds (``probe_timing.time_configs``); ``--fa4`` adds
 FlashAttention-4 with the ranker mask_mod (bench/ranker_fwd_peers.py) to the same rounds.
 
 Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerFwdConfig fields:
@@ -41,8 +41,10 @@ def main(variants, fa4: bool, timing: dict):
         checks = {}
         for name, cfg in cfgs.items():
             o1, l1 = launch(q, k, v, bounds, cap, cfg)
-            checks[name] = [torch.equal(o0, o1), torch.equal(l0, l1)]
-        print(json.dumps({"shape": key, "bitwise_equal_out_lse": checks}), flush=True)
+            fin = torch.isfinite(l0)
+            checks[name] = [torch.equal(o0, o1), torch.equal(l0, l1), float((o1.float() - o0.float()).abs().max()),
+                            float((l1[fin] - l0[fin]).abs().max()) if fin.any() else 0.0]
+        print(json.dumps({"shape": key, "bitwise_equal_out_lse_and_max_diffs": checks}), flush=True)
         if fa4:
             from ranker_fwd_peers import fa4_mask_mod
 

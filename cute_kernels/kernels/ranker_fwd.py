@@ -178,6 +178,10 @@ CONFIGS = {
 # bf16 and fp16 with tanh (soft_sign spills 8 bytes there, so it keeps CONFIGS[128]).  D=64 with a cap:
 # tile_n=112, 6 stages, because the varlen kernels spill at tile_n=128 with a cap (8 bytes tanh, 32
 # soft_sign; ptxas, session 9); tanh cap at the headline shape 347 vs 343 for tile_n=128 (same run).
+# The tanh cap's loss is not the MUFU unit's throughput (tanh and exp2 share it): computing part of P's
+# exp2 on the FP32 pipe instead (a cubic, session 14, branch s14/exp2-poly) was slower at every share
+# (tanh headline 491 / 484 / 411 for 2 / 4 / 8 of every 8 scores vs 516 / 508; bench/results/logs/
+# 2026-11-30_s14_exp2_poly_probe.log).
 _D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6)
 CAP_CONFIGS = {
     ("tanh", 128): RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3,
