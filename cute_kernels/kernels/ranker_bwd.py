@@ -148,6 +148,10 @@ class RankerBwdConfig:
     # warpgroup), N = q rows, so tile_m need not be a multiple of 64 (FA3's 80-row tiles at D=128).
     # Needs head_dim = 64 x mma_wgs; shipped at D=128 (CONFIGS)
     dq_swap_ab: bool = False
+    # dQ = dS K with the q rows split between the MMA warpgroups (M = 64 rows each, N = head dim: n64 at
+    # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
+    # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
+    dq_split_rows: bool = False
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -189,6 +193,8 @@ class RankerBwdConfig:
             raise ValueError(f"tile_m={self.tile_m}: must be 64, 80 or 128 (WGMMA N of S^T, K of dK/dV)")
         if self.dq_swap_ab and self.head_dim != 64 * self.mma_wgs:
             raise ValueError(f"dq_swap_ab: head_dim={self.head_dim} must be 64 x mma_wgs (dQ^T's M per warpgroup)")
+        if self.dq_split_rows and (self.dq_swap_ab or self.tile_m != 64 * self.mma_wgs):
+            raise ValueError(f"dq_split_rows: needs dq_swap_ab=False and tile_m = 64 x mma_wgs = {64 * self.mma_wgs}")
         if self.tile_m % 64 and not self.dq_swap_ab:
             raise ValueError(f"tile_m={self.tile_m}: dQ = dS K needs a multiple of 64 q rows; use dq_swap_ab "
                              "(head_dim 128 only)")
@@ -306,6 +312,10 @@ def tiled_mmas(dtype, config: RankerBwdConfig):
         dq = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
             tiler_mn=(64, config.tile_m))
+    elif config.dq_split_rows:
+        dq = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+            tiler_mn=(64, config.head_dim))
     else:
         dq = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
@@ -321,14 +331,20 @@ def smem_layouts(dtype, config: RankerBwdConfig) -> dict:
     per-head GQA epilogue, aliasing sK + sV) and ``sLSE`` (q rows, stages: LSE and dPsum stages, each a
     128-byte aligned TMA destination).  Swizzled K-major (:func:`.sm90_helpers.smem_layout`)."""
     dq_parts = config.mma_wgs if config.dq_per_wg else 1
+    sdQ = sm90.smem_layout(Float32, config.tile_m, config.head_dim)
+    if config.dq_split_rows:  # one part: rows [0, tile_m / parts) of sdQ, the others at offsets
+        sdQpart = cute.composition(sdQ, cute.make_layout((config.tile_m // dq_parts, config.head_dim),
+                                                         stride=(1, config.tile_m)))
+    else:  # one part: columns [0, head_dim / parts)
+        sdQpart = sm90.smem_layout(Float32, config.tile_m, config.head_dim // dq_parts)
     return dict(
         sQ=sm90.smem_layout(dtype, config.tile_m, config.head_dim, config.stages),
         sdO=sm90.smem_layout(dtype, config.tile_m, config.head_dim, config.stages),
         sK=sm90.smem_layout(dtype, config.tile_n, config.head_dim),
         sV=sm90.smem_layout(dtype, config.tile_n, config.head_dim),
         sdSt=sm90.smem_layout(dtype, config.tile_n, config.tile_m, config.ds_stages),
-        sdQ=sm90.smem_layout(Float32, config.tile_m, config.head_dim),
-        sdQpart=sm90.smem_layout(Float32, config.tile_m, config.head_dim // dq_parts),
+        sdQ=sdQ,
+        sdQpart=sdQpart,
         sdKVacc=sm90.smem_layout(Float32, config.tile_n, config.head_dim),
         sLSE=cute.make_layout((config.tile_m, config.stages), stride=(1, stats_stage_stride(config.tile_m))))
 
@@ -403,7 +419,7 @@ class RankerAttentionBwd:
         sQ_layout, sdO_layout, sK_layout, sV_layout = lay["sQ"], lay["sdO"], lay["sK"], lay["sV"]
         sdSt_layout, sdQ_layout, sdQpart_layout = lay["sdSt"], lay["sdQ"], lay["sdQpart"]
         sdKVacc_layout, sLSE_layout = lay["sdKVacc"], lay["sLSE"]
-        dq_box = (self.tile_m, self.head_dim // self.dq_parts)
+        dq_box = self.dq_box()
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, cute.select(sQ_layout, mode=[0, 1]), (self.tile_m, self.head_dim))
@@ -671,7 +687,10 @@ class RankerAttentionBwd:
                             _wait_until(sem, work[0] - work[5].n_block_min(self.tile_n))
                         cute.arch.sync_warp()
                     tdQsdQ, tdQgdQ = parts[w]
-                    cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, m_block, w))
+                    if const_expr(self.config.dq_split_rows):  # gmem boxes: (q block rows / parts, head dim)
+                        cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, m_block * self.dq_parts + w, 0))
+                    else:
+                        cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, m_block, w))
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.config.deterministic):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
@@ -684,13 +703,23 @@ class RankerAttentionBwd:
     def dq_parts_of(self, tma_dQ, sdQ, tma_atom_dQ, work, head):
         """TMA partitions (smem part w, gmem by (q block, part)) of query head ``head``'s dQ accumulator;
         ``head=None``: gmem by (q block, part, head)."""
-        box = (self.tile_m, self.head_dim // self.dq_parts)
+        box = self.dq_box()
         coord = (None, None, None) if const_expr(head is None) else (None, None)
         gdQ = cute.local_tile(self._padded_view(tma_dQ, work, head), box, coord)
         return [cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
-                                      cute.group_modes(cute.local_tile(sdQ, box, (0, w)), 0, 2),
+                                      cute.group_modes(cute.local_tile(sdQ, box, self.dq_part_coord(w)), 0, 2),
                                       cute.group_modes(gdQ, 0, 2))
                 for w in range(self.dq_parts)]
+
+    def dq_box(self):
+        """One dQ reduce-add part (a warpgroup's with ``dq_per_wg``): (q rows, head dim)."""
+        if const_expr(self.config.dq_split_rows):
+            return (self.tile_m // self.dq_parts, self.head_dim)
+        return (self.tile_m, self.head_dim // self.dq_parts)
+
+    def dq_part_coord(self, w):
+        """Tile coordinate of part ``w`` in (q block rows, head dim) units of :meth:`dq_box`."""
+        return (w, 0) if const_expr(self.config.dq_split_rows) else (0, w)
 
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit

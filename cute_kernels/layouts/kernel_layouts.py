@@ -335,7 +335,8 @@ def _ranker_bwd_dsl_objects(rb, dt, config):
             ("sdO", config.tile_m, config.head_dim, cpasync.CopyBulkTensorTileG2SOp(), dt),
             ("sK", config.tile_n, config.head_dim, cpasync.CopyBulkTensorTileG2SOp(), dt),
             ("sV", config.tile_n, config.head_dim, cpasync.CopyBulkTensorTileG2SOp(), dt),
-            ("sdQpart", config.tile_m, cute.size(smem["sdQpart"], mode=[1]), cpasync.CopyReduceBulkTensorTileS2GOp(),
+            ("sdQpart", cute.size(smem["sdQpart"], mode=[0]), cute.size(smem["sdQpart"], mode=[1]),
+             cpasync.CopyReduceBulkTensorTileS2GOp(),
              cutlass.Float32)):
         lay = smem[name]
         if cute.rank(lay) == 3:

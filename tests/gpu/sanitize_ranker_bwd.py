@@ -28,6 +28,13 @@ for d, hkv, cap in ((128, 2, None), (128, 1, 20.0), (64, 1, 20.0), (64, 2, None)
             gg = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, config=cfg)
             gv = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu,
                                               max_seqlen=200, config=cfg)
+    if d == 64 and cap is None:  # dQ split by q rows between the warpgroups (dq_split_rows), with GQA both ways
+        for group in (True, False):
+            cfg = rb.dataclasses.replace(rb.config_for(d, False), dq_split_rows=True, gqa_group_per_cta=group)
+            gs = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, config=cfg)
+            gsv = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu,
+                                               max_seqlen=200, config=cfg)
+        gsd = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, deterministic=True, config=cfg)
     if d == 128:  # FA3's 80-row q tiles (not shipped; their first GPU run faulted on a misaligned TMA destination)
         cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), tile_m=80, ds_stages=1)
         g80 = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, config=cfg)

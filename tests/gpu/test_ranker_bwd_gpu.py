@@ -149,6 +149,30 @@ def test_sync_variants(fields, d, hkv, cap, group):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("hkv,varlen", [(4, False), (2, False), (2, True)])
+def test_dq_split_rows(hkv, varlen):
+    """D=64 with 128 q rows per step and dQ = dS K split by q rows between the warpgroups (dq_split_rows:
+    n64 WGMMAs, each warpgroup reduce-adding its 64 rows): right against float64 at odd lengths, GQA
+    both ways, varlen; deterministic bitwise on repeat."""
+    cfg = rb.dataclasses.replace(rb.config_for(64, False), dq_split_rows=True)
+    if varlen:
+        cu = torch.tensor([0, 389, 400, 789], device="cuda", dtype=torch.int32)
+        q, k, v, do = _tensors((800, 4, 64), (800, hkv, 64), seed=25)
+        bounds = torch.tensor([[7, 263, 263, 389], [0, 11, 0, 0], [0, 129, 129, 389]], device="cuda",
+                              dtype=torch.int32)
+    else:
+        cu = None
+        q, k, v, do = _tensors((2, 389, 4, 64), (2, 389, hkv, 64), seed=25)
+        bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 130, 300]], device="cuda", dtype=torch.int32)
+    for group in ((True, False) if hkv < 4 else (None,)):
+        c = rb.dataclasses.replace(cfg, gqa_group_per_cta=group)
+        _compare(f"dq-split-rows-{hkv}-{group}-{varlen}", q, k, v, do, bounds, cu_seqlens=cu, config=c)
+    det = rb.dataclasses.replace(cfg, deterministic=True)
+    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, cu_seqlens=cu)
+    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cu_seqlens=cu, config=det) for _ in range(2))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 @pytest.mark.parametrize("fields", [dict(dq_swap_ab=False), dict(tile_m=80, ds_stages=1),
                                     dict(tile_m=80, ds_stages=1, dq_first=False)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
