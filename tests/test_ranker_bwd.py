@@ -205,20 +205,21 @@ def test_smem_bytes_is_the_struct_size(fields):
 
 
 def test_dq_split_rows_compiles():
-    """dq_split_rows (D=64, 128 q rows: dQ = dS K with the rows split between the warpgroups): n64 dQ
-    WGMMAs instead of n32, each warpgroup's part 64 rows x 64 float32 columns (two 64x32 TMA boxes),
+    """dq_split_rows (shipped at D=64 with 128 q rows: dQ = dS K with the rows split between the
+    warpgroups): n64 dQ WGMMAs instead of n32, each warpgroup's part 64 rows x 64 float32 columns (two 64x32 TMA boxes),
     no spills; refused with dq_swap_ab or 64-row tiles."""
     import dataclasses
 
-    cfg = dataclasses.replace(rb.D64_UNCAPPED, dq_split_rows=True)
+    cfg = rb.D64_UNCAPPED
+    assert cfg.dq_split_rows  # shipped
     args = rb.launch_args(torch.bfloat16, cfg, 1, "none", False)
     rb._compile(*args["main"])
     rec = compile_record(rb.NAME, (str(torch.bfloat16), *args["main"][1:]))
     assert "m64n64k16.f32.bf16.bf16" in rec.ptx and "m64n32k16" not in rec.ptx
     assert rec.ptx.count("cp.reduce.async.bulk.tensor") == 4 and all(r.stack_bytes == 0 for r in rec.resources)
-    shipped = rb.launch_args(torch.bfloat16, rb.D64_UNCAPPED, 1, "none", False)
-    rb._compile(*shipped["main"])
-    assert "m64n32k16" in compile_record(rb.NAME, (str(torch.bfloat16), *shipped["main"][1:])).ptx
+    cols = rb.launch_args(torch.bfloat16, dataclasses.replace(cfg, dq_split_rows=False), 1, "none", False)
+    rb._compile(*cols["main"])
+    assert "m64n32k16" in compile_record(rb.NAME, (str(torch.bfloat16), *cols["main"][1:])).ptx
     for bad in (dict(tile_m=64), dict(head_dim=128, dq_swap_ab=True, tile_m=64)):
         with pytest.raises(ValueError, match="dq_split_rows"):
             dataclasses.replace(cfg, **bad).validate()

@@ -244,11 +244,15 @@ class RankerBwdConfig:
 # 2026-11-29, B=4 4096+512 H16: 1695 us vs 1847, deterministic 1961 vs 2515;
 # bench/results/2026-11-29_h200_ranker_bwd_d64_tiles_s5.json),
 # while with a cap its mainloop spills (80-176 B of stack at the 168-register launch bound).
+# There, dQ = dS K splits the 128 q rows between the warpgroups (dq_split_rows: n64 WGMMAs, each reading
+# half of dS, instead of n32 ones over the head dim, each reading all of it; session 14, same run, A/A
+# pair: 486 vs 467 / 473 useful TFLOP/s at B=4 4096+512 H16; bench/results/logs/
+# 2026-11-30_s14_ranker_bwd_dq_split_rows_probe.log).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True),
 }
-D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2)
+D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)
 
 
 def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:

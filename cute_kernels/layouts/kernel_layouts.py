@@ -308,12 +308,14 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
 # ---------------------------------------------------------------------------- ranker backward
 def ranker_bwd_config(text: Optional[str] = None):
     """A ``RankerBwdConfig`` from ``"head_dim=64,tile_m=128"``: the shipped D=128 config (or, when the
-    text sets ``head_dim``, that head dim's shipped config without a cap) with the given fields
-    replaced.  Not validated."""
+    text sets ``head_dim``, that head dim's shipped config without a cap, less ``dq_split_rows`` when
+    the text sets ``tile_m`` but not it) with the given fields replaced.  Not validated."""
     from ..kernels import ranker_bwd as rb
 
     fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)})
     base = rb.config_for(int(fields["head_dim"]), False) if "head_dim" in fields else rb.CONFIGS[128]
+    if base.dq_split_rows and "tile_m" in fields and "dq_split_rows" not in fields:
+        base = dataclasses.replace(base, dq_split_rows=False)  # (it needs 128 q rows)
     return parse_config(rb.RankerBwdConfig, text, base=base)
 
 
