@@ -150,9 +150,27 @@ def cmd_bench(args) -> int:
     from . import registry
 
     names = _select(args.kernel)  # an unknown name is refused first, on any machine
+    try:  # then the --shapes spec (kernel-specific) and the --json path, before any timing
+        for name in names:
+            registry.module(name).bench_shapes(args.shapes)
+    except ValueError as exc:
+        hint = "" if args.kernel else " (--shapes is per kernel: give --kernel NAME)"
+        print(f"{exc}{hint}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench needs a CUDA GPU")
         return 2
+    if args.json:  # writable? (checked by opening it; a file that was not there is removed again)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            existed = os.path.exists(args.json)
+            with open(args.json, "a"):
+                pass
+            if not existed:
+                os.remove(args.json)
+        except OSError as exc:
+            print(f"bench: cannot write --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     meta = run_metadata()
     records, failed = [], 0
     for name in names:
@@ -174,7 +192,6 @@ def cmd_bench(args) -> int:
                 f"{r['gbps']:.0f} GB/s" if r.get("gbps") is not None else "")
             print(f"{r['kernel']:<11} {r['impl']:<26} {r.get('mode', ''):<6} {shape:<60} {r['time_us']:10.2f} us  {rate}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
         print(f"wrote {len(records)} records to {args.json}")
@@ -216,8 +233,12 @@ def cmd_layouts(args) -> int:
 
     try:
         text, files = write_report(args.kernel, args.config, args.out, dtype=args.dtype, compile=args.compile)
-    except ValueError as exc:  # a config the kernel rejects, or bad arguments: say why
+    except (ValueError, TypeError) as exc:  # a config the kernel rejects, or bad arguments: say why
         print(f"layouts: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # the pictures need matplotlib (in the [test] extra)
+        print(f"layouts: {exc.name or exc} is not installed: the layout pictures need it "
+              "(pip install matplotlib, or the package's [test] extra)", file=sys.stderr)
         return 2
     except KeyError as exc:  # unknown kernel
         print(exc.args[0] if exc.args else exc, file=sys.stderr)

@@ -4,7 +4,9 @@ Each entry names a module that defines three functions:
 
 * ``compile_targets() -> list[CompileTarget]``: every shipped configuration, compilable on a CPU;
 * ``check() -> list[CheckResult]``: GPU correctness on real-sized random inputs vs the reference;
-* ``bench(shapes: str | None) -> list[dict]``: benchmark records (see ``cute_kernels.bench_record``).
+* ``bench(shapes: str | None) -> list[dict]``: benchmark records (``cute-kernels bench``);
+* ``bench_shapes(shapes: str | None)``: the ``--shapes`` spec parsed, or ``ValueError`` naming what the
+  kernel accepts (the CLI calls it before anything runs, on any machine; ``bench`` calls it too).
 
 Modules are imported lazily, so one broken kernel cannot stop the others (or ``import cute_kernels``).
 A kernel issue adds one line to ``KERNELS``.
@@ -59,3 +61,21 @@ def module(name: str):
     if name not in KERNELS:
         raise KeyError(f"unknown kernel {name!r}; registered: {', '.join(KERNELS)}")
     return importlib.import_module(KERNELS[name])
+
+
+def word_spec(kernel: str, shapes: str | None, words: tuple[str, ...], default: str) -> set[str]:
+    """A ``--shapes`` spec made of ``+``-joined words from ``words`` (None = ``default``) as a set;
+    ``ValueError`` naming the unknown words and the accepted ones."""
+    spec = default if shapes is None else shapes
+    given = [w.strip() for w in spec.split("+")]
+    unknown = [w for w in given if w not in words]
+    if unknown:
+        raise ValueError(f"bench --shapes for {kernel}: unknown {', '.join(map(repr, unknown))}; expected "
+                         f"'+'-joined words from: {', '.join(words)} (e.g. {default!r})")
+    return set(given)
+
+
+def no_spec(kernel: str, shapes: str | None, what: str) -> None:
+    """``ValueError`` unless ``shapes`` is None: the kernel's bench always runs ``what``."""
+    if shapes is not None:
+        raise ValueError(f"bench --shapes: {kernel} takes none (it always runs {what}); got {shapes!r}")

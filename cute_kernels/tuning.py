@@ -136,8 +136,9 @@ def format_configs(kernel: Optional[str] = None) -> str:
             smem = getattr(cfg, "smem_bytes", None)
             if callable(smem):
                 smem = smem()
-            if isinstance(smem, int):
-                extra = f"  [smem <= {smem} B, estimate]"
+            if isinstance(smem, int):  # exact where a kernel lays out its struct (ranker_bwd), else a bound
+                extra = (f"  [smem {smem} B dynamic, exact]" if getattr(cfg, "SMEM_EXACT", False)
+                         else f"  [smem <= {smem} B, estimate]")
             lines.append(f"  {label:<{width}}  {cfg}{extra}")
     tuned = [e for e in _entries().values() if kernel is None or e.get("kernel") == kernel]
     fp = source_fingerprint() if tuned else None
@@ -163,8 +164,11 @@ def tuned_path() -> Path:
 
 
 def tuned_enabled() -> bool:
-    """``CUTE_KERNELS_TUNED`` = 0/false/no/off (any case) makes kernels ignore tuned configs."""
-    return os.environ.get("CUTE_KERNELS_TUNED", "1").strip().lower() not in ("0", "false", "no", "off")
+    """``CUTE_KERNELS_TUNED`` (:func:`.runtime.cache.env_flag`): 0/false/no/off (any case) or empty makes
+    kernels ignore tuned configs."""
+    from .runtime.cache import env_flag
+
+    return env_flag("CUTE_KERNELS_TUNED")
 
 
 def entry_key(kernel: str, gpu: str, fingerprint: str, dtype, shape_key: str) -> str:
@@ -400,6 +404,8 @@ class RankerFwdTuner:
         s.setdefault("cand", s["S"] // 9 if "hist" not in s else s["S"] - s["hist"])
         s.setdefault("hist", s["S"] - s["cand"])
         s.setdefault("cap", None)
+        if s["cap"] is None and "cap_method" in s:
+            raise ValueError(f"cap_method={s['cap_method']} without cap=..: give the cap too ({self.shape_help})")
         s.setdefault("cap_method", "tanh")
         rf = self._module()
         if min(s["B"], s["S"], s["Hq"], s["Hkv"]) < 1:

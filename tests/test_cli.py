@@ -89,3 +89,48 @@ def test_unknown_kernel_that_is_a_launch_of_a_registered_one_gets_a_hint():
     r = _run("compile", "--kernel", "hc_mix_tma")
     assert r.returncode == 2 and "'hc_mix_tma' is a launch of 'hc_mix': use --kernel hc_mix" in r.stderr
 
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("--kernel", "ranker_fwd", "--shapes", "headlne"), "unknown 'headlne'"),
+    (("--kernel", "ranker_bwd", "--shapes", "headline+peer"), "unknown 'peer'"),
+    (("--kernel", "hc_mix", "--shapes", "headline"), "row counts M >= 1"),
+    (("--kernel", "hc_mix", "--shapes", "0,4"), "row counts M >= 1"),
+    (("--kernel", "qknorm", "--shapes", "64"), "qknorm takes none"),
+    (("--shapes", "headline"), "give --kernel NAME"),
+])
+def test_bench_shapes_are_checked_before_anything_runs(args, msg):
+    """A --shapes spec a kernel does not understand is refused on any machine (exit 2, what it accepts),
+    instead of being ignored, matched by substring, or failing after other kernels' timings."""
+    r = _run("bench", *args)
+    assert r.returncode == 2 and msg in r.stderr
+
+
+def test_bench_shapes_accepted_specs():
+    from cute_kernels import registry
+
+    assert registry.module("ranker_fwd").bench_shapes(None) == {"all", "peers"}
+    assert registry.module("ranker_bwd").bench_shapes("headline+deterministic") == {"headline", "deterministic"}
+    assert registry.module("hc_mix").bench_shapes("1,4096") == [1, 4096]
+    assert registry.module("scale").bench_shapes(None) is None
+    for name in registry.names():  # every registered kernel has one (the CLI calls it)
+        assert callable(registry.module(name).bench_shapes)
+
+
+def test_layouts_optional_bool_fields(tmp_path):
+    """Fields whose default is None (gqa_group_per_cta) take true/false/none; another value is a clean
+    error (exit 2), not a TypeError traceback."""
+    from cute_kernels.layouts.kernel_layouts import ranker_bwd_config
+
+    assert ranker_bwd_config("gqa_group_per_cta=true").gqa_group_per_cta is True
+    assert ranker_bwd_config("gqa_group_per_cta=None").gqa_group_per_cta is None
+    r = _run("layouts", "--kernel", "ranker_bwd", "--config", "gqa_group_per_cta=yes", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "true, false or none" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_layouts_without_matplotlib_says_what_is_missing(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None; sys.modules['matplotlib.figure'] = None\n"
+            "from cute_kernels.cli import main\n"
+            f"sys.exit(main(['layouts', '--kernel', 'ranker_fwd', '--out', {str(tmp_path / 'x')!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "not installed" in r.stderr and "Traceback" not in r.stderr

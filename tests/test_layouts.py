@@ -359,3 +359,19 @@ def test_smem_layout_refuses_partial_atoms_and_tma_box_refuses_mn_major():
     with pytest.raises(ValueError, match="K-major"):
         tma_box(hopper_smem_layout(128, 64, "bf16", major="MN"), "bf16")
     assert tma_box(hopper_smem_layout(64, 128, "bf16", stages=2), "bf16")["boxes"] == 2
+
+
+def test_bank_conflicts_refuse_accesses_outside_the_tile():
+    """A pattern reaching outside the tile (a negative column would wrap around in numpy) is an error."""
+    import cutlass
+
+    from cute_kernels.kernels import sm90_helpers
+    from cute_kernels.layouts import analysis
+    from cute_kernels.layouts.static import trace
+
+    lay = trace(lambda: sm90_helpers.smem_layout(cutlass.BFloat16, 64, 64))
+    assert analysis.bank_conflicts(lay, analysis.column_read(32, 5), 2).wavefronts
+    for pattern in (analysis.column_read(32, -5), analysis.column_read(32, 64), analysis.column_read(65, 0),
+                    analysis.row_read(0, vec=8, threads=9)):
+        with pytest.raises(ValueError, match="outside the"):
+            analysis.bank_conflicts(lay, pattern, 2)

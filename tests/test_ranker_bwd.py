@@ -745,3 +745,23 @@ def test_pre_and_postprocess_issue_their_loads_before_their_stores():
     first_store = next(i for i, o in enumerate(ops) if o.startswith("STG"))
     # 4 passes x 2 dQ-accumulator vectors, and pass 0's 4 self-term loads
     assert sum(o.startswith("LDG") and o.endswith(".128") for o in ops[:first_store]) >= 12, ops
+
+
+def test_references_refuse_what_the_op_refuses_and_take_empty_batches():
+    """The references (forward and backward) check dtype/device agreement, the head dim, meta tensors,
+    compute_dtype and dout's dtype with clean errors, and take B = 0 as the op does (empty outputs)."""
+    q = torch.randn(2, 16, 2, 8)
+    b = torch.tensor([[0, 10, 10, 16]] * 2, dtype=torch.int32)
+    out, lse = rf.ranker_attention_reference(q[:0], q[:0], q[:0], b[:0], return_lse=True)
+    assert out.shape == (0, 16, 2, 8) and lse.shape == (0, 2, 16)
+    assert all(g.shape == (0, 16, 2, 8) for g in rb.ranker_attention_backward_reference(q[:0], q[:0], q[:0], b[:0], q[:0]))
+    with pytest.raises(TypeError, match="share a dtype"):
+        rf.ranker_attention_reference(q.bfloat16(), q.double(), q.double(), b)
+    with pytest.raises(ValueError, match="head dim"):
+        rf.ranker_attention_reference(q[..., :0], q[..., :0], q[..., :0], b)
+    with pytest.raises(ValueError, match="not 'meta'"):
+        rf.ranker_attention_reference(*(q.to("meta"),) * 3, b)
+    with pytest.raises(TypeError, match="compute_dtype"):
+        rb.ranker_attention_backward_reference(q, q, q, b, q, compute_dtype=torch.int64)
+    with pytest.raises(TypeError, match="dout must be a floating-point"):
+        rb.ranker_attention_backward_reference(q, q, q, b, q.long())

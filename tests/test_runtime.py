@@ -361,3 +361,22 @@ def test_dynamic_compile_reports_a_bad_scalar():
         chain.append(str(e))
         e = e.__cause__ or e.__context__
     assert any("softmax_scale is not finite or out of its range" in m for m in chain), chain
+
+
+def test_env_flags_read_alike(monkeypatch):
+    """CUTE_KERNELS_CACHE and CUTE_KERNELS_TUNED take the same values (empty is off for both); an unknown
+    value is on, with a warning."""
+    import warnings
+
+    from cute_kernels import tuning
+    from cute_kernels.runtime.cache import disk_cache_enabled
+
+    for value, on in (("", False), ("0", False), ("Off", False), ("no", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv("CUTE_KERNELS_CACHE", value)
+        monkeypatch.setenv("CUTE_KERNELS_TUNED", value)
+        assert disk_cache_enabled() is on and tuning.tuned_enabled() is on
+    monkeypatch.setenv("CUTE_KERNELS_TUNED", "maybe")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert tuning.tuned_enabled()
+    assert any("CUTE_KERNELS_TUNED='maybe'" in str(w.message) for w in caught)

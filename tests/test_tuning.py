@@ -119,6 +119,7 @@ def test_candidates_from_the_command_line():
     ("B=4,S=100,H=16,D=128,hist=90,cand=20", "fit in S=100"),
     ("B=4,S=4608,H=16,D=128,tile=3", "unknown"),
     ("B=x,S=4608,H=16,D=128", "not a valid value"),
+    ("B=4,S=4608,H=16,D=128,cap_method=soft_sign", "without cap"),
 ])
 def test_tune_shape_errors(text, msg):
     with pytest.raises(ValueError, match=msg):

@@ -873,11 +873,29 @@ def _splitk_baseline():
         return None
 
 
+BENCH_MS = (1, 16, 128, 512, 1024, 2048, 4096, 16384)
+
+
+def bench_shapes(shapes: str | None) -> list[int]:
+    """:func:`bench`'s ``shapes`` spec: comma-separated row counts M >= 1 (default :data:`BENCH_MS`);
+    ``ValueError`` for anything else."""
+    if shapes is None:
+        return list(BENCH_MS)
+    try:
+        ms = [int(s) for s in shapes.split(",")]
+    except ValueError:
+        ms = []
+    if not ms or min(ms) < 1:
+        raise ValueError(f"bench --shapes for {NAME}: expected comma-separated row counts M >= 1 (K = 20480), "
+                         f"e.g. '4096' or '1,512,4096'; got {shapes!r}")
+    return ms
+
+
 def bench(shapes: str | None = None) -> list[dict]:
     """us per call inside a CUDA graph (10 calls per replay) and GB/s of reading x once (M*K*2 B).
 
     Ours: ``method="tma"`` (the default, impl ``cute_kernels_tma``) and ``method="walk"``
-    (``cute_kernels_walk``; records before session 7 call it ``cute_kernels``).
+    (``cute_kernels_walk``; records up to session 7's call the walk kernel ``cute_kernels``).
     Peers in the same process: the float32 torch reference and the split-K Triton baseline.
     ``shapes``: comma-separated M values (K = 20480), default 1,16,128,512,1024,2048,4096,16384.
     """
@@ -886,7 +904,7 @@ def bench(shapes: str | None = None) -> list[dict]:
     from ..runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
     k = 20480
-    ms = [int(s) for s in shapes.split(",")] if shapes else [1, 16, 128, 512, 1024, 2048, 4096, 16384]
+    ms = bench_shapes(shapes)
     copy_bw = copy_bandwidth_gbps()
     splitk = _splitk_baseline()
     recs = []

@@ -633,8 +633,16 @@ def check() -> list[CheckResult]:
     return rows
 
 
+def bench_shapes(shapes: str | None) -> None:
+    """:func:`bench` takes no ``shapes`` spec: ``ValueError`` unless it is None."""
+    from ..registry import no_spec
+
+    no_spec(NAME, shapes, 'N = 1 ... 16384 at Q=4096, K=1024')
+
+
 def bench(shapes: str | None = None) -> list[dict]:
     """Ours vs torch ``F.rms_norm`` (q, k) and quack ``rmsnorm`` (q, k) at Q=4096, K=1024 bf16."""
+    bench_shapes(shapes)
     import torch.nn.functional as F
 
     from ..runtime.timing import copy_bandwidth_gbps, cuda_time_us

@@ -769,8 +769,16 @@ def check() -> list[CheckResult]:
     return rows
 
 
+def bench_shapes(shapes: str | None) -> None:
+    """:func:`bench` takes no ``shapes`` spec: ``ValueError`` unless it is None."""
+    from ..registry import no_spec
+
+    no_spec(NAME, shapes, 'G = 2, 4, 8 emulated on one GPU')
+
+
 def bench(shapes: str | None = None) -> list[dict]:
     """Emulated G ranks on one GPU: fused push-buffer kernel vs the unfused path, per call."""
+    bench_shapes(shapes)
     from ..runtime.timing import cuda_time_us
 
     recs = []

@@ -162,6 +162,8 @@ class RankerBwdConfig:
         dq = self.tile_m * self.head_dim // (128 * self.mma_wgs)
         return 2 * dkv + max(2 * sdp, dq + sdp // 2)
 
+    SMEM_EXACT = True  # (a class constant, not a field) smem_bytes() is the struct's size, not a bound
+
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         """Bytes of the kernel's ``SharedStorage`` struct, laid out as the DSL does (each member at its
         alignment, in declaration order): the mbarriers, then sK, sV, sQ, sdO, sdS^T, sdQ (1024-byte
@@ -1304,6 +1306,14 @@ def _load_peers():
     return mod
 
 
+def bench_shapes(shapes: str | None) -> set[str]:
+    """:func:`bench`'s ``shapes`` spec as a set of words (``all`` or ``headline``, ``peers``,
+    ``deterministic``, ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
+    from ..registry import word_spec
+
+    return word_spec(NAME, shapes, ("all", "headline", "peers", "deterministic", "variants"), "all+peers")
+
+
 def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int = 2, echo: bool = False) -> list[dict]:
     """Backward time (the three launches; CUDA-graph timing, eager when a peer cannot be captured) and
     useful TFLOP/s = 2.5 x the forward's useful FLOPs (FlashAttention's convention)
@@ -1316,7 +1326,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
 
     from .ranker_fwd import _time_us, ranker_attention
 
-    spec = shapes or "all+peers"
+    spec = bench_shapes(shapes)
     cases = BENCH_CASES[:2] if "headline" in spec else BENCH_CASES
     peers_mod = _load_peers() if "peers" in spec else None
     t_start = time.time()
@@ -1381,8 +1391,13 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
 
 
 # ====================================================================== references (float64)
-def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
+def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
+                     compute_dtype=torch.float64):
+    if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
+        raise TypeError(f"compute_dtype must be a float torch.dtype, got {compute_dtype!r}")
     _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    if isinstance(dout, torch.Tensor) and not dout.is_floating_point():
+        raise TypeError(f"dout must be a floating-point tensor, got {dout.dtype}")
     if not isinstance(dout, torch.Tensor) or dout.shape != q.shape:
         raise ValueError(f"dout must be a tensor shaped like q {list(q.shape)}, "
                          f"got {list(dout.shape) if isinstance(dout, torch.Tensor) else type(dout).__name__}")
@@ -1408,7 +1423,7 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
     ``cu_seqlens[-1]`` belong to no sequence: zero gradients.  Meant for tests at modest sizes.
     Raises ``TypeError``/``ValueError`` like the forward reference.
     """
-    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype)
     # the forward reference returns cu_seqlens[-1] packed rows: differentiate through those only
     end = q.shape[0] if cu_seqlens is None else int(cu_seqlens[-1])
     with torch.enable_grad():
@@ -1436,7 +1451,7 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
     GQA sums dK, dV over the query heads of a group.  Returns ``(dq, dk, dv, lse, dpsum)`` in
     ``compute_dtype``; ``lse``/``dpsum`` are ``[B, Hq, S]`` (``[Hq, T]`` packed), ``lse = -inf`` and
     ``dpsum = 0`` on rows with no valid key."""
-    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype)
     d = q.shape[-1]
     hq, hkv = q.shape[-2], k.shape[-2]
     g = hq // hkv

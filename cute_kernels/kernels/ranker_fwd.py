@@ -1201,6 +1201,13 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
 
 def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen) -> None:
     check_float_tensors(q=q, k=k, v=v)
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "meta":
+        raise ValueError("the reference builds its mask from the bounds' values: it needs tensors with data, "
+                         "not 'meta' ones")
     if not isinstance(bounds, torch.Tensor):
         raise TypeError(f"bounds must be a torch.Tensor, got {type(bounds).__name__}")
     if bounds.dtype not in (torch.int32, torch.int64):
@@ -1217,6 +1224,8 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
+    if q.shape[-1] == 0:
+        raise ValueError("the head dim must be at least 1")
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
             raise ValueError("cu_seqlens must be a 1-D tensor of B + 1 offsets")
@@ -1278,7 +1287,8 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
     scores = scale * (qf @ kf.transpose(-1, -2))
     if cap is not None:
         scores = cap * torch.tanh(scores / cap) if cap_method == "tanh" else scores / (1 + scores.abs() / cap)
-    mask = torch.stack([dense_mask(bounds[b].cpu(), s) for b in range(nb)]).to(q.device)[:, None]  # B,1,S,S
+    masks = [dense_mask(bounds[b].cpu(), s) for b in range(nb)]
+    mask = (torch.stack(masks) if masks else torch.zeros(0, s, s, dtype=torch.bool)).to(q.device)[:, None]  # B,1,S,S
     scores = scores.masked_fill(~mask, -math.inf)
     lse = torch.logsumexp(scores, dim=-1)  # -inf for empty rows
     p = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
@@ -1347,6 +1357,14 @@ BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issue's he
 ]
 
 
+def bench_shapes(shapes: str | None) -> set[str]:
+    """:func:`bench`'s ``shapes`` spec as a set of words (``all`` or ``headline``, ``peers``,
+    ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
+    from ..registry import word_spec
+
+    return word_spec(NAME, shapes, ("all", "headline", "peers", "variants"), "all+peers")
+
+
 def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int = 2, echo: bool = False) -> list[dict]:
     """Ours vs the peers of ``bench/ranker_fwd_peers.py``, interleaved over ``rounds`` (the machine is
     noisy), CUDA-graph timing (eager when a peer cannot be captured).
@@ -1359,7 +1377,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
     ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
     import time
 
-    spec = shapes or "all+peers"
+    spec = bench_shapes(shapes)
     cases = BENCH_CASES[:2] if "headline" in spec else BENCH_CASES
     peers_mod = _load_peers() if "peers" in spec else None
     t_start = time.time()

@@ -170,7 +170,15 @@ def check() -> list[CheckResult]:
     return rows
 
 
+def bench_shapes(shapes: str | None) -> None:
+    """:func:`bench` takes no ``shapes`` spec: ``ValueError`` unless it is None."""
+    from ..registry import no_spec
+
+    no_spec(NAME, shapes, 'n = 2^12, 2^20, 2^28')
+
+
 def bench(shapes: str | None = None) -> list[dict]:
+    bench_shapes(shapes)
     from ..runtime.timing import cuda_time_us
 
     recs = []

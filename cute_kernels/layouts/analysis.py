@@ -145,7 +145,7 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
 
     Byte addresses come from :meth:`StaticLayout.byte_offsets` (the kernel's pointer swizzle);
     each thread's ``vec`` elements must be contiguous in shared memory (checked: a vector split by
-    the swizzle is a layout/pattern mismatch, ``ValueError``).
+    the swizzle is a layout/pattern mismatch, ``ValueError``), and inside the tile (``ValueError``).
     """
     table = layout.byte_offsets(elem_bytes)
     if table.ndim == 3:
@@ -154,9 +154,12 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
         raise ValueError(f"expected a rank-2 (or staged rank-3) layout, got dims {layout.dims}")
     access_bytes = pattern.vec * elem_bytes
     rep = ConflictReport(pattern.name, layout.name or str(layout), access_bytes)
+    rows, cols = table.shape
     for acc in pattern.coords:
         active = acc[:, 0] >= 0
         r, c = acc[active, 0], acc[active, 1]
+        if len(r) and (r.max() >= rows or c.min() < 0 or c.max() + pattern.vec > cols):
+            raise ValueError(f"{pattern.name}: touches elements outside the {rows} x {cols} tile of {rep.layout}")
         addr = table[r, c]
         for j in range(1, pattern.vec):
             if not np.array_equal(table[r, c + j], addr + j * elem_bytes):

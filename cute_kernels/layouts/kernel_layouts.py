@@ -84,7 +84,12 @@ def key_values(text: Optional[str], what: str, known) -> dict:
 
 
 def _parse_value(field: str, v: str, current):
-    """``v`` parsed as the type of ``current`` (the field's value in the base config)."""
+    """``v`` parsed as the type of ``current`` (the field's value in the base config); a field whose
+    value is None (an optional bool such as ``gqa_group_per_cta``) takes true, false or none."""
+    if current is None:
+        if v.lower() not in ("true", "false", "none"):
+            raise ValueError(f"config field {field!r} takes true, false or none, got {v!r}")
+        return None if v.lower() == "none" else v.lower() == "true"
     if isinstance(current, bool):
         if v.lower() not in ("true", "false"):
             raise ValueError(f"config field {field!r} takes true or false, got {v!r}")

@@ -49,9 +49,27 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+_OFF, _ON = ("0", "false", "no", "off", ""), ("1", "true", "yes", "on")
+
+
+def env_flag(name: str) -> bool:
+    """An on/off environment switch, on when unset: 0/false/no/off (any case) or empty is off,
+    1/true/yes/on is on; any other value is on with a warning naming the accepted ones."""
+    value = os.environ.get(name)
+    if value is None:
+        return True
+    v = value.strip().lower()
+    if v not in _OFF + _ON:
+        import warnings
+
+        warnings.warn(f"{name}={value!r} is not one of 0/false/no/off/(empty) or 1/true/yes/on: taken as on",
+                      stacklevel=2)
+    return v not in _OFF
+
+
 def disk_cache_enabled() -> bool:
-    """``CUTE_KERNELS_CACHE`` = 0/false/no/off (any case) or empty turns the disk cache off."""
-    return os.environ.get("CUTE_KERNELS_CACHE", "1").strip().lower() not in ("0", "false", "no", "off", "")
+    """``CUTE_KERNELS_CACHE`` (:func:`env_flag`): 0/false/no/off (any case) or empty turns the disk cache off."""
+    return env_flag("CUTE_KERNELS_CACHE")
 
 
 def disk_cache_problem(probe: bool = True) -> str | None:
