@@ -106,7 +106,10 @@ class RankerFwdConfig:
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
         skv = 2 * self.stages * self.tile_n * self.head_dim * elem_bytes
-        return sq + skv + 8 * (2 + 4 * self.stages) + 2048  # mbarriers + 1024-byte alignment slack
+        # an upper bound of the SharedStorage struct plus ptxas' 1024 B of static smem (the 1024-byte aligned
+        # dynamic base): the struct is the mbarriers padded to 1024 B, then sQ (, sO) and the K/V stages, all
+        # multiples of 1024 B, so this exceeds struct + static by the mbarriers' bytes
+        return sq + skv + 8 * (2 + 4 * self.stages) + 2048
 
     def validate(self) -> None:
         check_config_fields(self)
