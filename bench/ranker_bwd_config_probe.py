@@ -7,6 +7,8 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerBwdCon
     python3 bench/ranker_bwd_config_probe.py dk_smem=dq_first:True,dk_from_smem:True
 
 (a variant equal to the shipped config is dropped: at D=128 ``dq_first:True`` is shipped).
+``--fa4`` adds FlashAttention-4's backward with the ranker mask_mod (bench/ranker_bwd_peers.py; timed
+eagerly where its CUDA-graph capture fails, as in the bench); ``--d64`` keeps the D=64 shapes only.
 Timing options as the forward probe's (``--rounds=N``, ``--seed=N``; shuffled order, A/A pair).
 ``--jobs=N``: first compile every kernel the probe launches in N processes (into the disk compile
 cache, which the probe then loads), instead of one after another on first launch (a cold device
@@ -34,6 +36,8 @@ from cute_kernels.kernels.ranker_mask import admitted_pairs
 
 
 def launch(x, k, v, bounds, cap, cfg):
+    if callable(cfg):  # a peer's prepared backward call
+        return cfg()
     return rb.ranker_attention_backward(x.q, k, v, x.o, x.lse, x.do, bounds, cap=cap, config=cfg)
 
 
@@ -63,10 +67,24 @@ def precompile(variants, jobs: int):
     print(json.dumps({"precompiled": len(todo), "jobs": jobs}), flush=True)
 
 
-def main(variants, timing: dict):
+def _time_graph_or_eager(fn, reps, inner):
+    """CUDA-graph timing, or eager timing for a call that cannot be captured (FlashAttention-4's backward,
+    as in the bench)."""
+    from cute_kernels.runtime.timing import cuda_time_us
+
+    try:
+        return cuda_time_us(fn, graph=True, reps=reps, inner=inner)
+    except Exception:  # noqa: BLE001 (capture failed)
+        torch.cuda.synchronize()
+        return cuda_time_us(fn, graph=False, reps=reps, inner=inner)
+
+
+def main(variants, timing: dict, fa4: bool = False, d64: bool = False):
     data = []
     for case in rb.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
+        if d64 and d != 64:
+            continue
         # the variants first: a misspelled field fails before any input is built
         base = rb.config_for(d, cap is not None)
         cfgs = variant_configs(base, variants, case_key(case))
@@ -84,14 +102,21 @@ def main(variants, timing: dict):
                 dq_rel=round(((got[0].float() - ref[0].float()).norm() / ref[0].float().norm()).item(), 6),
                 det_bitwise=all(torch.equal(a, b) for a, b in zip(got_det, ref_det)))
         print(json.dumps({"shape": key, "checks": checks}), flush=True)
+        if fa4:
+            from ranker_bwd_peers import fa4_mask_mod
+
+            try:
+                cfgs["fa4_mask_mod"] = fa4_mask_mod(q, k, v, bounds, do, cap)
+            except Exception as exc:  # noqa: BLE001 (a line per failing peer)
+                print(json.dumps({"shape": key, "fa4_mask_mod": repr(exc)[:200]}), flush=True)
         flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [hist + cand] * nb)
         data.append((key, x, k, v, bounds, cap, flops, cfgs))
-    time_configs(data, launch=launch, **timing)
+    time_configs(data, launch=launch, time_us=_time_graph_or_eager if fa4 else None, **timing)
 
 
 if __name__ == "__main__":
-    variants, opts = probe_options(sys.argv[1:], doc=__doc__, jobs=True)
-    jobs = opts.pop("jobs")
+    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--d64"), doc=__doc__, jobs=True)
+    jobs, fa4, d64 = opts.pop("jobs"), opts.pop("fa4"), opts.pop("d64")
     if jobs:
         precompile(variants, jobs)
-    main(variants, opts)
+    main(variants, opts, fa4=fa4, d64=d64)
