@@ -149,28 +149,35 @@ def test_sync_variants(fields, d, hkv, cap, group):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("hkv,varlen", [(4, False), (2, False), (2, True)])
-def test_dq_split_rows(hkv, varlen):
-    """D=64 with 128 q rows per step and dQ = dS K split by q rows between the warpgroups (dq_split_rows:
-    n64 WGMMAs, each warpgroup reduce-adding its 64 rows): right against float64 at odd lengths, GQA
-    both ways, varlen; deterministic bitwise on repeat."""
-    cfg = rb.dataclasses.replace(rb.config_for(64, False), dq_split_rows=True)
+def _check_config_both_gqa_forms(tag, cfg, d, hkv, cap, varlen, seed):
+    """``cfg`` (GQA form forced both ways when Hkv < Hq = 4) against float64 at odd lengths (packed with
+    an empty-candidates sequence when ``varlen``), then its deterministic mode bitwise on repeat."""
     if varlen:
         cu = torch.tensor([0, 389, 400, 789], device="cuda", dtype=torch.int32)
-        q, k, v, do = _tensors((800, 4, 64), (800, hkv, 64), seed=25)
+        q, k, v, do = _tensors((800, 4, d), (800, hkv, d), seed=seed)
         bounds = torch.tensor([[7, 263, 263, 389], [0, 11, 0, 0], [0, 129, 129, 389]], device="cuda",
                               dtype=torch.int32)
     else:
         cu = None
-        q, k, v, do = _tensors((2, 389, 4, 64), (2, 389, hkv, 64), seed=25)
+        q, k, v, do = _tensors((2, 389, 4, d), (2, 389, hkv, d), seed=seed)
         bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 130, 300]], device="cuda", dtype=torch.int32)
     for group in ((True, False) if hkv < 4 else (None,)):
         c = rb.dataclasses.replace(cfg, gqa_group_per_cta=group)
-        _compare(f"dq-split-rows-{hkv}-{group}-{varlen}", q, k, v, do, bounds, cu_seqlens=cu, config=c)
+        _compare(f"{tag}-{hkv}-{group}-{varlen}", q, k, v, do, bounds, cap=cap, cu_seqlens=cu, config=c)
     det = rb.dataclasses.replace(cfg, deterministic=True)
-    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, cu_seqlens=cu)
-    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cu_seqlens=cu, config=det) for _ in range(2))
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True, cu_seqlens=cu)
+    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap, cu_seqlens=cu, config=det)
+            for _ in range(2))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("hkv,varlen", [(4, False), (2, False), (2, True)])
+def test_dq_split_rows(hkv, varlen):
+    """D=64 with 128 q rows per step and dQ = dS K split by q rows between the warpgroups (dq_split_rows,
+    shipped since session 14: n64 WGMMAs, each warpgroup reduce-adding its 64 rows): right against
+    float64 at odd lengths, GQA both ways, varlen; deterministic bitwise on repeat."""
+    cfg = rb.dataclasses.replace(rb.config_for(64, False), dq_split_rows=True)
+    _check_config_both_gqa_forms("dq-split-rows", cfg, 64, hkv, None, varlen, seed=25)
 
 
 @pytest.mark.parametrize("fields", [dict(dq_swap_ab=False), dict(tile_m=80, ds_stages=1),
@@ -182,23 +189,7 @@ def test_dq_forms(fields, hkv, cap, varlen):
     and FA3's 80-row q tiles (which need dq_swap_ab): right against float64 (odd lengths, GQA both
     ways, a cap, varlen), deterministic bitwise on repeat."""
     cfg = rb.dataclasses.replace(rb.config_for(128, cap is not None), **fields)
-    if varlen:
-        cu = torch.tensor([0, 389, 400, 789], device="cuda", dtype=torch.int32)
-        q, k, v, do = _tensors((800, 4, 128), (800, hkv, 128), seed=15)
-        bounds = torch.tensor([[7, 263, 263, 389], [0, 11, 0, 0], [0, 129, 129, 389]], device="cuda",
-                              dtype=torch.int32)
-    else:
-        cu = None
-        q, k, v, do = _tensors((2, 389, 4, 128), (2, 389, hkv, 128), seed=15)
-        bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 130, 300]], device="cuda", dtype=torch.int32)
-    for group in ((True, False) if hkv < 4 else (None,)):
-        c = rb.dataclasses.replace(cfg, gqa_group_per_cta=group)
-        _compare(f"dq-{fields}-{hkv}-{group}", q, k, v, do, bounds, cap=cap, cu_seqlens=cu, config=c)
-    det = rb.dataclasses.replace(cfg, deterministic=True)
-    out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True, cu_seqlens=cu)
-    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap, cu_seqlens=cu, config=det)
-            for _ in range(2))
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    _check_config_both_gqa_forms(f"dq-{fields}", cfg, 128, hkv, cap, varlen, seed=15)
 
 
 @pytest.mark.parametrize("group", [True, False], ids=["group", "per-head"])
