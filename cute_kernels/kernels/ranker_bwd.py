@@ -29,10 +29,10 @@ The backward is three launches (:func:`ranker_attention_backward`):
      (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask, ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO`` and ``dK += dS^T Q`` with
      P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
-     ``dQ = dS K`` (both warpgroups, half the head dim each; at D=128 computed as
+     ``dQ = dS K`` (both warpgroups: at D=128 half the head dim each, computed as
      ``dQ^T = K^T dS^T``, ``dq_swap_ab``, and issued before the dK GEMM, whose run then covers dQ's
-     hand-off), dQ through smem to warp 1 (each
-     warpgroup's half on its own pair of named barriers, one TMA reduce-add copy per half; two dS^T
+     hand-off; at D=64 without a cap half of the 128 q rows each, ``dq_split_rows``), dQ through smem
+     to warp 1 (each warpgroup's half on its own pair of named barriers, one TMA reduce-add copy per half; two dS^T
      buffers, so a warpgroup writes the next dS^T without waiting for the other's dQ GEMM).
    Only the q blocks holding history or candidate rows are visited (each once,
    :meth:`.ranker_mask.RankerSegments.m_block_ranges`); KV blocks outside the history do no work.
