@@ -74,9 +74,16 @@ def _time_graph_or_eager(fn, reps, inner):
 
     try:
         return cuda_time_us(fn, graph=True, reps=reps, inner=inner)
-    except Exception:  # noqa: BLE001 (capture failed)
+    except Exception as exc:  # noqa: BLE001 (capture failed): said once per message, then timed eagerly
+        msg = f"{type(exc).__name__}: {exc}"[:160]
+        if msg not in _EAGER_SAID:
+            _EAGER_SAID.add(msg)
+            print(json.dumps({"timing": "eager (CUDA-graph capture failed)", "error": msg}), flush=True)
         torch.cuda.synchronize()
         return cuda_time_us(fn, graph=False, reps=reps, inner=inner)
+
+
+_EAGER_SAID: set = set()
 
 
 def main(variants, timing: dict, fa4: bool = False, d64: bool = False):

@@ -64,9 +64,9 @@ def module(name: str):
 
 
 def word_spec(kernel: str, shapes: str | None, words: tuple[str, ...], default: str) -> set[str]:
-    """A ``--shapes`` spec made of ``+``-joined words from ``words`` (None = ``default``) as a set;
-    ``ValueError`` naming the unknown words and the accepted ones."""
-    spec = default if shapes is None else shapes
+    """A ``--shapes`` spec made of ``+``-joined words from ``words`` (None or empty = ``default``) as a
+    set; ``ValueError`` naming the unknown words and the accepted ones."""
+    spec = shapes or default
     given = [w.strip() for w in spec.split("+")]
     unknown = [w for w in given if w not in words]
     if unknown:
@@ -76,6 +76,6 @@ def word_spec(kernel: str, shapes: str | None, words: tuple[str, ...], default: 
 
 
 def no_spec(kernel: str, shapes: str | None, what: str) -> None:
-    """``ValueError`` unless ``shapes`` is None: the kernel's bench always runs ``what``."""
-    if shapes is not None:
+    """``ValueError`` unless ``shapes`` is None or empty: the kernel's bench always runs ``what``."""
+    if shapes:
         raise ValueError(f"bench --shapes: {kernel} takes none (it always runs {what}); got {shapes!r}")

@@ -134,3 +134,13 @@ def test_layouts_without_matplotlib_says_what_is_missing(tmp_path):
             f"sys.exit(main(['layouts', '--kernel', 'ranker_fwd', '--out', {str(tmp_path / 'x')!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "not installed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_precheck_skips_a_broken_kernel_module(monkeypatch, capsys):
+    """The --shapes pre-check must not let one kernel module that fails to import stop the others (its
+    bench reports FAIL later); on a CPU the command then ends with 'bench needs a CUDA GPU'."""
+    from cute_kernels import cli, registry
+
+    monkeypatch.setitem(registry.KERNELS, "broken", "cute_kernels.kernels.does_not_exist")
+    assert cli.main(["bench"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out

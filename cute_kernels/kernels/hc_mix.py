@@ -877,9 +877,9 @@ BENCH_MS = (1, 16, 128, 512, 1024, 2048, 4096, 16384)
 
 
 def bench_shapes(shapes: str | None) -> list[int]:
-    """:func:`bench`'s ``shapes`` spec: comma-separated row counts M >= 1 (default :data:`BENCH_MS`);
-    ``ValueError`` for anything else."""
-    if shapes is None:
+    """:func:`bench`'s ``shapes`` spec: comma-separated row counts M >= 1 (None or empty:
+    :data:`BENCH_MS`); ``ValueError`` for anything else."""
+    if not shapes:
         return list(BENCH_MS)
     try:
         ms = [int(s) for s in shapes.split(",")]

@@ -240,7 +240,7 @@ class RankerBwdConfig:
 # 2026-11-30_s13_ranker_bwd_dq_reduce_cost.log), but neither a second sdQ buffer (the MMA warpgroups
 # writing the next q block's dQ while the TMA reduce-add reads this one's: headline 540 vs 538 / 545,
 # B=8 2K+2K 504 vs 521 / 511; ..._s14_ranker_bwd_dq_stages_probe.log) nor red.global.add.v4.f32 from
-# the MMA threads' registers without smem staging (7-9% slower: ..._s14_ranker_bwd_dq_red_global_probe.log)
+# the MMA threads' registers without smem staging (2-11% slower: ..._s14_ranker_bwd_dq_red_global_probe.log)
 # recovers it: the cost is bandwidth (L2 reductions, shared memory), not the hand-off's latency.
 # D=64: the same, except without a cap (config_for): 128 q rows per step measured faster there (H200,
 # 2026-11-29, B=4 4096+512 H16: 1695 us vs 1847, deterministic 1961 vs 2515;
@@ -267,6 +267,14 @@ def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
     if head_dim not in CONFIGS:
         raise ValueError(f"head dim {head_dim} is not supported by the backward; supported: {sorted(CONFIGS)}")
     return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
+
+
+def with_tile_m(config: RankerBwdConfig, tile_m: int) -> RankerBwdConfig:
+    """``config`` with ``tile_m`` q rows per step and the dQ form the shipped configs use for such a tile:
+    ``dq_split_rows`` on for ``64 x mma_wgs`` rows without ``dq_swap_ab`` (D=64's 128-row tile), off
+    otherwise (what a tile-shape sweep or ``--config tile_m=..`` wants; not validated)."""
+    split = tile_m == 64 * config.mma_wgs and not config.dq_swap_ab
+    return dataclasses.replace(config, tile_m=tile_m, dq_split_rows=split)
 
 
 GQA_MIN_WAVES = 2  # gqa_group_per_cta=None: a group per CTA while that leaves this many waves of CTAs
@@ -305,8 +313,8 @@ def tiled_mmas(dtype, config: RankerBwdConfig):
     """The mainloop's WGMMAs (DSL objects; call inside a trace), ``(sdp, dkv, dq)``: S^T = K Q^T and
     dP^T = V dO^T (M = keys, 64 per MMA warpgroup; N = q rows; K = head dim); dV += P^T dO and dK +=
     dS^T Q (M = keys, N = head dim, K = q rows, A from registers); dQ = dS K (M = q rows, N = head dim
-    split between the warpgroups) or, with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per
-    warpgroup; N = q rows).  The kernel and :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts`
+    split between the warpgroups; with ``dq_split_rows`` the q rows split instead, 64 per warpgroup) or,
+    with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per warpgroup; N = q rows).  The kernel and :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts`
     both build them here."""
     K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
     sdp = sm90_utils.make_trivial_tiled_mma(
@@ -669,7 +677,8 @@ class RankerAttentionBwd:
     @cute.jit
     def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, mdQsem, work):
         """Warp 1: for each (q block, query head) step, wait for the MMA warpgroups' dQ tile in smem
-        (``dq_parts`` column blocks, one per warpgroup with ``dq_per_wg``), add each to the float32
+        (``dq_parts`` blocks, one per warpgroup with ``dq_per_wg``: head-dim columns, or q rows with
+        ``dq_split_rows``), add each to the float32
         accumulator in global memory with one TMA bulk reduce-add copy (at D=128 two instructions per
         half: a 128-byte swizzle box holds 32 float32 columns), hand the buffers back once the reduces
         have read them.
@@ -848,14 +857,14 @@ class RankerAttentionBwd:
         if const_expr(self.config.dq_first):
             warpgroup.wait_group(0)  # dV done: sdO and P^T's registers are free before dQ's accumulator lives
             pipeline_do.consumer_release(q_state)
-            # dQ = dS K (this warpgroup's half of the head dim), then dK += dS^T Q behind it
+            # dQ = dS K (this warpgroup's half of the head dim, or of the q rows), then dK += dS^T Q behind it
             self.dq_gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx)
             tdKrA = tdKrdSt[None, None, None, ds_idx] if const_expr(self.config.dk_from_smem) \
                 else sm90.acc_as_operand_a(rdS)
             sm90.wgmma_gemm(tiled_mma_dk, acc_dK, tdKrA, tdKrQt[None, None, None, stage], zero_init=False)
             warpgroup.wait_group(1)
         else:
-            # dQ = dS K (this warpgroup's half of the head dim)
+            # dQ = dS K (this warpgroup's half of the head dim, or of the q rows)
             self.dq_gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx)
             warpgroup.wait_group(0)
             pipeline_do.consumer_release(q_state)
@@ -875,7 +884,8 @@ class RankerAttentionBwd:
         return q_state
 
     def dq_gemm(self, tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx):
-        """dQ = dS K (this warpgroup's half of the head dim), or with ``dq_swap_ab`` dQ^T = K^T dS^T."""
+        """dQ = dS K (this warpgroup's half of the head dim, or of the q rows with ``dq_split_rows``), or
+        with ``dq_swap_ab`` dQ^T = K^T dS^T."""
         if const_expr(self.config.dq_swap_ab):
             sm90.wgmma_gemm(tiled_mma_dq, acc_dQ, tdQrKt, tdQrdS[None, None, None, ds_idx], zero_init=True)
         else:
@@ -1352,7 +1362,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
             for tag, kw in (("stages3", dict(stages=3)), ("tile_m64", dict(tile_m=64)), ("tile_m128", dict(tile_m=128)),
                             ("tile_m128_stages1", dict(tile_m=128, stages=1))):
                 try:
-                    cfg = dataclasses.replace(shipped, **kw)
+                    cfg = dataclasses.replace(with_tile_m(shipped, kw.pop("tile_m", shipped.tile_m)), **kw)
                     cfg.validate()
                 except ValueError:
                     continue
@@ -1396,8 +1406,10 @@ def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_s
     if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
         raise TypeError(f"compute_dtype must be a float torch.dtype, got {compute_dtype!r}")
     _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
-    if isinstance(dout, torch.Tensor) and not dout.is_floating_point():
-        raise TypeError(f"dout must be a floating-point tensor, got {dout.dtype}")
+    if isinstance(dout, torch.Tensor) and dout.dtype != q.dtype:
+        raise TypeError(f"dout must have q's dtype {q.dtype}, got {dout.dtype}")
+    if isinstance(dout, torch.Tensor) and dout.device != q.device:
+        raise ValueError(f"dout must be on q's device {q.device}, got {dout.device}")
     if not isinstance(dout, torch.Tensor) or dout.shape != q.shape:
         raise ValueError(f"dout must be a tensor shaped like q {list(q.shape)}, "
                          f"got {list(dout.shape) if isinstance(dout, torch.Tensor) else type(dout).__name__}")

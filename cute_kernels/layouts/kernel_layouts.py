@@ -313,14 +313,14 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
 # ---------------------------------------------------------------------------- ranker backward
 def ranker_bwd_config(text: Optional[str] = None):
     """A ``RankerBwdConfig`` from ``"head_dim=64,tile_m=128"``: the shipped D=128 config (or, when the
-    text sets ``head_dim``, that head dim's shipped config without a cap, less ``dq_split_rows`` when
-    the text sets ``tile_m`` but not it) with the given fields replaced.  Not validated."""
+    text sets ``head_dim``, that head dim's shipped config without a cap; a ``tile_m`` with the dQ form
+    shipped for it, :func:`.ranker_bwd.with_tile_m`) with the given fields replaced.  Not validated."""
     from ..kernels import ranker_bwd as rb
 
     fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)})
     base = rb.config_for(int(fields["head_dim"]), False) if "head_dim" in fields else rb.CONFIGS[128]
-    if base.dq_split_rows and "tile_m" in fields and "dq_split_rows" not in fields:
-        base = dataclasses.replace(base, dq_split_rows=False)  # (it needs 128 q rows)
+    if "tile_m" in fields and "dq_split_rows" not in fields:  # the dQ form shipped for that tile
+        base = rb.with_tile_m(base, int(fields["tile_m"]))
     return parse_config(rb.RankerBwdConfig, text, base=base)
 
 

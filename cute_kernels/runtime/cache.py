@@ -63,7 +63,7 @@ def env_flag(name: str) -> bool:
         import warnings
 
         warnings.warn(f"{name}={value!r} is not one of 0/false/no/off/(empty) or 1/true/yes/on: taken as on",
-                      stacklevel=2)
+                      stacklevel=3)
     return v not in _OFF
 
 
