@@ -1,6 +1,7 @@
 """Forward config variants vs the shipped config (:func:`ranker_fwd.shipped_config`) on the bench shapes:
 checks (output and LSE bitwise equal to the shipped config's, for variants that must not change the
-math, and their largest differences from it), then CUDA-graph medians of interleaved rounds (``probe_timing.time_configs``); ``--fa4`` adds
+math, and their largest differences from it), then CUDA-graph medians of interleaved rounds
+(``probe_timing.time_configs``); ``--fa4`` adds
 FlashAttention-4 with the ranker mask_mod (bench/ranker_fwd_peers.py) to the same rounds.
 
 Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerFwdConfig fields:

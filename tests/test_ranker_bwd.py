@@ -754,7 +754,8 @@ def test_references_refuse_what_the_op_refuses_and_take_empty_batches():
     b = torch.tensor([[0, 10, 10, 16]] * 2, dtype=torch.int32)
     out, lse = rf.ranker_attention_reference(q[:0], q[:0], q[:0], b[:0], return_lse=True)
     assert out.shape == (0, 16, 2, 8) and lse.shape == (0, 2, 16)
-    assert all(g.shape == (0, 16, 2, 8) for g in rb.ranker_attention_backward_reference(q[:0], q[:0], q[:0], b[:0], q[:0]))
+    grads = rb.ranker_attention_backward_reference(q[:0], q[:0], q[:0], b[:0], q[:0])
+    assert all(g.shape == (0, 16, 2, 8) for g in grads)
     with pytest.raises(TypeError, match="share a dtype"):
         rf.ranker_attention_reference(q.bfloat16(), q.double(), q.double(), b)
     with pytest.raises(ValueError, match="head dim"):

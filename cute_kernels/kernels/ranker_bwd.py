@@ -314,8 +314,8 @@ def tiled_mmas(dtype, config: RankerBwdConfig):
     dP^T = V dO^T (M = keys, 64 per MMA warpgroup; N = q rows; K = head dim); dV += P^T dO and dK +=
     dS^T Q (M = keys, N = head dim, K = q rows, A from registers); dQ = dS K (M = q rows, N = head dim
     split between the warpgroups; with ``dq_split_rows`` the q rows split instead, 64 per warpgroup) or,
-    with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per warpgroup; N = q rows).  The kernel and :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts`
-    both build them here."""
+    with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per warpgroup; N = q rows).  The kernel and
+    :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts` both build them here."""
     K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
     sdp = sm90_utils.make_trivial_tiled_mma(
         dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1), tiler_mn=(64, config.tile_m))
@@ -1362,7 +1362,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
             for tag, kw in (("stages3", dict(stages=3)), ("tile_m64", dict(tile_m=64)), ("tile_m128", dict(tile_m=128)),
                             ("tile_m128_stages1", dict(tile_m=128, stages=1))):
                 try:
-                    cfg = dataclasses.replace(with_tile_m(shipped, kw.pop("tile_m", shipped.tile_m)), **kw)
+                    rest = {f: val for f, val in kw.items() if f != "tile_m"}
+                    cfg = dataclasses.replace(with_tile_m(shipped, kw.get("tile_m", shipped.tile_m)), **rest)
                     cfg.validate()
                 except ValueError:
                     continue
