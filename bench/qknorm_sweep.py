@@ -1,12 +1,17 @@
-"""Tuning sweep of the one-GPU fused Q/K RMSNorm (vectors per thread, streaming cache hints).
+"""Tuning sweep of the one-GPU fused Q/K RMSNorm: vectors per thread, streaming cache hints, persistent CTAs.
 
-    python3 bench/qknorm_sweep.py
+    python3 bench/qknorm_sweep.py [--rounds=N] [--n=4096,16384,65536]
 
-Prints one JSON line per (tuning, N): kernel time in a CUDA graph and the fraction of the measured
-copy rate (Q=4096, K=1024, bf16).
+For each N (Q=4096, K=1024, bf16) every tuning is timed in a CUDA graph in ``--rounds`` rounds of shuffled
+order (median printed, with every round), next to two stock kernels that move the same bytes: torch's
+out-of-place copy of q and k, and torch's in-place ``mul_`` of q and k by their weights (read + write in
+place, as the norm does).  One JSON line per N, and the copy rate first.
 """
 
 import json
+import random
+import statistics
+import sys
 
 import torch
 
@@ -14,24 +19,56 @@ import cute_kernels  # noqa: F401  (sets the arch)
 from cute_kernels.kernels import qknorm as mod
 from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
+SMS = 132
 
-def main():
+
+def tunings():
+    """Persistent CTA counts: the CTAs one SM holds (registers: 64 per thread for 2 vectors, 128 for 4,
+    58 for 1 at Q=4096, K=1024; sm_90a) times 132 SMs, and fewer."""
+    out = {"shipped": mod.DEFAULT_TUNING, "v4": mod.QKNormTuning(4, False), "v2_stream": mod.QKNormTuning(2, True)}
+    for per_sm in (2, 3):
+        out[f"v2_persist{per_sm}"] = mod.QKNormTuning(2, False, SMS * per_sm)
+    out["v4_persist3"] = mod.QKNormTuning(4, False, SMS * 3)
+    out["v1_persist2"] = mod.QKNormTuning(1, False, SMS * 2)
+    out["v2_stream_persist3"] = mod.QKNormTuning(2, True, SMS * 3)
+    return out
+
+
+def main(argv):
+    rounds = 5
+    ns = (4096, 16384, 65536)
+    for a in argv:
+        if a.startswith("--rounds="):
+            rounds = int(a.split("=", 1)[1])
+        elif a.startswith("--n="):
+            ns = tuple(int(x) for x in a.split("=", 1)[1].split(","))
+        else:
+            raise SystemExit(f"unknown argument {a!r}\n{__doc__}")
     bw = copy_bandwidth_gbps()
-    print(json.dumps(dict(copy_gbps=round(bw, 1))))
+    print(json.dumps(dict(copy_gbps=round(bw, 1), rounds=rounds)), flush=True)
     qd, kd, dtype = 4096, 1024, torch.bfloat16
-    for tuning in (mod.QKNormTuning(4, False), mod.QKNormTuning(4, True), mod.QKNormTuning(2, False),
-                   mod.QKNormTuning(2, True), mod.QKNormTuning(8, False), mod.QKNormTuning(8, True)):
-        fn = mod._compile(dtype, qd, kd, tuning)
-        for n in (64, 4096, 16384, 65536):
-            q = torch.randn(n, qd, device="cuda", dtype=dtype)
-            k = torch.randn(n, kd, device="cuda", dtype=dtype)
-            wq = torch.randn(qd, device="cuda", dtype=dtype)
-            wk = torch.randn(kd, device="cuda", dtype=dtype)
-            t = cuda_time_us(lambda: fn(q, k, wq, wk, 1e-6), graph=True, reps=30)
-            gbps = 2 * (q.numel() + k.numel()) * 2 / t / 1e3
-            print(json.dumps(dict(vecs=tuning.target_vecs, streaming=tuning.streaming, n=n,
-                                  time_us=round(t, 2), copy_frac=round(gbps / bw, 3))))
+    fns = {name: mod._compile(dtype, qd, kd, t) for name, t in tunings().items()}
+    rng = random.Random(0)
+    for n in ns:
+        q = torch.randn(n, qd, device="cuda", dtype=dtype)
+        k = torch.randn(n, kd, device="cuda", dtype=dtype)
+        wq = torch.randn(qd, device="cuda", dtype=dtype) * 0 + 1  # the in-place runs keep the values finite
+        wk = torch.randn(kd, device="cuda", dtype=dtype) * 0 + 1
+        q2, k2 = torch.empty_like(q), torch.empty_like(k)
+        calls = {name: (lambda fn=fn: fn(q, k, wq, wk, 1e-6)) for name, fn in fns.items()}
+        calls["torch_copy"] = lambda: (q2.copy_(q), k2.copy_(k))
+        calls["torch_mul_"] = lambda: (q.mul_(wq), k.mul_(wk))
+        times = {name: [] for name in calls}
+        for _ in range(rounds):
+            order = list(calls)
+            rng.shuffle(order)
+            for name in order:
+                times[name].append(round(cuda_time_us(calls[name], graph=True, reps=30), 2))
+        nbytes = 2 * (q.numel() + k.numel()) * 2
+        med = {name: statistics.median(v) for name, v in times.items()}
+        print(json.dumps(dict(n=n, us=med, copy_frac={m: round(nbytes / t / 1e3 / bw, 3) for m, t in med.items()},
+                              all=times)), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

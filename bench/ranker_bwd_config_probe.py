@@ -8,7 +8,8 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerBwdCon
 
 (a variant equal to the shipped config is dropped: at D=128 ``dq_first:True`` is shipped).
 ``--fa4`` adds FlashAttention-4's backward with the ranker mask_mod (bench/ranker_bwd_peers.py; timed
-eagerly where its CUDA-graph capture fails, as in the bench); ``--d64`` keeps the D=64 shapes only.
+eagerly where its CUDA-graph capture fails, as in the bench); ``--d64`` keeps the D=64 shapes only,
+``--headline`` the headline shape without and with the tanh cap (the issue's "tanh within 10%" pair).
 Timing options as the forward probe's (``--rounds=N``, ``--seed=N``; shuffled order, A/A pair).
 ``--jobs=N``: first compile every kernel the probe launches in N processes (into the disk compile
 cache, which the probe then loads), instead of one after another on first launch (a cold device
@@ -86,9 +87,9 @@ def _time_graph_or_eager(fn, reps, inner):
 _EAGER_SAID: set = set()
 
 
-def main(variants, timing: dict, fa4: bool = False, d64: bool = False):
+def main(variants, timing: dict, fa4: bool = False, d64: bool = False, headline: bool = False):
     data = []
-    for case in rb.BENCH_CASES:
+    for case in rb.BENCH_CASES[:2] if headline else rb.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
         if d64 and d != 64:
             continue
@@ -122,8 +123,8 @@ def main(variants, timing: dict, fa4: bool = False, d64: bool = False):
 
 
 if __name__ == "__main__":
-    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--d64"), doc=__doc__, jobs=True)
-    jobs, fa4, d64 = opts.pop("jobs"), opts.pop("fa4"), opts.pop("d64")
+    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--d64", "--headline"), doc=__doc__, jobs=True)
+    jobs, fa4, d64, headline = opts.pop("jobs"), opts.pop("fa4"), opts.pop("d64"), opts.pop("headline")
     if jobs:
         precompile(variants, jobs)
-    main(variants, opts, fa4=fa4, d64=d64)
+    main(variants, opts, fa4=fa4, d64=d64, headline=headline)

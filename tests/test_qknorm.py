@@ -1,6 +1,7 @@
 """Fused Q/K RMSNorm (G = 1): CPU compile of every shipped config, PTX features, tiling, reference, validation."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -38,6 +39,32 @@ def test_widest_rows_compile_without_spills_and_wider_are_rejected():
         mod.validate_qk_args(torch.zeros(2, widest + 256 * 8, dtype=torch.bfloat16), torch.zeros(2, 64, dtype=torch.bfloat16),
                              torch.ones(widest + 256 * 8, dtype=torch.bfloat16), torch.ones(64, dtype=torch.bfloat16),
                              1e-6, cuda=False)
+
+
+@pytest.mark.parametrize("tuning", [mod.QKNormTuning(2, False, 792), mod.QKNormTuning(4, True, 5)])
+@pytest.mark.parametrize("qk", [(4096, 1024), (8 * 97, 24)])
+def test_persistent_tiles_compile_to_a_loop_without_spills(tuning, qk):
+    """``persistent_ctas``: the tile loop is a loop in the PTX (a backward branch), the weights are
+    loaded once before it, 16-byte vectors, no spills; ragged columns included."""
+    mod._compile(torch.bfloat16, *qk, tuning)
+    rec = compile_record(mod.NAME, (str(torch.bfloat16), *qk, tuning))
+    assert re.search(r"ld\.global[.\w:]*\.v4\.", rec.ptx) and re.search(r"st\.global[.\w:]*\.v4\.", rec.ptx)
+    assert "local memory (spill)" not in rec.ptx_features
+    assert all(not r.stack_bytes for r in rec.resources)
+    body = rec.ptx[rec.ptx.index(".entry"):]
+    assert "nctaid.x" in body  # the stride of the tile loop
+    labels = [ln.strip()[:-1] for ln in body.splitlines() if ln.strip().endswith(":") and ln.strip()[0] == "$"]
+    branches = [ln.split()[-1].rstrip(";") for ln in body.splitlines() if "bra" in ln.split()[:2] or
+                (len(ln.split()) > 1 and ln.split()[1].startswith("bra"))]
+    back = [b for b in branches if b in labels and body.index(b + ":") < body.rindex(b)]
+    assert back, "no loop in the persistent kernel"
+
+
+def test_tuning_validation():
+    with pytest.raises(ValueError, match="persistent_ctas"):
+        mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=mod.QKNormTuning(2, False, -1))
+    with pytest.raises(TypeError, match="persistent_ctas"):
+        mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=mod.QKNormTuning(2, False, 1.5))
 
 
 def test_odd_widths_compile():

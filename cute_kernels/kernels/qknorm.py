@@ -117,10 +117,18 @@ class QKNormTuning:
 
     ``target_vecs``: 16-byte vectors per thread per row (bytes in flight per thread).
     ``streaming``: rows are read once and written once: evict-first loads, streaming (``.cs``) stores.
+    ``persistent_ctas``: 0 = one CTA per row tile; ``> 0`` = at most that many CTAs, CTA ``b`` walking
+    row tiles ``b, b + grid, ...`` with the weights loaded once and the next tile's loads issued before
+    this tile's stores (any value is correct on any GPU; the SM count only sets the speed).
     """
 
     target_vecs: int = 4
     streaming: bool = False
+    persistent_ctas: int = 0
+
+    def validate(self) -> None:
+        check_int("target_vecs", self.target_vecs, low=1)
+        check_int("persistent_ctas", self.persistent_ctas, low=0)
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,7 @@ class QKNormConfig:
         return self.q_threads + self.k_threads
 
     def validate(self) -> None:
+        self.tuning.validate()
         self.q.validate()
         self.k.validate()
         if self.q.vec != self.k.vec:
@@ -300,8 +309,11 @@ class QKNormKernel(QKRowNormalizer):
                  eps: Float32, stream):
         n = mQ.shape[0]
         rows = self.config.rows
-        self.kernel(mQ, mK, mWq, mWk, eps).launch(
-            grid=[(n + rows - 1) // rows, 1, 1], block=[self.config.threads, 1, 1], stream=stream)
+        grid = (n + rows - 1) // rows
+        if cutlass.const_expr(self.config.tuning.persistent_ctas > 0):
+            grid = cutlass.min(grid, self.config.tuning.persistent_ctas)
+        self.kernel(mQ, mK, mWq, mWk, eps).launch(grid=[grid, 1, 1], block=[self.config.threads, 1, 1],
+                                                  stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor, eps: Float32):
@@ -309,13 +321,21 @@ class QKNormKernel(QKRowNormalizer):
         bidx, _, _ = cute.arch.block_idx()
         cfg = self.config
         smem = cutlass.memory.SmemAllocator()
-        sRed = smem.allocate_tensor(Float32, cute.make_layout(self.num_warps), byte_alignment=16)
         n = mQ.shape[0]
-        if tidx < cfg.q_threads:
-            self.normalize(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
-        else:
-            self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
-                           cfg.q_threads // 32, 2)
+        if cutlass.const_expr(cfg.tuning.persistent_ctas == 0):
+            sRed = smem.allocate_tensor(Float32, cute.make_layout(self.num_warps), byte_alignment=16)
+            if tidx < cfg.q_threads:
+                self.normalize(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
+            else:
+                self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
+                               cfg.q_threads // 32, 2)
+        else:  # two slots per warp: a tile's partial sums are written while the last tile's may still be read
+            sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
+            if tidx < cfg.q_threads:
+                self.normalize_tiles(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
+            else:
+                self.normalize_tiles(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
+                                     cfg.q_threads // 32, 2)
 
     @cute.jit
     def normalize(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
@@ -325,6 +345,63 @@ class QKNormKernel(QKRowNormalizer):
         ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
         scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
         self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
+
+    @cute.jit
+    def normalize_tiles(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
+                        tidx: Int32, bidx: Int32, n: Int32, eps: Float32, sRed: cute.Tensor,
+                        warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
+        """``persistent_ctas``: this CTA's row tiles ``bidx, bidx + grid, ...``.  The weight vectors are
+        loaded once; each step sums and scales the tile in registers, issues the next tile's loads into
+        the same registers, then stores the scaled tile.  The partial sums of warps alternate between
+        the two halves of ``sRed`` (a warp can be at most one tile ahead of another: the row barrier)."""
+        rows = self.config.rows
+        tile = (rows, part.threads * part.vecs * self.vec)
+        atom, tiled_copy = self._tiled_copy(part)
+        store_atom = self._store_atom()
+        thr_copy = tiled_copy.get_slice(tidx)
+        mWb = cute.make_tensor(mW.iterator, cute.make_layout((rows, mW.shape[0]), stride=(0, 1)))
+        tXgW = thr_copy.partition_S(cute.local_tile(mWb, tile, (0, 0)))
+        tXcX = thr_copy.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tile, (0, 0)))
+        tXrX = cute.make_fragment_like(thr_copy.partition_S(cute.local_tile(mX, tile, (0, 0))))
+        tXrW = cute.make_fragment_like(tXgW)
+        tXrX.fill(0)  # predicated-off columns stay 0 for every tile
+        tXrW.fill(0)
+        col_ok = cute.make_rmem_tensor(cute.make_layout(part.vecs), cutlass.Boolean)
+        for j in cutlass.range_constexpr(part.vecs):
+            col_ok[j] = tXcX[(0, 0, j)][1] < part.width
+        self._copy_vectors(atom, tXgW, tXrW, col_ok, part)
+        row = tXcX[0][0]  # this thread's row within a tile
+        n_tiles = (n + rows - 1) // rows
+        grid, _, _ = cute.arch.grid_dim()
+        t = bidx
+        if t * rows + row < n:
+            self._copy_vectors(atom, thr_copy.partition_S(cute.local_tile(mX, tile, (t, 0))), tXrX, col_ok, part)
+        slot = Int32(0)
+        while t < n_tiles:
+            sRed_t = cute.make_tensor(sRed.iterator + slot * self.num_warps, cute.make_layout(self.num_warps))
+            ss = self.row_sum_of_squares(tXrX, part, tidx, sRed_t, warp_base, barrier_id)
+            scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
+            tXrY = cute.make_fragment_like(tXrX)
+            tXrY.store((tXrX.load().to(Float32) * scale * tXrW.load().to(Float32)).to(self.dtype))
+            t_next = t + grid
+            if t_next * rows + row < n:
+                self._copy_vectors(atom, thr_copy.partition_S(cute.local_tile(mX, tile, (t_next, 0))), tXrX,
+                                   col_ok, part)
+            if t * rows + row < n:
+                self._copy_vectors(store_atom, tXrY, thr_copy.partition_S(cute.local_tile(mX, tile, (t, 0))),
+                                   col_ok, part)
+            t = t_next
+            slot = 1 - slot
+
+    @cute.jit
+    def _copy_vectors(self, atom, src: cute.Tensor, dst: cute.Tensor, col_ok: cute.Tensor, part: cutlass.Constexpr):
+        """Copy this thread's ``part.vecs`` 16-byte vectors, the predicated-off columns skipped."""
+        for j in cutlass.range_constexpr(part.vecs):
+            if cutlass.const_expr(part.ragged):
+                if col_ok[j]:
+                    cute.copy(atom, src[None, None, j], dst[None, None, j])
+            else:
+                cute.copy(atom, src[None, None, j], dst[None, None, j])
 
 
 # ----------------------------------------------------------------------------- host side

@@ -159,3 +159,22 @@ def test_opcheck():
     q = torch.randn(4, 64, device="cuda", dtype=torch.float32)
     k = torch.randn(4, 16, device="cuda", dtype=torch.float32)
     torch.library.opcheck(mod.qk_rmsnorm_.op, (q, k, torch.randn(64, device="cuda"), torch.randn(16, device="cuda"), 1e-6))
+
+
+@pytest.mark.parametrize("tuning", [mod.QKNormTuning(2, False, 1), mod.QKNormTuning(2, False, 7),
+                                    mod.QKNormTuning(4, True, 5), mod.QKNormTuning(2, False, 792)])
+@pytest.mark.parametrize("qk", [(4096, 1024), (1000, 24), (512, 128)])
+def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
+    """``persistent_ctas``: every row tile walked once (N below, at and above the CTA count, ragged
+    columns, one CTA), the same bits as the shipped one-CTA-per-tile kernel, nothing outside q/k written."""
+    qd, kd = qk
+    dtype = torch.bfloat16
+    fn = mod._compile(dtype, qd, kd, tuning)
+    for n in (1, 2, 6, 7, 8, 333, 4097):
+        buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
+        q0, k0 = q.clone(), k.clone()
+        fn(q, k, wq, wk, 1e-6)
+        cute_kernels.qk_rmsnorm_(q0, k0, wq, wk, 1e-6)
+        torch.cuda.synchronize()
+        assert torch.equal(q, q0) and torch.equal(k, k0), (tuning, qk, n)
+        assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
