@@ -38,35 +38,40 @@ def compiled_part(cfg, part):
     return compile_cached("hc_probe_" + part, cfg, build)
 
 
-k = 20480
-print(json.dumps({"copy_gbps": round(copy_bandwidth_gbps(), 1)}), flush=True)
-res = {}
-data = {}
-for m in (128, 2048, 4096, 16384):
-    g = torch.Generator(device="cuda").manual_seed(m)
-    x = torch.randn(m, k, device="cuda", generator=g).bfloat16(); w = torch.randn(24, k, device="cuda", generator=g) / math.sqrt(k)
-    s = torch.rand(3, device="cuda", generator=g) + 0.5; b = torch.randn(24, device="cuda", generator=g)
-    cfg = tma.config_for(m)
-    rows = tma.workspace_rows(m, cfg)
-    ws = torch.zeros(rows, SP_COLS, device="cuda")
-    pre = torch.empty(m, 4, device="cuda"); post = torch.empty(m, 4, device="cuda"); comb = torch.empty(m, 16, device="cuda")
-    mix = torch.empty(1, SP_COLS, device="cuda")
-    pieces = _pieces(w)
-    fw, fr = compiled_part(cfg, "walk"), compiled_part(cfg, "reduce")
-    args = lambda it=20, t=(x, pieces, s, b, pre, post, comb, mix), ws=ws: (*t, it, 1e-6, 1e-6, ws)
-    fw(*args()); fr(*args()); torch.cuda.synchronize()
-    ref = tma.hc_mix_sinkhorn_tma(x, w, s, b)
-    assert torch.equal(comb.view(m, 4, 4), ref[2]) and torch.equal(pre, ref[0]), "parts differ from the op"
-    data[m] = (x, w, s, b, cfg, fw, fr, args)
-for rnd in range(5):
-    for m, (x, w, s, b, cfg, fw, fr, args) in data.items():
-        for name, fn in (("op", lambda: tma.hc_mix_sinkhorn_tma(x, w, s, b)),
-                         ("op_iters1", lambda: tma.hc_mix_sinkhorn_tma(x, w, s, b, sinkhorn_iters=1)),
-                         ("walk_only", lambda: fw(*args())),
-                         ("reduce_only", lambda: fr(*args())),
-                         ("reduce_only_iters1", lambda: fr(*args(1))),
-                         ("walk_then_reduce", lambda: (fw(*args()), fr(*args())))):
-            res.setdefault((m, name), []).append(cuda_time_us(fn))
-for m in data:
-    print(json.dumps({"m": m, "cta_level": data[m][4].cta_level, **{n: round(statistics.median(v), 2) for (mm, n), v in res.items() if mm == m}}), flush=True)
-print(json.dumps({f"{m}:{n}": [round(t, 2) for t in v] for (m, n), v in res.items()}))
+def main():
+    k = 20480
+    print(json.dumps({"copy_gbps": round(copy_bandwidth_gbps(), 1)}), flush=True)
+    res = {}
+    data = {}
+    for m in (128, 2048, 4096, 16384):
+        g = torch.Generator(device="cuda").manual_seed(m)
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16(); w = torch.randn(24, k, device="cuda", generator=g) / math.sqrt(k)
+        s = torch.rand(3, device="cuda", generator=g) + 0.5; b = torch.randn(24, device="cuda", generator=g)
+        cfg = tma.config_for(m)
+        rows = tma.workspace_rows(m, cfg)
+        ws = torch.zeros(rows, SP_COLS, device="cuda")
+        pre = torch.empty(m, 4, device="cuda"); post = torch.empty(m, 4, device="cuda"); comb = torch.empty(m, 16, device="cuda")
+        mix = torch.empty(1, SP_COLS, device="cuda")
+        pieces = _pieces(w)
+        fw, fr = compiled_part(cfg, "walk"), compiled_part(cfg, "reduce")
+        args = lambda it=20, t=(x, pieces, s, b, pre, post, comb, mix), ws=ws: (*t, it, 1e-6, 1e-6, ws)
+        fw(*args()); fr(*args()); torch.cuda.synchronize()
+        ref = tma.hc_mix_sinkhorn_tma(x, w, s, b)
+        assert torch.equal(comb.view(m, 4, 4), ref[2]) and torch.equal(pre, ref[0]), "parts differ from the op"
+        data[m] = (x, w, s, b, cfg, fw, fr, args)
+    for rnd in range(5):
+        for m, (x, w, s, b, cfg, fw, fr, args) in data.items():
+            for name, fn in (("op", lambda: tma.hc_mix_sinkhorn_tma(x, w, s, b)),
+                             ("op_iters1", lambda: tma.hc_mix_sinkhorn_tma(x, w, s, b, sinkhorn_iters=1)),
+                             ("walk_only", lambda: fw(*args())),
+                             ("reduce_only", lambda: fr(*args())),
+                             ("reduce_only_iters1", lambda: fr(*args(1))),
+                             ("walk_then_reduce", lambda: (fw(*args()), fr(*args())))):
+                res.setdefault((m, name), []).append(cuda_time_us(fn))
+    for m in data:
+        print(json.dumps({"m": m, "cta_level": data[m][4].cta_level, **{n: round(statistics.median(v), 2) for (mm, n), v in res.items() if mm == m}}), flush=True)
+    print(json.dumps({f"{m}:{n}": [round(t, 2) for t in v] for (m, n), v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,7 @@
 """GPU: fused Q/K RMSNorm (G = 1) against a float64 reference; strided views, bounds, graphs, compile."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -162,19 +164,22 @@ def test_opcheck():
 
 
 @pytest.mark.parametrize("tuning", [mod.QKNormTuning(2, False, 1), mod.QKNormTuning(2, False, 7),
-                                    mod.QKNormTuning(4, True, 5), mod.QKNormTuning(2, False, 792)])
+                                    mod.QKNormTuning(4, True, 5), mod.QKNormTuning(2, False, 792),
+                                    mod.QKNormTuning(2, False, 528, 4), mod.QKNormTuning(2, False, 0, 5)])
 @pytest.mark.parametrize("qk", [(4096, 1024), (1000, 24), (512, 128)])
 def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
     """``persistent_ctas``: every row tile walked once (N below, at and above the CTA count, ragged
-    columns, one CTA), the same bits as the shipped one-CTA-per-tile kernel, nothing outside q/k written."""
+    columns, one CTA), the same bits as one CTA per tile with the same row tiling (the thread split
+    sets the summation order), nothing outside q/k written."""
     qd, kd = qk
     dtype = torch.bfloat16
     fn = mod._compile(dtype, qd, kd, tuning)
+    fn_per_tile = mod._compile(dtype, qd, kd, dataclasses.replace(tuning, persistent_ctas=0, min_ctas_per_sm=0))
     for n in (1, 2, 6, 7, 8, 333, 4097):
         buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
         q0, k0 = q.clone(), k.clone()
         fn(q, k, wq, wk, 1e-6)
-        cute_kernels.qk_rmsnorm_(q0, k0, wq, wk, 1e-6)
+        fn_per_tile(q0, k0, wq, wk, 1e-6)
         torch.cuda.synchronize()
         assert torch.equal(q, q0) and torch.equal(k, k0), (tuning, qk, n)
         assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
