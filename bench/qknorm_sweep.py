@@ -1,6 +1,6 @@
 """Tuning sweep of the one-GPU fused Q/K RMSNorm: vectors per thread, streaming cache hints, persistent CTAs.
 
-    python3 bench/qknorm_sweep.py [--rounds=N] [--n=512,2048,4096,8192,16384]
+    python3 bench/qknorm_sweep.py [--rounds=N] [--n=256,512,...]
 
 For each N (Q=4096, K=1024, bf16) every tuning is timed in a CUDA graph in ``--rounds`` rounds of shuffled
 order (median printed, with every round), next to two stock kernels that move the same bytes: torch's
@@ -23,20 +23,18 @@ SMS = 132
 
 
 def tunings():
-    """Persistent CTA counts: the CTAs one SM holds (ptxas registers at Q=4096, K=1024, sm_90a: 64 per
-    thread for 2 vectors -> 3 CTAs of 320 threads; 48 with a launch bound of 4) times 132 SMs.
-    ``min_ctas_per_sm`` = the launch bound (5 for the one-CTA-per-tile kernel: 32 registers, 24 B of stack)."""
+    """Persistent CTA counts: the CTAs one SM holds times 132 SMs (ptxas registers at Q=4096, K=1024,
+    sm_90a: 64 per thread for 2 vectors -> 3 CTAs of 320 threads; 128 for 4 -> 3 of 160), and fewer.
+    (Session 15's first runs also had launch-bound variants, QKNormTuning.min_ctas_per_sm: slower.)"""
     return {"shipped": mod.DEFAULT_TUNING, "v4": mod.QKNormTuning(4, False),
             "v2_persist3": mod.QKNormTuning(2, False, SMS * 3),
-            "v2_persist4_lb4": mod.QKNormTuning(2, False, SMS * 4, 4),
-            "v2_stream_persist3": mod.QKNormTuning(2, True, SMS * 3),
-            "v2_lb5": mod.QKNormTuning(2, False, 0, 5),
-            "v1_lb5": mod.QKNormTuning(1, False, 0, 5)}
+            "v2_persist2": mod.QKNormTuning(2, False, SMS * 2),
+            "v4_persist3": mod.QKNormTuning(4, False, SMS * 3)}
 
 
 def main(argv):
     rounds = 5
-    ns = (512, 2048, 4096, 8192, 16384)
+    ns = (256, 512, 1024, 2048, 4096, 5120, 6144, 8192)
     for a in argv:
         if a.startswith("--rounds="):
             rounds = int(a.split("=", 1)[1])
