@@ -390,3 +390,24 @@ def test_trace_time_checks_need_no_pointers():
     for args in bad:  # the fake refuses them while tracing
         with pytest.raises((TypeError, ValueError)):
             trace(*args)
+
+
+def test_launch_key_takes_the_persistent_kernel_while_q_and_k_fit_l2(monkeypatch):
+    """From PERSISTENT_MIN_TOKENS tokens while q + k fit 85% of L2 (an H200: 132 SMs, 50 MiB; Q=4096,
+    K=1024 bf16: 10 KiB per token, so up to N = 4352), one CTA per token otherwise."""
+    monkeypatch.setitem(mod._persistent_limits, 7, (3 * 132, int(0.85 * 50 * 2**20)))
+    key = (torch.bfloat16, 4096, 1024)
+    got = {n: mod.launch_key(n, key, 7) for n in (1, 64, 1023, 1024, 4096, 4352, 4353, 16384)}
+    assert got == {1: key, 64: key, 1023: key, 1024: key + (396,), 4096: key + (396,), 4352: key + (396,),
+                   4353: key, 16384: key}
+    assert mod.launch_key(2048, (torch.float32, 4096, 1024), 7) == (torch.float32, 4096, 1024, 396)
+    assert mod.launch_key(4096, (torch.float32, 4096, 1024), 7) == (torch.float32, 4096, 1024)  # 80 MiB
+
+
+def test_persistent_compile_key_is_the_default_tiling():
+    """The persistent kernel keeps the default tiling (so the bits of one CTA per token) and its compile
+    targets are the ones qk_rmsnorm_ launches on an H200."""
+    t = mod.QKNormTuning(mod.DEFAULT_TUNING.target_vecs, mod.DEFAULT_TUNING.streaming, mod.H200_PERSISTENT_CTAS)
+    labels = {tg.label: tg.key for tg in mod.compile_targets()}
+    assert labels[f"bfloat16 q=4096 k=1024 persistent={mod.H200_PERSISTENT_CTAS}"] == ("torch.bfloat16", 4096, 1024, t)
+    assert mod.H200_PERSISTENT_CTAS == 396

@@ -417,6 +417,44 @@ class QKNormKernel(QKRowNormalizer):
 # H200, Q=4096 K=1024 bf16, CUDA graph (bench/qknorm_sweep.py): 2 vectors per thread 83.7 us at N=16384
 # (4: 84.9, 8: 84.1), 2.07 us at N=64 (4: 1.98); cache hints within noise.
 DEFAULT_TUNING = QKNormTuning(target_vecs=2)
+# Persistent CTAs (the same tiling, so the same bits): 3 per SM (what one SM holds at 64 registers per
+# thread), each loading the weights once, from N = 1024 tokens while q and k fit in 85% of L2.  H200, same
+# run, us (one CTA per token / persistent): N=1024 5.35 / 5.19, 2048 8.74 / 7.79, 4096 18.75 / 16.72; past
+# L2 it loses (5120: 28.1 / 28.9, 8192: 43.5 / 45.1, 16384: 84.4 / 88.3: fewer bytes in flight than 4 CTAs
+# of one token per SM), and below 1024 it is level (512: 3.60 / 3.66)
+# (bench/results/logs/2026-11-30_s15_qknorm_persistent_sweep.log).
+PERSISTENT_MIN_TOKENS = 1024
+PERSISTENT_CTAS_PER_SM = 3
+PERSISTENT_L2_FRACTION = 0.85
+_persistent_limits: dict[int, tuple[int, int]] = {}  # device index -> (CTAs, most bytes of q + k)
+
+
+def persistent_limits(device_index: int) -> tuple[int, int]:
+    """``(persistent CTAs, the most bytes of q + k for the persistent kernel)`` on a CUDA device:
+    :data:`PERSISTENT_CTAS_PER_SM` x its SMs, :data:`PERSISTENT_L2_FRACTION` of its L2 (cached)."""
+    lim = _persistent_limits.get(device_index)
+    if lim is None:
+        props = torch.cuda.get_device_properties(device_index)
+        lim = (PERSISTENT_CTAS_PER_SM * props.multi_processor_count, int(PERSISTENT_L2_FRACTION * props.L2_cache_size))
+        _persistent_limits[device_index] = lim
+    return lim
+
+
+def launch_key(n: int, key: tuple, device_index: int) -> tuple:
+    """The compiled kernel for ``n`` tokens of ``key = (dtype, Q, K)`` on a device: ``key`` (one CTA per
+    token) or ``key + (persistent CTAs,)`` from :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit the
+    L2 budget of :func:`persistent_limits`.  Both give the same bits."""
+    if n < PERSISTENT_MIN_TOKENS:
+        return key
+    ctas, max_bytes = persistent_limits(device_index)
+    return key + (ctas,) if n * (key[1] + key[2]) * key[0].itemsize <= max_bytes else key
+
+
+def _compile_key(key: tuple):
+    """:func:`_compile` for a :func:`launch_key`."""
+    if len(key) == 3:
+        return _compile(*key)
+    return _compile(*key[:3], QKNormTuning(DEFAULT_TUNING.target_vecs, DEFAULT_TUNING.streaming, key[3]))
 
 
 def _compile(dtype: torch.dtype, q_width: int, k_width: int, tuning: QKNormTuning = DEFAULT_TUNING):
@@ -444,10 +482,23 @@ def shipped_shapes() -> list[tuple[int, int]]:
     return out
 
 
+H200_PERSISTENT_CTAS = PERSISTENT_CTAS_PER_SM * 132
+
+
 def compile_targets() -> list[CompileTarget]:
-    return [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw}", (str(d), qw, kw),
-                          build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw))
-            for d in DTYPES for qw, kw in shipped_shapes()]
+    """Every shipped per-rank shape and dtype, and the persistent kernel of the one-GPU shapes at the
+    H200's CTA count."""
+    per_token = [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw}", (str(d), qw, kw),
+                               build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw))
+                 for d in DTYPES for qw, kw in shipped_shapes()]
+    persistent = []
+    for d in DTYPES:
+        for qw, kw in SHIPPED_DIMS:
+            tuning = QKNormTuning(DEFAULT_TUNING.target_vecs, DEFAULT_TUNING.streaming, H200_PERSISTENT_CTAS)
+            persistent.append(CompileTarget(
+                NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw} persistent={H200_PERSISTENT_CTAS}",
+                (str(d), qw, kw, tuning), build=lambda d=d, qw=qw, kw=kw: _compile_key((d, qw, kw, H200_PERSISTENT_CTAS))))
+    return per_token + persistent
 
 
 def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
@@ -657,9 +708,11 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         n, key = fast
     if n == 0:
         return
+    if n >= PERSISTENT_MIN_TOKENS:
+        key = launch_key(n, key, q.get_device())
     fn = _launchers.get(key)
     if fn is None:
-        fn = _launchers[key] = _compile(*key)
+        fn = _launchers[key] = _compile_key(key)
     if fast is not None:  # the fast path admits only 16-byte row strides: no launch view needed
         fn(q, k, q_weight, k_weight, float(eps))
     else:

@@ -183,3 +183,17 @@ def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
         torch.cuda.synchronize()
         assert torch.equal(q, q0) and torch.equal(k, k0), (tuning, qk, n)
         assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
+
+
+@pytest.mark.parametrize("n", [1024, 3001, 4096])
+def test_op_takes_the_persistent_kernel_with_the_same_bits(n):
+    """qk_rmsnorm_ from PERSISTENT_MIN_TOKENS tokens (while q + k fit L2) launches the persistent kernel:
+    within tolerance of float64 and bitwise equal to one CTA per token."""
+    qd, kd, dtype = 4096, 1024, torch.bfloat16
+    key = mod.launch_key(n, (dtype, qd, kd), torch.cuda.current_device())
+    assert len(key) == 4, key  # an H200 (50 MiB of L2) takes it up to N = 4352
+    buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
+    q0, k0 = q.clone(), k.clone()
+    mod._compile(dtype, qd, kd)(q0, k0, wq, wk, 1e-6)
+    _check(buf, q, k, wq, wk, 1e-6, qd, kd, n)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
