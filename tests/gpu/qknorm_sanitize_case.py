@@ -2,6 +2,7 @@
 
     compute-sanitizer --tool racecheck python3 tests/gpu/qknorm_sanitize_case.py
 
+Also the persistent one-GPU kernel (5 CTAs over 37 tokens; the op's own pick at 1024 tokens).
 The TP case runs ranks back to back: sanitizers serialize kernels, so rank 0 cannot meet rank 1
 and its wait ends at the (short) timeout, which is expected here and reported, not raised.
 """
@@ -16,6 +17,16 @@ for dtype, (qd, kd), n in ((torch.bfloat16, (768, 128), 37), (torch.float32, (40
     k = torch.randn(n, kd, device="cuda", dtype=dtype)
     cute_kernels.qk_rmsnorm_(q, k, torch.ones(qd, device="cuda", dtype=dtype),
                              torch.ones(kd, device="cuda", dtype=dtype), 1e-6)
+# the persistent kernel: 5 CTAs walking 37 tokens (partial sums in alternating smem slots), and the op's
+# own pick of it at 1024 tokens
+from cute_kernels.kernels import qknorm
+
+for n, fn in ((37, qknorm._compile(torch.bfloat16, 4096, 1024, qknorm.QKNormTuning(2, False, 5))),
+              (1024, lambda *a: cute_kernels.qk_rmsnorm_(*a))):
+    q = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16)
+    fn(q, k, torch.ones(4096, device="cuda", dtype=torch.bfloat16), torch.ones(1024, device="cuda", dtype=torch.bfloat16),
+       1e-6)
 ranks = qknorm_tp.ParallelQKNorm.emulated(2, 64, 4096, 1024, torch.bfloat16, timeout_s=0.05)
 q = torch.randn(9, 2048, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(9, 512, device="cuda", dtype=torch.bfloat16)
