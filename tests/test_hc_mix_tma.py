@@ -49,8 +49,7 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(tile_m=256, consumer_regs=176), "needs >="),
                                       (dict(tile_m=256, cta_level=1, consumer_regs=232), "more than the 232"),
                                       (dict(overlap=True, cta_level=0, consumer_regs=176), "needs >="),
-                                      (dict(tile_m=256, overlap=True), "overlap"),
-                                      (dict(tile_rows=129), "tile_rows"), (dict(tile_rows=-1), "tile_rows")])
+                                      (dict(tile_m=256, overlap=True), "overlap")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
         mod.HcMixTmaConfig(**kw).validate()
@@ -76,31 +75,6 @@ def test_config_for_follows_the_wave_model():
     rows = {m: mod.config_for(m).reduce_rows for m in (1, 512, 1024, 4096, 16384)}
     assert rows == {1: 8, 512: 8, 1024: 16, 4096: 16, 16384: 16}  # 8 where a sum folds 32+ node sums
     assert all(mod.config_for(m).l2_hints and mod.config_for(m).pdl for m in mod.LEVEL_EXAMPLE_M)
-
-
-def test_config_for_spreads_large_one_wave_walks_over_the_sms():
-    """tile_rows: a one-wave walk of 16+ row tiles takes up to NUM_SMS // ctas tiles of >= 112 rows
-    (M = 4096: 33 tiles of 125 rows x 4 CTAs = 132 CTAs, not 128); small M, two waves, or no room: 0."""
-    spread = {m: mod.config_for(m).tile_rows for m in (1, 128, 512, 1024, 2048, 3584, 4096, 4200, 8192, 16384)}
-    assert spread == {1: 0, 128: 0, 512: 0, 1024: 0, 2048: 0, 3584: 112, 4096: 125, 4200: 0, 8192: 0, 16384: 125}
-    for m in (3584, 3700, 4096, 14337, 16384, 16500):
-        cfg = mod.config_for(m)
-        tiles = -(-m // cfg.rows)
-        assert mod.MIN_TILE_ROWS <= cfg.rows <= cfg.tile_m and tiles * cfg.ctas_per_tile <= mod.NUM_SMS, m
-        assert tiles > -(-m // cfg.tile_m), m
-    cfg = mod.config_for(4096)
-    assert mod.workspace_rows(4096, cfg) == 33 * 4 * 125  # every owned row of every (tile, CTA)
-
-
-@pytest.mark.parametrize("kw", [dict(cta_level=1, overlap=True, tile_rows=125), dict(tile_m=256, stages=5, tile_rows=200)])
-def test_tile_rows_compile(kw):
-    """A row tile owning fewer rows than it loads: the TMA load starts at the tile's first owned row
-    (the same 128-row box), only owned rows go to the workspace; no spills."""
-    cfg = mod.HcMixTmaConfig(**kw)
-    mod._compile(cfg)
-    rec = compile_record(mod.NAME, cfg)
-    assert all(not r.stack_bytes for r in rec.resources)
-    assert "tma load (cp.async.bulk.tensor)" in rec.ptx_features
 
 
 def test_a_callers_config_is_checked_before_anything_is_sized(monkeypatch):
@@ -190,7 +164,7 @@ def test_launch_arguments_are_aligned(m, with_mix):
         assert len(tensors) == 9 and all(t.data_ptr() % 16 == 0 for t in tensors)
         assert tensors[-1].shape == (mod.workspace_rows(m, cfg), 25)
         # the reduction reads the node sums of rows < m: up to the last row's tile
-        assert tensors[-1].shape[0] >= ((m - 1) // cfg.rows + 1) * cfg.ctas_per_tile * cfg.rows
+        assert tensors[-1].shape[0] >= ((m - 1) // cfg.tile_m + 1) * cfg.ctas_per_tile * cfg.tile_m
 
 
 @pytest.mark.parametrize("tile_m", [128, 256])

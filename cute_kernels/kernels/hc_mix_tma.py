@@ -101,14 +101,9 @@ class HcMixTmaConfig:
     fill that warp; :func:`config_for` picks 8 or 16),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
-    ``tile_rows`` (rows a row tile owns, 0 = ``tile_m``; fewer spread M over more row tiles, so more
-    CTAs: tile ``b`` owns rows ``b * tile_rows ..`` and loads ``tile_m`` rows from there, the rows past
-    its own computed and dropped; a row's bits do not depend on its tile; :func:`config_for` uses it to
-    fill the SMs in one wave, e.g. 33 tiles of 125 rows at M = 4096 instead of 32 of 128),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
 
     tile_m: int = 128
-    tile_rows: int = 0
     tile_k: int = 64
     stages: int = 6
     tree: tuple = TREE
@@ -120,11 +115,6 @@ class HcMixTmaConfig:
     producer_regs: int = 40
     consumer_regs: int = 0
     store_mix: bool = False
-
-    @property
-    def rows(self) -> int:
-        """Rows a row tile owns (``tile_rows``, or ``tile_m`` for 0)."""
-        return self.tile_rows or self.tile_m
 
     @property
     def m_atoms(self) -> int:
@@ -182,8 +172,6 @@ class HcMixTmaConfig:
             raise ValueError(f"cta_level={self.cta_level}: must be in [0, len(tree) = {len(self.tree)}]{hint}")
         if self.tile_m not in (128, 256):
             raise ValueError(f"tile_m={self.tile_m}: must be 128 or 256 (one or two m64 atoms per consumer warpgroup)")
-        if not 0 <= self.tile_rows <= self.tile_m:
-            raise ValueError(f"tile_rows={self.tile_rows}: must be in [0, tile_m = {self.tile_m}] (0: tile_m)")
         if self.overlap and self.m_atoms != 1:
             raise ValueError("overlap (two accumulators) needs tile_m=128: three 72-column float32 sets per "
                              "thread at tile_m=256 exceed the 240-register limit")
@@ -243,7 +231,6 @@ class HcMixTmaKernel(HcMixKernel):
         self.stages = config.stages
         self.tile_k = config.tile_k
         self.tile_m = config.tile_m
-        self.rows = config.rows
         self.threads = 384
         self.num_consumers = 256
 
@@ -252,8 +239,8 @@ class HcMixTmaKernel(HcMixKernel):
                  mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
                  sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor, stream):
         """Launch the walk and the reduction kernel after it on the same stream (a programmatic
-        dependent launch).  ``mPart``: ``[ceil(M / rows) * ctas_per_tile * rows, 25]`` float32
-        workspace (the walk's node sums; ``rows`` = ``config.rows``)."""
+        dependent launch).  ``mPart``: ``[ceil(M / tile_m) * ctas_per_tile * tile_m, 25]`` float32
+        workspace (the walk's node sums)."""
         self.launch_walk(mX, mW, mPart, stream)
         self.launch_reduce(mX, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart,
                            stream)
@@ -277,7 +264,7 @@ class HcMixTmaKernel(HcMixKernel):
             sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        grid_m = (mX.shape[0] + self.rows - 1) // self.rows
+        grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
         self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart).launch(
             grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1, use_pdl=self.config.pdl)
@@ -346,9 +333,7 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def load(self, tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block, kt_begin, kt_end):
         """Producer warp: the x tile and the hc_fn pieces of every k tile of this CTA, in order."""
-        # (tile_m, 64, k tiles) from row m_block * rows (past the tile's own rows when rows < tile_m)
-        gX = cute.local_tile(cute.domain_offset((m_block * self.rows, 0), tma_X), (self.tile_m, self.tile_k),
-                             (0, None))
+        gX = cute.local_tile(tma_X, (self.tile_m, self.tile_k), (m_block, None))  # (tile_m, 64, k tiles)
         gW = cute.local_tile(tma_W, (N_W, self.tile_k), (0, None))  # (72, 64, k tiles)
         tXsX, tXgX = cpasync.tma_partition(tma_atom_X, 0, cute.make_layout(1),
                                            cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
@@ -534,12 +519,11 @@ class HcMixTmaKernel(HcMixKernel):
 
     @cute.jit
     def store_partials(self, sP, mPart, m_block, node, ctidx):
-        """This CTA's 25 node sums per row of its own ``rows`` to its slice ``(m_block, node)`` of the
-        workspace."""
-        base = (m_block * self.config.ctas_per_tile + node) * self.rows
-        for i in cutlass.range_constexpr((self.rows * SP_COLS + self.num_consumers - 1) // self.num_consumers):
+        """This CTA's 25 node sums per row to its slice ``(m_block, node)`` of the workspace."""
+        base = (m_block * self.config.ctas_per_tile + node) * self.tile_m
+        for i in cutlass.range_constexpr((self.tile_m * SP_COLS + self.num_consumers - 1) // self.num_consumers):
             item = ctidx + i * self.num_consumers
-            if item < self.rows * SP_COLS:
+            if item < self.tile_m * SP_COLS:
                 r = item // SP_COLS
                 col = item - r * SP_COLS
                 mPart[base + r, col] = sP[r, col]
@@ -577,15 +561,15 @@ class HcMixTmaKernel(HcMixKernel):
             r = item // SP_COLS
             col = item - r * SP_COLS
             row = row0 + r
-            m_block = row // self.rows
-            first = m_block * self.config.ctas_per_tile * self.rows + (row - m_block * self.rows)
+            m_block = row // self.tile_m
+            first = m_block * self.config.ctas_per_tile * self.tile_m + (row - m_block * self.tile_m)
             sA[r, col] = self.fold(mPart, first, col, 0, 0)
 
     @cute.jit
     def fold(self, mPart, first, col, d: cutlass.Constexpr, node: cutlass.Constexpr):
         """The sum of ``node`` at depth ``d`` of the tree (unrolled at trace time)."""
         if cutlass.const_expr(d == self.config.cta_level):
-            return mPart[first + node * self.rows, col]
+            return mPart[first + node * self.tile_m, col]
         total = Float32(0.0)
         for c in cutlass.range_constexpr(self.config.tree[d]):
             total = total + self.fold(mPart, first, col, d + 1, node * self.config.tree[d] + c)
@@ -622,28 +606,12 @@ def _wave_cost(row_tiles: int, level: int) -> tuple:
     return (waves * (1 / c + WAVE_OVERHEAD), c)
 
 
-MIN_TILE_ROWS = 112  # config_for spreads M over more row tiles only while a tile keeps >= 7/8 of its 128 rows
-SPREAD_MIN_TILES = 16  # ... and only for M > 1920 (measured at M = 4096 and 16384; small M is latency-bound)
-
-
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
     row_tiles = max(1, -(-m // 128))
     level = min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv))
-    ctas = math.prod(TREE[:level])
-    return HcMixTmaConfig(cta_level=level, overlap=level <= 2, reduce_rows=8 if ctas >= 32 else 16,
-                          tile_rows=_spread_rows(m, row_tiles, ctas))
-
-
-def _spread_rows(m: int, row_tiles: int, ctas: int) -> int:
-    """``tile_rows`` for a one-wave walk of at least :data:`SPREAD_MIN_TILES` 128-row tiles with SMs to
-    spare: up to as many row tiles as the SMs hold (``NUM_SMS // ctas``) of at least :data:`MIN_TILE_ROWS`
-    rows each; 0 (128-row tiles) when that adds no tile."""
-    fit = NUM_SMS // ctas
-    if row_tiles < SPREAD_MIN_TILES or row_tiles * ctas > NUM_SMS or fit <= row_tiles:
-        return 0
-    rows = max(-(-m // fit), MIN_TILE_ROWS)
-    return rows if -(-m // rows) > row_tiles else 0
+    return HcMixTmaConfig(cta_level=level, overlap=level <= 2,
+                          reduce_rows=8 if math.prod(TREE[:level]) >= 32 else 16)
 
 
 LEVEL_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)
@@ -659,9 +627,9 @@ def _compile(config: HcMixTmaConfig):
 
 
 def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
-    """Rows of the ``[rows, 25]`` float32 workspace of node sums: ``ceil(M / config.rows) * ctas_per_tile *
-    config.rows`` (every element written by the walk before the reduction reads it)."""
-    return max(1, -(-m // config.rows) * config.ctas_per_tile * config.rows)
+    """Rows of the ``[rows, 25]`` float32 workspace of node sums: ``ceil(M / tile_m) * ctas_per_tile *
+    tile_m`` (every element written by the walk before the reduction reads it)."""
+    return max(1, -(-m // config.tile_m) * config.ctas_per_tile * config.tile_m)
 
 
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
