@@ -25,7 +25,7 @@ SMS = 132
 def tunings():
     """Persistent CTA counts: the CTAs one SM holds times 132 SMs (ptxas registers at Q=4096, K=1024,
     sm_90a: 64 per thread for 2 vectors -> 3 CTAs of 320 threads; 128 for 4 -> 3 of 160), and fewer.
-    (Session 15's first runs also had launch-bound variants, QKNormTuning.min_ctas_per_sm: slower.)"""
+    (Session 15's second run also had launch-bound variants, a QKNormTuning field at 5347951: slower.)"""
     return {"shipped": mod.DEFAULT_TUNING, "v4": mod.QKNormTuning(4, False),
             "v2_persist3": mod.QKNormTuning(2, False, SMS * 3),
             "v2_persist2": mod.QKNormTuning(2, False, SMS * 2),

@@ -120,18 +120,15 @@ class QKNormTuning:
     ``persistent_ctas``: 0 = one CTA per row tile; ``> 0`` = at most that many CTAs, CTA ``b`` walking
     row tiles ``b, b + grid, ...`` with the weights loaded once and the next tile's loads issued before
     this tile's stores (any value is correct on any GPU; the SM count only sets the speed).
-    ``min_ctas_per_sm``: 0 or the launch bound's CTAs per SM (ptxas caps the registers to fit them).
     """
 
     target_vecs: int = 4
     streaming: bool = False
     persistent_ctas: int = 0
-    min_ctas_per_sm: int = 0
 
     def validate(self) -> None:
         check_int("target_vecs", self.target_vecs, low=1)
         check_int("persistent_ctas", self.persistent_ctas, low=0)
-        check_int("min_ctas_per_sm", self.min_ctas_per_sm, low=0, high=32)
 
 
 @dataclass(frozen=True)
@@ -315,13 +312,8 @@ class QKNormKernel(QKRowNormalizer):
         grid = (n + rows - 1) // rows
         if cutlass.const_expr(self.config.tuning.persistent_ctas > 0):
             grid = cutlass.min(grid, self.config.tuning.persistent_ctas)
-        bound = self.config.tuning.min_ctas_per_sm
-        # (a launch bound above 1 makes the DSL ask the device for its smem per SM unless given a carveout:
-        # 25% of the unified L1/smem, ample for the few bytes per CTA, keeps the compile GPU-free)
         self.kernel(mQ, mK, mWq, mWk, eps).launch(grid=[grid, 1, 1], block=[self.config.threads, 1, 1],
-                                                  stream=stream, min_blocks_per_mp=bound,
-                                                  max_number_threads=[self.config.threads, 1, 1] if bound else [0, 0, 0],
-                                                  preferred_smem_carveout=25 if bound > 1 else None)
+                                                  stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor, eps: Float32):
