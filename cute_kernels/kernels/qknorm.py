@@ -18,9 +18,16 @@ across the row's warps through shared memory and a named barrier (``threads`` a 
 q and k use different barriers).  The row stride is a dynamic argument, so sliced views of a
 fused qkv buffer work without copies.
 
+From :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit in L2, the op launches the same tiling as
+a persistent kernel (``QKNormTuning.persistent_ctas``, :func:`launch_key`): 3 CTAs per SM, each walking
+tokens ``b, b + grid, ...`` with the weights loaded once and the next token's loads issued before this
+token's stores (the same sums in the same order, so the same bits as one CTA per token).
+
 The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
 the row is one rank's shard and ``Q``/``K`` are the full sizes.
 
+Session 15 (bench/qknorm_sweep.py, same run, one CTA per token / persistent): N=1024 5.35 / 5.19 us,
+2048 8.74 / 7.79, 4096 18.75 / 16.72; beyond L2 the persistent kernel loses (8192: 43.5 / 45.1).
 Measured (H200, Q=4096, K=1024, bf16, kernel time in a CUDA graph; bench/results/2026-11-29_h200_qknorm.jsonl):
 N=1 1.7 us, N=64 2.0 us, N=4096 18.7 us, N=16384 83.5 us (94.5% of the 4249 GB/s copy rate measured in
 the same process; the issue's floor at 4185 GB/s is 80 us).  torch ``rms_norm`` on q and k: 6.3 / 7.1 /
