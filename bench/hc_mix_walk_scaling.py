@@ -22,7 +22,11 @@ K = 20480
 
 
 def main(argv):
-    rounds = int(argv[0].split("=", 1)[1]) if argv else 7
+    rounds = 7
+    for a in argv:
+        if not a.startswith("--rounds=") or not a[9:].isdigit() or int(a[9:]) < 1:
+            raise SystemExit(f"unknown argument {a!r}\n{__doc__}")
+        rounds = int(a[9:])
     bw = copy_bandwidth_gbps()
     print(json.dumps({"copy_gbps": round(bw, 1), "rounds": rounds}), flush=True)
     cfg = tma.config_for(4096)

@@ -44,8 +44,8 @@ def test_widest_rows_compile_without_spills_and_wider_are_rejected():
 @pytest.mark.parametrize("tuning", [mod.QKNormTuning(2, False, 792), mod.QKNormTuning(4, True, 5)])
 @pytest.mark.parametrize("qk", [(4096, 1024), (8 * 97, 24)])
 def test_persistent_tiles_compile_to_a_loop_without_spills(tuning, qk):
-    """``persistent_ctas``: the tile loop is a loop in the PTX (a backward branch), the weights are
-    loaded once before it, 16-byte vectors, no spills; ragged columns included."""
+    """``persistent_ctas``: the tile loop is a loop in the PTX (a branch back to a label above it; the
+    one-CTA-per-tile kernel has none), 16-byte vectors, no spills; ragged columns included."""
     mod._compile(torch.bfloat16, *qk, tuning)
     rec = compile_record(mod.NAME, (str(torch.bfloat16), *qk, tuning))
     assert re.search(r"ld\.global[.\w:]*\.v4\.", rec.ptx) and re.search(r"st\.global[.\w:]*\.v4\.", rec.ptx)
@@ -53,11 +53,19 @@ def test_persistent_tiles_compile_to_a_loop_without_spills(tuning, qk):
     assert all(not r.stack_bytes for r in rec.resources)
     body = rec.ptx[rec.ptx.index(".entry"):]
     assert "nctaid.x" in body  # the stride of the tile loop
-    labels = [ln.strip()[:-1] for ln in body.splitlines() if ln.strip().endswith(":") and ln.strip()[0] == "$"]
-    branches = [ln.split()[-1].rstrip(";") for ln in body.splitlines() if "bra" in ln.split()[:2] or
-                (len(ln.split()) > 1 and ln.split()[1].startswith("bra"))]
-    back = [b for b in branches if b in labels and body.index(b + ":") < body.rindex(b)]
-    assert back, "no loop in the persistent kernel"
+    assert _back_branches(body), "no loop in the persistent kernel"
+    mod._compile(torch.bfloat16, *qk)
+    per_tile = compile_record(mod.NAME, (str(torch.bfloat16), *qk)).ptx
+    assert not _back_branches(per_tile[per_tile.index(".entry"):])
+
+
+def _back_branches(ptx: str) -> list[str]:
+    """Labels that a ``bra`` after them jumps back to (whole label tokens)."""
+    out = []
+    for m in re.finditer(r"^\s*(\$[\w$]+):", ptx, flags=re.M):
+        if re.search(rf"\bbra(\.uni)?\s+{re.escape(m.group(1))};", ptx[m.end():]):
+            out.append(m.group(1))
+    return out
 
 
 def test_tuning_validation():
@@ -379,21 +387,23 @@ def test_trace_time_checks_need_no_pointers():
 
 
 def test_launch_key_takes_the_persistent_kernel_while_q_and_k_fit_l2(monkeypatch):
-    """From PERSISTENT_MIN_TOKENS tokens while q + k fit 85% of L2 (an H200: 132 SMs, 50 MiB; Q=4096,
-    K=1024 bf16: 10 KiB per token, so up to N = 4352), one CTA per token otherwise."""
+    """For PERSISTENT_SHAPES only (16-bit 4096/1024), from PERSISTENT_MIN_TOKENS tokens while q + k fit
+    85% of L2 (an H200: 132 SMs, 50 MiB; 10 KiB per token, so up to N = 4352); one CTA per tile
+    otherwise (other shapes and float32 need more registers there and measured slower)."""
     monkeypatch.setitem(mod._persistent_limits, 7, (3 * 132, int(0.85 * 50 * 2**20)))
     key = (torch.bfloat16, 4096, 1024)
     got = {n: mod.launch_key(n, key, 7) for n in (1, 64, 1023, 1024, 4096, 4352, 4353, 16384)}
     assert got == {1: key, 64: key, 1023: key, 1024: key + (396,), 4096: key + (396,), 4352: key + (396,),
                    4353: key, 16384: key}
-    assert mod.launch_key(2048, (torch.float32, 4096, 1024), 7) == (torch.float32, 4096, 1024, 396)
-    assert mod.launch_key(4096, (torch.float32, 4096, 1024), 7) == (torch.float32, 4096, 1024)  # 80 MiB
+    assert mod.launch_key(2048, (torch.float16, 4096, 1024), 7) == (torch.float16, 4096, 1024, 396)
+    for other in ((torch.float32, 4096, 1024), (torch.bfloat16, 6144, 1024), (torch.bfloat16, 2048, 512)):
+        assert mod.launch_key(2048, other, 7) == other
 
 
 def test_persistent_compile_key_is_the_default_tiling():
     """The persistent kernel keeps the default tiling (so the bits of one CTA per token) and its compile
     targets are the ones qk_rmsnorm_ launches on an H200."""
     t = mod.QKNormTuning(mod.DEFAULT_TUNING.target_vecs, mod.DEFAULT_TUNING.streaming, mod.H200_PERSISTENT_CTAS)
-    labels = {tg.label: tg.key for tg in mod.compile_targets()}
-    assert labels[f"bfloat16 q=4096 k=1024 persistent={mod.H200_PERSISTENT_CTAS}"] == ("torch.bfloat16", 4096, 1024, t)
-    assert mod.H200_PERSISTENT_CTAS == 396
+    labels = {tg.label: tg.key for tg in mod.compile_targets() if "persistent" in tg.label}
+    assert labels == {f"{d} q=4096 k=1024 persistent=396": (f"torch.{d}", 4096, 1024, t) for d in ("bfloat16", "float16")}
+    assert mod._compile_key((torch.bfloat16, 4096, 1024, 396)) is mod._compile(torch.bfloat16, 4096, 1024, t)

@@ -18,17 +18,23 @@ across the row's warps through shared memory and a named barrier (``threads`` a 
 q and k use different barriers).  The row stride is a dynamic argument, so sliced views of a
 fused qkv buffer work without copies.
 
-From :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit in L2, the op launches the same tiling as
-a persistent kernel (``QKNormTuning.persistent_ctas``, :func:`launch_key`): 3 CTAs per SM, each walking
-tokens ``b, b + grid, ...`` with the weights loaded once and the next token's loads issued before this
-token's stores (the same sums in the same order, so the same bits as one CTA per token).
+For the shapes where it was measured faster (:data:`PERSISTENT_SHAPES`: 16-bit q and k of 4096 and
+1024 columns), from :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit in L2, the op launches the
+same tiling as a persistent kernel (``QKNormTuning.persistent_ctas``, :func:`launch_key`): 3 CTAs per
+SM (what one SM holds of it there: 64 registers x 320 threads), each walking row tiles ``b, b + grid,
+...`` with the weights loaded once and the next tile's loads issued before this tile's stores (the same
+sums in the same order, so the same bits as one CTA per tile).  Elsewhere it needs more registers (e.g.
+128 at 6144/1024 bf16, 74 at 4096/1024 float32: 1-2 CTAs per SM) and measured slower, so those shapes
+keep one CTA per tile.
 
 The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
 the row is one rank's shard and ``Q``/``K`` are the full sizes.
 
-Session 15 (bench/qknorm_sweep.py, same run, one CTA per token / persistent): N=1024 5.35 / 5.19 us,
-2048 8.74 / 7.79, 4096 18.75 / 16.72; beyond L2 the persistent kernel loses (8192: 43.5 / 45.1).
-Measured (H200, Q=4096, K=1024, bf16, kernel time in a CUDA graph; bench/results/2026-11-29_h200_qknorm.jsonl):
+Session 15 (bench/qknorm_sweep.py, same run, one CTA per token / persistent; a graph replays the
+in-place op on the same q and k, so up to N=4096 they stay in L2): N=1024 5.35 / 5.19 us, 2048 8.74 /
+7.79, 4096 18.75 / 16.72; beyond L2 the persistent kernel loses (8192: 43.5 / 45.1).
+Measured before it (one CTA per token at every N; H200, Q=4096, K=1024, bf16, kernel time in a CUDA
+graph; bench/results/2026-11-29_h200_qknorm.jsonl):
 N=1 1.7 us, N=64 2.0 us, N=4096 18.7 us, N=16384 83.5 us (94.5% of the 4249 GB/s copy rate measured in
 the same process; the issue's floor at 4185 GB/s is 80 us).  torch ``rms_norm`` on q and k: 6.3 / 7.1 /
 32.1 / 103.9 us; quack ``rmsnorm`` on q and k: 3.6 / 4.3 / 26.0 / 85.8 us.  Eager, per call from torch:
@@ -360,7 +366,9 @@ class QKNormKernel(QKRowNormalizer):
         """``persistent_ctas``: this CTA's row tiles ``bidx, bidx + grid, ...``.  The weight vectors are
         loaded once; each step sums and scales the tile in registers, issues the next tile's loads into
         the same registers, then stores the scaled tile.  The partial sums of warps alternate between
-        the two halves of ``sRed`` (a warp can be at most one tile ahead of another: the row barrier)."""
+        the two halves of ``sRed`` (a warp can be at most one tile ahead of another of its part: the part's
+        named barrier).  The tile index is checked against the tile count before the row index is formed
+        (no int32 overflow for any N the row index itself can hold)."""
         rows = self.config.rows
         tile = (rows, part.threads * part.vecs * self.vec)
         atom, tiled_copy = self._tiled_copy(part)
@@ -391,9 +399,10 @@ class QKNormKernel(QKRowNormalizer):
             tXrY = cute.make_fragment_like(tXrX)
             tXrY.store((tXrX.load().to(Float32) * scale * tXrW.load().to(Float32)).to(self.dtype))
             t_next = t + grid
-            if t_next * rows + row < n:
-                self._copy_vectors(atom, thr_copy.partition_S(cute.local_tile(mX, tile, (t_next, 0))), tXrX,
-                                   col_ok, part)
+            if t_next < n_tiles:
+                if t_next * rows + row < n:
+                    self._copy_vectors(atom, thr_copy.partition_S(cute.local_tile(mX, tile, (t_next, 0))), tXrX,
+                                       col_ok, part)
             if t * rows + row < n:
                 self._copy_vectors(store_atom, tXrY, thr_copy.partition_S(cute.local_tile(mX, tile, (t, 0))),
                                    col_ok, part)
@@ -416,12 +425,16 @@ class QKNormKernel(QKRowNormalizer):
 # H200, Q=4096 K=1024 bf16, CUDA graph (bench/qknorm_sweep.py): 2 vectors per thread 83.7 us at N=16384
 # (4: 84.9, 8: 84.1), 2.07 us at N=64 (4: 1.98); cache hints within noise.
 DEFAULT_TUNING = QKNormTuning(target_vecs=2)
-# Persistent CTAs (the same tiling, so the same bits): 3 per SM (what one SM holds at 64 registers per
-# thread), each loading the weights once, from N = 1024 tokens while q and k fit in 85% of L2.  H200, same
-# run, us (one CTA per token / persistent): N=1024 5.35 / 5.19, 2048 8.74 / 7.79, 4096 18.75 / 16.72; past
-# L2 it loses (5120: 28.1 / 28.9, 8192: 43.5 / 45.1, 16384: 84.4 / 88.3: fewer bytes in flight than 4 CTAs
-# of one token per SM), and below 1024 it is level (512: 3.60 / 3.66)
-# (bench/results/logs/2026-11-30_s15_qknorm_persistent_sweep.log).
+# Persistent CTAs (the same tiling, so the same bits) for PERSISTENT_SHAPES: 3 per SM (what one SM holds
+# there: 64 registers x 320 threads), each loading the weights once, from N = 1024 tokens while q and k
+# fit in 85% of L2.  H200, bf16 4096/1024, same run, us (one CTA per token / persistent): N=1024 5.35 /
+# 5.19, 2048 8.74 / 7.79, 4096 18.75 / 16.72; past L2 it loses (5120: 28.1 / 28.9, 8192: 43.5 / 45.1,
+# 16384: 84.4 / 88.3: fewer bytes in flight than 4 CTAs of one token per SM), and below 1024 it is level
+# (512: 3.60 / 3.66) (bench/results/logs/2026-11-30_s15_qknorm_persistent_sweep.log).  At the other
+# shipped shapes it needs more registers (bf16 6144/1024: 128; float32 4096/1024: 74) and was slower
+# (bf16 6144/1024 N=2048 14.8 vs 11.9 us; float32 4096/1024 19.5 vs 18.1; a review's H200 run), so they
+# keep one CTA per tile.
+PERSISTENT_SHAPES = frozenset((dt, 4096, 1024) for dt in (torch.float16, torch.bfloat16))
 PERSISTENT_MIN_TOKENS = 1024
 PERSISTENT_CTAS_PER_SM = 3
 PERSISTENT_L2_FRACTION = 0.85
@@ -441,19 +454,23 @@ def persistent_limits(device_index: int) -> tuple[int, int]:
 
 def launch_key(n: int, key: tuple, device_index: int) -> tuple:
     """The compiled kernel for ``n`` tokens of ``key = (dtype, Q, K)`` on a device: ``key`` (one CTA per
-    token) or ``key + (persistent CTAs,)`` from :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit the
-    L2 budget of :func:`persistent_limits`.  Both give the same bits."""
-    if n < PERSISTENT_MIN_TOKENS:
+    row tile) or, for :data:`PERSISTENT_SHAPES`, ``key + (persistent CTAs,)`` from
+    :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit the L2 budget of :func:`persistent_limits`.
+    Both give the same bits."""
+    if n < PERSISTENT_MIN_TOKENS or key not in PERSISTENT_SHAPES:
         return key
     ctas, max_bytes = persistent_limits(device_index)
     return key + (ctas,) if n * (key[1] + key[2]) * key[0].itemsize <= max_bytes else key
 
 
+def _persistent_tuning(ctas: int) -> QKNormTuning:
+    """The default tiling as a persistent kernel of ``ctas`` CTAs (the same bits)."""
+    return QKNormTuning(DEFAULT_TUNING.target_vecs, DEFAULT_TUNING.streaming, ctas)
+
+
 def _compile_key(key: tuple):
     """:func:`_compile` for a :func:`launch_key`."""
-    if len(key) == 3:
-        return _compile(*key)
-    return _compile(*key[:3], QKNormTuning(DEFAULT_TUNING.target_vecs, DEFAULT_TUNING.streaming, key[3]))
+    return _compile(*key) if len(key) == 3 else _compile(*key[:3], _persistent_tuning(key[3]))
 
 
 def _compile(dtype: torch.dtype, q_width: int, k_width: int, tuning: QKNormTuning = DEFAULT_TUNING):
@@ -485,18 +502,15 @@ H200_PERSISTENT_CTAS = PERSISTENT_CTAS_PER_SM * 132
 
 
 def compile_targets() -> list[CompileTarget]:
-    """Every shipped per-rank shape and dtype, and the persistent kernel of the one-GPU shapes at the
-    H200's CTA count."""
+    """Every shipped per-rank shape and dtype, and the persistent kernel of :data:`PERSISTENT_SHAPES` at
+    the H200's CTA count (what :func:`launch_key` picks there)."""
     per_token = [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw}", (str(d), qw, kw),
                                build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw))
                  for d in DTYPES for qw, kw in shipped_shapes()]
-    persistent = []
-    for d in DTYPES:
-        for qw, kw in SHIPPED_DIMS:
-            tuning = QKNormTuning(DEFAULT_TUNING.target_vecs, DEFAULT_TUNING.streaming, H200_PERSISTENT_CTAS)
-            persistent.append(CompileTarget(
-                NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw} persistent={H200_PERSISTENT_CTAS}",
-                (str(d), qw, kw, tuning), build=lambda d=d, qw=qw, kw=kw: _compile_key((d, qw, kw, H200_PERSISTENT_CTAS))))
+    tuning = _persistent_tuning(H200_PERSISTENT_CTAS)
+    persistent = [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw} persistent={H200_PERSISTENT_CTAS}",
+                                (str(d), qw, kw, tuning), build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw, tuning))
+                  for d, qw, kw in sorted(PERSISTENT_SHAPES, key=str)]
     return per_token + persistent
 
 

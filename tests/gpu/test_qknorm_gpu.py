@@ -184,15 +184,29 @@ def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
         assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1024, 3001, 4096])
-def test_op_takes_the_persistent_kernel_with_the_same_bits(n):
-    """qk_rmsnorm_ from PERSISTENT_MIN_TOKENS tokens (while q + k fit L2) launches the persistent kernel:
-    within tolerance of float64 and bitwise equal to one CTA per token."""
-    qd, kd, dtype = 4096, 1024, torch.bfloat16
+def test_op_takes_the_persistent_kernel_with_the_same_bits(dtype, n):
+    """qk_rmsnorm_ at PERSISTENT_SHAPES from PERSISTENT_MIN_TOKENS tokens (while q + k fit L2) launches the
+    persistent kernel (its key lands in the op's launcher table): within tolerance of float64 and
+    bitwise equal to one CTA per token."""
+    qd, kd = 4096, 1024
     key = mod.launch_key(n, (dtype, qd, kd), torch.cuda.current_device())
     assert len(key) == 4, key  # an H200 (50 MiB of L2) takes it up to N = 4352
     buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
     q0, k0 = q.clone(), k.clone()
     mod._compile(dtype, qd, kd)(q0, k0, wq, wk, 1e-6)
+    mod._launchers.pop(key, None)
     _check(buf, q, k, wq, wk, 1e-6, qd, kd, n)
+    assert key in mod._launchers  # the op compiled (and so launched) the persistent kernel
     assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
+@pytest.mark.parametrize("dtype,qk", [(torch.bfloat16, (6144, 1024)), (torch.float32, (4096, 1024))])
+def test_other_shapes_keep_one_cta_per_tile(dtype, qk):
+    """Shapes outside PERSISTENT_SHAPES (slower there) launch one CTA per tile at any N; correct."""
+    n = 2048
+    key = mod.launch_key(n, (dtype, *qk), torch.cuda.current_device())
+    assert key == (dtype, *qk)
+    buf, q, k, wq, wk = _make(n, *qk, dtype, pad=8)
+    _check(buf, q, k, wq, wk, 1e-6, *qk, n)
