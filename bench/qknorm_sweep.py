@@ -9,7 +9,7 @@ place, as the norm does).  One JSON line per N, and the copy rate first.
 
 A graph replays the in-place op on the same q and k, so while they fit in L2 (up to N = 4096 here) the
 figures are L2-warm (copy_frac above 1); the op's persistent pick (qknorm.launch_key) is for that regime.
-(Runs before commit 65849bd name the one-CTA-per-tile default "shipped".)
+(Session 15's logs, before commit af3525a, name the one-CTA-per-tile default "shipped".)
 """
 
 import json
