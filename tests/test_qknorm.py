@@ -75,6 +75,38 @@ def test_tuning_validation():
         mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=mod.QKNormTuning(2, False, 1.5))
 
 
+@pytest.mark.parametrize("dtype,qw,kw", [(torch.bfloat16, 24576, 8), (torch.float16, 8, 24576),
+                                          (torch.bfloat16, 16384, 128), (torch.bfloat16, 12288, 12288),
+                                          (torch.float32, 12288, 64)])
+def test_wide_next_to_narrow_or_wide_compiles_without_spills(dtype, qw, kw):
+    """A wide part next to a narrow one keeps one row per CTA (at most MAX_CTA_THREADS threads: the
+    narrow part gets idle lanes; 544-thread CTAs spilled), and two wide parts fit the register estimate."""
+    cfg = mod.QKNormConfig.for_shape(qw, kw, dtype, tuning=mod.DEFAULT_TUNING)
+    assert cfg.threads <= mod.MAX_CTA_THREADS
+    mod._compile(dtype, qw, kw)
+    rec = compile_record(mod.NAME, (str(dtype), qw, kw))
+    assert all(not r.stack_bytes for r in rec.resources)
+    assert all(r.registers <= 65536 // cfg.threads for r in rec.resources)
+
+
+def test_two_wide_parts_that_would_spill_are_refused():
+    """q and k both 24576 wide (16-bit; 12288 in float32): 512 threads of 12 vectors each would spill
+    (ptxas: 256 B of stack): a ValueError naming both widths, before any launch."""
+    for dtype, w in ((torch.bfloat16, 24576), (torch.float32, 12288)):
+        with pytest.raises(ValueError, match=f"q rows of {w} and k rows of {w}"):
+            mod.QKNormConfig.for_shape(w, w, dtype, tuning=mod.DEFAULT_TUNING)
+        with pytest.raises(ValueError, match="would spill"):
+            mod.validate_qk_args(torch.zeros(2, w, dtype=dtype), torch.zeros(2, w, dtype=dtype), torch.ones(w, dtype=dtype),
+                                 torch.ones(w, dtype=dtype), 1e-6, cuda=False)
+
+
+def test_too_wide_row_error_names_the_tensor():
+    wide = 256 * mod._MAX_ROW_VECS * 8 + 256 * 8
+    with pytest.raises(ValueError, match="^k: a row of"):
+        mod.validate_qk_args(torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(2, wide, dtype=torch.bfloat16),
+                             torch.ones(64, dtype=torch.bfloat16), torch.ones(wide, dtype=torch.bfloat16), 1e-6, cuda=False)
+
+
 def test_odd_widths_compile():
     """Widths that are multiples of 8 but not of the thread count (predicated column vectors)."""
     for dtype, qw, kw in ((torch.bfloat16, 8 * 97, 8 * 3), (torch.float32, 4000, 8)):

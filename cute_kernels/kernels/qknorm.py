@@ -69,6 +69,9 @@ _MAX_VECS = 8  # 16-byte vectors a thread holds per row (registers: 4 * _MAX_VEC
 # widest rows: 256 threads x 12 vectors (24576 bf16 / 12288 fp32 elements) compile without spills
 # (sm_90a, 162 registers); 16 vectors spilled 344 B of stack
 _MAX_ROW_VECS = 12
+# CTAs of at most 512 threads (so at least 128 registers per thread): 544-thread CTAs (two rows of a wide
+# part next to a 16-thread one) spilled 72-1080 B of stack
+MAX_CTA_THREADS = 512
 
 
 def vec_elems(dtype: torch.dtype) -> int:
@@ -169,9 +172,9 @@ class QKNormConfig:
         q, k = RowTiling.choose(q_width, vec, tuning.target_vecs), RowTiling.choose(k_width, vec, tuning.target_vecs)
         while True:
             rows = 32 // min(q.threads, k.threads, 32)  # every warp all-q or all-k
-            if rows * (q.threads + k.threads) <= 1024:
+            if rows * (q.threads + k.threads) <= MAX_CTA_THREADS:
                 break
-            # a narrow part next to a wide one: give the narrow part more (idle) lanes
+            # a narrow part next to a wide one: give the narrow part more (idle) lanes (fewer rows per CTA)
             narrow = q if q.threads < k.threads else k
             wider = RowTiling(narrow.width, vec, narrow.threads * 2, -(-narrow.nvec // (narrow.threads * 2)))
             q, k = (wider, k) if narrow is q else (q, wider)
@@ -191,6 +194,11 @@ class QKNormConfig:
     def threads(self) -> int:
         return self.q_threads + self.k_threads
 
+    def registers_needed(self) -> int:
+        """A register estimate per thread: 8 per 16-byte vector held (data and weight) + 40 (ptxas, sm_90a:
+        12 vectors at 320 threads took 162; 12 at 512 threads spilled at the 128 allowed)."""
+        return 8 * max(self.q.vecs, self.k.vecs) + 40
+
     def validate(self) -> None:
         self.tuning.validate()
         self.q.validate()
@@ -202,6 +210,12 @@ class QKNormConfig:
                              "must be multiples of 32 (warps are all-q or all-k)")
         if self.threads > 1024:
             raise ValueError(f"{self.threads} threads per CTA > 1024")
+        need, avail = self.registers_needed(), 65536 // self.threads // 8 * 8
+        if need > avail:
+            raise ValueError(f"q rows of {self.q.width} and k rows of {self.k.width} elements together need about "
+                             f"{need} registers per thread ({max(self.q.vecs, self.k.vecs)} 16-byte vectors of data "
+                             f"and weight) in a CTA of {self.threads} threads, which has {avail}: they would spill; "
+                             "make one of them narrower")
         if self.q_dim < self.q.width or self.k_dim < self.k.width:
             raise ValueError("full dims must be >= the per-rank widths")
 
@@ -538,8 +552,12 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
                              "an in-place op needs distinct rows")
     if q is k:
         raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
-    for t in (q, k):  # rows too wide for the register budget (int: a symbolic width is specialized here,
-        RowTiling.choose(int(t.shape[1]), vec, DEFAULT_TUNING.target_vecs).validate()  # as the kernel is)
+    for name, t in (("q", q), ("k", k)):  # rows too wide for the register budget (int: a symbolic width is
+        try:  # specialized here, as the kernel is)
+            RowTiling.choose(int(t.shape[1]), vec, DEFAULT_TUNING.target_vecs).validate()
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    QKNormConfig.for_shape(int(q.shape[1]), int(k.shape[1]), q.dtype, tuning=DEFAULT_TUNING)  # both together
 
 
 def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
@@ -695,13 +713,20 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         q: CUDA tensor [N, Q], float16/bfloat16/float32, last dim contiguous, any row stride that is
             a multiple of 16 bytes (e.g. a column slice of a fused qkv buffer), 16-byte aligned;
             ``Q`` a multiple of 8 (16-bit types) or 4 (float32), at most 24576 (16-bit) / 12288
-            (float32) elements; rows must not overlap (row stride >= Q when N > 1).
+            (float32) elements, and q and k not both that wide (one CTA holds a token's q and k in
+            registers: 24576 next to 24576, or 12288 next to 12288 in float32, is refused); rows must
+            not overlap (row stride >= Q when N > 1).
         k: [N, K], same dtype/device/rules as q, sharing no element with q (column blocks of one
             fused qkv buffer are fine).
         q_weight: [Q], k_weight: [K], same dtype as q, contiguous.
         eps: real number (not bool), finite in float32, >= 0 (standard RMSNorm eps, added to the mean).
             With ``eps = 0`` an all-zero row is 0 * rsqrt(0) = NaN, as in the float64 reference and
             ``torch.nn.functional.rms_norm``.
+    Kernels: one CTA per row tile; for 16-bit q/k of 4096/1024 columns from 1024 tokens while q and k fit
+    in L2, a persistent kernel with the same bits (:func:`launch_key`).  Both compile on first use
+    (``cute-kernels compile --kernel qknorm`` warms both for the shipped shapes; the persistent one at the
+    H200's 132 SMs, other SM counts compile on their first such call).
+
     Returns:
         None; q and k are overwritten (their autograd version counters are bumped).
     Raises:
