@@ -29,12 +29,20 @@ def _select(kernel: str | None) -> list[str]:
     if kernel is None:
         return registry.names()
     if kernel not in registry.KERNELS:  # exit status 2, as for every bad argument of the CLI
-        parent = next((name for name in registry.names() if kernel.startswith(name + "_") and _has_part(name, kernel)),
-                      None)
-        hint = f" ({kernel!r} is a launch of {parent!r}: use --kernel {parent})" if parent else ""
-        print(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}{hint}", file=sys.stderr)
+        print(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}{_part_hint(kernel)}",
+              file=sys.stderr)
         raise SystemExit(2)
     return [kernel]
+
+
+def _part_hint(kernel: str) -> str:
+    """`` (... is a launch of PARENT: use --kernel PARENT)`` for a kernel name that is a registered
+    kernel's part (e.g. hc_mix_tma), else ``""``."""
+    from . import registry
+
+    parent = next((name for name in registry.names() if kernel.startswith(name + "_") and _has_part(name, kernel)),
+                  None)
+    return f" ({kernel!r} is a launch of {parent!r}: use --kernel {parent})" if parent else ""
 
 
 def _has_part(name: str, part: str) -> bool:
@@ -245,7 +253,7 @@ def cmd_layouts(args) -> int:
               "the package's [test] extra)", file=sys.stderr)
         return 2
     except KeyError as exc:  # unknown kernel
-        print(exc.args[0] if exc.args else exc, file=sys.stderr)
+        print(f"{exc.args[0] if exc.args else exc}{_part_hint(args.kernel)}", file=sys.stderr)
         return 2
     except OSError as exc:  # --out not writable
         print(f"layouts: cannot write to {args.out}: {exc.strerror or exc}", file=sys.stderr)
@@ -261,7 +269,7 @@ def cmd_configs(args) -> int:
     try:
         text = format_configs(args.kernel)
     except ValueError as exc:  # unknown kernel
-        print(exc, file=sys.stderr)
+        print(f"{exc}{_part_hint(args.kernel) if args.kernel else ''}", file=sys.stderr)
         return 2
     print(text, end="")
     return 0
@@ -299,7 +307,8 @@ def main(argv=None) -> int:
     lay = sub.add_parser("layouts", help="CPU: a kernel config's smem/TV layouts as pictures + a text report")
     lay.add_argument("--kernel", required=True, help=KERNEL_HELP)
     lay.add_argument("--config", help="config fields, e.g. 'head_dim=64,tile_n=96,stages=3' (ranker_fwd), "
-                                      "'head_dim=64,tile_m=128' (ranker_bwd) or 'tile_m=256,stages=5' (hc_mix)")
+                                      "'head_dim=64,tile_m=128' (ranker_bwd) or 'tile_m=256,stages=5,tree=4x2x2x2x2' (hc_mix; a "
+                                      "tuple field as integers joined by x)")
     lay.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     lay.add_argument("--out", required=True, help="output folder")
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")

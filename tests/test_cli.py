@@ -86,8 +86,14 @@ def test_layouts_config_values_are_typed(tmp_path):
 
 def test_unknown_kernel_that_is_a_launch_of_a_registered_one_gets_a_hint():
     """`compile` lists rows by launch (hc_mix_tma, ranker_bwd_preprocess); --kernel takes the registry name."""
-    r = _run("compile", "--kernel", "hc_mix_tma")
-    assert r.returncode == 2 and "'hc_mix_tma' is a launch of 'hc_mix': use --kernel hc_mix" in r.stderr
+    for cmd in (("compile",), ("configs",), ("layouts", "--out", "/tmp/cute_kernels_cli_hint")):
+        r = _run(*cmd, "--kernel", "hc_mix_tma")
+        assert r.returncode == 2 and "'hc_mix_tma' is a launch of 'hc_mix': use --kernel hc_mix" in r.stderr, cmd
+
+
+def test_layouts_config_with_a_space_instead_of_a_comma_says_so(tmp_path):
+    r = _run("layouts", "--kernel", "hc_mix", "--config", "tile_m=256 stages=5", "--out", str(tmp_path))
+    assert r.returncode == 2 and "separated by commas" in r.stderr and "'tile_m=256 stages=5'" in r.stderr
 
 
 

@@ -319,3 +319,26 @@ def test_trace_time_check_includes_the_walk_extent():
         mod._fake(x, w, s, b, method="walk")
     pre, post, comb = mod._fake(x, w, s, b)  # tma: no such limit
     assert comb.shape == (200000, 4, 4)
+
+
+@pytest.mark.parametrize("m,exc", [(-3, ValueError), (True, TypeError), (2.5, TypeError)])
+def test_walk_config_for_checks_m(m, exc):
+    with pytest.raises(exc):
+        mod.config_for(m)
+
+
+@pytest.mark.parametrize("kw", [dict(m_tiles=1.0), dict(store_mix="x"), dict(stages=True)])
+def test_walk_config_field_types(kw):
+    with pytest.raises(TypeError):
+        mod.HcMixConfig(**kw).validate()
+
+
+def test_raw_and_emulation_refuse_wrong_types():
+    from cute_kernels.kernels import hc_mix_tma
+
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        mod.hc_mix_raw([[1.0]], torch.zeros(24, 64))
+    with pytest.raises(TypeError, match="HcMixConfig"):
+        mod.hc_mix_raw(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(24, 64), config=hc_mix_tma.HcMixTmaConfig())
+    with pytest.raises(TypeError, match="HcMixTmaConfig"):
+        hc_mix_tma.emulate_mix(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(24, 64), config=mod.HcMixConfig())

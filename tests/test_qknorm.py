@@ -439,3 +439,27 @@ def test_persistent_compile_key_is_the_default_tiling():
     labels = {tg.label: tg.key for tg in mod.compile_targets() if "persistent" in tg.label}
     assert labels == {f"{d} q=4096 k=1024 persistent=396": (f"torch.{d}", 4096, 1024, t) for d in ("bfloat16", "float16")}
     assert mod._compile_key((torch.bfloat16, 4096, 1024, 396)) is mod._compile(torch.bfloat16, 4096, 1024, t)
+
+
+@pytest.mark.parametrize("kw,exc", [(dict(target_vecs=9), ValueError), (dict(target_vecs=True), TypeError),
+                                    (dict(streaming="no"), TypeError), (dict(streaming=None), TypeError),
+                                    (dict(persistent_ctas=2.0), TypeError)])
+def test_tuning_fields_are_checked(kw, exc):
+    with pytest.raises(exc):
+        mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=mod.QKNormTuning(**kw))
+
+
+@pytest.mark.parametrize("args,kw,exc", [((8.0, 1024, torch.bfloat16), {}, TypeError),
+                                         ((64, 64, torch.int8), {}, TypeError),
+                                         ((64, 64, torch.float64), {}, TypeError),
+                                         ((64, 64, torch.bfloat16), dict(q_dim=0), ValueError),
+                                         ((64, 64, torch.bfloat16), dict(k_dim=64.5), TypeError)])
+def test_for_shape_checks_its_arguments(args, kw, exc):
+    with pytest.raises(exc):
+        mod.QKNormConfig.for_shape(*args, **kw)
+
+
+def test_launch_key_checks_its_key():
+    for bad in (("torch.bfloat16", 4096, 1024), (torch.bfloat16, 4096, 1024, 396), (torch.int8, 64, 64)):
+        with pytest.raises(TypeError, match="key"):
+            mod.launch_key(2048, bad, 0)

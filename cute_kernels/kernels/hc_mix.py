@@ -119,6 +119,10 @@ class HcMixConfig:
         return 32 * WARPS_K * self.warps_m
 
     def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            want = bool if f.name == "store_mix" else int
+            if type(getattr(self, f.name)) is not want:
+                raise TypeError(f"{f.name}={getattr(self, f.name)!r}: must be {want.__name__}")
         if self.m_tiles not in (1, 2):
             raise ValueError(f"m_tiles={self.m_tiles}: must be 1 or 2 (m16 tiles per warp)")
         if self.warps_m not in (1, 2, 4):
@@ -156,8 +160,10 @@ SHIPPED = (SMALL, MEDIUM, LARGE)
 
 
 def config_for(m: int, store_mix: bool = False) -> HcMixConfig:
-    """The config used for ``m`` rows: 16-row clusters up to 256 rows (more clusters to fill the GPU),
-    32-row clusters above (every config gives the same bits)."""
+    """The config used for ``m`` rows (an int >= 0; ``TypeError`` / ``ValueError`` otherwise): 16-row
+    clusters up to 256 rows (more clusters to fill the GPU), 32-row clusters above (every config gives
+    the same bits)."""
+    check_int("m", m, low=0)
     cfg = SMALL if m <= 256 else MEDIUM  # LARGE measured slower than MEDIUM at every M >= 1024
     if store_mix:
         cfg = dataclasses.replace(cfg, store_mix=True)
@@ -773,7 +779,12 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 
 def hc_mix_raw(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixConfig | None = None):
     """Testing aid: the walk kernel's raw ``a [M, 24]`` and ``sum x^2 [M]`` (same reduction as the op's
-    ``method="walk"``; :func:`.hc_mix_tma.hc_mix_sinkhorn_tma` takes ``mix=`` for the default)."""
+    ``method="walk"``; :func:`.hc_mix_tma.hc_mix_sinkhorn_tma` takes ``mix=`` for the default).  Same
+    argument rules as the op; ``config``: an :class:`HcMixConfig` or None."""
+    if not isinstance(x, torch.Tensor) or not isinstance(hc_fn, torch.Tensor):
+        raise TypeError(f"x and hc_fn must be torch.Tensors, got {type(x).__name__} and {type(hc_fn).__name__}")
+    if config is not None and not isinstance(config, HcMixConfig):
+        raise TypeError(f"config must be an HcMixConfig, got {type(config).__name__}")
     _validate(x, hc_fn, torch.ones(3, device=x.device), torch.zeros(N_MIX, device=x.device), 1)
     m = x.shape[0]
     mix = torch.empty(max(m, 1), SP_COLS, dtype=torch.float32, device=x.device)

@@ -679,6 +679,8 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     does not matter).  ``x [M, K]`` bf16, ``hc_fn [24, K]`` (``ValueError`` for other shapes or a K
     that is not a multiple of ``tile_k``).
     """
+    if config is not None and not isinstance(config, HcMixTmaConfig):
+        raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
     cfg = config or HcMixTmaConfig()
     cfg.validate()
     if x.dim() != 2 or hc_fn.dim() != 2 or tuple(hc_fn.shape) != (N_MIX, x.shape[1]):

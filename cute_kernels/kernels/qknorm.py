@@ -143,7 +143,9 @@ class QKNormTuning:
     persistent_ctas: int = 0
 
     def validate(self) -> None:
-        check_int("target_vecs", self.target_vecs, low=1)
+        check_int("target_vecs", self.target_vecs, low=1, high=_MAX_VECS)
+        if type(self.streaming) is not bool:
+            raise TypeError(f"streaming={self.streaming!r}: must be a bool")
         check_int("persistent_ctas", self.persistent_ctas, low=0)
 
 
@@ -164,6 +166,19 @@ class QKNormConfig:
     @staticmethod
     def for_shape(q_width: int, k_width: int, dtype: torch.dtype, q_dim: int | None = None,
                   k_dim: int | None = None, tuning: QKNormTuning = QKNormTuning()) -> "QKNormConfig":
+        """The tiling of per-rank rows ``q_width`` / ``k_width`` (ints) of ``dtype`` (one of :data:`DTYPES`);
+        ``q_dim`` / ``k_dim``: the full sizes dividing the sum of squares (None: the widths).  The default
+        ``tuning`` (4 vectors per thread) is the tensor-parallel kernel's; the one-GPU op uses
+        :data:`DEFAULT_TUNING` (2).  ``TypeError`` / ``ValueError`` for bad arguments or a pair that does
+        not fit one CTA."""
+        if dtype not in DTYPES:
+            raise TypeError(f"dtype {dtype}: must be one of {[str(d).replace('torch.', '') for d in DTYPES]}")
+        check_int("q_width", q_width)
+        check_int("k_width", k_width)
+        for name, dim in (("q_dim", q_dim), ("k_dim", k_dim)):
+            if dim is not None:
+                check_int(name, dim)
+        tuning.validate()
         vec = vec_elems(dtype)
         for name, w in (("q", q_width), ("k", k_width)):
             if w <= 0 or w % vec:
@@ -460,6 +475,8 @@ def persistent_limits(device_index: int) -> tuple[int, int]:
     :data:`PERSISTENT_CTAS_PER_SM` x its SMs, :data:`PERSISTENT_L2_FRACTION` of its L2 (cached)."""
     lim = _persistent_limits.get(device_index)
     if lim is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("persistent_limits needs a CUDA device (none is available)")
         props = torch.cuda.get_device_properties(device_index)
         lim = (PERSISTENT_CTAS_PER_SM * props.multi_processor_count, int(PERSISTENT_L2_FRACTION * props.L2_cache_size))
         _persistent_limits[device_index] = lim
@@ -471,6 +488,8 @@ def launch_key(n: int, key: tuple, device_index: int) -> tuple:
     row tile) or, for :data:`PERSISTENT_SHAPES`, ``key + (persistent CTAs,)`` from
     :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit the L2 budget of :func:`persistent_limits`.
     Both give the same bits."""
+    if len(key) != 3 or key[0] not in DTYPES:
+        raise TypeError(f"key {key!r}: expected (torch dtype in {DTYPES}, Q, K)")
     if n < PERSISTENT_MIN_TOKENS or key not in PERSISTENT_SHAPES:
         return key
     ctas, max_bytes = persistent_limits(device_index)

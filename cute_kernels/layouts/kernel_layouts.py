@@ -69,9 +69,12 @@ def key_values(text: Optional[str], what: str, known) -> dict:
     """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (values unparsed).  ``ValueError`` naming ``what`` for
     an item without ``=``, a name not in ``known`` or a name given twice."""
     out: dict = {}
-    for part in (text or "").replace(" ", "").split(","):
+    for part in (text or "").split(","):
+        part = part.strip()
         if not part:
             continue
+        if any(c.isspace() for c in part):
+            raise ValueError(f"{what} {part!r}: items are key=value separated by commas (e.g. tile_m=256,stages=5)")
         if "=" not in part:
             raise ValueError(f"{what} {part!r}: expected key=value")
         k, v = part.split("=", 1)
