@@ -496,6 +496,77 @@ class HcMixKernel:
             mComb[row, i] = rM[i]
 
     @cute.jit
+    def epilogue_pair(self, sA: cute.Tensor, rr: Int32, row: Int32, half: Int32, store, k: Int32,
+                      mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor, mPost: cute.Tensor,
+                      mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32,
+                      hc_eps: Float32):
+        """:meth:`epilogue` on two threads per row: lanes ``2 r`` and ``2 r + 1`` of one warp (``half`` 0 /
+        1) share row ``rr`` of ``sA``: half 0 writes ``pre``, half 1 ``post``, and each holds comb rows
+        ``2 half`` and ``2 half + 1``; a column sum is the own two rows' sum plus the partner's (a
+        butterfly shuffle: ``(r0 + r1) + (r2 + r3)`` in both lanes, the same bits).  Every lane of the
+        warp must call it (the shuffles); ``store`` (this lane's row exists) predicates the writes."""
+        if cutlass.const_expr(self.config.store_mix):
+            if store and half == 0:
+                for c in cutlass.range_constexpr(SP_COLS):
+                    mMix[row, c] = sA[rr, c]
+        sq = sA[rr, N_MIX]
+        r = Float32(1.0) / cute.math.sqrt(sq / Float32(k) + rms_eps)
+        s01 = mScale[half] * r
+        for i in cutlass.range_constexpr(HC):
+            z = sA[rr, half * HC + i] * s01 + mBase[half * HC + i]
+            if half == 0:
+                v = Float32(1.0) / (Float32(1.0) + cute.math.exp(-z)) + hc_eps
+                if store:
+                    mPre[row, i] = v
+            else:
+                v = Float32(2.0) / (Float32(1.0) + cute.math.exp(-z))
+                if store:
+                    mPost[row, i] = v
+        s2 = mScale[2] * r
+        rM = cute.make_rmem_tensor(cute.make_layout(2 * HC), Float32)  # comb rows 2 half, 2 half + 1
+        first = 2 * HC + 2 * half * HC
+        for i in cutlass.range_constexpr(2 * HC):
+            rM[i] = sA[rr, first + i] * s2 + mBase[first + i]
+        for i in cutlass.range_constexpr(2):  # softmax over each own row, + eps
+            mx = rM[i * HC]
+            for j in cutlass.range_constexpr(1, HC):
+                mx = cute.arch.fmax(mx, rM[i * HC + j])
+            ssum = Float32(0.0)
+            for j in cutlass.range_constexpr(HC):
+                e = cute.math.exp(rM[i * HC + j] - mx)
+                rM[i * HC + j] = e
+                ssum = ssum + e
+            inv = cute.arch.rcp_approx(ssum)
+            for j in cutlass.range_constexpr(HC):
+                rM[i * HC + j] = rM[i * HC + j] * inv + hc_eps
+        self.normalize_cols_pair(rM, hc_eps)
+        for _ in cutlass.range(sinkhorn_iters - 1, unroll=1):
+            self.normalize_rows_pair(rM, hc_eps)
+            self.normalize_cols_pair(rM, hc_eps)
+        if store:
+            for i in cutlass.range_constexpr(2 * HC):
+                mComb[row, 2 * half * HC + i] = rM[i]
+
+    @cute.jit
+    def normalize_rows_pair(self, rM: cute.Tensor, hc_eps: Float32):
+        for i in cutlass.range_constexpr(2):
+            ssum = rM[i * HC]
+            for j in cutlass.range_constexpr(1, HC):
+                ssum = ssum + rM[i * HC + j]
+            inv = cute.arch.rcp_approx(ssum + hc_eps)
+            for j in cutlass.range_constexpr(HC):
+                rM[i * HC + j] = rM[i * HC + j] * inv
+
+    @cute.jit
+    def normalize_cols_pair(self, rM: cute.Tensor, hc_eps: Float32):
+        for j in cutlass.range_constexpr(HC):
+            own = rM[j] + rM[HC + j]
+            ssum = own + cute.arch.shuffle_sync_bfly(own, offset=1)
+            inv = cute.arch.rcp_approx(ssum + hc_eps)
+            rM[j] = rM[j] * inv
+            rM[HC + j] = rM[HC + j] * inv
+
+    @cute.jit
     def normalize_rows(self, rM: cute.Tensor, hc_eps: Float32):
         for i in cutlass.range_constexpr(HC):
             ssum = rM[i * HC]
