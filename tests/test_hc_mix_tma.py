@@ -32,8 +32,6 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
     assert rec.ptx.count(".entry") == 2  # the walk and the reduction kernel (no clusters, no DSMEM)
     assert "barrier.cluster" not in rec.ptx and "ld.shared::cluster" not in rec.ptx
     assert "griddepcontrol.launch_dependents" in rec.ptx and "griddepcontrol.wait" in rec.ptx  # PDL
-    walk_ptx, reduce_ptx = rec.ptx.split(".entry kernel_cutlass_reduce_kernel")  # the walk comes first
-    assert "shfl.sync.bfly" in reduce_ptx  # the epilogue's column sums: two threads per row
     if cfg.overlap:  # the second tile of a pair stays in flight: wait_group 1, then 0
         assert rec.ptx.count("wgmma.wait_group.sync.aligned \t1;") == 1
         if rec.sass:  # ptxas kept it (a serialized pipeline has only DEPBAR.LE gsb0, 0x0)

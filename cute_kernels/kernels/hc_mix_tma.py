@@ -23,9 +23,8 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
 * The reduction kernel, launched with programmatic dependent launch (the walk triggers it at its
   start; it waits in ``griddepcontrol.wait`` for the walk's completion and memory flush):
   ``reduce_rows`` rows per CTA, one (row, column) per thread, folds the levels above ``cta_level``,
-  then two threads per row run the epilogue (:meth:`.hc_mix.HcMixKernel.epilogue_pair`).  It triggers
-  the next launch after its wait, and the walk is a programmatic dependent launch as well (``pdl``): its
-  prologue overlaps the previous kernel.
+  then one thread per row runs the epilogue.  It triggers the next launch after its wait, and the walk
+  is a programmatic dependent launch as well (``pdl``): its prologue overlaps the previous kernel.
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
   M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
 
@@ -98,7 +97,7 @@ class HcMixTmaConfig:
     over); it waits in ``griddepcontrol.wait`` before its first global-memory access, so the order is
     that of the stream),
     ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
-    sum, so a sum's loads issue together; then two threads per row run the epilogue, so more rows
+    sum, so a sum's loads issue together; then one thread per row runs the epilogue, so more rows
     fill that warp; :func:`config_for` picks 8 or 16),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
@@ -234,7 +233,6 @@ class HcMixTmaKernel(HcMixKernel):
         self.tile_m = config.tile_m
         self.threads = 384
         self.num_consumers = 256
-        self.epilogue_threads = -(-2 * config.reduce_rows // 32) * 32  # two threads per row, whole warps
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
@@ -537,8 +535,7 @@ class HcMixTmaKernel(HcMixKernel):
         """The second kernel (a programmatic dependent launch: it waits for the walk's completion and
         memory flush before reading): each CTA takes ``config.reduce_rows`` rows, one thread per (row,
         column) folds the workspace's node sums up the tree (:meth:`reduce_item`; a sum's loads issue
-        together), then two threads per row run the epilogue (:meth:`.hc_mix.HcMixKernel.epilogue_pair`;
-        whole warps, for its shuffles).  Rows past M are computed on whatever sA holds and not stored."""
+        together), then one thread per row runs the epilogue.  Rows past M are skipped."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
@@ -550,11 +547,9 @@ class HcMixTmaKernel(HcMixKernel):
         row0 = bidx * rows
         self.reduce_item(mPart, sA, row0, tidx, cutlass.min(m - row0, rows) * SP_COLS)  # rows past M skipped
         cute.arch.sync_threads()
-        if tidx < self.epilogue_threads:  # whole warps (the pair's shuffles); rows past M: math, no stores
-            rr = cutlass.min(tidx // 2, rows - 1)
-            store = (tidx < 2 * rows) & (row0 + tidx // 2 < m)
-            self.epilogue_pair(sA, rr, row0 + rr, tidx % 2, store, k, mScale, mBase, mPre, mPost, mComb, mMix,
-                               sinkhorn_iters, rms_eps, hc_eps)
+        if tidx < rows and row0 + tidx < m:
+            self.epilogue(sA, tidx, row0 + tidx, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters,
+                          rms_eps, hc_eps)
 
     @cute.jit
     def reduce_item(self, mPart, sA, row0, item, n_items):
