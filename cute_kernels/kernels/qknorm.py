@@ -295,18 +295,8 @@ class QKRowNormalizer:
         for j in cutlass.range_constexpr(part.vecs):
             col_ok[j] = tXcX[(0, 0, j)][1] < part.width
         if row_ok:
-            for j in cutlass.range_constexpr(part.vecs):
-                if cutlass.const_expr(part.ragged):
-                    if col_ok[j]:
-                        cute.copy(atom, tXgX[None, None, j], tXrX[None, None, j])
-                else:
-                    cute.copy(atom, tXgX[None, None, j], tXrX[None, None, j])
-        for j in cutlass.range_constexpr(part.vecs):
-            if cutlass.const_expr(part.ragged):
-                if col_ok[j]:
-                    cute.copy(atom, tXgW[None, None, j], tXrW[None, None, j])
-            else:
-                cute.copy(atom, tXgW[None, None, j], tXrW[None, None, j])
+            self._copy_vectors(atom, tXgX, tXrX, col_ok, part)
+        self._copy_vectors(atom, tXgW, tXrW, col_ok, part)
         return tXgX, tXrX, tXrW, row_ok, col_ok
 
     @cute.jit
@@ -331,16 +321,20 @@ class QKRowNormalizer:
     @cute.jit
     def scale_and_store(self, tXgX: cute.Tensor, tXrX: cute.Tensor, tXrW: cute.Tensor, scale: Float32,
                         row_ok, col_ok: cute.Tensor, part: cutlass.Constexpr):
-        atom = self._store_atom()
         tXrY = cute.make_fragment_like(tXrX)
         tXrY.store((tXrX.load().to(Float32) * scale * tXrW.load().to(Float32)).to(self.dtype))
         if row_ok:
-            for j in cutlass.range_constexpr(part.vecs):
-                if cutlass.const_expr(part.ragged):
-                    if col_ok[j]:
-                        cute.copy(atom, tXrY[None, None, j], tXgX[None, None, j])
-                else:
-                    cute.copy(atom, tXrY[None, None, j], tXgX[None, None, j])
+            self._copy_vectors(self._store_atom(), tXrY, tXgX, col_ok, part)
+
+    @cute.jit
+    def _copy_vectors(self, atom, src: cute.Tensor, dst: cute.Tensor, col_ok: cute.Tensor, part: cutlass.Constexpr):
+        """Copy this thread's ``part.vecs`` 16-byte vectors, the predicated-off columns skipped."""
+        for j in cutlass.range_constexpr(part.vecs):
+            if cutlass.const_expr(part.ragged):
+                if col_ok[j]:
+                    cute.copy(atom, src[None, None, j], dst[None, None, j])
+            else:
+                cute.copy(atom, src[None, None, j], dst[None, None, j])
 
 
 class QKNormKernel(QKRowNormalizer):
@@ -437,16 +431,6 @@ class QKNormKernel(QKRowNormalizer):
                                    col_ok, part)
             t = t_next
             slot = 1 - slot
-
-    @cute.jit
-    def _copy_vectors(self, atom, src: cute.Tensor, dst: cute.Tensor, col_ok: cute.Tensor, part: cutlass.Constexpr):
-        """Copy this thread's ``part.vecs`` 16-byte vectors, the predicated-off columns skipped."""
-        for j in cutlass.range_constexpr(part.vecs):
-            if cutlass.const_expr(part.ragged):
-                if col_ok[j]:
-                    cute.copy(atom, src[None, None, j], dst[None, None, j])
-            else:
-                cute.copy(atom, src[None, None, j], dst[None, None, j])
 
 
 # ----------------------------------------------------------------------------- host side
