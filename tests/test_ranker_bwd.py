@@ -770,3 +770,26 @@ def test_references_refuse_what_the_op_refuses_and_take_empty_batches():
         rb.ranker_attention_backward_reference(q.double(), q.double(), q.double(), b, q)
     with pytest.raises(ValueError, match="dout must be on q's device"):
         rb.ranker_attention_backward_reference(q, q, q, b, q.to("meta"))
+
+
+def test_double_backward_always_raises():
+    """A backward that builds a graph (create_graph=True) raises, also when the incoming gradient does not
+    require grad (torch's once_differentiable, used before, then returned gradients whose own gradient
+    silently missed the attention's terms; newcomer review, session 15); first-order gradients and an
+    aot_eager training trace are unaffected."""
+    import cute_kernels as ck
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        q = mode.from_tensor(torch.randn(2, 16, 4, 128, dtype=torch.bfloat16)).requires_grad_()
+        b = mode.from_tensor(torch.tensor([[0, 12, 12, 16]] * 2, dtype=torch.int32))
+        loss = ck.ranker_attention(q, q, q, b).float().sum() + (q.float() ** 2).sum()
+        with pytest.raises(RuntimeError, match="no double backward"):
+            torch.autograd.grad(loss, q, create_graph=True)
+        g, = torch.autograd.grad(ck.ranker_attention(q, q, q, b).float().sum(), q)
+        assert g.shape == q.shape
+    q = torch.randn(1, 16, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.tensor([[0, 12, 12, 16]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="must be on a CUDA device"):  # traced forward + backward, then the run
+        torch.compile(lambda q, b: ck.ranker_attention(q, q, q, b).float().sum(), fullgraph=True,
+                      backend="aot_eager")(q, b).backward()

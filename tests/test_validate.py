@@ -157,3 +157,40 @@ def test_rejects_broadcast_views():
     with pytest.raises(ValueError, match="stride 0 in dim 1"):
         check_tensor("q", torch.zeros(2, 1, 4, 64, dtype=torch.bfloat16).expand(2, 300, 4, 64), cuda=False)
     check_tensor("q", torch.zeros(1, 64, dtype=torch.bfloat16).expand(1, 64), cuda=False)  # size-1 dims: any stride
+
+
+def test_check_extent_refuses_spans_past_32_bit_offsets():
+    from cute_kernels.runtime.validate import check_extent, element_span
+
+    ok = torch.empty_strided((2, 3), (2**30, 1), device="meta")
+    assert element_span(ok) == 2**30 + 3
+    check_extent("x", ok)
+    big = torch.empty_strided((3, 3), (2**30, 1), device="meta")  # last element at offset 2**31 + 2
+    with pytest.raises(ValueError, match="x spans 2147483651 elements.*32-bit offsets"):
+        check_extent("x", big)
+    assert element_span(torch.empty(0, 5, device="meta")) == 0
+
+
+def test_ranker_and_qknorm_refuse_tensors_past_32_bit_offsets():
+    """Found by a newcomer review: the forward's self-term loads formed batch/head offsets in 32 bits
+    (PTX mul.lo.s32 before the widening), and nothing refused a q of 2.4e9 elements."""
+    from cute_kernels.kernels import qknorm, ranker_bwd, ranker_fwd
+
+    bf = torch.bfloat16
+    q = torch.empty_strided((3, 8, 2, 128), (2**30, 256, 128, 1), device="meta", dtype=bf)
+    small = torch.empty((3, 8, 2, 128), device="meta", dtype=bf)
+    bounds = torch.zeros(3, 4, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="q spans .*32-bit offsets"):
+        ranker_fwd._validate(q, small, small, bounds, None, None, "tanh", None, None, cuda=False, pointers=False)
+    with pytest.raises(ValueError, match="dout spans .*32-bit offsets"):
+        lse = torch.empty(3, 2, 8, device="meta")
+        ranker_bwd._validate_backward(small, small, small, small, lse, q, bounds, None, None, "tanh", None, None,
+                                      cuda=False, pointers=False)
+    with pytest.raises(ValueError, match="dQ accumulator .*32-bit offsets"):
+        ranker_bwd.check_accum_extent((16384, 16, 64), 128)
+    ranker_bwd.check_accum_extent((4, 16, 4608), 128)
+    qq = torch.empty_strided((3, 4096), (2**30, 1), device="meta", dtype=bf)
+    with pytest.raises(ValueError, match="q spans .*32-bit offsets"):
+        qknorm.validate_qk_shapes(qq, torch.empty(3, 1024, device="meta", dtype=bf),
+                                  torch.empty(4096, device="meta", dtype=bf), torch.empty(1024, device="meta", dtype=bf),
+                                  1e-6, cuda=False)

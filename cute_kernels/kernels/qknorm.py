@@ -56,7 +56,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_f32_eps, check_float_tensors, check_int, check_tensor, F32_MAX
+from ..runtime.validate import check_extent, check_f32_eps, check_float_tensors, check_int, check_tensor, F32_MAX, INT32_MAX
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -555,6 +555,8 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
                              "an in-place op needs distinct rows")
     if q is k:
         raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
+    check_extent("q", q)  # 32-bit element offsets
+    check_extent("k", k)
     for name, t in (("q", q), ("k", k)):  # rows too wide for the register budget (int: a symbolic width is
         try:  # specialized here, as the kernel is)
             RowTiling.choose(int(t.shape[1]), vec, DEFAULT_TUNING.target_vecs).validate()
@@ -666,7 +668,8 @@ def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
         (sq, uq), (sk, uk), (uwq,), (uwk,) = q.stride(), k.stride(), q_weight.stride(), k_weight.stride()
         if (n == 0 or nk != n or wq != qw or wk != kw or not 0 < qw <= _MAX_WIDTH_VECS * vec
                 or not 0 < kw <= _MAX_WIDTH_VECS * vec or (qw | kw | sq | sk) % vec or uq != 1 or uk != 1
-                or uwq != 1 or uwk != 1 or (n > 1 and (sq < qw or sk < kw))):
+                or uwq != 1 or uwk != 1 or (n > 1 and (sq < qw or sk < kw))
+                or (n - 1) * sq + qw > INT32_MAX or (n - 1) * sk + kw > INT32_MAX):
             return None  # (N = 0, a rare legal layout such as N = 1 with an odd stride, and every error
             # (empty or too wide rows, overlapping rows) take the slow path, which explains)
         if q.requires_grad or k.requires_grad or q_weight.requires_grad or k_weight.requires_grad:

@@ -10,7 +10,6 @@ function also works under ``torch.compile`` (``fullgraph=True``).
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .ranker_bwd import ranker_attention_backward_op
 from .ranker_fwd import _ranker_op
@@ -34,8 +33,13 @@ class RankerAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable  # the kernels are not differentiable: double backward raises
     def backward(ctx, dout, _dlse):
+        # the kernels are not differentiable: a backward that builds a graph (create_graph=True) raises
+        # instead of returning gradients whose own gradient would silently miss the attention's terms
+        # (torch's once_differentiable raises only when the incoming gradient requires grad)
+        if torch.is_grad_enabled():
+            raise RuntimeError("ranker_attention has no double backward: its backward kernels are not "
+                               "differentiable; call backward() / autograd.grad() without create_graph=True")
         q, k, v, out, lse, bounds, cu_seqlens = ctx.saved_tensors
         softmax_scale, cap, cap_method, max_seqlen = ctx.scalars
         dq, dk, dv = ranker_attention_backward_op(q, k, v, out, lse, dout.contiguous(), bounds, softmax_scale, cap,

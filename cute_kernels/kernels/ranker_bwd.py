@@ -78,7 +78,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, tracing, without_data
-from ..runtime.validate import check_config_fields, check_outputs_disjoint, check_tensor
+from ..runtime.validate import INT32_MAX, check_config_fields, check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale,
                          ranker_attention_reference)
@@ -1086,6 +1086,15 @@ def _fn(kind: str, *key):
     return fn
 
 
+def check_accum_extent(row_shape: tuple, d: int) -> None:
+    """The float32 dQ accumulator ``row_shape + (d,)`` (rows padded to whole q tiles per sequence) must
+    stay within the kernels' 32-bit element offsets: ``ValueError`` (before any launch) otherwise."""
+    numel = math.prod(row_shape) * d
+    if numel > INT32_MAX:
+        raise ValueError(f"the backward's dQ accumulator {list(row_shape) + [d]} would hold {numel} elements; the "
+                         f"kernels index with 32-bit offsets (at most {INT32_MAX}): split the batch")
+
+
 def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
                        cuda: bool = True, *, dq=None, dk=None, dv=None, config=None, deterministic: bool = False,
                        pointers: bool = True):
@@ -1126,6 +1135,11 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
             check_same_device(q=q, **{name: t})
     for name, t in (("out", out), ("dout", dout)):
         check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda, data_pointer=pointers)
+    from ..runtime.validate import check_extent
+
+    for name, t in (("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        if t is not None:
+            check_extent(name, t)  # 32-bit element offsets (q, k, v: the forward's rules)
     lse_shape = (hq, seq) if varlen else (nb, hq, seq)
     check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape, cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
@@ -1231,6 +1245,7 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         return dq, dk, dv
     rows = padded_rows(seq, nb, cfg.tile_m, varlen)
     row_shape = (hq, rows) if varlen else (nb, hq, rows)
+    check_accum_extent(row_shape, d)
     lse2 = torch.empty(row_shape, dtype=torch.float32, device=q.device)
     dpsum = torch.empty(row_shape, dtype=torch.float32, device=q.device)
     dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)

@@ -60,7 +60,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_config_fields, check_float_tensors, check_same_device, check_tensor, F32_MAX, check_int, check_real, validated_once
+from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
+                                F32_MAX, check_int, check_real, validated_once)
 from ..tuning import register_memo, tuned_config
 from . import sm90_helpers as sm90
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -947,6 +948,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         raise ValueError(f"head dim {d} is not supported; supported: {sorted(CONFIGS)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, cuda=cuda, data_pointer=pointers)  # then the alignment of pointers and strides
+        check_extent(name, t)  # 32-bit element offsets (out and lse are no larger than q)
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
@@ -1185,7 +1187,11 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             bounds rows != B, non-positive/non-finite cap, non-finite softmax_scale, unknown
             cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B > 2^30
-            work tiles; for the backward (``.backward()``), B or Hq above 65535.
+            work tiles, a q/k/v spanning 2^31 elements or more (32-bit offsets); for the backward
+            (``.backward()``), B or Hq above 65535.
+        RuntimeError: a backward with ``create_graph=True`` (no double backward).
+        Under ``torch.compile(fullgraph=True)`` these surface wrapped by Dynamo (``TorchRuntimeError`` /
+        ``Unsupported``); without ``fullgraph`` or eagerly, as listed.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}")

@@ -93,6 +93,22 @@ F32_MAX = float(torch.finfo(torch.float32).max)
 INT32_MAX = 2**31 - 1
 
 
+def element_span(t: torch.Tensor) -> int:
+    """Elements from a tensor's first to one past its last: ``1 + sum((size - 1) * |stride|)`` (0 if empty)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((int(s) - 1) * abs(int(st)) for s, st in zip(t.shape, t.stride()))
+
+
+def check_extent(name: str, t: torch.Tensor, *, limit: int = INT32_MAX) -> None:
+    """``ValueError`` unless every element of ``t`` lies within ``limit`` elements of its first (the
+    kernels compute element offsets with 32-bit integers: a larger tensor would wrap them)."""
+    span = element_span(t)
+    if span > limit:
+        raise ValueError(f"{name} spans {span} elements (shape {list(t.shape)}, strides {list(t.stride())}); the "
+                         f"kernels index with 32-bit offsets (at most {limit}): split the call")
+
+
 def check_real(name: str, value, *, low: float | None = None, high: float = F32_MAX, low_open: bool = False) -> float:
     """A real scalar argument (``int``/``float``/numpy real; not ``bool``, not a string) as a float.
 
