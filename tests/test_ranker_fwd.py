@@ -561,3 +561,26 @@ def test_exp2_scale_floor():
     s = torch.tensor([-float("inf"), 0.0, -3.0, 1e4], dtype=torch.float32) * rf.exp2_scale(0.0, None)
     assert s[0] == -float("inf") and not torch.isnan(s).any()
     assert torch.equal(torch.exp2(s[1:]), torch.ones(3))
+
+
+def test_argument_rules_found_by_the_session_15_review():
+    """cap_method="none" (the library's own spelling for no cap) is accepted without a cap and refused with
+    one; the reference checks return_lse's type and gives TypeError for a non-tensor cu_seqlens; the
+    backward reference TypeError for a non-tensor dout; the register rule's message says it is measured."""
+    from cute_kernels.kernels import ranker_bwd as rb
+
+    q = torch.randn(1, 8, 2, 64)
+    b = torch.tensor([[0, 6, 6, 8]], dtype=torch.int32)
+    rf._check_scalars(None, None, "none")
+    with pytest.raises(ValueError, match="cap_method='none'"):
+        rf._check_scalars(None, 10.0, "none")
+    out = rf.ranker_attention_reference(q, q, q, b, cap_method="none")
+    assert torch.allclose(out, rf.ranker_attention_reference(q, q, q, b))
+    with pytest.raises(TypeError, match="return_lse"):
+        rf.ranker_attention_reference(q, q, q, b, return_lse=1)
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        rf.ranker_attention_reference(q[0], q[0], q[0], b, cu_seqlens=[0, 8])
+    with pytest.raises(TypeError, match="dout"):
+        rb.ranker_attention_backward_reference(q, q, q, b, [[1.0]])
+    with pytest.raises(ValueError, match="a measured rule"):
+        rf.RankerFwdConfig(head_dim=128, tile_n=176).validate()

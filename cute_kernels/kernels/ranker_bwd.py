@@ -1426,9 +1426,10 @@ def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_s
         raise TypeError(f"dout must have q's dtype {q.dtype}, got {dout.dtype}")
     if isinstance(dout, torch.Tensor) and dout.device != q.device:
         raise ValueError(f"dout must be on q's device {q.device}, got {dout.device}")
-    if not isinstance(dout, torch.Tensor) or dout.shape != q.shape:
-        raise ValueError(f"dout must be a tensor shaped like q {list(q.shape)}, "
-                         f"got {list(dout.shape) if isinstance(dout, torch.Tensor) else type(dout).__name__}")
+    if not isinstance(dout, torch.Tensor):
+        raise TypeError(f"dout must be a torch.Tensor shaped like q, got {type(dout).__name__}")
+    if dout.shape != q.shape:
+        raise ValueError(f"dout must be a tensor shaped like q {list(q.shape)}, got {list(dout.shape)}")
 
 
 def _sequences(q, cu_seqlens):
