@@ -82,7 +82,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import (check_f32_eps, check_float_tensors, check_int, check_same_device, check_tensor,
-                                validated_once)
+                                element_span, validated_once)
 
 NAME = "hc_mix"
 HC = 4  # hc_mult
@@ -680,8 +680,8 @@ WALK_MAX_OFFSET = 2**31 - 1  # the walk indexes x with 32-bit element offsets
 
 def _check_walk_extent(x: torch.Tensor) -> None:
     """The walk computes x's element offsets in 32 bits: refuse an x that spans more elements."""
-    m, k = x.shape
-    span = (m - 1) * x.stride(0) + k if m else 0
+    m = x.shape[0]
+    span = element_span(x)  # (x's last dim is contiguous: (M - 1) * row stride + K)
     if span > WALK_MAX_OFFSET:
         raise ValueError(f"x spans {span} elements (M={m}, row stride {x.stride(0)}); method='walk' indexes x "
                          f"with 32-bit offsets (at most {WALK_MAX_OFFSET}): use method='tma' or fewer rows per call")
