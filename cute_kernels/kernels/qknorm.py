@@ -321,10 +321,16 @@ class QKRowNormalizer:
     @cute.jit
     def scale_and_store(self, tXgX: cute.Tensor, tXrX: cute.Tensor, tXrW: cute.Tensor, scale: Float32,
                         row_ok, col_ok: cute.Tensor, part: cutlass.Constexpr):
-        tXrY = cute.make_fragment_like(tXrX)
-        tXrY.store((tXrX.load().to(Float32) * scale * tXrW.load().to(Float32)).to(self.dtype))
+        tXrY = self.scaled(tXrX, tXrW, scale)
         if row_ok:
             self._copy_vectors(self._store_atom(), tXrY, tXgX, col_ok, part)
+
+    @cute.jit
+    def scaled(self, tXrX: cute.Tensor, tXrW: cute.Tensor, scale: Float32) -> cute.Tensor:
+        """``x * scale * w`` in float32, rounded to the input dtype (a new register fragment)."""
+        tXrY = cute.make_fragment_like(tXrX)
+        tXrY.store((tXrX.load().to(Float32) * scale * tXrW.load().to(Float32)).to(self.dtype))
+        return tXrY
 
     @cute.jit
     def _copy_vectors(self, atom, src: cute.Tensor, dst: cute.Tensor, col_ok: cute.Tensor, part: cutlass.Constexpr):
@@ -419,8 +425,7 @@ class QKNormKernel(QKRowNormalizer):
             sRed_t = cute.make_tensor(sRed.iterator + slot * self.num_warps, cute.make_layout(self.num_warps))
             ss = self.row_sum_of_squares(tXrX, part, tidx, sRed_t, warp_base, barrier_id)
             scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
-            tXrY = cute.make_fragment_like(tXrX)
-            tXrY.store((tXrX.load().to(Float32) * scale * tXrW.load().to(Float32)).to(self.dtype))
+            tXrY = self.scaled(tXrX, tXrW, scale)
             t_next = t + grid
             if t_next < n_tiles:
                 if t_next * rows + row < n:
