@@ -32,8 +32,9 @@ def tunings():
     (Session 15's second run also had launch-bound variants, a QKNormTuning field at 5347951: slower.)"""
     return {"per_token": mod.DEFAULT_TUNING, "v4": mod.QKNormTuning(4, False),
             "v2_persist3": mod.QKNormTuning(2, False, SMS * 3),
-            "v2_persist2": mod.QKNormTuning(2, False, SMS * 2),
-            "v4_persist3": mod.QKNormTuning(4, False, SMS * 3)}
+            "v2_late": mod.QKNormTuning(2, False, 0, True),
+            "v4_late": mod.QKNormTuning(4, False, 0, True),
+            "v1_late": mod.QKNormTuning(1, False, 0, True)}
 
 
 def main(argv):
@@ -57,6 +58,18 @@ def main(argv):
         wq = torch.randn(qd, device="cuda", dtype=dtype) * 0 + 1  # the in-place runs keep the values finite
         wk = torch.randn(kd, device="cuda", dtype=dtype) * 0 + 1
         q2, k2 = torch.empty_like(q), torch.empty_like(k)
+        wq.uniform_(0.5, 1.5)  # the bitwise check: every tuning on the same inputs, one call each
+        wk.uniform_(0.5, 1.5)
+        outs = {}
+        for name, fn in fns.items():
+            qc, kc = q.clone(), k.clone()
+            fn(qc, kc, wq, wk, 1e-6)
+            outs[name] = (qc, kc)
+        ref = outs["per_token"]
+        print(json.dumps(dict(n=n, bits_equal={name: bool(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]))
+                                               for name, o in outs.items()})), flush=True)
+        wq.fill_(1)
+        wk.fill_(1)
         calls = {name: (lambda fn=fn: fn(q, k, wq, wk, 1e-6)) for name, fn in fns.items()}
         calls["torch_copy"] = lambda: (q2.copy_(q), k2.copy_(k))
         calls["torch_mul_"] = lambda: (q.mul_(wq), k.mul_(wk))
