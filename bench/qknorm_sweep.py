@@ -29,12 +29,12 @@ SMS = 132
 def tunings():
     """Persistent CTA counts: the CTAs one SM holds times 132 SMs (ptxas registers at Q=4096, K=1024,
     sm_90a: 64 per thread for 2 vectors -> 3 CTAs of 320 threads; 128 for 4 -> 3 of 160), and fewer.
-    (Session 15's second run also had launch-bound variants, a QKNormTuning field at 5347951: slower.)"""
+    (Session 15's second run also had launch-bound variants, a QKNormTuning field at 5347951: slower;
+    session 16's run had the weight loaded after the row sum, late_weights at 1b10cd4: slower.)"""
     return {"per_token": mod.DEFAULT_TUNING, "v4": mod.QKNormTuning(4, False),
             "v2_persist3": mod.QKNormTuning(2, False, SMS * 3),
-            "v2_late": mod.QKNormTuning(2, False, 0, True),
-            "v4_late": mod.QKNormTuning(4, False, 0, True),
-            "v1_late": mod.QKNormTuning(1, False, 0, True)}
+            "v2_persist2": mod.QKNormTuning(2, False, SMS * 2),
+            "v4_persist3": mod.QKNormTuning(4, False, SMS * 3)}
 
 
 def main(argv):

@@ -141,13 +141,11 @@ class QKNormTuning:
     target_vecs: int = 4
     streaming: bool = False
     persistent_ctas: int = 0
-    late_weights: bool = False
 
     def validate(self) -> None:
         check_int("target_vecs", self.target_vecs, low=1, high=_MAX_VECS)
-        for name in ("streaming", "late_weights"):
-            if type(getattr(self, name)) is not bool:
-                raise TypeError(f"{name}={getattr(self, name)!r}: must be a bool")
+        if type(self.streaming) is not bool:
+            raise TypeError(f"streaming={self.streaming!r}: must be a bool")
         check_int("persistent_ctas", self.persistent_ctas, low=0)
 
 
@@ -271,7 +269,7 @@ class QKRowNormalizer:
 
     @cute.jit
     def load_rows(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, tidx: Int32,
-                  tile_idx: Int32, n: Int32, load_weight: cutlass.Constexpr = True):
+                  tile_idx: Int32, n: Int32):
         """Load this thread's vectors of the CTA's rows of ``mX`` and of the weight (zeros outside).
 
         Returns (tXgX, tXrX, tXrW, row_ok, col_ok) for :meth:`scale_and_store`.
@@ -298,9 +296,8 @@ class QKRowNormalizer:
             col_ok[j] = tXcX[(0, 0, j)][1] < part.width
         if row_ok:
             self._copy_vectors(atom, tXgX, tXrX, col_ok, part)
-        if cutlass.const_expr(load_weight):
-            self._copy_vectors(atom, tXgW, tXrW, col_ok, part)
-        return tXgX, tXrX, (tXgW if cutlass.const_expr(not load_weight) else tXrW), row_ok, col_ok
+        self._copy_vectors(atom, tXgW, tXrW, col_ok, part)
+        return tXgX, tXrX, tXrW, row_ok, col_ok
 
     @cute.jit
     def row_sum_of_squares(self, tXrX: cute.Tensor, part: cutlass.Constexpr, tidx: Int32,
@@ -386,14 +383,8 @@ class QKNormKernel(QKRowNormalizer):
     def normalize(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
                   tidx: Int32, bidx: Int32, n: Int32, eps: Float32, sRed: cute.Tensor,
                   warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
-        late = self.config.tuning.late_weights
-        tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, bidx, n, not late)
+        tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, bidx, n)
         ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
-        if cutlass.const_expr(late):  # the weight after the sum: fewer registers live across the loads
-            tXgW = tXrW
-            tXrW = cute.make_fragment_like(tXgW)
-            tXrW.fill(0)
-            self._copy_vectors(self._load_atom(), tXgW, tXrW, col_ok, part)
         scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
         self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
 
