@@ -1,0 +1,62 @@
+"""Where the eager host time of one ``ranker_attention`` call goes (issue 3's target: <= 10 us per call).
+
+    python3 bench/host_breakdown.py
+
+Times (host, us per call, 2000 back-to-back calls after 200 warm-up, best of 3) the public call and
+its pieces at a tiny shape (B=1, S=128, H=1, D=64), so the differences show what each layer costs:
+the public wrapper, the registered op's eager fast path, validation (cached per signature), the two
+output allocations, and the raw compiled (tvm-ffi) call; torch.mul and torch.empty for scale.
+"""
+import json
+import time
+
+import torch
+
+import cute_kernels
+from cute_kernels.kernels import ranker_fwd as fwd
+from cute_kernels.runtime import torch_op
+
+
+def per_call_us(fn, n=2000):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return round(best, 2)
+
+
+def main():
+    q = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
+    bounds = torch.tensor([[0, 96, 96, 128]], device="cuda", dtype=torch.int32)
+    cute_kernels.ranker_attention(q, q, q, bounds)
+    (fkey, fn), = fwd._FNS.items()
+    out, lse = torch.empty_like(q), torch.empty((1, 1, 128), device="cuda", dtype=torch.float32)
+    cfg = fkey[1]
+    max_ctas = fwd._sm_count(q.device) if cfg.persistent else 2**31 - 1
+    sl = fwd.exp2_scale(0.125, None)
+    x = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
+    calls = {
+        "ranker_attention (public)": lambda: cute_kernels.ranker_attention(q, q, q, bounds),
+        "_ranker_op (eager fast path)": lambda: fwd._ranker_op(q, q, q, bounds),
+        "_ranker_impl": lambda: fwd._ranker_impl(q, q, q, bounds, None, None, "tanh", None, None),
+        "_validate_cached": lambda: fwd._validate_cached(q, q, q, bounds, None, None, "tanh", None, None),
+        "torch_op.tracing()": torch_op.tracing,
+        "2 x torch.empty (out, lse)": lambda: (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+                                               torch.empty((1, 1, 128), dtype=torch.float32, device=q.device)),
+        "raw compiled call (13 args)": lambda: fn(q, q, q, bounds, out, lse, None, sl, 0.125, 1.0, 1, 128, max_ctas),
+        "torch.mul (2048 bf16)": lambda: torch.mul(x, 2.0),
+    }
+    res = {name: per_call_us(f) for name, f in calls.items()}
+    for name, us in res.items():
+        print(f"{name:<32} {us:7.2f} us", flush=True)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
