@@ -59,7 +59,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op
+from ..runtime.torch_op import custom_op, tracing
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
                                 F32_MAX, check_int, check_real, validated_once)
 from ..tuning import register_memo, tuned_config
@@ -1070,10 +1070,10 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     capm = "none" if cap is None else cap_method
     scale_log2 = exp2_scale(scale, cap)
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = q.new_empty(q.shape)  # compact (new_empty: ~2 us less host time than torch.empty(..., device=))
     if varlen:
         if lse is None:
-            lse = torch.empty((hq, seq), dtype=torch.float32, device=q.device)
+            lse = q.new_empty((hq, seq), dtype=torch.float32)
         max_seqlen, end = _varlen_extent(q, cu_seqlens, seq, max_seqlen)
         # packed tokens past cu_seqlens[-1] belong to no sequence and the kernel never writes them:
         # out = 0, lse = -inf there (eager: the known tail; in capture: a device-side mask)
@@ -1086,7 +1086,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
             lse[:, end:].fill_(-math.inf)
     else:
         if lse is None:
-            lse = torch.empty((nb, hq, seq), dtype=torch.float32, device=q.device)
+            lse = q.new_empty((nb, hq, seq), dtype=torch.float32)
         max_seqlen = seq
     if out.numel() == 0 or max_seqlen == 0:
         lse.fill_(-math.inf)
@@ -1206,8 +1206,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             v = v.view_as(v) if v is q or v is k else v
         out, lse = RankerAttentionFunction.apply(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens,
                                                  max_seqlen)
-    else:
+    elif tracing():
         out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    else:  # eager without grad: what the op's fast path would run (its grad re-check skipped: ~2 us)
+        out, lse = _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     return (out, lse) if return_lse else out
 
 
