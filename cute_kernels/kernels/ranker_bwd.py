@@ -152,9 +152,6 @@ class RankerBwdConfig:
     # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
     # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
     dq_split_rows: bool = False
-    # the -inf key mask added to the exponent only in KV blocks that straddle the history's edges (a block
-    # inside the history runs a second copy of the loop without that add: one FP32 op per score less)
-    mask_edge_only: bool = True
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -793,40 +790,23 @@ class RankerAttentionBwd:
             key_bias = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
             for r in cutlass.range_constexpr(cute.size(tScS_mn, mode=[0])):
                 key_bias[r] = 0.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else -Float32.inf
-            common = (wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
-                      tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias, tdQsdQ,
-                      ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2,
-                      softmax_scale, cap)
-            if const_expr(self.config.mask_edge_only):
-                # the history is one contiguous range: a block whose first and last keys are in it needs no mask
-                first_key = n_block * self.tile_n
-                interior = (Int32(seg.col_valid(first_key)) * Int32(seg.col_valid(first_key + self.tile_n - 1))) > 0
-                if interior:
-                    q_state = self.m_block_loop(q_state, count, common, need_mask=False)
-                else:
-                    q_state = self.m_block_loop(q_state, count, common, need_mask=True)
-            else:
-                q_state = self.m_block_loop(q_state, count, common, need_mask=True)
+            for i in cutlass.range(count, unroll=1):
+                ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
+                q_state = self.mma_one_m_block(
+                    q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ,
+                    tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias,
+                    tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do, scale_log2,
+                    softmax_scale, cap)
         self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                       tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale)
-
-    @cute.jit
-    def m_block_loop(self, q_state, count, common: tuple, need_mask: cutlass.Constexpr):
-        """The CTA's ``count`` q blocks (:meth:`mma_one_m_block`; ``common``: its arguments after ``ds_idx``)."""
-        for i in cutlass.range(count, unroll=1):
-            ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
-            q_state = self.mma_one_m_block(q_state, ds_idx, *common, need_mask=need_mask)
-        return q_state
 
     @cute.jit
     def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
                         tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
                         tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q,
-                        pipeline_do, scale_log2, softmax_scale, cap, need_mask: cutlass.Constexpr):
+                        pipeline_do, scale_log2, softmax_scale, cap):
         """One q block: S^T, dP^T, P^T, dS^T (registers and sdS^T buffer ``ds_idx``), dV, then dK and dQ
-        (dK first, or with ``dq_first`` dQ first so its hand-off to the dQ warp overlaps the dK GEMM).
-        ``need_mask``: add ``key_bias`` (-inf on keys outside the history) to the exponent; False for a KV
-        block inside the history (one add per score less)."""
+        (dK first, or with ``dq_first`` dQ first so its hand-off to the dQ warp overlaps the dK GEMM)."""
         stage = q_state.index
         pipeline_q.consumer_wait(q_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
@@ -844,10 +824,7 @@ class RankerAttentionBwd:
             lse = sLSE[tScS_mn[0, c][1], stage]
             for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
                 t, dcap = cap_and_slope(acc_S_mn[r, c], softmax_scale, cap, self.cap_method)
-                if const_expr(need_mask):
-                    p = cute.math.exp2(t * scale_log2 - lse + key_bias[r], fastmath=True)
-                else:
-                    p = cute.math.exp2(t * scale_log2 - lse, fastmath=True)
+                p = cute.math.exp2(t * scale_log2 - lse + key_bias[r], fastmath=True)
                 rP_mn[r, c] = p.to(self.dtype)
                 acc_S_mn[r, c] = p * dcap
         warpgroup.wait_group(0)
