@@ -661,13 +661,13 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
     if out is not None:
         pre, post, comb = out
     else:
-        pre = torch.empty(m, HC, dtype=torch.float32, device=x.device)
-        post = torch.empty(m, HC, dtype=torch.float32, device=x.device)
-        comb = torch.empty(m, HC, HC, dtype=torch.float32, device=x.device)
+        pre = x.new_empty((m, HC), dtype=torch.float32)  # (new_empty: less host time than torch.empty(device=))
+        post = x.new_empty((m, HC), dtype=torch.float32)
+        comb = x.new_empty((m, HC, HC), dtype=torch.float32)
     if m:
         n_mix = MIX_DUMMY if mix is None else 0
         n_scratch = n_mix + (workspace_rows or 0) * SP_COLS
-        scratch = torch.empty(n_scratch, dtype=torch.float32, device=x.device) if n_scratch else None
+        scratch = x.new_empty((n_scratch,), dtype=torch.float32) if n_scratch else None
         mix_arg = mix if mix is not None else scratch[:SP_COLS].view(1, SP_COLS)
         extra = () if workspace_rows is None else (scratch[n_mix:].view(workspace_rows, SP_COLS),)
         compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
