@@ -5,7 +5,7 @@
 For each N (Q=4096, K=1024, bf16) every tuning is timed in a CUDA graph in ``--rounds`` rounds of shuffled
 order (median printed, with every round), next to two stock kernels that move the same bytes: torch's
 out-of-place copy of q and k, and torch's in-place ``mul_`` of q and k by their weights (read + write in
-place, as the norm does).  One JSON line per N, and the copy rate first.
+place, as the norm does) and in-place ``mul_(1.0)`` (the vectorized elementwise kernel, read + write in place).  One JSON line per N, and the copy rate first.
 
 A graph replays the in-place op on the same q and k, so while they fit in L2 (up to N = 4096 here) the
 figures are L2-warm (copy_frac above 1); the op's persistent pick (qknorm.launch_key) is for that regime.
@@ -73,6 +73,7 @@ def main(argv):
         calls = {name: (lambda fn=fn: fn(q, k, wq, wk, 1e-6)) for name, fn in fns.items()}
         calls["torch_copy"] = lambda: (q2.copy_(q), k2.copy_(k))
         calls["torch_mul_"] = lambda: (q.mul_(wq), k.mul_(wk))
+        calls["torch_scalar_mul_"] = lambda: (q.mul_(1.0), k.mul_(1.0))  # in place, no broadcast operand
         times = {name: [] for name in calls}
         for _ in range(rounds):
             order = list(calls)

@@ -343,9 +343,14 @@ def parse_candidates(text: Optional[str], base) -> dict:
     out: dict[str, list] = {}
     names = {f.name for f in dataclasses.fields(base)}
     field = None
-    for part in (text or "").replace(" ", "").split(","):
+    for part in (text or "").split(","):
+        part = part.strip()
         if not part:
             continue
+        if any(c.isspace() for c in part):
+            raise ValueError(f"candidate item {part!r} has a space inside: separate values with commas "
+                             "(e.g. 'stages=1,2')")
+        part = part.replace(" ", "")
         if "=" in part:
             field, part = part.split("=", 1)
             if field not in names:
@@ -394,6 +399,7 @@ class RankerFwdTuner:
     def parse_shape(self, text: str) -> dict:
         """Shape items; defaults: ``Hkv = H``, ``cand = S // 9``, ``hist = S - cand``, no cap."""
         s = _parse_shape_items(text, self._items)
+        given_items = set(s)
         if "H" in s and "Hq" in s and s["H"] != s["Hq"]:
             raise ValueError("give H or Hq, not both")
         s["Hq"] = s.pop("H", s.get("Hq"))
@@ -404,6 +410,8 @@ class RankerFwdTuner:
         s.setdefault("cand", s["S"] // 9 if "hist" not in s else s["S"] - s["hist"])
         s.setdefault("hist", s["S"] - s["cand"])
         s.setdefault("cap", None)
+        if s["cap"] is None and s.get("cap_method") == "none":
+            s.pop("cap_method")  # the library's own spelling of no cap
         if s["cap"] is None and "cap_method" in s:
             raise ValueError(f"cap_method={s['cap_method']} without cap=..: give the cap too ({self.shape_help})")
         s.setdefault("cap_method", "tanh")
@@ -415,7 +423,8 @@ class RankerFwdTuner:
         if s["D"] not in rf.CONFIGS:
             raise ValueError(f"D={s['D']} unsupported; shipped head dims: {sorted(rf.CONFIGS)}")
         if s["hist"] < 0 or s["cand"] < 0 or s["hist"] + s["cand"] > s["S"]:
-            raise ValueError(f"hist={s['hist']} + cand={s['cand']} must be non-negative and fit in S={s['S']}")
+            given = " + ".join(f"{k}={s[k]}" for k in ("hist", "cand") if k in given_items) or "hist + cand"
+            raise ValueError(f"{given} must be non-negative and fit in S={s['S']}")
         rf._check_scalars(None, s["cap"], s["cap_method"])
         return s
 

@@ -463,3 +463,13 @@ def test_launch_key_checks_its_key():
     for bad in (("torch.bfloat16", 4096, 1024), (torch.bfloat16, 4096, 1024, 396), (torch.int8, 64, 64)):
         with pytest.raises(TypeError, match="key"):
             mod.launch_key(2048, bad, 0)
+
+
+@pytest.mark.parametrize("which", ["k", "q_weight", "k_weight"])
+def test_dtype_mismatch_names_the_tensor_and_q_dtype(which):
+    """A tensor whose dtype differs from q's: a TypeError naming it and q's dtype (not a list of one)."""
+    a = dict(q=torch.zeros(2, 64, dtype=torch.bfloat16), k=torch.zeros(2, 16, dtype=torch.bfloat16),
+             q_weight=torch.ones(64, dtype=torch.bfloat16), k_weight=torch.ones(16, dtype=torch.bfloat16))
+    a[which] = a[which].half()
+    with pytest.raises(TypeError, match=f"{which} has dtype float16; it must match q's dtype bfloat16"):
+        mod.validate_qk_args(a["q"], a["k"], a["q_weight"], a["k_weight"], 1e-6, cuda=False)

@@ -124,6 +124,43 @@ def test_single_rank_group_constructs_without_push_buffers():
         dist.destroy_process_group()
 
 
+def test_traced_call_checks_the_instance_rules():
+    """Under a fake-tensor trace (what torch.compile runs) the registered op's fake applies the argument rules
+    and the instance's own (shard widths, dtype, capacity), as an eager call does; a right call passes."""
+    import socket
+
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
+        with FakeTensorMode():
+            def call(n=4, qw=64, kw=16, dtype=torch.bfloat16):
+                q, k = torch.zeros(n, qw, dtype=dtype), torch.zeros(n, kw, dtype=dtype)
+                p(q, k, torch.ones(qw, dtype=dtype), torch.ones(kw, dtype=dtype), 1e-6)
+
+            call()
+            with pytest.raises(ValueError, match=r"rank shards must be q \[N, 64\]"):
+                call(qw=72)
+            with pytest.raises(TypeError, match="built for torch.bfloat16"):
+                call(dtype=torch.float16)
+            with pytest.raises(ValueError, match="max_tokens=8"):
+                call(n=9)
+            with pytest.raises(ValueError, match="columns"):
+                call(qw=60)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_width_errors_name_the_full_sizes():
+    with pytest.raises(ValueError, match=r"q_dim=100, k_dim=1024 over 2 ranks \(per-rank widths 50 and 512\)"):
+        mod.ParallelQKNormConfig.for_shape(2, 100, 1024, torch.bfloat16)
+
+
 @pytest.mark.parametrize("kw,exc,msg", [
     (dict(max_tokens="16"), TypeError, "max_tokens"),
     (dict(max_tokens=16.0), TypeError, "max_tokens"),

@@ -543,7 +543,7 @@ def test_ranker_attention_is_differentiable(monkeypatch):
 
     monkeypatch.setattr(ranker_autograd, "_ranker_op", fwd)
     monkeypatch.setattr(ranker_autograd, "ranker_attention_backward_op", bwd)
-    monkeypatch.setattr(rf, "_ranker_op", lambda *a: (_ for _ in ()).throw(AssertionError("no-grad path taken")))
+    monkeypatch.setattr(rf, "_ranker_impl", lambda *a: (_ for _ in ()).throw(AssertionError("no-grad path taken")))
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 40, h, 64, generator=g, dtype=torch.float64).requires_grad_(h == 4) for h in (4, 2, 2))
     bounds = torch.tensor([[0, 30, 30, 40]], dtype=torch.int32)

@@ -536,11 +536,21 @@ def compile_targets() -> list[CompileTarget]:
     return per_token + persistent
 
 
+def _check_same_dtype(q, **others) -> None:
+    """``TypeError`` naming the first of ``others`` whose dtype is not q's (tensors only: the tensor checks
+    that follow name non-tensors)."""
+    for name, t in others.items():
+        if isinstance(t, torch.Tensor) and t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; it must match q's dtype "
+                            f"{str(q.dtype).replace('torch.', '')}")
+
+
 def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
     """The argument rules that need no data pointer (dtypes, shapes, devices, strides, row width):
     the first half of :func:`validate_qk_args`, and the op's trace-time check under torch.compile."""
     check_eps(eps)
     check_tensor("q", q, dtypes=DTYPES, ndim=2, cuda=cuda, align_bytes=0)
+    _check_same_dtype(q, k=k, q_weight=q_weight, k_weight=k_weight)
     check_tensor("k", k, dtypes=(q.dtype,), ndim=2, cuda=cuda, align_bytes=0)
     vec = vec_elems(q.dtype)
     for name, t in (("q", q), ("k", k)):

@@ -73,7 +73,8 @@ from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_int, check_real
 from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, fast_path_key, bump_versions,
-                     check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args, vec_elems)
+                     check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args,
+                     validate_qk_shapes, vec_elems)
 
 NAME = "qknorm_tp"
 SHIPPED_G = (2, 4, 8)
@@ -96,8 +97,12 @@ class ParallelQKNormConfig:
             raise ValueError(f"world size {world}: must be in [1, {MAX_G}]")
         if q_dim % world or k_dim % world:
             raise ValueError(f"q_dim={q_dim} and k_dim={k_dim} must be divisible by the world size {world}")
-        cfg = ParallelQKNormConfig(world, QKNormConfig.for_shape(q_dim // world, k_dim // world, dtype,
-                                                                 q_dim=q_dim, k_dim=k_dim))
+        try:
+            norm = QKNormConfig.for_shape(q_dim // world, k_dim // world, dtype, q_dim=q_dim, k_dim=k_dim)
+        except ValueError as exc:  # the per-rank widths are what the tiling sees: name the full sizes too
+            raise ValueError(f"q_dim={q_dim}, k_dim={k_dim} over {world} ranks (per-rank widths {q_dim // world} "
+                             f"and {k_dim // world}): {exc}") from None
+        cfg = ParallelQKNormConfig(world, norm)
         cfg.validate()
         return cfg
 
@@ -351,7 +356,8 @@ class ParallelQKNorm:
         TypeError (construction): group neither a ProcessGroup nor None; dtype not supported;
             max_tokens / q_dim / k_dim not ints; timeout_s not a real number.
         ValueError (construction): non-positive sizes, unsupported widths (above), timeout_s not
-            finite / not > 0 / too large.
+            finite / not > 0 / too large; (torch's) when ``group`` is None and no default process group
+            has been initialized (``torch.distributed.init_process_group``).
         Calls: ``ValueError``/``TypeError`` for bad arguments, ``PeerTimeoutError`` when an earlier
         launch timed out (see :meth:`check_error`, :meth:`reset`), ``RuntimeError`` after :meth:`close`.
     """
@@ -548,19 +554,24 @@ class ParallelQKNorm:
         if self._closed:
             raise RuntimeError(f"ParallelQKNorm (rank {getattr(self, 'rank', '?')}) is closed")
 
-    def _run(self, q, k, q_weight, k_weight, eps) -> None:
-        self._check_open()
-        if fast_path_key(q, k, q_weight, k_weight, eps) is None:
-            validate_qk_args(q, k, q_weight, k_weight, eps)
+    def check_shards(self, q, k) -> None:
+        """This instance's rules on the shards (widths, dtype, capacity): ``ValueError`` / ``TypeError``.
+        Also the op's trace-time check (no data needed)."""
         if q.shape[1] != self.q_width or k.shape[1] != self.k_width:
             raise ValueError(f"rank shards must be q [N, {self.q_width}] and k [N, {self.k_width}] "
                              f"(Q={self.q_dim}, K={self.k_dim}, G={self.world}), got {list(q.shape)}, {list(k.shape)}")
         if q.dtype != self.dtype:
             raise TypeError(f"q has dtype {q.dtype}; this ParallelQKNorm was built for {self.dtype}")
-        n = q.shape[0]
-        if n > self.max_tokens:
-            raise ValueError(f"{n} tokens exceed the push-buffer capacity max_tokens={self.max_tokens}; "
+        if q.shape[0] > self.max_tokens:
+            raise ValueError(f"{q.shape[0]} tokens exceed the push-buffer capacity max_tokens={self.max_tokens}; "
                              "build ParallelQKNorm with a larger max_tokens")
+
+    def _run(self, q, k, q_weight, k_weight, eps) -> None:
+        self._check_open()
+        if fast_path_key(q, k, q_weight, k_weight, eps) is None:
+            validate_qk_args(q, k, q_weight, k_weight, eps)
+        self.check_shards(q, k)
+        n = q.shape[0]
         if self._failed or self._error_np[0]:
             self.check_error(synchronize=False)
         check_no_grad(q, k, q_weight, k_weight)
@@ -649,7 +660,16 @@ def _scale_in_place(q, k, q_weight, k_weight, eps, sums, q_dim, k_dim) -> None:
     k.copy_((k.float() * torch.rsqrt(sums[1] / k_dim + eps)[:, None] * k_weight.float()).to(k.dtype))
 
 
-@custom_op("parallel_qk_rmsnorm_", mutates_args=("q", "k"))
+def _fake_parallel_qk_rmsnorm_(q, k, q_weight, k_weight, eps, handle) -> None:
+    """Trace-time check (torch.compile / make_fx): the argument rules that need no data pointer, and the
+    instance's own (widths, dtype, capacity), as the one-GPU op's fake does."""
+    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False)
+    inst = _instances.get(handle)
+    if inst is not None:
+        inst.check_shards(q, k)
+
+
+@custom_op("parallel_qk_rmsnorm_", mutates_args=("q", "k"), fake=_fake_parallel_qk_rmsnorm_)
 def parallel_qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                          eps: float, handle: int) -> None:
     """The op behind ``ParallelQKNorm.__call__`` (``handle`` names the instance)."""
