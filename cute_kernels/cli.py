@@ -168,7 +168,7 @@ def cmd_bench(args) -> int:
         except Exception:  # noqa: BLE001 (a broken kernel module: its bench below reports FAIL, the others run)
             pass
     if not torch.cuda.is_available():
-        print("bench needs a CUDA GPU")
+        print("bench needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.json:  # writable? (checked by opening it; a file that was not there is removed again)
         try:
@@ -305,7 +305,9 @@ def main(argv=None) -> int:
     b.add_argument("--shapes", help="kernel-specific shape selection (see each kernel's bench())")
     b.set_defaults(fn=cmd_bench)
     lay = sub.add_parser("layouts", help="CPU: a kernel config's smem/TV layouts as pictures + a text report")
-    lay.add_argument("--kernel", required=True, help=KERNEL_HELP)
+    lay.add_argument("--kernel", required=True,
+                     help="ranker_fwd, ranker_bwd or hc_mix (pictures and report); the other registry names "
+                          "(qknorm, qknorm_tp, scale) list their compile targets only")
     lay.add_argument("--config", help="config fields, e.g. 'head_dim=64,tile_n=96,stages=3' (ranker_fwd), "
                                       "'head_dim=64,tile_m=128' (ranker_bwd) or 'tile_m=256,stages=5,tree=4x2x2x2x2' (hc_mix; a "
                                       "tuple field as integers joined by x)")

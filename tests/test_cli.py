@@ -149,4 +149,4 @@ def test_bench_precheck_skips_a_broken_kernel_module(monkeypatch, capsys):
 
     monkeypatch.setitem(registry.KERNELS, "broken", "cute_kernels.kernels.does_not_exist")
     assert cli.main(["bench"]) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert "needs a CUDA GPU" in capsys.readouterr().err

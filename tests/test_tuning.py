@@ -408,3 +408,14 @@ def test_tuned_entry_with_a_string_for_a_bool_is_ignored(cache):
     tuning.store("ranker_fwd", torch.bfloat16, KEY, fields, GPU)
     with pytest.warns(RuntimeWarning, match="must be a bool"):
         assert tuning.tuned_config("ranker_fwd", rf.RankerFwdConfig, torch.bfloat16, KEY, base, gpu=GPU) is base
+
+
+def test_candidate_and_shape_parsing_review_cases():
+    """A space inside a candidate item is an error (it used to read 'stages=1 2' as stages=12);
+    cap_method=none is the library's own spelling of no cap; a shape error names only what was given."""
+    with pytest.raises(ValueError, match="space inside"):
+        tuning.parse_candidates("stages=1 2", rf.CONFIGS[128])
+    tuner = tuning.TUNERS["ranker_fwd"]
+    assert tuner.parse_shape("B=4,S=4608,H=16,D=128,cap_method=none")["cap"] is None
+    with pytest.raises(ValueError, match=r"^hist=5000 must be"):
+        tuner.parse_shape("B=4,S=4608,H=16,D=128,hist=5000")
