@@ -371,7 +371,122 @@ def test_bank_conflicts_refuse_accesses_outside_the_tile():
 
     lay = trace(lambda: sm90_helpers.smem_layout(cutlass.BFloat16, 64, 64))
     assert analysis.bank_conflicts(lay, analysis.column_read(32, 5), 2).wavefronts
-    for pattern in (analysis.column_read(32, -5), analysis.column_read(32, 64), analysis.column_read(65, 0),
-                    analysis.row_read(0, vec=8, threads=9)):
+    for pattern in (analysis.column_read(32, 64), analysis.column_read(65, 0), analysis.row_read(0, vec=8, threads=9)):
         with pytest.raises(ValueError, match="outside the"):
             analysis.bank_conflicts(lay, pattern, 2)
+    with pytest.raises(ValueError, match="col=-5"):  # a negative column is refused where the pattern is built
+        analysis.column_read(32, -5)
+
+
+# ---------------------------------------------------------------------------- argument checks
+def test_pattern_from_tv_refuses_a_warp_the_layout_does_not_have():
+    """A warp index outside the thread layout is an error, not an empty pattern that bank_conflicts
+    would call conflict-free; the missing threads of a partial last warp are inactive, not dropped."""
+    tv = L.row_major(32, 4)  # 32 threads x 4 values: thread t owns column t of a 4 x 32 tile (one warp)
+    assert L.pattern_from_tv(tv, (4, 32), 1, "warp 0", warp=0).coords.shape == (4, 32, 2)
+    for warp in (5, 1, -1):
+        with pytest.raises(ValueError, match=rf"warp={warp}: .*32 threads = 1 warp\(s\) of 32; expected None or 0\.\."):
+            L.pattern_from_tv(tv, (4, 32), 1, "no such warp", warp=warp)
+    with pytest.raises(TypeError, match="warp"):
+        L.pattern_from_tv(tv, (4, 32), 1, "x", warp=0.5)
+    with pytest.raises(ValueError, match=r"tile=\(4, 16\)"):  # the layout reaches outside a smaller tile
+        L.pattern_from_tv(tv, (4, 16), 1, "x")
+    pat = L.pattern_from_tv(L.row_major(48, 2), (2, 48), 1, "48 threads", warp=None)
+    assert pat.coords.shape == (4, 32, 2)  # warp 0 and the 16 threads of warp 1, 2 accesses each
+    assert np.all(pat.coords[2:, 16:] == -1) and np.all(pat.coords[2:, :16] >= 0)
+    assert L.bank_conflicts(L.row_major(64, 64), pat, 2).wavefronts == [1, 1, 1, 1]
+
+
+def test_negative_indices_other_than_the_inactive_marker_are_refused(tmp_path):
+    """Only (-1, -1) marks an inactive thread: builders refuse negative arguments, AccessPattern and
+    bank_conflicts / draw_conflicts refuse other negative rows or columns (rows -5..-1 were silently
+    taken as inactive threads while the report still said 32 rows)."""
+    from cute_kernels.layouts import viz
+
+    with pytest.raises(ValueError, match=r"row0=-5: expected an integer >= 0"):
+        L.row_vector_read(row0=-5)
+    with pytest.raises(ValueError, match="row=-1"):
+        L.row_read(-1)
+    with pytest.raises(ValueError, match="chunk=-1"):
+        L.row_vector_read(chunk=-1)
+    for bad in ((-5, 0), (-1, 3), (2, -1)):
+        with pytest.raises(ValueError, match=r"only \(-1, -1\) marks an inactive thread"):
+            L.AccessPattern("bad", np.array([[bad, (0, 0)]]))
+    plain = L.row_major(64, 64)  # 128-byte rows: a column read puts every thread on bank 0
+    coords = np.stack([np.arange(32), np.zeros(32, dtype=np.int64)], -1)[None]
+    coords[0, 0] = (-1, -1)  # thread 0 sits this access out
+    pat = L.AccessPattern("31 threads down column 0", coords)
+    assert L.bank_conflicts(plain, pat, 2).wavefronts == [31]
+    fig = viz.draw_conflicts([plain], pat, 2)  # the inactive thread draws nothing (it used to wrap to (63, 63))
+    assert [p.get_height() for p in fig.axes[0].patches] == [31] + [0] * 31
+    pat.coords[0, 1] = (-5, 0)  # coords is an array: checked again where it is used
+    with pytest.raises(ValueError, match=r"\(row, col\) = \(-5, 0\)"):
+        L.bank_conflicts(plain, pat, 2)
+    with pytest.raises(ValueError, match=r"\(row, col\) = \(-5, 0\)"):
+        viz.draw_conflicts([plain], pat, 2)
+
+
+@pytest.fixture(scope="module")
+def bf16_64x64():
+    return dict(flat=L.hopper_smem_layout(64, 64, "bf16"), staged=L.hopper_smem_layout(64, 64, "bf16", stages=3))
+
+
+_BAD_ARGUMENTS = {  # id: (call on the bf16_64x64 layouts, exception, message)
+    "bank_conflicts elem_bytes=0": (lambda t: L.bank_conflicts(t["flat"], L.column_read(), 0), ValueError,
+                                    r"elem_bytes=0: .*one of \(1, 2, 4, 8\)"),
+    "bank_conflicts elem_bytes=3": (lambda t: L.bank_conflicts(t["flat"], L.column_read(), 3), ValueError,
+                                    r"elem_bytes=3: .*one of \(1, 2, 4, 8\)"),
+    "bank_conflicts elem_bytes='2'": (lambda t: L.bank_conflicts(t["flat"], L.column_read(), "2"), TypeError,
+                                      "elem_bytes='2'"),
+    "bank_conflicts 32-byte vectors": (lambda t: L.bank_conflicts(t["flat"], L.row_vector_read(8, 0, vec=16), 2),
+                                       ValueError, r"vec=16 x elem_bytes=2: 32 bytes per thread; expected one of"),
+    "request_wavefronts access_bytes=0": (lambda t: L.request_wavefronts(np.zeros(32, dtype=np.int64), 0),
+                                          ValueError, r"access_bytes: 0 bytes .*\(1, 2, 4, 8, 16\)"),
+    "pattern_from_tv vec=0": (lambda t: L.pattern_from_tv(L.row_major(32, 4), (4, 32), 0, "x"), ValueError,
+                              r"vec=0: expected an integer >= 1"),
+    "bank_conflicts stage=5 of 3": (lambda t: L.bank_conflicts(t["staged"], L.column_read(), 2, stage=5),
+                                    ValueError, r"stage=5: .*has 3 stages; expected None or 0\.\.2"),
+    "bank_table stage=9 of 3": (lambda t: L.bank_table(t["staged"], 2, stage=9), ValueError,
+                                r"stage=9: .*has 3 stages"),
+    "bank_conflicts stage=2 without stages": (lambda t: L.bank_conflicts(t["flat"], L.column_read(), 2, stage=2),
+                                              ValueError, r"stage=2: .*has no stage mode; expected None or 0"),
+    "bank_table stage=2 without stages": (lambda t: L.bank_table(t["flat"], 2, stage=2), ValueError,
+                                          "has no stage mode"),
+    "hopper_smem_layout major=None": (lambda t: L.hopper_smem_layout(64, 64, "bf16", major=None), TypeError,
+                                      r"major=None: expected one of \['K', 'row', 'MN', 'col'\]"),
+    "hopper_smem_layout stages=0": (lambda t: L.hopper_smem_layout(64, 64, "bf16", stages=0), ValueError,
+                                    "stages=0"),
+    "tma_box fp32 on a bf16 layout": (lambda t: L.tma_box(t["flat"], "fp32"), ValueError,
+                                      r"dtype='fp32' \(4 B elements\) does not match .* 64 elements, i\.e\. 2-byte"),
+    "tma_box fp8 on a bf16 layout": (lambda t: L.tma_box(t["staged"], "fp8"), ValueError, "does not match"),
+    "elem_bytes of a 4-bit type": (lambda t: L.elem_bytes(cutlass.Float4E2M1FN), ValueError, "4 bits"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_ARGUMENTS))
+def test_bad_arguments_raise_a_clear_error(case, bf16_64x64):
+    """Each used to raise ZeroDivisionError / IndexError / AttributeError, or to return a wrong answer."""
+    call, exc, message = _BAD_ARGUMENTS[case]
+    with pytest.raises(exc, match=message):
+        call(bf16_64x64)
+
+
+def test_the_allowed_stage_and_dtype_arguments_still_work(bf16_64x64):
+    flat, staged = bf16_64x64["flat"], bf16_64x64["staged"]
+    assert L.bank_conflicts(staged, L.row_vector_read(8, 0, 8), 2, stage=2).wavefronts == [1]
+    assert L.bank_conflicts(flat, L.row_vector_read(8, 0, 8), 2, stage=0).wavefronts == [1]  # its own stage 0
+    assert np.array_equal(L.bank_table(staged, 2, stage=2), L.bank_table(staged, 2, stage=None))
+    assert L.tma_box(L.hopper_smem_layout(64, 64, "fp32"), "fp32")["box"] == (64, 32)
+    assert L.tma_box(L.row_major(64, 64), "fp32")["bytes"] == 64 * 64 * 4  # no swizzle: no element size to check
+
+
+def test_readme_names_the_smem_limit_each_report_uses():
+    """layouts/README.md used to say 232448 B was used everywhere; the ranker_bwd report uses 1 KiB less."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "layouts", "README.md")).read()
+    assert "used everywhere" not in readme
+    limits = {"ranker_fwd": KL.ranker_fwd_layouts().budget.limit, "ranker_bwd": KL.ranker_bwd_layouts().budget.limit,
+              "hc_mix": KL.hc_mix_tma_layouts().budget.limit}
+    assert limits["ranker_bwd"] == limits["ranker_fwd"] - 1024
+    for report, limit in limits.items():
+        row = [line for line in readme.splitlines() if line.startswith(f"| `{report}` | {limit} B")]
+        assert len(row) == 1, (report, limit)

@@ -15,11 +15,13 @@ from typing import Optional
 
 import numpy as np
 
-from .static import StaticLayout
+from .static import StaticLayout, check_elem_bytes, require_int
 
 NUM_BANKS = 32
 BANK_BYTES = 4
 WAVEFRONT_BYTES = NUM_BANKS * BANK_BYTES  # 128
+ACCESS_BYTES = (1, 2, 4, 8, 16)  # bytes per thread of one ld/st.shared (b8 .. v4.b32), what the model serves
+INACTIVE = -1  # AccessPattern.coords (row, col) of a thread that takes no part in an access
 SMEM_LIMIT_BYTES = 232448  # 227 KB: sm_90 opt-in dynamic shared memory per CTA
 
 
@@ -30,33 +32,68 @@ class AccessPattern:
 
     ``coords[a, t] = (row, col)`` is the first element thread ``t`` touches in access (instruction)
     ``a``; each thread touches ``vec`` consecutive elements along ``col`` (a 16-byte vector of bf16
-    is ``vec=8``).  ``coords`` rows of -1 mark inactive threads.
+    is ``vec=8``).  ``(-1, -1)`` (:data:`INACTIVE`) marks a thread that takes no part in an access.
+
+    Raises (at construction, and again in :func:`bank_conflicts`, which checks the array it is given):
+    ``ValueError`` for coords not shaped (accesses >= 1, threads >= 1, 2), any other negative row or
+    column, or ``vec`` < 1; ``TypeError`` for non-integer coords or ``vec``.  Rows and columns beyond
+    the tile are found by :func:`bank_conflicts`, which knows the tile.
     """
 
     name: str
     coords: np.ndarray  # (accesses, threads, 2) int
     vec: int = 1
 
+    def __post_init__(self):
+        object.__setattr__(self, "vec", require_int("vec", self.vec, 1))
+        object.__setattr__(self, "coords", check_coords(self.coords, self.name))
+
     @property
     def accesses(self) -> int:
         return self.coords.shape[0]
 
 
+def check_coords(coords, name: str = "pattern") -> np.ndarray:
+    """``coords`` as an int64 array shaped (accesses, threads, 2) whose rows and columns are >= 0, or
+    (-1, -1) for an inactive thread; ``ValueError``/``TypeError`` naming the pattern otherwise."""
+    arr = np.asarray(coords)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: coords must be integers (row, col), got dtype {arr.dtype}")
+    if arr.ndim != 3 or arr.shape[2] != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"{name}: coords must have shape (accesses >= 1, threads >= 1, 2), got {arr.shape}")
+    arr = arr.astype(np.int64)
+    inactive = np.all(arr == INACTIVE, axis=-1)
+    bad = np.any(arr < 0, axis=-1) & ~inactive
+    if bad.any():
+        a, t = np.argwhere(bad)[0]
+        raise ValueError(f"{name}: access {a}, thread {t} has (row, col) = {tuple(int(x) for x in arr[a, t])}, "
+                         f"outside the tile: rows and columns start at 0; only ({INACTIVE}, {INACTIVE}) marks an "
+                         "inactive thread")
+    return arr
+
+
 def column_read(rows: int = 32, col: int = 0) -> AccessPattern:
-    """Thread ``t`` reads element ``(t, col)``: a warp walking down one column, 1 element each."""
+    """Thread ``t`` reads element ``(t, col)``: a warp walking down one column, 1 element each.
+    ``rows`` >= 1 and ``col`` >= 0 (``ValueError`` otherwise)."""
+    rows, col = require_int("rows", rows, 1), require_int("col", col, 0)
     c = np.stack([np.arange(rows), np.full(rows, col)], -1)[None]
     return AccessPattern(f"column read: {rows} threads x 1 element of column {col}", c, 1)
 
 
 def row_vector_read(rows: int = 32, chunk: int = 0, vec: int = 8, row0: int = 0) -> AccessPattern:
     """Thread ``t`` reads a ``vec``-element vector: row ``row0 + t``, columns ``chunk*vec ..`` (the
-    16-byte-per-thread reads of a tile by rows, e.g. an epilogue reading smem by 8-row groups)."""
+    16-byte-per-thread reads of a tile by rows, e.g. an epilogue reading smem by 8-row groups).
+    ``rows``, ``vec`` >= 1 and ``chunk``, ``row0`` >= 0 (``ValueError`` otherwise)."""
+    rows, vec = require_int("rows", rows, 1), require_int("vec", vec, 1)
+    chunk, row0 = require_int("chunk", chunk, 0), require_int("row0", row0, 0)
     c = np.stack([row0 + np.arange(rows), np.full(rows, chunk * vec)], -1)[None]
     return AccessPattern(f"vector read: {rows} rows x {vec} elements at column {chunk * vec}", c, vec)
 
 
 def row_read(row: int = 0, vec: int = 1, threads: int = 32) -> AccessPattern:
-    """Thread ``t`` reads ``vec`` elements at ``(row, t*vec)``: a warp reading along one row."""
+    """Thread ``t`` reads ``vec`` elements at ``(row, t*vec)``: a warp reading along one row.
+    ``row`` >= 0 and ``vec``, ``threads`` >= 1 (``ValueError`` otherwise)."""
+    row, vec, threads = require_int("row", row, 0), require_int("vec", vec, 1), require_int("threads", threads, 1)
     c = np.stack([np.full(threads, row), np.arange(threads) * vec], -1)[None]
     return AccessPattern(f"row read: {threads} threads x {vec} elements of row {row}", c, vec)
 
@@ -67,25 +104,51 @@ def pattern_from_tv(tv: StaticLayout, tile: tuple[int, int], vec: int, name: str
     (as the DSL's ``tv_layout_*_tiled`` / ``layout_dst_tv_tiled`` give it).
 
     Values ``[a*vec, (a+1)*vec)`` of a thread form its access ``a`` (they must be consecutive
-    columns).  ``warp`` selects one warp (None: every warp, each access listed per warp).
+    columns).  ``warp`` selects one warp (None: every warp, each access listed per warp); warp ``w``
+    is threads ``[w*threads_per_warp, (w+1)*threads_per_warp)``, and the missing threads of a last,
+    partial warp are inactive (``(-1, -1)``).
+
+    Raises ``ValueError`` (``TypeError`` for a non-integer) for ``vec`` or ``threads_per_warp`` < 1, a
+    ``tile`` that is not two positive extents or that the layout reaches outside, a ``tv`` that is
+    not rank 2, a ``warp`` outside ``0 .. warps - 1``, and vectors that are not consecutive columns.
     """
-    m_ = tile[0]
+    vec, threads_per_warp = require_int("vec", vec, 1), require_int("threads_per_warp", threads_per_warp, 1)
+    m_, n_ = _tile_extents(tile)
+    if tv.rank != 2:
+        raise ValueError(f"tv: expected a rank-2 (thread, value) layout, got dims {tv.dims}")
+    nthr = tv.dims[0]
+    nwarps = -(-nthr // threads_per_warp)
+    if warp is not None and not 0 <= require_int("warp", warp) < nwarps:
+        raise ValueError(f"warp={warp}: the thread layout has {nthr} threads = {nwarps} warp(s) of "
+                         f"{threads_per_warp}; expected None or 0..{nwarps - 1}")
     idx = tv.outer_offsets()  # (threads, values)
+    if idx.min() < 0 or idx.max() >= m_ * n_:
+        raise ValueError(f"tile={tile}: the thread-value layout reaches index {idx.max()}, outside the "
+                         f"{m_} x {n_} tile (pass the tile it was made for)")
     rows, cols = idx % m_, idx // m_
-    nthr, nval = idx.shape
+    nval = idx.shape[1]
     if nval % vec:
         raise ValueError(f"{nval} values per thread is not a multiple of vec={vec}")
     first = np.arange(0, nval, vec)
     for j in range(1, vec):  # every vector must be consecutive columns of one row
         if not (np.all(rows[:, first + j] == rows[:, first]) and np.all(cols[:, first + j] == cols[:, first] + j)):
             raise ValueError(f"values {j} of each vector are not consecutive columns: pick another vec")
-    warps = range(nthr // threads_per_warp) if warp is None else [warp]
+    pad = nwarps * threads_per_warp - nthr  # a partial last warp: its missing threads are inactive
+    rows = np.pad(rows, ((0, pad), (0, 0)), constant_values=INACTIVE)
+    cols = np.pad(cols, ((0, pad), (0, 0)), constant_values=INACTIVE)
     out = []
-    for w in warps:
+    for w in (range(nwarps) if warp is None else [warp]):
         t = slice(w * threads_per_warp, (w + 1) * threads_per_warp)
         for a in first:
             out.append(np.stack([rows[t, a], cols[t, a]], -1))
     return AccessPattern(name, np.array(out), vec)
+
+
+def _tile_extents(tile) -> tuple[int, int]:
+    """``tile`` as (M, N), two integers >= 1 (``ValueError``/``TypeError`` otherwise)."""
+    if not isinstance(tile, (tuple, list)) or len(tile) != 2:
+        raise ValueError(f"tile={tile!r}: expected (M, N), two extents")
+    return require_int("tile[0]", tile[0], 1), require_int("tile[1]", tile[1], 1)
 
 
 # ---------------------------------------------------------------------------- bank conflicts
@@ -125,7 +188,10 @@ class ConflictReport:
 
 
 def request_wavefronts(addresses: np.ndarray, access_bytes: int) -> tuple[int, int]:
-    """(wavefronts, ideal) of one warp-wide request: ``addresses`` = byte address per active thread."""
+    """(wavefronts, ideal) of one warp-wide request: ``addresses`` = byte address per active thread.
+    ``access_bytes`` (bytes per thread) must be one of :data:`ACCESS_BYTES`, the widths of one
+    shared-memory load/store (``ValueError``, ``TypeError`` for a non-integer)."""
+    check_access_bytes(access_bytes, "access_bytes")
     addresses = np.asarray(addresses, dtype=np.int64)
     per_phase = max(1, min(32, WAVEFRONT_BYTES // access_bytes))
     waves = ideal = 0
@@ -139,6 +205,56 @@ def request_wavefronts(addresses: np.ndarray, access_bytes: int) -> tuple[int, i
     return waves, ideal
 
 
+def check_access_bytes(access_bytes, what: str) -> int:
+    """``access_bytes`` as an int, one of :data:`ACCESS_BYTES` (``what`` names it in the error)."""
+    if isinstance(access_bytes, bool) or not isinstance(access_bytes, (int, np.integer)):
+        raise TypeError(f"{what}={access_bytes!r}: expected bytes per thread, one of {ACCESS_BYTES}")
+    if access_bytes not in ACCESS_BYTES:
+        raise ValueError(f"{what}: {access_bytes} bytes per thread; expected one of {ACCESS_BYTES}, the widths of "
+                         "one shared-memory load/store")
+    return int(access_bytes)
+
+
+def check_stage(layout: StaticLayout, stage: Optional[int]) -> int:
+    """The stage index to read of a (rows, cols[, stages]) ``layout``: ``stage`` or 0 for None.
+
+    ``ValueError`` for a layout of another rank, and for a stage outside ``0 .. stages - 1`` (a layout
+    without a stage mode is its own stage 0 and takes only None or 0); ``TypeError`` for a non-integer.
+    """
+    dims = layout.dims
+    if len(dims) not in (2, 3):
+        raise ValueError(f"expected a rank-2 (or staged rank-3) layout, got dims {dims}")
+    if stage is None:
+        return 0
+    stages = dims[2] if len(dims) == 3 else 1
+    if not 0 <= require_int("stage", stage) < stages:
+        has = f"has {stages} stages; expected None or 0..{stages - 1}" if len(dims) == 3 else \
+            "has no stage mode; expected None or 0"
+        raise ValueError(f"stage={stage}: {layout.name or layout} (dims {dims}) {has}")
+    return int(stage)
+
+
+def stage_slice(table: np.ndarray, stage: int) -> np.ndarray:
+    """The (rows, cols) plane ``stage`` of a table shaped like a layout's dims (rank 2 is its own plane)."""
+    return table[..., stage] if table.ndim == 3 else table
+
+
+def access_addresses(table: np.ndarray, coords: np.ndarray, vec: int, elem_bytes: int, what: str) -> np.ndarray:
+    """Byte address of each active thread of one access ``coords`` (threads, 2) over the (rows, cols)
+    ``table`` of byte offsets; ``ValueError`` naming ``what`` for an access outside the tile or a
+    ``vec``-element vector that is not contiguous in shared memory."""
+    active = coords[:, 0] != INACTIVE
+    r, c = coords[active, 0], coords[active, 1]
+    rows, cols = table.shape
+    if len(r) and (r.min() < 0 or r.max() >= rows or c.min() < 0 or c.max() + vec > cols):
+        raise ValueError(f"{what}: touches elements outside the {rows} x {cols} tile")
+    addr = table[r, c]
+    for j in range(1, vec):
+        if not np.array_equal(table[r, c + j], addr + j * elem_bytes):
+            raise ValueError(f"{what}: a {vec}-element vector is not contiguous")
+    return addr
+
+
 def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int,
                    stage: Optional[int] = None) -> ConflictReport:
     """Wavefronts of each access of ``pattern`` over the (rows, cols[, stages]) ``layout``.
@@ -146,24 +262,20 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
     Byte addresses come from :meth:`StaticLayout.byte_offsets` (the kernel's pointer swizzle);
     each thread's ``vec`` elements must be contiguous in shared memory (checked: a vector split by
     the swizzle is a layout/pattern mismatch, ``ValueError``), and inside the tile (``ValueError``).
+    Checked before any work (``ValueError``, ``TypeError`` for a non-integer): ``elem_bytes`` one of
+    :data:`.static.ELEM_BYTES`, ``vec * elem_bytes`` one of :data:`ACCESS_BYTES`, ``stage`` None or
+    ``0 .. stages - 1`` (None or 0 for a layout without a stage mode), the pattern's coords
+    (:class:`AccessPattern`: no negative index but the inactive ``(-1, -1)``).
     """
-    table = layout.byte_offsets(elem_bytes)
-    if table.ndim == 3:
-        table = table[..., stage or 0]
-    elif table.ndim != 2:
-        raise ValueError(f"expected a rank-2 (or staged rank-3) layout, got dims {layout.dims}")
-    access_bytes = pattern.vec * elem_bytes
+    elem_bytes = check_elem_bytes(elem_bytes)
+    s = check_stage(layout, stage)
+    coords = check_coords(pattern.coords, pattern.name)
+    access_bytes = check_access_bytes(require_int("vec", pattern.vec, 1) * elem_bytes,
+                                      f"{pattern.name}: vec={pattern.vec} x elem_bytes={elem_bytes}")
+    table = stage_slice(layout.byte_offsets(elem_bytes), s)
     rep = ConflictReport(pattern.name, layout.name or str(layout), access_bytes)
-    rows, cols = table.shape
-    for acc in pattern.coords:
-        active = acc[:, 0] >= 0
-        r, c = acc[active, 0], acc[active, 1]
-        if len(r) and (r.max() >= rows or c.min() < 0 or c.max() + pattern.vec > cols):
-            raise ValueError(f"{pattern.name}: touches elements outside the {rows} x {cols} tile of {rep.layout}")
-        addr = table[r, c]
-        for j in range(1, pattern.vec):
-            if not np.array_equal(table[r, c + j], addr + j * elem_bytes):
-                raise ValueError(f"{pattern.name}: a {pattern.vec}-element vector is not contiguous in {rep.layout}")
+    for acc in coords:
+        addr = access_addresses(table, acc, pattern.vec, elem_bytes, f"{pattern.name} over {rep.layout}")
         w, i = request_wavefronts(addr, access_bytes)
         rep.wavefronts.append(w)
         rep.ideal.append(i)
@@ -171,17 +283,19 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
 
 
 def bank_table(layout: StaticLayout, elem_bytes: int, stage: Optional[int] = None) -> np.ndarray:
-    """Bank (0..31) of the first byte of each element of a rank-2 (or staged) layout."""
-    table = layout.byte_offsets(elem_bytes)
-    if table.ndim == 3:
-        table = table[..., stage or 0]
-    return (table // BANK_BYTES) % NUM_BANKS
+    """Bank (0..31) of the first byte of each element of a rank-2 (or staged) layout, for ``stage``
+    (None: 0).  ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES` and for a stage the
+    layout does not have (see :func:`check_stage`)."""
+    elem_bytes = check_elem_bytes(elem_bytes)
+    s = check_stage(layout, stage)
+    return (stage_slice(layout.byte_offsets(elem_bytes), s) // BANK_BYTES) % NUM_BANKS
 
 
 # ---------------------------------------------------------------------------- budgets
 @dataclass
 class SmemBudget:
-    """Shared memory of a config: named buffers (bytes), stages, total vs the 227 KB limit."""
+    """Shared memory of a config: named buffers (bytes), stages, total vs ``limit`` (default
+    :data:`SMEM_LIMIT_BYTES`, 227 KiB; a kernel report passes the limit its config's ``validate()`` uses)."""
 
     buffers: dict[str, int]
     stages: int

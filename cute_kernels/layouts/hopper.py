@@ -11,10 +11,21 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .static import StaticLayout, trace
+from .static import ELEM_BYTES, StaticLayout, require_int, trace
 
 # swizzle name -> SmemLayoutAtomKind suffix
 _KINDS = {"128B": "SW128", "64B": "SW64", "32B": "SW32", "none": "INTER"}
+_MAJORS = ("K", "row", "MN", "col")
+
+
+def is_k_major(major) -> bool:
+    """True for "K" / "row" (``cols`` contiguous), False for "MN" / "col" (any case); ``TypeError``
+    for a non-string, ``ValueError`` for another name."""
+    if not isinstance(major, str):
+        raise TypeError(f"major={major!r}: expected one of {list(_MAJORS)}")
+    if major.upper() not in ("K", "ROW", "MN", "COL"):
+        raise ValueError(f"major={major!r}: expected one of {list(_MAJORS)} ('K' = 'row', 'MN' = 'col')")
+    return major.upper() in ("K", "ROW")
 
 
 def cutlass_dtype(dtype):
@@ -35,8 +46,13 @@ def cutlass_dtype(dtype):
 
 
 def elem_bytes(dtype) -> int:
-    """Bytes per element of ``dtype`` (any form :func:`cutlass_dtype` accepts)."""
-    return cutlass_dtype(dtype).width // 8
+    """Bytes per element of ``dtype`` (any form :func:`cutlass_dtype` accepts): one of
+    :data:`.static.ELEM_BYTES`; ``ValueError`` for a sub-byte type (fp4, fp6, ...), which the
+    layouts' byte model does not describe."""
+    dt = cutlass_dtype(dtype)
+    if dt.width % 8 or dt.width // 8 not in ELEM_BYTES:
+        raise ValueError(f"dtype {dt.__name__} ({dt.width} bits): expected a type of {ELEM_BYTES} bytes per element")
+    return dt.width // 8
 
 
 def build_hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stages: Optional[int] = None,
@@ -48,7 +64,7 @@ def build_hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stag
     from cutlass.tensor_utils import LayoutEnum
 
     dt = cutlass_dtype(dtype)
-    k_major = major.upper() in ("K", "ROW")
+    k_major = is_k_major(major)
     if k_major and swizzle == "auto":  # what the kernels use: one definition
         from ..kernels.sm90_helpers import smem_layout
 
@@ -81,13 +97,16 @@ def hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stages: Op
         A :class:`StaticLayout` (swizzle + outer layout) traced from the DSL on the CPU.
     Raises:
         ValueError: the contiguous extent is not a multiple of 16 bytes / the tile not a multiple
-        of the swizzle atom (the DSL's own checks).  TypeError: unknown dtype.
+        of the swizzle atom (the DSL's own checks); before tracing: ``rows``/``cols`` < 1, ``stages``
+        neither None nor >= 1, ``major`` or ``swizzle`` not one of the names above, a sub-byte dtype.
+        TypeError: unknown dtype, a non-integer extent, a non-string ``major``.
     """
-    if swizzle not in ("auto", *_KINDS):
+    rows, cols = require_int("rows", rows, 1), require_int("cols", cols, 1)
+    if stages is not None:
+        stages = require_int("stages", stages, 1)
+    if not isinstance(swizzle, str) or swizzle not in ("auto", *_KINDS):
         raise ValueError(f"swizzle={swizzle!r}: expected 'auto' or one of {list(_KINDS)}")
-    if major.upper() not in ("K", "ROW", "MN", "COL"):
-        raise ValueError(f"major={major!r}: expected 'K' (row) or 'MN' (col)")
-    major_size = cols if major.upper() in ("K", "ROW") else rows
+    major_size = cols if is_k_major(major) else rows
     if (major_size * elem_bytes(dtype)) % 16:
         raise ValueError(f"contiguous extent {major_size} x {elem_bytes(dtype)} B is not a multiple of 16 bytes")
     lay = trace(lambda: build_hopper_smem_layout(rows, cols, dtype, major, stages, swizzle))
@@ -105,14 +124,34 @@ def tma_box(layout: StaticLayout, dtype) -> dict:
     With a 128B/64B/32B swizzle the TMA box's inner extent is at most the swizzle width, so a
     tile wider than its atom is loaded as several boxes (the DSL's ``make_tiled_tma_atom`` splits it).
     Returns rows, cols, box inner width in elements, boxes per tile, bytes per tile, swizzle name.
-    Raises ``ValueError`` for a layout that is not K-major.
+    Raises ``ValueError`` for a layout that is not K-major, and for a ``dtype`` whose element size
+    does not match the layout's: a Hopper swizzle atom's rows are ``16 << bits`` bytes (128 for the
+    128B swizzle, 16 for the interleave), so row 1 of the tile starts ``(16 << bits) / bytes per
+    element`` elements after row 0 (a layout without a swizzle carries no element size: not checked).
     """
     eb = elem_bytes(dtype)
+    if len(layout.dims) not in (2, 3):
+        raise ValueError(f"tma_box describes (rows, cols[, stages]) tiles, got dims {layout.dims}")
     rows, cols = layout.dims[0], layout.dims[1]
     first = layout.outer_offsets()[(slice(0, 2), slice(0, 2)) + (0,) * (layout.rank - 2)]
     if cols > 1 and first[0, 1] - first[0, 0] != 1:
         raise ValueError(f"tma_box describes K-major tiles (cols contiguous); {layout.name or 'this layout'} is not")
+    _check_atom_elem_bytes(layout, first, eb, dtype)
     sw = layout.swizzle.byte_swizzle_name if layout.swizzle is not None else "none"
     width_b = {"128B": 128, "64B": 64, "32B": 32}.get(sw, 16)
     inner = min(cols, width_b // eb) if sw in ("128B", "64B", "32B") else cols
     return dict(rows=rows, cols=cols, box=(rows, inner), boxes=cols // inner, bytes=rows * cols * eb, swizzle=sw)
+
+
+def _check_atom_elem_bytes(layout: StaticLayout, first, eb: int, dtype) -> None:
+    """``ValueError`` when ``eb``-byte elements do not fill the rows of ``layout``'s Hopper swizzle
+    atom (``first``: outer offsets of the tile's top-left 2 x 2 corner, K-major)."""
+    sw = layout.swizzle
+    if sw is None or (sw.base, sw.shift) != (4, 3) or first.shape[0] < 2:
+        return
+    atom_row_bytes, row_elems = 16 << sw.bits, int(first[1, 0] - first[0, 0])
+    if row_elems * eb != atom_row_bytes:
+        implied = f"{atom_row_bytes // row_elems}-byte" if row_elems and atom_row_bytes % row_elems == 0 else "other"
+        raise ValueError(f"dtype={dtype!r} ({eb} B elements) does not match {layout.name or layout}: its "
+                         f"{sw.byte_swizzle_name} swizzle atom rows ({atom_row_bytes} B) hold {row_elems} elements, "
+                         f"i.e. {implied} elements; pass the layout's own dtype")

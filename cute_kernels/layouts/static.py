@@ -48,6 +48,33 @@ def fmt_int_tuple(t) -> str:
     return str(t)
 
 
+# ---------------------------------------------------------------------------- argument checks
+# whole-byte element sizes a shared-memory tile can hold (fp8/int8, bf16/fp16, fp32, fp64); sub-byte
+# types are not modelled
+ELEM_BYTES = (1, 2, 4, 8)
+
+
+def require_int(name: str, value, minimum: Optional[int] = None) -> int:
+    """``value`` as an int: ``TypeError`` naming ``name`` for anything but an integer (a bool too),
+    ``ValueError`` for a value below ``minimum``."""
+    expected = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}={value!r}: expected {expected}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value}: expected {expected}")
+    return int(value)
+
+
+def check_elem_bytes(elem_bytes, name: str = "elem_bytes") -> int:
+    """``elem_bytes`` as an int, one of :data:`ELEM_BYTES` (``TypeError``/``ValueError`` naming ``name``)."""
+    if isinstance(elem_bytes, bool) or not isinstance(elem_bytes, (int, np.integer)):
+        raise TypeError(f"{name}={elem_bytes!r}: expected bytes per element, one of {ELEM_BYTES}")
+    if elem_bytes not in ELEM_BYTES:
+        raise ValueError(f"{name}={elem_bytes}: expected bytes per element, one of {ELEM_BYTES} "
+                         "(fp8/int8, bf16/fp16, fp32, fp64)")
+    return int(elem_bytes)
+
+
 @dataclass(frozen=True)
 class SwizzleSpec:
     """``Swizzle<bits, base, shift>``: ``y ^ ((y >> shift) & (mask << base))``, mask = 2^bits - 1."""
@@ -152,7 +179,9 @@ class StaticLayout:
 
     def byte_offsets(self, elem_bytes: int) -> np.ndarray:
         """Shared-memory byte offsets as a Hopper kernel addresses them: the outer layout in elements
-        times ``elem_bytes``, then the swizzle on the byte address (pointer swizzle, 1024 B-aligned base)."""
+        times ``elem_bytes``, then the swizzle on the byte address (pointer swizzle, 1024 B-aligned base).
+        ``elem_bytes`` must be one of :data:`ELEM_BYTES` (``ValueError``/``TypeError`` otherwise)."""
+        elem_bytes = check_elem_bytes(elem_bytes)
         y = (self.outer_offsets() + self.offset) * elem_bytes
         return self.swizzle(y) if self.swizzle is not None else y
 

@@ -19,8 +19,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .analysis import BANK_BYTES, NUM_BANKS, AccessPattern, bank_table
-from .static import StaticLayout
+from .analysis import (BANK_BYTES, NUM_BANKS, AccessPattern, access_addresses, check_coords, check_stage,
+                       stage_slice)
+from .static import StaticLayout, check_elem_bytes, require_int
 
 
 def _figure(w: float, h: float):
@@ -63,14 +64,17 @@ def _cell_size(rows: int, cols: int, annotate: bool) -> float:
     return float(np.clip(9.0 / max(rows, cols), 0.06, 0.3))
 
 
+def _check_drawable(layout: StaticLayout, stage: Optional[int]) -> int:
+    """The stage to draw (:func:`.analysis.check_stage`: rank 2 or staged rank 3; a rank-1 layout is
+    drawn as one row, without stages)."""
+    if len(layout.dims) == 1:
+        layout = StaticLayout((1, layout.shape), (0, layout.stride), name=layout.name)
+    return check_stage(layout, stage)
+
+
 def _table2d(layout: StaticLayout, values: np.ndarray, stage: Optional[int]) -> np.ndarray:
-    if values.ndim == 3:
-        values = values[..., stage or 0]
-    if values.ndim == 1:
-        values = values[None]
-    if values.ndim != 2:
-        raise ValueError(f"can only draw rank-2 (or staged rank-3) layouts, got dims {layout.dims}")
-    return values
+    values = stage_slice(values, _check_drawable(layout, stage))
+    return values[None] if values.ndim == 1 else values
 
 
 def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: Optional[int] = None,
@@ -81,7 +85,12 @@ def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: O
 
     With ``elem_bytes`` the offsets are the kernel's swizzled byte addresses divided back into
     elements (:meth:`StaticLayout.byte_offsets`); without it, the functional values ``L(r, c)``.
+    ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES` and a ``stage`` the layout
+    does not have (None or 0 without a stage mode).
     """
+    if elem_bytes is not None:
+        check_elem_bytes(elem_bytes)
+    _check_drawable(layout, stage)
     if elem_bytes:
         vals = _table2d(layout, layout.byte_offsets(elem_bytes), stage) // elem_bytes
     else:
@@ -110,11 +119,13 @@ def draw_banks(layout: StaticLayout, elem_bytes: int, path: Optional[str] = None
     """A swizzle as a colour map of banks: colour = bank (0..31) of each element's first byte, under the
     kernel's pointer swizzle; each 16-byte chunk's first cell carries its chunk number in the 128-byte
     row (``byte // 16 % 8``).  ``rows`` limits the picture to the first rows (the pattern repeats
-    every 8 rows for a 128B swizzle)."""
+    every 8 rows for a 128B swizzle).  ``ValueError`` as :func:`.analysis.bank_table`."""
     from matplotlib import colormaps
 
-    banks = _table2d(layout, bank_table(layout, elem_bytes, stage), stage)
+    elem_bytes = check_elem_bytes(elem_bytes)
+    _check_drawable(layout, stage)
     byts = _table2d(layout, layout.byte_offsets(elem_bytes), stage)
+    banks = (byts // BANK_BYTES) % NUM_BANKS  # as analysis.bank_table
     if rows:
         banks, byts = banks[:rows], byts[:rows]
     nr, nc = banks.shape
@@ -174,15 +185,19 @@ def draw_tv(tv: StaticLayout, tile: tuple[int, int], path: Optional[str] = None,
 def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem_bytes: int,
                    path: Optional[str] = None, access: int = 0, title: Optional[str] = None):
     """Distinct 4-byte words each bank must deliver for access ``access`` of ``pattern``, one panel per
-    layout (the tallest bar of a phase = its wavefronts)."""
+    layout (stage 0 of a staged one; the tallest bar of a phase = its wavefronts).  Inactive threads
+    draw nothing.  ``ValueError`` before drawing for an ``access`` the pattern does not have, and for
+    what :func:`.analysis.bank_conflicts` refuses (``elem_bytes``, coords, accesses outside a tile)."""
+    elem_bytes = check_elem_bytes(elem_bytes)
+    coords = check_coords(pattern.coords, pattern.name)
+    if not 0 <= require_int("access", access) < len(coords):
+        raise ValueError(f"access={access}: {pattern.name} has {len(coords)} access(es); expected 0..{len(coords) - 1}")
+    acc = coords[access]
+    addrs = [access_addresses(stage_slice(lay.byte_offsets(elem_bytes), check_stage(lay, 0)), acc, pattern.vec,
+                              elem_bytes, f"{pattern.name} over {lay.name or lay}") for lay in layouts]
     fig = _figure(7.0, 1.9 * len(layouts) + 0.6)
     axes = fig.subplots(len(layouts), 1, squeeze=False)[:, 0]
-    acc = pattern.coords[access]
-    for ax, lay in zip(axes, layouts):
-        table = lay.byte_offsets(elem_bytes)
-        if table.ndim == 3:
-            table = table[..., 0]
-        addr = table[acc[:, 0], acc[:, 1]]
+    for ax, lay, addr in zip(axes, layouts, addrs):
         words = np.unique(np.concatenate([(addr + b) // BANK_BYTES
                                           for b in range(0, max(pattern.vec * elem_bytes, 1), BANK_BYTES)]))
         counts = np.bincount(words % NUM_BANKS, minlength=NUM_BANKS)
@@ -191,7 +206,8 @@ def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem
         ax.set_ylabel("words", fontsize=8)
         ax.set_title(f"{lay.name or lay}", fontsize=8)
         ax.tick_params(labelsize=6)
-    axes[-1].set_xlabel(f"bank  ({pattern.name}; all {len(acc)} threads of one access)", fontsize=8)
+    active = int(np.sum(acc[:, 0] >= 0))
+    axes[-1].set_xlabel(f"bank  ({pattern.name}; the {active} active threads of one access)", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
     save(fig, path)
