@@ -266,6 +266,9 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
     assert not fresh.exists()  # nothing written for a rejected config
     assert main(["layouts", "--kernel", "ranker_fwd", "--config", "head_dim=abc", "--out", str(fresh)]) == 2
     assert "head_dim takes an integer" in capsys.readouterr().err
+    for field in ("head_dim", "tile_m"):  # the backward's config names the field too
+        assert main(["layouts", "--kernel", "ranker_bwd", "--config", f"{field}=abc", "--out", str(fresh)]) == 2
+        assert f"{field} takes an integer, got 'abc'" in capsys.readouterr().err
     afile = tmp_path / "report.txt"
     assert main(["layouts", "--kernel", "ranker_fwd", "--out", str(afile)]) == 2
     assert "not a folder" in capsys.readouterr().err

@@ -321,6 +321,9 @@ def ranker_bwd_config(text: Optional[str] = None):
     from ..kernels import ranker_bwd as rb
 
     fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)})
+    for name in ("head_dim", "tile_m"):
+        if name in fields and not str(fields[name]).lstrip("-").isdigit():
+            raise ValueError(f"{name} takes an integer, got {fields[name]!r}")
     base = rb.config_for(int(fields["head_dim"]), False) if "head_dim" in fields else rb.CONFIGS[128]
     if "tile_m" in fields and "dq_split_rows" not in fields:  # the dQ form shipped for that tile
         base = rb.with_tile_m(base, int(fields["tile_m"]))
