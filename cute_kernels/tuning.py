@@ -350,7 +350,6 @@ def parse_candidates(text: Optional[str], base) -> dict:
         if any(c.isspace() for c in part):
             raise ValueError(f"candidate item {part!r} has a space inside: separate values with commas "
                              "(e.g. 'stages=1,2')")
-        part = part.replace(" ", "")
         if "=" in part:
             field, part = part.split("=", 1)
             if field not in names:

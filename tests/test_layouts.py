@@ -442,9 +442,10 @@ _BAD_ARGUMENTS = {  # id: (call on the bf16_64x64 layouts, exception, message)
     "bank_conflicts elem_bytes='2'": (lambda t: L.bank_conflicts(t["flat"], L.column_read(), "2"), TypeError,
                                       "elem_bytes='2'"),
     "bank_conflicts 32-byte vectors": (lambda t: L.bank_conflicts(t["flat"], L.row_vector_read(8, 0, vec=16), 2),
-                                       ValueError, r"vec=16 x elem_bytes=2: 32 bytes per thread; expected one of"),
+                                       ValueError, r"\(vec=16 x elem_bytes=2\)=32: expected bytes per thread of one "
+                                                   r"shared-memory load/store, one of"),
     "request_wavefronts access_bytes=0": (lambda t: L.request_wavefronts(np.zeros(32, dtype=np.int64), 0),
-                                          ValueError, r"access_bytes: 0 bytes .*\(1, 2, 4, 8, 16\)"),
+                                          ValueError, r"access_bytes=0: expected bytes per thread.*\(1, 2, 4, 8, 16\)"),
     "pattern_from_tv vec=0": (lambda t: L.pattern_from_tv(L.row_major(32, 4), (4, 32), 0, "x"), ValueError,
                               r"vec=0: expected an integer >= 1"),
     "bank_conflicts stage=5 of 3": (lambda t: L.bank_conflicts(t["staged"], L.column_read(), 2, stage=5),

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from .static import StaticLayout, check_elem_bytes, require_int
+from .static import StaticLayout, check_elem_bytes, require_int, require_one_of
 
 NUM_BANKS = 32
 BANK_BYTES = 4
@@ -207,12 +207,7 @@ def request_wavefronts(addresses: np.ndarray, access_bytes: int) -> tuple[int, i
 
 def check_access_bytes(access_bytes, what: str) -> int:
     """``access_bytes`` as an int, one of :data:`ACCESS_BYTES` (``what`` names it in the error)."""
-    if isinstance(access_bytes, bool) or not isinstance(access_bytes, (int, np.integer)):
-        raise TypeError(f"{what}={access_bytes!r}: expected bytes per thread, one of {ACCESS_BYTES}")
-    if access_bytes not in ACCESS_BYTES:
-        raise ValueError(f"{what}: {access_bytes} bytes per thread; expected one of {ACCESS_BYTES}, the widths of "
-                         "one shared-memory load/store")
-    return int(access_bytes)
+    return require_one_of(what, access_bytes, ACCESS_BYTES, "bytes per thread of one shared-memory load/store")
 
 
 def check_stage(layout: StaticLayout, stage: Optional[int]) -> int:
@@ -271,7 +266,7 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
     s = check_stage(layout, stage)
     coords = check_coords(pattern.coords, pattern.name)
     access_bytes = check_access_bytes(require_int("vec", pattern.vec, 1) * elem_bytes,
-                                      f"{pattern.name}: vec={pattern.vec} x elem_bytes={elem_bytes}")
+                                      f"{pattern.name}: bytes per thread (vec={pattern.vec} x elem_bytes={elem_bytes})")
     table = stage_slice(layout.byte_offsets(elem_bytes), s)
     rep = ConflictReport(pattern.name, layout.name or str(layout), access_bytes)
     for acc in coords:

@@ -65,14 +65,19 @@ def require_int(name: str, value, minimum: Optional[int] = None) -> int:
     return int(value)
 
 
+def require_one_of(name: str, value, choices: tuple, what: str) -> int:
+    """``value`` as an int in ``choices``: ``TypeError`` naming ``name`` for anything but an integer (a bool
+    too), ``ValueError`` for another integer; ``what`` says what the number counts."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}={value!r}: expected {what}, one of {choices}")
+    if value not in choices:
+        raise ValueError(f"{name}={value}: expected {what}, one of {choices}")
+    return int(value)
+
+
 def check_elem_bytes(elem_bytes, name: str = "elem_bytes") -> int:
     """``elem_bytes`` as an int, one of :data:`ELEM_BYTES` (``TypeError``/``ValueError`` naming ``name``)."""
-    if isinstance(elem_bytes, bool) or not isinstance(elem_bytes, (int, np.integer)):
-        raise TypeError(f"{name}={elem_bytes!r}: expected bytes per element, one of {ELEM_BYTES}")
-    if elem_bytes not in ELEM_BYTES:
-        raise ValueError(f"{name}={elem_bytes}: expected bytes per element, one of {ELEM_BYTES} "
-                         "(fp8/int8, bf16/fp16, fp32, fp64)")
-    return int(elem_bytes)
+    return require_one_of(name, elem_bytes, ELEM_BYTES, "bytes per element (fp8/int8, bf16/fp16, fp32, fp64)")
 
 
 @dataclass(frozen=True)
