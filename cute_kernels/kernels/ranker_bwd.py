@@ -473,7 +473,7 @@ class RankerAttentionBwd:
             tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout, sdKVacc_layout, sLSE_layout,
             scale_log2, softmax_scale, cap, Int32(mQ.shape[0]),
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1, use_pdl=True)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -491,7 +491,6 @@ class RankerAttentionBwd:
                scale_log2: Float32, softmax_scale: Float32, cap: Float32, seqlen_static: Int32):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        cute.arch.griddepcontrol_launch_dependents()  # the postprocess may launch; it waits for our completion
         if warp_idx == 0:
             for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum):
                 cpasync.prefetch_descriptor(atom)
@@ -511,9 +510,6 @@ class RankerAttentionBwd:
             consumer_group=consumers, tx_count=self.tma_bytes_q, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        # a programmatic dependent launch: the prologue above overlapped the preprocess; no global memory is
-        # read or written before it has completed (its LSE2, dPsum and zeroed dQ accumulator)
-        cute.arch.griddepcontrol_wait()
 
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
@@ -1256,6 +1252,7 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     keys = call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, max_seqlen, cap, cap_method, varlen,
                             _num_sms(q.device))
     accumulated = keys["post"][-1]  # dK/dV through float32 accumulators
+    _fn("pre", *keys["pre"])(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     dk_accum = dv_accum = None
     if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
@@ -1265,9 +1262,6 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
         if accumulated:
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
-    # the three kernels back to back in the stream (the zero fills above come first): each is a programmatic
-    # dependent launch of the one before, its launch and prologue overlapping that kernel's tail
-    _fn("pre", *keys["pre"])(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     _fn("main", *keys["main"])(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
         bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)

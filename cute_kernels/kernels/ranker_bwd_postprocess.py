@@ -100,7 +100,7 @@ class RankerBwdPostprocess:
         grid = (cute.ceil_div(max_seqlen, self.rows_per_cta), cute.size(mK.shape[2]), num_batch)
         self.kernel(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, mBounds,
                     mCuSeqlens, scale_log2, softmax_scale, cap, Int32(mQ.shape[0])).launch(
-            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=True)
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     def _row(self, mX, row, offset, head, batch):
         """(D,) row ``row`` of one sequence and head of a (S, D, H, B) / packed (T, D, H) tensor."""
@@ -119,7 +119,6 @@ class RankerBwdPostprocess:
                mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor], mBounds: cute.Tensor,
                mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
                seqlen_static: Int32):
-        cute.arch.griddepcontrol_wait()  # a programmatic dependent launch: the mainloop's sums done first
         tidx, _, _ = cute.arch.thread_idx()
         row_block, head_kv, batch = cute.arch.block_idx()
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)

@@ -66,13 +66,11 @@ class RankerBwdPreprocess:
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mO.shape[2]), num_batch)
         self.kernel(mO, mdO, mLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlens, Int32(mO.shape[0])).launch(
-            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream, use_pdl=True)
+            grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor, mdPsum: cute.Tensor,
                mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], seqlen_static: Int32):
-        cute.arch.griddepcontrol_launch_dependents()  # the mainloop may launch; it waits for our completion
-        cute.arch.griddepcontrol_wait()  # a programmatic dependent launch: the stream's earlier work done first
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
