@@ -645,18 +645,16 @@ def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     return pieces
 
 
-MIX_DUMMY = 28  # floats of the dummy raw-statistics row (25, padded to keep what follows 16-byte aligned)
-
-
 def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None,
                  workspace_rows=None):
     """The launch glue both hc_mix kernels share: allocate ``pre [M, 4]``, ``post [M, 4]``,
     ``comb [M, 4, 4]`` float32 (or use ``out``: tests pass poisoned buffers) and, for M > 0, launch
     ``compile_fn()`` with ``weights()`` as the hc_fn argument (fp32 hc_fn or its bf16 pieces, made only
     when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer;
-    ``workspace_rows``: rows of a ``[rows, 25]`` float32 workspace passed last (hc_mix_tma's).  The
-    dummy row and the workspace share one allocation (the outputs may not: a custom op's outputs must
-    not alias each other)."""
+    ``workspace_rows``: rows of a ``[rows, 25]`` float32 workspace passed last (hc_mix_tma's).  Without
+    ``mix`` the kernels are compiled not to touch the raw-statistics buffer (``store_mix`` off), so its
+    dummy is the workspace's first row when there is one (no second allocation), else one row of its
+    own (the outputs may not share memory: a custom op's outputs must not alias each other)."""
     m = x.shape[0]
     if out is not None:
         pre, post, comb = out
@@ -665,12 +663,10 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
         post = x.new_empty((m, HC), dtype=torch.float32)
         comb = x.new_empty((m, HC, HC), dtype=torch.float32)
     if m:
-        n_mix = MIX_DUMMY if mix is None else 0
-        n_scratch = n_mix + (workspace_rows or 0) * SP_COLS
-        scratch = x.new_empty((n_scratch,), dtype=torch.float32) if n_scratch else None
-        mix_arg = mix if mix is not None else scratch[:SP_COLS].view(1, SP_COLS)
-        extra = () if workspace_rows is None else (scratch[n_mix:].view(workspace_rows, SP_COLS),)
-        compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix_arg,
+        extra = () if workspace_rows is None else (x.new_empty((workspace_rows, SP_COLS), dtype=torch.float32),)
+        if mix is None:
+            mix = extra[0][:1] if extra else x.new_empty((1, SP_COLS), dtype=torch.float32)
+        compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix,
                      int(sinkhorn_iters), float(rms_eps), float(hc_eps), *extra)
     return pre, post, comb
 
