@@ -344,6 +344,37 @@ def test_trace_time_checks_include_strides():
             torch.ones(32, dtype=torch.bfloat16))
 
 
+def test_dynamic_compile_keeps_token_and_sequence_sizes_symbolic():
+    """torch.compile(dynamic=True): one graph serves every token count / batch / sequence length (the
+    32-bit extent checks called int() on the sizes, which specialized them: a recompile per new size
+    and, with fullgraph=True, a hard failure after 8).  FakeTensorMode stands in for the GPU."""
+    import cute_kernels as ck
+    from torch._dynamo.utils import counters
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ck.register_ops()
+
+    def norm(q, k, wq, wk):
+        ck.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+        return q
+
+    def attn(q, b):
+        return ck.ranker_attention(q, q, q, b)
+
+    bf = torch.bfloat16
+    for fn, shapes in ((norm, [((n, 128), (n, 64), (128,), (64,)) for n in (5, 6, 7, 9, 10, 11, 12, 13, 14, 15)]),
+                       (attn, [((nb, s, 4, 128), (nb, 4)) for nb, s in ((2, 32), (2, 33), (3, 40), (4, 48), (5, 57))])):
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True, backend="eager")
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            for shape in shapes:
+                args = [torch.empty(*sh, dtype=torch.int32 if len(sh) == 2 and fn is attn else bf, device="cuda")
+                        for sh in shape]
+                compiled(*args)
+        assert counters["stats"]["unique_graphs"] == 1, (fn.__name__, dict(counters["stats"]))
+
+
 def test_dynamic_compile_reports_a_bad_scalar():
     """torch.compile(dynamic=True): a scalar out of range must surface as our ValueError (Dynamo's
     'Observed exception' wrapping it), not as a tracing failure while the message is formatted."""

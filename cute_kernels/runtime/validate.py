@@ -94,10 +94,12 @@ INT32_MAX = 2**31 - 1
 
 
 def element_span(t: torch.Tensor) -> int:
-    """Elements from a tensor's first to one past its last: ``1 + sum((size - 1) * |stride|)`` (0 if empty)."""
+    """Elements from a tensor's first to one past its last: ``1 + sum((size - 1) * |stride|)`` (0 if empty).
+    Symbolic sizes (torch.compile with dynamic shapes) stay symbolic: no ``int()``, which would specialize
+    them and recompile the caller for every new size."""
     if t.numel() == 0:
         return 0
-    return 1 + sum((int(s) - 1) * abs(int(st)) for s, st in zip(t.shape, t.stride()))
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
 
 def check_extent(name: str, t: torch.Tensor, *, limit: int = INT32_MAX) -> None:
