@@ -84,6 +84,16 @@ def test_reference_hand_checked():
     assert l[0, 0, 2].item() == pytest.approx(math.log(z))
 
 
+@pytest.mark.parametrize("val", [100.0, 1000.0, 2000.0])
+def test_reference_weights_sum_to_one_at_large_scores(val):
+    """Two equal history keys, v = 1: every admitted row's output is exactly 1 in float32 whatever the
+    scores' size (exp(s - lse) alone summed to 0.998 at scores 8e4 and to 2 at 3.2e7: a newcomer review)."""
+    b = torch.tensor([[0, 2, 0, 0]], dtype=torch.int32)
+    q, v = torch.full((1, 2, 1, 8), val), torch.ones(1, 2, 1, 8)
+    out = rf.ranker_attention_reference(q, q, v, b, softmax_scale=1.0)
+    assert torch.equal(out, torch.ones_like(out))
+
+
 def test_varlen_reference_equals_padded():
     torch.manual_seed(1)
     lens = [5, 9, 1]

@@ -1309,8 +1309,12 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
     mask = (torch.stack(masks) if masks else torch.zeros(0, s, s, dtype=torch.bool)).to(q.device)[:, None]  # B,1,S,S
     scores = scores.masked_fill(~mask, -math.inf)
     lse = torch.logsumexp(scores, dim=-1)  # -inf for empty rows
-    p = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
-    p = torch.where(mask, p, torch.zeros_like(p))
+    # exp(s - lse) over its own sum: exp(s - lse) alone does not sum to 1 once lse rounds (at scores ~1e4
+    # in float32 the weights summed to 0.998, at ~3e7 to 2); s <= lse, so no exponential overflows
+    e = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    e = torch.where(mask, e, torch.zeros_like(e))
+    row_sum = e.sum(dim=-1, keepdim=True)
+    p = e / torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))  # empty rows: 0
     out = (p @ vf).transpose(1, 2).to(q.dtype)
     return (out, lse.float()) if return_lse else out
 
