@@ -194,3 +194,16 @@ def test_ranker_and_qknorm_refuse_tensors_past_32_bit_offsets():
         qknorm.validate_qk_shapes(qq, torch.empty(3, 1024, device="meta", dtype=bf),
                                   torch.empty(4096, device="meta", dtype=bf), torch.empty(1024, device="meta", dtype=bf),
                                   1e-6, cuda=False)
+
+
+def test_check_bool_takes_numpy_bools_and_names_other_types():
+    import numpy as np
+
+    from cute_kernels.runtime.validate import check_bool
+
+    assert check_bool("flag", True) is True and check_bool("flag", np.bool_(True)) is True
+    assert check_bool("flag", np.False_) is False
+    for bad, shown in ((1, "int 1"), ("yes", "str 'yes'"), (None, "NoneType None"),
+                       (np.int64(1), r"numpy.int64 (np.int64\(1\)|1)")):  # (numpy 2 / 1 reprs)
+        with pytest.raises(TypeError, match=f"flag must be a bool, got {shown}"):
+            check_bool("flag", bad)

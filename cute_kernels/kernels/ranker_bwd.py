@@ -78,7 +78,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, tracing, without_data
-from ..runtime.validate import INT32_MAX, check_config_fields, check_outputs_disjoint, check_tensor
+from ..runtime.validate import INT32_MAX, check_bool, check_config_fields, check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale,
                          ranker_attention_reference)
@@ -1118,8 +1118,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     if q.numel() and (nb > MAX_GRID_YZ or hq > MAX_GRID_YZ):  # the launches' grids are (blocks, head, batch)
         raise ValueError(f"the backward supports at most {MAX_GRID_YZ} sequences and {MAX_GRID_YZ} query heads "
                          f"(CUDA's grid y/z limit), got B={nb}, Hq={hq}; split the batch")
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__} {deterministic!r}")
+    deterministic = check_bool("deterministic", deterministic)
     if config is not None and not isinstance(config, RankerBwdConfig):
         raise TypeError(f"config must be None or a RankerBwdConfig, got {type(config).__name__}")
     for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
@@ -1544,8 +1543,7 @@ def _precheck_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None,
     _check_scalars(softmax_scale, cap, cap_method)
     if max_seqlen is not None:  # the schema would turn True into 1
         _check_max_seqlen(max_seqlen)
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__} {deterministic!r}")
+    deterministic = check_bool("deterministic", deterministic)
 
 
 @custom_op("ranker_attention_bwd", mutates_args=(), fake=_fake_bwd, precheck=_precheck_bwd)

@@ -61,7 +61,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, tracing
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
-                                F32_MAX, check_int, check_real, validated_once)
+                                F32_MAX, check_bool, check_int, check_real, validated_once)
 from ..tuning import register_memo, tuned_config
 from . import sm90_helpers as sm90
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -1196,8 +1196,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         Under ``torch.compile(fullgraph=True)`` these surface wrapped by Dynamo (``TorchRuntimeError`` /
         ``Unsupported``); without ``fullgraph`` or eagerly, as listed.
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}")
+    return_lse = check_bool("return_lse", return_lse)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
         from .ranker_autograd import RankerAttentionFunction  # the backward's modules load on first use
 
@@ -1278,8 +1277,7 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
     """
     if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
         raise TypeError(f"compute_dtype must be a float torch.dtype, got {compute_dtype!r}")
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}")
+    return_lse = check_bool("return_lse", return_lse)
     _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     if cu_seqlens is not None:
         cu = [int(x) for x in cu_seqlens.tolist()]

@@ -159,6 +159,19 @@ def check_f32_eps(name: str, value) -> float:
     return v
 
 
+def check_bool(name: str, value) -> bool:
+    """A flag argument: a Python bool, or a numpy bool (returned as a bool, as numpy reals are accepted where
+    numbers are); ``TypeError`` naming the argument and the value's type otherwise (an int too: 0 / 1 would
+    pass silently where a flag was meant)."""
+    if isinstance(value, bool):
+        return value
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {kind.__module__ + '.' if kind.__module__ != 'builtins' else ''}"
+                    f"{kind.__name__} {_short(value)}")
+
+
 def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
     """An integer argument (not ``bool``) in ``[low, high]``: ``TypeError`` / ``ValueError`` naming it
     (a symbolic one, under torch.compile with dynamic shapes, is returned as is; see :func:`check_real`)."""
