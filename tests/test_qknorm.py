@@ -390,11 +390,18 @@ def test_reference_refuses_wrong_weight_shapes():
 
 @pytest.mark.parametrize("kw,exc", [(dict(q_dim=-8), ValueError), (dict(q_dim=0), ValueError),
                                     (dict(k_dim=True), TypeError), (dict(q_dim=2.5), TypeError),
-                                    (dict(q_sumsq=torch.ones(1)), ValueError)])
+                                    (dict(q_sumsq=torch.ones(1)), ValueError),
+                                    (dict(q_sumsq=torch.ones(1, 3)), ValueError),  # 3 sums, but not [N]
+                                    (dict(k_sumsq=torch.ones(3, dtype=torch.int64)), TypeError)])
 def test_reference_checks_its_divisors_and_sums(kw, exc):
     q, k = torch.ones(3, 8), torch.ones(3, 4)
     with pytest.raises(exc):
         cute_kernels.qk_rmsnorm_reference(q, k, torch.ones(8), torch.ones(4), 1e-6, **kw)
+
+
+def test_reference_refuses_empty_rows():
+    with pytest.raises(ValueError, match="Q, K >= 1"):
+        cute_kernels.qk_rmsnorm_reference(torch.ones(2, 0), torch.ones(2, 4), torch.ones(0), torch.ones(4), 1e-6)
 
 
 def test_trace_time_checks_need_no_pointers():

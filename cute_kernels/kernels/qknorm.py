@@ -782,18 +782,21 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
 def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                          eps: float, q_dim: int | None = None, k_dim: int | None = None,
                          q_sumsq: torch.Tensor | None = None, k_sumsq: torch.Tensor | None = None):
-    """Out-of-place float64 reference, returns (q_out, k_out) in the input dtype (any device).
+    """Out-of-place float64 reference of :func:`qk_rmsnorm_` (seed 000 with the standard eps), returns
+    (q_out, k_out) in the input dtype (any device)::
+
+        q_out[n] = q[n] * rsqrt(q_sumsq[n] / q_dim + eps) * q_weight,  q_sumsq[n] = sum(q[n]^2)  (k alike)
 
     ``q_dim``/``k_dim``: the divisor of the sum, an int >= 1 (default: the row width).  ``q_sumsq``/``k_sumsq``:
-    per-token sums of squares to use instead of the local ones (a tensor-parallel reference passes
-    the sums over all shards).  ``eps`` follows :func:`check_eps`.  Shapes: ``q [N, Q]``, ``k [N, K]``,
-    ``q_weight [Q]``, ``k_weight [K]`` (``ValueError`` otherwise: no silent broadcasting); floating
-    point tensors (``TypeError`` otherwise).
+    per-token sums of squares ``[N]`` (float) to use instead of the local ones (a tensor-parallel reference
+    passes the sums over all shards).  ``eps`` follows :func:`check_eps`.  Shapes: ``q [N, Q]``, ``k [N, K]``
+    with ``Q, K >= 1``, ``q_weight [Q]``, ``k_weight [K]`` (``ValueError`` otherwise: no silent broadcasting);
+    floating point tensors (``TypeError`` otherwise).
     """
     check_float_tensors(q=q, k=k, q_weight=q_weight, k_weight=k_weight)
     check_eps(eps)
-    if q.dim() != 2 or k.dim() != 2 or q.shape[0] != k.shape[0]:
-        raise ValueError(f"q and k must be [N, Q] and [N, K], got {list(q.shape)} and {list(k.shape)}")
+    if q.dim() != 2 or k.dim() != 2 or q.shape[0] != k.shape[0] or not (q.shape[1] and k.shape[1]):
+        raise ValueError(f"q and k must be [N, Q] and [N, K] with Q, K >= 1, got {list(q.shape)} and {list(k.shape)}")
     if tuple(q_weight.shape) != (q.shape[1],) or tuple(k_weight.shape) != (k.shape[1],):
         raise ValueError(f"q_weight must be [{q.shape[1]}] and k_weight [{k.shape[1]}], got "
                          f"{list(q_weight.shape)} and {list(k_weight.shape)}")
@@ -803,8 +806,10 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     for name, ss in (("q_sumsq", q_sumsq), ("k_sumsq", k_sumsq)):
         if ss is not None and not isinstance(ss, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(ss).__name__}")
-        if ss is not None and ss.numel() != q.shape[0]:
-            raise ValueError(f"{name} must hold one sum per token ({q.shape[0]}), got shape {list(ss.shape)}")
+        if ss is not None:
+            check_float_tensors(**{name: ss})
+            if tuple(ss.shape) != (q.shape[0],):
+                raise ValueError(f"{name} must be [N] = [{q.shape[0]}] (one sum per token), got {list(ss.shape)}")
 
     def one(x, w, dim, ss):
         xd = x.double()
