@@ -297,7 +297,9 @@ def resident_ctas(dtype: torch.dtype, world: int, q_dim: int, k_dim: int, ranks_
 
 
 class PeerTimeoutError(RuntimeError):
-    """A rank waited longer than ``timeout_s`` for a peer's partial sums."""
+    """A rank waited longer than ``timeout_s`` for a peer's partial sums (a ``RuntimeError``).  Raised by
+    :meth:`ParallelQKNorm.check_error`, and by the next call of the instance after a launch timed out
+    (until :meth:`ParallelQKNorm.reset`)."""
 
 
 # The custom op takes the instance as an int handle (torch ops cannot take Python objects); the
@@ -364,6 +366,7 @@ class ParallelQKNorm:
 
     def __init__(self, group, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype, *,
                  timeout_s: float = 10.0, _emulation: dict | None = None):
+        """See the class docstring (arguments, buffers, errors); ``_emulation`` is :meth:`emulated`'s."""
         self._closed = True  # until construction completes (close() / _run on a half-built object)
         if group is not None and not _is_process_group(group):  # before any collective, which needs it
             raise TypeError(f"group must be a torch.distributed ProcessGroup or None (the default group), "

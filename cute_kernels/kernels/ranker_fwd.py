@@ -1187,7 +1187,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             not a bool;
             cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int.
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
-            bounds rows != B, non-positive/non-finite cap, non-finite softmax_scale, unknown
+            bounds rows != B, non-positive/non-finite cap, negative/non-finite softmax_scale, unknown
             cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B > 2^30
             work tiles, a q/k/v spanning 2^31 elements or more (32-bit offsets); for the backward
@@ -1273,7 +1273,10 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
     or int64 (the op takes int32); ``compute_dtype`` a float dtype.  The same argument rules as
     :func:`ranker_attention` otherwise (``Hq % Hkv == 0``, ``bounds [B, 4]`` with
     ``B = len(cu_seqlens) - 1`` in the packed form, valid ``cu_seqlens`` values, scalars):
-    ``TypeError`` / ``ValueError`` saying which.
+    ``TypeError`` / ``ValueError`` saying which.  ``max_seqlen`` is only checked (as the op checks it: an
+    int >= the longest sequence); the reference needs no bound.  The softmax is computed in
+    ``compute_dtype``: scores beyond its range (e.g. ``softmax_scale`` near float32's max in float32)
+    overflow there; use float64 for such inputs.
     """
     if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
         raise TypeError(f"compute_dtype must be a float torch.dtype, got {compute_dtype!r}")
