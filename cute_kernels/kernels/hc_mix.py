@@ -81,8 +81,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import (check_f32_eps, check_float_tensors, check_int, check_same_device, check_tensor,
-                                element_span, validated_once)
+from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, check_int, check_same_device,
+                                check_tensor, element_span, validated_once)
 
 NAME = "hc_mix"
 HC = 4  # hc_mult
@@ -671,7 +671,7 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
     return pre, post, comb
 
 
-WALK_MAX_OFFSET = 2**31 - 1  # the walk indexes x with 32-bit element offsets
+WALK_MAX_OFFSET = INT32_MAX  # the walk indexes x with 32-bit element offsets
 
 
 def _check_walk_extent(x: torch.Tensor) -> None:

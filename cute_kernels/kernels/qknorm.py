@@ -551,7 +551,7 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
     check_eps(eps)
     check_tensor("q", q, dtypes=DTYPES, ndim=2, cuda=cuda, align_bytes=0)
     _check_same_dtype(q, k=k, q_weight=q_weight, k_weight=k_weight)
-    check_tensor("k", k, dtypes=(q.dtype,), ndim=2, cuda=cuda, align_bytes=0)
+    check_tensor("k", k, ndim=2, cuda=cuda, align_bytes=0)  # (dtype: _check_same_dtype)
     vec = vec_elems(q.dtype)
     for name, t in (("q", q), ("k", k)):
         if t.shape[1] % vec:
@@ -559,8 +559,8 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
         check_tensor(name, t, cuda=cuda, data_pointer=False)  # row strides: 16-byte multiples
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"q and k must have the same number of tokens, got {q.shape[0]} and {k.shape[0]}")
-    check_tensor("q_weight", q_weight, dtypes=(q.dtype,), shape=(q.shape[1],), cuda=cuda, align_bytes=0)
-    check_tensor("k_weight", k_weight, dtypes=(q.dtype,), shape=(k.shape[1],), cuda=cuda, align_bytes=0)
+    check_tensor("q_weight", q_weight, shape=(q.shape[1],), cuda=cuda, align_bytes=0)
+    check_tensor("k_weight", k_weight, shape=(k.shape[1],), cuda=cuda, align_bytes=0)
     if q.device != k.device or q_weight.device != q.device or k_weight.device != q.device:
         raise ValueError(f"q, k, q_weight, k_weight must be on one device, got {q.device}, {k.device}, "
                          f"{q_weight.device}, {k_weight.device}")

@@ -78,7 +78,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, tracing, without_data
-from ..runtime.validate import INT32_MAX, check_bool, check_config_fields, check_outputs_disjoint, check_tensor
+from ..runtime.validate import (INT32_MAX, check_bool, check_config_fields, check_extent, check_outputs_disjoint,
+                                check_same_device, check_tensor)
 from . import sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale,
                          ranker_attention_reference)
@@ -1118,7 +1119,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     if q.numel() and (nb > MAX_GRID_YZ or hq > MAX_GRID_YZ):  # the launches' grids are (blocks, head, batch)
         raise ValueError(f"the backward supports at most {MAX_GRID_YZ} sequences and {MAX_GRID_YZ} query heads "
                          f"(CUDA's grid y/z limit), got B={nb}, Hq={hq}; split the batch")
-    deterministic = check_bool("deterministic", deterministic)
+    check_bool("deterministic", deterministic)
     if config is not None and not isinstance(config, RankerBwdConfig):
         raise TypeError(f"config must be None or a RankerBwdConfig, got {type(config).__name__}")
     for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
@@ -1129,13 +1130,9 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
             raise ValueError(f"{name} must be contiguous (the kernels write it row-major compact), "
                              f"got strides {t.stride()}")
         if cuda:
-            from ..runtime.validate import check_same_device
-
             check_same_device(q=q, **{name: t})
     for name, t in (("out", out), ("dout", dout)):
         check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda, data_pointer=pointers)
-    from ..runtime.validate import check_extent
-
     for name, t in (("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         if t is not None:
             check_extent(name, t)  # 32-bit element offsets (q, k, v: the forward's rules)
@@ -1144,8 +1141,6 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
                  data_pointer=pointers)
     if not lse.is_contiguous():
         raise ValueError("lse must be contiguous (as ranker_attention(..., return_lse=True) returns it)")
-    from ..runtime.validate import check_same_device
-
     check_same_device(q=q, out=out, lse=lse, dout=dout)  # also at trace time (fakes), as the forward does
     if pointers:
         check_outputs_disjoint(dict(dq=dq, dk=dk, dv=dv), dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout,
@@ -1197,6 +1192,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     there and the call runs eagerly; under another dispatch mode with real tensors, e.g.
     FlopCounterMode, such a call runs the eager implementation.
     """
+    deterministic = check_bool("deterministic", deterministic)  # (a numpy bool as a bool, for the op's schema)
     eager_only = dq is not None or dk is not None or dv is not None or config is not None
     if tracing() and not eager_only:  # torch.compile / make_fx / FakeTensorMode: the registered op, which they see
         return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
@@ -1543,7 +1539,7 @@ def _precheck_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None,
     _check_scalars(softmax_scale, cap, cap_method)
     if max_seqlen is not None:  # the schema would turn True into 1
         _check_max_seqlen(max_seqlen)
-    deterministic = check_bool("deterministic", deterministic)
+    check_bool("deterministic", deterministic)
 
 
 @custom_op("ranker_attention_bwd", mutates_args=(), fake=_fake_bwd, precheck=_precheck_bwd)
