@@ -526,39 +526,98 @@ def test_backward_validates_everything_before_writing(monkeypatch):
 
 
 def test_ranker_attention_is_differentiable(monkeypatch):
-    """The autograd wiring on a CPU: the two ops replaced by the torch reference, so that the
-    Function's plumbing (saved tensors, argument order, which grads come back) is what is tested."""
-    from cute_kernels.kernels import ranker_autograd
-
+    """The autograd wiring on a CPU: the forward and backward implementations replaced by the torch
+    reference, so that the plumbing is what is tested: the forward op's registered autograd (saved
+    tensors, argument order, which grads come back), reached through ``ranker_attention`` and through
+    ``torch.ops.cute_kernels.ranker_attention_fwd`` itself; no grad mode takes neither op."""
     calls = []
 
-    def fwd(q, k, v, bounds, scale, cap, method, cu, ms):
+    def fwd(q, k, v, bounds, scale, cap, method, cu, ms, out=None, lse=None, config=None, max_ctas=None):
         calls.append("fwd")
         return rf.ranker_attention_reference(q, k, v, bounds, scale, cap, method, True, cu, ms)
 
-    def bwd(q, k, v, out, lse, dout, bounds, scale, cap, method, cu, ms):
+    def bwd(q, k, v, out, lse, dout, bounds, scale, cap, method, cu, ms, **kw):
         calls.append("bwd")
         return tuple(g.to(q.dtype) for g in rb.ranker_attention_backward_reference(
             q, k, v, bounds, dout, scale, cap, method, cu, ms, compute_dtype=torch.float64))
 
-    monkeypatch.setattr(ranker_autograd, "_ranker_op", fwd)
-    monkeypatch.setattr(ranker_autograd, "ranker_attention_backward_op", bwd)
-    monkeypatch.setattr(rf, "_ranker_impl", lambda *a: (_ for _ in ()).throw(AssertionError("no-grad path taken")))
+    monkeypatch.setattr(rf, "_ranker_impl", fwd)
+    monkeypatch.setattr(rb, "_backward_impl", bwd)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 40, h, 64, generator=g, dtype=torch.float64).requires_grad_(h == 4) for h in (4, 2, 2))
     bounds = torch.tensor([[0, 30, 30, 40]], dtype=torch.int32)
-    out = cute_kernels.ranker_attention(q, k, v, bounds, cap=5.0)
-    do = torch.randn_like(out)
-    out.backward(do)
-    assert calls == ["fwd", "bwd"] and k.grad is None and v.grad is None
-    want = rb.ranker_attention_backward_reference(q.detach(), k, v, bounds, do, cap=5.0)[0]
-    torch.testing.assert_close(q.grad, want)
-    with torch.no_grad():  # no grad mode: the plain op, no Function
-        with pytest.raises(AssertionError, match="no-grad path"):
-            cute_kernels.ranker_attention(q, k, v, bounds)
+    want = None
+    for call in (lambda: cute_kernels.ranker_attention(q, k, v, bounds, cap=5.0),
+                 lambda: torch.ops.cute_kernels.ranker_attention_fwd(q, k, v, bounds, None, 5.0)[0]):
+        calls.clear()
+        q.grad = None
+        out = call()
+        do = torch.randn(out.shape, generator=g, dtype=out.dtype)
+        out.backward(do)
+        assert calls == ["fwd", "bwd"] and k.grad is None and v.grad is None
+        want = rb.ranker_attention_backward_reference(q.detach(), k, v, bounds, do, cap=5.0)[0]
+        torch.testing.assert_close(q.grad, want)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        out = cute_kernels.ranker_attention(q, k, v, bounds, cap=5.0)
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+    monkeypatch.setattr(rf, "_ranker_op", lambda *a: (_ for _ in ()).throw(AssertionError("op taken")))
+    with torch.no_grad():  # no grad mode: the implementation, no op
+        calls.clear()
+        cute_kernels.ranker_attention(q, k, v, bounds)
+        assert calls == ["fwd"]
     assert cute_kernels.ranker_attention_backward is rb.ranker_attention_backward
     assert cute_kernels.ranker_attention_backward_reference is rb.ranker_attention_backward_reference
     assert hasattr(torch.ops.cute_kernels, "ranker_attention_bwd")
+
+
+def test_meta_tensors_give_shapes_forward_and_backward():
+    """Tensors on the meta device (a model initialised there) take the ops' fakes: output shapes and the
+    argument checks, forward and backward, no launch."""
+    q = torch.empty(2, 16, 4, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(2, 16, 2, 128, dtype=torch.bfloat16, device="meta")
+    bounds = torch.empty(2, 4, dtype=torch.int32, device="meta")
+    out, lse = cute_kernels.ranker_attention(q, k, k, bounds, return_lse=True)
+    assert out.device.type == "meta" and out.shape == q.shape and lse.shape == (2, 4, 16)
+    qg = q.clone().requires_grad_()
+    cute_kernels.ranker_attention(qg, k, k, bounds).sum().backward()
+    assert qg.grad.device.type == "meta" and qg.grad.shape == q.shape
+    grads = cute_kernels.ranker_attention_backward(q, k, k, out, lse, out, bounds)
+    assert [t.shape for t in grads] == [q.shape, k.shape, k.shape]
+    with pytest.raises(TypeError, match="bfloat16"):  # the checks still run
+        cute_kernels.ranker_attention(q.float(), k, k, bounds)
+    with pytest.raises(ValueError, match="eager-only"):
+        cute_kernels.ranker_attention_backward(q, k, k, out, lse, out, bounds, deterministic=True, dq=torch.empty_like(q))
+
+
+def test_empty_inputs_backward_with_an_expanded_gradient():
+    """``.sum()`` of an empty output hands back an expanded (all strides 0) gradient: accepted (no element
+    to read), empty gradients come back (the public backward on fake tensors: no launch)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        for shape in ((0, 16, 4, 64), (2, 0, 4, 64)):
+            q = torch.empty(shape, dtype=torch.bfloat16, requires_grad=True)
+            bounds = torch.empty(shape[0], 4, dtype=torch.int32)
+            cute_kernels.ranker_attention(q, q.detach(), q.detach(), bounds).sum().backward()
+            assert q.grad.shape == q.shape
+
+
+def test_varlen_buffers_untouched_when_the_accumulator_check_fails(monkeypatch):
+    """Every check before any buffer is written: the dQ accumulator's extent check comes before the varlen
+    zeroing of user-given dq/dk/dv."""
+    q, k, v, out, lse, do, bounds = _bf16_args()
+    qp, kp, vp, outp, dop = (t[0] for t in (q, k, v, out, do))
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    monkeypatch.setattr(rb, "_validate_backward", lambda *a, **kw: (True, 2, 9, 4, 2, 64))
+
+    def too_big(row_shape, d):
+        raise ValueError("accumulator too large")
+
+    monkeypatch.setattr(rb, "check_accum_extent", too_big)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (qp, kp, vp))
+    with pytest.raises(ValueError, match="accumulator too large"):
+        rb._backward_impl(qp, kp, vp, outp, lse[0], dop, bounds, None, None, "tanh", cu, None, dq=dq, dk=dk, dv=dv)
+    assert dq.isnan().all() and dk.isnan().all() and dv.isnan().all()
 
 
 def test_grad_tolerance_is_the_flash_attention_bar():

@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+import cute_kernels
+
 from cute_kernels.runtime.validate import check_same_device, check_tensor
 
 
@@ -207,3 +209,29 @@ def test_check_bool_takes_numpy_bools_and_names_other_types():
                        (np.int64(1), r"numpy.int64 (np.int64\(1\)|1)")):  # (numpy 2 / 1 reprs)
         with pytest.raises(TypeError, match=f"flag must be a bool, got {shown}"):
             check_bool("flag", bad)
+
+
+def test_empty_tensors_skip_the_layout_rules():
+    """An empty tensor has no element to read or write: the stride and alignment rules do not apply (the
+    gradient of an empty output's ``.sum()`` is an all-stride-0 expansion), dtype and shape rules do."""
+    g = torch.zeros((), dtype=torch.bfloat16).expand(0, 16, 4, 64)
+    check_tensor("dout", g, dtypes=(torch.bfloat16,), ndim=4, cuda=False, align_bytes=16)
+    with pytest.raises(ValueError, match="stride"):  # one element more: the rules apply
+        check_tensor("dout", torch.zeros((), dtype=torch.bfloat16).expand(1, 16, 4, 64), cuda=False)
+    with pytest.raises(TypeError, match="dtype"):
+        check_tensor("dout", g.float(), dtypes=(torch.bfloat16,), cuda=False)
+
+
+def test_meta_tensors_take_the_ops_fakes():
+    """The public functions on meta tensors (a model initialised on the meta device) return meta outputs of
+    the right shapes through the registered ops' fakes; the checks still run."""
+    x = torch.empty(8, 20480, dtype=torch.bfloat16, device="meta")
+    pre, post, comb = cute_kernels.hc_mix_sinkhorn(x, torch.empty(24, 20480, device="meta"),
+                                                   torch.empty(3, device="meta"), torch.empty(24, device="meta"))
+    assert pre.device.type == "meta" and (pre.shape, post.shape, comb.shape) == ((8, 4), (8, 4), (8, 4, 4))
+    q = torch.empty(4, 4096, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(4, 1024, dtype=torch.bfloat16, device="meta")
+    wq, wk = torch.empty(4096, dtype=torch.bfloat16, device="meta"), torch.empty(1024, dtype=torch.bfloat16, device="meta")
+    assert cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6) is None
+    with pytest.raises(TypeError, match="dtype"):
+        cute_kernels.qk_rmsnorm_(q, k, wq.float(), wk, 1e-6)

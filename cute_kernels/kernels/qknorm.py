@@ -734,9 +734,12 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         q: CUDA tensor [N, Q], float16/bfloat16/float32, last dim contiguous, any row stride that is
             a multiple of 16 bytes (e.g. a column slice of a fused qkv buffer), 16-byte aligned;
             ``Q`` a multiple of 8 (16-bit types) or 4 (float32), at most 24576 (16-bit) / 12288
-            (float32) elements, and q and k not both that wide (one CTA holds a token's q and k in
-            registers: 24576 next to 24576, or 12288 next to 12288 in float32, is refused); rows must
-            not overlap (row stride >= Q when N > 1).
+            (float32) elements; rows must not overlap (row stride >= Q when N > 1).  One CTA holds a
+            token's q and k rows in registers, so a wide pair can be refused even where each width
+            alone fits: whether it fits depends on the tiling each part gets (threads and 16-byte
+            vectors per thread), not monotonically on the widths (e.g. bf16 Q=24576 fits next to
+            K <= 3072 and K=12544, not next to K=4096 or 12288):
+            ``QKNormConfig.for_shape(Q, K, dtype, tuning=DEFAULT_TUNING)`` raises the same ValueError.
         k: [N, K], same dtype/device/rules as q, sharing no element with q (column blocks of one
             fused qkv buffer are fine).
         q_weight: [Q], k_weight: [K], same dtype as q, contiguous.

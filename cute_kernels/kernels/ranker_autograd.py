@@ -1,47 +1,45 @@
-"""Autograd for ranker attention (issues 3 and 4): the forward of :mod:`.ranker_fwd` (with its LSE)
-and the backward of :mod:`.ranker_bwd` joined by a ``torch.autograd.Function``.
+"""Autograd for ranker attention (issues 3 and 4): the backward of :mod:`.ranker_bwd` registered as the
+gradient of the forward op ``torch.ops.cute_kernels.ranker_attention_fwd`` (``torch.library``'s
+``register_autograd``).
 
-:func:`cute_kernels.ranker_attention` goes through :class:`RankerAttentionFunction` whenever grad
-mode is on and q, k or v requires grad; otherwise it calls the forward op directly (no autograd
-bookkeeping on the inference path).  Both directions are ``torch.library`` custom ops, so the
-function also works under ``torch.compile`` (``fullgraph=True``).
+So every way of calling the forward differentiates: :func:`cute_kernels.ranker_attention` (which takes
+the op whenever grad mode is on and q, k or v requires grad; without grad it calls the implementation
+directly, no autograd bookkeeping), ``torch.ops.cute_kernels.ranker_attention_fwd`` itself (an exported
+or traced graph), ``torch.compile(fullgraph=True)`` and ``torch.func.grad``.  ``bounds``, ``cu_seqlens``
+and the returned ``lse`` are not differentiable.  The backward keeps q, k, v, out and lse alive and
+launches :func:`.ranker_bwd.ranker_attention_backward`'s op in its default (non-deterministic) mode
+(head dims 64 and 128: a 256 head dim raises ``ValueError`` in ``backward()``; under torch.compile,
+when the call is compiled).  Its modules load on the first backward.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .ranker_bwd import ranker_attention_backward_op
-from .ranker_fwd import _ranker_op
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, bounds, cu_seqlens)
+    ctx.scalars = (softmax_scale, cap, cap_method, max_seqlen)
+    ctx.mark_non_differentiable(lse)
 
 
-class RankerAttentionFunction(torch.autograd.Function):
-    """``(out, lse) = ranker attention(q, k, v, bounds, ...)`` with gradients for q, k and v.
+def _backward(ctx, dout, _dlse):
+    # the kernels are not differentiable: a backward that builds a graph (create_graph=True) raises
+    # instead of returning gradients whose own gradient would silently miss the attention's terms
+    if torch.is_grad_enabled():
+        raise RuntimeError("ranker_attention has no double backward: its backward kernels are not "
+                           "differentiable; call backward() / autograd.grad() without create_graph=True")
+    from .ranker_bwd import ranker_attention_backward_op
 
-    ``bounds`` and ``cu_seqlens`` are not differentiable; ``lse`` is returned but marked
-    non-differentiable.  The backward keeps q, k, v, out and lse alive and launches
-    :func:`.ranker_bwd.ranker_attention_backward` (head dims 64 and 128: a 256 head dim raises
-    ``ValueError`` in ``backward()``; under torch.compile, when the call is compiled).
-    """
+    q, k, v, out, lse, bounds, cu_seqlens = ctx.saved_tensors
+    softmax_scale, cap, cap_method, max_seqlen = ctx.scalars
+    dq, dk, dv = ranker_attention_backward_op(q, k, v, out, lse, dout.contiguous(), bounds, softmax_scale, cap,
+                                              cap_method, cu_seqlens, max_seqlen)
+    return dq, dk, dv, None, None, None, None, None, None
 
-    @staticmethod
-    def forward(ctx, q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
-        out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
-        ctx.save_for_backward(q, k, v, out, lse, bounds, cu_seqlens)
-        ctx.scalars = (softmax_scale, cap, cap_method, max_seqlen)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        # the kernels are not differentiable: a backward that builds a graph (create_graph=True) raises
-        # instead of returning gradients whose own gradient would silently miss the attention's terms
-        # (torch's once_differentiable raises only when the incoming gradient requires grad)
-        if torch.is_grad_enabled():
-            raise RuntimeError("ranker_attention has no double backward: its backward kernels are not "
-                               "differentiable; call backward() / autograd.grad() without create_graph=True")
-        q, k, v, out, lse, bounds, cu_seqlens = ctx.saved_tensors
-        softmax_scale, cap, cap_method, max_seqlen = ctx.scalars
-        dq, dk, dv = ranker_attention_backward_op(q, k, v, out, lse, dout.contiguous(), bounds, softmax_scale, cap,
-                                                  cap_method, cu_seqlens, max_seqlen)
-        return dq, dk, dv, None, None, None, None, None, None
+def register(op) -> None:
+    """Make the forward op (``ranker_fwd._ranker_op.op``) differentiable in q, k and v."""
+    op.register_autograd(_backward, setup_context=_setup_context)

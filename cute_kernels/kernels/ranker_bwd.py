@@ -54,8 +54,9 @@ head) happen in a fixed order, each waiting on an int32 semaphore (acquire spin 
 bumping it after its add has completed (release); the default adds in arrival order (not bitwise
 reproducible; dK, dV with a GQA group per CTA are: no adds in memory).
 
-Autograd: :func:`cute_kernels.ranker_attention` is differentiable through
-:class:`.ranker_autograd.RankerAttentionFunction`, which calls this backward.
+Autograd: this backward's op is registered as the gradient of the forward op
+``cute_kernels::ranker_attention_fwd`` (:mod:`.ranker_autograd`), so :func:`cute_kernels.ranker_attention`
+is differentiable.
 """
 
 from __future__ import annotations
@@ -1183,7 +1184,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
     GQA dK/dV from float32 accumulators when the mainloop ran one query head per CTA, candidate self
     terms); see the module docstring (GQA: :func:`resolve_gqa_group` picks a group per CTA or one
-    query head per CTA).  While torch.compile / make_fx trace,
+    query head per CTA).  While torch.compile / make_fx trace, and on meta tensors (output shapes only),
     the call goes through the registered op ``torch.ops.cute_kernels.ranker_attention_bwd`` (its fake
     checks the pointer-free rules); ``dq``/``dk``/``dv`` and ``config`` are eager-only: on fake/meta
     tensors (make_fx, FakeTensorMode) they are a ValueError; under torch.compile with
@@ -1194,7 +1195,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     """
     deterministic = check_bool("deterministic", deterministic)  # (a numpy bool as a bool, for the op's schema)
     eager_only = dq is not None or dk is not None or dv is not None or config is not None
-    if tracing() and not eager_only:  # torch.compile / make_fx / FakeTensorMode: the registered op, which they see
+    if (tracing() or without_data(q)) and not eager_only:  # traced or meta tensors: the registered op (its fake)
         return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
                                             cu_seqlens, max_seqlen, deterministic)
     if eager_only and (torch.compiler.is_compiling() or without_data(q)):
@@ -1228,6 +1229,9 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         max_seqlen, _ = _varlen_extent(q, cu_seqlens, seq, max_seqlen)
     else:
         max_seqlen = seq
+    rows = padded_rows(seq, nb, cfg.tile_m, varlen)
+    row_shape = (hq, rows) if varlen else (nb, hq, rows)
+    check_accum_extent(row_shape, d)  # (before the varlen zeroing below: no buffer written, then an error)
     dq = dq if dq is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = dk if dk is not None else torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = dv if dv is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -1238,9 +1242,6 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         for t in (dq, dk, dv):
             t.zero_()
         return dq, dk, dv
-    rows = padded_rows(seq, nb, cfg.tile_m, varlen)
-    row_shape = (hq, rows) if varlen else (nb, hq, rows)
-    check_accum_extent(row_shape, d)
     lse2 = torch.empty(row_shape, dtype=torch.float32, device=q.device)
     dpsum = torch.empty(row_shape, dtype=torch.float32, device=q.device)
     dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)

@@ -64,6 +64,7 @@ from ..runtime.validate import (check_config_fields, check_extent, check_float_t
                                 F32_MAX, check_bool, check_int, check_real, validated_once)
 from ..tuning import register_memo, tuned_config
 from . import sm90_helpers as sm90
+from . import ranker_autograd
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
 
 NAME = "ranker_fwd"
@@ -973,8 +974,8 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         if k.shape[0] != nb or k.shape[1] != seq:
             raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share batch and sequence sizes")
     if varlen and isinstance(bounds, torch.Tensor) and bounds.dim() == 2 and bounds.shape[0] != nb:
-        raise ValueError(f"bounds has {bounds.shape[0]} rows but cu_seqlens has {nb + 1} entries "
-                         f"(B + 1 = {nb + 1}); they must agree")
+        raise ValueError(f"bounds has {bounds.shape[0]} rows; cu_seqlens has {nb + 1} entries, i.e. B = {nb} "
+                         f"sequences, so bounds must have {nb} rows (one per sequence)")
     check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
     if not bounds.is_contiguous():
@@ -1140,6 +1141,9 @@ def _ranker_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.
     return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
 
 
+ranker_autograd.register(_ranker_op.op)
+
+
 def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
                      cu_seqlens=None, max_seqlen=None):
     """Ranker attention forward (history + candidates mask) on Hopper.
@@ -1176,9 +1180,11 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     else the shipped ``CONFIGS[D]``; ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.
     Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
-    non-deterministic mode); ``lse`` is not differentiable.  A 256 head dim raises ``ValueError``
-    in ``backward()`` (under torch.compile, which traces the backward with the forward: when the
-    differentiable call is compiled).
+    non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is not
+    differentiable.  A 256 head dim raises ``ValueError`` in ``backward()`` (under torch.compile,
+    which traces the backward with the forward: when the differentiable call is compiled).
+    ``torch.func`` transforms (grad, vmap) are not supported (torch's custom ops refuse them).
+    Meta tensors: the op's fake gives the outputs' shapes (the argument checks run; no launch).
     Returns:
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
@@ -1197,15 +1203,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         ``Unsupported``); without ``fullgraph`` or eagerly, as listed.
     """
     return_lse = check_bool("return_lse", return_lse)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
-        from .ranker_autograd import RankerAttentionFunction  # the backward's modules load on first use
-
-        if torch.compiler.is_compiling():  # Dynamo refuses one tensor as two inputs of a Function: views
-            k = k.view_as(k) if k is q else k
-            v = v.view_as(v) if v is q or v is k else v
-        out, lse = RankerAttentionFunction.apply(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens,
-                                                 max_seqlen)
-    elif tracing():
+    if (tracing() or getattr(q, "is_meta", False)
+            or torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))):
+        # the registered op: seen by torch.compile / make_fx, differentiable (ranker_autograd), meta tensors
+        # through its fake (shapes only)
         out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     else:  # eager without grad: what the op's fast path would run (its grad re-check skipped: ~2 us)
         out, lse = _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)

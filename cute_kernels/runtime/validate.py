@@ -41,7 +41,8 @@ def check_tensor(
     Raises:
         TypeError: not a tensor, not dense (sparse layouts), or wrong dtype.
         ValueError: wrong rank, shape, device, stride (a broadcast view, stride 0 in a dim of size > 1,
-            included) or alignment.
+            included) or alignment; the stride and alignment rules are skipped for an empty tensor (no
+            element is read or written: e.g. the expanded gradient of an empty output).
         RuntimeError: the tensor's GPU is not a Hopper (sm_90) GPU.
     """
     if not isinstance(t, torch.Tensor):
@@ -64,6 +65,8 @@ def check_tensor(
         if t.device.type != "cuda":
             raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
         check_device(t.device)
+    if t.numel() == 0:  # no element to read or write (an empty gradient may come with strides 0): layout is moot
+        return
     if last_dim_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
     for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
