@@ -84,9 +84,9 @@ class _EagerFastPath:
                                 f"got {type(v).__name__}")
 
     def __call__(self, *args, **kwargs):
-        # meta tensors (first argument on the "meta" device): the op, whose fake gives the output shapes
-        if tracing() or (args and getattr(args[0], "is_meta", False)) or (
-                self.grad_via_op and _requires_grad(args, kwargs)):
+        # meta tensors (the first argument on the "meta" device): the op, whose fake gives the output shapes
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        if tracing() or getattr(first, "is_meta", False) or (self.grad_via_op and _requires_grad(args, kwargs)):
             self.check_tensor_types(args, kwargs)
             if not self.grad_via_op and _requires_grad(args, kwargs):  # eager: the impl raises the same
                 raise RuntimeError(f"cute_kernels::{self.name} works in place and has no backward: call it on "
