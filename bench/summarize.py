@@ -40,6 +40,9 @@ def table(records: list[dict]) -> str:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        raise SystemExit(0)
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     try:

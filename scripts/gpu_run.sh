@@ -1,25 +1,46 @@
 #!/usr/bin/env bash
 # Runs everything GPU-side on a GPU machine, from the source tree (no install, no network):
 #   scripts/gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]
-# (all = tests, check, bench and notebooks; sanitize runs on its own)
+#   (all = tests, check, bench and notebooks; sanitize runs on its own: compute-sanitizer memcheck and
+#   racecheck over the small-launch scripts tests/gpu/sanitize_*.py and qknorm_sanitize_case.py, which
+#   launch every kernel at small shapes; the multi-GPU TP plan is scripts/tp_qknorm_multigpu.py)
 # On the project's H200 through the device tool:
 #   bash ../shared/device/stage.sh --peers         # once per checkout: the DSL kit (+ benchmark peers)
 #   run: carry [".devkit"], command "source .devkit/prelude.sh && CUTE_KERNELS_COMMIT=<sha> bash scripts/gpu_run.sh $OUT all"
-#   (the device copy has no .git: pass the commit so the records carry it)
+#   (the device copy's git metadata is not the checkout's: pass the commit so the records carry it)
 # Writes into OUTDIR: pytest logs and junit XML, check.txt, bench.json (records with date, GPU, commit),
 # sanitizer logs. Copy bench.json into bench/results/ to back a claim in the README.
 set -uo pipefail
-out=${1:?usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]}
-what=${2:-all}
+usage="usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]"
+if [[ $# == 0 || ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; echo "$usage"; [[ $# == 0 ]] && exit 2; exit 0
+fi
+out=$1; shift
+if [[ $out == -* ]]; then echo "gpu_run.sh: OUTDIR first ($usage)" >&2; exit 2; fi
+what=all
+if [[ $# -gt 0 && $1 != --* ]]; then what=$1; shift; fi
 case $what in
   tests|check|bench|sanitize|notebooks|all) ;;
   *) echo "gpu_run.sh: unknown mode '$what' (tests, check, bench, sanitize, notebooks or all; all leaves out" \
           "sanitize)" >&2; exit 2 ;;
 esac
-shift $(( $# >= 2 ? 2 : 1 ))
 kernel_args=("$@")
+kernel=
+if [[ $# -gt 0 ]]; then
+  if [[ $1 == --kernel && -n ${2:-} && $# == 2 ]]; then kernel=$2
+  else echo "gpu_run.sh: unexpected arguments '$*' ($usage)" >&2; exit 2; fi
+fi
 tests=(tests/gpu)
-if [[ ${1:-} == --kernel && -n ${2:-} ]]; then tests=(tests/gpu/test_${2}_gpu.py); fi
+sanitize_scripts=(tests/gpu/sanitize_ranker_fwd.py tests/gpu/sanitize_ranker_bwd.py tests/gpu/sanitize_hc_mix.py
+                  tests/gpu/qknorm_sanitize_case.py)
+if [[ -n $kernel ]]; then
+  tests=(tests/gpu/test_${kernel}_gpu.py)
+  case $kernel in
+    ranker_fwd|ranker_bwd|hc_mix) sanitize_scripts=(tests/gpu/sanitize_${kernel}.py) ;;
+    qknorm|qknorm_tp) sanitize_scripts=(tests/gpu/qknorm_sanitize_case.py) ;;
+    *) sanitize_scripts=() ;;
+  esac
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
@@ -51,12 +72,14 @@ if [[ $what == notebooks || $what == all ]]; then
   done
 fi
 if [[ $what == sanitize ]]; then
-  # small shapes only: CUTE_KERNELS_SMALL=1 lets GPU tests shrink themselves
-  for tool in memcheck racecheck; do
-    CUTE_KERNELS_SMALL=1 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
-      python3 -m pytest -q -p no:cacheprovider -x "${tests[@]}" > "$out/sanitize-$tool.log" 2>&1
-    rc=$?; echo "$tool exit $rc"; tail -5 "$out/sanitize-$tool.log"
-    [[ $rc == 0 ]] || status=1
+  # the small-launch scripts (every kernel and schedule at small shapes), each under memcheck and racecheck
+  for script in "${sanitize_scripts[@]}"; do
+    for tool in memcheck racecheck; do
+      log="$out/sanitize-$tool-$(basename "$script" .py).log"
+      compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 python3 "$script" > "$log" 2>&1
+      rc=$?; echo "$tool $script exit $rc"; tail -3 "$log"
+      [[ $rc == 0 ]] || status=1
+    done
   done
 fi
 exit $status

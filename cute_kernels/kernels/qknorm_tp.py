@@ -50,8 +50,8 @@ launch is not enqueued yet, the wait ends at the timeout.  Launch every kernel o
 or set ``CUDA_MODULE_LOADING=EAGER`` (the same holds for any custom all-reduce).
 
 Measured through the one-GPU emulation (H200, Q=4096, K=1024, bf16, all ranks' kernels of one call in
-one CUDA graph): G=4: 5.4 us (N=1), 5.6 (N=64), 8.0 (N=512), 43 (N=4096), 91 (N=8192); G=2 / G=8 at
-N=64: 4.8 / 7.7 us.  The unfused torch path (sums, summed across ranks, scale) is 25-40x slower there.
+one CUDA graph; 2026-11-29, before the exchange fixes e42e842 and 06f824b, not re-measured): G=4: 5.4 us
+(N=1), 5.6 (N=64), 8.0 (N=512), 43 (N=4096), 91 (N=8192); G=2 / G=8 at N=64: 4.8 / 7.7 us.  The unfused torch path (sums, summed across ranks, scale) is 25-40x slower there.
 """
 
 from __future__ import annotations
@@ -349,8 +349,8 @@ class ParallelQKNorm:
         q_dim, k_dim: positive ints, the full sizes Q and K: divisible by G, per-rank widths
             ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32); checked before any
             collective.  Groups of more than 8 ranks always take the unfused path.
-            GPU-tested: Q in {4096, 6144}, K=1024: G in {2, 4, 8} emulated on one GPU (this kernel), and
-            G=2 on two GPUs (the previous version of the exchange, one 64-bit word per slot).
+            GPU-tested: Q in {4096, 6144}, K=1024: G in {2, 4, 8} emulated on one GPU, and G=2 on two GPUs
+            (the full 2-GPU plan at this kernel's exchange, session 5: bench/results/tp_qknorm_2gpu_s5/).
         dtype: float16, bfloat16 or float32 (q, k and the weights).
         timeout_s: real number of seconds, finite, > 0 and within int64 nanoseconds: how long a rank
             waits for a peer before the launch gives up and flags an error.

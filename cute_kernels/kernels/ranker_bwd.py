@@ -1152,7 +1152,11 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
 def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh",
                               cu_seqlens=None, max_seqlen=None, *, dq=None, dk=None, dv=None,
                               config: Optional[RankerBwdConfig] = None, deterministic: bool = False):
-    """Gradients of :func:`.ranker_fwd.ranker_attention` with respect to q, k, v (issue 4, seed 004).
+    """Gradients of :func:`.ranker_fwd.ranker_attention` with respect to q, k, v (issue 4): FlashAttention's
+    backward (Dao 2023, arXiv 2307.08691; the Hopper form of FlashAttention-3, Shah et al. 2024, arXiv
+    2407.08608, whose dK/dV epilogue is the project's seed 004) with the ranker mask and the cap's
+    derivative: ``dS = P * (dP - rowsum(dO * O)) * cap'(s)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``,
+    ``dV = P^T dO``.
 
     GPU-tested on the H200 (``tests/gpu/test_ranker_bwd_gpu.py``: float64 reference gradients over
     head dims, GQA, caps, varlen, odd and empty segments; the deterministic mode bitwise).
@@ -1173,8 +1177,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
         config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
         ``deterministic=True`` (or a config with ``deterministic=True``) for ordered adds (same bits
-        on every run; measured 6-15% slower at D=128 (12% at the headline shape) and 15% at D=64
-        without a cap (bench/results/2026-11-30_h200_ranker_bwd_s10.md)).
+        on every run; in time 5-14% slower than the default over the bench shapes: 12.5% at the
+        headline, 14.4% at D=64, 8.9% with the tanh cap; bench/results/2026-11-30_h200_ranker_bwd_s12.md).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,

@@ -9,8 +9,8 @@ give ``out = 0`` and ``lse = -inf``.  ``lse [B, Hq, S]`` float32 is in natural-l
 Bounds are clamped to ``[0, S]`` (see :mod:`.ranker_mask`), never rejected.
 
 Kernel design.  Work is a list of tiles (q tile of ``tile_m`` rows, query head, batch row), m-block
-fastest; a CTA takes tiles ``c, c + gridDim.x, ...``: one tile per CTA, or (``persistent``, the D=128
-default) one CTA per SM looping over tiles with the pipelines, named barriers and a separate sO carried
+fastest; a CTA takes tiles ``c, c + gridDim.x, ...``: one tile per CTA, or (``persistent``, every shipped
+D=64 / D=128 config) one CTA per SM looping over tiles with the pipelines, named barriers and a separate sO carried
 across tiles, so the producer loads the next tile while the consumers finish the last.  3 or 4
 warpgroups:
 
@@ -30,13 +30,15 @@ warpgroups:
 Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
 the online softmax after the history loop as a per-row dot product ``q_i . k_i`` and ``v_i``; there
-are no diagonal tiles.  Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
+are no diagonal tiles.  ``prefetch_self_kv`` (the D=128 config without a cap): the producer
+TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term then reads.  Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
-Measured on the H200 (bench/results/2026-11-30_h200_ranker_fwd_s9_final.md, useful TFLOP/s, bf16, same
-run, ours / FA4 + mask_mod): headline B=4, history 4096 + 512 candidates, 16 heads, D=128: 606 / 616;
-tanh cap 509 / 292; GQA 16/4 613 / 615; D=64 468 / 444; B=1 16K + 1K 635 / 639; B=16 1K + 256: 508 /
-532; B=8 2K + 2K (H=8): 546 / 580.
+Measured on the H200 at the shipped configs (bench/results/2026-11-30_h200_ranker_fwd_s11.md, the last
+full bench with every peer; useful TFLOP/s, bf16, same run, ours / FA4 + mask_mod): headline B=4, history
+4096 + 512 candidates, 16 heads, D=128: 599 / 604; tanh cap 506 / 292; GQA 16/4 608 / 604; D=64 462 /
+436; B=1 16K + 1K 634 / 633; B=16 1K + 256: 524 / 510; B=8 2K + 2K (H=8): 561 / 538 (that machine start
+ran ~5% slow; the probes of sessions 10-17 put the headline at 597-654).
 """
 
 from __future__ import annotations
@@ -1035,9 +1037,10 @@ _OVERRIDES: dict[int, "RankerFwdConfig"] = {}
 def use_config(config: "RankerFwdConfig"):
     """Within the ``with`` block, :func:`ranker_attention` runs inputs of ``config.head_dim`` with
     ``config`` instead of the tuned or shipped one (to try a new tile shape without editing the
-    module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``ValueError`` (from
-    ``config.validate()``) before the block for a config that does not fit.  Process-wide, not
-    thread-safe; blocks nest."""
+    module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``TypeError`` for anything but a
+    :class:`RankerFwdConfig` and ``ValueError`` (from ``config.validate()``; ``TypeError`` for wrongly
+    typed fields) before the block for a config that does not fit.  Process-wide, not thread-safe;
+    blocks nest."""
     if not isinstance(config, RankerFwdConfig):
         raise TypeError(f"use_config takes a RankerFwdConfig, got {type(config).__name__}")
     config.validate()
@@ -1149,8 +1152,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     """Ranker attention forward (history + candidates mask) on Hopper.
 
     Query ``i`` attends key ``j`` iff ``(j in history and (i in history or i in candidates))``
-    ``or (i in candidates and j == i)`` (seed 002, issue 3).  Scores ``s = softmax_scale * q.k``,
-    then the optional cap, then the mask; softmax over admitted keys; ``out = P @ v``.
+    ``or (i in candidates and j == i)`` (the ranker attention of the project's seed 002, a JAX
+    Pallas/Mosaic-GPU kernel for recommender rankers; issue 3).  Scores ``s = softmax_scale * q.k``,
+    then the optional cap, then the mask; softmax over admitted keys; ``out = P @ v``.  The kernel is
+    a FlashAttention-3-style warp-specialized online softmax (Shah et al. 2024, arXiv 2407.08608).
 
     Args:
         q: ``[B, S, Hq, D]`` (or packed ``[T, Hq, D]`` with ``cu_seqlens``), bfloat16/float16, CUDA,
@@ -1183,7 +1188,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is not
     differentiable.  A 256 head dim raises ``ValueError`` in ``backward()`` (under torch.compile,
     which traces the backward with the forward: when the differentiable call is compiled).
-    ``torch.func`` transforms (grad, vmap) are not supported (torch's custom ops refuse them).
+    ``torch.func`` transforms are not supported (grad / vjp: torch's custom-op autograd refuses them with
+    a RuntimeError; vmap: batched tensors reach the implementation and fail there).
     Meta tensors: the op's fake gives the outputs' shapes (the argument checks run; no launch).
     Returns:
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``

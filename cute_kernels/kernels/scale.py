@@ -142,6 +142,9 @@ def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
     Raises:
         TypeError: wrong dtype; alpha not a real number.  ValueError: not CUDA, not contiguous,
         misaligned, bad length (including ``numel >= 2**31``); alpha not finite in float32.
+        RuntimeError: in ``backward()`` when ``x`` required grad (the op has no autograd formula: torch
+        raises rather than dropping the gradient).
+    The foundation kernel (the pipeline every other kernel uses): a plain elementwise product, no paper.
     """
     return _scale_impl(x, alpha)
 
