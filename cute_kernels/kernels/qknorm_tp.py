@@ -799,15 +799,25 @@ def bench_shapes(shapes: str | None) -> None:
     no_spec(NAME, shapes, 'G = 2, 4, 8 emulated on one GPU')
 
 
+# Emulated ranks inside ONE CUDA graph need the graph's G branches to run concurrently, which CUDA does
+# not promise: G = 8 timed out in every graph replay once G = 2 and 4 had been benchmarked in the same
+# process (and passed alone); G = 2, 4 and every eager G ran (H200, session 17,
+# bench/results/logs/2026-11-30_s17_qknorm_tp_bench_g8_graph.log).  Real ranks each capture their own graph
+# on their own GPU, which this does not concern.
+GRAPH_MAX_EMULATED_G = 4
+
+
 def bench(shapes: str | None = None) -> list[dict]:
-    """Emulated G ranks on one GPU: fused push-buffer kernel vs the unfused path, per call."""
+    """Emulated G ranks on one GPU: fused push-buffer kernel vs the unfused path, per call (CUDA graph and
+    eager; the fused kernel in a graph for G <= :data:`GRAPH_MAX_EMULATED_G` only).  A peer timeout is
+    recorded as that record's ``error`` (the ranks are reset) instead of ending the bench."""
     bench_shapes(shapes)
     from ..runtime.timing import cuda_time_us
 
     recs = []
     q_dim, k_dim, dtype = 4096, 1024, torch.bfloat16
     for world in (2, 4, 8):
-        ranks = ParallelQKNorm.emulated(world, 8192, q_dim, k_dim, dtype)
+        ranks = ParallelQKNorm.emulated(world, 8192, q_dim, k_dim, dtype, timeout_s=3.0)
         streams = [torch.cuda.Stream() for _ in range(world)]
         for n in (1, 8, 64, 512, 4096, 8192):
             qs = [torch.randn(n, q_dim // world, device="cuda", dtype=dtype) for _ in range(world)]
@@ -818,10 +828,19 @@ def bench(shapes: str | None = None) -> list[dict]:
                      ("torch_unfused", lambda: unfused_emulated_step(ranks, qs, ks, wqs, wks, 1e-6)))
             for impl, fn in impls:
                 for graph in (True, False):
-                    t = cuda_time_us(fn, graph=graph)
-                    recs.append(dict(kernel=NAME, impl=impl, shape=dict(g=world, n=n, q=q_dim, k=k_dim,
-                                                                         dtype="bfloat16", emulated=True),
-                                     mode="graph" if graph else "eager", time_us=t))
-        for r in ranks:
-            r.check_error()
+                    if graph and impl == "cute_kernels_fused" and world > GRAPH_MAX_EMULATED_G:
+                        continue
+                    rec = dict(kernel=NAME, impl=impl, shape=dict(g=world, n=n, q=q_dim, k=k_dim, dtype="bfloat16",
+                                                                 emulated=True), mode="graph" if graph else "eager")
+                    try:
+                        rec["time_us"] = cuda_time_us(fn, graph=graph)
+                        torch.cuda.synchronize()
+                        for r in ranks:
+                            r.check_error()
+                    except PeerTimeoutError as exc:
+                        rec.pop("time_us", None)
+                        rec["error"] = repr(exc)[:200]
+                        for r in ranks:
+                            r.reset()
+                    recs.append(rec)
     return recs
