@@ -50,8 +50,11 @@ launch is not enqueued yet, the wait ends at the timeout.  Launch every kernel o
 or set ``CUDA_MODULE_LOADING=EAGER`` (the same holds for any custom all-reduce).
 
 Measured through the one-GPU emulation (H200, Q=4096, K=1024, bf16, all ranks' kernels of one call in
-one CUDA graph; 2026-11-29, before the exchange fixes e42e842 and 06f824b, not re-measured): G=4: 5.4 us
-(N=1), 5.6 (N=64), 8.0 (N=512), 43 (N=4096), 91 (N=8192); G=2 / G=8 at N=64: 4.8 / 7.7 us.  The unfused torch path (sums, summed across ranks, scale) is 25-40x slower there.
+one CUDA graph; session 17 at the current code, bench/results/2026-11-30_h200_qknorm_tp_emulated_s17.json:
+G=2 4.7 us (N=1), 5.5 (N=64), 94 (N=8192); G=4 5.3, 6.4, 93; G=8 only eagerly (see
+:data:`GRAPH_MAX_EMULATED_G`).  Earlier (2026-11-29, before the exchange fixes e42e842 and
+06f824b): G=4 5.4 us (N=1), 5.6 (N=64), 8.0 (N=512), 43 (N=4096), 91 (N=8192); G=2 / G=8 at N=64:
+4.8 / 7.7 us.  The unfused torch path (sums, summed across ranks, scale) is 8-27x slower there.
 """
 
 from __future__ import annotations
