@@ -235,3 +235,27 @@ def test_meta_tensors_take_the_ops_fakes():
     assert cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6) is None
     with pytest.raises(TypeError, match="dtype"):
         cute_kernels.qk_rmsnorm_(q, k, wq.float(), wk, 1e-6)
+
+
+def test_torch_func_transforms_are_refused_clearly():
+    """Under torch.func (grad, vmap) every public function raises NotImplementedError naming torch.func, before
+    any other check (torch's own errors there speak of setup_context or data pointers)."""
+    bf = torch.bfloat16
+    b = torch.tensor([[0, 8, 8, 16]], dtype=torch.int32)
+    q, k = torch.randn(1, 16, 2, 64, dtype=bf), torch.randn(1, 16, 2, 64, dtype=bf)
+    x, w, sc, base = torch.randn(2, 4, 64, dtype=bf), torch.randn(24, 64), torch.rand(3), torch.randn(24)
+    qq, kk = torch.randn(4, 128, dtype=bf), torch.randn(4, 64, dtype=bf)
+    wq, wk = torch.ones(128, dtype=bf), torch.ones(64, dtype=bf)
+    calls = [
+        lambda: torch.func.grad(lambda t: cute_kernels.ranker_attention(t, k, k, b).float().sum())(q),
+        lambda: torch.func.grad(lambda t: cute_kernels.ranker_attention(q, t, k, b).float().sum())(k),
+        lambda: torch.func.vmap(lambda t: cute_kernels.ranker_attention(t, k, k, b))(q[None].expand(3, -1, -1, -1, -1)),
+        lambda: torch.func.vmap(lambda t: cute_kernels.hc_mix_sinkhorn(t, w, sc, base))(x),
+        lambda: torch.func.vmap(lambda a: cute_kernels.qk_rmsnorm_(a, kk, wq, wk, 1e-6))(qq[None].expand(2, -1, -1)),
+        lambda: torch.func.grad(lambda t: cute_kernels.scale(t, 2.0).float().sum())(torch.randn(16)),
+        lambda: torch.func.vmap(lambda t: cute_kernels.ranker_attention_backward(t, k, k, t, torch.zeros(1, 2, 16), t, b)
+                                )(q[None].expand(2, -1, -1, -1, -1)),
+    ]
+    for call in calls:
+        with pytest.raises(NotImplementedError, match="torch.func"):
+            call()

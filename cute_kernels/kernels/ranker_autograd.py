@@ -5,11 +5,12 @@ gradient of the forward op ``torch.ops.cute_kernels.ranker_attention_fwd`` (``to
 So every way of calling the forward differentiates: :func:`cute_kernels.ranker_attention` (which takes
 the op whenever grad mode is on and q, k or v requires grad; without grad it calls the implementation
 directly, no autograd bookkeeping), ``torch.ops.cute_kernels.ranker_attention_fwd`` itself (an exported
-or traced graph) and ``torch.compile(fullgraph=True)``; not ``torch.func`` transforms (grad / vjp: torch's
-custom-op autograd refuses them; vmap: batched tensors reach the implementation and fail there).  ``bounds``, ``cu_seqlens`` and the returned ``lse`` are not differentiable.  The backward keeps q, k, v, out and lse alive and
-launches :func:`.ranker_bwd.ranker_attention_backward`'s op in its default (non-deterministic) mode
-(head dims 64 and 128: a 256 head dim raises ``ValueError`` in ``backward()``; under torch.compile,
-when the call is compiled).  Its modules load on the first backward.
+or traced graph) and ``torch.compile(fullgraph=True)``; not ``torch.func`` transforms
+(``NotImplementedError``: torch's custom-op autograd refuses grad / vjp, and the kernels have no vmap
+rule).  ``bounds``, ``cu_seqlens`` and the returned ``lse`` are not differentiable.  The backward keeps
+q, k, v, out and lse alive and launches :func:`.ranker_bwd.ranker_attention_backward`'s op in its
+default (non-deterministic) mode (head dims 64 and 128: a 256 head dim raises ``ValueError`` in
+``backward()``; under torch.compile, when the call is compiled).  Its modules load on the first backward.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op, tracing, without_data
+from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
 from ..runtime.validate import (INT32_MAX, check_bool, check_config_fields, check_extent, check_outputs_disjoint,
                                 check_same_device, check_tensor)
 from . import sm90_helpers as sm90
@@ -1198,6 +1198,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     FlopCounterMode, such a call runs the eager implementation.
     """
     deterministic = check_bool("deterministic", deterministic)  # (a numpy bool as a bool, for the op's schema)
+    refuse_func_transforms("ranker_attention_backward", q, k, v, out, lse, dout)
     eager_only = dq is not None or dk is not None or dv is not None or config is not None
     if (tracing() or without_data(q)) and not eager_only:  # traced or meta tensors: the registered op (its fake)
         return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,

@@ -61,7 +61,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op, tracing
+from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
                                 F32_MAX, check_bool, check_int, check_real, validated_once)
 from ..tuning import register_memo, tuned_config
@@ -1188,8 +1188,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is not
     differentiable.  A 256 head dim raises ``ValueError`` in ``backward()`` (under torch.compile,
     which traces the backward with the forward: when the differentiable call is compiled).
-    ``torch.func`` transforms are not supported (grad / vjp: torch's custom-op autograd refuses them with
-    a RuntimeError; vmap: batched tensors reach the implementation and fail there).
+    ``torch.func`` transforms (grad, vjp, vmap, ...) are not supported: ``NotImplementedError`` (torch's
+    custom ops support neither their autograd nor batching for these kernels).
     Meta tensors: the op's fake gives the outputs' shapes (the argument checks run; no launch).
     Returns:
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
@@ -1209,6 +1209,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         ``Unsupported``); without ``fullgraph`` or eagerly, as listed.
     """
     return_lse = check_bool("return_lse", return_lse)
+    refuse_func_transforms("ranker_attention", q, k, v)
     if (tracing() or getattr(q, "is_meta", False)
             or torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))):
         # the registered op: seen by torch.compile / make_fx, differentiable (ranker_autograd), meta tensors

@@ -28,6 +28,25 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
 
 
+try:  # private, so looked up once and optional: without them the check below is skipped
+    _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    _transform_active = torch._C._functorch.peek_interpreter_stack  # None outside every torch.func transform
+except AttributeError:  # pragma: no cover (a torch without functorch's C API)
+    _is_functorch_wrapped = _transform_active = None
+
+
+def refuse_func_transforms(name: str, *args) -> None:
+    """``NotImplementedError`` when one of ``args`` is a tensor wrapped by a ``torch.func`` transform (grad, vjp,
+    vmap, jacrev...): the kernels take raw CUDA buffers, and torch's custom ops support neither those
+    transforms' autograd (grad / vjp) nor batching rules (vmap) for them, so the call would otherwise
+    fail deeper with an unrelated message (``setup_context``, "no data pointer", "not on a CUDA device")."""
+    if _transform_active is None or _transform_active() is None:  # the common case: one C call
+        return
+    if any(isinstance(t, torch.Tensor) and _is_functorch_wrapped(t) for t in args):
+        raise NotImplementedError(f"cute_kernels.{name} does not support torch.func transforms (grad, vjp, vmap, "
+                                  "...): call it outside them (for gradients, use .backward() / torch.autograd.grad)")
+
+
 def without_data(t) -> bool:
     """True for a tensor that has no data to launch a kernel on: a fake tensor (FakeTensorMode, torch.compile
     tracing) or one on the "meta" device."""
@@ -86,6 +105,7 @@ class _EagerFastPath:
     def __call__(self, *args, **kwargs):
         # meta tensors (the first argument on the "meta" device): the op, whose fake gives the output shapes
         first = args[0] if args else next(iter(kwargs.values()), None)
+        refuse_func_transforms(self.name, *args, *kwargs.values())
         if tracing() or getattr(first, "is_meta", False) or (self.grad_via_op and _requires_grad(args, kwargs)):
             self.check_tensor_types(args, kwargs)
             if not self.grad_via_op and _requires_grad(args, kwargs):  # eager: the impl raises the same
