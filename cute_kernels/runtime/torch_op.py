@@ -40,8 +40,8 @@ def refuse_func_transforms(name: str, *args) -> None:
     vmap, jacrev...): the kernels take raw CUDA buffers, and torch's custom ops support neither those
     transforms' autograd (grad / vjp) nor batching rules (vmap) for them, so the call would otherwise
     fail deeper with an unrelated message (``setup_context``, "no data pointer", "not on a CUDA device")."""
-    if _transform_active is None or _transform_active() is None:  # the common case: one C call
-        return
+    if torch.compiler.is_compiling() or _transform_active is None or _transform_active() is None:
+        return  # Dynamo cannot trace these C calls (a graph break); eagerly, the common case is one C call
     if any(isinstance(t, torch.Tensor) and _is_functorch_wrapped(t) for t in args):
         raise NotImplementedError(f"cute_kernels.{name} does not support torch.func transforms (grad, vjp, vmap, "
                                   "...): call it outside them (for gradients, use .backward() / torch.autograd.grad)")
