@@ -337,7 +337,12 @@ def main(argv=None) -> int:
         os.environ["CUTE_DSL_ARCH"] = args.arch
     import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass loads)
 
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except BrokenPipeError:  # output piped into e.g. `head`, which closed early: not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second BrokenPipeError when Python flushes stdout at exit
+        return 0
 
 
 if __name__ == "__main__":

@@ -494,3 +494,27 @@ def test_readme_names_the_smem_limit_each_report_uses():
     for report, limit in limits.items():
         row = [line for line in readme.splitlines() if line.startswith(f"| `{report}` | {limit} B")]
         assert len(row) == 1, (report, limit)
+
+
+def test_session_17_tile_shape_review():
+    """A newcomer adding a tile shape (session 17): setmaxnreg's range is checked in validate() (the compiler
+    rejected 8/16 with an MLIR error), the backward's smem rejection lists its buffers and names the lever,
+    the ranker layouts refuse dtypes the kernels do not take, and the backward budget names the LSE/dPsum
+    staging buffers instead of counting them as alignment."""
+    import dataclasses
+
+    from cute_kernels.kernels import ranker_bwd as rb, ranker_fwd as rf
+    from cute_kernels.layouts import kernel_layouts as kl
+
+    for cfg in (dataclasses.replace(rf.CONFIGS[128], producer_regs=8, consumer_regs=248),
+                dataclasses.replace(rb.CONFIGS[128], producer_regs=16)):
+        with pytest.raises(ValueError, match=r"setmaxnreg takes a multiple of 8 in \[24, 256\]"):
+            cfg.validate()
+    with pytest.raises(ValueError, match=r"sdS|dS\^T buffers.*lower ds_stages"):
+        dataclasses.replace(rb.CONFIGS[128], tile_m=80).validate()
+    for fn in (kl.ranker_fwd_layouts, kl.ranker_bwd_layouts):
+        with pytest.raises(ValueError, match="bf16 or fp16"):
+            fn(None, "fp32")
+    budget = kl.ranker_bwd_layouts().budget
+    assert any(k.startswith("sLSE + sdPsum") for k in budget.buffers)
+    assert budget.total == rb.CONFIGS[128].smem_bytes()

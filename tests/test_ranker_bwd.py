@@ -172,7 +172,7 @@ def test_configs_validate():
 
     base = rb.CONFIGS[128]
     for kw, msg in ((dict(head_dim=256), "head dims"), (dict(tile_n=64), "tile_n"), (dict(stages=9), "stages"),
-                    (dict(mma_regs=250), "multiples of 8"),
+                    (dict(mma_regs=250), "multiple of 8"), (dict(producer_regs=16), r"multiple of 8 in \[24, 256\]"),
                     (dict(tile_m=128), "accumulator registers"), (dict(ds_stages=3), "ds_stages"),
                     (dict(tile_m=80, stages=3), "shared memory"),
                     (dict(dq_first=False, dk_from_smem=True), "dk_from_smem needs dq_first"),

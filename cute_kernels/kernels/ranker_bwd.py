@@ -194,7 +194,8 @@ class RankerBwdConfig:
         if self.tile_n != 64 * self.mma_wgs:
             raise ValueError(f"tile_n={self.tile_n}: must be 64 (WGMMA M) x mma_wgs = {64 * self.mma_wgs}")
         if self.tile_m not in (64, 80, 128):
-            raise ValueError(f"tile_m={self.tile_m}: must be 64, 80 or 128 (WGMMA N of S^T, K of dK/dV)")
+            raise ValueError(f"tile_m={self.tile_m}: the backward is built and tested for 64, 80 (with dq_swap_ab) "
+                             "or 128 q rows per step (the LSE/dPsum staging and the dQ reduce-add assume them)")
         if self.dq_swap_ab and self.head_dim != 64 * self.mma_wgs:
             raise ValueError(f"dq_swap_ab: head_dim={self.head_dim} must be 64 x mma_wgs (dQ^T's M per warpgroup)")
         if self.dq_split_rows and (self.dq_swap_ab or self.tile_m != 64 * self.mma_wgs):
@@ -208,8 +209,6 @@ class RankerBwdConfig:
             raise ValueError(f"ds_stages={self.ds_stages}: must be 1 or 2")
         if self.dk_from_smem and not self.dq_first:
             raise ValueError("dk_from_smem needs dq_first (the dK GEMM must come after the dS^T fence and barrier)")
-        if self.producer_regs % 8 or self.mma_regs % 8:
-            raise ValueError("setmaxnreg counts must be multiples of 8")
         sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
         if self.acc_regs() > self.mma_regs - 8:
             raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "
@@ -219,8 +218,14 @@ class RankerBwdConfig:
             raise ValueError("the K/V buffers cannot hold a float32 dK/dV tile (per-head GQA epilogue)")
         smem = self.smem_bytes() + STATIC_SMEM_BYTES
         if smem > SMEM_CAPACITY:
-            raise ValueError(f"config needs {smem} B of shared memory ({STATIC_SMEM_BYTES} B static); the "
-                             f"sm_90 limit is {SMEM_CAPACITY} B")
+            e = 2
+            parts = (f"K and V {self.tile_n}x{self.head_dim}: {2 * self.tile_n * self.head_dim * e} B, "
+                     f"{self.stages} stages of Q and dO {self.tile_m}x{self.head_dim}: "
+                     f"{2 * self.stages * self.tile_m * self.head_dim * e} B, {self.ds_stages} dS^T buffers: "
+                     f"{self.ds_stages * self.tile_n * self.tile_m * e} B, the float32 dQ tile: "
+                     f"{self.tile_m * self.head_dim * 4} B")
+            raise ValueError(f"config needs {smem} B of shared memory ({parts}; {STATIC_SMEM_BYTES} B static); the "
+                             f"sm_90 limit is {SMEM_CAPACITY} B: lower ds_stages (2 -> 1) or stages")
 
 
 # D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers),

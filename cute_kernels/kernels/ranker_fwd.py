@@ -127,6 +127,7 @@ class RankerFwdConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [64, 256] (WGMMA N / K)")
         if self.stages < 1 or self.stages > 8:
             raise ValueError(f"stages={self.stages}: must be in [1, 8]")
+        sm90.check_register_split(self.producer_regs, self.consumer_regs, self.consumer_wgs)
         # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs).  A rule of
         # thumb from ptxas, with headroom for addresses and softmax state: two warpgroups at 240 registers
         # keep 48 (D=128: tile_n=176, 196 of them, fits without spills but ran 12% slower than 128 on the
@@ -141,9 +142,6 @@ class RankerFwdConfig:
                 f"tile_n={self.tile_n}, head_dim={self.head_dim}: {acc_regs} accumulator registers per "
                 f"consumer thread leave fewer than {headroom} of {self.consumer_regs} (a measured rule: the next "
                 "size up either spills or, e.g. D=128 tile_n=176, ran 12% slower); use a smaller tile_n")
-        if self.producer_regs % 8 or self.consumer_regs % 8:
-            raise ValueError("setmaxnreg counts must be multiples of 8")
-        sm90.check_register_split(self.producer_regs, self.consumer_regs, self.consumer_wgs)
         smem = self.smem_bytes()
         if smem > SMEM_CAPACITY:
             so = (f" + O {self.tile_m}x{self.head_dim} (the persistent schedule keeps sO apart from sQ; "

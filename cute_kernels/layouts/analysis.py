@@ -184,7 +184,8 @@ class ConflictReport:
         ideal = self.ideal[0] if len(set(self.ideal)) == 1 else f"{min(self.ideal)}..{max(self.ideal)}"
         verdict = "conflict-free" if self.conflict_free else f"{self.ratio:.1f}x the ideal"
         return (f"{self.pattern} over {self.layout}: {per} wavefronts per access "
-                f"(ideal {ideal}, {self.access_bytes} B per thread, {len(self.wavefronts)} accesses): {verdict}")
+                f"(ideal {ideal}, {self.access_bytes} B per thread, {len(self.wavefronts)} "
+                f"{'access' if len(self.wavefronts) == 1 else 'accesses'}): {verdict}")
 
 
 def request_wavefronts(addresses: np.ndarray, access_bytes: int) -> tuple[int, int]:
@@ -310,7 +311,7 @@ class SmemBudget:
         lines = [f"  {k:<28} {v:>8} B" for k, v in self.buffers.items()]
         lines.append(f"  {'barriers + alignment':<28} {self.extra:>8} B")
         lines.append(f"  bytes per stage {self.per_stage} x {self.stages} stages; total {self.total} B "
-                     f"({self.total / 1024:.1f} KiB) of {self.limit} B ({100 * self.total / self.limit:.0f}%): "
+                     f"({self.total / 1024:.1f} KiB) of {self.limit} B ({100 * self.total / self.limit:.1f}%): "
                      f"{'fits' if self.fits else 'DOES NOT FIT'}")
         return "\n".join(lines)
 

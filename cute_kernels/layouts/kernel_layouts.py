@@ -258,6 +258,14 @@ def _ranker_dsl_objects(rf, dt, config):
     return out
 
 
+def _ranker_dtype(dtype):
+    """The cutlass dtype of a ranker kernel's ``dtype`` argument: ``ValueError`` unless 16-bit (bf16/fp16)."""
+    dt = cutlass_dtype(dtype)
+    if elem_bytes(dt) != 2 or dt.__name__ not in ("BFloat16", "Float16"):
+        raise ValueError(f"dtype {dtype!r}: the ranker kernels take bf16 or fp16 only")
+    return dt
+
+
 def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> KernelLayouts:
     """Layouts, TMA boxes, TV layouts, epilogue bank conflicts and smem budget of a ranker forward config.
 
@@ -270,7 +278,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     from ..kernels import ranker_fwd as rf
 
     config = _resolve_config(config, rf.RankerFwdConfig, ranker_config, validate)
-    dt = cutlass_dtype(dtype)
+    dt = _ranker_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_dsl_objects(rf, dt, config))
     copy_tiles = objs.pop("tiles")
@@ -383,7 +391,7 @@ def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     from ..kernels import ranker_bwd as rb
 
     config = _resolve_config(config, rb.RankerBwdConfig, ranker_bwd_config, validate)
-    dt = cutlass_dtype(dtype)
+    dt = _ranker_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_bwd_dsl_objects(rb, dt, config))
     kl = KernelLayouts("ranker_bwd", config, dt.__name__, source="ranker_bwd.smem_layouts / tiled_mmas")
@@ -416,6 +424,8 @@ def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     for name in ("sK", "sV", "sQ", "sdO", "sdSt", "sdQ"):
         lay = kl.smem[name]
         bufs[f"{name} {'x'.join(map(str, lay.dims))}"] = lay.cosize * kl.smem_elem_bytes.get(name, eb)
+    stats = (config.stages - 1) * rb.stats_stage_stride(config.tile_m) + config.tile_m  # float32 per stage set
+    bufs[f"sLSE + sdPsum 2x{stats} fp32"] = 2 * stats * 4
     per_stage = sum(v for k, v in bufs.items() if k.startswith(("sQ", "sdO"))) // max(config.stages, 1)
     kl.budget = analysis.SmemBudget(bufs, config.stages, per_stage, config.smem_bytes(eb) - sum(bufs.values()),
                                     rb.SMEM_CAPACITY - rb.STATIC_SMEM_BYTES)  # what validate() allows
@@ -535,8 +545,10 @@ def format_report(kl: KernelLayouts, record=None) -> str:
         lines.append("")
         lines.append("compile record (sm_90a):")
         for r in record.resources:
-            lines.append(f"  {r.name[:70]}: {r.registers} registers/thread, static smem {r.static_smem_bytes} B, "
-                         f"stack {r.stack_bytes} B")
+            spill = (f"stack {r.stack_bytes} B: REGISTER SPILLS (local memory)" if r.stack_bytes
+                     else "stack 0 B (no spills)")
+            lines.append(f"  {r.name[:70]}: {r.registers} registers/thread at launch (before setmaxnreg "
+                         f"redistributes them), static smem {r.static_smem_bytes} B, {spill}")
         lines.append(f"  PTX features: {', '.join(record.ptx_features)}")
         if record.sass_features:
             lines.append(f"  SASS features: {', '.join(record.sass_features)}")
