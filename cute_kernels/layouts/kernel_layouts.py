@@ -261,7 +261,7 @@ def _ranker_dsl_objects(rf, dt, config):
 def _ranker_dtype(dtype):
     """The cutlass dtype of a ranker kernel's ``dtype`` argument: ``ValueError`` unless 16-bit (bf16/fp16)."""
     dt = cutlass_dtype(dtype)
-    if elem_bytes(dt) != 2 or dt.__name__ not in ("BFloat16", "Float16"):
+    if dt.__name__ not in ("BFloat16", "Float16"):
         raise ValueError(f"dtype {dtype!r}: the ranker kernels take bf16 or fp16 only")
     return dt
 

@@ -103,9 +103,9 @@ class _EagerFastPath:
                                 f"got {type(v).__name__}")
 
     def __call__(self, *args, **kwargs):
+        refuse_func_transforms(self.name, *args, *kwargs.values())
         # meta tensors (the first argument on the "meta" device): the op, whose fake gives the output shapes
         first = args[0] if args else next(iter(kwargs.values()), None)
-        refuse_func_transforms(self.name, *args, *kwargs.values())
         if tracing() or getattr(first, "is_meta", False) or (self.grad_via_op and _requires_grad(args, kwargs)):
             self.check_tensor_types(args, kwargs)
             if not self.grad_via_op and _requires_grad(args, kwargs):  # eager: the impl raises the same
