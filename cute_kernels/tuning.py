@@ -70,7 +70,8 @@ def _ranker_bwd_configs(mod) -> dict:
 def _hc_mix_configs(mod) -> dict:
     from .kernels import hc_mix_tma
 
-    return {"method=walk M<=256": mod.SMALL, "method=walk M>256": mod.MEDIUM, "method=walk LARGE (never picked: slower)": mod.LARGE,
+    return {"method=walk M<=256": mod.SMALL, "method=walk M>256": mod.MEDIUM,
+            "method=walk LARGE (never picked: slower)": mod.LARGE,
             **{f"method=tma (default) M={m}": hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}}
 
 

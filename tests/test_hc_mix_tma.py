@@ -42,7 +42,7 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(tree=(3, 2)), "fan-outs"), (dict(tree=(32,)), "fan-outs"),
                                       (dict(tree=()), "fan-outs"), (dict(tree=(16, 16)), "at most 128"),
                                       (dict(cta_level=6), "cta_level"), (dict(cta_level=-1), "cta_level"),
-                                      (dict(consumer_regs=100), "multiples"),
+                                      (dict(consumer_regs=100), "multiple of 8"),
                                       (dict(stages=8, consumer_regs=240), "register split"),
                                       (dict(producer_regs=32, consumer_regs=240), "register split"),
                                       (dict(tile_m=192), "tile_m"), (dict(reduce_rows=12), "reduce_rows"),

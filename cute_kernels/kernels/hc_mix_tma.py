@@ -182,16 +182,15 @@ class HcMixTmaConfig:
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages}: must be in [2, 8]")
         regs = self.consumer_registers
-        if self.producer_regs % 8 or regs % 8 or not 24 <= self.producer_regs <= regs:
-            raise ValueError(f"setmaxnreg counts (producer_regs={self.producer_regs}, consumer {regs}) must be "
-                             "multiples of 8, producer <= consumer, >= 24")
+        sm90.check_register_split(self.producer_regs, regs, 2)  # setmaxnreg's range and the CTA's pool
+        if self.producer_regs > regs:
+            raise ValueError(f"producer_regs={self.producer_regs} > consumer {regs}: the producer must not get more")
         need = self.min_consumer_regs()
         if need > 232:  # the most a consumer thread of a 384-thread CTA can get (sm90.check_register_split)
             raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the 232 a "
                              "384-thread CTA can give: use tile_m=128, no overlap, or a higher cta_level")
         if regs < need:
             raise ValueError(f"consumer_regs={regs}: this config needs >= {need} (spills below)")
-        sm90.check_register_split(self.producer_regs, regs, 2)
         if self.smem_bytes() > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
 

@@ -171,19 +171,24 @@ class RankerBwdConfig:
         alignment, in declaration order): the mbarriers, then sK, sV, sQ, sdO, sdS^T, sdQ (1024-byte
         aligned: the 128-byte swizzle repeats every 1024 bytes), then the LSE and dPsum stages; the total
         rounded up to 1024 bytes (:func:`shared_storage`'s size, checked by a CPU test)."""
-        stats = ((self.stages - 1) * stats_stage_stride(self.tile_m) + self.tile_m) * 4
-        members = ((8 * (2 + 4 * self.stages), 8),
-                   (self.tile_n * self.head_dim * elem_bytes, 1024),  # sK
-                   (self.tile_n * self.head_dim * elem_bytes, 1024),  # sV
-                   (self.stages * self.tile_m * self.head_dim * elem_bytes, 1024),  # sQ
-                   (self.stages * self.tile_m * self.head_dim * elem_bytes, 1024),  # sdO
-                   (self.ds_stages * self.tile_n * self.tile_m * elem_bytes, 1024),  # sdSt
-                   (self.tile_m * self.head_dim * 4, 1024),  # sdQ
-                   (stats, 128), (stats, 128))  # sLSE, sdPsum
         end = 0
-        for size, align in members:
+        for _, size, align in self.smem_members(elem_bytes):
             end = -(-end // align) * align + size
         return -(-end // 1024) * 1024  # the struct's size is a multiple of its strictest member alignment
+
+    def smem_members(self, elem_bytes: int = 2) -> list[tuple[str, int, int]]:
+        """``(name, bytes, alignment)`` of the ``SharedStorage`` members in declaration order."""
+        stats = ((self.stages - 1) * stats_stage_stride(self.tile_m) + self.tile_m) * 4
+        q_do = self.stages * self.tile_m * self.head_dim * elem_bytes
+        return [("mbarriers", 8 * (2 + 4 * self.stages), 8),
+                (f"sK {self.tile_n}x{self.head_dim}", self.tile_n * self.head_dim * elem_bytes, 1024),
+                (f"sV {self.tile_n}x{self.head_dim}", self.tile_n * self.head_dim * elem_bytes, 1024),
+                (f"sQ {self.stages} x {self.tile_m}x{self.head_dim}", q_do, 1024),
+                (f"sdO {self.stages} x {self.tile_m}x{self.head_dim}", q_do, 1024),
+                (f"sdS^T {self.ds_stages} x {self.tile_n}x{self.tile_m}",
+                 self.ds_stages * self.tile_n * self.tile_m * elem_bytes, 1024),
+                (f"sdQ {self.tile_m}x{self.head_dim} fp32", self.tile_m * self.head_dim * 4, 1024),
+                ("sLSE", stats, 128), ("sdPsum", stats, 128)]
 
     def validate(self) -> None:
         check_config_fields(self)
@@ -218,12 +223,7 @@ class RankerBwdConfig:
             raise ValueError("the K/V buffers cannot hold a float32 dK/dV tile (per-head GQA epilogue)")
         smem = self.smem_bytes() + STATIC_SMEM_BYTES
         if smem > SMEM_CAPACITY:
-            e = 2
-            parts = (f"K and V {self.tile_n}x{self.head_dim}: {2 * self.tile_n * self.head_dim * e} B, "
-                     f"{self.stages} stages of Q and dO {self.tile_m}x{self.head_dim}: "
-                     f"{2 * self.stages * self.tile_m * self.head_dim * e} B, {self.ds_stages} dS^T buffers: "
-                     f"{self.ds_stages * self.tile_n * self.tile_m * e} B, the float32 dQ tile: "
-                     f"{self.tile_m * self.head_dim * 4} B")
+            parts = ", ".join(f"{name}: {size} B" for name, size, _ in self.smem_members())
             raise ValueError(f"config needs {smem} B of shared memory ({parts}; {STATIC_SMEM_BYTES} B static); the "
                              f"sm_90 limit is {SMEM_CAPACITY} B: lower ds_stages (2 -> 1) or stages")
 

@@ -9,9 +9,9 @@ give ``out = 0`` and ``lse = -inf``.  ``lse [B, Hq, S]`` float32 is in natural-l
 Bounds are clamped to ``[0, S]`` (see :mod:`.ranker_mask`), never rejected.
 
 Kernel design.  Work is a list of tiles (q tile of ``tile_m`` rows, query head, batch row), m-block
-fastest; a CTA takes tiles ``c, c + gridDim.x, ...``: one tile per CTA, or (``persistent``, every shipped
-D=64 / D=128 config) one CTA per SM looping over tiles with the pipelines, named barriers and a separate sO carried
-across tiles, so the producer loads the next tile while the consumers finish the last.  3 or 4
+fastest; a CTA takes tiles ``c, c + gridDim.x, ...``: one tile per CTA, or (``persistent``, every
+shipped D=64 / D=128 config) one CTA per SM looping over tiles with the pipelines, named barriers and a
+separate sO carried across tiles, so the producer loads the next tile while the consumers finish the last.  3 or 4
 warpgroups:
 
 * warpgroup 0, the producer (``setmaxnreg`` down to 24, 32 with three consumers): its warp 0 issues
@@ -31,7 +31,8 @@ Only the history KV blocks are visited, each once, for every active q tile; a q 
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
 the online softmax after the history loop as a per-row dot product ``q_i . k_i`` and ``v_i``; there
 are no diagonal tiles.  ``prefetch_self_kv`` (the D=128 config without a cap): the producer
-TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term then reads.  Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
+TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term then reads.
+Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
 Measured on the H200 at the shipped configs (bench/results/2026-11-30_h200_ranker_fwd_s11.md, the last

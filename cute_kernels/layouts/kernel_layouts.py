@@ -424,8 +424,7 @@ def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
     for name in ("sK", "sV", "sQ", "sdO", "sdSt", "sdQ"):
         lay = kl.smem[name]
         bufs[f"{name} {'x'.join(map(str, lay.dims))}"] = lay.cosize * kl.smem_elem_bytes.get(name, eb)
-    stats = (config.stages - 1) * rb.stats_stage_stride(config.tile_m) + config.tile_m  # float32 per stage set
-    bufs[f"sLSE + sdPsum 2x{stats} fp32"] = 2 * stats * 4
+    bufs["sLSE + sdPsum"] = sum(size for name, size, _ in config.smem_members(eb) if name in ("sLSE", "sdPsum"))
     per_stage = sum(v for k, v in bufs.items() if k.startswith(("sQ", "sdO"))) // max(config.stages, 1)
     kl.budget = analysis.SmemBudget(bufs, config.stages, per_stage, config.smem_bytes(eb) - sum(bufs.values()),
                                     rb.SMEM_CAPACITY - rb.STATIC_SMEM_BYTES)  # what validate() allows
