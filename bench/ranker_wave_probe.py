@@ -1,0 +1,87 @@
+"""Wave quantization probe: is the last, partial wave of tiles a measurable cost of the ranker kernels?
+
+The forward's persistent CTAs take tiles ``c, c + grid, ...`` (static round-robin), so a call costs
+``ceil(tiles / grid)`` tile-times, not ``tiles / grid``; the backward's CTAs are scheduled by the
+hardware, with the same last partial wave.  This probe times both directions at head counts whose
+work fills whole waves of the H200's 132 SMs and at the bench's head count (16), same shape
+otherwise, and prints the time per tile (forward) or per history KV block (backward): if the partial
+wave costs what the round count says, the per-tile time at H=16 is ``ceil(w) / w`` times the full-wave
+one (w: waves of work).
+
+    python3 bench/ranker_wave_probe.py [--rounds=N]
+
+Forward tiles: B x H x ceil(S / tile_m); backward CTAs with work: B x H x ceil(hist / tile_n).
+"""
+import json
+import math
+import random
+import statistics
+import sys
+
+import torch
+from probe_timing import ranker_inputs
+
+from cute_kernels.kernels import ranker_bwd as rb
+from cute_kernels.kernels import ranker_fwd as rf
+from cute_kernels.runtime.timing import cuda_time_us
+
+# (label, B, hist, cand, H, D, forward max_ctas or None)
+FWD_CASES = [
+    ("D128 H=11 (12 full waves)", 4, 4096, 512, 11, 128, None),
+    ("D128 H=16 (17.45 waves)", 4, 4096, 512, 16, 128, None),
+    ("D128 H=16 on 128 CTAs (18 waves)", 4, 4096, 512, 16, 128, 128),
+    ("D128 H=22 (24 full waves)", 4, 4096, 512, 22, 128, None),
+    ("D64 H=11 (8 full waves)", 4, 4096, 512, 11, 64, None),
+    ("D64 H=16 (11.64 waves)", 4, 4096, 512, 16, 64, None),
+]
+# (label, B, hist, cand, H, D)
+BWD_CASES = [
+    ("bwd D128 H=8 (7.76 waves)", 4, 4096, 512, 8, 128),
+    ("bwd D128 H=16 (15.5 waves)", 4, 4096, 512, 16, 128),
+    ("bwd D128 H=33 (32 full waves)", 4, 4096, 512, 33, 128),
+]
+
+
+def main(rounds: int):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "sms": sms, "rounds": rounds}), flush=True)
+    jobs = []
+    for label, nb, hist, cand, h, d, max_ctas in FWD_CASES:
+        _, q, k, v, bounds, _ = ranker_inputs((nb, hist, cand, h, h, d, None), seed=len(jobs))
+        cfg = rf.shipped_config(torch.bfloat16, d, "none")
+        tiles = nb * h * math.ceil((hist + cand) / cfg.tile_m)
+        grid = min(tiles, max_ctas or sms)
+        fn = (lambda q=q, k=k, v=v, b=bounds, c=cfg, m=max_ctas:
+              rf._ranker_impl(q, k, v, b, None, None, "tanh", None, None, config=c, max_ctas=m))
+        jobs.append((label, fn, tiles, grid))
+    for label, nb, hist, cand, h, d in BWD_CASES:
+        _, q, k, v, bounds, do = ranker_inputs((nb, hist, cand, h, h, d, None), seed=len(jobs), dout=True)
+        out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True)
+        cfg = rb.CONFIGS[d]
+        tiles = nb * h * math.ceil(hist / cfg.tile_n)
+        fn = (lambda q=q, k=k, v=v, o=out, l=lse, do=do, b=bounds:
+              rb.ranker_attention_backward(q, k, v, o, l, do, b))
+        jobs.append((label, fn, tiles, sms))
+    times = {label: [] for label, *_ in jobs}
+    rng = random.Random(0)
+    for _ in range(rounds):
+        order = list(jobs)
+        rng.shuffle(order)
+        for label, fn, *_ in order:
+            times[label].append(cuda_time_us(fn, reps=8, inner=5))
+    for label, _, tiles, grid in jobs:
+        us = statistics.median(times[label])
+        waves = tiles / grid
+        print(json.dumps({"case": label, "us": round(us, 1), "tiles": tiles, "grid": grid,
+                          "waves": round(waves, 2), "rounds": math.ceil(waves),
+                          "us_per_tile": round(us / tiles * grid, 2),
+                          "us_per_round": round(us / math.ceil(waves), 2),
+                          "spread_pct": round(100 * (max(times[label]) - min(times[label])) / us, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+        raise SystemExit(0)
+    r = [a for a in sys.argv[1:] if a.startswith("--rounds=")]
+    main(int(r[0].split("=")[1]) if r else 5)
