@@ -34,7 +34,10 @@ def tunings():
     return {"per_token": mod.DEFAULT_TUNING, "v4": mod.QKNormTuning(4, False),
             "v2_persist3": mod.QKNormTuning(2, False, SMS * 3),
             "v2_persist2": mod.QKNormTuning(2, False, SMS * 2),
-            "v4_persist3": mod.QKNormTuning(4, False, SMS * 3)}
+            "v4_persist3": mod.QKNormTuning(4, False, SMS * 3),
+            "bulk_1x16": mod.QKNormTuning(2, False, SMS, 16), "bulk_2x8": mod.QKNormTuning(2, False, SMS * 2, 8),
+            "bulk_3x6": mod.QKNormTuning(2, False, SMS * 3, 6), "bulk_4x4": mod.QKNormTuning(2, False, SMS * 4, 4),
+            "bulk_2x4": mod.QKNormTuning(2, False, SMS * 2, 4)}
 
 
 def main(argv):

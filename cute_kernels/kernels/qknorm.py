@@ -50,6 +50,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
@@ -72,6 +73,7 @@ _MAX_ROW_VECS = 12
 # CTAs of at most 512 threads (so at least 128 registers per thread): 544-thread CTAs (two rows of a wide
 # part next to a 16-thread one) spilled 72-1080 B of stack
 MAX_CTA_THREADS = 512
+BULK_SMEM_LIMIT = 200 * 1024  # staged rows per CTA (sm_90a: 227 KB per CTA; the rest for barriers, sums)
 
 
 def vec_elems(dtype: torch.dtype) -> int:
@@ -136,17 +138,24 @@ class QKNormTuning:
     ``persistent_ctas``: 0 = one CTA per row tile; ``> 0`` = at most that many CTAs, CTA ``b`` walking
     row tiles ``b, b + grid, ...`` with the weights loaded once and the next tile's loads issued before
     this tile's stores (any value is correct on any GPU; the SM count only sets the speed).
+    ``bulk_stages``: 0 = rows move through registers; ``>= 2`` (with ``persistent_ctas``) = each CTA
+    stages that many token rows in shared memory, loaded and stored whole by bulk copies
+    (``cp.async.bulk``, one thread), ``bulk_stages - 1`` rows in flight while one is normalized.
     """
 
     target_vecs: int = 4
     streaming: bool = False
     persistent_ctas: int = 0
+    bulk_stages: int = 0
 
     def validate(self) -> None:
         check_int("target_vecs", self.target_vecs, low=1, high=_MAX_VECS)
         if type(self.streaming) is not bool:
             raise TypeError(f"streaming={self.streaming!r}: must be a bool")
         check_int("persistent_ctas", self.persistent_ctas, low=0)
+        check_int("bulk_stages", self.bulk_stages, low=0)
+        if self.bulk_stages == 1 or (self.bulk_stages and not self.persistent_ctas):
+            raise ValueError(f"bulk_stages={self.bulk_stages}: 0, or >= 2 with persistent_ctas > 0")
 
 
 @dataclass(frozen=True)
@@ -233,6 +242,17 @@ class QKNormConfig:
                              "make one of them narrower")
         if self.q_dim < self.q.width or self.k_dim < self.k.width:
             raise ValueError("full dims must be >= the per-rank widths")
+        if self.tuning.bulk_stages:
+            if self.rows != 1 or self.q.ragged or self.k.ragged:
+                raise ValueError("bulk_stages needs one token row per CTA and no predicated columns "
+                                 f"(rows={self.rows}, q ragged={self.q.ragged}, k ragged={self.k.ragged})")
+            if self.bulk_smem_bytes() > BULK_SMEM_LIMIT:
+                raise ValueError(f"bulk_stages={self.tuning.bulk_stages}: {self.bulk_smem_bytes()} B of shared "
+                                 f"memory > {BULK_SMEM_LIMIT}")
+
+    def bulk_smem_bytes(self) -> int:
+        """Shared memory of the bulk-copy kernel: the staged rows (q and k, 16-byte elements' worth)."""
+        return self.tuning.bulk_stages * (self.q.width + self.k.width) * (16 // self.q.vec)
 
 
 class QKRowNormalizer:
@@ -371,6 +391,28 @@ class QKNormKernel(QKRowNormalizer):
             else:
                 self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
                                cfg.q_threads // 32, 2)
+        elif cutlass.const_expr(cfg.tuning.bulk_stages > 0):
+            stages = cfg.tuning.bulk_stages
+            sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
+            full = smem.allocate_array(cutlass.Int64, num_elems=stages, byte_alignment=8)
+            sQ = smem.allocate_tensor(self.dtype, cute.make_ordered_layout((stages, cfg.q.width), order=(1, 0)),
+                                      byte_alignment=128)
+            sK = smem.allocate_tensor(self.dtype, cute.make_ordered_layout((stages, cfg.k.width), order=(1, 0)),
+                                      byte_alignment=128)
+            if tidx == 0:
+                for s in cutlass.range_constexpr(stages):
+                    cute.arch.mbarrier_init(full + s, 1)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.barrier()
+            if tidx == 0:  # the first rows of every slot
+                for s in cutlass.range_constexpr(stages):
+                    self.bulk_load_row(mQ, mK, sQ, sK, full, s, bidx + s * cute.arch.grid_dim()[0], n)
+            if tidx < cfg.q_threads:
+                self.normalize_bulk(mQ, mK, mWq, sQ, sK, full, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1,
+                                    True)
+            else:
+                self.normalize_bulk(mQ, mK, mWk, sK, sQ, full, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n,
+                                    eps, sRed, cfg.q_threads // 32, 2, False)
         else:  # two slots per warp: a tile's partial sums are written while the last tile's may still be read
             sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
             if tidx < cfg.q_threads:
@@ -436,6 +478,82 @@ class QKNormKernel(QKRowNormalizer):
                                    col_ok, part)
             t = t_next
             slot = 1 - slot
+
+
+    @cute.jit
+    def bulk_load_row(self, mQ: cute.Tensor, mK: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, full,
+                      slot, row: Int32, n: Int32):
+        """One thread: bulk-copy token ``row``'s q and k rows into ``slot`` (nothing past ``n``); the slot's
+        barrier completes when their bytes have landed."""
+        if row < n:
+            cfg = self.config
+            bits = self.dtype.width
+            cute.arch.mbarrier_arrive_and_expect_tx(full + slot, (cfg.q.width + cfg.k.width) * bits // 8)
+            for mX, sX, width in ((mQ, sQ, cfg.q.width), (mK, sK, cfg.k.width)):
+                atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.dtype, num_bits_per_copy=width * bits)
+                src, dst = cpasync.group_bulk_copy_modes(mX[row, None], sX[slot, None])
+                cute.copy(atom, src, dst, mbar_ptr=full + slot)
+
+    @cute.jit
+    def bulk_store_row(self, mQ: cute.Tensor, mK: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, slot,
+                       row: Int32):
+        """One thread: bulk-copy ``slot``'s scaled q and k rows back to token ``row`` (one bulk group)."""
+        cfg = self.config
+        for mX, sX, width in ((mQ, sQ, cfg.q.width), (mK, sK, cfg.k.width)):
+            atom = cute.make_copy_atom(cpasync.CopyBulkS2GOp(), self.dtype, num_bits_per_copy=width * self.dtype.width)
+            src, dst = cpasync.group_bulk_copy_modes(sX[slot, None], mX[row, None])
+            cute.copy(atom, src, dst)
+        cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def normalize_bulk(self, mQ: cute.Tensor, mK: cute.Tensor, mW: cute.Tensor, sX: cute.Tensor,
+                       sOther: cute.Tensor, full, part: cutlass.Constexpr, dim: cutlass.Constexpr, tidx: Int32,
+                       bidx: Int32, n: Int32, eps: Float32, sRed: cute.Tensor, warp_base: cutlass.Constexpr,
+                       barrier_id: cutlass.Constexpr, is_q: cutlass.Constexpr):
+        """``bulk_stages``: this CTA's token rows ``bidx, bidx + grid, ...`` staged in shared memory.  Row
+        ``i`` sits in slot ``i % stages``; the part's threads read their vectors from it (the same
+        vectors, so the same sums and bits, as the register kernels), write the scaled values back in
+        place, and after a CTA barrier thread 0 bulk-stores the slot, then refills the previous row's slot
+        (its store has read the slot) with the row ``stages - 1`` ahead of this one."""
+        cfg = self.config
+        stages = cfg.tuning.bulk_stages
+        tile = (1, part.width)
+        atom, tiled_copy = self._tiled_copy(part)
+        smem_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        thr_copy = tiled_copy.get_slice(tidx)
+        mWb = cute.make_tensor(mW.iterator, cute.make_layout((1, mW.shape[0]), stride=(0, 1)))
+        tXgW = thr_copy.partition_S(cute.local_tile(mWb, tile, (0, 0)))
+        tXrW = cute.make_fragment_like(tXgW)
+        cute.copy(atom, tXgW, tXrW)
+        grid, _, _ = cute.arch.grid_dim()
+        row = bidx
+        i = Int32(0)
+        slot = Int32(0)
+        while row < n:
+            s = i % stages
+            cute.arch.mbarrier_wait(full + s, (i // stages) % 2)
+            tXsX = thr_copy.partition_S(cute.local_tile(sX, tile, (s, 0)))
+            tXrX = cute.make_fragment_like(tXsX)
+            cute.copy(smem_atom, tXsX, tXrX)
+            sRed_t = cute.make_tensor(sRed.iterator + slot * self.num_warps, cute.make_layout(self.num_warps))
+            ss = self.row_sum_of_squares(tXrX, part, tidx, sRed_t, warp_base, barrier_id)
+            scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
+            cute.copy(smem_atom, self.scaled(tXrX, tXrW, scale), tXsX)
+            cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> the bulk store's reads
+            cute.arch.barrier()
+            if cutlass.const_expr(is_q):
+                if tidx == 0:
+                    sQ, sK = sX, sOther
+                    self.bulk_store_row(mQ, mK, sQ, sK, s, row)
+                    if i > 0:
+                        cute.arch.cp_async_bulk_wait_group(1, read=True)
+                        self.bulk_load_row(mQ, mK, sQ, sK, full, (i - 1) % stages, row + (stages - 1) * grid, n)
+            row = row + grid
+            i = i + 1
+            slot = 1 - slot
+        if cutlass.const_expr(is_q):
+            if tidx == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 # ----------------------------------------------------------------------------- host side

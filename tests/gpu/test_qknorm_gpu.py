@@ -184,6 +184,27 @@ def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
         assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
 
 
+@pytest.mark.parametrize("tuning", [mod.QKNormTuning(2, False, 1, 2), mod.QKNormTuning(2, False, 7, 3),
+                                    mod.QKNormTuning(2, False, 264, 8), mod.QKNormTuning(4, False, 5, 4)])
+@pytest.mark.parametrize("qk", [(4096, 1024), (6144, 1024), (2048, 512)])
+def test_bulk_staged_rows_bitwise_equal_to_one_cta_per_tile(tuning, qk):
+    """``bulk_stages``: rows staged in shared memory by bulk copies (N below, at and above the CTA count;
+    slots reused many times over at 4097 rows on one CTA) give the same bits as one CTA per token with the
+    same row tiling, and nothing outside q/k is written (the rows are strided views of one buffer)."""
+    qd, kd = qk
+    for dtype in (torch.bfloat16, torch.float16):
+        fn = mod._compile(dtype, qd, kd, tuning)
+        fn_per_tile = mod._compile(dtype, qd, kd, dataclasses.replace(tuning, persistent_ctas=0, bulk_stages=0))
+        for n in (1, 2, 6, 7, 8, 333, 4097):
+            buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
+            q0, k0 = q.clone(), k.clone()
+            fn(q, k, wq, wk, 1e-6)
+            fn_per_tile(q0, k0, wq, wk, 1e-6)
+            torch.cuda.synchronize()
+            assert torch.equal(q, q0) and torch.equal(k, k0), (tuning, qk, dtype, n)
+            assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1024, 3001, 4096])
 def test_op_takes_the_persistent_kernel_with_the_same_bits(dtype, n):
