@@ -184,9 +184,12 @@ def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
         assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
 
 
-@pytest.mark.parametrize("tuning", [mod.QKNormTuning(2, False, 1, 2), mod.QKNormTuning(2, False, 7, 3),
-                                    mod.QKNormTuning(2, False, 264, 8), mod.QKNormTuning(4, False, 5, 4)])
-@pytest.mark.parametrize("qk", [(4096, 1024), (6144, 1024), (2048, 512)])
+_BULK_CASES = [(mod.QKNormTuning(2, False, ctas, stages), qk) for ctas, stages in ((1, 2), (7, 3), (264, 8))
+               for qk in ((4096, 1024), (6144, 1024), (2048, 512))]
+_BULK_CASES += [(mod.QKNormTuning(4, False, 5, 4), qk) for qk in ((4096, 1024), (6144, 1024))]
+
+
+@pytest.mark.parametrize("tuning,qk", _BULK_CASES)
 def test_bulk_staged_rows_bitwise_equal_to_one_cta_per_tile(tuning, qk):
     """``bulk_stages``: rows staged in shared memory by bulk copies (N below, at and above the CTA count;
     slots reused many times over at 4097 rows on one CTA) give the same bits as one CTA per token with the
