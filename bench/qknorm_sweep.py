@@ -1,6 +1,6 @@
 """Tuning sweep of the one-GPU fused Q/K RMSNorm: vectors per thread, streaming cache hints, persistent CTAs.
 
-    python3 bench/qknorm_sweep.py [--rounds=N] [--n=256,512,...]
+    python3 bench/qknorm_sweep.py [--rounds=N] [--n=256,512,...] [--qk=4096,1024] [--only=NAME,...]
 
 For each N (Q=4096, K=1024, bf16) every tuning is timed in a CUDA graph in ``--rounds`` rounds of shuffled
 order (median printed, with every round), next to two stock kernels that move the same bytes: torch's
@@ -37,23 +37,32 @@ def tunings():
             "v4_persist3": mod.QKNormTuning(4, False, SMS * 3),
             "bulk_1x16": mod.QKNormTuning(2, False, SMS, 16), "bulk_2x8": mod.QKNormTuning(2, False, SMS * 2, 8),
             "bulk_3x6": mod.QKNormTuning(2, False, SMS * 3, 6), "bulk_4x4": mod.QKNormTuning(2, False, SMS * 4, 4),
-            "bulk_2x4": mod.QKNormTuning(2, False, SMS * 2, 4)}
+            "bulk_2x4": mod.QKNormTuning(2, False, SMS * 2, 4), "bulk_3x5": mod.QKNormTuning(2, False, SMS * 3, 5),
+            "bulk_3x4": mod.QKNormTuning(2, False, SMS * 3, 4), "bulk_2x6": mod.QKNormTuning(2, False, SMS * 2, 6)}
 
 
 def main(argv):
     rounds = 5
     ns = (256, 512, 1024, 2048, 4096, 5120, 6144, 8192)
+    qd, kd, dtype = 4096, 1024, torch.bfloat16
+    only = None
     for a in argv:
         if a.startswith("--rounds="):
             rounds = int(a.split("=", 1)[1])
         elif a.startswith("--n="):
             ns = tuple(int(x) for x in a.split("=", 1)[1].split(","))
+        elif a.startswith("--qk="):
+            qd, kd = (int(x) for x in a.split("=", 1)[1].split(","))
+        elif a.startswith("--only="):
+            only = a.split("=", 1)[1].split(",")
         else:
             raise SystemExit(f"unknown argument {a!r}\n{__doc__}")
+    chosen = {name: t for name, t in tunings().items() if name == "per_token" or only is None or name in only}
+    if only and set(only) - set(chosen):
+        raise SystemExit(f"unknown tunings {sorted(set(only) - set(chosen))} (known: {sorted(tunings())})")
     bw = copy_bandwidth_gbps()
-    print(json.dumps(dict(copy_gbps=round(bw, 1), rounds=rounds)), flush=True)
-    qd, kd, dtype = 4096, 1024, torch.bfloat16
-    fns = {name: mod._compile(dtype, qd, kd, t) for name, t in tunings().items()}
+    print(json.dumps(dict(copy_gbps=round(bw, 1), rounds=rounds, qk=[qd, kd])), flush=True)
+    fns = {name: mod._compile(dtype, qd, kd, t) for name, t in chosen.items()}
     rng = random.Random(0)
     for n in ns:
         q = torch.randn(n, qd, device="cuda", dtype=dtype)
