@@ -1,5 +1,6 @@
 """Fused Q/K RMSNorm (G = 1): CPU compile of every shipped config, PTX features, tiling, reference, validation."""
 
+import dataclasses
 import math
 import re
 
@@ -17,11 +18,15 @@ def test_compiles_with_16_byte_vectors(target):
     rec = compile_record(target.kernel, target.key)
     assert ".target sm_90a" in rec.ptx
     assert "ld.global.v4 (16B loads)" in rec.ptx_features
-    assert "st.global.v4 (16B stores)" in rec.ptx_features
+    bulk = len(target.key) > 3 and target.key[3].bulk_stages
+    if bulk:  # rows move by bulk copies; only the weights by 16-byte loads
+        assert {"bulk load (cp.async.bulk)", "bulk store (cp.async.bulk)", "mbarrier"} <= set(rec.ptx_features)
+    else:
+        assert "st.global.v4 (16B stores)" in rec.ptx_features
     assert "local memory (spill)" not in rec.ptx_features
     assert "rsqrt.approx" in rec.ptx
     if rec.sass:
-        assert "LDG.E.128" in rec.sass_features and "STG.E.128" in rec.sass_features
+        assert "LDG.E.128" in rec.sass_features and (bulk or "STG.E.128" in rec.sass_features)
         assert "LDL/STL (local memory)" not in rec.sass_features  # ptxas spills show only in SASS
     assert all(not r.stack_bytes for r in rec.resources)
 
@@ -425,32 +430,75 @@ def test_trace_time_checks_need_no_pointers():
             trace(*args)
 
 
-def test_launch_key_takes_the_persistent_kernel_while_q_and_k_fit_l2(monkeypatch):
-    """For PERSISTENT_SHAPES only (16-bit 4096/1024), from PERSISTENT_MIN_TOKENS tokens while q + k fit
-    85% of L2 (an H200: 132 SMs, 50 MiB; 10 KiB per token, so up to N = 4352); one CTA per tile
-    otherwise (other shapes and float32 need more registers there and measured slower)."""
-    monkeypatch.setitem(mod._persistent_limits, 7, (3 * 132, int(0.85 * 50 * 2**20)))
+def test_launch_key_by_bytes_against_l2(monkeypatch):
+    """From PERSISTENT_MIN_TOKENS tokens, by q + k bytes against L2 (an H200: 132 SMs, 50 MiB): the
+    persistent register kernel for PERSISTENT_SHAPES (16-bit 4096/1024, 10 KiB per token) up to 75% of
+    L2 (N = 3840), then bulk-staged rows for BULK_STAGES up to 105% (N = 5376; 6144/1024, 14 KiB per
+    token: from 55%, N = 2012, to N = 3840); one CTA per tile otherwise (float32, other shapes, past L2)."""
+    monkeypatch.setitem(mod._device_limits, 7, (3 * 132, 50 * 2**20))
     key = (torch.bfloat16, 4096, 1024)
-    got = {n: mod.launch_key(n, key, 7) for n in (1, 64, 1023, 1024, 4096, 4352, 4353, 16384)}
-    assert got == {1: key, 64: key, 1023: key, 1024: key + (396,), 4096: key + (396,), 4352: key + (396,),
-                   4353: key, 16384: key}
+    got = {n: mod.launch_key(n, key, 7) for n in (1, 64, 1023, 1024, 3840, 3841, 4096, 5376, 5377, 16384)}
+    assert got == {1: key, 64: key, 1023: key, 1024: key + (396,), 3840: key + (396,), 3841: key + (396, 6),
+                   4096: key + (396, 6), 5376: key + (396, 6), 5377: key, 16384: key}
     assert mod.launch_key(2048, (torch.float16, 4096, 1024), 7) == (torch.float16, 4096, 1024, 396)
-    for other in ((torch.float32, 4096, 1024), (torch.bfloat16, 6144, 1024), (torch.bfloat16, 2048, 512)):
+    wide = (torch.float16, 6144, 1024)
+    got = {n: mod.launch_key(n, wide, 7) for n in (1024, 2011, 2012, 3072, 3840, 3841)}
+    assert got == {1024: wide, 2011: wide, 2012: wide + (396, 4), 3072: wide + (396, 4), 3840: wide + (396, 4),
+                   3841: wide}
+    for other in ((torch.float32, 4096, 1024), (torch.bfloat16, 2048, 512)):
         assert mod.launch_key(2048, other, 7) == other
+        assert mod.launch_key(4096, other, 7) == other
 
 
-def test_persistent_compile_key_is_the_default_tiling():
-    """The persistent kernel keeps the default tiling (so the bits of one CTA per token) and its compile
-    targets are the ones qk_rmsnorm_ launches on an H200."""
+def test_persistent_and_bulk_compile_keys_are_the_default_tiling():
+    """The persistent and bulk-staged kernels keep the default tiling (so the bits of one CTA per token)
+    and their compile targets are the ones qk_rmsnorm_ launches on an H200."""
     t = mod.QKNormTuning(mod.DEFAULT_TUNING.target_vecs, mod.DEFAULT_TUNING.streaming, mod.H200_PERSISTENT_CTAS)
-    labels = {tg.label: tg.key for tg in mod.compile_targets() if "persistent" in tg.label}
-    assert labels == {f"{d} q=4096 k=1024 persistent=396": (f"torch.{d}", 4096, 1024, t) for d in ("bfloat16", "float16")}
+    labels = {tg.label: tg.key for tg in mod.compile_targets() if "persistent" in tg.label or "bulk" in tg.label}
+    want = {f"{d} q=4096 k=1024 persistent=396": (f"torch.{d}", 4096, 1024, t) for d in ("bfloat16", "float16")}
+    for q, stages in ((4096, 6), (6144, 4)):
+        tb = dataclasses.replace(t, bulk_stages=stages)
+        want.update({f"{d} q={q} k=1024 bulk=396 stages={stages}": (f"torch.{d}", q, 1024, tb)
+                     for d in ("bfloat16", "float16")})
+    assert labels == want
     assert mod._compile_key((torch.bfloat16, 4096, 1024, 396)) is mod._compile(torch.bfloat16, 4096, 1024, t)
+    tb = dataclasses.replace(t, bulk_stages=4)
+    assert mod._compile_key((torch.float16, 6144, 1024, 396, 4)) is mod._compile(torch.float16, 6144, 1024, tb)
+
+
+def test_bulk_kernel_ptx_stages_rows_through_bulk_copies():
+    """``bulk_stages``: rows move by cp.async.bulk (global -> shared on an mbarrier, shared -> global in
+    bulk groups, waited for before a slot is refilled), the scaled values reach the bulk store through a
+    proxy fence; no spills."""
+    t = mod._persistent_tuning(mod.H200_PERSISTENT_CTAS, 6)
+    mod._compile(torch.bfloat16, 4096, 1024, t)
+    rec = compile_record(mod.NAME, (str(torch.bfloat16), 4096, 1024, t))
+    body = rec.ptx[rec.ptx.index(".entry"):]
+    for needle in ("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+                   "cp.async.bulk.global.shared::cta.bulk_group", "cp.async.bulk.commit_group",
+                   "cp.async.bulk.wait_group.read", "mbarrier.arrive.expect_tx", "mbarrier.try_wait.parity",
+                   "fence.proxy.async.shared::cta", "ld.shared.v4", "st.shared.v4"):
+        assert needle in body, needle
+    assert "st.global" not in body  # every row goes back by the bulk store
+    assert "local memory (spill)" not in rec.ptx_features
+    assert all(not r.stack_bytes for r in rec.resources)
+
+
+@pytest.mark.parametrize("tuning,shape,match", [
+    (mod.QKNormTuning(2, False, 396, 1), (4096, 1024), "bulk_stages=1"),
+    (mod.QKNormTuning(2, False, 0, 4), (4096, 1024), "persistent_ctas"),
+    (mod.QKNormTuning(2, False, 396, 4), (512, 128), "one token row per CTA"),  # 4 rows per CTA
+    (mod.QKNormTuning(2, False, 396, 4), (1000, 1024), "predicated"),
+    (mod.QKNormTuning(2, False, 396, 24), (4096, 1024), "shared memory")])
+def test_bulk_stages_rules(tuning, shape, match):
+    with pytest.raises(ValueError, match=match):
+        mod.QKNormConfig.for_shape(*shape, torch.bfloat16, tuning=tuning)
 
 
 @pytest.mark.parametrize("kw,exc", [(dict(target_vecs=9), ValueError), (dict(target_vecs=True), TypeError),
                                     (dict(streaming="no"), TypeError), (dict(streaming=None), TypeError),
-                                    (dict(persistent_ctas=2.0), TypeError)])
+                                    (dict(persistent_ctas=2.0), TypeError),
+                                    (dict(bulk_stages=-1), ValueError), (dict(bulk_stages=2.0), TypeError)])
 def test_tuning_fields_are_checked(kw, exc):
     with pytest.raises(exc):
         mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=mod.QKNormTuning(**kw))

@@ -491,7 +491,7 @@ class QKNormKernel(QKRowNormalizer):
             cute.arch.mbarrier_arrive_and_expect_tx(full + slot, (cfg.q.width + cfg.k.width) * bits // 8)
             for mX, sX, width in ((mQ, sQ, cfg.q.width), (mK, sK, cfg.k.width)):
                 atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), self.dtype, num_bits_per_copy=width * bits)
-                src, dst = cpasync.group_bulk_copy_modes(mX[row, None], sX[slot, None])
+                src, dst = cute.group_modes(mX[row, None], 0, 1), cute.group_modes(sX[slot, None], 0, 1)
                 cute.copy(atom, src, dst, mbar_ptr=full + slot)
 
     @cute.jit
@@ -501,7 +501,7 @@ class QKNormKernel(QKRowNormalizer):
         cfg = self.config
         for mX, sX, width in ((mQ, sQ, cfg.q.width), (mK, sK, cfg.k.width)):
             atom = cute.make_copy_atom(cpasync.CopyBulkS2GOp(), self.dtype, num_bits_per_copy=width * self.dtype.width)
-            src, dst = cpasync.group_bulk_copy_modes(sX[slot, None], mX[row, None])
+            src, dst = cute.group_modes(sX[slot, None], 0, 1), cute.group_modes(mX[row, None], 0, 1)
             cute.copy(atom, src, dst)
         cute.arch.cp_async_bulk_commit_group()
 
@@ -573,44 +573,62 @@ DEFAULT_TUNING = QKNormTuning(target_vecs=2)
 PERSISTENT_SHAPES = frozenset((dt, 4096, 1024) for dt in (torch.float16, torch.bfloat16))
 PERSISTENT_MIN_TOKENS = 1024
 PERSISTENT_CTAS_PER_SM = 3
-PERSISTENT_L2_FRACTION = 0.85
-_persistent_limits: dict[int, tuple[int, int]] = {}  # device index -> (CTAs, most bytes of q + k)
+PERSISTENT_L2_FRACTION = 0.75
+# Bulk-staged rows (QKNormTuning.bulk_stages; the same tiling, so the same bits) for BULK_STAGES's shapes:
+# 3 CTAs per SM, each staging about 60 KB of token rows (the stage count per shape), while q + k are
+# between BULK_L2_BAND of L2 (at the edge of L2) and the register kernels do not take them.  H200, bf16,
+# same run, us (session 18, bench/results/logs/2026-11-30_s18_qknorm_bulk_*.log; a graph replays the op on
+# the same q and k): 4096/1024 (persistent / bulk 3x6 / one CTA per token) N=3072 10.56 / 11.50 / 12.24,
+# 3584 12.68 / 12.91 / 14.65, 4096 16.61 / 15.26 / 18.70 (first run 16.71 / 14.63), 4352 19.69 / 18.56 /
+# 21.55, 5120 28.75 / 26.76 / 28.14, 8192 45.5 / 46.0 / 43.6, 16384 88.3 / 89.7 / 84.5; 6144/1024 (bulk 3x4 /
+# one CTA per token) N=1024 6.66 / 6.83, 2048 10.36 / 11.41, 3072 17.72 / 21.41, 4096 31.52 / 31.82.
+BULK_STAGES = {(dt, q, 1024): stages for dt in (torch.float16, torch.bfloat16) for q, stages in ((4096, 6), (6144, 4))}
+BULK_L2_BAND = (0.55, 1.05)
+_device_limits: dict[int, tuple[int, int]] = {}  # device index -> (persistent CTAs, L2 bytes)
 
 
-def persistent_limits(device_index: int) -> tuple[int, int]:
-    """``(persistent CTAs, the most bytes of q + k for the persistent kernel)`` on a CUDA device:
-    :data:`PERSISTENT_CTAS_PER_SM` x its SMs, :data:`PERSISTENT_L2_FRACTION` of its L2 (cached)."""
-    lim = _persistent_limits.get(device_index)
+def device_limits(device_index: int) -> tuple[int, int]:
+    """``(persistent CTAs, L2 bytes)`` of a CUDA device: :data:`PERSISTENT_CTAS_PER_SM` x its SMs, and its
+    L2 size (cached); :func:`launch_key` reads them."""
+    lim = _device_limits.get(device_index)
     if lim is None:
         if not torch.cuda.is_available():
-            raise RuntimeError("persistent_limits needs a CUDA device (none is available)")
+            raise RuntimeError("device_limits needs a CUDA device (none is available)")
         props = torch.cuda.get_device_properties(device_index)
-        lim = (PERSISTENT_CTAS_PER_SM * props.multi_processor_count, int(PERSISTENT_L2_FRACTION * props.L2_cache_size))
-        _persistent_limits[device_index] = lim
+        lim = (PERSISTENT_CTAS_PER_SM * props.multi_processor_count, int(props.L2_cache_size))
+        _device_limits[device_index] = lim
     return lim
 
 
 def launch_key(n: int, key: tuple, device_index: int) -> tuple:
-    """The compiled kernel for ``n`` tokens of ``key = (dtype, Q, K)`` on a device: ``key`` (one CTA per
-    row tile) or, for :data:`PERSISTENT_SHAPES`, ``key + (persistent CTAs,)`` from
-    :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit the L2 budget of :func:`persistent_limits`.
-    Both give the same bits."""
+    """The compiled kernel for ``n`` tokens of ``key = (dtype, Q, K)`` on a device, by the bytes of q + k
+    against its L2 (:func:`device_limits`), from :data:`PERSISTENT_MIN_TOKENS` tokens:
+    ``key + (CTAs,)`` (persistent, registers) for :data:`PERSISTENT_SHAPES` up to
+    :data:`PERSISTENT_L2_FRACTION` of L2; else ``key + (CTAs, stages)`` (bulk-staged rows) for
+    :data:`BULK_STAGES` inside :data:`BULK_L2_BAND`; else ``key`` (one CTA per row tile).  All give the
+    same bits."""
     if len(key) != 3 or key[0] not in DTYPES:
         raise TypeError(f"key {key!r}: expected (torch dtype in {DTYPES}, Q, K)")
-    if n < PERSISTENT_MIN_TOKENS or key not in PERSISTENT_SHAPES:
+    if n < PERSISTENT_MIN_TOKENS or (key not in PERSISTENT_SHAPES and key not in BULK_STAGES):
         return key
-    ctas, max_bytes = persistent_limits(device_index)
-    return key + (ctas,) if n * (key[1] + key[2]) * key[0].itemsize <= max_bytes else key
+    ctas, l2 = device_limits(device_index)
+    nbytes = n * (key[1] + key[2]) * key[0].itemsize
+    if key in PERSISTENT_SHAPES and nbytes <= PERSISTENT_L2_FRACTION * l2:
+        return key + (ctas,)
+    if key in BULK_STAGES and BULK_L2_BAND[0] * l2 < nbytes <= BULK_L2_BAND[1] * l2:
+        return key + (ctas, BULK_STAGES[key])
+    return key
 
 
-def _persistent_tuning(ctas: int) -> QKNormTuning:
-    """The default tiling as a persistent kernel of ``ctas`` CTAs (the same bits)."""
-    return QKNormTuning(DEFAULT_TUNING.target_vecs, DEFAULT_TUNING.streaming, ctas)
+def _persistent_tuning(ctas: int, bulk_stages: int = 0) -> QKNormTuning:
+    """The default tiling as a persistent kernel of ``ctas`` CTAs, rows staged in ``bulk_stages`` shared
+    memory slots or (0) held in registers (the same bits either way)."""
+    return QKNormTuning(DEFAULT_TUNING.target_vecs, DEFAULT_TUNING.streaming, ctas, bulk_stages)
 
 
 def _compile_key(key: tuple):
     """:func:`_compile` for a :func:`launch_key`."""
-    return _compile(*key) if len(key) == 3 else _compile(*key[:3], _persistent_tuning(key[3]))
+    return _compile(*key) if len(key) == 3 else _compile(*key[:3], _persistent_tuning(*key[3:]))
 
 
 def _compile(dtype: torch.dtype, q_width: int, k_width: int, tuning: QKNormTuning = DEFAULT_TUNING):
@@ -642,16 +660,21 @@ H200_PERSISTENT_CTAS = PERSISTENT_CTAS_PER_SM * 132
 
 
 def compile_targets() -> list[CompileTarget]:
-    """Every shipped per-rank shape and dtype, and the persistent kernel of :data:`PERSISTENT_SHAPES` at
-    the H200's CTA count (what :func:`launch_key` picks there)."""
-    per_token = [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw}", (str(d), qw, kw),
-                               build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw))
-                 for d in DTYPES for qw, kw in shipped_shapes()]
-    tuning = _persistent_tuning(H200_PERSISTENT_CTAS)
-    persistent = [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw} persistent={H200_PERSISTENT_CTAS}",
-                                (str(d), qw, kw, tuning), build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw, tuning))
-                  for d, qw, kw in sorted(PERSISTENT_SHAPES, key=str)]
-    return per_token + persistent
+    """Every shipped per-rank shape and dtype, and the persistent and bulk-staged kernels of
+    :data:`PERSISTENT_SHAPES` / :data:`BULK_STAGES` at the H200's CTA count (what :func:`launch_key`
+    picks there)."""
+    out = [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw}", (str(d), qw, kw),
+                         build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw))
+           for d in DTYPES for qw, kw in shipped_shapes()]
+    for label, shapes, stages_of in (("persistent", PERSISTENT_SHAPES, lambda key: 0),
+                                     ("bulk", BULK_STAGES, BULK_STAGES.get)):
+        for d, qw, kw in sorted(shapes, key=str):
+            tuning = _persistent_tuning(H200_PERSISTENT_CTAS, stages_of((d, qw, kw)))
+            extra = f" stages={tuning.bulk_stages}" if tuning.bulk_stages else ""
+            out.append(CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw} {label}={H200_PERSISTENT_CTAS}"
+                                     f"{extra}", (str(d), qw, kw, tuning),
+                                     build=lambda d=d, qw=qw, kw=kw, t=tuning: _compile(d, qw, kw, t)))
+    return out
 
 
 def _check_same_dtype(q, **others) -> None:

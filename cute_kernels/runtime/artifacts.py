@@ -18,6 +18,8 @@ PTX_FEATURES: dict[str, str] = {
     "mma.sync": r"\bmma\.sync\.aligned",
     "tma load (cp.async.bulk.tensor)": r"cp\.async\.bulk\.tensor\.\dd\.shared::(cluster|cta)\.global",
     "tma store (cp.async.bulk.tensor)": r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta",
+    "bulk load (cp.async.bulk)": r"cp\.async\.bulk\.shared::(cluster|cta)\.global",
+    "bulk store (cp.async.bulk)": r"cp\.async\.bulk\.global\.shared::cta",
     "tma reduce-add": r"cp\.reduce\.async\.bulk(\.tensor)?\S*\.add",
     "setmaxnreg": r"setmaxnreg",
     "named barrier": r"\bbar(rier)?\.(sync|arrive)(\.aligned)?\s+(?!0[,;])\d+|\bbar(rier)?\.(sync|arrive)\s+%r",

@@ -2,7 +2,8 @@
 
     compute-sanitizer --tool racecheck python3 tests/gpu/qknorm_sanitize_case.py
 
-Also the persistent one-GPU kernel (5 CTAs over 37 tokens; the op's own pick at 1024 tokens).
+Also the persistent one-GPU kernel (5 CTAs over 37 tokens; the op's own pick at 1024 tokens) and the
+bulk-staged one (3 CTAs of 4 slots over 37 tokens: every slot refilled; 6144/1024 with 3 slots).
 The TP case runs ranks back to back: sanitizers serialize kernels, so rank 0 cannot meet rank 1
 and its wait ends at the (short) timeout, which is expected here and reported, not raised.
 """
@@ -21,11 +22,13 @@ for dtype, (qd, kd), n in ((torch.bfloat16, (768, 128), 37), (torch.float32, (40
 # own pick of it at 1024 tokens
 from cute_kernels.kernels import qknorm
 
-for n, fn in ((37, qknorm._compile(torch.bfloat16, 4096, 1024, qknorm.QKNormTuning(2, False, 5))),
-              (1024, lambda *a: cute_kernels.qk_rmsnorm_(*a))):
-    q = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16)
+for n, qd, fn in ((37, 4096, qknorm._compile(torch.bfloat16, 4096, 1024, qknorm.QKNormTuning(2, False, 5))),
+                  (1024, 4096, lambda *a: cute_kernels.qk_rmsnorm_(*a)),
+                  (37, 4096, qknorm._compile(torch.bfloat16, 4096, 1024, qknorm.QKNormTuning(2, False, 3, 4))),
+                  (37, 6144, qknorm._compile(torch.bfloat16, 6144, 1024, qknorm.QKNormTuning(2, False, 3, 3)))):
+    q = torch.randn(n, qd, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16)
-    fn(q, k, torch.ones(4096, device="cuda", dtype=torch.bfloat16), torch.ones(1024, device="cuda", dtype=torch.bfloat16),
+    fn(q, k, torch.ones(qd, device="cuda", dtype=torch.bfloat16), torch.ones(1024, device="cuda", dtype=torch.bfloat16),
        1e-6)
 ranks = qknorm_tp.ParallelQKNorm.emulated(2, 64, 4096, 1024, torch.bfloat16, timeout_s=0.05)
 q = torch.randn(9, 2048, device="cuda", dtype=torch.bfloat16)

@@ -209,27 +209,29 @@ def test_bulk_staged_rows_bitwise_equal_to_one_cta_per_tile(tuning, qk):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n", [1024, 3001, 4096])
-def test_op_takes_the_persistent_kernel_with_the_same_bits(dtype, n):
-    """qk_rmsnorm_ at PERSISTENT_SHAPES from PERSISTENT_MIN_TOKENS tokens (while q + k fit L2) launches the
-    persistent kernel (its key lands in the op's launcher table): within tolerance of float64 and
-    bitwise equal to one CTA per token."""
-    qd, kd = 4096, 1024
+@pytest.mark.parametrize("n,qd,kind", [(1024, 4096, 4), (3001, 4096, 4), (3840, 4096, 4), (3841, 4096, 5),
+                                       (4096, 4096, 5), (5376, 4096, 5), (2048, 6144, 5), (3072, 6144, 5)])
+def test_op_takes_the_persistent_or_bulk_kernel_with_the_same_bits(dtype, n, qd, kind):
+    """qk_rmsnorm_ launches what launch_key picks by q + k bytes against L2 (the key lands in the op's
+    launcher table): on an H200 (50 MiB of L2) the persistent register kernel for 4096/1024 up to N =
+    3840, bulk-staged rows up to 5376 and for 6144/1024 from 2012 to 3840 tokens; within tolerance of
+    float64 and bitwise equal to one CTA per token."""
+    kd = 1024
     key = mod.launch_key(n, (dtype, qd, kd), torch.cuda.current_device())
-    assert len(key) == 4, key  # an H200 (50 MiB of L2) takes it up to N = 4352
+    assert len(key) == kind, key
     buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
     q0, k0 = q.clone(), k.clone()
     mod._compile(dtype, qd, kd)(q0, k0, wq, wk, 1e-6)
     mod._launchers.pop(key, None)
     _check(buf, q, k, wq, wk, 1e-6, qd, kd, n)
-    assert key in mod._launchers  # the op compiled (and so launched) the persistent kernel
+    assert key in mod._launchers  # the op compiled (and so launched) the picked kernel
     assert torch.equal(q, q0) and torch.equal(k, k0)
 
 
-@pytest.mark.parametrize("dtype,qk", [(torch.bfloat16, (6144, 1024)), (torch.float32, (4096, 1024))])
-def test_other_shapes_keep_one_cta_per_tile(dtype, qk):
-    """Shapes outside PERSISTENT_SHAPES (slower there) launch one CTA per tile at any N; correct."""
-    n = 2048
+@pytest.mark.parametrize("dtype,qk,n", [(torch.bfloat16, (6144, 1024), 1024), (torch.float32, (4096, 1024), 2048),
+                                        (torch.bfloat16, (4096, 1024), 8192)])
+def test_other_cases_keep_one_cta_per_tile(dtype, qk, n):
+    """float32, 6144/1024 below the bulk band and q + k past L2 launch one CTA per tile; correct."""
     key = mod.launch_key(n, (dtype, *qk), torch.cuda.current_device())
     assert key == (dtype, *qk)
     buf, q, k, wq, wk = _make(n, *qk, dtype, pad=8)
