@@ -27,6 +27,14 @@ sums in the same order, so the same bits as one CTA per tile).  Elsewhere it nee
 128 at 6144/1024 bf16, 74 at 4096/1024 float32: 1-2 CTAs per SM) and measured slower, so those shapes
 keep one CTA per tile.
 
+At the edge of L2 (:data:`BULK_STAGES`: 16-bit 4096/1024 and 6144/1024, q + k within
+:data:`BULK_L2_BAND` of L2 and not taken by the persistent kernel) the op launches bulk-staged rows
+(``QKNormTuning.bulk_stages``): 3 persistent CTAs per SM, each staging about 60 KB of token rows in
+shared memory; one thread moves whole q and k rows by ``cp.async.bulk`` (global -> shared on a per-slot
+mbarrier, shared -> global in bulk groups), ``stages - 1`` rows in flight while the CTA's threads
+normalize one in place in shared memory, reading the same vectors as the register kernels (the same
+bits).  Past L2 one CTA per token is fastest again (:func:`launch_key`).
+
 The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
 the row is one rank's shard and ``Q``/``K`` are the full sizes.
 
@@ -563,7 +571,7 @@ class QKNormKernel(QKRowNormalizer):
 DEFAULT_TUNING = QKNormTuning(target_vecs=2)
 # Persistent CTAs (the same tiling, so the same bits) for PERSISTENT_SHAPES: 3 per SM (what one SM holds
 # there: 64 registers x 320 threads), each loading the weights once, from N = 1024 tokens while q and k
-# fit in 85% of L2.  H200, bf16 4096/1024, same run, us (one CTA per token / persistent): N=1024 5.35 /
+# fit in 60% of L2 (85% until session 18; from there to 90% bulk-staged rows are faster).  H200, bf16 4096/1024, same run, us (one CTA per token / persistent): N=1024 5.35 /
 # 5.19, 2048 8.74 / 7.79, 4096 18.75 / 16.72; past L2 it loses (5120: 28.1 / 28.9, 8192: 43.5 / 45.1,
 # 16384: 84.4 / 88.3: fewer bytes in flight than 4 CTAs of one token per SM), and below 1024 it is level
 # (512: 3.60 / 3.66) (bench/results/logs/2026-11-30_s15_qknorm_persistent_sweep.log).  At the other
@@ -573,17 +581,18 @@ DEFAULT_TUNING = QKNormTuning(target_vecs=2)
 PERSISTENT_SHAPES = frozenset((dt, 4096, 1024) for dt in (torch.float16, torch.bfloat16))
 PERSISTENT_MIN_TOKENS = 1024
 PERSISTENT_CTAS_PER_SM = 3
-PERSISTENT_L2_FRACTION = 0.75
+PERSISTENT_L2_FRACTION = 0.6
 # Bulk-staged rows (QKNormTuning.bulk_stages; the same tiling, so the same bits) for BULK_STAGES's shapes:
 # 3 CTAs per SM, each staging about 60 KB of token rows (the stage count per shape), while q + k are
-# between BULK_L2_BAND of L2 (at the edge of L2) and the register kernels do not take them.  H200, bf16,
-# same run, us (session 18, bench/results/logs/2026-11-30_s18_qknorm_bulk_*.log; a graph replays the op on
-# the same q and k): 4096/1024 (persistent / bulk 3x6 / one CTA per token) N=3072 10.56 / 11.50 / 12.24,
+# between BULK_L2_BAND of L2 (at the edge of L2) and the register kernels do not take them.  H200 (60 MiB
+# of L2), bf16, same run, us (session 18, bench/results/logs/2026-11-30_s18_qknorm_bulk_*.log; a graph
+# replays the op on the same q and k; in L2 fractions 4096/1024 N=3584 is 0.58, 5120 0.83, 6144/1024 N=2048
+# 0.47, 4096 0.93): 4096/1024 (persistent / bulk 3x6 / one CTA per token) N=3072 10.56 / 11.50 / 12.24,
 # 3584 12.68 / 12.91 / 14.65, 4096 16.61 / 15.26 / 18.70 (first run 16.71 / 14.63), 4352 19.69 / 18.56 /
 # 21.55, 5120 28.75 / 26.76 / 28.14, 8192 45.5 / 46.0 / 43.6, 16384 88.3 / 89.7 / 84.5; 6144/1024 (bulk 3x4 /
 # one CTA per token) N=1024 6.66 / 6.83, 2048 10.36 / 11.41, 3072 17.72 / 21.41, 4096 31.52 / 31.82.
 BULK_STAGES = {(dt, q, 1024): stages for dt in (torch.float16, torch.bfloat16) for q, stages in ((4096, 6), (6144, 4))}
-BULK_L2_BAND = (0.55, 1.05)
+BULK_L2_BAND = (0.45, 0.9)
 _device_limits: dict[int, tuple[int, int]] = {}  # device index -> (persistent CTAs, L2 bytes)
 
 
@@ -887,10 +896,12 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         eps: real number (not bool), finite in float32, >= 0 (standard RMSNorm eps, added to the mean).
             With ``eps = 0`` an all-zero row is 0 * rsqrt(0) = NaN, as in the float64 reference and
             ``torch.nn.functional.rms_norm``.
-    Kernels: one CTA per row tile; for 16-bit q/k of 4096/1024 columns from 1024 tokens while q and k fit
-    in L2, a persistent kernel with the same bits (:func:`launch_key`).  Both compile on first use
-    (``cute-kernels compile --kernel qknorm`` warms both for the shipped shapes; the persistent one at the
-    H200's 132 SMs, other SM counts compile on their first such call).
+    Kernels (:func:`launch_key`, by q + k bytes against the device's L2; all give the same bits): one CTA
+    per row tile; for 16-bit q/k of 4096/1024 columns from 1024 tokens up to 60% of L2, a persistent
+    kernel; for 16-bit 4096/1024 and 6144/1024 from there (or 45%) to 90% of L2, persistent CTAs staging
+    rows in shared memory through bulk copies.  They compile on first use (``cute-kernels compile
+    --kernel qknorm`` warms them for the shipped shapes; the persistent ones at the H200's 132 SMs,
+    other SM counts compile on their first such call).
 
     Returns:
         None; q and k are overwritten (their autograd version counters are bumped).
