@@ -80,7 +80,7 @@ def _qknorm_configs(mod) -> dict:
 
     return {t.label: mod.QKNormConfig.for_shape(t.key[1], t.key[2], getattr(torch, t.key[0].replace("torch.", "")),
                                                 tuning=t.key[3] if len(t.key) > 3 else mod.DEFAULT_TUNING)
-            for t in mod.compile_targets()}  # (a 4th key item: the persistent kernel's tuning)
+            for t in mod.compile_targets()}  # (a 4th key item: the persistent or bulk-staged kernel's tuning)
 
 
 def _qknorm_tp_configs(mod) -> dict:
