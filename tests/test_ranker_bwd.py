@@ -852,3 +852,32 @@ def test_double_backward_always_raises():
     with pytest.raises(ValueError, match="must be on a CUDA device"):  # traced forward + backward, then the run
         torch.compile(lambda q, b: ck.ranker_attention(q, q, q, b).float().sum(), fullgraph=True,
                       backend="aot_eager")(q, b).backward()
+
+
+def test_use_config_overrides_the_backward_within_the_block_only():
+    """``ranker_bwd.use_config``: the backward's pick (resolve_config) is the block's config for its head dim,
+    capped or not; an explicit config still wins; nested blocks restore; an invalid or wrongly typed config
+    is refused before the block runs."""
+    import dataclasses
+
+    cfg = dataclasses.replace(rb.CONFIGS[128], stages=1)
+    assert rb.resolve_config(None, 128, False) is rb.config_for(128, False)
+    with rb.use_config(cfg) as c:
+        assert c is cfg
+        assert rb.resolve_config(None, 128, False) is cfg and rb.resolve_config(None, 128, True) is cfg
+        assert rb.resolve_config(None, 64, False) is rb.config_for(64, False)  # other head dims untouched
+        explicit = rb.config_for(128, True)
+        assert rb.resolve_config(explicit, 128, False) is explicit
+        inner = dataclasses.replace(cfg, ds_stages=1)
+        with rb.use_config(inner):
+            assert rb.resolve_config(None, 128, False) is inner
+        assert rb.resolve_config(None, 128, False) is cfg
+    assert not rb._OVERRIDES
+    for bad in (rf.CONFIGS[128], None, {"head_dim": 128}):
+        with pytest.raises(TypeError, match="RankerBwdConfig"):
+            with rb.use_config(bad):
+                raise AssertionError("entered")
+    with pytest.raises(ValueError):  # rejected before the block runs
+        with rb.use_config(dataclasses.replace(rb.CONFIGS[128], tile_m=48)):
+            raise AssertionError("entered")
+    assert not rb._OVERRIDES

@@ -61,6 +61,7 @@ is differentiable.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import math
@@ -274,6 +275,39 @@ def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
     if head_dim not in CONFIGS:
         raise ValueError(f"head dim {head_dim} is not supported by the backward; supported: {sorted(CONFIGS)}")
     return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
+
+
+_OVERRIDES: dict[int, RankerBwdConfig] = {}  # head dim -> the config of an active use_config block
+
+
+@contextlib.contextmanager
+def use_config(config: RankerBwdConfig):
+    """Within the ``with`` block, the backward runs inputs of ``config.head_dim`` (with or without a cap)
+    with ``config`` instead of the shipped :func:`config_for`: autograd through
+    :func:`.ranker_fwd.ranker_attention` and :func:`ranker_attention_backward` without ``config=`` (to
+    try a new tile shape in training code without editing the module; the forward's twin is
+    :func:`.ranker_fwd.use_config`).  ``deterministic=True`` still forces the ordered reduce-adds.
+    Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` and ``ValueError`` (from
+    ``config.validate()``; ``TypeError`` for wrongly typed fields) before the block for a config that does
+    not fit.  Process-wide, not thread-safe; blocks nest."""
+    if not isinstance(config, RankerBwdConfig):
+        raise TypeError(f"use_config takes a RankerBwdConfig, got {type(config).__name__}")
+    config.validate()
+    old = _OVERRIDES.get(config.head_dim)
+    _OVERRIDES[config.head_dim] = config
+    try:
+        yield config
+    finally:
+        if old is None:
+            del _OVERRIDES[config.head_dim]
+        else:
+            _OVERRIDES[config.head_dim] = old
+
+
+def resolve_config(config: Optional[RankerBwdConfig], head_dim: int, capped: bool) -> RankerBwdConfig:
+    """The config a backward call runs: ``config`` if given, else an active :func:`use_config`'s for
+    ``head_dim``, else :func:`config_for` (``head_dim``, ``capped``)."""
+    return config or _OVERRIDES.get(head_dim) or config_for(head_dim, capped)
 
 
 def with_tile_m(config: RankerBwdConfig, tile_m: int) -> RankerBwdConfig:
@@ -1175,7 +1209,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         dq, dk, dv: optional output buffers (like q, k, v: same dtype, shape and device, contiguous,
             sharing no memory with each other or any input; tests pass NaN-poisoned ones).  Varlen
             calls zero them whole before the launches.
-        config: None or a :class:`RankerBwdConfig` (default :func:`config_for` (D, cap is not None)).
+        config: None or a :class:`RankerBwdConfig` (default: an active :func:`use_config`'s for D, else
+            :func:`config_for` (D, cap is not None)).
         deterministic: a bool.
     Returns:
         ``(dq, dk, dv)`` shaped and typed like ``q, k, v``.  Float32 accumulation throughout (dQ in a
@@ -1224,7 +1259,7 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     varlen, nb, seq, hq, hkv, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap,
                                                      cap_method, cu_seqlens, max_seqlen, dq=dq, dk=dk, dv=dv,
                                                      config=config, deterministic=deterministic)
-    cfg = config or config_for(d, cap is not None)
+    cfg = resolve_config(config, d, cap is not None)
     if deterministic and not cfg.deterministic:
         import dataclasses
 

@@ -1039,7 +1039,7 @@ def use_config(config: "RankerFwdConfig"):
     module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``TypeError`` for anything but a
     :class:`RankerFwdConfig` and ``ValueError`` (from ``config.validate()``; ``TypeError`` for wrongly
     typed fields) before the block for a config that does not fit.  Process-wide, not thread-safe;
-    blocks nest."""
+    blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`."""
     if not isinstance(config, RankerFwdConfig):
         raise TypeError(f"use_config takes a RankerFwdConfig, got {type(config).__name__}")
     config.validate()

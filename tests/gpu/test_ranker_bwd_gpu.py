@@ -273,6 +273,28 @@ def test_autograd_and_compile():
     torch.testing.assert_close(eager[0], cute_kernels.ranker_attention(q, k, v, bounds, cap=30.0), rtol=0, atol=0)
 
 
+def test_use_config_runs_the_autograd_backward_with_the_block_config():
+    """``ranker_bwd.use_config``: autograd's backward inside the block compiles and launches the block's
+    mainloop config (its key lands in the compiled-function table; the shipped config's does not when it
+    was not there) and its gradients match the float64 reference."""
+    import dataclasses
+
+    q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 4, 128), seed=6)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+    cfg = dataclasses.replace(rb.CONFIGS[128], ds_stages=1)
+    mains = lambda: {key for kind, key in rb._FNS if kind == "main"}  # noqa: E731
+    rb._FNS.clear()
+    qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with rb.use_config(cfg):
+        cute_kernels.ranker_attention(qq, kk, vv, bounds).backward(do)
+    assert any(cfg in key for key in mains()), mains()
+    assert not any(rb.config_for(128, False) in key for key in mains())
+    ref = rb.ranker_attention_backward_reference(q, k, v, bounds, do)
+    for name, g, r in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), ref):
+        tol = 1e-2 * r.abs().max().item() + 2e-2
+        assert (g.double() - r).abs().max().item() <= tol, name
+
+
 def test_check_rows_pass():
     rows = rb.check()
     for r in rows:
