@@ -489,7 +489,9 @@ def test_bulk_kernel_ptx_stages_rows_through_bulk_copies():
     (mod.QKNormTuning(2, False, 0, 4), (4096, 1024), "persistent_ctas"),
     (mod.QKNormTuning(2, False, 396, 4), (512, 128), "one token row per CTA"),  # 4 rows per CTA
     (mod.QKNormTuning(2, False, 396, 4), (1000, 1024), "predicated"),
-    (mod.QKNormTuning(2, False, 396, 24), (4096, 1024), "shared memory")])
+    (mod.QKNormTuning(2, False, 396, 24), (4096, 1024), "shared memory"),
+    (mod.QKNormTuning(2, True, 396, 4), (4096, 1024), "streaming"),
+    (mod.QKNormTuning(2, False, 2**29, 4), (4096, 1024), "2\\*\\*30")])
 def test_bulk_stages_rules(tuning, shape, match):
     with pytest.raises(ValueError, match=match):
         mod.QKNormConfig.for_shape(*shape, torch.bfloat16, tuning=tuning)

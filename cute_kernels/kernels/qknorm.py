@@ -19,13 +19,14 @@ q and k use different barriers).  The row stride is a dynamic argument, so slice
 fused qkv buffer work without copies.
 
 For the shapes where it was measured faster (:data:`PERSISTENT_SHAPES`: 16-bit q and k of 4096 and
-1024 columns), from :data:`PERSISTENT_MIN_TOKENS` tokens while q and k fit in L2, the op launches the
+1024 columns), from :data:`PERSISTENT_MIN_TOKENS` tokens while q and k take at most
+:data:`PERSISTENT_L2_FRACTION` of L2, the op launches the
 same tiling as a persistent kernel (``QKNormTuning.persistent_ctas``, :func:`launch_key`): 3 CTAs per
 SM (what one SM holds of it there: 64 registers x 320 threads), each walking row tiles ``b, b + grid,
 ...`` with the weights loaded once and the next tile's loads issued before this tile's stores (the same
 sums in the same order, so the same bits as one CTA per tile).  Elsewhere it needs more registers (e.g.
 128 at 6144/1024 bf16, 74 at 4096/1024 float32: 1-2 CTAs per SM) and measured slower, so those shapes
-keep one CTA per tile.
+keep one CTA per tile (16-bit 6144/1024 takes the bulk-staged kernel below inside its band).
 
 At the edge of L2 (:data:`BULK_STAGES`: 16-bit 4096/1024 and 6144/1024, q + k within
 :data:`BULK_L2_BAND` of L2 and not taken by the persistent kernel) the op launches bulk-staged rows
@@ -142,7 +143,8 @@ class QKNormTuning:
     """Performance knobs (never change results).
 
     ``target_vecs``: 16-byte vectors per thread per row (bytes in flight per thread).
-    ``streaming``: rows are read once and written once: evict-first loads, streaming (``.cs``) stores.
+    ``streaming``: rows are read once and written once: evict-first loads, streaming (``.cs``) stores
+    (the register kernels; not with ``bulk_stages``).
     ``persistent_ctas``: 0 = one CTA per row tile; ``> 0`` = at most that many CTAs, CTA ``b`` walking
     row tiles ``b, b + grid, ...`` with the weights loaded once and the next tile's loads issued before
     this tile's stores (any value is correct on any GPU; the SM count only sets the speed).
@@ -164,6 +166,11 @@ class QKNormTuning:
         check_int("bulk_stages", self.bulk_stages, low=0)
         if self.bulk_stages == 1 or (self.bulk_stages and not self.persistent_ctas):
             raise ValueError(f"bulk_stages={self.bulk_stages}: 0, or >= 2 with persistent_ctas > 0")
+        if self.bulk_stages and self.streaming:
+            raise ValueError("streaming hints apply to rows moved through registers; bulk_stages moves rows by "
+                             "bulk copies (use one or the other)")
+        if self.bulk_stages * self.persistent_ctas > 2**30:  # row + (stages - 1) * grid stays in int32
+            raise ValueError(f"bulk_stages x persistent_ctas = {self.bulk_stages * self.persistent_ctas} > 2**30")
 
 
 @dataclass(frozen=True)
@@ -259,7 +266,8 @@ class QKNormConfig:
                                  f"memory > {BULK_SMEM_LIMIT}")
 
     def bulk_smem_bytes(self) -> int:
-        """Shared memory of the bulk-copy kernel: the staged rows (q and k, 16-byte elements' worth)."""
+        """Shared memory of the staged rows of the bulk-copy kernel (q and k, ``bulk_stages`` of each; the
+        partial sums and mbarriers add under 2 KB, inside the margin :data:`BULK_SMEM_LIMIT` leaves)."""
         return self.tuning.bulk_stages * (self.q.width + self.k.width) * (16 // self.q.vec)
 
 

@@ -286,10 +286,14 @@ def use_config(config: RankerBwdConfig):
     with ``config`` instead of the shipped :func:`config_for`: autograd through
     :func:`.ranker_fwd.ranker_attention` and :func:`ranker_attention_backward` without ``config=`` (to
     try a new tile shape in training code without editing the module; the forward's twin is
-    :func:`.ranker_fwd.use_config`).  ``deterministic=True`` still forces the ordered reduce-adds.
-    Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` and ``ValueError`` (from
-    ``config.validate()``; ``TypeError`` for wrongly typed fields) before the block for a config that does
-    not fit.  Process-wide, not thread-safe; blocks nest."""
+    :func:`.ranker_fwd.use_config`).  ``deterministic=True`` still forces the ordered reduce-adds.  The
+    config is read when the backward runs: call ``loss.backward()`` (or capture the graph that runs it)
+    inside the block; a forward inside and a backward outside runs the shipped config.  It applies to
+    capped and uncapped calls alike: the shipped D=64 configs differ by cap (:func:`config_for`), and
+    the uncapped one (128 q rows per step) spills registers with a cap, so override capped D=64 calls
+    with a capped-style config.  Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` and
+    ``ValueError`` (from ``config.validate()``; ``TypeError`` for wrongly typed fields) before the block
+    for a config that does not fit.  Process-wide, not thread-safe; blocks nest (exit in reverse order)."""
     if not isinstance(config, RankerBwdConfig):
         raise TypeError(f"use_config takes a RankerBwdConfig, got {type(config).__name__}")
     config.validate()
