@@ -38,7 +38,9 @@ def tunings():
             "bulk_1x16": mod.QKNormTuning(2, False, SMS, 16), "bulk_2x8": mod.QKNormTuning(2, False, SMS * 2, 8),
             "bulk_3x6": mod.QKNormTuning(2, False, SMS * 3, 6), "bulk_4x4": mod.QKNormTuning(2, False, SMS * 4, 4),
             "bulk_2x4": mod.QKNormTuning(2, False, SMS * 2, 4), "bulk_3x5": mod.QKNormTuning(2, False, SMS * 3, 5),
-            "bulk_3x4": mod.QKNormTuning(2, False, SMS * 3, 4), "bulk_2x6": mod.QKNormTuning(2, False, SMS * 2, 6)}
+            "bulk_3x4": mod.QKNormTuning(2, False, SMS * 3, 4), "bulk_2x6": mod.QKNormTuning(2, False, SMS * 2, 6),
+            **{f"bulkw_{c}x{st}": mod.QKNormTuning(2, False, SMS * c, st, True)
+               for c, st in ((1, 16), (2, 8), (3, 6), (3, 4), (4, 4), (2, 4))}}
 
 
 def main(argv):

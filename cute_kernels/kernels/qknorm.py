@@ -157,6 +157,7 @@ class QKNormTuning:
     streaming: bool = False
     persistent_ctas: int = 0
     bulk_stages: int = 0
+    bulk_producer_warp: bool = False  # PROBE (session 18): a 33rd warp issues the bulk copies
 
     def validate(self) -> None:
         check_int("target_vecs", self.target_vecs, low=1, high=_MAX_VECS)
@@ -166,6 +167,10 @@ class QKNormTuning:
         check_int("bulk_stages", self.bulk_stages, low=0)
         if self.bulk_stages == 1 or (self.bulk_stages and not self.persistent_ctas):
             raise ValueError(f"bulk_stages={self.bulk_stages}: 0, or >= 2 with persistent_ctas > 0")
+        if type(self.bulk_producer_warp) is not bool:
+            raise TypeError(f"bulk_producer_warp={self.bulk_producer_warp!r}: must be a bool")
+        if self.bulk_producer_warp and not self.bulk_stages:
+            raise ValueError("bulk_producer_warp needs bulk_stages >= 2")
         if self.bulk_stages and self.streaming:
             raise ValueError("streaming hints apply to rows moved through registers; bulk_stages moves rows by "
                              "bulk copies (use one or the other)")
@@ -232,6 +237,11 @@ class QKNormConfig:
     @property
     def threads(self) -> int:
         return self.q_threads + self.k_threads
+
+    @property
+    def block_threads(self) -> int:
+        """Threads per CTA: the q and k threads, plus the bulk kernel's producer warp."""
+        return self.threads + (32 if self.tuning.bulk_producer_warp else 0)
 
     def registers_needed(self) -> int:
         """A register estimate per thread: 8 per 16-byte vector held (data and weight) + 40 (ptxas, sm_90a:
@@ -390,7 +400,7 @@ class QKNormKernel(QKRowNormalizer):
         grid = (n + rows - 1) // rows
         if cutlass.const_expr(self.config.tuning.persistent_ctas > 0):
             grid = cutlass.min(grid, self.config.tuning.persistent_ctas)
-        self.kernel(mQ, mK, mWq, mWk, eps).launch(grid=[grid, 1, 1], block=[self.config.threads, 1, 1],
+        self.kernel(mQ, mK, mWq, mWk, eps).launch(grid=[grid, 1, 1], block=[self.config.block_threads, 1, 1],
                                                   stream=stream)
 
     @cute.kernel
@@ -407,6 +417,29 @@ class QKNormKernel(QKRowNormalizer):
             else:
                 self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
                                cfg.q_threads // 32, 2)
+        elif cutlass.const_expr(cfg.tuning.bulk_producer_warp):
+            stages = cfg.tuning.bulk_stages
+            sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
+            full = smem.allocate_array(cutlass.Int64, num_elems=stages, byte_alignment=8)
+            ready = smem.allocate_array(cutlass.Int64, num_elems=stages, byte_alignment=8)
+            sQ = smem.allocate_tensor(self.dtype, cute.make_ordered_layout((stages, cfg.q.width), order=(1, 0)),
+                                      byte_alignment=128)
+            sK = smem.allocate_tensor(self.dtype, cute.make_ordered_layout((stages, cfg.k.width), order=(1, 0)),
+                                      byte_alignment=128)
+            if tidx == 0:
+                for s in cutlass.range_constexpr(stages):
+                    cute.arch.mbarrier_init(full + s, 1)
+                    cute.arch.mbarrier_init(ready + s, cfg.threads)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.barrier()
+            if tidx >= cfg.threads:
+                if tidx == cfg.threads:
+                    self.bulk_producer(mQ, mK, sQ, sK, full, ready, bidx, n)
+            elif tidx < cfg.q_threads:
+                self.normalize_staged(mWq, sQ, full, ready, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
+            else:
+                self.normalize_staged(mWk, sK, full, ready, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps,
+                                      sRed, cfg.q_threads // 32, 2)
         elif cutlass.const_expr(cfg.tuning.bulk_stages > 0):
             stages = cfg.tuning.bulk_stages
             sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
@@ -570,6 +603,64 @@ class QKNormKernel(QKRowNormalizer):
         if cutlass.const_expr(is_q):
             if tidx == 0:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+    @cute.jit
+    def bulk_producer(self, mQ: cute.Tensor, mK: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, full, ready,
+                      bidx: Int32, n: Int32):
+        """The producer warp's one thread: fill every slot, then per row ``i`` (slot ``i % stages``) wait
+        until the CTA's threads have written it back (``ready``), bulk-store it, wait until the store has
+        read the slot and refill it with row ``i + stages``."""
+        stages = self.config.tuning.bulk_stages
+        grid, _, _ = cute.arch.grid_dim()
+        for s in cutlass.range_constexpr(stages):
+            self.bulk_load_row(mQ, mK, sQ, sK, full, s, bidx + s * grid, n)
+        row = bidx
+        i = Int32(0)
+        while row < n:
+            s = i % stages
+            cute.arch.mbarrier_wait(ready + s, (i // stages) % 2)
+            self.bulk_store_row(mQ, mK, sQ, sK, s, row)
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            self.bulk_load_row(mQ, mK, sQ, sK, full, s, row + stages * grid, n)
+            row = row + grid
+            i = i + 1
+
+    @cute.jit
+    def normalize_staged(self, mW: cute.Tensor, sX: cute.Tensor, full, ready, part: cutlass.Constexpr,
+                         dim: cutlass.Constexpr, tidx: Int32, bidx: Int32, n: Int32, eps: Float32,
+                         sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
+        """A part's threads with the producer warp: per row wait for its slot (``full``), read this
+        thread's vectors, sum (the part's named barrier), write the scaled values back in place, fence
+        them for the bulk store and arrive on ``ready``; no CTA barrier (q and k run independently)."""
+        stages = self.config.tuning.bulk_stages
+        tile = (1, part.width)
+        atom, tiled_copy = self._tiled_copy(part)
+        smem_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        thr_copy = tiled_copy.get_slice(tidx)
+        mWb = cute.make_tensor(mW.iterator, cute.make_layout((1, mW.shape[0]), stride=(0, 1)))
+        tXgW = thr_copy.partition_S(cute.local_tile(mWb, tile, (0, 0)))
+        tXrW = cute.make_fragment_like(tXgW)
+        cute.copy(atom, tXgW, tXrW)
+        grid, _, _ = cute.arch.grid_dim()
+        row = bidx
+        i = Int32(0)
+        slot = Int32(0)
+        while row < n:
+            s = i % stages
+            cute.arch.mbarrier_wait(full + s, (i // stages) % 2)
+            tXsX = thr_copy.partition_S(cute.local_tile(sX, tile, (s, 0)))
+            tXrX = cute.make_fragment_like(tXsX)
+            cute.copy(smem_atom, tXsX, tXrX)
+            sRed_t = cute.make_tensor(sRed.iterator + slot * self.num_warps, cute.make_layout(self.num_warps))
+            ss = self.row_sum_of_squares(tXrX, part, tidx, sRed_t, warp_base, barrier_id)
+            scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
+            cute.copy(smem_atom, self.scaled(tXrX, tXrW, scale), tXsX)
+            cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> the bulk store's reads
+            cute.arch.mbarrier_arrive(ready + s)
+            row = row + grid
+            i = i + 1
+            slot = 1 - slot
 
 
 # ----------------------------------------------------------------------------- host side
