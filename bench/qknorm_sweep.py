@@ -1,4 +1,5 @@
-"""Tuning sweep of the one-GPU fused Q/K RMSNorm: vectors per thread, streaming cache hints, persistent CTAs.
+"""Tuning sweep of the one-GPU fused Q/K RMSNorm: vectors per thread, streaming cache hints, persistent CTAs,
+bulk-staged rows (``bulk_CxS``: C CTAs per SM x S staged rows).
 
     python3 bench/qknorm_sweep.py [--rounds=N] [--n=256,512,...] [--qk=4096,1024] [--only=NAME,...]
 
@@ -38,9 +39,7 @@ def tunings():
             "bulk_1x16": mod.QKNormTuning(2, False, SMS, 16), "bulk_2x8": mod.QKNormTuning(2, False, SMS * 2, 8),
             "bulk_3x6": mod.QKNormTuning(2, False, SMS * 3, 6), "bulk_4x4": mod.QKNormTuning(2, False, SMS * 4, 4),
             "bulk_2x4": mod.QKNormTuning(2, False, SMS * 2, 4), "bulk_3x5": mod.QKNormTuning(2, False, SMS * 3, 5),
-            "bulk_3x4": mod.QKNormTuning(2, False, SMS * 3, 4), "bulk_2x6": mod.QKNormTuning(2, False, SMS * 2, 6),
-            **{f"bulkw_{c}x{st}": mod.QKNormTuning(2, False, SMS * c, st, True)
-               for c, st in ((1, 16), (2, 8), (3, 6), (3, 4), (4, 4), (2, 4))}}
+            "bulk_3x4": mod.QKNormTuning(2, False, SMS * 3, 4), "bulk_2x6": mod.QKNormTuning(2, False, SMS * 2, 6)}
 
 
 def main(argv):

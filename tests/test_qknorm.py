@@ -467,19 +467,23 @@ def test_persistent_and_bulk_compile_keys_are_the_default_tiling():
 
 
 def test_bulk_kernel_ptx_stages_rows_through_bulk_copies():
-    """``bulk_stages``: rows move by cp.async.bulk (global -> shared on an mbarrier, shared -> global in
-    bulk groups, waited for before a slot is refilled), the scaled values reach the bulk store through a
-    proxy fence; no spills."""
+    """``bulk_stages``: rows move by cp.async.bulk (global -> shared on a slot's mbarrier, shared -> global
+    in bulk groups once the normalizing threads have arrived on the slot's second mbarrier, waited for
+    before the slot is refilled), the scaled values reach the bulk store through a proxy fence; a
+    producer warp beyond the q and k threads; no spills."""
     t = mod._persistent_tuning(mod.H200_PERSISTENT_CTAS, 6)
     mod._compile(torch.bfloat16, 4096, 1024, t)
     rec = compile_record(mod.NAME, (str(torch.bfloat16), 4096, 1024, t))
     body = rec.ptx[rec.ptx.index(".entry"):]
     for needle in ("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
                    "cp.async.bulk.global.shared::cta.bulk_group", "cp.async.bulk.commit_group",
-                   "cp.async.bulk.wait_group.read", "mbarrier.arrive.expect_tx", "mbarrier.try_wait.parity",
+                   "cp.async.bulk.wait_group.read", "mbarrier.arrive.expect_tx", "mbarrier.arrive.shared",
+                   "mbarrier.try_wait.parity",
                    "fence.proxy.async.shared::cta", "ld.shared.v4", "st.shared.v4"):
         assert needle in body, needle
     assert "st.global" not in body  # every row goes back by the bulk store
+    cfg = mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=t)
+    assert cfg.block_threads == cfg.threads + 32 == 352  # 256 q + 64 k threads and the producer warp
     assert "local memory (spill)" not in rec.ptx_features
     assert all(not r.stack_bytes for r in rec.resources)
 

@@ -31,10 +31,12 @@ keep one CTA per tile (16-bit 6144/1024 takes the bulk-staged kernel below insid
 At the edge of L2 (:data:`BULK_STAGES`: 16-bit 4096/1024 and 6144/1024, q + k within
 :data:`BULK_L2_BAND` of L2 and not taken by the persistent kernel) the op launches bulk-staged rows
 (``QKNormTuning.bulk_stages``): 3 persistent CTAs per SM, each staging about 60 KB of token rows in
-shared memory; one thread moves whole q and k rows by ``cp.async.bulk`` (global -> shared on a per-slot
-mbarrier, shared -> global in bulk groups), ``stages - 1`` rows in flight while the CTA's threads
-normalize one in place in shared memory, reading the same vectors as the register kernels (the same
-bits).  Past L2 one CTA per token is fastest again (:func:`launch_key`).
+shared memory.  A producer warp (one lane; warp specialization) moves whole q and k rows by
+``cp.async.bulk``: global -> shared completing a slot's ``full`` mbarrier, then, once the CTA's q and k
+threads have normalized the row in place and arrived on the slot's ``ready`` mbarrier, shared -> global
+as a bulk group, and after the store has read the slot, the refill with the row ``stages`` ahead.  The
+q and k threads read the same vectors as the register kernels (the same bits) and run without a CTA
+barrier.  Past L2 one CTA per token is fastest again (:func:`launch_key`).
 
 The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
 the row is one rank's shard and ``Q``/``K`` are the full sizes.
@@ -150,14 +152,13 @@ class QKNormTuning:
     this tile's stores (any value is correct on any GPU; the SM count only sets the speed).
     ``bulk_stages``: 0 = rows move through registers; ``>= 2`` (with ``persistent_ctas``) = each CTA
     stages that many token rows in shared memory, loaded and stored whole by bulk copies
-    (``cp.async.bulk``, one thread), ``bulk_stages - 1`` rows in flight while one is normalized.
+    (``cp.async.bulk``) that a producer warp issues while the other warps normalize.
     """
 
     target_vecs: int = 4
     streaming: bool = False
     persistent_ctas: int = 0
     bulk_stages: int = 0
-    bulk_producer_warp: bool = False  # PROBE (session 18): a 33rd warp issues the bulk copies
 
     def validate(self) -> None:
         check_int("target_vecs", self.target_vecs, low=1, high=_MAX_VECS)
@@ -167,10 +168,6 @@ class QKNormTuning:
         check_int("bulk_stages", self.bulk_stages, low=0)
         if self.bulk_stages == 1 or (self.bulk_stages and not self.persistent_ctas):
             raise ValueError(f"bulk_stages={self.bulk_stages}: 0, or >= 2 with persistent_ctas > 0")
-        if type(self.bulk_producer_warp) is not bool:
-            raise TypeError(f"bulk_producer_warp={self.bulk_producer_warp!r}: must be a bool")
-        if self.bulk_producer_warp and not self.bulk_stages:
-            raise ValueError("bulk_producer_warp needs bulk_stages >= 2")
         if self.bulk_stages and self.streaming:
             raise ValueError("streaming hints apply to rows moved through registers; bulk_stages moves rows by "
                              "bulk copies (use one or the other)")
@@ -241,7 +238,7 @@ class QKNormConfig:
     @property
     def block_threads(self) -> int:
         """Threads per CTA: the q and k threads, plus the bulk kernel's producer warp."""
-        return self.threads + (32 if self.tuning.bulk_producer_warp else 0)
+        return self.threads + (32 if self.tuning.bulk_stages else 0)
 
     def registers_needed(self) -> int:
         """A register estimate per thread: 8 per 16-byte vector held (data and weight) + 40 (ptxas, sm_90a:
@@ -257,13 +254,13 @@ class QKNormConfig:
         if self.q_threads % 32 or self.k_threads % 32:
             raise ValueError(f"rows={self.rows}: q threads {self.q_threads} and k threads {self.k_threads} "
                              "must be multiples of 32 (warps are all-q or all-k)")
-        if self.threads > 1024:
-            raise ValueError(f"{self.threads} threads per CTA > 1024")
-        need, avail = self.registers_needed(), 65536 // self.threads // 8 * 8
+        if self.block_threads > 1024:
+            raise ValueError(f"{self.block_threads} threads per CTA > 1024")
+        need, avail = self.registers_needed(), 65536 // self.block_threads // 8 * 8
         if need > avail:
             raise ValueError(f"q rows of {self.q.width} and k rows of {self.k.width} elements together need about "
                              f"{need} registers per thread ({max(self.q.vecs, self.k.vecs)} 16-byte vectors of data "
-                             f"and weight) in a CTA of {self.threads} threads, which has {avail}: they would spill; "
+                             f"and weight) in a CTA of {self.block_threads} threads, which has {avail}: they would spill; "
                              "make one of them narrower")
         if self.q_dim < self.q.width or self.k_dim < self.k.width:
             raise ValueError("full dims must be >= the per-rank widths")
@@ -417,7 +414,7 @@ class QKNormKernel(QKRowNormalizer):
             else:
                 self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
                                cfg.q_threads // 32, 2)
-        elif cutlass.const_expr(cfg.tuning.bulk_producer_warp):
+        elif cutlass.const_expr(cfg.tuning.bulk_stages > 0):
             stages = cfg.tuning.bulk_stages
             sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
             full = smem.allocate_array(cutlass.Int64, num_elems=stages, byte_alignment=8)
@@ -440,28 +437,6 @@ class QKNormKernel(QKRowNormalizer):
             else:
                 self.normalize_staged(mWk, sK, full, ready, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps,
                                       sRed, cfg.q_threads // 32, 2)
-        elif cutlass.const_expr(cfg.tuning.bulk_stages > 0):
-            stages = cfg.tuning.bulk_stages
-            sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
-            full = smem.allocate_array(cutlass.Int64, num_elems=stages, byte_alignment=8)
-            sQ = smem.allocate_tensor(self.dtype, cute.make_ordered_layout((stages, cfg.q.width), order=(1, 0)),
-                                      byte_alignment=128)
-            sK = smem.allocate_tensor(self.dtype, cute.make_ordered_layout((stages, cfg.k.width), order=(1, 0)),
-                                      byte_alignment=128)
-            if tidx == 0:
-                for s in cutlass.range_constexpr(stages):
-                    cute.arch.mbarrier_init(full + s, 1)
-            cute.arch.mbarrier_init_fence()
-            cute.arch.barrier()
-            if tidx == 0:  # the first rows of every slot
-                for s in cutlass.range_constexpr(stages):
-                    self.bulk_load_row(mQ, mK, sQ, sK, full, s, bidx + s * cute.arch.grid_dim()[0], n)
-            if tidx < cfg.q_threads:
-                self.normalize_bulk(mQ, mK, mWq, sQ, sK, full, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1,
-                                    True)
-            else:
-                self.normalize_bulk(mQ, mK, mWk, sK, sQ, full, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n,
-                                    eps, sRed, cfg.q_threads // 32, 2, False)
         else:  # two slots per warp: a tile's partial sums are written while the last tile's may still be read
             sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
             if tidx < cfg.q_threads:
@@ -555,60 +530,9 @@ class QKNormKernel(QKRowNormalizer):
         cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
-    def normalize_bulk(self, mQ: cute.Tensor, mK: cute.Tensor, mW: cute.Tensor, sX: cute.Tensor,
-                       sOther: cute.Tensor, full, part: cutlass.Constexpr, dim: cutlass.Constexpr, tidx: Int32,
-                       bidx: Int32, n: Int32, eps: Float32, sRed: cute.Tensor, warp_base: cutlass.Constexpr,
-                       barrier_id: cutlass.Constexpr, is_q: cutlass.Constexpr):
-        """``bulk_stages``: this CTA's token rows ``bidx, bidx + grid, ...`` staged in shared memory.  Row
-        ``i`` sits in slot ``i % stages``; the part's threads read their vectors from it (the same
-        vectors, so the same sums and bits, as the register kernels), write the scaled values back in
-        place, and after a CTA barrier thread 0 bulk-stores the slot, then refills the previous row's slot
-        (its store has read the slot) with the row ``stages - 1`` ahead of this one."""
-        cfg = self.config
-        stages = cfg.tuning.bulk_stages
-        tile = (1, part.width)
-        atom, tiled_copy = self._tiled_copy(part)
-        smem_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        thr_copy = tiled_copy.get_slice(tidx)
-        mWb = cute.make_tensor(mW.iterator, cute.make_layout((1, mW.shape[0]), stride=(0, 1)))
-        tXgW = thr_copy.partition_S(cute.local_tile(mWb, tile, (0, 0)))
-        tXrW = cute.make_fragment_like(tXgW)
-        cute.copy(atom, tXgW, tXrW)
-        grid, _, _ = cute.arch.grid_dim()
-        row = bidx
-        i = Int32(0)
-        slot = Int32(0)
-        while row < n:
-            s = i % stages
-            cute.arch.mbarrier_wait(full + s, (i // stages) % 2)
-            tXsX = thr_copy.partition_S(cute.local_tile(sX, tile, (s, 0)))
-            tXrX = cute.make_fragment_like(tXsX)
-            cute.copy(smem_atom, tXsX, tXrX)
-            sRed_t = cute.make_tensor(sRed.iterator + slot * self.num_warps, cute.make_layout(self.num_warps))
-            ss = self.row_sum_of_squares(tXrX, part, tidx, sRed_t, warp_base, barrier_id)
-            scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
-            cute.copy(smem_atom, self.scaled(tXrX, tXrW, scale), tXsX)
-            cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> the bulk store's reads
-            cute.arch.barrier()
-            if cutlass.const_expr(is_q):
-                if tidx == 0:
-                    sQ, sK = sX, sOther
-                    self.bulk_store_row(mQ, mK, sQ, sK, s, row)
-                    if i > 0:
-                        cute.arch.cp_async_bulk_wait_group(1, read=True)
-                        self.bulk_load_row(mQ, mK, sQ, sK, full, (i - 1) % stages, row + (stages - 1) * grid, n)
-            row = row + grid
-            i = i + 1
-            slot = 1 - slot
-        if cutlass.const_expr(is_q):
-            if tidx == 0:
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-
-    @cute.jit
     def bulk_producer(self, mQ: cute.Tensor, mK: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, full, ready,
                       bidx: Int32, n: Int32):
-        """The producer warp's one thread: fill every slot, then per row ``i`` (slot ``i % stages``) wait
+        """``bulk_stages``, the producer warp's one lane: fill every slot, then per row ``i`` (slot ``i % stages``) wait
         until the CTA's threads have written it back (``ready``), bulk-store it, wait until the store has
         read the slot and refill it with row ``i + stages``."""
         stages = self.config.tuning.bulk_stages
@@ -630,9 +554,11 @@ class QKNormKernel(QKRowNormalizer):
     def normalize_staged(self, mW: cute.Tensor, sX: cute.Tensor, full, ready, part: cutlass.Constexpr,
                          dim: cutlass.Constexpr, tidx: Int32, bidx: Int32, n: Int32, eps: Float32,
                          sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
-        """A part's threads with the producer warp: per row wait for its slot (``full``), read this
-        thread's vectors, sum (the part's named barrier), write the scaled values back in place, fence
-        them for the bulk store and arrive on ``ready``; no CTA barrier (q and k run independently)."""
+        """``bulk_stages``, a part's threads: this CTA's token rows ``bidx, bidx + grid, ...``; per row wait
+        for its slot (``full``), read this thread's vectors (the same ones, so the same sums and bits, as
+        the register kernels), sum (the part's named barrier), write the scaled values back in place,
+        fence them for the bulk store and arrive on ``ready``; no CTA barrier (q and k run
+        independently, at most ``stages`` rows apart)."""
         stages = self.config.tuning.bulk_stages
         tile = (1, part.width)
         atom, tiled_copy = self._tiled_copy(part)
@@ -689,7 +615,11 @@ PERSISTENT_L2_FRACTION = 0.6
 # 0.47, 4096 0.93): 4096/1024 (persistent / bulk 3x6 / one CTA per token) N=3072 10.56 / 11.50 / 12.24,
 # 3584 12.68 / 12.91 / 14.65, 4096 16.61 / 15.26 / 18.70 (first run 16.71 / 14.63), 4352 19.69 / 18.56 /
 # 21.55, 5120 28.75 / 26.76 / 28.14, 8192 45.5 / 46.0 / 43.6, 16384 88.3 / 89.7 / 84.5; 6144/1024 (bulk 3x4 /
-# one CTA per token) N=1024 6.66 / 6.83, 2048 10.36 / 11.41, 3072 17.72 / 21.41, 4096 31.52 / 31.82.
+# one CTA per token) N=1024 6.66 / 6.83, 2048 10.36 / 11.41, 3072 17.72 / 21.41, 4096 31.52 / 31.82.  Those
+# runs had one thread of the normalizing warps issue the copies (it stalled its warp on each store's smem
+# read); a producer warp took 3-5% off in the band (same run: 4096/1024 N=4096 14.82 vs 15.32, 5120 25.97
+# vs 27.03; 6144/1024 N=3072 16.79 vs 17.76; past L2 still behind one CTA per token: 16384 86.9 vs 84.0;
+# logs/2026-11-30_s18_qknorm_bulk_producer_warp.log).
 BULK_STAGES = {(dt, q, 1024): stages for dt in (torch.float16, torch.bfloat16) for q, stages in ((4096, 6), (6144, 4))}
 BULK_L2_BAND = (0.45, 0.9)
 _device_limits: dict[int, tuple[int, int]] = {}  # device index -> (persistent CTAs, L2 bytes)

@@ -187,8 +187,6 @@ def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
 _BULK_CASES = [(mod.QKNormTuning(2, False, ctas, stages), qk) for ctas, stages in ((1, 2), (7, 3), (264, 8))
                for qk in ((4096, 1024), (6144, 1024), (2048, 512))]
 _BULK_CASES += [(mod.QKNormTuning(4, False, 5, 4), qk) for qk in ((4096, 1024), (6144, 1024))]
-_BULK_CASES += [(mod.QKNormTuning(2, False, ctas, stages, True), qk) for ctas, stages in ((1, 2), (7, 3), (264, 8))
-                for qk in ((4096, 1024), (6144, 1024), (2048, 512))]
 
 
 @pytest.mark.parametrize("tuning,qk", _BULK_CASES)
