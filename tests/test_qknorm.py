@@ -433,18 +433,18 @@ def test_trace_time_checks_need_no_pointers():
 def test_launch_key_by_bytes_against_l2(monkeypatch):
     """From PERSISTENT_MIN_TOKENS tokens, by q + k bytes against L2 (an H200: 132 SMs, 60 MiB): the
     persistent register kernel for PERSISTENT_SHAPES (16-bit 4096/1024, 10 KiB per token) up to 60% of
-    L2 (N = 3686), then bulk-staged rows for BULK_STAGES up to 90% (N = 5529; 6144/1024, 14 KiB per
-    token: from 45%, N = 1975, to N = 3949); one CTA per tile otherwise (float32, other shapes, past L2)."""
+    L2 (N = 3686), then bulk-staged rows for BULK_STAGES up to 95% (N = 5836; 6144/1024, 14 KiB per
+    token: from 30%, N = 1317, to N = 4169); one CTA per tile otherwise (float32, other shapes, past L2)."""
     monkeypatch.setitem(mod._device_limits, 7, (3 * 132, 60 * 2**20))
     key = (torch.bfloat16, 4096, 1024)
-    got = {n: mod.launch_key(n, key, 7) for n in (1, 64, 1023, 1024, 3686, 3687, 4096, 5529, 5530, 16384)}
+    got = {n: mod.launch_key(n, key, 7) for n in (1, 64, 1023, 1024, 3686, 3687, 4096, 5836, 5837, 16384)}
     assert got == {1: key, 64: key, 1023: key, 1024: key + (396,), 3686: key + (396,), 3687: key + (396, 6),
-                   4096: key + (396, 6), 5529: key + (396, 6), 5530: key, 16384: key}
+                   4096: key + (396, 6), 5836: key + (396, 6), 5837: key, 16384: key}
     assert mod.launch_key(2048, (torch.float16, 4096, 1024), 7) == (torch.float16, 4096, 1024, 396)
     wide = (torch.float16, 6144, 1024)
-    got = {n: mod.launch_key(n, wide, 7) for n in (1024, 1974, 1975, 3072, 3949, 3950)}
-    assert got == {1024: wide, 1974: wide, 1975: wide + (396, 4), 3072: wide + (396, 4), 3949: wide + (396, 4),
-                   3950: wide}
+    got = {n: mod.launch_key(n, wide, 7) for n in (1024, 1316, 1317, 3072, 4169, 4170)}
+    assert got == {1024: wide, 1316: wide, 1317: wide + (396, 4), 3072: wide + (396, 4), 4169: wide + (396, 4),
+                   4170: wide}
     for other in ((torch.float32, 4096, 1024), (torch.bfloat16, 2048, 512)):
         assert mod.launch_key(2048, other, 7) == other
         assert mod.launch_key(4096, other, 7) == other

@@ -619,9 +619,11 @@ PERSISTENT_L2_FRACTION = 0.6
 # runs had one thread of the normalizing warps issue the copies (it stalled its warp on each store's smem
 # read); a producer warp took 3-5% off in the band (same run: 4096/1024 N=4096 14.82 vs 15.32, 5120 25.97
 # vs 27.03; 6144/1024 N=3072 16.79 vs 17.76; past L2 still behind one CTA per token: 16384 86.9 vs 84.0;
-# logs/2026-11-30_s18_qknorm_bulk_producer_warp.log).
+# logs/2026-11-30_s18_qknorm_bulk_producer_warp.log).  With it the band became 30-95% of L2 (it was
+# 45-90%): 4096/1024 N=5632 (0.92) 30.2 vs 31.5 (one CTA per token); 6144/1024 N=1536 (0.35) 8.45 vs 9.22,
+# 3949 (0.90) 28.9 vs 30.9 (logs/2026-11-30_s18_qknorm_bulk_gpu_a93adc3.log).
 BULK_STAGES = {(dt, q, 1024): stages for dt in (torch.float16, torch.bfloat16) for q, stages in ((4096, 6), (6144, 4))}
-BULK_L2_BAND = (0.45, 0.9)
+BULK_L2_BAND = (0.3, 0.95)
 _device_limits: dict[int, tuple[int, int]] = {}  # device index -> (persistent CTAs, L2 bytes)
 
 
@@ -927,7 +929,7 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
             ``torch.nn.functional.rms_norm``.
     Kernels (:func:`launch_key`, by q + k bytes against the device's L2; all give the same bits): one CTA
     per row tile; for 16-bit q/k of 4096/1024 columns from 1024 tokens up to 60% of L2, a persistent
-    kernel; for 16-bit 4096/1024 and 6144/1024 from there (or 45%) to 90% of L2, persistent CTAs staging
+    kernel; for 16-bit 4096/1024 and 6144/1024 from there (or 30%) to 95% of L2, persistent CTAs staging
     rows in shared memory through bulk copies.  They compile on first use (``cute-kernels compile
     --kernel qknorm`` warms them for the shipped shapes; the persistent ones at the H200's 132 SMs,
     other SM counts compile on their first such call).
