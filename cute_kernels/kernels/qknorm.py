@@ -260,8 +260,8 @@ class QKNormConfig:
         if need > avail:
             raise ValueError(f"q rows of {self.q.width} and k rows of {self.k.width} elements together need about "
                              f"{need} registers per thread ({max(self.q.vecs, self.k.vecs)} 16-byte vectors of data "
-                             f"and weight) in a CTA of {self.block_threads} threads, which has {avail}: they would spill; "
-                             "make one of them narrower")
+                             f"and weight) in a CTA of {self.block_threads} threads, which has {avail}: they would "
+                             "spill; make one of them narrower")
         if self.q_dim < self.q.width or self.k_dim < self.k.width:
             raise ValueError("full dims must be >= the per-rank widths")
         if self.tuning.bulk_stages:
@@ -503,7 +503,6 @@ class QKNormKernel(QKRowNormalizer):
             t = t_next
             slot = 1 - slot
 
-
     @cute.jit
     def bulk_load_row(self, mQ: cute.Tensor, mK: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, full,
                       slot, row: Int32, n: Int32):
@@ -524,7 +523,8 @@ class QKNormKernel(QKRowNormalizer):
         """One thread: bulk-copy ``slot``'s scaled q and k rows back to token ``row`` (one bulk group)."""
         cfg = self.config
         for mX, sX, width in ((mQ, sQ, cfg.q.width), (mK, sK, cfg.k.width)):
-            atom = cute.make_copy_atom(cpasync.CopyBulkS2GOp(), self.dtype, num_bits_per_copy=width * self.dtype.width)
+            atom = cute.make_copy_atom(cpasync.CopyBulkS2GOp(), self.dtype,
+                                       num_bits_per_copy=width * self.dtype.width)
             src, dst = cute.group_modes(sX[slot, None], 0, 1), cute.group_modes(mX[row, None], 0, 1)
             cute.copy(atom, src, dst)
         cute.arch.cp_async_bulk_commit_group()
@@ -532,9 +532,9 @@ class QKNormKernel(QKRowNormalizer):
     @cute.jit
     def bulk_producer(self, mQ: cute.Tensor, mK: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor, full, ready,
                       bidx: Int32, n: Int32):
-        """``bulk_stages``, the producer warp's one lane: fill every slot, then per row ``i`` (slot ``i % stages``) wait
-        until the CTA's threads have written it back (``ready``), bulk-store it, wait until the store has
-        read the slot and refill it with row ``i + stages``."""
+        """``bulk_stages``, the producer warp's one lane: fill every slot, then per row ``i`` (slot
+        ``i % stages``) wait until the CTA's threads have written it back (``ready``), bulk-store it, wait
+        until the store has read the slot and refill it with row ``i + stages``."""
         stages = self.config.tuning.bulk_stages
         grid, _, _ = cute.arch.grid_dim()
         for s in cutlass.range_constexpr(stages):
@@ -711,8 +711,8 @@ def compile_targets() -> list[CompileTarget]:
         for d, qw, kw in sorted(shapes, key=str):
             tuning = _persistent_tuning(H200_PERSISTENT_CTAS, stages_of((d, qw, kw)))
             extra = f" stages={tuning.bulk_stages}" if tuning.bulk_stages else ""
-            out.append(CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw} {label}={H200_PERSISTENT_CTAS}"
-                                     f"{extra}", (str(d), qw, kw, tuning),
+            name = f"{str(d).replace('torch.', '')} q={qw} k={kw} {label}={H200_PERSISTENT_CTAS}{extra}"
+            out.append(CompileTarget(NAME, name, (str(d), qw, kw, tuning),
                                      build=lambda d=d, qw=qw, kw=kw, t=tuning: _compile(d, qw, kw, t)))
     return out
 

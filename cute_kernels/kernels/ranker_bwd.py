@@ -83,7 +83,7 @@ from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, witho
 from ..runtime.validate import (INT32_MAX, check_bool, check_config_fields, check_extent, check_outputs_disjoint,
                                 check_same_device, check_tensor)
 from . import sm90_helpers as sm90
-from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale,
+from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
                          ranker_attention_reference)
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
 from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
@@ -296,16 +296,8 @@ def use_config(config: RankerBwdConfig):
     for a config that does not fit.  Process-wide, not thread-safe; blocks nest (exit in reverse order)."""
     if not isinstance(config, RankerBwdConfig):
         raise TypeError(f"use_config takes a RankerBwdConfig, got {type(config).__name__}")
-    config.validate()
-    old = _OVERRIDES.get(config.head_dim)
-    _OVERRIDES[config.head_dim] = config
-    try:
+    with override_config(_OVERRIDES, config):
         yield config
-    finally:
-        if old is None:
-            del _OVERRIDES[config.head_dim]
-        else:
-            _OVERRIDES[config.head_dim] = old
 
 
 def resolve_config(config: Optional[RankerBwdConfig], head_dim: int, capped: bool) -> RankerBwdConfig:
@@ -1265,8 +1257,6 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
                                                      config=config, deterministic=deterministic)
     cfg = resolve_config(config, d, cap is not None)
     if deterministic and not cfg.deterministic:
-        import dataclasses
-
         cfg = dataclasses.replace(cfg, deterministic=True)
     cfg.validate()
     if cfg.head_dim != d:

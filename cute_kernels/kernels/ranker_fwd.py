@@ -1042,16 +1042,24 @@ def use_config(config: "RankerFwdConfig"):
     blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`."""
     if not isinstance(config, RankerFwdConfig):
         raise TypeError(f"use_config takes a RankerFwdConfig, got {type(config).__name__}")
-    config.validate()
-    old = _OVERRIDES.get(config.head_dim)
-    _OVERRIDES[config.head_dim] = config
-    try:
+    with override_config(_OVERRIDES, config):
         yield config
+
+
+@contextlib.contextmanager
+def override_config(table: dict, config):
+    """``table[config.head_dim] = config`` for the ``with`` block (after ``config.validate()``), the
+    previous entry (or none) restored after it; the body of both directions' ``use_config``."""
+    config.validate()
+    old = table.get(config.head_dim)
+    table[config.head_dim] = config
+    try:
+        yield
     finally:
         if old is None:
-            del _OVERRIDES[config.head_dim]
+            del table[config.head_dim]
         else:
-            _OVERRIDES[config.head_dim] = old
+            table[config.head_dim] = old
 
 
 def exp2_scale(softmax_scale: float, cap: Optional[float]) -> float:
