@@ -24,7 +24,8 @@ from cutlass import Float32, Int32
 from cute_kernels.kernels import qknorm as mod
 from cute_kernels.runtime.cache import compile_cached
 from cute_kernels.runtime.fake import cute_dtype, fake_stream, fake_tensor
-from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
+from cute_kernels.runtime.timing import copy_bandwidth_gbps
+from qknorm_sweep import bits_equal, time_rounds
 
 
 def _part_normalizer(dtype, cfg, rows: int, threads: int):
@@ -108,26 +109,14 @@ def main(argv):
         k = torch.randn(n, kd, device="cuda", dtype=dtype)
         wq = torch.empty(qd, device="cuda", dtype=dtype).uniform_(0.5, 1.5)
         wk = torch.empty(kd, device="cuda", dtype=dtype).uniform_(0.5, 1.5)
-        outs = {}
-        for name, fn in fns.items():
-            qc, kc = q.clone(), k.clone()
-            fn(qc, kc, wq, wk, 1e-6)
-            outs[name] = (qc, kc)
-        ref = outs["per_token"]
-        print(json.dumps(dict(n=n, bits_equal={name: bool(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]))
-                                               for name, o in outs.items()})), flush=True)
+        print(json.dumps(dict(n=n, bits_equal=bits_equal(fns, q, k, wq, wk))), flush=True)
         wq.fill_(1)
         wk.fill_(1)
         q2, k2 = torch.empty_like(q), torch.empty_like(k)
         calls = {name: (lambda fn=fn: fn(q, k, wq, wk, 1e-6)) for name, fn in fns.items()}
         calls["torch_copy"] = lambda: (q2.copy_(q), k2.copy_(k))
         calls["torch_scalar_mul_"] = lambda: (q.mul_(1.0), k.mul_(1.0))
-        times = {name: [] for name in calls}
-        for _ in range(rounds):
-            order = list(calls)
-            rng.shuffle(order)
-            for name in order:
-                times[name].append(round(cuda_time_us(calls[name], graph=True, reps=30), 2))
+        times = time_rounds(calls, rounds, rng)
         print(json.dumps(dict(n=n, us={m: statistics.median(v) for m, v in times.items()}, all=times)), flush=True)
 
 

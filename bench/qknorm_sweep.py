@@ -42,6 +42,28 @@ def tunings():
             "bulk_3x4": mod.QKNormTuning(2, False, SMS * 3, 4), "bulk_2x6": mod.QKNormTuning(2, False, SMS * 2, 6)}
 
 
+def bits_equal(fns: dict, q, k, wq, wk) -> dict:
+    """Each compiled function once on copies of the same q and k: ``{name: bits equal to the first's}``."""
+    outs = {}
+    for name, fn in fns.items():
+        qc, kc = q.clone(), k.clone()
+        fn(qc, kc, wq, wk, 1e-6)
+        outs[name] = (qc, kc)
+    ref = next(iter(outs.values()))
+    return {name: bool(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1])) for name, o in outs.items()}
+
+
+def time_rounds(calls: dict, rounds: int, rng) -> dict:
+    """``{name: [us per call in a CUDA graph, one per round]}``, the calls' order shuffled every round."""
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        order = list(calls)
+        rng.shuffle(order)
+        for name in order:
+            times[name].append(round(cuda_time_us(calls[name], graph=True, reps=30), 2))
+    return times
+
+
 def main(argv):
     rounds = 5
     ns = (256, 512, 1024, 2048, 4096, 5120, 6144, 8192)
@@ -73,26 +95,14 @@ def main(argv):
         q2, k2 = torch.empty_like(q), torch.empty_like(k)
         wq.uniform_(0.5, 1.5)  # the bitwise check: every tuning on the same inputs, one call each
         wk.uniform_(0.5, 1.5)
-        outs = {}
-        for name, fn in fns.items():
-            qc, kc = q.clone(), k.clone()
-            fn(qc, kc, wq, wk, 1e-6)
-            outs[name] = (qc, kc)
-        ref = outs["per_token"]
-        print(json.dumps(dict(n=n, bits_equal={name: bool(torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]))
-                                               for name, o in outs.items()})), flush=True)
+        print(json.dumps(dict(n=n, bits_equal=bits_equal(fns, q, k, wq, wk))), flush=True)
         wq.fill_(1)
         wk.fill_(1)
         calls = {name: (lambda fn=fn: fn(q, k, wq, wk, 1e-6)) for name, fn in fns.items()}
         calls["torch_copy"] = lambda: (q2.copy_(q), k2.copy_(k))
         calls["torch_mul_"] = lambda: (q.mul_(wq), k.mul_(wk))
         calls["torch_scalar_mul_"] = lambda: (q.mul_(1.0), k.mul_(1.0))  # in place, no broadcast operand
-        times = {name: [] for name in calls}
-        for _ in range(rounds):
-            order = list(calls)
-            rng.shuffle(order)
-            for name in order:
-                times[name].append(round(cuda_time_us(calls[name], graph=True, reps=30), 2))
+        times = time_rounds(calls, rounds, rng)
         nbytes = 2 * (q.numel() + k.numel()) * 2
         med = {name: statistics.median(v) for name, v in times.items()}
         print(json.dumps(dict(n=n, us=med, copy_frac={m: round(nbytes / t / 1e3 / bw, 3) for m, t in med.items()},

@@ -170,17 +170,22 @@ def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
     """``persistent_ctas``: every row tile walked once (N below, at and above the CTA count, ragged
     columns, one CTA), the same bits as one CTA per tile with the same row tiling (the thread split
     sets the summation order), nothing outside q/k written."""
+    _assert_bits_of_one_cta_per_tile(tuning, qk, torch.bfloat16)
+
+
+def _assert_bits_of_one_cta_per_tile(tuning, qk, dtype):
+    """``tuning``'s kernel and one CTA per tile with the same row tiling give the same bits at N below, at
+    and above the CTA count, on strided row views of one NaN-poisoned buffer left unwritten outside q/k."""
     qd, kd = qk
-    dtype = torch.bfloat16
     fn = mod._compile(dtype, qd, kd, tuning)
-    fn_per_tile = mod._compile(dtype, qd, kd, dataclasses.replace(tuning, persistent_ctas=0))
+    fn_per_tile = mod._compile(dtype, qd, kd, dataclasses.replace(tuning, persistent_ctas=0, bulk_stages=0))
     for n in (1, 2, 6, 7, 8, 333, 4097):
         buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
         q0, k0 = q.clone(), k.clone()
         fn(q, k, wq, wk, 1e-6)
         fn_per_tile(q0, k0, wq, wk, 1e-6)
         torch.cuda.synchronize()
-        assert torch.equal(q, q0) and torch.equal(k, k0), (tuning, qk, n)
+        assert torch.equal(q, q0) and torch.equal(k, k0), (tuning, qk, dtype, n)
         assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
 
 
@@ -194,18 +199,8 @@ def test_bulk_staged_rows_bitwise_equal_to_one_cta_per_tile(tuning, qk):
     """``bulk_stages``: rows staged in shared memory by bulk copies (N below, at and above the CTA count;
     slots reused many times over at 4097 rows on one CTA) give the same bits as one CTA per token with the
     same row tiling, and nothing outside q/k is written (the rows are strided views of one buffer)."""
-    qd, kd = qk
     for dtype in (torch.bfloat16, torch.float16):
-        fn = mod._compile(dtype, qd, kd, tuning)
-        fn_per_tile = mod._compile(dtype, qd, kd, dataclasses.replace(tuning, persistent_ctas=0, bulk_stages=0))
-        for n in (1, 2, 6, 7, 8, 333, 4097):
-            buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
-            q0, k0 = q.clone(), k.clone()
-            fn(q, k, wq, wk, 1e-6)
-            fn_per_tile(q0, k0, wq, wk, 1e-6)
-            torch.cuda.synchronize()
-            assert torch.equal(q, q0) and torch.equal(k, k0), (tuning, qk, dtype, n)
-            assert torch.isnan(buf[n:]).all() and torch.isnan(buf[:n, qd + kd:]).all()
+        _assert_bits_of_one_cta_per_tile(tuning, qk, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
