@@ -15,8 +15,9 @@ tokens; its first ``rows * q.threads`` threads normalize the q rows, the remaini
 column predicate when ``threads * vecs * vec`` overshoots ``W``.  The sum of squares is reduced by
 butterfly shuffles over the row's lanes (``threads <= 32``, a power of two), or per warp and then
 across the row's warps through shared memory and a named barrier (``threads`` a multiple of 32;
-q and k use different barriers).  The row stride is a dynamic argument, so sliced views of a
-fused qkv buffer work without copies.
+q and k use different barriers); x stays in its packed 16-bit registers across that reduction
+(:func:`keep_packed`).  The row stride is a dynamic argument, so sliced views of a fused qkv buffer
+work without copies.
 
 For the shapes where it was measured faster (:data:`PERSISTENT_SHAPES`: 16-bit q and k of 4096 and
 1024 columns), from :data:`PERSISTENT_MIN_TOKENS` tokens while q and k take at most
