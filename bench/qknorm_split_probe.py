@@ -4,28 +4,25 @@ k-only CTAs, in one launch) instead of every CTA holding one token's q row and i
 The shipped per-token kernel reads a q row and a k row in every CTA, so DRAM serves two address streams
 at once; torch's two in-place kernels (q, then k) serve one at a time and measure ~1.4% faster at
 N=16384.  Here CTAs ``0 .. ceil(N/rows_q)`` take q rows (``rows_q`` per CTA), the rest k rows (``rows_k``
-per CTA, as many threads as a q CTA); ``--k-first`` puts the k CTAs first.  Same per-row thread tiling
+per CTA, as many threads as a q CTA), or the k CTAs first (``split_k_first``).  Same per-row thread tiling
 as the shipped kernel, so the same bits (checked).  Times: CUDA graph, shuffled rounds, next to the
 shipped kernel and torch's copy / in-place scalar mul_ on the same bytes.
 
     python3 bench/qknorm_split_probe.py [--rounds=N] [--n=8192,16384]
+
+Run recorded: bench/results/logs/2026-11-30_s18_qknorm_split_probe.log (no robust gain; not shipped).
 """
-import json
-import random
-import statistics
 import sys
 from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
-import torch
 from cutlass import Float32, Int32
 
 from cute_kernels.kernels import qknorm as mod
 from cute_kernels.runtime.cache import compile_cached
-from cute_kernels.runtime.fake import cute_dtype, fake_stream, fake_tensor
-from cute_kernels.runtime.timing import copy_bandwidth_gbps
-from qknorm_sweep import bits_equal, time_rounds
+from cute_kernels.runtime.fake import cute_dtype
+from qknorm_sweep import run_probe
 
 
 def _part_normalizer(dtype, cfg, rows: int, threads: int):
@@ -77,48 +74,18 @@ class SplitPartsKernel:
 
 def compile_split(dtype, qd, kd, k_first: bool):
     cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=mod.DEFAULT_TUNING)
-
-    def build():
-        vec = mod.vec_elems(dtype)
-        n = cute.sym_int()
-        sq, sk = cute.sym_int(divisibility=vec), cute.sym_int(divisibility=vec)
-        return SplitPartsKernel(cute_dtype(dtype), cfg, k_first), (
-            fake_tensor(dtype, (n, qd), stride=(sq, 1)), fake_tensor(dtype, (n, kd), stride=(sk, 1)),
-            fake_tensor(dtype, (qd,)), fake_tensor(dtype, (kd,)), Float32(1e-6), fake_stream())
-
-    return compile_cached("qknorm_split_probe", (str(dtype), qd, kd, k_first), build)
+    return compile_cached("qknorm_split_probe", (str(dtype), qd, kd, k_first),
+                          lambda: (SplitPartsKernel(cute_dtype(dtype), cfg, k_first),
+                                   mod.fake_launch_args(dtype, qd, kd)))
 
 
-def main(argv):
-    rounds, ns = 7, (8192, 16384)
-    for a in argv:
-        if a.startswith("--rounds="):
-            rounds = int(a.split("=", 1)[1])
-        elif a.startswith("--n="):
-            ns = tuple(int(x) for x in a.split("=", 1)[1].split(","))
-        else:
-            raise SystemExit(f"unknown argument {a!r}\n{__doc__}")
-    qd, kd, dtype = 4096, 1024, torch.bfloat16
-    fns = {"per_token": mod._compile(dtype, qd, kd), "split_q_first": compile_split(dtype, qd, kd, False),
-           "split_k_first": compile_split(dtype, qd, kd, True)}
-    bw = copy_bandwidth_gbps()
-    print(json.dumps(dict(copy_gbps=round(bw, 1), rounds=rounds)), flush=True)
-    rng = random.Random(0)
-    for n in ns:
-        q = torch.randn(n, qd, device="cuda", dtype=dtype)
-        k = torch.randn(n, kd, device="cuda", dtype=dtype)
-        wq = torch.empty(qd, device="cuda", dtype=dtype).uniform_(0.5, 1.5)
-        wk = torch.empty(kd, device="cuda", dtype=dtype).uniform_(0.5, 1.5)
-        print(json.dumps(dict(n=n, bits_equal=bits_equal(fns, q, k, wq, wk))), flush=True)
-        wq.fill_(1)
-        wk.fill_(1)
-        q2, k2 = torch.empty_like(q), torch.empty_like(k)
-        calls = {name: (lambda fn=fn: fn(q, k, wq, wk, 1e-6)) for name, fn in fns.items()}
-        calls["torch_copy"] = lambda: (q2.copy_(q), k2.copy_(k))
-        calls["torch_scalar_mul_"] = lambda: (q.mul_(1.0), k.mul_(1.0))
-        times = time_rounds(calls, rounds, rng)
-        print(json.dumps(dict(n=n, us={m: statistics.median(v) for m, v in times.items()}, all=times)), flush=True)
+def variants(dtype, qd, kd):
+    return {"per_token": mod._compile(dtype, qd, kd), "split_q_first": compile_split(dtype, qd, kd, False),
+            "split_k_first": compile_split(dtype, qd, kd, True)}
+
+
+PROBE_ARGS = dict(ns=(8192, 16384))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_probe(sys.argv[1:], __doc__, variants, **PROBE_ARGS)

@@ -64,6 +64,41 @@ def time_rounds(calls: dict, rounds: int, rng) -> dict:
     return times
 
 
+def run_probe(argv: list, doc: str, variants, shapes=((4096, 1024),), ns=(8192, 16384)) -> None:
+    """The probes' command line (``--rounds=N``, ``--n=...``) and loop: for each (Q, K) of ``shapes`` the
+    compiled functions ``variants(dtype, Q, K) -> {name: fn}`` (the first is the reference) are checked
+    bitwise against each other and timed in shuffled rounds next to torch's copy and in-place scalar
+    ``mul_`` of the same bytes; one JSON line per (shape, N) with the medians and every round."""
+    rounds = 7
+    for a in argv:
+        if a.startswith("--rounds="):
+            rounds = int(a.split("=", 1)[1])
+        elif a.startswith("--n="):
+            ns = tuple(int(x) for x in a.split("=", 1)[1].split(","))
+        else:
+            raise SystemExit(f"unknown argument {a!r}\n{doc}")
+    dtype = torch.bfloat16
+    print(json.dumps(dict(copy_gbps=round(copy_bandwidth_gbps(), 1), rounds=rounds)), flush=True)
+    rng = random.Random(0)
+    for qd, kd in shapes:
+        fns = variants(dtype, qd, kd)
+        for n in ns:
+            q = torch.randn(n, qd, device="cuda", dtype=dtype)
+            k = torch.randn(n, kd, device="cuda", dtype=dtype)
+            wq = torch.empty(qd, device="cuda", dtype=dtype).uniform_(0.5, 1.5)
+            wk = torch.empty(kd, device="cuda", dtype=dtype).uniform_(0.5, 1.5)
+            print(json.dumps(dict(qk=[qd, kd], n=n, bits_equal=bits_equal(fns, q, k, wq, wk))), flush=True)
+            wq.fill_(1)  # the in-place timing runs keep the values finite
+            wk.fill_(1)
+            q2, k2 = torch.empty_like(q), torch.empty_like(k)
+            calls = {name: (lambda fn=fn: fn(q, k, wq, wk, 1e-6)) for name, fn in fns.items()}
+            calls["torch_copy"] = lambda: (q2.copy_(q), k2.copy_(k))
+            calls["torch_scalar_mul_"] = lambda: (q.mul_(1.0), k.mul_(1.0))
+            times = time_rounds(calls, rounds, rng)
+            print(json.dumps(dict(qk=[qd, kd], n=n, us={m: statistics.median(v) for m, v in times.items()},
+                                  all=times)), flush=True)
+
+
 def main(argv):
     rounds = 5
     ns = (256, 512, 1024, 2048, 4096, 5120, 6144, 8192)

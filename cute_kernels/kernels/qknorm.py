@@ -694,16 +694,21 @@ def _compile_key(key: tuple):
     return _compile(*key) if len(key) == 3 else _compile(*key[:3], _persistent_tuning(*key[3:]))
 
 
+def fake_launch_args(dtype: torch.dtype, q_width: int, k_width: int) -> tuple:
+    """The compile-time arguments of a one-GPU kernel: q [N, Q] and k [N, K] with symbolic N and 16-byte
+    row strides, the weights, eps and a stream (kernels compiled with them take any N and row stride)."""
+    vec = vec_elems(dtype)
+    n = cute.sym_int()
+    sq, sk = cute.sym_int(divisibility=vec), cute.sym_int(divisibility=vec)
+    return (fake_tensor(dtype, (n, q_width), stride=(sq, 1)), fake_tensor(dtype, (n, k_width), stride=(sk, 1)),
+            fake_tensor(dtype, (q_width,)), fake_tensor(dtype, (k_width,)), Float32(1e-6), fake_stream())
+
+
 def _compile(dtype: torch.dtype, q_width: int, k_width: int, tuning: QKNormTuning = DEFAULT_TUNING):
     cfg = QKNormConfig.for_shape(q_width, k_width, dtype, tuning=tuning)
 
     def build():
-        vec = vec_elems(dtype)
-        n = cute.sym_int()
-        sq, sk = cute.sym_int(divisibility=vec), cute.sym_int(divisibility=vec)
-        return QKNormKernel(cute_dtype(dtype), cfg), (
-            fake_tensor(dtype, (n, q_width), stride=(sq, 1)), fake_tensor(dtype, (n, k_width), stride=(sk, 1)),
-            fake_tensor(dtype, (q_width,)), fake_tensor(dtype, (k_width,)), Float32(1e-6), fake_stream())
+        return QKNormKernel(cute_dtype(dtype), cfg), fake_launch_args(dtype, q_width, k_width)
 
     key = (str(dtype), q_width, k_width) if tuning == DEFAULT_TUNING else (str(dtype), q_width, k_width, tuning)
     return compile_cached(NAME, key, build)
