@@ -1,9 +1,9 @@
-"""Tuning sweep of the one-GPU fused Q/K RMSNorm: vectors per thread, streaming cache hints, persistent CTAs,
-bulk-staged rows (``bulk_CxS``: C CTAs per SM x S staged rows).
+"""Tuning sweep of the one-GPU fused Q/K RMSNorm: vectors per thread, persistent CTAs, bulk-staged rows
+(``bulk_CxS``: C CTAs per SM x S staged rows).
 
-    python3 bench/qknorm_sweep.py [--rounds=N] [--n=256,512,...] [--qk=4096,1024] [--only=NAME,...]
+    python3 bench/qknorm_sweep.py [--rounds=N] [--n=256,512,...] [--qk=4096,1024] [--only=NAME,...] [--help]
 
-For each N (Q=4096, K=1024, bf16) every tuning is timed in a CUDA graph in ``--rounds`` rounds of shuffled
+For each N (bf16, Q=4096 and K=1024 unless ``--qk`` says otherwise) every tuning is timed in a CUDA graph in ``--rounds`` rounds of shuffled
 order (median printed, with every round), next to two stock kernels that move the same bytes: torch's
 out-of-place copy of q and k, and torch's in-place ``mul_`` of q and k by their weights (read + write in
 place, as the norm does) and in-place ``mul_(1.0)`` (the vectorized elementwise kernel, read + write in place).  One JSON line per N, and the copy rate first.
@@ -64,19 +64,55 @@ def time_rounds(calls: dict, rounds: int, rng) -> dict:
     return times
 
 
-def run_probe(argv: list, doc: str, variants, shapes=((4096, 1024),), ns=(8192, 16384)) -> None:
-    """The probes' command line (``--rounds=N``, ``--n=...``) and loop: for each (Q, K) of ``shapes`` the
-    compiled functions ``variants(dtype, Q, K) -> {name: fn}`` (the first is the reference) are checked
-    bitwise against each other and timed in shuffled rounds next to torch's copy and in-place scalar
-    ``mul_`` of the same bytes; one JSON line per (shape, N) with the medians and every round."""
-    rounds = 7
+def parse_ints(arg: str, count: int | None = None) -> tuple:
+    """``--name=1,2,...`` -> positive ints (``count`` of them if given); ``SystemExit`` (status 2) naming
+    the argument otherwise."""
+    values = arg.split("=", 1)[1].split(",")
+    if not all(v.isascii() and v.isdigit() and int(v) > 0 for v in values) or (count and len(values) != count):
+        want = f"{count} comma-separated" if count else "comma-separated"
+        print(f"{arg!r}: expected {want} positive integers", file=sys.stderr)
+        raise SystemExit(2)
+    return tuple(int(v) for v in values)
+
+
+def parse_common(argv: list, doc: str, extra=()) -> tuple:
+    """The shared command line of the sweep and the probes: ``-h``/``--help`` (``doc``, exit 0),
+    ``--rounds=N``, ``--n=N,...`` and the ``extra`` ``--name=...`` options -> ``(rounds, ns, {name: value})``
+    (None where absent); an unknown argument or a bad value exits with status 2."""
+    if {"-h", "--help"} & set(argv):
+        print(doc)
+        raise SystemExit(0)
+    rounds, ns, opts = None, None, {name: None for name in extra}
     for a in argv:
+        name = a.split("=", 1)[0].lstrip("-")
         if a.startswith("--rounds="):
-            rounds = int(a.split("=", 1)[1])
+            rounds = parse_ints(a, 1)[0]
         elif a.startswith("--n="):
-            ns = tuple(int(x) for x in a.split("=", 1)[1].split(","))
+            ns = parse_ints(a)
+        elif a.startswith("--") and "=" in a and name in opts:
+            opts[name] = a.split("=", 1)[1]
         else:
-            raise SystemExit(f"unknown argument {a!r}\n{doc}")
+            print(f"unknown argument {a!r}\n{doc}", file=sys.stderr)
+            raise SystemExit(2)
+    return rounds, ns, opts
+
+
+def require_cuda() -> None:
+    """Exit with status 2 and a message when no CUDA GPU is visible (after the arguments are checked)."""
+    if not torch.cuda.is_available():
+        print("this script times kernels on a CUDA GPU (sm_90a); none is visible here", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def run_probe(argv: list, doc: str, variants, shapes=((4096, 1024),), ns=(8192, 16384)) -> None:
+    """The probes' command line (:func:`parse_common`: ``--rounds=N``, ``--n=...``, ``--help``) and loop:
+    for each (Q, K) of ``shapes`` the compiled functions ``variants(dtype, Q, K) -> {name: fn}`` (the first
+    is the reference) are checked bitwise against each other and timed in shuffled rounds next to torch's
+    copy and in-place scalar ``mul_`` of the same bytes; one JSON line per (shape, N) with the medians and
+    every round."""
+    rounds, n_arg, _ = parse_common(argv, doc)
+    rounds, ns = rounds or 7, n_arg or ns
+    require_cuda()
     dtype = torch.bfloat16
     print(json.dumps(dict(copy_gbps=round(copy_bandwidth_gbps(), 1), rounds=rounds)), flush=True)
     rng = random.Random(0)
@@ -100,24 +136,17 @@ def run_probe(argv: list, doc: str, variants, shapes=((4096, 1024),), ns=(8192, 
 
 
 def main(argv):
-    rounds = 5
-    ns = (256, 512, 1024, 2048, 4096, 5120, 6144, 8192)
-    qd, kd, dtype = 4096, 1024, torch.bfloat16
-    only = None
-    for a in argv:
-        if a.startswith("--rounds="):
-            rounds = int(a.split("=", 1)[1])
-        elif a.startswith("--n="):
-            ns = tuple(int(x) for x in a.split("=", 1)[1].split(","))
-        elif a.startswith("--qk="):
-            qd, kd = (int(x) for x in a.split("=", 1)[1].split(","))
-        elif a.startswith("--only="):
-            only = a.split("=", 1)[1].split(",")
-        else:
-            raise SystemExit(f"unknown argument {a!r}\n{__doc__}")
+    rounds, ns, opts = parse_common(argv, __doc__, extra=("qk", "only"))
+    rounds = rounds or 5
+    ns = ns or (256, 512, 1024, 2048, 4096, 5120, 6144, 8192)
+    qd, kd = parse_ints("--qk=" + opts["qk"], 2) if opts["qk"] else (4096, 1024)
+    dtype = torch.bfloat16
+    only = opts["only"].split(",") if opts["only"] else None
     chosen = {name: t for name, t in tunings().items() if name == "per_token" or only is None or name in only}
     if only and set(only) - set(chosen):
-        raise SystemExit(f"unknown tunings {sorted(set(only) - set(chosen))} (known: {sorted(tunings())})")
+        print(f"unknown tunings {sorted(set(only) - set(chosen))} (known: {sorted(tunings())})", file=sys.stderr)
+        raise SystemExit(2)
+    require_cuda()
     bw = copy_bandwidth_gbps()
     print(json.dumps(dict(copy_gbps=round(bw, 1), rounds=rounds, qk=[qd, kd])), flush=True)
     fns = {name: mod._compile(dtype, qd, kd, t) for name, t in chosen.items()}

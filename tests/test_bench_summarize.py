@@ -182,3 +182,31 @@ def test_bwd_probe_precompiles_what_the_probe_launches(monkeypatch, capsys):
     mains = [a["main"] for a in seen]
     assert set(mains) == want and len(mains) == len(want)
     assert any(k[3] == "none" for k in mains) and any(k[3] == "tanh" for k in mains)
+
+
+@pytest.mark.parametrize("script", ["qknorm_sweep.py", "qknorm_split_probe.py", "qknorm_packed_probe.py",
+                                    "qknorm_launch_bound_probe.py"])
+def test_qknorm_bench_scripts_command_line(script):
+    """The Q/K norm sweep and probes: --help prints the usage and exits 0; a bad value or an unknown
+    argument exits 2 with a message (no traceback); without a GPU a valid call exits 2 saying so."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(root / "bench" / script), *args], capture_output=True, text=True,
+                              env=env, timeout=120)
+
+    r = run("--help")
+    assert r.returncode == 0 and "python3 bench/" + script in r.stdout
+    for bad in (("--rounds=abc", "--n=0", "--qk=4096") if script == "qknorm_sweep.py" else ("--bogus",)):
+        r = run(bad)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and repr(bad) in r.stderr, (bad, r.stderr[-300:])
+    import torch
+
+    if script == "qknorm_sweep.py" and not torch.cuda.is_available():
+        r = run()
+        assert r.returncode == 2 and "CUDA GPU" in r.stderr and "Traceback" not in r.stderr

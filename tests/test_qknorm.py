@@ -534,3 +534,30 @@ def test_dtype_mismatch_names_the_tensor_and_q_dtype(which):
     a[which] = a[which].half()
     with pytest.raises(TypeError, match=f"{which} has dtype float16; it must match q's dtype bfloat16"):
         mod.validate_qk_args(a["q"], a["k"], a["q_weight"], a["k_weight"], 1e-6, cuda=False)
+
+
+def test_config_and_launch_key_argument_types():
+    """Hand-built configs and launch_key refuse wrong types and values with TypeError / ValueError (not a
+    ZeroDivisionError or an AttributeError from inside)."""
+    q, k = mod.RowTiling.choose(4096, 8, 2), mod.RowTiling.choose(1024, 8, 2)
+    for rows, exc in ((0, ValueError), (-1, ValueError), (1.5, TypeError)):
+        with pytest.raises(exc, match="rows"):
+            mod.QKNormConfig(q, k, rows, 4096, 1024).validate()
+    for tuning in (None, "fast"):
+        with pytest.raises(TypeError, match="QKNormTuning"):
+            mod.QKNormConfig(q, k, 1, 4096, 1024, tuning).validate()
+        with pytest.raises(TypeError, match="QKNormTuning"):
+            mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=tuning)
+    with pytest.raises(ValueError, match="q_dim=10"):
+        mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, q_dim=10)
+    for tiling, exc in (((96, 3, 32, 1), ValueError), ((96, 0, 32, 1), ValueError), ((0, 8, 1, 1), ValueError),
+                        ((96.0, 8, 12, 1), TypeError)):
+        with pytest.raises(exc):
+            mod.RowTiling(*tiling).validate()
+    key = (torch.bfloat16, 4096, 1024)
+    for n, exc in ((4096.5, TypeError), (-1, ValueError), (True, TypeError)):
+        with pytest.raises(exc, match="n"):
+            mod.launch_key(n, key, 0)
+    for bad in (5, [torch.bfloat16, 4096, 1024], (torch.bfloat16, 4096.0, 1024), (torch.bfloat16, 0, 1024)):
+        with pytest.raises(TypeError, match="key"):
+            mod.launch_key(4096, bad, 0)

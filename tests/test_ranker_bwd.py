@@ -881,3 +881,20 @@ def test_use_config_overrides_the_backward_within_the_block_only():
         with rb.use_config(dataclasses.replace(rb.CONFIGS[128], tile_m=48)):
             raise AssertionError("entered")
     assert not rb._OVERRIDES
+
+
+def test_use_config_blocks_closed_out_of_order_leave_no_override():
+    """Blocks that close out of order (interleaved generators): the newest still-open block wins, and once
+    all are closed no override is left (both directions share the mechanism)."""
+    import dataclasses
+
+    for mod_, base in ((rb, rb.CONFIGS[128]), (rf, rf.CONFIGS[128])):
+        a, b = dataclasses.replace(base, stages=1), dataclasses.replace(base, stages=2)
+        ca, cb = mod_.use_config(a), mod_.use_config(b)
+        ca.__enter__()
+        cb.__enter__()
+        assert mod_._OVERRIDES[128] is b
+        ca.__exit__(None, None, None)
+        assert mod_._OVERRIDES[128] is b
+        cb.__exit__(None, None, None)
+        assert 128 not in mod_._OVERRIDES

@@ -259,3 +259,15 @@ def test_torch_func_transforms_are_refused_clearly():
     for call in calls:
         with pytest.raises(NotImplementedError, match="torch.func"):
             call()
+
+
+def test_config_field_type_error_names_a_numpy_type():
+    """A NumPy bool in a config's bool field: the message names numpy's type, not a bare 'bool'."""
+    import dataclasses
+
+    import numpy as np
+
+    from cute_kernels.kernels import ranker_bwd as rb
+
+    with pytest.raises(TypeError, match=r"\(numpy\.\w+\): must be a bool"):
+        dataclasses.replace(rb.CONFIGS[128], deterministic=np.bool_(True)).validate()

@@ -131,6 +131,10 @@ class RowTiling:
         return RowTiling(width, vec, best[1], best[2])
 
     def validate(self) -> None:
+        for name in ("width", "vec", "threads", "vecs"):
+            check_int(name, getattr(self, name))
+        if self.vec not in (4, 8):
+            raise ValueError(f"vec={self.vec}: elements per 16-byte vector are 8 (16-bit types) or 4 (float32)")
         if self.width <= 0 or self.width % self.vec:
             raise ValueError(f"row width {self.width} must be a positive multiple of {self.vec} (16-byte vectors)")
         if not (self.threads in (1, 2, 4, 8, 16, 32) or self.threads % 32 == 0):
@@ -202,6 +206,8 @@ class QKNormConfig:
         not fit one CTA."""
         if dtype not in DTYPES:
             raise TypeError(f"dtype {dtype}: must be one of {[str(d).replace('torch.', '') for d in DTYPES]}")
+        if not isinstance(tuning, QKNormTuning):
+            raise TypeError(f"tuning={tuning!r}: must be a QKNormTuning")
         check_int("q_width", q_width)
         check_int("k_width", k_width)
         for name, dim in (("q_dim", q_dim), ("k_dim", k_dim)):
@@ -249,6 +255,12 @@ class QKNormConfig:
         return 8 * max(self.q.vecs, self.k.vecs) + 40
 
     def validate(self) -> None:
+        for name, kind in (("q", RowTiling), ("k", RowTiling), ("tuning", QKNormTuning)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"QKNormConfig.{name}={getattr(self, name)!r}: must be a {kind.__name__}")
+        check_int("rows", self.rows)
+        check_int("q_dim", self.q_dim)
+        check_int("k_dim", self.k_dim)
         self.tuning.validate()
         self.q.validate()
         self.k.validate()
@@ -266,7 +278,8 @@ class QKNormConfig:
                              f"and weight) in a CTA of {self.block_threads} threads, which has {avail}: they would "
                              "spill; make one of them narrower")
         if self.q_dim < self.q.width or self.k_dim < self.k.width:
-            raise ValueError("full dims must be >= the per-rank widths")
+            raise ValueError(f"full dims (q_dim={self.q_dim}, k_dim={self.k_dim}) must be >= the per-rank widths "
+                             f"({self.q.width}, {self.k.width})")
         if self.tuning.bulk_stages:
             if self.rows != 1 or self.q.ragged or self.k.ragged:
                 raise ValueError("bulk_stages needs one token row per CTA and no predicated columns "
@@ -619,7 +632,7 @@ class QKNormKernel(QKRowNormalizer):
 DEFAULT_TUNING = QKNormTuning(target_vecs=2)
 # Persistent CTAs (the same tiling, so the same bits) for PERSISTENT_SHAPES: 3 per SM (what one SM holds
 # there: 64 registers x 320 threads), each loading the weights once, from N = 1024 tokens while q and k
-# fit in 60% of L2 (85% until session 18; from there to 90% bulk-staged rows are faster).  H200, bf16 4096/1024, same run, us (one CTA per token / persistent): N=1024 5.35 /
+# fit in 60% of L2 (85% until session 18; from there to 95% bulk-staged rows are faster).  H200, bf16 4096/1024, same run, us (one CTA per token / persistent): N=1024 5.35 /
 # 5.19, 2048 8.74 / 7.79, 4096 18.75 / 16.72; past L2 it loses (5120: 28.1 / 28.9, 8192: 43.5 / 45.1,
 # 16384: 84.4 / 88.3: fewer bytes in flight than 4 CTAs of one token per SM), and below 1024 it is level
 # (512: 3.60 / 3.66) (bench/results/logs/2026-11-30_s15_qknorm_persistent_sweep.log).  At the other
@@ -670,8 +683,10 @@ def launch_key(n: int, key: tuple, device_index: int) -> tuple:
     :data:`PERSISTENT_L2_FRACTION` of L2; else ``key + (CTAs, stages)`` (bulk-staged rows) for
     :data:`BULK_STAGES` inside :data:`BULK_L2_BAND`; else ``key`` (one CTA per row tile).  All give the
     same bits."""
-    if len(key) != 3 or key[0] not in DTYPES:
-        raise TypeError(f"key {key!r}: expected (torch dtype in {DTYPES}, Q, K)")
+    if (not isinstance(key, tuple) or len(key) != 3 or key[0] not in DTYPES
+            or any(type(w) is not int or w <= 0 for w in key[1:])):
+        raise TypeError(f"key {key!r}: expected a tuple (torch dtype in {DTYPES}, Q, K) with positive int widths")
+    check_int("n", n, low=0)
     if n < PERSISTENT_MIN_TOKENS or (key not in PERSISTENT_SHAPES and key not in BULK_STAGES):
         return key
     ctas, l2 = device_limits(device_index)

@@ -293,7 +293,8 @@ def use_config(config: RankerBwdConfig):
     the uncapped one (128 q rows per step) spills registers with a cap, so override capped D=64 calls
     with a capped-style config.  Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` and
     ``ValueError`` (from ``config.validate()``; ``TypeError`` for wrongly typed fields) before the block
-    for a config that does not fit.  Process-wide, not thread-safe; blocks nest (exit in reverse order)."""
+    for a config that does not fit.  Process-wide, not thread-safe; blocks nest (the newest open block
+    wins, also when blocks close out of order)."""
     if not isinstance(config, RankerBwdConfig):
         raise TypeError(f"use_config takes a RankerBwdConfig, got {type(config).__name__}")
     with override_config(_OVERRIDES, config):

@@ -1046,20 +1046,29 @@ def use_config(config: "RankerFwdConfig"):
         yield config
 
 
+_OVERRIDE_STACKS: dict[int, list] = {}  # id(table) -> the open blocks' (head dim, config, token), oldest first
+
+
 @contextlib.contextmanager
 def override_config(table: dict, config):
-    """``table[config.head_dim] = config`` for the ``with`` block (after ``config.validate()``), the
-    previous entry (or none) restored after it; the body of both directions' ``use_config``."""
+    """``table[config.head_dim] = config`` for the ``with`` block (after ``config.validate()``); the body
+    of both directions' ``use_config``.  The open blocks are kept as a stack, and on exit a block removes
+    its own entry, so the table always holds the newest still-open block's config per head dim (or none),
+    also when blocks close out of order (interleaved generators)."""
     config.validate()
-    old = table.get(config.head_dim)
+    stack = _OVERRIDE_STACKS.setdefault(id(table), [])
+    token = object()
+    stack.append((config.head_dim, config, token))
     table[config.head_dim] = config
     try:
         yield
     finally:
-        if old is None:
-            del table[config.head_dim]
+        stack[:] = [entry for entry in stack if entry[2] is not token]
+        still_open = [c for d, c, _ in stack if d == config.head_dim]
+        if still_open:
+            table[config.head_dim] = still_open[-1]
         else:
-            table[config.head_dim] = old
+            table.pop(config.head_dim, None)
 
 
 def exp2_scale(softmax_scale: float, cap: Optional[float]) -> float:

@@ -263,4 +263,6 @@ def check_config_fields(config) -> None:
         else:
             continue
         if not ok:
-            raise TypeError(f"{type(config).__name__}.{f.name}={value!r} ({type(value).__name__}): must be {want}")
+            kind = type(value)
+            kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+            raise TypeError(f"{type(config).__name__}.{f.name}={value!r} ({kind}): must be {want}")
