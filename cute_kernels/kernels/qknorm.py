@@ -632,9 +632,10 @@ class QKNormKernel(QKRowNormalizer):
 DEFAULT_TUNING = QKNormTuning(target_vecs=2)
 # Persistent CTAs (the same tiling, so the same bits) for PERSISTENT_SHAPES: 3 per SM (what one SM holds
 # there: 64 registers x 320 threads), each loading the weights once, from N = 1024 tokens while q and k
-# fit in 60% of L2 (85% until session 18; from there to 95% bulk-staged rows are faster).  H200, bf16 4096/1024, same run, us (one CTA per token / persistent): N=1024 5.35 /
-# 5.19, 2048 8.74 / 7.79, 4096 18.75 / 16.72; past L2 it loses (5120: 28.1 / 28.9, 8192: 43.5 / 45.1,
-# 16384: 84.4 / 88.3: fewer bytes in flight than 4 CTAs of one token per SM), and below 1024 it is level
+# fit in 60% of L2 (85% until session 18; from there to 95% bulk-staged rows are faster).  H200, bf16
+# 4096/1024, same run, us (one CTA per token / persistent): N=1024 5.35 / 5.19, 2048 8.74 / 7.79, 4096
+# 18.75 / 16.72; past L2 it loses (5120: 28.1 / 28.9, 8192: 43.5 / 45.1, 16384: 84.4 / 88.3: fewer bytes in
+# flight than 4 CTAs of one token per SM), and below 1024 it is level
 # (512: 3.60 / 3.66) (bench/results/logs/2026-11-30_s15_qknorm_persistent_sweep.log).  At the other
 # shipped shapes it needs more registers (bf16 6144/1024: 128; float32 4096/1024: 74) and was slower
 # (bf16 6144/1024 N=2048 14.8 vs 11.9 us; float32 4096/1024 19.5 vs 18.1; a review's H200 run), so they
