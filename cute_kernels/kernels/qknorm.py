@@ -346,6 +346,13 @@ class QKRowNormalizer:
         return atom, cute.make_tiled_copy_tv(atom, thr_layout, val_layout)
 
     @cute.jit
+    def weight_partition(self, mW: cute.Tensor, thr_copy, tile: cutlass.Constexpr) -> cute.Tensor:
+        """This thread's vectors of the weight ``mW [W]``, seen as a ``(tile rows, W)`` tensor with row
+        stride 0 (every row of a tile scales by the same weight), partitioned like the rows."""
+        mWb = cute.make_tensor(mW.iterator, cute.make_layout((tile[0], mW.shape[0]), stride=(0, 1)))
+        return thr_copy.partition_S(cute.local_tile(mWb, tile, (0, 0)))
+
+    @cute.jit
     def load_rows(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, tidx: Int32,
                   tile_idx: Int32, n: Int32):
         """Load this thread's vectors of the CTA's rows of ``mX`` and of the weight (zeros outside).
@@ -358,12 +365,9 @@ class QKRowNormalizer:
         thr_copy = tiled_copy.get_slice(tidx)
         gX = cute.local_tile(mX, tile, (tile_idx, 0))
         cX = cute.local_tile(cute.make_identity_tensor(mX.shape), tile, (tile_idx, 0))
-        # the weight seen as a (rows, width) tensor with row stride 0
-        mWb = cute.make_tensor(mW.iterator, cute.make_layout((rows, mW.shape[0]), stride=(0, 1)))
-        gW = cute.local_tile(mWb, tile, (0, 0))
         tXgX = thr_copy.partition_S(gX)  # (atom, 1, vecs)
         tXcX = thr_copy.partition_S(cX)
-        tXgW = thr_copy.partition_S(gW)
+        tXgW = self.weight_partition(mW, thr_copy, tile)
         tXrX = cute.make_fragment_like(tXgX)
         tXrW = cute.make_fragment_like(tXgW)
         tXrX.fill(0)
@@ -505,8 +509,7 @@ class QKNormKernel(QKRowNormalizer):
         atom, tiled_copy = self._tiled_copy(part)
         store_atom = self._store_atom()
         thr_copy = tiled_copy.get_slice(tidx)
-        mWb = cute.make_tensor(mW.iterator, cute.make_layout((rows, mW.shape[0]), stride=(0, 1)))
-        tXgW = thr_copy.partition_S(cute.local_tile(mWb, tile, (0, 0)))
+        tXgW = self.weight_partition(mW, thr_copy, tile)
         tXcX = thr_copy.partition_S(cute.local_tile(cute.make_identity_tensor(mX.shape), tile, (0, 0)))
         tXrX = cute.make_fragment_like(thr_copy.partition_S(cute.local_tile(mX, tile, (0, 0))))
         tXrW = cute.make_fragment_like(tXgW)
@@ -600,8 +603,7 @@ class QKNormKernel(QKRowNormalizer):
         atom, tiled_copy = self._tiled_copy(part)
         smem_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         thr_copy = tiled_copy.get_slice(tidx)
-        mWb = cute.make_tensor(mW.iterator, cute.make_layout((1, mW.shape[0]), stride=(0, 1)))
-        tXgW = thr_copy.partition_S(cute.local_tile(mWb, tile, (0, 0)))
+        tXgW = self.weight_partition(mW, thr_copy, tile)
         tXrW = cute.make_fragment_like(tXgW)
         cute.copy(atom, tXgW, tXrW)
         grid, _, _ = cute.arch.grid_dim()
@@ -687,7 +689,11 @@ def launch_key(n: int, key: tuple, device_index: int) -> tuple:
     if (not isinstance(key, tuple) or len(key) != 3 or key[0] not in DTYPES
             or any(type(w) is not int or w <= 0 for w in key[1:])):
         raise TypeError(f"key {key!r}: expected a tuple (torch dtype in {DTYPES}, Q, K) with positive int widths")
-    check_int("n", n, low=0)
+    return _pick_key(check_int("n", n, low=0), key, device_index)
+
+
+def _pick_key(n: int, key: tuple, device_index: int) -> tuple:
+    """:func:`launch_key` without its argument checks (the op's hot path, whose arguments are checked)."""
     if n < PERSISTENT_MIN_TOKENS or (key not in PERSISTENT_SHAPES and key not in BULK_STAGES):
         return key
     ctas, l2 = device_limits(device_index)
@@ -998,7 +1004,7 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
     if n == 0:
         return
     if n >= PERSISTENT_MIN_TOKENS:
-        key = launch_key(n, key, q.get_device())
+        key = _pick_key(n, key, q.get_device())
     fn = _launchers.get(key)
     if fn is None:
         fn = _launchers[key] = _compile_key(key)
