@@ -149,22 +149,28 @@ def test_mix_buffer_is_checked_before_launch(monkeypatch):
 @pytest.mark.parametrize("with_mix", [False, True])
 def test_launch_arguments_are_aligned(m, with_mix):
     """run_compiled (CPU tensors, the compiled kernel replaced by a recorder): every tensor argument
-    starts 16-byte aligned (the compiled kernel needs it of x, the pieces and the buffers made here)
-    and the workspace has a row per (row tile, CTA, row), covering every row the
-    reduction kernel reads."""
+    starts 16-byte aligned (the compiled kernel needs it of x, the pieces and the buffers made here),
+    the workspace has a row per (row tile, CTA, row), covering every row the reduction kernel reads,
+    and the arrival counters are the caller's (fused_epilogue) or the workspace's first row."""
     from cute_kernels.kernels.hc_mix import run_compiled
 
     for cfg in (mod.config_for(m) for m in mod.LEVEL_EXAMPLE_M):
-        seen = []
-        x = torch.zeros(m, 128, dtype=torch.bfloat16)
-        mix = torch.zeros(m, 25) if with_mix else None
-        run_compiled(lambda: lambda *a: seen.extend(a), lambda: torch.zeros(72, 128, dtype=torch.bfloat16), x,
-                     torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, mix=mix, workspace_rows=mod.workspace_rows(m, cfg))
-        tensors = [a for a in seen if isinstance(a, torch.Tensor)]
-        assert len(tensors) == 9 and all(t.data_ptr() % 16 == 0 for t in tensors)
-        assert tensors[-1].shape == (mod.workspace_rows(m, cfg), 25)
-        # the reduction reads the node sums of rows < m: up to the last row's tile
-        assert tensors[-1].shape[0] >= ((m - 1) // cfg.tile_m + 1) * cfg.ctas_per_tile * cfg.tile_m
+        for fused in (False, True):
+            seen = []
+            x = torch.zeros(m, 128, dtype=torch.bfloat16)
+            mix = torch.zeros(m, 25) if with_mix else None
+            counters = torch.zeros(mod.COUNTER_CAPACITY, dtype=torch.int32) if fused else None
+            run_compiled(lambda: lambda *a: seen.extend(a), lambda: torch.zeros(72, 128, dtype=torch.bfloat16), x,
+                         torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, mix=mix,
+                         workspace_rows=mod.workspace_rows(m, cfg), counters=counters)
+            tensors = [a for a in seen if isinstance(a, torch.Tensor)]
+            assert len(tensors) == 10 and all(t.data_ptr() % 16 == 0 for t in tensors)
+            work, count = tensors[-2:]
+            assert work.shape == (mod.workspace_rows(m, cfg), 25)
+            # the reduction reads the node sums of rows < m: up to the last row's tile
+            assert work.shape[0] >= ((m - 1) // cfg.tile_m + 1) * cfg.ctas_per_tile * cfg.tile_m
+            assert count.dtype == torch.int32
+            assert count is counters if fused else count.data_ptr() == work.data_ptr()
 
 
 @pytest.mark.parametrize("tile_m", [128, 256])
@@ -280,3 +286,21 @@ def test_walk_is_a_programmatic_dependent_launch():
     assert ptx.count("griddepcontrol.wait") == 2 and ptx.count("griddepcontrol.launch_dependents") == 2
     plain = ptx_of(mod.dataclasses.replace(shipped, pdl=False))
     assert plain.count("griddepcontrol.wait") == 1 and plain.count("griddepcontrol.launch_dependents") == 2
+
+
+@pytest.mark.parametrize("m", [4096, 16384, 1])
+def test_fused_epilogue_is_one_kernel_with_an_arrival_atomic(m):
+    """fused_epilogue: one kernel (no reduction kernel), spill-free; with several CTAs per row tile the
+    GPU-scope fence and the acq_rel arrival atomic; with one (M = 16384: cta_level 0) neither."""
+    import dataclasses
+
+    cfg = dataclasses.replace(mod.config_for(m), fused_epilogue=True)
+    mod._compile(cfg)
+    rec = compile_record(mod.NAME, cfg)
+    assert rec.ptx.count(".entry") == 1
+    assert "local memory (spill)" not in find_features(rec.ptx, PTX_FEATURES)
+    assert all(not r.stack_bytes for r in rec.resources)
+    counted = cfg.ctas_per_tile > 1
+    assert ("atom.global.acq_rel.add" in rec.ptx) == counted and ("fence.acq_rel.gpu" in rec.ptx) == counted
+    if rec.sass:
+        assert "LDL/STL (local memory)" not in rec.sass_features

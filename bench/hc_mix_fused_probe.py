@@ -1,0 +1,64 @@
+"""hc_mix tma: the fused epilogue (``HcMixTmaConfig.fused_epilogue``: the row tile's last walk CTA folds
+and runs the epilogue; no reduction kernel; arrival counters zeroed once and re-armed by each launch) against
+the shipped two-kernel config, at the CTA level :func:`config_for` picks for each M; us per call in a
+CUDA graph of 10 calls, median of interleaved rounds (order shuffled per round), the shipped config timed
+twice (the A/A pair says how large a difference is noise); outputs checked bit-equal first.
+
+    python3 bench/hc_mix_fused_probe.py [--rounds=N] [M,M,...]   (on the GPU)
+"""
+import dataclasses
+import json
+import math
+import random
+import statistics
+import sys
+
+import torch
+
+from cute_kernels.kernels import hc_mix_tma as tma
+from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
+
+
+def main(ms, rounds):
+    k = 20480
+    print(json.dumps({"copy_gbps": round(copy_bandwidth_gbps(), 1), "rounds": rounds}), flush=True)
+    cases = []
+    for m in ms:
+        g = torch.Generator(device="cuda").manual_seed(m)
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        w = torch.randn(24, k, device="cuda", generator=g) / math.sqrt(k)
+        s = torch.rand(3, device="cuda", generator=g) + 0.5
+        b = torch.randn(24, device="cuda", generator=g)
+        shipped = tma.config_for(m)
+        cfgs = {"shipped": shipped, "fused": dataclasses.replace(shipped, fused_epilogue=True),
+                "shipped_again": shipped}
+        want = tma.hc_mix_sinkhorn_tma(x, w, s, b, config=shipped)
+        got = tma.hc_mix_sinkhorn_tma(x, w, s, b, config=cfgs["fused"])
+        print(json.dumps({"m": m, "cta_level": shipped.cta_level,
+                          "fused_bitwise_equal": all(torch.equal(p, q) for p, q in zip(got, want))}), flush=True)
+        cases.append((m, x, w, s, b, cfgs))
+    times = {}
+    rng = random.Random(0)
+    for _ in range(rounds):
+        order = [(c, name) for c in cases for name in c[5]]
+        rng.shuffle(order)
+        for (m, x, w, s, b, cfgs), name in order:
+            fn = lambda cfg=cfgs[name]: tma.hc_mix_sinkhorn_tma(x, w, s, b, config=cfg)
+            times.setdefault((m, name), []).append(cuda_time_us(fn))
+    for m, *_ in cases:
+        print(json.dumps({"m": m, **{n: round(statistics.median(v), 2) for (mm, n), v in times.items() if mm == m},
+                          "all": {n: [round(t, 2) for t in v] for (mm, n), v in times.items() if mm == m}}), flush=True)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    rounds = 5
+    for a in list(args):
+        if a.startswith("--rounds="):
+            rounds = int(a.split("=", 1)[1])
+            args.remove(a)
+        elif a in ("-h", "--help"):
+            print(__doc__)
+            sys.exit(0)
+    ms = [int(v) for v in args[0].split(",")] if args else [1, 128, 512, 1024, 2048, 4096, 16384]
+    main(ms, rounds)
