@@ -765,15 +765,14 @@ def arrival_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     if tiles > COUNTER_CAPACITY:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = torch.cuda.current_stream(index)
-    if stream.is_capturing():
+    if torch.cuda.is_current_stream_capturing():
         spares = _spare_sets.get(index)
         if not spares:
             return None
         counters = spares.pop()
         _captured_sets.append(counters)
         return counters
-    key = (index, stream.cuda_stream)
+    key = (index, torch.cuda.current_stream(index).cuda_stream)
     counters = _counter_sets.get(key)
     if counters is None:
         if index not in _spare_sets:
