@@ -1,0 +1,69 @@
+"""The hc_mix tma walk alone (no reduction kernel) at M = 4096 for walk configs that give the same bits:
+the shipped one and without paired k tiles (``overlap``) (256-row tiles, half the hc_fn piece reads
+from L2 per x byte, need 288 consumer registers: not compilable); us per call, CUDA graph of 10 calls, median of
+shuffled rounds, the shipped config timed twice (A/A).
+
+    python3 bench/hc_mix_walk_variants.py [--rounds=N] [--ncu]   (on the GPU; --ncu: two launches of each, no timing)
+"""
+import dataclasses
+import json
+import math
+import random
+import statistics
+import sys
+
+import torch
+
+from cute_kernels.kernels import hc_mix_tma as tma
+from cute_kernels.kernels.hc_mix import SP_COLS, _pieces
+from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
+from hc_mix_tail_probe import compiled_part
+
+
+def variants(m):
+    shipped = tma.config_for(m)
+    return {"shipped": shipped, "no_overlap": dataclasses.replace(shipped, overlap=False),
+            "shipped_again": shipped}
+
+
+def main(rounds, ncu):
+    m, k = 4096, 20480
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    w = torch.randn(24, k, device="cuda", generator=g) / math.sqrt(k)
+    s = torch.rand(3, device="cuda", generator=g) + 0.5
+    b = torch.randn(24, device="cuda", generator=g)
+    pieces = _pieces(w)
+    pre, post, comb = (torch.empty(m, n, device="cuda") for n in (4, 4, 16))
+    mix = torch.empty(1, SP_COLS, device="cuda")
+    calls = {}
+    for name, cfg in variants(m).items():
+        ws = torch.zeros(tma.workspace_rows(m, cfg), SP_COLS, device="cuda")
+        walk = compiled_part(cfg, "walk")
+        calls[name] = (lambda walk=walk, ws=ws: walk(x, pieces, s, b, pre, post, comb, mix, 20, 1e-6, 1e-6, ws,
+                                                     ws[0].view(torch.int32)))
+    for fn in calls.values():
+        fn()
+        fn()
+    torch.cuda.synchronize()
+    if ncu:
+        return
+    print(json.dumps({"copy_gbps": round(copy_bandwidth_gbps(), 1), "rounds": rounds, "m": m}), flush=True)
+    times = {}
+    rng = random.Random(0)
+    for _ in range(rounds):
+        order = list(calls)
+        rng.shuffle(order)
+        for name in order:
+            times.setdefault(name, []).append(cuda_time_us(calls[name]))
+    print(json.dumps({n: round(statistics.median(v), 2) for n, v in times.items()}), flush=True)
+    print(json.dumps({n: [round(t, 2) for t in v] for n, v in times.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        sys.exit(0)
+    rounds = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--rounds=")), 7)
+    main(rounds, "--ncu" in args)
