@@ -22,10 +22,10 @@ class Part(tma.HcMixTmaKernel):
 
     @cute.jit
     def __call__(self, mX, mW, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters: Int32, rms_eps: Float32,
-                 hc_eps: Float32, mPart, mCount, stream):
+                 hc_eps: Float32, mPart, stream):
         if cutlass.const_expr(self.part == "walk"):
-            epi = (mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mCount)
-            self.launch_walk(mX, mW, mPart, epi, stream)
+            self.launch_walk(mX, mW, mPart, (mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps),
+                             stream)
         else:
             self.launch_reduce(mX, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart,
                                stream)
@@ -35,8 +35,7 @@ def compiled_part(cfg, part):
     def build():
         args = fake_launch_args(pieces=True)
         p = fake_tensor(torch.float32, (cute.sym_int(), SP_COLS), stride=(SP_COLS, 1))
-        count = fake_tensor(torch.int32, (cute.sym_int(),), stride=(1,))
-        return Part(cfg, part), args[:-1] + (p, count, args[-1])
+        return Part(cfg, part), args[:-1] + (p, args[-1])
     return compile_cached("hc_probe_" + part, cfg, build)
 
 
@@ -56,7 +55,7 @@ def main():
         mix = torch.empty(1, SP_COLS, device="cuda")
         pieces = _pieces(w)
         fw, fr = compiled_part(cfg, "walk"), compiled_part(cfg, "reduce")
-        args = lambda it=20, t=(x, pieces, s, b, pre, post, comb, mix), ws=ws: (*t, it, 1e-6, 1e-6, ws, ws[0].view(torch.int32))
+        args = lambda it=20, t=(x, pieces, s, b, pre, post, comb, mix), ws=ws: (*t, it, 1e-6, 1e-6, ws)
         fw(*args()); fr(*args()); torch.cuda.synchronize()
         ref = tma.hc_mix_sinkhorn_tma(x, w, s, b)
         assert torch.equal(comb.view(m, 4, 4), ref[2]) and torch.equal(pre, ref[0]), "parts differ from the op"

@@ -29,7 +29,8 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
         assert "LDL/STL (local memory)" not in rec.sass_features
     assert "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16" in rec.ptx
     assert "ld.shared.v4" in rec.ptx  # the squares read 16-byte vectors
-    assert rec.ptx.count(".entry") == 2  # the walk and the reduction kernel (no clusters, no DSMEM)
+    # the walk and the reduction kernel, or the walk alone with the fused epilogue (no clusters, no DSMEM)
+    assert rec.ptx.count(".entry") == (1 if cfg.fused_epilogue else 2)
     assert "barrier.cluster" not in rec.ptx and "ld.shared::cluster" not in rec.ptx
     assert "griddepcontrol.launch_dependents" in rec.ptx and "griddepcontrol.wait" in rec.ptx  # PDL
     if cfg.overlap:  # the second tile of a pair stays in flight: wait_group 1, then 0
@@ -149,28 +150,24 @@ def test_mix_buffer_is_checked_before_launch(monkeypatch):
 @pytest.mark.parametrize("with_mix", [False, True])
 def test_launch_arguments_are_aligned(m, with_mix):
     """run_compiled (CPU tensors, the compiled kernel replaced by a recorder): every tensor argument
-    starts 16-byte aligned (the compiled kernel needs it of x, the pieces and the buffers made here),
-    the workspace has a row per (row tile, CTA, row), covering every row the reduction kernel reads,
-    and the arrival counters are the caller's (fused_epilogue) or the workspace's first row."""
+    starts 16-byte aligned (the compiled kernel needs it of x, the pieces and the buffers made here)
+    and the workspace has a row per (row tile, CTA, row), covering every row the
+    reduction kernel reads (one row with the fused epilogue: config_for(16384))."""
     from cute_kernels.kernels.hc_mix import run_compiled
 
     for cfg in (mod.config_for(m) for m in mod.LEVEL_EXAMPLE_M):
-        for fused in (False, True):
-            seen = []
-            x = torch.zeros(m, 128, dtype=torch.bfloat16)
-            mix = torch.zeros(m, 25) if with_mix else None
-            counters = torch.zeros(mod.COUNTER_CAPACITY, dtype=torch.int32) if fused else None
-            run_compiled(lambda: lambda *a: seen.extend(a), lambda: torch.zeros(72, 128, dtype=torch.bfloat16), x,
-                         torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, mix=mix,
-                         workspace_rows=mod.workspace_rows(m, cfg), counters=counters)
-            tensors = [a for a in seen if isinstance(a, torch.Tensor)]
-            assert len(tensors) == 10 and all(t.data_ptr() % 16 == 0 for t in tensors)
-            work, count = tensors[-2:]
-            assert work.shape == (mod.workspace_rows(m, cfg), 25)
-            # the reduction reads the node sums of rows < m: up to the last row's tile
-            assert work.shape[0] >= ((m - 1) // cfg.tile_m + 1) * cfg.ctas_per_tile * cfg.tile_m
-            assert count.dtype == torch.int32
-            assert count is counters if fused else count.data_ptr() == work.data_ptr()
+        seen = []
+        x = torch.zeros(m, 128, dtype=torch.bfloat16)
+        mix = torch.zeros(m, 25) if with_mix else None
+        run_compiled(lambda: lambda *a: seen.extend(a), lambda: torch.zeros(72, 128, dtype=torch.bfloat16), x,
+                     torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, mix=mix, workspace_rows=mod.workspace_rows(m, cfg))
+        tensors = [a for a in seen if isinstance(a, torch.Tensor)]
+        assert len(tensors) == 9 and all(t.data_ptr() % 16 == 0 for t in tensors)
+        assert tensors[-1].shape == (mod.workspace_rows(m, cfg), 25)
+        # the reduction reads the node sums of rows < m: up to the last row's tile (the fused epilogue:
+        # none; its workspace is the raw-statistics dummy row)
+        need = 1 if cfg.fused_epilogue else ((m - 1) // cfg.tile_m + 1) * cfg.ctas_per_tile * cfg.tile_m
+        assert tensors[-1].shape[0] >= need
 
 
 @pytest.mark.parametrize("tile_m", [128, 256])
@@ -288,19 +285,19 @@ def test_walk_is_a_programmatic_dependent_launch():
     assert plain.count("griddepcontrol.wait") == 1 and plain.count("griddepcontrol.launch_dependents") == 2
 
 
-@pytest.mark.parametrize("m", [4096, 16384, 1])
-def test_fused_epilogue_is_one_kernel_with_an_arrival_atomic(m):
-    """fused_epilogue: one kernel (no reduction kernel), spill-free; with several CTAs per row tile the
-    GPU-scope fence and the acq_rel arrival atomic; with one (M = 16384: cta_level 0) neither."""
+def test_fused_epilogue_is_one_kernel_at_level_0_only():
+    """config_for's level-0 config (M = 16384) runs the epilogue in the walk: one kernel, spill-free,
+    writing the outputs (no reduction kernel and no workspace); other levels refuse it."""
     import dataclasses
 
-    cfg = dataclasses.replace(mod.config_for(m), fused_epilogue=True)
+    cfg = mod.config_for(16384)
+    assert cfg.cta_level == 0 and cfg.fused_epilogue and not mod.config_for(4096).fused_epilogue
     mod._compile(cfg)
     rec = compile_record(mod.NAME, cfg)
-    assert rec.ptx.count(".entry") == 1
-    assert "local memory (spill)" not in find_features(rec.ptx, PTX_FEATURES)
+    assert rec.ptx.count(".entry") == 1 and len(rec.resources) == 1
     assert all(not r.stack_bytes for r in rec.resources)
-    counted = cfg.ctas_per_tile > 1
-    assert ("atom.global.acq_rel.add" in rec.ptx) == counted and ("fence.acq_rel.gpu" in rec.ptx) == counted
-    if rec.sass:
-        assert "LDL/STL (local memory)" not in rec.sass_features
+    assert "local memory (spill)" not in find_features(rec.ptx, PTX_FEATURES)
+    assert "ex2.approx" in rec.ptx and "rcp.approx" in rec.ptx  # the epilogue's sigmoids and Sinkhorn
+    assert mod.workspace_rows(16384, cfg) == 1
+    with pytest.raises(ValueError, match="fused_epilogue needs cta_level=0"):
+        dataclasses.replace(mod.config_for(4096), fused_epilogue=True).validate()

@@ -646,14 +646,12 @@ def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
 
 
 def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None,
-                 workspace_rows=None, counters=None):
+                 workspace_rows=None):
     """The launch glue both hc_mix kernels share: allocate ``pre [M, 4]``, ``post [M, 4]``,
     ``comb [M, 4, 4]`` float32 (or use ``out``: tests pass poisoned buffers) and, for M > 0, launch
     ``compile_fn()`` with ``weights()`` as the hc_fn argument (fp32 hc_fn or its bf16 pieces, made only
     when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer;
-    ``workspace_rows``: rows of a ``[rows, 25]`` float32 workspace passed after the scalars, then int32
-    arrival ``counters`` (hc_mix_tma's; when None, the workspace's first row stands in: a launch
-    without the fused epilogue does not touch them).  Without
+    ``workspace_rows``: rows of a ``[rows, 25]`` float32 workspace passed last (hc_mix_tma's).  Without
     ``mix`` the kernels are compiled not to touch the raw-statistics buffer (``store_mix`` off), so its
     dummy is the workspace's first row when there is one (no second allocation), else one row of its
     own (the outputs may not share memory: a custom op's outputs must not alias each other)."""
@@ -665,10 +663,7 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
         post = x.new_empty((m, HC), dtype=torch.float32)
         comb = x.new_empty((m, HC, HC), dtype=torch.float32)
     if m:
-        extra = ()
-        if workspace_rows is not None:
-            work = x.new_empty((workspace_rows, SP_COLS), dtype=torch.float32)
-            extra = (work, work[0].view(torch.int32) if counters is None else counters)
+        extra = () if workspace_rows is None else (x.new_empty((workspace_rows, SP_COLS), dtype=torch.float32),)
         if mix is None:
             mix = extra[0][:1] if extra else x.new_empty((1, SP_COLS), dtype=torch.float32)
         compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix,

@@ -101,15 +101,10 @@ class HcMixTmaConfig:
     fill that warp; :func:`config_for` picks 8 or 16),
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
-    ``fused_epilogue`` (no reduction kernel: every walk CTA of a row tile writes its node sums, then
-    counts itself in the tile's arrival counter (GPU-scope fence, one acq_rel atomic); the tile's last
-    CTA folds the tile's node sums (the same tree order, so the same bits) and runs the epilogue.  The
-    counters are zeroed per call (a memset before the walk: a persistent, self-rearming set would be
-    shared by calls in flight on two streams or in two CUDA graphs).  With one CTA per row tile
-    (``cta_level = 0``) there is no counter: the CTA's own sums are the root's.  Tiles that finish early
-    run their epilogue while others still walk, so only the last tile's is exposed, and the second
-    launch with its wait for the whole grid goes; but a last CTA holds its SM meanwhile, so it can pay
-    only when the walk is one wave),
+    ``fused_epilogue`` (one kernel: with one CTA per row tile, ``cta_level = 0``, the CTA's node sums are
+    the root's, so its consumer warpgroups run the epilogue themselves, one thread per row, and there
+    is no reduction kernel; refused at other levels, whose node sums need another CTA's; same bits;
+    :func:`config_for` sets it where it picks level 0),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
 
     tile_m: int = 128
@@ -187,6 +182,9 @@ class HcMixTmaConfig:
                              "thread at tile_m=256 exceed the 240-register limit")
         if self.tile_k != 64:
             raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
+        if self.fused_epilogue and self.cta_level != 0:
+            raise ValueError(f"fused_epilogue needs cta_level=0 (one CTA per row tile), got {self.cta_level}: at "
+                             "other levels a row's sums are folded from several CTAs by the reduction kernel")
         if self.reduce_rows not in (8, 16, 32):
             raise ValueError(f"reduce_rows={self.reduce_rows}: must be 8, 16 or 32")
         if not 2 <= self.stages <= 8:
@@ -246,13 +244,11 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
                  mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
-                 sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor,
-                 mCount: cute.Tensor, stream):
+                 sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor, stream):
         """Launch the walk and the reduction kernel after it on the same stream (a programmatic
-        dependent launch), or with ``fused_epilogue`` the walk alone.  ``mPart``: ``[ceil(M / tile_m) *
-        ctas_per_tile * tile_m, 25]`` float32 workspace (the walk's node sums); ``mCount``: int32 arrival
-        counters, one per row tile, zero at launch (used with ``fused_epilogue``)."""
-        epi = (mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mCount)
+        dependent launch).  ``mPart``: ``[ceil(M / tile_m) * ctas_per_tile * tile_m, 25]`` float32
+        workspace (the walk's node sums)."""
+        epi = (mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps)
         self.launch_walk(mX, mW, mPart, epi, stream)
         if cutlass.const_expr(not self.config.fused_epilogue):
             self.launch_reduce(mX, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart,
@@ -261,7 +257,7 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def launch_walk(self, mX: cute.Tensor, mW: cute.Tensor, mPart: cute.Tensor, epi: tuple, stream):
         """The walk: TMA atoms, shared storage, one CTA per (tree node at ``cta_level``, row tile);
-        ``epi``: the epilogue's tensors and scalars and the arrival counters (``fused_epilogue``)."""
+        ``epi``: the epilogue's tensors and scalars (``fused_epilogue``)."""
         tiled_mma = make_tiled_mma()
         sX_layout, sW_layout = smem_layouts(self.config)
         tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
@@ -274,14 +270,12 @@ class HcMixTmaKernel(HcMixKernel):
         @cute.struct
         class SharedStorage:
             mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            arrival: cute.struct.MemRange[Int32, 2]  # the arrival count this CTA saw (fused_epilogue)
             sX: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sX_layout)], 1024]
             sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
 
         self.shared_storage = SharedStorage
         grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
-        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart,
-                    *epi).launch(
+        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart, *epi).launch(
             grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
             min_blocks_per_mp=1, use_pdl=self.config.pdl)
 
@@ -302,7 +296,7 @@ class HcMixTmaKernel(HcMixKernel):
                tiled_mma: cute.TiledMma, sX_layout: cute.ComposedLayout, sW_layout: cute.ComposedLayout,
                mX: cute.Tensor, mPart: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor,
                mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32,
-               hc_eps: Float32, mCount: cute.Tensor):
+               hc_eps: Float32):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         node, m_block, _ = cute.arch.block_idx()  # node: this CTA's node of the K tree (at cta_level)
@@ -341,12 +335,11 @@ class HcMixTmaKernel(HcMixKernel):
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
             self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, split_begin, k_tiles)
-            if cutlass.const_expr(not self.config.fused_epilogue):
-                self.store_partials(sP, mPart, m_block, node, tidx - 128)
-            else:
+            if cutlass.const_expr(self.config.fused_epilogue):  # one CTA per row tile: sP holds the root sums
                 epi = (mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps)
-                self.fused_tail(sP, mPart, mCount, storage.arrival.get_tensor(cute.make_layout(2)), m_block, node,
-                                tidx - 128, mX.shape[0], mX.shape[1], epi)
+                self.tile_epilogue(sP, m_block, tidx - 128, mX.shape[0], mX.shape[1], epi)
+            else:
+                self.store_partials(sP, mPart, m_block, node, tidx - 128)
 
     def split_tile(self, split, k_tiles):
         """The first k tile of ``split`` (``k_tiles`` for ``split == n_splits``)."""
@@ -552,44 +545,9 @@ class HcMixTmaKernel(HcMixKernel):
                 mPart[base + r, col] = sP[r, col]
 
     @cute.jit
-    def fused_tail(self, sP, mPart, mCount, sArrival, m_block, node, ctidx, m: Int32, k: Int32, epi: tuple):
-        """``fused_epilogue``: the row tile's last CTA folds its node sums (:meth:`arrive`; with one CTA
-        per tile its own sums in ``sP`` are the root's) into ``sP`` and runs the epilogue, one consumer
-        thread per row below M."""
-        if cutlass.const_expr(self.config.ctas_per_tile == 1):
-            self.tile_epilogue(sP, m_block, ctidx, m, k, epi)
-        else:
-            self.store_partials(sP, mPart, m_block, node, ctidx)
-            if self.arrive(mCount, m_block, sArrival, ctidx):
-                row0 = m_block * self.tile_m
-                n_items = cutlass.min(m - row0, self.tile_m) * SP_COLS  # rows past M skipped
-                for i in cutlass.range_constexpr((self.tile_m * SP_COLS + self.num_consumers - 1) // self.num_consumers):
-                    self.reduce_item(mPart, sP, row0, ctidx + i * self.num_consumers, n_items)
-                cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-                self.tile_epilogue(sP, m_block, ctidx, m, k, epi)
-
-    @cute.jit
-    def arrive(self, mCount, m_block, sArrival, ctidx) -> cutlass.Boolean:
-        """Count this CTA in its row tile's arrival counter, after every consumer's workspace stores
-        (each thread's GPU-scope fence, then one acq_rel atomic); true in the tile's last CTA, which
-        then reads the peers' sums.  Which CTA is last does not matter for the bits: the fold's order is the tree's."""
-        cute.arch.fence_acq_rel_gpu()  # this thread's workspace stores before the arrival (threadfence)
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        if ctidx == 0:
-            seen = cute.arch.atomic_add(mCount.iterator + m_block, Int32(1), sem="acq_rel", scope="gpu")
-            sArrival[0] = seen
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
-        last = sArrival[0] == self.config.ctas_per_tile - 1
-        if last:
-            cute.arch.fence_acq_rel_gpu()  # the peers' sums, seen through thread 0's acquire
-            if ctidx == 0:  # every CTA of the tile has counted: re-arm the counter for the next launch
-                mCount[m_block] = Int32(0)
-        return last
-
-    @cute.jit
     def tile_epilogue(self, sA, m_block, ctidx, m: Int32, k: Int32, epi: tuple):
-        """The epilogue (sigmoids, Sinkhorn) of the row tile's rows below M, one consumer thread per row,
-        from the root sums in ``sA`` (``tile_m x 25``)."""
+        """``fused_epilogue``: the epilogue (sigmoids, Sinkhorn) of the row tile's rows below M, one
+        consumer thread per row, from the root sums in ``sA`` (``tile_m x 25``)."""
         mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps = epi
         for r0 in cutlass.range_constexpr(0, self.tile_m, self.num_consumers):
             rr = r0 + ctidx
@@ -680,7 +638,7 @@ def _wave_cost(row_tiles: int, level: int) -> tuple:
 def _config_for(m: int) -> HcMixTmaConfig:
     row_tiles = max(1, -(-m // 128))
     level = min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv))
-    return HcMixTmaConfig(cta_level=level, overlap=level <= 2,
+    return HcMixTmaConfig(cta_level=level, overlap=level <= 2, fused_epilogue=level == 0,
                           reduce_rows=8 if math.prod(TREE[:level]) >= 32 else 16)
 
 
@@ -691,15 +649,17 @@ def _compile(config: HcMixTmaConfig):
     def build():
         args = fake_launch_args(pieces=True)
         part = fake_tensor(torch.float32, (cute.sym_int(), SP_COLS), stride=(SP_COLS, 1))
-        count = fake_tensor(torch.int32, (cute.sym_int(),), stride=(1,))
-        return HcMixTmaKernel(config), args[:-1] + (part, count, args[-1])  # workspace, counters, stream
+        return HcMixTmaKernel(config), args[:-1] + (part, args[-1])  # the workspace goes before the stream
 
     return compile_cached(NAME, config, build)
 
 
 def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
     """Rows of the ``[rows, 25]`` float32 workspace of node sums: ``ceil(M / tile_m) * ctas_per_tile *
-    tile_m`` (every element written by the walk before the reduction reads it)."""
+    tile_m`` (every element written by the walk before the reduction reads it); 1 with
+    ``fused_epilogue`` (no node sums leave the CTA; the row is the raw-statistics dummy)."""
+    if config.fused_epilogue:
+        return 1
     return max(1, -(-m // config.tile_m) * config.ctas_per_tile * config.tile_m)
 
 
@@ -724,9 +684,9 @@ def _launch_config(config: HcMixTmaConfig, store_mix: bool) -> HcMixTmaConfig:
     return dataclasses.replace(config, store_mix=store_mix)
 
 
-def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None):
+def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None, out=None):
     """Launch on validated inputs (``hc_mix_sinkhorn(..., method="tma")`` and
-    :func:`hc_mix_sinkhorn_tma` come here)."""
+    :func:`hc_mix_sinkhorn_tma` come here); ``out`` = preallocated (pre, post, comb) (tests poison them)."""
     if mix is not None:  # the epilogue writes mix[row, 0:25] for every row: check it whole
         check_tensor("mix", mix, dtypes=(torch.float32,), shape=(x.shape[0], SP_COLS), align_bytes=4)
         if not mix.is_contiguous() or mix.device != x.device:
@@ -736,51 +696,8 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
             raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
         config.validate()
     cfg = _launch_config(config or config_for(x.shape[0]), mix is not None)
-    counters = None
-    if cfg.fused_epilogue and cfg.ctas_per_tile > 1 and x.shape[0]:
-        counters = arrival_counters(x.device, -(-x.shape[0] // cfg.tile_m))
-        if counters is None:  # none free while a CUDA graph captures: the two-kernel form, same bits
-            cfg = _launch_config(dataclasses.replace(cfg, fused_epilogue=False), mix is not None)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
-                        rms_eps, hc_eps, mix=mix, workspace_rows=workspace_rows(x.shape[0], cfg), counters=counters)
-
-
-COUNTER_CAPACITY = 1024  # row tiles one counter set serves (the fused epilogue is picked for one-wave walks)
-_SPARE_SETS = 8  # zeroed sets made ahead (outside capture) for CUDA graphs captured later
-_counter_sets: dict = {}  # (device index, stream handle) -> zeroed int32 [COUNTER_CAPACITY]
-_spare_sets: dict = {}  # device index -> list of zeroed sets not yet given to anyone
-_captured_sets: list = []  # sets given to captured graphs: kept alive for as long as the process
-
-
-def arrival_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """Zeroed int32 arrival counters for ``tiles`` row tiles of a ``fused_epilogue`` launch on the
-    current stream, or None (use the two-kernel form) when ``tiles`` exceeds :data:`COUNTER_CAPACITY` or
-    a CUDA graph is being captured and no spare set is left.
-
-    The kernel leaves every counter it used at zero (the tile's last CTA re-arms it), so a set is zeroed
-    once, when made, and then reused by every launch that is ordered after the previous one: one set
-    per (device, stream) for eager calls, and a set of its own for every captured launch (a graph may
-    replay on any stream, concurrently with other work).  Sets for captures are made ahead, outside
-    capture, and synchronized once, so a graph's set is zero before any replay."""
-    if tiles > COUNTER_CAPACITY:
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if torch.cuda.is_current_stream_capturing():
-        spares = _spare_sets.get(index)
-        if not spares:
-            return None
-        counters = spares.pop()
-        _captured_sets.append(counters)
-        return counters
-    key = (index, torch.cuda.current_stream(index).cuda_stream)
-    counters = _counter_sets.get(key)
-    if counters is None:
-        if index not in _spare_sets:
-            _spare_sets[index] = [torch.zeros(COUNTER_CAPACITY, dtype=torch.int32, device=device)
-                                  for _ in range(_SPARE_SETS)]
-            torch.cuda.synchronize(index)  # spares are zero before a graph on any stream uses one
-        counters = _counter_sets[key] = torch.zeros(COUNTER_CAPACITY, dtype=torch.int32, device=device)
-    return counters
+                        rms_eps, hc_eps, mix=mix, workspace_rows=workspace_rows(x.shape[0], cfg))
 
 
 def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | None = None) -> torch.Tensor:

@@ -252,110 +252,40 @@ def test_tma_kernel_keeps_stream_order(m):
         assert _rel(mix[:, :24], a64) <= 2e-6
 
 
-def _fused(cfg):
+def test_tma_fused_epilogue_gives_the_two_kernel_bits():
+    """fused_epilogue (cta_level 0: each walk CTA runs its row tile's epilogue; no reduction kernel) gives
+    the two-kernel form's bits, every output compared whole (poisoned first), for a ragged last tile,
+    one row, 256-row tiles and an uneven k-tile split; and eight calls in flight with x rewritten before
+    each (the walk is a programmatic dependent launch: it must see x as written just before it)."""
     import dataclasses
 
-    return dataclasses.replace(cfg, fused_epilogue=True)
-
-
-def test_tma_fused_epilogue_gives_the_same_bits():
-    """fused_epilogue (the row tile's last walk CTA, found by a per-call arrival counter, folds and runs
-    the epilogue; no reduction kernel) gives the two-kernel form's bits at every CTA level, for M with a
-    ragged last tile and one row, called over and over (each launch's last CTAs re-arm the counters)
-    and with another tree; outputs compared whole (a row no CTA finished would keep torch.empty's
-    bytes); afterwards every counter set is back at zero."""
     from cute_kernels.kernels import hc_mix_tma as tma
 
-    make = tma.HcMixTmaConfig
-    configs = [*(tma.config_for(m) for m in tma.LEVEL_EXAMPLE_M), make(cta_level=1, overlap=True),
-               make(tree=(4, 8), cta_level=1)]
+    fused = [tma.config_for(16384), tma.HcMixTmaConfig(tile_m=256, cta_level=0, fused_epilogue=True)]
+    assert fused[0].fused_epilogue and fused[0].cta_level == 0
     for k in (20480, 7232):
         for m in (1, 300, 129):
             x, hc_fn, hc_scale, hc_base = _inputs(m, k, seed=41 + m)
-            for cfg in configs:
-                want_mix = torch.full((m, mod.SP_COLS), float("nan"), device="cuda")
-                want = tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=want_mix)
-                for _ in range(3):
+            for cfg in fused:
+                outs = []
+                for c in (cfg, dataclasses.replace(cfg, fused_epilogue=False)):
+                    out = tuple(torch.full(s, float("nan"), device="cuda") for s in ((m, 4), (m, 4), (m, 4, 4)))
                     mix = torch.full((m, mod.SP_COLS), float("nan"), device="cuda")
-                    got = tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=_fused(cfg), mix=mix)
-                    assert torch.equal(mix, want_mix), (k, m, cfg)
-                    for a, b in zip(got, want):
-                        assert torch.equal(a, b), (k, m, cfg)
-    torch.cuda.synchronize()
-    assert tma._counter_sets and all(not c.any() for c in tma._counter_sets.values())
-
-
-def test_tma_fused_epilogue_keeps_stream_order_and_graphs():
-    """fused_epilogue at M = 4096 (4 walk CTAs per row tile): eight calls in flight with x rewritten
-    before each (the walk is a programmatic dependent launch: each launch finds the counters the
-    previous one re-armed), then a CUDA graph of two calls (each with a counter set of its own)
-    replayed on new x while eager calls run on another stream, against the two-kernel form."""
-    from cute_kernels.kernels import hc_mix_tma as tma
-
-    m = 4096
-    x, hc_fn, hc_scale, hc_base = _inputs(m, 20480, seed=51)
-    cfg = tma.config_for(m)
-    fused = _fused(cfg)
-    g = generator(52)
+                    tma.launch(x, hc_fn, hc_scale, hc_base, 20, 1e-6, 1e-6, config=c, mix=mix, out=out)
+                    outs.append((*out, mix))
+                for a, b in zip(*outs):
+                    assert torch.equal(a, b), (k, m, cfg)
+    m = 300
+    x, hc_fn, hc_scale, hc_base = _inputs(m, 20480, seed=47)
+    g = generator(48)
     xs = [torch.randn(m, 20480, device="cuda", generator=g).bfloat16() for _ in range(8)]
     torch.cuda.synchronize()
-    outs = []
+    got = []
     for src in xs:
         x.copy_(src)
-        outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=fused))
+        got.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=fused[0]))
     torch.cuda.synchronize()
-    for src, got in zip(xs, outs):
-        want = tma.hc_mix_sinkhorn_tma(src, hc_fn, hc_scale, hc_base, config=cfg)
-        for a, b in zip(got, want):
+    for src, out in zip(xs, got):
+        want = tma.hc_mix_sinkhorn_tma(src, hc_fn, hc_scale, hc_base, config=dataclasses.replace(fused[0], fused_epilogue=False))
+        for a, b in zip(out, want):
             assert torch.equal(a, b)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=fused)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    x2 = x.clone()
-    with torch.cuda.graph(graph):
-        out1 = tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=fused)
-        out2 = tma.hc_mix_sinkhorn_tma(x2, hc_fn, hc_scale, hc_base, config=fused)
-    other = torch.cuda.Stream()
-    x3 = xs[4].clone()
-    for src in xs[:3]:
-        x.copy_(src)
-        x2.copy_(src.flip(0))
-        torch.cuda.synchronize()
-        with torch.cuda.stream(other):  # in flight beside the replay, on its own stream's counters
-            side = [tma.hc_mix_sinkhorn_tma(x3, hc_fn, hc_scale, hc_base, config=fused) for _ in range(3)]
-        graph.replay()
-        torch.cuda.synchronize()
-        for got, src_x in ((out1, src), (out2, src.flip(0)), *((o, x3) for o in side)):
-            want = tma.hc_mix_sinkhorn_tma(src_x, hc_fn, hc_scale, hc_base, config=cfg)
-            for a, b in zip(got, want):
-                assert torch.equal(a, b)
-    assert all(not c.any() for c in (*tma._counter_sets.values(), *tma._captured_sets))
-
-
-def test_tma_fused_epilogue_falls_back_in_capture_without_a_spare_set(monkeypatch):
-    """With no spare counter set left, a captured fused launch takes the two-kernel form (same bits)."""
-    from cute_kernels.kernels import hc_mix_tma as tma
-
-    m = 1024
-    x, hc_fn, hc_scale, hc_base = _inputs(m, 20480, seed=53)
-    cfg = tma.config_for(m)
-    want = tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg)
-    tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=_fused(cfg))  # makes the spares
-    monkeypatch.setitem(tma._spare_sets, torch.cuda.current_device(), [])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=_fused(cfg))
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    captured = len(tma._captured_sets)
-    with torch.cuda.graph(graph):
-        out = tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=_fused(cfg))
-    assert len(tma._captured_sets) == captured
-    graph.replay()
-    torch.cuda.synchronize()
-    for a, b in zip(out, want):
-        assert torch.equal(a, b)
