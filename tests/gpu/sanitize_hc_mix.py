@@ -3,7 +3,7 @@
 Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/sanitize_hc_mix.py
 
 Both methods; for "tma" walk CTAs at three levels of the K tree (one per split, per quarter of K,
-per row tile, the last with and without the fused epilogue, also at 256-row tiles), paired k tiles
+per row tile, the last with and without the fused epilogue, also with another tree), paired k tiles
 (another tree), 256-row tiles, without PDL and L2 hints, and
 reduction CTAs of 8, 16 and 32 rows, with an uneven k-tile split (K = 7232) and a ragged last row tile.
 """
@@ -24,7 +24,7 @@ for m, k in ((5, 192), (130, 7232)):
                 tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True),
                 tma.HcMixTmaConfig(tile_m=256, stages=5), tma.HcMixTmaConfig(cta_level=1, l2_hints=False, pdl=False),
                 tma.HcMixTmaConfig(reduce_rows=32), tma.HcMixTmaConfig(cta_level=2, reduce_rows=16),
-                tma.HcMixTmaConfig(cta_level=0), tma.HcMixTmaConfig(tile_m=256, cta_level=0, fused_epilogue=True)):
+                tma.HcMixTmaConfig(cta_level=0), tma.HcMixTmaConfig(tree=(4, 8), cta_level=0, stages=3, fused_epilogue=True)):
         mix = torch.empty(m, 25, device="cuda")
         outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix))
     for out in outs:

@@ -255,13 +255,13 @@ def test_tma_kernel_keeps_stream_order(m):
 def test_tma_fused_epilogue_gives_the_two_kernel_bits():
     """fused_epilogue (cta_level 0: each walk CTA runs its row tile's epilogue; no reduction kernel) gives
     the two-kernel form's bits, every output compared whole (poisoned first), for a ragged last tile,
-    one row, 256-row tiles and an uneven k-tile split; and eight calls in flight with x rewritten before
+    one row, another tree and an uneven k-tile split; and eight calls in flight with x rewritten before
     each (the walk is a programmatic dependent launch: it must see x as written just before it)."""
     import dataclasses
 
     from cute_kernels.kernels import hc_mix_tma as tma
 
-    fused = [tma.config_for(16384), tma.HcMixTmaConfig(tile_m=256, cta_level=0, fused_epilogue=True)]
+    fused = [tma.config_for(16384), tma.HcMixTmaConfig(tree=(4, 8), cta_level=0, stages=3, fused_epilogue=True)]
     assert fused[0].fused_epilogue and fused[0].cta_level == 0
     for k in (20480, 7232):
         for m in (1, 300, 129):
