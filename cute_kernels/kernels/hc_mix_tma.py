@@ -697,7 +697,7 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         config.validate()
     cfg = _launch_config(config or config_for(x.shape[0]), mix is not None)
     return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
-                        rms_eps, hc_eps, mix=mix, workspace_rows=workspace_rows(x.shape[0], cfg))
+                        rms_eps, hc_eps, mix=mix, out=out, workspace_rows=workspace_rows(x.shape[0], cfg))
 
 
 def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | None = None) -> torch.Tensor:
