@@ -25,6 +25,10 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   ``reduce_rows`` rows per CTA, one (row, column) per thread, folds the levels above ``cta_level``,
   then one thread per row runs the epilogue.  It triggers the next launch after its wait, and the walk
   is a programmatic dependent launch as well (``pdl``): its prologue overlaps the previous kernel.
+  Where one CTA walks all of K for its row tile (``cta_level = 0``, large M) it holds the root sums and
+  runs the epilogue itself (``fused_epilogue``: one kernel; M = 16384: 160.2 us, 165 as two kernels).
+  With several CTAs per row tile, arrival counters (zeroed once, re-armed by each tile's last CTA) let
+  the last CTA do the same; measured level with the two kernels at M <= 4096 (session 19), not kept.
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
   M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
 
@@ -622,7 +626,8 @@ def config_for(m: int) -> HcMixTmaConfig:
     (each sum folds that many node sums: more CTAs share the loads) and 16 below (fuller epilogue
     warps; session 7: 47.9 vs 49.5 us at M = 4096, 9.6 vs 10.4 at M = 128 against 32 rows).  Paired k
     tiles (``overlap``) where a CTA walks 8 or more splits (``cta_level <= 2``; measured at M = 2048 and
-    4096: 28.3 vs 28.6 and 48.2 vs 48.8 us; at M = 512, level 4, it was slower, 14.7 vs 13.4).  Every choice gives the same bits.
+    4096: 28.3 vs 28.6 and 48.2 vs 48.8 us; at M = 512, level 4, it was slower, 14.7 vs 13.4).  At level 0
+    the walk runs the epilogue (``fused_epilogue``).  Every choice gives the same bits.
     ``m``: int >= 0 (``TypeError`` / ``ValueError`` otherwise)."""
     check_int("m", m, low=0)
     return _config_for(int(m))
