@@ -140,6 +140,8 @@ def format_configs(kernel: Optional[str] = None) -> str:
             if isinstance(smem, int):  # exact where a kernel lays out its struct (ranker_bwd), else a bound
                 extra = (f"  [smem {smem} B dynamic, exact]" if getattr(cfg, "SMEM_EXACT", False)
                          else f"  [smem <= {smem} B, estimate]")
+            elif callable(getattr(cfg, "bulk_smem_bytes", None)) and cfg.bulk_smem_bytes():  # qknorm's bulk kernel
+                extra = f"  [smem {cfg.bulk_smem_bytes()} B of staged rows + under 2 KB of sums and mbarriers]"
             lines.append(f"  {label:<{width}}  {cfg}{extra}")
     tuned = [e for e in _entries().values() if kernel is None or e.get("kernel") == kernel]
     fp = source_fingerprint() if tuned else None

@@ -181,6 +181,12 @@ def test_reference_hand_checked():
     torch.testing.assert_close(rq[0], torch.tensor([3.0, 8.0]) / math.sqrt(13.5))
 
 
+def test_reference_refuses_tensors_on_two_devices():
+    q, k = torch.randn(2, 8), torch.randn(2, 4)
+    with pytest.raises(ValueError, match="different devices"):
+        cute_kernels.qk_rmsnorm_reference(q, k, torch.ones(8, device="meta"), torch.ones(4), 1e-6)
+
+
 def test_reference_matches_torch_rms_norm():
     q = torch.randn(5, 64, dtype=torch.float64)
     k = torch.randn(5, 16, dtype=torch.float64)

@@ -66,6 +66,8 @@ def test_configs_cli():
     for name in registry.names():
         assert f"{name}:" in r.stdout
     assert "head_dim=128" in r.stdout and "smem" in r.stdout
+    bulk = [line for line in r.stdout.splitlines() if "bfloat16 q=4096 k=1024 bulk=" in line]
+    assert len(bulk) == 1 and "[smem 61440 B of staged rows" in bulk[0]  # 6 stages x 10 KB rows
     r = _run("configs", "--kernel", "nope")
     assert r.returncode == 2 and "unknown kernel" in r.stderr
 

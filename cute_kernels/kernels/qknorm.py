@@ -71,7 +71,8 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_extent, check_f32_eps, check_float_tensors, check_int, check_tensor, F32_MAX, INT32_MAX
+from ..runtime.validate import (check_extent, check_f32_eps, check_float_tensors, check_int, check_same_device,
+                                check_tensor, F32_MAX, INT32_MAX)
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -1019,7 +1020,7 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
                          eps: float, q_dim: int | None = None, k_dim: int | None = None,
                          q_sumsq: torch.Tensor | None = None, k_sumsq: torch.Tensor | None = None):
     """Out-of-place float64 reference of :func:`qk_rmsnorm_` (seed 000 with the standard eps), returns
-    (q_out, k_out) in the input dtype (any device)::
+    (q_out, k_out) in the input dtype (any device, all tensors on one: ``ValueError`` otherwise)::
 
         q_out[n] = q[n] * rsqrt(q_sumsq[n] / q_dim + eps) * q_weight,  q_sumsq[n] = sum(q[n]^2)  (k alike)
 
@@ -1030,6 +1031,7 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     floating point tensors (``TypeError`` otherwise).
     """
     check_float_tensors(q=q, k=k, q_weight=q_weight, k_weight=k_weight)
+    check_same_device(q=q, k=k, q_weight=q_weight, k_weight=k_weight, q_sumsq=q_sumsq, k_sumsq=k_sumsq)
     check_eps(eps)
     if q.dim() != 2 or k.dim() != 2 or q.shape[0] != k.shape[0] or not (q.shape[1] and k.shape[1]):
         raise ValueError(f"q and k must be [N, Q] and [N, K] with Q, K >= 1, got {list(q.shape)} and {list(k.shape)}")
