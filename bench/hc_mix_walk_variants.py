@@ -1,7 +1,8 @@
 """The hc_mix tma walk alone (no reduction kernel) at M = 4096 for walk configs that give the same bits:
 the shipped one and without paired k tiles (``overlap``) (256-row tiles, half the hc_fn piece reads
 from L2 per x byte, need 288 consumer registers: not compilable), and the shipped walk without the
-piece loads (``x_only``: what the pieces' L2 traffic costs; its outputs are wrong); us per call, CUDA graph of 10 calls, median of
+piece loads (``x_only``: what the pieces' L2 traffic costs; its outputs are wrong); us per call
+(session 19's log of it came from ab131ee, when the walk also took an arrival-counter argument), CUDA graph of 10 calls, median of
 shuffled rounds, the shipped config timed twice (A/A).
 
     python3 bench/hc_mix_walk_variants.py [--rounds=N] [--ncu]   (on the GPU; --ncu: two launches of each, no timing)
@@ -57,8 +58,7 @@ def compiled_x_only(cfg):
     def build():
         args = fake_launch_args(pieces=True)
         p = fake_tensor(torch.float32, (cute.sym_int(), SP_COLS), stride=(SP_COLS, 1))
-        count = fake_tensor(torch.int32, (cute.sym_int(),), stride=(1,))
-        return XOnlyWalk(cfg, "walk"), args[:-1] + (p, count, args[-1])
+        return XOnlyWalk(cfg, "walk"), args[:-1] + (p, args[-1])
     return compile_cached("hc_probe_x_only", cfg, build)
 
 
@@ -82,8 +82,7 @@ def main(rounds, ncu):
     for name, cfg in variants(m).items():
         ws = torch.zeros(tma.workspace_rows(m, cfg), SP_COLS, device="cuda")
         walk = compiled_x_only(cfg) if name == "x_only" else compiled_part(cfg, "walk")
-        calls[name] = (lambda walk=walk, ws=ws: walk(x, pieces, s, b, pre, post, comb, mix, 20, 1e-6, 1e-6, ws,
-                                                     ws[0].view(torch.int32)))
+        calls[name] = (lambda walk=walk, ws=ws: walk(x, pieces, s, b, pre, post, comb, mix, 20, 1e-6, 1e-6, ws))
     for fn in calls.values():
         fn()
         fn()

@@ -25,7 +25,8 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   ``reduce_rows`` rows per CTA, one (row, column) per thread, folds the levels above ``cta_level``,
   then one thread per row runs the epilogue.  It triggers the next launch after its wait, and the walk
   is a programmatic dependent launch as well (``pdl``): its prologue overlaps the previous kernel.
-  Where one CTA walks all of K for its row tile (``cta_level = 0``, large M) it holds the root sums and
+  Where one CTA walks all of K for its row tile (``cta_level = 0``: config_for's pick for M of about
+  12800-17023, 29696-33919, ..., e.g. 16384 and 32768) it holds the root sums and
   runs the epilogue itself (``fused_epilogue``: one kernel; M = 16384: 160.2 us, 165 as two kernels).
   With several CTAs per row tile, arrival counters (zeroed once, re-armed by each tile's last CTA) let
   the last CTA do the same; measured level with the two kernels at M <= 4096 (session 19), not kept.
@@ -98,7 +99,7 @@ class HcMixTmaConfig:
     every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
     previous kernel's tail (the previous call's reduction kernel triggers it once its own wait is
-    over); it waits in ``griddepcontrol.wait`` before its first global-memory access, so the order is
+    over, a ``fused_epilogue`` walk as it starts); it waits in ``griddepcontrol.wait`` before its first global-memory access, so the order is
     that of the stream),
     ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
     sum, so a sum's loads issue together; then one thread per row runs the epilogue, so more rows
@@ -106,7 +107,7 @@ class HcMixTmaConfig:
     ``producer_regs`` / ``consumer_regs`` (the setmaxnreg split of the 384 threads, one CTA per SM;
     ``consumer_regs = 0``, the default, takes :meth:`min_consumer_regs`),
     ``fused_epilogue`` (one kernel: with one CTA per row tile, ``cta_level = 0``, the CTA's node sums are
-    the root's, so its consumer warpgroups run the epilogue themselves, one thread per row, and there
+    the root's, so its consumer threads run the epilogue themselves, one thread per row, and there
     is no reduction kernel; refused at other levels, whose node sums need another CTA's; same bits;
     :func:`config_for` sets it where it picks level 0),
     ``store_mix`` (also write the raw ``[a, sum x^2]`` rows)."""
@@ -250,8 +251,8 @@ class HcMixTmaKernel(HcMixKernel):
                  mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor,
                  sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32, mPart: cute.Tensor, stream):
         """Launch the walk and the reduction kernel after it on the same stream (a programmatic
-        dependent launch).  ``mPart``: ``[ceil(M / tile_m) * ctas_per_tile * tile_m, 25]`` float32
-        workspace (the walk's node sums)."""
+        dependent launch), or with ``fused_epilogue`` the walk alone.  ``mPart``: ``[workspace_rows, 25]``
+        float32 workspace (the walk's node sums; untouched with ``fused_epilogue``)."""
         epi = (mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps)
         self.launch_walk(mX, mW, mPart, epi, stream)
         if cutlass.const_expr(not self.config.fused_epilogue):
@@ -304,7 +305,8 @@ class HcMixTmaKernel(HcMixKernel):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         node, m_block, _ = cute.arch.block_idx()  # node: this CTA's node of the K tree (at cta_level)
-        cute.arch.griddepcontrol_launch_dependents()  # the reduction kernel may launch (it waits for us)
+        # the reduction kernel (fused_epilogue: the next call's walk) may launch; it waits for our completion
+        cute.arch.griddepcontrol_launch_dependents()
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_X)
             cpasync.prefetch_descriptor(tma_atom_W)
@@ -551,7 +553,8 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def tile_epilogue(self, sA, m_block, ctidx, m: Int32, k: Int32, epi: tuple):
         """``fused_epilogue``: the epilogue (sigmoids, Sinkhorn) of the row tile's rows below M, one
-        consumer thread per row, from the root sums in ``sA`` (``tile_m x 25``)."""
+        consumer thread per row (consumer thread ``i`` takes rows ``i, i + 256, ...``), from the root sums
+        in ``sA`` (``tile_m x 25``)."""
         mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps = epi
         for r0 in cutlass.range_constexpr(0, self.tile_m, self.num_consumers):
             rr = r0 + ctidx
@@ -692,6 +695,12 @@ def _launch_config(config: HcMixTmaConfig, store_mix: bool) -> HcMixTmaConfig:
 def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None, out=None):
     """Launch on validated inputs (``hc_mix_sinkhorn(..., method="tma")`` and
     :func:`hc_mix_sinkhorn_tma` come here); ``out`` = preallocated (pre, post, comb) (tests poison them)."""
+    if out is not None:  # the kernels write every row below M of each: checked whole
+        m = x.shape[0]
+        for name, t, shape in zip(("pre", "post", "comb"), out, ((m, 4), (m, 4), (m, 4, 4))):
+            check_tensor(name, t, dtypes=(torch.float32,), shape=shape, align_bytes=4)
+            if not t.is_contiguous() or t.device != x.device:
+                raise ValueError(f"{name} must be contiguous and on x's device")
     if mix is not None:  # the epilogue writes mix[row, 0:25] for every row: check it whole
         check_tensor("mix", mix, dtypes=(torch.float32,), shape=(x.shape[0], SP_COLS), align_bytes=4)
         if not mix.is_contiguous() or mix.device != x.device:

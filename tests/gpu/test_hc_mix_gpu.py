@@ -255,8 +255,10 @@ def test_tma_kernel_keeps_stream_order(m):
 def test_tma_fused_epilogue_gives_the_two_kernel_bits():
     """fused_epilogue (cta_level 0: each walk CTA runs its row tile's epilogue; no reduction kernel) gives
     the two-kernel form's bits, every output compared whole (poisoned first), for a ragged last tile,
-    one row, another tree and an uneven k-tile split; and eight calls in flight with x rewritten before
-    each (the walk is a programmatic dependent launch: it must see x as written just before it)."""
+    one row, another tree and an uneven k-tile split; eight calls in flight with x rewritten before
+    each (the walk is a programmatic dependent launch: it must see x as written just before it); and
+    eight fused walks back to back on different x, into their own outputs and then into shared ones
+    (the last call's values must remain)."""
     import dataclasses
 
     from cute_kernels.kernels import hc_mix_tma as tma
@@ -285,7 +287,19 @@ def test_tma_fused_epilogue_gives_the_two_kernel_bits():
         x.copy_(src)
         got.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=fused[0]))
     torch.cuda.synchronize()
+    two = dataclasses.replace(fused[0], fused_epilogue=False)
     for src, out in zip(xs, got):
-        want = tma.hc_mix_sinkhorn_tma(src, hc_fn, hc_scale, hc_base, config=dataclasses.replace(fused[0], fused_epilogue=False))
+        want = tma.hc_mix_sinkhorn_tma(src, hc_fn, hc_scale, hc_base, config=two)
         for a, b in zip(out, want):
             assert torch.equal(a, b)
+    # fused walks back to back (each triggers the next as it starts): own outputs, then shared ones
+    out = tuple(torch.full(s, float("nan"), device="cuda") for s in ((m, 4), (m, 4), (m, 4, 4)))
+    got = [tma.hc_mix_sinkhorn_tma(src, hc_fn, hc_scale, hc_base, config=fused[0]) for src in xs]
+    for src in xs:
+        tma.launch(src, hc_fn, hc_scale, hc_base, 20, 1e-6, 1e-6, config=fused[0], out=out)
+    torch.cuda.synchronize()
+    for src, o in zip(xs, got):
+        for a, b in zip(o, tma.hc_mix_sinkhorn_tma(src, hc_fn, hc_scale, hc_base, config=two)):
+            assert torch.equal(a, b)
+    for a, b in zip(out, got[-1]):  # the last call's values
+        assert torch.equal(a, b)
