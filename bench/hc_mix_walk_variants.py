@@ -1,9 +1,9 @@
 """The hc_mix tma walk alone (no reduction kernel) at M = 4096 for walk configs that give the same bits:
 the shipped one and without paired k tiles (``overlap``) (256-row tiles, half the hc_fn piece reads
 from L2 per x byte, need 288 consumer registers: not compilable), and the shipped walk without the
-piece loads (``x_only``: what the pieces' L2 traffic costs; its outputs are wrong); us per call
-(session 19's log of it came from ab131ee, when the walk also took an arrival-counter argument), CUDA graph of 10 calls, median of
-shuffled rounds, the shipped config timed twice (A/A).
+piece loads (``x_only``: what the pieces' L2 traffic costs; its outputs are wrong); us per call,
+CUDA graph of 10 calls, median of shuffled rounds, the shipped config timed twice (A/A).  (Session
+19's log of it came from ab131ee, when the walk also took an arrival-counter argument.)
 
     python3 bench/hc_mix_walk_variants.py [--rounds=N] [--ncu]   (on the GPU; --ncu: two launches of each, no timing)
 """

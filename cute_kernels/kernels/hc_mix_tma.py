@@ -99,8 +99,8 @@ class HcMixTmaConfig:
     every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
     previous kernel's tail (the previous call's reduction kernel triggers it once its own wait is
-    over, a ``fused_epilogue`` walk as it starts); it waits in ``griddepcontrol.wait`` before its first global-memory access, so the order is
-    that of the stream),
+    over, a ``fused_epilogue`` walk as it starts); it waits in ``griddepcontrol.wait`` before its
+    first global-memory access, so the order is that of the stream),
     ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
     sum, so a sum's loads issue together; then one thread per row runs the epilogue, so more rows
     fill that warp; :func:`config_for` picks 8 or 16),
