@@ -29,6 +29,9 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
         assert "LDL/STL (local memory)" not in rec.sass_features
     assert "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16" in rec.ptx
     assert "ld.shared.v4" in rec.ptx  # the squares read 16-byte vectors
+    # the epilogue's reciprocals: rcp.approx / rsqrt.approx, no IEEE division or sqrt (slow-path branches)
+    assert "rcp.approx" in rec.ptx and "rsqrt.approx" in rec.ptx
+    assert "div.rn.f32" not in rec.ptx and "sqrt.rn.f32" not in rec.ptx
     # the walk and the reduction kernel, or the walk alone with the fused epilogue (no clusters, no DSMEM)
     assert rec.ptx.count(".entry") == (1 if cfg.fused_epilogue else 2)
     assert "barrier.cluster" not in rec.ptx and "ld.shared::cluster" not in rec.ptx
