@@ -72,7 +72,8 @@ def _hc_mix_configs(mod) -> dict:
 
     return {"method=walk M<=256": mod.SMALL, "method=walk M>256": mod.MEDIUM,
             "method=walk LARGE (never picked: slower)": mod.LARGE,
-            **{f"method=tma (default) M={m}": hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}}
+            **{f"method=tma (default) M={m} (the same pick for M {'%d-%d' % hc_mix_tma.level_range(m)}; other M: config_for)":
+               hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}}
 
 
 def _qknorm_configs(mod) -> dict:

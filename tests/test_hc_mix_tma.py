@@ -304,3 +304,35 @@ def test_fused_epilogue_is_one_kernel_at_level_0_only():
     assert mod.workspace_rows(16384, cfg) == 1
     with pytest.raises(ValueError, match="fused_epilogue needs cta_level=0"):
         dataclasses.replace(mod.config_for(4096), fused_epilogue=True).validate()
+
+
+def test_level_range_brackets_config_for():
+    """level_range(m): every M inside gets config_for(m)'s CTA level, the M just outside another; the
+    pick is not monotone in M (level 0 at 16384, level 1 at 20000, level 0 again at 32768)."""
+    for m in (0, 1, 300, 4096, 5000, 16384, 20000, 32768, 100000):
+        lo, hi = mod.level_range(m)
+        assert lo <= m <= hi
+        level = mod.config_for(m).cta_level
+        assert all(mod.config_for(v).cta_level == level for v in (lo, (lo + hi) // 2, hi))
+        if lo > 0:
+            assert mod.config_for(lo - 1).cta_level != level
+        assert mod.config_for(hi + 1).cta_level != level
+    assert [mod.config_for(m).cta_level for m in (16384, 20000, 32768)] == [0, 1, 0]
+    with pytest.raises(ValueError):
+        mod.level_range(-1)
+
+
+def test_validate_says_when_a_config_needs_too_many_registers():
+    """256-row tiles low in the tree need more registers than a consumer thread can get: the message
+    says so and what to change (not a setmaxnreg range error about a count the user never set)."""
+    for kw in (dict(tile_m=256, cta_level=0), dict(tile_m=256, cta_level=0, fused_epilogue=True),
+               dict(tile_m=256, cta_level=2)):
+        with pytest.raises(ValueError, match="registers per consumer thread.*tile_m=128"):
+            mod.HcMixTmaConfig(**kw).validate()
+
+
+def test_emulate_mix_refuses_non_bf16_x():
+    with pytest.raises(TypeError, match="bfloat16"):
+        mod.emulate_mix(torch.zeros(2, 64), torch.zeros(24, 64))
+    with pytest.raises(TypeError, match="torch tensors"):
+        mod.emulate_mix([[0.0] * 64], torch.zeros(24, 64))

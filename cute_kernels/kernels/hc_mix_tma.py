@@ -25,9 +25,10 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   ``reduce_rows`` rows per CTA, one (row, column) per thread, folds the levels above ``cta_level``,
   then one thread per row runs the epilogue.  It triggers the next launch after its wait, and the walk
   is a programmatic dependent launch as well (``pdl``): its prologue overlaps the previous kernel.
-  Where one CTA walks all of K for its row tile (``cta_level = 0``: config_for's pick for M of about
-  12800-17023, 29696-33919, ..., e.g. 16384 and 32768) it holds the root sums and
-  runs the epilogue itself (``fused_epilogue``: one kernel; M = 16384: 160.2 us, 165 as two kernels).
+  Where one CTA walks all of K for its row tile (``cta_level = 0``: config_for's pick for M in
+  12673-16896, 29569-33792, 46465-50688, ... (:func:`level_range`), e.g. 16384 and 32768) it holds the
+  root sums and runs the epilogue itself (``fused_epilogue``: one kernel; M = 16384, same run: 166.4 vs
+  169.6 / 170.0 us as two kernels, session 19).
   With several CTAs per row tile, arrival counters (zeroed once, re-armed by each tile's last CTA) let
   the last CTA do the same; measured level with the two kernels at M <= 4096 (session 19), not kept.
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
@@ -194,14 +195,14 @@ class HcMixTmaConfig:
             raise ValueError(f"reduce_rows={self.reduce_rows}: must be 8, 16 or 32")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages}: must be in [2, 8]")
-        regs = self.consumer_registers
-        sm90.check_register_split(self.producer_regs, regs, 2)  # setmaxnreg's range and the CTA's pool
-        if self.producer_regs > regs:
-            raise ValueError(f"producer_regs={self.producer_regs} > consumer {regs}: the producer must not get more")
         need = self.min_consumer_regs()
         if need > 232:  # the most a consumer thread of a 384-thread CTA can get (sm90.check_register_split)
             raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the 232 a "
                              "384-thread CTA can give: use tile_m=128, no overlap, or a higher cta_level")
+        regs = self.consumer_registers
+        sm90.check_register_split(self.producer_regs, regs, 2)  # setmaxnreg's range and the CTA's pool
+        if self.producer_regs > regs:
+            raise ValueError(f"producer_regs={self.producer_regs} > consumer {regs}: the producer must not get more")
         if regs < need:
             raise ValueError(f"consumer_regs={regs}: this config needs >= {need} (spills below)")
         if self.smem_bytes() > SMEM_LIMIT:
@@ -650,6 +651,25 @@ def _config_for(m: int) -> HcMixTmaConfig:
                           reduce_rows=8 if math.prod(TREE[:level]) >= 32 else 16)
 
 
+def level_range(m: int) -> tuple[int, int]:
+    """The widest ``(lo, hi)`` around ``m`` (``lo <= m <= hi``, at most 2**20) over which :func:`config_for`
+    picks the same CTA level as for ``m`` (the pick depends on the row-tile count only and is not
+    monotone in M: e.g. level 1 at M = 4096, level 3 at 5000, level 0 at 16384, level 1 at 20000).
+    ``m``: int >= 0."""
+    check_int("m", m, low=0)
+
+    def level(tiles: int) -> int:
+        return min(range(len(TREE) + 1), key=lambda lv: _wave_cost(max(1, tiles), lv))
+
+    tiles = max(1, -(-int(m) // 128))
+    lo = hi = tiles
+    while lo > 1 and level(lo - 1) == level(tiles):
+        lo -= 1
+    while hi < 8192 and level(hi + 1) == level(tiles):
+        hi += 1
+    return (0 if lo == 1 else (lo - 1) * 128 + 1), hi * 128
+
+
 LEVEL_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)
 
 
@@ -728,6 +748,10 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
         raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
     cfg = config or HcMixTmaConfig()
     cfg.validate()
+    if not isinstance(x, torch.Tensor) or not isinstance(hc_fn, torch.Tensor):
+        raise TypeError("x and hc_fn must be torch tensors")
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"x must be bfloat16 (the kernel's input), got {x.dtype}")
     if x.dim() != 2 or hc_fn.dim() != 2 or tuple(hc_fn.shape) != (N_MIX, x.shape[1]):
         raise ValueError(f"x must be [M, K] and hc_fn [{N_MIX}, K], got {list(x.shape)} and {list(hc_fn.shape)}")
     m, k = x.shape
