@@ -14,9 +14,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from cute_kernels.kernels import qknorm as mod
-from cute_kernels.runtime.cache import compile_cached
-from cute_kernels.runtime.fake import cute_dtype
-from qknorm_sweep import run_probe
+from qknorm_sweep import compile_probe_kernel, run_probe
 
 
 class BoundedKernel(mod.QKNormKernel):
@@ -33,10 +31,8 @@ class BoundedKernel(mod.QKNormKernel):
 
 
 def compile_bounded(dtype, qd, kd, ctas_per_sm: int):
-    cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=mod.DEFAULT_TUNING)
-    return compile_cached("qknorm_launch_bound_probe", (str(dtype), qd, kd, ctas_per_sm),
-                          lambda: (BoundedKernel(cute_dtype(dtype), cfg, ctas_per_sm),
-                                   mod.fake_launch_args(dtype, qd, kd)))
+    return compile_probe_kernel("qknorm_launch_bound_probe", lambda dt, cfg: BoundedKernel(dt, cfg, ctas_per_sm),
+                                dtype, qd, kd, ctas_per_sm)
 
 
 def variants(dtype, qd, kd):

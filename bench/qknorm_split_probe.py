@@ -20,9 +20,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from cute_kernels.kernels import qknorm as mod
-from cute_kernels.runtime.cache import compile_cached
-from cute_kernels.runtime.fake import cute_dtype
-from qknorm_sweep import run_probe
+from qknorm_sweep import compile_probe_kernel, run_probe
 
 
 def _part_normalizer(dtype, cfg, rows: int, threads: int):
@@ -73,10 +71,8 @@ class SplitPartsKernel:
 
 
 def compile_split(dtype, qd, kd, k_first: bool):
-    cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=mod.DEFAULT_TUNING)
-    return compile_cached("qknorm_split_probe", (str(dtype), qd, kd, k_first),
-                          lambda: (SplitPartsKernel(cute_dtype(dtype), cfg, k_first),
-                                   mod.fake_launch_args(dtype, qd, kd)))
+    return compile_probe_kernel("qknorm_split_probe", lambda dt, cfg: SplitPartsKernel(dt, cfg, k_first),
+                                dtype, qd, kd, k_first)
 
 
 def variants(dtype, qd, kd):

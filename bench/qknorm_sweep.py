@@ -42,6 +42,17 @@ def tunings():
             "bulk_3x4": mod.QKNormTuning(2, False, SMS * 3, 4), "bulk_2x6": mod.QKNormTuning(2, False, SMS * 2, 6)}
 
 
+def compile_probe_kernel(name: str, make_kernel, dtype, qd: int, kd: int, *key):
+    """A probe's kernel variant of the shipped per-token config of (dtype, qd, kd): ``make_kernel(cute
+    dtype, config)`` builds it; compiled once per ``key`` under ``name`` in the compile cache."""
+    from cute_kernels.runtime.cache import compile_cached
+    from cute_kernels.runtime.fake import cute_dtype
+
+    cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=mod.DEFAULT_TUNING)
+    return compile_cached(name, (str(dtype), qd, kd, *key),
+                          lambda: (make_kernel(cute_dtype(dtype), cfg), mod.fake_launch_args(dtype, qd, kd)))
+
+
 def bits_equal(fns: dict, q, k, wq, wk) -> dict:
     """Each compiled function once on copies of the same q and k: ``{name: bits equal to the first's}``."""
     outs = {}

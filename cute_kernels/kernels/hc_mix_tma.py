@@ -717,16 +717,14 @@ def _launch_config(config: HcMixTmaConfig, store_mix: bool) -> HcMixTmaConfig:
 def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None, out=None):
     """Launch on validated inputs (``hc_mix_sinkhorn(..., method="tma")`` and
     :func:`hc_mix_sinkhorn_tma` come here); ``out`` = preallocated (pre, post, comb) (tests poison them)."""
-    if out is not None:  # the kernels write every row below M of each: checked whole
-        m = x.shape[0]
-        for name, t, shape in zip(("pre", "post", "comb"), out, ((m, 4), (m, 4), (m, 4, 4))):
-            check_tensor(name, t, dtypes=(torch.float32,), shape=shape, align_bytes=4)
-            if not t.is_contiguous() or t.device != x.device:
-                raise ValueError(f"{name} must be contiguous and on x's device")
-    if mix is not None:  # the epilogue writes mix[row, 0:25] for every row: check it whole
-        check_tensor("mix", mix, dtypes=(torch.float32,), shape=(x.shape[0], SP_COLS), align_bytes=4)
-        if not mix.is_contiguous() or mix.device != x.device:
-            raise ValueError("mix must be contiguous and on x's device")
+    m = x.shape[0]
+    buffers = [] if mix is None else [("mix", mix, (m, SP_COLS))]
+    if out is not None:
+        buffers += zip(("pre", "post", "comb"), out, ((m, 4), (m, 4), (m, 4, 4)))
+    for name, t, shape in buffers:  # the kernels write every row below M of each: checked whole
+        check_tensor(name, t, dtypes=(torch.float32,), shape=shape, align_bytes=4)
+        if not t.is_contiguous() or t.device != x.device:
+            raise ValueError(f"{name} must be contiguous and on x's device")
     if config is not None:  # a caller's config: checked whole before anything is sized from it
         if not isinstance(config, HcMixTmaConfig):
             raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
