@@ -62,6 +62,22 @@ def test_compile_into_an_unwritable_cache_folder_is_an_error(tmp_path):
     assert r.returncode == 0 and "NOT USABLE" in r.stdout, r.stdout + r.stderr
 
 
+def test_info_reports_a_folder_where_nothing_can_be_created_and_leaves_no_trace(tmp_path, monkeypatch):
+    """info's cache report must not trust os.access (as root it says yes to /proc, where mkdir fails), and
+    its probe must leave nothing behind."""
+    import os
+
+    from cute_kernels.runtime import cache
+
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR="/proc/cute_kernels_cache")
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "info"], capture_output=True, text=True, timeout=600,
+                       env=env)
+    assert r.returncode == 0 and "NOT USABLE" in r.stdout, r.stdout + r.stderr
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path / "a" / "b"))
+    assert cache.disk_cache_problem(probe=False) is None
+    assert list(tmp_path.iterdir()) == []  # the temporary folder was removed, nothing created
+
+
 def test_check_without_gpu_compiles_and_exits_zero():
     import torch
 

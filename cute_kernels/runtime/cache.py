@@ -75,16 +75,21 @@ def disk_cache_enabled() -> bool:
 def disk_cache_problem(probe: bool = True) -> str | None:
     """Why the on-disk cache cannot be used (its folder cannot be created or written), or None.
     ``probe``: create the folder and a temporary file in it (what ``compile`` is about to do anyway);
-    ``False``: only ask the OS whether the folder, or its nearest existing parent, is writable (no
-    side effect, for reports)."""
+    ``False``: leave nothing behind (for reports): create and remove a temporary folder in the folder, or
+    in its nearest existing parent.  (Asking ``os.access`` is not enough: as root it says yes to folders
+    such as ``/proc`` where nothing can be created.)"""
     folder = cache_dir()
     if not probe:
         existing = folder
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
-        if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
-            return None
-        return f"{folder} is not writable ({existing} is {'read-only' if existing.is_dir() else 'not a folder'})"
+        if not existing.is_dir():
+            return f"{folder} is not writable ({existing} is not a folder)"
+        try:
+            os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".probe"))
+        except OSError as exc:
+            return f"{folder} is not writable (cannot create a folder in {existing}: {exc.strerror or exc})"
+        return None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe"):
