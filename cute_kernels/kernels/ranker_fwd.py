@@ -107,7 +107,6 @@ class RankerFwdConfig:
     # the producer TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term
     # reads from global memory after the history loop
     prefetch_self_kv: bool = False
-    self_term_batched: bool = True  # PROBE (temporary): False = one row at a time, v loaded after the dot
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -532,14 +531,24 @@ class RankerAttentionFwd:
         lse = cute.make_rmem_tensor(num_rows, Float32)
         for r in cutlass.range_constexpr(num_rows):
             row_sum[r] = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
-        # the self term for groups of rows whose loads are issued together: all rows of the thread up to
-        # D=128; one row at a time at D=256, where q, k and v of two rows would not fit in registers
-        group = num_rows if const_expr(self.config.head_dim <= 128 and self.config.self_term_batched) else 1
-        for r0 in cutlass.range_constexpr(0, num_rows, group):
-            self.add_self_term(acc_O_mn, row_max, row_sum, tOcO_mn, mQ_cur, mK_cur, mV_cur, seg, active, m_block,
-                               r0, group, scale_log2, softmax_scale, cap)
-        for r in cutlass.range_constexpr(num_rows):
             row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+            take_self = seg.takes_self_term(row) and active
+            dot = Float32(0.0)
+            if take_self:
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    col = tOcO_mn[r, c][1]
+                    dot += Float32(mQ_cur[row, col]) * Float32(mK_cur[row, col])
+            dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
+            if take_self:
+                s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
+                m_new = cute.arch.fmax(row_max[r], s_self)
+                scale_old = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
+                p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
+                row_sum[r] = row_sum[r] * scale_old + p_self
+                row_max[r] = m_new
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    col = tOcO_mn[r, c][1]
+                    acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(mV_cur[row, col])
             valid = seg.row_active(row) and active and row_sum[r] > 0.0
             inv_sum = Float32(0.0)
             lse[r] = -Float32.inf
@@ -552,50 +561,6 @@ class RankerAttentionFwd:
         self.epilogue(acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx,
                       m_block, head, batch, offset, seg)
         return q_state, kv_state
-
-    @cute.jit
-    def add_self_term(self, acc_O_mn, row_max, row_sum, tOcO_mn, mQ_cur, mK_cur, mV_cur, seg, active, m_block,
-                      r0: cutlass.Constexpr, n_rows: cutlass.Constexpr, scale_log2, softmax_scale, cap):
-        """Fold the candidate self term (a candidate row i attends its own key besides the history) into the
-        online softmax of this thread's rows ``r0 .. r0 + n_rows - 1``: ``s_ii = cap(scale * q_i . k_i)``,
-        then ``row_max``, ``row_sum`` (quad-reduced already) and O rescaled and ``O += p_ii v_i``.  Rows
-        without a self term read a candidate row (in bounds) and keep their state, so that the group's loads
-        sit in one block, in flight together, with v's too while the head dim is at most 128: one L2 round
-        trip per group (row by row behind a branch each, q and k then v, it was four at D=128)."""
-        n_cols = cute.size(acc_O_mn, mode=[1])
-        rows = [m_block * self.tile_m + tOcO_mn[r0 + i, 0][0] for i in range(n_rows)]
-        take = [seg.takes_self_term(row) and active for row in rows]
-        any_take = take[0]
-        for i in cutlass.range_constexpr(1, n_rows):
-            any_take = any_take or take[i]
-        load_rows = [Int32(cutlass.select_(take[i], rows[i], seg.cand_lo)) for i in range(n_rows)]
-        if any_take:
-            cols = [[tOcO_mn[r0 + i, c][1] for c in range(n_cols)] for i in range(n_rows)]
-            if const_expr(self.config.head_dim <= 128 and self.config.self_term_batched):
-                v_rows = [[mV_cur[load_rows[i], cols[i][c]] for c in range(n_cols)] for i in range(n_rows)]
-            dots = []
-            for i in cutlass.range_constexpr(n_rows):
-                dot = Float32(0.0)
-                for c in cutlass.range_constexpr(n_cols):
-                    dot += Float32(mQ_cur[load_rows[i], cols[i][c]]) * Float32(mK_cur[load_rows[i], cols[i][c]])
-                dots.append(dot)
-            # (after every row's loads: a shuffle in between kept the next row's loads behind it)
-            dots = [cute.arch.warp_reduction_sum(dot, threads_in_group=4) for dot in dots]  # a quad shares its rows
-            for i in cutlass.range_constexpr(n_rows):
-                r = r0 + i
-                s_self = self.apply_cap_scalar(dots[i], softmax_scale, cap)
-                m_new = cute.arch.fmax(row_max[r], s_self)
-                scale_old = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
-                p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
-                row_sum[r] = Float32(cutlass.select_(take[i], row_sum[r] * scale_old + p_self, row_sum[r]))
-                row_max[r] = Float32(cutlass.select_(take[i], m_new, row_max[r]))
-                for c in cutlass.range_constexpr(n_cols):
-                    if const_expr(self.config.head_dim <= 128 and self.config.self_term_batched):
-                        v = Float32(v_rows[i][c])
-                    else:
-                        v = Float32(mV_cur[load_rows[i], cols[i][c]])
-                    acc_O_mn[r, c] = Float32(cutlass.select_(take[i], acc_O_mn[r, c] * scale_old + p_self * v,
-                                                             acc_O_mn[r, c]))
 
     @cute.jit
     def mma_one_n_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
