@@ -342,3 +342,16 @@ def test_raw_and_emulation_refuse_wrong_types():
         mod.hc_mix_raw(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(24, 64), config=hc_mix_tma.HcMixTmaConfig())
     with pytest.raises(TypeError, match="HcMixTmaConfig"):
         hc_mix_tma.emulate_mix(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(24, 64), config=mod.HcMixConfig())
+
+
+def test_reference_refuses_mixed_devices_and_meta():
+    """A reference on tensors of different devices returned rows of garbage (hc_fn on meta) or failed deep in
+    torch (hc_scale on meta); now a ValueError naming the devices (newcomer review, session 20)."""
+    import cute_kernels
+
+    x, fn, sc, bs = torch.randn(4, 64), torch.randn(24, 64), torch.rand(3) + 0.5, torch.randn(24)
+    for args in ((x, fn.to("meta"), sc, bs), (x, fn, sc.to("meta"), bs)):
+        with pytest.raises(ValueError, match="different devices"):
+            cute_kernels.hc_mix_sinkhorn_reference(*args)
+    with pytest.raises(ValueError, match="meta"):
+        cute_kernels.hc_mix_sinkhorn_reference(*(t.to("meta") for t in (x, fn, sc, bs)))

@@ -594,3 +594,19 @@ def test_argument_rules_found_by_the_session_15_review():
         rb.ranker_attention_backward_reference(q, q, q, b, [[1.0]])
     with pytest.raises(ValueError, match="a measured rule"):
         rf.RankerFwdConfig(head_dim=128, tile_n=176).validate()
+
+
+def test_reference_refuses_meta_bounds_and_cu_seqlens():
+    """bounds (or cu_seqlens) on 'meta' with data tensors failed inside torch ('Cannot copy out of meta
+    tensor'); now a ValueError naming the argument (newcomer review, session 20)."""
+    from cute_kernels.kernels.ranker_fwd import ranker_attention_reference
+
+    q = torch.randn(1, 8, 2, 16)
+    bounds = torch.tensor([[0, 6, 6, 8]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="bounds"):
+        ranker_attention_reference(q, q, q, bounds.to("meta"))
+    packed = torch.randn(8, 2, 16)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ranker_attention_reference(packed, packed, packed, bounds, cu_seqlens=cu.to("meta"))
+    ranker_attention_reference(packed, packed, packed, bounds, cu_seqlens=cu)  # the same with data: fine

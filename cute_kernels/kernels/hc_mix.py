@@ -803,13 +803,17 @@ def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: to
 
     Returns float32 ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]`` (and computes in ``dtype``).
     The scalars follow the op's rules (``TypeError`` / ``ValueError`` naming the argument); the
-    tensors may have any float dtype and device, but their shapes must be the op's (``x [M, K]``,
-    ``hc_fn [24, K]``, ``hc_scale [3]``, ``hc_base [24]``, any K >= 1): ``ValueError`` otherwise.
+    tensors may have any float dtype and any one device with data (all on it; not "meta"), but their
+    shapes must be the op's (``x [M, K]``, ``hc_fn [24, K]``, ``hc_scale [3]``, ``hc_base [24]``, any
+    K >= 1): ``ValueError`` otherwise.
     """
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     check_float_tensors(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)
+    check_same_device(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)
+    if x.device.type == "meta":
+        raise ValueError("the reference computes values: it needs tensors with data, not 'meta' ones")
     if x.dim() != 2 or x.shape[1] < 1:
         raise ValueError(f"x must be [M, K] with K >= 1, got {list(x.shape)}")
     if tuple(hc_fn.shape) != (N_MIX, x.shape[1]):

@@ -1249,6 +1249,9 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
         raise TypeError(f"bounds must be a torch.Tensor, got {type(bounds).__name__}")
     if bounds.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"bounds has dtype {bounds.dtype}; expected int32 (or int64)")
+    for name, t in (("bounds", bounds), ("cu_seqlens", cu_seqlens)):
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            raise ValueError(f"the reference reads the values of {name}: it must have data, not be a 'meta' tensor")
     nd = 3 if cu_seqlens is not None else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != nd:
