@@ -240,7 +240,13 @@ def cmd_info(args) -> int:
 
 def cmd_layouts(args) -> int:
     from .layouts.kernel_layouts import write_report
+    from .runtime.arch import check_target_arch
 
+    try:  # the kernels' layouts come from their sm_90a atoms: another target is refused up front
+        check_target_arch()
+    except RuntimeError as exc:
+        print(f"layouts: {exc}", file=sys.stderr)
+        return 2
     try:
         text, files = write_report(args.kernel, args.config, args.out, dtype=args.dtype, compile=args.compile)
     except ValueError as exc:  # a config the kernel rejects, or bad arguments: say why

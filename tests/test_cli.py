@@ -166,3 +166,14 @@ def test_bench_precheck_skips_a_broken_kernel_module(monkeypatch, capsys):
     monkeypatch.setitem(registry.KERNELS, "broken", "cute_kernels.kernels.does_not_exist")
     assert cli.main(["bench"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_layouts_refuses_another_target_arch_with_a_message(tmp_path):
+    """With CUTE_DSL_ARCH=sm_100a, layouts printed the DSL's ANSI-coloured arch diagnostic and exited 1;
+    now the package's message and exit status 2, as compile does (newcomer review, session 20)."""
+    import os
+
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_100a")
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "layouts", "--kernel", "hc_mix", "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 2 and "sm_90a (Hopper) only" in r.stderr and "\x1b[" not in r.stderr, r.stdout + r.stderr

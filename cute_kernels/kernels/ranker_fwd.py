@@ -849,12 +849,17 @@ def _check_scalars(softmax_scale, cap, cap_method) -> None:
 
     The kernels form ``softmax_scale * log2(e)``, ``cap * log2(e)`` and ``softmax_scale / cap`` in
     float32, so each is bounded to keep those finite (``_SCALAR_MAX`` = float32 max / 4)."""
-    if not isinstance(cap_method, str) or cap_method not in CAP_METHODS:
+    if not isinstance(cap_method, str):
+        raise TypeError(f"cap_method must be a str ('tanh', 'soft_sign' or 'none'), got {type(cap_method).__name__}")
+    if cap_method not in CAP_METHODS:
         raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign' (or 'none' without a cap)")
     if cap_method == "none" and cap is not None:
         raise ValueError(f"cap={cap!r} with cap_method='none': give cap_method 'tanh' or 'soft_sign', or cap=None")
     # >= 0: the online softmax takes its running max over raw scores (a negative scale would flip it)
     sc = None if softmax_scale is None else check_real("softmax_scale", softmax_scale, low=0.0, high=_SCALAR_MAX)
+    if isinstance(sc, float) and 0.0 < sc < _F32_TINY:  # float32 would flush it to 0 (as eps and cap refuse)
+        raise ValueError(f"softmax_scale={sc!r} is below float32's smallest normal 2**-126: give 0 (uniform "
+                         "attention over the admitted keys) or a larger scale")
     if cap is not None:
         c = check_real("cap", cap, low=_F32_TINY, high=_SCALAR_MAX)  # a normal float32
         if sc is not None and sc / c > _SCALAR_MAX:
@@ -1182,7 +1187,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             sequence (relative to the sequence start in the varlen form).  Values are clamped to
             ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.
         softmax_scale: None or a real number in ``[0, float32 max / 4]``, default ``1/sqrt(D)`` (0: uniform
-            attention over the admitted keys).
+            attention over the admitted keys; otherwise at least float32's smallest normal, 2**-126).
         cap: None (no cap) or a positive finite real number (a normal float32); ``cap_method``
             ``"tanh"`` (``cap*tanh(s/cap)``) or ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before
             the mask.  ``cap_method="none"`` is accepted with ``cap=None`` only.
@@ -1213,10 +1218,11 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     Raises:
         TypeError: wrong dtypes (q/k/v not bf16/fp16 or mixed, bounds/cu_seqlens not int32); return_lse
             not a bool;
-            cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int.
+            cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int,
+            cap_method not a str.
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
-            bounds rows != B, non-positive/non-finite cap, negative/non-finite softmax_scale, unknown
-            cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
+            bounds rows != B, non-positive/non-finite cap, negative/non-finite softmax_scale (or one
+            in (0, 2**-126)), unknown cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B > 2^30
             work tiles, a q/k/v spanning 2^31 elements or more (32-bit offsets); for the backward
             (``.backward()``), B or Hq above 65535.
