@@ -411,3 +411,21 @@ def test_env_flags_read_alike(monkeypatch):
         warnings.simplefilter("always")
         assert tuning.tuned_enabled()
     assert any("CUTE_KERNELS_TUNED='maybe'" in str(w.message) for w in caught)
+
+
+def test_unknown_flag_value_warns_once_and_cache_dir_is_absolute(monkeypatch, tmp_path):
+    """info printed the CUTE_KERNELS_CACHE warning twice (it reads the flag in two places), and showed a
+    relative CUTE_KERNELS_CACHE_DIR as given, though it depends on the current folder (newcomer review,
+    session 20)."""
+    import warnings
+
+    from cute_kernels.runtime.cache import cache_dir, disk_cache_enabled
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE", "banana-s20")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert disk_cache_enabled() and disk_cache_enabled()
+    assert sum("banana-s20" in str(w.message) for w in caught) == 1
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", "rel/cache")
+    assert cache_dir() == tmp_path / "rel" / "cache"

@@ -42,11 +42,11 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    """Root of the on-disk cache (``CUTE_KERNELS_CACHE_DIR`` or ``~/.cache/cute_kernels``)."""
+    """Root of the on-disk cache (``CUTE_KERNELS_CACHE_DIR`` or ``~/.cache/cute_kernels``), as an absolute path."""
     root = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cute_kernels"
     )
-    return Path(root)
+    return Path(root).expanduser().absolute()  # (a relative one is taken from the current folder: say which)
 
 
 _OFF, _ON = ("0", "false", "no", "off", ""), ("1", "true", "yes", "on")
@@ -60,11 +60,17 @@ def env_flag(name: str) -> bool:
         return True
     v = value.strip().lower()
     if v not in _OFF + _ON:
-        import warnings
-
-        warnings.warn(f"{name}={value!r} is not one of 0/false/no/off/(empty) or 1/true/yes/on: taken as on",
-                      stacklevel=3)
+        _warn_unknown_flag(name, value)
     return v not in _OFF
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unknown_flag(name: str, value: str) -> None:
+    """Once per (variable, value) and process (``info`` reads a flag in several places)."""
+    import warnings
+
+    warnings.warn(f"{name}={value!r} is not one of 0/false/no/off/(empty) or 1/true/yes/on: taken as on",
+                  stacklevel=4)
 
 
 def disk_cache_enabled() -> bool:
