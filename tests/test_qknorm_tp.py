@@ -334,3 +334,14 @@ def test_ranks_agree_on_constructor_arguments(q_dims, max_tokens, want):
     assert tuple(got[r][0] for r in range(2)) == want, got
     if want[0] == "ValueError" and q_dims[0] != q_dims[1]:
         assert all("differ across ranks" in got[r][1] for r in range(2)), got
+
+
+def test_default_group_without_init_is_a_clear_error():
+    """group=None without torch.distributed.init_process_group raised torch's own error from inside a
+    collective; now a ValueError saying what to do (newcomer review, session 20)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        pytest.skip("a default process group exists in this process")
+    with pytest.raises(ValueError, match="init_process_group"):
+        cute_kernels.ParallelQKNorm(None, 16, 4096, 1024, torch.bfloat16)

@@ -361,8 +361,8 @@ class ParallelQKNorm:
         TypeError (construction): group neither a ProcessGroup nor None; dtype not supported;
             max_tokens / q_dim / k_dim not ints; timeout_s not a real number.
         ValueError (construction): non-positive sizes, unsupported widths (above), timeout_s not
-            finite / not > 0 / too large; (torch's) when ``group`` is None and no default process group
-            has been initialized (``torch.distributed.init_process_group``).
+            finite / not > 0 / too large; ``group`` None while no default process group has been
+            initialized (``torch.distributed.init_process_group``).
         Calls: ``ValueError``/``TypeError`` for bad arguments, ``PeerTimeoutError`` when an earlier
         launch timed out (see :meth:`check_error`, :meth:`reset`), ``RuntimeError`` after :meth:`close`.
     """
@@ -383,7 +383,12 @@ class ParallelQKNorm:
             self.timeout_ns = _timeout_ns(timeout_s)
         except (TypeError, ValueError) as exc:
             local_error = exc
-        if _emulation is None:  # every rank of a group learns whether all ranks agree, before raising
+        if _emulation is None and group is None and local_error is None and not (
+                torch.distributed.is_available() and torch.distributed.is_initialized()):
+            local_error = ValueError("group=None means the default process group, and none is initialized: call "
+                                     "torch.distributed.init_process_group first (ParallelQKNorm.emulated runs G "
+                                     "ranks on one GPU without one)")
+        elif _emulation is None:  # every rank of a group learns whether all ranks agree, before raising
             _agree_across_ranks(group, (max_tokens, q_dim, k_dim, str(dtype)), local_error)
         if local_error is not None:
             raise local_error
