@@ -418,6 +418,9 @@ class RankerFwdTuner:
         if s["cap"] is None and "cap_method" in s:
             raise ValueError(f"cap_method={s['cap_method']} without cap=..: give the cap too ({self.shape_help})")
         s.setdefault("cap_method", "tanh")
+        if s["B"] * s["S"] * s["Hq"] * s["D"] >= 2**31:  # what the op refuses (32-bit offsets in the kernels)
+            raise ValueError(f"shape B*S*H*D = {s['B'] * s['S'] * s['Hq'] * s['D']} elements: the op takes tensors "
+                             "of fewer than 2**31 elements")
         rf = self._module()
         if min(s["B"], s["S"], s["Hq"], s["Hkv"]) < 1:
             raise ValueError("B, S, H, Hkv must be positive")

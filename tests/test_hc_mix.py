@@ -355,3 +355,9 @@ def test_reference_refuses_mixed_devices_and_meta():
             cute_kernels.hc_mix_sinkhorn_reference(*args)
     with pytest.raises(ValueError, match="meta"):
         cute_kernels.hc_mix_sinkhorn_reference(*(t.to("meta") for t in (x, fn, sc, bs)))
+
+
+def test_bench_shapes_refuse_more_rows_than_the_op_takes():
+    with pytest.raises(ValueError, match="1048560"):
+        mod.bench_shapes("4096,2000000")
+    assert mod.bench_shapes("1,1048560") == [1, 1048560]

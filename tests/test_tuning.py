@@ -421,3 +421,14 @@ def test_candidate_and_shape_parsing_review_cases():
     assert tuner.parse_shape("B=4,S=4608,H=16,D=128,cap_method=none")["cap"] is None
     with pytest.raises(ValueError, match=r"^hist=5000 must be"):
         tuner.parse_shape("B=4,S=4608,H=16,D=128,hist=5000")
+
+
+def test_shape_beyond_the_ops_extent_is_refused():
+    """tune --shape listed candidates for tensors the op refuses (2**31 elements or more; newcomer review,
+    session 20)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "tune", "--kernel", "ranker_fwd", "--shape",
+                        "B=1000000,S=1000000,H=128,D=128", "--list"], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "2**31" in r.stderr, r.stdout + r.stderr

@@ -85,6 +85,7 @@ from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, c
                                 check_tensor, element_span, validated_once)
 
 NAME = "hc_mix"
+MAX_ROWS = 65535 * 16  # rows of x: 65535 row blocks of 16 (the grid's y limit)
 HC = 4  # hc_mult
 N_MIX = 2 * HC + HC * HC  # 24 mix values per row
 N_TILES = N_MIX // 8  # three n8 MMA tiles
@@ -588,8 +589,8 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     if hc_scale.dim() and hc_scale.stride(0) != 1 or hc_base.stride(0) != 1:
         raise ValueError("hc_scale and hc_base must be contiguous")
     check_same_device(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)
-    if x.shape[0] > 65535 * 16:
-        raise ValueError(f"x has {x.shape[0]} rows; at most {65535 * 16} supported")
+    if x.shape[0] > MAX_ROWS:
+        raise ValueError(f"x has {x.shape[0]} rows; at most {MAX_ROWS} supported")
 
 
 _VALIDATED: dict = {}  # argument signature (shapes, strides, dtypes, devices, scalars) -> None (accepted)
@@ -901,9 +902,9 @@ def bench_shapes(shapes: str | None) -> list[int]:
         ms = [int(s) for s in shapes.split(",")]
     except ValueError:
         ms = []
-    if not ms or min(ms) < 1:
-        raise ValueError(f"bench --shapes for {NAME}: expected comma-separated row counts M >= 1 (K = 20480), "
-                         f"e.g. '4096' or '1,512,4096'; got {shapes!r}")
+    if not ms or min(ms) < 1 or max(ms) > MAX_ROWS:
+        raise ValueError(f"bench --shapes for {NAME}: expected comma-separated row counts 1 <= M <= {MAX_ROWS} "
+                         f"(K = 20480), e.g. '4096' or '1,512,4096'; got {shapes!r}")
     return ms
 
 
