@@ -4,8 +4,11 @@ Bank model (sm_90, as in NVIDIA's profiling guide): shared memory has 32 banks o
 wavefront serves at most one distinct 4-byte word per bank (threads reading the same word share
 it).  A warp's request of ``w``-byte accesses is served in phases of ``128 / w`` threads (all 32
 for w <= 4, half-warps for 8 B, quarter-warps for 16 B, which is also how ldmatrix/stmatrix serve
-their 8 row addresses per 8x8 matrix).  Wavefronts of a phase = the largest number of distinct
-words any one bank must deliver; the ideal is ``ceil(bytes of the phase / 128)``.
+their 8 row addresses per 8x8 matrix).  Phases are formed by thread index (lane): for 16 B, threads
+0-7, 8-15, 16-23 and 24-31, whichever of them take part; an inactive thread contributes nothing to
+its phase, and a phase without an active thread costs nothing (0 wavefronts, 0 ideal).  Wavefronts
+of a phase = the largest number of distinct words any one bank must deliver; the ideal is
+``ceil(bytes of the phase / 128)``, summed over the phases that have an active thread.
 """
 
 from __future__ import annotations
@@ -188,19 +191,33 @@ class ConflictReport:
                 f"{'access' if len(self.wavefronts) == 1 else 'accesses'}): {verdict}")
 
 
-def request_wavefronts(addresses: np.ndarray, access_bytes: int) -> tuple[int, int]:
-    """(wavefronts, ideal) of one warp-wide request: ``addresses`` = byte address per active thread.
+def request_wavefronts(addresses: np.ndarray, access_bytes: int, active=None) -> tuple[int, int]:
+    """(wavefronts, ideal) of one warp-wide request.
+
+    ``addresses[t]`` is the byte address of thread (lane) ``t``, one entry per thread in thread order;
+    ``active`` (bool per thread, default all) marks the threads that take part; the addresses of the
+    others are ignored.  Phases are groups of ``128 / access_bytes`` consecutive thread indices (all
+    32 for <= 4 bytes): inactive threads do not move the others into another phase, they just add
+    nothing to theirs, and a phase with no active thread costs 0 wavefronts and adds 0 to the ideal.
     ``access_bytes`` (bytes per thread) must be one of :data:`ACCESS_BYTES`, the widths of one
-    shared-memory load/store (``ValueError``, ``TypeError`` for a non-integer)."""
+    shared-memory load/store (``ValueError``, ``TypeError`` for a non-integer); ``ValueError`` for
+    ``addresses`` that are not 1-D or an ``active`` mask of another length.
+    """
     check_access_bytes(access_bytes, "access_bytes")
     addresses = np.asarray(addresses, dtype=np.int64)
+    if addresses.ndim != 1:
+        raise ValueError(f"addresses: expected one byte address per thread (1-D), got shape {addresses.shape}")
+    active = np.ones(len(addresses), dtype=bool) if active is None else np.asarray(active, dtype=bool)
+    if active.shape != addresses.shape:
+        raise ValueError(f"active: expected one flag per thread ({addresses.shape}), got shape {active.shape}")
     per_phase = max(1, min(32, WAVEFRONT_BYTES // access_bytes))
     waves = ideal = 0
     for p in range(0, len(addresses), per_phase):
-        a = addresses[p:p + per_phase]
+        a = addresses[p:p + per_phase][active[p:p + per_phase]]
+        if not len(a):  # no thread of this phase takes part: no wavefront
+            continue
         words = np.unique(np.concatenate([(a + b) // BANK_BYTES for b in range(0, max(access_bytes, 1), BANK_BYTES)]))
-        banks = words % NUM_BANKS
-        waves += int(np.bincount(banks, minlength=NUM_BANKS).max()) if len(words) else 0
+        waves += int(np.bincount(words % NUM_BANKS, minlength=NUM_BANKS).max())
         nbytes = len(np.unique(np.concatenate([a + b for b in range(access_bytes)])))
         ideal += -(-nbytes // WAVEFRONT_BYTES)
     return waves, ideal
@@ -237,7 +254,8 @@ def stage_slice(table: np.ndarray, stage: int) -> np.ndarray:
 
 def access_addresses(table: np.ndarray, coords: np.ndarray, vec: int, elem_bytes: int, what: str) -> np.ndarray:
     """Byte address of each active thread of one access ``coords`` (threads, 2) over the (rows, cols)
-    ``table`` of byte offsets; ``ValueError`` naming ``what`` for an access outside the tile or a
+    ``table`` of byte offsets, in thread order (inactive threads left out: see :func:`thread_addresses`
+    for one entry per thread); ``ValueError`` naming ``what`` for an access outside the tile or a
     ``vec``-element vector that is not contiguous in shared memory."""
     active = coords[:, 0] != INACTIVE
     r, c = coords[active, 0], coords[active, 1]
@@ -251,6 +269,17 @@ def access_addresses(table: np.ndarray, coords: np.ndarray, vec: int, elem_bytes
     return addr
 
 
+def thread_addresses(table: np.ndarray, coords: np.ndarray, vec: int, elem_bytes: int,
+                     what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(addresses, active)`` of one access ``coords`` (threads, 2), one entry per thread (lane):
+    what :func:`request_wavefronts` takes.  Inactive threads get address 0 and ``active`` False; the
+    checks are :func:`access_addresses`'s."""
+    active = coords[:, 0] != INACTIVE
+    addr = np.zeros(len(coords), dtype=np.int64)
+    addr[active] = access_addresses(table, coords, vec, elem_bytes, what)
+    return addr, active
+
+
 def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int,
                    stage: Optional[int] = None) -> ConflictReport:
     """Wavefronts of each access of ``pattern`` over the (rows, cols[, stages]) ``layout``.
@@ -262,6 +291,10 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
     :data:`.static.ELEM_BYTES`, ``vec * elem_bytes`` one of :data:`ACCESS_BYTES`, ``stage`` None or
     ``0 .. stages - 1`` (None or 0 for a layout without a stage mode), the pattern's coords
     (:class:`AccessPattern`: no negative index but the inactive ``(-1, -1)``).
+
+    Each access is one warp-wide request whose phases are formed by thread index (see
+    :func:`request_wavefronts`): inactive threads add nothing to their phase, an all-inactive phase
+    adds nothing to the wavefronts or the ideal, and an access with no active thread is (0, 0).
     """
     elem_bytes = check_elem_bytes(elem_bytes)
     s = check_stage(layout, stage)
@@ -271,8 +304,8 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
     table = stage_slice(layout.byte_offsets(elem_bytes), s)
     rep = ConflictReport(pattern.name, layout.name or str(layout), access_bytes)
     for acc in coords:
-        addr = access_addresses(table, acc, pattern.vec, elem_bytes, f"{pattern.name} over {rep.layout}")
-        w, i = request_wavefronts(addr, access_bytes)
+        addr, active = thread_addresses(table, acc, pattern.vec, elem_bytes, f"{pattern.name} over {rep.layout}")
+        w, i = request_wavefronts(addr, access_bytes, active)
         rep.wavefronts.append(w)
         rep.ideal.append(i)
     return rep

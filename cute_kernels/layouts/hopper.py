@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+import math
+
+import numpy as np
+
 from .static import ELEM_BYTES, StaticLayout, require_int, trace
 
 # swizzle name -> SmemLayoutAtomKind suffix
@@ -118,29 +122,64 @@ def hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stages: Op
                              f"{major}-major {rows}x{cols}{f'x{stages}' if stages else ''} {cutlass_dtype(dtype).__name__}")
 
 
-def tma_box(layout: StaticLayout, dtype) -> dict:
-    """What one TMA copy of a ``(rows, cols)`` K-major swizzled tile looks like.
+TMA_BOX_MAX = 256  # elements per box dimension (cuTensorMapEncodeTiled's boxDim limit)
 
-    With a 128B/64B/32B swizzle the TMA box's inner extent is at most the swizzle width, so a
-    tile wider than its atom is loaded as several boxes (the DSL's ``make_tiled_tma_atom`` splits it).
-    Returns rows, cols, box inner width in elements, boxes per tile, bytes per tile, swizzle name.
-    Raises ``ValueError`` for a layout that is not K-major, and for a ``dtype`` whose element size
-    does not match the layout's: a Hopper swizzle atom's rows are ``16 << bits`` bytes (128 for the
-    128B swizzle, 16 for the interleave), so row 1 of the tile starts ``(16 << bits) / bytes per
-    element`` elements after row 0 (a layout without a swizzle carries no element size: not checked).
+
+def tma_box(layout: StaticLayout, dtype) -> dict:
+    """What the TMA copies of a ``(rows, cols)`` K-major shared-memory tile look like.
+
+    A TMA box lands in shared memory densely, row after row: box element ``(r, c)`` of a box
+    ``(h, w)`` goes to ``start + r * w + c`` (elements; a 32B/64B/128B swizzle then permutes 16-byte
+    chunks of the byte address).  So the box is read off the layout's outer offsets (stage 0):
+
+    * inner extent ``w``: the contiguous run of columns of row 0 (``offset(0, c) = c``); the
+      largest divisor of that run (and of ``cols``) that is at most :data:`TMA_BOX_MAX` elements
+      and, with a 32B/64B/128B swizzle, at most the swizzle width (a swizzled tile wider than its
+      atom is several boxes).  For an interleave ("none") Hopper layout the run is the 16-byte atom
+      width: bf16 64 x 24 is ``((8,8),(8,3)):((8,64),(1,512))``, row 1 starts at 8 and column 8 at
+      512, so the box is 64 x 8, issued 3 times; a 128B swizzle's run is its 128-byte row;
+    * rows ``h``: the run of rows at stride ``w`` (``offset(r, 0) = r * w``), likewise cut to the
+      largest divisor of it (and of ``rows``) that is at most :data:`TMA_BOX_MAX`.
+
+    The runs of a ``shape:stride`` layout end at boundaries of its sub-modes, so every other box of
+    the ``(rows / h) x (cols / w)`` grid is dense the same way.  This is the box the DSL's
+    ``make_tiled_tma_atom`` builds (tested against its atoms, for Hopper K-major layouts of every
+    swizzle and for plain ones).  Returns rows, cols, ``box`` = (h, w) in elements, ``boxes`` per tile, bytes
+    per tile, swizzle name.  Raises ``ValueError`` for a layout that is not K-major (columns not
+    contiguous), and for a ``dtype`` whose element size does not match the layout's: a Hopper swizzle
+    atom's rows are ``16 << bits`` bytes (128 for the 128B swizzle, 16 for the interleave), so row 1 of
+    the tile starts ``(16 << bits) / bytes per element`` elements after row 0 (a layout without a
+    swizzle carries no element size: not checked).
     """
     eb = elem_bytes(dtype)
     if len(layout.dims) not in (2, 3):
         raise ValueError(f"tma_box describes (rows, cols[, stages]) tiles, got dims {layout.dims}")
     rows, cols = layout.dims[0], layout.dims[1]
-    first = layout.outer_offsets()[(slice(0, 2), slice(0, 2)) + (0,) * (layout.rank - 2)]
+    off = layout.outer_offsets()[(slice(None), slice(None)) + (0,) * (layout.rank - 2)]
+    off = off - off[0, 0]
+    first = off[:2, :2]
     if cols > 1 and first[0, 1] - first[0, 0] != 1:
         raise ValueError(f"tma_box describes K-major tiles (cols contiguous); {layout.name or 'this layout'} is not")
     _check_atom_elem_bytes(layout, first, eb, dtype)
     sw = layout.swizzle.byte_swizzle_name if layout.swizzle is not None else "none"
-    width_b = {"128B": 128, "64B": 64, "32B": 32}.get(sw, 16)
-    inner = min(cols, width_b // eb) if sw in ("128B", "64B", "32B") else cols
-    return dict(rows=rows, cols=cols, box=(rows, inner), boxes=cols // inner, bytes=rows * cols * eb, swizzle=sw)
+    cap = TMA_BOX_MAX
+    if sw in ("128B", "64B", "32B"):
+        cap = min(cap, {"128B": 128, "64B": 64, "32B": 32}[sw] // eb)
+    inner = _largest_divisor(math.gcd(cols, _run(off[0, :], 1)), cap)
+    box_rows = _largest_divisor(math.gcd(rows, _run(off[:, 0], inner)), TMA_BOX_MAX)
+    return dict(rows=rows, cols=cols, box=(box_rows, inner), boxes=(rows // box_rows) * (cols // inner),
+                bytes=rows * cols * eb, swizzle=sw)
+
+
+def _run(offsets: np.ndarray, stride: int) -> int:
+    """Length of the leading run of ``offsets`` at ``stride`` apart from 0 (``offsets[i] == i * stride``)."""
+    ok = offsets == np.arange(len(offsets)) * stride
+    return len(ok) if ok.all() else int(np.argmin(ok))
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` that is <= ``at_most`` (>= 1)."""
+    return max(d for d in range(1, max(min(n, at_most), 1) + 1) if n % d == 0)
 
 
 def _check_atom_elem_bytes(layout: StaticLayout, first, eb: int, dtype) -> None:
