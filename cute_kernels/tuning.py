@@ -373,7 +373,7 @@ def _parse_shape_items(text: str, allowed: dict) -> dict:
     from .layouts.kernel_layouts import key_values
 
     out = {}
-    for k, v in key_values(text, "shape item", list(allowed)).items():
+    for k, v in key_values(text, "shape item", list(allowed), example="B=4,S=4608,H=16,D=128").items():
         try:
             out[k] = allowed[k](v)
         except ValueError:

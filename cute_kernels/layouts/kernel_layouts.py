@@ -65,16 +65,17 @@ def parse_config(cls, text: Optional[str], base=None):
     return dataclasses.replace(cfg, **kw)
 
 
-def key_values(text: Optional[str], what: str, known) -> dict:
+def key_values(text: Optional[str], what: str, known, example: str = "tile_m=256,stages=5") -> dict:
     """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (values unparsed).  ``ValueError`` naming ``what`` for
-    an item without ``=``, a name not in ``known`` or a name given twice."""
+    an item without ``=``, a name not in ``known`` or a name given twice (``example``: a valid spec, for
+    the message about spaces)."""
     out: dict = {}
     for part in (text or "").split(","):
         part = part.strip()
         if not part:
             continue
         if any(c.isspace() for c in part):
-            raise ValueError(f"{what} {part!r}: items are key=value separated by commas (e.g. tile_m=256,stages=5)")
+            raise ValueError(f"{what} {part!r}: items are key=value separated by commas, no spaces (e.g. {example})")
         if "=" not in part:
             raise ValueError(f"{what} {part!r}: expected key=value")
         k, v = part.split("=", 1)
