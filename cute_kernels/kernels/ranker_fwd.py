@@ -35,11 +35,11 @@ TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self
 Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
-Measured on the H200 at the shipped configs (bench/results/2026-11-30_h200_ranker_fwd_s11.md, the last
-full bench with every peer; useful TFLOP/s, bf16, same run, ours / FA4 + mask_mod): headline B=4, history
-4096 + 512 candidates, 16 heads, D=128: 599 / 604; tanh cap 506 / 292; GQA 16/4 608 / 604; D=64 462 /
-436; B=1 16K + 1K 634 / 633; B=16 1K + 256: 524 / 510; B=8 2K + 2K (H=8): 561 / 538 (that machine start
-ran ~5% slow; the probes of sessions 10-17 put the headline at 597-654).
+Measured on the H200 at the shipped configs (bench/results/2026-11-30_h200_ranker_fwd_s20.md, the last
+full bench with every peer, kernels as since session 11; useful TFLOP/s, bf16, same run, ours / FA4 +
+mask_mod): headline B=4, history 4096 + 512 candidates, 16 heads, D=128: 607 / 610; tanh cap 518 / 292;
+GQA 16/4 612 / 610; D=64 485 / 441; B=1 16K + 1K 637 / 644; B=16 1K + 256: 530 / 515; B=8 2K + 2K (H=8):
+563 / 590 (FA4 538 in session 11's bench and 517 in a later probe: the peer moves by ~10% between runs).
 """
 
 from __future__ import annotations
