@@ -116,8 +116,8 @@ def test_layouts_config_with_a_space_instead_of_a_comma_says_so(tmp_path):
 @pytest.mark.parametrize("args,msg", [
     (("--kernel", "ranker_fwd", "--shapes", "headlne"), "unknown 'headlne'"),
     (("--kernel", "ranker_bwd", "--shapes", "headline+peer"), "unknown 'peer'"),
-    (("--kernel", "hc_mix", "--shapes", "headline"), "row counts 1 <= M <= 1048560"),
-    (("--kernel", "hc_mix", "--shapes", "0,4"), "row counts 1 <= M <= 1048560"),
+    (("--kernel", "hc_mix", "--shapes", "headline"), "row counts 1 <= M <= 104857"),
+    (("--kernel", "hc_mix", "--shapes", "0,4"), "row counts 1 <= M <= 104857"),
     (("--kernel", "qknorm", "--shapes", "64"), "qknorm takes none"),
     (("--shapes", "headline"), "give --kernel NAME"),
 ])

@@ -429,3 +429,28 @@ def test_unknown_flag_value_warns_once_and_cache_dir_is_absolute(monkeypatch, tm
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", "rel/cache")
     assert cache_dir() == tmp_path / "rel" / "cache"
+
+
+def test_cache_report_without_home_and_on_a_dangling_link(monkeypatch, tmp_path):
+    """cache_dir() must not raise where Path.expanduser does (no HOME: os.path.expanduser leaves '~' as is);
+    the report (probe=False) calls a dangling symlink unusable, as compile's probe finds it (review,
+    session 20)."""
+    import os
+
+    from cute_kernels.runtime import cache
+
+    import pwd
+
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", "~/cc")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)  # a uid without a passwd entry (containers, env -i)
+    assert cache.cache_dir().name == "cc"  # (Path.expanduser raised RuntimeError here)
+    monkeypatch.undo()
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "missing")
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(link / "sub"))
+    assert cache.disk_cache_problem(probe=False) is not None
+    assert cache.disk_cache_problem(probe=True) is not None

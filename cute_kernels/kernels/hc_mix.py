@@ -676,6 +676,8 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
 
 
 WALK_MAX_OFFSET = INT32_MAX  # the walk indexes x with 32-bit element offsets
+BENCH_K = 20480  # the bench's K (issue 7's shape)
+BENCH_MAX_M = WALK_MAX_OFFSET // BENCH_K  # the most rows the bench's walk can take at that K
 
 
 def _check_walk_extent(x: torch.Tensor) -> None:
@@ -894,17 +896,18 @@ BENCH_MS = (1, 16, 128, 512, 1024, 2048, 4096, 16384)
 
 
 def bench_shapes(shapes: str | None) -> list[int]:
-    """:func:`bench`'s ``shapes`` spec: comma-separated row counts M >= 1 (None or empty:
-    :data:`BENCH_MS`); ``ValueError`` for anything else."""
+    """:func:`bench`'s ``shapes`` spec: comma-separated row counts ``1 <= M <= BENCH_MAX_M`` (None or
+    empty: :data:`BENCH_MS`); ``ValueError`` for anything else."""
     if not shapes:
         return list(BENCH_MS)
     try:
         ms = [int(s) for s in shapes.split(",")]
     except ValueError:
         ms = []
-    if not ms or min(ms) < 1 or max(ms) > MAX_ROWS:
-        raise ValueError(f"bench --shapes for {NAME}: expected comma-separated row counts 1 <= M <= {MAX_ROWS} "
-                         f"(K = 20480), e.g. '4096' or '1,512,4096'; got {shapes!r}")
+    if not ms or min(ms) < 1 or max(ms) > BENCH_MAX_M:
+        raise ValueError(f"bench --shapes for {NAME}: expected comma-separated row counts 1 <= M <= {BENCH_MAX_M} "
+                         f"(K = {BENCH_K}; the bench times method='walk' too, whose offsets are 32-bit), e.g. "
+                         f"'4096' or '1,512,4096'; got {shapes!r}")
     return ms
 
 
@@ -920,7 +923,7 @@ def bench(shapes: str | None = None) -> list[dict]:
 
     from ..runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
-    k = 20480
+    k = BENCH_K
     ms = bench_shapes(shapes)
     copy_bw = copy_bandwidth_gbps()
     splitk = _splitk_baseline()

@@ -1080,9 +1080,10 @@ def exp2_scale(softmax_scale: float, cap: Optional[float]) -> float:
     """The kernels' ``exp2`` multiplier of a score (forward and backward): ``cap * log2(e)`` with a cap
     (the capped score is ``cap * t``, ``t`` in (-1, 1); see :meth:`RankerAttentionFwd.apply_cap`), else
     ``softmax_scale * log2(e)``, at least the smallest normal float32.  The floor: ``softmax_scale = 0``
-    (accepted: uniform attention over the admitted keys) or a scale that flushes to zero would make
-    the masked keys' ``-inf * 0`` a NaN; at the floor every finite score maps to ``exp2(~0) = 1`` and
-    ``-inf`` stays ``-inf``, which is the uniform softmax exactly, and the LSE is ``ln(count)``."""
+    (accepted: uniform attention over the admitted keys; scales in (0, 2**-126) are refused by the argument
+    checks) would make the masked keys' ``-inf * 0`` a NaN; at the floor every finite score maps to
+    ``exp2(~0) = 1`` and ``-inf`` stays ``-inf``, which is the uniform softmax exactly, and the LSE is
+    ``ln(count)``."""
     return max(float(cap) * LOG2_E if cap is not None else softmax_scale * LOG2_E, _F32_TINY)
 
 

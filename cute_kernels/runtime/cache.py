@@ -46,7 +46,9 @@ def cache_dir() -> Path:
     root = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cute_kernels"
     )
-    return Path(root).expanduser().absolute()  # (a relative one is taken from the current folder: say which)
+    # os.path.expanduser never raises (Path.expanduser does without HOME or a passwd entry); a relative folder
+    # is taken from the current one: say which
+    return Path(os.path.expanduser(root)).absolute()
 
 
 _OFF, _ON = ("0", "false", "no", "off", ""), ("1", "true", "yes", "on")
@@ -87,9 +89,9 @@ def disk_cache_problem(probe: bool = True) -> str | None:
     folder = cache_dir()
     if not probe:
         existing = folder
-        while not existing.exists() and existing != existing.parent:
+        while not (existing.exists() or existing.is_symlink()) and existing != existing.parent:
             existing = existing.parent
-        if not existing.is_dir():
+        if existing.is_symlink() and not existing.exists() or not existing.is_dir():  # (a dangling link too)
             return f"{folder} is not writable ({existing} is not a folder)"
         try:
             os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".probe"))
