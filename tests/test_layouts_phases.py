@@ -201,3 +201,22 @@ def test_tma_box_of_plain_layouts_is_the_dsl_atoms_box(rows, cols, shape, stride
     b = L.tma_box(StaticLayout(shape, stride), "bf16")
     assert b["box"] == box
     assert (b["box"], b["boxes"]) == _dsl_box(rows, cols, "bf16", lambda: cute.make_layout(shape, stride=stride))
+
+
+def test_conflict_picture_counts_each_phase_on_its_own():
+    """draw_conflicts summed all threads of a 16-byte access over its four quarter-warp phases, so a
+    conflict-free swizzled read showed 4 words per bank (drawn as a conflict); now the phases are stacked,
+    only a conflict within a phase is outlined, and each panel's title gives wavefronts and ideal
+    (session 20)."""
+    pytest.importorskip("matplotlib")
+    from cute_kernels.layouts import viz
+
+    pat = L.row_vector_read(32, 0, 8)
+    fig = viz.draw_conflicts([L.hopper_smem_layout(64, 64, "bf16", swizzle="128B"), L.row_major(64, 64)], pat, 2)
+    swizzled, plain = fig.axes[0], fig.axes[1]
+    assert swizzled.get_title().endswith("4 wavefronts (ideal 4)") and plain.get_title().endswith("32 wavefronts (ideal 4)")
+
+    def outlined(ax):
+        return sum(1 for p in ax.patches if not p.get_fill())
+
+    assert outlined(swizzled) == 0 and outlined(plain) == 4

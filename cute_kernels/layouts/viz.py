@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .analysis import (BANK_BYTES, NUM_BANKS, AccessPattern, access_addresses, check_coords, check_stage,
-                       stage_slice)
+from .analysis import (BANK_BYTES, NUM_BANKS, WAVEFRONT_BYTES, AccessPattern, check_coords, check_stage,
+                       request_wavefronts, stage_slice, thread_addresses)
 from .static import StaticLayout, check_elem_bytes, require_int
 
 
@@ -185,29 +185,47 @@ def draw_tv(tv: StaticLayout, tile: tuple[int, int], path: Optional[str] = None,
 def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem_bytes: int,
                    path: Optional[str] = None, access: int = 0, title: Optional[str] = None):
     """Distinct 4-byte words each bank must deliver for access ``access`` of ``pattern``, one panel per
-    layout (stage 0 of a staged one; the tallest bar of a phase = its wavefronts).  Inactive threads
-    draw nothing.  ``ValueError`` before drawing for an ``access`` the pattern does not have, and for
-    what :func:`.analysis.bank_conflicts` refuses (``elem_bytes``, coords, accesses outside a tile)."""
+    layout (stage 0 of a staged one), one stacked colour per phase of the request (the phases of
+    :func:`.analysis.request_wavefronts`: ``128 / access bytes`` threads by thread index, e.g. the four
+    quarter-warps of 16-byte accesses, served one after another): a phase's tallest bar is its
+    wavefronts, and a bank is drawn red where some phase asks it for more than one word (a conflict).
+    Each panel's title gives the request's wavefronts and ideal.  Inactive threads draw nothing.
+    ``ValueError`` before drawing for an ``access`` the pattern does not have, and for what
+    :func:`.analysis.bank_conflicts` refuses (``elem_bytes``, coords, accesses outside a tile)."""
     elem_bytes = check_elem_bytes(elem_bytes)
     coords = check_coords(pattern.coords, pattern.name)
     if not 0 <= require_int("access", access) < len(coords):
         raise ValueError(f"access={access}: {pattern.name} has {len(coords)} access(es); expected 0..{len(coords) - 1}")
     acc = coords[access]
-    addrs = [access_addresses(stage_slice(lay.byte_offsets(elem_bytes), check_stage(lay, 0)), acc, pattern.vec,
-                              elem_bytes, f"{pattern.name} over {lay.name or lay}") for lay in layouts]
+    access_bytes = pattern.vec * elem_bytes
+    per_phase = max(1, min(32, WAVEFRONT_BYTES // access_bytes))
+    threads = [thread_addresses(stage_slice(lay.byte_offsets(elem_bytes), check_stage(lay, 0)), acc, pattern.vec,
+                                elem_bytes, f"{pattern.name} over {lay.name or lay}") for lay in layouts]
     fig = _figure(7.0, 1.9 * len(layouts) + 0.6)
     axes = fig.subplots(len(layouts), 1, squeeze=False)[:, 0]
-    for ax, lay, addr in zip(axes, layouts, addrs):
-        words = np.unique(np.concatenate([(addr + b) // BANK_BYTES
-                                          for b in range(0, max(pattern.vec * elem_bytes, 1), BANK_BYTES)]))
-        counts = np.bincount(words % NUM_BANKS, minlength=NUM_BANKS)
-        ax.bar(range(NUM_BANKS), counts, color="tab:red" if counts.max() > 1 else "tab:green")
+    for ax, lay, (addr, active) in zip(axes, layouts, threads):
+        bottom = np.zeros(NUM_BANKS, dtype=np.int64)
+        conflict = np.zeros(NUM_BANKS, dtype=bool)
+        for n, p in enumerate(range(0, len(addr), per_phase)):
+            a = addr[p:p + per_phase][active[p:p + per_phase]]
+            words = np.unique(np.concatenate([(a + b) // BANK_BYTES for b in range(0, max(access_bytes, 1), BANK_BYTES)]))
+            counts = np.bincount(words % NUM_BANKS, minlength=NUM_BANKS)
+            conflict |= counts > 1
+            ax.bar(range(NUM_BANKS), counts, bottom=bottom, color=f"C{n % 10}", edgecolor="white", linewidth=0.3,
+                   label=f"threads {p}-{p + per_phase - 1}" if len(addr) > per_phase else None)
+            bottom += counts
+        for b in np.flatnonzero(conflict):
+            ax.bar(b, bottom[b], fill=False, edgecolor="tab:red", linewidth=1.2)
+        waves, ideal = request_wavefronts(addr, access_bytes, active)
         ax.set_xlim(-0.5, NUM_BANKS - 0.5)
+        ax.set_ylim(0, max(int(bottom.max()), 1) * 1.3)  # (room for the legend)
         ax.set_ylabel("words", fontsize=8)
-        ax.set_title(f"{lay.name or lay}", fontsize=8)
+        ax.set_title(f"{lay.name or lay}: {waves} wavefront{'s' if waves != 1 else ''} (ideal {ideal})", fontsize=8)
         ax.tick_params(labelsize=6)
-    active = int(np.sum(acc[:, 0] >= 0))
-    axes[-1].set_xlabel(f"bank  ({pattern.name}; the {active} active threads of one access)", fontsize=8)
+        if len(addr) > per_phase:
+            ax.legend(fontsize=5, loc="upper right", ncol=4)
+    axes[-1].set_xlabel(f"bank  ({int(np.sum(acc[:, 0] >= 0))} active threads, stacked by phase; red outline: "
+                        "a conflict within a phase)", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
     save(fig, path)
