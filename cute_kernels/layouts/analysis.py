@@ -203,6 +203,20 @@ def request_wavefronts(addresses: np.ndarray, access_bytes: int, active=None) ->
     shared-memory load/store (``ValueError``, ``TypeError`` for a non-integer); ``ValueError`` for
     ``addresses`` that are not 1-D or an ``active`` mask of another length.
     """
+    waves = ideal = 0
+    for _, a, counts in request_phases(addresses, access_bytes, active):
+        if not len(a):  # no thread of this phase takes part: no wavefront
+            continue
+        waves += int(counts.max())
+        nbytes = len(np.unique(np.concatenate([a + b for b in range(access_bytes)])))
+        ideal += -(-nbytes // WAVEFRONT_BYTES)
+    return waves, ideal
+
+
+def request_phases(addresses: np.ndarray, access_bytes: int, active=None):
+    """The phases of one warp-wide request (arguments and errors as :func:`request_wavefronts`): a list of
+    ``(first thread, the active threads' byte addresses, distinct 4-byte words per bank [32])``, one per
+    group of ``128 / access_bytes`` consecutive threads."""
     check_access_bytes(access_bytes, "access_bytes")
     addresses = np.asarray(addresses, dtype=np.int64)
     if addresses.ndim != 1:
@@ -211,16 +225,12 @@ def request_wavefronts(addresses: np.ndarray, access_bytes: int, active=None) ->
     if active.shape != addresses.shape:
         raise ValueError(f"active: expected one flag per thread ({addresses.shape}), got shape {active.shape}")
     per_phase = max(1, min(32, WAVEFRONT_BYTES // access_bytes))
-    waves = ideal = 0
+    phases = []
     for p in range(0, len(addresses), per_phase):
         a = addresses[p:p + per_phase][active[p:p + per_phase]]
-        if not len(a):  # no thread of this phase takes part: no wavefront
-            continue
-        words = np.unique(np.concatenate([(a + b) // BANK_BYTES for b in range(0, max(access_bytes, 1), BANK_BYTES)]))
-        waves += int(np.bincount(words % NUM_BANKS, minlength=NUM_BANKS).max())
-        nbytes = len(np.unique(np.concatenate([a + b for b in range(access_bytes)])))
-        ideal += -(-nbytes // WAVEFRONT_BYTES)
-    return waves, ideal
+        words = np.unique(np.concatenate([(a + b) // BANK_BYTES for b in range(0, access_bytes, BANK_BYTES)]))
+        phases.append((p, a, np.bincount(words % NUM_BANKS, minlength=NUM_BANKS)))
+    return phases
 
 
 def check_access_bytes(access_bytes, what: str) -> int:

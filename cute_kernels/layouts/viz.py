@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .analysis import (BANK_BYTES, NUM_BANKS, WAVEFRONT_BYTES, AccessPattern, check_coords, check_stage,
-                       request_wavefronts, stage_slice, thread_addresses)
+                       request_phases, request_wavefronts, stage_slice, thread_addresses)
 from .static import StaticLayout, check_elem_bytes, require_int
 
 
@@ -206,10 +206,7 @@ def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem
     for ax, lay, (addr, active) in zip(axes, layouts, threads):
         bottom = np.zeros(NUM_BANKS, dtype=np.int64)
         conflict = np.zeros(NUM_BANKS, dtype=bool)
-        for n, p in enumerate(range(0, len(addr), per_phase)):
-            a = addr[p:p + per_phase][active[p:p + per_phase]]
-            words = np.unique(np.concatenate([(a + b) // BANK_BYTES for b in range(0, max(access_bytes, 1), BANK_BYTES)]))
-            counts = np.bincount(words % NUM_BANKS, minlength=NUM_BANKS)
+        for n, (p, _, counts) in enumerate(request_phases(addr, access_bytes, active)):
             conflict |= counts > 1
             ax.bar(range(NUM_BANKS), counts, bottom=bottom, color=f"C{n % 10}", edgecolor="white", linewidth=0.3,
                    label=f"threads {p}-{p + per_phase - 1}" if len(addr) > per_phase else None)
