@@ -220,3 +220,10 @@ def test_conflict_picture_counts_each_phase_on_its_own():
         return sum(1 for p in ax.patches if not p.get_fill())
 
     assert outlined(swizzled) == 0 and outlined(plain) == 4
+
+
+def test_tma_box_refuses_rows_that_are_not_16_byte_multiples():
+    """64x257 bf16 gave a (1, 1) box of 2 bytes, which TMA cannot issue (review, session 20)."""
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        L.tma_box(L.row_major(64, 257), "bf16")
+    assert L.tma_box(L.row_major(64, 24), "bf16")["box"] == (64, 24)  # 48-byte rows: fine

@@ -146,7 +146,7 @@ def tma_box(layout: StaticLayout, dtype) -> dict:
     ``make_tiled_tma_atom`` builds (tested against its atoms, for Hopper K-major layouts of every
     swizzle and for plain ones).  Returns rows, cols, ``box`` = (h, w) in elements, ``boxes`` per tile, bytes
     per tile, swizzle name.  Raises ``ValueError`` for a layout that is not K-major (columns not
-    contiguous), and for a ``dtype`` whose element size does not match the layout's: a Hopper swizzle
+    contiguous), for one whose box rows would not be a multiple of 16 bytes (TMA's rule), and for a ``dtype`` whose element size does not match the layout's: a Hopper swizzle
     atom's rows are ``16 << bits`` bytes (128 for the 128B swizzle, 16 for the interleave), so row 1 of
     the tile starts ``(16 << bits) / bytes per element`` elements after row 0 (a layout without a
     swizzle carries no element size: not checked).
@@ -166,6 +166,10 @@ def tma_box(layout: StaticLayout, dtype) -> dict:
     if sw in ("128B", "64B", "32B"):
         cap = min(cap, {"128B": 128, "64B": 64, "32B": 32}[sw] // eb)
     inner = _largest_divisor(math.gcd(cols, _run(off[0, :], 1)), cap)
+    if (inner * eb) % 16:
+        raise ValueError(f"no TMA box for {layout.name or layout}: its box rows would be {inner} {dtype} elements "
+                         f"({inner * eb} bytes; at most {cap} elements dividing the contiguous columns), and TMA moves "
+                         "rows of a multiple of 16 bytes")
     box_rows = _largest_divisor(math.gcd(rows, _run(off[:, 0], inner)), TMA_BOX_MAX)
     return dict(rows=rows, cols=cols, box=(box_rows, inner), boxes=(rows // box_rows) * (cols // inner),
                 bytes=rows * cols * eb, swizzle=sw)
