@@ -613,3 +613,16 @@ def test_reference_refuses_meta_bounds_and_cu_seqlens():
     with pytest.raises(ValueError, match="cu_seqlens"):
         ranker_attention_reference(packed, packed, packed, bounds, cu_seqlens=cu.to("meta"))
     ranker_attention_reference(packed, packed, packed, bounds, cu_seqlens=cu)  # the same with data: fine
+
+
+def test_reference_refuses_fake_tensors_with_a_message():
+    """Under FakeTensorMode the reference raised torch's DataDependentOutputException (it reads the bounds'
+    values); now the ValueError meta tensors get (newcomer review, session 20)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from cute_kernels.kernels.ranker_fwd import ranker_attention_reference
+
+    with FakeTensorMode():
+        q = torch.randn(1, 8, 2, 16)
+        with pytest.raises(ValueError, match="fake"):
+            ranker_attention_reference(q, q, q, torch.zeros(1, 4, dtype=torch.int32))

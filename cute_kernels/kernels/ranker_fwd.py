@@ -62,7 +62,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing
+from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
                                 F32_MAX, check_bool, check_int, check_real, validated_once)
 from ..tuning import register_memo, tuned_config
@@ -1249,16 +1249,17 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type == "meta":
+    if without_data(q):
         raise ValueError("the reference builds its mask from the bounds' values: it needs tensors with data, "
-                         "not 'meta' ones")
+                         "not 'meta' or fake ones (FakeTensorMode, torch.compile tracing)")
     if not isinstance(bounds, torch.Tensor):
         raise TypeError(f"bounds must be a torch.Tensor, got {type(bounds).__name__}")
     if bounds.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"bounds has dtype {bounds.dtype}; expected int32 (or int64)")
     for name, t in (("bounds", bounds), ("cu_seqlens", cu_seqlens)):
-        if isinstance(t, torch.Tensor) and t.device.type == "meta":
-            raise ValueError(f"the reference reads the values of {name}: it must have data, not be a 'meta' tensor")
+        if without_data(t):
+            raise ValueError(f"the reference reads the values of {name}: it must have data, not be a 'meta' or fake "
+                             "tensor")
     nd = 3 if cu_seqlens is not None else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != nd:
