@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .analysis import (BANK_BYTES, NUM_BANKS, WAVEFRONT_BYTES, AccessPattern, check_coords, check_stage,
-                       request_phases, request_wavefronts, stage_slice, thread_addresses)
+from .analysis import (BANK_BYTES, NUM_BANKS, AccessPattern, check_coords, check_stage, request_phases,
+                       request_wavefronts, stage_slice, thread_addresses)
 from .static import StaticLayout, check_elem_bytes, require_int
 
 
@@ -198,7 +198,6 @@ def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem
         raise ValueError(f"access={access}: {pattern.name} has {len(coords)} access(es); expected 0..{len(coords) - 1}")
     acc = coords[access]
     access_bytes = pattern.vec * elem_bytes
-    per_phase = max(1, min(32, WAVEFRONT_BYTES // access_bytes))
     threads = [thread_addresses(stage_slice(lay.byte_offsets(elem_bytes), check_stage(lay, 0)), acc, pattern.vec,
                                 elem_bytes, f"{pattern.name} over {lay.name or lay}") for lay in layouts]
     fig = _figure(7.0, 1.9 * len(layouts) + 0.6)
@@ -206,10 +205,12 @@ def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem
     for ax, lay, (addr, active) in zip(axes, layouts, threads):
         bottom = np.zeros(NUM_BANKS, dtype=np.int64)
         conflict = np.zeros(NUM_BANKS, dtype=bool)
-        for n, (p, _, counts) in enumerate(request_phases(addr, access_bytes, active)):
+        phases = request_phases(addr, access_bytes, active)
+        ends = [p for p, _, _ in phases[1:]] + [len(addr)]  # (a phase's threads run to the next one's first)
+        for n, ((p, _, counts), end) in enumerate(zip(phases, ends)):
             conflict |= counts > 1
             ax.bar(range(NUM_BANKS), counts, bottom=bottom, color=f"C{n % 10}", edgecolor="white", linewidth=0.3,
-                   label=f"threads {p}-{p + per_phase - 1}" if len(addr) > per_phase else None)
+                   label=f"threads {p}-{end - 1}" if len(phases) > 1 else None)
             bottom += counts
         for b in np.flatnonzero(conflict):
             ax.bar(b, bottom[b], fill=False, edgecolor="tab:red", linewidth=1.2)
@@ -219,7 +220,7 @@ def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem
         ax.set_ylabel("words", fontsize=8)
         ax.set_title(f"{lay.name or lay}: {waves} wavefront{'s' if waves != 1 else ''} (ideal {ideal})", fontsize=8)
         ax.tick_params(labelsize=6)
-        if len(addr) > per_phase:
+        if len(phases) > 1:
             ax.legend(fontsize=5, loc="upper right", ncol=4)
     axes[-1].set_xlabel(f"bank  ({int(np.sum(acc[:, 0] >= 0))} active threads, stacked by phase; red outline: "
                         "a conflict within a phase)", fontsize=8)
