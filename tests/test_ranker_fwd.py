@@ -208,18 +208,72 @@ def test_shipped_d64_configs_do_not_spill(dtype, cap_method, varlen):
 
 
 @pytest.mark.parametrize("dtype,cap_method,varlen", [
-    (torch.bfloat16, "tanh", False), (torch.bfloat16, "tanh", True), (torch.float16, "tanh", False)])
-def test_shipped_tanh_d128_config_does_not_spill(dtype, cap_method, varlen):
-    """The tanh cap at D=128 ships three consumer warpgroups (tile_n=64); soft_sign keeps CONFIGS[128]."""
+    (torch.bfloat16, "tanh", False), (torch.bfloat16, "tanh", True), (torch.float16, "tanh", False),
+    (torch.bfloat16, "soft_sign", False), (torch.float16, "soft_sign", True)])
+def test_shipped_capped_d128_config_does_not_spill(dtype, cap_method, varlen):
+    """With a cap, D=128 ships three consumer warpgroups (tile_n=64), the row max fixed at 0 for bfloat16."""
     from cute_kernels.runtime.cache import compile_record
 
     cfg = rf.shipped_config(dtype, 128, cap_method)
-    assert cfg.consumer_wgs == 3 and rf.shipped_config(dtype, 128, "soft_sign") == rf.CONFIGS[128]
+    assert cfg.consumer_wgs == 3 and cfg.tile_n == 64 and cfg.fixed_row_max == (dtype == torch.bfloat16)
     assert rf.config_for_shape(dtype, 1, 256, 4, 4, 128, cap_method, varlen=varlen) == cfg
     for hr in (1, 4):
         rf._compile(dtype, cfg, hr, cap_method, varlen)
         rec = compile_record(rf.NAME, (str(dtype), cfg, hr, cap_method, varlen))
         assert all(not r.stack_bytes for r in rec.resources), [r.stack_bytes for r in rec.resources]
+
+
+def test_fixed_row_max_ships_on_the_capped_bf16_configs_and_drops_the_running_max():
+    """``fixed_row_max``: P against a row max fixed at 0 where the cap bounds the scores.  Shipped on the
+    capped configs but soft_sign D=64 (which would spill), for bfloat16 only; the kernel refuses it without
+    a cap or in float16; its consumer has no max reduction (no ``max.f32`` in the PTX, where the online form
+    has one per score) and no O rescale."""
+    import dataclasses
+
+    import cutlass
+
+    from cute_kernels.runtime.cache import compile_record
+
+    for (capm, d), cfg in rf.CAP_CONFIGS.items():
+        assert cfg.fixed_row_max == ((capm, d) != ("soft_sign", 64)), (capm, d)
+        assert not rf.shipped_config(torch.float16, d, capm).fixed_row_max
+    assert not any(c.fixed_row_max for c in rf.CONFIGS.values())
+    fixed = rf.CAP_CONFIGS[("tanh", 128)]
+    with pytest.raises(ValueError, match="fixed_row_max needs bfloat16 and a cap"):
+        rf.RankerAttentionFwd(cutlass.BFloat16, fixed, 1, "none", False)
+    with pytest.raises(ValueError, match="fixed_row_max needs bfloat16 and a cap"):
+        rf.RankerAttentionFwd(cutlass.Float16, fixed, 1, "tanh", False)
+    online = dataclasses.replace(fixed, fixed_row_max=False)
+    maxes = {}
+    for cfg in (fixed, online):
+        rf._compile(torch.bfloat16, cfg, 1, "tanh", False)
+        ptx = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, "tanh", False)).ptx
+        maxes[cfg.fixed_row_max] = len(re.findall(r"\bmax(\.\w+)*\.f32\b", ptx))
+    assert maxes[True] == 0 and maxes[False] >= 64, maxes
+
+
+@pytest.mark.parametrize("dtype,cap,fixed", [
+    (torch.bfloat16, 50.0, True), (torch.bfloat16, 2.0, True), (torch.bfloat16, 50.001, False),
+    (torch.bfloat16, 1e6, False), (torch.float16, 10.0, False)])
+def test_fixed_row_max_only_where_the_cap_bounds_p(monkeypatch, dtype, cap, fixed):
+    """The host launches a fixed-max config only for bfloat16 with cap <= FIXED_MAX_CAP (P stays within
+    (e^-50, e^50)); otherwise the same tile shape with the online max, also for a config passed in."""
+    compiled = []
+    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
+    monkeypatch.setattr(rf, "_VALIDATED", {})
+    monkeypatch.setattr(rf, "_FNS", {})
+    monkeypatch.setattr(rf, "_compile", lambda *a: compiled.append(a) or (lambda *args: None))
+    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    assert rf.fixed_row_max_applies(dtype, cap) == fixed
+    q = torch.zeros(1, 16, 2, 128, dtype=dtype)
+    bounds = torch.zeros(1, 4, dtype=torch.int32)
+    for config in (None, rf.CAP_CONFIGS[("tanh", 128)]):
+        rf._ranker_impl(q, q, q, bounds, None, cap, "tanh", None, None, config=config)
+        cfg = compiled[-1][1]
+        assert cfg.fixed_row_max == fixed and cfg.consumer_wgs == 3 and cfg.tile_n == 64
+
+
+rf_validate = rf._validate
 
 
 @pytest.mark.parametrize("target", rf.compile_targets(), ids=lambda t: t.label)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -76,6 +77,11 @@ CAP_METHODS = ("none", "tanh", "soft_sign")
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in dynamic shared memory per CTA
+# ``fixed_row_max`` (P against a row max fixed at 0) applies to bfloat16 with a cap <= this: a capped score
+# has |s| < cap, so P lies in (e^-50, e^50) ~ (2e-22, 5e21), each P * v stays a normal float32 for
+# |v| > 1e-16, and a row's sum of P * v stays finite for |v| < 3e7 over 2^31 keys (float16 P would
+# overflow at e^11.1: float16 takes the online max)
+FIXED_MAX_CAP = 50.0
 
 
 class NamedBarrierFwd(enum.IntEnum):
@@ -107,6 +113,11 @@ class RankerFwdConfig:
     # the producer TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term
     # reads from global memory after the history loop
     prefetch_self_kv: bool = False
+    # with a cap, P = exp2(s * scale_log2) against a fixed row max of 0 instead of the running one: a capped
+    # score is bounded, |s| < cap, so for cap <= FIXED_MAX_CAP every P and row sum stays a normal float32
+    # (and bfloat16); no row-max reduction, no O rescale.  The host takes it only where that holds (bf16,
+    # a cap <= FIXED_MAX_CAP) and runs the online max otherwise (:func:`launch_config`)
+    fixed_row_max: bool = False
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -182,27 +193,37 @@ CONFIGS = {
 # With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
 # the cap's MUFU work (session 8 probe: 522 vs 487 useful TFLOP/s at the headline shape; session 9: 525 vs
 # 489 and, in the recorded bench, 517 vs 503; without a cap they are slower, 583 vs 647); spill-free for
-# bf16 and fp16 with tanh (soft_sign spills 8 bytes there, so it keeps CONFIGS[128]).  D=64 with a cap:
+# bf16 and fp16, tanh and soft_sign, GQA and varlen (ptxas, session 21).
+# fixed_row_max (session 21, bench/ranker_fwd_cap_probe.py, cap 50, headline shape, two runs, useful TFLOP/s
+# with / without; bench/results/logs/2026-12-01_s21_ranker_fwd_fixed_row_max_probe.log): tanh D=128 612 /
+# 513 and 595 / 506 (an A/A pair 596 and 599; the two-warpgroup config with it 532), tanh D=64 356 / 341
+# and 357 / 338 (tile_n=128 with it, spill-free then: 361 and 361, within the A/A spread), soft_sign D=128 on
+# the three-warpgroup config 553 and 554 vs 481 and 480 for the two-warpgroup one without it (with it 552,
+# 516).  soft_sign D=64 keeps the online max: with the fixed one its kernels spill 8-32 bytes.  D=64 with a cap:
 # tile_n=112, 6 stages, because the varlen kernels spill at tile_n=128 with a cap (8 bytes tanh, 32
 # soft_sign; ptxas, session 9); tanh cap at the headline shape 347 vs 343 for tile_n=128 (same run).
 # The tanh cap's loss is not the MUFU unit's throughput (tanh and exp2 share it): computing part of P's
 # exp2 on the FP32 pipe instead (a cubic, session 14, branch s14/exp2-poly) was slower at every share
 # (tanh headline 491 / 484 / 411 for 2 / 4 / 8 of every 8 scores vs 516 / 508; bench/results/logs/
 # 2026-11-30_s14_exp2_poly_probe.log).
-_D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6)
+_D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6, fixed_row_max=True)
+_D128_CAPPED = RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3, producer_regs=32,
+                               consumer_regs=160, persistent=True, skip_unit_rescale=True, fixed_row_max=True)
 CAP_CONFIGS = {
-    ("tanh", 128): RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3,
-                                   producer_regs=32, consumer_regs=160, persistent=True, skip_unit_rescale=True),
+    ("tanh", 128): _D128_CAPPED,
+    ("soft_sign", 128): _D128_CAPPED,
     ("tanh", 64): _D64_CAPPED,
-    ("soft_sign", 64): _D64_CAPPED,
+    ("soft_sign", 64): dataclasses.replace(_D64_CAPPED, fixed_row_max=False),  # (fixed: spills 8-32 B)
 }
 
 
 def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: str = "none") -> RankerFwdConfig:
-    """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16; both take the same today),
-    ``head_dim`` and ``cap_method`` (``"none"`` without a cap, else ``"tanh"`` / ``"soft_sign"``):
-    ``CAP_CONFIGS[(cap_method, head_dim)]`` where there is one, else ``CONFIGS[head_dim]``."""
-    return CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
+    """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16), ``head_dim`` and ``cap_method``
+    (``"none"`` without a cap, else ``"tanh"`` / ``"soft_sign"``): ``CAP_CONFIGS[(cap_method, head_dim)]``
+    where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with
+    ``fixed_row_max`` off (float16 P would overflow)."""
+    cfg = CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
+    return cfg if dtype == torch.bfloat16 or not cfg.fixed_row_max else _online_max(cfg)
 
 
 class RankerAttentionFwd:
@@ -212,6 +233,9 @@ class RankerAttentionFwd:
         config.validate()
         if cap_method not in CAP_METHODS:
             raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS}")
+        if config.fixed_row_max and (cap_method == "none" or dtype is not cutlass.BFloat16):
+            raise ValueError(f"fixed_row_max needs bfloat16 and a cap (bounded scores), got {dtype} and "
+                             f"cap_method={cap_method!r}")
         self.dtype = dtype
         self.config = config
         self.tile_m = config.tile_m
@@ -541,20 +565,28 @@ class RankerAttentionFwd:
             dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
             if take_self:
                 s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
-                m_new = cute.arch.fmax(row_max[r], s_self)
-                scale_old = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
-                p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
-                row_sum[r] = row_sum[r] * scale_old + p_self
-                row_max[r] = m_new
-                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                    col = tOcO_mn[r, c][1]
-                    acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(mV_cur[row, col])
+                if const_expr(self.config.fixed_row_max):
+                    p_self = cute.math.exp2(s_self * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] + p_self
+                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                        col = tOcO_mn[r, c][1]
+                        acc_O_mn[r, c] = acc_O_mn[r, c] + p_self * Float32(mV_cur[row, col])
+                else:
+                    m_new = cute.arch.fmax(row_max[r], s_self)
+                    scale_old = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
+                    p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] * scale_old + p_self
+                    row_max[r] = m_new
+                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                        col = tOcO_mn[r, c][1]
+                        acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(mV_cur[row, col])
             valid = seg.row_active(row) and active and row_sum[r] > 0.0
             inv_sum = Float32(0.0)
             lse[r] = -Float32.inf
             if valid:
                 inv_sum = cute.arch.rcp_approx(row_sum[r])
-                lse[r] = (row_max[r] * scale_log2 + cute.math.log2(row_sum[r], fastmath=True)) * LN_2
+                m_row = Float32(0.0) if const_expr(self.config.fixed_row_max) else row_max[r]
+                lse[r] = (m_row * scale_log2 + cute.math.log2(row_sum[r], fastmath=True)) * LN_2
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv_sum
 
@@ -608,7 +640,9 @@ class RankerAttentionFwd:
         a warp-uniform branch on a vote.  Session 9, same run (bench/results/logs/
         2026-11-30_s9_ranker_fwd_skip_rescale.log): faster on the three-warpgroup configs (D=128 tanh
         cap 511 vs 493, D=64 457 vs 441), slower on the two-warpgroup D=128 one (559 vs 607)."""
-        if const_expr(self.config.skip_unit_rescale):
+        if const_expr(self.config.fixed_row_max):
+            pass  # every factor is 1
+        elif const_expr(self.config.skip_unit_rescale):
             changed = row_scale[0] != 1.0
             for r in cutlass.range_constexpr(1, cute.size(row_scale)):
                 changed = changed | (row_scale[r] != 1.0)
@@ -679,23 +713,30 @@ class RankerAttentionFwd:
     @cute.jit
     def online_softmax(self, acc_S_mn, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr):
         """Rows of S (already capped and masked) -> P = exp2((s - max) * scale_log2) in place;
-        returns the factor by which O must be rescaled.  ``row_sum`` stays a per-thread partial."""
+        returns the factor by which O must be rescaled.  ``row_sum`` stays a per-thread partial.
+        ``fixed_row_max``: the max is 0 for every row (capped scores are bounded), nothing to rescale."""
         row_scale = cute.make_rmem_tensor_like(row_max, Float32)
         for r in cutlass.range_constexpr(cute.size(row_max)):
             s_row = acc_S_mn[r, None].load()
-            m_cur = s_row.reduce(cute.ReductionOp.MAX, -Float32.inf if const_expr(is_first) else row_max[r], 0)
-            m_cur = cute.arch.warp_reduction_max(m_cur, threads_in_group=4)
-            m_prev = row_max[r]
-            row_max[r] = m_cur
-            m_safe = 0.0 if m_cur == -Float32.inf else m_cur
-            p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
-            p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            if const_expr(is_first):
+            if const_expr(self.config.fixed_row_max):
+                p_row = cute.math.exp2(s_row * scale_log2, fastmath=True)
+                p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
                 row_scale[r] = 1.0
-                row_sum[r] = p_sum
+                row_sum[r] = p_sum if const_expr(is_first) else row_sum[r] + p_sum
             else:
-                row_scale[r] = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
-                row_sum[r] = row_sum[r] * row_scale[r] + p_sum
+                m_cur = s_row.reduce(cute.ReductionOp.MAX, -Float32.inf if const_expr(is_first) else row_max[r], 0)
+                m_cur = cute.arch.warp_reduction_max(m_cur, threads_in_group=4)
+                m_prev = row_max[r]
+                row_max[r] = m_cur
+                m_safe = 0.0 if m_cur == -Float32.inf else m_cur
+                p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
+                p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                if const_expr(is_first):
+                    row_scale[r] = 1.0
+                    row_sum[r] = p_sum
+                else:
+                    row_scale[r] = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] * row_scale[r] + p_sum
             acc_S_mn[r, None].store(p_row)
         return row_scale
 
@@ -1087,6 +1128,17 @@ def exp2_scale(softmax_scale: float, cap: Optional[float]) -> float:
     return max(float(cap) * LOG2_E if cap is not None else softmax_scale * LOG2_E, _F32_TINY)
 
 
+def fixed_row_max_applies(dtype: torch.dtype, cap: Optional[float]) -> bool:
+    """Whether a config's ``fixed_row_max`` holds for these inputs: bfloat16 and ``cap <= FIXED_MAX_CAP``
+    (see :class:`RankerFwdConfig`); where not, :func:`ranker_attention` runs the config with the online max."""
+    return cap is not None and dtype == torch.bfloat16 and float(cap) <= FIXED_MAX_CAP
+
+
+@functools.lru_cache(maxsize=None)
+def _online_max(cfg: RankerFwdConfig) -> RankerFwdConfig:
+    return dataclasses.replace(cfg, fixed_row_max=False)
+
+
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
                  config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None):
     """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch."""
@@ -1128,6 +1180,8 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
             cfg = config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen, device=q.device)
             if len(_CHOSEN) < 4096:
                 _CHOSEN[skey] = cfg
+    if cfg.fixed_row_max and not fixed_row_max_applies(q.dtype, cap):
+        cfg = _online_max(cfg)
     _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen)
     fn = _FNS.get(fkey)

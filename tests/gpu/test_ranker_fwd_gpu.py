@@ -272,3 +272,72 @@ def test_torch_compile_and_graph():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
+
+
+def _relative_error(name, o, ref, base):
+    """max |o - ref| / max |ref| with the same measure of torch's own dtype reference (``base``)."""
+    scale = ref.float().abs().max().clamp_min(1e-30)
+    err = ((o.float() - ref.float()).abs().max() / scale).item()
+    base_err = ((base.float() - ref.float()).abs().max() / scale).item()
+    print(f"[ranker_fwd] {name}: relative error {err:.3e} (torch dtype ref {base_err:.3e})")
+    assert not torch.isnan(o).any(), name
+    assert err <= 2 * base_err + 2e-3, f"{name}: relative error {err} vs torch's {base_err}"
+
+
+@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("cap_method", ["tanh", "soft_sign"])
+@pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 50.5, 80.0])
+def test_fixed_row_max_at_saturated_scores(d, cap_method, cap):
+    """The capped configs take P against a row max fixed at 0 (``fixed_row_max``) for bfloat16 with a
+    cap <= FIXED_MAX_CAP (50) and the online max above it.  Scores 20x larger than unit-variance ones sit
+    at the cap's ends (P from e^-cap to e^cap), with GQA, a varied history and candidates on both sides."""
+    import dataclasses
+
+    q, k, v = _qkv(2, 333, 4, 2, d, seed=int(cap * 10) + d)
+    q = q * 20
+    bounds = torch.tensor([[0, 200, 200, 333], [40, 290, 3, 40]], device="cuda", dtype=torch.int32)
+    shipped = rf.shipped_config(torch.bfloat16, d, cap_method)
+    assert shipped.fixed_row_max == (cap_method == "tanh")  # (soft_sign: D=64 would spill, D=128 unmeasured)
+    assert rf.fixed_row_max_applies(torch.bfloat16, cap) == (cap <= rf.FIXED_MAX_CAP)
+    for fixed in (True, False):  # (fixed=True above the limit runs the online max: the host strips it)
+        cfg = dataclasses.replace(shipped, fixed_row_max=fixed)
+        _compare(f"saturated {cap_method} cap={cap} D={d} fixed={fixed}", q, k, v, bounds, cap,
+                 cap_method, config=cfg, max_ctas=7 if cfg.persistent else None)
+
+
+@pytest.mark.parametrize("v_scale", [1e-12, 1e4])
+@pytest.mark.parametrize("score_sign", [1.0, -1.0])
+def test_fixed_row_max_extreme_values(v_scale, score_sign):
+    """At the fixed max's documented limits: every score of a row near +cap or near -cap (P all ~e^50 or
+    all ~e^-50, the LSE far from 0), v tiny or large; the error relative to the output's size stays at
+    torch's own bfloat16 level, and the LSE stays exact."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    b, s, h, d = 1, 300, 2, 128
+    base_dir = torch.randn(1, 1, h, d, device="cuda", generator=g)
+    k = (base_dir + 0.05 * torch.randn(b, s, h, d, device="cuda", generator=g)).to(torch.bfloat16)
+    q = (score_sign * 8 * base_dir.expand(b, s, h, d)).to(torch.bfloat16)  # q.k ~ +-8 * |base|^2 >> cap
+    v = (v_scale * torch.randn(b, s, h, d, device="cuda", generator=g)).to(torch.bfloat16)
+    bounds = torch.tensor([[0, 250, 250, 300]], device="cuda", dtype=torch.int32)
+    cap = rf.FIXED_MAX_CAP
+    assert rf.shipped_config(torch.bfloat16, d, "tanh").fixed_row_max
+    o, lse = _run(q, k, v, bounds, cap, "tanh")
+    kw = dict(cap=cap, cap_method="tanh")
+    ref, ref_lse = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=torch.float64, return_lse=True, **kw)
+    ref64 = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=torch.float64, **kw)
+    low = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=torch.bfloat16, **kw)
+    _relative_error(f"extreme v_scale={v_scale} sign={score_sign}", o, ref64, low)
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 2e-2
+    assert ref_lse[fin].abs().min().item() > 40  # the rows' scores really sit at the cap's ends
+
+
+def test_fixed_row_max_only_where_it_applies():
+    """float16 and caps above FIXED_MAX_CAP run the same config with the online max."""
+    assert not rf.shipped_config(torch.float16, 128, "tanh").fixed_row_max
+    assert rf.fixed_row_max_applies(torch.bfloat16, 50.0) and not rf.fixed_row_max_applies(torch.bfloat16, 50.01)
+    assert not rf.fixed_row_max_applies(torch.float16, 10.0) and not rf.fixed_row_max_applies(torch.bfloat16, None)
+    q, k, v = _qkv(1, 200, 2, 2, 128, dtype=torch.float16)
+    bounds = torch.tensor([[0, 150, 150, 200]], device="cuda", dtype=torch.int32)
+    _compare("fp16 tanh D=128 (online max)", q * 20, k, v, bounds, 30.0, "tanh",
+             config=rf.CAP_CONFIGS[("tanh", 128)], max_ctas=7)
