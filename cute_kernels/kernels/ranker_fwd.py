@@ -26,6 +26,12 @@ warpgroups:
   suffice and P taking S's registers lets tile_n be 128) each warpgroup issues ``S_{n+1} = Q K_{n+1}^T``
   and ``O += P_n V_n`` together, running the softmax of ``S_{n+1}`` while the PV GEMM is in flight.
   ``skip_unit_rescale`` (the three-warpgroup configs) skips ``O *= 1`` when no row max of a warp changed.
+  ``fixed_row_max`` (the capped configs, bfloat16, caps <= ``FIXED_MAX_CAP`` = 50): a capped score is
+  bounded, ``|s| < cap``, so P = ``exp2(s * scale_log2)`` against a row max fixed at 0 stays within
+  (e^-50, e^50), normal in float32 and bfloat16: no row-max reduction, no O rescale, the LSE is
+  ``ln(row_sum)``.  The PV GEMM takes P rounded to bfloat16 and the row sum the float32 P, as with the
+  online max, except that no P is exactly 1 (a row of one dominant key is off by up to 2^-9 relative
+  before the output's rounding; with the online max that key's P is exactly 1).
 
 Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
@@ -35,11 +41,11 @@ TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self
 Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
-Measured on the H200 at the shipped configs (bench/results/2026-11-30_h200_ranker_fwd_s20.md, the last
-full bench with every peer, kernels as since session 11; useful TFLOP/s, bf16, same run, ours / FA4 +
-mask_mod): headline B=4, history 4096 + 512 candidates, 16 heads, D=128: 607 / 610; tanh cap 518 / 292;
-GQA 16/4 612 / 610; D=64 485 / 441; B=1 16K + 1K 637 / 644; B=16 1K + 256: 530 / 515; B=8 2K + 2K (H=8):
-563 / 590 (FA4 538 in session 11's bench and 517 in a later probe: the peer moves by ~10% between runs).
+Measured on the H200 at the shipped configs (bench/results/2026-12-01_h200_ranker_fwd_s21.md, the last
+full bench with every peer; useful TFLOP/s, bf16, same run, ours / FA4 + mask_mod): headline B=4, history
+4096 + 512 candidates, 16 heads, D=128: 610 / 607; tanh cap 50 583 / 292 (518 before the fixed max);
+GQA 16/4 609 / 612; D=64 466 / 449; B=1 16K + 1K 638 / 631; B=16 1K + 256: 522 / 492; B=8 2K + 2K (H=8):
+567 / 572 (the leader at the headline, GQA, 16K and B=8 changes from run to run by 2-8%).
 """
 
 from __future__ import annotations
@@ -1258,7 +1264,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             are NOT checked; the caller must guarantee them (invalid offsets make the kernel read
             and write out of bounds), also for every replay.
     Config: the one ``cute-kernels tune`` stored for this GPU and these sizes (:func:`config_for_shape`),
-    else the shipped ``CONFIGS[D]``; ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.
+    else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
+    is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  With a cap, bfloat16
+    and ``cap <= FIXED_MAX_CAP`` (50) the capped configs skip the running row max (P against a fixed max
+    of 0, see the module docstring); larger caps and float16 take the online max.
     Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
     non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is not

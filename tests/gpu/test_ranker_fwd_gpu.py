@@ -37,6 +37,12 @@ def _compare(name, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None
     err = (o.float() - ro64).abs().max().item() if o.numel() else 0.0
     base = (lo.float() - ro64).abs().max().item() if o.numel() else 0.0
     tol = 2 * base + 1e-3
+    cfg = config or rf.shipped_config(q.dtype, q.shape[-1], "none" if cap is None else cap_method)
+    if cfg.fixed_row_max and rf.fixed_row_max_applies(q.dtype, cap) and o.numel():
+        # the PV GEMM takes P rounded to bf16 (relative 2**-9) and the row sum the float32 P; with the online
+        # max the largest P is exactly 1, with the fixed one no P need be, so a row of one dominant key is
+        # off by up to 2**-9 before the output's own rounding (torch's bf16 reference is exact there)
+        tol += 2**-8 * ro64.abs().max().item()
     fin = torch.isfinite(rl)
     lse_err = (l[fin] - rl[fin]).abs().max().item() if fin.any() else 0.0
     print(f"[ranker_fwd] {name}: max|out-ref64|={err:.3e} (torch {q.dtype} ref {base:.3e}, tol {tol:.3e}) "
@@ -297,7 +303,7 @@ def test_fixed_row_max_at_saturated_scores(d, cap_method, cap):
     q = q * 20
     bounds = torch.tensor([[0, 200, 200, 333], [40, 290, 3, 40]], device="cuda", dtype=torch.int32)
     shipped = rf.shipped_config(torch.bfloat16, d, cap_method)
-    assert shipped.fixed_row_max == (cap_method == "tanh")  # (soft_sign: D=64 would spill, D=128 unmeasured)
+    assert shipped.fixed_row_max == ((cap_method, d) != ("soft_sign", 64))  # (soft_sign D=64 would spill)
     assert rf.fixed_row_max_applies(torch.bfloat16, cap) == (cap <= rf.FIXED_MAX_CAP)
     for fixed in (True, False):  # (fixed=True above the limit runs the online max: the host strips it)
         cfg = dataclasses.replace(shipped, fixed_row_max=fixed)
