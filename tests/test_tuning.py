@@ -74,12 +74,13 @@ def test_configs_cli():
 
 # ---------------------------------------------------------------------------- candidates
 def test_candidates_start_from_the_shipped_config_of_the_cap():
-    """The tanh cap at D=128 ships three warpgroups (CAP_CONFIGS); float16 and bfloat16 share configs."""
+    """The tanh cap at D=128 ships three warpgroups (CAP_CONFIGS); float16 and bfloat16 share tile shapes
+    (float16 without the fixed-max options: shipped_config)."""
     import torch
 
     shape = tuning.TUNERS["ranker_fwd"].parse_shape("B=2,S=1024,H=4,D=64")
     for dtype in (torch.float16, torch.bfloat16):
-        assert tuning.candidate_configs("ranker_fwd", shape, dtype=dtype)[0][0] == rf.CONFIGS[64]
+        assert tuning.candidate_configs("ranker_fwd", shape, dtype=dtype)[0][0] == rf.shipped_config(dtype, 64)
     shape = tuning.TUNERS["ranker_fwd"].parse_shape("B=2,S=1024,H=4,D=128,cap=30")
     assert tuning.candidate_configs("ranker_fwd", shape)[0][0] == rf.CAP_CONFIGS[("tanh", 128)] != rf.CONFIGS[128]
 
@@ -242,7 +243,7 @@ def test_ranker_selects_the_tuned_config(cache):
     assert sel() == _tuned_cfg()
     assert sel(seq=4609) == rf.CONFIGS[128]  # another shape
     assert sel(cap_method="tanh") == rf.CAP_CONFIGS[("tanh", 128)]  # another shape key: the shipped tanh config
-    assert sel(dtype=torch.float16) == rf.CONFIGS[128]
+    assert sel(dtype=torch.float16) == rf.shipped_config(torch.float16, 128)  # (no norm_bound)
     assert sel(gpu="Other GPU") == rf.CONFIGS[128]
     assert sel(varlen=True) == rf.CONFIGS[128]  # packed calls: shipped
     assert sel(device=torch.device("cpu"), gpu=None) == rf.CONFIGS[128]  # not a CUDA device: nothing tuned
@@ -277,7 +278,7 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     bounds = torch.tensor([[0, 48, 48, 64]], dtype=torch.int32)
     call = lambda: rf._ranker_impl(q, k, v, bounds, None, None, "tanh", None, None)  # noqa: E731
     call()
-    assert launched[-1] == rf.CONFIGS[128]
+    assert launched[-1] == rf._online_max(rf.CONFIGS[128])  # (64 tokens: too short for norm_bound)
     key = rf.tuned_shape_key(1, 64, 2, 2, 128, "none")
     tuning.store("ranker_fwd", torch.bfloat16, key, _tuned_cfg(), GPU)  # clears the memo
     call()
@@ -287,7 +288,7 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     monkeypatch.setenv("CUTE_KERNELS_TUNED", "0")
     tuning.reload()
     call()
-    assert launched[-1] == rf.CONFIGS[128]
+    assert launched[-1] == rf._online_max(rf.CONFIGS[128])
 
 
 # ---------------------------------------------------------------------------- the tuner's flow (no GPU)

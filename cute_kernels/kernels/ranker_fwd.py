@@ -27,11 +27,16 @@ warpgroups:
   and ``O += P_n V_n`` together, running the softmax of ``S_{n+1}`` while the PV GEMM is in flight.
   ``skip_unit_rescale`` (the three-warpgroup configs) skips ``O *= 1`` when no row max of a warp changed.
   ``fixed_row_max`` (the capped configs, bfloat16, caps <= ``FIXED_MAX_CAP`` = 50): a capped score is
-  bounded, ``|s| < cap``, so P = ``exp2(s * scale_log2)`` against a row max fixed at 0 stays within
-  (e^-50, e^50), normal in float32 and bfloat16: no row-max reduction, no O rescale, the LSE is
-  ``ln(row_sum)``.  The PV GEMM takes P rounded to bfloat16 and the row sum the float32 P, as with the
-  online max, except that no P is exactly 1 (a row of one dominant key is off by up to 2^-9 relative
-  before the output's rounding; with the online max that key's P is exactly 1).
+  bounded, ``|s| <= cap``, so P = ``exp2(s * scale_log2)`` against a row max fixed at 0 stays within
+  [e^-cap, e^cap], normal in float32 and bfloat16: no row-max reduction, no O rescale, the LSE is
+  ``ln(row_sum)``.  ``norm_bound`` (the uncapped bfloat16 configs, sequences of more than
+  ``NORM_BOUND_MIN_BLOCKS`` KV blocks): the same where Cauchy-Schwarz bounds every score of a q tile by
+  ``FIXED_MAX_CAP`` (``softmax_scale * |q_row| * max_j |k_j|``; ``max_j |k_j|`` from a pre-pass over k),
+  decided per tile by a CTA-wide vote between two compiled history loops, else the online max.  The PV
+  GEMM takes P rounded to bfloat16 and the row sum the float32 P, as with the online max, except that no
+  P need be exactly 1: a row whose weight sits on keys of one score (one key, or scores saturated at
+  +cap) is off by up to 2^-8 relative before the output's rounding, i.e. up to one bf16 ulp (with the
+  online max those keys' P is exactly 1); the headroom limits are at ``FIXED_MAX_CAP``.
 
 Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
@@ -83,11 +88,22 @@ CAP_METHODS = ("none", "tanh", "soft_sign")
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in dynamic shared memory per CTA
-# ``fixed_row_max`` (P against a row max fixed at 0) applies to bfloat16 with a cap <= this: a capped score
-# has |s| < cap, so P lies in (e^-50, e^50) ~ (2e-22, 5e21), each P * v stays a normal float32 for
-# |v| > 1e-16, and a row's sum of P * v stays finite for |v| < 3e7 over 2^31 keys (float16 P would
-# overflow at e^11.1: float16 takes the online max)
+# ``fixed_row_max`` / ``norm_bound`` (P against a row max fixed at 0) apply to bfloat16 scores within +-this:
+# P lies in [e^-50, e^50] ~ [2e-22, 5e21] (normal in float32 and bfloat16; float16 P would overflow at
+# e^11.1: float16 takes the online max).  The price against the online max, whose P <= 1: the O
+# accumulator's headroom is e^50 smaller (sum over keys of P |v| must stay below 3.4e38: one key at +50
+# with |v| > 6.6e16 overflows), and in a row whose scores all sit near -50, P * v of |v| < ~1e-16 is
+# subnormal (flushed); within those limits the result is as accurate as with the online max, except that
+# no P is exactly 1 (below)
 FIXED_MAX_CAP = 50.0
+# norm_bound pays for its per-tile vote (the Q tile's row norms, a consumer barrier) and its k pre-pass only
+# over enough KV blocks per q tile.  H200, session 21, useful TFLOP/s with / without (same-run probes with an
+# A/A pair, bench/results/logs/2026-12-01_s21_ranker_fwd_norm_bound_probe.log): 32 history blocks
+# (headline) 658 / 621, 128 (16K) 721 / 641, GQA 16/4 691 / 617, D=64 498 / 473, but 8 blocks (B=16 1K+256)
+# 429 / 493 and 16 (B=8 2K+2K) 524 / 575.  The host does not see the history length (the bounds live on the
+# device), so the shipped and tuned configs take norm_bound only when the sequence has more than this many
+# blocks of tile_n keys (S > 4096 at tile_n=128); a config passed in is taken as given.
+NORM_BOUND_MIN_BLOCKS = 32
 
 
 class NamedBarrierFwd(enum.IntEnum):
@@ -97,6 +113,7 @@ class NamedBarrierFwd(enum.IntEnum):
     WarpSchedulerWG1 = 2  # consumer warpgroup 1 may issue its WGMMAs
     WarpSchedulerWG2 = 3  # consumer warpgroup 2 may issue its WGMMAs
     WarpSchedulerWG3 = 4  # consumer warpgroup 3 (tile_m = 192) may issue its WGMMAs
+    ScoreBound = 5  # norm_bound: every consumer warp has voted whether the tile's scores are bounded
 
 
 @dataclass(frozen=True)
@@ -120,10 +137,15 @@ class RankerFwdConfig:
     # reads from global memory after the history loop
     prefetch_self_kv: bool = False
     # with a cap, P = exp2(s * scale_log2) against a fixed row max of 0 instead of the running one: a capped
-    # score is bounded, |s| < cap, so for cap <= FIXED_MAX_CAP every P and row sum stays a normal float32
+    # score is bounded, |s| <= cap, so for cap <= FIXED_MAX_CAP every P and row sum stays a normal float32
     # (and bfloat16); no row-max reduction, no O rescale.  The host takes it only where that holds (bf16,
-    # a cap <= FIXED_MAX_CAP) and runs the online max otherwise (:func:`launch_config`)
+    # a cap <= FIXED_MAX_CAP) and runs the online max otherwise (:func:`_launch_config`)
     fixed_row_max: bool = False
+    # without a cap (bf16): per q tile, the same fixed max when every score of the tile is provably within
+    # +-FIXED_MAX_CAP, softmax_scale * max |q_row| * max_j |k_j| <= FIXED_MAX_CAP (Cauchy-Schwarz; |q_row| from
+    # the Q tile in smem, max |k_j| from a pre-pass over k), else the online max; a CTA-wide vote picks one
+    # of the two compiled history loops (:meth:`RankerAttentionFwd.tile_bounded`)
+    norm_bound: bool = False
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -185,7 +207,8 @@ class RankerFwdConfig:
 # D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
 CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
-                        consumer_regs=160, persistent=True, intra_wg_overlap=False, skip_unit_rescale=True),
+                        consumer_regs=160, persistent=True, intra_wg_overlap=False, skip_unit_rescale=True,
+                        norm_bound=True),
     # D=128: with prefetch_self_kv (session 10, two runs, useful TFLOP/s with vs without: headline 654/626
     # vs 602/595, GQA 16/4 679/651 vs 616/611, B=8 2K+2K 571/601 vs 566/556, 16K 645/644 vs 640/642,
     # B=16 1K+256 470/482 vs 490/505; bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log).
@@ -193,7 +216,7 @@ CONFIGS = {
     # shuffled rounds and an A/A pair (the fixed-order runs above had two builds of identical code 10%
     # apart): shipped 615, without 611, compiled in but skipped at run time 612, A/A 615 at the headline,
     # all within the noise (logs/2026-11-30_s11_ranker_fwd_prefetch_shuffled_aa.log); kept, unproven.
-    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, prefetch_self_kv=True),
+    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, prefetch_self_kv=True, norm_bound=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
 # With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
@@ -212,7 +235,7 @@ CONFIGS = {
 # exp2 on the FP32 pipe instead (a cubic, session 14, branch s14/exp2-poly) was slower at every share
 # (tanh headline 491 / 484 / 411 for 2 / 4 / 8 of every 8 scores vs 516 / 508; bench/results/logs/
 # 2026-11-30_s14_exp2_poly_probe.log).
-_D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6, fixed_row_max=True)
+_D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6, fixed_row_max=True, norm_bound=False)
 _D128_CAPPED = RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3, producer_regs=32,
                                consumer_regs=160, persistent=True, skip_unit_rescale=True, fixed_row_max=True)
 CAP_CONFIGS = {
@@ -229,7 +252,7 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: str = "none") 
     where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with
     ``fixed_row_max`` off (float16 P would overflow)."""
     cfg = CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
-    return cfg if dtype == torch.bfloat16 or not cfg.fixed_row_max else _online_max(cfg)
+    return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.norm_bound) else _online_max(cfg)
 
 
 class RankerAttentionFwd:
@@ -241,6 +264,9 @@ class RankerAttentionFwd:
             raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS}")
         if config.fixed_row_max and (cap_method == "none" or dtype is not cutlass.BFloat16):
             raise ValueError(f"fixed_row_max needs bfloat16 and a cap (bounded scores), got {dtype} and "
+                             f"cap_method={cap_method!r}")
+        if config.norm_bound and (cap_method != "none" or dtype is not cutlass.BFloat16):
+            raise ValueError(f"norm_bound needs bfloat16 and no cap (with a cap, fixed_row_max), got {dtype} and "
                              f"cap_method={cap_method!r}")
         self.dtype = dtype
         self.config = config
@@ -258,7 +284,7 @@ class RankerAttentionFwd:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBounds: cute.Tensor,
                  mO: cute.Tensor, mLSE: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
-                 scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
+                 mKnorm: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
                  max_seqlen: Int32, max_ctas: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); varlen (T, H, D) -> (T, D, H).  LSE (B, H, S) -> (S, H, B); (H, T) -> (T, H)
         if const_expr(self.varlen):
@@ -299,6 +325,7 @@ class RankerAttentionFwd:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            score_bound: cute.struct.MemRange[Int32, 2]  # norm_bound: the tile's vote, two tiles in flight
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -311,7 +338,7 @@ class RankerAttentionFwd:
         num_tiles = num_m_blocks * cute.size(mQ.shape[2]) * num_batch
         grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mQ, mK, mV, mO, mLSE, mBounds, mCuSeqlens,
+            tma_Q, tma_K, tma_V, tma_O, mQ, mK, mV, mO, mLSE, mBounds, mCuSeqlens, mKnorm,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout,
             scale_log2, softmax_scale, cap, num_batch, num_m_blocks,
@@ -321,7 +348,7 @@ class RankerAttentionFwd:
     @cute.kernel
     def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_O: cute.Tensor,
                mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-               mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+               mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], mKnorm: Optional[cute.Tensor],
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_O: cute.CopyAtom, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
@@ -347,6 +374,11 @@ class RankerAttentionFwd:
         pipeline_v = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages, producer_group=producer,
             consumer_group=consumers, tx_count=self.tma_bytes_kv, defer_sync=True)
+        sBound = storage.score_bound.get_tensor(cute.make_layout(2))
+        if const_expr(self.config.norm_bound):
+            if tidx == 0:
+                sBound[0] = Int32(1)
+                sBound[1] = Int32(1)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -367,7 +399,7 @@ class RankerAttentionFwd:
                           pipeline_q, pipeline_k, pipeline_v, sched)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
-            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO,
+            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sBound, sQ, sK, sV, sO,
                      tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx - 128, sched,
                      scale_log2, softmax_scale, cap)
 
@@ -476,7 +508,7 @@ class RankerAttentionFwd:
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
-    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sK, sV, sO, tma_atom_O,
+    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sBound, sQ, sK, sV, sO, tma_atom_O,
             pipeline_q, pipeline_k, pipeline_v, tidx, sched, scale_log2, softmax_scale, cap):
         """The consumer warpgroups (2 or 3), for each tile of this CTA: the history loop, the self term,
         normalization and LSE, the epilogue."""
@@ -501,23 +533,26 @@ class RankerAttentionFwd:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg_idx == 0:  # the first warpgroup issues its WGMMAs first
             cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1), number_of_threads=256)
+        k_norm_max = Float32(mKnorm[0]) if const_expr(self.config.norm_bound) else Float32(0.0)
         tile = Int32(cute.arch.block_idx()[0])
+        tile_iter = Int32(0)  # this CTA's in-range tiles so far (the slot of the norm_bound vote)
         num_tiles = sched[5]
         while tile < num_tiles:
             m_block, head, batch, offset, seg, in_range, active = self.tile_work(tile, sched)
             if in_range:
                 q_state, kv_state = self.mma_tile(
                     tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
-                    tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
+                    tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
                     q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
-                    scale_log2, softmax_scale, cap)
+                    scale_log2, softmax_scale, cap, k_norm_max, sBound, tile_iter)
+                tile_iter += Int32(1)  # (counts the tiles with an epilogue barrier: see tile_bounded)
             tile += Int32(cute.arch.grid_dim()[0])
 
     @cute.jit
     def mma_tile(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
-                 tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
+                 tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
                  q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
-                 scale_log2, softmax_scale, cap):
+                 scale_log2, softmax_scale, cap, k_norm_max, sBound, tile_iter):
         head_kv = head // self.qhead_per_kvhead
         n_blocks = seg.n_block_count(self.tile_n)
         n_block_min = seg.n_block_min(self.tile_n)
@@ -526,32 +561,20 @@ class RankerAttentionFwd:
         row_sum.fill(0.0)
         acc_O_mn = sm90.acc_mn(acc_O)
         num_rows = cute.size(row_max)
+        bounded = cutlass.Boolean(False)  # norm_bound: this tile's scores are provably bounded (CTA-uniform)
         if active and n_blocks > 0:
             pipeline_q.consumer_wait(q_state)
             common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
-            # blocks from the last history block down to the first; only the two edge blocks are masked
-            if const_expr(self.config.intra_wg_overlap):
-                # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
-                kv_state = self.first_half_block(kv_state, n_block_min + n_blocks - 1, *common)
-                for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
-                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *common,
-                                                            need_mask=False)
-                if n_blocks > 1:
-                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *common, need_mask=True)
-                pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
-                kv_state = self.last_half_block(kv_state, *common)
+            if const_expr(self.config.norm_bound):
+                bounded = self.tile_bounded(sQ, tOcO_mn, k_norm_max, softmax_scale, sBound, tile_iter)
+                if bounded:
+                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, fixed=True)
+                else:
+                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, fixed=False)
             else:
-                self.scheduler_sync(wg_idx)
-                kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *common,
-                                                is_first=True, need_mask=True)
-                for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
-                    kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *common,
-                                                    is_first=False, need_mask=False)
-                if n_blocks > 1:
-                    kv_state = self.mma_one_n_block(kv_state, n_block_min, *common, is_first=False, need_mask=True)
-                self.scheduler_arrive(wg_idx)
-                pipeline_q.consumer_release(q_state)
+                kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
+                                             fixed=self.config.fixed_row_max)
             q_state = sm90.advanced(q_state)
 
         # per-row finish: quad-reduce the sums, the candidate self term, normalize, LSE
@@ -571,7 +594,7 @@ class RankerAttentionFwd:
             dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
             if take_self:
                 s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
-                if const_expr(self.config.fixed_row_max):
+                if self.fixed_max(bounded):
                     p_self = cute.math.exp2(s_self * scale_log2, fastmath=True)
                     row_sum[r] = row_sum[r] + p_self
                     for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
@@ -591,19 +614,56 @@ class RankerAttentionFwd:
             lse[r] = -Float32.inf
             if valid:
                 inv_sum = cute.arch.rcp_approx(row_sum[r])
-                m_row = Float32(0.0) if const_expr(self.config.fixed_row_max) else row_max[r]
+                m_row = row_max[r]
+                if self.fixed_max(bounded):
+                    m_row = Float32(0.0)
                 lse[r] = (m_row * scale_log2 + cute.math.log2(row_sum[r], fastmath=True)) * LN_2
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv_sum
 
         self.epilogue(acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx,
                       m_block, head, batch, offset, seg)
+        if const_expr(self.config.norm_bound):
+            # every consumer read this tile's vote before the epilogue's barrier: re-arm the slot (its next
+            # writers, two tiles on, start after the next tile's epilogue barrier)
+            if tidx == 0:
+                sBound[tile_iter % 2] = Int32(1)
         return q_state, kv_state
+
+    @cute.jit
+    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, fixed: cutlass.Constexpr):
+        """The tile's history KV blocks, from the last down to the first (only the two edge blocks are
+        masked); releases Q once every QK GEMM of the tile completed.  ``fixed``: P against the fixed max."""
+        (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn, pipeline_k,
+         pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx) = common
+        args = (*common, fixed)
+        if const_expr(self.config.intra_wg_overlap):
+            # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
+            kv_state = self.first_half_block(kv_state, n_block_min + n_blocks - 1, *args)
+            for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+                kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *args,
+                                                        need_mask=False)
+            if n_blocks > 1:
+                kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *args, need_mask=True)
+            pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
+            kv_state = self.last_half_block(kv_state, *args)
+        else:
+            self.scheduler_sync(wg_idx)
+            kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *args,
+                                            is_first=True, need_mask=True)
+            for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+                kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *args,
+                                                is_first=False, need_mask=False)
+            if n_blocks > 1:
+                kv_state = self.mma_one_n_block(kv_state, n_block_min, *args, is_first=False, need_mask=True)
+            self.scheduler_arrive(wg_idx)
+            pipeline_q.consumer_release(q_state)
+        return kv_state
 
     @cute.jit
     def mma_one_n_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                         acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
-                        scale_log2, softmax_scale, cap, wg_idx,
+                        scale_log2, softmax_scale, cap, wg_idx, fixed,
                         is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
         """One history KV block: S = Q K^T, cap, mask, online softmax, O += P V."""
         pipeline_k.consumer_wait(kv_state)
@@ -614,10 +674,10 @@ class RankerAttentionFwd:
         pipeline_k.consumer_release(kv_state)
 
         row_scale = self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2,
-                                         softmax_scale, cap, is_first=is_first, need_mask=need_mask)
+                                         softmax_scale, cap, fixed, is_first=is_first, need_mask=need_mask)
         tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         if const_expr(not is_first):
-            self.rescale_O(acc_O, row_scale)
+            self.rescale_O(acc_O, row_scale, fixed)
         pipeline_v.consumer_wait(kv_state)
         self.scheduler_sync(wg_idx)
         sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=is_first)
@@ -627,7 +687,7 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def scores_to_probs(self, acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2, softmax_scale, cap,
+    def scores_to_probs(self, acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2, softmax_scale, cap, fixed,
                         is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
         """Cap, edge mask, online softmax of one S tile in place; returns the O rescale factors."""
         self.apply_cap(acc_S, softmax_scale, cap)
@@ -637,18 +697,21 @@ class RankerAttentionFwd:
                 if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
                     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
                         acc_S_mn[r, c] = -Float32.inf
-        return self.online_softmax(acc_S_mn, row_max, row_sum, scale_log2, is_first)
+        return self.online_softmax(acc_S_mn, row_max, row_sum, scale_log2, fixed, is_first)
 
     @cute.jit
-    def rescale_O(self, acc_O, row_scale):
+    def rescale_O(self, acc_O, row_scale, fixed: cutlass.Constexpr):
         """O *= the rows' rescale factors.  ``skip_unit_rescale``: skipped when every factor of the warp is
         exactly 1 (no row max of the warp changed; exp2(0) is exactly 1, so the output bits are the same),
         a warp-uniform branch on a vote.  Session 9, same run (bench/results/logs/
         2026-11-30_s9_ranker_fwd_skip_rescale.log): faster on the three-warpgroup configs (D=128 tanh
         cap 511 vs 493, D=64 457 vs 441), slower on the two-warpgroup D=128 one (559 vs 607)."""
-        if const_expr(self.config.fixed_row_max):
-            pass  # every factor is 1
-        elif const_expr(self.config.skip_unit_rescale):
+        if const_expr(not fixed):  # (with the fixed max every factor is 1)
+            self.rescale_O_online(acc_O, row_scale)
+
+    @cute.jit
+    def rescale_O_online(self, acc_O, row_scale):
+        if const_expr(self.config.skip_unit_rescale):
             changed = row_scale[0] != 1.0
             for r in cutlass.range_constexpr(1, cute.size(row_scale)):
                 changed = changed | (row_scale[r] != 1.0)
@@ -667,7 +730,7 @@ class RankerAttentionFwd:
     @cute.jit
     def first_half_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                          acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
-                         scale_log2, softmax_scale, cap, wg_idx):
+                         scale_log2, softmax_scale, cap, wg_idx, fixed):
         """Overlapped schedule, first block: S = Q K^T and its softmax; its PV waits for the next step."""
         pipeline_k.consumer_wait(kv_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
@@ -675,14 +738,14 @@ class RankerAttentionFwd:
         warpgroup.wait_group(0)
         pipeline_k.consumer_release(kv_state)
         self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2, softmax_scale, cap,
-                             is_first=True, need_mask=True)
+                             fixed, is_first=True, need_mask=True)
         tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         return kv_state
 
     @cute.jit
     def mma_one_n_block_overlap(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                                 acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
-                                scale_log2, softmax_scale, cap, wg_idx, need_mask: cutlass.Constexpr):
+                                scale_log2, softmax_scale, cap, wg_idx, fixed, need_mask: cutlass.Constexpr):
         """Overlapped step: issue S_n = Q K_n^T and O += P_prev V_prev, then the softmax of S_n runs
         while the PV GEMM is in flight."""
         kv_state_v = kv_state.clone()
@@ -697,17 +760,17 @@ class RankerAttentionFwd:
         warpgroup.wait_group(1)
         pipeline_k.consumer_release(kv_state)
         row_scale = self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2,
-                                         softmax_scale, cap, is_first=False, need_mask=need_mask)
+                                         softmax_scale, cap, fixed, is_first=False, need_mask=need_mask)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_state_v)
         tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
-        self.rescale_O(acc_O, row_scale)
+        self.rescale_O(acc_O, row_scale, fixed)
         return kv_state
 
     @cute.jit
     def last_half_block(self, kv_state, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                         acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
-                        scale_log2, softmax_scale, cap, wg_idx):
+                        scale_log2, softmax_scale, cap, wg_idx, fixed):
         """Overlapped schedule, last step: the PV GEMM of the last block."""
         pipeline_v.consumer_wait(kv_state)
         sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False)
@@ -717,34 +780,79 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def online_softmax(self, acc_S_mn, row_max, row_sum, scale_log2, is_first: cutlass.Constexpr):
+    def online_softmax(self, acc_S_mn, row_max, row_sum, scale_log2, fixed: cutlass.Constexpr,
+                       is_first: cutlass.Constexpr):
         """Rows of S (already capped and masked) -> P = exp2((s - max) * scale_log2) in place;
         returns the factor by which O must be rescaled.  ``row_sum`` stays a per-thread partial.
-        ``fixed_row_max``: the max is 0 for every row (capped scores are bounded), nothing to rescale."""
+        With the fixed max (:meth:`fixed_max`) the max is 0 for every row, nothing to rescale."""
         row_scale = cute.make_rmem_tensor_like(row_max, Float32)
+        if const_expr(fixed):
+            self.fixed_max_softmax(acc_S_mn, row_sum, row_scale, scale_log2, is_first)
+        else:
+            self.running_max_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, is_first)
+        return row_scale
+
+    @cute.jit
+    def fixed_max_softmax(self, acc_S_mn, row_sum, row_scale, scale_log2, is_first: cutlass.Constexpr):
+        for r in cutlass.range_constexpr(cute.size(row_sum)):
+            p_row = cute.math.exp2(acc_S_mn[r, None].load() * scale_log2, fastmath=True)
+            p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            row_scale[r] = 1.0
+            if const_expr(is_first):
+                row_sum[r] = p_sum
+            else:
+                row_sum[r] = row_sum[r] + p_sum
+            acc_S_mn[r, None].store(p_row)
+
+    @cute.jit
+    def running_max_softmax(self, acc_S_mn, row_max, row_sum, row_scale, scale_log2, is_first: cutlass.Constexpr):
         for r in cutlass.range_constexpr(cute.size(row_max)):
             s_row = acc_S_mn[r, None].load()
-            if const_expr(self.config.fixed_row_max):
-                p_row = cute.math.exp2(s_row * scale_log2, fastmath=True)
-                p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            m_cur = s_row.reduce(cute.ReductionOp.MAX, -Float32.inf if const_expr(is_first) else row_max[r], 0)
+            m_cur = cute.arch.warp_reduction_max(m_cur, threads_in_group=4)
+            m_prev = row_max[r]
+            row_max[r] = m_cur
+            m_safe = 0.0 if m_cur == -Float32.inf else m_cur
+            p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
+            p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            if const_expr(is_first):
                 row_scale[r] = 1.0
-                row_sum[r] = p_sum if const_expr(is_first) else row_sum[r] + p_sum
+                row_sum[r] = p_sum
             else:
-                m_cur = s_row.reduce(cute.ReductionOp.MAX, -Float32.inf if const_expr(is_first) else row_max[r], 0)
-                m_cur = cute.arch.warp_reduction_max(m_cur, threads_in_group=4)
-                m_prev = row_max[r]
-                row_max[r] = m_cur
-                m_safe = 0.0 if m_cur == -Float32.inf else m_cur
-                p_row = cute.math.exp2(s_row * scale_log2 - m_safe * scale_log2, fastmath=True)
-                p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                if const_expr(is_first):
-                    row_scale[r] = 1.0
-                    row_sum[r] = p_sum
-                else:
-                    row_scale[r] = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
-                    row_sum[r] = row_sum[r] * row_scale[r] + p_sum
+                row_scale[r] = cute.math.exp2((m_prev - m_safe) * scale_log2, fastmath=True)
+                row_sum[r] = row_sum[r] * row_scale[r] + p_sum
             acc_S_mn[r, None].store(p_row)
-        return row_scale
+
+    def fixed_max(self, bounded):
+        """Whether this tile's rows took the fixed max of 0 (a Python bool for the static cases, else the
+        CTA-uniform runtime flag of :meth:`tile_bounded`)."""
+        if self.config.fixed_row_max:
+            return True
+        return bounded if self.config.norm_bound else False
+
+    @cute.jit
+    def tile_bounded(self, sQ, tOcO_mn, k_norm_max, softmax_scale, sBound, tile_iter):
+        """``norm_bound``: True for the whole CTA when every score of the tile is within +-FIXED_MAX_CAP by
+        Cauchy-Schwarz, ``softmax_scale * |q_row| * max_j |k_j| <= FIXED_MAX_CAP``, with ``|q_row|`` from the
+        Q tile in smem (what the S GEMM reads) and ``k_norm_max`` over every key of the call (NaN or inf
+        anywhere: False).  Each warp votes; a warp with a row over the bound clears ``sBound[tile_iter % 2]``
+        (set to 1 before: at the kernel's start, and after the epilogue barrier of the tile two back), then
+        a consumer barrier and every thread reads it, so all warpgroups run the same history loop."""
+        q_norm2 = Float32(0.0)
+        for r in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[0])):
+            acc = Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
+                x = Float32(sQ[tOcO_mn[r, c]])
+                acc += x * x
+            acc = cute.arch.warp_reduction_sum(acc, threads_in_group=4)
+            q_norm2 = cute.arch.fmax(q_norm2, acc)
+        bound = cute.math.sqrt(q_norm2) * k_norm_max * softmax_scale
+        slot = tile_iter % 2
+        if not cute.arch.vote_all_sync(bound <= Float32(FIXED_MAX_CAP)):
+            if cute.arch.lane_idx() == 0:
+                sBound[slot] = Int32(0)
+        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.ScoreBound), number_of_threads=self.num_consumer_threads)
+        return sBound[slot] != Int32(0)
 
     @cute.jit
     def apply_cap(self, acc_S, softmax_scale, cap):
@@ -862,7 +970,8 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
         v = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
         o = fake_tensor(dtype, qkv_shape(hq))
         bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
-        return kern, (q, k, v, bounds, o, lse, cu, Float32(1.0), Float32(1.0), Float32(1.0),
+        knorm = fake_tensor(torch.float32, (1,), align=4) if config.norm_bound else None
+        return kern, (q, k, v, bounds, o, lse, cu, knorm, Float32(1.0), Float32(1.0), Float32(1.0),
                       Int32(1), Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen), build)
@@ -1142,7 +1251,25 @@ def fixed_row_max_applies(dtype: torch.dtype, cap: Optional[float]) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _online_max(cfg: RankerFwdConfig) -> RankerFwdConfig:
-    return dataclasses.replace(cfg, fixed_row_max=False)
+    return dataclasses.replace(cfg, fixed_row_max=False, norm_bound=False)
+
+
+def _k_norm_max(k: torch.Tensor) -> torch.Tensor:
+    """``norm_bound``'s pre-pass: an upper bound of ``max_j |k_j|`` over every key of ``k`` (float32 ``[1]``;
+    NaN or inf make the kernels take the online max).  The norms come out rounded to k's 16-bit dtype
+    (one read of k, float32 accumulation inside torch's reduction: a float32 result would first upcast
+    k, three times the bytes), so the largest is raised by 2**-7 to stay an upper bound."""
+    return (torch.linalg.vector_norm(k, dim=-1).amax().float() * (1.0 + 2.0**-7)).reshape(1)
+
+
+def _launch_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]) -> RankerFwdConfig:
+    """``cfg`` with the fixed-max options it can take for these inputs: ``fixed_row_max`` where
+    :func:`fixed_row_max_applies`, ``norm_bound`` for bfloat16 without a cap; else the online max."""
+    if cfg.fixed_row_max and not fixed_row_max_applies(dtype, cap):
+        return _online_max(cfg)
+    if cfg.norm_bound and (cap is not None or dtype != torch.bfloat16):
+        return _online_max(cfg)
+    return cfg
 
 
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
@@ -1179,6 +1306,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     if config is not None and config.head_dim != d:
         raise ValueError(f"config.head_dim={config.head_dim} does not match the inputs' head dim {d}")
     cfg = config if config is not None else _OVERRIDES.get(d)
+    chosen_here = cfg is None
     if cfg is None:  # tuned (cute-kernels tune) or shipped, chosen once per signature
         skey = (q.dtype, q.device, None if varlen else nb, None if varlen else seq, hq, hkv, d, capm)
         cfg = _CHOSEN.get(skey)
@@ -1186,8 +1314,9 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
             cfg = config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen, device=q.device)
             if len(_CHOSEN) < 4096:
                 _CHOSEN[skey] = cfg
-    if cfg.fixed_row_max and not fixed_row_max_applies(q.dtype, cap):
-        cfg = _online_max(cfg)
+    cfg = _launch_config(cfg, q.dtype, cap)
+    if chosen_here and cfg.norm_bound and max_seqlen <= NORM_BOUND_MIN_BLOCKS * cfg.tile_n:
+        cfg = _online_max(cfg)  # too few KV blocks per q tile to pay for the per-tile vote (see the constant)
     _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen)
     fn = _FNS.get(fkey)
@@ -1197,8 +1326,9 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
     else:
         max_ctas = 2**31 - 1  # one tile per CTA (sO aliases sQ)
-    fn(q, k, v, bounds, out, lse, cu_seqlens, scale_log2, scale, float(cap) if cap is not None else 1.0,
-       nb, max_seqlen, max_ctas)
+    k_norm_max = _k_norm_max(k) if cfg.norm_bound else None
+    fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm_max, scale_log2, scale,
+       float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
     return out, lse
 
 
@@ -1265,9 +1395,14 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             and write out of bounds), also for every replay.
     Config: the one ``cute-kernels tune`` stored for this GPU and these sizes (:func:`config_for_shape`),
     else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
-    is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  With a cap, bfloat16
-    and ``cap <= FIXED_MAX_CAP`` (50) the capped configs skip the running row max (P against a fixed max
-    of 0, see the module docstring); larger caps and float16 take the online max.
+    is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
+    running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
+    (50), and without a cap on sequences longer than ``NORM_BOUND_MIN_BLOCKS`` (32) KV blocks for the q
+    tiles whose scores Cauchy-Schwarz bounds by 50 (a pre-pass reads k once for max |k_j|); float16,
+    larger caps and the other tiles take the online max.  Accuracy then: up to one bf16 ulp off where a
+    row's weight sits on keys of equal score (saturated at +cap, or a single key); ``v`` within the
+    headroom: sum over a row's keys of ``e^50 |v|`` below float32's max (|v| < 6.6e16 for one key), and
+    |v| above ~1e-16 where every score of a row is near -50.
     Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
     non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is not

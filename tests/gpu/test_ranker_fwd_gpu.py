@@ -37,12 +37,14 @@ def _compare(name, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None
     err = (o.float() - ro64).abs().max().item() if o.numel() else 0.0
     base = (lo.float() - ro64).abs().max().item() if o.numel() else 0.0
     tol = 2 * base + 1e-3
-    cfg = config or rf.shipped_config(q.dtype, q.shape[-1], "none" if cap is None else cap_method)
-    if cfg.fixed_row_max and rf.fixed_row_max_applies(q.dtype, cap) and o.numel():
-        # the PV GEMM takes P rounded to bf16 (relative 2**-9) and the row sum the float32 P; with the online
-        # max the largest P is exactly 1, with the fixed one no P need be, so a row of one dominant key is
-        # off by up to 2**-9 before the output's own rounding (torch's bf16 reference is exact there)
-        tol += 2**-8 * ro64.abs().max().item()
+    cfg = rf._launch_config(config or rf.shipped_config(q.dtype, q.shape[-1], "none" if cap is None else cap_method),
+                            q.dtype, cap)
+    if (cfg.fixed_row_max or cfg.norm_bound) and o.numel():
+        # the PV GEMM takes P rounded to bf16 (relative 2**-8) and the row sum the float32 P; with the online
+        # max the largest P is exactly 1, with the fixed one no P need be, so a row whose weight sits on keys
+        # of one score (one key, or scores saturated at +cap) is off by up to 2**-8 before the output's own
+        # rounding: up to one bf16 ulp more (torch's bf16 reference is exact there)
+        tol += 2**-7 * ro64.abs().max().item()
     fin = torch.isfinite(rl)
     lse_err = (l[fin] - rl[fin]).abs().max().item() if fin.any() else 0.0
     print(f"[ranker_fwd] {name}: max|out-ref64|={err:.3e} (torch {q.dtype} ref {base:.3e}, tol {tol:.3e}) "
@@ -347,3 +349,43 @@ def test_fixed_row_max_only_where_it_applies():
     bounds = torch.tensor([[0, 150, 150, 200]], device="cuda", dtype=torch.int32)
     _compare("fp16 tanh D=128 (online max)", q * 20, k, v, bounds, 30.0, "tanh",
              config=rf.CAP_CONFIGS[("tanh", 128)], max_ctas=7)
+
+
+def test_fixed_row_max_saturated_at_plus_cap_constant_v():
+    """Every admitted score far above the cap (tanh saturates to exactly 1, all P equal) and v constant per
+    column: the exact answer is v; with the fixed max each P is rounded alike, so the output may be one
+    bf16 ulp off (2**-8 relative before rounding), never more (the review's case, session 21)."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    b, s, h, d = 1, 256, 2, 128
+    direction = torch.randn(1, 1, h, d, device="cuda", generator=g)
+    k = (direction.expand(b, s, h, d) * 8).to(torch.bfloat16)
+    q = (direction.expand(b, s, h, d) * 8).to(torch.bfloat16)  # q.k / sqrt(d) ~ 725 >= 14 cap: tanh = 1.0
+    v = torch.full((b, s, h, d), 1.1875, device="cuda", dtype=torch.bfloat16)
+    v[..., 1::2] = -37.25
+    bounds = torch.tensor([[0, 200, 200, 256]], device="cuda", dtype=torch.int32)
+    for cap in (2.0, 30.0, 50.0):
+        o, _ = _run(q, k, v, bounds, cap, "tanh")
+        rel = ((o.float() - v.float()).abs() / v.float().abs()).max().item()
+        assert rel <= 2**-7, f"cap={cap}: relative error {rel} above one bf16 ulp"
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("d", [128, 64])
+def test_norm_bound_mixed_tiles(d, varlen):
+    """norm_bound (uncapped bf16: the fixed max for q tiles whose scores Cauchy-Schwarz bounds by
+    FIXED_MAX_CAP) forced on a short sequence by passing the config: the q rows of some tiles scaled 30x so
+    no bound holds there (online max), the others bounded (fixed max); persistent with 7 CTAs so each CTA
+    runs both kinds in turn through the vote's two smem slots; GQA 2; fixed length and packed."""
+    cfg = rf.CONFIGS[d]
+    assert cfg.norm_bound
+    q, k, v = _qkv(2, 700, 4, 2, d, seed=d + varlen)
+    q[:, 130:260] *= 30
+    q[1, 600:] *= 30
+    bounds = torch.tensor([[0, 517, 517, 700], [37, 400, 450, 611]], device="cuda", dtype=torch.int32)
+    if not varlen:
+        _compare(f"norm_bound mixed D={d}", q, k, v, bounds, config=cfg, max_ctas=7)
+        return
+    cu = torch.tensor([0, 700, 1400], device="cuda", dtype=torch.int32)
+    pack = lambda x: x.reshape(1400, *x.shape[2:])  # noqa: E731
+    _compare(f"norm_bound mixed varlen D={d}", pack(q), pack(k), pack(v), bounds, cu_seqlens=cu, max_seqlen=700,
+             config=cfg, max_ctas=7)
