@@ -46,11 +46,12 @@ TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self
 Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
-Measured on the H200 at the shipped configs (bench/results/2026-12-01_h200_ranker_fwd_s21.md, the last
-full bench with every peer; useful TFLOP/s, bf16, same run, ours / FA4 + mask_mod): headline B=4, history
-4096 + 512 candidates, 16 heads, D=128: 610 / 607; tanh cap 50 583 / 292 (518 before the fixed max);
-GQA 16/4 609 / 612; D=64 466 / 449; B=1 16K + 1K 638 / 631; B=16 1K + 256: 522 / 492; B=8 2K + 2K (H=8):
-567 / 572 (the leader at the headline, GQA, 16K and B=8 changes from run to run by 2-8%).
+Measured on the H200 (useful TFLOP/s, bf16, ours / FA4 + mask_mod in the same shuffled rounds,
+bench/results/logs/2026-12-01_s21_ranker_fwd_norm_bound_probe.log): headline B=4, history 4096 + 512
+candidates, 16 heads, D=128: 658 / 635 (621 with the online max); GQA 16/4 691 / 632; D=64 498 / 438;
+B=1 16K + 1K 721 / 649; tanh cap 50 592 / 287 (518 before the fixed max); B=16 1K + 256 and B=8 2K + 2K
+(online max) 522 / 492 and 567 / 572 in the last full bench (bench/results/2026-12-01_h200_ranker_fwd_s21.md,
+before norm_bound).
 """
 
 from __future__ import annotations
