@@ -741,5 +741,27 @@ def test_k_norm_max_is_an_upper_bound():
         got = rf._k_norm_max(k)
         assert got.dtype == torch.float32 and got.shape == (1,)
         assert exact <= got.item() <= exact * (1 + 2**-6)
-    k[0, 3, 1, 5] = float("nan")
+    # a row whose norm bf16 rounds down by 0.99 * 2**-8 (the review's case): a raise of 2**-9 would miss it
+    k = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16)
+    k[..., 0], k[..., 1] = 1.0, 0.08837890625
+    assert rf._k_norm_max(k).item() >= k.double().norm().item()
+    k[0, 0, 0, 5] = float("nan")
     assert torch.isnan(rf._k_norm_max(k)).all()
+
+
+def test_k_norm_max_reads_only_the_packed_sequences(monkeypatch):
+    """Packed inputs: the pre-pass covers the tokens up to cu_seqlens[-1] (a NaN in the unused tail of the
+    buffer would otherwise turn norm_bound off for the whole call), when the host knows where that is."""
+    seen = []
+    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
+    monkeypatch.setattr(rf, "_VALIDATED", {})
+    monkeypatch.setattr(rf, "_FNS", {})
+    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: None)
+    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "_capturing", lambda t: False, raising=False)
+    monkeypatch.setattr(rf, "_k_norm_max", lambda k: seen.append(k.shape[0]) or torch.ones(1))
+    q = torch.zeros(40, 2, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10, 30], dtype=torch.int32)
+    rf._ranker_impl(q, q, q, torch.zeros(2, 4, dtype=torch.int32), None, None, "tanh", cu, None,
+                    config=rf.CONFIGS[128])
+    assert seen == [30]

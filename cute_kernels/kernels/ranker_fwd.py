@@ -635,8 +635,7 @@ class RankerAttentionFwd:
     def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, fixed: cutlass.Constexpr):
         """The tile's history KV blocks, from the last down to the first (only the two edge blocks are
         masked); releases Q once every QK GEMM of the tile completed.  ``fixed``: P against the fixed max."""
-        (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn, pipeline_k,
-         pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx) = common
+        wg_idx = common[-1]  # (mma_tile's common arguments end with the warpgroup index)
         args = (*common, fixed)
         if const_expr(self.config.intra_wg_overlap):
             # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
@@ -835,8 +834,9 @@ class RankerAttentionFwd:
     def tile_bounded(self, sQ, tOcO_mn, k_norm_max, softmax_scale, sBound, tile_iter):
         """``norm_bound``: True for the whole CTA when every score of the tile is within +-FIXED_MAX_CAP by
         Cauchy-Schwarz, ``softmax_scale * |q_row| * max_j |k_j| <= FIXED_MAX_CAP``, with ``|q_row|`` from the
-        Q tile in smem (what the S GEMM reads) and ``k_norm_max`` over every key of the call (NaN or inf
-        anywhere: False).  Each warp votes; a warp with a row over the bound clears ``sBound[tile_iter % 2]``
+        Q tile in smem (what the S GEMM reads) and ``k_norm_max`` over every key of the call (NaN or inf in
+        k: False; a NaN q row does not block it: ``max.f32`` drops NaN, and that row's output is NaN on
+        either loop, rows do not mix).  Each warp votes; a warp with a row over the bound clears ``sBound[tile_iter % 2]``
         (set to 1 before: at the kernel's start, and after the epilogue barrier of the tile two back), then
         a consumer barrier and every thread reads it, so all warpgroups run the same history loop."""
         q_norm2 = Float32(0.0)
@@ -1283,6 +1283,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     scale_log2 = exp2_scale(scale, cap)
     if out is None:
         out = q.new_empty(q.shape)  # compact (new_empty: ~2 us less host time than torch.empty(..., device=))
+    end = None  # packed: where the last sequence ends, when the host knows it (not while capturing)
     if varlen:
         if lse is None:
             lse = q.new_empty((hq, seq), dtype=torch.float32)
@@ -1327,7 +1328,9 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
     else:
         max_ctas = 2**31 - 1  # one tile per CTA (sO aliases sQ)
-    k_norm_max = _k_norm_max(k) if cfg.norm_bound else None
+    k_norm_max = None
+    if cfg.norm_bound:  # (packed: only the sequences' tokens, where the host knows where they end)
+        k_norm_max = _k_norm_max(k[:end] if end else k)
     fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm_max, scale_log2, scale,
        float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
     return out, lse

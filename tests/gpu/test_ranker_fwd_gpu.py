@@ -389,3 +389,18 @@ def test_norm_bound_mixed_tiles(d, varlen):
     pack = lambda x: x.reshape(1400, *x.shape[2:])  # noqa: E731
     _compare(f"norm_bound mixed varlen D={d}", pack(q), pack(k), pack(v), bounds, cu_seqlens=cu, max_seqlen=700,
              config=cfg, max_ctas=7)
+
+
+def test_norm_bound_one_large_score_takes_the_online_max():
+    """One q row parallel to a key with a score of ~100 (above FIXED_MAX_CAP; e^100 overflows float32),
+    every other score small: the row norms must see that row, or its tile would take the fixed max and
+    overflow to inf/NaN (a check that a too-low norm fails, from the session-21 review)."""
+    cfg = rf.CONFIGS[128]
+    q, k, v = _qkv(1, 600, 2, 2, 128, seed=5)
+    q, k = q * 0.1, k * 0.1
+    direction = torch.randn(128, device="cuda")
+    direction = direction / direction.norm()
+    k[0, 50, 0] = (direction * 100**0.5 * 128**0.25).to(torch.bfloat16)  # q.k / sqrt(128) = 100
+    q[0, 300, 0] = (direction * 100**0.5 * 128**0.25).to(torch.bfloat16)
+    bounds = torch.tensor([[0, 400, 400, 600]], device="cuda", dtype=torch.int32)
+    _compare("norm_bound one score of 100", q, k, v, bounds, config=cfg, max_ctas=3)
