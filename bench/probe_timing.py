@@ -111,6 +111,17 @@ def variant_configs(base, variants, label: str) -> dict:
     return cfgs
 
 
+def add_fa4_peer(calls: dict, key: str, q, k, v, bounds, cap) -> None:
+    """``calls["fa4_mask_mod"]`` = FlashAttention-4 with the ranker mask_mod, prepared for these inputs
+    (bench/ranker_fwd_peers.py), or a printed line saying why it could not be (no entry then)."""
+    from ranker_fwd_peers import fa4_mask_mod
+
+    try:
+        calls["fa4_mask_mod"] = fa4_mask_mod(q, k, v, bounds, cap)
+    except Exception as exc:  # noqa: BLE001 (a line per failing peer)
+        print(json.dumps({"shape": key, "fa4_mask_mod": repr(exc)[:200]}), flush=True)
+
+
 def _launch(q, k, v, bounds, cap, cfg):
     from cute_kernels.kernels import ranker_fwd as rf
 

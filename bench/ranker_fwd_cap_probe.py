@@ -17,7 +17,7 @@ import json
 import sys
 
 import torch
-from probe_timing import probe_options, ranker_inputs, time_configs
+from probe_timing import add_fa4_peer, probe_options, ranker_inputs, time_configs
 
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
@@ -71,12 +71,7 @@ def main(fa4: bool, timing: dict):
                               "max_lse_diff_vs_shipped": float((lse[fin] - ref[1][fin]).abs().max())}), flush=True)
             calls[name] = call
         if fa4 and capm == "tanh":
-            from ranker_fwd_peers import fa4_mask_mod
-
-            try:
-                calls["fa4_mask_mod"] = fa4_mask_mod(q, k, v, bounds, cap)
-            except Exception as exc:  # noqa: BLE001 (a line per failing peer)
-                print(json.dumps({"shape": key, "fa4_mask_mod": repr(exc)[:200]}), flush=True)
+            add_fa4_peer(calls, key, q, k, v, bounds, cap)
         flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [hist + cand] * nb)
         data.append((key, q, k, v, bounds, cap, flops, calls))
     time_configs(data, launch=lambda q, k, v, bounds, cap, call: call(), **timing)

@@ -18,7 +18,7 @@ import json
 import sys
 
 import torch
-from probe_timing import case_key, probe_options, ranker_inputs, time_configs, variant_configs
+from probe_timing import add_fa4_peer, case_key, probe_options, ranker_inputs, time_configs, variant_configs
 
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
@@ -47,12 +47,7 @@ def main(variants, fa4: bool, timing: dict):
                             float((l1[fin] - l0[fin]).abs().max()) if fin.any() else 0.0]
         print(json.dumps({"shape": key, "bitwise_equal_out_lse_and_max_diffs": checks}), flush=True)
         if fa4:
-            from ranker_fwd_peers import fa4_mask_mod
-
-            try:
-                cfgs["fa4_mask_mod"] = fa4_mask_mod(q, k, v, bounds, cap)
-            except Exception as exc:  # noqa: BLE001 (a line per failing peer)
-                print(json.dumps({"shape": key, "fa4_mask_mod": repr(exc)[:200]}), flush=True)
+            add_fa4_peer(cfgs, key, q, k, v, bounds, cap)
         flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [hist + cand] * nb)
         data.append((key, q, k, v, bounds, cap, flops, cfgs))
     time_configs(data, launch=launch, **timing)
