@@ -433,3 +433,21 @@ def test_shape_beyond_the_ops_extent_is_refused():
     r = subprocess.run([sys.executable, "-m", "cute_kernels", "tune", "--kernel", "ranker_fwd", "--shape",
                         "B=1000000,S=1000000,H=128,D=128", "--list"], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "2**31" in r.stderr, r.stdout + r.stderr
+
+
+def test_ranker_tuner_times_candidates_as_they_would_run(monkeypatch):
+    """The tuner launches a candidate through ranker_fwd.chosen_config, as the forward runs a stored
+    winner: norm_bound (session 21) only on sequences of more than NORM_BOUND_MIN_BLOCKS KV blocks, the
+    fixed max only where it applies, so a stored config was timed in the form it runs in."""
+    launched = []
+    monkeypatch.setattr(rf, "_ranker_impl", lambda *a, config=None, **kw: launched.append(config))
+    tuner = tuning.TUNERS["ranker_fwd"]
+    limit = rf.NORM_BOUND_MIN_BLOCKS * rf.CONFIGS[128].tile_n
+    for seq, cap, want_nb in ((64, None, False), (limit + 1, None, True), (limit + 1, 30.0, False)):
+        x = dict(q=torch.zeros(1, seq, 2, 128, dtype=torch.bfloat16), k=None, v=None, bounds=None, cap=cap,
+                 cap_method="tanh", out=None, lse=None)
+        tuner.run(rf.CONFIGS[128], x)
+        assert launched[-1].norm_bound == want_nb, (seq, cap)
+    x["cap"] = 80.0  # above FIXED_MAX_CAP: the capped config runs with the online max
+    tuner.run(rf.CAP_CONFIGS[("tanh", 128)], x)
+    assert not launched[-1].fixed_row_max

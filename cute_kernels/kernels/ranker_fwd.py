@@ -1273,6 +1273,17 @@ def _launch_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float
     return cfg
 
 
+def chosen_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float], max_seqlen: int) -> RankerFwdConfig:
+    """What a shipped or tuned ``cfg`` runs as for these inputs: the fixed-max options that apply
+    (:func:`_launch_config`), and ``norm_bound`` only for sequences of more than ``NORM_BOUND_MIN_BLOCKS``
+    KV blocks (too few blocks per q tile do not pay for its per-tile vote).  ``cute-kernels tune`` times
+    its candidates through this, so a stored winner was timed as it runs."""
+    cfg = _launch_config(cfg, dtype, cap)
+    if cfg.norm_bound and max_seqlen <= NORM_BOUND_MIN_BLOCKS * cfg.tile_n:
+        return _online_max(cfg)
+    return cfg
+
+
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
                  config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None):
     """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch."""
@@ -1316,9 +1327,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
             cfg = config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen, device=q.device)
             if len(_CHOSEN) < 4096:
                 _CHOSEN[skey] = cfg
-    cfg = _launch_config(cfg, q.dtype, cap)
-    if chosen_here and cfg.norm_bound and max_seqlen <= NORM_BOUND_MIN_BLOCKS * cfg.tile_n:
-        cfg = _online_max(cfg)  # too few KV blocks per q tile to pay for the per-tile vote (see the constant)
+    cfg = chosen_config(cfg, q.dtype, cap, max_seqlen) if chosen_here else _launch_config(cfg, q.dtype, cap)
     _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen)
     fn = _FNS.get(fkey)
