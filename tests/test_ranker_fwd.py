@@ -197,7 +197,7 @@ def test_shipped_d64_configs_do_not_spill(dtype, cap_method, varlen):
     """D=64 ships three consumer warpgroups at 160 registers without the intra-warpgroup overlap: tile_n=128
     without a cap (with the overlap it spills), 112 with one (the varlen kernels spill 8-32 bytes at 128
     with a cap).  Every dtype / cap / varlen variant compiles without local memory but the uncapped bf16
-    varlen one with norm_bound's two history loops (KNOWN_NORM_BOUND_SPILL_BYTES)."""
+    varlen one with norm_bound (its vote's addresses: KNOWN_NORM_BOUND_SPILL_BYTES)."""
     from cute_kernels.runtime.cache import compile_record
 
     cfg = rf.shipped_config(dtype, 64, cap_method)
@@ -209,8 +209,9 @@ def test_shipped_d64_configs_do_not_spill(dtype, cap_method, varlen):
     assert all(r.stack_bytes <= allowed for r in rec.resources), [r.stack_bytes for r in rec.resources]
 
 
-# norm_bound compiles two history loops (fixed and online max) into one kernel: ptxas spills a little around
-# them (session 21, bf16, GQA 1; the GPU measurements of norm_bound include it).  Keys: (head dim, varlen).
+# norm_bound's kernels spill a little: the vote's sQ addresses, which the compiler computes once and keeps
+# across the tile loop (session 21 review; bf16, GQA 1; the GPU measurements include it).  Keys: (head dim,
+# varlen).
 KNOWN_NORM_BOUND_SPILL_BYTES = {(128, False): 8, (128, True): 24, (64, False): 0, (64, True): 8}
 
 
