@@ -706,12 +706,9 @@ class RankerAttentionFwd:
         a warp-uniform branch on a vote.  Session 9, same run (bench/results/logs/
         2026-11-30_s9_ranker_fwd_skip_rescale.log): faster on the three-warpgroup configs (D=128 tanh
         cap 511 vs 493, D=64 457 vs 441), slower on the two-warpgroup D=128 one (559 vs 607)."""
-        if const_expr(not fixed):  # (with the fixed max every factor is 1)
-            self.rescale_O_online(acc_O, row_scale)
-
-    @cute.jit
-    def rescale_O_online(self, acc_O, row_scale):
-        if const_expr(self.config.skip_unit_rescale):
+        if const_expr(fixed):
+            pass  # with the fixed max every factor is 1
+        elif const_expr(self.config.skip_unit_rescale):
             changed = row_scale[0] != 1.0
             for r in cutlass.range_constexpr(1, cute.size(row_scale)):
                 changed = changed | (row_scale[r] != 1.0)
@@ -794,6 +791,7 @@ class RankerAttentionFwd:
 
     @cute.jit
     def fixed_max_softmax(self, acc_S_mn, row_sum, row_scale, scale_log2, is_first: cutlass.Constexpr):
+        """P = exp2(s * scale_log2) against a row max of 0 (scores within +-FIXED_MAX_CAP); factors 1."""
         for r in cutlass.range_constexpr(cute.size(row_sum)):
             p_row = cute.math.exp2(acc_S_mn[r, None].load() * scale_log2, fastmath=True)
             p_sum = p_row.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
@@ -806,6 +804,7 @@ class RankerAttentionFwd:
 
     @cute.jit
     def running_max_softmax(self, acc_S_mn, row_max, row_sum, row_scale, scale_log2, is_first: cutlass.Constexpr):
+        """The online softmax: P against the running row max (quad-reduced), O's rescale factors."""
         for r in cutlass.range_constexpr(cute.size(row_max)):
             s_row = acc_S_mn[r, None].load()
             m_cur = s_row.reduce(cute.ReductionOp.MAX, -Float32.inf if const_expr(is_first) else row_max[r], 0)
