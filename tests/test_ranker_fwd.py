@@ -709,7 +709,6 @@ def test_norm_bound_ships_uncapped_bf16_for_long_sequences(monkeypatch):
     monkeypatch.setattr(rf, "_CHOSEN", {})
     monkeypatch.setattr(rf, "_compile", lambda *a: compiled.append(a) or (lambda *args: launched.append((a[1], args))))
     monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
-    monkeypatch.setattr(rf, "_k_norm_max", lambda k: torch.ones(1))
     limit = rf.NORM_BOUND_MIN_BLOCKS * rf.CONFIGS[128].tile_n
     for dtype, seq, cap, config, want in (
             (torch.bfloat16, limit + 1, None, None, True), (torch.bfloat16, limit, None, None, False),
@@ -720,39 +719,5 @@ def test_norm_bound_ships_uncapped_bf16_for_long_sequences(monkeypatch):
         rf._ranker_impl(q, q, q, torch.zeros(1, 4, dtype=torch.int32), None, cap, "tanh", None, None, config=config)
         cfg, args = launched[-1]
         assert cfg.norm_bound == want, (dtype, seq, cap, config)
-        assert (args[7] is not None) == want  # the k-norm bound is handed to the kernel only with norm_bound
-
-
-def test_k_norm_max_is_an_upper_bound():
-    """norm_bound's pre-pass: max |k_j| rounded to k's dtype by torch, raised by 2**-7: never below the
-    float64 value; NaN stays NaN (the kernels then take the online max)."""
-    for scale in (1e-3, 1.0, 300.0):
-        k = torch.randn(2, 257, 3, 128, dtype=torch.bfloat16) * scale
-        exact = k.double().norm(dim=-1).max().item()
-        got = rf._k_norm_max(k)
-        assert got.dtype == torch.float32 and got.shape == (1,)
-        assert exact <= got.item() <= exact * (1 + 2**-6)
-    # a row whose norm bf16 rounds down by 0.99 * 2**-8 (the review's case): a raise of 2**-9 would miss it
-    k = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16)
-    k[..., 0], k[..., 1] = 1.0, 0.08837890625
-    assert rf._k_norm_max(k).item() >= k.double().norm().item()
-    k[0, 0, 0, 5] = float("nan")
-    assert torch.isnan(rf._k_norm_max(k)).all()
-
-
-def test_k_norm_max_reads_only_the_packed_sequences(monkeypatch):
-    """Packed inputs: the pre-pass covers the tokens up to cu_seqlens[-1] (a NaN in the unused tail of the
-    buffer would otherwise turn norm_bound off for the whole call), when the host knows where that is."""
-    seen = []
-    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
-    monkeypatch.setattr(rf, "_VALIDATED", {})
-    monkeypatch.setattr(rf, "_FNS", {})
-    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: None)
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
-    monkeypatch.setattr(rf, "_capturing", lambda t: False, raising=False)
-    monkeypatch.setattr(rf, "_k_norm_max", lambda k: seen.append(k.shape[0]) or torch.ones(1))
-    q = torch.zeros(40, 2, 128, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 10, 30], dtype=torch.int32)
-    rf._ranker_impl(q, q, q, torch.zeros(2, 4, dtype=torch.int32), None, None, "tanh", cu, None,
-                    config=rf.CONFIGS[128])
-    assert seen == [30]
+        # the pre-pass's per-CTA maxima go to the kernel only with norm_bound
+        assert (args[7] is not None) == want and (not want or args[7].shape == (rf.KNORM_CTAS_PER_SM * 4,))

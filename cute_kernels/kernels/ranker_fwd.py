@@ -31,8 +31,9 @@ warpgroups:
   [e^-cap, e^cap], normal in float32 and bfloat16: no row-max reduction, no O rescale, the LSE is
   ``ln(row_sum)``.  ``norm_bound`` (the uncapped bfloat16 configs, sequences of more than
   ``NORM_BOUND_MIN_BLOCKS`` KV blocks): the same where Cauchy-Schwarz bounds every score of a q tile by
-  ``FIXED_MAX_CAP`` (``softmax_scale * |q_row| * max_j |k_j|``; ``max_j |k_j|`` from a pre-pass over k),
-  decided per tile by a CTA-wide vote between two compiled history loops, else the online max.  The PV
+  ``FIXED_MAX_CAP`` (``softmax_scale * |q_row| * max_j |k_j|``; ``max_j |k_j|`` from a pre-pass kernel
+  reading k once, launched before the attention kernel), decided per consumer warpgroup and tile (its 64
+  rows) between two compiled history loops, else the online max.  The PV
   GEMM takes P rounded to bfloat16 and the row sum the float32 P, as with the online max, except that no
   P need be exactly 1: a row whose weight sits on keys of one score (one key, or scores saturated at
   +cap) is off by up to 2^-8 relative before the output's rounding, i.e. up to one bf16 ulp (with the
@@ -97,6 +98,11 @@ SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in dynamic shared memory per CTA
 # subnormal (flushed); within those limits the result is as accurate as with the online max, except that
 # no P is exactly 1 (below)
 FIXED_MAX_CAP = 50.0
+# norm_bound's k pre-pass (:meth:`RankerAttentionFwd.k_norm_kernel`): threads per CTA, CTAs per SM (each
+# writes one partial maximum; 4 per SM keep enough 16-byte loads in flight to stream k at HBM speed)
+KNORM_THREADS = 256
+KNORM_CTAS_PER_SM = 4
+KNORM_ROWS_IN_FLIGHT = 4  # 16-byte loads per thread issued together
 # norm_bound pays for its per-tile vote (the Q tile's row norms, a consumer barrier) and its k pre-pass only
 # over enough KV blocks per q tile.  H200, session 21, useful TFLOP/s with / without (same-run probes with an
 # A/A pair, bench/results/logs/2026-12-01_s21_ranker_fwd_norm_bound_probe.log): 32 history blocks
@@ -143,8 +149,8 @@ class RankerFwdConfig:
     fixed_row_max: bool = False
     # without a cap (bf16): per q tile, the same fixed max when every score of the tile is provably within
     # +-FIXED_MAX_CAP, softmax_scale * max |q_row| * max_j |k_j| <= FIXED_MAX_CAP (Cauchy-Schwarz; |q_row| from
-    # the Q tile in smem, max |k_j| from a pre-pass over k), else the online max; a CTA-wide vote picks one
-    # of the two compiled history loops (:meth:`RankerAttentionFwd.tile_bounded`)
+    # the Q tile in smem, max |k_j| from a pre-pass kernel over k), else the online max; each consumer
+    # warpgroup picks one of the two compiled history loops for its rows (:meth:`RankerAttentionFwd.rows_bounded`)
     norm_bound: bool = False
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
@@ -333,6 +339,9 @@ class RankerAttentionFwd:
 
         self.shared_storage = SharedStorage
 
+        if const_expr(self.config.norm_bound):
+            self.k_norm_kernel(mK, mKnorm, mCuSeqlens, num_batch).launch(
+                grid=(cute.size(mKnorm.shape[0]), 1, 1), block=[KNORM_THREADS, 1, 1], stream=stream)
         num_m_blocks = cute.ceil_div(max_seqlen, self.tile_m)
         num_tiles = num_m_blocks * cute.size(mQ.shape[2]) * num_batch
         grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
@@ -344,6 +353,67 @@ class RankerAttentionFwd:
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def k_norm_kernel(self, mK: cute.Tensor, mKnorm: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+                      num_batch: Int32):
+        """``norm_bound``'s pre-pass, one read of k: CTA ``c`` writes ``mKnorm[c]``, the largest ``|k_j|^2``
+        (float32 sums of the exact squares; NaN counted as inf) over the key rows ``j`` (token, kv head) it
+        strides over.  ``head_dim / 8`` threads per row, one 16-byte vector each (coalesced); packed
+        sequences: only the tokens before ``cu_seqlens[B]``.  Session 22: torch's ``vector_norm`` + ``amax``
+        in its place cost about 100 us at the headline shape (~0.8 TB/s), the whole gain of the fixed max."""
+        vec = 128 // self.dtype.width
+        lanes = self.head_dim // vec  # threads per key row
+        rows_per_step = KNORM_THREADS // lanes
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        num_heads = Int32(cute.size(mK.shape[2]))
+        if const_expr(self.varlen):
+            num_tokens = Int32(mCuSeqlens[num_batch])
+            seqlen = num_tokens
+        else:
+            seqlen = Int32(cute.size(mK.shape[0]))
+            num_tokens = seqlen * Int32(cute.size(mK.shape[3]))
+        num_rows = num_tokens * num_heads
+        first = Int32(bidx) * rows_per_step + tidx // lanes
+        step = Int32(cute.arch.grid_dim()[0]) * rows_per_step
+        steps = Int32(0)
+        if first < num_rows:
+            steps = (num_rows - first + step - 1) // step
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
+        rK = cute.make_rmem_tensor((vec, KNORM_ROWS_IN_FLIGHT), self.dtype)
+        norm2_max = Float32(0.0)
+        # KNORM_ROWS_IN_FLIGHT loads issued before any is used; past the end, the last row again (harmless to a max)
+        for g in cutlass.range(cute.ceil_div(steps, KNORM_ROWS_IN_FLIGHT), unroll=1):
+            for u in cutlass.range_constexpr(KNORM_ROWS_IN_FLIGHT):
+                row = cutlass.min(first + (g * KNORM_ROWS_IN_FLIGHT + u) * step, num_rows - 1)
+                head = row % num_heads
+                token = row // num_heads
+                if const_expr(self.varlen):
+                    gK = mK[token, None, head]
+                else:
+                    gK = mK[token % seqlen, None, head, token // seqlen]
+                cute.copy(atom, cute.local_tile(gK, (vec,), (tidx % lanes,)), rK[None, u])
+            for u in cutlass.range_constexpr(KNORM_ROWS_IN_FLIGHT):
+                acc = Float32(0.0)
+                for e in cutlass.range_constexpr(vec):
+                    x = Float32(rK[e, u])
+                    acc += x * x
+                acc = cute.arch.warp_reduction_sum(acc, threads_in_group=lanes)
+                if acc != acc:
+                    acc = Float32.inf
+                norm2_max = cute.arch.fmax(norm2_max, acc)
+        norm2_max = cute.arch.warp_reduction_max(norm2_max)
+        smem = cutlass.memory.SmemAllocator()
+        sWarpMax = smem.allocate_tensor(Float32, cute.make_layout(KNORM_THREADS // 32))
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if cute.arch.lane_idx() == 0:
+            sWarpMax[warp_idx] = norm2_max
+        cute.arch.sync_threads()
+        if tidx == 0:
+            for w in cutlass.range_constexpr(1, KNORM_THREADS // 32):
+                norm2_max = cute.arch.fmax(norm2_max, sWarpMax[w])
+            mKnorm[bidx] = norm2_max
+
     @cute.kernel
     def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_O: cute.Tensor,
                mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
@@ -527,7 +597,7 @@ class RankerAttentionFwd:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg_idx == 0:  # the first warpgroup issues its WGMMAs first
             cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1), number_of_threads=256)
-        k_norm_max = Float32(mKnorm[0]) if const_expr(self.config.norm_bound) else Float32(0.0)
+        k_norm_max = self.k_norm_max(mKnorm, tidx) if const_expr(self.config.norm_bound) else Float32(0.0)
         tile = Int32(cute.arch.block_idx()[0])
         num_tiles = sched[5]
         while tile < num_tiles:
@@ -809,11 +879,21 @@ class RankerAttentionFwd:
             acc_S_mn[r, None].store(p_row)
 
     def fixed_max(self, bounded):
-        """Whether this tile's rows took the fixed max of 0 (a Python bool for the static cases, else the
-        CTA-uniform runtime flag of :meth:`tile_bounded`)."""
+        """Whether this warpgroup's rows took the fixed max of 0 (a Python bool for the static cases, else
+        the warpgroup-uniform runtime flag of :meth:`rows_bounded`)."""
         if self.config.fixed_row_max:
             return True
         return bounded if self.config.norm_bound else False
+
+    @cute.jit
+    def k_norm_max(self, mKnorm, tidx):
+        """``max_j |k_j|`` from the pre-pass's per-CTA maxima (:meth:`k_norm_kernel`), raised by 2^-16 for the
+        float32 rounding of the sums (an upper bound; inf where k holds inf or NaN)."""
+        norm2_max = Float32(0.0)
+        for i in cutlass.range(tidx % 32, cute.size(mKnorm.shape[0]), 32, unroll=1):
+            norm2_max = cute.arch.fmax(norm2_max, mKnorm[i])
+        norm2_max = cute.arch.warp_reduction_max(norm2_max)
+        return cute.math.sqrt(norm2_max) * Float32(1.0 + 2.0**-16)
 
     @cute.jit
     def rows_bounded(self, sQ, tidx, k_norm_max, softmax_scale):
@@ -961,7 +1041,7 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
         v = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
         o = fake_tensor(dtype, qkv_shape(hq))
         bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
-        knorm = fake_tensor(torch.float32, (1,), align=4) if config.norm_bound else None
+        knorm = fake_tensor(torch.float32, (cute.sym_int(),), align=4) if config.norm_bound else None
         return kern, (q, k, v, bounds, o, lse, cu, knorm, Float32(1.0), Float32(1.0), Float32(1.0),
                       Int32(1), Int32(1), Int32(1), fake_stream())
 
@@ -1245,12 +1325,10 @@ def _online_max(cfg: RankerFwdConfig) -> RankerFwdConfig:
     return dataclasses.replace(cfg, fixed_row_max=False, norm_bound=False)
 
 
-def _k_norm_max(k: torch.Tensor) -> torch.Tensor:
-    """``norm_bound``'s pre-pass: an upper bound of ``max_j |k_j|`` over every key of ``k`` (float32 ``[1]``;
-    NaN or inf make the kernels take the online max).  The norms come out rounded to k's 16-bit dtype
-    (one read of k, float32 accumulation inside torch's reduction: a float32 result would first upcast
-    k, three times the bytes), so the largest is raised by 2**-7 to stay an upper bound."""
-    return (torch.linalg.vector_norm(k, dim=-1).amax().float() * (1.0 + 2.0**-7)).reshape(1)
+def _k_norm2_buffer(q: torch.Tensor) -> torch.Tensor:
+    """``norm_bound``'s per-CTA maxima of ``|k_j|^2`` (float32, ``KNORM_CTAS_PER_SM`` per SM), filled by
+    the kernel's pre-pass (:meth:`RankerAttentionFwd.k_norm_kernel`): every entry is written, no memset."""
+    return q.new_empty(KNORM_CTAS_PER_SM * _sm_count(q.device), dtype=torch.float32)
 
 
 def _launch_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]) -> RankerFwdConfig:
@@ -1327,10 +1405,9 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
     else:
         max_ctas = 2**31 - 1  # one tile per CTA (sO aliases sQ)
-    k_norm_max = None
-    if cfg.norm_bound:  # (packed: only the sequences' tokens, where the host knows where they end)
-        k_norm_max = _k_norm_max(k[:end] if end else k)
-    fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm_max, scale_log2, scale,
+    # norm_bound: the pre-pass's per-CTA maxima of |k_j|^2 (every one written: no memset)
+    k_norm2 = _k_norm2_buffer(q) if cfg.norm_bound else None
+    fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm2, scale_log2, scale,
        float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
     return out, lse
 

@@ -374,8 +374,9 @@ def test_fixed_row_max_saturated_at_plus_cap_constant_v():
 def test_norm_bound_mixed_tiles(d, varlen):
     """norm_bound (uncapped bf16: the fixed max for q tiles whose scores Cauchy-Schwarz bounds by
     FIXED_MAX_CAP) forced on a short sequence by passing the config: the q rows of some tiles scaled 30x so
-    no bound holds there (online max), the others bounded (fixed max); persistent with 7 CTAs so each CTA
-    runs both kinds in turn through the vote's two smem slots; GQA 2; fixed length and packed."""
+    no bound holds there (online max), the others bounded (fixed max), and one tile with warpgroups of both
+    kinds (each warpgroup votes on its own 64 rows); persistent with 7 CTAs so each CTA runs both kinds in
+    turn; GQA 2; fixed length and packed."""
     cfg = rf.CONFIGS[d]
     assert cfg.norm_bound
     q, k, v = _qkv(2, 700, 4, 2, d, seed=d + varlen)
@@ -404,3 +405,38 @@ def test_norm_bound_one_large_score_takes_the_online_max():
     q[0, 300, 0] = (direction * 100**0.5 * 128**0.25).to(torch.bfloat16)
     bounds = torch.tensor([[0, 400, 400, 600]], device="cuda", dtype=torch.int32)
     _compare("norm_bound one score of 100", q, k, v, bounds, config=cfg, max_ctas=3)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_k_norm_pre_pass(monkeypatch, varlen):
+    """norm_bound's pre-pass kernel: the max of its per-CTA maxima of |k_j|^2 within 2**-18 of the float64
+    value (the consumers raise the norm by 2**-16), every entry written (the buffer NaN-poisoned first), k a
+    strided view of a qkv tensor; packed: a NaN in the buffer's tail after cu_seqlens[-1] is not read; a
+    NaN in a key that is read gives inf (so every tile takes the online max)."""
+    buffers, real = [], rf._k_norm2_buffer
+    monkeypatch.setattr(rf, "_k_norm2_buffer", lambda q: buffers.append(real(q).fill_(float("nan"))) or buffers[-1])
+    g = generator(17 + varlen)
+    cfg = rf.CONFIGS[128]
+    if varlen:
+        qkv = torch.randn(1000, 3, 4, 128, device="cuda", generator=g).to(torch.bfloat16)
+        q, k, v = qkv.unbind(1)
+        cu = torch.tensor([0, 333, 900], device="cuda", dtype=torch.int32)
+        kw = dict(cu_seqlens=cu, max_seqlen=567)
+        k[900:] = float("nan")  # past cu_seqlens[-1]: not a key
+        k[640, 2] *= 9  # the largest key
+        valid, nan_key = k[:900], (5, 1)
+        bounds = torch.tensor([[0, 200, 200, 333], [10, 300, 300, 567]], device="cuda", dtype=torch.int32)
+    else:
+        qkv = torch.randn(2, 333, 3, 4, 128, device="cuda", generator=g).to(torch.bfloat16)
+        q, k, v = qkv.unbind(2)
+        kw = {}
+        k[1, 100, 3] *= 9
+        valid, nan_key = k, (0, 5, 1)
+        bounds = torch.tensor([[0, 200, 200, 333], [10, 300, 300, 333]], device="cuda", dtype=torch.int32)
+    _run(q, k, v, bounds, config=cfg, max_ctas=5, **kw)
+    exact = valid.double().pow(2).sum(-1).max().item()
+    got = buffers[-1].double().max().item()
+    assert abs(got - exact) <= exact * 2**-18, (got, exact)
+    k[nan_key] = float("nan")
+    _run(q, k, v, bounds, config=cfg, max_ctas=5, **kw)
+    assert buffers[-1].max().item() == float("inf")
