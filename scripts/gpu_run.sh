@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs everything GPU-side on a GPU machine, from the source tree (no install, no network):
 #   scripts/gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]
-#   (all = tests, check, bench and notebooks; sanitize runs on its own: compute-sanitizer memcheck and
-#   racecheck over the small-launch scripts tests/gpu/sanitize_*.py and qknorm_sanitize_case.py, which
+#   (all = tests, check, bench and notebooks; sanitize runs on its own: compute-sanitizer memcheck, racecheck
+#   and synccheck over the small-launch scripts tests/gpu/sanitize_*.py and qknorm_sanitize_case.py, which
 #   launch every kernel at small shapes; the multi-GPU TP plan is scripts/tp_qknorm_multigpu.py)
 # On the project's H200 through the device tool:
 #   bash ../shared/device/stage.sh --peers         # once per checkout: the DSL kit (+ benchmark peers)
@@ -72,9 +72,10 @@ if [[ $what == notebooks || $what == all ]]; then
   done
 fi
 if [[ $what == sanitize ]]; then
-  # the small-launch scripts (every kernel and schedule at small shapes), each under memcheck and racecheck
+  # the small-launch scripts (every kernel and schedule at small shapes), each under memcheck, racecheck and
+  # synccheck (shuffles or barriers some lanes miss)
   for script in "${sanitize_scripts[@]}"; do
-    for tool in memcheck racecheck; do
+    for tool in memcheck racecheck synccheck; do
       log="$out/sanitize-$tool-$(basename "$script" .py).log"
       compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 python3 "$script" > "$log" 2>&1
       rc=$?; echo "$tool $script exit $rc"; tail -3 "$log"

@@ -103,14 +103,14 @@ FIXED_MAX_CAP = 50.0
 KNORM_THREADS = 256
 KNORM_CTAS_PER_SM = 4
 KNORM_ROWS_IN_FLIGHT = 4  # 16-byte loads per thread issued together
-# norm_bound pays for its per-tile vote (the Q tile's row norms, a consumer barrier) and its k pre-pass only
-# over enough KV blocks per q tile.  H200, session 21, useful TFLOP/s with / without (same-run probes with an
-# A/A pair, bench/results/logs/2026-12-01_s21_ranker_fwd_norm_bound_probe.log): 32 history blocks
-# (headline) 658 / 621, 128 (16K) 721 / 641, GQA 16/4 691 / 617, D=64 498 / 473, but 8 blocks (B=16 1K+256)
-# 429 / 493 and 16 (B=8 2K+2K) 524 / 575.  The host does not see the history length (the bounds live on the
-# device), so the shipped and tuned configs take norm_bound only when the sequence has more than this many
-# blocks of tile_n keys (S > 4096 at tile_n=128); a config passed in is taken as given.
-NORM_BOUND_MIN_BLOCKS = 32
+# norm_bound pays for its k pre-pass (one read of all of k, history and candidates) only over enough KV blocks
+# per q tile.  H200, session 22, useful TFLOP/s with / without (same-run probe with an A/A pair,
+# bench/results/logs/2026-12-01_s22_ranker_fwd_norm_bound_probe.log): S = 36 blocks of 128 keys (headline)
+# 683 / 611, 136 (16K) 714 / 637, GQA 16/4 694 / 612, D=64 502 / 471, 32 (B=8 2K+2K) 581 / 550, but 10
+# (B=16 1K+256, 8 history blocks) 478 / 500.  The host does not see the history length (the bounds live on
+# the device), so the shipped and tuned configs take norm_bound only when the sequence has more than this
+# many blocks of tile_n keys (S > 2048 at tile_n=128); a config passed in is taken as given.
+NORM_BOUND_MIN_BLOCKS = 16
 
 
 class NamedBarrierFwd(enum.IntEnum):
@@ -374,11 +374,14 @@ class RankerAttentionFwd:
             seqlen = Int32(cute.size(mK.shape[0]))
             num_tokens = seqlen * Int32(cute.size(mK.shape[3]))
         num_rows = num_tokens * num_heads
-        first = Int32(bidx) * rows_per_step + tidx // lanes
+        cta_first = Int32(bidx) * rows_per_step
+        first = cta_first + tidx // lanes
         step = Int32(cute.arch.grid_dim()[0]) * rows_per_step
+        # one trip count for the whole CTA (the row sums shuffle across lanes: every lane must take part);
+        # rows past the end read the last row again
         steps = Int32(0)
-        if first < num_rows:
-            steps = (num_rows - first + step - 1) // step
+        if cta_first < num_rows:
+            steps = (num_rows - cta_first + step - 1) // step
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         rK = cute.make_rmem_tensor((vec, KNORM_ROWS_IN_FLIGHT), self.dtype)
         norm2_max = Float32(0.0)
@@ -1477,7 +1480,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
     is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
     running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
-    (50), and without a cap on sequences longer than ``NORM_BOUND_MIN_BLOCKS`` (32) KV blocks for the q
+    (50), and without a cap on sequences longer than ``NORM_BOUND_MIN_BLOCKS`` (16) KV blocks for the q
     tiles whose scores Cauchy-Schwarz bounds by 50 (a pre-pass reads k once for max |k_j|); float16,
     larger caps and the other tiles take the online max.  Accuracy then: up to one bf16 ulp off where a
     row's weight sits on keys of equal score (saturated at +cap, or a single key); ``v`` within the
