@@ -48,11 +48,11 @@ Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a T
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
 Measured on the H200 (useful TFLOP/s, bf16, ours / FA4 + mask_mod in the same shuffled rounds,
-bench/results/logs/2026-12-01_s21_ranker_fwd_norm_bound_probe.log): headline B=4, history 4096 + 512
-candidates, 16 heads, D=128: 658 / 635 (621 with the online max); GQA 16/4 691 / 632; D=64 498 / 438;
-B=1 16K + 1K 721 / 649; tanh cap 50 592 / 287 (518 before the fixed max); B=16 1K + 256 and B=8 2K + 2K
-(online max) 522 / 492 and 567 / 572 in the last full bench (bench/results/2026-12-01_h200_ranker_fwd_s21.md,
-before norm_bound).
+bench/results/logs/2026-12-01_s22_ranker_fwd_norm_bound_probe.log, call 3): headline B=4, history 4096 +
+512 candidates, 16 heads, D=128: 683 / 629 (611 with the online max); GQA 16/4 694 / 633; D=64 502 / 437;
+B=1 16K + 1K 714 / 651; B=8 2K + 2K 581 / 541; tanh cap 50 595 / 284.  The full bench with every peer
+(bench/results/2026-12-01_h200_ranker_fwd_s22.md; 2 rounds, lower for every impl): 642 / 598, GQA 644 /
+603, D=64 521 / 432, 16K 691 / 624, B=8 591 / 543, B=16 1K + 256 (online max) 520 / 530, tanh 574 / 292.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class RankerFwdConfig:
     # (and bfloat16); no row-max reduction, no O rescale.  The host takes it only where that holds (bf16,
     # a cap <= FIXED_MAX_CAP) and runs the online max otherwise (:func:`_launch_config`)
     fixed_row_max: bool = False
-    # without a cap (bf16): per q tile, the same fixed max when every score of the tile is provably within
+    # without a cap (bf16): per q tile and consumer warpgroup, the same fixed max when every score of its rows is within
     # +-FIXED_MAX_CAP, softmax_scale * max |q_row| * max_j |k_j| <= FIXED_MAX_CAP (Cauchy-Schwarz; |q_row| from
     # the Q tile in smem, max |k_j| from a pre-pass kernel over k), else the online max; each consumer
     # warpgroup picks one of the two compiled history loops for its rows (:meth:`RankerAttentionFwd.rows_bounded`)
@@ -908,8 +908,10 @@ class RankerAttentionFwd:
 
         No barrier: every warp of the warpgroup reads all 64 rows (lane ``l`` the rows ``l`` and ``l + 32``,
         in 16-byte vectors) and votes over its lanes, so the four warps reach the same answer and issue the
-        same WGMMAs; the warpgroups decide apart and keep their staggered turns (a CTA-wide vote with a
-        consumer barrier cost the headline 646 vs 700 with the fixed max forced, session 22)."""
+        same WGMMAs; the warpgroups decide apart.  (Session 22: this measured the same as session 21's
+        CTA-wide vote through a consumer barrier; the cost then was the torch pre-pass over k.)  The bound
+        pads only k's side (2^-16); the q norm's and the S GEMM's float32 roundings can put a score past 50
+        by ~1e-5 relative, harmless: float32 ``exp2`` overflows only past e^88."""
         vec = 128 // self.dtype.width
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         tiled_copy = cute.make_tiled_copy_tv(atom, cute.make_layout((32, 1)), cute.make_layout((1, vec)))
@@ -1347,7 +1349,8 @@ def _launch_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float
 def chosen_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float], max_seqlen: int) -> RankerFwdConfig:
     """What a shipped or tuned ``cfg`` runs as for these inputs: the fixed-max options that apply
     (:func:`_launch_config`), and ``norm_bound`` only for sequences of more than ``NORM_BOUND_MIN_BLOCKS``
-    KV blocks (too few blocks per q tile do not pay for its per-tile vote).  ``cute-kernels tune`` times
+    KV blocks (its k pre-pass reads every key once and does not pay over a few history blocks per q
+    tile).  ``cute-kernels tune`` times
     its candidates through this, so a stored winner was timed as it runs."""
     cfg = _launch_config(cfg, dtype, cap)
     if cfg.norm_bound and max_seqlen <= NORM_BOUND_MIN_BLOCKS * cfg.tile_n:
@@ -1481,8 +1484,9 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
     running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
     (50), and without a cap on sequences longer than ``NORM_BOUND_MIN_BLOCKS`` (16) KV blocks for the q
-    tiles whose scores Cauchy-Schwarz bounds by 50 (a pre-pass reads k once for max |k_j|); float16,
-    larger caps and the other tiles take the online max.  Accuracy then: up to one bf16 ulp off where a
+    rows (per 64-row warpgroup and q tile) whose scores Cauchy-Schwarz bounds by 50 (a pre-pass kernel
+    reads k once for max |k_j|; one large key anywhere in the call turns it off for every tile); float16,
+    larger caps and the other rows take the online max.  Accuracy then: up to one bf16 ulp off where a
     row's weight sits on keys of equal score (saturated at +cap, or a single key); ``v`` within the
     headroom: sum over a row's keys of ``e^50 |v|`` below float32's max (|v| < 6.6e16 for one key), and
     |v| above ~1e-16 where every score of a row is near -50.
