@@ -436,7 +436,7 @@ class RankerFwdTuner:
 
     def shape_key(self, s: dict) -> str:
         return self._module().tuned_shape_key(s["B"], s["S"], s["Hq"], s["Hkv"], s["D"],
-                                              "none" if s["cap"] is None else s["cap_method"])
+                                              "none" if s["cap"] is None else s["cap_method"], s["cap"])
 
     def shipped(self, s: dict, dtype=None):
         """The shipped config for the shape's head dim and ``dtype`` (a torch dtype; None: bfloat16)."""

@@ -249,6 +249,21 @@ def test_ranker_selects_the_tuned_config(cache):
     assert sel(device=torch.device("cpu"), gpu=None) == rf.CONFIGS[128]  # not a CUDA device: nothing tuned
 
 
+def test_ranker_tuned_key_tells_caps_above_the_fixed_max_apart(cache):
+    """A cap above FIXED_MAX_CAP runs the online max (another kernel than a cap <= 50, which takes the
+    fixed max): its tuned configs live under their own key, ``cap=tanh>50``."""
+    assert rf.tuned_shape_key(4, 4608, 16, 16, 128, "tanh", 50.0) == rf.tuned_shape_key(4, 4608, 16, 16, 128, "tanh")
+    assert rf.tuned_shape_key(4, 4608, 16, 16, 128, "tanh", 50.5).endswith(",cap=tanh>50")
+    assert rf.tuned_shape_key(4, 4608, 16, 16, 128, "none", 80.0).endswith(",cap=none")
+    tuner = tuning.TUNERS["ranker_fwd"]
+    assert tuner.shape_key(tuner.parse_shape("B=4,S=4608,H=16,D=128,cap=80")).endswith(",cap=tanh>50")
+    assert tuner.shape_key(tuner.parse_shape("B=4,S=4608,H=16,D=128,cap=30")).endswith(",cap=tanh")
+    tuned = dataclasses.replace(rf.CAP_CONFIGS[("tanh", 128)], stages=3)
+    tuning.store("ranker_fwd", torch.bfloat16, rf.tuned_shape_key(4, 4608, 16, 16, 128, "tanh", 80.0), tuned, GPU)
+    sel = lambda cap: rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "tanh", gpu=GPU, cap=cap)  # noqa: E731
+    assert sel(80.0) == tuned and sel(30.0) == rf.CAP_CONFIGS[("tanh", 128)]
+
+
 def test_ranker_rejects_an_unusable_tuned_config(cache):
     tuning.store("ranker_fwd", torch.bfloat16, KEY, dict(head_dim=128, tile_n=176), GPU)  # fails validate()
     with pytest.warns(RuntimeWarning, match="unusable"):

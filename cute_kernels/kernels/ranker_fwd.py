@@ -1230,22 +1230,30 @@ _FNS: dict = {}  # (dtype, config, GQA ratio, cap method, varlen) -> compiled fu
 _CHOSEN: dict = register_memo({})
 
 
-def tuned_shape_key(nb: int, seq: int, hq: int, hkv: int, d: int, cap_method: str) -> str:
+def tuned_shape_key(nb: int, seq: int, hq: int, hkv: int, d: int, cap_method: str,
+                    cap: Optional[float] = None) -> str:
     """Key of a tuned config in ``tuned.json`` (:mod:`cute_kernels.tuning`): the sizes the host sees
     without a device sync (the bounds' values are not part of it).  ``cap_method`` is ``"none"``
-    without a cap."""
-    return f"B={nb},S={seq},Hq={hq},Hkv={hkv},D={d},cap={cap_method}"
+    without a cap; a ``cap`` above ``FIXED_MAX_CAP`` adds ``>50`` to it (such a cap runs the online max,
+    a different kernel to tune: ``"tanh>50"``)."""
+    return f"B={nb},S={seq},Hq={hq},Hkv={hkv},D={d},cap={cap_method}{_cap_suffix(cap_method, cap)}"
+
+
+def _cap_suffix(cap_method: str, cap: Optional[float]) -> str:
+    return f">{FIXED_MAX_CAP:g}" if cap_method != "none" and cap is not None and cap > FIXED_MAX_CAP else ""
 
 
 def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d: int, cap_method: str,
-                     varlen: bool = False, gpu: Optional[str] = None, device=None) -> RankerFwdConfig:
+                     varlen: bool = False, gpu: Optional[str] = None, device=None,
+                     cap: Optional[float] = None) -> RankerFwdConfig:
     """The config :func:`ranker_attention` launches for these sizes: the winner stored by
     ``cute-kernels tune`` for (this GPU, these sources, dtype, :func:`tuned_shape_key`) when there is
     one (and ``CUTE_KERNELS_TUNED`` is not 0), else the shipped :func:`shipped_config` (dtype, d, cap).  Packed
-    (varlen) calls use the shipped one.  ``gpu`` defaults to the name of CUDA ``device`` (None: current)."""
+    (varlen) calls use the shipped one.  ``gpu`` defaults to the name of CUDA ``device`` (None: current);
+    ``cap`` (the value) tells caps above ``FIXED_MAX_CAP`` apart (:func:`tuned_shape_key`)."""
     if varlen:
         return shipped_config(dtype, d, cap_method)
-    return tuned_config(NAME, RankerFwdConfig, dtype, tuned_shape_key(nb, seq, hq, hkv, d, cap_method),
+    return tuned_config(NAME, RankerFwdConfig, dtype, tuned_shape_key(nb, seq, hq, hkv, d, cap_method, cap),
                         shipped_config(dtype, d, cap_method), gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
 
 
@@ -1395,10 +1403,11 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     cfg = config if config is not None else _OVERRIDES.get(d)
     chosen_here = cfg is None
     if cfg is None:  # tuned (cute-kernels tune) or shipped, chosen once per signature
-        skey = (q.dtype, q.device, None if varlen else nb, None if varlen else seq, hq, hkv, d, capm)
+        skey = (q.dtype, q.device, None if varlen else nb, None if varlen else seq, hq, hkv, d,
+                capm + _cap_suffix(capm, cap))
         cfg = _CHOSEN.get(skey)
         if cfg is None:
-            cfg = config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen, device=q.device)
+            cfg = config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen, device=q.device, cap=cap)
             if len(_CHOSEN) < 4096:
                 _CHOSEN[skey] = cfg
     cfg = chosen_config(cfg, q.dtype, cap, max_seqlen) if chosen_here else _launch_config(cfg, q.dtype, cap)
