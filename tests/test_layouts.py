@@ -242,6 +242,15 @@ def test_enumerate_configs_splits_by_validate():
     assert "shared memory" in reasons[(128, 4)] and "register" in reasons[(176, 2)]
 
 
+def test_ranker_config_fixed_row_max_turns_norm_bound_off():
+    """A capped config written from the uncapped shipped one (norm_bound on) is usable as given."""
+    cfg = KL.ranker_config("head_dim=128,tile_m=192,tile_n=64,stages=3,consumer_wgs=3,producer_regs=32,"
+                           "consumer_regs=160,fixed_row_max=true")
+    assert cfg.fixed_row_max and not cfg.norm_bound
+    cfg.validate()
+    assert KL.ranker_config("fixed_row_max=true,norm_bound=true").norm_bound  # said explicitly: kept (and refused)
+
+
 def test_parse_config_errors():
     with pytest.raises(ValueError, match="unknown"):
         KL.ranker_config("tile_q=3")

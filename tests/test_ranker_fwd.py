@@ -188,6 +188,10 @@ def test_config_validate():
         rf.RankerFwdConfig(tile_n=112, **{**three, "consumer_regs": 168}).validate()
     with pytest.raises(ValueError, match="consumer_wgs"):
         rf.RankerFwdConfig(tile_m=256, consumer_wgs=4).validate()
+    for cfg in rf.CAP_CONFIGS.values():
+        cfg.validate()
+    with pytest.raises(ValueError, match="exclude each other"):
+        rf.RankerFwdConfig(fixed_row_max=True, norm_bound=True).validate()
 
 
 @pytest.mark.parametrize("varlen", [False, True])
@@ -597,13 +601,26 @@ def test_tile_count_limit():
     rf._check_tile_count(2**20, 128, 16, 2**13)  # 8192 x 16 x 8192 = 2^30: the last allowed
     with pytest.raises(ValueError, match="2\\^30 work tiles"):  # tile + gridDim.x would reach 2^31
         rf._check_tile_count(2**20, 128, 16, 2**13 + 1)
+    # the op's fake (meta tensors, tracing) checks it too for packed calls, at the largest tile_m
+    q = torch.empty(2**16, 16, 128, device="meta", dtype=torch.bfloat16)
+    bounds = torch.empty(2**16 + 1, 4, device="meta", dtype=torch.int32)
+    cu = torch.empty(2**16 + 2, device="meta", dtype=torch.int32)
+    with pytest.raises(ValueError, match="2\\^30 work tiles"):
+        rf._fake(q, q, q, bounds, cu_seqlens=cu, max_seqlen=2**20)
+    rf._fake(q, q, q, bounds, cu_seqlens=cu, max_seqlen=2**16)
 
 
 def test_compile_targets_are_the_shipped_configs():
-    """`cute-kernels compile` warms what a default call runs (the tanh target: CAP_CONFIGS, three warpgroups)."""
+    """`cute-kernels compile` warms what a default call runs (the tanh target: CAP_CONFIGS, three warpgroups),
+    without a cap in both forms: norm_bound for long sequences, the online max for short ones."""
+    forms = set()
     for t in rf.compile_targets():
         dtype, cfg, g, capm, varlen = t.key
-        assert cfg == rf.shipped_config(getattr(torch, dtype[6:]), cfg.head_dim, capm), t.label
+        shipped = rf.shipped_config(getattr(torch, dtype[6:]), cfg.head_dim, capm)
+        short = t.label.endswith(" short")
+        assert cfg == (rf._online_max(shipped) if short else shipped), t.label
+        forms.add((cfg.head_dim, capm, short))
+    assert {(128, "none", False), (128, "none", True), (64, "none", False), (64, "none", True)} <= forms
 
 
 def test_prefetch_self_kv_ships_on_d128_without_a_cap_and_compiles_to_tma_prefetch():

@@ -173,6 +173,9 @@ class RankerFwdConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [64, 256] (WGMMA N / K)")
         if self.stages < 1 or self.stages > 8:
             raise ValueError(f"stages={self.stages}: must be in [1, 8]")
+        if self.fixed_row_max and self.norm_bound:
+            raise ValueError("fixed_row_max (capped calls) and norm_bound (uncapped calls) exclude each other: "
+                             "set the one for the cap you run")
         sm90.check_register_split(self.producer_regs, self.consumer_regs, self.consumer_wgs)
         # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs).  A rule of
         # thumb from ptxas, with headroom for addresses and softmax state: two warpgroups at 240 registers
@@ -1054,18 +1057,23 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
 
 
 def compile_targets() -> list[CompileTarget]:
-    """What ``cute-kernels compile`` warms: bf16 D=128 MHA (no cap, tanh cap, varlen) and D=64.  Other
-    keys (GQA ratios, fp16, D=256, soft_sign) compile on first use (a few seconds each)."""
+    """What ``cute-kernels compile`` warms: bf16 D=128 MHA (no cap, tanh cap, varlen) and D=64, without a
+    cap in both forms a call can launch (``norm_bound`` for sequences of more than
+    ``NORM_BOUND_MIN_BLOCKS`` KV blocks, the online max for shorter ones, label ``short``).  Other keys
+    (GQA ratios, fp16, D=256, soft_sign, caps above 50) compile on first use (a few seconds each)."""
     cases = [
-        (torch.bfloat16, 128, 1, "none", False),
-        (torch.bfloat16, 128, 1, "tanh", False),
-        (torch.bfloat16, 64, 1, "none", False),
-        (torch.bfloat16, 128, 1, "none", True),
+        (torch.bfloat16, 128, 1, "none", False, False),
+        (torch.bfloat16, 128, 1, "none", False, True),
+        (torch.bfloat16, 128, 1, "tanh", False, False),
+        (torch.bfloat16, 64, 1, "none", False, False),
+        (torch.bfloat16, 64, 1, "none", False, True),
+        (torch.bfloat16, 128, 1, "none", True, False),
     ]
     out = []
-    for dtype, d, g, capm, varlen in cases:
+    for dtype, d, g, capm, varlen, short in cases:
         cfg = shipped_config(dtype, d, capm)
-        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}"
+        cfg = chosen_config(cfg, dtype, None if capm == "none" else FIXED_MAX_CAP, 1 if short else 2**20)
+        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{' short' if short else ''}"
         out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
                                  _compile(dtype, cfg, g, capm, varlen)))
@@ -1430,6 +1438,9 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
 def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None):
     # at trace time: every rule a fake tensor allows (shapes, dtypes, strides; no data pointers)
     _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=False, pointers=False)
+    if cu_seqlens is not None and isinstance(max_seqlen, int):  # the work-tile limit, at the largest tile_m
+        _check_tile_count(max_seqlen, max(c.tile_m for c in (*CONFIGS.values(), *CAP_CONFIGS.values())),
+                          q.shape[1], cu_seqlens.shape[0] - 1)
     if cu_seqlens is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
@@ -1492,7 +1503,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
     is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
     running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
-    (50), and without a cap on sequences longer than ``NORM_BOUND_MIN_BLOCKS`` (16) KV blocks for the q
+    (50), and without a cap (D=64/128) on sequences longer than ``NORM_BOUND_MIN_BLOCKS`` (16) KV blocks for the q
     rows (per 64-row warpgroup and q tile) whose scores Cauchy-Schwarz bounds by 50 (a pre-pass kernel
     reads k once for max |k_j|; one large key anywhere in the call turns it off for every tile); float16,
     larger caps and the other rows take the online max.  Accuracy then: up to one bf16 ulp off where a

@@ -115,7 +115,8 @@ def _parse_value(field: str, v: str, current):
 
 def ranker_config(text: Optional[str] = None):
     """A ranker forward config from ``"head_dim=64,tile_n=96"``: the shipped config of that head dim
-    (``ranker_fwd.CONFIGS``) with the other fields replaced.  Not validated."""
+    (``ranker_fwd.CONFIGS``) with the other fields replaced; ``fixed_row_max=true`` (a capped config)
+    turns the uncapped ``norm_bound`` off unless the text sets it.  Not validated."""
     from ..kernels import ranker_fwd as rf
 
     base = None
@@ -126,7 +127,10 @@ def ranker_config(text: Optional[str] = None):
                 if not value.lstrip("-").isdigit():
                     raise ValueError(f"head_dim takes an integer, got {value!r}")
                 base = rf.CONFIGS.get(int(value))
-    return parse_config(rf.RankerFwdConfig, text, base or rf.CONFIGS.get(rf.RankerFwdConfig().head_dim))
+    cfg = parse_config(rf.RankerFwdConfig, text, base or rf.CONFIGS.get(rf.RankerFwdConfig().head_dim))
+    if cfg.fixed_row_max and "norm_bound=" not in text.replace(" ", ""):
+        cfg = dataclasses.replace(cfg, norm_bound=False)
+    return cfg
 
 
 def parse_tma_type(text: str) -> dict:
@@ -499,10 +503,13 @@ def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
     return kl
 
 
-def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_method: str = "none",
+def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_method: Optional[str] = None,
                           varlen: bool = False):
     """Compile (CPU, sm_90a) the ranker forward with ``config`` and return its compile record
-    (``.resources`` registers, ``.ptx_features``, ``.sass_features``)."""
+    (``.resources`` registers, ``.ptx_features``, ``.sass_features``).  ``cap_method`` None: ``"tanh"``
+    for a ``fixed_row_max`` config (it runs capped calls only), else ``"none"``."""
+    if cap_method is None:
+        cap_method = "tanh" if config.fixed_row_max else "none"
     import torch
 
     from ..kernels import ranker_fwd as rf
