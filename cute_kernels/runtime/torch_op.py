@@ -22,10 +22,13 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
+_is_compiling = torch.compiler.is_compiling
+
+
 def tracing() -> bool:
     """True while torch.compile / torch.export trace or a Python dispatch mode (make_fx, FakeTensorMode) is
     active: a call must then go through the registered op, which they see."""
-    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+    return _is_compiling() or _get_current_dispatch_mode() is not None
 
 
 try:  # private, so looked up once and optional: without them the check below is skipped
@@ -103,10 +106,14 @@ class _EagerFastPath:
                                 f"got {type(v).__name__}")
 
     def __call__(self, *args, **kwargs):
-        refuse_func_transforms(self.name, *args, *kwargs.values())
+        # (the eager case in as few calls as possible: this runs on every call of every op)
+        compiling = _is_compiling()
+        if not compiling and _transform_active is not None and _transform_active() is not None:
+            refuse_func_transforms(self.name, *args, *kwargs.values())
         # meta tensors (the first argument on the "meta" device): the op, whose fake gives the output shapes
         first = args[0] if args else next(iter(kwargs.values()), None)
-        if tracing() or getattr(first, "is_meta", False) or (self.grad_via_op and _requires_grad(args, kwargs)):
+        if (compiling or _get_current_dispatch_mode() is not None or getattr(first, "is_meta", False)
+                or (self.grad_via_op and _requires_grad(args, kwargs))):
             self.check_tensor_types(args, kwargs)
             if not self.grad_via_op and _requires_grad(args, kwargs):  # eager: the impl raises the same
                 raise RuntimeError(f"cute_kernels::{self.name} works in place and has no backward: call it on "
