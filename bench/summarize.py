@@ -1,6 +1,6 @@
 """Markdown table of a ``cute-kernels bench --json`` file: one row per (shape, impl).  Attention
 records show useful TFLOP/s and the speed relative to the FlashAttention-4 mask_mod peer of the same
-shape; bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
+shape and timing mode (graph / eager); bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
 
     python3 bench/summarize.py bench/results/2026-11-29_h200_ranker_bwd_s2.json > table.md
 """
@@ -16,13 +16,13 @@ def table(records: list[dict]) -> str:
     cols = (["shape", "impl", "mode", "time (us)", "GB/s", "of copy rate"] if bandwidth else
             ["shape", "impl", "mode", "time (us)", "useful TFLOP/s", "vs fa4_mask_mod"])
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-    fa4 = {}
+    fa4 = {}  # (shape, mode) -> FlashAttention-4's time: eager rows compare with its eager time
     for r in records:
         if r.get("impl") == "fa4_mask_mod" and r.get("time_us"):
-            fa4[json.dumps(r.get("shape"), sort_keys=True)] = r["time_us"]
+            fa4[json.dumps(r.get("shape"), sort_keys=True), r.get("mode")] = r["time_us"]
     for r in records:
         shape = r.get("shape", {})
-        key = json.dumps(shape, sort_keys=True)
+        key = json.dumps(shape, sort_keys=True), r.get("mode")
         label = ",".join(f"{k}={v}" for k, v in shape.items() if k != "dtype")
         if r.get("time_us") is None:
             lines.append(f"| {label} | {r.get('impl')} | | error: {str(r.get('error', '?'))[:60]} | | |")

@@ -19,6 +19,17 @@ def test_attention_records_compare_with_the_fa4_peer():
     assert "error: boom" in text
 
 
+def test_eager_rows_compare_with_the_peers_eager_time():
+    shape = {"b": 4, "h": 16}
+    text = summarize.table([dict(impl="cute_kernels", shape=shape, mode="graph", time_us=100.0, tflops=600),
+                            dict(impl="fa4_mask_mod", shape=shape, mode="graph", time_us=120.0, tflops=500),
+                            dict(impl="cute_kernels", shape=shape, mode="eager", time_us=110.0, tflops=545),
+                            dict(impl="fa4_mask_mod", shape=shape, mode="eager", time_us=220.0, tflops=273)])
+    assert "| b=4,h=16 | cute_kernels | graph | 100.0 | 600 | 1.20x |" in text
+    assert "| b=4,h=16 | cute_kernels | eager | 110.0 | 545 | 2.00x |" in text
+    assert "| b=4,h=16 | fa4_mask_mod | eager | 220.0 | 273 | 1.00x |" in text
+
+
 def test_bandwidth_records_show_gbps_and_copy_fraction():
     text = summarize.table([dict(impl="cute_kernels", shape={"m": 4096, "k": 20480}, mode="graph", time_us=74.0,
                                  gbps=2267.4, copy_bw_frac=0.534)])

@@ -1709,6 +1709,16 @@ def _time_us(fn) -> tuple[float, str]:
         return cuda_time_us(fn, graph=False), "eager"
 
 
+def _eager_time_us(fn) -> float:
+    from ..runtime.timing import cuda_time_us
+
+    return cuda_time_us(fn, graph=False)
+
+
+# timed eagerly as well (back-to-back calls, host time included; the issue's peer figures were taken eagerly,
+# ../shared/bench-peers): ours and the strongest peer
+EAGER_IMPLS = ("cute_kernels", "fa4_mask_mod")
+
 BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issue's headline shape)
     (4, 4096, 512, 16, 16, 128, None),
     (4, 4096, 512, 16, 16, 128, 50.0),
@@ -1730,7 +1740,8 @@ def bench_shapes(shapes: str | None) -> set[str]:
 
 def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int = 2, echo: bool = False) -> list[dict]:
     """Ours vs the peers of ``bench/ranker_fwd_peers.py``, interleaved over ``rounds`` (the machine is
-    noisy), CUDA-graph timing (eager when a peer cannot be captured).
+    noisy), CUDA-graph timing (eager when a peer cannot be captured); ours and FlashAttention-4 with the
+    mask_mod (:data:`EAGER_IMPLS`) are also timed eagerly once, as records of ``mode`` "eager".
 
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
     (no cap / tanh cap); ``peers`` adds the peers; ``variants`` adds our other schedules
@@ -1797,6 +1808,15 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
                 t = min(x[0] for x in ts)
                 recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode=ts[0][1],
                                  tflops=round(flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts]))
+        for impl, fn in impls:  # as a torch user calls them: eager, host time included where it dominates
+            if impl in EAGER_IMPLS and times.get(impl) and times[impl][0][1] == "graph":
+                try:
+                    t = _eager_time_us(fn)
+                except Exception as exc:
+                    recs.append(dict(kernel=NAME, impl=impl, shape=shape, mode="eager", error=repr(exc)[:200]))
+                    continue
+                recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode="eager",
+                                 tflops=round(flops / t / 1e6, 1)))
         if echo:
             import json
 

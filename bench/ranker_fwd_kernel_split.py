@@ -1,0 +1,72 @@
+"""Per-kernel GPU time of one ``ranker_attention`` call: the norm_bound k pre-pass and the attention kernel
+(both launched from one compiled call), from torch.profiler's CUDA activity records.
+
+    python3 bench/ranker_fwd_kernel_split.py [--calls 20]
+
+For each bench shape (:data:`cute_kernels.kernels.ranker_fwd.BENCH_CASES`, no cap): the config the call
+takes, the mean time of each kernel over ``--calls`` calls (us), and for the pre-pass its HBM floor (one
+read of k at the copy rate measured in the same run) and achieved read rate.  One JSON line per shape.
+"""
+
+import argparse
+import json
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from cute_kernels import ranker_attention
+from cute_kernels.kernels import ranker_fwd as fwd
+from cute_kernels.runtime.timing import copy_bandwidth_gbps
+
+
+def kernel_times_us(fn, calls: int) -> dict[str, float]:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            total[ev.name] += ev.device_time
+    return {name: round(t / calls, 1) for name, t in total.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=20)
+    args = ap.parse_args()
+    copy_gbps = copy_bandwidth_gbps()
+    print(json.dumps(dict(copy_gbps=round(copy_gbps))), flush=True)
+    for nb, hist, cand, hq, hkv, d, cap in fwd.BENCH_CASES:
+        if cap is not None:
+            continue
+        s = hist + cand
+        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+        cfg = fwd.chosen_config(fwd.config_for_shape(torch.bfloat16, nb, s, hq, hkv, d, "none"), torch.bfloat16,
+                                None, s)
+        runs = [("shipped", cfg, lambda: ranker_attention(q, k, v, bounds))]
+        if not cfg.norm_bound:  # what the pre-pass would cost here
+            forced = fwd.dataclasses.replace(cfg, norm_bound=True)
+            runs.append(("norm_bound forced", forced, lambda: fwd._ranker_impl(
+                q, k, v, bounds, None, None, "tanh", None, None, config=forced)))
+        k_bytes = k.numel() * k.element_size()
+        for label, c, fn in runs:
+            times = kernel_times_us(fn, args.calls)
+            rec = dict(shape=f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d}", run=label, norm_bound=c.norm_bound,
+                       kernels_us=times, k_read_floor_us=round(k_bytes / copy_gbps / 1e3 * 2, 1))  # copy: read + write
+            pre = [t for name, t in times.items() if "k_norm" in name]
+            if pre:
+                rec["k_norm_read_gbps"] = round(k_bytes / pre[0] / 1e3)
+            print(json.dumps(rec), flush=True)
+        del q, k, v
+
+
+if __name__ == "__main__":
+    main()
