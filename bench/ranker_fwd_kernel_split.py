@@ -60,7 +60,7 @@ def main():
         for label, c, fn in runs:
             times = kernel_times_us(fn, args.calls)
             rec = dict(shape=f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d}", run=label, norm_bound=c.norm_bound,
-                       kernels_us=times, k_read_floor_us=round(k_bytes / copy_gbps / 1e3 * 2, 1))  # copy: read + write
+                       kernels_us=times, k_read_floor_us=round(k_bytes / copy_gbps / 1e3, 1))  # copy rate: read + write bytes
             pre = [t for name, t in times.items() if "k_norm" in name]
             if pre:
                 rec["k_norm_read_gbps"] = round(k_bytes / pre[0] / 1e3)
