@@ -738,3 +738,30 @@ def test_norm_bound_ships_uncapped_bf16_for_long_sequences(monkeypatch):
         assert cfg.norm_bound == want, (dtype, seq, cap, config)
         # the pre-pass's per-CTA maxima go to the kernel only with norm_bound
         assert (args[7] is not None) == want and (not want or args[7].shape == (rf.KNORM_CTAS_PER_SM * 4,))
+
+
+def test_bench_host_mode_records(monkeypatch):
+    """The bench's eager / isolated rows: only ours and FA4 + mask_mod, only when their rounds ran in a CUDA graph;
+    a timer's failure becomes that mode's error record and skips the impl's later modes."""
+    from cute_kernels.kernels import ranker_fwd as fwd
+
+    calls = []
+
+    def timer(mode, us):
+        def t(fn):
+            calls.append((mode, fn()))
+            if us is None:
+                raise RuntimeError("boom")
+            return us
+        return t
+
+    monkeypatch.setattr(fwd, "_EAGER_TIMERS", (("eager", timer("eager", 200.0)), ("isolated", timer("isolated", 400.0))))
+    impls = [("cute_kernels", lambda: "ours"), ("fa4_mask_mod", lambda: "fa4"), ("flex_attention", lambda: "flex")]
+    times = {"cute_kernels": [(100.0, "graph")], "fa4_mask_mod": [(150.0, "eager")], "flex_attention": [(90.0, "graph")]}
+    recs = fwd.host_mode_records("ranker_fwd", impls, times, {"B": 1}, flops=4 * 10**8)
+    assert [(r["impl"], r["mode"], r["time_us"], r["tflops"]) for r in recs] == [
+        ("cute_kernels", "eager", 200.0, 2.0), ("cute_kernels", "isolated", 400.0, 1.0)]
+    assert calls == [("eager", "ours"), ("isolated", "ours")]
+    monkeypatch.setattr(fwd, "_EAGER_TIMERS", (("eager", timer("eager", None)), ("isolated", timer("isolated", 1.0))))
+    recs = fwd.host_mode_records("ranker_fwd", impls, times, {"B": 1}, flops=1)
+    assert [(r["impl"], r["mode"], r.get("error")) for r in recs] == [("cute_kernels", "eager", "RuntimeError('boom')")]

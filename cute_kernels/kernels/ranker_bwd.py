@@ -1382,10 +1382,11 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
     interleaved over ``rounds``.  ``shapes``: None = all cases with peers; containing ``headline`` = the
     first two cases; ``peers`` adds the peers; ``deterministic`` adds our deterministic mode; ``variants``
     adds the other tile shapes and stage counts that validate.  Peers are
-    skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
+    skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow).  Ours and FlashAttention-4
+    with the mask_mod are also timed "eager" and "isolated" (:func:`.ranker_fwd.host_mode_records`)."""
     import time
 
-    from .ranker_fwd import _time_us, ranker_attention
+    from .ranker_fwd import _time_us, host_mode_records, ranker_attention
 
     spec = bench_shapes(shapes)
     cases = BENCH_CASES[:2] if "headline" in spec else BENCH_CASES
@@ -1443,6 +1444,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
                 t = min(x[0] for x in ts)
                 recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode=ts[0][1],
                                  tflops=round(flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts]))
+        recs += host_mode_records(NAME, impls, times, shape, flops)
         if echo:
             import json
 

@@ -1715,9 +1715,35 @@ def _eager_time_us(fn) -> float:
     return cuda_time_us(fn, graph=False)
 
 
-# timed eagerly as well (back-to-back calls, host time included; the issue's peer figures were taken eagerly,
-# ../shared/bench-peers): ours and the strongest peer
+def _isolated_time_us(fn) -> float:
+    from ..runtime.timing import isolated_call_us
+
+    return isolated_call_us(fn)
+
+
+# Ours and the strongest peer are also timed as a torch user calls them: "eager" (back-to-back calls: host
+# time shows only where it exceeds the kernel's) and "isolated" (one call on an idle GPU, synchronized after
+# each: all of the host time counts; how ../shared/bench-peers took the peer figures quoted in issue 3)
 EAGER_IMPLS = ("cute_kernels", "fa4_mask_mod")
+_EAGER_TIMERS = (("eager", _eager_time_us), ("isolated", _isolated_time_us))
+
+
+def host_mode_records(kernel: str, impls: list, times: dict, shape: dict, flops: int) -> list[dict]:
+    """Records of :data:`EAGER_IMPLS` timed "eager" and "isolated" (those whose rounds ran in a CUDA graph;
+    ``impls``: (name, fn) pairs; ``times``: name -> [(us, mode), ...] of the graph rounds, or None)."""
+    recs = []
+    for impl, fn in impls:
+        if impl not in EAGER_IMPLS or not times.get(impl) or times[impl][0][1] != "graph":
+            continue
+        for mode, timer in _EAGER_TIMERS:
+            try:
+                t = timer(fn)
+            except Exception as exc:
+                recs.append(dict(kernel=kernel, impl=impl, shape=shape, mode=mode, error=repr(exc)[:200]))
+                break
+            recs.append(dict(kernel=kernel, impl=impl, shape=shape, time_us=round(t, 1), mode=mode,
+                             tflops=round(flops / t / 1e6, 1)))
+    return recs
 
 BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issue's headline shape)
     (4, 4096, 512, 16, 16, 128, None),
@@ -1741,7 +1767,8 @@ def bench_shapes(shapes: str | None) -> set[str]:
 def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int = 2, echo: bool = False) -> list[dict]:
     """Ours vs the peers of ``bench/ranker_fwd_peers.py``, interleaved over ``rounds`` (the machine is
     noisy), CUDA-graph timing (eager when a peer cannot be captured); ours and FlashAttention-4 with the
-    mask_mod (:data:`EAGER_IMPLS`) are also timed eagerly once, as records of ``mode`` "eager".
+    mask_mod (:data:`EAGER_IMPLS`) are also timed once as records of ``mode`` "eager" (back-to-back calls)
+    and "isolated" (one call at a time on an idle GPU, host time included).
 
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
     (no cap / tanh cap); ``peers`` adds the peers; ``variants`` adds our other schedules
@@ -1808,15 +1835,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
                 t = min(x[0] for x in ts)
                 recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode=ts[0][1],
                                  tflops=round(flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts]))
-        for impl, fn in impls:  # as a torch user calls them: eager, host time included where it dominates
-            if impl in EAGER_IMPLS and times.get(impl) and times[impl][0][1] == "graph":
-                try:
-                    t = _eager_time_us(fn)
-                except Exception as exc:
-                    recs.append(dict(kernel=NAME, impl=impl, shape=shape, mode="eager", error=repr(exc)[:200]))
-                    continue
-                recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode="eager",
-                                 tflops=round(flops / t / 1e6, 1)))
+        recs += host_mode_records(NAME, impls, times, shape, flops)
         if echo:
             import json
 

@@ -46,6 +46,25 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
     return statistics.median(samples)
 
 
+def isolated_call_us(fn: Callable[[], object], *, reps: int = 20, warmup: int = 3) -> float:
+    """Median time of one ``fn()`` call made on an idle GPU, in microseconds: CUDA events around a single
+    call, synchronized after each, so the host time before the first kernel starts counts in full (how
+    ``../shared/bench-peers`` timed the peer figures quoted in the issues; a kernel's own time is
+    :func:`cuda_time_us`)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(samples)
+
+
 def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
     """Measured device-to-device copy rate (bytes read + written per second / 1e9)."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
