@@ -1729,13 +1729,16 @@ _EAGER_TIMERS = (("eager", _eager_time_us), ("isolated", _isolated_time_us))
 
 
 def host_mode_records(kernel: str, impls: list, times: dict, shape: dict, flops: int) -> list[dict]:
-    """Records of :data:`EAGER_IMPLS` timed "eager" and "isolated" (those whose rounds ran in a CUDA graph;
-    ``impls``: (name, fn) pairs; ``times``: name -> [(us, mode), ...] of the graph rounds, or None)."""
+    """Records of :data:`EAGER_IMPLS` timed "eager" and "isolated" (only "isolated" for one whose rounds were
+    timed eagerly already: its CUDA-graph capture failed); ``impls``: (name, fn) pairs; ``times``: name ->
+    [(us, mode), ...] of the rounds, or None (failed: no records)."""
     recs = []
     for impl, fn in impls:
-        if impl not in EAGER_IMPLS or not times.get(impl) or times[impl][0][1] != "graph":
+        if impl not in EAGER_IMPLS or not times.get(impl):
             continue
         for mode, timer in _EAGER_TIMERS:
+            if mode == times[impl][0][1]:
+                continue
             try:
                 t = timer(fn)
             except Exception as exc:
