@@ -3,8 +3,8 @@
 
     python3 bench/ranker_fwd_kernel_split.py [--calls 20]
 
-For each bench shape (:data:`cute_kernels.kernels.ranker_fwd.BENCH_CASES`, no cap): the config the call
-takes, the mean time of each kernel over ``--calls`` calls (us), and for the pre-pass its HBM floor (one
+For each bench shape (:data:`cute_kernels.kernels.ranker_fwd.BENCH_CASES`, no cap): whether the call takes
+``norm_bound`` (by :func:`~cute_kernels.kernels.ranker_fwd.chosen_config`, the op's own rule), the mean time of each kernel over ``--calls`` calls (us), and for the pre-pass its HBM floor (one
 read of k at the copy rate measured in the same run) and achieved read rate.  One JSON line per shape.
 """
 
@@ -36,9 +36,13 @@ def kernel_times_us(fn, calls: int) -> dict[str, float]:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=20)
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--calls", type=int, default=20, help="calls profiled per shape (>= 1)")
     args = ap.parse_args()
+    if args.calls < 1:
+        ap.error("--calls must be >= 1")
+    if not torch.cuda.is_available():
+        raise SystemExit("ranker_fwd_kernel_split: needs a CUDA GPU (an H200)")
     copy_gbps = copy_bandwidth_gbps()
     print(json.dumps(dict(copy_gbps=round(copy_gbps))), flush=True)
     for nb, hist, cand, hq, hkv, d, cap in fwd.BENCH_CASES:

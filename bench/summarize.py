@@ -1,6 +1,7 @@
-"""Markdown table of a ``cute-kernels bench --json`` file: one row per (shape, impl).  Attention
+"""Markdown tables of a ``cute-kernels bench --json`` file (one per kernel): one row per (shape, impl, mode).  Attention
 records show useful TFLOP/s and the speed relative to the FlashAttention-4 mask_mod peer of the same
-shape and timing mode (graph / eager); bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
+shape and timing mode (graph / eager / isolated; a graph row against FA4's eager time where FA4 could not
+be captured, marked so); bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
 
     python3 bench/summarize.py bench/results/2026-11-29_h200_ranker_bwd_s2.json > table.md
 """
@@ -12,31 +13,44 @@ import sys
 
 
 def table(records: list[dict]) -> str:
+    """The header line (GPU, date, commit, torch of the first record) and one markdown table per kernel."""
+    kernels = list(dict.fromkeys(r.get("kernel") for r in records))
+    parts = [_kernel_table([r for r in records if r.get("kernel") == kern]) for kern in kernels]
+    if len(kernels) > 1:
+        parts = [f"### {kern}\n\n{part}" for kern, part in zip(kernels, parts)]
+    meta = records[0] if records else {}
+    head = f"{meta.get('gpu', '?')}, {meta.get('date', '?')}, commit {meta.get('commit', '?')}, torch {meta.get('torch', '?')}"
+    return head + "\n\n" + "\n\n".join(parts) + "\n"
+
+
+def _kernel_table(records: list[dict]) -> str:
     bandwidth = any("gbps" in r for r in records)
     cols = (["shape", "impl", "mode", "time (us)", "GB/s", "of copy rate"] if bandwidth else
             ["shape", "impl", "mode", "time (us)", "useful TFLOP/s", "vs fa4_mask_mod"])
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-    fa4 = {}  # (shape, mode) -> FlashAttention-4's time: eager rows compare with its eager time
+    fa4 = {}  # (shape, mode) -> FlashAttention-4's time: each row compares with FA4 timed the same way
     for r in records:
         if r.get("impl") == "fa4_mask_mod" and r.get("time_us"):
-            fa4[json.dumps(r.get("shape"), sort_keys=True), r.get("mode")] = r["time_us"]
+            fa4.setdefault((json.dumps(r.get("shape"), sort_keys=True), r.get("mode")), r["time_us"])
     for r in records:
         shape = r.get("shape", {})
-        key = json.dumps(shape, sort_keys=True), r.get("mode")
+        key = json.dumps(shape, sort_keys=True)
         label = ",".join(f"{k}={v}" for k, v in shape.items() if k != "dtype")
         if r.get("time_us") is None:
-            lines.append(f"| {label} | {r.get('impl')} | | error: {str(r.get('error', '?'))[:60]} | | |")
+            lines.append(f"| {label} | {r.get('impl')} | {r.get('mode', '')} | error: {str(r.get('error', '?'))[:60]} | | |")
             continue
         if bandwidth:
             frac = f"{r['copy_bw_frac']:.0%}" if r.get("copy_bw_frac") is not None else ""
             extra = f"{r['gbps']:.0f} | {frac}" if r.get("gbps") is not None else " | "
         else:
-            rel = f"{fa4[key] / r['time_us']:.2f}x" if key in fa4 else ""
+            rel = ""
+            if (key, r.get("mode")) in fa4:
+                rel = f"{fa4[key, r.get('mode')] / r['time_us']:.2f}x"
+            elif r.get("mode") == "graph" and (key, "eager") in fa4:  # FA4's graph capture failed: its eager time
+                rel = f"{fa4[key, 'eager'] / r['time_us']:.2f}x (FA4 eager)"
             extra = f"{r.get('tflops', '')} | {rel}"
         lines.append(f"| {label} | {r['impl']} | {r.get('mode', '')} | {r['time_us']:.1f} | {extra} |")
-    meta = records[0] if records else {}
-    head = f"{meta.get('gpu', '?')}, {meta.get('date', '?')}, commit {meta.get('commit', '?')}, torch {meta.get('torch', '?')}"
-    return head + "\n\n" + "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

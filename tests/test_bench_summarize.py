@@ -30,6 +30,26 @@ def test_eager_rows_compare_with_the_peers_eager_time():
     assert "| b=4,h=16 | fa4_mask_mod | eager | 220.0 | 273 | 1.00x |" in text
 
 
+def test_graph_rows_fall_back_to_fa4_eager_and_error_rows_keep_their_mode():
+    shape = {"b": 4}
+    text = summarize.table([dict(impl="cute_kernels", shape=shape, mode="graph", time_us=100.0, tflops=600),
+                            dict(impl="fa4_mask_mod", shape=shape, mode="eager", time_us=150.0, tflops=400),
+                            dict(impl="cute_kernels", shape=shape, mode="isolated", error="boom")])
+    assert "| b=4 | cute_kernels | graph | 100.0 | 600 | 1.50x (FA4 eager) |" in text
+    assert "| b=4 | cute_kernels | isolated | error: boom | | |" in text
+
+
+def test_one_table_per_kernel():
+    text = summarize.table([dict(kernel="ranker_fwd", impl="cute_kernels", shape={"b": 1}, mode="graph", time_us=10.0,
+                                 tflops=600),
+                            dict(kernel="qknorm", impl="cute_kernels", shape={"n": 1}, mode="graph", time_us=2.0,
+                                 gbps=12.0, copy_bw_frac=0.01)])
+    fwd, qk = text.split("### qknorm")
+    assert "### ranker_fwd" in fwd and "useful TFLOP/s" in fwd and "GB/s" not in fwd
+    assert "| b=1 | cute_kernels | graph | 10.0 | 600 |  |" in fwd
+    assert "GB/s" in qk and "| n=1 | cute_kernels | graph | 2.0 | 12 | 1% |" in qk
+
+
 def test_bandwidth_records_show_gbps_and_copy_fraction():
     text = summarize.table([dict(impl="cute_kernels", shape={"m": 4096, "k": 20480}, mode="graph", time_us=74.0,
                                  gbps=2267.4, copy_bw_frac=0.534)])

@@ -94,6 +94,10 @@ def test_unfused_scale_matches_reference():
 def test_constructor_validation():
     with pytest.raises(TypeError, match="dtype"):
         cute_kernels.ParallelQKNorm(None, 16, 4096, 1024, torch.float64)
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, one of .*torch.bfloat16.*; got str 'bfloat16'"):
+        cute_kernels.ParallelQKNorm(None, 16, 4096, 1024, "bfloat16")
+    with pytest.raises(TypeError, match="got str 'bfloat16'"):
+        mod.ParallelQKNorm.emulated(2, 16, 4096, 1024, "bfloat16")
     with pytest.raises(ValueError, match="max_tokens"):
         cute_kernels.ParallelQKNorm(None, 0, 4096, 1024, torch.bfloat16)
     with pytest.raises(ValueError, match="timeout_s"):

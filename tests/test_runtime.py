@@ -454,3 +454,17 @@ def test_cache_report_without_home_and_on_a_dangling_link(monkeypatch, tmp_path)
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(link / "sub"))
     assert cache.disk_cache_problem(probe=False) is not None
     assert cache.disk_cache_problem(probe=True) is not None
+
+
+def test_ops_name_themselves_for_bad_argument_lists():
+    """A call that goes through the registered op (here: meta tensors) with arguments the op does not take names
+    the op, not the helper that checks its scalars first."""
+    import cute_kernels
+
+    q = torch.empty(2, 4096, device="meta", dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"cute_kernels.qk_rmsnorm_\(\): missing a required argument: 'eps'"):
+        cute_kernels.qk_rmsnorm_(q, q, q[0], q[0])
+    with pytest.raises(TypeError, match=r"cute_kernels.scale\(\): missing a required argument: 'alpha'"):
+        cute_kernels.scale(q)
+    with pytest.raises(TypeError, match=r"cute_kernels.qk_rmsnorm_\(\): got an unexpected keyword argument 'foo'"):
+        cute_kernels.qk_rmsnorm_(q, q, q[0], q[0], 1e-6, foo=1)

@@ -313,6 +313,13 @@ _handles = itertools.count(1)
 _TIMEOUT_NS_MAX = 2**63 - 1  # the kernel's Int64 nanoseconds
 
 
+def _dtype_error(dtype) -> str:
+    """The message for a ``dtype`` argument that is not one of :data:`DTYPES` (a string such as "bfloat16"
+    included: the argument is a torch.dtype)."""
+    names = ", ".join(f"torch.{str(d).replace('torch.', '')}" for d in DTYPES)
+    return f"dtype must be a torch.dtype, one of {names}; got {type(dtype).__name__} {dtype!r}"
+
+
 def _positive_int(name: str, value, upper: int = 2**63 - 1) -> int:
     return check_int(name, value, low=1, high=upper)
 
@@ -377,7 +384,7 @@ class ParallelQKNorm:
         local_error = None
         try:
             if dtype not in DTYPES:
-                raise TypeError(f"dtype {dtype} not supported; expected one of {DTYPES}")
+                raise TypeError(_dtype_error(dtype))
             max_tokens = _positive_int("max_tokens", max_tokens, upper=2**31 - 1)  # the kernel's Int32 capacity
             q_dim, k_dim = _positive_int("q_dim", q_dim), _positive_int("k_dim", k_dim)
             self.timeout_ns = _timeout_ns(timeout_s)
@@ -444,7 +451,7 @@ class ParallelQKNorm:
             raise ValueError(f"emulated world size {world} must be in [2, {MAX_G}]")
         # the constructor's argument checks, before anything is allocated
         if dtype not in DTYPES:
-            raise TypeError(f"dtype {dtype} not supported; expected one of {DTYPES}")
+            raise TypeError(_dtype_error(dtype))
         max_tokens = _positive_int("max_tokens", max_tokens, upper=2**31 - 1)
         ParallelQKNormConfig.for_shape(world, _positive_int("q_dim", q_dim), _positive_int("k_dim", k_dim), dtype)
         _timeout_ns(timeout_s)

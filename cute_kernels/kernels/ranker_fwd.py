@@ -1723,7 +1723,8 @@ def _isolated_time_us(fn) -> float:
 
 # Ours and the strongest peer are also timed as a torch user calls them: "eager" (back-to-back calls: host
 # time shows only where it exceeds the kernel's) and "isolated" (one call on an idle GPU, synchronized after
-# each: all of the host time counts; how ../shared/bench-peers took the peer figures quoted in issue 3)
+# each: all of the host time counts; how the project's peer measurements, shared/bench-peers outside this
+# repository, took the peer figures quoted in issue 3)
 EAGER_IMPLS = ("cute_kernels", "fa4_mask_mod")
 _EAGER_TIMERS = (("eager", _eager_time_us), ("isolated", _isolated_time_us))
 

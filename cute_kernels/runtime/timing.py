@@ -49,8 +49,8 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
 def isolated_call_us(fn: Callable[[], object], *, reps: int = 20, warmup: int = 3) -> float:
     """Median time of one ``fn()`` call made on an idle GPU, in microseconds: CUDA events around a single
     call, synchronized after each, so the host time before the first kernel starts counts in full (how
-    ``../shared/bench-peers`` timed the peer figures quoted in the issues; a kernel's own time is
-    :func:`cuda_time_us`)."""
+    the project's peer measurements, ``shared/bench-peers`` outside this repository, timed the peer
+    figures quoted in the issues; a kernel's own time is :func:`cuda_time_us`)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -16,6 +16,7 @@ traced, the in-place op would otherwise pass gradients through as if it were not
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Callable, Iterable
 
 import torch
@@ -89,7 +90,16 @@ class _EagerFastPath:
         self.precheck = precheck
         self.grad_via_op = grad_via_op
         self.tensor_params = _tensor_params(op)
+        self.signature = inspect.signature(impl)
         functools.update_wrapper(self, impl)
+
+    def check_arguments(self, args, kwargs) -> None:
+        """TypeError naming the op for arguments its signature does not take (missing, unknown, too many): else
+        the first function to see them, the precheck, would name itself (``<lambda>() missing ...``)."""
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"cute_kernels.{self.name}(): {exc}") from None
 
     def check_tensor_types(self, args, kwargs) -> None:
         """TypeError naming the argument for a non-tensor where the schema wants a tensor (the dispatcher
@@ -114,6 +124,8 @@ class _EagerFastPath:
         first = args[0] if args else next(iter(kwargs.values()), None)
         if (compiling or _get_current_dispatch_mode() is not None or getattr(first, "is_meta", False)
                 or (self.grad_via_op and _requires_grad(args, kwargs))):
+            if not compiling:  # (Dynamo reports a bad call itself)
+                self.check_arguments(args, kwargs)
             self.check_tensor_types(args, kwargs)
             if not self.grad_via_op and _requires_grad(args, kwargs):  # eager: the impl raises the same
                 raise RuntimeError(f"cute_kernels::{self.name} works in place and has no backward: call it on "
