@@ -317,6 +317,32 @@ def test_fast_path_declines_what_the_slow_path_must_judge(monkeypatch):
         mod.validate_qk_args(q, q, torch.ones(64, dtype=bf), torch.ones(64, dtype=bf), 1e-6, cuda=False)
 
 
+def test_fast_path_with_launch_checks_leaves_the_weights_and_k_dtype_to_the_launch(monkeypatch):
+    """qk_rmsnorm_'s fast path (launch_checks=True) skips exactly the rules the compiled function checks before it
+    launches (k's and the weights' dtype, the weights' shapes and unit strides, their devices); the strict form
+    (the tensor-parallel op's) keeps them; both keep every other rule."""
+    monkeypatch.setattr(mod, "_DEVICE_OK", {0})
+    bf = torch.bfloat16
+    q, k = torch.zeros(3, 64, dtype=bf), torch.zeros(3, 16, dtype=bf)
+    wq, wk = torch.ones(64, dtype=bf), torch.ones(16, dtype=bf)
+    key = (3, (bf, 64, 16))
+    left_to_launch = [(q, k.half(), wq, wk), (q, k, wq.float(), wk), (q, k, torch.ones(72, dtype=bf), wk),
+                      (q, k, wq, torch.ones(32, dtype=bf)[::2])]
+    for args in left_to_launch:
+        like = [_CudaLike(t) for t in args]
+        assert mod.fast_path_key(*like, 1e-6) is None
+        assert mod.fast_path_key(*like, 1e-6, launch_checks=True) == key
+    # q's dtype picks the kernel, whose launch then refuses the bf16 k and weights
+    assert mod.fast_path_key(*[_CudaLike(t) for t in (q.half(), k, wq, wk)], 1e-6, launch_checks=True) == (
+        3, (torch.float16, 64, 16))
+    for args in [(q, torch.zeros(2, 16, dtype=bf), wq, wk), (q[:, :60], k, wq, wk), (q, q[:, :16], wq, wk),
+                 (q, k, q[0], wk), (q, k, wq, k[1])]:  # N mismatch, width, q/k overlap, a weight inside q / k
+        like = [_CudaLike(t) for t in args]
+        assert mod.fast_path_key(*like, 1e-6, launch_checks=True) is None
+        assert mod.fast_path_key(*like, 1e-6) is None
+    assert mod.fast_path_key(*[_CudaLike(t) for t in (q, k, wq, wk)], 1e-6, launch_checks=True) == key
+
+
 def test_weight_overlapping_q_or_k_is_refused(monkeypatch):
     """q and k are written in place while the weights are read: a weight sharing elements with them
     is refused (slow path explains, fast path declines); one in the gap between rows is fine."""

@@ -903,31 +903,46 @@ def check_eps(eps) -> None:
     check_f32_eps("eps", eps)
 
 
-def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
+def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) -> tuple | None:
     """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures, rows wider
-    than the kernel takes included) and that no tensor requires grad (the slow path applies
-    :func:`check_no_grad`): ``(N, (dtype, Q, K))`` (the token count and the compiled kernel's key) if all
-    hold and N > 0, else None.  Each tensor attribute is read once (a read costs ~0.05-0.15 us of host
-    time; the eager target is 10 us per call)."""
+    than the kernel takes included) and that no tensor requires grad while grad mode is on (the slow path
+    applies :func:`check_no_grad`): ``(N, (dtype, Q, K))`` (the token count and the compiled kernel's key) if
+    all hold and N > 0, else None.  Each tensor attribute is read once (a read costs ~0.05-0.15 us of host
+    time; the eager target is 10 us per call).
+
+    ``launch_checks=True`` (:func:`qk_rmsnorm_`, which launches the one-GPU kernel right after): leave out
+    the rules that the compiled function's own argument checks apply before it launches (tvm-ffi, in
+    compiled code: k's and the weights' dtype, the weights' shapes and unit strides, and every tensor on
+    q's device), so a call that breaks one of them reaches the launch and is refused there; the caller
+    then explains it with the slow path's checks (:func:`_explain_refused_launch`)."""
     try:
         dt = q.dtype
         vec = _VEC.get(dt)
-        if vec is None or k.dtype is not dt or q_weight.dtype is not dt or k_weight.dtype is not dt:
+        if vec is None:
             return None
-        (n, qw), (nk, kw), (wq,), (wk,) = q.shape, k.shape, q_weight.shape, k_weight.shape
-        (sq, uq), (sk, uk), (uwq,), (uwk,) = q.stride(), k.stride(), q_weight.stride(), k_weight.stride()
-        if (n == 0 or nk != n or wq != qw or wk != kw or not 0 < qw <= _MAX_WIDTH_VECS * vec
+        (n, qw), (nk, kw) = q.shape, k.shape
+        (sq, uq), (sk, uk) = q.stride(), k.stride()
+        if not launch_checks:
+            if k.dtype is not dt or q_weight.dtype is not dt or k_weight.dtype is not dt:
+                return None
+            (wq,), (wk,), (uwq,), (uwk,) = q_weight.shape, k_weight.shape, q_weight.stride(), k_weight.stride()
+            if wq != qw or wk != kw or uwq != 1 or uwk != 1:
+                return None
+        if (n == 0 or nk != n or not 0 < qw <= _MAX_WIDTH_VECS * vec
                 or not 0 < kw <= _MAX_WIDTH_VECS * vec or (qw | kw | sq | sk) % vec or uq != 1 or uk != 1
-                or uwq != 1 or uwk != 1 or (n > 1 and (sq < qw or sk < kw))
+                or (n > 1 and (sq < qw or sk < kw))
                 or (n - 1) * sq + qw > INT32_MAX or (n - 1) * sk + kw > INT32_MAX):
             return None  # (N = 0, a rare legal layout such as N = 1 with an odd stride, and every error
             # (empty or too wide rows, overlapping rows) take the slow path, which explains)
-        if q.requires_grad or k.requires_grad or q_weight.requires_grad or k_weight.requires_grad:
+        if _grad_enabled() and (q.requires_grad or k.requires_grad or q_weight.requires_grad
+                                or k_weight.requires_grad):
             return None
         dev = q.get_device()  # -1 on the CPU; _DEVICE_OK holds the CUDA devices checked to be Hopper
-        if (dev not in _DEVICE_OK or k.get_device() != dev or q_weight.get_device() != dev
-                or k_weight.get_device() != dev):
+        if dev not in _DEVICE_OK:
             return None  # (first call on a device: the slow path checks it is a Hopper GPU)
+        if not launch_checks and (k.get_device() != dev or q_weight.get_device() != dev
+                                  or k_weight.get_device() != dev):
+            return None
         qp, kp, wqp, wkp = q.data_ptr(), k.data_ptr(), q_weight.data_ptr(), k_weight.data_ptr()
         if (qp | kp | wqp | wkp) % 16:
             return None
@@ -935,8 +950,10 @@ def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
         q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es
         if not (q_end <= kp or k_end <= qp or _disjoint(qp, kp, n, sq, sk, qw, kw, es)):
             return None  # q and k overlap
-        wq_end, wk_end = wqp + qw * es, wkp + kw * es  # a weight inside q's or k's span: the slow path
-        if ((wqp < q_end and qp < wq_end) or (wqp < k_end and kp < wq_end)  # decides (and explains)
+        # a weight inside q's or k's span: the slow path decides (and explains); with launch_checks the
+        # weights' lengths are taken to be Q and K here, which the launch then checks
+        wq_end, wk_end = wqp + qw * es, wkp + kw * es
+        if ((wqp < q_end and qp < wq_end) or (wqp < k_end and kp < wq_end)
                 or (wkp < q_end and qp < wk_end) or (wkp < k_end and kp < wk_end)):
             return None
         if (type(eps) is float or type(eps) is int) and (eps == 0 or 2.0 ** -126 <= eps <= F32_MAX):  # not bool
@@ -944,6 +961,18 @@ def fast_path_key(q, k, q_weight, k_weight, eps) -> tuple | None:
         return None
     except (AttributeError, ValueError, TypeError, RuntimeError):  # (RuntimeError: sparse / nested: no strides)
         return None
+
+
+def _explain_refused_launch(q, k, q_weight, k_weight, eps) -> None:
+    """After the compiled function refused arguments that :func:`fast_path_key` let through with
+    ``launch_checks``: raise the slow path's error, which says what is wrong (returns if those checks pass:
+    the caller re-raises the compiled function's own error)."""
+    validate_qk_args(q, k, q_weight, k_weight, eps)
+    if q_weight.stride() != (1,) or k_weight.stride() != (1,):
+        raise ValueError("q_weight and k_weight must be contiguous")
+
+
+_grad_enabled = torch.is_grad_enabled
 
 
 _VEC = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
@@ -996,26 +1025,28 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
             eps negative, not finite, or below 2**-126 but not 0 (float32 would flush it to 0).
         RuntimeError: q, k or a weight requires grad while grad mode is on (no backward).
     """
-    fast = fast_path_key(q, k, q_weight, k_weight, eps)
+    fast = fast_path_key(q, k, q_weight, k_weight, eps, launch_checks=True)
     if fast is None:
-        validate_qk_args(q, k, q_weight, k_weight, eps)  # raises with the reason
-        if q_weight.stride() != (1,) or k_weight.stride() != (1,):
-            raise ValueError("q_weight and k_weight must be contiguous")
-        check_no_grad(q, k, q_weight, k_weight)  # (the fast path admits no tensor that requires grad)
+        _explain_refused_launch(q, k, q_weight, k_weight, eps)  # raises with the reason
+        check_no_grad(q, k, q_weight, k_weight)  # (the fast path admits no tensor that requires grad in grad mode)
         n, key = q.shape[0], (q.dtype, q.shape[1], k.shape[1])
+        lq, lk = launch_view(q), launch_view(k)
     else:
         n, key = fast
+        lq, lk = q, k  # (the fast path admits only 16-byte row strides: no launch view needed)
     if n == 0:
         return
     if n >= PERSISTENT_MIN_TOKENS:
         key = _pick_key(n, key, q.get_device())
-    fn = _launchers.get(key)
-    if fn is None:
-        fn = _launchers[key] = _compile_key(key)
-    if fast is not None:  # the fast path admits only 16-byte row strides: no launch view needed
-        fn(q, k, q_weight, k_weight, float(eps))
-    else:
-        fn(launch_view(q), launch_view(k), q_weight, k_weight, float(eps))
+    try:
+        fn = _launchers.get(key)
+        if fn is None:
+            fn = _launchers[key] = _compile_key(key)
+        fn(lq, lk, q_weight, k_weight, float(eps))
+    except (ValueError, TypeError):  # refused before the launch (see fast_path_key's launch_checks)
+        if fast is not None:
+            _explain_refused_launch(q, k, q_weight, k_weight, eps)
+        raise
     _increment_version((q, k))  # (bump_versions inlined: this is the eager hot path)
 
 

@@ -109,6 +109,33 @@ def test_empty_and_validation_on_gpu():
                                  torch.ones(8192, device="cuda", dtype=torch.bfloat16)[::2], wk, 1e-6)
 
 
+@pytest.mark.parametrize("case", ["k_fp16", "q_weight_fp32", "q_weight_long", "q_weight_short", "k_weight_strided",
+                                  "k_weight_2d"])
+def test_arguments_refused_at_the_launch_get_the_slow_paths_error(case):
+    """qk_rmsnorm_'s fast path leaves k's and the weights' dtype, shapes and strides to the compiled function's own
+    checks (fast_path_key's launch_checks): such a call must raise the slow path's error (not tvm-ffi's) and
+    write nothing."""
+    import re
+
+    bf = torch.bfloat16
+    q, k = torch.randn(5, 4096, device="cuda", dtype=bf), torch.randn(5, 1024, device="cuda", dtype=bf)
+    wq, wk = torch.randn(4096, device="cuda", dtype=bf), torch.randn(1024, device="cuda", dtype=bf)
+    cute_kernels.qk_rmsnorm_(q.clone(), k.clone(), wq, wk, 1e-6)  # the device checked, the kernel compiled
+    args = {"k_fp16": (q, k.half(), wq, wk), "q_weight_fp32": (q, k, wq.float(), wk),
+            "q_weight_long": (q, k, torch.ones(4104, device="cuda", dtype=bf), wk),
+            "q_weight_short": (q, k, wq[:4088], wk),
+            "k_weight_strided": (q, k, wq, torch.ones(2048, device="cuda", dtype=bf)[::2]),
+            "k_weight_2d": (q, k, wq, wk.view(1, 1024))}[case]
+    assert mod.fast_path_key(*args, 1e-6, launch_checks=True) is not None  # (so the launch is what refuses)
+    with pytest.raises((TypeError, ValueError)) as expected:
+        mod._explain_refused_launch(*args, 1e-6)
+    before = [t.clone() for t in args[:2]]
+    with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+        cute_kernels.qk_rmsnorm_(*args, 1e-6)
+    torch.cuda.synchronize()
+    assert all(torch.equal(t, b) for t, b in zip(args[:2], before))
+
+
 def test_runs_on_current_stream():
     buf, q, k, wq, wk = _make(4096, 4096, 1024, torch.bfloat16)
     rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, 1e-6)
