@@ -1716,9 +1716,9 @@ def _eager_time_us(fn) -> float:
 
 
 def _isolated_time_us(fn) -> float:
-    from ..runtime.timing import isolated_call_us
+    from ..runtime.timing import cuda_time_us
 
-    return isolated_call_us(fn)
+    return cuda_time_us(fn, graph=False, inner=1)
 
 
 # Ours and the strongest peer are also timed as a torch user calls them: "eager" (back-to-back calls: host
@@ -1748,6 +1748,7 @@ def host_mode_records(kernel: str, impls: list, times: dict, shape: dict, flops:
             recs.append(dict(kernel=kernel, impl=impl, shape=shape, time_us=round(t, 1), mode=mode,
                              tflops=round(flops / t / 1e6, 1)))
     return recs
+
 
 BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the headline shape)
     (4, 4096, 512, 16, 16, 128, None),

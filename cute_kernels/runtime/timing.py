@@ -13,7 +13,10 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
 
     ``graph=True`` captures ``inner`` back-to-back calls in a CUDA graph and times replays
     (kernel time without launch gaps, as decode serving sees it); ``graph=False`` times eager
-    calls (host overhead included).  Each of ``reps`` samples is timed with CUDA events.
+    calls (host overhead included where it exceeds the GPU's time); ``graph=False, inner=1`` times one
+    call at a time on an idle GPU, so all of its host time counts (how the project's peer measurements,
+    ``shared/bench-peers`` outside this repository, timed the peer figures quoted in the issues).  Each of
+    ``reps`` samples is timed with CUDA events and synchronized.
     """
     for _ in range(warmup):
         fn()
@@ -43,25 +46,6 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
         b.record()
         b.synchronize()
         samples.append(a.elapsed_time(b) * 1e3 / inner)
-    return statistics.median(samples)
-
-
-def isolated_call_us(fn: Callable[[], object], *, reps: int = 20, warmup: int = 3) -> float:
-    """Median time of one ``fn()`` call made on an idle GPU, in microseconds: CUDA events around a single
-    call, synchronized after each, so the host time before the first kernel starts counts in full (how
-    the project's peer measurements, ``shared/bench-peers`` outside this repository, timed the peer
-    figures quoted in the issues; a kernel's own time is :func:`cuda_time_us`)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3)
     return statistics.median(samples)
 
 
