@@ -9,6 +9,7 @@ read of k at the copy rate measured in the same run) and achieved read rate.  On
 """
 
 import argparse
+import dataclasses
 import json
 from collections import defaultdict
 
@@ -57,7 +58,7 @@ def main():
                                 None, s)
         runs = [("shipped", cfg, lambda: ranker_attention(q, k, v, bounds))]
         if not cfg.norm_bound:  # what the pre-pass would cost here
-            forced = fwd.dataclasses.replace(cfg, norm_bound=True)
+            forced = dataclasses.replace(cfg, norm_bound=True)
             runs.append(("norm_bound forced", forced, lambda: fwd._ranker_impl(
                 q, k, v, bounds, None, None, "tanh", None, None, config=forced)))
         k_bytes = k.numel() * k.element_size()
