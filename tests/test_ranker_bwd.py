@@ -267,8 +267,9 @@ def test_mainloop_compiles_sm90a(target):
 # ranker_bwd.CONFIGS); the tanh cap adds its own.  Every other shipped mainloop must be spill-free, and a
 # listed one that stops spilling fails too, so the table stays true.
 KNOWN_SPILL_BYTES = {  # ptxas stack bytes of the shipped D=128 config (dQ^T = K^T dS^T, session 12)
-    "bfloat16 D=128 gqa=1 cap=tanh": 8,
+    "bfloat16 D=128 gqa=1 cap=tanh": 24,
     "bfloat16 D=128 gqa=4 group cap=tanh": 8,
+    "bfloat16 D=128 gqa=4 group cap=tanh varlen det": 8,
     "bfloat16 D=128 gqa=4 per-head cap=tanh varlen det": 8,
 }
 

@@ -155,11 +155,6 @@ class RankerBwdConfig:
     # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
     # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
     dq_split_rows: bool = False
-    # Issue dV += P^T dO before waiting for the dP^T GEMM (session 24): ptxas otherwise schedules that wait
-    # after only ~7 of the 32 exp2s per thread (it cannot move it above a WGMMA that reads P^T), so P^T
-    # barely overlapped the dP^T GEMM.  False at D=64 with 128-row q tiles, where P^T living on through
-    # dS^T makes ptxas spill (48-72 B).
-    dv_before_dp_wait: bool = True
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -267,8 +262,7 @@ CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True),
 }
-D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True,
-                               dv_before_dp_wait=False)
+D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)
 
 
 def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
@@ -871,13 +865,7 @@ class RankerAttentionBwd:
                 p = cute.math.exp2(t * scale_log2 - lse + key_bias[r], fastmath=True)
                 rP_mn[r, c] = p.to(self.dtype)
                 acc_S_mn[r, c] = p * dcap
-        if const_expr(self.config.dv_before_dp_wait):
-            # dV += P^T dO (P^T from registers) before the dP^T wait: ptxas cannot move the wait above
-            # this GEMM, so all the exp2s above overlap the dP^T GEMM (and dS^T below the dV GEMM)
-            self.dv_gemm(tiled_mma_dkv, acc_dV, rP, tdVrdOt, stage)
-            warpgroup.wait_group(1)
-        else:
-            warpgroup.wait_group(0)  # (ptxas moves this wait up to the first few exp2s above)
+        warpgroup.wait_group(0)
 
         # dS^T = P^T cap' (dP^T - dPsum)
         acc_dP_mn = sm90.acc_mn(acc_dP)
@@ -887,8 +875,9 @@ class RankerAttentionBwd:
                 acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
         rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
         rdS.store(acc_dP.load().to(self.dtype))
-        if const_expr(not self.config.dv_before_dp_wait):
-            self.dv_gemm(tiled_mma_dkv, acc_dV, rP, tdVrdOt, stage)
+
+        # dV += P^T dO (P^T from registers)
+        sm90.wgmma_gemm(tiled_mma_dkv, acc_dV, sm90.acc_as_operand_a(rP), tdVrdOt[None, None, None, stage], zero_init=False)
         if const_expr(self.config.ds_stages == 1):
             # both warpgroups' dQ GEMMs of the last q block are done reading sdS: overwrite it.  (With
             # two buffers, this buffer's last reader was the dQ GEMM two q blocks back, which both
@@ -931,11 +920,6 @@ class RankerAttentionBwd:
             pipeline_q.consumer_release(q_state)
         q_state.advance()
         return q_state
-
-    def dv_gemm(self, tiled_mma_dkv, acc_dV, rP, tdVrdOt, stage):
-        """dV += P^T dO (P^T from registers, dO^T from smem stage ``stage``)."""
-        sm90.wgmma_gemm(tiled_mma_dkv, acc_dV, sm90.acc_as_operand_a(rP), tdVrdOt[None, None, None, stage],
-                        zero_init=False)
 
     def dq_gemm(self, tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx):
         """dQ = dS K (this warpgroup's half of the head dim, or of the q rows with ``dq_split_rows``), or

@@ -132,14 +132,12 @@ def test_repeated_calls_agree_closely():
 
 
 @pytest.mark.parametrize("fields", [dict(ds_stages=1, dq_per_wg=False, dq_first=False),
-                                    dict(ds_stages=1, dq_first=True), dict(dq_first=True, dk_from_smem=True),
-                                    dict(dv_before_dp_wait=False), dict(dv_before_dp_wait=True)],
+                                    dict(ds_stages=1, dq_first=True), dict(dq_first=True, dk_from_smem=True)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 @pytest.mark.parametrize("d,hkv,cap,group", [(128, 2, 20.0, False), (128, 2, 20.0, True), (64, 4, None, None)])
 def test_sync_variants(fields, d, hkv, cap, group):
     """The mainloop's other synchronisation schedules (one dS^T buffer, one shared dQ hand-off, dK first or
-    from smem, the dV GEMM before or after the dP^T wait; session 10 ships two buffers, per-warpgroup
-    hand-off, dQ first at D=128, session 24 dV before the wait except at D=64 uncapped) are still right
+    from smem; session 10 ships two buffers, per-warpgroup hand-off, dQ first at D=128) are still right
     at odd lengths, with and without GQA, and bitwise deterministic in deterministic mode."""
     cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group, **fields)
     q, k, v, do = _tensors((2, 389, 4, d), (2, 389, hkv, d), seed=8)
