@@ -1,0 +1,98 @@
+"""Where the time of one isolated forward call goes (one call on an idle GPU, synchronized after it: the
+bench's "isolated" mode, how the issue's peer figures were taken), for ours and FlashAttention-4 with the
+ranker mask_mod, from torch.profiler's CPU and CUDA records on one clock.
+
+    python3 bench/ranker_fwd_isolated_breakdown.py [--calls 10] [--no-peers]
+
+Per shape (the uncapped :data:`cute_kernels.kernels.ranker_fwd.BENCH_CASES`) and implementation, medians over
+``--calls`` profiled calls (us): ``host_call`` (the Python call, start to return), ``to_launch`` (call start
+to the first kernel-launch API call), ``launch_to_kernel`` (that API call to the first kernel's start on the
+GPU), ``kernels`` (first kernel start to last kernel end), ``kernel_busy`` (sum of kernel durations), and
+``event_us``: the same calls timed as the bench does (CUDA events, no profiler).  One JSON line per row.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from cute_kernels import ranker_attention
+from cute_kernels.kernels import ranker_fwd as fwd
+from cute_kernels.runtime.timing import cuda_time_us
+
+LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaLaunchKernelEx")
+
+
+def breakdown(fn, calls: int) -> dict:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            torch.cuda.synchronize()
+            with record_function(f"call{i}"):
+                fn()
+            torch.cuda.synchronize()
+    events = prof.events()
+    marks = sorted((e for e in events if e.name.startswith("call") and e.name[4:].isdigit()),
+                   key=lambda e: e.time_range.start)
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    launches = [e for e in events if e.name in LAUNCH_APIS]
+    rows = []
+    for j, m in enumerate(marks):
+        t0 = m.time_range.start
+        t_next = marks[j + 1].time_range.start if j + 1 < len(marks) else float("inf")
+        ks = [e for e in kernels if t0 <= e.time_range.start < t_next]
+        ls = [e for e in launches if t0 <= e.time_range.start < t_next]
+        if not ks:
+            continue
+        row = dict(host_call=m.time_range.end - t0,
+                   kernels=max(e.time_range.end for e in ks) - min(e.time_range.start for e in ks),
+                   kernel_busy=sum(e.time_range.end - e.time_range.start for e in ks), n_kernels=len(ks))
+        if ls:
+            first_launch = min(e.time_range.start for e in ls)
+            row["to_launch"] = first_launch - t0
+            row["launch_to_kernel"] = min(e.time_range.start for e in ks) - first_launch
+        rows.append(row)
+    out = {key: round(statistics.median(r[key] for r in rows), 1) for key in rows[0]}
+    out["kernel_names"] = sorted({e.name[:60] for e in kernels})[:4]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--calls", type=int, default=10, help="profiled calls per row (>= 1)")
+    ap.add_argument("--no-peers", action="store_true", help="ours only")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("ranker_fwd_isolated_breakdown: needs a CUDA GPU")
+    for nb, hist, cand, hq, hkv, d, cap in fwd.BENCH_CASES:
+        if cap is not None:
+            continue
+        s = hist + cand
+        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+        impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds))]
+        if not args.no_peers:
+            try:
+                from ranker_fwd_peers import fa4_mask_mod
+
+                impls.append(("fa4_mask_mod", fa4_mask_mod(q, k, v, bounds)))
+            except Exception as exc:  # noqa: BLE001 - a missing peer is reported, not fatal
+                print(f"fa4_mask_mod unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
+        shape = f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d}"
+        for name, fn in impls:
+            rec = dict(shape=shape, impl=name, **breakdown(fn, args.calls))
+            rec["event_us"] = round(cuda_time_us(fn, graph=False, inner=1), 1)
+            rec["graph_us"] = round(cuda_time_us(fn, graph=True), 1) if name == "cute_kernels" else None
+            print(json.dumps(rec), flush=True)
+        del q, k, v
+
+
+if __name__ == "__main__":
+    main()
