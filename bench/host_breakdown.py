@@ -47,9 +47,9 @@ def main():
         "_ranker_impl": lambda: fwd._ranker_impl(q, q, q, bounds, None, None, "tanh", None, None),
         "_validate_cached": lambda: fwd._validate_cached(q, q, q, bounds, None, None, "tanh", None, None),
         "torch_op.tracing()": torch_op.tracing,
-        "2 x torch.empty (out, lse)": lambda: (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-                                               torch.empty((1, 1, 128), dtype=torch.float32, device=q.device)),
-        "raw compiled call (13 args)": lambda: fn(q, q, q, bounds, out, lse, None, sl, 0.125, 1.0, 1, 128, max_ctas),
+        "2 x new_empty (out, lse)": lambda: (q.new_empty(q.shape), q.new_empty((1, 1, 128), dtype=torch.float32)),
+        "raw compiled call (14 args)": lambda: fn(q, q, q, bounds, out, lse, None, None, sl, 0.125, 1.0, 1, 128,
+                                                  max_ctas),
         "torch.mul (2048 bf16)": lambda: torch.mul(x, 2.0),
     }
     res = {name: per_call_us(f) for name, f in calls.items()}

@@ -6,7 +6,7 @@ ranker mask_mod, from torch.profiler's CPU and CUDA records on one clock.
 
 Per shape (the uncapped :data:`cute_kernels.kernels.ranker_fwd.BENCH_CASES`) and implementation, medians over
 ``--calls`` profiled calls (us): ``host_call`` (the Python call, start to return), ``to_launch`` (call start
-to the first kernel-launch API call), ``launch_to_kernel`` (that API call to the first kernel's start on the
+to the first CPU event whose name holds "aunch": the kernel-launch API call, where the profiler sees it), ``launch_to_kernel`` (that API call to the first kernel's start on the
 GPU), ``kernels`` (first kernel start to last kernel end), ``kernel_busy`` (sum of kernel durations), and
 ``event_us``: the same calls timed as the bench does (CUDA events, no profiler).  One JSON line per row.
 """
@@ -23,14 +23,12 @@ from cute_kernels import ranker_attention
 from cute_kernels.kernels import ranker_fwd as fwd
 from cute_kernels.runtime.timing import cuda_time_us
 
-LAUNCH_APIS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaLaunchKernelEx")
-
 
 def breakdown(fn, calls: int) -> dict:
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], acc_events=True) as prof:
         for i in range(calls):
             torch.cuda.synchronize()
             with record_function(f"call{i}"):
@@ -40,7 +38,7 @@ def breakdown(fn, calls: int) -> dict:
     marks = sorted((e for e in events if e.name.startswith("call") and e.name[4:].isdigit()),
                    key=lambda e: e.time_range.start)
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    launches = [e for e in events if e.name in LAUNCH_APIS]
+    launches = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and "aunch" in e.name]
     rows = []
     for j, m in enumerate(marks):
         t0 = m.time_range.start
@@ -57,7 +55,9 @@ def breakdown(fn, calls: int) -> dict:
             row["to_launch"] = first_launch - t0
             row["launch_to_kernel"] = min(e.time_range.start for e in ks) - first_launch
         rows.append(row)
-    out = {key: round(statistics.median(r[key] for r in rows), 1) for key in rows[0]}
+    keys = [key for key in rows[0] if all(key in r for r in rows)]
+    out = {key: round(statistics.median(r[key] for r in rows), 1) for key in keys}
+    out["launch_apis"] = sorted({e.name for e in launches})[:4]
     out["kernel_names"] = sorted({e.name[:60] for e in kernels})[:4]
     return out
 
