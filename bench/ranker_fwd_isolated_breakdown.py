@@ -35,9 +35,12 @@ def breakdown(fn, calls: int) -> dict:
                 fn()
             torch.cuda.synchronize()
     events = prof.events()
-    marks = sorted((e for e in events if e.name.startswith("call") and e.name[4:].isdigit()),
+    def is_mark(e):
+        return e.name.startswith("call") and e.name[4:].isdigit()
+
+    marks = sorted((e for e in events if is_mark(e) and e.device_type == torch.autograd.DeviceType.CPU),
                    key=lambda e: e.time_range.start)
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not is_mark(e)]
     launches = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and "aunch" in e.name]
     rows = []
     for j, m in enumerate(marks):
