@@ -4,8 +4,9 @@
 
 Times (host, us per call, 2000 back-to-back calls after 200 warm-up, best of 3) the public call and
 its pieces at a tiny shape (B=1, S=128, H=1, D=64), so the differences show what each layer costs:
-the public wrapper, the registered op's eager fast path, validation (cached per signature), the two
-output allocations, and the raw compiled (tvm-ffi) call; torch.mul and torch.empty for scale.
+the public wrapper, the registered op's eager fast path, the kept launch plan of a signature (and its
+key), the full path (validation cached per signature, config choice), the two output allocations, and
+the raw compiled (tvm-ffi) call; torch.mul for scale.
 """
 import json
 import time
@@ -44,7 +45,9 @@ def main():
     calls = {
         "ranker_attention (public)": lambda: cute_kernels.ranker_attention(q, q, q, bounds),
         "_ranker_op (eager fast path)": lambda: fwd._ranker_op(q, q, q, bounds),
-        "_ranker_impl": lambda: fwd._ranker_impl(q, q, q, bounds, None, None, "tanh", None, None),
+        "_ranker_eager (kept launch plan)": lambda: fwd._ranker_eager(q, q, q, bounds, None, None, "tanh", None, None),
+        "_plan_key": lambda: fwd._plan_key(q, q, q, bounds, None, None, "tanh"),
+        "_ranker_impl (full path)": lambda: fwd._ranker_impl(q, q, q, bounds, None, None, "tanh", None, None),
         "_validate_cached": lambda: fwd._validate_cached(q, q, q, bounds, None, None, "tanh", None, None),
         "torch_op.tracing()": torch_op.tracing,
         "2 x new_empty (out, lse)": lambda: (q.new_empty(q.shape), q.new_empty((1, 1, 128), dtype=torch.float32)),

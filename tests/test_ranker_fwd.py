@@ -767,3 +767,59 @@ def test_bench_host_mode_records(monkeypatch):
     recs = fwd.host_mode_records("ranker_fwd", impls, times, {"B": 1}, flops=1)
     assert [(r["impl"], r["mode"], r.get("error")) for r in recs] == [
         ("cute_kernels", "eager", "RuntimeError('boom')"), ("fa4_mask_mod", "isolated", None)]
+
+
+def test_eager_launch_plan(monkeypatch):
+    """A fixed-length eager call whose argument signature ran once before launches the kept plan (same
+    compiled function and scalar arguments, fresh outputs; the bounds' values are not part of it); a
+    misaligned data pointer, another scalar type, a packed call or a use_config block take the full path,
+    and tuning.reload() forgets the plans."""
+    import dataclasses
+
+    from cute_kernels import tuning
+
+    assert any(m is rf._PLANS for m in tuning._memos)
+    launched, full = [], []
+    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
+    for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
+        monkeypatch.setattr(rf, name, {})
+    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: launched.append((a[1], args)))
+    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    impl = rf._ranker_impl
+    monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(kw.get("plan_key")) or impl(*a, **kw))
+    seq = rf.NORM_BOUND_MIN_BLOCKS * rf.CONFIGS[128].tile_n + 1  # norm_bound: the pre-pass buffer too
+
+    def tensors(offset=0):
+        base = torch.zeros(2 * seq * 2 * 128 + offset, dtype=torch.bfloat16)
+        return base[offset:].view(2, seq, 2, 128)
+
+    q, bounds = tensors(), torch.tensor([[0, 5, 5, 9]] * 2, dtype=torch.int32)
+    out, lse = rf.ranker_attention(q, q, q, bounds, return_lse=True)
+    assert len(full) == 1 and full[0] is not None and len(rf._PLANS) == 1
+    cfg, first = launched[-1]
+    assert cfg.norm_bound and first[7].shape == (rf.KNORM_CTAS_PER_SM * 4,)
+    q2, bounds2 = tensors(), torch.tensor([[1, 3, 3, 4]] * 2, dtype=torch.int32)
+    out2, lse2 = rf.ranker_attention(q2, q2, q2, bounds2, return_lse=True)
+    assert len(full) == 1  # the plan
+    _, args = launched[-1]
+    assert args[0] is q2 and args[3] is bounds2 and args[4] is out2 and args[5] is lse2 and args[6] is None
+    assert args[8:] == first[8:] and args[7].shape == first[7].shape and args[7] is not first[7]
+    assert out2.shape == q2.shape and lse2.shape == lse.shape == (2, 2, seq) and lse2.dtype == torch.float32
+    assert out2.data_ptr() != out.data_ptr()
+    with pytest.raises(ValueError, match="16-byte aligned"):  # same signature, 2-byte aligned q: the full path
+        rf.ranker_attention(tensors(offset=1), q2, q2, bounds2)
+    assert len(full) == 2
+    rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1)  # an int scale: its own signature
+    rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1.0)
+    assert len(full) == 4 and len(rf._PLANS) == 3
+    with rf.use_config(dataclasses.replace(rf.CONFIGS[128], tile_n=96)):
+        rf.ranker_attention(q2, q2, q2, bounds2)
+    assert len(full) == 5 and full[-1] is None and launched[-1][0].tile_n == 96
+    rf.ranker_attention(q2, q2, q2, bounds2)
+    assert len(full) == 5 and launched[-1][0] == cfg
+    cu = torch.tensor([0, seq], dtype=torch.int32)
+    rf.ranker_attention(q2[0], q2[0], q2[0], bounds2[:1], cu_seqlens=cu)
+    assert len(full) == 6 and full[-1] is None
+    monkeypatch.setattr(tuning, "_memos", [rf._PLANS])
+    tuning.reload()
+    assert not rf._PLANS

@@ -78,7 +78,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
-                                F32_MAX, check_bool, check_int, check_real, validated_once)
+                                F32_MAX, MEMO_LIMIT, check_bool, check_int, check_real, validated_once)
 from ..tuning import register_memo, tuned_config
 from . import sm90_helpers as sm90
 from . import ranker_autograd
@@ -1236,6 +1236,9 @@ _FNS: dict = {}  # (dtype, config, GQA ratio, cap method, varlen) -> compiled fu
 # (dtype, device, B, S, Hq, Hkv, D, cap method) -> config (tuned or shipped), chosen once per signature
 # (B, S are None for varlen); cleared by cute_kernels.tuning.reload() (a new tuned.json entry)
 _CHOSEN: dict = register_memo({})
+# fixed-length eager calls: _plan_key -> (compiled function, lse shape, k pre-pass buffer length or 0, the
+# scalar arguments), kept by _ranker_impl (so by the same config choice; cleared with _CHOSEN)
+_PLANS: dict = register_memo({})
 
 
 def tuned_shape_key(nb: int, seq: int, hq: int, hkv: int, d: int, cap_method: str,
@@ -1375,8 +1378,10 @@ def chosen_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]
 
 
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
-                 config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None):
-    """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch."""
+                 config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None, plan_key=None):
+    """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch.
+    ``plan_key`` (:func:`_ranker_eager`'s :func:`_plan_key` of a fixed-length call with the chosen config):
+    keep the launch in ``_PLANS`` under it."""
     varlen, nb, seq, hq, hkv, d = _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens,
                                                    max_seqlen)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
@@ -1430,8 +1435,10 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         max_ctas = 2**31 - 1  # one tile per CTA (sO aliases sQ)
     # norm_bound: the pre-pass's per-CTA maxima of |k_j|^2 (every one written: no memset)
     k_norm2 = _k_norm2_buffer(q) if cfg.norm_bound else None
-    fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm2, scale_log2, scale,
-       float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
+    tail = (scale_log2, scale, float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
+    fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm2, *tail)
+    if plan_key is not None and chosen_here and not varlen and len(_PLANS) < MEMO_LIMIT:
+        _PLANS[plan_key] = (fn, lse.shape, 0 if k_norm2 is None else k_norm2.shape[0], tail)
     return out, lse
 
 
@@ -1459,7 +1466,7 @@ def _ranker_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.
                softmax_scale: Optional[float] = None, cap: Optional[float] = None, cap_method: str = "tanh",
                cu_seqlens: Optional[torch.Tensor] = None,
                max_seqlen: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    return _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
 
 
 ranker_autograd.register(_ranker_op.op)
@@ -1544,8 +1551,41 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         # through its fake (shapes only)
         out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     else:  # eager without grad: what the op's fast path would run (its grad re-check skipped: ~2 us)
-        out, lse = _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+        out, lse = _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     return (out, lse) if return_lse else out
+
+
+def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method) -> tuple:
+    """What a fixed-length call's launch plan depends on: each tensor's shape, strides, dtype and device
+    index, and the scalars with their types (``True == 1`` hash alike; a bool may be refused where an int
+    is not).  Raises AttributeError / TypeError / RuntimeError for arguments that cannot be keyed."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+            v.shape, v.stride(), v.dtype, v.get_device(), bounds.shape, bounds.stride(), bounds.dtype,
+            bounds.get_device(), type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method)
+
+
+def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
+    """The eager call: a fixed-length call whose argument signature the full path (:func:`_ranker_impl`:
+    every check, config choice, compiled function) has run before launches its kept plan, after
+    re-checking what a signature does not fix (the data pointers' alignment: 16 bytes, 4 for ``bounds``);
+    anything else, and calls inside a :func:`use_config` block, take the full path, which keeps the plan
+    of a new signature (issue 3's host-overhead target: the full path costs ~22 us per call on the H200's
+    host)."""
+    key = None
+    if cu_seqlens is None and max_seqlen is None and not _OVERRIDES:
+        try:
+            key = _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method)
+            plan = _PLANS.get(key)
+        except (AttributeError, TypeError, RuntimeError):  # (unhashable scalars; sparse / nested tensors)
+            key = plan = None
+        if plan is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 and not bounds.data_ptr() % 4:
+            fn, lse_shape, knorm_len, tail = plan
+            out = q.new_empty(q.shape)
+            lse = q.new_empty(lse_shape, dtype=torch.float32)
+            fn(q, k, v, bounds, out, lse, None, q.new_empty(knorm_len, dtype=torch.float32) if knorm_len else None,
+               *tail)
+            return out, lse
+    return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, plan_key=key)
 
 
 def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen) -> None:

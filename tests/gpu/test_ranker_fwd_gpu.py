@@ -28,6 +28,11 @@ def _run(q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, max_seql
 def _compare(name, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None, scale=None,
              config=None, max_ctas=None):
     o, l = _run(q, k, v, bounds, cap, cap_method, cu_seqlens, max_seqlen, scale, config, max_ctas)
+    return _check(name, o, l, q, k, v, bounds, cap, cap_method, cu_seqlens, scale, config)
+
+
+def _check(name, o, l, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=None, scale=None, config=None):
+    """``o``, ``l`` (our output and LSE) against the float64 reference; the bar: 2x torch's error in q's dtype."""
     kw = dict(softmax_scale=scale, cap=cap, cap_method=cap_method, cu_seqlens=cu_seqlens, return_lse=True)
     ro, rl = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=torch.float64, **kw)
     lo, _ = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=q.dtype, **kw)
@@ -261,6 +266,28 @@ def test_public_api_and_determinism():
     torch.cuda.synchronize()
     assert torch.equal(o1, o2) and torch.equal(o1, o3) and torch.equal(l1, l2)
     assert l1.shape == (2, 4, 640) and l1.dtype == torch.float32
+
+
+def test_eager_launch_plan():
+    """Later eager calls of an argument signature launch the plan the first call kept (``_ranker_eager``):
+    right against the float64 reference for other tensors and other bounds' values, with the k pre-pass
+    (norm_bound: S > 16 KV blocks), fresh outputs each call; a misaligned q of the same signature is
+    refused by the full path."""
+    q, k, v = _qkv(1, 2200, 2, 2, 128, seed=11)
+    first = torch.tensor([[0, 2100, 2100, 2200]], device="cuda", dtype=torch.int32)
+    o1 = cute_kernels.ranker_attention(q, k, v, first)
+    key = rf._plan_key(q, k, v, first, None, None, "tanh")
+    assert key in rf._PLANS and rf._PLANS[key][2] > 0  # norm_bound: the pre-pass buffer
+    q2, k2, v2 = _qkv(1, 2200, 2, 2, 128, seed=12)
+    for i, bounds in enumerate(([[0, 2100, 2100, 2200]], [[5, 1500, 1600, 2190]], [[0, 0, 0, 2200]])):
+        b = torch.tensor(bounds, device="cuda", dtype=torch.int32)
+        o, l = cute_kernels.ranker_attention(q2, k2, v2, b, return_lse=True)
+        torch.cuda.synchronize()
+        assert o.data_ptr() != o1.data_ptr()
+        _check(f"plan-{i}", o, l, q2, k2, v2, b)
+    bad = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)[1:1 + q.numel()].view(q.shape)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        cute_kernels.ranker_attention(bad, k, v, first)
 
 
 def test_torch_compile_and_graph():
