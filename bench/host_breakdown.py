@@ -2,7 +2,7 @@
 
     python3 bench/host_breakdown.py
 
-Times (host, us per call, 2000 back-to-back calls after 200 warm-up, best of 3) the public call and
+Times (host, us per call, 2000 back-to-back calls after 200 warm-up, best of 5 interleaved rounds) the public call and
 its pieces at a tiny shape (B=1, S=128, H=1, D=64), so the differences show what each layer costs:
 the public wrapper, the registered op's eager fast path, the kept launch plan of a signature (and its
 key), the full path (validation cached per signature, config choice), the two output allocations, and
@@ -19,17 +19,27 @@ from cute_kernels.runtime import torch_op
 
 
 def per_call_us(fn, n=2000):
-    for _ in range(200):
-        fn()
+    """Host time of one call (us): ``n`` back-to-back calls, synchronized after."""
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    us = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def interleaved_best_us(calls: dict, rounds: int = 5) -> dict:
+    """Best of ``rounds`` rounds per call, the calls interleaved within each round (the host's speed drifts
+    between calls of one run: rows timed in one block apart were seen disagreeing by 30%)."""
+    for fn in calls.values():  # warm-up
+        for _ in range(200):
             fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return round(best, 2)
+    best = {name: float("inf") for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            best[name] = min(best[name], per_call_us(fn))
+    return {name: round(us, 2) for name, us in best.items()}
 
 
 def main():
@@ -55,7 +65,7 @@ def main():
                                                   max_ctas),
         "torch.mul (2048 bf16)": lambda: torch.mul(x, 2.0),
     }
-    res = {name: per_call_us(f) for name, f in calls.items()}
+    res = interleaved_best_us(calls)
     for name, us in res.items():
         print(f"{name:<32} {us:7.2f} us", flush=True)
     print(json.dumps(res))
