@@ -6,9 +6,11 @@ ranker mask_mod, from torch.profiler's CPU and CUDA records on one clock.
 
 Per shape (the uncapped :data:`cute_kernels.kernels.ranker_fwd.BENCH_CASES`) and implementation, medians over
 ``--calls`` profiled calls (us): ``host_call`` (the Python call, start to return), ``to_launch`` (call start
-to the first CPU event whose name holds "aunch": the kernel-launch API call, where the profiler sees it), ``launch_to_kernel`` (that API call to the first kernel's start on the
-GPU), ``kernels`` (first kernel start to last kernel end), ``kernel_busy`` (sum of kernel durations), and
-``event_us``: the same calls timed as the bench does (CUDA events, no profiler).  One JSON line per row.
+to the first CPU event whose name holds "aunch": the kernel-launch API call, where the profiler sees it),
+``launch_to_kernel`` (that API call to the first kernel's start on the GPU), ``kernels`` (first kernel start
+to last kernel end), ``kernel_busy`` (sum of kernel durations), ``event_us`` (the same calls timed as the
+bench's isolated mode: CUDA events, after the profiled calls) and ``graph_us`` (ours in a CUDA graph).
+The profiler inflates the host times (~3-4x here); the kernel times are the point.  One JSON line per row.
 """
 
 import argparse
@@ -17,6 +19,7 @@ import statistics
 import sys
 
 import torch
+from probe_timing import ranker_inputs
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from cute_kernels import ranker_attention
@@ -75,11 +78,7 @@ def main():
     for nb, hist, cand, hq, hkv, d, cap in fwd.BENCH_CASES:
         if cap is not None:
             continue
-        s = hist + cand
-        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
-        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+        _, q, k, v, bounds, _ = ranker_inputs((nb, hist, cand, hq, hkv, d, cap), seed=0)
         impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds))]
         if not args.no_peers:
             try:

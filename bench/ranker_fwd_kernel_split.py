@@ -14,6 +14,7 @@ import json
 from collections import defaultdict
 
 import torch
+from probe_timing import ranker_inputs
 from torch.profiler import ProfilerActivity, profile
 
 from cute_kernels import ranker_attention
@@ -50,10 +51,7 @@ def main():
         if cap is not None:
             continue
         s = hist + cand
-        q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16)
-        bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
+        _, q, k, v, bounds, _ = ranker_inputs((nb, hist, cand, hq, hkv, d, cap), seed=0)
         cfg = fwd.chosen_config(fwd.config_for_shape(torch.bfloat16, nb, s, hq, hkv, d, "none"), torch.bfloat16,
                                 None, s)
         runs = [("shipped", cfg, lambda: ranker_attention(q, k, v, bounds))]
