@@ -159,6 +159,7 @@ def format_configs(kernel: Optional[str] = None) -> str:
 _lock = threading.Lock()
 _loaded: dict = {"path": None, "stamp": None, "entries": {}}
 _memos: list[dict] = []
+_generation = [0]  # reload() count: a choice made before a reload must not be stored after it
 _gpu_names: dict = {}
 
 
@@ -255,8 +256,22 @@ def reload() -> None:
     with _lock:
         _loaded["path"] = None
         _loaded["entries"] = {}
+        _generation[0] += 1
         for memo in _memos:
             memo.clear()
+
+
+def generation() -> int:
+    """How many times :func:`reload` ran: take it before choosing a config, give it to :func:`memo_store`."""
+    return _generation[0]
+
+
+def memo_store(memo: dict, key, value, since: int) -> None:
+    """``memo[key] = value`` unless :func:`reload` ran after :func:`generation` returned ``since`` (the value
+    was chosen from what the reload discarded: storing it would outlive the reload)."""
+    with _lock:
+        if _generation[0] == since:
+            memo[key] = value
 
 
 def lookup(kernel: str, dtype, shape_key: str, gpu: Optional[str] = None, device=None) -> Optional[dict]:

@@ -823,3 +823,38 @@ def test_eager_launch_plan(monkeypatch):
     monkeypatch.setattr(tuning, "_memos", [rf._PLANS])
     tuning.reload()
     assert not rf._PLANS
+
+
+def test_eager_launch_plan_edges(monkeypatch):
+    """What must not be kept or reused: a plan chosen before a tuning.reload() that ran during its first
+    call (e.g. while it compiled), a plan whose config choice _CHOSEN does not keep (it may change between
+    calls), and a cached validation for a bounds tensor whose pointer is not 4-byte aligned."""
+    from cute_kernels import tuning
+
+    launched = []
+    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
+    for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
+        monkeypatch.setattr(rf, name, {})
+    monkeypatch.setattr(tuning, "_memos", [rf._CHOSEN, rf._PLANS])
+    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    q = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16)
+    bounds = torch.tensor([[0, 5, 5, 9]] * 2, dtype=torch.int32)
+
+    def compile_with_reload(*a):  # a reload while the first call compiles
+        tuning.reload()
+        return lambda *args: launched.append(args)
+
+    monkeypatch.setattr(rf, "_compile", compile_with_reload)
+    rf.ranker_attention(q, q, q, bounds)
+    assert launched and not rf._PLANS and not rf._CHOSEN
+    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: launched.append(args))
+    rf.ranker_attention(q, q, q, bounds)
+    assert len(rf._PLANS) == 1
+    rf._PLANS.clear()
+    monkeypatch.setattr(rf, "_CHOSEN", {i: None for i in range(4096)})  # full: choices are not kept
+    rf.ranker_attention(q, q, q, bounds)
+    assert not rf._PLANS
+    storage = torch.zeros(40, dtype=torch.uint8).untyped_storage()[1:33]
+    odd = torch.empty(0, dtype=torch.int32).set_(storage, 0, (2, 4), (4, 1))  # same signature, 1 mod 4
+    with pytest.raises(ValueError, match="4-byte aligned"):
+        rf.ranker_attention(q, q, q, odd)

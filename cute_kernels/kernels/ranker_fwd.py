@@ -79,7 +79,7 @@ from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
                                 F32_MAX, MEMO_LIMIT, check_bool, check_int, check_real, validated_once)
-from ..tuning import register_memo, tuned_config
+from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
 from . import ranker_autograd
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
@@ -1270,11 +1270,12 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
 
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
     """:func:`_validate` once per argument signature
-    (:func:`~cute_kernels.runtime.validate.validated_once`); later calls only re-check the 16-byte
-    alignment of the data pointers.  The values of ``cu_seqlens`` change between calls of one
+    (:func:`~cute_kernels.runtime.validate.validated_once`); later calls only re-check the alignment of
+    the data pointers (16 bytes: q, k, v; 4: bounds, cu_seqlens).  The values of ``cu_seqlens`` change between calls of one
     signature: :func:`_ranker_impl` checks them on every call, never through this cache."""
     return validated_once(_VALIDATED, (q, k, v, bounds, cu_seqlens), (softmax_scale, cap, cap_method, max_seqlen),
-                          lambda: not (q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16),
+                          lambda: not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 or bounds.data_ptr() % 4
+                                       or cu_seqlens is not None and cu_seqlens.data_ptr() % 4),
                           lambda: _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen))
 
 
@@ -1415,14 +1416,17 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         raise ValueError(f"config.head_dim={config.head_dim} does not match the inputs' head dim {d}")
     cfg = config if config is not None else _OVERRIDES.get(d)
     chosen_here = cfg is None
+    memoized = False  # the choice is kept in _CHOSEN (one that is not may change between calls)
     if cfg is None:  # tuned (cute-kernels tune) or shipped, chosen once per signature
+        since = tuning_generation()
         skey = (q.dtype, q.device, None if varlen else nb, None if varlen else seq, hq, hkv, d,
                 capm + _cap_suffix(capm, cap))
         cfg = _CHOSEN.get(skey)
         if cfg is None:
             cfg = config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen, device=q.device, cap=cap)
             if len(_CHOSEN) < 4096:
-                _CHOSEN[skey] = cfg
+                memo_store(_CHOSEN, skey, cfg, since)
+        memoized = _CHOSEN.get(skey) is cfg
     cfg = chosen_config(cfg, q.dtype, cap, max_seqlen) if chosen_here else _launch_config(cfg, q.dtype, cap)
     _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen)
@@ -1437,8 +1441,8 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     k_norm2 = _k_norm2_buffer(q) if cfg.norm_bound else None
     tail = (scale_log2, scale, float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
     fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm2, *tail)
-    if plan_key is not None and chosen_here and not varlen and len(_PLANS) < MEMO_LIMIT:
-        _PLANS[plan_key] = (fn, lse.shape, 0 if k_norm2 is None else k_norm2.shape[0], tail)
+    if plan_key is not None and memoized and not varlen and len(_PLANS) < MEMO_LIMIT:
+        memo_store(_PLANS, plan_key, (fn, lse.shape, 0 if k_norm2 is None else k_norm2.shape[0], tail), since)
     return out, lse
 
 
@@ -1556,12 +1560,12 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
 
 
 def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method) -> tuple:
-    """What a fixed-length call's launch plan depends on: each tensor's shape, strides, dtype and device
-    index, and the scalars with their types (``True == 1`` hash alike; a bool may be refused where an int
+    """What a fixed-length call's launch plan depends on: each tensor's shape, strides, dtype and device,
+    and the scalars with their types (``True == 1`` hash alike; a bool may be refused where an int
     is not).  Raises AttributeError / TypeError / RuntimeError for arguments that cannot be keyed."""
-    return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
-            v.shape, v.stride(), v.dtype, v.get_device(), bounds.shape, bounds.stride(), bounds.dtype,
-            bounds.get_device(), type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method)
+    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+            v.shape, v.stride(), v.dtype, v.device, bounds.shape, bounds.stride(), bounds.dtype,
+            bounds.device, type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method)
 
 
 def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
