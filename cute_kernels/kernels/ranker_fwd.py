@@ -1268,14 +1268,19 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
                         shipped_config(dtype, d, cap_method), gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
 
 
+def _pointers_aligned(q, k, v, bounds, cu_seqlens=None) -> bool:
+    """What an argument signature does not fix: the data pointers' alignment (16 bytes: q, k, v; 4: bounds,
+    cu_seqlens), which :func:`_validate` checks."""
+    return not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 or bounds.data_ptr() % 4
+                or cu_seqlens is not None and cu_seqlens.data_ptr() % 4)
+
+
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
-    """:func:`_validate` once per argument signature
-    (:func:`~cute_kernels.runtime.validate.validated_once`); later calls only re-check the alignment of
-    the data pointers (16 bytes: q, k, v; 4: bounds, cu_seqlens).  The values of ``cu_seqlens`` change between calls of one
-    signature: :func:`_ranker_impl` checks them on every call, never through this cache."""
+    """:func:`_validate` once per argument signature (:func:`~cute_kernels.runtime.validate.validated_once`);
+    later calls only re-check :func:`_pointers_aligned`.  The values of ``cu_seqlens`` change between calls
+    of one signature: :func:`_ranker_impl` checks them on every call, never through this cache."""
     return validated_once(_VALIDATED, (q, k, v, bounds, cu_seqlens), (softmax_scale, cap, cap_method, max_seqlen),
-                          lambda: not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 or bounds.data_ptr() % 4
-                                       or cu_seqlens is not None and cu_seqlens.data_ptr() % 4),
+                          lambda: _pointers_aligned(q, k, v, bounds, cu_seqlens),
                           lambda: _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen))
 
 
@@ -1571,10 +1576,9 @@ def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method) -> tuple:
 def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
     """The eager call: a fixed-length call whose argument signature the full path (:func:`_ranker_impl`:
     every check, config choice, compiled function) has run before launches its kept plan, after
-    re-checking what a signature does not fix (the data pointers' alignment: 16 bytes, 4 for ``bounds``);
-    anything else, and calls inside a :func:`use_config` block, take the full path, which keeps the plan
-    of a new signature (issue 3's host-overhead target: the full path costs ~22 us per call on the H200's
-    host)."""
+    re-checking what a signature does not fix (:func:`_pointers_aligned`); anything else, and calls inside a
+    :func:`use_config` block, take the full path, which keeps the plan of a new signature (issue 3's
+    host-overhead target: the full path costs ~22 us per call on the H200's host, the plan ~17.5)."""
     key = None
     if cu_seqlens is None and max_seqlen is None and not _OVERRIDES:
         try:
@@ -1582,7 +1586,7 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
             plan = _PLANS.get(key)
         except (AttributeError, TypeError, RuntimeError):  # (unhashable scalars; sparse / nested tensors)
             key = plan = None
-        if plan is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 and not bounds.data_ptr() % 4:
+        if plan is not None and _pointers_aligned(q, k, v, bounds):
             fn, lse_shape, knorm_len, tail = plan
             out = q.new_empty(q.shape)
             lse = q.new_empty(lse_shape, dtype=torch.float32)
