@@ -67,3 +67,11 @@ def test_run_notebook_script_executes_cells_as_python(tmp_path):
     bad = subprocess.run([sys.executable, str(script), nb(["raise ValueError('boom')\n"])],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "boom" in bad.stderr
+    # without matplotlib (blocked in sys.modules): drawing cells, and cells importing from it, are skipped
+    no_mpl = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = ['run_notebook.py', sys.argv[1]]; "
+              f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    path = nb(["from matplotlib import colormaps\n"], ["import matplotlib.pyplot as plt\n", "plt.figure()  # draw\n"],
+              ["print('after')\n"])
+    skip = subprocess.run([sys.executable, "-c", no_mpl, path], capture_output=True, text=True, timeout=120)
+    assert skip.returncode == 0 and skip.stdout.count("skipped (no matplotlib)") == 2, skip.stdout + skip.stderr
+    assert "after" in skip.stdout and "matplotlib: False" in skip.stdout
