@@ -67,7 +67,7 @@ def cmd_compile(args) -> int:
     from tqdm import tqdm
 
     from . import registry
-    from .runtime.cache import compile_record, disk_cache_enabled, disk_cache_problem
+    from .runtime.cache import nvdisasm_available, compile_record, disk_cache_enabled, disk_cache_problem
 
     names = _select(args.kernel)
     problem = disk_cache_problem() if disk_cache_enabled() else None
@@ -99,6 +99,9 @@ def cmd_compile(args) -> int:
     for line in lines:
         print(line)
     print(f"{len(targets) - failures if failures <= len(targets) else 0}/{len(targets)} configs compiled for {os.environ['CUTE_DSL_ARCH']}")
+    if not nvdisasm_available():
+        print("note: no nvdisasm, so no SASS (PTX features only): pip install nvidia-cuda-nvdisasm (in the [test] "
+              "extra); entries compiled without SASS are recompiled with it on their next load", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -71,6 +71,32 @@ def test_corrupt_cache_entry_recompiles(tmp_path, monkeypatch):
     assert obj.read_bytes()[:4] == b"\x7fELF"
 
 
+def test_entry_without_sass_recompiles_once_nvdisasm_is_there(tmp_path, monkeypatch):
+    """An entry compiled while nvdisasm was missing (no ``.sass``) loads as is while it still is, and is
+    recompiled, with SASS, once nvdisasm is available (pip ``nvidia-cuda-nvdisasm``, the [test] extra)."""
+    if not cache.nvdisasm_available():
+        pytest.skip("no nvdisasm here")
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[0]
+    monkeypatch.setattr(cache, "nvdisasm_available", lambda: False)
+    t.build()
+    (obj,) = tmp_path.rglob("*.o")
+    assert not obj.with_suffix(".sass").exists() and not cache.compile_record(t.kernel, t.key).sass
+    cache.clear_memory_cache()
+    t.build()
+    assert cache.compile_record(t.kernel, t.key).compile_s is None  # loaded: still no nvdisasm
+    monkeypatch.undo()
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t.build()
+    rec = cache.compile_record(t.kernel, t.key)
+    assert rec.compile_s is not None and rec.sass and obj.with_suffix(".sass").exists()
+    cache.clear_memory_cache()
+    t.build()
+    assert cache.compile_record(t.kernel, t.key).compile_s is None  # and loaded from then on
+
+
 def test_memory_cache_returns_same_object(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     cache.clear_memory_cache()

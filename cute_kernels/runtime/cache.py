@@ -135,13 +135,13 @@ def _compile(build: Callable[[], tuple], keep_dir: str):
 
     fn, args = build()
     opts = f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir {keep_dir}"
-    if _nvdisasm_available():
+    if nvdisasm_available():
         opts += " --keep-sass"
     return cute.compile(fn, *args, options=opts)
 
 
 @functools.lru_cache(maxsize=1)
-def _nvdisasm_available() -> bool:
+def nvdisasm_available() -> bool:
     """SASS needs an nvdisasm the DSL accepts (pip ``nvidia-cuda-nvdisasm`` >= 13.4, or a toolkit)."""
     try:
         from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
@@ -236,13 +236,16 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
     base = folder / sha
     obj = base.with_suffix(".o")
     with FileLock(str(base.with_suffix(".lock")), timeout=600):
-        if obj.exists() and base.with_suffix(".json").exists():
+        # (an entry compiled while nvdisasm was missing has no SASS: recompiled once nvdisasm is there)
+        if (obj.exists() and base.with_suffix(".json").exists()
+                and (base.with_suffix(".sass").exists() or not nvdisasm_available())):
             try:
                 t0 = time.perf_counter()
                 fn = cute.runtime.load_module(str(obj), enable_tvm_ffi=True)[EXPORT_NAME]
                 return fn, _read_record(base, time.perf_counter() - t0)
             except Exception as exc:  # a truncated or stale object is a miss, not an error
-                print(f"cute_kernels cache: reloading {obj} failed ({exc}); recompiling", file=sys.stderr)
+                print(f"cute_kernels cache: reloading the entry {base} (.o, .json) failed ({exc}); recompiling",
+                      file=sys.stderr)
                 obj.unlink(missing_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
