@@ -143,19 +143,30 @@ def test_traced_call_checks_the_instance_rules():
     try:
         p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
         with FakeTensorMode():
-            def call(n=4, qw=64, kw=16, dtype=torch.bfloat16):
-                q, k = torch.zeros(n, qw, dtype=dtype), torch.zeros(n, kw, dtype=dtype)
-                p(q, k, torch.ones(qw, dtype=dtype), torch.ones(kw, dtype=dtype), 1e-6)
+            def call(n=4, qw=64, kw=16, dtype=torch.bfloat16, weights=None, q_dtype=None, q_shape=None):
+                q = torch.zeros(q_shape or (n, qw), dtype=q_dtype or dtype)
+                k = torch.zeros(n, kw, dtype=dtype)
+                wq, wk = weights or (qw, kw)
+                p(q, k, torch.ones(wq, dtype=dtype), torch.ones(wk, dtype=dtype), 1e-6)
 
             call()
             with pytest.raises(ValueError, match=r"rank shards must be q \[N, 64\]"):
                 call(qw=72)
+            with pytest.raises(ValueError, match=r"rank shards must be q \[N, 64\]"):
+                call(qw=60)
+            # the shard is named, not its (right) weight; and the odd dtype out is q's, not k's
+            with pytest.raises(ValueError, match=r"rank shards must be q \[N, 64\] and k \[N, 16\]"):
+                call(qw=72, weights=(64, 16))
+            with pytest.raises(ValueError, match=r"rank shards must be"):
+                call(kw=8, weights=(64, 16))
             with pytest.raises(TypeError, match="built for torch.bfloat16"):
                 call(dtype=torch.float16)
+            with pytest.raises(TypeError, match="q has dtype torch.float16; this ParallelQKNorm was built for"):
+                call(q_dtype=torch.float16)
             with pytest.raises(ValueError, match="max_tokens=8"):
                 call(n=9)
-            with pytest.raises(ValueError, match="columns"):
-                call(qw=60)
+            with pytest.raises(ValueError, match="2 dims"):
+                call(q_shape=(4, 8, 8))
     finally:
         dist.destroy_process_group()
 

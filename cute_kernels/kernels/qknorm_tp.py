@@ -587,6 +587,8 @@ class ParallelQKNorm:
     def _run(self, q, k, q_weight, k_weight, eps) -> None:
         self._check_open()
         if fast_path_key(q, k, q_weight, k_weight, eps) is None:
+            if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 2:
+                self.check_shards(q, k)  # first: a shard of the wrong width or dtype is named, not its weight
             validate_qk_args(q, k, q_weight, k_weight, eps)
         self.check_shards(q, k)
         n = q.shape[0]
