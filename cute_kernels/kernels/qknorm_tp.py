@@ -572,15 +572,15 @@ class ParallelQKNorm:
         if self._closed:
             raise RuntimeError(f"ParallelQKNorm (rank {getattr(self, 'rank', '?')}) is closed")
 
-    def check_shards(self, q, k) -> None:
-        """This instance's rules on the shards (widths, dtype, capacity): ``ValueError`` / ``TypeError``.
-        Also the op's trace-time check (no data needed)."""
+    def check_shards(self, q, k, capacity: bool = True) -> None:
+        """This instance's rules on the shards (widths, dtype, and with ``capacity`` the token count):
+        ``ValueError`` / ``TypeError``.  Also the op's trace-time check (no data needed)."""
         if q.shape[1] != self.q_width or k.shape[1] != self.k_width:
             raise ValueError(f"rank shards must be q [N, {self.q_width}] and k [N, {self.k_width}] "
                              f"(Q={self.q_dim}, K={self.k_dim}, G={self.world}), got {list(q.shape)}, {list(k.shape)}")
         if q.dtype != self.dtype:
             raise TypeError(f"q has dtype {q.dtype}; this ParallelQKNorm was built for {self.dtype}")
-        if q.shape[0] > self.max_tokens:
+        if capacity and q.shape[0] > self.max_tokens:
             raise ValueError(f"{q.shape[0]} tokens exceed the push-buffer capacity max_tokens={self.max_tokens}; "
                              "build ParallelQKNorm with a larger max_tokens")
 
@@ -588,7 +588,8 @@ class ParallelQKNorm:
         self._check_open()
         if fast_path_key(q, k, q_weight, k_weight, eps) is None:
             if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 2:
-                self.check_shards(q, k)  # first: a shard of the wrong width or dtype is named, not its weight
+                self.check_shards(q, k, capacity=False)  # first: a shard of the wrong width or dtype is named,
+                # not its weight
             validate_qk_args(q, k, q_weight, k_weight, eps)
         self.check_shards(q, k)
         n = q.shape[0]
@@ -683,8 +684,10 @@ def _scale_in_place(q, k, q_weight, k_weight, eps, sums, q_dim, k_dim) -> None:
 def _fake_parallel_qk_rmsnorm_(q, k, q_weight, k_weight, eps, handle) -> None:
     """Trace-time check (torch.compile / make_fx): the argument rules that need no data pointer, and the
     instance's own (widths, dtype, capacity), as the one-GPU op's fake does."""
-    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False)
     inst = _instances.get(handle)
+    if inst is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 2:
+        inst.check_shards(q, k, capacity=False)  # first, as the eager path does
+    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False)
     if inst is not None:
         inst.check_shards(q, k)
 
