@@ -54,8 +54,8 @@ own cp.async ring, so bytes in flight per SM are limited by registers and occupa
 cluster re-reads all of hc_fn (2 MB fp32) from L2 (128 clusters: 256 MB of L2 reads for 168 MB of x).
 The redesign (one TMA producer warp, 128/256-row x tiles, ``wgmma m64n72k16`` with the pieces as B,
 squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, the op's default ``method="tma"``: 48.2 us at
-M=4096, 9.1-9.5 us at M <= 128, faster than this kernel at every M measured (session 7; its docstring
-has the figures and what limits it).  Its bits differ from this kernel's, so the two are separate
+M=4096, 9.1-9.5 us at M <= 128, faster than this kernel at every M measured (session 7; 46.3 and 8.5-8.9 us
+since session 19; its docstring has the figures and what limits it).  Its bits differ from this kernel's, so the two are separate
 methods of the op, not a switch on M.
 
 Reduction order (bitwise determinism and batch invariance): a chunk's value is the MMA chain
@@ -755,7 +755,7 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             (a smaller value would become 0 in float32).  With
             ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
         method: ``"tma"`` (default; :mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on
-            the H200: 9.1-9.5 us instead of 12.5-13.2 at M <= 128, about 2x from M = 512 up; a hidden
+            the H200: 8.5-8.9 us instead of 12.6-13.2 at M <= 128 (session 19), about 2x from M = 512 up; a hidden
             float32 workspace of 100 bytes x CTAs per row tile for every row of the 128-row tiles:
             819 KB at M = 1, 6.4 KB per row up to M = 256, 3.2 KB up to 512, 400 B per row at 4096)
             or ``"walk"`` (this module's per-thread K walk, the default until session 7).  Each is batch

@@ -359,8 +359,9 @@ class ParallelQKNorm:
         q_dim, k_dim: positive ints, the full sizes Q and K: divisible by G, per-rank widths
             ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32); checked before any
             collective.  Groups of more than 8 ranks always take the unfused path.
-            GPU-tested: Q in {4096, 6144}, K=1024: G in {2, 4, 8} emulated on one GPU, and G=2 on two GPUs
-            (the full 2-GPU plan at this kernel's exchange, session 5: bench/results/tp_qknorm_2gpu_s5/).
+            GPU-tested: Q in {4096, 6144}, K=1024: G in {2, 4, 8} emulated on one GPU, G=2 on two GPUs
+            (the full 2-GPU plan at this kernel's exchange, session 5: bench/results/tp_qknorm_2gpu_s5/) and
+            G=4 on four (session 19: bench/results/tp_qknorm_4gpu_s19/); G=8 on eight GPUs not yet run.
         dtype: float16, bfloat16 or float32 (q, k and the weights).
         timeout_s: real number of seconds, finite, > 0 and within int64 nanoseconds: how long a rank
             waits for a peer before the launch gives up and flags an error.
