@@ -520,6 +520,8 @@ def test_reference_validation(kw, exc, msg):
     ([0, 6, 5], 2, None, "non-decreasing"),
     ([2, 5, 10], 2, None, r"cu_seqlens\[0\] must be 0"),
     ([0, 5, 10], 2, 4, "smaller than sequence"),
+    ([], 0, None, "at least 2 entries"),
+    ([0], 0, None, "at least 2 entries"),
 ])
 def test_reference_varlen_validation(cu, nb, max_seqlen, msg):
     q = torch.zeros(10, 4, 8)

@@ -1634,6 +1634,8 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
             raise ValueError("cu_seqlens must be a 1-D tensor of B + 1 offsets")
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"cu_seqlens has dtype {cu_seqlens.dtype}; expected int32 (or int64)")
+        if cu_seqlens.shape[0] < 2:
+            raise ValueError("cu_seqlens must have at least 2 entries (B + 1)")
         if max_seqlen is not None:
             _check_max_seqlen(max_seqlen)
         nb = cu_seqlens.shape[0] - 1

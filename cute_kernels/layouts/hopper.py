@@ -45,7 +45,8 @@ def cutlass_dtype(dtype):
     }
     key = str(dtype).replace("torch.", "")
     if key not in names:
-        raise TypeError(f"dtype {dtype!r}: expected a torch dtype, a cutlass Numeric or one of {sorted(names)}")
+        raise TypeError(f"dtype {dtype!r} is not supported: expected bfloat16, float16, float32 or float8_e4m3fn (as a "
+                        f"torch dtype or a cutlass Numeric) or one of the names {sorted(names)}")
     return names[key]
 
 

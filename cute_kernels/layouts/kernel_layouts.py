@@ -554,8 +554,8 @@ def format_report(kl: KernelLayouts, record=None) -> str:
         for r in record.resources:
             spill = (f"stack {r.stack_bytes} B: REGISTER SPILLS (local memory)" if r.stack_bytes
                      else "stack 0 B (no spills)")
-            lines.append(f"  {r.name[:70]}: {r.registers} registers/thread at launch (before setmaxnreg "
-                         f"redistributes them), static smem {r.static_smem_bytes} B, {spill}")
+            lines.append(f"  {r.name[:70]}: {r.registers} registers/thread at launch (a kernel with setmaxnreg "
+                         f"redistributes them per warpgroup), static smem {r.static_smem_bytes} B, {spill}")
         lines.append(f"  PTX features: {', '.join(record.ptx_features)}")
         if record.sass_features:
             lines.append(f"  SASS features: {', '.join(record.sass_features)}")
@@ -633,7 +633,7 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
                 rec = compile_record(hc_mix_tma.NAME, kl.config)
         text = format_report(kl, rec)
         if rec is not None and kernel == "hc_mix":
-            text += (f"  (the walk's count is its launch budget; setmaxnreg then gives the producer warpgroup "
+            text += (f"  (the TMA kernel's count is its launch budget; setmaxnreg then gives the producer warpgroup "
                      f"{kl.config.producer_regs} and the consumers {kl.config.consumer_registers} registers)\n")
         os.makedirs(out_dir, exist_ok=True)
         files += draw_all(kl, out_dir)
