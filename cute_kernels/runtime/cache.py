@@ -237,7 +237,7 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
     obj = base.with_suffix(".o")
     with FileLock(str(base.with_suffix(".lock")), timeout=600):
         # (an entry compiled while nvdisasm was missing has no SASS: recompiled once nvdisasm is there)
-        if (obj.exists() and base.with_suffix(".json").exists()
+        if (obj.exists() and obj.stat().st_size > 0 and base.with_suffix(".json").exists()
                 and (base.with_suffix(".sass").exists() or not nvdisasm_available())):
             try:
                 t0 = time.perf_counter()
