@@ -67,7 +67,7 @@ def cmd_compile(args) -> int:
     from tqdm import tqdm
 
     from . import registry
-    from .runtime.cache import nvdisasm_available, compile_record, disk_cache_enabled, disk_cache_problem
+    from .runtime.cache import compile_record, disk_cache_enabled, disk_cache_problem, nvdisasm_available
 
     names = _select(args.kernel)
     problem = disk_cache_problem() if disk_cache_enabled() else None

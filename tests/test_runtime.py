@@ -95,6 +95,10 @@ def test_entry_without_sass_recompiles_once_nvdisasm_is_there(tmp_path, monkeypa
     cache.clear_memory_cache()
     t.build()
     assert cache.compile_record(t.kernel, t.key).compile_s is None  # and loaded from then on
+    obj.with_suffix(".sass").write_text("")  # a disassembly that gave nothing: no reason to recompile
+    cache.clear_memory_cache()
+    t.build()
+    assert cache.compile_record(t.kernel, t.key).compile_s is None
 
 
 def test_memory_cache_returns_same_object(tmp_path, monkeypatch):

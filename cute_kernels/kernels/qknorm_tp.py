@@ -585,12 +585,17 @@ class ParallelQKNorm:
             raise ValueError(f"{q.shape[0]} tokens exceed the push-buffer capacity max_tokens={self.max_tokens}; "
                              "build ParallelQKNorm with a larger max_tokens")
 
+    def check_shards_first(self, q, k) -> None:
+        """Before the generic argument checks: the shards' widths and dtype (when q and k are 2-D tensors), so
+        that a shard of the wrong width or dtype is named as such, not the weight or the tensor checked
+        against it."""
+        if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 2:
+            self.check_shards(q, k, capacity=False)
+
     def _run(self, q, k, q_weight, k_weight, eps) -> None:
         self._check_open()
         if fast_path_key(q, k, q_weight, k_weight, eps) is None:
-            if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 2:
-                self.check_shards(q, k, capacity=False)  # first: a shard of the wrong width or dtype is named,
-                # not its weight
+            self.check_shards_first(q, k)
             validate_qk_args(q, k, q_weight, k_weight, eps)
         self.check_shards(q, k)
         n = q.shape[0]
@@ -686,8 +691,8 @@ def _fake_parallel_qk_rmsnorm_(q, k, q_weight, k_weight, eps, handle) -> None:
     """Trace-time check (torch.compile / make_fx): the argument rules that need no data pointer, and the
     instance's own (widths, dtype, capacity), as the one-GPU op's fake does."""
     inst = _instances.get(handle)
-    if inst is not None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == k.dim() == 2:
-        inst.check_shards(q, k, capacity=False)  # first, as the eager path does
+    if inst is not None:
+        inst.check_shards_first(q, k)
     validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False)
     if inst is not None:
         inst.check_shards(q, k)

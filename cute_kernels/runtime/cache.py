@@ -171,8 +171,8 @@ def _record_from_compiled(kernel: str, sha: str, arch: str, compiled, seconds: f
 def _write_record(base: Path, rec: CompileRecord) -> None:
     if rec.ptx:
         base.with_suffix(".ptx").write_text(rec.ptx)
-    if rec.sass:
-        base.with_suffix(".sass").write_text(rec.sass)
+    if rec.sass or nvdisasm_available():  # (empty when the disassembly gave nothing: not a reason to recompile)
+        base.with_suffix(".sass").write_text(rec.sass or "")
     meta = {k: v for k, v in asdict(rec).items() if k not in ("ptx", "sass")}
     base.with_suffix(".json").write_text(json.dumps(meta, indent=1))
 
