@@ -150,12 +150,18 @@ def test_missing_peer_costs_one_timeout_per_launch_not_per_tile():
     assert elapsed < 3 * 0.5, out
 
 
+# The stress runs' peer-wait bound: the kernel's clock counts wall time, also while the GPU time-slices to
+# other processes (session 24: a 5-s bound fired once with four other test processes, one under
+# compute-sanitizer, sharing the GPU; alone the run passed 3/3).  A hang still fails, 30 s later.
+STRESS_TIMEOUT_S = 30.0
+
+
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_1000_launches_varying_n_under_watchdog(world):
     out = _run_watchdog(f"""
         import torch
         from cute_kernels.kernels import qknorm_tp as mod
-        res = mod.emulation_stress({world}, 1000, max_tokens=4096, timeout_s=5.0)
+        res = mod.emulation_stress({world}, 1000, max_tokens=4096, timeout_s={STRESS_TIMEOUT_S})
         print("RESULT", res["max_err"], res["max_n"])
     """, timeout=200)
     line = [l for l in out.splitlines() if l.startswith("RESULT")][0]
@@ -166,10 +172,10 @@ def test_1000_launches_varying_n_under_watchdog(world):
 
 def test_300_launches_joined_each_launch_under_watchdog():
     """Same as above with ranks joined after every call (separates protocol bugs from out-of-step runs)."""
-    out = _run_watchdog("""
+    out = _run_watchdog(f"""
         import torch
         from cute_kernels.kernels import qknorm_tp as mod
-        res = mod.emulation_stress(4, 300, max_tokens=2048, timeout_s=5.0, join_each_launch=True)
+        res = mod.emulation_stress(4, 300, max_tokens=2048, timeout_s={STRESS_TIMEOUT_S}, join_each_launch=True)
         print("RESULT", res["max_err"], res["max_n"])
     """, timeout=120)
     line = [l for l in out.splitlines() if l.startswith("RESULT")][0]
