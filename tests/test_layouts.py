@@ -383,9 +383,12 @@ def test_bank_conflicts_refuse_accesses_outside_the_tile():
 
     lay = trace(lambda: sm90_helpers.smem_layout(cutlass.BFloat16, 64, 64))
     assert analysis.bank_conflicts(lay, analysis.column_read(32, 5), 2).wavefronts
-    for pattern in (analysis.column_read(32, 64), analysis.column_read(65, 0), analysis.row_read(0, vec=8, threads=9)):
+    for pattern in (analysis.column_read(32, 64), analysis.row_vector_read(32, 0, vec=8, row0=40),
+                    analysis.row_read(0, vec=8, threads=9)):
         with pytest.raises(ValueError, match="outside the"):
             analysis.bank_conflicts(lay, pattern, 2)
+    with pytest.raises(ValueError, match="threads <= 32"):  # one warp's access: the banks serve a warp at a time
+        analysis.column_read(33, 0)
     with pytest.raises(ValueError, match="col=-5"):  # a negative column is refused where the pattern is built
         analysis.column_read(32, -5)
 

@@ -38,7 +38,7 @@ class AccessPattern:
     is ``vec=8``).  ``(-1, -1)`` (:data:`INACTIVE`) marks a thread that takes no part in an access.
 
     Raises (at construction, and again in :func:`bank_conflicts`, which checks the array it is given):
-    ``ValueError`` for coords not shaped (accesses >= 1, threads >= 1, 2), any other negative row or
+    ``ValueError`` for coords not shaped (accesses >= 1, 1 <= threads <= 32, 2), any other negative row or
     column, or ``vec`` < 1; ``TypeError`` for non-integer coords or ``vec``.  Rows and columns beyond
     the tile are found by :func:`bank_conflicts`, which knows the tile.
     """
@@ -62,8 +62,9 @@ def check_coords(coords, name: str = "pattern") -> np.ndarray:
     arr = np.asarray(coords)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{name}: coords must be integers (row, col), got dtype {arr.dtype}")
-    if arr.ndim != 3 or arr.shape[2] != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise ValueError(f"{name}: coords must have shape (accesses >= 1, threads >= 1, 2), got {arr.shape}")
+    if arr.ndim != 3 or arr.shape[2] != 2 or arr.shape[0] < 1 or not 1 <= arr.shape[1] <= 32:
+        raise ValueError(f"{name}: coords must have shape (accesses >= 1, 1 <= threads <= 32, 2): one warp's "
+                         f"accesses (the banks serve a warp at a time), got {arr.shape}")
     arr = arr.astype(np.int64)
     inactive = np.all(arr == INACTIVE, axis=-1)
     bad = np.any(arr < 0, axis=-1) & ~inactive
