@@ -293,9 +293,12 @@ def test_compiles_for_sm90a(target):
     assert re.search(r"bar\.sync\s+1, (256|384)", ptx), "no Epilogue named barrier"  # 2 or 3 consumer warpgroups
     assert re.search(r"bar\.arrive\s+(%r\d+|2), 256", ptx), "no warp-scheduler named barrier"
     cfg = target.key[1]
-    if cfg.norm_bound:  # each warp's vote over its warpgroup's rows: 16-byte smem loads, vote.all, no barrier
+    if cfg.norm_bound:  # each warp bounds its 16 rows (16-byte smem loads) and votes; the votes meet behind
+        # the warpgroup's named barrier (128 threads)
         assert "vote.sync.all" in ptx and re.search(r"ld\.shared\.v4\.(b32|u32)", ptx)
-        assert not re.search(r"bar\.sync\s+5,", ptx)
+        assert re.search(r"bar\.sync\s+(%r\d+|[567]), 128;", ptx), "no row-bound named barrier"
+    else:
+        assert not re.search(r"bar\.sync\s+(%r\d+|[567]), 128;", ptx)
     assert not re.search(r"\b(ld|st)\.local", ptx), "register spills"
     if "varlen" not in target.label:
         assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx), "no TMA store"

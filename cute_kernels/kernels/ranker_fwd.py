@@ -120,6 +120,9 @@ class NamedBarrierFwd(enum.IntEnum):
     WarpSchedulerWG1 = 2  # consumer warpgroup 1 may issue its WGMMAs
     WarpSchedulerWG2 = 3  # consumer warpgroup 2 may issue its WGMMAs
     WarpSchedulerWG3 = 4  # consumer warpgroup 3 (tile_m = 192) may issue its WGMMAs
+    RowBoundWG1 = 5  # norm_bound: the four warps of consumer warpgroup 1 have voted on their rows' bound
+    RowBoundWG2 = 6
+    RowBoundWG3 = 7
 
 
 @dataclass(frozen=True)
@@ -334,6 +337,7 @@ class RankerAttentionFwd:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            row_votes: cute.struct.MemRange[Int32, 4 * self.config.consumer_wgs]  # norm_bound: one per consumer warp
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -455,6 +459,7 @@ class RankerAttentionFwd:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sVote = storage.row_votes.get_tensor(cute.make_layout(4 * self.config.consumer_wgs))
         if const_expr(self.config.persistent):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         else:
@@ -469,7 +474,7 @@ class RankerAttentionFwd:
                           pipeline_q, pipeline_k, pipeline_v, sched)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
-            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sK, sV, sO,
+            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sVote, sK, sV, sO,
                      tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx - 128, sched,
                      scale_log2, softmax_scale, cap)
 
@@ -578,7 +583,7 @@ class RankerAttentionFwd:
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
-    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sK, sV, sO, tma_atom_O,
+    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sVote, sK, sV, sO, tma_atom_O,
             pipeline_q, pipeline_k, pipeline_v, tidx, sched, scale_log2, softmax_scale, cap):
         """The consumer warpgroups (2 or 3), for each tile of this CTA: the history loop, the self term,
         normalization and LSE, the epilogue."""
@@ -611,15 +616,15 @@ class RankerAttentionFwd:
             if in_range:
                 q_state, kv_state = self.mma_tile(
                     tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
-                    tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
-                    q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
+                    tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sO, tma_atom_O, pipeline_q, pipeline_k,
+                    pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
                     scale_log2, softmax_scale, cap, k_norm_max)
             tile += Int32(cute.arch.grid_dim()[0])
 
     @cute.jit
     def mma_tile(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
-                 tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sO, tma_atom_O, pipeline_q, pipeline_k, pipeline_v,
-                 q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
+                 tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sO, tma_atom_O, pipeline_q, pipeline_k,
+                 pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
                  scale_log2, softmax_scale, cap, k_norm_max):
         head_kv = head // self.qhead_per_kvhead
         n_blocks = seg.n_block_count(self.tile_n)
@@ -635,7 +640,7 @@ class RankerAttentionFwd:
             common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
             if const_expr(self.config.norm_bound):
-                bounded = self.rows_bounded(sQ, tidx, k_norm_max, softmax_scale)
+                bounded = self.rows_bounded(sQ, sVote, tidx, k_norm_max, softmax_scale)
                 if bounded:
                     kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, fixed=True)
                 else:
@@ -902,36 +907,48 @@ class RankerAttentionFwd:
         return cute.math.sqrt(norm2_max) * Float32(1.0 + 2.0**-16)
 
     @cute.jit
-    def rows_bounded(self, sQ, tidx, k_norm_max, softmax_scale):
+    def rows_bounded(self, sQ, sVote, tidx, k_norm_max, softmax_scale):
         """``norm_bound``: True when every score of this consumer warpgroup's 64 q rows is within
         +-FIXED_MAX_CAP by Cauchy-Schwarz, ``softmax_scale * |q_row| * max_j |k_j| <= FIXED_MAX_CAP``, with
         ``|q_row|`` from the Q tile in smem (what the S GEMM reads) and ``k_norm_max`` over every key of the
         call (NaN or inf in k: False; a NaN q row does not block it: ``max.f32`` drops NaN, and that row's
         output is NaN on either loop, rows do not mix).
 
-        No barrier: every warp of the warpgroup reads all 64 rows (lane ``l`` the rows ``l`` and ``l + 32``,
-        in 16-byte vectors) and votes over its lanes, so the four warps reach the same answer and issue the
-        same WGMMAs; the warpgroups decide apart.  (Session 22: this measured the same as session 21's
-        CTA-wide vote through a consumer barrier; the cost then was the torch pre-pass over k.)  The bound
-        pads only k's side (2^-16); the q norm's and the S GEMM's float32 roundings can put a score past 50
-        by ~1e-5 relative, harmless: float32 ``exp2`` overflows only past e^88."""
+        Each warp bounds its 16 rows (a lane pair per row, each lane every other 16-byte vector, two
+        float32 partial sums), votes over its lanes, and the warpgroup's four votes meet in
+        ``sVote`` behind the warpgroup's named barrier, so its warps issue the same WGMMAs; the warpgroups
+        decide apart.  ``sVote`` is written again only in the next tile, after the epilogue's consumer
+        barrier.  (Until session 25 every warp read all 64 rows, one dependent FMA chain per row, and no
+        barrier: clock64 phase stamps put that at 1.2 loop steps at the start of every tile, 4500 of 74000
+        cycles per headline tile; now ~0.1.)  The bound pads only k's side (2^-16); the q norm's and the S
+        GEMM's float32 roundings can put a score past 50 by ~1e-5 relative, harmless: float32 ``exp2``
+        overflows only past e^88."""
         vec = 128 // self.dtype.width
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        tiled_copy = cute.make_tiled_copy_tv(atom, cute.make_layout((32, 1)), cute.make_layout((1, vec)))
-        sQ_wg = cute.local_tile(sQ, (64, self.head_dim), (tidx // 128, 0))
-        tQsQ = tiled_copy.get_slice(tidx % 32).partition_S(sQ_wg)  # (vec, 64 / 32 rows, head_dim / vec)
-        q_norm2 = Float32(0.0)
+        tiled_copy = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((16, 2), order=(1, 0)),
+                                             cute.make_layout((1, vec)))
+        warp = tidx // 32  # consumer warp: rows 16 * warp .. 16 * warp + 15 of the Q tile
+        lane = tidx % 32
+        sQ_warp = cute.local_tile(sQ, (16, self.head_dim), (warp, 0))
+        tQsQ = tiled_copy.get_slice(lane).partition_S(sQ_warp)  # (vec, 1, head_dim / (2 vec))
         tQrQ = cute.make_rmem_tensor_like(tQsQ[None, 0, 0], self.dtype)
-        for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
-            acc = Float32(0.0)
-            for c in cutlass.range(cute.size(tQsQ, mode=[2]), unroll=2):  # a few vectors in flight: no spills
-                cute.autovec_copy(tQsQ[None, m, c], tQrQ)
-                for i in cutlass.range_constexpr(vec):
-                    x = Float32(tQrQ[i])
-                    acc += x * x
-            q_norm2 = cute.arch.fmax(q_norm2, acc)
-        bound = cute.math.sqrt(q_norm2) * k_norm_max * softmax_scale
-        return cute.arch.vote_all_sync(bound <= Float32(FIXED_MAX_CAP))
+        even, odd = Float32(0.0), Float32(0.0)  # two partial sums
+        # (a few vectors in flight: all at once spilled 40 bytes in the D=64 varlen kernel at 160 registers)
+        for c in cutlass.range(cute.size(tQsQ, mode=[2]), unroll=2):
+            cute.autovec_copy(tQsQ[None, 0, c], tQrQ)
+            for i in cutlass.range_constexpr(0, vec, 2):
+                x, y = Float32(tQrQ[i]), Float32(tQrQ[i + 1])
+                even += x * x
+                odd += y * y
+        row_norm2 = cute.arch.warp_reduction_sum(even + odd, threads_in_group=2)  # + the row's other half
+        bound = cute.math.sqrt(cute.arch.fmax(Float32(0.0), row_norm2)) * k_norm_max * softmax_scale
+        warp_bounded = cute.arch.vote_all_sync(bound <= Float32(FIXED_MAX_CAP))  # (every lane votes)
+        if lane == 0:
+            sVote[warp] = Int32(warp_bounded)
+        wg = tidx // 128
+        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.RowBoundWG1) + wg, number_of_threads=128)
+        votes = sVote[4 * wg] + sVote[4 * wg + 1] + sVote[4 * wg + 2] + sVote[4 * wg + 3]
+        return votes == 4
 
     @cute.jit
     def apply_cap(self, acc_S, softmax_scale, cap):
