@@ -1,5 +1,6 @@
 """CPU tests of the ranker attention forward: reference, mask helpers, validation, sm_90a compile."""
 
+import dataclasses
 import math
 import re
 
@@ -628,20 +629,28 @@ def test_compile_targets_are_the_shipped_configs():
     assert {(128, "none", False), (128, "none", True), (64, "none", False), (64, "none", True)} <= forms
 
 
-def test_prefetch_self_kv_ships_on_d128_without_a_cap_and_compiles_to_tma_prefetch():
-    """The L2 prefetch of the candidate rows' K/V (session 10: faster on the two-warpgroup D=128 config,
-    slower on the three-warpgroup ones) is a TMA prefetch (cp.async.bulk.prefetch.tensor, SASS UTMAPF)
-    in the producer, only where shipped."""
+def test_self_kv_tma_ships_on_d128_without_a_cap_and_compiles_to_ldmatrix():
+    """The candidate tiles' own K/V rows by TMA through the K/V pipeline, read with q_i from smem by ldmatrix
+    (session 25), ship on the two-warpgroup D=128 config (tile_m == tile_n), where they replace the L2
+    prefetch of those rows (cp.async.bulk.prefetch.tensor, SASS UTMAPF: session 10); the three-warpgroup
+    configs (tile_m != tile_n) read them from global memory, with no prefetch, and a config asking for
+    self_kv_tma with tile_m != tile_n compiles to that global-memory path (no ldmatrix)."""
     from cute_kernels.runtime.cache import compile_record
 
-    assert [d for d, c in rf.CONFIGS.items() if c.prefetch_self_kv] == [128]
-    assert not any(c.prefetch_self_kv for c in rf.CAP_CONFIGS.values())
-    for cfg, capm in ((rf.CONFIGS[128], "none"), (rf.CAP_CONFIGS[("tanh", 128)], "tanh")):
-        rf._compile(torch.bfloat16, cfg, 1, capm, False)
-        rec = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, capm, False))
-        assert ("cp.async.bulk.prefetch.tensor" in rec.ptx) == cfg.prefetch_self_kv
-        if rec.sass:
-            assert ("UTMAPF" in rec.sass) == cfg.prefetch_self_kv
+    assert [d for d, c in rf.CONFIGS.items() if c.self_kv_tma] == [128]
+    assert not any(c.prefetch_self_kv for c in list(rf.CONFIGS.values()) + list(rf.CAP_CONFIGS.values()))
+    odd = dataclasses.replace(rf.CONFIGS[128], tile_n=96)
+    assert odd.self_kv_tma and odd.tile_m != odd.tile_n
+    cases = ((rf.CONFIGS[128], "none", True), (rf.CAP_CONFIGS[("tanh", 128)], "tanh", False), (odd, "none", False))
+    for cfg, capm, ldmatrix in cases:
+        for varlen in (False, True):
+            rf._compile(torch.bfloat16, cfg, 1, capm, varlen)
+            rec = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, capm, varlen))
+            assert ("ldmatrix.sync.aligned" in rec.ptx) == ldmatrix, (cfg, varlen)
+            assert "cp.async.bulk.prefetch.tensor" not in rec.ptx
+            assert all(r.stack_bytes == 0 for r in rec.resources)
+            if rec.sass:
+                assert ("LDSM" in rec.sass) == ldmatrix and "UTMAPF" not in rec.sass
 
 
 def test_exp2_scale_floor():

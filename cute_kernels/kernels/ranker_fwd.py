@@ -155,6 +155,11 @@ class RankerFwdConfig:
     # the Q tile in smem, max |k_j| from a pre-pass kernel over k), else the online max; each consumer
     # warpgroup picks one of the two compiled history loops for its rows (:meth:`RankerAttentionFwd.rows_bounded`)
     norm_bound: bool = False
+    # the candidate rows' own K/V rows (the self term) come by TMA into one more K/V stage after the history
+    # blocks, and q_i from the Q tile in smem (held until then), read in the accumulator layout with ldmatrix;
+    # otherwise (and where tile_m != tile_n: the tile's rows are then not one KV block) each thread reads them
+    # from global memory after the loop
+    self_kv_tma: bool = False
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -228,7 +233,10 @@ CONFIGS = {
     # shuffled rounds and an A/A pair (the fixed-order runs above had two builds of identical code 10%
     # apart): shipped 615, without 611, compiled in but skipped at run time 612, A/A 615 at the headline,
     # all within the noise (logs/2026-11-30_s11_ranker_fwd_prefetch_shuffled_aa.log); kept, unproven.
-    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, prefetch_self_kv=True, norm_bound=True),
+    # self_kv_tma (session 25) replaces prefetch_self_kv there: the candidate tiles' own K/V rows come by TMA
+    # through the K/V pipeline instead of global loads after the loop (phase stamps: ~2.9 loop steps per
+    # candidate tile went to those loads)
+    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, norm_bound=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
 # With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
@@ -289,6 +297,7 @@ class RankerAttentionFwd:
         self.qhead_per_kvhead = qhead_per_kvhead
         self.cap_method = cap_method
         self.varlen = varlen
+        self.self_kv_tma = config.self_kv_tma and config.tile_m == config.tile_n  # (see RankerFwdConfig)
         self.num_consumer_threads = 128 * config.consumer_wgs
         self.num_threads = 128 + self.num_consumer_threads
 
@@ -567,6 +576,16 @@ class RankerAttentionFwd:
             cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                       tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
             kv_state.advance()
+        if const_expr(self.self_kv_tma):
+            if seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m):
+                # the tile's own K/V rows (tile_m == tile_n: KV block m_block), for the self term
+                pipeline_k.producer_acquire(kv_state)
+                cute.copy(tma_atom_K, tKgK[None, m_block], tKsK[None, kv_state.index],
+                          tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+                pipeline_v.producer_acquire(kv_state)
+                cute.copy(tma_atom_V, tVgV[None, m_block], tVsV[None, kv_state.index],
+                          tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+                kv_state.advance()
         return q_state, kv_state
 
     @cute.jit
@@ -616,14 +635,14 @@ class RankerAttentionFwd:
             if in_range:
                 q_state, kv_state = self.mma_tile(
                     tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
-                    tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sO, tma_atom_O, pipeline_q, pipeline_k,
+                    tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sK, sV, sO, tma_atom_O, pipeline_q, pipeline_k,
                     pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
                     scale_log2, softmax_scale, cap, k_norm_max)
             tile += Int32(cute.arch.grid_dim()[0])
 
     @cute.jit
     def mma_tile(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
-                 tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sO, tma_atom_O, pipeline_q, pipeline_k,
+                 tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sK, sV, sO, tma_atom_O, pipeline_q, pipeline_k,
                  pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
                  scale_log2, softmax_scale, cap, k_norm_max):
         head_kv = head // self.qhead_per_kvhead
@@ -635,53 +654,55 @@ class RankerAttentionFwd:
         acc_O_mn = sm90.acc_mn(acc_O)
         num_rows = cute.size(row_max)
         bounded = cutlass.Boolean(False)  # norm_bound: this warpgroup's scores are provably bounded
+        # self_kv_tma: this tile's own K/V rows follow its history blocks in the K/V pipeline (as loaded)
+        self_block = cutlass.Boolean(False)
+        if const_expr(self.self_kv_tma):
+            self_block = seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m) and active and (
+                n_blocks > 0)
         if active and n_blocks > 0:
             pipeline_q.consumer_wait(q_state)
             common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
+            release_q = not self_block  # (the self block reads q_i from sQ after the loop)
             if const_expr(self.config.norm_bound):
                 bounded = self.rows_bounded(sQ, sVote, tidx, k_norm_max, softmax_scale)
                 if bounded:
-                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, fixed=True)
+                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
+                                                 release_q, fixed=True)
                 else:
-                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, fixed=False)
+                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
+                                                 release_q, fixed=False)
             else:
                 kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
-                                             fixed=self.config.fixed_row_max)
-            q_state = sm90.advanced(q_state)
+                                             release_q, fixed=self.config.fixed_row_max)
+            if const_expr(not self.self_kv_tma):
+                q_state = sm90.advanced(q_state)
 
         # per-row finish: quad-reduce the sums, the candidate self term, normalize, LSE
-        mQ_cur = self._batch_view(mQ, batch, offset, head)
-        mK_cur = self._batch_view(mK, batch, offset, head_kv)
-        mV_cur = self._batch_view(mV, batch, offset, head_kv)
-        lse = cute.make_rmem_tensor(num_rows, Float32)
         for r in cutlass.range_constexpr(num_rows):
             row_sum[r] = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+        if const_expr(self.self_kv_tma):
+            if self_block:  # (tile-uniform)
+                rQ, rK, rV = [cute.make_rmem_tensor_like(acc_O, self.dtype) for _ in range(3)]  # (accumulator layout)
+                kv_state = self.self_operands_from_smem(rQ, rK, rV, sQ, sK, sV, tiled_mma_pv, tidx, pipeline_k,
+                                                        pipeline_v, kv_state)
+                pipeline_q.consumer_release(q_state)
+                rQ_mn, rK_mn, rV_mn = sm90.acc_mn(rQ), sm90.acc_mn(rK), sm90.acc_mn(rV)
+                self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, bounded, scale_log2,
+                                    softmax_scale, cap, lambda r, c, row: rQ_mn[r, c], lambda r, c, row: rK_mn[r, c],
+                                    lambda r, c, row: rV_mn[r, c])
+            else:  # (a tile with no history block: nothing came through the pipeline)
+                self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
+                                              batch, offset, seg, active, bounded, scale_log2, softmax_scale, cap)
+        else:
+            self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
+                                          batch, offset, seg, active, bounded, scale_log2, softmax_scale, cap)
+        if const_expr(self.self_kv_tma):
+            if active and n_blocks > 0:
+                q_state = sm90.advanced(q_state)  # (after the self block's release of sQ)
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        for r in cutlass.range_constexpr(num_rows):
             row = m_block * self.tile_m + tOcO_mn[r, 0][0]
-            take_self = seg.takes_self_term(row) and active
-            dot = Float32(0.0)
-            if take_self:
-                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                    col = tOcO_mn[r, c][1]
-                    dot += Float32(mQ_cur[row, col]) * Float32(mK_cur[row, col])
-            dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
-            if take_self:
-                s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
-                if self.fixed_max(bounded):
-                    p_self = cute.math.exp2(s_self * scale_log2, fastmath=True)
-                    row_sum[r] = row_sum[r] + p_self
-                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                        col = tOcO_mn[r, c][1]
-                        acc_O_mn[r, c] = acc_O_mn[r, c] + p_self * Float32(mV_cur[row, col])
-                else:
-                    m_new = cute.arch.fmax(row_max[r], s_self)
-                    scale_old = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
-                    p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
-                    row_sum[r] = row_sum[r] * scale_old + p_self
-                    row_max[r] = m_new
-                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                        col = tOcO_mn[r, c][1]
-                        acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(mV_cur[row, col])
             valid = seg.row_active(row) and active and row_sum[r] > 0.0
             inv_sum = Float32(0.0)
             lse[r] = -Float32.inf
@@ -699,7 +720,71 @@ class RankerAttentionFwd:
         return q_state, kv_state
 
     @cute.jit
-    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, fixed: cutlass.Constexpr):
+    def self_operands_from_smem(self, rQ, rK, rV, sQ, sK, sV, tiled_mma_pv, tidx, pipeline_k, pipeline_v, kv_state):
+        """``self_kv_tma``: q_i from the Q tile, k_i and v_i from the K/V stage the producer filled with this
+        tile's own rows, into registers in the accumulator layout (ldmatrix, the inverse of the epilogue's
+        stmatrix); releases the stage."""
+        atom = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        thr_copy = cute.make_tiled_copy_C(atom, tiled_mma_pv).get_slice(tidx)
+        cute.copy(atom, thr_copy.partition_S(sQ), thr_copy.retile(rQ))
+        pipeline_k.consumer_wait(kv_state)
+        cute.copy(atom, thr_copy.partition_S(sK[None, None, kv_state.index]), thr_copy.retile(rK))
+        pipeline_v.consumer_wait(kv_state)
+        cute.copy(atom, thr_copy.partition_S(sV[None, None, kv_state.index]), thr_copy.retile(rV))
+        cute.arch.sync_warp()  # (every lane's ldmatrix has read the stage before its warp releases it)
+        pipeline_k.consumer_release(kv_state)
+        pipeline_v.consumer_release(kv_state)
+        kv_state.advance()
+        return kv_state
+
+    @cute.jit
+    def fold_self_term_from_gmem(self, acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv, batch,
+                                 offset, seg, active, bounded, scale_log2, softmax_scale, cap):
+        mQ_cur = self._batch_view(mQ, batch, offset, head)
+        mK_cur = self._batch_view(mK, batch, offset, head_kv)
+        mV_cur = self._batch_view(mV, batch, offset, head_kv)
+        self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, bounded, scale_log2,
+                            softmax_scale, cap, lambda r, c, row: mQ_cur[row, tOcO_mn[r, c][1]],
+                            lambda r, c, row: mK_cur[row, tOcO_mn[r, c][1]],
+                            lambda r, c, row: mV_cur[row, tOcO_mn[r, c][1]])
+
+    @cute.jit
+    def fold_self_term(self, acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, bounded, scale_log2,
+                       softmax_scale, cap, q_at, k_at, v_at):
+        """The candidate rows' own key (``j == i`` outside the history) folded into their softmax (after the
+        quad reduction of ``row_sum``): ``s_i = cap(softmax_scale * q_i . k_i)`` from this thread's columns,
+        then the quad; ``p_i`` against the row's max; ``O_i += p_i v_i``.  ``q_at(r, c, row)`` (and k, v): the
+        element of row ``r``, column ``c`` of this thread's accumulator view, sequence row ``row``, from
+        registers (:meth:`self_operands_from_smem`) or global memory (L2 with ``prefetch_self_kv``)."""
+        acc_O_mn = sm90.acc_mn(acc_O)
+        num_cols = cute.size(acc_O_mn, mode=[1])
+        for r in cutlass.range_constexpr(cute.size(row_sum)):
+            row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+            take_self = seg.takes_self_term(row) and active
+            dot = Float32(0.0)
+            if take_self:
+                for c in cutlass.range_constexpr(num_cols):
+                    dot += Float32(q_at(r, c, row)) * Float32(k_at(r, c, row))
+            dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
+            if take_self:
+                s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
+                if self.fixed_max(bounded):
+                    p_self = cute.math.exp2(s_self * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] + p_self
+                    for c in cutlass.range_constexpr(num_cols):
+                        acc_O_mn[r, c] = acc_O_mn[r, c] + p_self * Float32(v_at(r, c, row))
+                else:
+                    m_new = cute.arch.fmax(row_max[r], s_self)
+                    scale_old = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
+                    p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] * scale_old + p_self
+                    row_max[r] = m_new
+                    for c in cutlass.range_constexpr(num_cols):
+                        acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(v_at(r, c, row))
+
+    @cute.jit
+    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, release_q,
+                     fixed: cutlass.Constexpr):
         """The tile's history KV blocks, from the last down to the first (only the two edge blocks are
         masked); releases Q once every QK GEMM of the tile completed.  ``fixed``: P against the fixed max."""
         wg_idx = common[-1]  # (mma_tile's common arguments end with the warpgroup index)
@@ -712,7 +797,8 @@ class RankerAttentionFwd:
                                                         need_mask=False)
             if n_blocks > 1:
                 kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *args, need_mask=True)
-            pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
+            if release_q:
+                pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
             kv_state = self.last_half_block(kv_state, *args)
         else:
             self.scheduler_sync(wg_idx)
@@ -724,7 +810,8 @@ class RankerAttentionFwd:
             if n_blocks > 1:
                 kv_state = self.mma_one_n_block(kv_state, n_block_min, *args, is_first=False, need_mask=True)
             self.scheduler_arrive(wg_idx)
-            pipeline_q.consumer_release(q_state)
+            if release_q:
+                pipeline_q.consumer_release(q_state)
         return kv_state
 
     @cute.jit

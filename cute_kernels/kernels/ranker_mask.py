@@ -154,6 +154,12 @@ class RankerSegments:
         """Row attends at least one key (history row or candidate row)."""
         return (self.in_hist(row) + self.in_cand(row)) > 0
 
+    def tile_has_self_rows(self, row_lo: Int32, row_hi: Int32) -> Boolean:
+        """Does ``[row_lo, row_hi)`` hold a row that :meth:`takes_self_term` (a candidate outside the history)?"""
+        lo = cutlass.max(row_lo, self.cand_lo)
+        hi = cutlass.min(row_hi, self.cand_hi)
+        return (Int32(lo < hi) * (Int32(lo < self.hist_lo) + Int32(hi > self.hist_hi))) > 0
+
     def takes_self_term(self, row: Int32) -> Boolean:
         """Candidate row outside the history: its own key is an extra, off-history key."""
         return (self.in_cand(row) * (1 - self.in_hist(row))) > 0
