@@ -6,13 +6,14 @@ FlashAttention-4 with the ranker mask_mod (bench/ranker_fwd_peers.py) to the sam
 
 Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerFwdConfig fields:
 
-    python3 bench/ranker_fwd_config_probe.py --fa4 no_prefetch=prefetch_self_kv:False skip=skip_unit_rescale:True
+    python3 bench/ranker_fwd_config_probe.py --fa4 old=self_kv_tma:False skip=skip_unit_rescale:True
 
 Timing (``probe_timing.probe_options``): ``--rounds=N`` (default 5), the configs' order shuffled in every
 round (``--seed=N`` replays an order), and the shipped config timed twice (``shipped_again``: the A/A
 pair that says how large a difference is noise) with each config's spread over rounds.
 
-Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log.
+Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log,
+bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log.
 """
 import json
 import sys

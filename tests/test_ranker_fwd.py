@@ -631,14 +631,13 @@ def test_compile_targets_are_the_shipped_configs():
 
 def test_self_kv_tma_ships_on_d128_without_a_cap_and_compiles_to_ldmatrix():
     """The candidate tiles' own K/V rows by TMA through the K/V pipeline, read with q_i from smem by ldmatrix
-    (session 25), ship on the two-warpgroup D=128 config (tile_m == tile_n), where they replace the L2
-    prefetch of those rows (cp.async.bulk.prefetch.tensor, SASS UTMAPF: session 10); the three-warpgroup
+    (session 25), ship on the two-warpgroup D=128 config (tile_m == tile_n), where they replaced session 10's
+    L2 prefetch of those rows (cp.async.bulk.prefetch.tensor, SASS UTMAPF: gone); the three-warpgroup
     configs (tile_m != tile_n) read them from global memory, with no prefetch, and a config asking for
     self_kv_tma with tile_m != tile_n compiles to that global-memory path (no ldmatrix)."""
     from cute_kernels.runtime.cache import compile_record
 
     assert [d for d, c in rf.CONFIGS.items() if c.self_kv_tma] == [128]
-    assert not any(c.prefetch_self_kv for c in list(rf.CONFIGS.values()) + list(rf.CAP_CONFIGS.values()))
     odd = dataclasses.replace(rf.CONFIGS[128], tile_n=96)
     assert odd.self_kv_tma and odd.tile_m != odd.tile_n
     cases = ((rf.CONFIGS[128], "none", True), (rf.CAP_CONFIGS[("tanh", 128)], "tanh", False), (odd, "none", False))

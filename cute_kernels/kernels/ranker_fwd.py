@@ -42,8 +42,10 @@ warpgroups:
 Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
 the online softmax after the history loop as a per-row dot product ``q_i . k_i`` and ``v_i``; there
-are no diagonal tiles.  ``prefetch_self_kv`` (the D=128 config without a cap): the producer
-TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term then reads.
+are no diagonal tiles.  ``self_kv_tma`` (the D=128 config without a cap, tile_m == tile_n): the
+producer TMA-loads the tile's own K/V rows into one more K/V stage after its history blocks, and the
+consumers read q_i (from sQ), k_i and v_i with ldmatrix in the accumulator layout; the other configs
+read them from global memory after the loop.
 Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
@@ -142,9 +144,6 @@ class RankerFwdConfig:
     intra_wg_overlap: bool = True  # softmax of block n overlaps the PV GEMM of block n+1 (FA3)
     persistent: bool = False  # one CTA per SM looping over tiles (needs its own sO: no aliasing of sQ)
     skip_unit_rescale: bool = False  # skip O *= 1 when no row max of the warp changed (a warp vote)
-    # the producer TMA-prefetches into L2 the K/V rows of the tile's candidate rows, which the self term
-    # reads from global memory after the history loop
-    prefetch_self_kv: bool = False
     # with a cap, P = exp2(s * scale_log2) against a fixed row max of 0 instead of the running one: a capped
     # score is bounded, |s| <= cap, so for cap <= FIXED_MAX_CAP every P and row sum stays a normal float32
     # (and bfloat16); no row-max reduction, no O rescale.  The host takes it only where that holds (bf16,
@@ -226,16 +225,12 @@ CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
                         consumer_regs=160, persistent=True, intra_wg_overlap=False, skip_unit_rescale=True,
                         norm_bound=True),
-    # D=128: with prefetch_self_kv (session 10, two runs, useful TFLOP/s with vs without: headline 654/626
-    # vs 602/595, GQA 16/4 679/651 vs 616/611, B=8 2K+2K 571/601 vs 566/556, 16K 645/644 vs 640/642,
-    # B=16 1K+256 470/482 vs 490/505; bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log).
-    # The three-warpgroup configs lost 3-6% with it (D=64, D=128 tanh) and keep it off.  Session 11, with
-    # shuffled rounds and an A/A pair (the fixed-order runs above had two builds of identical code 10%
-    # apart): shipped 615, without 611, compiled in but skipped at run time 612, A/A 615 at the headline,
-    # all within the noise (logs/2026-11-30_s11_ranker_fwd_prefetch_shuffled_aa.log); kept, unproven.
-    # self_kv_tma (session 25) replaces prefetch_self_kv there: the candidate tiles' own K/V rows come by TMA
-    # through the K/V pipeline instead of global loads after the loop (phase stamps: ~2.9 loop steps per
-    # candidate tile went to those loads)
+    # D=128: self_kv_tma (session 25; it replaced session 10's prefetch_self_kv, an L2 prefetch of the candidate
+    # rows' K/V rows that the self term then read from global memory, 'kept, unproven' in session 11): the
+    # candidate tiles' own K/V rows come by TMA through the K/V pipeline, read with ldmatrix.  Phase stamps: the
+    # global reads cost ~2.9 loop steps per candidate tile; same run with FA4 (useful TFLOP/s, with / without):
+    # B=16 1K+256 537 / 489, B=8 2K+2K 645 / 595, 16K 725 / 703, headline 679 / 690 (A/A 682), same bits
+    # (bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log)
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, norm_bound=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
@@ -561,8 +556,6 @@ class RankerAttentionFwd:
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         q_state.advance()
-        if const_expr(self.config.prefetch_self_kv):
-            self.prefetch_self_kv(tma_atom_K, tma_atom_V, tKgK, tVgV, m_block, seg)
         pipeline_v.producer_acquire(kv_state)
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                   tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
@@ -587,18 +580,6 @@ class RankerAttentionFwd:
                           tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
                 kv_state.advance()
         return q_state, kv_state
-
-    @cute.jit
-    def prefetch_self_kv(self, tma_atom_K, tma_atom_V, tKgK, tVgV, m_block, seg):
-        """The candidate rows of this tile read their own k_i, v_i from global memory after the history
-        loop (the self term): pull the KV blocks holding those rows into L2 now (TMA prefetch, no smem),
-        so that those reads hit L2 instead of HBM."""
-        lo = cutlass.max(m_block * self.tile_m, seg.cand_lo)
-        hi = cutlass.min((m_block + 1) * self.tile_m, seg.cand_hi)
-        if lo < hi:
-            for n_block in cutlass.range(lo // self.tile_n, (hi - 1) // self.tile_n + 1, unroll=1):
-                cute.prefetch(tma_atom_K, tKgK[None, n_block])
-                cute.prefetch(tma_atom_V, tVgV[None, n_block])
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
@@ -755,7 +736,7 @@ class RankerAttentionFwd:
         quad reduction of ``row_sum``): ``s_i = cap(softmax_scale * q_i . k_i)`` from this thread's columns,
         then the quad; ``p_i`` against the row's max; ``O_i += p_i v_i``.  ``q_at(r, c, row)`` (and k, v): the
         element of row ``r``, column ``c`` of this thread's accumulator view, sequence row ``row``, from
-        registers (:meth:`self_operands_from_smem`) or global memory (L2 with ``prefetch_self_kv``)."""
+        registers (:meth:`self_operands_from_smem`) or global memory."""
         acc_O_mn = sm90.acc_mn(acc_O)
         num_cols = cute.size(acc_O_mn, mode=[1])
         for r in cutlass.range_constexpr(cute.size(row_sum)):
