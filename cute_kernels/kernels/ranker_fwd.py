@@ -49,12 +49,12 @@ read them from global memory after the loop.
 Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
 (fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
 
-Measured on the H200 (useful TFLOP/s, bf16, ours / FA4 + mask_mod in the same shuffled rounds,
-bench/results/logs/2026-12-01_s22_ranker_fwd_norm_bound_probe.log, call 3): headline B=4, history 4096 +
-512 candidates, 16 heads, D=128: 683 / 629 (611 with the online max); GQA 16/4 694 / 633; D=64 502 / 437;
-B=1 16K + 1K 714 / 651; B=8 2K + 2K 581 / 541; tanh cap 50 595 / 284.  The full bench with every peer
-(bench/results/2026-12-01_h200_ranker_fwd_s22.md; 2 rounds, lower for every impl): 642 / 598, GQA 644 /
-603, D=64 521 / 432, 16K 691 / 624, B=8 591 / 543, B=16 1K + 256 (online max) 520 / 530, tanh 574 / 292.
+Measured on the H200 (useful TFLOP/s, bf16, ours / FA4 + mask_mod, CUDA graphs; the full bench with every
+peer, bench/results/2026-12-01_h200_ranker_fwd_s25.md): headline B=4, history 4096 + 512 candidates, 16
+heads, D=128: 671 / 614; GQA 16/4 690 / 610; D=64 535 / 445; B=1 16K + 1K 708 / 637; B=16 1K + 256 563 /
+536; B=8 2K + 2K 633 / 600; tanh cap 50 582 / 292.  Interleaved probe rounds of the same session
+(bench/results/logs/2026-12-01_s25_ranker_fwd_*): headline 679-705 / 618-619, B=16 1K + 256 537-544 /
+448-472, B=8 2K + 2K 642-645 / 515-547.
 """
 
 from __future__ import annotations
