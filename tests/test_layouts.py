@@ -152,6 +152,15 @@ def test_ranker_shipped_configs_layouts_and_budget(head_dim):
     # the epilogue's stmatrix writes are conflict-free on the kernel's layout, 8x worse unswizzled
     stsm = [r for r in kl.conflicts if r.pattern.startswith("epilogue stmatrix")]
     assert stsm[0].conflict_free and stsm[1].ratio == 8.0
+    # self_kv_tma (D=128): the self term's ldmatrix reads of sQ (and of a K/V stage, same layout) likewise
+    ldsm = [r for r in kl.conflicts if r.pattern.startswith("self term ldmatrix")]
+    assert bool(ldsm) == (cfg.self_kv_tma and cfg.tile_m == cfg.tile_n)
+    if ldsm:
+        assert ldsm[0].conflict_free and ldsm[1].ratio == 8.0
+    # norm_bound's row-bound reads of sQ are analysed too (session 25: 2-way conflicts: an 8-lane phase reads
+    # 16-byte chunks 2c and 2c+1 of four rows, which the 128-byte swizzle (chunk XOR row % 8) pairs up on the
+    # same banks; a few cycles per tile.  Row-fastest lanes would be conflict-free)
+    assert any(r.pattern.startswith("row bound 16B reads") for r in kl.conflicts) == cfg.norm_bound
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

@@ -232,6 +232,12 @@ def _ranker_dsl_objects(rf, dt, config):
     rd_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
     rd_copy = cute.make_tiled_copy_tv(rd_atom, cute.make_ordered_layout((nthr // cols, cols), order=(1, 0)),
                                       cute.make_layout((1, vec)))
+    # self_kv_tma: q_i, k_i, v_i read from sQ / a K/V stage into the O accumulator layout (ldmatrix)
+    ldsm = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
+    self_copy = cute.make_tiled_copy_C(ldsm, mma_pv)
+    # norm_bound's row bound: one warp's 16 rows of sQ, a lane pair per row, 16-byte reads (rows_bounded)
+    bound_copy = cute.make_tiled_copy_tv(rd_atom, cute.make_ordered_layout((16, 2), order=(1, 0)),
+                                         cute.make_layout((1, vec)))
     # TMA atoms as __call__ builds them, over a stand-in row-major (rows, head_dim) global tensor
     # (the kernel's (S, D) view of q/k/v/o has the same mode order, D contiguous)
     from cutlass.cute.nvgpu import cpasync
@@ -258,8 +264,11 @@ def _ranker_dsl_objects(rf, dt, config):
     out["tv:O=PV accumulator"] = mma_pv.tv_layout_C_tiled
     out["tv:epilogue stmatrix (dst)"] = epi_copy.layout_dst_tv_tiled
     out["tv:varlen epilogue 16B reads (src)"] = rd_copy.layout_src_tv_tiled
+    out["tv:self term ldmatrix (src)"] = self_copy.layout_src_tv_tiled
+    out["tv:row bound 16B reads (src)"] = bound_copy.layout_src_tv_tiled
     out["tiles"] = {k: tuple(int(cute.size(m)) for m in c.tiler_mn)
-                    for k, c in (("tv:epilogue stmatrix (dst)", epi_copy), ("tv:varlen epilogue 16B reads (src)", rd_copy))}
+                    for k, c in (("tv:epilogue stmatrix (dst)", epi_copy), ("tv:varlen epilogue 16B reads (src)", rd_copy),
+                                 ("tv:self term ldmatrix (src)", self_copy), ("tv:row bound 16B reads (src)", bound_copy))}
     return out
 
 
@@ -298,6 +307,11 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
              "tv:O=PV accumulator": ((config.tile_m, config.head_dim), 1),
              "tv:epilogue stmatrix (dst)": (copy_tiles["tv:epilogue stmatrix (dst)"], 16 // eb),
              "tv:varlen epilogue 16B reads (src)": (copy_tiles["tv:varlen epilogue 16B reads (src)"], 16 // eb)}
+    self_kv_tma = getattr(config, "self_kv_tma", False) and config.tile_m == config.tile_n  # (as the kernel decides)
+    if self_kv_tma:
+        tiles["tv:self term ldmatrix (src)"] = (copy_tiles["tv:self term ldmatrix (src)"], 16 // eb)
+    if getattr(config, "norm_bound", False):
+        tiles["tv:row bound 16B reads (src)"] = (copy_tiles["tv:row bound 16B reads (src)"], 16 // eb)
     for k, (tile, vec) in tiles.items():
         kl.tv[k[3:]] = TVLayout(objs[k].named(k[3:]), tile, vec)
     for name in ("sQ", "sK", "sV", "sO"):
@@ -311,6 +325,14 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
             tv = kl.tv[key]
             pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, key, warp=None)
             for lay in (sO, sO.unswizzled()):
+                kl.conflicts.append(analysis.bank_conflicts(lay, pat, eb))
+    # sQ reads: the self term's ldmatrix (a K/V stage has sQ's layout when tile_m == tile_n) and the row bound's
+    sQ = kl.smem.get("sQ")
+    for key in ("self term ldmatrix (src)", "row bound 16B reads (src)"):
+        if sQ is not None and key in kl.tv:
+            tv = kl.tv[key]
+            pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, key, warp=None)
+            for lay in (sQ, sQ.unswizzled()):
                 kl.conflicts.append(analysis.bank_conflicts(lay, pat, eb))
     # budget from the layouts; 'extra' is what the config's own accounting adds (barriers, alignment)
     bufs = {}
