@@ -560,26 +560,27 @@ class RankerAttentionFwd:
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                   tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
         kv_state.advance()
+        kv_copies = (tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k, pipeline_v)
         for i in cutlass.range(n_blocks - 1, unroll=1):
-            n_block = n_block_min + n_blocks - 2 - i
-            pipeline_k.producer_acquire(kv_state)
-            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-            pipeline_v.producer_acquire(kv_state)
-            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
-                      tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
-            kv_state.advance()
+            kv_state = self.load_kv_block(n_block_min + n_blocks - 2 - i, kv_state, *kv_copies)
         if const_expr(self.self_kv_tma):
             if seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m):
                 # the tile's own K/V rows (tile_m == tile_n: KV block m_block), for the self term
-                pipeline_k.producer_acquire(kv_state)
-                cute.copy(tma_atom_K, tKgK[None, m_block], tKsK[None, kv_state.index],
-                          tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-                pipeline_v.producer_acquire(kv_state)
-                cute.copy(tma_atom_V, tVgV[None, m_block], tVsV[None, kv_state.index],
-                          tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
-                kv_state.advance()
+                kv_state = self.load_kv_block(m_block, kv_state, *kv_copies)
         return q_state, kv_state
+
+    @cute.jit
+    def load_kv_block(self, n_block, kv_state, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k,
+                      pipeline_v):
+        """TMA of K and V block ``n_block`` into the next K/V stage (each on its own barrier)."""
+        pipeline_k.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+        pipeline_v.producer_acquire(kv_state)
+        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
+                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+        kv_state.advance()
+        return kv_state
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
