@@ -281,6 +281,14 @@ def test_fixed_row_max_only_where_the_cap_bounds_p(monkeypatch, dtype, cap, fixe
 rf_validate = rf._validate
 
 
+def _attention_entry(ptx: str) -> str:
+    """The attention kernel's body in a compiled forward's PTX (the module also holds the k pre-pass kernel)."""
+    parts = re.split(r"\.visible \.entry ", ptx)
+    bodies = [p for p in parts[1:] if p.startswith("kernel_cutlass_kernel_")]
+    assert len(bodies) == 1, [p[:40] for p in parts[1:]]
+    return bodies[0]
+
+
 @pytest.mark.parametrize("target", rf.compile_targets(), ids=lambda t: t.label)
 def test_compiles_for_sm90a(target):
     from cute_kernels.runtime.cache import compile_record
@@ -294,12 +302,20 @@ def test_compiles_for_sm90a(target):
     assert re.search(r"bar\.sync\s+1, (256|384)", ptx), "no Epilogue named barrier"  # 2 or 3 consumer warpgroups
     assert re.search(r"bar\.arrive\s+(%r\d+|2), 256", ptx), "no warp-scheduler named barrier"
     cfg = target.key[1]
+    attention = _attention_entry(ptx)
     if cfg.norm_bound:  # each warp bounds its 16 rows (16-byte smem loads) and votes; the votes meet behind
         # the warpgroup's named barrier (128 threads)
-        assert "vote.sync.all" in ptx and re.search(r"ld\.shared\.v4\.(b32|u32)", ptx)
-        assert re.search(r"bar\.sync\s+(%r\d+|[567]), 128;", ptx), "no row-bound named barrier"
+        assert "vote.sync.all" in attention
+        assert re.search(r"bar\.sync\s+(%r\d+|[567]), 128;", attention), "no row-bound named barrier"
+        # 16-byte loads of the q rows (two per unrolled step) besides the vote read, which the online-max
+        # twin (the same config without norm_bound) does not have
+        twin = dataclasses.replace(cfg, norm_bound=False)
+        rf._compile(torch.bfloat16 if target.key[0] == "torch.bfloat16" else torch.float16, twin, *target.key[2:])
+        twin_ptx = _attention_entry(compile_record(target.kernel, (target.key[0], twin, *target.key[2:])).ptx)
+        v4 = r"ld\.shared\.v4\.(b32|u32)"
+        assert len(re.findall(v4, attention)) >= len(re.findall(v4, twin_ptx)) + 3
     else:
-        assert not re.search(r"bar\.sync\s+(%r\d+|[567]), 128;", ptx)
+        assert not re.search(r"bar\.sync\s+(%r\d+|[567]), 128;", attention)
     assert not re.search(r"\b(ld|st)\.local", ptx), "register spills"
     if "varlen" not in target.label:
         assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx), "no TMA store"

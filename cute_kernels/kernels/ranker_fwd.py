@@ -16,7 +16,7 @@ warpgroups:
 
 * warpgroup 0, the producer (``setmaxnreg`` down to 24, 32 with three consumers): its warp 0 issues
   TMA loads of the Q tile and of the history K/V blocks through multi-stage ``PipelineTmaAsync``
-  pipelines (swizzled smem);
+  pipelines (swizzled smem), with ``self_kv_tma`` then the tile's own K/V rows (the self term's);
 * ``consumer_wgs`` consumers (2: ``setmaxnreg`` up to 240, the D=128 / D=256 configs; 3: 160, the D=64
   configs and D=128 with the tanh cap, ``tile_m`` = 192 as in FlashAttention-3's D=64 tile), 64 q rows
   each: WGMMA ``S = Q K^T`` (both operands in smem), cap, edge-block column mask, online softmax in
@@ -156,8 +156,9 @@ class RankerFwdConfig:
     norm_bound: bool = False
     # the candidate rows' own K/V rows (the self term) come by TMA into one more K/V stage after the history
     # blocks, and q_i from the Q tile in smem (held until then), read in the accumulator layout with ldmatrix;
-    # otherwise (and where tile_m != tile_n: the tile's rows are then not one KV block) each thread reads them
-    # from global memory after the loop
+    # otherwise each thread reads them from global memory after the loop; also where tile_m != tile_n (the
+    # tile's rows are then not one KV block) and at head_dim > 128 (q_i, k_i, v_i in registers beside the O
+    # accumulator: D=256 with tile_n=128 spilled 544-744 bytes, session 25 review)
     self_kv_tma: bool = False
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
@@ -292,7 +293,8 @@ class RankerAttentionFwd:
         self.qhead_per_kvhead = qhead_per_kvhead
         self.cap_method = cap_method
         self.varlen = varlen
-        self.self_kv_tma = config.self_kv_tma and config.tile_m == config.tile_n  # (see RankerFwdConfig)
+        # (see RankerFwdConfig.self_kv_tma)
+        self.self_kv_tma = config.self_kv_tma and config.tile_m == config.tile_n and config.head_dim <= 128
         self.num_consumer_threads = 128 * config.consumer_wgs
         self.num_threads = 128 + self.num_consumer_threads
 
@@ -520,8 +522,9 @@ class RankerAttentionFwd:
     def load(self, tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
              pipeline_q, pipeline_k, pipeline_v, sched):
         """Warp 0 of the producer warpgroup, for each tile of this CTA: TMA of the Q tile, then K and V
-        of each history block (last block first), ``stages`` blocks ahead of the consumers.  Tiles
-        with no active row or an empty history load nothing."""
+        of each history block (last block first), ``stages`` blocks ahead of the consumers, and with
+        ``self_kv_tma`` the tile's own K/V rows (one more stage) if it holds candidate rows outside the
+        history.  Tiles with no active row or an empty history load nothing."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile = Int32(cute.arch.block_idx()[0])
@@ -673,7 +676,7 @@ class RankerAttentionFwd:
                 self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, bounded, scale_log2,
                                     softmax_scale, cap, lambda r, c, row: rQ_mn[r, c], lambda r, c, row: rK_mn[r, c],
                                     lambda r, c, row: rV_mn[r, c])
-            else:  # (a tile with no history block: nothing came through the pipeline)
+            else:  # (no self rows, or no history block (nothing came through the pipeline): global reads)
                 self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
                                               batch, offset, seg, active, bounded, scale_log2, softmax_scale, cap)
         else:
@@ -768,7 +771,8 @@ class RankerAttentionFwd:
     def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, release_q,
                      fixed: cutlass.Constexpr):
         """The tile's history KV blocks, from the last down to the first (only the two edge blocks are
-        masked); releases Q once every QK GEMM of the tile completed.  ``fixed``: P against the fixed max."""
+        masked); releases Q once every QK GEMM of the tile completed if ``release_q`` (else the caller does,
+        after the self term read q_i from sQ).  ``fixed``: P against the fixed max."""
         wg_idx = common[-1]  # (mma_tile's common arguments end with the warpgroup index)
         args = (*common, fixed)
         if const_expr(self.config.intra_wg_overlap):

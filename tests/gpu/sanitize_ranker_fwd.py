@@ -28,5 +28,10 @@ for d, cap in ((128, None), (64, None), (64, 20.0), (128, 30.0)):
         one = q[:1, :1]  # two key rows in all: most pre-pass threads past the end
         rf._ranker_impl(one, one, one, bounds[:1] * 0 + torch.tensor([0, 1, 0, 1], device="cuda", dtype=torch.int32),
                         None, None, "tanh", None, None, config=rf.CONFIGS[d])
+        if rf.CONFIGS[d].self_kv_tma:  # its self block also one tile per CTA, where sO aliases sQ
+            import dataclasses
+
+            rf._ranker_impl(q, k, v, bounds, None, None, "tanh", None, None,
+                            config=dataclasses.replace(rf.CONFIGS[d], persistent=False))
 torch.cuda.synchronize()
 print("sanitize run done", float(o.float().abs().sum()), float(ov.float().abs().sum()))

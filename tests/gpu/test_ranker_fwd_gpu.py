@@ -140,6 +140,38 @@ def test_one_tile_per_cta(case):
     _compare(name + " one-tile-per-cta", q, k, v, bounds, cap, capm, config=cfg)
 
 
+SELF_KV_CASES = [c for c in CASES if c[5] == 128 and c[7] is None and c[0] in (
+    "headline-small", "empty-history", "cand-before-hist", "out-of-range", "overlap", "hist-one-block")] + [
+    ("gap-tiles-nocap", 1, 1000, 2, 2, 128, [[0, 70, 900, 1000]], None, "tanh", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("variant", ["fp16", "stages1", "stages1-one-tile-per-cta", "stages3-one-tile-per-cta",
+                                     "no-overlap-fp16"])
+@pytest.mark.parametrize("case", SELF_KV_CASES, ids=lambda c: c[0])
+def test_self_kv_tma_forms(case, variant):
+    """``self_kv_tma`` (the candidate tiles' own K/V rows through the K/V pipeline, read with ldmatrix) in the
+    forms float16 and the tuner reach (session 25 review): float16 (the online max), 1 K/V stage persistent
+    with 7 CTAs and one tile per CTA, 3 stages one tile per CTA (persistent does not fit), without the
+    intra-warpgroup overlap; against float64, and
+    bitwise against the same config reading q_i, k_i, v_i from global memory."""
+    import dataclasses
+
+    name, b, s, hq, hkv, d, rows, cap, capm, dtype = case
+    dtype = torch.float16 if "fp16" in variant else dtype
+    q, k, v = _qkv(b, s, hq, hkv, d, dtype)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    cfg = rf.shipped_config(dtype, d, "none")
+    assert cfg.self_kv_tma
+    if variant.startswith("stages"):
+        cfg = dataclasses.replace(cfg, stages=int(variant[6]), persistent="one-tile" not in variant)
+    if variant.startswith("no-overlap"):
+        cfg = dataclasses.replace(cfg, intra_wg_overlap=False)
+    max_ctas = None if "one-tile" in variant else 7
+    o, l = _compare(f"{name} self_kv_tma {variant}", q, k, v, bounds, config=cfg, max_ctas=max_ctas)
+    og, lg = _run(q, k, v, bounds, config=dataclasses.replace(cfg, self_kv_tma=False), max_ctas=max_ctas)
+    assert torch.equal(o, og) and torch.equal(l, lg), "self_kv_tma changed the bits"
+
+
 THREE_WG_CASES = [c for c in CASES if c[5] == 128 and c[0] not in ("softsign-fp16",)] + [
     ("softsign-fp16", 1, 300, 2, 1, 64, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16),
     ("fp16-gqa2", 2, 700, 4, 2, 64, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.float16)]
