@@ -725,6 +725,7 @@ class RankerAttentionFwd:
     @cute.jit
     def fold_self_term_from_gmem(self, acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv, batch,
                                  offset, seg, active, bounded, scale_log2, softmax_scale, cap):
+        """:meth:`fold_self_term` with q_i, k_i, v_i read from global memory (each element where it is used)."""
         mQ_cur = self._batch_view(mQ, batch, offset, head)
         mK_cur = self._batch_view(mK, batch, offset, head_kv)
         mV_cur = self._batch_view(mV, batch, offset, head_kv)
