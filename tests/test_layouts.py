@@ -154,13 +154,33 @@ def test_ranker_shipped_configs_layouts_and_budget(head_dim):
     assert stsm[0].conflict_free and stsm[1].ratio == 8.0
     # self_kv_tma (D=128): the self term's ldmatrix reads of sQ (and of a K/V stage, same layout) likewise
     ldsm = [r for r in kl.conflicts if r.pattern.startswith("self term ldmatrix")]
-    assert bool(ldsm) == (cfg.self_kv_tma and cfg.tile_m == cfg.tile_n)
+    assert bool(ldsm) == rf.self_kv_tma_taken(cfg)
     if ldsm:
         assert ldsm[0].conflict_free and ldsm[1].ratio == 8.0
     # norm_bound's row-bound reads of sQ are analysed too (session 25: 2-way conflicts: an 8-lane phase reads
     # 16-byte chunks 2c and 2c+1 of four rows, which the 128-byte swizzle (chunk XOR row % 8) pairs up on the
     # same banks; a few cycles per tile.  Row-fastest lanes would be conflict-free)
     assert any(r.pattern.startswith("row bound 16B reads") for r in kl.conflicts) == cfg.norm_bound
+
+
+def test_ranker_layouts_follow_the_kernels_rules():
+    """The forward report analyses what the kernel does: float16 starts from its own shipped config (the
+    online max: no row-bound reads), and ``self_kv_tma`` where the kernel takes it only (not at D=256, where it
+    would spill: session 25; there the kernel compiles to global reads, no ldmatrix, no stack)."""
+    import torch
+
+    from cute_kernels.runtime.cache import compile_record
+
+    fp16 = KL.ranker_fwd_layouts(None, "fp16")
+    assert not fp16.config.norm_bound and fp16.config == rf.shipped_config(torch.float16, 128)
+    assert not any(r.pattern.startswith("row bound") for r in fp16.conflicts)
+    text = "head_dim=256,tile_n=128,intra_wg_overlap=false,stages=1,self_kv_tma=true"
+    kl = KL.ranker_fwd_layouts(text)
+    assert kl.config.self_kv_tma and not rf.self_kv_tma_taken(kl.config)
+    assert "self term ldmatrix (src)" not in kl.tv
+    rf._compile(torch.bfloat16, kl.config, 1, "none", False)
+    rec = compile_record(rf.NAME, (str(torch.bfloat16), kl.config, 1, "none", False))
+    assert "ldmatrix" not in rec.ptx and all(r.stack_bytes == 0 for r in rec.resources)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

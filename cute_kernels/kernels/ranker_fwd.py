@@ -262,6 +262,13 @@ CAP_CONFIGS = {
 }
 
 
+def self_kv_tma_taken(config: RankerFwdConfig) -> bool:
+    """Whether a kernel of ``config`` reads the self term's q_i, k_i, v_i through the K/V pipeline
+    (``config.self_kv_tma`` where the tile allows it: tile_m == tile_n, head_dim <= 128) rather than from
+    global memory (see :attr:`RankerFwdConfig.self_kv_tma`)."""
+    return config.self_kv_tma and config.tile_m == config.tile_n and config.head_dim <= 128
+
+
 def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: str = "none") -> RankerFwdConfig:
     """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16), ``head_dim`` and ``cap_method``
     (``"none"`` without a cap, else ``"tanh"`` / ``"soft_sign"``): ``CAP_CONFIGS[(cap_method, head_dim)]``
@@ -293,8 +300,7 @@ class RankerAttentionFwd:
         self.qhead_per_kvhead = qhead_per_kvhead
         self.cap_method = cap_method
         self.varlen = varlen
-        # (see RankerFwdConfig.self_kv_tma)
-        self.self_kv_tma = config.self_kv_tma and config.tile_m == config.tile_n and config.head_dim <= 128
+        self.self_kv_tma = self_kv_tma_taken(config)
         self.num_consumer_threads = 128 * config.consumer_wgs
         self.num_threads = 128 + self.num_consumer_threads
 

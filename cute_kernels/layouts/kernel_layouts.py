@@ -113,21 +113,26 @@ def _parse_value(field: str, v: str, current):
     return v
 
 
-def ranker_config(text: Optional[str] = None):
-    """A ranker forward config from ``"head_dim=64,tile_n=96"``: the shipped config of that head dim
-    (``ranker_fwd.CONFIGS``) with the other fields replaced; ``fixed_row_max=true`` (a capped config)
-    turns the uncapped ``norm_bound`` off unless the text sets it.  Not validated."""
+def ranker_config(text: Optional[str] = None, dtype="bf16"):
+    """A ranker forward config from ``"head_dim=64,tile_n=96"``: the shipped uncapped config of that head
+    dim for ``dtype`` (``ranker_fwd.shipped_config``: float16 takes the online max) with the other fields
+    replaced; ``fixed_row_max=true`` (a capped config) turns the uncapped ``norm_bound`` off unless the text
+    sets it.  Not validated."""
+    import torch
+
     from ..kernels import ranker_fwd as rf
 
-    base = None
+    torch_dtype = torch.float16 if _ranker_dtype(dtype).__name__ == "Float16" else torch.bfloat16
+    head_dim = rf.RankerFwdConfig().head_dim
     if text:
         for part in text.replace(" ", "").split(","):
             if part.startswith("head_dim="):
                 value = part.split("=", 1)[1]
                 if not value.lstrip("-").isdigit():
                     raise ValueError(f"head_dim takes an integer, got {value!r}")
-                base = rf.CONFIGS.get(int(value))
-    cfg = parse_config(rf.RankerFwdConfig, text, base or rf.CONFIGS.get(rf.RankerFwdConfig().head_dim))
+                head_dim = int(value)
+    base = rf.shipped_config(torch_dtype, head_dim) if head_dim in rf.CONFIGS else None
+    cfg = parse_config(rf.RankerFwdConfig, text, base or rf.shipped_config(torch_dtype, rf.RankerFwdConfig().head_dim))
     if cfg.fixed_row_max and "norm_bound=" not in text.replace(" ", ""):
         cfg = dataclasses.replace(cfg, norm_bound=False)
     return cfg
@@ -281,17 +286,20 @@ def _ranker_dtype(dtype):
 
 
 def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> KernelLayouts:
-    """Layouts, TMA boxes, TV layouts, epilogue bank conflicts and smem budget of a ranker forward config.
+    """Layouts, TMA boxes, TV layouts, smem bank conflicts (the epilogue's stmatrix writes and varlen row
+    reads of sO; with ``norm_bound`` the row bound's 16-byte reads of sQ; where the kernel takes
+    ``self_kv_tma``, the self term's ldmatrix reads of sQ and of a K/V stage) and smem budget of a ranker
+    forward config.
 
     Args:
         config: a ``RankerFwdConfig``, a string such as ``"head_dim=64,tile_n=96"`` or None (the
-            shipped head-dim-128 config).
+            shipped uncapped head-dim-128 config for ``dtype``).
         dtype: "bf16"/"fp16" (or torch/cutlass dtype).
         validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).
     """
     from ..kernels import ranker_fwd as rf
 
-    config = _resolve_config(config, rf.RankerFwdConfig, ranker_config, validate)
+    config = _resolve_config(config, rf.RankerFwdConfig, lambda text: ranker_config(text, dtype), validate)
     dt = _ranker_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_dsl_objects(rf, dt, config))
@@ -307,8 +315,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
              "tv:O=PV accumulator": ((config.tile_m, config.head_dim), 1),
              "tv:epilogue stmatrix (dst)": (copy_tiles["tv:epilogue stmatrix (dst)"], 16 // eb),
              "tv:varlen epilogue 16B reads (src)": (copy_tiles["tv:varlen epilogue 16B reads (src)"], 16 // eb)}
-    self_kv_tma = getattr(config, "self_kv_tma", False) and config.tile_m == config.tile_n  # (as the kernel decides)
-    if self_kv_tma:
+    if rf.self_kv_tma_taken(config):  # (the kernel's own rule)
         tiles["tv:self term ldmatrix (src)"] = (copy_tiles["tv:self term ldmatrix (src)"], 16 // eb)
     if getattr(config, "norm_bound", False):
         tiles["tv:row bound 16B reads (src)"] = (copy_tiles["tv:row bound 16B reads (src)"], 16 // eb)
