@@ -37,6 +37,8 @@ SASS_FEATURES: dict[str, str] = {
     "UTMAREDG": r"\bUTMAREDG\b",
     "LDG.E.128": r"\bLDG\.E(\.[A-Z0-9]+)*\.128\b",
     "STG.E.128": r"\bSTG\.E(\.[A-Z0-9]+)*\.128\b",
+    "LDSM (ldmatrix)": r"\bLDSM\b",
+    "STSM (stmatrix)": r"\bSTSM\b",
     "LDL/STL (local memory)": r"\b(LDL|STL)\b",
 }
 
