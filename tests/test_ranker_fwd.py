@@ -310,7 +310,7 @@ def test_compiles_for_sm90a(target):
         # 16-byte loads of the q rows (two per unrolled step) besides the vote read, which the online-max
         # twin (the same config without norm_bound) does not have
         twin = dataclasses.replace(cfg, norm_bound=False)
-        rf._compile(torch.bfloat16 if target.key[0] == "torch.bfloat16" else torch.float16, twin, *target.key[2:])
+        rf._compile(getattr(torch, target.key[0].split(".")[-1]), twin, *target.key[2:])
         twin_ptx = _attention_entry(compile_record(target.kernel, (target.key[0], twin, *target.key[2:])).ptx)
         v4 = r"ld\.shared\.v4\.(b32|u32)"
         assert len(re.findall(v4, attention)) >= len(re.findall(v4, twin_ptx)) + 3

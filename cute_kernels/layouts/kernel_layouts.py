@@ -131,8 +131,9 @@ def ranker_config(text: Optional[str] = None, dtype="bf16"):
                 if not value.lstrip("-").isdigit():
                     raise ValueError(f"head_dim takes an integer, got {value!r}")
                 head_dim = int(value)
-    base = rf.shipped_config(torch_dtype, head_dim) if head_dim in rf.CONFIGS else None
-    cfg = parse_config(rf.RankerFwdConfig, text, base or rf.shipped_config(torch_dtype, rf.RankerFwdConfig().head_dim))
+    # (an unsupported head dim starts from the default one; validate() then names it)
+    base = rf.shipped_config(torch_dtype, head_dim if head_dim in rf.CONFIGS else rf.RankerFwdConfig().head_dim)
+    cfg = parse_config(rf.RankerFwdConfig, text, base)
     if cfg.fixed_row_max and "norm_bound=" not in text.replace(" ", ""):
         cfg = dataclasses.replace(cfg, norm_bound=False)
     return cfg
@@ -325,22 +326,18 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
         if name in kl.smem:
             kl.tma[name] = _tma_box_2d(kl.smem[name], dt)
             kl.tma[name].update(parse_tma_type(tma_types.get(name, "")))
-    # epilogue bank conflicts, kernel layout vs the same tile unswizzled
-    sO = kl.smem.get("sO")
-    if sO is not None:
-        for key in ("epilogue stmatrix (dst)", "varlen epilogue 16B reads (src)"):
-            tv = kl.tv[key]
-            pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, key, warp=None)
-            for lay in (sO, sO.unswizzled()):
-                kl.conflicts.append(analysis.bank_conflicts(lay, pat, eb))
-    # sQ reads: the self term's ldmatrix (a K/V stage has sQ's layout when tile_m == tile_n) and the row bound's
-    sQ = kl.smem.get("sQ")
-    for key in ("self term ldmatrix (src)", "row bound 16B reads (src)"):
-        if sQ is not None and key in kl.tv:
-            tv = kl.tv[key]
-            pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, key, warp=None)
-            for lay in (sQ, sQ.unswizzled()):
-                kl.conflicts.append(analysis.bank_conflicts(lay, pat, eb))
+    # bank conflicts of each smem access, on the kernel's layout and on the same tile unswizzled: the epilogue's
+    # over sO; the row bound's and the self term's ldmatrix over sQ (a K/V stage has sQ's layout when
+    # tile_m == tile_n)
+    for buffer, keys in (("sO", ("epilogue stmatrix (dst)", "varlen epilogue 16B reads (src)")),
+                         ("sQ", ("self term ldmatrix (src)", "row bound 16B reads (src)"))):
+        lay = kl.smem.get(buffer)
+        for key in keys:
+            if lay is not None and key in kl.tv:
+                tv = kl.tv[key]
+                pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, key, warp=None)
+                for candidate in (lay, lay.unswizzled()):
+                    kl.conflicts.append(analysis.bank_conflicts(candidate, pat, eb))
     # budget from the layouts; 'extra' is what the config's own accounting adds (barriers, alignment)
     bufs = {}
     for name in ("sQ", "sK", "sV"):
