@@ -47,6 +47,12 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 export CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a}
 export PYTHONUNBUFFERED=1
 cd "$root"
+# on a machine without a usable CUDA GPU every GPU test would skip and check/bench fail one by one: stop here
+if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_run.sh: no CUDA GPU visible to torch here (torch.cuda.is_available() is False, or torch is" \
+       "missing); run it on the GPU machine (see the header: $0 --help)" >&2
+  exit 3
+fi
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
 python3 -m cute_kernels info | tee "$out/info.txt"

@@ -177,3 +177,18 @@ def test_layouts_refuses_another_target_arch_with_a_message(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cute_kernels", "layouts", "--kernel", "hc_mix", "--out",
                         str(tmp_path / "out")], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 2 and "sm_90a (Hopper) only" in r.stderr and "\x1b[" not in r.stderr, r.stdout + r.stderr
+
+
+def test_gpu_run_script_without_a_gpu_stops_with_a_message(tmp_path):
+    """scripts/gpu_run.sh where torch sees no CUDA GPU (hidden here even on a GPU machine): exit 3 and say
+    why, before any test, check or bench runs (nothing written into OUTDIR)."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(root / "scripts" / "gpu_run.sh"), str(out), "tests"], capture_output=True,
+                       text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), timeout=120)
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+    assert "no CUDA GPU" in r.stderr
+    assert not any(out.iterdir())
