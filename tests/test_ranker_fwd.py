@@ -299,10 +299,19 @@ def test_compiles_for_sm90a(target):
     assert "wgmma.mma_async" in ptx
     assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.shared::(cta|cluster)\.global", ptx), "no TMA load"
     assert "setmaxnreg" in ptx
-    assert re.search(r"bar\.sync\s+1, (256|384)", ptx), "no Epilogue named barrier"  # 2 or 3 consumer warpgroups
     assert re.search(r"bar\.arrive\s+(%r\d+|2), 256", ptx), "no warp-scheduler named barrier"
     cfg = target.key[1]
     attention = _attention_entry(ptx)
+    # the epilogue's named barriers: with wg_epilogue (shipped at D=128 without a cap; fixed length only) each
+    # consumer warpgroup's own (EpilogueWG1-3, 128 threads, the id from the warpgroup index: two per epilogue)
+    # and no barrier of every consumer (Epilogue, id 1: 256 or 384 threads), else that one; besides them
+    # norm_bound's row-bound barrier (128 threads)
+    assert cfg.wg_epilogue == (cfg.head_dim == 128 and target.key[3] == "none")
+    wg = cfg.wg_epilogue and not target.key[4]
+    every = re.search(r"bar\.sync\s+1, (256|384)", attention)
+    assert not every if wg else every, "the epilogue's barrier of every consumer"
+    n128 = len(re.findall(r"bar\.sync\s+%r\d+, 128;", attention))
+    assert n128 == 2 * wg + cfg.norm_bound, f"{n128} named barriers of 128 threads"
     if cfg.norm_bound:  # each warp bounds its 16 rows (16-byte smem loads) and votes; the votes meet behind
         # the warpgroup's named barrier (128 threads)
         assert "vote.sync.all" in attention
@@ -314,8 +323,6 @@ def test_compiles_for_sm90a(target):
         twin_ptx = _attention_entry(compile_record(target.kernel, (target.key[0], twin, *target.key[2:])).ptx)
         v4 = r"ld\.shared\.v4\.(b32|u32)"
         assert len(re.findall(v4, attention)) >= len(re.findall(v4, twin_ptx)) + 3
-    else:
-        assert not re.search(r"bar\.sync\s+(%r\d+|[567]), 128;", attention)
     assert not re.search(r"\b(ld|st)\.local", ptx), "register spills"
     if "varlen" not in target.label:
         assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx), "no TMA store"

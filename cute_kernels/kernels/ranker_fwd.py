@@ -46,8 +46,11 @@ are no diagonal tiles.  ``self_kv_tma`` (the D=128 config without a cap, tile_m 
 producer TMA-loads the tile's own K/V rows into one more K/V stage after its history blocks, and the
 consumers read q_i (from sQ), k_i and v_i with ldmatrix in the accumulator layout; the other configs
 read them from global memory after the loop.
-Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store
-(fixed length; TMA clips the ragged edge), or a predicated 16-byte store per row (varlen).
+Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store (fixed length;
+TMA clips the ragged edge), or a predicated 16-byte store per row (varlen); at D=128 without a cap, fixed
+length, per consumer warpgroup (``wg_epilogue``: its 64 rows behind its own named barrier, so the
+warpgroups keep their round-robin offset across tiles), the store's read of sO waited for at the
+warpgroup's next epilogue (``defer_store_wait``, persistent).
 
 Measured on the H200 (useful TFLOP/s, bf16, ours / FA4 + mask_mod, CUDA graphs; the full bench with every
 peer, bench/results/2026-12-01_h200_ranker_fwd_s25.md): headline B=4, history 4096 + 512 candidates, 16
@@ -118,13 +121,16 @@ NORM_BOUND_MIN_BLOCKS = 16
 class NamedBarrierFwd(enum.IntEnum):
     """Named barriers of the forward (0 is ``__syncthreads``)."""
 
-    Epilogue = 1  # consumers: done reading sQ before sO (aliasing it) is written; sO ready for TMA
+    Epilogue = 1  # consumers (wg_epilogue off): done reading sQ before sO (aliasing it) is written; sO ready for TMA
     WarpSchedulerWG1 = 2  # consumer warpgroup 1 may issue its WGMMAs
     WarpSchedulerWG2 = 3  # consumer warpgroup 2 may issue its WGMMAs
     WarpSchedulerWG3 = 4  # consumer warpgroup 3 (tile_m = 192) may issue its WGMMAs
     RowBoundWG1 = 5  # norm_bound: the four warps of consumer warpgroup 1 have voted on their rows' bound
     RowBoundWG2 = 6
     RowBoundWG3 = 7
+    EpilogueWG1 = 8  # wg_epilogue: Epilogue's role for consumer warpgroup 1 alone (its own 64 rows of sQ / sO)
+    EpilogueWG2 = 9
+    EpilogueWG3 = 10
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,19 @@ class RankerFwdConfig:
     # tile's rows are then not one KV block) and at head_dim > 128 (q_i, k_i, v_i in registers beside the O
     # accumulator: D=256 with tile_n=128 spilled 544-744 bytes, session 25 review)
     self_kv_tma: bool = False
+    # the epilogue per consumer warpgroup (its 64 rows of sO, its own named barrier, its own TMA store)
+    # instead of one for the tile behind a barrier of every consumer, so the warpgroups keep their round-robin
+    # offset across tiles instead of meeting at every tile's end (H200 phase stamps, session 26: a history
+    # tile's cycles -4.8% at B=16 1K+256, -2.5% at B=8 2K+2K, -1.4% at the headline shape; shipped at D=128
+    # without a cap; fixed length only (the varlen kernels keep one epilogue: with it D=128's spilled 8 bytes);
+    # the three-warpgroup configs at 160 registers keep one epilogue: with it bf16 D=128 soft_sign spills 8)
+    wg_epilogue: bool = False
+    # persistent, fixed length: the warp that issued a TMA store of O waits for it to have read sO at the
+    # start of its next epilogue (and once after the tile loop) instead of right after issuing it, so the
+    # store's smem read leaves the path between tiles (with wg_epilogue, session 26's stamps: a further
+    # -1.4% / -0.9% / -0.6% of a history tile's cycles at those shapes; alone, level: the wait moves into
+    # the next tile's first block)
+    defer_store_wait: bool = False
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -232,7 +251,8 @@ CONFIGS = {
     # global reads cost ~2.9 loop steps per candidate tile; same run with FA4 (useful TFLOP/s, with / without):
     # B=16 1K+256 537 / 489, B=8 2K+2K 645 / 595, 16K 725 / 703, headline 679 / 690 (A/A 682), same bits
     # (bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log)
-    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, norm_bound=True),
+    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, norm_bound=True,
+                         wg_epilogue=True, defer_store_wait=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
 # With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
@@ -302,6 +322,12 @@ class RankerAttentionFwd:
         self.varlen = varlen
         self.self_kv_tma = self_kv_tma_taken(config)
         self.num_consumer_threads = 128 * config.consumer_wgs
+        # the epilogue's unit: one consumer warpgroup's rows (wg_epilogue) or the whole tile
+        # fixed length only: with it the varlen kernels' predicated stores spilled 8 bytes (D=128, session 26)
+        self.wg_epilogue = config.wg_epilogue and not varlen
+        self.epi_rows = 64 if self.wg_epilogue else config.tile_m
+        self.epi_threads = 128 if self.wg_epilogue else self.num_consumer_threads
+        self.defer_store_wait = config.defer_store_wait and config.persistent and not varlen
         self.num_threads = 128 + self.num_consumer_threads
 
     # ------------------------------------------------------------------ host side
@@ -339,8 +365,10 @@ class RankerAttentionFwd:
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mV, cute.select(sV_layout, mode=[0, 1]),
             (self.tile_n, self.head_dim), 1)
+        # the O store's box: the tile, or with wg_epilogue one warpgroup's 64 rows (the tile's layout restricted)
+        sO_box_layout = cute.composition(sO_layout, (cute.make_layout(self.epi_rows), cute.make_layout(self.head_dim)))
         tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.head_dim))
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_box_layout, (self.epi_rows, self.head_dim))
         self.tma_bytes_q = cute.size_in_bytes(self.dtype, sQ_layout)
         self.tma_bytes_kv = cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1]))
 
@@ -630,6 +658,9 @@ class RankerAttentionFwd:
                     pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
                     scale_log2, softmax_scale, cap, k_norm_max)
             tile += Int32(cute.arch.grid_dim()[0])
+        if const_expr(self.defer_store_wait):
+            if tidx % self.epi_threads < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last tile's store has read sO
 
     @cute.jit
     def mma_tile(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
@@ -706,7 +737,7 @@ class RankerAttentionFwd:
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv_sum
 
-        self.epilogue(acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx,
+        self.epilogue(acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx, wg_idx,
                       m_block, head, batch, offset, seg)
         return q_state, kv_state
 
@@ -1069,12 +1100,21 @@ class RankerAttentionFwd:
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit
-    def epilogue(self, acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx,
+    def epilogue(self, acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx, wg_idx,
                  m_block, head, batch, offset, seg):
+        """O (normalized) to the input dtype, through sO (stmatrix) to global memory: a TMA store of the
+        epilogue's unit (the tile, or with ``wg_epilogue`` each consumer warpgroup's 64 rows; TMA clips the
+        ragged edge) or predicated 16-byte row stores (varlen); the LSE of each row by the thread holding
+        its column 0.  The unit's threads sync on its named barrier."""
+        unit = wg_idx if const_expr(self.wg_epilogue) else 0  # (the warpgroup, or the whole tile)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        # every consumer is done reading sQ (its WGMMAs waited) before sO, which aliases it, is written
-        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.Epilogue), number_of_threads=self.num_consumer_threads)
+        if const_expr(self.defer_store_wait):
+            if tidx % self.epi_threads < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous tile's store has read sO
+        # the unit is done reading its rows of sQ (its WGMMAs waited) before sO, which may alias them, is
+        # written, and (persistent) its previous TMA store has read its rows of sO
+        self.epilogue_barrier(unit)
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
         smem_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_pv).get_slice(tidx)
@@ -1088,36 +1128,49 @@ class RankerAttentionFwd:
                 if row < seg.seqlen:
                     mLSE_cur[row] = lse[r]
 
+        units = self.tile_m // self.epi_rows
+        sO_unit = cute.local_tile(sO, (self.epi_rows, self.head_dim), (unit, 0))
         if const_expr(not self.varlen):
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=int(NamedBarrierFwd.Epilogue), number_of_threads=self.num_consumer_threads)
-            if tidx < 32:
-                gO = cute.local_tile(self._batch_view(tma_O, batch, offset, head),
-                                     (self.tile_m, self.head_dim), (m_block, 0))
+            self.epilogue_barrier(unit)
+            if tidx % self.epi_threads < 32:
+                gO = cute.local_tile(self._batch_view(tma_O, batch, offset, head), (self.epi_rows, self.head_dim),
+                                     (m_block * units + unit, 0))
                 tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
-                                                   cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+                                                   cute.group_modes(sO_unit, 0, 2), cute.group_modes(gO, 0, 2))
                 cute.copy(tma_atom_O, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if const_expr(not self.defer_store_wait):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
-            cute.arch.barrier(barrier_id=int(NamedBarrierFwd.Epilogue), number_of_threads=self.num_consumer_threads)
+            self.epilogue_barrier(unit)
             vec = 128 // self.dtype.width
             cols = self.head_dim // vec
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
             tiled_copy = cute.make_tiled_copy_tv(
-                atom, cute.make_ordered_layout((self.num_consumer_threads // cols, cols), order=(1, 0)),
+                atom, cute.make_ordered_layout((self.epi_threads // cols, cols), order=(1, 0)),
                 cute.make_layout((1, vec)))
-            thr_copy = tiled_copy.get_slice(tidx)
-            gO = cute.local_tile(self._batch_view(mO, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
-            cO = cute.make_identity_tensor((self.tile_m, self.head_dim))
-            tOsO = thr_copy.partition_S(sO)
+            thr_copy = tiled_copy.get_slice(tidx % self.epi_threads)
+            gO = cute.local_tile(self._batch_view(mO, batch, offset, head), (self.epi_rows, self.head_dim),
+                                 (m_block * units + unit, 0))
+            cO = cute.make_identity_tensor((self.epi_rows, self.head_dim))
+            tOsO = thr_copy.partition_S(sO_unit)
             tOgO = thr_copy.partition_D(gO)
             tOcO = thr_copy.partition_S(cO)
             tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
             cute.autovec_copy(tOsO, tOrO)
             for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if m_block * self.tile_m + tOcO[0, m, 0][0] < seg.seqlen:
+                if (m_block * units + unit) * self.epi_rows + tOcO[0, m, 0][0] < seg.seqlen:
                     cute.copy(atom, tOrO[None, m, None], tOgO[None, m, None])
+
+    @cute.jit
+    def epilogue_barrier(self, unit):
+        """The epilogue unit's named barrier: every consumer (Epilogue), or with ``wg_epilogue`` warpgroup
+        ``unit``'s own (EpilogueWG1..3)."""
+        if const_expr(self.wg_epilogue):
+            cute.arch.barrier(barrier_id=int(NamedBarrierFwd.EpilogueWG1) + unit, number_of_threads=128)
+        else:
+            cute.arch.barrier(barrier_id=int(NamedBarrierFwd.Epilogue), number_of_threads=self.num_consumer_threads)
 
 
 # ====================================================================== torch side

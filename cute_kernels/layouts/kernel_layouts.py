@@ -231,7 +231,8 @@ def _ranker_dsl_objects(rf, dt, config):
             a_source=warpgroup.OperandSource.RMEM)
     stsm = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
     epi_copy = cute.make_tiled_copy_C(stsm, mma_pv)
-    # varlen epilogue: 16-byte reads of sO by rows (RankerAttentionFwd.epilogue, varlen branch)
+    # varlen epilogue: 16-byte reads of sO by rows (RankerAttentionFwd.epilogue, varlen branch: one epilogue
+    # for the tile, wg_epilogue being fixed-length only)
     vec = 128 // dt.width
     cols = config.head_dim // vec
     nthr = 128 * config.consumer_wgs
@@ -254,17 +255,19 @@ def _ranker_dsl_objects(rf, dt, config):
         atom, _ = cpasync.make_tiled_tma_atom(op, g, smem_layout, (rows, config.head_dim))
         return str(atom.type)
 
+    # the O store (fixed length): the tile, or (wg_epilogue) one warpgroup's 64 rows of sO, as __call__ builds its atom
+    epi_rows = 64 if getattr(config, "wg_epilogue", False) else config.tile_m
+    sO_box = cute.composition(smem["sO"], (cute.make_layout(epi_rows), cute.make_layout(config.head_dim)))
     tma = {}
-    for name, op, rows in (("sQ", cpasync.CopyBulkTensorTileG2SOp(), config.tile_m),
-                           ("sK", cpasync.CopyBulkTensorTileG2SOp(), config.tile_n),
-                           ("sV", cpasync.CopyBulkTensorTileG2SOp(), config.tile_n),
-                           ("sO", cpasync.CopyBulkTensorTileS2GOp(), config.tile_m)):
-        if name in smem:
-            lay = smem[name]
-            if cute.rank(lay) == 3:
-                lay = cute.select(lay, mode=[0, 1])
-            tma[name] = tma_type(op, lay, rows)
+    for name, op, lay, rows in (("sQ", cpasync.CopyBulkTensorTileG2SOp(), smem["sQ"], config.tile_m),
+                                ("sK", cpasync.CopyBulkTensorTileG2SOp(), smem["sK"], config.tile_n),
+                                ("sV", cpasync.CopyBulkTensorTileG2SOp(), smem["sV"], config.tile_n),
+                                ("sO", cpasync.CopyBulkTensorTileS2GOp(), sO_box, epi_rows)):
+        if cute.rank(lay) == 3:
+            lay = cute.select(lay, mode=[0, 1])
+        tma[name] = tma_type(op, lay, rows)
     out = {k: v for k, v in smem.items()}
+    out["sO store box"] = sO_box  # (not an smem buffer: the region one TMA store of O reads)
     out["tma_types"] = tma
     out["tv:S=QK^T accumulator"] = mma_qk.tv_layout_C_tiled
     out["tv:O=PV accumulator"] = mma_pv.tv_layout_C_tiled
@@ -322,9 +325,11 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
         tiles["tv:row bound 16B reads (src)"] = (copy_tiles["tv:row bound 16B reads (src)"], 16 // eb)
     for k, (tile, vec) in tiles.items():
         kl.tv[k[3:]] = TVLayout(objs[k].named(k[3:]), tile, vec)
+    # the O store reads one warpgroup's 64 rows of sO (wg_epilogue) or the tile: its box from that region
+    sO_box = kl.smem.pop("sO store box")
     for name in ("sQ", "sK", "sV", "sO"):
         if name in kl.smem:
-            kl.tma[name] = _tma_box_2d(kl.smem[name], dt)
+            kl.tma[name] = _tma_box_2d(sO_box if name == "sO" else kl.smem[name], dt)
             kl.tma[name].update(parse_tma_type(tma_types.get(name, "")))
     # bank conflicts of each smem access, on the kernel's layout and on the same tile unswizzled: the epilogue's
     # over sO; the row bound's and the self term's ldmatrix over sQ (a K/V stage has sQ's layout when

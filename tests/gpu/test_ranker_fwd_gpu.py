@@ -172,6 +172,36 @@ def test_self_kv_tma_forms(case, variant):
     assert torch.equal(o, og) and torch.equal(l, lg), "self_kv_tma changed the bits"
 
 
+@pytest.mark.parametrize("variant", ["wg", "defer", "wg+defer"])
+@pytest.mark.parametrize("schedule", ["persistent", "one-tile-per-cta", "varlen"])
+@pytest.mark.parametrize("d,cap", [(128, None), (64, None), (128, 30.0)])
+def test_wg_epilogue(d, cap, schedule, variant):
+    """The epilogue per consumer warpgroup (``wg_epilogue``) and the deferred wait for the O store's read of
+    sO (``defer_store_wait``; both shipped at D=128 without a cap) give the same bits as one epilogue for the tile that waits at
+    once, and match float64, on the shipped configs (D=128, D=64's three warpgroups, D=128 tanh's three),
+    persistent with 7 CTAs, one tile per CTA (sO aliasing sQ) and packed sequences."""
+    import dataclasses
+
+    b, s, hq, hkv = 2, 700, 4, 2
+    q, k, v = _qkv(b, s, hq, hkv, d)
+    bounds = torch.tensor([[0, 517, 517, 700], [37, 400, 450, 611]], device="cuda", dtype=torch.int32)
+    shipped = rf.shipped_config(torch.bfloat16, d, "none" if cap is None else "tanh")
+    assert shipped.wg_epilogue == shipped.defer_store_wait == (d == 128 and cap is None)  # (what ships)
+    if schedule == "one-tile-per-cta":
+        shipped = dataclasses.replace(shipped, persistent=False)
+    tile_epilogue = dataclasses.replace(shipped, wg_epilogue=False, defer_store_wait=False)
+    cfg = dataclasses.replace(shipped, wg_epilogue="wg" in variant, defer_store_wait="defer" in variant)
+    kw = dict(max_ctas=None if schedule == "one-tile-per-cta" else 7)
+    if schedule == "varlen":
+        cu = torch.tensor([0, 300, 700], device="cuda", dtype=torch.int32)
+        q, k, v = q[0], k[0], v[0]
+        bounds = torch.tensor([[0, 200, 200, 300], [3, 131, 131, 390]], device="cuda", dtype=torch.int32)
+        kw.update(cu_seqlens=cu, max_seqlen=400)
+    o, l = _compare(f"epilogue {variant} d={d} cap={cap} {schedule}", q, k, v, bounds, cap, config=cfg, **kw)
+    o0, l0 = _run(q, k, v, bounds, cap, config=tile_epilogue, **kw)
+    assert torch.equal(o, o0) and torch.equal(l, l0)
+
+
 THREE_WG_CASES = [c for c in CASES if c[5] == 128 and c[0] not in ("softsign-fp16",)] + [
     ("softsign-fp16", 1, 300, 2, 1, 64, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16),
     ("fp16-gqa2", 2, 700, 4, 2, 64, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.float16)]
