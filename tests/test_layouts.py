@@ -559,3 +559,17 @@ def test_session_17_tile_shape_review():
     budget = kl.ranker_bwd_layouts().budget
     assert any(k.startswith("sLSE + sdPsum") for k in budget.buffers)
     assert budget.total == rb.CONFIGS[128].smem_bytes()
+
+
+def test_trace_converts_tuples_and_refuses_objects_that_cannot_leave_the_trace():
+    """A builder returning a tuple gets StaticLayouts back (a raw DSL layout used after the trace crashed the
+    process); a DSL object that is not a layout (a tensor, ...) raises TypeError; plain values pass."""
+    import cutlass.cute as cute
+
+    from cute_kernels.layouts import StaticLayout, trace
+
+    a, b, n, t = trace(lambda: (cute.make_layout(4), cute.make_layout((2, 8)), 3, (1, 2)))
+    assert isinstance(a, StaticLayout) and isinstance(b, StaticLayout) and b.cosize == 16
+    assert (n, t) == (3, (1, 2))
+    with pytest.raises(TypeError, match="only inside the DSL's trace"):
+        trace(lambda: {"t": cute.make_identity_tensor((4, 4))})

@@ -78,6 +78,10 @@ def test_parallel_reference_equals_unsharded():
         outs = mod.parallel_reference(q, k, wq, wk, 1e-6, world)
         torch.testing.assert_close(torch.cat([o[0] for o in outs], 1), full_q)
         torch.testing.assert_close(torch.cat([o[1] for o in outs], 1), full_k)
+    # shards must cover every column: Q and K multiples of world (ParallelQKNorm's rule)
+    for world in (3, 0, 2.0):
+        with pytest.raises(ValueError, match="world"):
+            mod.parallel_reference(q, k, wq, wk, 1e-6, world)
 
 
 def test_unfused_scale_matches_reference():

@@ -37,6 +37,9 @@ def test_config_validation():
         mod.ScaleConfig(threads=100).validate()
     with pytest.raises(ValueError, match="unroll"):
         mod.ScaleConfig(unroll=0).validate()
+    for bad in (dict(threads=128.0), dict(unroll=2.5), dict(unroll="4"), dict(unroll=True)):
+        with pytest.raises(TypeError, match=next(iter(bad))):
+            mod.ScaleConfig(**bad).validate()
 
 
 def test_reference_checks_alpha_like_the_op():
@@ -44,7 +47,7 @@ def test_reference_checks_alpha_like_the_op():
 
     from cute_kernels.kernels import scale as mod
 
-    for bad, exc in ((float("nan"), ValueError), (True, TypeError), (1e39, ValueError)):
+    for bad, exc in ((float("nan"), ValueError), (True, TypeError), (1e39, ValueError), (-1e39, ValueError)):
         with pytest.raises(exc, match="alpha"):
             mod.scale_reference(torch.ones(8), bad)
     assert torch.equal(mod.scale_reference(torch.ones(8, dtype=torch.bfloat16), 0.5), torch.full((8,), 0.5).bfloat16())

@@ -731,7 +731,16 @@ def emulated_step(ranks: list[ParallelQKNorm], streams, qs, ks, wqs, wks, eps: f
 
 def parallel_reference(q_full: torch.Tensor, k_full: torch.Tensor, wq_full: torch.Tensor, wk_full: torch.Tensor,
                        eps: float, world: int):
-    """float64 reference over the gathered shards: list of (q_shard_out, k_shard_out) per rank."""
+    """float64 reference over the gathered shards: list of (q_shard_out, k_shard_out) per rank.
+
+    ``q_full [N, Q]``, ``k_full [N, K]`` (any float dtype, one device), ``wq_full [Q]``, ``wk_full [K]``;
+    rank ``r`` holds columns ``[r*Q/world, (r+1)*Q/world)`` of q (k alike).  Raises ``ValueError`` unless
+    ``world`` is an int >= 1 dividing Q and K (as :class:`ParallelQKNorm` requires of its shards)."""
+    if type(world) is not int or world < 1:
+        raise ValueError(f"world must be an int >= 1, got {world!r}")
+    if q_full.dim() != 2 or k_full.dim() != 2 or q_full.shape[1] % world or k_full.shape[1] % world:
+        raise ValueError(f"q_full [N, Q] and k_full [N, K] with Q and K multiples of world={world}, got "
+                         f"{list(q_full.shape)} and {list(k_full.shape)}")
     ssq = q_full.double().square().sum(-1)
     ssk = k_full.double().square().sum(-1)
     qw, kw = q_full.shape[1] // world, k_full.shape[1] // world

@@ -1651,7 +1651,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.
         softmax_scale: None or a real number in ``[0, float32 max / 4]``, default ``1/sqrt(D)`` (0: uniform
             attention over the admitted keys; otherwise at least float32's smallest normal, 2**-126).
-        cap: None (no cap) or a positive finite real number (a normal float32); ``cap_method``
+        cap: None (no cap) or a real number in ``[2**-126, float32 max / 4]`` (a normal float32, with
+            ``softmax_scale / cap`` finite in float32); ``cap_method``
             ``"tanh"`` (``cap*tanh(s/cap)``) or ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before
             the mask.  ``cap_method="none"`` is accepted with ``cap=None`` only.
         return_lse: also return the log-sum-exp.

@@ -22,7 +22,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import check_float_tensors, check_real, check_tensor
+from ..runtime.validate import check_config_fields, check_float_tensors, check_real, check_tensor
 
 NAME = "scale"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -36,6 +36,8 @@ class ScaleConfig:
     unroll: int = 4
 
     def validate(self) -> None:
+        """``TypeError`` for a field that is not an int, ``ValueError`` (with the rule) for a value out of range."""
+        check_config_fields(self)
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             raise ValueError(f"threads={self.threads}: must be a multiple of 32 in [32, 1024]")
         if self.unroll < 1 or self.unroll > 16:

@@ -222,22 +222,33 @@ def _py(t):
     return int(t)
 
 
+_PLAIN = (int, float, str, bool, type(None))
+
+
 def _convert(value, name=""):
-    """Convert what a builder returned: a layout, or a dict/list/tuple of them (other values kept)."""
+    """Convert what a builder returned: a layout, or a dict/list/tuple of them; plain Python values (int,
+    float, str, bool, None) are kept.  Any other object (a DSL tensor, MMA or copy atom, ...) lives only
+    inside the trace and would crash the process if used after it: ``TypeError``."""
     import cutlass.cute as cute
 
     if isinstance(value, dict):
         return {k: _convert(v, k) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_convert(v, name) for v in value]
+    if isinstance(value, (list, tuple)):
+        items = [_convert(v, name) for v in value]
+        return items if isinstance(value, list) else tuple(items)
     if isinstance(value, (cute.Layout, cute.ComposedLayout)):
         return _from_dsl(value, name)
-    return value
+    if isinstance(value, _PLAIN):
+        return value
+    raise TypeError(f"trace: the builder returned a {type(value).__name__}{f' ({name})' if name else ''}, which "
+                    "exists only inside the DSL's trace; return layouts (or dicts, lists or tuples of them) and "
+                    "plain Python values")
 
 
 def trace(builder: Callable[[], Any]) -> Any:
     """Run ``builder()`` inside a ``@cute.jit`` function (CPU, no GPU) and return its layouts as
-    :class:`StaticLayout` (a layout, or a dict/list of layouts; other values pass through).
+    :class:`StaticLayout` (a layout, or a dict/list/tuple of layouts; int, float, str, bool and None pass
+    through; any other DSL object raises ``TypeError``: it cannot outlive the trace).
 
     ``builder`` may call any DSL layout helper (``cute.make_layout``, ``tile_to_shape``,
     ``warpgroup.make_smem_layout_atom``, a kernel module's own layout function, ...).

@@ -118,8 +118,8 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     """A real scalar argument (``int``/``float``/numpy real; not ``bool``, not a string) as a float.
 
     Raises ``TypeError`` for another type, ``ValueError`` unless it is finite and within
-    ``[low, high]`` (``(low, high]`` with ``low_open``); the default ``high`` is float32's max,
-    since kernels take such scalars as float32.  Messages name the argument.  A symbolic value
+    ``[low, high]`` (``(low, high]`` with ``low_open``); the default ``high`` is float32's max and without
+    ``low`` the value must be >= -float32's max, since kernels take such scalars as float32.  Messages name the argument.  A symbolic value
     (torch.compile with dynamic shapes) is returned as is: the op checks the concrete value when it runs.
     """
     if isinstance(value, (torch.SymInt, torch.SymFloat)):
@@ -130,11 +130,12 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
         v = float(value)
     except OverflowError:
         raise ValueError(f"{name}={_short(value)} is out of float range") from None
-    below = low is not None and (v <= low if low_open else v < low)
+    # without a lower bound: finite in float32 on both sides (-1e39 would reach the kernel as -inf)
+    below = v < -F32_MAX if low is None else (v <= low if low_open else v < low)
     if not -math.inf < v < math.inf or below or v > high:  # (comparisons, not math.isfinite: dynamo traces them)
         if torch.compiler.is_compiling():  # dynamo cannot format a symbolic value (dynamic=True): a fixed text
             raise ValueError(name + " is not finite or out of its range (the eager call's message gives the bounds)")
-        bounds = ([] if low is None else [f"{'>' if low_open else '>='} {low:g}"]) + (
+        bounds = ([f">= {-F32_MAX:g}"] if low is None else [f"{'>' if low_open else '>='} {low:g}"]) + (
             [f"<= {high:g}"] if math.isfinite(high) else [])
         raise ValueError(f"{name} must be finite{', ' + ' and '.join(bounds) if bounds else ''}, got {_short(value)}")
     return v
