@@ -53,11 +53,10 @@ warpgroups keep their round-robin offset across tiles), the store's read of sO w
 warpgroup's next epilogue (``defer_store_wait``, persistent).
 
 Measured on the H200 (useful TFLOP/s, bf16, ours / FA4 + mask_mod, CUDA graphs; the full bench with every
-peer, bench/results/2026-12-01_h200_ranker_fwd_s25.md): headline B=4, history 4096 + 512 candidates, 16
-heads, D=128: 671 / 614; GQA 16/4 690 / 610; D=64 535 / 445; B=1 16K + 1K 708 / 637; B=16 1K + 256 563 /
-536; B=8 2K + 2K 633 / 600; tanh cap 50 582 / 292.  Interleaved probe rounds of the same session
-(bench/results/logs/2026-12-01_s25_ranker_fwd_*): headline 679-705 / 618-619, B=16 1K + 256 537-544 /
-448-472, B=8 2K + 2K 642-645 / 515-547.
+peer, bench/results/2026-12-01_h200_ranker_fwd_s26.md): headline B=4, history 4096 + 512 candidates, 16
+heads, D=128: 685 / 615; GQA 16/4 698 / 616; D=64 532 / 437; B=1 16K + 1K 710 / 638; B=16 1K + 256 567 /
+532; B=8 2K + 2K 638 / 533; tanh cap 50 587 / 292.  Where a tile's cycles go: phase stamps per tile
+(bench/results/logs/2026-12-01_s25_ranker_fwd_phase_stamps.log, ..._s26_ranker_fwd_epilogue_phase_stamps.log).
 """
 
 from __future__ import annotations
