@@ -321,8 +321,8 @@ class RankerAttentionFwd:
         self.varlen = varlen
         self.self_kv_tma = self_kv_tma_taken(config)
         self.num_consumer_threads = 128 * config.consumer_wgs
-        # the epilogue's unit: one consumer warpgroup's rows (wg_epilogue) or the whole tile
-        # fixed length only: with it the varlen kernels' predicated stores spilled 8 bytes (D=128, session 26)
+        # the epilogue's unit: one consumer warpgroup's rows (wg_epilogue) or the whole tile; fixed length only
+        # (with it the varlen kernels' predicated stores spilled 8 bytes at D=128, session 26)
         self.wg_epilogue = config.wg_epilogue and not varlen
         self.epi_rows = 64 if self.wg_epilogue else config.tile_m
         self.epi_threads = 128 if self.wg_epilogue else self.num_consumer_threads
@@ -1127,12 +1127,12 @@ class RankerAttentionFwd:
                 if row < seg.seqlen:
                     mLSE_cur[row] = lse[r]
 
-        units = self.tile_m // self.epi_rows
-        sO_unit = cute.local_tile(sO, (self.epi_rows, self.head_dim), (unit, 0))
         if const_expr(not self.varlen):
             cute.arch.fence_view_async_shared()
             self.epilogue_barrier(unit)
             if tidx % self.epi_threads < 32:
+                units = self.tile_m // self.epi_rows
+                sO_unit = cute.local_tile(sO, (self.epi_rows, self.head_dim), (unit, 0))
                 gO = cute.local_tile(self._batch_view(tma_O, batch, offset, head), (self.epi_rows, self.head_dim),
                                      (m_block * units + unit, 0))
                 tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
@@ -1141,25 +1141,24 @@ class RankerAttentionFwd:
                 cute.arch.cp_async_bulk_commit_group()
                 if const_expr(not self.defer_store_wait):
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
-        else:
+        else:  # (one epilogue for the tile: wg_epilogue is fixed-length only)
             self.epilogue_barrier(unit)
             vec = 128 // self.dtype.width
             cols = self.head_dim // vec
             atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
             tiled_copy = cute.make_tiled_copy_tv(
-                atom, cute.make_ordered_layout((self.epi_threads // cols, cols), order=(1, 0)),
+                atom, cute.make_ordered_layout((self.num_consumer_threads // cols, cols), order=(1, 0)),
                 cute.make_layout((1, vec)))
-            thr_copy = tiled_copy.get_slice(tidx % self.epi_threads)
-            gO = cute.local_tile(self._batch_view(mO, batch, offset, head), (self.epi_rows, self.head_dim),
-                                 (m_block * units + unit, 0))
-            cO = cute.make_identity_tensor((self.epi_rows, self.head_dim))
-            tOsO = thr_copy.partition_S(sO_unit)
+            thr_copy = tiled_copy.get_slice(tidx)
+            gO = cute.local_tile(self._batch_view(mO, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
+            cO = cute.make_identity_tensor((self.tile_m, self.head_dim))
+            tOsO = thr_copy.partition_S(sO)
             tOgO = thr_copy.partition_D(gO)
             tOcO = thr_copy.partition_S(cO)
             tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
             cute.autovec_copy(tOsO, tOrO)
             for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if (m_block * units + unit) * self.epi_rows + tOcO[0, m, 0][0] < seg.seqlen:
+                if m_block * self.tile_m + tOcO[0, m, 0][0] < seg.seqlen:
                     cute.copy(atom, tOrO[None, m, None], tOgO[None, m, None])
 
     @cute.jit
