@@ -43,9 +43,10 @@ Only the history KV blocks are visited, each once, for every active q tile; a q 
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
 the online softmax after the history loop as a per-row dot product ``q_i . k_i`` and ``v_i``; there
 are no diagonal tiles.  ``self_kv_tma`` (the D=128 config without a cap, tile_m == tile_n): the
-producer TMA-loads the tile's own K/V rows into one more K/V stage after its history blocks, and the
-consumers read q_i (from sQ), k_i and v_i with ldmatrix in the accumulator layout; the other configs
-read them from global memory after the loop.
+producer TMA-loads the tile's own K/V rows into one more K/V stage after its history blocks (having
+TMA-prefetched them into L2 at the tile's start, ``prefetch_self_kv``), and the consumers read q_i (from
+sQ), k_i and v_i with ldmatrix in the accumulator layout; the other configs read them from global memory
+after the loop.
 Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store (fixed length;
 TMA clips the ragged edge), or a predicated 16-byte store per row (varlen); at D=128 without a cap, fixed
 length, per consumer warpgroup (``wg_epilogue``: its 64 rows behind its own named barrier, so the
@@ -165,6 +166,12 @@ class RankerFwdConfig:
     # tile's rows are then not one KV block) and at head_dim > 128 (q_i, k_i, v_i in registers beside the O
     # accumulator: D=256 with tile_n=128 spilled 544-744 bytes, session 25 review)
     self_kv_tma: bool = False
+    # with self_kv_tma: at a candidate tile's start the producer TMA-prefetches into L2 the K/V block it loads
+    # after the history blocks (the tile's own rows, read by no other tile, so from HBM), which the pipeline
+    # otherwise requests only when a stage frees, about a loop step before the self term needs it (H200 phase
+    # stamps, session 26: a candidate tile's cycles -3.5% at B=16 1K+256, -0.9% at B=8 2K+2K, -0.5% at the
+    # headline; history tiles -0.3 to -0.7%; shipped with self_kv_tma)
+    prefetch_self_kv: bool = False
     # the epilogue per consumer warpgroup (its 64 rows of sO, its own named barrier, its own TMA store)
     # instead of one for the tile behind a barrier of every consumer, so the warpgroups keep their round-robin
     # offset across tiles instead of meeting at every tile's end (H200 phase stamps, session 26: a history
@@ -251,7 +258,7 @@ CONFIGS = {
     # B=16 1K+256 537 / 489, B=8 2K+2K 645 / 595, 16K 725 / 703, headline 679 / 690 (A/A 682), same bits
     # (bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log)
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, norm_bound=True,
-                         wg_epilogue=True, defer_store_wait=True),
+                         prefetch_self_kv=True, wg_epilogue=True, defer_store_wait=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
 # With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
@@ -592,6 +599,10 @@ class RankerAttentionFwd:
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         q_state.advance()
+        if const_expr(self.self_kv_tma and self.config.prefetch_self_kv):
+            if seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m):
+                cute.prefetch(tma_atom_K, tKgK[None, m_block])  # (L2 only: the self stage's load below hits it)
+                cute.prefetch(tma_atom_V, tVgV[None, m_block])
         pipeline_v.producer_acquire(kv_state)
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                   tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
