@@ -10,7 +10,9 @@ On the project's device tool (a machine with several GPUs; the DSL kit is staged
          carry: [".devkit"]
          command: source .devkit/prelude.sh && python3 scripts/tp_qknorm_multigpu.py --out $OUT
 
-Prefix ``CUTE_KERNELS_COMMIT=<sha>`` to stamp the commit when the device copy has no git metadata.
+Prefix ``CUTE_KERNELS_COMMIT=<sha>`` to stamp the commit when the device copy has no git metadata.  The device
+tool brings back only a limited number of files from ``$OUT`` (session 26: the records and per-rank logs of
+one world were left out), so pack them: ``--out $OUT/tp && tar czf $OUT/tp.tgz -C $OUT tp && rm -rf $OUT/tp``.
 ``--world`` defaults to ``torch.cuda.device_count()`` (rounded down to 2, 4 or 8); with fewer than 2 GPUs
 the script prints why and exits 2.  A full run of one world should take a few minutes (estimated, not yet
 measured: each case is a fresh set of processes, mostly start-up); ``--deadline-s`` (default 560, under the
