@@ -860,7 +860,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop starting cases after this many seconds in total (default 560)")
     ap.add_argument("--seed", type=int, default=0, help="seed of data and N sequences (same on every rank)")
     ap.epilog = ("device tool: run with kind nvidia-h200-x4 (or x2/x8), carry [\".devkit\"], command "
-                 "'source .devkit/prelude.sh && python3 scripts/tp_qknorm_multigpu.py --out $OUT'")
+                 "'source .devkit/prelude.sh && python3 scripts/tp_qknorm_multigpu.py --out $OUT/tp; "
+                 "tar czf $OUT/tp.tgz -C $OUT tp && rm -rf $OUT/tp' (the tool brings back only a few files)")
     return ap
 
 
