@@ -599,8 +599,12 @@ class RankerAttentionFwd:
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         q_state.advance()
-        if const_expr(self.self_kv_tma and self.config.prefetch_self_kv):
-            if seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m):
+        # self_kv_tma: the tile's own K/V rows (tile_m == tile_n: KV block m_block) follow its history blocks
+        self_rows = cutlass.Boolean(False)
+        if const_expr(self.self_kv_tma):
+            self_rows = seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m)
+        if const_expr(self.config.prefetch_self_kv):
+            if self_rows:
                 cute.prefetch(tma_atom_K, tKgK[None, m_block])  # (L2 only: the self stage's load below hits it)
                 cute.prefetch(tma_atom_V, tVgV[None, m_block])
         pipeline_v.producer_acquire(kv_state)
@@ -611,8 +615,7 @@ class RankerAttentionFwd:
         for i in cutlass.range(n_blocks - 1, unroll=1):
             kv_state = self.load_kv_block(n_block_min + n_blocks - 2 - i, kv_state, *kv_copies)
         if const_expr(self.self_kv_tma):
-            if seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m):
-                # the tile's own K/V rows (tile_m == tile_n: KV block m_block), for the self term
+            if self_rows:  # (for the self term)
                 kv_state = self.load_kv_block(m_block, kv_state, *kv_copies)
         return q_state, kv_state
 

@@ -119,8 +119,9 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
 
     Raises ``TypeError`` for another type, ``ValueError`` unless it is finite and within
     ``[low, high]`` (``(low, high]`` with ``low_open``); the default ``high`` is float32's max and without
-    ``low`` the value must be >= -float32's max, since kernels take such scalars as float32.  Messages name the argument.  A symbolic value
-    (torch.compile with dynamic shapes) is returned as is: the op checks the concrete value when it runs.
+    ``low`` the value must be >= -float32's max, since kernels take such scalars as float32.  Messages name
+    the argument.  A symbolic value (torch.compile with dynamic shapes) is returned as is: the op checks the
+    concrete value when it runs.
     """
     if isinstance(value, (torch.SymInt, torch.SymFloat)):
         return value

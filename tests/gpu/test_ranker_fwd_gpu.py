@@ -182,7 +182,8 @@ def test_wg_epilogue(d, cap, schedule, variant):
     """The epilogue per consumer warpgroup (``wg_epilogue``) and the deferred wait for the O store's read of
     sO (``defer_store_wait``; both shipped at D=128 without a cap) give the same bits as one epilogue for the tile that waits at
     once, and match float64, on the shipped configs (D=128, D=64's three warpgroups, D=128 tanh's three),
-    persistent with 7 CTAs, one tile per CTA (sO aliasing sQ) and packed sequences."""
+    persistent with 7 CTAs, one tile per CTA (sO aliasing sQ) and packed sequences (where both flags are inert:
+    the varlen kernels keep one epilogue per tile)."""
     import dataclasses
 
     b, s, hq, hkv = 2, 700, 4, 2
