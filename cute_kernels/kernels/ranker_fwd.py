@@ -185,6 +185,12 @@ class RankerFwdConfig:
     # -1.4% / -0.9% / -0.6% of a history tile's cycles at those shapes; alone, level: the wait moves into
     # the next tile's first block)
     defer_store_wait: bool = False
+    # with intra_wg_overlap: O's rescale by the last softmax's factors between the next S and PV GEMM issues
+    # (FlashAttention-3's order) instead of right after that softmax, off the serial stretch between a PV
+    # GEMM's end and the next issue (:meth:`RankerAttentionFwd.mma_one_n_block_overlap`; the online max only,
+    # the fixed one has no rescale).  The factors then live across the loop step: the three-warpgroup configs
+    # at 160 registers keep the late rescale (fp16 D=128 soft_sign varlen spilled 8 bytes with it)
+    early_rescale: bool = True
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -279,7 +285,8 @@ CONFIGS = {
 # 2026-11-30_s14_exp2_poly_probe.log).
 _D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6, fixed_row_max=True, norm_bound=False)
 _D128_CAPPED = RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3, producer_regs=32,
-                               consumer_regs=160, persistent=True, skip_unit_rescale=True, fixed_row_max=True)
+                               consumer_regs=160, persistent=True, skip_unit_rescale=True, fixed_row_max=True,
+                               early_rescale=False)
 CAP_CONFIGS = {
     ("tanh", 128): _D128_CAPPED,
     ("soft_sign", 128): _D128_CAPPED,
@@ -696,7 +703,9 @@ class RankerAttentionFwd:
                 n_blocks > 0)
         if active and n_blocks > 0:
             pipeline_q.consumer_wait(q_state)
-            common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
+            # row_scale: the O rescale factors of the last softmax, applied just before the next PV GEMM
+            row_scale = cute.make_rmem_tensor_like(row_max, Float32)
+            common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, row_scale,
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
             release_q = not self_block  # (the self block reads q_i from sQ after the loop)
             if const_expr(self.config.norm_bound):
@@ -853,7 +862,7 @@ class RankerAttentionFwd:
 
     @cute.jit
     def mma_one_n_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-                        acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
+                        acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
                         scale_log2, softmax_scale, cap, wg_idx, fixed,
                         is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
         """One history KV block: S = Q K^T, cap, mask, online softmax, O += P V."""
@@ -864,8 +873,8 @@ class RankerAttentionFwd:
         warpgroup.wait_group(0)
         pipeline_k.consumer_release(kv_state)
 
-        row_scale = self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2,
-                                         softmax_scale, cap, fixed, is_first=is_first, need_mask=need_mask)
+        self.scores_to_probs(acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2,
+                             softmax_scale, cap, fixed, is_first=is_first, need_mask=need_mask)
         tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         if const_expr(not is_first):
             self.rescale_O(acc_O, row_scale, fixed)
@@ -878,9 +887,9 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def scores_to_probs(self, acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2, softmax_scale, cap, fixed,
-                        is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
-        """Cap, edge mask, online softmax of one S tile in place; returns the O rescale factors."""
+    def scores_to_probs(self, acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2, softmax_scale,
+                        cap, fixed, is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
+        """Cap, edge mask, online softmax of one S tile in place; the O rescale factors into ``row_scale``."""
         self.apply_cap(acc_S, softmax_scale, cap)
         acc_S_mn = sm90.acc_mn(acc_S)
         if const_expr(need_mask):
@@ -888,7 +897,7 @@ class RankerAttentionFwd:
                 if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
                     for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
                         acc_S_mn[r, c] = -Float32.inf
-        return self.online_softmax(acc_S_mn, row_max, row_sum, scale_log2, fixed, is_first)
+        self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, fixed, is_first)
 
     @cute.jit
     def rescale_O(self, acc_O, row_scale, fixed: cutlass.Constexpr):
@@ -917,7 +926,7 @@ class RankerAttentionFwd:
 
     @cute.jit
     def first_half_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-                         acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
+                         acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
                          scale_log2, softmax_scale, cap, wg_idx, fixed):
         """Overlapped schedule, first block: S = Q K^T and its softmax; its PV waits for the next step."""
         pipeline_k.consumer_wait(kv_state)
@@ -925,41 +934,55 @@ class RankerAttentionFwd:
         sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
         warpgroup.wait_group(0)
         pipeline_k.consumer_release(kv_state)
-        self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2, softmax_scale, cap,
-                             fixed, is_first=True, need_mask=True)
+        self.scores_to_probs(acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2, softmax_scale,
+                             cap, fixed, is_first=True, need_mask=True)
         tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         return kv_state
 
     @cute.jit
     def mma_one_n_block_overlap(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-                                acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
+                                acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
                                 scale_log2, softmax_scale, cap, wg_idx, fixed, need_mask: cutlass.Constexpr):
-        """Overlapped step: issue S_n = Q K_n^T and O += P_prev V_prev, then the softmax of S_n runs
-        while the PV GEMM is in flight."""
+        """Overlapped step: issue S_n = Q K_n^T, rescale O by the previous softmax's factors while it runs,
+        issue O += P_prev V_prev; then the softmax of S_n, while the PV GEMM is in flight.
+
+        With ``early_rescale`` the rescale sits between the two GEMM issues (FlashAttention-3's order), not
+        after this step's softmax (session 26 and before; still so without it): ptxas places the wait for the PV GEMM before the softmax's exp2s anyway (it
+        converts each P to bf16 right after its exp2, into the registers that GEMM reads), so a rescale there
+        lengthened the serial stretch between the PV GEMM's end and the next issue by its 64 multiplies per
+        thread.  Same arithmetic, same bits (the first step's factors are 1 and O is still 0).  H200, same run,
+        online max (``norm_bound`` off), CUDA graph: headline 992 vs 1032 us, B=16 1K+256 318 vs 339, B=8 2K+2K
+        455 vs 476, 16K 3687 vs 3759 (bench/results/logs/2026-12-01_s27_ranker_fwd_rescale_before_pv_probe.log);
+        the fixed max has no rescale (level)."""
         kv_state_v = kv_state.clone()
         kv_state.advance()
         pipeline_k.consumer_wait(kv_state)
         self.scheduler_sync(wg_idx)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        if const_expr(self.config.early_rescale):
+            self.rescale_O(acc_O, row_scale, fixed)
         pipeline_v.consumer_wait(kv_state_v)
         sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state_v.index], zero_init=False)
         self.scheduler_arrive(wg_idx)
         warpgroup.wait_group(1)
         pipeline_k.consumer_release(kv_state)
-        row_scale = self.scores_to_probs(acc_S, n_block, row_max, row_sum, tScS_mn, seg, scale_log2,
-                                         softmax_scale, cap, fixed, is_first=False, need_mask=need_mask)
+        self.scores_to_probs(acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2,
+                             softmax_scale, cap, fixed, is_first=False, need_mask=need_mask)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_state_v)
         tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
-        self.rescale_O(acc_O, row_scale, fixed)
+        if const_expr(not self.config.early_rescale):
+            self.rescale_O(acc_O, row_scale, fixed)
         return kv_state
 
     @cute.jit
     def last_half_block(self, kv_state, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-                        acc_O, row_max, row_sum, tScS_mn, pipeline_k, pipeline_v, seg,
+                        acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
                         scale_log2, softmax_scale, cap, wg_idx, fixed):
-        """Overlapped schedule, last step: the PV GEMM of the last block."""
+        """Overlapped schedule, last step: the last softmax's rescale, then the PV GEMM of the last block."""
+        if const_expr(self.config.early_rescale):
+            self.rescale_O(acc_O, row_scale, fixed)
         pipeline_v.consumer_wait(kv_state)
         sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False)
         warpgroup.wait_group(0)
@@ -968,17 +991,15 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def online_softmax(self, acc_S_mn, row_max, row_sum, scale_log2, fixed: cutlass.Constexpr,
+    def online_softmax(self, acc_S_mn, row_max, row_sum, row_scale, scale_log2, fixed: cutlass.Constexpr,
                        is_first: cutlass.Constexpr):
         """Rows of S (already capped and masked) -> P = exp2((s - max) * scale_log2) in place;
-        returns the factor by which O must be rescaled.  ``row_sum`` stays a per-thread partial.
-        With the fixed max (:meth:`fixed_max`) the max is 0 for every row, nothing to rescale."""
-        row_scale = cute.make_rmem_tensor_like(row_max, Float32)
+        writes into ``row_scale`` the factors by which O must be rescaled.  ``row_sum`` stays a per-thread
+        partial.  With the fixed max (:meth:`fixed_max`) the max is 0 for every row, nothing to rescale."""
         if const_expr(fixed):
             self.fixed_max_softmax(acc_S_mn, row_sum, row_scale, scale_log2, is_first)
         else:
             self.running_max_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, is_first)
-        return row_scale
 
     @cute.jit
     def fixed_max_softmax(self, acc_S_mn, row_sum, row_scale, scale_log2, is_first: cutlass.Constexpr):

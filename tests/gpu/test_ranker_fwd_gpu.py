@@ -206,6 +206,35 @@ def test_wg_epilogue(d, cap, schedule, variant):
     assert torch.equal(o, o0) and torch.equal(l, l0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("schedule", ["persistent", "one-tile-per-cta", "varlen"])
+@pytest.mark.parametrize("rows", [[[0, 517, 517, 700], [37, 400, 450, 611]],  # 5 and 3 history blocks
+                                  [[0, 128, 128, 700], [0, 256, 256, 300]],  # 1 and 2 (no middle step)
+                                  [[64, 100, 0, 700], [0, 700, 700, 700]]],  # 1 edge block; history only
+                         ids=["odd-edges", "one-two-blocks", "one-edge-block"])
+def test_early_rescale(rows, schedule, dtype):
+    """``early_rescale`` (O's rescale between the next S and PV GEMM issues; shipped at D=128) gives the same
+    bits as the rescale right after the softmax and matches float64, on the online max (``norm_bound`` off,
+    float16), persistent with 7 CTAs, one tile per CTA and packed sequences, with 1, 2, 3 and 5 history blocks
+    per tile (the loop's first, middle and last steps)."""
+    import dataclasses
+
+    b, s, hq, hkv, d = 2, 700, 4, 2, 128
+    q, k, v = _qkv(b, s, hq, hkv, d, dtype)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    shipped = rf.shipped_config(dtype, d, "none")
+    assert shipped.early_rescale and shipped.intra_wg_overlap
+    cfg = dataclasses.replace(shipped, norm_bound=False, persistent=schedule != "one-tile-per-cta")
+    kw = dict(max_ctas=None if schedule == "one-tile-per-cta" else 7)
+    if schedule == "varlen":
+        cu = torch.tensor([0, 300, 700], device="cuda", dtype=torch.int32)
+        q, k, v = q[0], k[0], v[0]  # (sequences of 300 and 400 tokens: the bounds clamp to them)
+        kw.update(cu_seqlens=cu, max_seqlen=400)
+    o, l = _compare(f"early_rescale {schedule} {dtype} {rows}", q, k, v, bounds, config=cfg, **kw)
+    o0, l0 = _run(q, k, v, bounds, config=dataclasses.replace(cfg, early_rescale=False), **kw)
+    assert torch.equal(o, o0) and torch.equal(l, l0), "early_rescale changed the bits"
+
+
 THREE_WG_CASES = [c for c in CASES if c[5] == 128 and c[0] not in ("softsign-fp16",)] + [
     ("softsign-fp16", 1, 300, 2, 1, 64, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16),
     ("fp16-gqa2", 2, 700, 4, 2, 64, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.float16)]
