@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs everything GPU-side on a GPU machine, from the source tree (no install, no network):
-#   scripts/gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]
+#   scripts/gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME] [--jobs N]
 #   (all = tests, check, bench and notebooks; sanitize runs on its own: compute-sanitizer memcheck, racecheck
 #   and synccheck over the small-launch scripts tests/gpu/sanitize_*.py and qknorm_sanitize_case.py, which
 #   launch every kernel at small shapes; the multi-GPU TP plan is scripts/tp_qknorm_multigpu.py)
@@ -8,12 +8,15 @@
 #   bash ../shared/device/stage.sh --peers         # once per checkout: the DSL kit (+ benchmark peers)
 #   run: carry [".devkit"], command "source .devkit/prelude.sh && CUTE_KERNELS_COMMIT=<sha> bash scripts/gpu_run.sh $OUT all"
 #   (the device copy's git metadata is not the checkout's: pass the commit so the records carry it)
-# Writes into OUTDIR: pytest logs and junit XML, check.txt, bench.json (records with date, GPU, commit),
-# sanitizer logs. Copy bench.json into bench/results/ to back a claim in the README.
+# --jobs N: the GPU tests in N pytest processes at once (round-robin shards of the collected tests; most of a
+# cold run is compiling kernels on the CPU: the forward file took 177 s in 4 shards on the H200's 16 cores,
+# about 780 s in one process).  Writes into OUTDIR: pytest logs and junit XML (one per shard), check.txt,
+# bench.json (records with date, GPU, commit), sanitizer logs. Copy bench.json into bench/results/ to back a
+# claim in the README.
 set -uo pipefail
-usage="usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME]"
+usage="usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME] [--jobs N]"
 if [[ $# == 0 || ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; echo "$usage"; [[ $# == 0 ]] && exit 2; exit 0
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; echo "$usage"; [[ $# == 0 ]] && exit 2; exit 0
 fi
 out=$1; shift
 if [[ $out == -* ]]; then echo "gpu_run.sh: OUTDIR first ($usage)" >&2; exit 2; fi
@@ -24,12 +27,16 @@ case $what in
   *) echo "gpu_run.sh: unknown mode '$what' (tests, check, bench, sanitize, notebooks or all; all leaves out" \
           "sanitize)" >&2; exit 2 ;;
 esac
-kernel_args=("$@")
 kernel=
-if [[ $# -gt 0 ]]; then
-  if [[ $1 == --kernel && -n ${2:-} && $# == 2 ]]; then kernel=$2
+jobs=1
+while [[ $# -gt 0 ]]; do
+  if [[ $1 == --kernel && -n ${2:-} && -z $kernel ]]; then kernel=$2
+  elif [[ $1 == --jobs && ${2:-} =~ ^[1-9][0-9]*$ ]]; then jobs=$2
   else echo "gpu_run.sh: unexpected arguments '$*' ($usage)" >&2; exit 2; fi
-fi
+  shift 2
+done
+kernel_args=()
+[[ -n $kernel ]] && kernel_args=(--kernel "$kernel")
 tests=(tests/gpu)
 sanitize_scripts=(tests/gpu/sanitize_ranker_fwd.py tests/gpu/sanitize_ranker_bwd.py tests/gpu/sanitize_hc_mix.py
                   tests/gpu/qknorm_sanitize_case.py)
@@ -57,9 +64,26 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
 python3 -m cute_kernels info | tee "$out/info.txt"
 
-if [[ $what == tests || $what == all ]]; then
+if [[ ($what == tests || $what == all) && $jobs == 1 ]]; then
   python3 -m pytest -q -p no:cacheprovider "${tests[@]}" --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | tail -40
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+elif [[ $what == tests || $what == all ]]; then
+  ids=$(mktemp)
+  python3 -m pytest -q -p no:cacheprovider --collect-only "${tests[@]}" 2>/dev/null | grep "::" > "$ids"
+  echo "$(wc -l < "$ids") GPU tests in $jobs shards"
+  pids=()
+  for ((i = 0; i < jobs; i++)); do
+    shard=($(awk -v n="$jobs" -v i="$i" '(NR - 1) % n == i' "$ids"))
+    [[ ${#shard[@]} == 0 ]] && continue
+    python3 -m pytest -q -p no:cacheprovider "${shard[@]}" --junitxml="$out/gpu-tests-$i.xml" > "$out/gpu-tests-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  for ((i = 0; i < jobs; i++)); do
+    [[ -f $out/gpu-tests-$i.log ]] || continue
+    echo "== shard $i: $(tail -n 1 "$out/gpu-tests-$i.log")"; grep -h "^FAILED\|^ERROR" "$out/gpu-tests-$i.log"
+  done | tee "$out/gpu-tests.log"
+  rm -f "$ids"
 fi
 if [[ $what == check || $what == all ]]; then
   python3 -m cute_kernels check "${kernel_args[@]}" --quiet 2>&1 | tee "$out/check.txt" | tail -60
