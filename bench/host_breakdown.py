@@ -4,9 +4,10 @@
 
 Times (host, us per call, 2000 back-to-back calls after 200 warm-up, best of 5 interleaved rounds) the public call and
 its pieces at a tiny shape (B=1, S=128, H=1, D=64), so the differences show what each layer costs:
-the public wrapper, the registered op's eager fast path, the kept launch plan of a signature (and its
-key), the full path (validation cached per signature, config choice), the two output allocations, and
-the raw compiled (tvm-ffi) call; torch.mul for scale.
+the public wrapper (without ``return_lse``: the kernel variant that writes no LSE, one output; with it, two),
+the registered op's eager fast path, the kept launch plan of a signature (and its key), the full path
+(validation cached per signature, config choice), the output allocations, and the raw compiled (tvm-ffi)
+calls with and without the LSE; torch.mul for scale.
 """
 import json
 import time
@@ -46,7 +47,9 @@ def main():
     q = torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
     bounds = torch.tensor([[0, 96, 96, 128]], device="cuda", dtype=torch.int32)
     cute_kernels.ranker_attention(q, q, q, bounds)
-    (fkey, fn), = fwd._FNS.items()
+    cute_kernels.ranker_attention(q, q, q, bounds, return_lse=True)
+    fns = {fkey[-1]: (fkey, fn) for fkey, fn in fwd._FNS.items()}  # with LSE (True) / without (False)
+    (fkey, fn), (_, fn_no_lse) = fns[True], fns[False]
     out, lse = torch.empty_like(q), torch.empty((1, 1, 128), device="cuda", dtype=torch.float32)
     cfg = fkey[1]
     max_ctas = fwd._sm_count(q.device) if cfg.persistent else 2**31 - 1
@@ -54,6 +57,7 @@ def main():
     x = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
     calls = {
         "ranker_attention (public)": lambda: cute_kernels.ranker_attention(q, q, q, bounds),
+        "ranker_attention (return_lse)": lambda: cute_kernels.ranker_attention(q, q, q, bounds, return_lse=True),
         "_ranker_op (eager fast path)": lambda: fwd._ranker_op(q, q, q, bounds),
         "_ranker_eager (kept launch plan)": lambda: fwd._ranker_eager(q, q, q, bounds, None, None, "tanh", None, None),
         "_plan_key": lambda: fwd._plan_key(q, q, q, bounds, None, None, "tanh"),
@@ -61,8 +65,11 @@ def main():
         "_validate_cached": lambda: fwd._validate_cached(q, q, q, bounds, None, None, "tanh", None, None),
         "torch_op.tracing()": torch_op.tracing,
         "2 x new_empty (out, lse)": lambda: (q.new_empty(q.shape), q.new_empty((1, 1, 128), dtype=torch.float32)),
+        "1 x new_empty (out)": lambda: q.new_empty(q.shape),
         "raw compiled call (14 args)": lambda: fn(q, q, q, bounds, out, lse, None, None, sl, 0.125, 1.0, 1, 128,
                                                   max_ctas),
+        "raw compiled call, no LSE": lambda: fn_no_lse(q, q, q, bounds, out, None, None, None, sl, 0.125, 1.0, 1,
+                                                       128, max_ctas),
         "torch.mul (2048 bf16)": lambda: torch.mul(x, 2.0),
     }
     res = interleaved_best_us(calls)

@@ -289,6 +289,23 @@ def _attention_entry(ptx: str) -> str:
     return bodies[0]
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_no_lse_variant(varlen):
+    """The kernel variant for calls without ``return_lse`` (``lse=None``): the shipped D=128 config compiles
+    without local memory and its attention kernel has no float32 global stores (the LSE's are its only
+    ones; O goes by TMA or 16-byte stores: ``st.global.v4``), where the variant with the LSE has them."""
+    from cute_kernels.runtime.cache import compile_record
+
+    cfg = rf.chosen_config(rf.shipped_config(torch.bfloat16, 128, "none"), torch.bfloat16, None, 2**20)
+    key = (str(torch.bfloat16), cfg, 1, "none", varlen)
+    rf._compile(torch.bfloat16, cfg, 1, "none", varlen, with_lse=False)
+    rf._compile(torch.bfloat16, cfg, 1, "none", varlen)
+    without, with_lse = compile_record(rf.NAME, key + ("no_lse",)), compile_record(rf.NAME, key)
+    assert all(r.stack_bytes == 0 for r in without.resources), [r.stack_bytes for r in without.resources]
+    f32_stores = lambda rec: len(re.findall(r"st\.global\.[bf]32\s", _attention_entry(rec.ptx)))  # (not .v4)
+    assert f32_stores(without) == 0 < f32_stores(with_lse)
+
+
 @pytest.mark.parametrize("target", rf.compile_targets(), ids=lambda t: t.label)
 def test_compiles_for_sm90a(target):
     from cute_kernels.runtime.cache import compile_record
@@ -319,7 +336,8 @@ def test_compiles_for_sm90a(target):
         # 16-byte loads of the q rows (two per unrolled step) besides the vote read, which the online-max
         # twin (the same config without norm_bound) does not have
         twin = dataclasses.replace(cfg, norm_bound=False)
-        rf._compile(getattr(torch, target.key[0].split(".")[-1]), twin, *target.key[2:])
+        rf._compile(getattr(torch, target.key[0].split(".")[-1]), twin, *target.key[2:5],
+                    with_lse="no_lse" not in target.key)
         twin_ptx = _attention_entry(compile_record(target.kernel, (target.key[0], twin, *target.key[2:])).ptx)
         v4 = r"ld\.shared\.v4\.(b32|u32)"
         assert len(re.findall(v4, attention)) >= len(re.findall(v4, twin_ptx)) + 3
@@ -641,15 +659,18 @@ def test_tile_count_limit():
 
 def test_compile_targets_are_the_shipped_configs():
     """`cute-kernels compile` warms what a default call runs (the tanh target: CAP_CONFIGS, three warpgroups),
-    without a cap in both forms: norm_bound for long sequences, the online max for short ones."""
+    without a cap in both forms: norm_bound for long sequences, the online max for short ones; bf16 D=128
+    without a cap also in the variant without the LSE (a call without return_lse)."""
     forms = set()
     for t in rf.compile_targets():
-        dtype, cfg, g, capm, varlen = t.key
+        (dtype, cfg, g, capm, varlen), extra = t.key[:5], t.key[5:]
         shipped = rf.shipped_config(getattr(torch, dtype[6:]), cfg.head_dim, capm)
-        short = t.label.endswith(" short")
+        short = " short" in t.label
         assert cfg == (rf._online_max(shipped) if short else shipped), t.label
-        forms.add((cfg.head_dim, capm, short))
-    assert {(128, "none", False), (128, "none", True), (64, "none", False), (64, "none", True)} <= forms
+        assert extra in ((), ("no_lse",)) and (extra == ()) == ("no-lse" not in t.label), t.label
+        forms.add((cfg.head_dim, capm, short, extra == ()))
+    assert {(128, "none", False, True), (128, "none", True, True), (64, "none", False, True),
+            (64, "none", True, True), (128, "none", False, False), (128, "none", True, False)} <= forms
 
 
 def test_self_kv_tma_ships_on_d128_without_a_cap_and_compiles_to_ldmatrix():
@@ -808,7 +829,8 @@ def test_bench_host_mode_records(monkeypatch):
 
 def test_eager_launch_plan(monkeypatch):
     """A fixed-length eager call whose argument signature ran once before launches the kept plan (same
-    compiled function and scalar arguments, fresh outputs; the bounds' values are not part of it); a
+    compiled function and scalar arguments, fresh outputs; the bounds' values are not part of it; without
+    return_lse, a plan of its own whose kernel variant takes no LSE); a
     misaligned data pointer, another scalar type, a packed call or a use_config block take the full path,
     and tuning.reload() forgets the plans."""
     import dataclasses
@@ -820,7 +842,9 @@ def test_eager_launch_plan(monkeypatch):
     monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
     for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
         monkeypatch.setattr(rf, name, {})
-    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: launched.append((a[1], args)))
+    compiled_with_lse = []
+    monkeypatch.setattr(rf, "_compile", lambda *a: compiled_with_lse.append(a[5]) or (
+        lambda *args: launched.append((a[1], args))))
     monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
     impl = rf._ranker_impl
     monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(kw.get("plan_key")) or impl(*a, **kw))
@@ -849,10 +873,13 @@ def test_eager_launch_plan(monkeypatch):
     rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1)  # an int scale: its own signature
     rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1.0)
     assert len(full) == 4 and len(rf._PLANS) == 3
+    out3 = rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1.0)  # without return_lse: no LSE at all
+    assert len(full) == 4 and launched[-1][1][4] is out3 and launched[-1][1][5] is None
+    assert not compiled_with_lse[-1] and compiled_with_lse[0]  # (its own compiled variant)
     with rf.use_config(dataclasses.replace(rf.CONFIGS[128], tile_n=96)):
         rf.ranker_attention(q2, q2, q2, bounds2)
     assert len(full) == 5 and full[-1] is None and launched[-1][0].tile_n == 96
-    rf.ranker_attention(q2, q2, q2, bounds2)
+    rf.ranker_attention(q2, q2, q2, bounds2, return_lse=True)
     assert len(full) == 5 and launched[-1][0] == cfg
     cu = torch.tensor([0, seq], dtype=torch.int32)
     rf.ranker_attention(q2[0], q2[0], q2[0], bounds2[:1], cu_seqlens=cu)

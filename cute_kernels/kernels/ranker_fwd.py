@@ -346,16 +346,19 @@ class RankerAttentionFwd:
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBounds: cute.Tensor,
-                 mO: cute.Tensor, mLSE: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+                 mO: cute.Tensor, mLSE: Optional[cute.Tensor], mCuSeqlens: Optional[cute.Tensor],
                  mKnorm: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
                  max_seqlen: Int32, max_ctas: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); varlen (T, H, D) -> (T, D, H).  LSE (B, H, S) -> (S, H, B); (H, T) -> (T, H)
+        # (mLSE None: the caller wants no LSE, none is written)
         if const_expr(self.varlen):
             mQ, mK, mV, mO = [sm90.select_modes(t, [0, 2, 1]) for t in (mQ, mK, mV, mO)]
-            mLSE = sm90.select_modes(mLSE, [1, 0])
+            if const_expr(mLSE is not None):
+                mLSE = sm90.select_modes(mLSE, [1, 0])
         else:
             mQ, mK, mV, mO = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
-            mLSE = sm90.select_modes(mLSE, [2, 1, 0])
+            if const_expr(mLSE is not None):
+                mLSE = sm90.select_modes(mLSE, [2, 1, 0])
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
@@ -479,7 +482,7 @@ class RankerAttentionFwd:
 
     @cute.kernel
     def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_O: cute.Tensor,
-               mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+               mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: Optional[cute.Tensor],
                mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], mKnorm: Optional[cute.Tensor],
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_O: cute.CopyAtom, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
@@ -1154,13 +1157,14 @@ class RankerAttentionFwd:
         smem_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_pv).get_slice(tidx)
         cute.copy(smem_atom, smem_thr_copy.retile(rO), smem_thr_copy.partition_D(sO))
 
-        # LSE: the thread holding column 0 of a row writes it
-        mLSE_cur = self._lse_view(mLSE, batch, offset, head)
-        if tOcO_mn[0, 0][1] == 0:
-            for r in cutlass.range_constexpr(cute.size(lse)):
-                row = m_block * self.tile_m + tOcO_mn[r, 0][0]
-                if row < seg.seqlen:
-                    mLSE_cur[row] = lse[r]
+        # LSE (unless the caller wants none): the thread holding column 0 of a row writes it
+        if const_expr(mLSE is not None):
+            mLSE_cur = self._lse_view(mLSE, batch, offset, head)
+            if tOcO_mn[0, 0][1] == 0:
+                for r in cutlass.range_constexpr(cute.size(lse)):
+                    row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+                    if row < seg.seqlen:
+                        mLSE_cur[row] = lse[r]
 
         if const_expr(not self.varlen):
             cute.arch.fence_view_async_shared()
@@ -1207,7 +1211,10 @@ class RankerAttentionFwd:
 
 
 # ====================================================================== torch side
-def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
+def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool,
+             with_lse: bool = True):
+    """The compiled forward for these keys; ``with_lse=False``: the variant that takes ``lse=None`` and writes
+    no LSE (eager calls without ``return_lse``: one output allocation and one launch argument fewer)."""
     def build():
         d = config.head_dim
         al = 8  # 16-bit elements per 16 bytes (TMA stride alignment)
@@ -1218,14 +1225,14 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
             t = cute.sym_int()
             qkv_shape = lambda h: (t, h, d)
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)
-            lse = fake_tensor(torch.float32, (hq, t), align=4)
+            lse = fake_tensor(torch.float32, (hq, t), align=4) if with_lse else None
             cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
         else:
             s = cute.sym_int()
             qkv_shape = lambda h: (nb, s, h, d)
             strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),
                                cute.sym_int(divisibility=al), 1)
-            lse = fake_tensor(torch.float32, (nb, hq, s), align=4)
+            lse = fake_tensor(torch.float32, (nb, hq, s), align=4) if with_lse else None
             cu = None
         q = fake_tensor(dtype, qkv_shape(hq), stride=strides())
         k = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
@@ -1236,30 +1243,36 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
         return kern, (q, k, v, bounds, o, lse, cu, knorm, Float32(1.0), Float32(1.0), Float32(1.0),
                       Int32(1), Int32(1), Int32(1), fake_stream())
 
-    return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen), build)
+    return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen) + (() if with_lse else ("no_lse",)),
+                          build)
 
 
 def compile_targets() -> list[CompileTarget]:
     """What ``cute-kernels compile`` warms: bf16 D=128 MHA (no cap, tanh cap, varlen) and D=64, without a
     cap in both forms a call can launch (``norm_bound`` for sequences of more than
-    ``NORM_BOUND_MIN_BLOCKS`` KV blocks, the online max for shorter ones, label ``short``).  Other keys
-    (GQA ratios, fp16, D=256, soft_sign, caps above 50) compile on first use (a few seconds each)."""
+    ``NORM_BOUND_MIN_BLOCKS`` KV blocks, the online max for shorter ones, label ``short``), and bf16 D=128
+    without a cap in the variant that writes no LSE (calls without ``return_lse``; label ``no-lse``).  Other
+    keys (GQA ratios, fp16, D=256, soft_sign, caps above 50, the other no-LSE variants) compile on first use
+    (a few seconds each)."""
     cases = [
-        (torch.bfloat16, 128, 1, "none", False, False),
-        (torch.bfloat16, 128, 1, "none", False, True),
-        (torch.bfloat16, 128, 1, "tanh", False, False),
-        (torch.bfloat16, 64, 1, "none", False, False),
-        (torch.bfloat16, 64, 1, "none", False, True),
-        (torch.bfloat16, 128, 1, "none", True, False),
+        (torch.bfloat16, 128, 1, "none", False, False, True),
+        (torch.bfloat16, 128, 1, "none", False, True, True),
+        (torch.bfloat16, 128, 1, "tanh", False, False, True),
+        (torch.bfloat16, 64, 1, "none", False, False, True),
+        (torch.bfloat16, 64, 1, "none", False, True, True),
+        (torch.bfloat16, 128, 1, "none", True, False, True),
+        (torch.bfloat16, 128, 1, "none", False, False, False),
+        (torch.bfloat16, 128, 1, "none", False, True, False),
     ]
     out = []
-    for dtype, d, g, capm, varlen, short in cases:
+    for dtype, d, g, capm, varlen, short, with_lse in cases:
         cfg = shipped_config(dtype, d, capm)
         cfg = chosen_config(cfg, dtype, None if capm == "none" else FIXED_MAX_CAP, 1 if short else 2**20)
-        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{' short' if short else ''}"
-        out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen),
-                                 build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen:
-                                 _compile(dtype, cfg, g, capm, varlen)))
+        label = (f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{' short' if short else ''}"
+                 f"{'' if with_lse else ' no-lse'}")
+        out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen) + (() if with_lse else ("no_lse",)),
+                                 build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen, with_lse=with_lse:
+                                 _compile(dtype, cfg, g, capm, varlen, with_lse)))
     return out
 
 
@@ -1415,7 +1428,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
 
 _SM_COUNT: dict = {}
 _VALIDATED: dict = {}  # argument signature (shapes, strides, dtypes, devices, scalars) -> _validate's result
-_FNS: dict = {}  # (dtype, config, GQA ratio, cap method, varlen) -> compiled function (skips the cache's key work)
+_FNS: dict = {}  # (dtype, config, GQA ratio, cap method, varlen, with LSE) -> compiled function (skips the cache's key work)
 # (dtype, device, B, S, Hq, Hkv, D, cap method) -> config (tuned or shipped), chosen once per signature
 # (B, S are None for varlen); cleared by cute_kernels.tuning.reload() (a new tuned.json entry)
 _CHOSEN: dict = register_memo({})
@@ -1567,10 +1580,12 @@ def chosen_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]
 
 
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
-                 config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None, plan_key=None):
+                 config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None, plan_key=None,
+                 with_lse: bool = True):
     """Validate, allocate (unless ``out``/``lse`` are given: tests pass NaN-poisoned buffers), launch.
     ``plan_key`` (:func:`_ranker_eager`'s :func:`_plan_key` of a fixed-length call with the chosen config):
-    keep the launch in ``_PLANS`` under it."""
+    keep the launch in ``_PLANS`` under it.  ``with_lse=False``: no LSE (the kernel variant that writes
+    none; ``lse`` is ignored and None is returned for it)."""
     varlen, nb, seq, hq, hkv, d = _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens,
                                                    max_seqlen)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
@@ -1579,8 +1594,10 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     if out is None:
         out = q.new_empty(q.shape)  # compact (new_empty: ~2 us less host time than torch.empty(..., device=))
     end = None  # packed: where the last sequence ends, when the host knows it (not while capturing)
+    if not with_lse:
+        lse = None
     if varlen:
-        if lse is None:
+        if lse is None and with_lse:
             lse = q.new_empty((hq, seq), dtype=torch.float32)
         max_seqlen, end = _varlen_extent(q, cu_seqlens, seq, max_seqlen)
         # packed tokens past cu_seqlens[-1] belong to no sequence and the kernel never writes them:
@@ -1588,16 +1605,19 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         if end is None:
             tail = torch.arange(seq, device=q.device) >= cu_seqlens[-1]
             out.masked_fill_(tail[:, None, None], 0)
-            lse.masked_fill_(tail[None, :], -math.inf)
+            if with_lse:
+                lse.masked_fill_(tail[None, :], -math.inf)
         elif end < seq:
             out[end:].zero_()
-            lse[:, end:].fill_(-math.inf)
+            if with_lse:
+                lse[:, end:].fill_(-math.inf)
     else:
-        if lse is None:
+        if lse is None and with_lse:
             lse = q.new_empty((nb, hq, seq), dtype=torch.float32)
         max_seqlen = seq
     if out.numel() == 0 or max_seqlen == 0:
-        lse.fill_(-math.inf)
+        if with_lse:
+            lse.fill_(-math.inf)
         out.zero_()
         return out, lse
     if config is not None and config.head_dim != d:
@@ -1617,10 +1637,10 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         memoized = _CHOSEN.get(skey) is cfg
     cfg = chosen_config(cfg, q.dtype, cap, max_seqlen) if chosen_here else _launch_config(cfg, q.dtype, cap)
     _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
-    fkey = (q.dtype, cfg, hq // hkv, capm, varlen)
+    fkey = (q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
     fn = _FNS.get(fkey)
     if fn is None:
-        fn = _FNS[fkey] = _compile(q.dtype, cfg, hq // hkv, capm, varlen)
+        fn = _FNS[fkey] = _compile(q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
     if cfg.persistent:
         max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
     else:
@@ -1630,7 +1650,8 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     tail = (scale_log2, scale, float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
     fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm2, *tail)
     if plan_key is not None and memoized and not varlen and len(_PLANS) < MEMO_LIMIT:
-        memo_store(_PLANS, plan_key, (fn, lse.shape, 0 if k_norm2 is None else k_norm2.shape[0], tail), since)
+        memo_store(_PLANS, plan_key, (fn, None if lse is None else lse.shape,
+                                      0 if k_norm2 is None else k_norm2.shape[0], tail), since)
     return out, lse
 
 
@@ -1688,7 +1709,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             ``softmax_scale / cap`` finite in float32); ``cap_method``
             ``"tanh"`` (``cap*tanh(s/cap)``) or ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before
             the mask.  ``cap_method="none"`` is accepted with ``cap=None`` only.
-        return_lse: also return the log-sum-exp.
+        return_lse: also return the log-sum-exp.  Without it an eager call (grad off) launches the kernel
+            variant that writes no LSE (one output allocation and one launch argument fewer: host time per
+            call); that variant compiles on its first use (a few seconds; ``cute-kernels compile`` warms
+            bf16 D=128).
         cu_seqlens: ``[B+1]`` int32 (same device, contiguous) offsets of the packed form:
             ``cu_seqlens[0] == 0``, non-decreasing, ``cu_seqlens[-1] <= T``; sequence ``b`` is
             tokens ``cu_seqlens[b]:cu_seqlens[b+1]``.  ``max_seqlen``: None or an int >= the longest
@@ -1743,8 +1767,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         # the registered op: seen by torch.compile / make_fx, differentiable (ranker_autograd), meta tensors
         # through its fake (shapes only)
         out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
-    else:  # eager without grad: what the op's fast path would run (its grad re-check skipped: ~2 us)
-        out, lse = _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
+    else:  # eager without grad: what the op's fast path would run (its grad re-check skipped: ~2 us); without
+        # return_lse, the kernel variant that writes no LSE (one allocation and one launch argument fewer)
+        out, lse = _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
+                                 with_lse=return_lse)
     return (out, lse) if return_lse else out
 
 
@@ -1757,27 +1783,29 @@ def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method) -> tuple:
             bounds.device, type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method)
 
 
-def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
+def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, with_lse: bool = True):
     """The eager call: a fixed-length call whose argument signature the full path (:func:`_ranker_impl`:
     every check, config choice, compiled function) has run before launches its kept plan, after
     re-checking what a signature does not fix (:func:`_pointers_aligned`); anything else, and calls inside a
     :func:`use_config` block, take the full path, which keeps the plan of a new signature (issue 3's
-    host-overhead target: the full path costs ~22 us per call on the H200's host, the plan ~17.5)."""
+    host-overhead target: the full path costs ~22 us per call on the H200's host, the plan ~17.5).
+    ``with_lse=False``: no LSE (None in its place; a plan of its own)."""
     key = None
     if cu_seqlens is None and max_seqlen is None and not _OVERRIDES:
         try:
-            key = _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method)
+            key = (_plan_key(q, k, v, bounds, softmax_scale, cap, cap_method), with_lse)
             plan = _PLANS.get(key)
         except (AttributeError, TypeError, RuntimeError):  # (unhashable scalars; sparse / nested tensors)
             key = plan = None
         if plan is not None and _pointers_aligned(q, k, v, bounds):
             fn, lse_shape, knorm_len, tail = plan
             out = q.new_empty(q.shape)
-            lse = q.new_empty(lse_shape, dtype=torch.float32)
+            lse = q.new_empty(lse_shape, dtype=torch.float32) if with_lse else None
             fn(q, k, v, bounds, out, lse, None, q.new_empty(knorm_len, dtype=torch.float32) if knorm_len else None,
                *tail)
             return out, lse
-    return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, plan_key=key)
+    return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, plan_key=key,
+                        with_lse=with_lse)
 
 
 def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen) -> None:

@@ -363,6 +363,33 @@ def test_public_api_and_determinism():
     assert l1.shape == (2, 4, 640) and l1.dtype == torch.float32
 
 
+@pytest.mark.parametrize("case", [
+    ("short", 2, 700, 4, 2, 128, None, None), ("norm-bound", 1, 2300, 2, 2, 128, None, None),
+    ("d64", 2, 700, 4, 4, 64, None, None), ("tanh", 2, 700, 4, 2, 128, 30.0, None),
+    ("varlen-tail", 1, 900, 4, 2, 128, None, [0, 300, 700]), ("fp16", 2, 700, 4, 2, 128, None, None)],
+    ids=lambda c: c[0])
+def test_without_lse(case):
+    """Without ``return_lse`` the public call launches the kernel variant that writes no LSE: the same output
+    bits as with it, on the first call (full path) and the next (the kept plan), for the online max, the
+    k pre-pass (norm_bound), D=64's three warpgroups, a tanh cap and packed sequences with tokens past the
+    last one (zeroed)."""
+    name, b, s, hq, hkv, d, cap, cu = case
+    q, k, v = _qkv(b, s, hq, hkv, d, torch.float16 if name == "fp16" else torch.bfloat16, seed=5)
+    kw = dict(cap=cap)
+    if cu is not None:
+        q, k, v = q[0], k[0], v[0]
+        kw.update(cu_seqlens=torch.tensor(cu, device="cuda", dtype=torch.int32))
+        bounds = torch.tensor([[0, 250, 250, 300], [9, 200, 200, 400]], device="cuda", dtype=torch.int32)
+    else:
+        bounds = torch.tensor([[0, s - 77, s - 77, s], [40, 300, 350, 611]][:b], device="cuda", dtype=torch.int32)
+    o_ref, l_ref = cute_kernels.ranker_attention(q, k, v, bounds, return_lse=True, **kw)
+    _check(f"without-lse {name}", o_ref, l_ref, q, k, v, bounds, cap, cu_seqlens=kw.get("cu_seqlens"))
+    for _ in range(2):  # the full path, then the plan (fixed length)
+        o = cute_kernels.ranker_attention(q, k, v, bounds, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(o, o_ref), name
+
+
 def test_eager_launch_plan():
     """Later eager calls of an argument signature launch the plan the first call kept (``_ranker_eager``):
     right against the float64 reference for other tensors and other bounds' values, with the k pre-pass
@@ -371,7 +398,7 @@ def test_eager_launch_plan():
     q, k, v = _qkv(1, 2200, 2, 2, 128, seed=11)
     first = torch.tensor([[0, 2100, 2100, 2200]], device="cuda", dtype=torch.int32)
     o1 = cute_kernels.ranker_attention(q, k, v, first)
-    key = rf._plan_key(q, k, v, first, None, None, "tanh")
+    key = (rf._plan_key(q, k, v, first, None, None, "tanh"), False)  # (without return_lse: no LSE)
     assert key in rf._PLANS and rf._PLANS[key][2] > 0  # norm_bound: the pre-pass buffer
     q2, k2, v2 = _qkv(1, 2200, 2, 2, 128, seed=12)
     for i, bounds in enumerate(([[0, 2100, 2100, 2200]], [[5, 1500, 1600, 2190]], [[0, 0, 0, 2200]])):
