@@ -28,13 +28,27 @@ case $what in
           "sanitize)" >&2; exit 2 ;;
 esac
 kernel=
-jobs=1
+jobs=
+root=$(cd "$(dirname "$0")/.." && pwd)
 while [[ $# -gt 0 ]]; do
-  if [[ $1 == --kernel && -n ${2:-} && -z $kernel ]]; then kernel=$2
-  elif [[ $1 == --jobs && ${2:-} =~ ^[1-9][0-9]*$ ]]; then jobs=$2
+  if [[ $1 == --kernel && -n ${2:-} && -z $kernel ]]; then
+    kernel=$2
+    if [[ ! -f $root/tests/gpu/test_${kernel}_gpu.py ]]; then
+      names=$(cd "$root/tests/gpu" && ls test_*_gpu.py | sed 's/^test_//; s/_gpu\.py$//' | tr '\n' ' ')
+      echo "gpu_run.sh: unknown kernel '$kernel' (one of: $names)" >&2; exit 2
+    fi
+  elif [[ $1 == --jobs && -z $jobs ]]; then
+    if [[ ! ${2:-} =~ ^[1-9][0-9]{0,2}$ ]]; then
+      echo "gpu_run.sh: --jobs takes a whole number of pytest processes from 1 to 999, got '${2:-}'" >&2; exit 2
+    fi
+    if [[ $what != tests && $what != all ]]; then
+      echo "gpu_run.sh: --jobs applies to the GPU tests (modes tests and all), not to '$what'" >&2; exit 2
+    fi
+    jobs=$2
   else echo "gpu_run.sh: unexpected arguments '$*' ($usage)" >&2; exit 2; fi
   shift 2
 done
+jobs=${jobs:-1}
 kernel_args=()
 [[ -n $kernel ]] && kernel_args=(--kernel "$kernel")
 tests=(tests/gpu)
@@ -48,7 +62,6 @@ if [[ -n $kernel ]]; then
     *) sanitize_scripts=() ;;
   esac
 fi
-root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 export CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a}
@@ -68,9 +81,18 @@ if [[ ($what == tests || $what == all) && $jobs == 1 ]]; then
   python3 -m pytest -q -p no:cacheprovider "${tests[@]}" --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | tail -40
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 elif [[ $what == tests || $what == all ]]; then
+  # collect once (a collection error or no test at all fails the run, as in one process), then shard
   ids=$(mktemp)
-  python3 -m pytest -q -p no:cacheprovider --collect-only "${tests[@]}" 2>/dev/null | grep "::" > "$ids"
+  python3 -m pytest -q -p no:cacheprovider --collect-only "${tests[@]}" > "$out/gpu-tests-collect.log" 2>&1
+  collect_rc=$?
+  grep "::" "$out/gpu-tests-collect.log" > "$ids"
   echo "$(wc -l < "$ids") GPU tests in $jobs shards"
+  if [[ $collect_rc != 0 || ! -s $ids ]]; then
+    echo "gpu_run.sh: collecting the GPU tests failed (pytest exit $collect_rc) or found none:" >&2
+    tail -n 20 "$out/gpu-tests-collect.log" >&2
+    status=1
+    : > "$ids"
+  fi
   pids=()
   for ((i = 0; i < jobs; i++)); do
     shard=($(awk -v n="$jobs" -v i="$i" '(NR - 1) % n == i' "$ids"))

@@ -505,6 +505,21 @@ _BAD_ARGUMENTS = {  # id: (call on the bf16_64x64 layouts, exception, message)
                                       r"dtype='fp32' \(4 B elements\) does not match .* 64 elements, i\.e\. 2-byte"),
     "tma_box fp8 on a bf16 layout": (lambda t: L.tma_box(t["staged"], "fp8"), ValueError, "does not match"),
     "elem_bytes of a 4-bit type": (lambda t: L.elem_bytes(cutlass.Float4E2M1FN), ValueError, "4 bits"),
+    "request_wavefronts 33 threads": (lambda t: L.request_wavefronts(np.arange(33) * 4, 4), ValueError,
+                                      "at most 32 threads, got 33"),
+    "request_wavefronts float addresses": (lambda t: L.request_wavefronts(np.arange(32) * 4.5, 4), ValueError,
+                                           "integer byte addresses"),
+    "request_wavefronts unaligned": (lambda t: L.request_wavefronts(np.arange(32) * 4 + 1, 4), ValueError,
+                                     "multiples of access_bytes=4"),
+    "request_wavefronts negative": (lambda t: L.request_wavefronts(np.arange(32) * 4 - 8, 4), ValueError,
+                                    r"must be >= 0 .*got -8"),
+    "SmemBudget negative buffer": (lambda t: L.SmemBudget({"a": -100}, 2, 50), ValueError,
+                                   r"buffers\['a'\]=-100"),
+    "SmemBudget 0 stages": (lambda t: L.SmemBudget({"a": 100}, 0, 50), ValueError, "stages=0"),
+    "StaticLayout stride of another rank": (lambda t: L.StaticLayout((4, 4), (1,)), ValueError, "not congruent"),
+    "StaticLayout shape 0": (lambda t: L.StaticLayout((4, 0), (1, 4)), ValueError, r"shape entry 1=0"),
+    "StaticLayout float stride": (lambda t: L.StaticLayout((4, 4), (1, 4.0)), TypeError, r"stride entry 1=4\.0"),
+    "SwizzleSpec negative bits": (lambda t: L.SwizzleSpec(-1, 4, 3), ValueError, r"SwizzleSpec\.bits=-1"),
 }
 
 

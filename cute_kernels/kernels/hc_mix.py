@@ -768,6 +768,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
             hc_eps negative, not finite or below 2**-126 (but not 0); method not ``"walk"`` or
             ``"tma"``; x too large for the walk's 32-bit offsets.
+        RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
+            formula: torch raises its "no autograd formula" error rather than dropping the gradient).
     Weights: ``method="tma"`` caches hc_fn split into bf16 pieces per tensor and version counter;
     after writing hc_fn in a way torch does not count (``hc_fn.data.copy_(...)``, raw pointers),
     call ``torch.autograd.graph.increment_version(hc_fn)``.

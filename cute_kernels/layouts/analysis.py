@@ -202,7 +202,9 @@ def request_wavefronts(addresses: np.ndarray, access_bytes: int, active=None) ->
     nothing to theirs, and a phase with no active thread costs 0 wavefronts and adds 0 to the ideal.
     ``access_bytes`` (bytes per thread) must be one of :data:`ACCESS_BYTES`, the widths of one
     shared-memory load/store (``ValueError``, ``TypeError`` for a non-integer); ``ValueError`` for
-    ``addresses`` that are not 1-D or an ``active`` mask of another length.
+    ``addresses`` that are not 1-D, more than a warp's 32 threads, not integers, negative, or not multiples
+    of ``access_bytes`` (a shared-memory access is aligned to its width), or an ``active`` mask of another
+    length.
     """
     waves = ideal = 0
     for _, a, counts in request_phases(addresses, access_bytes, active):
@@ -219,9 +221,19 @@ def request_phases(addresses: np.ndarray, access_bytes: int, active=None):
     ``(first thread, the active threads' byte addresses, distinct 4-byte words per bank [32])``, one per
     group of ``128 / access_bytes`` consecutive threads."""
     check_access_bytes(access_bytes, "access_bytes")
-    addresses = np.asarray(addresses, dtype=np.int64)
-    if addresses.ndim != 1:
-        raise ValueError(f"addresses: expected one byte address per thread (1-D), got shape {addresses.shape}")
+    raw = np.asarray(addresses)
+    if raw.ndim != 1:
+        raise ValueError(f"addresses: expected one byte address per thread (1-D), got shape {raw.shape}")
+    if len(raw) > 32:
+        raise ValueError(f"addresses: one warp-wide request has at most 32 threads, got {len(raw)}")
+    if raw.size and not (np.issubdtype(raw.dtype, np.integer)
+                         or np.issubdtype(raw.dtype, np.floating) and np.all(raw == np.round(raw))):
+        raise ValueError(f"addresses: expected integer byte addresses, got {raw.dtype} values such as {raw[0]!r}")
+    addresses = raw.astype(np.int64)
+    if (addresses < 0).any() or (addresses % access_bytes).any():
+        bad = addresses[(addresses < 0) | (addresses % access_bytes != 0)][0]
+        raise ValueError(f"addresses: byte addresses must be >= 0 and multiples of access_bytes={access_bytes} "
+                         f"(an aligned shared-memory access), got {bad}")
     active = np.ones(len(addresses), dtype=bool) if active is None else np.asarray(active, dtype=bool)
     if active.shape != addresses.shape:
         raise ValueError(f"active: expected one flag per thread ({addresses.shape}), got shape {active.shape}")
@@ -342,6 +354,14 @@ class SmemBudget:
     per_stage: int
     extra: int = 0  # barriers, alignment slack
     limit: int = SMEM_LIMIT_BYTES
+
+    def __post_init__(self):
+        for name, n in self.buffers.items():
+            require_int(f"buffers[{name!r}]", n, minimum=0)
+        require_int("stages", self.stages, minimum=1)
+        for name in ("per_stage", "extra"):
+            require_int(name, getattr(self, name), minimum=0)
+        require_int("limit", self.limit, minimum=1)
 
     @property
     def total(self) -> int:

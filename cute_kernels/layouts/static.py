@@ -88,6 +88,10 @@ class SwizzleSpec:
     base: int
     shift: int
 
+    def __post_init__(self):
+        for name in ("bits", "base", "shift"):
+            require_int(f"SwizzleSpec.{name}", getattr(self, name), minimum=0)
+
     def __call__(self, y):
         if self.bits == 0:
             return y
@@ -119,6 +123,23 @@ class StaticLayout:
     swizzle: Optional[SwizzleSpec] = None
     offset: int = 0
     name: str = ""
+
+    def __post_init__(self):
+        """``ValueError`` where ``shape`` and ``stride`` are not congruent (the same nesting: a stride per
+        shape mode) or a size is below 1; ``TypeError`` for entries that are not integers."""
+        def congruent(sh, st) -> bool:
+            if isinstance(sh, (tuple, list)):
+                return isinstance(st, (tuple, list)) and len(sh) == len(st) and all(map(congruent, sh, st))
+            return not isinstance(st, (tuple, list))
+
+        if not congruent(self.shape, self.stride):
+            raise ValueError(f"StaticLayout: shape {self.shape} and stride {self.stride} are not congruent "
+                             "(one stride per shape mode, nested alike)")
+        for i, n in enumerate(flatten(self.shape)):
+            require_int(f"shape entry {i}", n, minimum=1)
+        for i, d in enumerate(flatten(self.stride)):
+            require_int(f"stride entry {i}", d)
+        require_int("offset", self.offset)
 
     # -- CuTe-like queries
     @property

@@ -56,7 +56,7 @@ def check_tensor(
             allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
             raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected one of {allowed}")
     if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name} must have {ndim} dim{'' if ndim == 1 else 's'}, got shape {tuple(t.shape)}")
     if shape is not None:
         if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
             want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
