@@ -101,7 +101,7 @@ def cmd_compile(args) -> int:
     print(f"{len(targets) - failures if failures <= len(targets) else 0}/{len(targets)} configs compiled for {os.environ['CUTE_DSL_ARCH']}")
     if not nvdisasm_available():
         print("note: no nvdisasm, so no SASS (PTX features only): pip install nvidia-cuda-nvdisasm (in the [test] "
-              "extra); entries compiled without SASS are recompiled with it on their next load", file=sys.stderr)
+              "extra); the SASS is then disassembled from each entry's kept cubin when first read", file=sys.stderr)
     return 1 if failures else 0
 
 

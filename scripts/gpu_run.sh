@@ -10,13 +10,14 @@
 #   (the device copy's git metadata is not the checkout's: pass the commit so the records carry it)
 # --jobs N: the GPU tests in N pytest processes at once (round-robin shards of the collected tests; most of a
 # cold run is compiling kernels on the CPU: the forward file took 177 s in 4 shards on the H200's 16 cores,
-# about 780 s in one process).  Writes into OUTDIR: pytest logs and junit XML (one per shard), check.txt,
-# bench.json (records with date, GPU, commit), sanitizer logs. Copy bench.json into bench/results/ to back a
-# claim in the README.
+# about 780 s in one process; the emulated tensor-parallel tests wait on peers with a 5-s timeout, which
+# other processes time-slicing the GPU can exceed: run qknorm_tp's file on its own).
+# Writes into OUTDIR: pytest logs and junit XML (one per shard), check.txt, bench.json (records with date, GPU,
+# commit), sanitizer logs. Copy bench.json into bench/results/ to back a claim in the README.
 set -uo pipefail
 usage="usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME] [--jobs N]"
 if [[ $# == 0 || ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; echo "$usage"; [[ $# == 0 ]] && exit 2; exit 0
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; echo "$usage"; [[ $# == 0 ]] && exit 2; exit 0
 fi
 out=$1; shift
 if [[ $out == -* ]]; then echo "gpu_run.sh: OUTDIR first ($usage)" >&2; exit 2; fi

@@ -532,7 +532,8 @@ def test_ranker_attention_is_differentiable(monkeypatch):
     ``torch.ops.cute_kernels.ranker_attention_fwd`` itself; no grad mode takes neither op."""
     calls = []
 
-    def fwd(q, k, v, bounds, scale, cap, method, cu, ms, out=None, lse=None, config=None, max_ctas=None, plan_key=None):
+    def fwd(q, k, v, bounds, scale, cap, method, cu, ms, out=None, lse=None, config=None, max_ctas=None, plan_key=None,
+            with_lse=True):
         calls.append("fwd")
         return rf.ranker_attention_reference(q, k, v, bounds, scale, cap, method, True, cu, ms)
 

@@ -1,6 +1,7 @@
 """Runtime: target arch, compile cache (memory + disk, concurrent processes), artifacts."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -71,34 +72,43 @@ def test_corrupt_cache_entry_recompiles(tmp_path, monkeypatch):
     assert obj.read_bytes()[:4] == b"\x7fELF"
 
 
-def test_entry_without_sass_recompiles_once_nvdisasm_is_there(tmp_path, monkeypatch):
-    """An entry compiled while nvdisasm was missing (no ``.sass``) loads as is while it still is, and is
-    recompiled, with SASS, once nvdisasm is available (pip ``nvidia-cuda-nvdisasm``, the [test] extra)."""
+def test_sass_is_disassembled_from_the_cubin_when_first_read(tmp_path, monkeypatch):
+    """A compile keeps the cubin and writes no SASS (nvdisasm costs ~1 s of a forward's compile); the first read
+    of ``CompileRecord.sass`` disassembles it (``nvdisasm -g -c``, as the DSL's ``--keep-sass``) into the
+    entry's ``.sass``, which later loads read; without nvdisasm it is None and a later read tries again.
+    An entry of an older cache with neither ``.sass`` nor ``.cubin`` is recompiled once nvdisasm is there."""
+    from cute_kernels.runtime import artifacts
+
     if not cache.nvdisasm_available():
         pytest.skip("no nvdisasm here")
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     cache.clear_memory_cache()
     t = scale.compile_targets()[0]
-    monkeypatch.setattr(cache, "nvdisasm_available", lambda: False)
     t.build()
     (obj,) = tmp_path.rglob("*.o")
-    assert not obj.with_suffix(".sass").exists() and not cache.compile_record(t.kernel, t.key).sass
-    cache.clear_memory_cache()
-    t.build()
-    assert cache.compile_record(t.kernel, t.key).compile_s is None  # loaded: still no nvdisasm
+    sass_file = obj.with_suffix(".sass")
+    assert obj.with_suffix(".cubin").exists() and not sass_file.exists()
+    rec = cache.compile_record(t.kernel, t.key)
+    monkeypatch.setattr(artifacts, "disassemble", lambda cubin: None)  # as without nvdisasm
+    assert rec.sass is None and not sass_file.exists()
     monkeypatch.undo()
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    sass = rec.sass
+    assert sass and re.search(r"\bEXIT\b", sass) and sass_file.read_text() == sass
     cache.clear_memory_cache()
     t.build()
-    rec = cache.compile_record(t.kernel, t.key)
-    assert rec.compile_s is not None and rec.sass and obj.with_suffix(".sass").exists()
+    loaded = cache.compile_record(t.kernel, t.key)
+    assert loaded.compile_s is None and loaded.sass == sass  # loaded, SASS from the file
     cache.clear_memory_cache()
+    sass_file.unlink()
     t.build()
-    assert cache.compile_record(t.kernel, t.key).compile_s is None  # and loaded from then on
-    obj.with_suffix(".sass").write_text("")  # a disassembly that gave nothing: no reason to recompile
+    loaded = cache.compile_record(t.kernel, t.key)
+    assert loaded.compile_s is None and loaded.sass == sass  # loaded, SASS from the cubin again
     cache.clear_memory_cache()
+    sass_file.unlink()
+    obj.with_suffix(".cubin").unlink()  # an entry of an older cache: recompiled (with a cubin now)
     t.build()
-    assert cache.compile_record(t.kernel, t.key).compile_s is None
+    assert cache.compile_record(t.kernel, t.key).compile_s is not None and obj.with_suffix(".cubin").exists()
 
 
 def test_memory_cache_returns_same_object(tmp_path, monkeypatch):

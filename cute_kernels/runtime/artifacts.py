@@ -6,9 +6,14 @@ kernel's PTX/SASS shows what its design promises (wgmma, TMA, setmaxnreg, named 
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import struct
-from dataclasses import dataclass, field
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 # feature name -> regex over PTX (p) or SASS (s)
 PTX_FEATURES: dict[str, str] = {
@@ -126,9 +131,39 @@ def cubin_resources(cubin: bytes | None) -> list[KernelResources]:
     return list(kernels.values())
 
 
+@functools.lru_cache(maxsize=1)
+def nvdisasm_path() -> str | None:
+    """An nvdisasm the DSL accepts (pip ``nvidia-cuda-nvdisasm`` >= 13.4, the [test] extra, or a toolkit's), or None."""
+    try:
+        from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
+
+        return _find_nvdisasm_binary()
+    except Exception:
+        return None
+
+
+def disassemble(cubin: bytes) -> str | None:
+    """SASS text of a cubin, as the DSL's ``--keep-sass`` writes it (``nvdisasm -g -c``), or None without
+    :func:`nvdisasm_path`."""
+    nvdisasm = nvdisasm_path()
+    if nvdisasm is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        Path(path).write_bytes(cubin)
+        try:
+            return subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+
 @dataclass
 class CompileRecord:
-    """What one compile produced; stored beside the cached object as JSON + text files."""
+    """What one compile produced; stored beside the cached object as JSON + text files (and the cubin).
+
+    ``sass`` is disassembled from the cubin on first read (nvdisasm; None without it), not during the
+    compile: about 1 s of a D=128 forward's compile on a 2-core machine (session 27), which a call that
+    never looks at SASS should not pay."""
 
     kernel: str
     key: str
@@ -136,8 +171,36 @@ class CompileRecord:
     compile_s: float | None = None
     load_s: float | None = None
     ptx: str | None = None
-    sass: str | None = None
     resources: list[KernelResources] = field(default_factory=list)
+    _sass: str | None = field(default=None, repr=False)
+    # the cubin until disassembled: its bytes (a fresh compile) or the cache file's path (a load)
+    _cubin: bytes | str | None = field(default=None, repr=False, compare=False)
+    _sass_file: str | None = field(default=None, repr=False, compare=False)  # where the SASS is kept
+
+    @property
+    def sass(self) -> str | None:
+        if self._sass is None and self._cubin is not None:
+            try:
+                cubin = Path(self._cubin).read_bytes() if isinstance(self._cubin, str) else self._cubin
+            except OSError:
+                return None
+            text = disassemble(cubin)
+            if text is not None:  # (else: no nvdisasm; a later read tries again)
+                self._sass, self._cubin = text, None
+                if self._sass_file:
+                    try:
+                        Path(self._sass_file).write_text(text)
+                    except OSError:
+                        pass
+        return self._sass
+
+    @sass.setter
+    def sass(self, text: str | None) -> None:
+        self._sass = text
+
+    def metadata(self) -> dict:
+        """The JSON part (everything but the PTX, SASS and cubin, which are files of their own)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("ptx", "_sass", "_cubin", "_sass_file")}
 
     @property
     def ptx_features(self) -> list[str]:

@@ -24,14 +24,13 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
 from filelock import FileLock
 
 from .arch import check_target_arch, target_arch
-from .artifacts import CompileRecord, KernelResources, cubin_resources
+from .artifacts import CompileRecord, KernelResources, cubin_resources, nvdisasm_path
 
 EXPORT_NAME = "func"
 _PKG_ROOT = Path(__file__).resolve().parents[1]
@@ -134,22 +133,14 @@ def _compile(build: Callable[[], tuple], keep_dir: str):
     import cutlass.cute as cute
 
     fn, args = build()
+    # (no --keep-sass: the SASS comes from the kept cubin when first read, CompileRecord.sass)
     opts = f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir {keep_dir}"
-    if nvdisasm_available():
-        opts += " --keep-sass"
     return cute.compile(fn, *args, options=opts)
 
 
-@functools.lru_cache(maxsize=1)
 def nvdisasm_available() -> bool:
     """SASS needs an nvdisasm the DSL accepts (pip ``nvidia-cuda-nvdisasm`` >= 13.4, or a toolkit)."""
-    try:
-        from cutlass.base_dsl.env_manager import _find_nvdisasm_binary
-
-        _find_nvdisasm_binary()
-        return True
-    except Exception:
-        return False
+    return nvdisasm_path() is not None
 
 
 def _record_from_compiled(kernel: str, sha: str, arch: str, compiled, seconds: float) -> CompileRecord:
@@ -163,18 +154,18 @@ def _record_from_compiled(kernel: str, sha: str, arch: str, compiled, seconds: f
         arch=arch,
         compile_s=seconds,
         ptx=arts.PTX if arts is not None else None,
-        sass=arts.SASS if arts is not None else None,
         resources=cubin_resources(cubin),
+        _cubin=cubin,
     )
 
 
 def _write_record(base: Path, rec: CompileRecord) -> None:
     if rec.ptx:
         base.with_suffix(".ptx").write_text(rec.ptx)
-    if rec.sass or nvdisasm_available():  # (empty when the disassembly gave nothing: not a reason to recompile)
-        base.with_suffix(".sass").write_text(rec.sass or "")
-    meta = {k: v for k, v in asdict(rec).items() if k not in ("ptx", "sass")}
-    base.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+    if isinstance(rec._cubin, bytes):  # (the SASS is written beside it when first read)
+        base.with_suffix(".cubin").write_bytes(rec._cubin)
+    rec._sass_file = str(base.with_suffix(".sass"))
+    base.with_suffix(".json").write_text(json.dumps(rec.metadata(), indent=1))
 
 
 def _read_record(base: Path, load_s: float) -> CompileRecord:
@@ -183,10 +174,14 @@ def _read_record(base: Path, load_s: float) -> CompileRecord:
     rec = CompileRecord(**meta)
     rec.compile_s = None
     rec.load_s = load_s
+    rec._sass_file = str(base.with_suffix(".sass"))
     for suffix, attr in ((".ptx", "ptx"), (".sass", "sass")):
         f = base.with_suffix(suffix)
         if f.exists():
             setattr(rec, attr, f.read_text())
+    cubin = base.with_suffix(".cubin")
+    if rec._sass is None and cubin.exists():
+        rec._cubin = str(cubin)  # (read when the SASS is)
     return rec
 
 
@@ -236,9 +231,10 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
     base = folder / sha
     obj = base.with_suffix(".o")
     with FileLock(str(base.with_suffix(".lock")), timeout=600):
-        # (an entry compiled while nvdisasm was missing has no SASS: recompiled once nvdisasm is there)
+        # (an entry of an older cache without SASS nor cubin is recompiled once nvdisasm is there)
         if (obj.exists() and obj.stat().st_size > 0 and base.with_suffix(".json").exists()
-                and (base.with_suffix(".sass").exists() or not nvdisasm_available())):
+                and (base.with_suffix(".sass").exists() or base.with_suffix(".cubin").exists()
+                     or not nvdisasm_available())):
             try:
                 t0 = time.perf_counter()
                 fn = cute.runtime.load_module(str(obj), enable_tvm_ffi=True)[EXPORT_NAME]
