@@ -1211,6 +1211,12 @@ class RankerAttentionFwd:
 
 
 # ====================================================================== torch side
+def compile_key(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool,
+                with_lse: bool = True) -> tuple:
+    """The compile cache's key of :func:`_compile` (the no-LSE variant's ends with ``"no_lse"``)."""
+    return (str(dtype), config, qhead_per_kvhead, cap_method, varlen) + (() if with_lse else ("no_lse",))
+
+
 def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool,
              with_lse: bool = True):
     """The compiled forward for these keys; ``with_lse=False``: the variant that takes ``lse=None`` and writes
@@ -1243,8 +1249,7 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
         return kern, (q, k, v, bounds, o, lse, cu, knorm, Float32(1.0), Float32(1.0), Float32(1.0),
                       Int32(1), Int32(1), Int32(1), fake_stream())
 
-    return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen) + (() if with_lse else ("no_lse",)),
-                          build)
+    return compile_cached(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen, with_lse), build)
 
 
 def compile_targets() -> list[CompileTarget]:
@@ -1270,7 +1275,7 @@ def compile_targets() -> list[CompileTarget]:
         cfg = chosen_config(cfg, dtype, None if capm == "none" else FIXED_MAX_CAP, 1 if short else 2**20)
         label = (f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{' short' if short else ''}"
                  f"{'' if with_lse else ' no-lse'}")
-        out.append(CompileTarget(NAME, label, (str(dtype), cfg, g, capm, varlen) + (() if with_lse else ("no_lse",)),
+        out.append(CompileTarget(NAME, label, compile_key(dtype, cfg, g, capm, varlen, with_lse),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen, with_lse=with_lse:
                                  _compile(dtype, cfg, g, capm, varlen, with_lse)))
     return out
