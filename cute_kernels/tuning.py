@@ -616,7 +616,8 @@ def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: 
 
 def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: str = "bf16", list_only: bool = False,
              rounds: int = 2, save: bool = True) -> int:
-    """``cute-kernels tune``: exit status 0 (tuned or listed), 2 (bad arguments, no GPU, no tuner)."""
+    """``cute-kernels tune``: exit status 0 (tuned or listed), 2 (bad arguments, no GPU, no tuner, or
+    ``--candidates`` of which ``validate()`` rejected every one: nothing besides the shipped config to time)."""
     if rounds < 1:
         print("tune: --rounds must be >= 1", file=sys.stderr)
         return 2
@@ -635,12 +636,18 @@ def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: s
     except (ValueError, TypeError) as exc:
         print(f"tune: {exc}", file=sys.stderr)
         return 2
+    nothing_to_try = candidates is not None and len(configs) == 1 and bool(rejected)
     if list_only:
         print(f"{kernel} {tuner.shape_key(s)}: {len(configs)} candidates, as changes of the shipped {configs[0]}")
         for c in configs:
             print(f"  {config_diff(c, configs[0])}")
         for c, why in rejected:
             print(f"  rejected {config_diff(c, configs[0])}: {why}")
+    if nothing_to_try:
+        print(f"tune: validate() rejected every one of the {len(rejected)} candidates of --candidates "
+              f"{candidates!r}: nothing besides the shipped config to time", file=sys.stderr)
+        return 2
+    if list_only:
         return 0
     import torch
 

@@ -146,6 +146,9 @@ def test_tune_cli_without_gpu():
              "--candidates", "tile_n=96,128")
     assert r.returncode == 0, r.stderr
     assert "shipped" in r.stdout and "tile_n=96" in r.stdout
+    # every candidate rejected by validate(): listed with the reasons, and exit 2 (nothing to tune)
+    r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,H=2,D=128", "--list", "--candidates", "tile_n=97")
+    assert r.returncode == 2 and "rejected every one" in r.stderr and "rejected tile_n=97" in r.stdout, r.stdout + r.stderr
     r = _run("tune", "--kernel", "qknorm", "--shape", "N=4")
     assert r.returncode == 2 and "no tuner" in r.stderr
     r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,D=128")

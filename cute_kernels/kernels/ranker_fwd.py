@@ -1742,7 +1742,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
     non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is not
-    differentiable.  A 256 head dim raises ``ValueError`` in ``backward()`` (under torch.compile,
+    differentiable (``lse.requires_grad`` is False: a loss term on it, e.g. a z-loss, adds no gradient to
+    q, k, v).  A 256 head dim raises ``ValueError`` in ``backward()`` (under torch.compile,
     which traces the backward with the forward: when the differentiable call is compiled).
     ``torch.func`` transforms (grad, vjp, vmap, ...) are not supported: ``NotImplementedError`` (torch's
     custom ops support neither their autograd nor batching for these kernels).
