@@ -1690,6 +1690,9 @@ def _ranker_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.
 ranker_autograd.register(_ranker_op.op)
 
 
+_grad_enabled = torch.is_grad_enabled
+
+
 def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
                      cu_seqlens=None, max_seqlen=None):
     """Ranker attention forward (history + candidates mask) on Hopper.
@@ -1766,10 +1769,13 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         Under ``torch.compile(fullgraph=True)`` these surface wrapped by Dynamo (``TorchRuntimeError`` /
         ``Unsupported``); without ``fullgraph`` or eagerly, as listed.
     """
-    return_lse = check_bool("return_lse", return_lse)
+    if return_lse is not True and return_lse is not False:  # (the eager hot path: no call for a plain bool)
+        return_lse = check_bool("return_lse", return_lse)
     refuse_func_transforms("ranker_attention", q, k, v)
     if (tracing() or getattr(q, "is_meta", False)
-            or torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))):
+            or _grad_enabled() and (isinstance(q, torch.Tensor) and q.requires_grad
+                                    or isinstance(k, torch.Tensor) and k.requires_grad
+                                    or isinstance(v, torch.Tensor) and v.requires_grad)):
         # the registered op: seen by torch.compile / make_fx, differentiable (ranker_autograd), meta tensors
         # through its fake (shapes only)
         out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
