@@ -297,10 +297,11 @@ def test_no_lse_variant(varlen):
     from cute_kernels.runtime.cache import compile_record
 
     cfg = rf.chosen_config(rf.shipped_config(torch.bfloat16, 128, "none"), torch.bfloat16, None, 2**20)
-    key = (str(torch.bfloat16), cfg, 1, "none", varlen)
     rf._compile(torch.bfloat16, cfg, 1, "none", varlen, with_lse=False)
     rf._compile(torch.bfloat16, cfg, 1, "none", varlen)
-    without, with_lse = compile_record(rf.NAME, key + ("no_lse",)), compile_record(rf.NAME, key)
+    without = compile_record(rf.NAME, rf.compile_key(torch.bfloat16, cfg, 1, "none", varlen, with_lse=False))
+    with_lse = compile_record(rf.NAME, rf.compile_key(torch.bfloat16, cfg, 1, "none", varlen))
+    assert without is not with_lse
     assert all(r.stack_bytes == 0 for r in without.resources), [r.stack_bytes for r in without.resources]
     f32_stores = lambda rec: len(re.findall(r"st\.global\.[bf]32\s", _attention_entry(rec.ptx)))  # (not .v4)
     assert f32_stores(without) == 0 < f32_stores(with_lse)

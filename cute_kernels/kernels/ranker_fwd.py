@@ -1601,27 +1601,25 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     end = None  # packed: where the last sequence ends, when the host knows it (not while capturing)
     if not with_lse:
         lse = None
+    elif lse is None:
+        lse = q.new_empty((hq, seq) if varlen else (nb, hq, seq), dtype=torch.float32)
     if varlen:
-        if lse is None and with_lse:
-            lse = q.new_empty((hq, seq), dtype=torch.float32)
         max_seqlen, end = _varlen_extent(q, cu_seqlens, seq, max_seqlen)
         # packed tokens past cu_seqlens[-1] belong to no sequence and the kernel never writes them:
         # out = 0, lse = -inf there (eager: the known tail; in capture: a device-side mask)
         if end is None:
             tail = torch.arange(seq, device=q.device) >= cu_seqlens[-1]
             out.masked_fill_(tail[:, None, None], 0)
-            if with_lse:
+            if lse is not None:
                 lse.masked_fill_(tail[None, :], -math.inf)
         elif end < seq:
             out[end:].zero_()
-            if with_lse:
+            if lse is not None:
                 lse[:, end:].fill_(-math.inf)
     else:
-        if lse is None and with_lse:
-            lse = q.new_empty((nb, hq, seq), dtype=torch.float32)
         max_seqlen = seq
     if out.numel() == 0 or max_seqlen == 0:
-        if with_lse:
+        if lse is not None:
             lse.fill_(-math.inf)
         out.zero_()
         return out, lse

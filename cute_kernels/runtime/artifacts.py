@@ -142,15 +142,17 @@ def nvdisasm_path() -> str | None:
         return None
 
 
-def disassemble(cubin: bytes) -> str | None:
-    """SASS text of a cubin, as the DSL's ``--keep-sass`` writes it (``nvdisasm -g -c``), or None without
-    :func:`nvdisasm_path`."""
+def disassemble(cubin: bytes | str) -> str | None:
+    """SASS text of a cubin (its bytes, or the path of a cubin file), as the DSL's ``--keep-sass`` writes it
+    (``nvdisasm -g -c``); None without :func:`nvdisasm_path` or where nvdisasm fails (a missing file)."""
     nvdisasm = nvdisasm_path()
     if nvdisasm is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        Path(path).write_bytes(cubin)
+        path = cubin
+        if isinstance(cubin, bytes):
+            path = os.path.join(tmp, "kernel.cubin")
+            Path(path).write_bytes(cubin)
         try:
             return subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True, check=True).stdout
         except (OSError, subprocess.CalledProcessError):
@@ -173,18 +175,14 @@ class CompileRecord:
     ptx: str | None = None
     resources: list[KernelResources] = field(default_factory=list)
     _sass: str | None = field(default=None, repr=False)
-    # the cubin until disassembled: its bytes (a fresh compile) or the cache file's path (a load)
+    # the cubin until disassembled: its bytes (a compile without the disk cache) or its cache file's path
     _cubin: bytes | str | None = field(default=None, repr=False, compare=False)
     _sass_file: str | None = field(default=None, repr=False, compare=False)  # where the SASS is kept
 
     @property
     def sass(self) -> str | None:
         if self._sass is None and self._cubin is not None:
-            try:
-                cubin = Path(self._cubin).read_bytes() if isinstance(self._cubin, str) else self._cubin
-            except OSError:
-                return None
-            text = disassemble(cubin)
+            text = disassemble(self._cubin)
             if text is not None:  # (else: no nvdisasm; a later read tries again)
                 self._sass, self._cubin = text, None
                 if self._sass_file:

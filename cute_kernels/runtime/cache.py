@@ -164,6 +164,7 @@ def _write_record(base: Path, rec: CompileRecord) -> None:
         base.with_suffix(".ptx").write_text(rec.ptx)
     if isinstance(rec._cubin, bytes):  # (the SASS is written beside it when first read)
         base.with_suffix(".cubin").write_bytes(rec._cubin)
+        rec._cubin = str(base.with_suffix(".cubin"))  # (not kept in memory for the process's lifetime)
     rec._sass_file = str(base.with_suffix(".sass"))
     base.with_suffix(".json").write_text(json.dumps(rec.metadata(), indent=1))
 
