@@ -48,6 +48,67 @@ def test_explicit_gradients_match_autograd(s, rows, cap, cap_method, hq, hkv):
     torch.testing.assert_close(exp[4], (do * o).sum(-1).transpose(1, 2))
 
 
+@pytest.mark.parametrize("cu", [None, [0, 4, 4, 11]], ids=["fixed", "varlen"])
+@pytest.mark.parametrize("cap,cap_method", CAPS)
+def test_lse_gradient_explicit_matches_autograd(cap, cap_method, cu):
+    """With the gradient of the LSE (``dlse``): the explicit form (dPsum less dLSE, the kernels' math) agrees
+    with autograd through the reference's LSE; rows with no valid key ignore dLSE (NaN there included) and
+    get zero gradients; dV has no LSE term; the LSE term is there in dQ and dK."""
+    if cu is None:
+        q, k, v, do = _inputs(2, 11, 4, 2, 8, seed=5)
+        bounds = torch.tensor([[1, 6, 6, 10], [0, 0, 0, 0]], dtype=torch.int32)
+        dlse = torch.randn(2, 4, 11, dtype=torch.float32, generator=torch.Generator().manual_seed(6))
+        empty = [(slice(None), slice(None), [0, 10]), (1,)]
+    else:
+        q, k, v, do = (t[0] for t in _inputs(1, 13, 4, 2, 8, seed=5))  # 2 packed tail tokens
+        cu = torch.tensor(cu, dtype=torch.int32)
+        bounds = torch.tensor([[0, 2, 2, 4], [0, 0, 0, 0], [1, 5, 5, 6]], dtype=torch.int32)
+        dlse = torch.randn(4, 13, dtype=torch.float32, generator=torch.Generator().manual_seed(6))
+        empty = [(slice(None), [4, 10, 11, 12])]
+    for idx in empty:
+        dlse[idx] = float("nan")
+    kw = dict(softmax_scale=0.41, cap=cap, cap_method=cap_method, cu_seqlens=cu)
+    ref = rb.ranker_attention_backward_reference(q, k, v, bounds, do, dlse=dlse, **kw)
+    exp = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, dlse=dlse, **kw)
+    base = rb.ranker_attention_backward_reference(q, k, v, bounds, do, **kw)
+    for name, a, b, c in zip(("dq", "dk", "dv"), ref, exp[:3], base):
+        assert torch.isfinite(a).all() and torch.isfinite(b).all(), name
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+        if name == "dv":
+            torch.testing.assert_close(a, c, rtol=0, atol=0)
+        else:
+            assert (a - c).norm() > 0.05 * a.norm(), name
+    # the LSE alone as the loss (dO = 0)
+    zero = torch.zeros_like(do)
+    ref = rb.ranker_attention_backward_reference(q, k, v, bounds, zero, dlse=dlse, **kw)
+    exp = rb.ranker_attention_backward_explicit(q, k, v, bounds, zero, dlse=dlse, **kw)
+    for a, b in zip(ref, exp[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert (ref[2] == 0).all() and ref[0].abs().max() > 0
+
+
+def test_lse_gradient_finite_differences():
+    """d(sum(lse * w)) / dq by central differences of the float64 LSE (from the explicit form) at a few
+    entries: the reference's dLSE gradient, a tanh cap."""
+    q, k, v, do = _inputs(1, 7, 2, 1, 4, seed=8)
+    bounds = torch.tensor([[0, 4, 4, 7]], dtype=torch.int32)
+    w = torch.randn(1, 2, 7, dtype=torch.float32, generator=torch.Generator().manual_seed(9))
+    kw = dict(cap=3.0, cap_method="tanh")
+    dq, dk, _ = rb.ranker_attention_backward_reference(q, k, v, bounds, torch.zeros_like(do), dlse=w, **kw)
+
+    def f(qq, kk):
+        return (rb.ranker_attention_backward_explicit(qq, kk, v, bounds, do, **kw)[3] * w.double()).sum().item()
+
+    h = 1e-6
+    for t, g, idx in ((q, dq, (0, 5, 1, 2)), (q, dq, (0, 1, 0, 0)), (k, dk, (0, 2, 0, 3)), (k, dk, (0, 6, 0, 1))):
+        plus, minus = t.clone(), t.clone()
+        plus[idx] += h
+        minus[idx] -= h
+        args = lambda x: (x, k) if t is q else (q, x)  # noqa: E731
+        fd = (f(*args(plus)) - f(*args(minus))) / (2 * h)
+        assert abs(fd - g[idx].item()) <= 1e-6 * max(1.0, abs(fd)), (idx, fd, g[idx].item())
+
+
 def test_rows_without_keys_get_zero_gradients():
     q, k, v, do = _inputs(1, 10, 2, 2, 8)
     bounds = torch.tensor([[2, 5, 7, 9]], dtype=torch.int32)  # rows 0, 1, 5, 6, 9 attend nothing
@@ -450,6 +511,17 @@ def test_backward_argument_errors():
         val(lse=lse[:, :2])
     with pytest.raises(ValueError, match="contiguous"):
         val(lse=lse.transpose(1, 2).contiguous().transpose(1, 2))
+    # dlse: float32 shaped like lse, any strides (a broadcast gradient of lse.sum() included)
+    dval = lambda dlse: rb._validate_backward(  # noqa: E731
+        q, k, v, out, lse, do, bounds, None, None, "tanh", None, None, cuda=False, dlse=dlse)
+    assert dval(torch.ones(()).expand(lse.shape))[0] is False
+    assert dval(lse.transpose(1, 2).contiguous().transpose(1, 2))[0] is False
+    with pytest.raises(TypeError, match="dlse.*float32"):
+        dval(lse.double())
+    with pytest.raises(ValueError, match="dlse.*shaped like lse"):
+        dval(lse[:, :2])
+    with pytest.raises(TypeError, match="dlse"):
+        dval([0.0])
     q2, k2, v2, out2, lse2, do2, b2 = _bf16_args(d=256)
     with pytest.raises(ValueError, match="head dim"):
         rb._validate_backward(q2, k2, v2, out2, lse2, do2, b2, None, None, "tanh", None, None, cuda=False)
@@ -582,8 +654,15 @@ def test_meta_tensors_give_shapes_forward_and_backward():
     qg = q.clone().requires_grad_()
     cute_kernels.ranker_attention(qg, k, k, bounds).sum().backward()
     assert qg.grad.device.type == "meta" and qg.grad.shape == q.shape
+    qg.grad = None
+    cute_kernels.ranker_attention(qg, k, k, bounds, return_lse=True)[1].sum().backward()  # a loss on lse alone
+    assert qg.grad.device.type == "meta" and qg.grad.shape == q.shape
     grads = cute_kernels.ranker_attention_backward(q, k, k, out, lse, out, bounds)
     assert [t.shape for t in grads] == [q.shape, k.shape, k.shape]
+    grads = cute_kernels.ranker_attention_backward(q, k, k, out, lse, out, bounds, dlse=lse)
+    assert [t.shape for t in grads] == [q.shape, k.shape, k.shape]
+    with pytest.raises(ValueError, match="dlse"):
+        cute_kernels.ranker_attention_backward(q, k, k, out, lse, out, bounds, dlse=lse[:, :1])
     with pytest.raises(TypeError, match="bfloat16"):  # the checks still run
         cute_kernels.ranker_attention(q.float(), k, k, bounds)
     with pytest.raises(ValueError, match="eager-only"):

@@ -7,9 +7,10 @@ the op whenever grad mode is on and q, k or v requires grad; without grad it cal
 directly, no autograd bookkeeping), ``torch.ops.cute_kernels.ranker_attention_fwd`` itself (an exported
 or traced graph) and ``torch.compile(fullgraph=True)``; not ``torch.func`` transforms
 (``NotImplementedError``: torch's custom-op autograd refuses grad / vjp, and the kernels have no vmap
-rule).  ``bounds``, ``cu_seqlens`` and the returned ``lse`` are not differentiable.  The backward keeps
-q, k, v, out and lse alive and launches :func:`.ranker_bwd.ranker_attention_backward`'s op in its
-default (non-deterministic) mode (head dims 64 and 128: a 256 head dim raises ``ValueError`` in
+rule).  ``bounds`` and ``cu_seqlens`` are not differentiable; the returned ``lse`` is (a loss on it, e.g.
+merging attention over key chunks or a z-loss, reaches q and k: the backward's preprocess folds its
+gradient into dPsum).  The backward keeps q, k, v, out and lse alive and launches
+:func:`.ranker_bwd.ranker_attention_backward`'s op in its default (non-deterministic) mode (head dims 64 and 128: a 256 head dim raises ``ValueError`` in
 ``backward()``; under torch.compile, when the call is compiled).  Its modules load on the first backward.
 """
 
@@ -23,10 +24,10 @@ def _setup_context(ctx, inputs, output) -> None:
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, bounds, cu_seqlens)
     ctx.scalars = (softmax_scale, cap, cap_method, max_seqlen)
-    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None (no zeros allocated)
 
 
-def _backward(ctx, dout, _dlse):
+def _backward(ctx, dout, dlse):
     # the kernels are not differentiable: a backward that builds a graph (create_graph=True) raises
     # instead of returning gradients whose own gradient would silently miss the attention's terms
     if torch.is_grad_enabled():
@@ -36,8 +37,12 @@ def _backward(ctx, dout, _dlse):
 
     q, k, v, out, lse, bounds, cu_seqlens = ctx.saved_tensors
     softmax_scale, cap, cap_method, max_seqlen = ctx.scalars
-    dq, dk, dv = ranker_attention_backward_op(q, k, v, out, lse, dout.contiguous(), bounds, softmax_scale, cap,
-                                              cap_method, cu_seqlens, max_seqlen)
+    if dout is None and dlse is None:
+        return None, None, None, None, None, None, None, None, None
+    # a loss on lse alone: dO = 0 (dV = 0; dS = P * dLSE * cap')
+    dout = torch.zeros_like(out) if dout is None else dout.contiguous()
+    dq, dk, dv = ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
+                                              cu_seqlens, max_seqlen, False, dlse)
     return dq, dk, dv, None, None, None, None, None, None
 
 

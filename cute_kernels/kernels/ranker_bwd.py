@@ -1079,6 +1079,10 @@ def compile_targets() -> list[CompileTarget]:
             f"postprocess {dt} D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}"
             f"{' accumulated' if acc else ''}",
             lambda a=args["post"]: compile_postprocess(*a)))
+    # the gradient of the LSE (a loss on the forward's lse) changes only the preprocess: bf16 D=128
+    a = (torch.bfloat16, 128, CONFIGS[128].tile_m, False, True)
+    helpers[(pre.NAME, ("torch.bfloat16", *a[1:4], "dlse"))] = (
+        f"preprocess bf16 D=128 tile_m={a[2]} with dLSE", lambda a=a: compile_preprocess(*a))
     for (name, key), (label, build) in helpers.items():
         out.append(CompileTarget(name, label, key, build=build))
     return out
@@ -1135,9 +1139,10 @@ def check_accum_extent(row_shape: tuple, d: int) -> None:
 
 def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
                        cuda: bool = True, *, dq=None, dk=None, dv=None, config=None, deterministic: bool = False,
-                       pointers: bool = True):
+                       pointers: bool = True, dlse=None):
     """The forward's argument rules for q, k, v, bounds, scalars (:func:`.ranker_fwd._validate`), plus
-    ``out``/``dout`` like ``q``, ``lse`` float32 ``[B, Hq, S]`` / ``[Hq, T]`` contiguous, the optional
+    ``out``/``dout`` like ``q``, ``lse`` float32 ``[B, Hq, S]`` / ``[Hq, T]`` contiguous, ``dlse`` None or
+    float32 shaped like ``lse`` on its device (any strides: the call makes it contiguous), the optional
     output buffers ``dq``/``dk``/``dv`` (like ``q``/``k``/``v``: same dtype and shape, contiguous, as
     the kernels are compiled for), ``config`` (None or a :class:`RankerBwdConfig`) and
     ``deterministic`` (a bool).  Returns the forward's ``(varlen, B, S_or_T, Hq, Hkv, D)``.
@@ -1178,21 +1183,31 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
                  data_pointer=pointers)
     if not lse.is_contiguous():
         raise ValueError("lse must be contiguous (as ranker_attention(..., return_lse=True) returns it)")
-    check_same_device(q=q, out=out, lse=lse, dout=dout)  # also at trace time (fakes), as the forward does
+    if dlse is not None:  # any strides (a broadcast gradient of lse.sum() included): copied contiguous
+        if not isinstance(dlse, torch.Tensor) or dlse.layout != torch.strided:
+            raise TypeError(f"dlse must be None or a dense torch.Tensor, got {type(dlse).__name__}")
+        if dlse.dtype != torch.float32:
+            raise TypeError(f"dlse must be float32 (the gradient of the float32 lse), got {dlse.dtype}")
+        if tuple(dlse.shape) != tuple(lse_shape):
+            raise ValueError(f"dlse must be shaped like lse {list(lse_shape)}, got {list(dlse.shape)}")
+    check_same_device(q=q, out=out, lse=lse, dout=dout, dlse=dlse)  # also at trace time (fakes), as the forward does
     if pointers:
         check_outputs_disjoint(dict(dq=dq, dk=dk, dv=dv), dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout,
-                                                                 bounds=bounds, cu_seqlens=cu_seqlens))
+                                                                 dlse=dlse, bounds=bounds, cu_seqlens=cu_seqlens))
     return res
 
 
 def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh",
-                              cu_seqlens=None, max_seqlen=None, *, dq=None, dk=None, dv=None,
+                              cu_seqlens=None, max_seqlen=None, *, dlse=None, dq=None, dk=None, dv=None,
                               config: Optional[RankerBwdConfig] = None, deterministic: bool = False):
     """Gradients of :func:`.ranker_fwd.ranker_attention` with respect to q, k, v (issue 4): FlashAttention's
     backward (Dao 2023, arXiv 2307.08691; the Hopper form of FlashAttention-3, Shah et al. 2024, arXiv
     2407.08608, whose dK/dV epilogue is the project's seed 004) with the ranker mask and the cap's
     derivative: ``dS = P * (dP - rowsum(dO * O)) * cap'(s)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``,
-    ``dV = P^T dO``.
+    ``dV = P^T dO``; with the gradient of the LSE too (``dlse``: a loss that uses the forward's ``lse``,
+    e.g. merging attention over key chunks, or a z-loss), ``dS = P * (dP - rowsum(dO * O) + dLSE) * cap'(s)``
+    (``dLSE_i P_ij cap'`` is the derivative of ``LSE_i = log sum_j exp(s_ij)``; the preprocess folds it into
+    dPsum, so the mainloop is the same kernel).
 
     GPU-tested on the H200 (``tests/gpu/test_ranker_bwd_gpu.py``: float64 reference gradients over
     head dims, GQA, caps, varlen, odd and empty segments; the deterministic mode bitwise).
@@ -1203,6 +1218,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         out: the forward's output (like ``q``).  lse: the forward's ``lse`` (``return_lse=True``),
             float32 ``[B, Hq, S]`` / ``[Hq, T]``, natural-log units, ``-inf`` on rows with no valid key.
         dout: gradient of ``out`` (like ``q``: same shape and dtype, last dim contiguous).
+        dlse: None (no loss on ``lse``) or the gradient of ``lse``: float32 shaped like ``lse``, any strides
+            (copied contiguous when not). Ignored on rows with no valid key (``lse = -inf``: nothing there
+            depends on q, k, v), NaN or inf included.
         dq, dk, dv: optional output buffers (like q, k, v: same dtype, shape and device, contiguous,
             sharing no memory with each other or any input; tests pass NaN-poisoned ones).  Varlen
             calls zero them whole before the launches.
@@ -1236,27 +1254,27 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     FlopCounterMode, such a call runs the eager implementation.
     """
     deterministic = check_bool("deterministic", deterministic)  # (a numpy bool as a bool, for the op's schema)
-    refuse_func_transforms("ranker_attention_backward", q, k, v, out, lse, dout)
+    refuse_func_transforms("ranker_attention_backward", q, k, v, out, lse, dout, dlse)
     eager_only = dq is not None or dk is not None or dv is not None or config is not None
     if (tracing() or without_data(q)) and not eager_only:  # traced or meta tensors: the registered op (its fake)
         return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
-                                            cu_seqlens, max_seqlen, deterministic)
+                                            cu_seqlens, max_seqlen, deterministic, dlse)
     if eager_only and (torch.compiler.is_compiling() or without_data(q)):
         raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only and need real "
                          "CUDA tensors; while torch.compile / make_fx / FakeTensorMode trace, call it without them")
     return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
-                          dq=dq, dk=dk, dv=dv, config=config, deterministic=deterministic)
+                          dq=dq, dk=dk, dv=dv, config=config, deterministic=deterministic, dlse=dlse)
 
 
 def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, *,
-                   dq=None, dk=None, dv=None, config=None, deterministic=False):
+                   dq=None, dk=None, dv=None, config=None, deterministic=False, dlse=None):
     """The eager backward: every check, then the three launches."""
     from .ranker_fwd import _varlen_extent
 
     # every check (arguments, output buffers, cu_seqlens values) before any buffer is written or launch
     varlen, nb, seq, hq, hkv, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap,
                                                      cap_method, cu_seqlens, max_seqlen, dq=dq, dk=dk, dv=dv,
-                                                     config=config, deterministic=deterministic)
+                                                     config=config, deterministic=deterministic, dlse=dlse)
     cfg = resolve_config(config, d, cap is not None)
     if deterministic and not cfg.deterministic:
         cfg = dataclasses.replace(cfg, deterministic=True)
@@ -1289,7 +1307,11 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     keys = call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, max_seqlen, cap, cap_method, varlen,
                             _num_sms(q.device))
     accumulated = keys["post"][-1]  # dK/dV through float32 accumulators
-    _fn("pre", *keys["pre"])(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
+    if dlse is None:
+        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
+    else:
+        _fn("pre", *keys["pre"], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, cu_seqlens, nb,
+                                       max_seqlen)
     dk_accum = dv_accum = None
     if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
@@ -1457,7 +1479,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
 
 # ====================================================================== references (float64)
 def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
-                     compute_dtype=torch.float64):
+                     compute_dtype=torch.float64, dlse=None):
     if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
         raise TypeError(f"compute_dtype must be a float torch.dtype, got {compute_dtype!r}")
     _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
@@ -1469,6 +1491,13 @@ def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_s
         raise TypeError(f"dout must be a torch.Tensor shaped like q, got {type(dout).__name__}")
     if dout.shape != q.shape:
         raise ValueError(f"dout must be a tensor shaped like q {list(q.shape)}, got {list(dout.shape)}")
+    if dlse is not None:
+        lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens is not None else (q.shape[0], q.shape[2], q.shape[1])
+        if not isinstance(dlse, torch.Tensor) or not dlse.is_floating_point():
+            raise TypeError(f"dlse must be None or a float tensor shaped like lse, got {type(dlse).__name__}")
+        if tuple(dlse.shape) != lse_shape or dlse.device != q.device:
+            raise ValueError(f"dlse must be shaped like lse {list(lse_shape)} on q's device, got "
+                             f"{list(dlse.shape)} on {dlse.device}")
 
 
 def _sequences(q, cu_seqlens):
@@ -1480,25 +1509,35 @@ def _sequences(q, cu_seqlens):
 
 
 def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=None, cap=None, cap_method="tanh",
-                                        cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64):
+                                        cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64, dlse=None):
     """Gradients ``(dq, dk, dv)`` of :func:`ranker_attention` by torch autograd through the dense
     reference :func:`.ranker_fwd.ranker_attention_reference` (``compute_dtype`` math, float64 default).
 
     ``q, k, v, bounds, cu_seqlens`` as in :func:`ranker_attention`; ``dout`` shaped like ``q`` (the
-    gradient of the output).  Rows with no valid key have zero output and get zero gradients (the
-    reference's masked softmax keeps them finite: no NaN).  Returns tensors in ``compute_dtype``
+    gradient of the output); ``dlse`` None or the gradient of the forward's ``lse`` (shaped like it:
+    ``[B, Hq, S]`` / ``[Hq, T]``; autograd through the reference's LSE too).  Rows with no valid key have
+    zero output and get zero gradients (the reference's masked softmax and LSE keep them finite: no NaN;
+    their dlse is ignored).  Returns tensors in ``compute_dtype``
     shaped like q, k, v (GQA: dk, dv summed over the query heads of a group).  Packed tokens past
     ``cu_seqlens[-1]`` belong to no sequence: zero gradients.  Meant for tests at modest sizes.
     Raises ``TypeError``/``ValueError`` like the forward reference.
     """
-    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype)
+    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype,
+                     dlse)
     # the forward reference returns cu_seqlens[-1] packed rows: differentiate through those only
     end = q.shape[0] if cu_seqlens is None else int(cu_seqlens[-1])
     with torch.enable_grad():
         qd, kd, vd = (t[:end].detach().to(compute_dtype).requires_grad_(True) for t in (q, k, v))
-        out = ranker_attention_reference(qd, kd, vd, bounds, softmax_scale, cap, cap_method,
-                                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, compute_dtype=compute_dtype)
-        dq, dk, dv = torch.autograd.grad(out, (qd, kd, vd), dout[:end].to(compute_dtype), allow_unused=True)
+        out, lse = ranker_attention_reference(qd, kd, vd, bounds, softmax_scale, cap, cap_method, return_lse=True,
+                                              cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                                              compute_dtype=compute_dtype)
+        outputs, grads = [out], [dout[:end].to(compute_dtype)]
+        if dlse is not None:
+            # (the reference's lse is float32; its finite rows differentiate, -inf rows have no graph)
+            outputs.append(lse)
+            dl = dlse[:, :end] if cu_seqlens is not None else dlse
+            grads.append(torch.where(torch.isfinite(lse), dl.to(lse.dtype), 0))
+        dq, dk, dv = torch.autograd.grad(outputs, (qd, kd, vd), grads, allow_unused=True)
 
     def full(g, t):  # None: empty problems; trailing packed rows: zeros
         res = torch.zeros(t.shape, dtype=compute_dtype, device=t.device)
@@ -1510,16 +1549,18 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
 
 
 def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None, cap=None, cap_method="tanh",
-                                       cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64):
+                                       cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64, dlse=None):
     """The same gradients by the explicit formulas the kernels implement (FlashAttention-2/3's backward):
 
-    ``P = exp(s - LSE)`` on admitted pairs, ``dV = P^T dO``, ``dP = dO V^T``, ``dPsum = rowsum(dO * O)``,
+    ``P = exp(s - LSE)`` on admitted pairs, ``dV = P^T dO``, ``dP = dO V^T``, ``dPsum = rowsum(dO * O)``
+    (less ``dlse``, the gradient of the LSE when given, on rows with a valid key),
     ``dS = P * (dP - dPsum) * cap'(s_raw)`` with ``s_raw = scale * q.k``, ``cap'`` = ``1 - tanh^2(s_raw/cap)``
     (tanh) or ``1 / (1 + |s_raw|/cap)^2`` (soft_sign), ``dQ = scale * dS K``, ``dK = scale * dS^T Q``;
     GQA sums dK, dV over the query heads of a group.  Returns ``(dq, dk, dv, lse, dpsum)`` in
     ``compute_dtype``; ``lse``/``dpsum`` are ``[B, Hq, S]`` (``[Hq, T]`` packed), ``lse = -inf`` and
     ``dpsum = 0`` on rows with no valid key."""
-    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype)
+    _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype,
+                     dlse)
     d = q.shape[-1]
     hq, hkv = q.shape[-2], k.shape[-2]
     g = hq // hkv
@@ -1552,6 +1593,9 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
         p = torch.where(mask, torch.exp(s_m - torch.where(torch.isfinite(lse), lse, 0)[..., None]), 0)
         o = p @ vf
         dpsum = (dof * o).sum(-1)
+        if dlse is not None:
+            dl = (dlse[:, sl] if cu_seqlens is not None else dlse[b]).to(compute_dtype)
+            dpsum = dpsum - torch.where(torch.isfinite(lse), dl, 0)
         dp = dof @ vf.transpose(-1, -2)
         ds = p * (dp - dpsum[..., None]) * dcap
         dqh = scale * ds @ kf
@@ -1569,15 +1613,15 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
 
 # ====================================================================== torch op (for torch.compile)
 def _fake_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None,
-              max_seqlen=None, deterministic=False):
+              max_seqlen=None, deterministic=False, dlse=None):
     # at trace time: every rule a fake tensor allows (shapes, dtypes, strides, devices; no data pointers)
     _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
-                       cuda=False, deterministic=deterministic, pointers=False)
+                       cuda=False, deterministic=deterministic, pointers=False, dlse=dlse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # compact, like the real ones
 
 
 def _precheck_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh",
-                  cu_seqlens=None, max_seqlen=None, deterministic=False):
+                  cu_seqlens=None, max_seqlen=None, deterministic=False, dlse=None):
     from .ranker_fwd import _check_max_seqlen, _check_scalars
 
     _check_scalars(softmax_scale, cap, cap_method)
@@ -1591,9 +1635,9 @@ def ranker_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  lse: torch.Tensor, dout: torch.Tensor, bounds: torch.Tensor,
                                  softmax_scale: Optional[float] = None, cap: Optional[float] = None,
                                  cap_method: str = "tanh", cu_seqlens: Optional[torch.Tensor] = None,
-                                 max_seqlen: Optional[int] = None,
-                                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                                 max_seqlen: Optional[int] = None, deterministic: bool = False,
+                                 dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`ranker_attention_backward` (without output buffers and config) as
     ``torch.ops.cute_kernels.ranker_attention_bwd`` (eager fast path)."""
     return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens,
-                          max_seqlen, deterministic=deterministic)
+                          max_seqlen, deterministic=deterministic, dlse=dlse)

@@ -3,7 +3,10 @@
 For every query row and head, over the padded per-row layout of :mod:`.ranker_bwd_buffers` (whole
 ``tile_m`` q blocks per sequence, :func:`.ranker_bwd_buffers.padded_offset` in the packed form):
 
-* ``dPsum = rowsum(dO * O)`` in float32 (FlashAttention-2/3's ``D``), 0 on padding rows;
+* ``dPsum = rowsum(dO * O)`` in float32 (FlashAttention-2/3's ``D``), 0 on padding rows; with the
+  gradient of the LSE (``dLSE``, when a loss uses the forward's ``lse``) ``dPsum = rowsum(dO * O) - dLSE``
+  on rows with a finite LSE: ``dLSE_i * P_ij`` is the LSE's share of ``dS_ij``, so
+  ``dS = P * (dP - dPsum)`` carries both (rows with no valid key have ``P = 0``: dLSE ignored there);
 * ``LSE2 = LSE * log2(e)``, the form the mainloop's ``exp2(s * scale_log2 - LSE2)`` wants, and
   ``+inf`` where the forward's LSE is ``-inf`` (rows with no valid key) and on padding rows, so
   that ``P`` is exactly 0 there;
@@ -35,15 +38,16 @@ NUM_THREADS = 128
 
 
 class RankerBwdPreprocess:
-    """dPsum, LSE2 and the zeroed dQ accumulator for one (dtype, head dim, q block, varlen)."""
+    """dPsum, LSE2 and the zeroed dQ accumulator for one (dtype, head dim, q block, varlen, with dLSE)."""
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool, with_dlse: bool = False):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
         self.varlen = varlen
+        self.with_dlse = with_dlse
         self.vec = 128 // dtype.width  # elements per 16-byte load
         self.threads_per_row = head_dim // self.vec
         self.rows_per_pass = NUM_THREADS // self.threads_per_row
@@ -51,26 +55,31 @@ class RankerBwdPreprocess:
             raise ValueError(f"tile_m={tile_m} must be a multiple of {self.rows_per_pass}")
 
     @cute.jit
-    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-                 mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: Optional[cute.Tensor],
+                 mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
                  num_batch: Int32, max_seqlen: Int32, stream):
-        # O, dO (B, S, H, D) -> (S, D, H, B) / (T, H, D) -> (T, D, H); LSE (B, H, S) -> (S, H, B) / (H, T) -> (T, H)
+        # O, dO (B, S, H, D) -> (S, D, H, B) / (T, H, D) -> (T, D, H); LSE, dLSE (B, H, S) -> (S, H, B) / (H, T) -> (T, H)
         # padded rows (B, H, S_pad) -> (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator likewise + D
         if const_expr(self.varlen):
             mO, mdO = [sm90.select_modes(t, [0, 2, 1]) for t in (mO, mdO)]
             mLSE, mLSE2, mdPsum = [sm90.select_modes(t, [1, 0]) for t in (mLSE, mLSE2, mdPsum)]
+            if const_expr(self.with_dlse):
+                mdLSE = sm90.select_modes(mdLSE, [1, 0])
             mdQaccum = sm90.select_modes(mdQaccum, [1, 2, 0])
         else:
             mO, mdO = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mO, mdO)]
             mLSE, mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE, mLSE2, mdPsum)]
+            if const_expr(self.with_dlse):
+                mdLSE = sm90.select_modes(mdLSE, [2, 1, 0])
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mO.shape[2]), num_batch)
-        self.kernel(mO, mdO, mLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlens, Int32(mO.shape[0])).launch(
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlens, Int32(mO.shape[0])).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor, mdPsum: cute.Tensor,
-               mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], seqlen_static: Int32):
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: Optional[cute.Tensor],
+               mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+               seqlen_static: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -78,6 +87,7 @@ class RankerBwdPreprocess:
             mO_cur = cute.domain_offset((offset, 0), mO[None, None, head])
             mdO_cur = cute.domain_offset((offset, 0), mdO[None, None, head])
             mLSE_cur = cute.domain_offset((offset,), mLSE[None, head])
+            mdLSE_cur = cute.domain_offset((offset,), mdLSE[None, head]) if const_expr(self.with_dlse) else None
             mLSE2_cur = cute.domain_offset((pad,), mLSE2[None, head])
             mdPsum_cur = cute.domain_offset((pad,), mdPsum[None, head])
             mdQ_cur = cute.domain_offset((pad, 0), mdQaccum[None, None, head])
@@ -85,17 +95,18 @@ class RankerBwdPreprocess:
             mO_cur = mO[None, None, head, batch]
             mdO_cur = mdO[None, None, head, batch]
             mLSE_cur = mLSE[None, head, batch]
+            mdLSE_cur = mdLSE[None, head, batch] if const_expr(self.with_dlse) else None
             mLSE2_cur = mLSE2[None, head, batch]
             mdPsum_cur = mdPsum[None, head, batch]
             mdQ_cur = mdQaccum[None, None, head, batch]
 
         # packed form: a q block past this sequence's end would write into the next one's padded rows
         if m_block * self.tile_m < seqlen:
-            self.rows(mO_cur, mdO_cur, mLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx)
+            self.rows(mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx)
 
     @cute.jit
-    def rows(self, mO_cur, mdO_cur, mLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx):
-        """The tile_m padded rows of this q block: dPsum, LSE2, zeroed dQ accumulator.  Every pass's O and
+    def rows(self, mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx):
+        """The tile_m padded rows of this q block: dPsum (less dLSE), LSE2, zeroed dQ accumulator.  Every pass's O and
         dO loads are issued first, then the sums and stores: otherwise a pass's loads wait behind the
         previous pass's stores, which the compiler cannot move them past (it cannot prove the tensors
         disjoint)."""
@@ -106,6 +117,7 @@ class RankerBwdPreprocess:
         rZero.fill(0.0)
         passes = self.tile_m // self.rows_per_pass
         rLSE = cute.make_rmem_tensor((passes,), Float32)  # the forward's LSE of each pass's row (lane 0)
+        rdLSE = cute.make_rmem_tensor((passes,), Float32)  # and its gradient (with_dlse)
         loaded = []
         for p in cutlass.range_constexpr(passes):
             row = m_block * self.tile_m + p * self.rows_per_pass + tidx // self.threads_per_row
@@ -114,11 +126,14 @@ class RankerBwdPreprocess:
             rO.fill(0.0)
             rdO.fill(0.0)
             rLSE[p] = -Float32.inf
+            rdLSE[p] = Float32(0.0)
             if row < seqlen:
                 cute.copy(ld_atom, cute.local_tile(mO_cur[row, None], (self.vec,), (chunk,)), rO)
                 cute.copy(ld_atom, cute.local_tile(mdO_cur[row, None], (self.vec,), (chunk,)), rdO)
                 if chunk == 0:
                     rLSE[p] = Float32(mLSE_cur[row])
+                    if const_expr(self.with_dlse):
+                        rdLSE[p] = Float32(mdLSE_cur[row])
             loaded.append((row, rO, rdO))
         for p in cutlass.range_constexpr(passes):
             row, rO, rdO = loaded[p]
@@ -128,20 +143,24 @@ class RankerBwdPreprocess:
                 lse2 = Float32.inf  # also on padding rows (rLSE -inf there)
                 if rLSE[p] != -Float32.inf:
                     lse2 = rLSE[p] * LOG2_E
+                    if const_expr(self.with_dlse):
+                        dot = dot - rdLSE[p]
                 mLSE2_cur[row] = lse2
                 mdPsum_cur[row] = dot
             for j in cutlass.range_constexpr(self.vec // 4):  # zero the dQ accumulator row (16-byte stores)
                 cute.copy(st_atom, rZero, cute.local_tile(mdQ_cur[row, None], (4,), (chunk * (self.vec // 4) + j,)))
 
 
-def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool):
-    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen); called as
-    ``fn(out, dout, lse, lse2, dpsum, dq_accum, cu_seqlens, num_batch, max_seqlen)``."""
+def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool, with_dlse: bool = False):
+    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen, whether a dLSE comes);
+    called as ``fn(out, dout, lse, dlse, lse2, dpsum, dq_accum, cu_seqlens, num_batch, max_seqlen)`` with
+    ``dlse`` None unless ``with_dlse`` (then float32 shaped like ``lse``, contiguous)."""
 
     def build():
-        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen)
+        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen, with_dlse)
         f = BwdFakes(head_dim, varlen)
-        return kern, (f.inputs(f.hq, dtype), f.inputs(f.hq, dtype), f.lse(), f.rows(), f.rows(), f.dq_accum(), f.cu,
-                      Int32(1), Int32(1), fake_stream())
+        return kern, (f.inputs(f.hq, dtype), f.inputs(f.hq, dtype), f.lse(), f.lse() if with_dlse else None,
+                      f.rows(), f.rows(), f.dq_accum(), f.cu, Int32(1), Int32(1), fake_stream())
 
-    return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen), build)
+    key = (str(dtype), head_dim, tile_m, varlen) + (("dlse",) if with_dlse else ())
+    return compile_cached(NAME, key, build)

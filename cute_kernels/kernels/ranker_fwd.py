@@ -1742,9 +1742,9 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     |v| above ~1e-16 where every score of a row is near -50.
     Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
-    non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is not
-    differentiable (``lse.requires_grad`` is False: a loss term on it, e.g. a z-loss, adds no gradient to
-    q, k, v).  A 256 head dim raises ``ValueError`` in ``backward()`` (under torch.compile,
+    non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is
+    differentiable too (a loss term on it, e.g. merging attention computed over key chunks, or a z-loss,
+    adds its gradient to q and k; rows with ``lse = -inf`` get none).  A 256 head dim raises ``ValueError`` in ``backward()`` (under torch.compile,
     which traces the backward with the forward: when the differentiable call is compiled).
     ``torch.func`` transforms (grad, vjp, vmap, ...) are not supported: ``NotImplementedError`` (torch's
     custom ops support neither their autograd nor batching for these kernels).
@@ -1921,7 +1921,10 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
     masks = [dense_mask(bounds[b].cpu(), s) for b in range(nb)]
     mask = (torch.stack(masks) if masks else torch.zeros(0, s, s, dtype=torch.bool)).to(q.device)[:, None]  # B,1,S,S
     scores = scores.masked_fill(~mask, -math.inf)
-    lse = torch.logsumexp(scores, dim=-1)  # -inf for empty rows
+    # -inf for empty rows, and a zero gradient there (logsumexp of all -inf differentiates to NaN: take it
+    # over zeros on those rows and put -inf back)
+    empty = ~mask.any(-1)  # B, 1, S
+    lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0.0), dim=-1).masked_fill(empty, -math.inf)
     # exp(s - lse) over its own sum: exp(s - lse) alone does not sum to 1 once lse rounds (at scores ~1e4
     # in float32 the weights summed to 0.998, at ~3e7 to 2); s <= lse, so no exponential overflows
     e = torch.exp(scores - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])

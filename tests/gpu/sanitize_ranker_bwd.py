@@ -22,6 +22,10 @@ for d, hkv, cap in ((128, 2, None), (128, 1, 20.0), (64, 1, 20.0), (64, 2, None)
                                            return_lse=True)
     g = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200)
     gd = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, deterministic=True)
+    # with the gradient of the LSE (the preprocess's dLSE variant), fixed length and packed
+    gl = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, dlse=torch.randn_like(lse))
+    glv = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200,
+                                       dlse=torch.randn_like(lv))
     if hkv < q.shape[2]:  # GQA both ways (the host picks one head per CTA at this size)
         for group in (True, False):
             cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group)

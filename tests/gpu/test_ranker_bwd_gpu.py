@@ -273,6 +273,90 @@ def test_autograd_and_compile():
     torch.testing.assert_close(eager[0], cute_kernels.ranker_attention(q, k, v, bounds, cap=30.0), rtol=0, atol=0)
 
 
+LSE_GRAD_CASES = [  # name, B, S, Hq, Hkv, D, bounds, cap, cap_method
+    ("mha", 2, 300, 2, 2, 128, [[0, 200, 200, 300], [37, 150, 160, 290]], None, "tanh"),
+    ("gqa-tanh", 2, 333, 8, 2, 128, [[0, 200, 200, 333], [5, 129, 130, 300]], 30.0, "tanh"),
+    ("d64-softsign", 1, 301, 4, 2, 64, [[0, 250, 250, 301]], 5.0, "soft_sign"),
+    ("d64-empty-rows", 2, 260, 2, 2, 64, [[3, 131, 131, 200], [0, 0, 0, 0]], None, "tanh"),
+]
+
+
+@pytest.mark.parametrize("case", LSE_GRAD_CASES, ids=lambda c: c[0])
+def test_lse_gradient(case):
+    """The gradient of a loss on both outputs, ``sum(out * dO) + sum(lse * dLSE)``: ours (``dlse=``) against
+    the float64 autograd reference through its LSE; NaN dLSE on rows with no valid key is ignored; a loss
+    on the LSE alone (dO = 0) too."""
+    name, b, s, hq, hkv, d, rows, cap, capm = case
+    q, k, v, do = _tensors((b, s, hq, d), (b, s, hkv, d), seed=21)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    kw = dict(cap=cap, cap_method=capm)
+    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, **kw)
+    dlse = torch.randn(lse.shape, device="cuda", generator=generator(22))
+    dlse[torch.isinf(lse)] = float("nan")
+    for label, dout in (("out+lse", do), ("lse-only", torch.zeros_like(do))):
+        poison = lambda t: torch.full_like(t, float("nan"))  # noqa: E731
+        got = rb.ranker_attention_backward(q, k, v, out, lse, dout, bounds, dlse=dlse, dq=poison(q), dk=poison(k),
+                                           dv=poison(v), **kw)
+        ref = rb.ranker_attention_backward_reference(q, k, v, bounds, dout, dlse=dlse, **kw)
+        low = rb.ranker_attention_backward_reference(q, k, v, bounds, dout, dlse=dlse, compute_dtype=q.dtype, **kw)
+        no_lse = rb.ranker_attention_backward_reference(q, k, v, bounds, dout, **kw)
+        for gname, a, r, lo, n in zip(("dq", "dk", "dv"), got, ref, low, no_lse):
+            err = (a.double() - r).abs().max().item()
+            tol = rb.grad_tolerance(r, lo)
+            print(f"[ranker_bwd] dlse {name} {label} {gname}: max|err|={err:.3e} (tol {tol:.3e})")
+            assert not torch.isnan(a).any(), f"{name} {label}: NaN in {gname}"
+            assert err <= tol, f"{name} {label}: {gname} error {err} > {tol}"
+            if gname != "dv" and rows[0][1] > rows[0][0]:  # the LSE's term is there (dV has none)
+                assert (r - n).norm() > 0.1 * r.norm(), f"{name} {label}: {gname} barely has dLSE's term"
+
+
+def test_lse_gradient_autograd_and_compile():
+    """A loss on ``lse`` through autograd (eager and torch.compile): the same gradients as the explicit
+    backward with ``dlse``; the LSE alone as the loss (no gradient for out: dO = 0); varlen."""
+    q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 2, 128), seed=23)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+    w = torch.randn(2, 4, 300, device="cuda", generator=generator(24))
+
+    def grads(fn, with_out=True):
+        qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        o, lse = fn(qq, kk, vv)
+        assert lse.requires_grad
+        loss = (torch.where(torch.isfinite(lse), lse, 0) * w).sum()
+        if with_out:
+            loss = loss + (o.float() * do.float()).sum()
+        loss.backward()
+        return qq.grad, kk.grad, vv.grad
+
+    call = lambda a, b, c: cute_kernels.ranker_attention(a, b, c, bounds, cap=30.0, return_lse=True)  # noqa: E731
+    eager = grads(call)
+    comp = grads(torch.compile(call, fullgraph=True))
+    lse_only = grads(call, with_out=False)
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=30.0, return_lse=True)
+    want = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=30.0, dlse=w)
+    want_lse_only = rb.ranker_attention_backward(q, k, v, out, lse, torch.zeros_like(do), bounds, cap=30.0, dlse=w)
+    ref = rb.ranker_attention_backward_reference(q, k, v, bounds, do, cap=30.0, dlse=w)
+    for name, e, c, x, r in zip(("dq", "dk", "dv"), eager, comp, want, ref):
+        torch.testing.assert_close(e, x, rtol=2e-2, atol=2e-2, msg=name)
+        torch.testing.assert_close(c, x, rtol=2e-2, atol=2e-2, msg=name)
+        assert (e.double() - r).abs().max().item() <= 1e-2 * r.abs().max().item() + 2e-2, name
+    for name, e, x in zip(("dq", "dk", "dv"), lse_only, want_lse_only):
+        torch.testing.assert_close(e, x, rtol=2e-2, atol=2e-2, msg=name)
+    assert (lse_only[2] == 0).all()  # dV has no LSE term
+    # varlen, and a broadcast (stride-0) dLSE: the gradient of lse.sum()
+    lens = [100, 0, 233]
+    cu = torch.tensor([0, 100, 100, 333], device="cuda", dtype=torch.int32)
+    vb = torch.tensor([[0, 70, 70, 100], [0, 0, 0, 0], [3, 200, 200, 233]], device="cuda", dtype=torch.int32)
+    qv, kv_, vv_, dov = _tensors((sum(lens) + 5, 4, 64), (sum(lens) + 5, 4, 64), seed=25)
+    outv, lsev = rf.ranker_attention(qv, kv_, vv_, vb, return_lse=True, cu_seqlens=cu)
+    ones = torch.ones((), device="cuda").expand(lsev.shape)
+    got = rb.ranker_attention_backward(qv, kv_, vv_, outv, lsev, dov, vb, cu_seqlens=cu, dlse=ones)
+    ref = rb.ranker_attention_backward_reference(qv, kv_, vv_, vb, dov, cu_seqlens=cu, dlse=ones)
+    low = rb.ranker_attention_backward_reference(qv, kv_, vv_, vb, dov, cu_seqlens=cu, dlse=ones,
+                                                 compute_dtype=qv.dtype)
+    for name, a, r, lo in zip(("dq", "dk", "dv"), got, ref, low):
+        assert (a.double() - r).abs().max().item() <= rb.grad_tolerance(r, lo), name
+
+
 def test_use_config_runs_the_autograd_backward_with_the_block_config():
     """``ranker_bwd.use_config``: autograd's backward inside the block compiles and launches the block's
     mainloop config (its key lands in the compiled-function table; the shipped config's does not when it
@@ -325,8 +409,10 @@ def _padded_rows_of(cu, nb, s, tile_m):
     return [(cu[b], buffers.padded_offset(cu[b], b, tile_m), cu[b + 1] - cu[b]) for b in range(nb)]
 
 
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["", "dlse"])
 @pytest.mark.parametrize("d,varlen", [(128, False), (64, False), (128, True)])
-def test_preprocess_alone(d, varlen):
+def test_preprocess_alone(d, varlen, with_dlse):
+    """LSE2, dPsum (less dLSE on rows with a finite LSE, when given) and the zeroed dQ accumulator."""
     tm = rb.CONFIGS[d].tile_m
     hq = 3
     if varlen:
@@ -347,9 +433,18 @@ def test_preprocess_alone(d, varlen):
         shape, max_seqlen = (nb, hq, rows), s
     lse2, dpsum = (torch.full(shape, float("nan"), device="cuda") for _ in range(2))
     dq_acc = torch.full(shape + (d,), float("nan"), device="cuda")
-    rb._fn("pre", torch.bfloat16, d, tm, varlen)(o, do, lse, lse2, dpsum, dq_acc, cu, nb, max_seqlen)
+    dlse = None
+    if with_dlse:
+        dlse = torch.randn(lse.shape, device="cuda")
+        dlse[torch.isinf(lse)] = float("nan")  # ignored where the LSE is -inf
+        rb._fn("pre", torch.bfloat16, d, tm, varlen, True)(o, do, lse, dlse, lse2, dpsum, dq_acc, cu, nb, max_seqlen)
+    else:
+        rb._fn("pre", torch.bfloat16, d, tm, varlen)(o, do, lse, None, lse2, dpsum, dq_acc, cu, nb, max_seqlen)
     torch.cuda.synchronize()
     dot = (o.float() * do.float()).sum(-1)  # [B, S, H] / [T, H]
+    if with_dlse:  # dPsum - dLSE on finite rows
+        dl = torch.where(torch.isinf(lse), torch.zeros_like(dlse), dlse)
+        dot = dot - (dl.transpose(0, 1) if varlen else dl.transpose(1, 2))
     for b, (start, pad, n) in enumerate(_padded_rows_of(cu, nb, o.shape[1] if not varlen else 0, tm)):
         span = -(-n // tm) * tm
         sel = (lambda t: t[:, pad:pad + span]) if varlen else (lambda t: t[b])
