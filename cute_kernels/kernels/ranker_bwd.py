@@ -8,6 +8,9 @@ Math (FlashAttention-2/3's backward with the ranker mask and cap of :mod:`.ranke
     dQ = softmax_scale * dS K,     dK = softmax_scale * dS^T Q,
 
 ``cap'`` = ``1 - tanh^2(s_raw/cap)`` (tanh) or ``1/(1 + |s_raw|/cap)^2`` (soft_sign), 1 without a cap.
+With a gradient of the LSE too (``dLSE``, a loss on the forward's ``lse``): ``dLSE_i P_ij cap'`` joins
+``dS_ij`` (``d LSE_i / d s_ij = P_ij``), i.e. ``dPsum = rowsum(dO * O) - dLSE`` in the same formula; the
+preprocess folds it in, the other two kernels do not see it.
 GQA sums dK, dV over the query heads of a group (in float32: in registers when one CTA walks the
 whole group, else in float32 accumulators in global memory).
 
