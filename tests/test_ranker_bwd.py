@@ -342,7 +342,7 @@ def test_call_launch_args_follows_the_eager_call():
     a = rb.call_launch_args(torch.bfloat16, cfg, 4, 4, 4, 4608, None, "tanh", False, 132)
     assert a["main"][3] == "none" and a["post"][4] == "none" and a["main"][1].gqa_group_per_cta is True
     a = rb.call_launch_args(torch.bfloat16, cfg, 4, 1, 2, 4608, 20.0, "soft_sign", True, 132)
-    assert a["main"][3] == "soft_sign" and a["main"][1].gqa_group_per_cta is False and a["post"][-1]
+    assert a["main"][3] == "soft_sign" and a["main"][1].gqa_group_per_cta is False and a["post"][6]
 
 
 @pytest.mark.parametrize("g,nb,hkv,s,sms,given,want", [
@@ -454,15 +454,20 @@ def test_kernel_plan_matches_reference(s, rows, cap, cap_method):
 
 
 # ---------------------------------------------------------------- pre/postprocess kernels, validation
-@pytest.mark.parametrize("d,tm,varlen", [(128, 64, False), (64, 64, True), (64, 128, False)])
-def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen):
+@pytest.mark.parametrize("d,tm,varlen,first,dlse", [(128, 64, False, False, False), (64, 64, True, False, False),
+                                                    (64, 128, False, False, False), (128, 64, False, True, True),
+                                                    (128, 64, True, True, False)])
+def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, first, dlse):
+    """16-byte loads (and, zeroing the dQ accumulator, 16-byte stores), no spills; with ``dq_store_first``
+    no accumulator stores, the q blocks' counters written instead."""
     from cute_kernels.kernels import ranker_bwd_preprocess as pre
 
-    key = (str(torch.bfloat16), d, tm, varlen)
-    pre.compile_preprocess(torch.bfloat16, d, tm, varlen)
+    key = (str(torch.bfloat16), d, tm, varlen, first, dlse)
+    pre.compile_preprocess(torch.bfloat16, d, tm, varlen, first, dlse)
     rec = compile_record(pre.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
-    assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx
+    assert "ld.global.v4 (16B loads)" in ptx, ptx
+    assert ("st.global.v4 (16B stores)" in ptx) is not first, ptx
     assert "local memory (spill)" not in ptx
     if rec.sass:
         sass = find_features(rec.sass, SASS_FEATURES)
@@ -473,11 +478,12 @@ def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen):
     (128, 64, 1, "tanh", False, False), (128, 64, 4, "none", False, True), (128, 64, 4, "none", False, False),
     (64, 64, 2, "soft_sign", True, True), (64, 128, 2, "none", False, False),
     (64, 128, 1, "none", True, False)])  # MHA varlen: spilled 8 B before the dQ loads were hoisted
-def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc):
+@pytest.mark.parametrize("first", [False, True], ids=["", "store_first"])
+def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc, first):
     from cute_kernels.kernels import ranker_bwd_postprocess as post
 
-    key = (str(torch.bfloat16), d, tm, g, capm, varlen, acc)
-    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen, acc)
+    key = (str(torch.bfloat16), d, tm, g, capm, varlen, acc, first)
+    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen, acc, first)
     rec = compile_record(post.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx
@@ -846,8 +852,9 @@ def test_compile_targets_cover_each_call_they_stand_for():
         dtype_s, cfg, g, capm, varlen = t.key
         args = rb.launch_args(getattr(torch, dtype_s[6:]), cfg, g, capm, varlen)
         assert (pre.NAME, (dtype_s, *args["pre"][1:])) in keys, t.label
+        assert (pre.NAME, (dtype_s, *args["pre"][1:-1], True)) in keys, t.label  # with a dLSE
         assert (post.NAME, (dtype_s, *args["post"][1:])) in keys, t.label
-        assert args["post"][-1] == (g > 1 and cfg.gqa_group_per_cta is False)
+        assert args["post"][6] == (g > 1 and cfg.gqa_group_per_cta is False)
 
 
 @pytest.mark.parametrize("cls,kw", [
@@ -871,10 +878,10 @@ def test_pre_and_postprocess_issue_their_loads_before_their_stores():
 
     from cute_kernels.kernels import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
 
-    pre.compile_preprocess(torch.bfloat16, 128, 64, False)
-    post.compile_postprocess(torch.bfloat16, 128, 64, 1, "tanh", False, False)
-    recs = (compile_record(pre.NAME, (str(torch.bfloat16), 128, 64, False)),
-            compile_record(post.NAME, (str(torch.bfloat16), 128, 64, 1, "tanh", False, False)))
+    pre.compile_preprocess(torch.bfloat16, 128, 64, False, False, False)
+    post.compile_postprocess(torch.bfloat16, 128, 64, 1, "tanh", False, False, False)
+    recs = (compile_record(pre.NAME, (str(torch.bfloat16), 128, 64, False, False, False)),
+            compile_record(post.NAME, (str(torch.bfloat16), 128, 64, 1, "tanh", False, False, False)))
     if not all(r.sass for r in recs):
         pytest.skip("no SASS (disassembler unavailable)")
     ops = re.findall(r"\b(LDG\.E[.A-Z0-9]*|STG\.E[.A-Z0-9]*)", recs[0].sass)

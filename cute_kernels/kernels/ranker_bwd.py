@@ -110,6 +110,9 @@ class NamedBarrierBwd(enum.IntEnum):
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
+# dq_store_first: the flag the first KV block sets in a (q block, head) counter once its dQ store is complete
+# (the low bits count tickets; at most 2^30 - 1 KV blocks, far beyond any grid)
+DQ_STORED = 1 << 30
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
 STATIC_SMEM_BYTES = 1024
@@ -158,6 +161,14 @@ class RankerBwdConfig:
     # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
     # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
     dq_split_rows: bool = False
+    # The first KV block to reach a (q block, query head) stores its dQ tile into the float32 accumulator (a
+    # TMA store) and the later ones add theirs, so the preprocess does not zero the accumulator (its bytes
+    # are written once less, and the first adds read no zeros back).  A per-(q block, query head) int32
+    # counter (zeroed by the preprocess) says who is first: by default a ticket (atomic add), the others
+    # waiting for the first store's completion flag, with the q blocks visited in an order rotated by the
+    # KV block so that they rarely wait; in the deterministic mode the KV order itself (the first in
+    # order stores).  The postprocess reads the counter: 0 means no KV block wrote the tile (read zeros).
+    dq_store_first: bool = False
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -449,6 +460,9 @@ class RankerAttentionBwd:
         self.num_mma_threads = 128 * config.mma_wgs
         self.num_threads = 128 + self.num_mma_threads
         self.dq_parts = config.mma_wgs if config.dq_per_wg else 1  # TMA reduce-adds per q block
+        # dq_store_first without the deterministic order: a ticket per (q block, head), KV blocks start at
+        # different q blocks (block_work), so that the first store and the later adds rarely meet
+        self.rotated = config.dq_store_first and not config.deterministic
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -491,6 +505,10 @@ class RankerAttentionBwd:
             cpasync.CopyBulkTensorTileG2SOp(), mdPsum, cute.make_layout(self.tile_m), (self.tile_m,))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
+        tma_atom_dQst, tma_dQst = None, None  # dq_store_first: the first KV block's plain store
+        if const_expr(self.config.dq_store_first):
+            tma_atom_dQst, tma_dQst = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
         if const_expr(self.dkv_accumulated):
             tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(), mdK, sdKVacc_layout, (self.tile_n, self.head_dim))
@@ -509,9 +527,9 @@ class RankerAttentionBwd:
         num_n_blocks = cute.ceil_div(max_seqlen, self.tile_n)
         grid = (num_n_blocks, cute.size(mQ.shape[2]) // self.heads_per_cta, num_batch)
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dK, tma_dV, mdK, mdV, mBounds, mCuSeqlens,
-            mdQsem, mdKVsem, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, tma_atom_dQ,
-            tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dQst, tma_dK, tma_dV, mdK, mdV, mBounds,
+            mCuSeqlens, mdQsem, mdKVsem, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
+            tma_atom_dQ, tma_atom_dQst, tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout, sdKVacc_layout, sLSE_layout,
             scale_log2, softmax_scale, cap, Int32(mQ.shape[0]),
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
@@ -519,12 +537,13 @@ class RankerAttentionBwd:
     # ------------------------------------------------------------------ device side
     @cute.kernel
     def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_dO: cute.Tensor,
-               tma_LSE: cute.Tensor, tma_dPsum: cute.Tensor, tma_dQ: cute.Tensor, tma_dK: cute.Tensor,
-               tma_dV: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mBounds: cute.Tensor,
+               tma_LSE: cute.Tensor, tma_dPsum: cute.Tensor, tma_dQ: cute.Tensor, tma_dQst: Optional[cute.Tensor],
+               tma_dK: cute.Tensor, tma_dV: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mBounds: cute.Tensor,
                mCuSeqlens: Optional[cute.Tensor], mdQsem: Optional[cute.Tensor], mdKVsem: Optional[cute.Tensor],
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_dPsum: cute.CopyAtom,
-               tma_atom_dQ: cute.CopyAtom, tma_atom_dK: cute.CopyAtom, tma_atom_dV: cute.CopyAtom,
+               tma_atom_dQ: cute.CopyAtom, tma_atom_dQst: Optional[cute.CopyAtom], tma_atom_dK: cute.CopyAtom,
+               tma_atom_dV: cute.CopyAtom,
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sdSt_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
@@ -571,7 +590,7 @@ class RankerAttentionBwd:
                           tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                           pipeline_kv, pipeline_q, pipeline_do, work)
             if warp_idx == 1:
-                self.dq_reduce(tma_dQ, sdQ, tma_atom_dQ, mdQsem, work)
+                self.dq_reduce(tma_dQ, tma_dQst, sdQ, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
             self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum,
@@ -584,7 +603,8 @@ class RankerAttentionBwd:
         """(n_block, first query head, batch) of this CTA, the sequence's offsets and segments, and the
         q blocks to visit: two disjoint ranges (history rows, candidate rows), for each of the CTA's
         ``heads_per_cta`` query heads in turn; none for a KV block outside the history (its keys are
-        reached by no query but themselves: postprocess).  ``work[10]``: q blocks per head."""
+        reached by no query but themselves: postprocess).  ``work[9]``: steps, ``work[10]``: q blocks per head,
+        ``work[11]``: the step the CTA starts at (:attr:`rotated`)."""
         n_block, head_group, batch = cute.arch.block_idx()
         head = head_group * self.heads_per_cta
         offset, seqlen, pad_offset = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -594,8 +614,13 @@ class RankerAttentionBwd:
         reached = (Int32(key_lo < seg.hist_hi) * Int32(key_lo + self.tile_n > seg.hist_lo)
                    * Int32(seg.hist_hi > seg.hist_lo))
         per_head = (n1 + n2) * reached
-        return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2,
-                per_head * self.heads_per_cta, per_head)
+        count = per_head * self.heads_per_cta
+        rotation = Int32(0)  # the first step's index into the CTA's list of (head, q block) steps
+        if const_expr(self.rotated):
+            if count > 0:
+                rotation = (Int32(n_block) - seg.n_block_min(self.tile_n)) % count
+        return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2, count, per_head,
+                rotation)
 
     @staticmethod
     def m_block_of(i, work):
@@ -612,7 +637,11 @@ class RankerAttentionBwd:
         return tXgX[(None, *coord, head)]
 
     def head_m_block_of(self, i, work):
-        """(query head, q block) of the CTA's i-th step: the heads in turn, each over its q blocks."""
+        """(query head, q block) of the CTA's i-th step: the heads in turn, each over its q blocks (rotated:
+        starting at step ``work[11]``, wrapping around)."""
+        if const_expr(self.rotated):
+            i = i + work[11]
+            i = i - work[9] * Int32(i >= work[9])
         if const_expr(self.heads_per_cta == 1):
             return work[1], self.m_block_of(i, work)
         h = i // work[10]
@@ -716,7 +745,7 @@ class RankerAttentionBwd:
                                       cute.group_modes(gdPsum, 0, 1)))
 
     @cute.jit
-    def dq_reduce(self, tma_dQ, sdQ, tma_atom_dQ, mdQsem, work):
+    def dq_reduce(self, tma_dQ, tma_dQst, sdQ, tma_atom_dQ, tma_atom_dQst, mdQsem, work):
         """Warp 1: for each (q block, query head) step, wait for the MMA warpgroups' dQ tile in smem
         (``dq_parts`` blocks, one per warpgroup with ``dq_per_wg``: head-dim columns, or q rows with
         ``dq_split_rows``), add each to the float32
@@ -724,37 +753,84 @@ class RankerAttentionBwd:
         half: a 128-byte swizzle box holds 32 float32 columns), hand the buffers back once the reduces
         have read them.
         Deterministic mode: the KV blocks of a q block add in increasing order (a per-q-block semaphore
-        counts the adds done; FlashAttention-3's scheme)."""
+        counts the adds done; FlashAttention-3's scheme).
+        ``dq_store_first``: the first KV block at a (q block, head) stores its tile (a TMA store) where
+        the others add: in the deterministic mode the first in order; else the one that draws ticket 0
+        from the q block's counter, which sets :data:`DQ_STORED` in it once its store is complete; the
+        others wait for that flag before adding."""
         count = work[9]
         lane = cute.arch.lane_idx()
         if count > 0:
-            parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work,
-                                     work[1] if const_expr(self.heads_per_cta == 1) else None)
+            head_arg = work[1] if const_expr(self.heads_per_cta == 1) else None
+            parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work, head_arg)
+            store_parts = parts
+            if const_expr(self.config.dq_store_first):
+                store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
             nthreads = self.num_mma_threads // self.dq_parts + 32
+            rank = work[0] - work[5].n_block_min(self.tile_n)  # this KV block's place in the KV order
             for i in cutlass.range(count, unroll=1):
                 head, m_block = self.head_m_block_of(i, work)
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
+                first = Int32(0)
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
-                    if const_expr(self.config.deterministic and w == 0):
-                        sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
-                        if lane == 0:
-                            _wait_until(sem, work[0] - work[5].n_block_min(self.tile_n))
-                        cute.arch.sync_warp()
+                    if const_expr(w == 0):
+                        first = self._dq_turn(mdQsem, work, head, m_block, rank, lane)
                     tdQsdQ, tdQgdQ = parts[w]
-                    if const_expr(self.config.dq_split_rows):  # gmem boxes: (q block rows / parts, head dim)
-                        cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, m_block * self.dq_parts + w, 0))
+                    coord = (m_block * self.dq_parts + w, 0) if const_expr(self.config.dq_split_rows) else (m_block, w)
+                    if const_expr(self.config.dq_store_first):
+                        if first != 0:
+                            cute.copy(tma_atom_dQst, store_parts[w][0], self._block(store_parts[w][1], head, *coord))
+                        else:
+                            cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, *coord))
                     else:
-                        cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, m_block, w))
+                        cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, *coord))
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.config.deterministic):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
                     if lane == 0:
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+                elif const_expr(self.config.dq_store_first):
+                    if first != 0:  # the tile is in memory: the later KV blocks may add
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        if lane == 0:
+                            sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
+                            cute.arch.atomic_or(sem, Int32(DQ_STORED), sem="release", scope="gpu")
+                    else:
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
                 else:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _dq_turn(self, mdQsem, work, head, m_block, rank, lane):
+        """Before this KV block's dQ of (q block, head) goes out (every lane of the dQ warp): wait for its
+        turn, and whether it stores first (1) or adds (0).  Deterministic: the adds in KV order (the first
+        in order stores with ``dq_store_first``).  ``dq_store_first`` otherwise: a ticket from the counter;
+        ticket 0 stores, the others wait for :data:`DQ_STORED`."""
+        first = Int32(0)
+        if const_expr(self.config.deterministic):
+            sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
+            if lane == 0:
+                _wait_until(sem, rank)
+            cute.arch.sync_warp()
+            if const_expr(self.config.dq_store_first):
+                first = Int32(rank == 0)
+        elif const_expr(self.config.dq_store_first):
+            sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
+            ticket = Int32(0)
+            if lane == 0:
+                ticket = cute.arch.atomic_add(sem, Int32(1), sem="relaxed", scope="gpu")
+            ticket = cute.arch.shuffle_sync(ticket, 0)
+            first = Int32(ticket == 0)
+            if ticket != 0:
+                if lane == 0:
+                    seen = cute.arch.atomic_add(sem, Int32(0), sem="acquire", scope="gpu")
+                    while seen & Int32(DQ_STORED) == 0:
+                        seen = cute.arch.atomic_add(sem, Int32(0), sem="acquire", scope="gpu")
+                cute.arch.sync_warp()
+        return first
 
     def dq_parts_of(self, tma_dQ, sdQ, tma_atom_dQ, work, head):
         """TMA partitions (smem part w, gmem by (q block, part)) of query head ``head``'s dQ accumulator;
@@ -1032,8 +1108,9 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
         rows, dq_acc, cu = f.rows, f.dq_accum(), f.cu
         dk, dv, bounds = f.outputs(hkv, acc_dtype), f.outputs(hkv, acc_dtype), f.bounds()
         dq_sem = dkv_sem = None
-        if config.deterministic:  # int32 semaphores (see ranker_attention_backward)
-            dq_sem = fake_tensor(torch.int32, (cute.sym_int(), hq, cute.sym_int()), align=4)
+        if config.deterministic or config.dq_store_first:  # int32 counters (see _backward_impl)
+            dq_sem = f.dq_sem()
+        if config.deterministic:
             if accumulated:
                 dkv_sem = fake_tensor(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
         return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
@@ -1070,7 +1147,7 @@ def compile_targets() -> list[CompileTarget]:
     for dtype, d, g, capm, varlen, det, group in cases:
         cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group)
         args = launch_args(dtype, cfg, g, capm, varlen)
-        dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][-1]
+        dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][6]
         label = (f"{dt} D={d} gqa={g}{'' if group is None else (' group' if group else ' per-head')}"
                  f" cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}")
         out.append(CompileTarget(NAME, label, (str(dtype), *args["main"][1:]),
@@ -1082,10 +1159,12 @@ def compile_targets() -> list[CompileTarget]:
             f"postprocess {dt} D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}"
             f"{' accumulated' if acc else ''}",
             lambda a=args["post"]: compile_postprocess(*a)))
-    # the gradient of the LSE (a loss on the forward's lse) changes only the preprocess: bf16 D=128
-    a = (torch.bfloat16, 128, CONFIGS[128].tile_m, False, True)
-    helpers[(pre.NAME, ("torch.bfloat16", *a[1:4], "dlse"))] = (
-        f"preprocess bf16 D=128 tile_m={a[2]} with dLSE", lambda a=a: compile_preprocess(*a))
+        # the gradient of the LSE (a loss on the forward's lse; torch.compile hands the backward one even
+        # when the loss ignores lse) changes only the preprocess
+        pre_dlse = args["pre"][:-1] + (True,)
+        helpers.setdefault((pre.NAME, (str(dtype), *pre_dlse[1:])), (
+            f"preprocess {dt} D={d} tile_m={tm}{' varlen' if varlen else ''} with dLSE",
+            lambda a=pre_dlse: compile_preprocess(*a)))
     for (name, key), (label, build) in helpers.items():
         out.append(CompileTarget(name, label, key, build=build))
     return out
@@ -1106,11 +1185,12 @@ def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int,
                 varlen: bool) -> dict:
     """The compile arguments of the three kernels one backward call launches with a resolved mainloop
     ``cfg`` (:func:`resolve_gqa_group` applied): ``{"pre": .., "main": .., "post": ..}`` (what
-    :func:`_backward_impl` and :func:`compile_targets` both use)."""
+    :func:`_backward_impl` and :func:`compile_targets` both use; the preprocess's without a dLSE, its last
+    argument; ``post[6]``: dK/dV through float32 accumulators)."""
     accumulated = qhead_per_kvhead > 1 and cfg.gqa_group_per_cta is False  # dK/dV in float32 accumulators
-    d, tm = cfg.head_dim, cfg.tile_m
-    return {"pre": (dtype, d, tm, varlen), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
-            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated)}
+    d, tm, first = cfg.head_dim, cfg.tile_m, cfg.dq_store_first
+    return {"pre": (dtype, d, tm, varlen, first, False), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
+            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, first)}
 
 
 def call_launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int, num_batch: int,
@@ -1309,27 +1389,31 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)
     keys = call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, max_seqlen, cap, cap_method, varlen,
                             _num_sms(q.device))
-    accumulated = keys["post"][-1]  # dK/dV through float32 accumulators
+    accumulated = keys["post"][6]  # dK/dV through float32 accumulators
+    dq_sem = dkv_sem = None
+    if cfg.dq_store_first:  # counters per (q block, head), zeroed by the preprocess
+        dq_sem = torch.empty((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
+    elif cfg.deterministic:  # adds done per (q block, head), counted in order
+        dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
+    counters = dq_sem if cfg.dq_store_first else None  # (what the pre- and postprocess take)
     if dlse is None:
-        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
+        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, counters, cu_seqlens, nb, max_seqlen)
     else:
-        _fn("pre", *keys["pre"], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, cu_seqlens, nb,
-                                       max_seqlen)
+        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, counters,
+                                            cu_seqlens, nb, max_seqlen)
     dk_accum = dv_accum = None
     if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-    dq_sem = dkv_sem = None
-    if cfg.deterministic:  # adds done per (q block, head) / (KV block, KV head), counted in order
-        dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
+    if cfg.deterministic:  # adds done per (KV block, KV head), counted in order
         if accumulated:
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
     _fn("main", *keys["main"])(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
         bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
     _fn("post", *keys["post"])(
-        q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens, scale_log2,
-        scale, capf, nb, max_seqlen)
+        q, k, v, dout, lse2, dpsum, dq_accum, counters, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens,
+        scale_log2, scale, capf, nb, max_seqlen)
     return dq, dk, dv
 
 

@@ -52,7 +52,7 @@ class BwdFakes:
     """Fake (shape-only) arguments of the backward kernels, fixed-length ``(B, S, H, D)`` or packed
     ``(T, H, D)``: ``inputs(h)`` are q/k/v/dO/O-like (any 16-byte aligned strides), ``outputs(h,
     dtype)`` compact gradients or accumulators, ``rows()`` a padded per-row float32 buffer,
-    ``dq_accum()`` the padded float32 dQ accumulator, ``lse()`` the forward's LSE, ``cu`` the
+    ``dq_accum()`` the padded float32 dQ accumulator, ``dq_sem()`` its int32 counters per q block, ``lse()`` the forward's LSE, ``cu`` the
     packed offsets (None for fixed length)."""
 
     def __init__(self, head_dim: int, varlen: bool):
@@ -88,6 +88,10 @@ class BwdFakes:
 
     def dq_accum(self):
         return self._per_row(self.head_dim, align=16)
+
+    def dq_sem(self):
+        """int32 counter per (q block, query head): ``(B, Hq, S_pad / tile_m)``, packed ``(1, Hq, T_pad / tile_m)``."""
+        return fake_tensor(torch.int32, (cute.sym_int(), self.hq, cute.sym_int()), align=4)
 
     def lse(self):
         shape = (self.hq, self._t) if self.varlen else (self._b, self.hq, self._s)

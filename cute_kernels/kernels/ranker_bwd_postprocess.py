@@ -62,7 +62,7 @@ class RankerBwdPostprocess:
     in float32 accumulators)."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str, varlen: bool,
-                 dkv_accumulated: bool):
+                 dkv_accumulated: bool, dq_store_first: bool = False):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
         self.dtype = dtype
@@ -72,6 +72,7 @@ class RankerBwdPostprocess:
         if dkv_accumulated and qhead_per_kvhead == 1:
             raise ValueError("dkv_accumulated: only GQA (qhead_per_kvhead > 1) has dK/dV accumulators")
         self.dkv_accumulated = dkv_accumulated
+        self.dq_store_first = dq_store_first  # the accumulator's q block tiles hold data only where counted
         self.cap_method = cap_method
         self.varlen = varlen
         self.vec = 128 // dtype.width
@@ -81,10 +82,10 @@ class RankerBwdPostprocess:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
-                 mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
-                 mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor], mBounds: cute.Tensor,
-                 mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
-                 num_batch: Int32, max_seqlen: Int32, stream):
+                 mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], mdQ: cute.Tensor,
+                 mdK: cute.Tensor, mdV: cute.Tensor, mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
+                 mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32,
+                 cap: Float32, num_batch: Int32, max_seqlen: Int32, stream):
         if const_expr(self.varlen):
             mQ, mK, mV, mdO, mdQ, mdK, mdV = [sm90.select_modes(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
             if const_expr(self.dkv_accumulated):
@@ -98,7 +99,7 @@ class RankerBwdPostprocess:
             mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.rows_per_cta), cute.size(mK.shape[2]), num_batch)
-        self.kernel(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, mBounds,
+        self.kernel(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, mdKaccum, mdVaccum, mBounds,
                     mCuSeqlens, scale_log2, softmax_scale, cap, Int32(mQ.shape[0])).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
@@ -115,10 +116,10 @@ class RankerBwdPostprocess:
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
-               mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
-               mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor], mBounds: cute.Tensor,
-               mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
-               seqlen_static: Int32):
+               mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], mdQ: cute.Tensor,
+               mdK: cute.Tensor, mdV: cute.Tensor, mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
+               mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32,
+               cap: Float32, seqlen_static: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         row_block, head_kv, batch = cute.arch.block_idx()
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -127,16 +128,17 @@ class RankerBwdPostprocess:
         f32_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         chunk = tidx % self.threads_per_row
         if const_expr(self.qhead_per_kvhead == 1):
-            self.rows_mha(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, seg, row_block, head_kv,
+            self.rows_mha(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, seg, row_block, head_kv,
                           batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale,
                           cap)
         else:
-            self.rows_gqa(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
+            self.rows_gqa(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
                           row_block, head_kv, batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2,
                           softmax_scale, cap)
 
     @cute.jit
-    def rows_gqa(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg, row_block,
+    def rows_gqa(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
+                 row_block,
                  head_kv, batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale, cap):
         """A group of query heads per KV head, row by row (PASSES rows per lane group): each query head's
         dQ (with its self term), then the row's dK/dV self terms summed over the group in float32 (plus
@@ -175,7 +177,9 @@ class RankerBwdPostprocess:
                     threads_in_group=self.threads_per_row)
                 if valid:
                     rdq = cute.make_rmem_tensor((vec,), Float32)
-                    self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
+                    rdq.fill(0.0)
+                    if self._dq_written(mdQsem, pad + row, head, batch):
+                        self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
                     rdq.store(rdq.load() * softmax_scale)
                     if self_term:
                         p_self, ds = self._self_term(s, dov, mLSE2, mdPsum, pad + row, head, batch, scale_log2,
@@ -197,7 +201,7 @@ class RankerBwdPostprocess:
                     self._store(ld_atom, dv_self, self._row(mdV, row, offset, head_kv, batch), chunk)
 
     @cute.jit
-    def rows_mha(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQ, mdK, mdV, seg, row_block, head, batch,
+    def rows_mha(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, seg, row_block, head, batch,
                  offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale, cap):
         """One query head per KV head: the same per-row work as the GQA loop, with the dQ accumulator
         loads of all the CTA's PASSES rows issued first (16-byte vectors into registers): otherwise a
@@ -211,7 +215,8 @@ class RankerBwdPostprocess:
             rdq = cute.make_rmem_tensor((vec,), Float32)
             rdq.fill(0.0)
             if row < seqlen:
-                self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
+                if self._dq_written(mdQsem, pad + row, head, batch):
+                    self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
             rdqs.append(rdq)
         for p in cutlass.range_constexpr(PASSES):
             row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
@@ -248,6 +253,18 @@ class RankerBwdPostprocess:
                 self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
 
     @cute.jit
+    def _dq_written(self, mdQsem, prow, head, batch):
+        """Whether the mainloop wrote the dQ accumulator's tile of padded row ``prow`` (``dq_store_first``: its
+        q block's counter is not 0; else always, the preprocess zeroed the accumulator)."""
+        written = True
+        if const_expr(self.dq_store_first):
+            if const_expr(self.varlen):
+                written = mdQsem[0, head, prow // self.tile_m] != 0
+            else:
+                written = mdQsem[batch, head, prow // self.tile_m] != 0
+        return written
+
+    @cute.jit
     def _load_f32(self, atom, g_row, chunk, r):
         """This lane's chunk (``vec`` values) of a float32 row into ``r``, in 16-byte loads."""
         for j in cutlass.range_constexpr(self.vec // 4):
@@ -277,22 +294,24 @@ class RankerBwdPostprocess:
 
 
 def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
-                        varlen: bool, dkv_accumulated: bool):
-    """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq, dk, dv, dk_accum,
+                        varlen: bool, dkv_accumulated: bool, dq_store_first: bool):
+    """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum,
     dv_accum, bounds, cu_seqlens, scale_log2, softmax_scale, cap, num_batch, max_seqlen)`` (the
-    accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA)."""
+    accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA; ``dq_sem``, the
+    dQ accumulator's counters per q block, None unless ``dq_store_first``)."""
 
     def build():
         kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen,
-                                    dkv_accumulated)
+                                    dkv_accumulated, dq_store_first)
         f = BwdFakes(head_dim, varlen)
         hq, hkv = f.hq, f.hkv
         dk_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
         dv_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
         return kern, (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(),
-                      f.rows(), f.dq_accum(), f.outputs(hq, dtype), f.outputs(hkv, dtype), f.outputs(hkv, dtype),
+                      f.rows(), f.dq_accum(), f.dq_sem() if dq_store_first else None, f.outputs(hq, dtype),
+                      f.outputs(hkv, dtype), f.outputs(hkv, dtype),
                       dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1),
                       fake_stream())
 
-    return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated),
-                          build)
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated,
+                                 dq_store_first), build)

@@ -182,6 +182,32 @@ def test_dq_split_rows(hkv, varlen, fields):
     _check_config_both_gqa_forms(f"dq-split-rows{fields}", cfg, 64, hkv, None, varlen, seed=25)
 
 
+@pytest.mark.parametrize("d,hkv,cap,varlen", [(128, 4, None, False), (128, 2, 20.0, False), (128, 2, None, True),
+                                              (64, 2, None, False), (64, 4, 5.0, True)])
+def test_dq_store_first(d, hkv, cap, varlen, monkeypatch):
+    """``dq_store_first``: the first KV block at a (q block, head) stores its dQ tile, the others add (no
+    zeroed accumulator; tickets and a completion flag, or the KV order in deterministic mode); q blocks no
+    KV block reaches (an empty history, rows past the segments) read zeros in the postprocess.  Against
+    float64 at odd lengths, GQA both ways, varlen with an empty sequence and an empty-history one;
+    deterministic bitwise on repeat; the accumulator poisoned with NaN first (a tile left unwritten or
+    added onto without a store first shows)."""
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), dq_store_first=True)
+    _check_config_both_gqa_forms(f"store-first-d{d}", cfg, d, hkv, cap, varlen, seed=31)
+    # empty histories (no mainloop work: every counter stays 0) beside a normal row, NaN-poisoned accumulator
+    q, k, v, do = _tensors((3, 300, 4, d), (3, 300, hkv, d), seed=32)
+    bounds = torch.tensor([[0, 0, 0, 300], [5, 5, 10, 200], [3, 250, 250, 300]], device="cuda", dtype=torch.int32)
+    real_empty = torch.empty
+
+    def poisoned_empty(*shape, **kw):  # the dQ accumulator (float32, 4 dims) comes out of torch.empty NaN-filled
+        t = real_empty(*shape, **kw)
+        if t.dtype == torch.float32 and t.dim() == 4 and t.is_cuda:
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    _compare(f"store-first-empty-d{d}", q, k, v, do, bounds, cap=cap, config=cfg)
+
+
 @pytest.mark.parametrize("fields", [dict(dq_swap_ab=False), dict(tile_m=80, ds_stages=1),
                                     dict(tile_m=80, ds_stages=1, dq_first=False)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
@@ -437,9 +463,11 @@ def test_preprocess_alone(d, varlen, with_dlse):
     if with_dlse:
         dlse = torch.randn(lse.shape, device="cuda")
         dlse[torch.isinf(lse)] = float("nan")  # ignored where the LSE is -inf
-        rb._fn("pre", torch.bfloat16, d, tm, varlen, True)(o, do, lse, dlse, lse2, dpsum, dq_acc, cu, nb, max_seqlen)
+        rb._fn("pre", torch.bfloat16, d, tm, varlen, False, True)(o, do, lse, dlse, lse2, dpsum, dq_acc, None, cu, nb,
+                                                                   max_seqlen)
     else:
-        rb._fn("pre", torch.bfloat16, d, tm, varlen)(o, do, lse, None, lse2, dpsum, dq_acc, cu, nb, max_seqlen)
+        rb._fn("pre", torch.bfloat16, d, tm, varlen, False, False)(o, do, lse, None, lse2, dpsum, dq_acc, None, cu, nb,
+                                                                    max_seqlen)
     torch.cuda.synchronize()
     dot = (o.float() * do.float()).sum(-1)  # [B, S, H] / [T, H]
     if with_dlse:  # dPsum - dLSE on finite rows
@@ -496,8 +524,8 @@ def test_postprocess_alone(hq, hkv, cap, capm, acc):
     if acc:
         dk_acc, dv_acc = (torch.randn(k.shape, device="cuda") for _ in range(2))
     scale_log2 = (cap if cap is not None else scale) * rf.LOG2_E
-    rb._fn("post", q.dtype, d, tm, g, "none" if cap is None else capm, False, acc)(
-        q, k, v, do, lse2, dpsum, dq_acc, dq, dk, dv, dk_acc, dv_acc, bounds, None, scale_log2, scale,
+    rb._fn("post", q.dtype, d, tm, g, "none" if cap is None else capm, False, acc, False)(
+        q, k, v, do, lse2, dpsum, dq_acc, None, dq, dk, dv, dk_acc, dv_acc, bounds, None, scale_log2, scale,
         cap if cap is not None else 1.0, nb, s)
     torch.cuda.synchronize()
     # expected self terms (float64), candidates outside the history
