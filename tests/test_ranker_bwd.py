@@ -78,6 +78,11 @@ def test_lse_gradient_explicit_matches_autograd(cap, cap_method, cu):
             torch.testing.assert_close(a, c, rtol=0, atol=0)
         else:
             assert (a - c).norm() > 0.05 * a.norm(), name
+    # a float64 dLSE is not rounded to float32 on its way through the reference's LSE
+    ref64 = rb.ranker_attention_backward_reference(q, k, v, bounds, do, dlse=dlse.double() / 3, **kw)
+    exp64 = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, dlse=dlse.double() / 3, **kw)
+    for a, b in zip(ref64, exp64[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     # the LSE alone as the loss (dO = 0)
     zero = torch.zeros_like(do)
     ref = rb.ranker_attention_backward_reference(q, k, v, bounds, zero, dlse=dlse, **kw)
@@ -458,8 +463,9 @@ def test_kernel_plan_matches_reference(s, rows, cap, cap_method):
                                                     (64, 128, False, False, False), (128, 64, False, True, True),
                                                     (128, 64, True, True, False)])
 def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, first, dlse):
-    """16-byte loads (and, zeroing the dQ accumulator, 16-byte stores), no spills; with ``dq_store_first``
-    no accumulator stores, the q blocks' counters written instead."""
+    """16-byte loads (and, zeroing the dQ accumulator, 16-byte stores), no spills; for the deterministic
+    mainloop (whose first KV block stores its dQ tile) no accumulator stores, the q blocks' counters written
+    instead."""
     from cute_kernels.kernels import ranker_bwd_preprocess as pre
 
     key = (str(torch.bfloat16), d, tm, varlen, first, dlse)
@@ -478,7 +484,7 @@ def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, first, dlse):
     (128, 64, 1, "tanh", False, False), (128, 64, 4, "none", False, True), (128, 64, 4, "none", False, False),
     (64, 64, 2, "soft_sign", True, True), (64, 128, 2, "none", False, False),
     (64, 128, 1, "none", True, False)])  # MHA varlen: spilled 8 B before the dQ loads were hoisted
-@pytest.mark.parametrize("first", [False, True], ids=["", "store_first"])
+@pytest.mark.parametrize("first", [False, True], ids=["", "deterministic"])
 def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc, first):
     from cute_kernels.kernels import ranker_bwd_postprocess as post
 
@@ -528,6 +534,8 @@ def test_backward_argument_errors():
         dval(lse[:, :2])
     with pytest.raises(TypeError, match="dlse"):
         dval([0.0])
+    with pytest.raises(TypeError, match="dlse must be a dense"):
+        dval(lse.to_sparse())
     q2, k2, v2, out2, lse2, do2, b2 = _bf16_args(d=256)
     with pytest.raises(ValueError, match="head dim"):
         rb._validate_backward(q2, k2, v2, out2, lse2, do2, b2, None, None, "tanh", None, None, cuda=False)

@@ -9,8 +9,9 @@ or traced graph) and ``torch.compile(fullgraph=True)``; not ``torch.func`` trans
 (``NotImplementedError``: torch's custom-op autograd refuses grad / vjp, and the kernels have no vmap
 rule).  ``bounds`` and ``cu_seqlens`` are not differentiable; the returned ``lse`` is (a loss on it, e.g.
 merging attention over key chunks or a z-loss, reaches q and k: the backward's preprocess folds its
-gradient into dPsum).  The backward keeps q, k, v, out and lse alive and launches
-:func:`.ranker_bwd.ranker_attention_backward`'s op in its default (non-deterministic) mode (head dims 64 and 128: a 256 head dim raises ``ValueError`` in
+gradient into dPsum; under torch.compile the backward always gets one, zeros when the loss ignores lse).
+The backward keeps q, k, v, out and lse alive and launches :func:`.ranker_bwd.ranker_attention_backward`'s
+op in its default (non-deterministic) mode (head dims 64 and 128: a 256 head dim raises ``ValueError`` in
 ``backward()``; under torch.compile, when the call is compiled).  Its modules load on the first backward.
 """
 

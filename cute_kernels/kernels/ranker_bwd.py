@@ -110,9 +110,6 @@ class NamedBarrierBwd(enum.IntEnum):
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
-# dq_store_first: the flag the first KV block sets in a (q block, head) counter once its dQ store is complete
-# (the low bits count tickets; at most 2^30 - 1 KV blocks, far beyond any grid)
-DQ_STORED = 1 << 30
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
 STATIC_SMEM_BYTES = 1024
@@ -140,7 +137,15 @@ class RankerBwdConfig:
     mma_wgs: int = 2
     producer_regs: int = 24
     mma_regs: int = 240
-    deterministic: bool = False  # ordered float32 reduce-adds (dQ by KV block; per-head GQA dK/dV by query head)
+    # ordered float32 reduce-adds (dQ by KV block; per-head GQA dK/dV by query head).  There the first KV block in
+    # order TMA-stores its dQ tile and the later ones add theirs, so the preprocess zeroes only the q blocks'
+    # counters, not the float32 accumulator (session 28, same run, deterministic useful TFLOP/s with / without
+    # the first store: headline 508 / 500, GQA 16/4 512 / 496, D=64 421 / 410, 16K 553 / 550, B=16 1K+256 431 /
+    # 389, B=8 2K+2K 477 / 452; same bits; bench/results/logs/2026-12-01_s28_ranker_bwd_det_store_first_probe.log).
+    # The default mode with a ticket per (q block, head) instead, the others waiting for the first store and the
+    # q blocks visited in an order rotated by KV block, was slower at D=128 (headline -1.5 to -4%, 16K -4%, B=8
+    # -2.5 to -6%; D=64 +2 to +4%: ..._s28_ranker_bwd_dq_store_first_probe.log): not kept.
+    deterministic: bool = False
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -161,14 +166,6 @@ class RankerBwdConfig:
     # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
     # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
     dq_split_rows: bool = False
-    # The first KV block to reach a (q block, query head) stores its dQ tile into the float32 accumulator (a
-    # TMA store) and the later ones add theirs, so the preprocess does not zero the accumulator (its bytes
-    # are written once less, and the first adds read no zeros back).  A per-(q block, query head) int32
-    # counter (zeroed by the preprocess) says who is first: by default a ticket (atomic add), the others
-    # waiting for the first store's completion flag, with the q blocks visited in an order rotated by the
-    # KV block so that they rarely wait; in the deterministic mode the KV order itself (the first in
-    # order stores).  The postprocess reads the counter: 0 means no KV block wrote the tile (read zeros).
-    dq_store_first: bool = False
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -460,9 +457,6 @@ class RankerAttentionBwd:
         self.num_mma_threads = 128 * config.mma_wgs
         self.num_threads = 128 + self.num_mma_threads
         self.dq_parts = config.mma_wgs if config.dq_per_wg else 1  # TMA reduce-adds per q block
-        # dq_store_first without the deterministic order: a ticket per (q block, head), KV blocks start at
-        # different q blocks (block_work), so that the first store and the later adds rarely meet
-        self.rotated = config.dq_store_first and not config.deterministic
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -505,8 +499,8 @@ class RankerAttentionBwd:
             cpasync.CopyBulkTensorTileG2SOp(), mdPsum, cute.make_layout(self.tile_m), (self.tile_m,))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
-        tma_atom_dQst, tma_dQst = None, None  # dq_store_first: the first KV block's plain store
-        if const_expr(self.config.dq_store_first):
+        tma_atom_dQst, tma_dQst = None, None  # deterministic: the first KV block's plain store
+        if const_expr(self.config.deterministic):
             tma_atom_dQst, tma_dQst = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
         if const_expr(self.dkv_accumulated):
@@ -603,8 +597,7 @@ class RankerAttentionBwd:
         """(n_block, first query head, batch) of this CTA, the sequence's offsets and segments, and the
         q blocks to visit: two disjoint ranges (history rows, candidate rows), for each of the CTA's
         ``heads_per_cta`` query heads in turn; none for a KV block outside the history (its keys are
-        reached by no query but themselves: postprocess).  ``work[9]``: steps, ``work[10]``: q blocks per head,
-        ``work[11]``: the step the CTA starts at (:attr:`rotated`)."""
+        reached by no query but themselves: postprocess).  ``work[10]``: q blocks per head."""
         n_block, head_group, batch = cute.arch.block_idx()
         head = head_group * self.heads_per_cta
         offset, seqlen, pad_offset = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -614,13 +607,8 @@ class RankerAttentionBwd:
         reached = (Int32(key_lo < seg.hist_hi) * Int32(key_lo + self.tile_n > seg.hist_lo)
                    * Int32(seg.hist_hi > seg.hist_lo))
         per_head = (n1 + n2) * reached
-        count = per_head * self.heads_per_cta
-        rotation = Int32(0)  # the first step's index into the CTA's list of (head, q block) steps
-        if const_expr(self.rotated):
-            if count > 0:
-                rotation = (Int32(n_block) - seg.n_block_min(self.tile_n)) % count
-        return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2, count, per_head,
-                rotation)
+        return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2,
+                per_head * self.heads_per_cta, per_head)
 
     @staticmethod
     def m_block_of(i, work):
@@ -637,11 +625,7 @@ class RankerAttentionBwd:
         return tXgX[(None, *coord, head)]
 
     def head_m_block_of(self, i, work):
-        """(query head, q block) of the CTA's i-th step: the heads in turn, each over its q blocks (rotated:
-        starting at step ``work[11]``, wrapping around)."""
-        if const_expr(self.rotated):
-            i = i + work[11]
-            i = i - work[9] * Int32(i >= work[9])
+        """(query head, q block) of the CTA's i-th step: the heads in turn, each over its q blocks."""
         if const_expr(self.heads_per_cta == 1):
             return work[1], self.m_block_of(i, work)
         h = i // work[10]
@@ -753,18 +737,15 @@ class RankerAttentionBwd:
         half: a 128-byte swizzle box holds 32 float32 columns), hand the buffers back once the reduces
         have read them.
         Deterministic mode: the KV blocks of a q block add in increasing order (a per-q-block semaphore
-        counts the adds done; FlashAttention-3's scheme).
-        ``dq_store_first``: the first KV block at a (q block, head) stores its tile (a TMA store) where
-        the others add: in the deterministic mode the first in order; else the one that draws ticket 0
-        from the q block's counter, which sets :data:`DQ_STORED` in it once its store is complete; the
-        others wait for that flag before adding."""
+        counts the adds done; FlashAttention-3's scheme), the first in order with a TMA store instead (the
+        accumulator is not zeroed there; the postprocess reads zeros where the count stayed 0)."""
         count = work[9]
         lane = cute.arch.lane_idx()
         if count > 0:
             head_arg = work[1] if const_expr(self.heads_per_cta == 1) else None
             parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work, head_arg)
             store_parts = parts
-            if const_expr(self.config.dq_store_first):
+            if const_expr(self.config.deterministic):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
             nthreads = self.num_mma_threads // self.dq_parts + 32
             rank = work[0] - work[5].n_block_min(self.tile_n)  # this KV block's place in the KV order
@@ -772,15 +753,17 @@ class RankerAttentionBwd:
                 head, m_block = self.head_m_block_of(i, work)
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
-                first = Int32(0)
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
-                    if const_expr(w == 0):
-                        first = self._dq_turn(mdQsem, work, head, m_block, rank, lane)
+                    if const_expr(self.config.deterministic and w == 0):
+                        sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
+                        if lane == 0:
+                            _wait_until(sem, rank)
+                        cute.arch.sync_warp()
                     tdQsdQ, tdQgdQ = parts[w]
                     coord = (m_block * self.dq_parts + w, 0) if const_expr(self.config.dq_split_rows) else (m_block, w)
-                    if const_expr(self.config.dq_store_first):
-                        if first != 0:
+                    if const_expr(self.config.deterministic):
+                        if rank == 0:
                             cute.copy(tma_atom_dQst, store_parts[w][0], self._block(store_parts[w][1], head, *coord))
                         else:
                             cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, *coord))
@@ -792,45 +775,8 @@ class RankerAttentionBwd:
                     if lane == 0:
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
-                elif const_expr(self.config.dq_store_first):
-                    if first != 0:  # the tile is in memory: the later KV blocks may add
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                        if lane == 0:
-                            sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
-                            cute.arch.atomic_or(sem, Int32(DQ_STORED), sem="release", scope="gpu")
-                    else:
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
                 else:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def _dq_turn(self, mdQsem, work, head, m_block, rank, lane):
-        """Before this KV block's dQ of (q block, head) goes out (every lane of the dQ warp): wait for its
-        turn, and whether it stores first (1) or adds (0).  Deterministic: the adds in KV order (the first
-        in order stores with ``dq_store_first``).  ``dq_store_first`` otherwise: a ticket from the counter;
-        ticket 0 stores, the others wait for :data:`DQ_STORED`."""
-        first = Int32(0)
-        if const_expr(self.config.deterministic):
-            sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
-            if lane == 0:
-                _wait_until(sem, rank)
-            cute.arch.sync_warp()
-            if const_expr(self.config.dq_store_first):
-                first = Int32(rank == 0)
-        elif const_expr(self.config.dq_store_first):
-            sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
-            ticket = Int32(0)
-            if lane == 0:
-                ticket = cute.arch.atomic_add(sem, Int32(1), sem="relaxed", scope="gpu")
-            ticket = cute.arch.shuffle_sync(ticket, 0)
-            first = Int32(ticket == 0)
-            if ticket != 0:
-                if lane == 0:
-                    seen = cute.arch.atomic_add(sem, Int32(0), sem="acquire", scope="gpu")
-                    while seen & Int32(DQ_STORED) == 0:
-                        seen = cute.arch.atomic_add(sem, Int32(0), sem="acquire", scope="gpu")
-                cute.arch.sync_warp()
-        return first
 
     def dq_parts_of(self, tma_dQ, sdQ, tma_atom_dQ, work, head):
         """TMA partitions (smem part w, gmem by (q block, part)) of query head ``head``'s dQ accumulator;
@@ -1108,9 +1054,8 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
         rows, dq_acc, cu = f.rows, f.dq_accum(), f.cu
         dk, dv, bounds = f.outputs(hkv, acc_dtype), f.outputs(hkv, acc_dtype), f.bounds()
         dq_sem = dkv_sem = None
-        if config.deterministic or config.dq_store_first:  # int32 counters (see _backward_impl)
+        if config.deterministic:  # int32 counters (see _backward_impl)
             dq_sem = f.dq_sem()
-        if config.deterministic:
             if accumulated:
                 dkv_sem = fake_tensor(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
         return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
@@ -1188,7 +1133,7 @@ def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int,
     :func:`_backward_impl` and :func:`compile_targets` both use; the preprocess's without a dLSE, its last
     argument; ``post[6]``: dK/dV through float32 accumulators)."""
     accumulated = qhead_per_kvhead > 1 and cfg.gqa_group_per_cta is False  # dK/dV in float32 accumulators
-    d, tm, first = cfg.head_dim, cfg.tile_m, cfg.dq_store_first
+    d, tm, first = cfg.head_dim, cfg.tile_m, cfg.deterministic  # (the first dQ store: deterministic mode)
     return {"pre": (dtype, d, tm, varlen, first, False), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
             "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, first)}
 
@@ -1267,8 +1212,11 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     if not lse.is_contiguous():
         raise ValueError("lse must be contiguous (as ranker_attention(..., return_lse=True) returns it)")
     if dlse is not None:  # any strides (a broadcast gradient of lse.sum() included): copied contiguous
-        if not isinstance(dlse, torch.Tensor) or dlse.layout != torch.strided:
-            raise TypeError(f"dlse must be None or a dense torch.Tensor, got {type(dlse).__name__}")
+        if not isinstance(dlse, torch.Tensor):
+            raise TypeError(f"dlse must be None or a torch.Tensor, got {type(dlse).__name__}")
+        if dlse.is_nested or dlse.layout != torch.strided:
+            raise TypeError(f"dlse must be a dense (strided) tensor, got "
+                            f"{'a nested tensor' if dlse.is_nested else dlse.layout}")
         if dlse.dtype != torch.float32:
             raise TypeError(f"dlse must be float32 (the gradient of the float32 lse), got {dlse.dtype}")
         if tuple(dlse.shape) != tuple(lse_shape):
@@ -1289,8 +1237,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     derivative: ``dS = P * (dP - rowsum(dO * O)) * cap'(s)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``,
     ``dV = P^T dO``; with the gradient of the LSE too (``dlse``: a loss that uses the forward's ``lse``,
     e.g. merging attention over key chunks, or a z-loss), ``dS = P * (dP - rowsum(dO * O) + dLSE) * cap'(s)``
-    (``dLSE_i P_ij cap'`` is the derivative of ``LSE_i = log sum_j exp(s_ij)``; the preprocess folds it into
-    dPsum, so the mainloop is the same kernel).
+    (``d LSE_i / d s_ij = P_ij``, so ``dLSE_i P_ij cap'`` is the LSE's share of ``dS_ij``; the preprocess
+    folds it into dPsum, so the mainloop is the same kernel).
 
     GPU-tested on the H200 (``tests/gpu/test_ranker_bwd_gpu.py``: float64 reference gradients over
     head dims, GQA, caps, varlen, odd and empty segments; the deterministic mode bitwise).
@@ -1319,7 +1267,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         headline, 17.1% at D=64, 16.4% at B=16 1K+256, 8.5% with the tanh cap;
         bench/results/2026-11-30_h200_ranker_bwd_s13.md).
     Raises:
-        TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dq``/``dk``/``dv``
+        TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dlse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
         a wrong ``config``/``deterministic`` type, bad ``cu_seqlens`` values, unsupported head
         dims, B or Hq above 65535 (the grids' y/z limit): all before any buffer is written or kernel
@@ -1391,15 +1339,12 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
                             _num_sms(q.device))
     accumulated = keys["post"][6]  # dK/dV through float32 accumulators
     dq_sem = dkv_sem = None
-    if cfg.dq_store_first:  # counters per (q block, head), zeroed by the preprocess
+    if cfg.deterministic:  # dQ adds done per (q block, head), counted in order; zeroed by the preprocess
         dq_sem = torch.empty((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
-    elif cfg.deterministic:  # adds done per (q block, head), counted in order
-        dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
-    counters = dq_sem if cfg.dq_store_first else None  # (what the pre- and postprocess take)
     if dlse is None:
-        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, counters, cu_seqlens, nb, max_seqlen)
+        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, dq_sem, cu_seqlens, nb, max_seqlen)
     else:
-        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, counters,
+        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, dq_sem,
                                             cu_seqlens, nb, max_seqlen)
     dk_accum = dv_accum = None
     if accumulated:
@@ -1412,7 +1357,7 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
         bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
     _fn("post", *keys["post"])(
-        q, k, v, dout, lse2, dpsum, dq_accum, counters, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens,
+        q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens,
         scale_log2, scale, capf, nb, max_seqlen)
     return dq, dk, dv
 
@@ -1581,7 +1526,8 @@ def _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_s
     if dlse is not None:
         lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens is not None else (q.shape[0], q.shape[2], q.shape[1])
         if not isinstance(dlse, torch.Tensor) or not dlse.is_floating_point():
-            raise TypeError(f"dlse must be None or a float tensor shaped like lse, got {type(dlse).__name__}")
+            raise TypeError("dlse must be None or a float tensor shaped like lse, got "
+                            + (str(dlse.dtype) if isinstance(dlse, torch.Tensor) else type(dlse).__name__))
         if tuple(dlse.shape) != lse_shape or dlse.device != q.device:
             raise ValueError(f"dlse must be shaped like lse {list(lse_shape)} on q's device, got "
                              f"{list(dlse.shape)} on {dlse.device}")
@@ -1617,10 +1563,9 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
         qd, kd, vd = (t[:end].detach().to(compute_dtype).requires_grad_(True) for t in (q, k, v))
         out, lse = ranker_attention_reference(qd, kd, vd, bounds, softmax_scale, cap, cap_method, return_lse=True,
                                               cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                                              compute_dtype=compute_dtype)
+                                              compute_dtype=compute_dtype, lse_dtype=compute_dtype)
         outputs, grads = [out], [dout[:end].to(compute_dtype)]
-        if dlse is not None:
-            # (the reference's lse is float32; its finite rows differentiate, -inf rows have no graph)
+        if dlse is not None:  # (the finite rows differentiate; -inf rows have no graph)
             outputs.append(lse)
             dl = dlse[:, :end] if cu_seqlens is not None else dlse
             grads.append(torch.where(torch.isfinite(lse), dl.to(lse.dtype), 0))
@@ -1723,7 +1668,8 @@ def ranker_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  softmax_scale: Optional[float] = None, cap: Optional[float] = None,
                                  cap_method: str = "tanh", cu_seqlens: Optional[torch.Tensor] = None,
                                  max_seqlen: Optional[int] = None, deterministic: bool = False,
-                                 dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                                 dlse: Optional[torch.Tensor] = None
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`ranker_attention_backward` (without output buffers and config) as
     ``torch.ops.cute_kernels.ranker_attention_bwd`` (eager fast path)."""
     return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens,

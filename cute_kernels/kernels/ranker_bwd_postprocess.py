@@ -62,7 +62,7 @@ class RankerBwdPostprocess:
     in float32 accumulators)."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str, varlen: bool,
-                 dkv_accumulated: bool, dq_store_first: bool = False):
+                 dkv_accumulated: bool, deterministic: bool = False):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
         self.dtype = dtype
@@ -72,7 +72,7 @@ class RankerBwdPostprocess:
         if dkv_accumulated and qhead_per_kvhead == 1:
             raise ValueError("dkv_accumulated: only GQA (qhead_per_kvhead > 1) has dK/dV accumulators")
         self.dkv_accumulated = dkv_accumulated
-        self.dq_store_first = dq_store_first  # the accumulator's q block tiles hold data only where counted
+        self.deterministic = deterministic  # the accumulator's q block tiles hold data only where counted
         self.cap_method = cap_method
         self.varlen = varlen
         self.vec = 128 // dtype.width
@@ -254,10 +254,10 @@ class RankerBwdPostprocess:
 
     @cute.jit
     def _dq_written(self, mdQsem, prow, head, batch):
-        """Whether the mainloop wrote the dQ accumulator's tile of padded row ``prow`` (``dq_store_first``: its
+        """Whether the mainloop wrote the dQ accumulator's tile of padded row ``prow`` (deterministic mode: its
         q block's counter is not 0; else always, the preprocess zeroed the accumulator)."""
         written = True
-        if const_expr(self.dq_store_first):
+        if const_expr(self.deterministic):
             if const_expr(self.varlen):
                 written = mdQsem[0, head, prow // self.tile_m] != 0
             else:
@@ -294,24 +294,24 @@ class RankerBwdPostprocess:
 
 
 def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
-                        varlen: bool, dkv_accumulated: bool, dq_store_first: bool):
+                        varlen: bool, dkv_accumulated: bool, deterministic: bool):
     """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum,
     dv_accum, bounds, cu_seqlens, scale_log2, softmax_scale, cap, num_batch, max_seqlen)`` (the
     accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA; ``dq_sem``, the
-    dQ accumulator's counters per q block, None unless ``dq_store_first``)."""
+    dQ accumulator's counters per q block, None unless the mainloop ran its ``deterministic`` mode)."""
 
     def build():
         kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen,
-                                    dkv_accumulated, dq_store_first)
+                                    dkv_accumulated, deterministic)
         f = BwdFakes(head_dim, varlen)
         hq, hkv = f.hq, f.hkv
         dk_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
         dv_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
         return kern, (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(),
-                      f.rows(), f.dq_accum(), f.dq_sem() if dq_store_first else None, f.outputs(hq, dtype),
+                      f.rows(), f.dq_accum(), f.dq_sem() if deterministic else None, f.outputs(hq, dtype),
                       f.outputs(hkv, dtype), f.outputs(hkv, dtype),
                       dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1),
                       fake_stream())
 
     return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated,
-                                 dq_store_first), build)
+                                 deterministic), build)

@@ -10,10 +10,10 @@ For every query row and head, over the padded per-row layout of :mod:`.ranker_bw
 * ``LSE2 = LSE * log2(e)``, the form the mainloop's ``exp2(s * scale_log2 - LSE2)`` wants, and
   ``+inf`` where the forward's LSE is ``-inf`` (rows with no valid key) and on padding rows, so
   that ``P`` is exactly 0 there;
-* the float32 dQ accumulator row zeroed (the mainloop TMA-reduce-adds into it); or, with
-  ``dq_store_first`` (the mainloop's first KV block to reach a q block stores its dQ tile, the others add
-  theirs), instead of the accumulator's ``tile_m`` rows only the q block's int32 counter, which the
-  mainloop counts the KV blocks on and the postprocess reads (0: no KV block wrote the tile, read zeros).
+* the float32 dQ accumulator row zeroed (the mainloop TMA-reduce-adds into it); or, for the mainloop's
+  deterministic mode (whose first KV block in order stores its dQ tile, the later ones adding theirs),
+  instead of the accumulator's ``tile_m`` rows only the q block's int32 counter, on which the mainloop
+  orders its adds and which the postprocess reads (0: no KV block wrote the tile, read zeros).
 
 One CTA of 128 threads per (q block, query head, batch row); ``head_dim / 8`` consecutive lanes
 share a row, each with one 16-byte load of O and of dO, reduced by warp shuffles.  Memory-bound.
@@ -41,10 +41,10 @@ NUM_THREADS = 128
 
 
 class RankerBwdPreprocess:
-    """dPsum, LSE2 and the zeroed dQ accumulator (or q block counters) for one (dtype, head dim, q block,
-    varlen, dq_store_first, with dLSE)."""
+    """dPsum, LSE2 and the zeroed dQ accumulator (or, deterministic, q block counters) for one (dtype, head dim,
+    q block, varlen, deterministic, with dLSE)."""
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool, dq_store_first: bool = False,
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool, deterministic: bool = False,
                  with_dlse: bool = False):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
@@ -53,7 +53,7 @@ class RankerBwdPreprocess:
         self.tile_m = tile_m
         self.varlen = varlen
         self.with_dlse = with_dlse
-        self.dq_store_first = dq_store_first
+        self.deterministic = deterministic
         self.vec = 128 // dtype.width  # elements per 16-byte load
         self.threads_per_row = head_dim // self.vec
         self.rows_per_pass = NUM_THREADS // self.threads_per_row
@@ -64,7 +64,8 @@ class RankerBwdPreprocess:
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: Optional[cute.Tensor],
                  mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor],
                  mCuSeqlens: Optional[cute.Tensor], num_batch: Int32, max_seqlen: Int32, stream):
-        # O, dO (B, S, H, D) -> (S, D, H, B) / (T, H, D) -> (T, D, H); LSE, dLSE (B, H, S) -> (S, H, B) / (H, T) -> (T, H)
+        # O, dO (B, S, H, D) -> (S, D, H, B) / (T, H, D) -> (T, D, H);
+        # LSE, dLSE (B, H, S) -> (S, H, B) / (H, T) -> (T, H)
         # padded rows (B, H, S_pad) -> (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator likewise + D
         if const_expr(self.varlen):
             mO, mdO = [sm90.select_modes(t, [0, 2, 1]) for t in (mO, mdO)]
@@ -109,7 +110,7 @@ class RankerBwdPreprocess:
         # packed form: a q block past this sequence's end would write into the next one's padded rows
         if m_block * self.tile_m < seqlen:
             self.rows(mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx)
-            if const_expr(self.dq_store_first):
+            if const_expr(self.deterministic):
                 if tidx == 0:  # the q block's counter ((B, H, S_pad / tile_m), packed (1, H, T_pad / tile_m))
                     if const_expr(self.varlen):
                         mdQsem[0, head, pad // self.tile_m + m_block] = Int32(0)
@@ -159,25 +160,25 @@ class RankerBwdPreprocess:
                         dot = dot - rdLSE[p]
                 mLSE2_cur[row] = lse2
                 mdPsum_cur[row] = dot
-            if const_expr(not self.dq_store_first):
+            if const_expr(not self.deterministic):
                 for j in cutlass.range_constexpr(self.vec // 4):  # zero the dQ accumulator row (16-byte stores)
                     cute.copy(st_atom, rZero,
                               cute.local_tile(mdQ_cur[row, None], (4,), (chunk * (self.vec // 4) + j,)))
 
 
-def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool, dq_store_first: bool,
+def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool, deterministic: bool,
                        with_dlse: bool):
-    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen, the mainloop config's
-    ``dq_store_first``, whether a dLSE comes); called as ``fn(out, dout, lse, dlse, lse2, dpsum, dq_accum,
+    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen, whether the mainloop runs
+    its deterministic mode, whether a dLSE comes); called as ``fn(out, dout, lse, dlse, lse2, dpsum, dq_accum,
     dq_sem, cu_seqlens, num_batch, max_seqlen)`` with ``dlse`` None unless ``with_dlse`` (then float32 shaped
     like ``lse``, contiguous) and ``dq_sem`` (int32 ``(B, Hq, S_pad / tile_m)``, packed ``(1, Hq, T_pad /
-    tile_m)``) None unless ``dq_store_first``.  Compile-cache key: ``(str(dtype), *the other arguments)``."""
+    tile_m)``) None unless ``deterministic``.  Compile-cache key: ``(str(dtype), *the other arguments)``."""
 
     def build():
-        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen, dq_store_first, with_dlse)
+        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen, deterministic, with_dlse)
         f = BwdFakes(head_dim, varlen)
         return kern, (f.inputs(f.hq, dtype), f.inputs(f.hq, dtype), f.lse(), f.lse() if with_dlse else None,
-                      f.rows(), f.rows(), f.dq_accum(), f.dq_sem() if dq_store_first else None, f.cu, Int32(1),
+                      f.rows(), f.rows(), f.dq_accum(), f.dq_sem() if deterministic else None, f.cu, Int32(1),
                       Int32(1), fake_stream())
 
-    return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen, dq_store_first, with_dlse), build)
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen, deterministic, with_dlse), build)

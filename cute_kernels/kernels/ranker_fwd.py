@@ -1744,8 +1744,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
     non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is
     differentiable too (a loss term on it, e.g. merging attention computed over key chunks, or a z-loss,
-    adds its gradient to q and k; rows with ``lse = -inf`` get none).  A 256 head dim raises ``ValueError`` in ``backward()`` (under torch.compile,
-    which traces the backward with the forward: when the differentiable call is compiled).
+    adds its gradient to q and k; rows with ``lse = -inf`` get none; so under grad ``lse.requires_grad``
+    is True: ``.detach()`` it before ``.numpy()``).  A 256 head dim raises ``ValueError`` in ``backward()``
+    (under torch.compile, which traces the backward with the forward: when the differentiable call is
+    compiled).
     ``torch.func`` transforms (grad, vjp, vmap, ...) are not supported: ``NotImplementedError`` (torch's
     custom ops support neither their autograd nor batching for these kernels).
     Meta tensors: the op's fake gives the outputs' shapes (the argument checks run; no launch).
@@ -1873,15 +1875,16 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
 
 
 def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
-                               cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float32):
+                               cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float32, lse_dtype=torch.float32):
     """Dense-mask torch reference of :func:`ranker_attention` (any device; the math in ``compute_dtype``:
     float32 by default, float64 for the tests' reference, or the input dtype for the error a plain
     torch implementation in that dtype makes, which the tests use as their bar).
 
     Builds the full ``[S, S]`` mask per sequence (:func:`.ranker_mask.dense_mask`, same clamping),
-    so it is meant for tests at modest sizes.  Returns ``out`` in ``q.dtype`` (and ``lse`` float32
-    ``[B, Hq, S]`` / ``[Hq, T]`` with ``return_lse``).  Any float dtype and any device with data (CPU or
-    CUDA; not "meta": the mask is built from the bounds' values); ``bounds`` and ``cu_seqlens`` int32
+    so it is meant for tests at modest sizes.  Returns ``out`` in ``q.dtype`` (and ``lse`` ``[B, Hq, S]`` /
+    ``[Hq, T]`` with ``return_lse``, in ``lse_dtype``: float32 as the kernel returns it by default).  Any
+    float dtype and any device with data (CPU or CUDA; not "meta": the mask is built from the bounds'
+    values); ``bounds`` and ``cu_seqlens`` int32
     or int64 (the op takes int32); ``compute_dtype`` a float dtype.  The same argument rules as
     :func:`ranker_attention` otherwise (``Hq % Hkv == 0``, ``bounds [B, 4]`` with
     ``B = len(cu_seqlens) - 1`` in the packed form, valid ``cu_seqlens`` values, scalars):
@@ -1890,8 +1893,9 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
     ``compute_dtype``: scores beyond its range (e.g. ``softmax_scale`` near float32's max in float32)
     overflow there; use float64 for such inputs.
     """
-    if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
-        raise TypeError(f"compute_dtype must be a float torch.dtype, got {compute_dtype!r}")
+    for name, dt in (("compute_dtype", compute_dtype), ("lse_dtype", lse_dtype)):
+        if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+            raise TypeError(f"{name} must be a float torch.dtype, got {dt!r}")
     return_lse = check_bool("return_lse", return_lse)
     _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     if cu_seqlens is not None:
@@ -1900,13 +1904,13 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
         for b in range(len(cu) - 1):
             sl = slice(cu[b], cu[b + 1])
             o, l = ranker_attention_reference(q[None, sl], k[None, sl], v[None, sl], bounds[b:b + 1], softmax_scale,
-                                              cap, cap_method, True, compute_dtype=compute_dtype)
+                                              cap, cap_method, True, compute_dtype=compute_dtype, lse_dtype=lse_dtype)
             outs.append(o[0])
             lses.append(l[0])
         # tokens past cu_seqlens[-1] belong to no sequence: 0 output, -inf LSE (as the kernel writes)
         tail = q.shape[0] - cu[-1]
         outs.append(q.new_zeros((tail, *q.shape[1:])))
-        lses.append(torch.full((q.shape[1], tail), -math.inf, dtype=torch.float32, device=q.device))
+        lses.append(torch.full((q.shape[1], tail), -math.inf, dtype=lse_dtype, device=q.device))
         out, lse = torch.cat(outs, 0), torch.cat(lses, 1)
         return (out, lse) if return_lse else out
     nb, s, hq, d = q.shape
@@ -1932,7 +1936,7 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
     row_sum = e.sum(dim=-1, keepdim=True)
     p = e / torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))  # empty rows: 0
     out = (p @ vf).transpose(1, 2).to(q.dtype)
-    return (out, lse.float()) if return_lse else out
+    return (out, lse.to(lse_dtype)) if return_lse else out
 
 
 def check() -> list[CheckResult]:

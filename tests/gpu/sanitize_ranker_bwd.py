@@ -22,12 +22,8 @@ for d, hkv, cap in ((128, 2, None), (128, 1, 20.0), (64, 1, 20.0), (64, 2, None)
                                            return_lse=True)
     g = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200)
     gd = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, deterministic=True)
-    # dq_store_first: tickets or the KV order pick the first store of each dQ tile (GQA: both forms)
-    for det in (False, True):
-        cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), dq_store_first=True, deterministic=det)
-        gf = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, config=cfg)
-        gfv = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200,
-                                           config=cfg)
+    gdv = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200,
+                                       deterministic=True)
     # with the gradient of the LSE (the preprocess's dLSE variant), fixed length and packed
     gl = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, dlse=torch.randn_like(lse))
     glv = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu, max_seqlen=200,

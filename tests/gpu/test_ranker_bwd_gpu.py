@@ -184,28 +184,33 @@ def test_dq_split_rows(hkv, varlen, fields):
 
 @pytest.mark.parametrize("d,hkv,cap,varlen", [(128, 4, None, False), (128, 2, 20.0, False), (128, 2, None, True),
                                               (64, 2, None, False), (64, 4, 5.0, True)])
-def test_dq_store_first(d, hkv, cap, varlen, monkeypatch):
-    """``dq_store_first``: the first KV block at a (q block, head) stores its dQ tile, the others add (no
-    zeroed accumulator; tickets and a completion flag, or the KV order in deterministic mode); q blocks no
-    KV block reaches (an empty history, rows past the segments) read zeros in the postprocess.  Against
-    float64 at odd lengths, GQA both ways, varlen with an empty sequence and an empty-history one;
-    deterministic bitwise on repeat; the accumulator poisoned with NaN first (a tile left unwritten or
-    added onto without a store first shows)."""
-    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), dq_store_first=True)
-    _check_config_both_gqa_forms(f"store-first-d{d}", cfg, d, hkv, cap, varlen, seed=31)
+def test_deterministic_first_store(d, hkv, cap, varlen, monkeypatch):
+    """The deterministic mode's first KV block in order stores its dQ tile, the others add (the accumulator
+    is not zeroed); q blocks no KV block reaches (an empty history, rows past the segments) read zeros in
+    the postprocess.  Against float64 at odd lengths, GQA both ways, varlen with an empty-candidates
+    sequence; bitwise on repeat; with the accumulator poisoned with NaN first (a tile left unwritten, or
+    added onto before its store, shows)."""
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), deterministic=True)
+    _check_config_both_gqa_forms(f"det-first-store-d{d}", cfg, d, hkv, cap, varlen, seed=31)
     # empty histories (no mainloop work: every counter stays 0) beside a normal row, NaN-poisoned accumulator
     q, k, v, do = _tensors((3, 300, 4, d), (3, 300, hkv, d), seed=32)
     bounds = torch.tensor([[0, 0, 0, 300], [5, 5, 10, 200], [3, 250, 250, 300]], device="cuda", dtype=torch.int32)
     real_empty = torch.empty
 
-    def poisoned_empty(*shape, **kw):  # the dQ accumulator (float32, 4 dims) comes out of torch.empty NaN-filled
+    def poisoned_empty(*shape, **kw):  # the dQ accumulator (float32, [..., rows, D]) comes out NaN-filled
         t = real_empty(*shape, **kw)
-        if t.dtype == torch.float32 and t.dim() == 4 and t.is_cuda:
+        if t.dtype == torch.float32 and t.dim() >= 3 and t.shape[-1] == d and t.is_cuda:
             t.fill_(float("nan"))
         return t
 
     monkeypatch.setattr(torch, "empty", poisoned_empty)
-    _compare(f"store-first-empty-d{d}", q, k, v, do, bounds, cap=cap, config=cfg)
+    _compare(f"det-first-store-empty-d{d}", q, k, v, do, bounds, cap=cap, config=cfg)
+    if varlen:  # the packed form too: sequences with and without history
+        cu = torch.tensor([0, 300, 300, 600, 900], device="cuda", dtype=torch.int32)
+        qv, kv_, vv, dov = (t.reshape(900, *t.shape[2:]) for t in (q, k, v, do))
+        vb = torch.tensor([[0, 0, 0, 300], [0, 0, 0, 0], [5, 5, 10, 200], [3, 250, 250, 300]], device="cuda",
+                          dtype=torch.int32)
+        _compare(f"det-first-store-empty-varlen-d{d}", qv, kv_, vv, dov, vb, cap=cap, cu_seqlens=cu, config=cfg)
 
 
 @pytest.mark.parametrize("fields", [dict(dq_swap_ab=False), dict(tile_m=80, ds_stages=1),
