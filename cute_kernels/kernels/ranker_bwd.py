@@ -1263,9 +1263,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
         config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
         ``deterministic=True`` (or a config with ``deterministic=True``) for ordered adds (same bits
-        on every run; in time 6-17% slower than the default over the bench shapes: 10.9% at the
-        headline, 17.1% at D=64, 16.4% at B=16 1K+256, 8.5% with the tanh cap;
-        bench/results/2026-11-30_h200_ranker_bwd_s13.md).
+        on every run; in time 4-9% slower than the default over the D=128 bench shapes, 12-16% at
+        D=64: 5.9-7.1% at the headline, 4.8-6.5% with the tanh cap, 8.3-8.9% at B=16 1K+256; session 28,
+        bench/results/logs/2026-12-01_s28_ranker_bwd_gpu_tests_det_overhead_10e704a.log).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dlse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
