@@ -744,11 +744,11 @@ class RankerAttentionBwd:
         if count > 0:
             head_arg = work[1] if const_expr(self.heads_per_cta == 1) else None
             parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work, head_arg)
-            store_parts = parts
+            store_parts, rank = parts, None
             if const_expr(self.config.deterministic):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
+                rank = work[0] - work[5].n_block_min(self.tile_n)  # this KV block's place in the KV order
             nthreads = self.num_mma_threads // self.dq_parts + 32
-            rank = work[0] - work[5].n_block_min(self.tile_n)  # this KV block's place in the KV order
             for i in cutlass.range(count, unroll=1):
                 head, m_block = self.head_m_block_of(i, work)
                 for w in cutlass.range_constexpr(self.dq_parts):

@@ -52,8 +52,8 @@ class BwdFakes:
     """Fake (shape-only) arguments of the backward kernels, fixed-length ``(B, S, H, D)`` or packed
     ``(T, H, D)``: ``inputs(h)`` are q/k/v/dO/O-like (any 16-byte aligned strides), ``outputs(h,
     dtype)`` compact gradients or accumulators, ``rows()`` a padded per-row float32 buffer,
-    ``dq_accum()`` the padded float32 dQ accumulator, ``dq_sem()`` its int32 counters per q block, ``lse()`` the forward's LSE, ``cu`` the
-    packed offsets (None for fixed length)."""
+    ``dq_accum()`` the padded float32 dQ accumulator, ``dq_sem()`` its int32 counters per q block (the
+    deterministic mode's), ``lse()`` the forward's LSE, ``cu`` the packed offsets (None for fixed length)."""
 
     def __init__(self, head_dim: int, varlen: bool):
         self.head_dim = head_dim
@@ -90,7 +90,8 @@ class BwdFakes:
         return self._per_row(self.head_dim, align=16)
 
     def dq_sem(self):
-        """int32 counter per (q block, query head): ``(B, Hq, S_pad / tile_m)``, packed ``(1, Hq, T_pad / tile_m)``."""
+        """int32 counter per (q block, query head): ``(B, Hq, S_pad / tile_m)``, packed
+        ``(1, Hq, T_pad / tile_m)``."""
         return fake_tensor(torch.int32, (cute.sym_int(), self.hq, cute.sym_int()), align=4)
 
     def lse(self):

@@ -138,8 +138,8 @@ class RankerBwdPostprocess:
 
     @cute.jit
     def rows_gqa(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
-                 row_block,
-                 head_kv, batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale, cap):
+                 row_block, head_kv, batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2,
+                 softmax_scale, cap):
         """A group of query heads per KV head, row by row (PASSES rows per lane group): each query head's
         dQ (with its self term), then the row's dK/dV self terms summed over the group in float32 (plus
         the float32 accumulators with ``dkv_accumulated``)."""
@@ -309,9 +309,8 @@ def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_pe
         dv_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
         return kern, (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(),
                       f.rows(), f.dq_accum(), f.dq_sem() if deterministic else None, f.outputs(hq, dtype),
-                      f.outputs(hkv, dtype), f.outputs(hkv, dtype),
-                      dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0), Int32(1), Int32(1),
-                      fake_stream())
+                      f.outputs(hkv, dtype), f.outputs(hkv, dtype), dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0),
+                      Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated,
                                  deterministic), build)
