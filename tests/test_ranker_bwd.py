@@ -464,8 +464,7 @@ def test_kernel_plan_matches_reference(s, rows, cap, cap_method):
                                                     (128, 64, True, True, False)])
 def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, first, dlse):
     """16-byte loads (and, zeroing the dQ accumulator, 16-byte stores), no spills; for the deterministic
-    mainloop (whose first KV block stores its dQ tile) no accumulator stores, the q blocks' counters written
-    instead."""
+    mainloop (whose first KV block stores its dQ tile) no accumulator stores."""
     from cute_kernels.kernels import ranker_bwd_preprocess as pre
 
     key = (str(torch.bfloat16), d, tm, varlen, first, dlse)

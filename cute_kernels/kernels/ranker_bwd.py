@@ -138,10 +138,11 @@ class RankerBwdConfig:
     producer_regs: int = 24
     mma_regs: int = 240
     # ordered float32 reduce-adds (dQ by KV block; per-head GQA dK/dV by query head).  There the first KV block in
-    # order TMA-stores its dQ tile and the later ones add theirs, so the preprocess zeroes only the q blocks'
-    # counters, not the float32 accumulator (session 28, same run, deterministic useful TFLOP/s with / without
-    # the first store: headline 508 / 500, GQA 16/4 512 / 496, D=64 421 / 410, 16K 553 / 550, B=16 1K+256 431 /
-    # 389, B=8 2K+2K 477 / 452; same bits; bench/results/logs/2026-12-01_s28_ranker_bwd_det_store_first_probe.log).
+    # order TMA-stores its dQ tile and the later ones add theirs, so the preprocess does not zero the float32
+    # accumulator (the q blocks' int32 counters, zeroed on the host, say which tiles were written).  Session 28,
+    # same run, deterministic useful TFLOP/s with / without the first store: headline 508 / 500, GQA 16/4 512 /
+    # 496, D=64 421 / 410, 16K 553 / 550, B=16 1K+256 431 / 389, B=8 2K+2K 477 / 452; same bits
+    # (bench/results/logs/2026-12-01_s28_ranker_bwd_det_store_first_probe.log).
     # The default mode with a ticket per (q block, head) instead, the others waiting for the first store and the
     # q blocks visited in an order rotated by KV block, was slower at D=128 (headline -1.5 to -4%, 16K -4%, B=8
     # -2.5 to -6%; D=64 +2 to +4%: ..._s28_ranker_bwd_dq_store_first_probe.log): not kept.
@@ -760,6 +761,7 @@ class RankerAttentionBwd:
                         if lane == 0:
                             _wait_until(sem, rank)
                         cute.arch.sync_warp()
+                        cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-add
                     tdQsdQ, tdQgdQ = parts[w]
                     coord = (m_block * self.dq_parts + w, 0) if const_expr(self.config.dq_split_rows) else (m_block, w)
                     if const_expr(self.config.deterministic):
@@ -772,6 +774,7 @@ class RankerAttentionBwd:
                     cute.arch.cp_async_bulk_commit_group()
                 if const_expr(self.config.deterministic):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
+                    cute.arch.sync_warp()  # (every lane's wait before lane 0's release)
                     if lane == 0:
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
@@ -1339,13 +1342,13 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
                             _num_sms(q.device))
     accumulated = keys["post"][6]  # dK/dV through float32 accumulators
     dq_sem = dkv_sem = None
-    if cfg.deterministic:  # dQ adds done per (q block, head), counted in order; zeroed by the preprocess
-        dq_sem = torch.empty((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
+    if cfg.deterministic:  # dQ adds done per (q block, head), counted in order (0: the tile is not written)
+        dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
     if dlse is None:
-        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, dq_sem, cu_seqlens, nb, max_seqlen)
+        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     else:
-        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, dq_sem,
-                                            cu_seqlens, nb, max_seqlen)
+        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, cu_seqlens,
+                                            nb, max_seqlen)
     dk_accum = dv_accum = None
     if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)

@@ -10,10 +10,9 @@ For every query row and head, over the padded per-row layout of :mod:`.ranker_bw
 * ``LSE2 = LSE * log2(e)``, the form the mainloop's ``exp2(s * scale_log2 - LSE2)`` wants, and
   ``+inf`` where the forward's LSE is ``-inf`` (rows with no valid key) and on padding rows, so
   that ``P`` is exactly 0 there;
-* the float32 dQ accumulator row zeroed (the mainloop TMA-reduce-adds into it); or, for the mainloop's
-  deterministic mode (whose first KV block in order stores its dQ tile, the later ones adding theirs),
-  instead of the accumulator's ``tile_m`` rows only the q block's int32 counter, on which the mainloop
-  orders its adds and which the postprocess reads (0: no KV block wrote the tile, read zeros).
+* the float32 dQ accumulator row zeroed (the mainloop TMA-reduce-adds into it); not for the mainloop's
+  deterministic mode, whose first KV block in order stores its dQ tile (the later ones add theirs; the
+  postprocess reads zeros where the q block's counter stayed 0: no KV block wrote the tile).
 
 One CTA of 128 threads per (q block, query head, batch row); ``head_dim / 8`` consecutive lanes
 share a row, each with one 16-byte load of O and of dO, reduced by warp shuffles.  Memory-bound.
@@ -41,7 +40,7 @@ NUM_THREADS = 128
 
 
 class RankerBwdPreprocess:
-    """dPsum, LSE2 and the zeroed dQ accumulator (or, deterministic, q block counters) for one (dtype, head dim,
+    """dPsum, LSE2 and the zeroed dQ accumulator (not for the deterministic mainloop) for one (dtype, head dim,
     q block, varlen, deterministic, with dLSE)."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool, deterministic: bool = False,
@@ -62,8 +61,8 @@ class RankerBwdPreprocess:
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: Optional[cute.Tensor],
-                 mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor],
-                 mCuSeqlens: Optional[cute.Tensor], num_batch: Int32, max_seqlen: Int32, stream):
+                 mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+                 num_batch: Int32, max_seqlen: Int32, stream):
         # O, dO (B, S, H, D) -> (S, D, H, B) / (T, H, D) -> (T, D, H);
         # LSE, dLSE (B, H, S) -> (S, H, B) / (H, T) -> (T, H)
         # padded rows (B, H, S_pad) -> (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator likewise + D
@@ -80,13 +79,13 @@ class RankerBwdPreprocess:
                 mdLSE = sm90.select_modes(mdLSE, [2, 1, 0])
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mO.shape[2]), num_batch)
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mdQsem, mCuSeqlens, Int32(mO.shape[0])).launch(
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlens, Int32(mO.shape[0])).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: Optional[cute.Tensor],
-               mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor],
-               mCuSeqlens: Optional[cute.Tensor], seqlen_static: Int32):
+               mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
+               seqlen_static: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -110,12 +109,6 @@ class RankerBwdPreprocess:
         # packed form: a q block past this sequence's end would write into the next one's padded rows
         if m_block * self.tile_m < seqlen:
             self.rows(mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx)
-            if const_expr(self.deterministic):
-                if tidx == 0:  # the q block's counter ((B, H, S_pad / tile_m), packed (1, H, T_pad / tile_m))
-                    if const_expr(self.varlen):
-                        mdQsem[0, head, pad // self.tile_m + m_block] = Int32(0)
-                    else:
-                        mdQsem[batch, head, m_block] = Int32(0)
 
     @cute.jit
     def rows(self, mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx):
@@ -169,16 +162,15 @@ class RankerBwdPreprocess:
 def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool, deterministic: bool,
                        with_dlse: bool):
     """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen, whether the mainloop runs
-    its deterministic mode, whether a dLSE comes); called as ``fn(out, dout, lse, dlse, lse2, dpsum, dq_accum,
-    dq_sem, cu_seqlens, num_batch, max_seqlen)`` with ``dlse`` None unless ``with_dlse`` (then float32 shaped
-    like ``lse``, contiguous) and ``dq_sem`` (int32 ``(B, Hq, S_pad / tile_m)``, packed ``(1, Hq, T_pad /
-    tile_m)``) None unless ``deterministic``.  Compile-cache key: ``(str(dtype), *the other arguments)``."""
+    its deterministic mode: no accumulator zeroing then, whether a dLSE comes); called as ``fn(out, dout, lse,
+    dlse, lse2, dpsum, dq_accum, cu_seqlens, num_batch, max_seqlen)`` with ``dlse`` None unless ``with_dlse``
+    (then float32 shaped like ``lse``, contiguous).  Compile-cache key: ``(str(dtype), *the other
+    arguments)``."""
 
     def build():
         kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen, deterministic, with_dlse)
         f = BwdFakes(head_dim, varlen)
         return kern, (f.inputs(f.hq, dtype), f.inputs(f.hq, dtype), f.lse(), f.lse() if with_dlse else None,
-                      f.rows(), f.rows(), f.dq_accum(), f.dq_sem() if deterministic else None, f.cu, Int32(1),
-                      Int32(1), fake_stream())
+                      f.rows(), f.rows(), f.dq_accum(), f.cu, Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen, deterministic, with_dlse), build)
