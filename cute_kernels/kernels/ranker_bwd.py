@@ -76,7 +76,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import Float32, Int32, Int64, const_expr
+from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..registry import CheckResult, CompileTarget
@@ -110,9 +110,6 @@ class NamedBarrierBwd(enum.IntEnum):
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
-# TMA L2 cache-hint operands (CUTLASS's CacheHintSm90 values; RankerBwdConfig.l2_hints)
-L2_EVICT_FIRST = 0x12F0000000000000
-L2_EVICT_LAST = 0x14F0000000000000
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
 STATIC_SMEM_BYTES = 1024
@@ -170,9 +167,6 @@ class RankerBwdConfig:
     # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
     # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
     dq_split_rows: bool = False
-    # L2 eviction hints on the TMA loads: K, V (read by this CTA only) evict-first, Q, dO, LSE, dPsum (read by
-    # every KV block of the head) evict-last
-    l2_hints: bool = False
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -698,27 +692,22 @@ class RankerAttentionBwd:
                                         work[1] if const_expr(self.heads_per_cta == 1) else None)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipeline_kv.producer_acquire(kv_state)
-            once, shared = {}, {}
-            if const_expr(self.config.l2_hints):
-                once, shared = dict(cache_policy=Int64(L2_EVICT_FIRST)), dict(cache_policy=Int64(L2_EVICT_LAST))
-            cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state), **once)
-            cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state), **once)
+            cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
+            cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for i in cutlass.range(count, unroll=1):
                 head, m_block = self.head_m_block_of(i, work)
                 (tQsQ, tQgQ), (tdOsdO, tdOgdO), (tLsL, tLgL), (tPsP, tPgP) = srcs
                 pipeline_q.producer_acquire(q_state)
                 bar_q = pipeline_q.producer_get_barrier(q_state)
-                cute.copy(tma_atom_Q, self._block(tQgQ, head, m_block), tQsQ[None, q_state.index], tma_bar_ptr=bar_q,
-                          **shared)
-                cute.copy(tma_atom_LSE, self._block(tLgL, head, m_block), tLsL[None, q_state.index], tma_bar_ptr=bar_q,
-                          **shared)
+                cute.copy(tma_atom_Q, self._block(tQgQ, head, m_block), tQsQ[None, q_state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_atom_LSE, self._block(tLgL, head, m_block), tLsL[None, q_state.index], tma_bar_ptr=bar_q)
                 pipeline_do.producer_acquire(q_state)
                 bar_do = pipeline_do.producer_get_barrier(q_state)
                 cute.copy(tma_atom_dO, self._block(tdOgdO, head, m_block), tdOsdO[None, q_state.index],
-                          tma_bar_ptr=bar_do, **shared)
+                          tma_bar_ptr=bar_do)
                 cute.copy(tma_atom_dPsum, self._block(tPgP, head, m_block), tPsP[None, q_state.index],
-                          tma_bar_ptr=bar_do, **shared)
+                          tma_bar_ptr=bar_do)
                 q_state.advance()
 
     @cute.jit
