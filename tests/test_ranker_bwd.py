@@ -459,20 +459,20 @@ def test_kernel_plan_matches_reference(s, rows, cap, cap_method):
 
 
 # ---------------------------------------------------------------- pre/postprocess kernels, validation
-@pytest.mark.parametrize("d,tm,varlen,first,dlse", [(128, 64, False, False, False), (64, 64, True, False, False),
+@pytest.mark.parametrize("d,tm,varlen,det,dlse", [(128, 64, False, False, False), (64, 64, True, False, False),
                                                     (64, 128, False, False, False), (128, 64, False, True, True),
                                                     (128, 64, True, True, False)])
-def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, first, dlse):
+def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, det, dlse):
     """16-byte loads (and, zeroing the dQ accumulator, 16-byte stores), no spills; for the deterministic
     mainloop (whose first KV block stores its dQ tile) no accumulator stores."""
     from cute_kernels.kernels import ranker_bwd_preprocess as pre
 
-    key = (str(torch.bfloat16), d, tm, varlen, first, dlse)
-    pre.compile_preprocess(torch.bfloat16, d, tm, varlen, first, dlse)
+    key = (str(torch.bfloat16), d, tm, varlen, det, dlse)
+    pre.compile_preprocess(torch.bfloat16, d, tm, varlen, det, dlse)
     rec = compile_record(pre.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx, ptx
-    assert ("st.global.v4 (16B stores)" in ptx) is not first, ptx
+    assert ("st.global.v4 (16B stores)" in ptx) is not det, ptx
     assert "local memory (spill)" not in ptx
     if rec.sass:
         sass = find_features(rec.sass, SASS_FEATURES)
@@ -483,12 +483,12 @@ def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, first, dlse):
     (128, 64, 1, "tanh", False, False), (128, 64, 4, "none", False, True), (128, 64, 4, "none", False, False),
     (64, 64, 2, "soft_sign", True, True), (64, 128, 2, "none", False, False),
     (64, 128, 1, "none", True, False)])  # MHA varlen: spilled 8 B before the dQ loads were hoisted
-@pytest.mark.parametrize("first", [False, True], ids=["", "deterministic"])
-def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc, first):
+@pytest.mark.parametrize("det", [False, True], ids=["", "deterministic"])
+def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc, det):
     from cute_kernels.kernels import ranker_bwd_postprocess as post
 
-    key = (str(torch.bfloat16), d, tm, g, capm, varlen, acc, first)
-    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen, acc, first)
+    key = (str(torch.bfloat16), d, tm, g, capm, varlen, acc, det)
+    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen, acc, det)
     rec = compile_record(post.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx

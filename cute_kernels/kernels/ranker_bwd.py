@@ -1136,9 +1136,9 @@ def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int,
     :func:`_backward_impl` and :func:`compile_targets` both use; the preprocess's without a dLSE, its last
     argument; ``post[6]``: dK/dV through float32 accumulators)."""
     accumulated = qhead_per_kvhead > 1 and cfg.gqa_group_per_cta is False  # dK/dV in float32 accumulators
-    d, tm, first = cfg.head_dim, cfg.tile_m, cfg.deterministic  # (the first dQ store: deterministic mode)
-    return {"pre": (dtype, d, tm, varlen, first, False), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
-            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, first)}
+    d, tm, det = cfg.head_dim, cfg.tile_m, cfg.deterministic  # (deterministic: dQ tiles stored first, not zeroed)
+    return {"pre": (dtype, d, tm, varlen, det, False), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
+            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, det)}
 
 
 def call_launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int, num_batch: int,

@@ -112,10 +112,10 @@ class RankerBwdPreprocess:
 
     @cute.jit
     def rows(self, mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx):
-        """The tile_m padded rows of this q block: dPsum (less dLSE), LSE2, zeroed dQ accumulator.  Every pass's O and
-        dO loads are issued first, then the sums and stores: otherwise a pass's loads wait behind the
-        previous pass's stores, which the compiler cannot move them past (it cannot prove the tensors
-        disjoint)."""
+        """The tile_m padded rows of this q block: dPsum (less dLSE), LSE2, the zeroed dQ accumulator (not for
+        the deterministic mainloop).  Every pass's O and dO loads are issued first, then the sums and stores:
+        otherwise a pass's loads wait behind the previous pass's stores, which the compiler cannot move them
+        past (it cannot prove the tensors disjoint)."""
         ld_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         chunk = tidx % self.threads_per_row
