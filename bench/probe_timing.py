@@ -27,9 +27,11 @@ def parse_variant(arg: str):
 def probe_options(argv: list[str], flags: tuple[str, ...] = (), doc: str | None = None,
                   jobs: bool = False) -> tuple[list, dict]:
     """A config probe's command line: variants (``NAME=field:value,...``), the boolean ``flags`` given
-    (``--fa4``), and the timing options ``--rounds=N`` (default 5) and ``--seed=N`` (the shuffle seed;
-    default: drawn and printed, so the order can be replayed) -> ``(variants, options)`` where options
-    holds the flags and ``rounds``/``shuffle_seed``/``control=True`` for :func:`time_configs`.
+    (``--fa4``), and the timing options ``--rounds=N`` (default 5), ``--seed=N`` (the shuffle seed;
+    default: drawn and printed, so the order can be replayed), ``--reps=N`` and ``--inner=N`` (samples per
+    config and round, and calls per sample: default 8 and 5; longer samples steady the board's clock)
+    -> ``(variants, options)`` where options holds the flags and ``rounds``/``shuffle_seed``/``reps``/
+    ``inner``/``control=True`` for :func:`time_configs`.
     ``jobs=True``: the probe also takes ``--jobs=N`` (a positive integer: parallel precompile), returned
     as ``options["jobs"]`` (None when absent; pop it before passing the options on).
     ``-h``/``--help`` prints ``doc`` (the probe's docstring) and exits with status 0."""
@@ -40,8 +42,8 @@ def probe_options(argv: list[str], flags: tuple[str, ...] = (), doc: str | None 
         raise SystemExit(0)
 
     opts = {f.lstrip("-"): False for f in flags}
-    opts.update(rounds=5, shuffle_seed=random.randrange(1 << 16), control=True)
-    counts = ("rounds", "seed") + (("jobs",) if jobs else ())
+    opts.update(rounds=5, shuffle_seed=random.randrange(1 << 16), control=True, reps=8, inner=5)
+    counts = ("rounds", "seed", "reps", "inner") + (("jobs",) if jobs else ())
     if jobs:
         opts["jobs"] = None
     variants, names = [], set()
@@ -62,7 +64,7 @@ def probe_options(argv: list[str], flags: tuple[str, ...] = (), doc: str | None 
             if variants[-1][0] in names or variants[-1][0] in ("shipped", "shipped_again"):
                 raise ValueError(f"variant name {variants[-1][0]!r} is used twice or reserved")
             names.add(variants[-1][0])
-    print(json.dumps({"rounds": opts["rounds"], "shuffle_seed": opts["shuffle_seed"]}), flush=True)
+    print(json.dumps({k: opts[k] for k in ("rounds", "shuffle_seed", "reps", "inner")}), flush=True)
     return variants, opts
 
 

@@ -9,8 +9,10 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerFwdCon
     python3 bench/ranker_fwd_config_probe.py --fa4 old=self_kv_tma:False skip=skip_unit_rescale:True
 
 Timing (``probe_timing.probe_options``): ``--rounds=N`` (default 5), the configs' order shuffled in every
-round (``--seed=N`` replays an order), and the shipped config timed twice (``shipped_again``: the A/A
-pair that says how large a difference is noise) with each config's spread over rounds.
+round (``--seed=N`` replays an order), ``--reps=N --inner=N`` (samples per round and calls per sample),
+and the shipped config timed twice (``shipped_again``: the A/A pair that says how large a difference is
+noise) with each config's spread over rounds.  ``--changed``: only the shapes where some variant differs
+from the shipped config (e.g. a field the shipped config of the other shapes already has).
 
 Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log,
 bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log.
@@ -31,13 +33,15 @@ def launch(q, k, v, bounds, cap, cfg):
     return rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)
 
 
-def main(variants, fa4: bool, timing: dict):
+def main(variants, fa4: bool, timing: dict, changed: bool = False):
     data = []
     for case in rf.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
         # the variants first: a misspelled field fails before any input is built
         base = rf.shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
         cfgs = variant_configs(base, variants, case_key(case))
+        if changed and len(cfgs) == 1:
+            continue
         key, q, k, v, bounds, _ = ranker_inputs(case, seed=len(data))
         o0, l0 = launch(q, k, v, bounds, cap, base)
         checks = {}
@@ -55,6 +59,6 @@ def main(variants, fa4: bool, timing: dict):
 
 
 if __name__ == "__main__":
-    variants, opts = probe_options(sys.argv[1:], flags=("--fa4",), doc=__doc__)
-    fa4 = opts.pop("fa4")
-    main(variants, fa4, opts)
+    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--changed"), doc=__doc__)
+    fa4, changed = opts.pop("fa4"), opts.pop("changed")
+    main(variants, fa4, opts, changed)

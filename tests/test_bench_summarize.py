@@ -151,13 +151,16 @@ def test_probe_timing_shuffle_and_control(capsys):
     assert list(pt2["A"]) == list(cfgs)  # no control, no shuffle: the given order, no A/A entry
 
     variants, opts = pt.probe_options(["--fa4", "x=stages:3", "--rounds=7", "--seed=3"], flags=("--fa4",))
-    assert variants == [("x", {"stages": 3})] and opts == dict(fa4=True, rounds=7, shuffle_seed=3, control=True)
+    assert variants == [("x", {"stages": 3})] and opts == dict(fa4=True, rounds=7, shuffle_seed=3, control=True,
+                                                                reps=8, inner=5)
+    assert pt.probe_options(["--reps=30", "--inner=20"])[1] | {"shuffle_seed": 0} == dict(
+        rounds=5, shuffle_seed=0, control=True, reps=30, inner=20)
     assert pt.probe_options(["--seed=0"])[1]["shuffle_seed"] == 0
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         pt.probe_options(["x=stages:3", "--help"], doc="the probe's doc")
     assert exit_info.value.code == 0 and "the probe's doc" in capsys.readouterr().out
-    for bad in (["--rounds=0"], ["--seed=x"], ["--seed=-3"], ["--rounds=\u00b2"], ["--fast"], ["a=stages:3", "a=stages:4"],
+    for bad in (["--rounds=0"], ["--seed=x"], ["--seed=-3"], ["--rounds=\u00b2"], ["--reps=0"], ["--inner=x"], ["--fast"], ["a=stages:3", "a=stages:4"],
                 ["shipped=stages:3"]):
         with pytest.raises(ValueError, match="positive integer|non-negative integer|unknown option|used twice"):
             pt.probe_options(bad, flags=("--fa4",))
