@@ -89,7 +89,7 @@ from . import sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
                          ranker_attention_reference)
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
-from .ranker_bwd_postprocess import TANH_POLY_BOUND, cap_and_slope, compile_postprocess
+from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
 
@@ -167,10 +167,6 @@ class RankerBwdConfig:
     # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
     # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
     dq_split_rows: bool = False
-    # tanh cap: a warp whose scores all have |softmax_scale * s / cap| <= 1 (a vote per q block) takes tanh from
-    # an odd polynomial on the FP32 pipe (ranker_bwd_postprocess.tanh_poly, relative error < 8.1e-6) instead of
-    # MUFU.TANH, which shares the quarter-rate unit with P's exp2 in the softmax section; other cap methods ignore it
-    tanh_poly: bool = False
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -275,9 +271,8 @@ class RankerBwdConfig:
 # pair: 486 vs 467 / 473 useful TFLOP/s at B=4 4096+512 H16; bench/results/logs/
 # 2026-11-30_s14_ranker_bwd_dq_split_rows_probe.log).
 CONFIGS = {
-    64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2, tanh_poly=True),
-    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True,
-                         tanh_poly=True),
+    64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
+    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)
 
@@ -459,7 +454,6 @@ class RankerAttentionBwd:
         self.heads_per_cta = qhead_per_kvhead if group else 1
         self.dkv_accumulated = qhead_per_kvhead > 1 and not group
         self.cap_method = cap_method
-        self.tanh_poly = config.tanh_poly and cap_method == "tanh"
         self.varlen = varlen
         self.num_mma_threads = 128 * config.mma_wgs
         self.num_threads = 128 + self.num_mma_threads
@@ -873,30 +867,6 @@ class RankerAttentionBwd:
                       tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale)
 
     @cute.jit
-    def probs(self, acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap,
-              small: cutlass.Constexpr):
-        """P^T (``rP``, input dtype) and P^T * cap' (in place of S^T) from the raw scores S^T; ``small``:
-        tanh from :func:`.ranker_bwd_postprocess.tanh_poly` (the caller checked the bound)."""
-        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-            lse = sLSE[tScS_mn[0, c][1], stage]
-            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                t, dcap = cap_and_slope(acc_S_mn[r, c], softmax_scale, cap, self.cap_method, small)
-                p = cute.math.exp2(t * scale_log2 - lse + key_bias[r], fastmath=True)
-                rP_mn[r, c] = p.to(self.dtype)
-                acc_S_mn[r, c] = p * dcap
-
-    @cute.jit
-    def abs_max(self, acc_mn):
-        """max |x| over this thread's elements (four independent FMNMX chains, then combined)."""
-        parts = [Float32(0.0)] * 4
-        i = 0
-        for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-            for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-                parts[i % 4] = cute.arch.fmax(parts[i % 4], cute.math.abs(acc_mn[r, c]))
-                i += 1
-        return cute.arch.fmax(cute.arch.fmax(parts[0], parts[1]), cute.arch.fmax(parts[2], parts[3]))
-
-    @cute.jit
     def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
                         tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
                         tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q,
@@ -916,14 +886,13 @@ class RankerAttentionBwd:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         rP_mn = sm90.acc_mn(rP)
         acc_S_mn = sm90.acc_mn(acc_S)
-        if const_expr(self.tanh_poly):
-            # every |score / cap| of the warp small: tanh on the FP32 pipe (a warp-uniform branch)
-            if cute.arch.vote_all_sync(self.abs_max(acc_S_mn) * (softmax_scale / cap) <= Float32(TANH_POLY_BOUND)):
-                self.probs(acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap, True)
-            else:
-                self.probs(acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap, False)
-        else:
-            self.probs(acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap, False)
+        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+            lse = sLSE[tScS_mn[0, c][1], stage]
+            for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                t, dcap = cap_and_slope(acc_S_mn[r, c], softmax_scale, cap, self.cap_method)
+                p = cute.math.exp2(t * scale_log2 - lse + key_bias[r], fastmath=True)
+                rP_mn[r, c] = p.to(self.dtype)
+                acc_S_mn[r, c] = p * dcap
         warpgroup.wait_group(0)
 
         # dS^T = P^T cap' (dP^T - dPsum)

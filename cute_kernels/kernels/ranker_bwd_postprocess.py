@@ -39,37 +39,15 @@ NUM_THREADS = 128
 PASSES = 4  # row passes per CTA
 
 
-# tanh(x) = x + x^3 (c1 + c2 x^2 + c3 x^4 + c4 x^6) for |x| <= TANH_POLY_BOUND: float32 coefficients fitted
-# for relative error (iteratively reweighted least squares over Chebyshev nodes); evaluated in float32 its
-# relative error is below 8.1e-6 on (0, 1], ~60x below tanh.approx.f32's 2^-11 (PTX ISA), in 6 FP32-pipe
-# instructions instead of one MUFU.TANH (a quarter-rate unit that P's exp2 also needs)
-TANH_POLY_BOUND = 1.0
-TANH_POLY = (-0.33307728, 0.13072161, -0.045292325, 0.009248238)
-
-
-def tanh_poly(x):
-    """``tanh(x)`` for ``|x| <= TANH_POLY_BOUND`` on the FP32 pipe (see ``TANH_POLY``); not valid beyond."""
-    x2 = x * x
-    c1, c2, c3, c4 = TANH_POLY
-    p = (Float32(c4) * x2 + Float32(c3)) * x2 + Float32(c2)
-    p = p * x2 + Float32(c1)
-    return (x2 * x) * p + x
-
-
-def cap_and_slope(s, softmax_scale, cap, cap_method: str, small: bool = False):
+def cap_and_slope(s, softmax_scale, cap, cap_method: str):
     """Raw score ``q.k`` -> (the forward's capped score in the units of ``scale_log2``, ``cap'``):
     no cap: ``(s, 1)``; tanh: ``(tanh(x), 1 - tanh(x)^2)``; soft_sign: ``(x / (1 + |x|), 1 / (1 + |x|)^2)``
     with ``x = softmax_scale * s / cap`` (the forward's ``scale_log2`` carries ``cap * log2(e)``).
-    ``small`` (static; tanh only): the caller knows ``|x| <= TANH_POLY_BOUND``, so tanh comes from
-    :func:`tanh_poly` instead of ``tanh.approx.f32``.
     Shared by the mainloop and this kernel; ``cap_method`` is static."""
     t = s
     dcap = Float32(1.0)
     if cap_method == "tanh":
-        if small:
-            t = tanh_poly(s * (softmax_scale / cap))
-        else:
-            t = cute.math.tanh(s * (softmax_scale / cap), fastmath=True)
+        t = cute.math.tanh(s * (softmax_scale / cap), fastmath=True)
         dcap = 1.0 - t * t
     elif cap_method == "soft_sign":
         x = s * (softmax_scale / cap)

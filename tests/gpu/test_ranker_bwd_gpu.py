@@ -6,7 +6,6 @@ with the float64 autograd reference; the tolerance is FlashAttention's: twice th
 reference computed in the input dtype, plus 1e-3 (and 1% of the largest gradient as a floor).
 """
 
-import dataclasses
 import itertools
 
 import pytest
@@ -78,22 +77,6 @@ def test_fixed_length(case):
     q, k, v, do = _tensors((b, s, hq, d), (b, s, hkv, d), dtype)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
     _compare(name, q, k, v, do, bounds, cap, capm)
-
-
-@pytest.mark.parametrize("d", [64, 128])
-def test_tanh_poly_paths(d):
-    """tanh_poly: each MMA warp votes per q block on |softmax_scale * s / cap| <= 1 and takes the FP32-pipe
-    polynomial or MUFU.TANH.  Keys scaled up in some 16-row groups (a warp's rows of S^T) and caps from
-    tiny to huge put both paths, and warps of both kinds in one launch, against float64; with the flag off
-    too (the MUFU path everywhere)."""
-    q, k, v, do = _tensors((2, 600, 2, d), (2, 600, 2, d), seed=11)
-    k[:, 32:48] *= 40.0  # warps of the first KV block with |x| > 1 at cap 5
-    k[:, 200:216] *= 40.0
-    bounds = torch.tensor([[0, 517, 517, 600], [13, 400, 450, 590]], device="cuda", dtype=torch.int32)
-    for cap in (0.5, 5.0, 50.0, 1e4):
-        for poly in (True, False):
-            cfg = dataclasses.replace(rb.config_for(d, True), tanh_poly=poly)
-            _compare(f"tanh-poly={poly}-cap{cap}-d{d}", q, k, v, do, bounds, cap=cap, config=cfg)
 
 
 def test_softmax_scale():
