@@ -79,6 +79,21 @@ def test_fixed_length(case):
     _compare(name, q, k, v, do, bounds, cap, capm)
 
 
+@pytest.mark.parametrize("cap", [None, 20.0])
+def test_skip_key_bias_same_bits(cap):
+    """skip_key_bias (KV blocks wholly inside the history leave out the key-mask bias add): the same bits
+    as with the add, in the deterministic mode; history ends inside and on block edges, candidates."""
+    q, k, v, do = _tensors((2, 700, 2, 128), (2, 700, 2, 128), seed=5)
+    bounds = torch.tensor([[0, 517, 517, 700], [128, 384, 384, 650]], device="cuda", dtype=torch.int32)
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+    base = rb.dataclasses.replace(rb.config_for(128, cap is not None), deterministic=True)
+    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap,
+                                         config=rb.dataclasses.replace(base, skip_key_bias=skb)) for skb in (False, True))
+    for name, x, y in zip(("dq", "dk", "dv"), a, b):
+        assert torch.equal(x, y), f"{name}: skip_key_bias changed the bits"
+    _compare(f"skip-key-bias-cap{cap}", q, k, v, do, bounds, cap=cap)
+
+
 def test_softmax_scale():
     q, k, v, do = _tensors((1, 300, 2, 128), (1, 300, 2, 128), seed=3)
     bounds = torch.tensor([[0, 200, 200, 300]], device="cuda", dtype=torch.int32)
