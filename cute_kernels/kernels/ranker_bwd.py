@@ -275,22 +275,29 @@ class RankerBwdConfig:
 # 2026-11-30_s14_ranker_bwd_dq_split_rows_probe.log).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
-    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True,
-                         skip_key_bias=True),
+    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)
+# D=128 with a cap: skip_key_bias.  Session 29, same run, 5 rounds (bench/results/logs/
+# 2026-12-01_s29_ranker_bwd_skip_key_bias_probe.log): tanh headline 3066 / 3059 us (A/A) vs 3108 with the bias
+# add everywhere (+1.5%; its mainloop's 24-B spill gone); without a cap it was 1.6-2.7% SLOWER (headline 2847 vs
+# 2769, 16K 10112 vs 9850, B=8 1393 vs 1368, GQA 2825 vs 2780), so the uncapped configs keep the add
+D128_CAPPED = dataclasses.replace(CONFIGS[128], skip_key_bias=True)
 
 
 def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
     """The shipped mainloop config for ``head_dim`` (an int, 64 or 128) with or without a logit cap
     (``capped``, a bool): :data:`CONFIGS` [head_dim], except :data:`D64_UNCAPPED` (128 q rows per
-    step) at D=64 without a cap.  Raises ``TypeError`` (types) or ``ValueError`` (head dim)."""
+    step) at D=64 without a cap and :data:`D128_CAPPED` (``skip_key_bias``) at D=128 with a cap.
+    Raises ``TypeError`` (types) or ``ValueError`` (head dim)."""
     if type(head_dim) is not int or not isinstance(capped, bool):
         raise TypeError(f"config_for(head_dim={head_dim!r}, capped={capped!r}): head_dim must be an int, "
                         "capped a bool")
     if head_dim not in CONFIGS:
         raise ValueError(f"head dim {head_dim} is not supported by the backward; supported: {sorted(CONFIGS)}")
-    return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
+    if head_dim == 64 and not capped:
+        return D64_UNCAPPED
+    return D128_CAPPED if head_dim == 128 and capped else CONFIGS[head_dim]
 
 
 _OVERRIDES: dict[int, RankerBwdConfig] = {}  # head dim -> the config of an active use_config block
