@@ -170,6 +170,8 @@ class RankerBwdConfig:
     # a KV block wholly inside the history (every block but the history's partial ends) leaves out the add of the
     # key mask's bias to P's exponent: one FP32 instruction fewer per score in the softmax section; same bits
     skip_key_bias: bool = False
+    # with skip_key_bias: branch once per KV block around two copies of the q-block loop instead of once per q block
+    key_bias_hoisted: bool = False
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -275,14 +277,15 @@ class RankerBwdConfig:
 # 2026-11-30_s14_ranker_bwd_dq_split_rows_probe.log).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
-    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True),
+    128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True,
+                         skip_key_bias=True, key_bias_hoisted=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)
 # D=128 with a cap: skip_key_bias.  Session 29, same run, 5 rounds (bench/results/logs/
 # 2026-12-01_s29_ranker_bwd_skip_key_bias_probe.log): tanh headline 3066 / 3059 us (A/A) vs 3108 with the bias
 # add everywhere (+1.5%; its mainloop's 24-B spill gone); without a cap it was 1.6-2.7% SLOWER (headline 2847 vs
 # 2769, 16K 10112 vs 9850, B=8 1393 vs 1368, GQA 2825 vs 2780), so the uncapped configs keep the add
-D128_CAPPED = dataclasses.replace(CONFIGS[128], skip_key_bias=True)
+D128_CAPPED = dataclasses.replace(CONFIGS[128], skip_key_bias=True, key_bias_hoisted=False)
 
 
 def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
@@ -869,15 +872,28 @@ class RankerAttentionBwd:
                 key_bias[r] = 0.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else -Float32.inf
             # every key of the block in the history (an interval): no bias to add (CTA-uniform)
             full_block = seg.col_valid(n_block * self.tile_n) and seg.col_valid((n_block + 1) * self.tile_n - 1)
-            for i in cutlass.range(count, unroll=1):
-                ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
-                q_state = self.mma_one_m_block(
-                    q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ,
-                    tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, key_bias,
-                    full_block, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
-                    scale_log2, softmax_scale, cap)
+            loop_args = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
+                         tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn)
+            loop_tail = (full_block, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
+                         scale_log2, softmax_scale, cap)
+            if const_expr(self.config.skip_key_bias and self.config.key_bias_hoisted):
+                if full_block:
+                    q_state = self.q_blocks(q_state, count, wg_idx, loop_args, None, loop_tail)
+                else:
+                    q_state = self.q_blocks(q_state, count, wg_idx, loop_args, key_bias, loop_tail)
+            else:
+                q_state = self.q_blocks(q_state, count, wg_idx, loop_args, key_bias, loop_tail)
         self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                       tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale)
+
+    @cute.jit
+    def q_blocks(self, q_state, count, wg_idx, loop_args, key_bias, loop_tail):
+        """The ``count`` q blocks of this KV block (:meth:`mma_one_m_block` each); ``key_bias`` None: every
+        key of the block is in the history (``key_bias_hoisted``)."""
+        for i in cutlass.range(count, unroll=1):
+            ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
+            q_state = self.mma_one_m_block(q_state, ds_idx, wg_idx, *loop_args, key_bias, *loop_tail)
+        return q_state
 
     @cute.jit
     def probs(self, acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap):
@@ -914,7 +930,9 @@ class RankerAttentionBwd:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         rP_mn = sm90.acc_mn(rP)
         acc_S_mn = sm90.acc_mn(acc_S)
-        if const_expr(self.config.skip_key_bias):
+        if const_expr(key_bias is None):  # (key_bias_hoisted: a block of history keys)
+            self.probs(acc_S_mn, rP_mn, tScS_mn, None, sLSE, stage, scale_log2, softmax_scale, cap)
+        elif const_expr(self.config.skip_key_bias and not self.config.key_bias_hoisted):
             if full_block:
                 self.probs(acc_S_mn, rP_mn, tScS_mn, None, sLSE, stage, scale_log2, softmax_scale, cap)
             else:
