@@ -167,11 +167,11 @@ class RankerBwdConfig:
     # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
     # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
     dq_split_rows: bool = False
-    # a KV block wholly inside the history (every block but the history's partial ends) leaves out the add of the
-    # key mask's bias to P's exponent: one FP32 instruction fewer per score in the softmax section; same bits
+    # a KV block wholly inside the history (every block but the history's partial ends) runs a copy of the q-block
+    # loop without the add of the key mask's bias to P's exponent: one FP32 instruction fewer per score in the
+    # softmax section, where issue slots bound the backward (session 29); same bits.  The branch sits once per
+    # KV block: per q block around the two P loops it was 1.6-2.7% slower without a cap (+1.5% with tanh)
     skip_key_bias: bool = False
-    # with skip_key_bias: branch once per KV block around two copies of the q-block loop instead of once per q block
-    key_bias_hoisted: bool = False
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -277,30 +277,25 @@ class RankerBwdConfig:
 # 2026-11-30_s14_ranker_bwd_dq_split_rows_probe.log).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
+    # skip_key_bias: session 29, same run, 4 rounds (bench/results/logs/2026-12-01_s29_ranker_bwd_key_bias_hoisted_probe.log),
+    # us with / without: tanh headline 3053 / 3151, GQA 16/4 2761-2772 / 2817, headline 2797-2802 / 2800, 16K,
+    # B=16 and B=8 level; same bits
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True,
-                         skip_key_bias=True, key_bias_hoisted=True),
+                         skip_key_bias=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)
-# D=128 with a cap: skip_key_bias.  Session 29, same run, 5 rounds (bench/results/logs/
-# 2026-12-01_s29_ranker_bwd_skip_key_bias_probe.log): tanh headline 3066 / 3059 us (A/A) vs 3108 with the bias
-# add everywhere (+1.5%; its mainloop's 24-B spill gone); without a cap it was 1.6-2.7% SLOWER (headline 2847 vs
-# 2769, 16K 10112 vs 9850, B=8 1393 vs 1368, GQA 2825 vs 2780), so the uncapped configs keep the add
-D128_CAPPED = dataclasses.replace(CONFIGS[128], skip_key_bias=True, key_bias_hoisted=False)
 
 
 def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
     """The shipped mainloop config for ``head_dim`` (an int, 64 or 128) with or without a logit cap
     (``capped``, a bool): :data:`CONFIGS` [head_dim], except :data:`D64_UNCAPPED` (128 q rows per
-    step) at D=64 without a cap and :data:`D128_CAPPED` (``skip_key_bias``) at D=128 with a cap.
-    Raises ``TypeError`` (types) or ``ValueError`` (head dim)."""
+    step) at D=64 without a cap.  Raises ``TypeError`` (types) or ``ValueError`` (head dim)."""
     if type(head_dim) is not int or not isinstance(capped, bool):
         raise TypeError(f"config_for(head_dim={head_dim!r}, capped={capped!r}): head_dim must be an int, "
                         "capped a bool")
     if head_dim not in CONFIGS:
         raise ValueError(f"head dim {head_dim} is not supported by the backward; supported: {sorted(CONFIGS)}")
-    if head_dim == 64 and not capped:
-        return D64_UNCAPPED
-    return D128_CAPPED if head_dim == 128 and capped else CONFIGS[head_dim]
+    return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
 
 
 _OVERRIDES: dict[int, RankerBwdConfig] = {}  # head dim -> the config of an active use_config block
@@ -468,6 +463,9 @@ class RankerAttentionBwd:
         self.heads_per_cta = qhead_per_kvhead if group else 1
         self.dkv_accumulated = qhead_per_kvhead > 1 and not group
         self.cap_method = cap_method
+        # skip_key_bias doubles the q-block loop; with a cap and GQA that raised ptxas's stack from 8 to 16-56 B
+        # (unmeasured on the GPU), so those calls keep the one loop
+        self.skip_key_bias = config.skip_key_bias and (cap_method == "none" or qhead_per_kvhead == 1)
         self.varlen = varlen
         self.num_mma_threads = 128 * config.mma_wgs
         self.num_threads = 128 + self.num_mma_threads
@@ -870,14 +868,13 @@ class RankerAttentionBwd:
             key_bias = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
             for r in cutlass.range_constexpr(cute.size(tScS_mn, mode=[0])):
                 key_bias[r] = 0.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else -Float32.inf
-            # every key of the block in the history (an interval): no bias to add (CTA-uniform)
-            full_block = seg.col_valid(n_block * self.tile_n) and seg.col_valid((n_block + 1) * self.tile_n - 1)
             loop_args = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
                          tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn)
-            loop_tail = (full_block, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
+            loop_tail = (tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
                          scale_log2, softmax_scale, cap)
-            if const_expr(self.config.skip_key_bias and self.config.key_bias_hoisted):
-                if full_block:
+            if const_expr(self.skip_key_bias):
+                # every key of the block in the history (an interval): no bias to add (CTA-uniform)
+                if seg.col_valid(n_block * self.tile_n) and seg.col_valid((n_block + 1) * self.tile_n - 1):
                     q_state = self.q_blocks(q_state, count, wg_idx, loop_args, None, loop_tail)
                 else:
                     q_state = self.q_blocks(q_state, count, wg_idx, loop_args, key_bias, loop_tail)
@@ -889,7 +886,7 @@ class RankerAttentionBwd:
     @cute.jit
     def q_blocks(self, q_state, count, wg_idx, loop_args, key_bias, loop_tail):
         """The ``count`` q blocks of this KV block (:meth:`mma_one_m_block` each); ``key_bias`` None: every
-        key of the block is in the history (``key_bias_hoisted``)."""
+        key of the block is in the history (``skip_key_bias``)."""
         for i in cutlass.range(count, unroll=1):
             ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
             q_state = self.mma_one_m_block(q_state, ds_idx, wg_idx, *loop_args, key_bias, *loop_tail)
@@ -913,10 +910,11 @@ class RankerAttentionBwd:
     @cute.jit
     def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
                         tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
-                        tScS_mn, key_bias, full_block, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum,
-                        pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
+                        tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q,
+                        pipeline_do, scale_log2, softmax_scale, cap):
         """One q block: S^T, dP^T, P^T, dS^T (registers and sdS^T buffer ``ds_idx``), dV, then dK and dQ
-        (dK first, or with ``dq_first`` dQ first so its hand-off to the dQ warp overlaps the dK GEMM)."""
+        (dK first, or with ``dq_first`` dQ first so its hand-off to the dQ warp overlaps the dK GEMM);
+        ``key_bias`` None: no key mask to add (:meth:`q_blocks`)."""
         stage = q_state.index
         pipeline_q.consumer_wait(q_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
@@ -930,15 +928,7 @@ class RankerAttentionBwd:
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         rP_mn = sm90.acc_mn(rP)
         acc_S_mn = sm90.acc_mn(acc_S)
-        if const_expr(key_bias is None):  # (key_bias_hoisted: a block of history keys)
-            self.probs(acc_S_mn, rP_mn, tScS_mn, None, sLSE, stage, scale_log2, softmax_scale, cap)
-        elif const_expr(self.config.skip_key_bias and not self.config.key_bias_hoisted):
-            if full_block:
-                self.probs(acc_S_mn, rP_mn, tScS_mn, None, sLSE, stage, scale_log2, softmax_scale, cap)
-            else:
-                self.probs(acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap)
-        else:
-            self.probs(acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap)
+        self.probs(acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap)
         warpgroup.wait_group(0)
 
         # dS^T = P^T cap' (dP^T - dPsum)
