@@ -2,7 +2,7 @@
 per CTA change (issue 4; the two memory-bound kernels around the mainloop: ~150 us of the headline's
 ~2.7 ms, ~170 of B=16 1K+256's ~0.9 ms).
 
-    python3 bench/ranker_bwd_prepost_probe.py [--only KEY ...] [--post-passes 4,8,16]   (on the GPU; bench/ on sys.path)
+    python3 bench/ranker_bwd_prepost_probe.py [--only KEY ...] [--post-passes 2,8,16]   (on the GPU; bench/ on sys.path)
 
 Per bench shape, CUDA-graph medians (``cuda_time_us``) of: the shipped preprocess (dPsum, LSE2 and the
 zeroed float32 dQ accumulator), the same without the zeroing (the deterministic mode's variant), torch's
