@@ -810,7 +810,8 @@ def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: to
     The scalars follow the op's rules (``TypeError`` / ``ValueError`` naming the argument); the
     tensors may have any float dtype and any one device with data (all on it; not "meta"), but their
     shapes must be the op's (``x [M, K]``, ``hc_fn [24, K]``, ``hc_scale [3]``, ``hc_base [24]``, any
-    K >= 1): ``ValueError`` otherwise.
+    K >= 1): ``ValueError`` otherwise.  As in the op, ``rms_eps = 0`` gives NaN on an all-zero row of ``x``
+    (``0 * rsqrt(0)``), and the run time grows linearly with ``sinkhorn_iters`` (no cap beyond int32).
     """
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     if dtype not in (torch.float32, torch.float64):

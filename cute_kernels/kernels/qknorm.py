@@ -1060,7 +1060,8 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
 
     ``q_dim``/``k_dim``: the divisor of the sum, an int >= 1 (default: the row width).  ``q_sumsq``/``k_sumsq``:
     per-token sums of squares ``[N]`` (float) to use instead of the local ones (a tensor-parallel reference
-    passes the sums over all shards).  ``eps`` follows :func:`check_eps`.  Shapes: ``q [N, Q]``, ``k [N, K]``
+    passes the sums over all shards).  ``eps`` follows :func:`check_eps` (``eps = 0``: an all-zero row is NaN,
+    ``0 * rsqrt(0)``, as in the kernel and ``F.rms_norm``).  Shapes: ``q [N, Q]``, ``k [N, K]``
     with ``Q, K >= 1``, ``q_weight [Q]``, ``k_weight [K]`` (``ValueError`` otherwise: no silent broadcasting);
     floating point tensors (``TypeError`` otherwise).
     """

@@ -171,7 +171,8 @@ class RankerBwdConfig:
     # a KV block wholly inside the history (every block but the history's partial ends) runs a copy of the q-block
     # loop without the add of the key mask's bias to P's exponent: one FP32 instruction fewer per score in the
     # softmax section, where issue slots bound the backward (session 29); same bits.  The branch sits once per
-    # KV block: per q block around the two P loops it was 1.6-2.7% slower without a cap (+1.5% with tanh)
+    # KV block: per q block around the two P loops it was 1.6-2.7% slower without a cap (+1.5% with tanh).
+    # Ignored for GQA with a cap (RankerAttentionBwd.skip_key_bias: two loops spilled 16-56 B there, unmeasured)
     skip_key_bias: bool = False
 
     def acc_regs(self) -> int:

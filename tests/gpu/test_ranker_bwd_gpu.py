@@ -79,19 +79,25 @@ def test_fixed_length(case):
     _compare(name, q, k, v, do, bounds, cap, capm)
 
 
-@pytest.mark.parametrize("cap", [None, 20.0])
-def test_skip_key_bias_same_bits(cap):
+@pytest.mark.parametrize("cap,hkv,varlen", [(None, 2, False), (20.0, 2, False), (None, 1, False), (None, 2, True)])
+def test_skip_key_bias_same_bits(cap, hkv, varlen):
     """skip_key_bias (KV blocks wholly inside the history leave out the key-mask bias add): the same bits
-    as with the add, in the deterministic mode; history ends inside and on block edges, candidates."""
-    q, k, v, do = _tensors((2, 700, 2, 128), (2, 700, 2, 128), seed=5)
-    bounds = torch.tensor([[0, 517, 517, 700], [128, 384, 384, 650]], device="cuda", dtype=torch.int32)
-    out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+    as with the add, in the deterministic mode; history starts and ends inside blocks and on block edges,
+    candidates before and after it; MHA, GQA (a group per CTA at this size) and packed sequences."""
+    q, k, v, do = _tensors((2, 700, 2, 128), (2, 700, hkv, 128), seed=5)
+    rows = [[37, 517, 517, 700], [128, 384, 0, 100]]
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    kw = dict(cap=cap)
+    if varlen:  # two packed sequences of 700 and 555 tokens (the second starts mid-block)
+        q, k, v, do = (t.reshape(1400, *t.shape[2:])[:1255] for t in (q, k, v, do))
+        kw.update(cu_seqlens=torch.tensor([0, 700, 1255], device="cuda", dtype=torch.int32), max_seqlen=700)
+    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, **kw)
     base = rb.dataclasses.replace(rb.config_for(128, cap is not None), deterministic=True)
-    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap,
-                                         config=rb.dataclasses.replace(base, skip_key_bias=skb)) for skb in (False, True))
+    a, b = (rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, config=rb.dataclasses.replace(
+        base, skip_key_bias=skb), **kw) for skb in (False, True))
     for name, x, y in zip(("dq", "dk", "dv"), a, b):
         assert torch.equal(x, y), f"{name}: skip_key_bias changed the bits"
-    _compare(f"skip-key-bias-cap{cap}", q, k, v, do, bounds, cap=cap)
+    _compare(f"skip-key-bias-cap{cap}-hkv{hkv}-varlen{varlen}", q, k, v, do, bounds, **kw)
 
 
 def test_softmax_scale():
