@@ -22,11 +22,10 @@ from probe_timing import case_key, ranker_inputs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels import ranker_bwd_postprocess as post_mod
-from cute_kernels.kernels.ranker_bwd_buffers import BwdFakes, padded_rows
+from cute_kernels.kernels.ranker_bwd_buffers import padded_rows
 from cute_kernels.kernels.ranker_fwd import ranker_attention
-from cute_kernels.runtime.fake import cute_dtype, fake_stream
+from cute_kernels.runtime.fake import cute_dtype
 from cute_kernels.runtime.timing import cuda_time_us
-from cutlass import Float32, Int32
 
 
 def compile_post_passes(passes: int, dtype, d: int, tile_m: int, cap_method: str):
@@ -36,12 +35,7 @@ def compile_post_passes(passes: int, dtype, d: int, tile_m: int, cap_method: str
     post_mod.PASSES = passes
     try:
         kern = post_mod.RankerBwdPostprocess(cute_dtype(dtype), d, tile_m, 1, cap_method, False, False, False)
-        f = BwdFakes(d, False)
-        args = (f.inputs(f.hq, dtype), f.inputs(f.hkv, dtype), f.inputs(f.hkv, dtype), f.inputs(f.hq, dtype),
-                f.rows(), f.rows(), f.dq_accum(), None, f.outputs(f.hq, dtype), f.outputs(f.hkv, dtype),
-                f.outputs(f.hkv, dtype), None, None, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0),
-                Int32(1), Int32(1), fake_stream())
-        return cute.compile(kern, *args, options="--enable-tvm-ffi")
+        return cute.compile(kern, *post_mod.fake_args(dtype, d, False, False, False), options="--enable-tvm-ffi")
     finally:
         post_mod.PASSES = saved
 

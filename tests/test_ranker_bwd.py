@@ -993,3 +993,17 @@ def test_use_config_blocks_closed_out_of_order_leave_no_override():
         assert mod_._OVERRIDES[128] is b
         cb.__exit__(None, None, None)
         assert 128 not in mod_._OVERRIDES
+
+
+def test_cols_in_history_agrees_with_col_valid():
+    """RankerSegments.cols_in_history (skip_key_bias's test of a whole KV block) is true exactly when every key
+    of the block passes col_valid: history starts and ends inside and on block edges, empty, clamped."""
+    from cutlass import Int32
+
+    from cute_kernels.kernels.ranker_mask import RankerSegments
+
+    for hl, hh, seqlen in ((37, 517, 700), (0, 384, 700), (128, 256, 300), (5, 5, 64), (0, 130, 130)):
+        seg = RankerSegments(Int32(hl), Int32(hh), Int32(hh), Int32(seqlen), Int32(seqlen))
+        for lo in range(0, seqlen + 128, 64):
+            want = all(bool(seg.col_valid(Int32(c))) for c in range(lo, lo + 128))
+            assert bool(seg.cols_in_history(Int32(lo), Int32(lo + 128))) == want, (hl, hh, lo)

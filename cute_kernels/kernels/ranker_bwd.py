@@ -875,8 +875,8 @@ class RankerAttentionBwd:
             loop_tail = (tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
                          scale_log2, softmax_scale, cap)
             if const_expr(self.skip_key_bias):
-                # every key of the block in the history (an interval): no bias to add (CTA-uniform)
-                if seg.col_valid(n_block * self.tile_n) and seg.col_valid((n_block + 1) * self.tile_n - 1):
+                # every key of the block in the history: no bias to add (CTA-uniform)
+                if seg.cols_in_history(n_block * self.tile_n, (n_block + 1) * self.tile_n):
                     q_state = self.q_blocks(q_state, count, wg_idx, loop_args, None, loop_tail)
                 else:
                     q_state = self.q_blocks(q_state, count, wg_idx, loop_args, key_bias, loop_tail)

@@ -293,6 +293,19 @@ class RankerBwdPostprocess:
         cute.copy(atom, r, cute.local_tile(g_row, (self.vec,), (chunk,)))
 
 
+def fake_args(dtype: torch.dtype, head_dim: int, varlen: bool, dkv_accumulated: bool, deterministic: bool) -> tuple:
+    """The fake (shape-only) call arguments a :class:`RankerBwdPostprocess` compiles with, in the order of
+    :func:`compile_postprocess`'s call (also what ``bench/ranker_bwd_prepost_probe.py`` compiles variants with)."""
+    f = BwdFakes(head_dim, varlen)
+    hq, hkv = f.hq, f.hkv
+    dk_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
+    dv_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
+    return (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(), f.rows(),
+            f.dq_accum(), f.dq_sem() if deterministic else None, f.outputs(hq, dtype), f.outputs(hkv, dtype),
+            f.outputs(hkv, dtype), dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0),
+            Int32(1), Int32(1), fake_stream())
+
+
 def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
                         varlen: bool, dkv_accumulated: bool, deterministic: bool):
     """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum,
@@ -303,14 +316,7 @@ def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_pe
     def build():
         kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen,
                                     dkv_accumulated, deterministic)
-        f = BwdFakes(head_dim, varlen)
-        hq, hkv = f.hq, f.hkv
-        dk_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
-        dv_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
-        return kern, (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(),
-                      f.rows(), f.dq_accum(), f.dq_sem() if deterministic else None, f.outputs(hq, dtype),
-                      f.outputs(hkv, dtype), f.outputs(hkv, dtype), dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0),
-                      Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
+        return kern, fake_args(dtype, head_dim, varlen, dkv_accumulated, deterministic)
 
     return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated,
                                  deterministic), build)

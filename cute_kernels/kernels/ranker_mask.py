@@ -166,3 +166,7 @@ class RankerSegments:
 
     def col_valid(self, col: Int32) -> Boolean:
         return (Int32(col >= self.hist_lo) * Int32(col < self.hist_hi)) > 0
+
+    def cols_in_history(self, col_lo: Int32, col_hi: Int32) -> Boolean:
+        """Is every key of ``[col_lo, col_hi)`` (non-empty) a history key, so that no key mask applies?"""
+        return (Int32(col_lo >= self.hist_lo) * Int32(col_hi <= self.hist_hi)) > 0
