@@ -12,7 +12,13 @@ Timing (``probe_timing.probe_options``): ``--rounds=N`` (default 5), the configs
 round (``--seed=N`` replays an order), ``--reps=N --inner=N`` (samples per round and calls per sample),
 and the shipped config timed twice (``shipped_again``: the A/A pair that says how large a difference is
 noise) with each config's spread over rounds.  ``--changed``: only the shapes where some variant differs
-from the shipped config (e.g. a field the shipped config of the other shapes already has).
+from the shipped config (e.g. a field the shipped config of the other shapes already has).  ``--short``:
+instead of the bench shapes, the short uncapped D=128 ones of ``SHORT_CASES`` (3 to 14 KV blocks of 128 keys
+per sequence: where ``NORM_BOUND_MIN_BLOCKS`` decides whether the k pre-pass pays).
+
+The configs are passed in as given (``_ranker_impl(config=...)``): ``norm_bound`` runs wherever the shipped
+config has it, also on sequences of up to ``NORM_BOUND_MIN_BLOCKS`` blocks, where the op itself
+(:func:`ranker_fwd.chosen_config`) takes the online max (``online=norm_bound:False`` times that).
 
 Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log,
 bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log.
@@ -33,9 +39,17 @@ def launch(q, k, v, bounds, cap, cfg):
     return rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)
 
 
-def main(variants, fa4: bool, timing: dict, changed: bool = False):
+SHORT_CASES = [  # B, hist, cand, Hq, Hkv, D, cap: sequences of 3, 5, 10 and 14 blocks of 128 keys
+    (64, 256, 64, 16, 16, 128, None),
+    (32, 512, 128, 16, 16, 128, None),
+    (16, 1024, 256, 16, 16, 128, None),
+    (12, 1536, 256, 16, 16, 128, None),
+]
+
+
+def main(variants, fa4: bool, timing: dict, changed: bool = False, short: bool = False):
     data = []
-    for case in rf.BENCH_CASES:
+    for case in SHORT_CASES if short else rf.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
         # the variants first: a misspelled field fails before any input is built
         base = rf.shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
@@ -59,6 +73,6 @@ def main(variants, fa4: bool, timing: dict, changed: bool = False):
 
 
 if __name__ == "__main__":
-    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--changed"), doc=__doc__)
-    fa4, changed = opts.pop("fa4"), opts.pop("changed")
-    main(variants, fa4, opts, changed)
+    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--changed", "--short"), doc=__doc__)
+    fa4, changed, short = opts.pop("fa4"), opts.pop("changed"), opts.pop("short")
+    main(variants, fa4, opts, changed, short)
