@@ -1471,15 +1471,16 @@ def bench_shapes(shapes: str | None) -> set[str]:
     return word_spec(NAME, shapes, ("all", "headline", "peers", "deterministic", "variants"), "all+peers")
 
 
-def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int = 2, echo: bool = False) -> list[dict]:
+def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int = 2, echo: bool = False) -> list[dict]:
     """Backward time (the three launches; CUDA-graph timing, eager when a peer cannot be captured) and
     useful TFLOP/s = 2.5 x the forward's useful FLOPs (FlashAttention's convention)
     = ``10 * D * admitted (query, key) pairs / time``, ours and the peers of ``bench/ranker_bwd_peers.py``
     interleaved over ``rounds``.  ``shapes``: None = all cases with peers; containing ``headline`` = the
     first two cases; ``peers`` adds the peers; ``deterministic`` adds our deterministic mode; ``variants``
-    adds the other tile shapes and stage counts that validate.  Peers are
-    skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow).  Ours and FlashAttention-4
-    with the mask_mod are also timed "eager" and "isolated" (:func:`.ranker_fwd.host_mode_records`)."""
+    adds the other tile shapes and stage counts that validate.  Peers are skipped once ``peer_budget_s``
+    seconds have gone by (their compiles are slow; a record per skipped peer says so).  Ours and
+    FlashAttention-4 with the mask_mod are also timed "eager" and "isolated"
+    (:func:`.ranker_fwd.host_mode_records`)."""
     import time
 
     from .ranker_fwd import _time_us, host_mode_records, ranker_attention
@@ -1524,6 +1525,9 @@ def bench(shapes: str | None = None, peer_budget_s: float = 200.0, rounds: int =
                     impls.append((name, make(q, k, v, bounds, do, cap)))
                 except Exception as exc:  # noqa: BLE001 (a record per failing peer)
                     recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
+        elif peers_mod is not None:  # (said in the records: a table without the peers' rows would not say why)
+            recs.extend(dict(kernel=NAME, impl=name, shape=shape, error=f"skipped: the peers' time budget "
+                             f"(peer_budget_s={peer_budget_s:g}) was spent before this shape") for name in peers_mod.PEERS)
         times: dict[str, list] = {}
         for _ in range(rounds):
             for impl, fn in impls:

@@ -2048,7 +2048,7 @@ def bench_shapes(shapes: str | None) -> set[str]:
     return word_spec(NAME, shapes, ("all", "headline", "peers", "variants"), "all+peers")
 
 
-def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int = 2, echo: bool = False) -> list[dict]:
+def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int = 2, echo: bool = False) -> list[dict]:
     """Ours vs the peers of ``bench/ranker_fwd_peers.py``, interleaved over ``rounds`` (the machine is
     noisy), CUDA-graph timing (eager when a peer cannot be captured); ours and FlashAttention-4 with the
     mask_mod (:data:`EAGER_IMPLS`) are also timed once as records of ``mode`` "eager" (back-to-back calls)
@@ -2059,7 +2059,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
     (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped one) and the
     configs the other shipped tables (CONFIGS, CAP_CONFIGS) hold for that head dim.
     Useful TFLOP/s = ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once
-    ``peer_budget_s`` seconds have gone by (their compiles are slow)."""
+    ``peer_budget_s`` seconds have gone by (their compiles are slow; a record per skipped peer says so)."""
     import time
 
     spec = bench_shapes(shapes)
@@ -2103,6 +2103,9 @@ def bench(shapes: str | None = None, peer_budget_s: float = 150.0, rounds: int =
                     impls.append((name, make(q, k, v, bounds, cap)))
                 except Exception as exc:
                     recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
+        elif peers_mod is not None:  # (said in the records: a table without the peers' rows would not say why)
+            recs.extend(dict(kernel=NAME, impl=name, shape=shape, error=f"skipped: the peers' time budget "
+                             f"(peer_budget_s={peer_budget_s:g}) was spent before this shape") for name in peers_mod.PEERS)
         times: dict[str, list] = {}
         for _ in range(rounds):
             for impl, fn in impls:
