@@ -3,6 +3,9 @@ us per call, CUDA graph, median of 3 interleaved rounds.
 
     python3 bench/hc_mix_config_for_between.py    (H200: bench/results/logs/2026-11-30_s8_hc_mix_config_for_between.log)
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import dataclasses as dc, json, math, statistics, torch
 from cute_kernels.kernels import hc_mix_tma as tma
 from cute_kernels.runtime.timing import cuda_time_us

@@ -6,6 +6,9 @@ twice (the A/A pair says how large a difference is noise); outputs checked bit-e
 
     python3 bench/hc_mix_fused_probe.py [--rounds=N] [M,M,...]   (on the GPU)
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import dataclasses
 import json
 import math

@@ -7,6 +7,9 @@ each one's read rate (M * K * 2 bytes per call) beside the copy rate (read + wri
 
     python3 bench/hc_mix_read_floor.py [M ...]     (default M = 4096 16384; K = 20480)
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import json
 import statistics
 import sys

@@ -10,6 +10,10 @@ engine tunes them too); the autotuner runs on the first, eager call.
 """
 
 from __future__ import annotations
+if __name__ == "__main__":  # (also imported as a module: the check only when run as a script)
+    from probe_timing import gpu_script
+
+    gpu_script(__doc__)
 
 import torch
 import triton

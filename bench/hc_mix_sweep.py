@@ -4,6 +4,9 @@ Run on the GPU: ``python3 bench/hc_mix_sweep.py [M,M,...]``; prints one JSON lin
 Configs with the same K tree give the same bits (the ``_bits`` fields check it), so ``config_for``
 may pick any CTA level per M; another tree is another summation order.
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 
 import json
 import math

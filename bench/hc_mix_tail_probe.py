@@ -4,6 +4,10 @@ CUDA graph of 10 calls, median of 5 interleaved rounds; the parts are checked bi
 
     python3 bench/hc_mix_tail_probe.py    (H200: bench/results/logs/2026-11-30_s8_hc_mix_tail_probe.log)
 """
+if __name__ == "__main__":  # (also imported as a module: the check only when run as a script)
+    from probe_timing import gpu_script
+
+    gpu_script(__doc__)
 import dataclasses, json, math, statistics, torch, cutlass, cutlass.cute as cute
 from cute_kernels.kernels import hc_mix_tma as tma
 from cute_kernels.kernels.hc_mix import fake_launch_args, _pieces, SP_COLS

@@ -5,6 +5,9 @@ falls with M, DRAM is.  Also the op at each M.  us per call, CUDA graph, median 
 
     python3 bench/hc_mix_walk_scaling.py [--rounds=N]
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import json
 import math
 import random

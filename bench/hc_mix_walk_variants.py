@@ -7,6 +7,9 @@ CUDA graph of 10 calls, median of shuffled rounds, the shipped config timed twic
 
     python3 bench/hc_mix_walk_variants.py [--rounds=N] [--ncu]   (on the GPU; --ncu: two launches of each, no timing)
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import dataclasses
 import json
 import math

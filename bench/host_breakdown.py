@@ -9,6 +9,9 @@ the registered op's eager fast path, the kept launch plan of a signature (and it
 (validation cached per signature, config choice), the output allocations, and the raw compiled (tvm-ffi)
 calls with and without the LSE; torch.mul for scale.
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import json
 import time
 

@@ -6,6 +6,22 @@
 import ast
 import json
 import statistics
+import sys
+
+
+def gpu_script(doc: str | None) -> None:
+    """The first call of a bench script that times on the GPU: ``-h``/``--help`` prints ``doc`` (the script's
+    docstring) and exits 0; without a CUDA GPU it exits with status 2 and says so (instead of a traceback
+    from inside torch at the first CUDA call)."""
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(doc or "(no usage text)")
+        raise SystemExit(0)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{sys.argv[0]}: this script times kernels on a CUDA GPU (sm_90a); none is visible here",
+              file=sys.stderr)
+        raise SystemExit(2)
 
 
 def parse_variant(arg: str):

@@ -5,6 +5,9 @@
     ncu --clock-control none --kernel-name regex:"QKNorm|vectorized_elementwise" \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum python3 bench/qknorm_ncu_case.py
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import sys
 
 import torch

@@ -4,6 +4,9 @@
 
 The full tables are ``cute-kernels bench --kernel qknorm`` / ``--kernel qknorm_tp`` (the modules' bench()).
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 
 import json
 import sys

@@ -6,6 +6,9 @@ where it happened, reset every rank and go on.
 
 ``--unfused`` also times the unfused torch path after the fused one at every N, as the bench does.
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import json
 import sys
 import time

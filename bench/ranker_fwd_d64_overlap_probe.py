@@ -3,6 +3,9 @@
 
     python3 bench/ranker_fwd_d64_overlap_probe.py   (H200: bench/results/logs/2026-11-30_s9_ranker_fwd_d64_overlap.log)
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import dataclasses as dc, json, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs

@@ -3,6 +3,9 @@
 
     python3 bench/ranker_fwd_d64_peers.py      (H200: bench/results/2026-11-30_h200_ranker_fwd_d64_s8.json)
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import json, statistics, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs

@@ -3,6 +3,9 @@ consumer warpgroups (session 9 probe; all spill-free in bf16 without a cap).
 
     python3 bench/ranker_fwd_d64_tile_n_probe.py   (H200: bench/results/logs/2026-11-30_s9_ranker_fwd_d64_tile_n.log)
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import dataclasses as dc, json, torch
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs

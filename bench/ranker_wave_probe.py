@@ -12,6 +12,9 @@ one (w: waves of work).
 
 Forward tiles: B x H x ceil(S / tile_m); backward CTAs with work: B x H x ceil(hist / tile_n).
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import json
 import math
 import random

@@ -5,6 +5,9 @@
 
 One JSON line per case: the op, which argument got the odd stride, and ``same_bits`` or the error.
 """
+from probe_timing import gpu_script  # noqa: E402
+
+gpu_script(__doc__)
 import json
 import math
 

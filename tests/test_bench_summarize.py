@@ -244,3 +244,29 @@ def test_qknorm_bench_scripts_command_line(script):
     if script == "qknorm_sweep.py" and not torch.cuda.is_available():
         r = run()
         assert r.returncode == 2 and "CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("script", ["size1_stride_probe.py", "hc_mix_read_floor.py", "host_breakdown.py",
+                                    "hc_mix_splitk_triton.py", "qknorm_quick.py"])
+def test_gpu_scripts_help_and_no_gpu(script):
+    """Bench scripts that time on the GPU (``probe_timing.gpu_script`` first): --help prints the docstring and
+    exits 0 (before any GPU or Triton import); without a GPU a plain run exits 2 saying so, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    root = Path(__file__).parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(root / "bench" / script), *args], capture_output=True, text=True,
+                              env=env, timeout=120)
+
+    r = run("--help")
+    doc = (root / "bench" / script).read_text().split('"""')[1].strip().splitlines()[0]
+    assert r.returncode == 0 and doc in r.stdout, r.stderr[-300:]
+    if not torch.cuda.is_available():
+        r = run()
+        assert r.returncode == 2 and "CUDA GPU" in r.stderr and "Traceback" not in r.stderr, r.stderr[-300:]
