@@ -361,3 +361,19 @@ def test_bench_shapes_refuse_more_rows_than_the_op_takes():
     with pytest.raises(ValueError, match="104857"):  # the walk's 32-bit offsets at K = 20480
         mod.bench_shapes("4096,104858")
     assert mod.bench_shapes("1,104857") == [1, 104857]
+
+
+def test_k_past_the_32_bit_limit_is_refused_for_both_methods():
+    """K is a 32-bit size in the kernels and hc_fn's [72, K] pieces must span < 2**31 elements: the largest
+    K is accepted (meta tensors: shapes only), the next multiple of 64 and K = 2**31 are refused, walk and tma."""
+    def call(k, method):
+        return mod.hc_mix_sinkhorn(torch.empty(1, k, dtype=torch.bfloat16, device="meta"),
+                                   torch.empty(24, k, device="meta"), torch.empty(3, device="meta"),
+                                   torch.empty(24, device="meta"), method=method)
+
+    assert mod.MAX_K * 72 < 2**31 <= (mod.MAX_K + 64) * 72 and mod.MAX_K % 64 == 0
+    for method in ("walk", "tma"):
+        call(mod.MAX_K, method)
+        for k in (mod.MAX_K + 64, 2**31):
+            with pytest.raises(ValueError, match="at most 29826112"):
+                call(k, method)

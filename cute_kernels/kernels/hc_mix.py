@@ -96,6 +96,7 @@ K_PARTS = CLUSTER_K * WARPS_K
 N_PIECES = 3  # hc_fn = hi + mid + lo (bf16)
 SP_COLS = N_MIX + 1  # 24 mix partials + sum of squares
 K_ALIGN = 64
+MAX_K = (INT32_MAX // (N_PIECES * N_MIX)) // K_ALIGN * K_ALIGN  # hc_fn's pieces [72, K] span < 2**31 elements
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per CTA on sm_90
 
 
@@ -580,6 +581,10 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     k = x.shape[1]
     if k % K_ALIGN or k == 0:
         raise ValueError(f"x.shape[1]={k} must be a positive multiple of {K_ALIGN}")
+    if k > MAX_K:
+        raise ValueError(f"x.shape[1]={k}: at most {MAX_K} (the kernels take K as a 32-bit size, and hc_fn's "
+                         f"[{N_PIECES * N_MIX}, K] bf16 pieces must span fewer than 2**31 elements, the limit of "
+                         "every op's tensors)")
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
     check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
     check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4,
@@ -744,8 +749,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     and ``r`` with ``rsqrt``: within a few float32 ulps of the IEEE forms (errors against float64 <= 4e-7).
 
     Args:
-        x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64,
-            ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"``
+        x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64 and at most
+            29826112 (hc_fn's ``[72, K]`` bf16 pieces span fewer than 2**31 elements), ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"``
             also needs ``(M - 1) * row stride + K < 2**31`` (32-bit offsets; M < 104858 at K = 20480).
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous, row
             stride a multiple of 16 bytes (4 elements), 16-byte aligned (both methods).
