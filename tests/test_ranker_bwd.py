@@ -1007,3 +1007,13 @@ def test_cols_in_history_agrees_with_col_valid():
         for lo in range(0, seqlen + 128, 64):
             want = all(bool(seg.col_valid(Int32(c))) for c in range(lo, lo + 128))
             assert bool(seg.cols_in_history(Int32(lo), Int32(lo + 128))) == want, (hl, hh, lo)
+
+
+def test_wrong_config_type_on_meta_tensors_is_a_type_error():
+    """A config that is not a RankerBwdConfig is a TypeError naming it on meta tensors too (the eager-only
+    rule for config used to answer first, with a ValueError about tracing)."""
+    q = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(1, 2, 128, device="meta")
+    bounds = torch.empty(1, 4, dtype=torch.int32, device="meta")
+    with pytest.raises(TypeError, match="RankerBwdConfig, got str"):
+        rb.ranker_attention_backward(q, q, q, q, lse, q, bounds, config="fast")

@@ -58,3 +58,13 @@ def test_element_count_must_fit_32_bits():
     with pytest.raises(ValueError, match="below 2\\*\\*31"):
         mod._fake(x, 2.0)
     assert mod._fake(torch.empty(2**31 - 8, dtype=torch.bfloat16, device="meta"), 2.0).shape == (2**31 - 8,)
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+def test_registered_op_checks_alpha_on_meta_tensors(alpha):
+    """torch.ops.cute_kernels.scale (the registered op, which the public wrapper's precheck does not guard)
+    refuses a non-finite alpha at trace time, as the other ops' fakes refuse their bad scalars."""
+    cute_kernels.register_ops()
+    x = torch.empty(1024, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="alpha"):
+        torch.ops.cute_kernels.scale(x, alpha)

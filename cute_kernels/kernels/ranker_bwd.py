@@ -1206,6 +1206,12 @@ def check_accum_extent(row_shape: tuple, d: int) -> None:
                          f"kernels index with 32-bit offsets (at most {INT32_MAX}): split the batch")
 
 
+def _check_config_type(config) -> None:
+    """``TypeError`` unless ``config`` is None or a :class:`RankerBwdConfig`."""
+    if config is not None and not isinstance(config, RankerBwdConfig):
+        raise TypeError(f"config must be None or a RankerBwdConfig, got {type(config).__name__}")
+
+
 def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
                        cuda: bool = True, *, dq=None, dk=None, dv=None, config=None, deterministic: bool = False,
                        pointers: bool = True, dlse=None):
@@ -1231,8 +1237,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
         raise ValueError(f"the backward supports at most {MAX_GRID_YZ} sequences and {MAX_GRID_YZ} query heads "
                          f"(CUDA's grid y/z limit), got B={nb}, Hq={hq}; split the batch")
     check_bool("deterministic", deterministic)
-    if config is not None and not isinstance(config, RankerBwdConfig):
-        raise TypeError(f"config must be None or a RankerBwdConfig, got {type(config).__name__}")
+    _check_config_type(config)
     for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         if t is None:
             continue
@@ -1327,6 +1332,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     """
     deterministic = check_bool("deterministic", deterministic)  # (a numpy bool as a bool, for the op's schema)
     refuse_func_transforms("ranker_attention_backward", q, k, v, out, lse, dout, dlse)
+    _check_config_type(config)  # (before the eager-only rule below, which would name the wrong problem)
     eager_only = dq is not None or dk is not None or dv is not None or config is not None
     if (tracing() or without_data(q)) and not eager_only:  # traced or meta tensors: the registered op (its fake)
         return ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,

@@ -126,6 +126,7 @@ def _scale_impl(x: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def _fake(x, alpha):
+    check_real("alpha", alpha)  # (the registered op's own path: the public wrapper's precheck is not on it)
     _check_x(x, cuda=False, pointers=False)  # at trace time: the rules a fake tensor allows
     return torch.empty_like(x)
 
