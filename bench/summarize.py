@@ -4,6 +4,9 @@ shape and timing mode (graph / eager / isolated; a graph row against FA4's eager
 be captured, marked so); bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
 
     python3 bench/summarize.py bench/results/2026-11-29_h200_ranker_bwd_s2.json > table.md
+
+The file may also hold JSON lines (``.jsonl``) or a ``{"results": [...]}`` wrapper; correctness records (the
+tensor-parallel runs': ``passed`` and no time) show as "check passed" / "check FAILED".
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ def _kernel_table(records: list[dict]) -> str:
         key = json.dumps(shape, sort_keys=True)
         label = ",".join(f"{k}={v}" for k, v in shape.items() if k != "dtype")
         if r.get("time_us") is None:
-            lines.append(f"| {label} | {r.get('impl')} | {r.get('mode', '')} | error: {str(r.get('error', '?'))[:60]} | | |")
+            if "passed" in r:  # a correctness record (the tensor-parallel runs'), not a timing
+                what = "check passed" if r["passed"] else f"check FAILED: {str(r.get('error', ''))[:50]}"
+            else:
+                what = f"error: {str(r.get('error', '?'))[:60]}"
+            lines.append(f"| {label} | {r.get('impl')} | {r.get('mode') or ''} | {what} | | |")
             continue
         if bandwidth:
             frac = f"{r['copy_bw_frac']:.0%}" if r.get("copy_bw_frac") is not None else ""
@@ -53,6 +60,25 @@ def _kernel_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def load_records(path: str) -> list[dict]:
+    """The bench records in ``path``: a JSON list of records, a ``{"results": [...]}`` wrapper (some probe
+    files), or JSON lines (one record per line, the ``.jsonl`` files); entries without ``impl`` are left out.
+    ``ValueError`` saying what the file holds when it has no record (e.g. ``bench/overhead.py``'s timing dict)."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = [json.loads(line) for line in text.splitlines() if line.strip()]  # JSON lines (or an error)
+    if isinstance(data, dict) and isinstance(data.get("results"), list):
+        data = data["results"]
+    records = [r for r in data if isinstance(r, dict) and "impl" in r] if isinstance(data, list) else []
+    if not records:  # (entries without "impl", e.g. a run's copy-rate line, are left out of the table)
+        kind = f"a dict with keys {sorted(data)[:6]}" if isinstance(data, dict) else f"a {type(data).__name__}"
+        raise ValueError(f"{path} holds no bench records (dicts with 'impl', 'shape', 'time_us'): {kind}")
+    return records
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip())
@@ -60,8 +86,7 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     try:
-        with open(sys.argv[1]) as f:
-            records = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
+        records = load_records(sys.argv[1])
+    except (OSError, ValueError) as exc:  # (json.JSONDecodeError is a ValueError)
         raise SystemExit(f"summarize: cannot read {sys.argv[1]}: {exc}") from None
     print(table(records))

@@ -1,6 +1,7 @@
 """bench/summarize.py: the markdown tables written next to the bench records."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,24 @@ def test_gpu_scripts_help_and_no_gpu(script):
     if not torch.cuda.is_available():
         r = run()
         assert r.returncode == 2 and "CUDA GPU" in r.stderr and "Traceback" not in r.stderr, r.stderr[-300:]
+
+
+def test_load_records_forms_and_refusals(tmp_path):
+    """JSON list, {"results": [...]} wrapper and JSON lines load (entries without impl left out); a file with
+    no record is a ValueError saying what it holds; a correctness record renders as a check, not an error."""
+    rec = dict(impl="cute_kernels", shape={"n": 1}, mode="graph", time_us=2.0, gbps=1.0)
+    (tmp_path / "a.json").write_text(json.dumps([rec]))
+    (tmp_path / "b.json").write_text(json.dumps({"date": "x", "results": [rec]}))
+    (tmp_path / "c.jsonl").write_text(json.dumps({"copy_gbps": 4000}) + "\n" + json.dumps(rec) + "\n")
+    for name in ("a.json", "b.json", "c.jsonl"):
+        assert summarize.load_records(str(tmp_path / name)) == [rec]
+    (tmp_path / "d.json").write_text(json.dumps({"cold": 1.0, "warm": 2.0}))
+    with pytest.raises(ValueError, match="no bench records.*'cold'"):
+        summarize.load_records(str(tmp_path / "d.json"))
+    (tmp_path / "e.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="a list"):
+        summarize.load_records(str(tmp_path / "e.json"))
+    checks = [dict(impl="fused", shape={"world": 2}, mode=None, time_us=None, passed=True),
+              dict(impl="fused", shape={"world": 4}, mode=None, time_us=None, passed=False, error="max_err 1.0")]
+    text = summarize.table(checks)
+    assert "check passed" in text and "check FAILED: max_err 1.0" in text and "error: ?" not in text and "None" not in text.split("\n", 2)[2]
