@@ -34,8 +34,23 @@ def _matplotlib() -> bool:
     return True
 
 
+def load_notebook(path: str) -> dict:
+    """The notebook at ``path``; ``ValueError`` naming the problem for a missing file, a file that is not
+    JSON, or JSON that is not a notebook (no ``cells`` list)."""
+    try:
+        with open(path) as f:
+            nb = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not a notebook (not JSON: {exc})") from None
+    if not (isinstance(nb, dict) and isinstance(nb.get("cells"), list)):
+        raise ValueError(f"{path} is not a notebook (no 'cells' list)")
+    return nb
+
+
 def main(path: str) -> None:
-    nb = json.load(open(path))
+    nb = load_notebook(path)
     _stub_ipython()
     have_mpl = _matplotlib()
     ns = {"__name__": "__main__"}
@@ -58,4 +73,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebook", help="path of an .ipynb file")
-    main(parser.parse_args().notebook)
+    notebook = parser.parse_args().notebook
+    try:
+        load_notebook(notebook)  # (a bad path or file: a message and exit status 2, not a traceback)
+    except ValueError as exc:
+        parser.error(str(exc))
+    main(notebook)

@@ -67,6 +67,11 @@ def test_run_notebook_script_executes_cells_as_python(tmp_path):
     bad = subprocess.run([sys.executable, str(script), nb(["raise ValueError('boom')\n"])],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "boom" in bad.stderr
+    # a missing file, or one that is not a notebook: exit 2 with a message, no traceback
+    (tmp_path / "not_nb.json").write_text('{"a": 1}')
+    for path, msg in ((str(tmp_path / "missing.ipynb"), "cannot read"), (str(tmp_path / "not_nb.json"), "not a notebook")):
+        r = subprocess.run([sys.executable, str(script), path], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
     # without matplotlib (blocked in sys.modules): drawing cells, and cells importing from it, are skipped
     no_mpl = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = ['run_notebook.py', sys.argv[1]]; "
               f"runpy.run_path({str(script)!r}, run_name='__main__')")
