@@ -219,21 +219,24 @@ def test_bwd_probe_precompiles_what_the_probe_launches(monkeypatch, capsys):
     assert any(k[3] == "none" for k in mains) and any(k[3] == "tanh" for k in mains)
 
 
-@pytest.mark.parametrize("script", ["qknorm_sweep.py", "qknorm_split_probe.py", "qknorm_packed_probe.py",
-                                    "qknorm_launch_bound_probe.py"])
-def test_qknorm_bench_scripts_command_line(script):
-    """The Q/K norm sweep and probes: --help prints the usage and exits 0; a bad value or an unknown
-    argument exits 2 with a message (no traceback); without a GPU a valid call exits 2 saying so."""
+def _run_bench_script(script: str, *args: str):
+    """``python3 bench/<script> <args>`` from the checkout (no install needed), its output captured."""
     import os
     import subprocess
     import sys
 
     root = Path(__file__).parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([sys.executable, str(root / "bench" / script), *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=120)
 
+
+@pytest.mark.parametrize("script", ["qknorm_sweep.py", "qknorm_split_probe.py", "qknorm_packed_probe.py",
+                                    "qknorm_launch_bound_probe.py"])
+def test_qknorm_bench_scripts_command_line(script):
+    """The Q/K norm sweep and probes: --help prints the usage and exits 0; a bad value or an unknown
+    argument exits 2 with a message (no traceback); without a GPU a valid call exits 2 saying so."""
     def run(*args):
-        return subprocess.run([sys.executable, str(root / "bench" / script), *args], capture_output=True, text=True,
-                              env=env, timeout=120)
+        return _run_bench_script(script, *args)
 
     r = run("--help")
     assert r.returncode == 0 and "python3 bench/" + script in r.stdout
@@ -252,21 +255,13 @@ def test_qknorm_bench_scripts_command_line(script):
 def test_gpu_scripts_help_and_no_gpu(script):
     """Bench scripts that time on the GPU (``probe_timing.gpu_script`` first): --help prints the docstring and
     exits 0 (before any GPU or Triton import); without a GPU a plain run exits 2 saying so, no traceback."""
-    import os
-    import subprocess
-    import sys
-
     import torch
 
-    root = Path(__file__).parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root))
-
     def run(*args):
-        return subprocess.run([sys.executable, str(root / "bench" / script), *args], capture_output=True, text=True,
-                              env=env, timeout=120)
+        return _run_bench_script(script, *args)
 
     r = run("--help")
-    doc = (root / "bench" / script).read_text().split('"""')[1].strip().splitlines()[0]
+    doc = (Path(__file__).parents[1] / "bench" / script).read_text().split('"""')[1].strip().splitlines()[0]
     assert r.returncode == 0 and doc in r.stdout, r.stderr[-300:]
     if not torch.cuda.is_available():
         r = run()
