@@ -287,3 +287,13 @@ def test_load_records_forms_and_refusals(tmp_path):
               dict(impl="fused", shape={"world": 4}, mode=None, time_us=None, passed=False, error="max_err 1.0")]
     text = summarize.table(checks)
     assert "check passed" in text and "check FAILED: max_err 1.0" in text and "error: ?" not in text and "None" not in text.split("\n", 2)[2]
+
+
+def test_skipped_peer_records_say_why_in_the_table():
+    """A bench that spent its peers' time budget writes one record per skipped peer, and the table shows it."""
+    from cute_kernels.kernels.ranker_fwd import skipped_peer_records
+
+    recs = skipped_peer_records("ranker_bwd", {"B": 8}, ["fa4_mask_mod", "flex_attention"], 400.0)
+    assert [r["impl"] for r in recs] == ["fa4_mask_mod", "flex_attention"]
+    text = summarize.table([dict(impl="cute_kernels", shape={"B": 8}, mode="graph", time_us=10.0, tflops=1), *recs])
+    assert text.count("error: skipped: the peers' time budget") == 2

@@ -750,8 +750,9 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 
     Args:
         x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64 and at most
-            29826112 (hc_fn's ``[72, K]`` bf16 pieces span fewer than 2**31 elements), ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"``
-            also needs ``(M - 1) * row stride + K < 2**31`` (32-bit offsets; M < 104858 at K = 20480).
+            29826112 (hc_fn's ``[72, K]`` bf16 pieces span fewer than 2**31 elements),
+            ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"`` also
+            needs ``(M - 1) * row stride + K < 2**31`` (32-bit offsets; M < 104858 at K = 20480).
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous, row
             stride a multiple of 16 bytes (4 elements), 16-byte aligned (both methods).
         hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.

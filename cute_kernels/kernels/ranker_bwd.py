@@ -1489,7 +1489,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
     (:func:`.ranker_fwd.host_mode_records`)."""
     import time
 
-    from .ranker_fwd import _time_us, host_mode_records, ranker_attention
+    from .ranker_fwd import _time_us, host_mode_records, ranker_attention, skipped_peer_records
 
     spec = bench_shapes(shapes)
     cases = BENCH_CASES[:2] if "headline" in spec else BENCH_CASES
@@ -1532,8 +1532,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
                 except Exception as exc:  # noqa: BLE001 (a record per failing peer)
                     recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
         elif peers_mod is not None:  # (said in the records: a table without the peers' rows would not say why)
-            recs.extend(dict(kernel=NAME, impl=name, shape=shape, error=f"skipped: the peers' time budget "
-                             f"(peer_budget_s={peer_budget_s:g}) was spent before this shape") for name in peers_mod.PEERS)
+            recs.extend(skipped_peer_records(NAME, shape, peers_mod.PEERS, peer_budget_s))
         times: dict[str, list] = {}
         for _ in range(rounds):
             for impl, fn in impls:

@@ -2048,6 +2048,13 @@ def bench_shapes(shapes: str | None) -> set[str]:
     return word_spec(NAME, shapes, ("all", "headline", "peers", "variants"), "all+peers")
 
 
+def skipped_peer_records(kernel: str, shape: dict, peers, budget_s: float) -> list[dict]:
+    """One error record per peer a bench left out of a shape because its peers' time budget was spent."""
+    return [dict(kernel=kernel, impl=name, shape=shape,
+                 error=f"skipped: the peers' time budget (peer_budget_s={budget_s:g}) was spent before this shape")
+            for name in peers]
+
+
 def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int = 2, echo: bool = False) -> list[dict]:
     """Ours vs the peers of ``bench/ranker_fwd_peers.py``, interleaved over ``rounds`` (the machine is
     noisy), CUDA-graph timing (eager when a peer cannot be captured); ours and FlashAttention-4 with the
@@ -2104,8 +2111,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
                 except Exception as exc:
                     recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
         elif peers_mod is not None:  # (said in the records: a table without the peers' rows would not say why)
-            recs.extend(dict(kernel=NAME, impl=name, shape=shape, error=f"skipped: the peers' time budget "
-                             f"(peer_budget_s={peer_budget_s:g}) was spent before this shape") for name in peers_mod.PEERS)
+            recs.extend(skipped_peer_records(NAME, shape, peers_mod.PEERS, peer_budget_s))
         times: dict[str, list] = {}
         for _ in range(rounds):
             for impl, fn in impls:
