@@ -49,8 +49,9 @@ def load_notebook(path: str) -> dict:
     return nb
 
 
-def main(path: str) -> None:
-    nb = load_notebook(path)
+def main(path: str, nb: dict | None = None) -> None:
+    """Run the code cells of the notebook at ``path`` (``nb``: its contents, already read)."""
+    nb = nb if nb is not None else load_notebook(path)
     _stub_ipython()
     have_mpl = _matplotlib()
     ns = {"__name__": "__main__"}
@@ -75,7 +76,7 @@ if __name__ == "__main__":
     parser.add_argument("notebook", help="path of an .ipynb file")
     notebook = parser.parse_args().notebook
     try:
-        load_notebook(notebook)  # (a bad path or file: a message and exit status 2, not a traceback)
+        contents = load_notebook(notebook)  # (a bad path or file: a message and exit status 2, not a traceback)
     except ValueError as exc:
         parser.error(str(exc))
-    main(notebook)
+    main(notebook, contents)

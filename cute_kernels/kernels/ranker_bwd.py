@@ -31,8 +31,8 @@ The backward is three launches (:func:`ranker_attention_backward`):
    * warpgroups 1 and 2 (``setmaxnreg`` up), 64 keys each: ``S^T = K Q^T`` and ``dP^T = V dO^T``
      (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask (an add of 0 / -inf per key, left out in a copy of the q-block loop for KV blocks
-     wholly inside the history: ``skip_key_bias``), ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO`` and ``dK += dS^T Q`` with
-     P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
+     wholly inside the history: ``skip_key_bias``), ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO``
+     and ``dK += dS^T Q`` with P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
      ``dQ = dS K`` (both warpgroups: at D=128 half the head dim each, computed as
      ``dQ^T = K^T dS^T``, ``dq_swap_ab``, and issued before the dK GEMM, whose run then covers dQ's
      hand-off; at D=64 without a cap half of the 128 q rows each, ``dq_split_rows``), dQ through smem
