@@ -47,7 +47,9 @@ def _kernel_table(records: list[dict]) -> str:
             lines.append(f"| {label} | {r.get('impl')} | {r.get('mode') or ''} | {what} | | |")
             continue
         if bandwidth:
-            frac = f"{r['copy_bw_frac']:.0%}" if r.get("copy_bw_frac") is not None else ""
+            # (hc_mix records the fraction as copy_bw_frac, qknorm as copy_frac)
+            share = r.get("copy_bw_frac", r.get("copy_frac"))
+            frac = f"{share:.1%}" if share is not None else ""
             extra = f"{r['gbps']:.0f} | {frac}" if r.get("gbps") is not None else " | "
         else:
             rel = ""

@@ -48,14 +48,18 @@ def test_one_table_per_kernel():
     fwd, qk = text.split("### qknorm")
     assert "### ranker_fwd" in fwd and "useful TFLOP/s" in fwd and "GB/s" not in fwd
     assert "| b=1 | cute_kernels | graph | 10.0 | 600 |  |" in fwd
-    assert "GB/s" in qk and "| n=1 | cute_kernels | graph | 2.0 | 12 | 1% |" in qk
+    assert "GB/s" in qk and "| n=1 | cute_kernels | graph | 2.0 | 12 | 1.0% |" in qk
 
 
 def test_bandwidth_records_show_gbps_and_copy_fraction():
     text = summarize.table([dict(impl="cute_kernels", shape={"m": 4096, "k": 20480}, mode="graph", time_us=74.0,
                                  gbps=2267.4, copy_bw_frac=0.534)])
     assert "GB/s" in text and "useful TFLOP/s" not in text
-    assert "| m=4096,k=20480 | cute_kernels | graph | 74.0 | 2267 | 53% |" in text
+    assert "| m=4096,k=20480 | cute_kernels | graph | 74.0 | 2267 | 53.4% |" in text
+    # qknorm's records name the fraction copy_frac (its bench since session 2), hc_mix's copy_bw_frac
+    text = summarize.table([dict(kernel="qknorm", impl="cute_kernels", shape={"n": 16384}, mode="graph", time_us=84.4,
+                                 gbps=3973.7, copy_frac=0.9401)])
+    assert "| n=16384 | cute_kernels | graph | 84.4 | 3974 | 94.0% |" in text
 
 
 def test_probe_timing_interleaves_rounds_and_reports_medians(capsys):
