@@ -12,6 +12,7 @@ tensor-parallel runs': ``passed`` and no time) show as "check passed" / "check F
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 
@@ -65,20 +66,57 @@ def _kernel_table(records: list[dict]) -> str:
 def load_records(path: str) -> list[dict]:
     """The bench records in ``path``: a JSON list of records, a ``{"results": [...]}`` wrapper (some probe
     files), or JSON lines (one record per line, the ``.jsonl`` files); entries without ``impl`` are left out.
-    ``ValueError`` saying what the file holds when it has no record (e.g. ``bench/overhead.py``'s timing dict)."""
+    ``ValueError`` saying what the file holds when it has no record (e.g. ``bench/overhead.py``'s timing dict),
+    naming the line of JSON lines that does not parse, or naming the record whose fields have the wrong type
+    (:func:`check_record`)."""
     with open(path) as f:
         text = f.read()
+    if not text.strip():
+        raise ValueError("the file is empty")
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
-        data = [json.loads(line) for line in text.splitlines() if line.strip()]  # JSON lines (or an error)
+    except json.JSONDecodeError:  # JSON lines (or an error, reported with its line)
+        data = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    data.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"line {number} is not JSON ({exc.msg}, column {exc.colno})") from None
     if isinstance(data, dict) and isinstance(data.get("results"), list):
         data = data["results"]
     records = [r for r in data if isinstance(r, dict) and "impl" in r] if isinstance(data, list) else []
     if not records:  # (entries without "impl", e.g. a run's copy-rate line, are left out of the table)
         kind = f"a dict with keys {sorted(data)[:6]}" if isinstance(data, dict) else f"a {type(data).__name__}"
-        raise ValueError(f"{path} holds no bench records (dicts with 'impl', 'shape', 'time_us'): {kind}")
+        raise ValueError(f"no bench records (dicts with 'impl', 'shape', 'time_us'): {kind}")
+    for number, record in enumerate(records, 1):
+        check_record(record, number)
     return records
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_record(record: dict, number: int = 1) -> None:
+    """``ValueError`` unless the fields the tables read have their types: ``kernel`` / ``impl`` / ``mode`` strings
+    (``kernel`` and ``mode`` may be absent or null), ``shape`` a dict, ``time_us`` null or a finite number >= 0,
+    ``tflops`` / ``gbps`` / ``copy_frac`` / ``copy_bw_frac`` absent, null or numbers."""
+    def bad(what):
+        raise ValueError(f"record {number} ({record.get('impl')!r}): {what}")
+    for key in ("kernel", "impl", "mode"):
+        if key in record and record[key] is not None and not isinstance(record[key], str):
+            bad(f"{key} must be a string, got {type(record[key]).__name__}")
+    if not isinstance(record["impl"], str):
+        bad("impl must be a string")
+    if not isinstance(record.get("shape", {}), dict):
+        bad(f"shape must be an object (name -> value), got {type(record['shape']).__name__}")
+    t = record.get("time_us")
+    if t is not None and not (_is_number(t) and math.isfinite(t) and t >= 0):
+        bad(f"time_us must be a finite number >= 0 or null, got {t!r}")
+    for key in ("tflops", "gbps", "copy_frac", "copy_bw_frac"):
+        if record.get(key) is not None and not _is_number(record[key]):
+            bad(f"{key} must be a number, got {record[key]!r}")
 
 
 if __name__ == "__main__":
@@ -90,5 +128,5 @@ if __name__ == "__main__":
     try:
         records = load_records(sys.argv[1])
     except (OSError, ValueError) as exc:  # (json.JSONDecodeError is a ValueError)
-        raise SystemExit(f"summarize: cannot read {sys.argv[1]}: {exc}") from None
+        raise SystemExit(f"summarize: {sys.argv[1]}: {exc}") from None
     print(table(records))

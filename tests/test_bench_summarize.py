@@ -287,6 +287,21 @@ def test_load_records_forms_and_refusals(tmp_path):
     (tmp_path / "e.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="a list"):
         summarize.load_records(str(tmp_path / "e.json"))
+    (tmp_path / "f.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps(rec) + "\nnot json\n")
+    with pytest.raises(ValueError, match="line 3 is not JSON"):
+        summarize.load_records(str(tmp_path / "f.jsonl"))
+    (tmp_path / "g.json").write_text(" \n")
+    with pytest.raises(ValueError, match="empty"):
+        summarize.load_records(str(tmp_path / "g.json"))
+    # the fields the tables read, each with a wrong type: a one-line ValueError naming the record
+    for field, value, message in (("shape", [1, 2], "shape must be an object"), ("shape", None, "shape must be"),
+                                  ("time_us", "fast", "time_us must be"), ("time_us", True, "time_us must be"),
+                                  ("time_us", -1.0, "time_us must be"), ("time_us", float("nan"), "time_us must be"),
+                                  ("kernel", {"x": 1}, "kernel must be a string"), ("gbps", "1", "gbps must be"),
+                                  ("impl", 3, "impl must be a string")):
+        (tmp_path / "h.json").write_text(json.dumps([rec, {**rec, field: value}]))
+        with pytest.raises(ValueError, match=f"record 2 .*{message}"):
+            summarize.load_records(str(tmp_path / "h.json"))
     checks = [dict(impl="fused", shape={"world": 2}, mode=None, time_us=None, passed=True),
               dict(impl="fused", shape={"world": 4}, mode=None, time_us=None, passed=False, error="max_err 1.0")]
     text = summarize.table(checks)
