@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 
 
 def _select(kernel: str | None) -> list[str]:
@@ -268,7 +269,7 @@ def cmd_layouts(args) -> int:
         print(f"layouts: cannot write to {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(text, end="")
-    print(f"wrote {len(files)} files to {args.out}")
+    print(f"wrote {len(files)} file{'' if len(files) == 1 else 's'} to {args.out}")
     return 0
 
 
@@ -340,6 +341,8 @@ def main(argv=None) -> int:
     i = sub.add_parser("info", help="versions, arch, cache location, GPU")
     i.set_defaults(fn=cmd_info)
     args = p.parse_args(argv)
+    # a warning on the command line is its message: not the library's file, line and source line
+    warnings.formatwarning = lambda message, category, *_args, **_kw: f"cute-kernels: {category.__name__}: {message}\n"
     if getattr(args, "arch", None):
         if "cutlass" in sys.modules and os.environ.get("CUTE_DSL_ARCH") != args.arch:
             raise SystemExit("--arch must be set before cutlass is imported")

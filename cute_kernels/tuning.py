@@ -355,7 +355,8 @@ def parse_candidates(text: Optional[str], base) -> dict:
     """``"tile_n=96,128,stages=2,3,persistent=false"`` -> ``{"tile_n": [96, 128], "stages": [2, 3], ...}``.
 
     An item with ``=`` starts a field; items without one add values to the last field.  Values are
-    parsed as the type of ``base``'s field (int, float, true/false); unknown fields raise ``ValueError``.
+    parsed as the type of ``base``'s field (int, float, true/false); unknown or repeated fields raise
+    ``ValueError``.
     """
     from .layouts.kernel_layouts import _parse_value
 
@@ -374,7 +375,10 @@ def parse_candidates(text: Optional[str], base) -> dict:
             if field not in names:
                 raise ValueError(f"candidate field {field!r} unknown for {type(base).__name__}; "
                                  f"fields: {sorted(names)}")
-            out.setdefault(field, [])
+            if field in out:  # (as --shape and layouts --config refuse a repeated name)
+                raise ValueError(f"candidate field {field!r} given twice: list its values once "
+                                 f"({field}=a,b,...)")
+            out[field] = []
         elif field is None:
             raise ValueError(f"candidate item {part!r}: expected field=value[,value...]")
         value = _parse_value(field, part, getattr(base, field))

@@ -23,6 +23,18 @@ def test_info_flags_an_unsupported_target_arch():
     assert "sm_100a (CUTE_DSL_ARCH)  NOT SUPPORTED" in r.stdout
 
 
+def test_warnings_print_their_message_only():
+    """A warning on the command line is one line with its message, not the library's source line."""
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "info"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, CUTE_KERNELS_CACHE="maybe"))
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert lines == ["cute-kernels: UserWarning: CUTE_KERNELS_CACHE='maybe' is not one of 0/false/no/off/(empty) or "
+                     "1/true/yes/on: taken as on"], r.stderr
+
+
 def test_compile_one_kernel():
     r = _run("compile", "--kernel", "scale", "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -56,7 +68,7 @@ def test_compile_into_an_unwritable_cache_folder_is_an_error(tmp_path):
     env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(blocker / "cache"))  # below a file: cannot be created
     r = subprocess.run([sys.executable, "-m", "cute_kernels", "compile", "--kernel", "scale", "--quiet"],
                        capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 1 and "is not writable" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 1 and f"is not writable ({blocker} is not a folder)" in r.stderr, r.stdout + r.stderr
     r = subprocess.run([sys.executable, "-m", "cute_kernels", "info"], capture_output=True, text=True, timeout=600,
                        env=env)
     assert r.returncode == 0 and "NOT USABLE" in r.stdout, r.stdout + r.stderr

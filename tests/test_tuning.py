@@ -113,6 +113,8 @@ def test_candidates_from_the_command_line():
     with pytest.raises(ValueError, match="true or false"):
         tuning.parse_candidates("persistent=maybe", rf.CONFIGS[128])
     assert tuning.parse_candidates("tile_n=96,128, stages=3", rf.CONFIGS[128]) == dict(tile_n=[96, 128], stages=[3])
+    with pytest.raises(ValueError, match="'tile_n' given twice"):
+        tuning.parse_candidates("tile_n=96,tile_n=128", rf.CONFIGS[128])
 
 
 @pytest.mark.parametrize("text,msg", [

@@ -1502,7 +1502,11 @@ def use_config(config: "RankerFwdConfig"):
     module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``TypeError`` for anything but a
     :class:`RankerFwdConfig` and ``ValueError`` (from ``config.validate()``; ``TypeError`` for wrongly
     typed fields) before the block for a config that does not fit.  Process-wide, not thread-safe;
-    blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`."""
+    blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`.
+
+    ``RankerFwdConfig()``'s field defaults are the plain kernel (one CTA per tile, the online max, no self-term
+    TMA stage), not the shipped one; to change one field of what ships, start from it:
+    ``dataclasses.replace(shipped_config(torch.bfloat16, 128, "none"), stages=3)``."""
     if not isinstance(config, RankerFwdConfig):
         raise TypeError(f"use_config takes a RankerFwdConfig, got {type(config).__name__}")
     with override_config(_OVERRIDES, config):

@@ -101,6 +101,9 @@ def disk_cache_problem(probe: bool = True) -> str | None:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe"):
             pass
+    except (FileExistsError, NotADirectoryError):  # the folder, or a parent of it, is a file
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
+        return f"{folder} is not writable ({blocker} is not a folder)"
     except OSError as exc:
         return f"{folder} is not writable ({exc.strerror or exc})"
     return None
