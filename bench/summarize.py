@@ -99,16 +99,16 @@ def _is_number(x) -> bool:
 
 
 def check_record(record: dict, number: int = 1) -> None:
-    """``ValueError`` unless the fields the tables read have their types: ``kernel`` / ``impl`` / ``mode`` strings
-    (``kernel`` and ``mode`` may be absent or null), ``shape`` a dict, ``time_us`` null or a finite number >= 0,
+    """``ValueError`` unless the fields the tables read have their types: ``impl`` a string, ``kernel`` and
+    ``mode`` absent, null or strings, ``shape`` a dict, ``time_us`` null or a finite number >= 0,
     ``tflops`` / ``gbps`` / ``copy_frac`` / ``copy_bw_frac`` absent, null or numbers."""
     def bad(what):
         raise ValueError(f"record {number} ({record.get('impl')!r}): {what}")
-    for key in ("kernel", "impl", "mode"):
-        if key in record and record[key] is not None and not isinstance(record[key], str):
-            bad(f"{key} must be a string, got {type(record[key]).__name__}")
     if not isinstance(record["impl"], str):
-        bad("impl must be a string")
+        bad(f"impl must be a string, got {type(record['impl']).__name__}")
+    for key in ("kernel", "mode"):
+        if record.get(key) is not None and not isinstance(record[key], str):
+            bad(f"{key} must be a string, got {type(record[key]).__name__}")
     if not isinstance(record.get("shape", {}), dict):
         bad(f"shape must be an object (name -> value), got {type(record['shape']).__name__}")
     t = record.get("time_us")
