@@ -618,6 +618,9 @@ def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: 
     return rows, path
 
 
+MANY_CANDIDATES = 50  # tune_cli notes the compile time above this many candidates
+
+
 def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: str = "bf16", list_only: bool = False,
              rounds: int = 2, save: bool = True) -> int:
     """``cute-kernels tune``: exit status 0 (tuned or listed), 2 (bad arguments, no GPU, no tuner, or
@@ -647,6 +650,9 @@ def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: s
             print(f"  {config_diff(c, configs[0])}")
         for c, why in rejected:
             print(f"  rejected {config_diff(c, configs[0])}: {why}")
+    if len(configs) > MANY_CANDIDATES:  # each compiles for a few seconds before it is timed
+        print(f"tune: note: {len(configs)} candidates take about {len(configs) * 5 // 60 + 1} min or more to compile "
+              "(a few seconds each) before any is timed; narrow --candidates to try fewer", file=sys.stderr)
     if nothing_to_try:
         print(f"tune: validate() rejected every one of the {len(rejected)} candidates of --candidates "
               f"{candidates!r}: nothing besides the shipped config to time", file=sys.stderr)

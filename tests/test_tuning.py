@@ -147,7 +147,11 @@ def test_tune_cli_without_gpu():
     r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,H=2,D=128", "--list",
              "--candidates", "tile_n=96,128")
     assert r.returncode == 0, r.stderr
-    assert "shipped" in r.stdout and "tile_n=96" in r.stdout
+    assert "shipped" in r.stdout and "tile_n=96" in r.stdout and "min or more to compile" not in r.stderr
+    # many candidates: a note on the compile time they will take
+    r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,H=2,D=128", "--list",
+             "--candidates", "tile_n=64,80,96,112,128,stages=1,2,3,persistent=true,false,intra_wg_overlap=true,false")
+    assert r.returncode == 0 and "min or more to compile" in r.stderr, r.stdout + r.stderr
     # every candidate rejected by validate(): listed with the reasons, and exit 2 (nothing to tune)
     r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,H=2,D=128", "--list", "--candidates", "tile_n=97")
     assert r.returncode == 2 and "rejected every one" in r.stderr and "rejected tile_n=97" in r.stdout, r.stdout + r.stderr
