@@ -235,7 +235,7 @@ def _run_bench_script(script: str, *args: str):
 
 
 @pytest.mark.parametrize("script", ["qknorm_sweep.py", "qknorm_split_probe.py", "qknorm_packed_probe.py",
-                                    "qknorm_launch_bound_probe.py"])
+                                    "qknorm_launch_bound_probe.py", "qknorm_l2_prefetch_probe.py"])
 def test_qknorm_bench_scripts_command_line(script):
     """The Q/K norm sweep and probes: --help prints the usage and exits 0; a bad value or an unknown
     argument exits 2 with a message (no traceback); without a GPU a valid call exits 2 saying so."""

@@ -23,6 +23,11 @@ def test_compiles_with_16_byte_vectors(target):
         assert {"bulk load (cp.async.bulk)", "bulk store (cp.async.bulk)", "mbarrier"} <= set(rec.ptx_features)
     else:
         assert "st.global.v4 (16B stores)" in rec.ptx_features
+    # one CTA per row tile: the L2 prefetch of the rows of the CTA L2_PREFETCH_CTAS later (session 32)
+    per_tile = len(target.key) == 3
+    assert ("L2 prefetch (cp.async.bulk.prefetch)" in rec.ptx_features) == per_tile
+    if per_tile:
+        assert "cp.async.bulk.prefetch.L2.global" in rec.ptx
     assert "local memory (spill)" not in rec.ptx_features
     assert "rsqrt.approx" in rec.ptx
     if rec.sass:
@@ -536,7 +541,10 @@ def test_bulk_stages_rules(tuning, shape, match):
 @pytest.mark.parametrize("kw,exc", [(dict(target_vecs=9), ValueError), (dict(target_vecs=True), TypeError),
                                     (dict(streaming="no"), TypeError), (dict(streaming=None), TypeError),
                                     (dict(persistent_ctas=2.0), TypeError),
-                                    (dict(bulk_stages=-1), ValueError), (dict(bulk_stages=2.0), TypeError)])
+                                    (dict(bulk_stages=-1), ValueError), (dict(bulk_stages=2.0), TypeError),
+                                    (dict(l2_prefetch_ctas=-1), ValueError), (dict(l2_prefetch_ctas=1.0), TypeError),
+                                    (dict(l2_prefetch_ctas=2**21), ValueError),
+                                    (dict(l2_prefetch_ctas=528, persistent_ctas=396), ValueError)])
 def test_tuning_fields_are_checked(kw, exc):
     with pytest.raises(exc):
         mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=mod.QKNormTuning(**kw))

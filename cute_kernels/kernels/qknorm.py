@@ -37,7 +37,11 @@ shared memory.  A producer warp (one lane; warp specialization) moves whole q an
 threads have normalized the row in place and arrived on the slot's ``ready`` mbarrier, shared -> global
 as a bulk group, and after the store has read the slot, the refill with the row ``stages`` ahead.  The
 q and k threads read the same vectors as the register kernels (the same bits) and run without a CTA
-barrier.  Past L2 one CTA per token is fastest again (:func:`launch_key`).
+barrier.  Past L2 one CTA per token is fastest again (:func:`launch_key`), with an L2 prefetch: at its start,
+CTA ``b`` asks L2 for the rows of CTA ``b + 528`` (one wave of resident CTAs ahead;
+``QKNormTuning.l2_prefetch_ctas``, one ``cp.async.bulk.prefetch.L2`` per row and part), so each CTA finds
+its rows in L2 and more bytes are in flight than 4 CTAs of one token per SM hold in registers: N=16384
+81.2 us instead of 84.1, ahead of torch's copy of the same bytes (82.7; session 32).
 
 The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
 the row is one rank's shard and ``Q``/``K`` are the full sizes.
@@ -61,7 +65,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
@@ -161,12 +165,16 @@ class QKNormTuning:
     ``bulk_stages``: 0 = rows move through registers; ``>= 2`` (with ``persistent_ctas``) = each CTA
     stages that many token rows in shared memory, loaded and stored whole by bulk copies
     (``cp.async.bulk``) that a producer warp issues while the other warps normalize.
+    ``l2_prefetch_ctas``: 0 = off; ``> 0`` (one CTA per row tile only) = at its start CTA ``b`` asks L2 for
+    the rows of CTA ``b + l2_prefetch_ctas`` (``cp.async.bulk.prefetch.L2``, one instruction per row and
+    part: no registers, no wait), so that CTA finds them in L2 (more bytes in flight past L2).
     """
 
     target_vecs: int = 4
     streaming: bool = False
     persistent_ctas: int = 0
     bulk_stages: int = 0
+    l2_prefetch_ctas: int = 0
 
     def validate(self) -> None:
         check_int("target_vecs", self.target_vecs, low=1, high=_MAX_VECS)
@@ -181,6 +189,10 @@ class QKNormTuning:
                              "bulk copies (use one or the other)")
         if self.bulk_stages * self.persistent_ctas > 2**30:  # row + (stages - 1) * grid stays in int32
             raise ValueError(f"bulk_stages x persistent_ctas = {self.bulk_stages * self.persistent_ctas} > 2**30")
+        check_int("l2_prefetch_ctas", self.l2_prefetch_ctas, low=0, high=2**20)
+        if self.l2_prefetch_ctas and self.persistent_ctas:
+            raise ValueError(f"l2_prefetch_ctas={self.l2_prefetch_ctas}: for one CTA per row tile only "
+                             f"(persistent_ctas={self.persistent_ctas} walks its own tiles)")
 
 
 @dataclass(frozen=True)
@@ -300,6 +312,15 @@ def _opaque_move(word, *, loc=None, ip=None) -> Int32:
     """``mov.b32`` through inline PTX the compiler cannot see through or move (a side effect)."""
     return Int32(llvm.inline_asm(Int32.mlir_type, [Int32(word).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
                                  has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def prefetch_l2(addr, nbytes: int, *, loc=None, ip=None) -> None:
+    """``cp.async.bulk.prefetch.L2.global [addr], nbytes``: ask L2 for ``nbytes`` (a multiple of 16) of global
+    memory from byte address ``addr`` (an Int64), asynchronously and without a destination."""
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
+                    "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @cute.jit
@@ -450,8 +471,12 @@ class QKNormKernel(QKRowNormalizer):
         if cutlass.const_expr(cfg.tuning.persistent_ctas == 0):
             sRed = smem.allocate_tensor(Float32, cute.make_layout(self.num_warps), byte_alignment=16)
             if tidx < cfg.q_threads:
+                if cutlass.const_expr(cfg.tuning.l2_prefetch_ctas > 0):
+                    self.prefetch_later_rows(mQ, cfg.q, tidx, bidx, n)
                 self.normalize(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
             else:
+                if cutlass.const_expr(cfg.tuning.l2_prefetch_ctas > 0):
+                    self.prefetch_later_rows(mK, cfg.k, tidx - cfg.q_threads, bidx, n)
                 self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
                                cfg.q_threads // 32, 2)
         elif cutlass.const_expr(cfg.tuning.bulk_stages > 0):
@@ -484,6 +509,17 @@ class QKNormKernel(QKRowNormalizer):
             else:
                 self.normalize_tiles(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
                                      cfg.q_threads // 32, 2)
+
+    @cute.jit
+    def prefetch_later_rows(self, mX: cute.Tensor, part: cutlass.Constexpr, tidx: Int32, bidx: Int32, n: Int32):
+        """``l2_prefetch_ctas``: thread ``r < rows`` of a part asks L2 for its part of row ``r`` of the CTA
+        ``l2_prefetch_ctas`` later (rows past ``n`` skipped).  Rows are in ``[0, n)`` and ``n`` fits the row
+        index (int32), so the sum stays in int32 while ``bidx + l2_prefetch_ctas`` is a tile index."""
+        rows = self.config.rows
+        if tidx < rows:
+            tile = bidx + self.config.tuning.l2_prefetch_ctas
+            if tile < (n - tidx + rows - 1) // rows:  # row = tile * rows + tidx < n, without forming it first
+                prefetch_l2(mX[tile * rows + tidx, None].iterator.toint(), part.width * self.dtype.width // 8)
 
     @cute.jit
     def normalize(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
@@ -631,8 +667,13 @@ class QKNormKernel(QKRowNormalizer):
 # ----------------------------------------------------------------------------- host side
 
 # H200, Q=4096 K=1024 bf16, CUDA graph (bench/qknorm_sweep.py): 2 vectors per thread 83.7 us at N=16384
-# (4: 84.9, 8: 84.1), 2.07 us at N=64 (4: 1.98); cache hints within noise.
-DEFAULT_TUNING = QKNormTuning(target_vecs=2)
+# (4: 84.9, 8: 84.1), 2.07 us at N=64 (4: 1.98); cache hints within noise.  The L2 prefetch of the rows
+# L2_PREFETCH_CTAS CTAs ahead (session 32, bench/qknorm_l2_prefetch_probe.py, same run, 7 shuffled rounds, us):
+# N=8192 42.33 vs 43.69 without, 16384 81.15 vs 84.10 (torch's copy of the same bytes 82.67, in-place mul_
+# 83.04), 32768 158.72 vs 164.44; 1056 ahead 43.53 / 82.75 / 164.1, 2112 and 4224 ahead 10-35% slower
+# (prefetched rows evicted before use): one wave of resident CTAs (4 per SM x 132) ahead
+L2_PREFETCH_CTAS = 528
+DEFAULT_TUNING = QKNormTuning(target_vecs=2, l2_prefetch_ctas=L2_PREFETCH_CTAS)
 # Persistent CTAs (the same tiling, so the same bits) for PERSISTENT_SHAPES: 3 per SM (what one SM holds
 # there: 64 registers x 320 threads), each loading the weights once, from N = 1024 tokens while q and k
 # fit in 60% of L2 (85% until session 18; from there to 95% bulk-staged rows are faster).  H200, bf16
@@ -912,9 +953,12 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
 
     ``launch_checks=True`` (:func:`qk_rmsnorm_`, which launches the one-GPU kernel right after): leave out
     the rules that the compiled function's own argument checks apply before it launches (tvm-ffi, in
-    compiled code: k's and the weights' dtype, the weights' shapes and unit strides, and every tensor on
-    q's device), so a call that breaks one of them reaches the launch and is refused there; the caller
-    then explains it with the slow path's checks (:func:`_explain_refused_launch`)."""
+    compiled code: k's and the weights' dtype, k's token count, the weights' shapes and unit strides, the
+    row strides' divisibility, q's and k's unit column strides, 16-byte aligned data, and every tensor on
+    q's device) or that the kernel's key does (widths that no config takes: :func:`QKNormConfig.for_shape`
+    raises in :func:`_compile_key`), so a call that breaks one of them reaches the launch (or the compile)
+    and is refused there; the caller then explains it with the slow path's checks
+    (:func:`_explain_refused_launch`)."""
     try:
         dt = q.dtype
         vec = _VEC.get(dt)
@@ -928,7 +972,12 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
             (wq,), (wk,), (uwq,), (uwk,) = q_weight.shape, k_weight.shape, q_weight.stride(), k_weight.stride()
             if wq != qw or wk != kw or uwq != 1 or uwk != 1:
                 return None
-        if (n == 0 or nk != n or not 0 < qw <= _MAX_WIDTH_VECS * vec
+        if launch_checks:  # k's token count, the widths (a key that compiles), the row strides' divisibility,
+            # the unit column strides and 16-byte alignment: the compiled function's checks (or _compile_key's)
+            if (n == 0 or (n > 1 and (sq < qw or sk < kw))
+                    or (n - 1) * sq + qw > INT32_MAX or (n - 1) * sk + kw > INT32_MAX):
+                return None
+        elif (n == 0 or nk != n or not 0 < qw <= _MAX_WIDTH_VECS * vec
                 or not 0 < kw <= _MAX_WIDTH_VECS * vec or (qw | kw | sq | sk) % vec or uq != 1 or uk != 1
                 or (n > 1 and (sq < qw or sk < kw))
                 or (n - 1) * sq + qw > INT32_MAX or (n - 1) * sk + kw > INT32_MAX):
@@ -944,7 +993,7 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
                                   or k_weight.get_device() != dev):
             return None
         qp, kp, wqp, wkp = q.data_ptr(), k.data_ptr(), q_weight.data_ptr(), k_weight.data_ptr()
-        if (qp | kp | wqp | wkp) % 16:
+        if not launch_checks and (qp | kp | wqp | wkp) % 16:
             return None
         es = 16 // vec
         q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es

@@ -26,6 +26,7 @@ PTX_FEATURES: dict[str, str] = {
     "bulk load (cp.async.bulk)": r"cp\.async\.bulk\.shared::(cluster|cta)\.global",
     "bulk store (cp.async.bulk)": r"cp\.async\.bulk\.global\.shared::cta",
     "tma reduce-add": r"cp\.reduce\.async\.bulk(\.tensor)?\S*\.add",
+    "L2 prefetch (cp.async.bulk.prefetch)": r"cp\.async\.bulk\.prefetch\.",
     "setmaxnreg": r"setmaxnreg",
     "named barrier": r"\bbar(rier)?\.(sync|arrive)(\.aligned)?\s+(?!0[,;])\d+|\bbar(rier)?\.(sync|arrive)\s+%r",
     "mbarrier": r"mbarrier\.",

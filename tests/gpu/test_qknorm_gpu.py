@@ -200,12 +200,26 @@ def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
     _assert_bits_of_one_cta_per_tile(tuning, qk, torch.bfloat16)
 
 
-def _assert_bits_of_one_cta_per_tile(tuning, qk, dtype):
-    """``tuning``'s kernel and one CTA per tile with the same row tiling give the same bits at N below, at
-    and above the CTA count, on strided row views of one NaN-poisoned buffer left unwritten outside q/k."""
+@pytest.mark.parametrize("ctas", [1, 3, mod.L2_PREFETCH_CTAS])
+@pytest.mark.parametrize("qk", [(4096, 1024), (1000, 24), (512, 128)])
+def test_l2_prefetch_keeps_the_bits(ctas, qk):
+    """``l2_prefetch_ctas`` (the default one-CTA-per-tile kernel's prefetch of a later CTA's rows): 1 and 3
+    ahead, so the prefetch runs at these N (for every CTA but the last ones; 4 token rows per CTA at
+    512/128), and the shipped distance: the same bits as without it, nothing outside q/k written."""
+    tuning = dataclasses.replace(mod.DEFAULT_TUNING, l2_prefetch_ctas=ctas)
+    _assert_bits_of_one_cta_per_tile(tuning, qk, torch.bfloat16,
+                                     reference=dataclasses.replace(tuning, l2_prefetch_ctas=0))
+
+
+def _assert_bits_of_one_cta_per_tile(tuning, qk, dtype, reference=None):
+    """``tuning``'s kernel and one CTA per tile with the same row tiling (or the ``reference`` tuning's
+    kernel) give the same bits at N below, at and above the CTA count, on strided row views of one
+    NaN-poisoned buffer left unwritten outside q/k."""
     qd, kd = qk
     fn = mod._compile(dtype, qd, kd, tuning)
-    fn_per_tile = mod._compile(dtype, qd, kd, dataclasses.replace(tuning, persistent_ctas=0, bulk_stages=0))
+    if reference is None:
+        reference = dataclasses.replace(tuning, persistent_ctas=0, bulk_stages=0)
+    fn_per_tile = mod._compile(dtype, qd, kd, reference)
     for n in (1, 2, 6, 7, 8, 333, 4097):
         buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=8)
         q0, k0 = q.clone(), k.clone()
