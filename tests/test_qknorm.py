@@ -324,8 +324,9 @@ def test_fast_path_declines_what_the_slow_path_must_judge(monkeypatch):
 
 def test_fast_path_with_launch_checks_leaves_the_weights_and_k_dtype_to_the_launch(monkeypatch):
     """qk_rmsnorm_'s fast path (launch_checks=True) skips exactly the rules the compiled function checks before it
-    launches (k's and the weights' dtype, the weights' shapes and unit strides, their devices); the strict form
-    (the tensor-parallel op's) keeps them; both keep every other rule."""
+    launches (k's and the weights' dtype, k's token count, the weights' shapes and unit strides, row-stride
+    divisibility, unit column strides, alignment, their devices) or the kernel's key does (widths no config
+    takes); the strict form (the tensor-parallel op's) keeps them; both keep every other rule."""
     monkeypatch.setattr(mod, "_DEVICE_OK", {0})
     bf = torch.bfloat16
     q, k = torch.zeros(3, 64, dtype=bf), torch.zeros(3, 16, dtype=bf)
@@ -333,15 +334,21 @@ def test_fast_path_with_launch_checks_leaves_the_weights_and_k_dtype_to_the_laun
     key = (3, (bf, 64, 16))
     left_to_launch = [(q, k.half(), wq, wk), (q, k, wq.float(), wk), (q, k, torch.ones(72, dtype=bf), wk),
                       (q, k, wq, torch.ones(32, dtype=bf)[::2])]
+    left_to_launch += [(q, torch.zeros(2, 16, dtype=bf), wq, wk), (q, torch.zeros(3, 32, dtype=bf)[:, ::2], wq, wk),
+                       (torch.zeros(3, 68, dtype=bf)[:, :64], k, wq, wk),
+                       (q, torch.zeros(3 * 16 + 1, dtype=bf)[1:].view(3, 16), wq, wk)]  # N, strides, alignment
     for args in left_to_launch:
         like = [_CudaLike(t) for t in args]
         assert mod.fast_path_key(*like, 1e-6) is None
         assert mod.fast_path_key(*like, 1e-6, launch_checks=True) == key
+    like = [_CudaLike(t) for t in (q[:, :60], k, wq, wk)]  # a width no config takes: _compile_key refuses it
+    assert mod.fast_path_key(*like, 1e-6) is None
+    assert mod.fast_path_key(*like, 1e-6, launch_checks=True) == (3, (bf, 60, 16))
     # q's dtype picks the kernel, whose launch then refuses the bf16 k and weights
     assert mod.fast_path_key(*[_CudaLike(t) for t in (q.half(), k, wq, wk)], 1e-6, launch_checks=True) == (
         3, (torch.float16, 64, 16))
-    for args in [(q, torch.zeros(2, 16, dtype=bf), wq, wk), (q[:, :60], k, wq, wk), (q, q[:, :16], wq, wk),
-                 (q, k, q[0], wk), (q, k, wq, k[1])]:  # N mismatch, width, q/k overlap, a weight inside q / k
+    for args in [(q, q[:, :16], wq, wk), (q, k, q[0], wk), (q, k, wq, k[1]),  # q/k overlap, a weight inside q / k
+                 (q.as_strided((3, 64), (32, 1)), k, wq, wk)]:  # overlapping rows
         like = [_CudaLike(t) for t in args]
         assert mod.fast_path_key(*like, 1e-6, launch_checks=True) is None
         assert mod.fast_path_key(*like, 1e-6) is None

@@ -110,11 +110,13 @@ def test_empty_and_validation_on_gpu():
 
 
 @pytest.mark.parametrize("case", ["k_fp16", "q_weight_fp32", "q_weight_long", "q_weight_short", "k_weight_strided",
-                                  "k_weight_2d"])
+                                  "k_weight_2d", "k_rows", "q_width_odd", "q_too_wide", "q_row_stride_odd",
+                                  "q_column_strided", "k_misaligned"])
 def test_arguments_refused_at_the_launch_get_the_slow_paths_error(case):
-    """qk_rmsnorm_'s fast path leaves k's and the weights' dtype, shapes and strides to the compiled function's own
-    checks (fast_path_key's launch_checks): such a call must raise the slow path's error (not tvm-ffi's) and
-    write nothing."""
+    """qk_rmsnorm_'s fast path leaves k's and the weights' dtype, shapes and strides, k's token count, the row
+    strides' divisibility, unit column strides and alignment to the compiled function's own checks, and widths
+    that no config takes to the kernel's compile (fast_path_key's launch_checks): such a call must raise the
+    slow path's error (not tvm-ffi's or the config's) and write nothing."""
     import re
 
     bf = torch.bfloat16
@@ -125,7 +127,14 @@ def test_arguments_refused_at_the_launch_get_the_slow_paths_error(case):
             "q_weight_long": (q, k, torch.ones(4104, device="cuda", dtype=bf), wk),
             "q_weight_short": (q, k, wq[:4088], wk),
             "k_weight_strided": (q, k, wq, torch.ones(2048, device="cuda", dtype=bf)[::2]),
-            "k_weight_2d": (q, k, wq, wk.view(1, 1024))}[case]
+            "k_weight_2d": (q, k, wq, wk.view(1, 1024)), "k_rows": (q, k[:4], wq, wk),
+            "q_width_odd": (q[:, :4092], k, wq[:4092], wk),
+            "q_too_wide": (torch.randn(5, 32768, device="cuda", dtype=bf), k,
+                           torch.ones(32768, device="cuda", dtype=bf), wk),
+            "q_row_stride_odd": (torch.randn(5, 4100, device="cuda", dtype=bf)[:, :4096], k, wq, wk),
+            "q_column_strided": (torch.randn(5, 8192, device="cuda", dtype=bf)[:, ::2], k, wq, wk),
+            "k_misaligned": (q, torch.randn(5 * 1024 + 8, device="cuda", dtype=bf)[4:4 + 5 * 1024].view(5, 1024), wq,
+                             wk)}[case]
     assert mod.fast_path_key(*args, 1e-6, launch_checks=True) is not None  # (so the launch is what refuses)
     with pytest.raises((TypeError, ValueError)) as expected:
         mod._explain_refused_launch(*args, 1e-6)
