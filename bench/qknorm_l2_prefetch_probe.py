@@ -1,6 +1,6 @@
 """Probe: the per-token Q/K norm past L2 with and without its L2 prefetch of a later CTA's rows
-(``QKNormTuning.l2_prefetch_ctas``: at its start, one thread of each part (q, k) of CTA ``b`` issues
-``cp.async.bulk.prefetch.L2.global`` for the rows of CTA ``b + distance``).  At N=16384 (q + k 168 MB, past
+(``QKNormTuning.l2_prefetch_bytes``: at its start, one thread of each part (q, k) of CTA ``b`` issues
+``cp.async.bulk.prefetch.L2.global`` for the rows of CTA ``b + distance``; here the distance in CTAs).  At N=16384 (q + k 168 MB, past
 the H200's 60 MiB L2) the kernel without it holds about 40 KB of loads in flight per SM (4 CTAs of one
 10-KB token) and reached 94% of the copy rate (84.1-84.4 us; torch's in-place ``mul_`` of the same bytes
 83.0-83.3).  Same sums, so the same bits (checked).  CUDA graph, shuffled rounds, next to torch's copy and
@@ -8,8 +8,8 @@ in-place mul_.
 
     python3 bench/qknorm_l2_prefetch_probe.py [--rounds=N] [--n=8192,16384] [--distances=264,528,...]
 
-Runs recorded: bench/results/logs/2026-12-01_s32_qknorm_l2_prefetch_probe.log (session 32: 528 ahead
-shipped as the default).
+Runs recorded: bench/results/logs/2026-12-01_s32_qknorm_l2_prefetch_probe.log (session 32: best at 264-396
+CTAs ahead, 3-5.5 MB of rows, at both widths; shipped as 4 MiB ahead).
 """
 import sys
 
@@ -35,9 +35,11 @@ def main(argv: list) -> None:
     def variants(dtype, qd, kd):
         tuning = mod.QKNormTuning(mod.DEFAULT_TUNING.target_vecs, mod.DEFAULT_TUNING.streaming)
         fns = {"no_prefetch": mod._compile(dtype, qd, kd, tuning)}
+        cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=tuning)
+        tile_bytes = cfg.rows * (qd + kd) * dtype.itemsize
         for d in dists:
             fns[f"prefetch{d}"] = mod._compile(dtype, qd, kd, mod.QKNormTuning(tuning.target_vecs, tuning.streaming,
-                                                                               l2_prefetch_ctas=d))
+                                                                               l2_prefetch_bytes=d * tile_bytes))
         return fns
 
     run_probe(argv, __doc__, variants, shapes=SHAPES, ns=(8192, 16384, 32768))

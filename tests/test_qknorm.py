@@ -23,7 +23,7 @@ def test_compiles_with_16_byte_vectors(target):
         assert {"bulk load (cp.async.bulk)", "bulk store (cp.async.bulk)", "mbarrier"} <= set(rec.ptx_features)
     else:
         assert "st.global.v4 (16B stores)" in rec.ptx_features
-    # one CTA per row tile: the L2 prefetch of the rows of the CTA L2_PREFETCH_CTAS later (session 32)
+    # one CTA per row tile: the L2 prefetch of the rows of a CTA L2_PREFETCH_BYTES later (session 32)
     per_tile = len(target.key) == 3
     assert ("L2 prefetch (cp.async.bulk.prefetch)" in rec.ptx_features) == per_tile
     if per_tile:
@@ -549,9 +549,9 @@ def test_bulk_stages_rules(tuning, shape, match):
                                     (dict(streaming="no"), TypeError), (dict(streaming=None), TypeError),
                                     (dict(persistent_ctas=2.0), TypeError),
                                     (dict(bulk_stages=-1), ValueError), (dict(bulk_stages=2.0), TypeError),
-                                    (dict(l2_prefetch_ctas=-1), ValueError), (dict(l2_prefetch_ctas=1.0), TypeError),
-                                    (dict(l2_prefetch_ctas=2**21), ValueError),
-                                    (dict(l2_prefetch_ctas=528, persistent_ctas=396), ValueError)])
+                                    (dict(l2_prefetch_bytes=-1), ValueError), (dict(l2_prefetch_bytes=1.0), TypeError),
+                                    (dict(l2_prefetch_bytes=2**31), ValueError),
+                                    (dict(l2_prefetch_bytes=4096, persistent_ctas=396), ValueError)])
 def test_tuning_fields_are_checked(kw, exc):
     with pytest.raises(exc):
         mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=mod.QKNormTuning(**kw))
@@ -608,3 +608,18 @@ def test_config_and_launch_key_argument_types():
     for bad in (5, [torch.bfloat16, 4096, 1024], (torch.bfloat16, 4096.0, 1024), (torch.bfloat16, 0, 1024)):
         with pytest.raises(TypeError, match="key"):
             mod.launch_key(4096, bad, 0)
+
+
+def test_l2_prefetch_distance_in_ctas():
+    """``l2_prefetch_bytes`` -> CTAs ahead: the bytes over one CTA's q and k rows, at least 1, 0 when off."""
+    def ahead(qk, dtype, nbytes):
+        tuning = dataclasses.replace(mod.DEFAULT_TUNING, l2_prefetch_bytes=nbytes)
+        return mod.QKNormConfig.for_shape(*qk, dtype, tuning=tuning).l2_prefetch_ctas
+
+    assert ahead((4096, 1024), torch.bfloat16, mod.L2_PREFETCH_BYTES) == (4 << 20) // 10240 == 409
+    assert ahead((6144, 1024), torch.bfloat16, mod.L2_PREFETCH_BYTES) == (4 << 20) // 14336 == 292
+    assert ahead((4096, 1024), torch.float32, mod.L2_PREFETCH_BYTES) == (4 << 20) // 20480
+    cfg = mod.QKNormConfig.for_shape(512, 128, torch.bfloat16, tuning=mod.DEFAULT_TUNING)
+    assert cfg.rows > 1 and cfg.l2_prefetch_ctas == (4 << 20) // (cfg.rows * 640 * 2)  # several tokens a CTA
+    assert ahead((4096, 1024), torch.bfloat16, 1) == 1 and ahead((4096, 1024), torch.bfloat16, 3 * 10240) == 3
+    assert ahead((4096, 1024), torch.bfloat16, 0) == 0

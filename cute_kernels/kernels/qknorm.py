@@ -38,10 +38,10 @@ threads have normalized the row in place and arrived on the slot's ``ready`` mba
 as a bulk group, and after the store has read the slot, the refill with the row ``stages`` ahead.  The
 q and k threads read the same vectors as the register kernels (the same bits) and run without a CTA
 barrier.  Past L2 one CTA per token is fastest again (:func:`launch_key`), with an L2 prefetch: at its start,
-CTA ``b`` asks L2 for the rows of CTA ``b + 528`` (one wave of resident CTAs ahead;
-``QKNormTuning.l2_prefetch_ctas``, one ``cp.async.bulk.prefetch.L2`` per row and part), so each CTA finds
-its rows in L2 and more bytes are in flight than 4 CTAs of one token per SM hold in registers: N=16384
-81.2 us instead of 84.1, ahead of torch's copy of the same bytes (82.7; session 32).
+CTA ``b`` asks L2 for the rows of the CTA about 4 MiB of rows later (``QKNormTuning.l2_prefetch_bytes``: 409
+CTAs ahead at bf16 4096/1024; one ``cp.async.bulk.prefetch.L2`` per row and part), so each CTA finds its rows
+in L2 and more bytes are in flight than 4 CTAs of one token per SM hold in registers: N=16384 80.9 us
+instead of 83.8, ahead of torch's copy of the same bytes (82.7; session 32).
 
 The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
 the row is one rank's shard and ``Q``/``K`` are the full sizes.
@@ -165,16 +165,17 @@ class QKNormTuning:
     ``bulk_stages``: 0 = rows move through registers; ``>= 2`` (with ``persistent_ctas``) = each CTA
     stages that many token rows in shared memory, loaded and stored whole by bulk copies
     (``cp.async.bulk``) that a producer warp issues while the other warps normalize.
-    ``l2_prefetch_ctas``: 0 = off; ``> 0`` (one CTA per row tile only) = at its start CTA ``b`` asks L2 for
-    the rows of CTA ``b + l2_prefetch_ctas`` (``cp.async.bulk.prefetch.L2``, one instruction per row and
-    part: no registers, no wait), so that CTA finds them in L2 (more bytes in flight past L2).
+    ``l2_prefetch_bytes``: 0 = off; ``> 0`` (one CTA per row tile only) = at its start CTA ``b`` asks L2
+    for the rows of the CTA that many bytes of rows later, ``b + QKNormConfig.l2_prefetch_ctas``
+    (``cp.async.bulk.prefetch.L2``, one instruction per row and part: no registers, no wait), so that CTA
+    finds them in L2 (more bytes in flight past L2).
     """
 
     target_vecs: int = 4
     streaming: bool = False
     persistent_ctas: int = 0
     bulk_stages: int = 0
-    l2_prefetch_ctas: int = 0
+    l2_prefetch_bytes: int = 0
 
     def validate(self) -> None:
         check_int("target_vecs", self.target_vecs, low=1, high=_MAX_VECS)
@@ -189,9 +190,9 @@ class QKNormTuning:
                              "bulk copies (use one or the other)")
         if self.bulk_stages * self.persistent_ctas > 2**30:  # row + (stages - 1) * grid stays in int32
             raise ValueError(f"bulk_stages x persistent_ctas = {self.bulk_stages * self.persistent_ctas} > 2**30")
-        check_int("l2_prefetch_ctas", self.l2_prefetch_ctas, low=0, high=2**20)
-        if self.l2_prefetch_ctas and self.persistent_ctas:
-            raise ValueError(f"l2_prefetch_ctas={self.l2_prefetch_ctas}: for one CTA per row tile only "
+        check_int("l2_prefetch_bytes", self.l2_prefetch_bytes, low=0, high=2**30)
+        if self.l2_prefetch_bytes and self.persistent_ctas:
+            raise ValueError(f"l2_prefetch_bytes={self.l2_prefetch_bytes}: for one CTA per row tile only "
                              f"(persistent_ctas={self.persistent_ctas} walks its own tiles)")
 
 
@@ -256,6 +257,15 @@ class QKNormConfig:
     @property
     def threads(self) -> int:
         return self.q_threads + self.k_threads
+
+    @property
+    def l2_prefetch_ctas(self) -> int:
+        """How many CTAs ahead ``tuning.l2_prefetch_bytes`` reaches: at least 1 (0 when off), a CTA's rows
+        being ``rows * (Q + K)`` elements of this config's vector size."""
+        if not self.tuning.l2_prefetch_bytes:
+            return 0
+        tile_bytes = self.rows * (self.q.width + self.k.width) * (16 // self.q.vec)
+        return max(1, self.tuning.l2_prefetch_bytes // tile_bytes)
 
     @property
     def block_threads(self) -> int:
@@ -471,11 +481,11 @@ class QKNormKernel(QKRowNormalizer):
         if cutlass.const_expr(cfg.tuning.persistent_ctas == 0):
             sRed = smem.allocate_tensor(Float32, cute.make_layout(self.num_warps), byte_alignment=16)
             if tidx < cfg.q_threads:
-                if cutlass.const_expr(cfg.tuning.l2_prefetch_ctas > 0):
+                if cutlass.const_expr(cfg.l2_prefetch_ctas > 0):
                     self.prefetch_later_rows(mQ, cfg.q, tidx, bidx, n)
                 self.normalize(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
             else:
-                if cutlass.const_expr(cfg.tuning.l2_prefetch_ctas > 0):
+                if cutlass.const_expr(cfg.l2_prefetch_ctas > 0):
                     self.prefetch_later_rows(mK, cfg.k, tidx - cfg.q_threads, bidx, n)
                 self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
                                cfg.q_threads // 32, 2)
@@ -512,12 +522,12 @@ class QKNormKernel(QKRowNormalizer):
 
     @cute.jit
     def prefetch_later_rows(self, mX: cute.Tensor, part: cutlass.Constexpr, tidx: Int32, bidx: Int32, n: Int32):
-        """``l2_prefetch_ctas``: thread ``r < rows`` of a part asks L2 for its part of row ``r`` of the CTA
-        ``l2_prefetch_ctas`` later (rows past ``n`` skipped).  Rows are in ``[0, n)`` and ``n`` fits the row
-        index (int32), so the sum stays in int32 while ``bidx + l2_prefetch_ctas`` is a tile index."""
+        """``l2_prefetch_bytes``: thread ``r < rows`` of a part asks L2 for its part of row ``r`` of the CTA
+        ``config.l2_prefetch_ctas`` later (rows past ``n`` skipped; ``bidx + l2_prefetch_ctas`` stays in
+        int32: at most 2**30 CTAs ahead, and the row index is formed only below ``n``)."""
         rows = self.config.rows
         if tidx < rows:
-            tile = bidx + self.config.tuning.l2_prefetch_ctas
+            tile = bidx + self.config.l2_prefetch_ctas
             if tile < (n - tidx + rows - 1) // rows:  # row = tile * rows + tidx < n, without forming it first
                 prefetch_l2(mX[tile * rows + tidx, None].iterator.toint(), part.width * self.dtype.width // 8)
 
@@ -668,12 +678,18 @@ class QKNormKernel(QKRowNormalizer):
 
 # H200, Q=4096 K=1024 bf16, CUDA graph (bench/qknorm_sweep.py): 2 vectors per thread 83.7 us at N=16384
 # (4: 84.9, 8: 84.1), 2.07 us at N=64 (4: 1.98); cache hints within noise.  The L2 prefetch of the rows
-# L2_PREFETCH_CTAS CTAs ahead (session 32, bench/qknorm_l2_prefetch_probe.py, same run, 7 shuffled rounds, us):
-# N=8192 42.33 vs 43.69 without, 16384 81.15 vs 84.10 (torch's copy of the same bytes 82.67, in-place mul_
-# 83.04), 32768 158.72 vs 164.44; 1056 ahead 43.53 / 82.75 / 164.1, 2112 and 4224 ahead 10-35% slower
-# (prefetched rows evicted before use): one wave of resident CTAs (4 per SM x 132) ahead
-L2_PREFETCH_CTAS = 528
-DEFAULT_TUNING = QKNormTuning(target_vecs=2, l2_prefetch_ctas=L2_PREFETCH_CTAS)
+# rows about L2_PREFETCH_BYTES ahead (session 32, bench/qknorm_l2_prefetch_probe.py, H200, bf16, CUDA graph,
+# 7 shuffled rounds in one run, us; bench/results/logs/2026-12-01_s32_qknorm_l2_prefetch_probe.log):
+#   4096/1024 (10 KB a token)  none / 264 / 396 / 528 / 660 / 792 / 1056 CTAs ahead: N=8192 43.42 / 41.70 /
+#     41.88 / 42.11 / 42.32 / 42.55 / 43.36; 16384 83.80 / 80.69 / 80.68 / 80.92 / 80.96 / 81.28 / 82.75
+#     (torch's copy of the same bytes 82.65); 32768 164.17 / 158.16 / 158.13 / ... / 162.91; 2112 and 4224
+#     ahead (an earlier run) 10-35% slower: prefetched rows evicted before their CTA reads them;
+#   6144/1024 (14 KB a token)  N=16384 115.07 / 111.85 / 112.08 / 112.57 / 114.65 / 119.37 / 132.75 (copy
+#     113.17); 8192 and 32768 alike;
+# best at 3-5.5 MB of rows ahead at both widths, worse from about 9 MB: so a distance in bytes, 4 MiB (409
+# CTAs ahead at 4096/1024, 292 at 6144/1024)
+L2_PREFETCH_BYTES = 4 << 20
+DEFAULT_TUNING = QKNormTuning(target_vecs=2, l2_prefetch_bytes=L2_PREFETCH_BYTES)
 # Persistent CTAs (the same tiling, so the same bits) for PERSISTENT_SHAPES: 3 per SM (what one SM holds
 # there: 64 registers x 320 threads), each loading the weights once, from N = 1024 tokens while q and k
 # fit in 60% of L2 (85% until session 18; from there to 95% bulk-staged rows are faster).  H200, bf16

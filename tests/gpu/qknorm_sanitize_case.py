@@ -29,7 +29,7 @@ for n, qd, fn in ((37, 4096, qknorm._compile(torch.bfloat16, 4096, 1024, qknorm.
                   (37, 6144, qknorm._compile(torch.bfloat16, 6144, 1024, qknorm.QKNormTuning(2, False, 3, 3))),
                   # one CTA per token with the L2 prefetch 3 CTAs ahead (the last 3 CTAs prefetch nothing)
                   (37, 4096, qknorm._compile(torch.bfloat16, 4096, 1024,
-                                             qknorm.QKNormTuning(2, False, l2_prefetch_ctas=3)))):
+                                             qknorm.QKNormTuning(2, False, l2_prefetch_bytes=3 * 10240)))):
     q = torch.randn(n, qd, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16)
     fn(q, k, torch.ones(qd, device="cuda", dtype=torch.bfloat16), torch.ones(1024, device="cuda", dtype=torch.bfloat16),

@@ -209,15 +209,20 @@ def test_persistent_tiles_bitwise_equal_to_one_cta_per_tile(tuning, qk):
     _assert_bits_of_one_cta_per_tile(tuning, qk, torch.bfloat16)
 
 
-@pytest.mark.parametrize("ctas", [1, 3, mod.L2_PREFETCH_CTAS])
+@pytest.mark.parametrize("ahead", [1, 3, None])
 @pytest.mark.parametrize("qk", [(4096, 1024), (1000, 24), (512, 128)])
-def test_l2_prefetch_keeps_the_bits(ctas, qk):
-    """``l2_prefetch_ctas`` (the default one-CTA-per-tile kernel's prefetch of a later CTA's rows): 1 and 3
-    ahead, so the prefetch runs at these N (for every CTA but the last ones; 4 token rows per CTA at
-    512/128), and the shipped distance: the same bits as without it, nothing outside q/k written."""
-    tuning = dataclasses.replace(mod.DEFAULT_TUNING, l2_prefetch_ctas=ctas)
+def test_l2_prefetch_keeps_the_bits(ahead, qk):
+    """``l2_prefetch_bytes`` (the default one-CTA-per-tile kernel's prefetch of a later CTA's rows): 1 and 3
+    CTAs ahead, so the prefetch runs at these N (for every CTA but the last ones; several token rows per
+    CTA at 512/128 and 1000/24), and the shipped distance: the same bits as without it, nothing outside
+    q/k written."""
+    cfg = mod.QKNormConfig.for_shape(*qk, torch.bfloat16, tuning=mod.DEFAULT_TUNING)
+    nbytes = mod.L2_PREFETCH_BYTES if ahead is None else ahead * cfg.rows * (qk[0] + qk[1]) * 2
+    tuning = dataclasses.replace(mod.DEFAULT_TUNING, l2_prefetch_bytes=nbytes)
+    if ahead is not None:
+        assert mod.QKNormConfig.for_shape(*qk, torch.bfloat16, tuning=tuning).l2_prefetch_ctas == ahead
     _assert_bits_of_one_cta_per_tile(tuning, qk, torch.bfloat16,
-                                     reference=dataclasses.replace(tuning, l2_prefetch_ctas=0))
+                                     reference=dataclasses.replace(tuning, l2_prefetch_bytes=0))
 
 
 def _assert_bits_of_one_cta_per_tile(tuning, qk, dtype, reference=None):
