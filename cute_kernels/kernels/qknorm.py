@@ -40,8 +40,8 @@ q and k threads read the same vectors as the register kernels (the same bits) an
 barrier.  Past L2 one CTA per token is fastest again (:func:`launch_key`), with an L2 prefetch: at its start,
 CTA ``b`` asks L2 for the rows of the CTA about 4 MiB of rows later (``QKNormTuning.l2_prefetch_bytes``: 409
 CTAs ahead at bf16 4096/1024; one ``cp.async.bulk.prefetch.L2`` per row and part), so each CTA finds its rows
-in L2 and more bytes are in flight than 4 CTAs of one token per SM hold in registers: N=16384 80.9 us
-instead of 83.8, ahead of torch's copy of the same bytes (82.7; session 32).
+in L2 and more bytes are in flight than 4 CTAs of one token per SM hold in registers: N=16384 80.7-80.9 us
+instead of 83.8-84.4, ahead of torch's copy of the same bytes (82.7; session 32, :data:`L2_PREFETCH_BYTES`).
 
 The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
 the row is one rank's shard and ``Q``/``K`` are the full sizes.
