@@ -16,7 +16,7 @@ import sys
 import torch
 
 from cute_kernels.kernels import qknorm as mod
-from qknorm_sweep import parse_ints, run_probe
+from qknorm_sweep import PROBE_TUNING, parse_ints, run_probe
 
 SHAPES = ((4096, 1024), (6144, 1024))
 
@@ -33,7 +33,7 @@ def main(argv: list) -> None:
     dists = distances(argv)
 
     def variants(dtype, qd, kd):
-        tuning = mod.QKNormTuning(mod.DEFAULT_TUNING.target_vecs, mod.DEFAULT_TUNING.streaming)
+        tuning = PROBE_TUNING
         fns = {"no_prefetch": mod._compile(dtype, qd, kd, tuning)}
         cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=tuning)
         tile_bytes = cfg.rows * (qd + kd) * dtype.itemsize

@@ -14,7 +14,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from cute_kernels.kernels import qknorm as mod
-from qknorm_sweep import compile_probe_kernel, run_probe
+from qknorm_sweep import PROBE_TUNING, compile_probe_kernel, run_probe
 
 
 class BoundedKernel(mod.QKNormKernel):
@@ -38,7 +38,7 @@ def compile_bounded(dtype, qd, kd, ctas_per_sm: int):
 def variants(dtype, qd, kd):
     from cute_kernels.runtime.cache import compile_record
 
-    fns = {"per_token": mod._compile(dtype, qd, kd), "bound5": compile_bounded(dtype, qd, kd, 5),
+    fns = {"per_token": mod._compile(dtype, qd, kd, PROBE_TUNING), "bound5": compile_bounded(dtype, qd, kd, 5),
            "bound6": compile_bounded(dtype, qd, kd, 6)}
     for c in (5, 6):  # what ptxas gave each bound (a launch bound compiles only where a GPU is visible)
         rec = compile_record("qknorm_launch_bound_probe", (str(dtype), qd, kd, c))

@@ -18,7 +18,7 @@ from cutlass import Float32
 from cute_kernels.kernels import qknorm as mod
 from cute_kernels.runtime.cache import compile_cached
 from cute_kernels.runtime.fake import cute_dtype
-from qknorm_sweep import run_probe
+from qknorm_sweep import PROBE_TUNING, run_probe
 
 
 class UnpackedKernel(mod.QKNormKernel):
@@ -34,13 +34,13 @@ class UnpackedKernel(mod.QKNormKernel):
 
 
 def compile_unpacked(dtype, qd, kd):
-    cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=mod.DEFAULT_TUNING)
+    cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=PROBE_TUNING)
     return compile_cached("qknorm_unpacked_probe", (str(dtype), qd, kd),
                           lambda: (UnpackedKernel(cute_dtype(dtype), cfg), mod.fake_launch_args(dtype, qd, kd)))
 
 
 def variants(dtype, qd, kd):
-    return {"per_token": mod._compile(dtype, qd, kd), "unpacked": compile_unpacked(dtype, qd, kd)}
+    return {"per_token": mod._compile(dtype, qd, kd, PROBE_TUNING), "unpacked": compile_unpacked(dtype, qd, kd)}
 
 
 PROBE_ARGS = dict(shapes=((6144, 1024), (4096, 1024)), ns=(4096, 8192, 16384))

@@ -20,7 +20,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from cute_kernels.kernels import qknorm as mod
-from qknorm_sweep import compile_probe_kernel, run_probe
+from qknorm_sweep import PROBE_TUNING, compile_probe_kernel, run_probe
 
 
 def _part_normalizer(dtype, cfg, rows: int, threads: int):
@@ -76,7 +76,7 @@ def compile_split(dtype, qd, kd, k_first: bool):
 
 
 def variants(dtype, qd, kd):
-    return {"per_token": mod._compile(dtype, qd, kd), "split_q_first": compile_split(dtype, qd, kd, False),
+    return {"per_token": mod._compile(dtype, qd, kd, PROBE_TUNING), "split_q_first": compile_split(dtype, qd, kd, False),
             "split_k_first": compile_split(dtype, qd, kd, True)}
 
 

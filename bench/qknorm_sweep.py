@@ -25,14 +25,20 @@ from cute_kernels.kernels import qknorm as mod
 from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
 SMS = 132
+# The probes' kernels (compile_probe_kernel) and their "per_token" baselines: the per-token kernel without the
+# L2 prefetch of later rows that it ships with since session 32 (QKNormTuning.l2_prefetch_bytes), as in the
+# probes' recorded runs, so a probe's variant and its baseline differ only in what the probe changes
+PROBE_TUNING = mod.QKNormTuning(mod.DEFAULT_TUNING.target_vecs, mod.DEFAULT_TUNING.streaming)
 
 
 def tunings():
     """Persistent CTA counts: the CTAs one SM holds times 132 SMs (ptxas registers at Q=4096, K=1024,
     sm_90a: 64 per thread for 2 vectors -> 3 CTAs of 320 threads; 128 for 4 -> 3 of 160), and fewer.
     (Session 15's second run also had launch-bound variants, a QKNormTuning field at 5347951: slower;
-    session 16's run had the weight loaded after the row sum, late_weights at 1b10cd4: slower.)"""
-    return {"per_token": mod.DEFAULT_TUNING, "v4": mod.QKNormTuning(4, False),
+    session 16's run had the weight loaded after the row sum, late_weights at 1b10cd4: slower.)  Only
+    ``per_token`` (the shipped default) has the L2 prefetch of later rows (session 32); the others, like
+    ``per_token_noprefetch``, do not."""
+    return {"per_token": mod.DEFAULT_TUNING, "per_token_noprefetch": PROBE_TUNING, "v4": mod.QKNormTuning(4, False),
             "v2_persist3": mod.QKNormTuning(2, False, SMS * 3),
             "v2_persist2": mod.QKNormTuning(2, False, SMS * 2),
             "v4_persist3": mod.QKNormTuning(4, False, SMS * 3),
@@ -43,12 +49,13 @@ def tunings():
 
 
 def compile_probe_kernel(name: str, make_kernel, dtype, qd: int, kd: int, *key):
-    """A probe's kernel variant of the shipped per-token config of (dtype, qd, kd): ``make_kernel(cute
-    dtype, config)`` builds it; compiled once per ``key`` under ``name`` in the compile cache."""
+    """A probe's kernel variant of the per-token config of (dtype, qd, kd) (:data:`PROBE_TUNING`: without the
+    L2 prefetch): ``make_kernel(cute dtype, config)`` builds it; compiled once per ``key`` under ``name`` in the
+    compile cache."""
     from cute_kernels.runtime.cache import compile_cached
     from cute_kernels.runtime.fake import cute_dtype
 
-    cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=mod.DEFAULT_TUNING)
+    cfg = mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=PROBE_TUNING)
     return compile_cached(name, (str(dtype), qd, kd, *key),
                           lambda: (make_kernel(cute_dtype(dtype), cfg), mod.fake_launch_args(dtype, qd, kd)))
 

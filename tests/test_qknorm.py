@@ -335,8 +335,7 @@ def test_fast_path_with_launch_checks_leaves_the_weights_and_k_dtype_to_the_laun
     left_to_launch = [(q, k.half(), wq, wk), (q, k, wq.float(), wk), (q, k, torch.ones(72, dtype=bf), wk),
                       (q, k, wq, torch.ones(32, dtype=bf)[::2])]
     left_to_launch += [(q, torch.zeros(2, 16, dtype=bf), wq, wk), (q, torch.zeros(3, 32, dtype=bf)[:, ::2], wq, wk),
-                       (torch.zeros(3, 68, dtype=bf)[:, :64], k, wq, wk),
-                       (q, torch.zeros(3 * 16 + 1, dtype=bf)[1:].view(3, 16), wq, wk)]  # N, strides, alignment
+                       (q, torch.zeros(3 * 16 + 1, dtype=bf)[1:].view(3, 16), wq, wk)]  # N, column stride, alignment
     for args in left_to_launch:
         like = [_CudaLike(t) for t in args]
         assert mod.fast_path_key(*like, 1e-6) is None
@@ -348,7 +347,10 @@ def test_fast_path_with_launch_checks_leaves_the_weights_and_k_dtype_to_the_laun
     assert mod.fast_path_key(*[_CudaLike(t) for t in (q.half(), k, wq, wk)], 1e-6, launch_checks=True) == (
         3, (torch.float16, 64, 16))
     for args in [(q, q[:, :16], wq, wk), (q, k, q[0], wk), (q, k, wq, k[1]),  # q/k overlap, a weight inside q / k
-                 (q.as_strided((3, 64), (32, 1)), k, wq, wk)]:  # overlapping rows
+                 (q.as_strided((3, 64), (32, 1)), k, wq, wk),  # overlapping rows
+                 (torch.zeros(3, 68, dtype=bf)[:, :64], k, wq, wk),  # a row stride of 68: the slow path explains
+                 (torch.zeros(1, 68, dtype=bf).as_strided((1, 64), (67, 1)), k[:1], wq, wk)]:  # N = 1, legal: its
+        # launch view is the slow path's
         like = [_CudaLike(t) for t in args]
         assert mod.fast_path_key(*like, 1e-6, launch_checks=True) is None
         assert mod.fast_path_key(*like, 1e-6) is None
@@ -623,3 +625,13 @@ def test_l2_prefetch_distance_in_ctas():
     assert cfg.rows > 1 and cfg.l2_prefetch_ctas == (4 << 20) // (cfg.rows * 640 * 2)  # several tokens a CTA
     assert ahead((4096, 1024), torch.bfloat16, 1) == 1 and ahead((4096, 1024), torch.bfloat16, 3 * 10240) == 3
     assert ahead((4096, 1024), torch.bfloat16, 0) == 0
+
+
+def test_prefetch_guard_is_the_row_test():
+    """The per-token kernel's prefetch guard (``prefetch_row_exists``, evaluated on DSL integers in the kernel)
+    is ``tile * rows + r < n`` for every row ``r < rows`` of tile ``tile >= 0`` and ``n >= 1``."""
+    for rows in (1, 2, 3, 4, 8, 32):
+        for n in range(1, 70):
+            for tile in range(0, 80):
+                for r in range(rows):
+                    assert mod.prefetch_row_exists(tile, r, n, rows) == (tile * rows + r < n), (rows, n, tile, r)

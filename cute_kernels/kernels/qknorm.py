@@ -333,6 +333,14 @@ def prefetch_l2(addr, nbytes: int, *, loc=None, ip=None) -> None:
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+def prefetch_row_exists(tile, r, n, rows):
+    """Whether row ``r`` (``0 <= r < rows``) of row tile ``tile >= 0`` is a token, ``tile * rows + r < n``
+    for ``n >= 1``, without forming the row index (which could pass int32 for a tile far past the last):
+    :meth:`QKNormKernel.prefetch_later_rows`'s guard, on DSL integers there and on Python ints in the tests
+    (the numerator is positive, so floor and truncating division agree)."""
+    return tile < (n - r + rows - 1) // rows
+
+
 @cute.jit
 def keep_packed(tXrX: cute.Tensor):
     """Pass every 32-bit word of the register fragment ``tXrX`` through :func:`_opaque_move`, so that the
@@ -528,7 +536,7 @@ class QKNormKernel(QKRowNormalizer):
         rows = self.config.rows
         if tidx < rows:
             tile = bidx + self.config.l2_prefetch_ctas
-            if tile < (n - tidx + rows - 1) // rows:  # row = tile * rows + tidx < n, without forming it first
+            if prefetch_row_exists(tile, tidx, n, rows):
                 prefetch_l2(mX[tile * rows + tidx, None].iterator.toint(), part.width * self.dtype.width // 8)
 
     @cute.jit
@@ -678,7 +686,7 @@ class QKNormKernel(QKRowNormalizer):
 
 # H200, Q=4096 K=1024 bf16, CUDA graph (bench/qknorm_sweep.py): 2 vectors per thread 83.7 us at N=16384
 # (4: 84.9, 8: 84.1), 2.07 us at N=64 (4: 1.98); cache hints within noise.  The L2 prefetch of the rows
-# rows about L2_PREFETCH_BYTES ahead (session 32, bench/qknorm_l2_prefetch_probe.py, H200, bf16, CUDA graph,
+# about L2_PREFETCH_BYTES ahead (session 32, bench/qknorm_l2_prefetch_probe.py, H200, bf16, CUDA graph,
 # 7 shuffled rounds in one run, us; bench/results/logs/2026-12-01_s32_qknorm_l2_prefetch_probe.log):
 #   4096/1024 (10 KB a token)  none / 264 / 396 / 528 / 660 / 792 / 1056 CTAs ahead: N=8192 43.42 / 41.70 /
 #     41.88 / 42.11 / 42.32 / 42.55 / 43.36; 16384 83.80 / 80.69 / 80.68 / 80.92 / 80.96 / 81.28 / 82.75
@@ -961,16 +969,17 @@ def check_eps(eps) -> None:
 
 
 def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) -> tuple | None:
-    """Cheap eager-path test of every rule of :func:`validate_qk_args` (which explains failures, rows wider
-    than the kernel takes included) and that no tensor requires grad while grad mode is on (the slow path
+    """Cheap eager-path test of the rules of :func:`validate_qk_args` (which explains failures, rows wider
+    than the kernel takes included; all of them here unless ``launch_checks``, see below) and that no
+    tensor requires grad while grad mode is on (the slow path
     applies :func:`check_no_grad`): ``(N, (dtype, Q, K))`` (the token count and the compiled kernel's key) if
     all hold and N > 0, else None.  Each tensor attribute is read once (a read costs ~0.05-0.15 us of host
     time; the eager target is 10 us per call).
 
     ``launch_checks=True`` (:func:`qk_rmsnorm_`, which launches the one-GPU kernel right after): leave out
     the rules that the compiled function's own argument checks apply before it launches (tvm-ffi, in
-    compiled code: k's and the weights' dtype, k's token count, the weights' shapes and unit strides, the
-    row strides' divisibility, q's and k's unit column strides, 16-byte aligned data, and every tensor on
+    compiled code: k's and the weights' dtype, k's token count, the weights' shapes and unit strides,
+    q's and k's unit column strides, 16-byte aligned data, and every tensor on
     q's device) or that the kernel's key does (widths that no config takes: :func:`QKNormConfig.for_shape`
     raises in :func:`_compile_key`), so a call that breaks one of them reaches the launch (or the compile)
     and is refused there; the caller then explains it with the slow path's checks
@@ -990,9 +999,10 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
                 return None
         if launch_checks:  # k's token count, the widths (a key that compiles), the row strides' divisibility,
             # the unit column strides and 16-byte alignment: the compiled function's checks (or _compile_key's)
-            if (n == 0 or (n > 1 and (sq < qw or sk < kw))
+            if (n == 0 or (sq | sk) % vec or (n > 1 and (sq < qw or sk < kw))
                     or (n - 1) * sq + qw > INT32_MAX or (n - 1) * sk + kw > INT32_MAX):
-                return None
+                return None  # (row strides that are not whole 16-byte vectors: the launch refuses them at
+                # N > 1, and at N = 1, where they are legal, the slow path passes a launch view)
         elif (n == 0 or nk != n or not 0 < qw <= _MAX_WIDTH_VECS * vec
                 or not 0 < kw <= _MAX_WIDTH_VECS * vec or (qw | kw | sq | sk) % vec or uq != 1 or uk != 1
                 or (n > 1 and (sq < qw or sk < kw))
@@ -1098,7 +1108,7 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         lq, lk = launch_view(q), launch_view(k)
     else:
         n, key = fast
-        lq, lk = q, k  # (the fast path admits only 16-byte row strides: no launch view needed)
+        lq, lk = q, k  # (the fast path admits only 16-byte row strides, even at N = 1: no launch view needed)
     if n == 0:
         return
     if n >= PERSISTENT_MIN_TOKENS:

@@ -111,7 +111,7 @@ def test_empty_and_validation_on_gpu():
 
 @pytest.mark.parametrize("case", ["k_fp16", "q_weight_fp32", "q_weight_long", "q_weight_short", "k_weight_strided",
                                   "k_weight_2d", "k_rows", "q_width_odd", "q_too_wide", "q_row_stride_odd",
-                                  "q_column_strided", "k_misaligned"])
+                                  "q_column_strided", "k_misaligned", "k_rows_persistent", "k_rows_bulk"])
 def test_arguments_refused_at_the_launch_get_the_slow_paths_error(case):
     """qk_rmsnorm_'s fast path leaves k's and the weights' dtype, shapes and strides, k's token count, the row
     strides' divisibility, unit column strides and alignment to the compiled function's own checks, and widths
@@ -134,7 +134,12 @@ def test_arguments_refused_at_the_launch_get_the_slow_paths_error(case):
             "q_row_stride_odd": (torch.randn(5, 4100, device="cuda", dtype=bf)[:, :4096], k, wq, wk),
             "q_column_strided": (torch.randn(5, 8192, device="cuda", dtype=bf)[:, ::2], k, wq, wk),
             "k_misaligned": (q, torch.randn(5 * 1024 + 8, device="cuda", dtype=bf)[4:4 + 5 * 1024].view(5, 1024), wq,
-                             wk)}[case]
+                             wk),
+            # the persistent and bulk-staged kernels' launches (N >= 1024, launch_key's picks on an H200)
+            "k_rows_persistent": (torch.randn(2048, 4096, device="cuda", dtype=bf),
+                                  torch.randn(2047, 1024, device="cuda", dtype=bf), wq, wk),
+            "k_rows_bulk": (torch.randn(4096, 4096, device="cuda", dtype=bf),
+                            torch.randn(4095, 1024, device="cuda", dtype=bf), wq, wk)}[case]
     assert mod.fast_path_key(*args, 1e-6, launch_checks=True) is not None  # (so the launch is what refuses)
     with pytest.raises((TypeError, ValueError)) as expected:
         mod._explain_refused_launch(*args, 1e-6)
@@ -143,6 +148,21 @@ def test_arguments_refused_at_the_launch_get_the_slow_paths_error(case):
         cute_kernels.qk_rmsnorm_(*args, 1e-6)
     torch.cuda.synchronize()
     assert all(torch.equal(t, b) for t, b in zip(args[:2], before))
+
+
+def test_one_token_with_a_row_stride_of_no_whole_vectors():
+    """N = 1 with a row stride that is not a multiple of 16 bytes is legal (the stride is never used): the slow
+    path launches a view of it; the result matches float64, the neighbouring elements are untouched."""
+    buf = torch.randn(4104 + 1024, device="cuda", dtype=torch.bfloat16)
+    q = buf.as_strided((1, 4096), (4100, 1))
+    k = buf[4104:].view(1, 1024)  # (16-byte aligned)
+    wq, wk = torch.randn(4096, device="cuda", dtype=torch.bfloat16), torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, 1e-6)
+    gap = buf[4096:4104].clone()
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    torch.testing.assert_close(q.double(), rq.double(), rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(k.double(), rk.double(), rtol=2**-7, atol=1e-2)
+    assert torch.equal(buf[4096:4104], gap)
 
 
 def test_runs_on_current_stream():
