@@ -997,8 +997,8 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
             (wq,), (wk,), (uwq,), (uwk,) = q_weight.shape, k_weight.shape, q_weight.stride(), k_weight.stride()
             if wq != qw or wk != kw or uwq != 1 or uwk != 1:
                 return None
-        if launch_checks:  # k's token count, the widths (a key that compiles), the row strides' divisibility,
-            # the unit column strides and 16-byte alignment: the compiled function's checks (or _compile_key's)
+        if launch_checks:  # k's token count, the widths (a key that compiles), the unit column strides and
+            # 16-byte alignment: the compiled function's checks (or _compile_key's)
             if (n == 0 or (sq | sk) % vec or (n > 1 and (sq < qw or sk < kw))
                     or (n - 1) * sq + qw > INT32_MAX or (n - 1) * sk + kw > INT32_MAX):
                 return None  # (row strides that are not whole 16-byte vectors: the launch refuses them at
