@@ -110,8 +110,8 @@ def test_empty_and_validation_on_gpu():
 
 
 @pytest.mark.parametrize("case", ["k_fp16", "q_weight_fp32", "q_weight_long", "q_weight_short", "k_weight_strided",
-                                  "k_weight_2d", "k_rows", "q_width_odd", "q_too_wide", "q_row_stride_odd",
-                                  "q_column_strided", "k_misaligned", "k_rows_persistent", "k_rows_bulk"])
+                                  "k_weight_2d", "k_rows", "q_width_odd", "q_too_wide", "q_column_strided",
+                                  "k_misaligned", "k_rows_persistent", "k_rows_bulk"])
 def test_arguments_refused_at_the_launch_get_the_slow_paths_error(case):
     """qk_rmsnorm_'s fast path leaves k's and the weights' dtype, shapes and strides, k's token count, the row
     strides' divisibility, unit column strides and alignment to the compiled function's own checks, and widths
@@ -131,7 +131,6 @@ def test_arguments_refused_at_the_launch_get_the_slow_paths_error(case):
             "q_width_odd": (q[:, :4092], k, wq[:4092], wk),
             "q_too_wide": (torch.randn(5, 32768, device="cuda", dtype=bf), k,
                            torch.ones(32768, device="cuda", dtype=bf), wk),
-            "q_row_stride_odd": (torch.randn(5, 4100, device="cuda", dtype=bf)[:, :4096], k, wq, wk),
             "q_column_strided": (torch.randn(5, 8192, device="cuda", dtype=bf)[:, ::2], k, wq, wk),
             "k_misaligned": (q, torch.randn(5 * 1024 + 8, device="cuda", dtype=bf)[4:4 + 5 * 1024].view(5, 1024), wq,
                              wk),
