@@ -191,9 +191,6 @@ class RankerFwdConfig:
     # the fixed one has no rescale).  The factors then live across the loop step: the three-warpgroup configs
     # at 160 registers keep the late rescale (fp16 D=128 soft_sign varlen spilled 8 bytes with it)
     early_rescale: bool = True
-    # with norm_bound: one history loop whose softmax and O rescale branch on the warpgroup's runtime bound
-    # (warpgroup-uniform) instead of two compiled loops, one per kind of max (compile time)
-    one_history_loop: bool = False
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -267,7 +264,7 @@ CONFIGS = {
     # B=16 1K+256 537 / 489, B=8 2K+2K 645 / 595, 16K 725 / 703, headline 679 / 690 (A/A 682), same bits
     # (bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log)
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, norm_bound=True,
-                         prefetch_self_kv=True, wg_epilogue=True, defer_store_wait=True, one_history_loop=True),
+                         prefetch_self_kv=True, wg_epilogue=True, defer_store_wait=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
 # With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
@@ -716,10 +713,7 @@ class RankerAttentionFwd:
             release_q = not self_block  # (the self block reads q_i from sQ after the loop)
             if const_expr(self.config.norm_bound):
                 bounded = self.rows_bounded(sQ, sVote, tidx, k_norm_max, softmax_scale)
-                if const_expr(self.config.one_history_loop):
-                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
-                                                 release_q, fixed=bounded)
-                elif bounded:
+                if bounded:
                     kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
                                                  release_q, fixed=True)
                 else:
@@ -837,11 +831,11 @@ class RankerAttentionFwd:
                         acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(v_at(r, c, row))
 
     @cute.jit
-    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, release_q, fixed):
+    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, release_q,
+                     fixed: cutlass.Constexpr):
         """The tile's history KV blocks, from the last down to the first (only the two edge blocks are
         masked); releases Q once every QK GEMM of the tile completed if ``release_q`` (else the caller does,
-        after the self term read q_i from sQ).  ``fixed``: P against the fixed max (a Python bool, or with
-        ``one_history_loop`` the warpgroup-uniform runtime flag of :meth:`rows_bounded`)."""
+        after the self term read q_i from sQ).  ``fixed``: P against the fixed max."""
         wg_idx = common[-1]  # (mma_tile's common arguments end with the warpgroup index)
         args = (*common, fixed)
         if const_expr(self.config.intra_wg_overlap):
@@ -909,16 +903,13 @@ class RankerAttentionFwd:
         self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, fixed, is_first)
 
     @cute.jit
-    def rescale_O(self, acc_O, row_scale, fixed):
+    def rescale_O(self, acc_O, row_scale, fixed: cutlass.Constexpr):
         """O *= the rows' rescale factors.  ``skip_unit_rescale``: skipped when every factor of the warp is
         exactly 1 (no row max of the warp changed; exp2(0) is exactly 1, so the output bits are the same),
         a warp-uniform branch on a vote.  Session 9, same run (bench/results/logs/
         2026-11-30_s9_ranker_fwd_skip_rescale.log): faster on the three-warpgroup configs (D=128 tanh
         cap 511 vs 493, D=64 457 vs 441), slower on the two-warpgroup D=128 one (559 vs 607)."""
-        if const_expr(not isinstance(fixed, bool)):  # one_history_loop: the runtime flag
-            if not fixed:
-                self.rescale_O(acc_O, row_scale, False)
-        elif const_expr(fixed):
+        if const_expr(fixed):
             pass  # with the fixed max every factor is 1
         elif const_expr(self.config.skip_unit_rescale):
             changed = row_scale[0] != 1.0
@@ -1003,17 +994,12 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def online_softmax(self, acc_S_mn, row_max, row_sum, row_scale, scale_log2, fixed,
+    def online_softmax(self, acc_S_mn, row_max, row_sum, row_scale, scale_log2, fixed: cutlass.Constexpr,
                        is_first: cutlass.Constexpr):
         """Rows of S (already capped and masked) -> P = exp2((s - max) * scale_log2) in place;
         writes into ``row_scale`` the factors by which O must be rescaled.  ``row_sum`` stays a per-thread
         partial.  With the fixed max (:meth:`fixed_max`) the max is 0 for every row, nothing to rescale."""
-        if const_expr(not isinstance(fixed, bool)):  # one_history_loop: the runtime flag
-            if fixed:
-                self.fixed_max_softmax(acc_S_mn, row_sum, row_scale, scale_log2, is_first)
-            else:
-                self.running_max_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, is_first)
-        elif const_expr(fixed):
+        if const_expr(fixed):
             self.fixed_max_softmax(acc_S_mn, row_sum, row_scale, scale_log2, is_first)
         else:
             self.running_max_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, is_first)
