@@ -997,18 +997,14 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
             (wq,), (wk,), (uwq,), (uwk,) = q_weight.shape, k_weight.shape, q_weight.stride(), k_weight.stride()
             if wq != qw or wk != kw or uwq != 1 or uwk != 1:
                 return None
-        if launch_checks:  # k's token count, the widths (a key that compiles), the unit column strides and
-            # 16-byte alignment: the compiled function's checks (or _compile_key's)
-            if (n == 0 or (sq | sk) % vec or (n > 1 and (sq < qw or sk < kw))
-                    or (n - 1) * sq + qw > INT32_MAX or (n - 1) * sk + kw > INT32_MAX):
-                return None  # (row strides that are not whole 16-byte vectors: the launch refuses them at
-                # N > 1, and at N = 1, where they are legal, the slow path passes a launch view)
-        elif (n == 0 or nk != n or not 0 < qw <= _MAX_WIDTH_VECS * vec
-                or not 0 < kw <= _MAX_WIDTH_VECS * vec or (qw | kw | sq | sk) % vec or uq != 1 or uk != 1
-                or (n > 1 and (sq < qw or sk < kw))
+        if (n == 0 or (sq | sk) % vec or (n > 1 and (sq < qw or sk < kw))
                 or (n - 1) * sq + qw > INT32_MAX or (n - 1) * sk + kw > INT32_MAX):
-            return None  # (N = 0, a rare legal layout such as N = 1 with an odd stride, and every error
-            # (empty or too wide rows, overlapping rows) take the slow path, which explains)
+            return None  # (N = 0, a rare legal layout such as N = 1 with an odd stride (the slow path passes a
+            # launch view), and every error (overlapping rows, 32-bit extents) take the slow path, which explains)
+        if not launch_checks and (nk != n or not 0 < qw <= _MAX_WIDTH_VECS * vec or not 0 < kw <= _MAX_WIDTH_VECS * vec
+                                  or (qw | kw) % vec or uq != 1 or uk != 1):
+            return None  # (with launch_checks: k's token count, the widths (a key that compiles), the unit column
+            # strides and 16-byte alignment are the compiled function's checks, or _compile_key's)
         if _grad_enabled() and (q.requires_grad or k.requires_grad or q_weight.requires_grad
                                 or k_weight.requires_grad):
             return None
