@@ -858,6 +858,7 @@ def test_eager_launch_plan(monkeypatch):
     q, bounds = tensors(), torch.tensor([[0, 5, 5, 9]] * 2, dtype=torch.int32)
     out, lse = rf.ranker_attention(q, q, q, bounds, return_lse=True)
     assert len(full) == 1 and full[0] is not None and len(rf._PLANS) == 1
+    first_key = full[0]
     cfg, first = launched[-1]
     assert cfg.norm_bound and first[7].shape == (rf.KNORM_CTAS_PER_SM * 4,)
     q2, bounds2 = tensors(), torch.tensor([[1, 3, 3, 4]] * 2, dtype=torch.int32)
@@ -868,12 +869,24 @@ def test_eager_launch_plan(monkeypatch):
     assert args[8:] == first[8:] and args[7].shape == first[7].shape and args[7] is not first[7]
     assert out2.shape == q2.shape and lse2.shape == lse.shape == (2, 2, seq) and lse2.dtype == torch.float32
     assert out2.data_ptr() != out.data_ptr()
+    for t in (out2, lse2, args[7]):  # fresh compact buffers from the plan's templates
+        assert t.stride() == torch.empty(t.shape).stride() and t.untyped_storage().nbytes() == t.nbytes
+    # a q that is not compact (heads-major storage seen as [B, S, H, D]; a size-1 dim with an odd stride):
+    # compact outputs all the same, from the full path and from the plan
+    for qt in (torch.zeros(2, 2, seq, 128, dtype=torch.bfloat16).transpose(1, 2),
+               torch.zeros(seq, 2, 128, dtype=torch.bfloat16).as_strided((1, seq, 2, 128), (8, 256, 128, 1))):
+        for _ in range(2):
+            o, l = rf.ranker_attention(qt, qt, qt, bounds2[:qt.shape[0]], return_lse=True)
+            assert o.shape == qt.shape and o.stride() == torch.empty(qt.shape).stride()
+            assert l.stride() == torch.empty(l.shape).stride() and launched[-1][1][4] is o
+    full.clear()
+    full.append(first_key)
     with pytest.raises(ValueError, match="16-byte aligned"):  # same signature, 2-byte aligned q: the full path
         rf.ranker_attention(tensors(offset=1), q2, q2, bounds2)
     assert len(full) == 2
     rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1)  # an int scale: its own signature
     rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1.0)
-    assert len(full) == 4 and len(rf._PLANS) == 3
+    assert len(full) == 4 and len(rf._PLANS) == 5  # (with the two non-compact qs')
     out3 = rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1.0)  # without return_lse: no LSE at all
     assert len(full) == 4 and launched[-1][1][4] is out3 and launched[-1][1][5] is None
     assert not compiled_with_lse[-1] and compiled_with_lse[0]  # (its own compiled variant)

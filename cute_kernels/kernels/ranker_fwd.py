@@ -79,6 +79,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..registry import CheckResult, CompileTarget
+from ..runtime.alloc import empty_template, is_compact
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
@@ -1657,8 +1658,11 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     tail = (scale_log2, scale, float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
     fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm2, *tail)
     if plan_key is not None and memoized and not varlen and len(_PLANS) < MEMO_LIMIT:
-        memo_store(_PLANS, plan_key, (fn, None if lse is None else lse.shape,
-                                      0 if k_norm2 is None else k_norm2.shape[0], tail), since)
+        # the plan allocates its buffers with torch.empty_like (less host time than new_empty): of q itself
+        # where q is compact, else of a one-element template (runtime.alloc)
+        templates = tuple(None if t is None else empty_template(t.shape, t.dtype, t.device)
+                          for t in (None if is_compact(q) else out, lse, k_norm2))
+        memo_store(_PLANS, plan_key, (fn, templates, tail), since)
     return out, lse
 
 
@@ -1693,6 +1697,7 @@ ranker_autograd.register(_ranker_op.op)
 
 
 _grad_enabled = torch.is_grad_enabled
+_empty_like = torch.empty_like
 
 
 def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
@@ -1804,8 +1809,9 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
     every check, config choice, compiled function) has run before launches its kept plan, after
     re-checking what a signature does not fix (:func:`_pointers_aligned`); anything else, and calls inside a
     :func:`use_config` block, take the full path, which keeps the plan of a new signature (issue 3's
-    host-overhead target: the full path costs ~22 us per call on the H200's host, the plan ~17.5).
-    ``with_lse=False``: no LSE (None in its place; a plan of its own)."""
+    host-overhead target: the full path costs ~22 us per call on the H200's host, the plan ~17.5).  The plan
+    allocates the outputs (and ``norm_bound``'s buffer) with ``torch.empty_like`` of q or of kept templates
+    (:mod:`~cute_kernels.runtime.alloc`).  ``with_lse=False``: no LSE (None in its place; a plan of its own)."""
     key = None
     if cu_seqlens is None and max_seqlen is None and not _OVERRIDES:
         try:
@@ -1814,11 +1820,10 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
         except (AttributeError, TypeError, RuntimeError):  # (unhashable scalars; sparse / nested tensors)
             key = plan = None
         if plan is not None and _pointers_aligned(q, k, v, bounds):
-            fn, lse_shape, knorm_len, tail = plan
-            out = q.new_empty(q.shape)
-            lse = q.new_empty(lse_shape, dtype=torch.float32) if with_lse else None
-            fn(q, k, v, bounds, out, lse, None, q.new_empty(knorm_len, dtype=torch.float32) if knorm_len else None,
-               *tail)
+            fn, (out_like, lse_like, k_norm2_like), tail = plan
+            out = _empty_like(q if out_like is None else out_like)
+            lse = None if lse_like is None else _empty_like(lse_like)
+            fn(q, k, v, bounds, out, lse, None, None if k_norm2_like is None else _empty_like(k_norm2_like), *tail)
             return out, lse
     return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, plan_key=key,
                         with_lse=with_lse)
