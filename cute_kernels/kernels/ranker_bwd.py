@@ -1369,9 +1369,11 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     rows = padded_rows(seq, nb, cfg.tile_m, varlen)
     row_shape = (hq, rows) if varlen else (nb, hq, rows)
     check_accum_extent(row_shape, d)  # (before the varlen zeroing below: no buffer written, then an error)
-    dq = dq if dq is not None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = dk if dk is not None else torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = dv if dv is not None else torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    # (empty_like / new_empty: 2.6 and 1.5 us less host time per buffer than torch.empty(..., device=) on the H200's
+    # host, session 33, bench/host_breakdown.py)
+    dq = dq if dq is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = dk if dk is not None else torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = dv if dv is not None else torch.empty_like(v, memory_format=torch.contiguous_format)
     if varlen:  # packed tokens past cu_seqlens[-1] belong to no sequence: zero gradients
         for t in (dq, dk, dv):
             t.zero_()
@@ -1379,9 +1381,9 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         for t in (dq, dk, dv):
             t.zero_()
         return dq, dk, dv
-    lse2 = torch.empty(row_shape, dtype=torch.float32, device=q.device)
-    dpsum = torch.empty(row_shape, dtype=torch.float32, device=q.device)
-    dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)
+    lse2 = q.new_empty(row_shape, dtype=torch.float32)
+    dpsum = q.new_empty(row_shape, dtype=torch.float32)
+    dq_accum = q.new_empty(row_shape + (d,), dtype=torch.float32)
     keys = call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, max_seqlen, cap, cap_method, varlen,
                             _num_sms(q.device))
     accumulated = keys["post"][6]  # dK/dV through float32 accumulators

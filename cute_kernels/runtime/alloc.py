@@ -34,7 +34,10 @@ def empty_template(shape, dtype: torch.dtype, device: torch.device) -> torch.Ten
     """A tensor of ``shape`` holding ONE element of ``dtype`` on ``device`` (stride 0 in every dim of size
     above 1), for which ``torch.empty_like(template)`` returns a new, uninitialized, compact tensor of
     ``shape`` (such a view is not dense, so ``empty_like`` takes the contiguous format; where every dim has
-    size 1 its strides are already the compact ones, which it keeps).  Never read or write the template."""
+    size 1, or some dim size 0, its strides are the compact ones, which it keeps).  Never read or write the
+    template."""
     shape = tuple(int(n) for n in shape)
-    strides = tuple(0 if n > 1 else s for n, s in zip(shape, compact_strides(shape)))
+    strides = compact_strides(shape)
+    if 0 not in shape:  # (an empty shape has no element to alias: its compact strides, which empty_like keeps)
+        strides = tuple(0 if n > 1 else s for n, s in zip(shape, strides))
     return torch.empty(1, dtype=dtype, device=device).as_strided(shape, strides)
