@@ -209,7 +209,7 @@ def test_reference_checks_shapes():
 @pytest.mark.parametrize("method", ["", "TMA", None, 1])
 def test_unknown_method_refused_before_anything_else(method):
     k = 64
-    with pytest.raises(ValueError, match="method"):
+    with pytest.raises(ValueError if isinstance(method, str) else TypeError, match="method"):
         cute_kernels.hc_mix_sinkhorn(torch.zeros(4, k, dtype=torch.bfloat16), torch.zeros(24, k), torch.ones(3),
                                      torch.zeros(24), method=method)
 

@@ -193,6 +193,7 @@ def test_width_errors_name_the_full_sizes():
     (dict(timeout_s=float("inf")), ValueError, "timeout_s"),
     (dict(timeout_s=float("nan")), ValueError, "timeout_s"),
     (dict(timeout_s=1e10), ValueError, "int64 nanoseconds"),
+    (dict(timeout_s=1e300), ValueError, "int64 nanoseconds"),  # (1e300 * 1e9 is inf: no OverflowError)
     (dict(timeout_s=10**400), ValueError, "timeout_s"),
     (dict(timeout_s=-1.0), ValueError, "timeout_s"),
     (dict(timeout_s=1e-12), ValueError, "1 ns"),
@@ -275,6 +276,10 @@ def test_dropped_instances_free_their_buffers(monkeypatch):
     assert all(b() is None for b in buf_refs)
     with pytest.raises(RuntimeError, match="closed or freed"):
         mod.parallel_qk_rmsnorm_(torch.zeros(1, 8), torch.zeros(1, 8), torch.ones(8), torch.ones(8), 1e-6, handles[0])
+    meta = lambda *s: torch.empty(*s, device="meta")
+    for handle in (handles[0], -1):  # the op's fake (meta tensors, tracing) refuses a dead handle too
+        with pytest.raises(RuntimeError, match="closed or freed"):
+            mod.parallel_qk_rmsnorm_(meta(1, 8), meta(1, 8), meta(8), meta(8), 1e-6, handle)
 
 
 def test_close_and_context_manager(monkeypatch):

@@ -376,6 +376,7 @@ def test_cached_validation_still_rejects(monkeypatch):
     (dict(cap=math.nan), ValueError, "cap"),
     (dict(cap=0.0), ValueError, "cap"),
     (dict(cap=1e-300), ValueError, "cap"),  # rounds to 0 in float32
+    (dict(softmax_scale=2.0, cap=1.2e-38), ValueError, "above float32 max / 4"),  # 1.7e38: finite, over the bound
     (dict(softmax_scale=True), TypeError, "softmax_scale"),
     (dict(softmax_scale="0.1"), TypeError, "softmax_scale"),
     (dict(softmax_scale=math.nan), ValueError, "softmax_scale"),

@@ -730,7 +730,9 @@ METHODS = ("walk", "tma")  # not "kernel": inductor's FallbackKernel.create take
 
 
 def _check_method(method) -> None:
-    if not isinstance(method, str) or method not in METHODS:
+    if not isinstance(method, str):  # (TypeError, as ranker_attention's cap_method)
+        raise TypeError(f"method must be a str, one of {METHODS}; got {type(method).__name__} {method!r}")
+    if method not in METHODS:
         raise ValueError(f"method={method!r}: must be one of {METHODS}")
 
 
@@ -793,9 +795,10 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]``, float32.  ``a = x . hc_fn^T`` is
         float32-accurate (bf16x3 tensor-core products); each row's bits are independent of M.
     Raises:
-        TypeError: wrong tensor dtype; sinkhorn_iters not an int; rms_eps / hc_eps not real numbers.
+        TypeError: wrong tensor dtype; sinkhorn_iters not an int; rms_eps / hc_eps not real numbers; method
+            not a str.
         ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
-            hc_eps negative, not finite or below 2**-126 (but not 0); method not ``"walk"`` or
+            hc_eps negative, not finite or below 2**-126 (but not 0); a method other than ``"walk"`` and
             ``"tma"``; x too large for the walk's 32-bit offsets.
         RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
             formula: torch raises its "no autograd formula" error rather than dropping the gradient).

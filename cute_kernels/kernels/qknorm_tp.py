@@ -327,7 +327,7 @@ def _positive_int(name: str, value, upper: int = 2**63 - 1) -> int:
 def _timeout_ns(timeout_s) -> int:
     """``timeout_s`` (seconds, a finite real > 0) as int64 nanoseconds (at least 1)."""
     t = check_real("timeout_s", timeout_s, low=0.0, low_open=True, high=float("inf"))
-    ns = round(t * 1e9)
+    ns = round(t * 1e9) if t <= _TIMEOUT_NS_MAX / 1e9 else _TIMEOUT_NS_MAX + 1  # (t * 1e9 may overflow to inf)
     if ns > _TIMEOUT_NS_MAX:
         raise ValueError(f"timeout_s={timeout_s!r} does not fit int64 nanoseconds (max ~{_TIMEOUT_NS_MAX / 1e9:.3g} s)")
     if ns < 1:
@@ -689,24 +689,28 @@ def _scale_in_place(q, k, q_weight, k_weight, eps, sums, q_dim, k_dim) -> None:
 
 def _fake_parallel_qk_rmsnorm_(q, k, q_weight, k_weight, eps, handle) -> None:
     """Trace-time check (torch.compile / make_fx): the argument rules that need no data pointer, and the
-    instance's own (widths, dtype, capacity), as the one-GPU op's fake does."""
-    inst = _instances.get(handle)
-    if inst is not None:
-        inst.check_shards_first(q, k)
+    instance's own (widths, dtype, capacity), as the one-GPU op's fake does; a closed or freed handle is the
+    op's RuntimeError at trace time too."""
+    inst = _instance(handle)
+    inst.check_shards_first(q, k)
     validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False)
-    if inst is not None:
-        inst.check_shards(q, k)
+    inst.check_shards(q, k)
+
+
+def _instance(handle) -> "ParallelQKNorm":
+    """The live :class:`ParallelQKNorm` that ``handle`` names (``RuntimeError`` once it was closed or freed)."""
+    inst = _instances.get(handle)
+    if inst is None:
+        raise RuntimeError(f"ParallelQKNorm handle {handle} was closed or freed (keep the object alive while "
+                           "code that calls it, e.g. a compiled graph, may run)")
+    return inst
 
 
 @custom_op("parallel_qk_rmsnorm_", mutates_args=("q", "k"), fake=_fake_parallel_qk_rmsnorm_)
 def parallel_qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                          eps: float, handle: int) -> None:
     """The op behind ``ParallelQKNorm.__call__`` (``handle`` names the instance)."""
-    inst = _instances.get(handle)
-    if inst is None:
-        raise RuntimeError(f"ParallelQKNorm handle {handle} was closed or freed (keep the object alive while "
-                           "code that calls it, e.g. a compiled graph, may run)")
-    inst._run(q, k, q_weight, k_weight, eps)
+    _instance(handle)._run(q, k, q_weight, k_weight, eps)
 
 
 def unfused_emulated_step(ranks: list[ParallelQKNorm], qs, ks, wqs, wks, eps: float) -> None:

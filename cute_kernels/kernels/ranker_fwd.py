@@ -1305,7 +1305,8 @@ def _check_scalars(softmax_scale, cap, cap_method) -> None:
     if cap is not None:
         c = check_real("cap", cap, low=_F32_TINY, high=_SCALAR_MAX)  # a normal float32
         if sc is not None and sc / c > _SCALAR_MAX:
-            raise ValueError(f"softmax_scale / cap = {sc / c:.3g} overflows float32; use a larger cap")
+            raise ValueError(f"softmax_scale / cap = {sc / c:.3g} is above float32 max / 4 ({_SCALAR_MAX:.3g}), the "
+                             "bound that keeps the kernels' float32 forms finite; use a larger cap")
 
 
 def _check_max_seqlen(max_seqlen) -> None:
@@ -1721,7 +1722,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         softmax_scale: None or a real number in ``[0, float32 max / 4]``, default ``1/sqrt(D)`` (0: uniform
             attention over the admitted keys; otherwise at least float32's smallest normal, 2**-126).
         cap: None (no cap) or a real number in ``[2**-126, float32 max / 4]`` (a normal float32, with
-            ``softmax_scale / cap`` finite in float32); ``cap_method``
+            ``softmax_scale / cap`` at most float32 max / 4 as well); ``cap_method``
             ``"tanh"`` (``cap*tanh(s/cap)``) or ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before
             the mask.  ``cap_method="none"`` is accepted with ``cap=None`` only.
         return_lse: also return the log-sum-exp.  Without it an eager call (grad off) launches the kernel
