@@ -1949,7 +1949,13 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
     return (out, lse.to(lse_dtype)) if return_lse else out
 
 
+CHECK_LSE_TOL = 2e-2  # |lse - float64 reference| that cute-kernels check accepts (the GPU tests' bar)
+
+
 def check() -> list[CheckResult]:
+    """``cute-kernels check``: three cases (MHA D=128, GQA 8/2 with a tanh cap, D=64; two sequences of 700
+    tokens with per-row bounds) against the float64 reference: the output (bar: 2x torch's bf16 error + 1e-3)
+    and the LSE (bar :data:`CHECK_LSE_TOL`, and -inf on the same rows)."""
     rows = []
     torch.manual_seed(0)
     for d, hq, hkv, cap in ((128, 8, 8, None), (128, 8, 2, 30.0), (64, 4, 4, None)):
@@ -1964,6 +1970,12 @@ def check() -> list[CheckResult]:
         err = (o.float() - ro.float()).abs().max().item()
         tol = 2 * (bo.float() - ro.float()).abs().max().item() + 1e-3
         rows.append(CheckResult(NAME, f"D={d} H={hq}/{hkv} cap={cap}", err <= tol, err, 0.0, tol))
+        # the LSE (natural log; -inf on the rows of neither segment, here the second sequence's first and last)
+        fin = torch.isfinite(rl)
+        lse_err = (lse[fin].double() - rl[fin].double()).abs().max().item()
+        same_inf = torch.equal(torch.isinf(lse), torch.isinf(rl))
+        rows.append(CheckResult(NAME, f"D={d} H={hq}/{hkv} cap={cap} lse", same_inf and lse_err <= CHECK_LSE_TOL,
+                                lse_err, 0.0, CHECK_LSE_TOL, "" if same_inf else "rows of -inf LSE differ"))
     return rows
 
 
