@@ -2,11 +2,12 @@
 
 A host-bound eager call (a small kernel's launch) spends a noticeable share of its host time allocating its
 outputs, and the way of asking matters: ``torch.empty_like(t)`` skips the parsing of a shape and of tensor
-options that ``t.new_empty(shape, dtype=...)`` and ``torch.empty(shape, dtype=..., device=...)`` pay for
-(on a 2-core CPU host, session 33: 1.0 us against 2.4-2.8 us per CPU allocation; the H200 host's figures for
-CUDA allocations are in ``bench/results/logs/2026-12-01_s33_alloc_probe.log``).  A launch plan that
-allocates the same shape on every call keeps a template for it (:func:`empty_template`): a view of one
-element whose ``empty_like`` is a fresh compact tensor of the wanted shape.
+options that ``t.new_empty(shape, dtype=...)`` and ``torch.empty(shape, dtype=..., device=...)`` pay for.  The
+H200's host, CUDA tensors, session 33 (``bench/host_breakdown.py``; log
+``bench/results/logs/2026-12-02_s33_eager_alloc_host_time.log``): ``empty_like`` 1.8-2.2 us per allocation,
+``new_empty`` 3.1-3.8, ``torch.empty`` 4.6-5.2.  A launch plan that allocates the same shape on every call
+keeps a template for it (:func:`empty_template`): a view of one element whose ``empty_like`` is a fresh
+compact tensor of the wanted shape.
 """
 
 from __future__ import annotations
