@@ -937,3 +937,36 @@ def test_eager_launch_plan_edges(monkeypatch):
     odd = torch.empty(0, dtype=torch.int32).set_(storage, 0, (2, 4), (4, 1))  # same signature, 1 mod 4
     with pytest.raises(ValueError, match="4-byte aligned"):
         rf.ranker_attention(q, q, q, odd)
+
+
+def test_flop_counter_counts_useful_flops():
+    """FlopCounterMode counts the ops' useful FLOPs (2 * D * Hq per admitted pair and GEMM; 2 GEMMs forward, 5
+    backward): exactly from the bounds' (and cu_seqlens') values where the tensors have data (here the formula
+    on CPU tensors, against the dense mask's count), the dense upper bound on meta tensors."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cute_kernels.kernels import ranker_flops
+    from cute_kernels.kernels.ranker_mask import dense_mask
+
+    g = torch.Generator().manual_seed(5)
+    nb, s, hq, d = 3, 37, 4, 64
+    bounds = torch.randint(-5, s + 5, (nb, 4), generator=g, dtype=torch.int32)
+    q = torch.zeros(nb, s, hq, d)
+    want = sum(int(dense_mask(bounds[b], s).sum()) for b in range(nb))
+    assert ranker_flops.pairs(q, bounds) == want
+    assert ranker_flops.useful_flops(q, bounds, gemms=2) == 4 * d * hq * want
+    cu = torch.tensor([0, 10, 10, 31], dtype=torch.int32)  # packed: lengths 10, 0, 21 (+ 6 tokens of none)
+    packed = torch.zeros(37, hq, d)
+    want_packed = sum(int(dense_mask(bounds[b], n).sum()) if n else 0 for b, n in enumerate((10, 0, 21)))
+    assert ranker_flops.pairs(packed, bounds, cu) == want_packed
+    meta = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device="meta")
+    assert ranker_flops.pairs(meta(nb, s, hq, d), meta(nb, 4, dtype=torch.int32)) == nb * s * s
+    assert ranker_flops.pairs(meta(37, hq, d), meta(3, 4, dtype=torch.int32), meta(4, dtype=torch.int32), 21) == 37 * 21
+    mq, mkv, mb = meta(2, 64, 4, 64), meta(2, 64, 2, 64), meta(2, 4, dtype=torch.int32)
+    mq.requires_grad_(True)
+    with FlopCounterMode(display=False) as counter:
+        rf.ranker_attention(mq, mkv, mkv, mb).sum().backward()
+    counts = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
+    dense = 2 * 64 * 64 * 4 * 64  # B S S Hq D
+    assert counts["cute_kernels.ranker_attention_fwd"] == 4 * dense  # 2 FLOPs per multiply-add, 2 GEMMs
+    assert counts["cute_kernels.ranker_attention_bwd"] == 10 * dense

@@ -86,7 +86,7 @@ from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
 from ..runtime.validate import (INT32_MAX, check_bool, check_config_fields, check_extent, check_outputs_disjoint,
                                 check_same_device, check_tensor)
-from . import sm90_helpers as sm90
+from . import ranker_flops, sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
                          ranker_attention_reference)
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
@@ -1726,3 +1726,6 @@ def ranker_attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``torch.ops.cute_kernels.ranker_attention_bwd`` (eager fast path)."""
     return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens,
                           max_seqlen, deterministic=deterministic, dlse=dlse)
+
+
+ranker_flops.register("ranker_attention_bwd")  # FlopCounterMode counts its useful FLOPs

@@ -87,7 +87,7 @@ from ..runtime.validate import (check_config_fields, check_extent, check_float_t
                                 F32_MAX, MEMO_LIMIT, check_bool, check_int, check_real, validated_once)
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
-from . import ranker_autograd
+from . import ranker_autograd, ranker_flops
 from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
 
 NAME = "ranker_fwd"
@@ -1695,6 +1695,7 @@ def _ranker_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.
 
 
 ranker_autograd.register(_ranker_op.op)
+ranker_flops.register("ranker_attention_fwd")  # FlopCounterMode counts its useful FLOPs
 
 
 _grad_enabled = torch.is_grad_enabled
@@ -1761,6 +1762,9 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     ``torch.func`` transforms (grad, vjp, vmap, ...) are not supported: ``NotImplementedError`` (torch's
     custom ops support neither their autograd nor batching for these kernels).
     Meta tensors: the op's fake gives the outputs' shapes (the argument checks run; no launch).
+    FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the forward and backward ops at their
+    useful FLOPs (``4 * D * Hq`` and ``10 * D * Hq`` per admitted pair; :mod:`.ranker_flops`), reading the
+    bounds' values (a device sync per counted call); on meta tensors the dense upper bound.
     Returns:
         ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
@@ -2159,3 +2163,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
             n_printed = len(recs)
         del q, k, v
     return recs
+
+
+# the backward's module with the forward's: its op, and so its FLOP formula, exist before a FlopCounterMode that
+# is entered before the first backward (the counter copies torch's formula registry when it is made)
+from . import ranker_bwd as _ranker_bwd  # noqa: E402,F401

@@ -589,3 +589,30 @@ def test_k_norm_pre_pass(monkeypatch, varlen):
     k[nan_key] = float("nan")
     _run(q, k, v, bounds, config=cfg, max_ctas=5, **kw)
     assert buffers[-1].max().item() == float("inf")
+
+
+def test_flop_counter_reads_the_bounds():
+    """FlopCounterMode with CUDA tensors: the forward and backward ops counted at their useful FLOPs from the
+    bounds' (and cu_seqlens') values (4 and 10 x D x Hq per admitted pair), the outputs as without the counter."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cute_kernels.kernels.ranker_mask import dense_mask
+
+    q, k, v = _qkv(2, 300, 4, 2, 128, seed=21)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 140, 260]], device="cuda", dtype=torch.int32)
+    pairs = sum(int(dense_mask(bounds[b].cpu(), 300).sum()) for b in range(2))
+    plain = cute_kernels.ranker_attention(q, k, v, bounds)
+    q.requires_grad_(True)
+    with FlopCounterMode(display=False) as counter:
+        out = cute_kernels.ranker_attention(q, k, v, bounds)
+        out.float().sum().backward()
+    counts = {str(key): n for key, n in counter.get_flop_counts()["Global"].items()}
+    assert counts["cute_kernels.ranker_attention_fwd"] == 4 * 128 * 4 * pairs
+    assert counts["cute_kernels.ranker_attention_bwd"] == 10 * 128 * 4 * pairs
+    assert torch.equal(out.detach(), plain) and q.grad is not None
+    cu = torch.tensor([0, 250, 600], device="cuda", dtype=torch.int32)
+    qp, kp, vp = (t.detach().reshape(600, t.shape[2], 128) for t in (q, k, v))
+    with FlopCounterMode(display=False) as counter:
+        cute_kernels.ranker_attention(qp, kp, vp, bounds, cu_seqlens=cu)
+    packed = int(dense_mask(bounds[0].cpu(), 250).sum()) + int(dense_mask(bounds[1].cpu(), 350).sum())
+    assert counter.get_total_flops() == 4 * 128 * 4 * packed
