@@ -406,3 +406,13 @@ def test_run_compiled_allocates_fresh_compact_buffers(monkeypatch):
     for m in range(mod._TEMPLATES_MAX + 1):
         mod._buffer_templates(m, None, x.device)
     assert len(mod._TEMPLATES) <= mod._TEMPLATES_MAX
+
+
+def test_flop_counter_counts_the_mix_gemm():
+    """FlopCounterMode counts the op's mix GEMM, 2 * M * K * 24 (meta tensors: shapes only)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    meta = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        cute_kernels.hc_mix_sinkhorn(meta(48, 20480, dtype=torch.bfloat16), meta(24, 20480), meta(3), meta(24))
+    assert counter.get_total_flops() == 2 * 48 * 20480 * 24

@@ -76,6 +76,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float32, Int32
+from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.alloc import empty_template
@@ -802,6 +803,7 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             ``"tma"``; x too large for the walk's 32-bit offsets.
         RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
             formula: torch raises its "no autograd formula" error rather than dropping the gradient).
+    FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24``.
     Weights: ``method="tma"`` caches hc_fn split into bf16 pieces per tensor and version counter;
     after writing hc_fn in a way torch does not count (``hc_fn.data.copy_(...)``, raw pointers),
     call ``torch.autograd.graph.increment_version(hc_fn)``.
@@ -813,6 +815,17 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 
         return launch_tma(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
     return _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
+
+
+def _flops(x_shape, hc_fn_shape, *args, out_shape=None, **kwargs) -> int:
+    """``torch.utils.flop_counter.FlopCounterMode``'s count of the op: the mix GEMM ``x [M, K] . hc_fn^T [K, 24]``,
+    2 FLOPs per multiply-add (the bf16x3 split's three products and the per-row epilogue not counted)."""
+    m, k = x_shape
+    return 2 * m * k * hc_fn_shape[0]
+
+
+if torch.ops.cute_kernels.hc_mix_sinkhorn not in flop_registry:  # (a module reload keeps the first)
+    register_flop_formula(torch.ops.cute_kernels.hc_mix_sinkhorn)(_flops)
 
 
 def hc_mix_raw(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixConfig | None = None):
