@@ -92,7 +92,7 @@ from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
 from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
-from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
+from .ranker_mask import RankerSegments, dense_mask
 
 NAME = "ranker_bwd"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -1508,7 +1508,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
         k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
         o, lse = ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
-        flops = 10 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
+        flops = ranker_flops.useful_flops(q, bounds, gemms=ranker_flops.BWD_GEMMS)  # (as FlopCounterMode counts)
         shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
         impls = [("cute_kernels", lambda: ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap))]
         if "deterministic" in spec:

@@ -88,7 +88,7 @@ from ..runtime.validate import (check_config_fields, check_extent, check_float_t
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
 from . import ranker_autograd, ranker_flops
-from .ranker_mask import RankerSegments, admitted_pairs, dense_mask
+from .ranker_mask import RankerSegments, dense_mask
 
 NAME = "ranker_fwd"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -2110,7 +2110,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
         k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
-        flops = 4 * d * hq * admitted_pairs(bounds.cpu(), [s] * nb)
+        flops = ranker_flops.useful_flops(q, bounds, gemms=ranker_flops.FWD_GEMMS)  # (as FlopCounterMode counts)
         shape = dict(B=nb, hist=hist, cand=cand, Hq=hq, Hkv=hkv, D=d, cap=cap, dtype="bfloat16")
         impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds, cap=cap))]
         if "variants" in spec:  # the other schedules of the same kernel, and the other shipped tables' configs
