@@ -1,7 +1,8 @@
 """FLOP counts of the ranker attention ops for ``torch.utils.flop_counter.FlopCounterMode``.
 
-Registered on ``torch.ops.cute_kernels.ranker_attention_fwd`` and ``ranker_attention_bwd`` (when
-:mod:`cute_kernels` is imported), so a model's FLOP count (MFU) includes the attention.  The counts are the
+Registered on ``torch.ops.cute_kernels.ranker_attention_fwd`` and ``ranker_attention_bwd`` when their modules
+load (the first use of ``ranker_attention``, or ``cute_kernels.register_ops()``; the backward's loads with the
+forward's), so a model's FLOP count (MFU) includes the attention.  The counts are the
 *useful* FLOPs the benchmarks report (FlashAttention's convention): ``2 * D`` per admitted (query, key) pair
 and GEMM, with 2 GEMMs forward (``Q K^T``, ``P V``) and 5 backward (``S``, ``dP``, ``dV``, ``dK``, ``dQ``:
 2.5x the forward), times the query heads.  The admitted pairs depend on ``bounds`` (and ``cu_seqlens``), which

@@ -1814,7 +1814,8 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
     every check, config choice, compiled function) has run before launches its kept plan, after
     re-checking what a signature does not fix (:func:`_pointers_aligned`); anything else, and calls inside a
     :func:`use_config` block, take the full path, which keeps the plan of a new signature (issue 3's
-    host-overhead target: the full path costs ~22 us per call on the H200's host, the plan ~17.5).  The plan
+    host-overhead target: on the H200's host the full path costs 23.5-27 us per call, the plan 13.6-15.3 with
+    the LSE, session 33's ``bench/host_breakdown.py``).  The plan
     allocates the outputs (and ``norm_bound``'s buffer) with ``torch.empty_like`` of q or of kept templates
     (:mod:`~cute_kernels.runtime.alloc`).  ``with_lse=False``: no LSE (None in its place; a plan of its own)."""
     key = None
