@@ -6,8 +6,8 @@ Times (host, us per call, 2000 back-to-back calls after 200 warm-up, best of 5 i
 its pieces at a tiny shape (B=1, S=128, H=1, D=64), so the differences show what each layer costs:
 the public wrapper (without ``return_lse``: the kernel variant that writes no LSE, one output; with it, two),
 the registered op's eager fast path, the kept launch plan of a signature (and its key), the full path
-(validation cached per signature, config choice), the output allocations (``new_empty``, ``empty_like`` of q
-and of a template: the plan's way, ``torch.empty``), and the raw compiled (tvm-ffi)
+(validation cached per signature, config choice), the output allocations (``new_empty``, ``empty_like`` of q:
+the plan's way for a compact q, ``torch.empty``), and the raw compiled (tvm-ffi)
 calls with and without the LSE; torch.mul for scale.
 """
 from probe_timing import gpu_script  # noqa: E402
@@ -21,7 +21,6 @@ import torch
 import cute_kernels
 from cute_kernels.kernels import ranker_fwd as fwd
 from cute_kernels.runtime import torch_op
-from cute_kernels.runtime.alloc import empty_template
 
 
 def per_call_us(fn, n=2000):
@@ -59,7 +58,6 @@ def main():
     cfg = fkey[1]
     max_ctas = fwd._sm_count(q.device) if cfg.persistent else 2**31 - 1
     sl = fwd.exp2_scale(0.125, None)
-    lse_like = empty_template((1, 1, 128), torch.float32, q.device)
     x = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
     calls = {
         "ranker_attention (public)": lambda: cute_kernels.ranker_attention(q, q, q, bounds),
@@ -72,7 +70,6 @@ def main():
         "torch_op.tracing()": torch_op.tracing,
         "2 x new_empty (out, lse)": lambda: (q.new_empty(q.shape), q.new_empty((1, 1, 128), dtype=torch.float32)),
         "1 x new_empty (out)": lambda: q.new_empty(q.shape),
-        "2 x empty_like (q, lse template)": lambda: (torch.empty_like(q), torch.empty_like(lse_like)),
         "1 x empty_like (q)": lambda: torch.empty_like(q),
         "1 x torch.empty(shape, dtype, device)": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
         "1 x empty_like contiguous_format": lambda: torch.empty_like(q, memory_format=torch.contiguous_format),

@@ -379,35 +379,6 @@ def test_k_past_the_32_bit_limit_is_refused_for_both_methods():
                 call(k, method)
 
 
-def test_run_compiled_allocates_fresh_compact_buffers(monkeypatch):
-    """The launch glue allocates pre / post / comb (and the workspace, whose first row stands in for the raw
-    statistics when none are asked for) from kept one-element templates: fresh compact float32 tensors on
-    every call, of the call's M; the templates are kept per (M, workspace rows, device), at most
-    _TEMPLATES_MAX of them."""
-    monkeypatch.setattr(mod, "_TEMPLATES", {})
-    launched = []
-    x = torch.zeros(3, 128, dtype=torch.bfloat16)
-    run = lambda rows, m=3: mod.run_compiled(lambda: lambda *a: launched.append(a), lambda: None, x[:m], None,
-                                                None, 20, 1e-6, 1e-6, workspace_rows=rows)
-    outs = [run(None), run(None), run(7), run(None, m=0)]
-    for (pre, post, comb), m in zip(outs, (3, 3, 3, 0)):
-        assert (pre.shape, post.shape, comb.shape) == ((m, 4), (m, 4), (m, 4, 4))
-        for t in (pre, post, comb):
-            assert t.dtype == torch.float32 and t.stride() == torch.empty(t.shape).stride()
-            assert t.untyped_storage().nbytes() == t.nbytes
-    ptrs = [t.data_ptr() for o in outs[:3] for t in o]
-    assert len(set(ptrs)) == len(ptrs)  # every buffer fresh
-    assert len(launched) == 3  # (M = 0: nothing to launch)
-    (*_, comb_view, mix_a, _, _, _), (*_, mix_b, _, _, _) = launched[0], launched[1]
-    assert comb_view.shape == (3, 16) and mix_a.shape == mix_b.shape == (1, mod.SP_COLS)
-    work, mix_c = launched[2][-1], launched[2][7]
-    assert work.shape == (7, mod.SP_COLS) and mix_c.data_ptr() == work.data_ptr() and mix_c.shape == (1, 25)
-    assert set(mod._TEMPLATES) == {(3, None, x.device), (3, 7, x.device), (0, None, x.device)}
-    for m in range(mod._TEMPLATES_MAX + 1):
-        mod._buffer_templates(m, None, x.device)
-    assert len(mod._TEMPLATES) <= mod._TEMPLATES_MAX
-
-
 def test_flop_counter_counts_the_mix_gemm():
     """FlopCounterMode counts the op's mix GEMM, 2 * M * K * 24 (meta tensors: shapes only)."""
     from torch.utils.flop_counter import FlopCounterMode

@@ -870,8 +870,9 @@ def test_eager_launch_plan(monkeypatch):
     assert args[8:] == first[8:] and args[7].shape == first[7].shape and args[7] is not first[7]
     assert out2.shape == q2.shape and lse2.shape == lse.shape == (2, 2, seq) and lse2.dtype == torch.float32
     assert out2.data_ptr() != out.data_ptr()
-    for t in (out2, lse2, args[7]):  # fresh compact buffers from the plan's templates
+    for t in (out2, lse2, args[7]):  # fresh compact buffers (out: empty_like of the compact q)
         assert t.stride() == torch.empty(t.shape).stride() and t.untyped_storage().nbytes() == t.nbytes
+    assert all(not isinstance(x, torch.Tensor) for x in rf._PLANS[first_key])  # a plan holds no device memory
     # a q that is not compact (heads-major storage seen as [B, S, H, D]; a size-1 dim with an odd stride):
     # compact outputs all the same, from the full path and from the plan
     for qt in (torch.zeros(2, 2, seq, 128, dtype=torch.bfloat16).transpose(1, 2),

@@ -79,7 +79,6 @@ from cutlass import BFloat16, Float32, Int32
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from ..registry import CheckResult, CompileTarget
-from ..runtime.alloc import empty_template
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
@@ -667,41 +666,19 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
     dummy is the workspace's first row when there is one (no second allocation), else one row of its
     own (the outputs may not share memory: a custom op's outputs must not alias each other)."""
     m = x.shape[0]
-    pre_like, post_like, comb_like, work_like, mix_like = _buffer_templates(m, workspace_rows, x.device)
     if out is not None:
         pre, post, comb = out
     else:
-        pre, post, comb = _empty_like(pre_like), _empty_like(post_like), _empty_like(comb_like)
+        pre = x.new_empty((m, HC), dtype=torch.float32)  # (new_empty: less host time than torch.empty(device=))
+        post = x.new_empty((m, HC), dtype=torch.float32)
+        comb = x.new_empty((m, HC, HC), dtype=torch.float32)
     if m:
-        extra = () if work_like is None else (_empty_like(work_like),)
+        extra = () if workspace_rows is None else (x.new_empty((workspace_rows, SP_COLS), dtype=torch.float32),)
         if mix is None:
-            mix = extra[0][:1] if extra else _empty_like(mix_like)
+            mix = extra[0][:1] if extra else x.new_empty((1, SP_COLS), dtype=torch.float32)
         compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix,
                      int(sinkhorn_iters), float(rms_eps), float(hc_eps), *extra)
     return pre, post, comb
-
-
-_empty_like = torch.empty_like
-_TEMPLATES: dict[tuple, tuple] = {}  # (M, workspace rows, device) -> the buffers' allocation templates
-_TEMPLATES_MAX = 64
-
-
-def _buffer_templates(m: int, workspace_rows, device: torch.device) -> tuple:
-    """One-element templates (:func:`~cute_kernels.runtime.alloc.empty_template`) of ``pre [M, 4]``, ``post [M,
-    4]``, ``comb [M, 4, 4]``, the workspace ``[rows, 25]`` (None without one) and the dummy raw-statistics row
-    ``[1, 25]``, float32: ``torch.empty_like`` of a template costs less host time than ``new_empty`` (session
-    33), and a decode loop calls with one M over and over.  Kept per (M, rows, device), at most
-    ``_TEMPLATES_MAX`` (then forgotten all at once)."""
-    key = (m, workspace_rows, device)
-    templates = _TEMPLATES.get(key)
-    if templates is None:
-        if len(_TEMPLATES) >= _TEMPLATES_MAX:
-            _TEMPLATES.clear()
-        shapes = ((m, HC), (m, HC), (m, HC, HC), None if workspace_rows is None else (workspace_rows, SP_COLS),
-                  (1, SP_COLS))
-        templates = _TEMPLATES[key] = tuple(None if s is None else empty_template(s, torch.float32, device)
-                                            for s in shapes)
-    return templates
 
 
 WALK_MAX_OFFSET = INT32_MAX  # the walk indexes x with 32-bit element offsets
@@ -803,7 +780,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             ``"tma"``; x too large for the walk's 32-bit offsets.
         RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
             formula: torch raises its "no autograd formula" error rather than dropping the gradient).
-    FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24``.
+    FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24`` (make the
+    counter after this module loaded: a first call, or ``cute_kernels.register_ops()``).
     Weights: ``method="tma"`` caches hc_fn split into bf16 pieces per tensor and version counter;
     after writing hc_fn in a way torch does not count (``hc_fn.data.copy_(...)``, raw pointers),
     call ``torch.autograd.graph.increment_version(hc_fn)``.

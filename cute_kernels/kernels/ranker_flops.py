@@ -7,8 +7,12 @@ forward's), so a model's FLOP count (MFU) includes the attention.  The counts ar
 and GEMM, with 2 GEMMs forward (``Q K^T``, ``P V``) and 5 backward (``S``, ``dP``, ``dV``, ``dK``, ``dQ``:
 2.5x the forward), times the query heads.  The admitted pairs depend on ``bounds`` (and ``cu_seqlens``), which
 live on the GPU: counting them reads those tensors (a device sync, once per counted call).  Tensors without data
-(meta, fake: FLOP estimates on the meta device, tracing) give an upper bound instead, every query attending
-every key of its sequence: ``B * S * S`` pairs, or packed ``T * min(T, max_seqlen)``.
+(meta, fake: FLOP estimates on the meta device, tracing), and calls while the current stream captures a CUDA
+graph (whose host cannot read device memory), give an upper bound instead, every query attending every key of
+its sequence: ``B * S * S`` pairs, or packed ``T * min(T, max_seqlen)``.
+
+A ``FlopCounterMode`` copies torch's formula registry when it is made: make it after the ops' modules loaded
+(a first call, or ``cute_kernels.register_ops()``), or it counts them as 0.
 """
 
 from __future__ import annotations
@@ -30,14 +34,20 @@ def pairs(q: torch.Tensor, bounds: torch.Tensor, cu_seqlens: torch.Tensor | None
     ``[T, Hq, D]`` with ``cu_seqlens [B+1]``; ``bounds [B, 4]`` int32."""
     if cu_seqlens is None:
         nb, s = q.shape[0], q.shape[1]
-        if without_data(bounds):
+        if _unreadable(bounds):
             return nb * s * s
         return admitted_pairs(bounds.cpu(), [s] * nb)
     t = q.shape[0]
-    if without_data(bounds) or without_data(cu_seqlens):
+    if _unreadable(bounds) or _unreadable(cu_seqlens):
         return t * min(t, max_seqlen if isinstance(max_seqlen, int) else t)
     cu = cu_seqlens.cpu().tolist()
     return admitted_pairs(bounds.cpu(), [hi - lo for lo, hi in zip(cu[:-1], cu[1:])])
+
+
+def _unreadable(t: torch.Tensor) -> bool:
+    """The host cannot read ``t``'s values: no data (meta, fake), or a CUDA tensor while its device's current
+    stream captures a graph."""
+    return without_data(t) or (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def useful_flops(q: torch.Tensor, bounds: torch.Tensor, cu_seqlens=None, max_seqlen=None, *, gemms: int) -> int:
