@@ -76,12 +76,11 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Float32, Int32
-from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op
+from ..runtime.torch_op import capturing, custom_op, register_flops
 from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, check_int, check_same_device,
                                 check_tensor, element_span, validated_once)
 
@@ -648,7 +647,7 @@ def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
             and hit[2] == hc_fn._version):
         return hit[3]
     pieces = split_pieces(hc_fn)
-    if not (hc_fn.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not capturing(hc_fn):
         if len(_PIECES) >= _PIECES_MAX:
             _PIECES.pop(next(iter(_PIECES)))
         _PIECES[id(hc_fn)] = (weakref.ref(hc_fn), hc_fn.data_ptr(), hc_fn._version, pieces)
@@ -802,8 +801,7 @@ def _flops(x_shape, hc_fn_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * m * k * hc_fn_shape[0]
 
 
-if torch.ops.cute_kernels.hc_mix_sinkhorn not in flop_registry:  # (a module reload keeps the first)
-    register_flop_formula(torch.ops.cute_kernels.hc_mix_sinkhorn)(_flops)
+register_flops(torch.ops.cute_kernels.hc_mix_sinkhorn, _flops)
 
 
 def hc_mix_raw(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixConfig | None = None):

@@ -18,9 +18,8 @@ A ``FlopCounterMode`` copies torch's formula registry when it is made: make it a
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import flop_registry, register_flop_formula
 
-from ..runtime.torch_op import without_data
+from ..runtime.torch_op import capturing, register_flops, without_data
 from .ranker_mask import admitted_pairs
 
 FWD_GEMMS = 2  # Q K^T, P V
@@ -47,7 +46,7 @@ def pairs(q: torch.Tensor, bounds: torch.Tensor, cu_seqlens: torch.Tensor | None
 def _unreadable(t: torch.Tensor) -> bool:
     """The host cannot read ``t``'s values: no data (meta, fake), or a CUDA tensor while its device's current
     stream captures a graph."""
-    return without_data(t) or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    return without_data(t) or capturing(t)
 
 
 def useful_flops(q: torch.Tensor, bounds: torch.Tensor, cu_seqlens=None, max_seqlen=None, *, gemms: int) -> int:
@@ -72,6 +71,4 @@ _FORMULAS = {"ranker_attention_fwd": _fwd_flops, "ranker_attention_bwd": _bwd_fl
 def register(op_name: str) -> None:
     """Register ``torch.ops.cute_kernels.<op_name>``'s formula with torch's FLOP counter (the op's module calls
     this once the op exists; a second call, e.g. after a module reload, keeps the first)."""
-    packet = getattr(torch.ops.cute_kernels, op_name)
-    if packet not in flop_registry:
-        register_flop_formula(packet, get_raw=True)(_FORMULAS[op_name])
+    register_flops(getattr(torch.ops.cute_kernels, op_name), _FORMULAS[op_name], get_raw=True)

@@ -82,7 +82,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.alloc import is_compact
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
+from ..runtime.torch_op import capturing as _capturing, custom_op, refuse_func_transforms, tracing, without_data
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
                                 F32_MAX, MEMO_LIMIT, check_bool, check_int, check_real, validated_once)
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
@@ -1354,11 +1354,6 @@ def _check_tile_count(max_seqlen: int, tile_m: int, hq: int, nb: int) -> None:
     if m_blocks * hq * nb > MAX_WORK_TILES:
         raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} exceed 2^30 work tiles (max_seqlen x number of "
                          "sequences is too large); split the batch, or pass a smaller, exact max_seqlen")
-
-
-def _capturing(t: torch.Tensor) -> bool:
-    """Is the current CUDA stream capturing a graph (host reads of device values are not allowed)?"""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _varlen_extent(q: torch.Tensor, cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int]):

@@ -51,6 +51,22 @@ def refuse_func_transforms(name: str, *args) -> None:
                                   "...): call it outside them (for gradients, use .backward() / torch.autograd.grad)")
 
 
+def register_flops(packet, formula: Callable, *, get_raw: bool = False) -> None:
+    """Register ``formula`` as ``torch.utils.flop_counter``'s FLOP count of the op ``packet``
+    (``torch.ops.cute_kernels.<name>``; ``get_raw``: the formula takes the call's tensors, else their shapes).
+    Once: a second registration (a module reload) keeps the first, where torch would raise."""
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+    if packet not in flop_registry:
+        register_flop_formula(packet, get_raw=get_raw)(formula)
+
+
+def capturing(t) -> bool:
+    """Whether ``t`` is a CUDA tensor and the current CUDA stream captures a graph: the host must not read
+    device values then (a sync would break the capture), nor keep memory it allocates (the graph's pool)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def without_data(t) -> bool:
     """True for a tensor that has no data to launch a kernel on: a fake tensor (FakeTensorMode, torch.compile
     tracing) or one on the "meta" device."""
