@@ -963,6 +963,9 @@ def test_flop_counter_counts_useful_flops():
     meta = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device="meta")
     assert ranker_flops.pairs(meta(nb, s, hq, d), meta(nb, 4, dtype=torch.int32)) == nb * s * s
     assert ranker_flops.pairs(meta(37, hq, d), meta(3, 4, dtype=torch.int32), meta(4, dtype=torch.int32), 21) == 37 * 21
+    with pytest.MonkeyPatch.context() as mp:  # while a graph capture runs the host may not read the bounds
+        mp.setattr(ranker_flops, "capturing", lambda t: True)
+        assert ranker_flops.pairs(q, bounds) == nb * s * s and ranker_flops.pairs(packed, bounds, cu, 21) == 37 * 21
     mq, mkv, mb = meta(2, 64, 4, 64), meta(2, 64, 2, 64), meta(2, 4, dtype=torch.int32)
     mq.requires_grad_(True)
     with FlopCounterMode(display=False) as counter:
