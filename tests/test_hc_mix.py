@@ -296,6 +296,20 @@ def test_inference_tensor_weights_are_split_every_call_not_cached():
     assert torch.equal(pieces, mod.split_pieces(w)) and mod._PIECES == before
 
 
+def test_pieces_bypass_the_cache_inside_cudagraph_trees(monkeypatch):
+    """While torch.compile's CUDA-graph trees warm up or record, the split neither comes from the cache (a weight
+    changed in place after recording would replay stale pieces) nor goes into it (the trees' pool memory)."""
+    w = torch.randn(mod.N_MIX, 64)
+    cached = mod._pieces(w)
+    monkeypatch.setattr(mod, "in_cudagraph_trees", lambda t: True)
+    before = dict(mod._PIECES)
+    got = mod._pieces(w)
+    assert got is not cached and torch.equal(got, cached) and mod._PIECES == before
+    v = torch.randn(mod.N_MIX, 64)
+    mod._pieces(v)
+    assert id(v) not in mod._PIECES
+
+
 @pytest.mark.parametrize("bad", [dict(k=96), dict(x_dtype=torch.float32), dict(rows=23)])
 def test_trace_time_checks_refuse_what_the_kernel_would(bad):
     """Under torch.compile / make_fx the fake implementation runs instead of ours: it applies the

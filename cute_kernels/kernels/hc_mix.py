@@ -80,7 +80,7 @@ from cutlass import BFloat16, Float32, Int32
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
-from ..runtime.torch_op import capturing, custom_op, register_flops
+from ..runtime.torch_op import capturing, custom_op, in_cudagraph_trees, register_flops
 from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, check_int, check_same_device,
                                 check_tensor, element_span, validated_once)
 
@@ -631,16 +631,20 @@ _PIECES_MAX = 8
 def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     """Pre-split hc_fn, cached per tensor object and version (weights change rarely).
 
-    Outside CUDA-graph capture a miss fills the cache; during capture a miss splits inline (the
-    split is captured and reruns on every replay).  A graph captured after the cache was filled
-    reads the cached pieces: change hc_fn in place after capture and the graph must be recaptured.
-    Writes that bypass the version counter (``hc_fn.data.copy_(...)``, raw pointers) are not seen:
-    call ``torch.autograd.graph.increment_version(hc_fn)`` after them.  Inference tensors have no
-    version counter: they are split on every call.
+    - Eager: a miss fills the cache.  Writes that bypass the version counter (``hc_fn.data.copy_(...)``,
+      raw pointers) are not seen: call ``torch.autograd.graph.increment_version(hc_fn)`` after them.
+    - A CUDA graph you capture (``torch.cuda.graph``) reads the cache when it holds hc_fn's current version
+      (change hc_fn in place after capture and the graph must be recaptured); on a miss it splits inline
+      (the split is captured and reruns on every replay) and does not fill the cache (the pieces would be
+      the graph pool's memory).
+    - torch.compile's CUDA-graph trees (``mode="reduce-overhead"``) never use the cache: they warm up and
+      record when they choose and do not record again when hc_fn changes in place (an optimizer step), so
+      the split always runs inside their graphs (:func:`~cute_kernels.runtime.torch_op.in_cudagraph_trees`).
+    - Inference tensors have no version counter: they are split on every call.
     """
     import weakref
 
-    if hc_fn.is_inference():
+    if hc_fn.is_inference() or in_cudagraph_trees(hc_fn):
         return split_pieces(hc_fn)
     hit = _PIECES.get(id(hc_fn))
     if (hit is not None and hit[0]() is hc_fn and hit[1] == hc_fn.data_ptr()

@@ -144,6 +144,37 @@ def test_torch_compile(method):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("method", ["walk", "tma"])
+def test_reduce_overhead_with_weights_changed_in_place(method):
+    """torch.compile(mode="reduce-overhead") (CUDA-graph trees: warm-up, recording, replays) with hc_fn a
+    parameter changed in place between calls, as an optimizer step does: every call gives the eager op's bits
+    on the current weights.  The eager call just before each compiled one fills the pre-split cache (tma)
+    with that version: a graph recorded from the cache would replay stale pieces after the next update, and
+    a split cached during the warm-up would be the trees' pool memory (their default asserts fail on it)."""
+    torch._dynamo.reset()
+    x, hc_fn, hc_scale, hc_base = _inputs(64, 2048, seed=31)
+
+    class Mix(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hc_fn = torch.nn.Parameter(hc_fn.clone(), requires_grad=False)
+
+        def forward(self, x):
+            return cute_kernels.hc_mix_sinkhorn(x, self.hc_fn, hc_scale, hc_base, method=method)
+
+    mix = Mix()
+    compiled = torch.compile(mix, mode="reduce-overhead", fullgraph=True)
+    g = generator(32)
+    for step in range(5):
+        want = [t.clone() for t in mix(x)]
+        got = compiled(x)
+        for name, a, b in zip(("pre", "post", "comb"), got, want):
+            assert torch.equal(a, b), f"step {step}: {name}"
+        with torch.no_grad():
+            mix.hc_fn.mul_(0.5).add_(torch.randn(mix.hc_fn.shape, device="cuda", generator=g) / 64)
+    torch._dynamo.reset()
+
+
 def test_op_method_tma_is_the_tma_entry_point():
     """hc_mix_sinkhorn(method="tma") gives hc_mix_sinkhorn_tma's bits, batch invariant, near float64."""
     from cute_kernels.kernels import hc_mix_tma as tma

@@ -212,6 +212,31 @@ def test_torch_compile():
     torch.testing.assert_close(ok.double(), rk, rtol=2**-7, atol=1e-2)
 
 
+def test_reduce_overhead():
+    """torch.compile(mode="reduce-overhead") around the in-place op, new values on every call."""
+    torch._dynamo.reset()
+
+    def f(q, k, wq, wk):
+        q = q * 1
+        k = k * 1
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+        return q + 0, k + 0
+
+    q = torch.empty(33, 1024, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(33, 256, device="cuda", dtype=torch.bfloat16)
+    wq = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    wk = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for step in range(4):
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, 1e-6)
+        oq, ok = compiled(q, k, wq, wk)
+        torch.testing.assert_close(oq.double(), rq, rtol=2**-7, atol=1e-2, msg=f"step {step}: q")
+        torch.testing.assert_close(ok.double(), rk, rtol=2**-7, atol=1e-2, msg=f"step {step}: k")
+    torch._dynamo.reset()
+
+
 def test_opcheck():
     q = torch.randn(4, 64, device="cuda", dtype=torch.float32)
     k = torch.randn(4, 16, device="cuda", dtype=torch.float32)

@@ -431,6 +431,27 @@ def test_torch_compile_and_graph():
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_reduce_overhead(return_lse):
+    """torch.compile(mode="reduce-overhead") (CUDA-graph trees: warm-up, recording, replays) with new values
+    in q, k, v and the bounds on every call: the eager op's bits each time."""
+    torch._dynamo.reset()
+    q, k, v = _qkv(2, 300, 4, 2, 128, seed=41)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+    f = torch.compile(lambda q, k, v, b: cute_kernels.ranker_attention(q, k, v, b, return_lse=return_lse),
+                      mode="reduce-overhead", fullgraph=True)
+    g = generator(42)
+    for step in range(4):
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, device="cuda", generator=g))
+        bounds[1, 0] = step * 7
+        want = cute_kernels.ranker_attention(q, k, v, bounds, return_lse=return_lse)
+        got = f(q, k, v, bounds)
+        for a, b in zip(*((got, want) if return_lse else ((got,), (want,)))):
+            assert torch.equal(a, b), f"step {step}"
+    torch._dynamo.reset()
+
+
 def _relative_error(name, o, ref, base):
     """max |o - ref| / max |ref| with the same measure of torch's own dtype reference (``base``)."""
     scale = ref.float().abs().max().clamp_min(1e-30)
