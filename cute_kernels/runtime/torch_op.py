@@ -79,8 +79,9 @@ def in_cudagraph_trees(t) -> bool:
         return False
     try:  # private API, read only: the manager of this thread and device, if one was made
         manager = trees.get_manager(t.device.index, create_if_none_exists=False)
-        return (manager is not None and (manager.in_warmup or manager.in_recording)
-                and torch.cuda.current_stream(t.device) == manager.stream)
+        # the trees warm up and record on the manager's own stream, and on nothing else (their state flag is
+        # no guide: a graph records while the node is built, before the manager marks itself recording)
+        return manager is not None and torch.cuda.current_stream(t.device) == manager.stream
     except Exception:  # pragma: no cover (another torch's internals): assume the trees, the safe answer
         return True
 
