@@ -787,7 +787,9 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     counter after this module loaded: a first call, or ``cute_kernels.register_ops()``).
     Weights: ``method="tma"`` caches hc_fn split into bf16 pieces per tensor and version counter;
     after writing hc_fn in a way torch does not count (``hc_fn.data.copy_(...)``, raw pointers),
-    call ``torch.autograd.graph.increment_version(hc_fn)``.
+    call ``torch.autograd.graph.increment_version(hc_fn)``.  A CUDA graph you capture reads the cached
+    pieces of hc_fn's version at capture (recapture after changing hc_fn in place); under
+    ``torch.compile(mode="reduce-overhead")`` the split runs inside the graph on every call instead.
     """
     _check_method(method)
     _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
