@@ -603,7 +603,7 @@ def test_backward_validates_everything_before_writing(monkeypatch):
     with pytest.raises(ValueError, match="max_seqlen"):
         rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cu_seqlens=torch.tensor([0, 5, 9],
                                      dtype=torch.int32), max_seqlen=3, dq=dq, dk=dk, dv=dv)
-    for bad in (dict(dk=dk.float()), dict(dv=nan(q)), dict(deterministic=None), dict(config="default")):
+    for bad in (dict(dk=dk.float()), dict(dv=nan(q)), dict(deterministic=2), dict(config="default")):
         with pytest.raises((TypeError, ValueError)):
             call([0, 0, 0], **bad)  # all sequences empty: validated all the same
     assert dq.isnan().all() and dk.isnan().all() and dv.isnan().all()  # untouched
@@ -655,6 +655,43 @@ def test_ranker_attention_is_differentiable(monkeypatch):
     assert cute_kernels.ranker_attention_backward is rb.ranker_attention_backward
     assert cute_kernels.ranker_attention_backward_reference is rb.ranker_attention_backward_reference
     assert hasattr(torch.ops.cute_kernels, "ranker_attention_bwd")
+
+
+@pytest.fixture
+def deterministic_flag():
+    """Restores torch's deterministic-algorithms flag (and its warn_only) after the test."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_backward_follows_torchs_deterministic_flag(monkeypatch, deterministic_flag):
+    """torch.use_deterministic_algorithms(True) makes the autograd backward and ranker_attention_backward
+    without ``deterministic=`` take the ordered (deterministic) mode; an explicit ``deterministic=`` wins."""
+    seen = []
+
+    def fwd(q, k, v, bounds, scale, cap, method, cu, ms, out=None, lse=None, config=None, max_ctas=None, plan_key=None,
+            with_lse=True):
+        return rf.ranker_attention_reference(q, k, v, bounds, scale, cap, method, True, cu, ms)
+
+    def bwd(q, k, v, out, lse, dout, bounds, scale, cap, method, cu, ms, **kw):
+        seen.append(kw["deterministic"])
+        return tuple(torch.zeros_like(t) for t in (q, k, v))
+
+    monkeypatch.setattr(rf, "_ranker_impl", fwd)
+    monkeypatch.setattr(rb, "_backward_impl", bwd)
+    q, k, v = (torch.randn(1, 40, 2, 64, dtype=torch.float64).requires_grad_() for _ in range(3))
+    bounds = torch.tensor([[0, 30, 30, 40]], dtype=torch.int32)
+    for flag in (False, True, False):
+        torch.use_deterministic_algorithms(flag)
+        out, lse = cute_kernels.ranker_attention(q, k, v, bounds, return_lse=True)
+        out.sum().backward()
+        args = (q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), out.detach(), bounds)
+        rb.ranker_attention_backward(*args)
+        rb.ranker_attention_backward(*args, deterministic=False)
+        rb.ranker_attention_backward(*args, deterministic=True)
+        assert seen == [flag, flag, False, True], (flag, seen)
+        seen.clear()
 
 
 def test_meta_tensors_give_shapes_forward_and_backward():

@@ -11,7 +11,9 @@ rule).  ``bounds`` and ``cu_seqlens`` are not differentiable; the returned ``lse
 merging attention over key chunks or a z-loss, reaches q and k: the backward's preprocess folds its
 gradient into dPsum; under torch.compile the backward always gets one, zeros when the loss ignores lse).
 The backward keeps q, k, v, out and lse alive and launches :func:`.ranker_bwd.ranker_attention_backward`'s
-op in its default (non-deterministic) mode (head dims 64 and 128: a 256 head dim raises ``ValueError`` in
+op, in its deterministic mode when torch's flag is on (``torch.use_deterministic_algorithms(True)``; read
+when the backward runs, or, under torch.compile, when it is compiled: Dynamo guards on the flag and
+recompiles), else in its default (non-deterministic) mode (head dims 64 and 128: a 256 head dim raises ``ValueError`` in
 ``backward()``; under torch.compile, when the call is compiled).  Its modules load on the first backward.
 """
 
@@ -43,7 +45,8 @@ def _backward(ctx, dout, dlse):
     # a loss on lse alone: dO = 0 (dV = 0; dS = P * dLSE * cap')
     dout = torch.zeros_like(out) if dout is None else dout.contiguous()
     dq, dk, dv = ranker_attention_backward_op(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
-                                              cu_seqlens, max_seqlen, False, dlse)
+                                              cu_seqlens, max_seqlen, torch.are_deterministic_algorithms_enabled(),
+                                              dlse)
     return dq, dk, dv, None, None, None, None, None, None
 
 

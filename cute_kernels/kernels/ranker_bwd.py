@@ -1276,7 +1276,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
 
 def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh",
                               cu_seqlens=None, max_seqlen=None, *, dlse=None, dq=None, dk=None, dv=None,
-                              config: Optional[RankerBwdConfig] = None, deterministic: bool = False):
+                              config: Optional[RankerBwdConfig] = None, deterministic: Optional[bool] = None):
     """Gradients of :func:`.ranker_fwd.ranker_attention` with respect to q, k, v (issue 4): FlashAttention's
     backward (Dao 2023, arXiv 2307.08691; the Hopper form of FlashAttention-3, Shah et al. 2024, arXiv
     2407.08608, whose dK/dV epilogue is the project's seed 004) with the ranker mask and the cap's
@@ -1303,12 +1303,14 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
             calls zero them whole before the launches.
         config: None or a :class:`RankerBwdConfig` (default: an active :func:`use_config`'s for D, else
             :func:`config_for` (D, cap is not None)).
-        deterministic: a bool.
+        deterministic: a bool, or None (the default): torch's global flag,
+            ``torch.are_deterministic_algorithms_enabled()`` (``torch.use_deterministic_algorithms(True)``).
     Returns:
         ``(dq, dk, dv)`` shaped and typed like ``q, k, v``.  Float32 accumulation throughout (dQ in a
         float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
         config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
-        ``deterministic=True`` (or a config with ``deterministic=True``) for ordered adds (same bits
+        ``deterministic=True``, or call with torch's deterministic flag on (or a config with
+        ``deterministic=True``) for ordered adds (same bits
         on every run; in time 4-9% slower than the default over the D=128 bench shapes, 12-16% at
         D=64: 5.9-7.1% at the headline, 4.8-6.5% with the tanh cap, 8.3-8.9% at B=16 1K+256; session 28,
         bench/results/logs/2026-12-01_s28_ranker_bwd_gpu_tests_det_overhead_10e704a.log).
@@ -1330,6 +1332,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     there and the call runs eagerly; under another dispatch mode with real tensors, e.g.
     FlopCounterMode, such a call runs the eager implementation.
     """
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     deterministic = check_bool("deterministic", deterministic)  # (a numpy bool as a bool, for the op's schema)
     refuse_func_transforms("ranker_attention_backward", q, k, v, out, lse, dout, dlse)
     _check_config_type(config)  # (before the eager-only rule below, which would name the wrong problem)

@@ -325,6 +325,33 @@ def test_autograd_and_compile():
     torch.testing.assert_close(eager[0], cute_kernels.ranker_attention(q, k, v, bounds, cap=30.0), rtol=0, atol=0)
 
 
+def test_torch_deterministic_flag_makes_autograd_bitwise():
+    """torch.use_deterministic_algorithms(True): the autograd backward (eager and torch.compile) gives the same
+    bits on every run, those of ranker_attention_backward(deterministic=True)."""
+    q, k, v, do = _tensors((2, 333, 8, 128), (2, 333, 2, 128), seed=45)
+    bounds = torch.tensor([[0, 200, 200, 333], [5, 129, 130, 300]], device="cuda", dtype=torch.int32)
+
+    def grads(fn):
+        qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        fn(qq, kk, vv).backward(do)
+        return qq.grad, kk.grad, vv.grad
+
+    call = lambda a, b, c: cute_kernels.ranker_attention(a, b, c, bounds, cap=30.0)  # noqa: E731
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)  # (warn_only: torch's own ops in the test may lack one)
+    try:
+        out, lse = cute_kernels.ranker_attention(q, k, v, bounds, cap=30.0, return_lse=True)
+        want = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=30.0, deterministic=True)
+        torch._dynamo.reset()
+        compiled = torch.compile(call, fullgraph=True)
+        for name, fn in (("eager", call), ("eager", call), ("compiled", compiled), ("compiled", compiled)):
+            for g, w, n in zip(grads(fn), want, ("dq", "dk", "dv")):
+                assert torch.equal(g, w), f"{name}: {n}"
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch._dynamo.reset()
+
+
 def test_reduce_overhead_training_steps():
     """torch.compile(mode="reduce-overhead") (CUDA-graph trees over the forward and the backward) for four
     steps with new values each time: gradients as the eager op's (same kernels; dQ's float32 atomics may
