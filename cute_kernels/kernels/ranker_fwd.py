@@ -1365,8 +1365,9 @@ def _varlen_extent(q: torch.Tensor, cu_seqlens: torch.Tensor, total: int, max_se
     end = None
     if _capturing(q):
         if max_seqlen is None:
-            raise ValueError("max_seqlen is required with cu_seqlens while a CUDA graph is captured "
-                             "(computing it reads cu_seqlens on the host)")
+            raise ValueError("max_seqlen is required with cu_seqlens while a CUDA graph is captured (torch.cuda.graph, "
+                             "or torch.compile(mode='reduce-overhead') recording its graph): computing it reads "
+                             "cu_seqlens on the host")
     else:
         longest, end = _check_cu_seqlens_values(cu_seqlens, total, max_seqlen)
         max_seqlen = longest if max_seqlen is None else max_seqlen

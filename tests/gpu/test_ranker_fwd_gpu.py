@@ -452,6 +452,25 @@ def test_reduce_overhead(return_lse):
     torch._dynamo.reset()
 
 
+def test_reduce_overhead_varlen():
+    """The packed form under torch.compile(mode="reduce-overhead"), new cu_seqlens values (same total) and new
+    q, k, v on every call, max_seqlen given: the eager op's bits each time."""
+    torch._dynamo.reset()
+    q, k, v = (t[0] for t in _qkv(1, 700, 4, 2, 64, seed=47))
+    cu = torch.tensor([0, 300, 700], device="cuda", dtype=torch.int32)
+    bounds = torch.tensor([[0, 200, 200, 300], [10, 300, 300, 400]], device="cuda", dtype=torch.int32)
+    f = torch.compile(lambda q, k, v, b, cu: cute_kernels.ranker_attention(q, k, v, b, cu_seqlens=cu, max_seqlen=450),
+                      mode="reduce-overhead", fullgraph=True)
+    g = generator(48)
+    for step in range(4):
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, device="cuda", generator=g))
+        cu[1] = 250 + 50 * step
+        want = cute_kernels.ranker_attention(q, k, v, bounds, cu_seqlens=cu, max_seqlen=450)
+        assert torch.equal(f(q, k, v, bounds, cu), want), f"step {step}"
+    torch._dynamo.reset()
+
+
 def _relative_error(name, o, ref, base):
     """max |o - ref| / max |ref| with the same measure of torch's own dtype reference (``base``)."""
     scale = ref.float().abs().max().clamp_min(1e-30)
