@@ -12,10 +12,10 @@ from cute_kernels.runtime.cache import compile_record
 
 
 def test_compile_targets_cover_both_methods():
-    from cute_kernels.kernels import hc_mix_tma
+    from cute_kernels.kernels import hc_mix_split, hc_mix_tma
 
     kernels = {t.kernel for t in mod.compile_targets()}
-    assert kernels == {mod.NAME, hc_mix_tma.NAME}
+    assert kernels == {mod.NAME, hc_mix_tma.NAME, hc_mix_split.NAME}
     assert {t.key for t in mod.compile_targets() if t.kernel == hc_mix_tma.NAME} == {
         hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
 
@@ -130,7 +130,7 @@ def test_config_validation_and_choice():
         assert cfg.tile_m % mod.CLUSTER_K == 0
 
 
-def test_split_pieces_reconstruct_and_cache():
+def test_split_pieces_reconstruct():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(24, 256, generator=g) * torch.logspace(-3, 3, 256)
     pieces = mod.split_pieces(w)
@@ -139,12 +139,7 @@ def test_split_pieces_reconstruct_and_cache():
     rel = ((lo + mid + hi - w.double()).abs() / w.double().abs()).max().item()
     assert rel <= 2.0 ** -24, rel
     assert torch.equal(hi, w.bfloat16().double())  # hi = round to nearest even
-    # cached per tensor and version; an in-place update invalidates the entry
-    p1 = mod._pieces(w)
-    assert mod._pieces(w) is p1
-    w.mul_(2)
-    p2 = mod._pieces(w)
-    assert p2 is not p1 and torch.equal(p2.double(), 2 * p1.double())
+    assert mod._pieces(pieces) is pieces  # given as pieces (hc_mix_split_weights): used as they are
 
 
 @pytest.mark.parametrize("kw,exc,msg", [
@@ -288,26 +283,50 @@ def test_eps_that_float32_would_flush_to_zero_is_refused(name):
     mod._check_scalars(20, **{"rms_eps": 1e-6, "hc_eps": 1e-6, name: 0.0})
 
 
-def test_inference_tensor_weights_are_split_every_call_not_cached():
-    with torch.inference_mode():
-        w = torch.randn(24, 64)
-    before = dict(mod._PIECES)
-    pieces = mod._pieces(w)  # an inference tensor has no version counter to key a cache on
-    assert torch.equal(pieces, mod.split_pieces(w)) and mod._PIECES == before
+def test_split_kernel_compiles_to_vector_loads_and_stores():
+    """hc_mix_split: two 16-byte loads and three 16-byte stores per thread, the walk's in-register split (4
+    cvt.rn.bf16x2.f32 per pair of columns... 3 per pair: 12 per thread), an early trigger of its dependent (the
+    TMA walk, a programmatic dependent launch), no local memory."""
+    from cute_kernels.kernels import hc_mix_split
+
+    hc_mix_split._compile()
+    rec = compile_record(hc_mix_split.NAME, hc_mix_split.HcSplitConfig())
+    assert ".target sm_90a" in rec.ptx
+    assert len(re.findall(r"ld\.global\.v4\.b32", rec.ptx)) == 2
+    assert len(re.findall(r"st\.global\.v4\.b32", rec.ptx)) == 3
+    assert rec.ptx.count("cvt.rn.bf16x2.f32") == 12
+    assert "griddepcontrol.launch_dependents" in rec.ptx
+    assert "local memory (spill)" not in rec.ptx_features
 
 
-def test_pieces_bypass_the_cache_inside_cudagraph_trees(monkeypatch):
-    """While torch.compile's CUDA-graph trees warm up or record, the split neither comes from the cache (a weight
-    changed in place after recording would replay stale pieces) nor goes into it (the trees' pool memory)."""
-    w = torch.randn(mod.N_MIX, 64)
-    cached = mod._pieces(w)
-    monkeypatch.setattr(mod, "in_cudagraph_trees", lambda t: True)
-    before = dict(mod._PIECES)
-    got = mod._pieces(w)
-    assert got is not cached and torch.equal(got, cached) and mod._PIECES == before
-    v = torch.randn(mod.N_MIX, 64)
-    mod._pieces(v)
-    assert id(v) not in mod._PIECES
+def test_pieces_are_accepted_for_tma_and_refused_for_walk():
+    """hc_fn given as its [72, K] bf16 pieces: the op's rules (shape, layout) at trace time; method="walk"
+    refuses them with the reason; the fake of hc_mix_split_weights gives the pieces' shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(5, 128, dtype=torch.bfloat16)
+        w = torch.empty(24, 128)
+        scale, base = torch.empty(3), torch.empty(24)
+        pieces = torch.ops.cute_kernels.hc_mix_split_weights(w)
+        assert pieces.shape == (72, 128) and pieces.dtype == torch.bfloat16
+        pre, post, comb = torch.ops.cute_kernels.hc_mix_sinkhorn(x, pieces, scale, base)
+        assert comb.shape == (5, 4, 4)
+        with pytest.raises(ValueError, match="method='tma'"):
+            torch.ops.cute_kernels.hc_mix_sinkhorn(x, pieces, scale, base, method="walk")
+        with pytest.raises(ValueError, match="hc_fn"):  # pieces of the wrong K
+            torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(72, 192, dtype=torch.bfloat16), scale, base)
+        with pytest.raises(TypeError, match="hc_fn has dtype bfloat16"):  # 24 rows of bf16: not pieces
+            torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(24, 128, dtype=torch.bfloat16), scale, base)
+        with pytest.raises(ValueError, match="hc_fn"):
+            torch.ops.cute_kernels.hc_mix_split_weights(torch.empty(24, 96))
+        with pytest.raises(TypeError, match="float32"):
+            torch.ops.cute_kernels.hc_mix_split_weights(torch.empty(24, 128, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="CUDA"):  # eagerly, on a CPU tensor: before any launch
+        cute_kernels.hc_mix_split_weights(torch.zeros(24, 128))
+    with pytest.raises(ValueError, match="method='tma'"):
+        cute_kernels.hc_mix_sinkhorn(torch.zeros(5, 128, dtype=torch.bfloat16), torch.zeros(72, 128, dtype=torch.bfloat16),
+                                     torch.zeros(3), torch.zeros(24), method="walk")
 
 
 @pytest.mark.parametrize("bad", [dict(k=96), dict(x_dtype=torch.float32), dict(rows=23)])

@@ -23,7 +23,8 @@ Design (one kernel, no partials in global memory):
   mid = rn(w - hi), lo = rn(w - hi - mid); the differences are exact, the representation error is
   <= 2^-27 |w|); per 16-column step the pieces are issued lo, mid, hi; 24 outputs = three n8 tiles.
   The pieces are split in registers from the fp32 hc_fn (:func:`_split3_bf16x2`); the same split
-  made once on the host (:func:`split_pieces`, cached by :func:`_pieces`) feeds :mod:`.hc_mix_tma`.
+  made by a small kernel before each call (:mod:`.hc_mix_split`), or once by :func:`hc_mix_split_weights`,
+  feeds :mod:`.hc_mix_tma`.
 * The sum of squares is a Gram MMA: x . x^T of the warp's 16 rows with B = the lane's own A
   registers; its diagonal is sum x^2 (exact bf16 products, fp32 accumulation).
 * Each chunk is accumulated into fresh registers (2 k16 steps x 3 pieces) and its value is added
@@ -80,7 +81,7 @@ from cutlass import BFloat16, Float32, Int32
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
-from ..runtime.torch_op import capturing, custom_op, in_cudagraph_trees, register_flops
+from ..runtime.torch_op import custom_op, register_flops
 from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, check_int, check_same_device,
                                 check_tensor, element_span, validated_once)
 
@@ -550,14 +551,20 @@ def _compile(config: HcMixConfig):
 
 
 def compile_targets() -> list[CompileTarget]:
-    """The walk's shipped configs and the configs ``method="tma"`` picks (hc_mix_tma.config_for), so
-    ``cute-kernels compile --kernel hc_mix`` prebuilds both methods."""
+    """The walk's shipped configs, the configs ``method="tma"`` picks (hc_mix_tma.config_for) and the split of
+    hc_fn that ``method="tma"`` runs first (hc_mix_split), so ``cute-kernels compile --kernel hc_mix`` prebuilds
+    both methods."""
     from . import hc_mix_tma
 
+    from . import hc_mix_split
+
     tma = {hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
+    split_cfg = hc_mix_split.HcSplitConfig()
     return ([CompileTarget(NAME, f"tile_m={c.tile_m} {c}", c, build=lambda c=c: _compile(c)) for c in SHIPPED]
             + [CompileTarget(hc_mix_tma.NAME, f"method=tma tile_m={c.tile_m} {c}", c,
-                             build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)])
+                             build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)]
+            + [CompileTarget(hc_mix_split.NAME, f"method=tma split of hc_fn {split_cfg}", split_cfg,
+                             build=lambda: hc_mix_split._compile(split_cfg))])
 
 
 
@@ -586,7 +593,11 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
                          f"[{N_PIECES * N_MIX}, K] bf16 pieces must span fewer than 2**31 elements, the limit of "
                          "every op's tensors)")
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
-    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
+    if is_pieces(hc_fn) and hc_fn.dim() == 2 and hc_fn.shape[0] == N_PIECES * N_MIX:
+        # hc_mix_split_weights' output (method="tma" only: see _check_pieces_method)
+        check_tensor("hc_fn", hc_fn, shape=(N_PIECES * N_MIX, k), cuda=cuda, data_pointer=pointers)
+    else:
+        check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
     check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
     check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4,
@@ -624,38 +635,28 @@ def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     return torch.cat([lo, mid, hi], 0).contiguous()
 
 
-_PIECES: dict[int, tuple] = {}  # id(hc_fn) -> (weakref, data_ptr, version, pieces)
-_PIECES_MAX = 8
+def is_pieces(hc_fn) -> bool:
+    """Whether ``hc_fn`` is given as its bf16 pieces (:func:`hc_mix_split_weights`) rather than float32 (by its
+    dtype; :func:`_validate` checks the shape)."""
+    return isinstance(hc_fn, torch.Tensor) and hc_fn.dtype == torch.bfloat16
+
+
+def _check_pieces_method(hc_fn, method: str) -> None:
+    """The walk splits the float32 hc_fn in registers: pre-split pieces are for ``method="tma"`` only."""
+    if method == "walk" and is_pieces(hc_fn):
+        raise ValueError("hc_fn as bf16 pieces (hc_mix_split_weights) is for method='tma'; method='walk' takes the "
+                         "float32 hc_fn [24, K]")
 
 
 def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
-    """Pre-split hc_fn, cached per tensor object and version (weights change rarely).
+    """The ``[72, K]`` bf16 pieces :mod:`.hc_mix_tma` loads: ``hc_fn`` itself when given as pieces, else split
+    now on the current stream (:mod:`.hc_mix_split`, one small kernel: whatever changed hc_fn, an optimizer
+    step, a collective, a write through ``.data``, is seen, in CUDA graphs too)."""
+    if is_pieces(hc_fn):
+        return hc_fn
+    from .hc_mix_split import split
 
-    - Eager: a miss fills the cache.  Writes that bypass the version counter (``hc_fn.data.copy_(...)``,
-      raw pointers) are not seen: call ``torch.autograd.graph.increment_version(hc_fn)`` after them.
-    - A CUDA graph you capture (``torch.cuda.graph``) reads the cache when it holds hc_fn's current version
-      (change hc_fn in place after capture and the graph must be recaptured); on a miss it splits inline
-      (the split is captured and reruns on every replay) and does not fill the cache (the pieces would be
-      the graph pool's memory).
-    - torch.compile's CUDA-graph trees (``mode="reduce-overhead"``) never use the cache: they warm up and
-      record when they choose and do not record again when hc_fn changes in place (an optimizer step), so
-      the split always runs inside their graphs (:func:`~cute_kernels.runtime.torch_op.in_cudagraph_trees`).
-    - Inference tensors have no version counter: they are split on every call.
-    """
-    import weakref
-
-    if hc_fn.is_inference() or in_cudagraph_trees(hc_fn):
-        return split_pieces(hc_fn)
-    hit = _PIECES.get(id(hc_fn))
-    if (hit is not None and hit[0]() is hc_fn and hit[1] == hc_fn.data_ptr()
-            and hit[2] == hc_fn._version):
-        return hit[3]
-    pieces = split_pieces(hc_fn)
-    if not capturing(hc_fn):
-        if len(_PIECES) >= _PIECES_MAX:
-            _PIECES.pop(next(iter(_PIECES)))
-        _PIECES[id(hc_fn)] = (weakref.ref(hc_fn), hc_fn.data_ptr(), hc_fn._version, pieces)
-    return pieces
+    return split(hc_fn)
 
 
 def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None,
@@ -719,6 +720,7 @@ def _check_method(method) -> None:
 
 def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="tma"):
     _check_method(method)
+    _check_pieces_method(hc_fn, method)
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, cuda=False, pointers=False)
     if method == "walk":
         _check_walk_extent(x)  # shapes and strides only: the same error at trace time
@@ -760,7 +762,9 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"`` also
             needs ``(M - 1) * row stride + K < 2**31`` (32-bit offsets; M < 104858 at K = 20480).
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous, row
-            stride a multiple of 16 bytes (4 elements), 16-byte aligned (both methods).
+            stride a multiple of 16 bytes (4 elements), 16-byte aligned (both methods); or, for
+            ``method="tma"``, its ``[72, K]`` bf16 pieces from :func:`hc_mix_split_weights` (same bits out:
+            the call then skips the split; frozen weights, e.g. serving).
         hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.
         sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
         rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``, and 0 or ``>= 2**-126``
@@ -780,18 +784,20 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             not a str.
         ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
             hc_eps negative, not finite or below 2**-126 (but not 0); a method other than ``"walk"`` and
-            ``"tma"``; x too large for the walk's 32-bit offsets.
+            ``"tma"``; x too large for the walk's 32-bit offsets; hc_fn as pieces with ``method="walk"``.
         RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
             formula: torch raises its "no autograd formula" error rather than dropping the gradient).
     FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24`` (make the
     counter after this module loaded: a first call, or ``cute_kernels.register_ops()``).
-    Weights: ``method="tma"`` caches hc_fn split into bf16 pieces per tensor and version counter;
-    after writing hc_fn in a way torch does not count (``hc_fn.data.copy_(...)``, raw pointers),
-    call ``torch.autograd.graph.increment_version(hc_fn)``.  A CUDA graph you capture reads the cached
-    pieces of hc_fn's version at capture (recapture after changing hc_fn in place); under
-    ``torch.compile(mode="reduce-overhead")`` the split runs inside the graph on every call instead.
+    Weights: ``method="tma"`` multiplies x by hc_fn split into three bf16 pieces (hi + mid + lo); with the
+    float32 hc_fn each call makes them first, on the current stream (:mod:`.hc_mix_split`: one small kernel
+    whose run overlaps the next kernel's launch, a programmatic dependent launch), so a weight changed by any
+    means (an optimizer step, fused or not, a collective, a write through ``.data``) is always seen, in CUDA
+    graphs and under torch.compile too.  For weights that do not change, make the pieces once with
+    :func:`hc_mix_split_weights` and pass them as ``hc_fn`` (remake them after changing hc_fn).
     """
     _check_method(method)
+    _check_pieces_method(hc_fn, method)
     _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
     if method == "tma":
         from .hc_mix_tma import launch as launch_tma
@@ -800,11 +806,49 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     return _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
 
 
+def _check_split_input(hc_fn, cuda: bool = True, pointers: bool = True) -> None:
+    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), ndim=2, cuda=cuda, data_pointer=pointers)
+    k = hc_fn.shape[1]
+    if hc_fn.shape[0] != N_MIX or k % K_ALIGN or k == 0 or k > MAX_K:
+        raise ValueError(f"hc_fn must be [{N_MIX}, K] with K a positive multiple of {K_ALIGN} and at most {MAX_K}, "
+                         f"got {list(hc_fn.shape)}")
+
+
+def _split_fake(hc_fn):
+    _check_split_input(hc_fn, cuda=False, pointers=False)
+    return hc_fn.new_empty((N_PIECES * N_MIX, hc_fn.shape[1]), dtype=torch.bfloat16)
+
+
+@custom_op("hc_mix_split_weights", mutates_args=(), fake=_split_fake)
+def hc_mix_split_weights(hc_fn: torch.Tensor) -> torch.Tensor:
+    """hc_fn's three bf16 pieces, made once, for :func:`hc_mix_sinkhorn` (``method="tma"``) with frozen weights.
+
+    Row ``24 p + n`` of the result is piece ``p`` (lo, mid, hi) of ``hc_fn[n]``: hi = rn(w), mid = rn(w - hi),
+    lo = rn(w - hi - mid) (round to nearest even; the differences are exact, so hi + mid + lo is w within
+    2^-27 |w|; the bf16x3 products of the DeepSeek mHC kernels, seed 001).  Passing the result as ``hc_fn``
+    gives the same bits as passing hc_fn and skips the split each call makes (one small kernel, a few
+    microseconds).  The pieces are a copy: make them again after hc_fn changes.
+
+    Args:
+        hc_fn: ``[24, K]`` float32 CUDA tensor (K a positive multiple of 64, at most 29826112), last dim
+            contiguous, row stride a multiple of 4 elements, 16-byte aligned.
+    Returns:
+        ``[72, K]`` bfloat16, contiguous, on hc_fn's device.
+    Raises:
+        TypeError: hc_fn not a float32 tensor.  ValueError: wrong shape, device, layout or alignment.
+        RuntimeError: in ``backward()`` when hc_fn required grad (no autograd formula).
+    """
+    _check_split_input(hc_fn)
+    from .hc_mix_split import split
+
+    return split(hc_fn)
+
+
 def _flops(x_shape, hc_fn_shape, *args, out_shape=None, **kwargs) -> int:
     """``torch.utils.flop_counter.FlopCounterMode``'s count of the op: the mix GEMM ``x [M, K] . hc_fn^T [K, 24]``,
     2 FLOPs per multiply-add (the bf16x3 split's three products and the per-row epilogue not counted)."""
     m, k = x_shape
-    return 2 * m * k * hc_fn_shape[0]
+    return 2 * m * k * N_MIX
 
 
 register_flops(torch.ops.cute_kernels.hc_mix_sinkhorn, _flops)

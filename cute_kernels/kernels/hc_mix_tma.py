@@ -12,7 +12,8 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   for every M (batch invariant).
 * The walk kernel: one CTA per (row tile of ``tile_m`` rows, tree node at ``cta_level``).  Warp 0
   (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[tile_m, 64]`` and the
-  host-split hc_fn ``[72, 64]`` (:func:`.hc_mix.split_pieces`: rows lo 0-23, mid 24-47, hi 48-71)
+  pre-split hc_fn ``[72, 64]`` (:mod:`.hc_mix_split`, run before the walk on every call with the float32
+  hc_fn, or :func:`.hc_mix.hc_mix_split_weights` once: rows lo 0-23, mid 24-47, hi 48-71)
   into a ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem).  Two consumer
   warpgroups issue ``wgmma m64n72k16`` (A = x, B = the pieces; bf16 in, float32 out) per k tile into
   a fresh accumulator added to float32 running sums (the per-chunk accuracy argument of
@@ -34,7 +35,8 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
   M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
 
-Measured (H200, K = 20480, us per call in a CUDA graph, session 7,
+Measured (H200, K = 20480, us per call in a CUDA graph, with the pieces made beforehand (until session 34 a
+cache kept them between calls; the split kernel now runs first on every call with the float32 hc_fn), session 7,
 bench/results/2026-11-29_h200_hc_mix_s7.md; split-K Triton baseline in brackets): M = 1: 9.1 (12.1);
 128: 9.5 (16.9); 512: 12.8 (28.7); 1024: 18.5 (56.6); 2048: 28.5 (99.5); 4096: 48.2 (175; 82% of the
 copy rate); 16384: 170 (643).  Session 19 (fast-math epilogue, level-0 fused epilogue,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from typing import Callable, Iterable
 
 import torch
@@ -66,24 +65,6 @@ def capturing(t) -> bool:
     """Whether ``t`` is a CUDA tensor and the current CUDA stream captures a graph: the host must not read
     device values then (a sync would break the capture), nor keep memory it allocates (the graph's pool)."""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def in_cudagraph_trees(t) -> bool:
-    """Whether torch.compile's CUDA-graph trees (``mode="reduce-overhead"``) are warming up or recording a
-    graph on CUDA tensor ``t``'s device and the current stream.  Both allocate from the graph's private
-    pool (a cache must not keep that memory: the trees hand its blocks out again and, by default
-    (``slow_path_cudagraph_asserts``), fail when one outlives the graph's outputs), and the trees never
-    record again when a weight changes in place (a value cached at recording would go stale)."""
-    trees = sys.modules.get("torch._inductor.cudagraph_trees")
-    if trees is None or not t.is_cuda:  # torch.compile's CUDA graphs never ran in this process
-        return False
-    try:  # private API, read only: the manager of this thread and device, if one was made
-        manager = trees.get_manager(t.device.index, create_if_none_exists=False)
-        # the trees warm up and record on the manager's own stream, and on nothing else (their state flag is
-        # no guide: a graph records while the node is built, before the manager marks itself recording)
-        return manager is not None and torch.cuda.current_stream(t.device) == manager.stream
-    except Exception:  # pragma: no cover (another torch's internals): assume the trees, the safe answer
-        return True
 
 
 def without_data(t) -> bool:

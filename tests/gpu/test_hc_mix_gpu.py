@@ -148,10 +148,10 @@ def test_torch_compile(method):
 def test_reduce_overhead_with_weights_changed_in_place(method):
     """torch.compile(mode="reduce-overhead") (CUDA-graph trees: warm-up, recording, replays) with hc_fn a
     parameter changed in place between calls, as an optimizer step does: every call gives the eager op's bits
-    on the current weights.  At the warm-up the compiled call comes first: a split cached then would be the
-    trees' pool memory (their default asserts fail on it).  Later the eager call just before each compiled
-    one fills the pre-split cache (tma) with that version: a graph recorded from the cache would replay stale
-    pieces after the next update."""
+    on the current weights.  (Session 34 found the old pre-split cache wrong here both ways: a split cached at
+    the warm-up, where the compiled call comes first, was the trees' pool memory (their default asserts failed
+    on it), and a graph recorded from the cache, filled by the eager call just before, replayed stale pieces
+    after the next update.)"""
     torch._dynamo.reset()
     x, hc_fn, hc_scale, hc_base = _inputs(64, 2048, seed=31)
 
@@ -178,6 +178,60 @@ def test_reduce_overhead_with_weights_changed_in_place(method):
         with torch.no_grad():
             mix.hc_fn.mul_(0.5).add_(torch.randn(mix.hc_fn.shape, device="cuda", generator=g) / 64)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("k,row_stride", [(64, 64), (192, 256), (20480, 20480), (7168, 7172)])
+def test_split_kernel_matches_the_torch_split_bitwise(k, row_stride):
+    """hc_mix_split against split_pieces (the torch form): the same bits for values over the float32 range
+    (zeros of both signs, subnormals, huge), into a NaN-poisoned buffer, hc_fn with a padded row stride."""
+    from cute_kernels.kernels import hc_mix_split
+
+    g = generator(k + row_stride)
+    base = torch.empty(mod.N_MIX, row_stride, device="cuda")
+    w = base[:, :k]
+    mag = torch.pow(10.0, torch.empty(mod.N_MIX, k, device="cuda").uniform_(-40, 37, generator=g))
+    w.copy_(torch.randn(mod.N_MIX, k, device="cuda", generator=g).sign() * mag)
+    w[0, :8] = torch.tensor([0.0, -0.0, 1e-45, -1e-40, 3.0e38, -3.0e38, 1.0, 1 + 2**-23], device="cuda")
+    pieces = torch.full((72, k), float("nan"), device="cuda", dtype=torch.bfloat16)
+    hc_mix_split._compile()(w, pieces)
+    want = mod.split_pieces(w)
+    assert torch.equal(pieces.view(torch.int16), want.view(torch.int16))  # bits, -0.0 included
+    assert torch.equal(cute_kernels.hc_mix_split_weights(w).view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("m", [1, 300, 4096])
+def test_pieces_give_the_same_bits_and_weight_writes_are_always_seen(m):
+    """method="tma" with the float32 hc_fn splits it on every call: writes torch's version counter does not see
+    (through .data, a fused Adam step) change the next call's result, eagerly and in a CUDA graph captured
+    before them; hc_fn given as hc_mix_split_weights' pieces gives the same bits."""
+    x, hc_fn, hc_scale, hc_base = _inputs(m, 2048, seed=51 + m)
+    call = lambda w: cute_kernels.hc_mix_sinkhorn(x, w, hc_scale, hc_base)  # noqa: E731
+    first = call(hc_fn)
+    for a, b in zip(first, call(cute_kernels.hc_mix_split_weights(hc_fn))):
+        assert torch.equal(a, b)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call(hc_fn)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call(hc_fn)
+    g = generator(52)
+    hc_fn.data.copy_(torch.randn(hc_fn.shape, device="cuda", generator=g) / 45)  # (no version bump)
+    p = torch.nn.Parameter(hc_fn)
+    p.grad = torch.randn_like(p) / 10
+    torch.optim.Adam([p], lr=0.05, fused=True).step()  # (a fused step: no version bump either)
+    for got in (call(hc_fn), None):
+        if got is None:
+            graph.replay()
+            torch.cuda.synchronize()
+            got = captured
+        want = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base)
+        for a, w, f in zip(got, want, first):
+            assert (a.double() - w.double()).abs().max().item() <= 1e-5 and not torch.equal(a, f)
+    for a, b in zip(call(hc_fn), call(cute_kernels.hc_mix_split_weights(hc_fn))):
+        assert torch.equal(a, b)
 
 
 def test_op_method_tma_is_the_tma_entry_point():
