@@ -988,8 +988,11 @@ def bench_shapes(shapes: str | None) -> list[int]:
 def bench(shapes: str | None = None) -> list[dict]:
     """us per call inside a CUDA graph (10 calls per replay) and GB/s of reading x once (M*K*2 B).
 
-    Ours: ``method="tma"`` (the default, impl ``cute_kernels_tma``) and ``method="walk"``
-    (``cute_kernels_walk``; records up to session 7's call the walk kernel ``cute_kernels``).
+    Ours: ``method="tma"`` (the default, impl ``cute_kernels_tma``: with the float32 hc_fn, so the split
+    kernel runs first on every call since session 34; ``cute_kernels_tma_pieces``: with
+    :func:`hc_mix_split_weights`' pieces, no split: until session 34 ``cute_kernels_tma`` timed this, the
+    split then cached) and ``method="walk"`` (``cute_kernels_walk``; records up to session 7's call the walk
+    kernel ``cute_kernels``).
     Peers in the same process: the float32 torch reference and the split-K Triton baseline.
     ``shapes``: comma-separated M values (K = 20480), default 1,16,128,512,1024,2048,4096,16384.
     """
@@ -1008,8 +1011,10 @@ def bench(shapes: str | None = None) -> list[dict]:
         hc_scale = torch.rand(3, device="cuda") + 0.5
         hc_base = torch.randn(N_MIX, device="cuda")
         args = (x, hc_fn, hc_scale, hc_base)
+        pieces = hc_mix_split_weights(hc_fn)
         impls = [("cute_kernels_walk", lambda: hc_mix_sinkhorn(*args, method="walk")),
                  ("cute_kernels_tma", lambda: hc_mix_sinkhorn(*args, method="tma")),
+                 ("cute_kernels_tma_pieces", lambda: hc_mix_sinkhorn(x, pieces, hc_scale, hc_base, method="tma")),
                  ("torch_fp32_reference", lambda: _reference(*args, dtype=torch.float32))]
         if splitk is not None:
             impls.append(("triton_splitk", lambda: splitk(*args)))
