@@ -284,9 +284,9 @@ def test_eps_that_float32_would_flush_to_zero_is_refused(name):
 
 
 def test_split_kernel_compiles_to_vector_loads_and_stores():
-    """hc_mix_split: two 16-byte loads and three 16-byte stores per thread, the walk's in-register split (4
-    cvt.rn.bf16x2.f32 per pair of columns... 3 per pair: 12 per thread), an early trigger of its dependent (the
-    TMA walk, a programmatic dependent launch), no local memory."""
+    """hc_mix_split: two 16-byte loads and three 16-byte stores per thread, the walk's in-register split (3
+    cvt.rn.bf16x2.f32 per pair of columns: 12 per thread), an early trigger of its dependent (the TMA walk, a
+    programmatic dependent launch), no local memory."""
     from cute_kernels.kernels import hc_mix_split
 
     hc_mix_split._compile()
@@ -316,8 +316,10 @@ def test_pieces_are_accepted_for_tma_and_refused_for_walk():
             torch.ops.cute_kernels.hc_mix_sinkhorn(x, pieces, scale, base, method="walk")
         with pytest.raises(ValueError, match="hc_fn"):  # pieces of the wrong K
             torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(72, 192, dtype=torch.bfloat16), scale, base)
-        with pytest.raises(TypeError, match="hc_fn has dtype bfloat16"):  # 24 rows of bf16: not pieces
-            torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(24, 128, dtype=torch.bfloat16), scale, base)
+        for method in ("tma", "walk"):  # 24 rows of bf16 (a model cast to bf16): not pieces, the dtype is wrong
+            with pytest.raises(TypeError, match="hc_fn has dtype bfloat16"):
+                torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(24, 128, dtype=torch.bfloat16), scale, base,
+                                                       method=method)
         with pytest.raises(ValueError, match="hc_fn"):
             torch.ops.cute_kernels.hc_mix_split_weights(torch.empty(24, 96))
         with pytest.raises(TypeError, match="float32"):

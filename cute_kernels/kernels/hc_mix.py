@@ -593,8 +593,7 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
                          f"[{N_PIECES * N_MIX}, K] bf16 pieces must span fewer than 2**31 elements, the limit of "
                          "every op's tensors)")
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
-    if is_pieces(hc_fn) and hc_fn.dim() == 2 and hc_fn.shape[0] == N_PIECES * N_MIX:
-        # hc_mix_split_weights' output (method="tma" only: see _check_pieces_method)
+    if is_pieces(hc_fn):  # hc_mix_split_weights' output (method="tma" only: see _check_pieces_method)
         check_tensor("hc_fn", hc_fn, shape=(N_PIECES * N_MIX, k), cuda=cuda, data_pointer=pointers)
     else:
         check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
@@ -636,9 +635,11 @@ def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:
 
 
 def is_pieces(hc_fn) -> bool:
-    """Whether ``hc_fn`` is given as its bf16 pieces (:func:`hc_mix_split_weights`) rather than float32 (by its
-    dtype; :func:`_validate` checks the shape)."""
-    return isinstance(hc_fn, torch.Tensor) and hc_fn.dtype == torch.bfloat16
+    """Whether ``hc_fn`` is given as its bf16 pieces (:func:`hc_mix_split_weights`: bf16, two dims, 72 rows)
+    rather than as the float32 ``[24, K]`` (:func:`_validate` checks the rest: K, layout, alignment).  Any other
+    bf16 tensor is a float32 hc_fn of the wrong dtype (a model cast to bf16), and is refused as that."""
+    return (isinstance(hc_fn, torch.Tensor) and hc_fn.dtype == torch.bfloat16 and hc_fn.dim() == 2
+            and hc_fn.shape[0] == N_PIECES * N_MIX)
 
 
 def _check_pieces_method(hc_fn, method: str) -> None:
@@ -764,16 +765,19 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous, row
             stride a multiple of 16 bytes (4 elements), 16-byte aligned (both methods); or, for
             ``method="tma"``, its ``[72, K]`` bf16 pieces from :func:`hc_mix_split_weights` (same bits out:
-            the call then skips the split; frozen weights, e.g. serving).
+            the call then skips the split; frozen weights, e.g. serving; any such ``[72, K]`` bf16 tensor with
+            its last dim contiguous, row stride a multiple of 8 elements, 16-byte aligned).
         hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.
         sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
         rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``, and 0 or ``>= 2**-126``
             (a smaller value would become 0 in float32).  With
             ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
         method: ``"tma"`` (default; :mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on
-            the H200: 8.5-8.9 us instead of 12.6-13.2 at M <= 128 (session 19), about 2x from M = 512 up; a hidden
+            the H200: 8.5-8.9 us instead of 12.6-13.2 at M <= 128 (session 19, pieces made beforehand; 10.8 with
+            the per-call split, session 34), about 2x from M = 512 up; a hidden
             float32 workspace of 100 bytes x CTAs per row tile for every row of the 128-row tiles:
             819 KB at M = 1, 6.4 KB per row up to M = 256, 3.2 KB up to 512, 400 B per row at 4096)
+            plus, with the float32 hc_fn, its ``[72, K]`` bf16 pieces made on each call (2.9 MB at K = 20480)
             or ``"walk"`` (this module's per-thread K walk, the default until session 7).  Each is batch
             invariant on its own but their bits differ: pick one per deployment and keep it.
     Returns:

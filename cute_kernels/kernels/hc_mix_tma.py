@@ -103,9 +103,10 @@ class HcMixTmaConfig:
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
     every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
-    previous kernel's tail (the previous call's reduction kernel triggers it once its own wait is
-    over, a ``fused_epilogue`` walk as it starts); it waits in ``griddepcontrol.wait`` before its
-    first global-memory access, so the order is that of the stream),
+    previous kernel's tail: the split of hc_fn (:mod:`.hc_mix_split`, triggering it as it starts) when
+    hc_fn is float32, else whatever ran before, e.g. the previous call's reduction kernel, which triggers
+    it once its own wait is over, or a ``fused_epilogue`` walk as it starts; it waits in
+    ``griddepcontrol.wait`` before its first global-memory access, so the order is that of the stream),
     ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
     sum, so a sum's loads issue together; then one thread per row runs the epilogue, so more rows
     fill that warp; :func:`config_for` picks 8 or 16),
@@ -310,7 +311,8 @@ class HcMixTmaKernel(HcMixKernel):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         node, m_block, _ = cute.arch.block_idx()  # node: this CTA's node of the K tree (at cta_level)
-        # the reduction kernel (fused_epilogue: the next call's walk) may launch; it waits for our completion
+        # the reduction kernel (fused_epilogue: the next call's walk, when no split of hc_fn comes between) may
+        # launch; it waits for our completion
         cute.arch.griddepcontrol_launch_dependents()
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_X)
@@ -583,7 +585,7 @@ class HcMixTmaKernel(HcMixKernel):
         sA = smem.allocate_tensor(Float32, cute.make_layout((rows, SP_COLS), stride=(SP_COLS, 1)),
                                   byte_alignment=16)
         cute.arch.griddepcontrol_wait()
-        cute.arch.griddepcontrol_launch_dependents()  # the next call's walk may launch (it waits for us)
+        cute.arch.griddepcontrol_launch_dependents()  # the next call's walk (given pieces: no split between) may launch
         row0 = bidx * rows
         self.reduce_item(mPart, sA, row0, tidx, cutlass.min(m - row0, rows) * SP_COLS)  # rows past M skipped
         cute.arch.sync_threads()

@@ -180,7 +180,7 @@ def test_reduce_overhead_with_weights_changed_in_place(method):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("k,row_stride", [(64, 64), (192, 256), (20480, 20480), (7168, 7172)])
+@pytest.mark.parametrize("k,row_stride", [(64, 64), (192, 256), (20480, 20480), (7168, 7172), (7232, 7232)])
 def test_split_kernel_matches_the_torch_split_bitwise(k, row_stride):
     """hc_mix_split against split_pieces (the torch form): the same bits for values over the float32 range
     (zeros of both signs, subnormals, huge), into a NaN-poisoned buffer, hc_fn with a padded row stride."""
