@@ -195,19 +195,21 @@ def test_cuda_graph_capture_and_replay():
     torch.testing.assert_close(k.double(), rk, rtol=2**-7, atol=1e-2)
 
 
-def test_torch_compile():
-    def f(q, k, wq, wk):
-        q = q * 1
-        k = k * 1
-        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
-        return q + 0, k + 0
+def _normalized_copies(q, k, wq, wk):
+    """The in-place op between out-of-place ops, as a model would call it: the function torch.compile compiles."""
+    q = q * 1
+    k = k * 1
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    return q + 0, k + 0
 
+
+def test_torch_compile():
     q = torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
     wq = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     wk = torch.randn(256, device="cuda", dtype=torch.bfloat16)
     rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, 1e-6)
-    oq, ok = torch.compile(f, fullgraph=True)(q, k, wq, wk)
+    oq, ok = torch.compile(_normalized_copies, fullgraph=True)(q, k, wq, wk)
     torch.testing.assert_close(oq.double(), rq, rtol=2**-7, atol=1e-2)
     torch.testing.assert_close(ok.double(), rk, rtol=2**-7, atol=1e-2)
 
@@ -215,18 +217,11 @@ def test_torch_compile():
 def test_reduce_overhead():
     """torch.compile(mode="reduce-overhead") around the in-place op, new values on every call."""
     torch._dynamo.reset()
-
-    def f(q, k, wq, wk):
-        q = q * 1
-        k = k * 1
-        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
-        return q + 0, k + 0
-
     q = torch.empty(33, 1024, device="cuda", dtype=torch.bfloat16)
     k = torch.empty(33, 256, device="cuda", dtype=torch.bfloat16)
     wq = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     wk = torch.randn(256, device="cuda", dtype=torch.bfloat16)
-    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    compiled = torch.compile(_normalized_copies, mode="reduce-overhead", fullgraph=True)
     for step in range(4):
         q.copy_(torch.randn_like(q))
         k.copy_(torch.randn_like(k))
