@@ -327,8 +327,9 @@ def test_pieces_are_accepted_for_tma_and_refused_for_walk():
     with pytest.raises(ValueError, match="CUDA"):  # eagerly, on a CPU tensor: before any launch
         cute_kernels.hc_mix_split_weights(torch.zeros(24, 128))
     with pytest.raises(ValueError, match="method='tma'"):
-        cute_kernels.hc_mix_sinkhorn(torch.zeros(5, 128, dtype=torch.bfloat16), torch.zeros(72, 128, dtype=torch.bfloat16),
-                                     torch.zeros(3), torch.zeros(24), method="walk")
+        cute_kernels.hc_mix_sinkhorn(torch.zeros(5, 128, dtype=torch.bfloat16),
+                                     torch.zeros(72, 128, dtype=torch.bfloat16), torch.zeros(3), torch.zeros(24),
+                                     method="walk")
 
 
 @pytest.mark.parametrize("bad", [dict(k=96), dict(x_dtype=torch.float32), dict(rows=23)])

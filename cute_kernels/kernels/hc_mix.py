@@ -554,9 +554,7 @@ def compile_targets() -> list[CompileTarget]:
     """The walk's shipped configs, the configs ``method="tma"`` picks (hc_mix_tma.config_for) and the split of
     hc_fn that ``method="tma"`` runs first (hc_mix_split), so ``cute-kernels compile --kernel hc_mix`` prebuilds
     both methods."""
-    from . import hc_mix_tma
-
-    from . import hc_mix_split
+    from . import hc_mix_split, hc_mix_tma
 
     tma = {hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
     split_cfg = hc_mix_split.HcSplitConfig()
@@ -811,6 +809,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 
 
 def _check_split_input(hc_fn, cuda: bool = True, pointers: bool = True) -> None:
+    """:func:`hc_mix_split_weights`' rules (``TypeError`` / ``ValueError``); ``cuda=False, pointers=False`` at trace
+    time (fake tensors: no device rule, no data pointer)."""
     check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), ndim=2, cuda=cuda, data_pointer=pointers)
     k = hc_fn.shape[1]
     if hc_fn.shape[0] != N_MIX or k % K_ALIGN or k == 0 or k > MAX_K:
@@ -829,7 +829,8 @@ def hc_mix_split_weights(hc_fn: torch.Tensor) -> torch.Tensor:
 
     Row ``24 p + n`` of the result is piece ``p`` (lo, mid, hi) of ``hc_fn[n]``: hi = rn(w), mid = rn(w - hi),
     lo = rn(w - hi - mid) (round to nearest even; the differences are exact, so hi + mid + lo is w within
-    2^-27 |w|; the bf16x3 products of the DeepSeek mHC kernels, seed 001).  Passing the result as ``hc_fn``
+    2^-27 |w|): the split the walk kernel makes in registers, which keeps the bf16 tensor-core product of x and
+    hc_fn float32-accurate (the mix of DeepSeek's mHC, arXiv 2512.24880, seed 001).  Passing the result as ``hc_fn``
     gives the same bits as passing hc_fn and skips the split each call makes (one small kernel, a few
     microseconds).  The pieces are a copy: make them again after hc_fn changes.
 

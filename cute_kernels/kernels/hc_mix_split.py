@@ -8,8 +8,8 @@ of :func:`.hc_mix.split_pieces` (the torch form, 8 launches) and of the walk's i
 ``hc_mix_sinkhorn(method="tma")`` runs this kernel on every call that passes the float32 hc_fn, so a
 weight changed in any way (an optimizer step, fused or not; a broadcast; a write through ``.data`` or a
 raw pointer) is always seen, in CUDA graphs too; the pieces made once by :func:`.hc_mix.hc_mix_split_weights`
-skip it (frozen weights: serving).  Until session 34 a cache keyed on the tensor's version counter stood
-here; fused optimizers and collectives do not bump that counter, and a captured graph could read an
+skip it (frozen weights: serving).  Until session 34 a cache keyed on the tensor's version counter stood in
+its place; fused optimizers and collectives do not bump that counter, and a captured graph could read an
 evicted entry.
 
 Design: one thread per 8 consecutive columns of a row (two 16-byte loads, three 16-byte stores), grid
