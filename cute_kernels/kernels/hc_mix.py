@@ -577,6 +577,17 @@ def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
     check_f32_eps("hc_eps", hc_eps)
 
 
+def _check_k(name: str, k: int) -> None:
+    """K (``name``: where it was read) a positive multiple of :data:`K_ALIGN` and at most :data:`MAX_K`
+    (``ValueError``)."""
+    if k % K_ALIGN or k == 0:
+        raise ValueError(f"{name}={k} must be a positive multiple of {K_ALIGN}")
+    if k > MAX_K:
+        raise ValueError(f"{name}={k}: at most {MAX_K} (the kernels take K as a 32-bit size, and hc_fn's "
+                         f"[{N_PIECES * N_MIX}, K] bf16 pieces must span fewer than 2**31 elements, the limit of "
+                         "every op's tensors)")
+
+
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True,
               pointers: bool = True):
     """Every argument rule; ``pointers=False`` skips the data-pointer alignment checks (fake tensors at
@@ -584,12 +595,7 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     check_tensor("x", x, dtypes=(torch.bfloat16,), ndim=2, cuda=cuda, align_bytes=0)
     k = x.shape[1]
-    if k % K_ALIGN or k == 0:
-        raise ValueError(f"x.shape[1]={k} must be a positive multiple of {K_ALIGN}")
-    if k > MAX_K:
-        raise ValueError(f"x.shape[1]={k}: at most {MAX_K} (the kernels take K as a 32-bit size, and hc_fn's "
-                         f"[{N_PIECES * N_MIX}, K] bf16 pieces must span fewer than 2**31 elements, the limit of "
-                         "every op's tensors)")
+    _check_k("x.shape[1]", k)
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
     if is_pieces(hc_fn):  # hc_mix_split_weights' output (method="tma" only: see _check_pieces_method)
         check_tensor("hc_fn", hc_fn, shape=(N_PIECES * N_MIX, k), cuda=cuda, data_pointer=pointers)
@@ -811,11 +817,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 def _check_split_input(hc_fn, cuda: bool = True, pointers: bool = True) -> None:
     """:func:`hc_mix_split_weights`' rules (``TypeError`` / ``ValueError``); ``cuda=False, pointers=False`` at trace
     time (fake tensors: no device rule, no data pointer)."""
-    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), ndim=2, cuda=cuda, data_pointer=pointers)
-    k = hc_fn.shape[1]
-    if hc_fn.shape[0] != N_MIX or k % K_ALIGN or k == 0 or k > MAX_K:
-        raise ValueError(f"hc_fn must be [{N_MIX}, K] with K a positive multiple of {K_ALIGN} and at most {MAX_K}, "
-                         f"got {list(hc_fn.shape)}")
+    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, None), cuda=cuda, data_pointer=pointers)
+    _check_k("hc_fn.shape[1]", hc_fn.shape[1])
 
 
 def _split_fake(hc_fn):
