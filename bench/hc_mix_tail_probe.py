@@ -10,7 +10,7 @@ if __name__ == "__main__":  # (also imported as a module: the check only when ru
     gpu_script(__doc__)
 import dataclasses, json, math, statistics, torch, cutlass, cutlass.cute as cute
 from cute_kernels.kernels import hc_mix_tma as tma
-from cute_kernels.kernels.hc_mix import fake_launch_args, _pieces, SP_COLS
+from cute_kernels.kernels.hc_mix import fake_launch_args, SP_COLS
 from cute_kernels.runtime.cache import compile_cached
 from cute_kernels.runtime.fake import fake_tensor
 from cute_kernels.runtime.timing import cuda_time_us, copy_bandwidth_gbps
@@ -37,7 +37,7 @@ class Part(tma.HcMixTmaKernel):
 
 def compiled_part(cfg, part):
     def build():
-        args = fake_launch_args(pieces=True)
+        args = fake_launch_args()
         p = fake_tensor(torch.float32, (cute.sym_int(), SP_COLS), stride=(SP_COLS, 1))
         return Part(cfg, part), args[:-1] + (p, args[-1])
     return compile_cached("hc_probe_" + part, cfg, build)
@@ -57,9 +57,8 @@ def main():
         ws = torch.zeros(rows, SP_COLS, device="cuda")
         pre = torch.empty(m, 4, device="cuda"); post = torch.empty(m, 4, device="cuda"); comb = torch.empty(m, 16, device="cuda")
         mix = torch.empty(1, SP_COLS, device="cuda")
-        pieces = _pieces(w)
         fw, fr = compiled_part(cfg, "walk"), compiled_part(cfg, "reduce")
-        args = lambda it=20, t=(x, pieces, s, b, pre, post, comb, mix), ws=ws: (*t, it, 1e-6, 1e-6, ws)
+        args = lambda it=20, t=(x, w, s, b, pre, post, comb, mix), ws=ws: (*t, it, 1e-6, 1e-6, ws)
         fw(*args()); fr(*args()); torch.cuda.synchronize()
         ref = tma.hc_mix_sinkhorn_tma(x, w, s, b, config=cfg)
         assert torch.equal(comb.view(m, 4, 4), ref[2]) and torch.equal(pre, ref[0]), "parts differ from the op"

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from cute_kernels.kernels import hc_mix_tma as tma
-from cute_kernels.kernels.hc_mix import SP_COLS, _pieces
+from cute_kernels.kernels.hc_mix import SP_COLS
 from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 from hc_mix_tail_probe import compiled_part
 
@@ -44,7 +44,7 @@ def main(argv):
         ws = torch.zeros(tma.workspace_rows(m, cfg), SP_COLS, device="cuda")
         outs = (torch.empty(m, 4, device="cuda"), torch.empty(m, 4, device="cuda"), torch.empty(m, 16, device="cuda"),
                 torch.empty(1, SP_COLS, device="cuda"))
-        args = (x, _pieces(w), s, b, *outs, 20, 1e-6, 1e-6, ws)
+        args = (x, w, s, b, *outs, 20, 1e-6, 1e-6, ws)
         calls[f"walk_{m}"] = lambda a=args: fw(*a)
         calls[f"op_{m}"] = lambda x=x, w=w, s=s, b=b: tma.hc_mix_sinkhorn_tma(x, w, s, b, config=cfg)
         nbytes[f"walk_{m}"] = nbytes[f"op_{m}"] = m * K * 2

@@ -25,7 +25,6 @@ _PUBLIC = {
     "PeerTimeoutError": ("cute_kernels.kernels.qknorm_tp", "PeerTimeoutError"),
     "hc_mix_sinkhorn": ("cute_kernels.kernels.hc_mix", "hc_mix_sinkhorn"),
     "hc_mix_sinkhorn_reference": ("cute_kernels.kernels.hc_mix", "hc_mix_sinkhorn_reference"),
-    "hc_mix_split_weights": ("cute_kernels.kernels.hc_mix", "hc_mix_split_weights"),
     "shipped_configs": ("cute_kernels.tuning", "shipped_configs"),
 }
 

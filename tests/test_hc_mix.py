@@ -12,10 +12,10 @@ from cute_kernels.runtime.cache import compile_record
 
 
 def test_compile_targets_cover_both_methods():
-    from cute_kernels.kernels import hc_mix_split, hc_mix_tma
+    from cute_kernels.kernels import hc_mix_tma
 
     kernels = {t.kernel for t in mod.compile_targets()}
-    assert kernels == {mod.NAME, hc_mix_tma.NAME, hc_mix_split.NAME}
+    assert kernels == {mod.NAME, hc_mix_tma.NAME}
     assert {t.key for t in mod.compile_targets() if t.kernel == hc_mix_tma.NAME} == {
         hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
 
@@ -139,7 +139,6 @@ def test_split_pieces_reconstruct():
     rel = ((lo + mid + hi - w.double()).abs() / w.double().abs()).max().item()
     assert rel <= 2.0 ** -24, rel
     assert torch.equal(hi, w.bfloat16().double())  # hi = round to nearest even
-    assert mod._pieces(pieces) is pieces  # given as pieces (hc_mix_split_weights): used as they are
 
 
 @pytest.mark.parametrize("kw,exc,msg", [
@@ -283,53 +282,22 @@ def test_eps_that_float32_would_flush_to_zero_is_refused(name):
     mod._check_scalars(20, **{"rms_eps": 1e-6, "hc_eps": 1e-6, name: 0.0})
 
 
-def test_split_kernel_compiles_to_vector_loads_and_stores():
-    """hc_mix_split: two 16-byte loads and three 16-byte stores per thread, the walk's in-register split (3
-    cvt.rn.bf16x2.f32 per pair of columns: 12 per thread), an early trigger of its dependent (the TMA walk, a
-    programmatic dependent launch), no local memory."""
-    from cute_kernels.kernels import hc_mix_split
-
-    hc_mix_split._compile()
-    rec = compile_record(hc_mix_split.NAME, hc_mix_split.HcSplitConfig())
-    assert ".target sm_90a" in rec.ptx
-    assert len(re.findall(r"ld\.global\.v4\.b32", rec.ptx)) == 2
-    assert len(re.findall(r"st\.global\.v4\.b32", rec.ptx)) == 3
-    assert rec.ptx.count("cvt.rn.bf16x2.f32") == 12
-    assert "griddepcontrol.launch_dependents" in rec.ptx
-    assert "local memory (spill)" not in rec.ptx_features
-
-
-def test_pieces_are_accepted_for_tma_and_refused_for_walk():
-    """hc_fn given as its [72, K] bf16 pieces: the op's rules (shape, layout) at trace time; method="walk"
-    refuses them with the reason; the fake of hc_mix_split_weights gives the pieces' shape."""
+def test_hc_fn_must_be_float32_for_both_methods():
+    """hc_fn is the float32 [24, K] for both methods (the kernels split it themselves): bf16 (a model cast to
+    bf16), or 72 rows (the bf16 pieces session 34's hc_mix_split_weights made), is refused before any launch."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
         x = torch.empty(5, 128, dtype=torch.bfloat16)
-        w = torch.empty(24, 128)
         scale, base = torch.empty(3), torch.empty(24)
-        pieces = torch.ops.cute_kernels.hc_mix_split_weights(w)
-        assert pieces.shape == (72, 128) and pieces.dtype == torch.bfloat16
-        pre, post, comb = torch.ops.cute_kernels.hc_mix_sinkhorn(x, pieces, scale, base)
-        assert comb.shape == (5, 4, 4)
-        with pytest.raises(ValueError, match="method='tma'"):
-            torch.ops.cute_kernels.hc_mix_sinkhorn(x, pieces, scale, base, method="walk")
-        with pytest.raises(ValueError, match="hc_fn"):  # pieces of the wrong K
-            torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(72, 192, dtype=torch.bfloat16), scale, base)
-        for method in ("tma", "walk"):  # 24 rows of bf16 (a model cast to bf16): not pieces, the dtype is wrong
+        for method in ("tma", "walk"):
             with pytest.raises(TypeError, match="hc_fn has dtype bfloat16"):
                 torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(24, 128, dtype=torch.bfloat16), scale, base,
                                                        method=method)
-        with pytest.raises(ValueError, match="hc_fn"):
-            torch.ops.cute_kernels.hc_mix_split_weights(torch.empty(24, 96))
-        with pytest.raises(TypeError, match="float32"):
-            torch.ops.cute_kernels.hc_mix_split_weights(torch.empty(24, 128, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="CUDA"):  # eagerly, on a CPU tensor: before any launch
-        cute_kernels.hc_mix_split_weights(torch.zeros(24, 128))
-    with pytest.raises(ValueError, match="method='tma'"):
-        cute_kernels.hc_mix_sinkhorn(torch.zeros(5, 128, dtype=torch.bfloat16),
-                                     torch.zeros(72, 128, dtype=torch.bfloat16), torch.zeros(3), torch.zeros(24),
-                                     method="walk")
+            with pytest.raises((TypeError, ValueError), match="hc_fn"):
+                torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(72, 128, dtype=torch.bfloat16), scale, base,
+                                                       method=method)
+    assert not hasattr(torch.ops.cute_kernels, "hc_mix_split_weights")
 
 
 @pytest.mark.parametrize("bad", [dict(k=96), dict(x_dtype=torch.float32), dict(rows=23)])
@@ -400,18 +368,18 @@ def test_bench_shapes_refuse_more_rows_than_the_op_takes():
 
 
 def test_k_past_the_32_bit_limit_is_refused_for_both_methods():
-    """K is a 32-bit size in the kernels and hc_fn's [72, K] pieces must span < 2**31 elements: the largest
-    K is accepted (meta tensors: shapes only), the next multiple of 64 and K = 2**31 are refused, walk and tma."""
+    """K is a 32-bit size in the kernels and hc_fn [24, K] must span < 2**31 elements: the largest K is
+    accepted (meta tensors: shapes only), the next multiple of 64 and K = 2**31 are refused, walk and tma."""
     def call(k, method):
         return mod.hc_mix_sinkhorn(torch.empty(1, k, dtype=torch.bfloat16, device="meta"),
                                    torch.empty(24, k, device="meta"), torch.empty(3, device="meta"),
                                    torch.empty(24, device="meta"), method=method)
 
-    assert mod.MAX_K * 72 < 2**31 <= (mod.MAX_K + 64) * 72 and mod.MAX_K % 64 == 0
+    assert mod.MAX_K * 24 < 2**31 <= (mod.MAX_K + 64) * 24 and mod.MAX_K % 64 == 0
     for method in ("walk", "tma"):
         call(mod.MAX_K, method)
         for k in (mod.MAX_K + 64, 2**31):
-            with pytest.raises(ValueError, match="at most 29826112"):
+            with pytest.raises(ValueError, match="at most 89478464"):
                 call(k, method)
 
 

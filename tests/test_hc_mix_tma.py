@@ -1,6 +1,8 @@
 """CPU tests of the TMA + WGMMA hc_mix kernel (issue 7): compile, features, budget, and the accuracy of
 its summation order (float32 emulation vs float64)."""
 
+import re
+
 import pytest
 import torch
 
@@ -29,6 +31,11 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
         assert "LDL/STL (local memory)" not in rec.sass_features
     assert "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16" in rec.ptx
     assert "ld.shared.v4" in rec.ptx  # the squares read 16-byte vectors
+    # the split warps: per k tile, 2 items of 8 columns per thread: 3 cvt.rn.bf16x2.f32 per pair of columns, three
+    # 16-byte piece stores per item, the proxy fence before the arrive (WGMMA reads what they stored)
+    assert rec.ptx.count("cvt.rn.bf16x2.f32") == 24
+    assert len(re.findall(r"st\.shared\.v4\.b32", rec.ptx)) == 6
+    assert "fence.proxy.async.shared::cta" in rec.ptx
     # the epilogue's reciprocals: rcp.approx / rsqrt.approx, no IEEE division or sqrt (slow-path branches)
     assert "rcp.approx" in rec.ptx and "rsqrt.approx" in rec.ptx
     assert "div.rn.f32" not in rec.ptx and "sqrt.rn.f32" not in rec.ptx
@@ -153,7 +160,7 @@ def test_mix_buffer_is_checked_before_launch(monkeypatch):
 @pytest.mark.parametrize("with_mix", [False, True])
 def test_launch_arguments_are_aligned(m, with_mix):
     """run_compiled (CPU tensors, the compiled kernel replaced by a recorder): every tensor argument
-    starts 16-byte aligned (the compiled kernel needs it of x, the pieces and the buffers made here)
+    starts 16-byte aligned (the compiled kernel needs it of x, hc_fn and the buffers made here)
     and the workspace has a row per (row tile, CTA, row), covering every row the
     reduction kernel reads (one row with the fused epilogue: config_for(16384))."""
     from cute_kernels.kernels.hc_mix import run_compiled
@@ -162,8 +169,8 @@ def test_launch_arguments_are_aligned(m, with_mix):
         seen = []
         x = torch.zeros(m, 128, dtype=torch.bfloat16)
         mix = torch.zeros(m, 25) if with_mix else None
-        run_compiled(lambda: lambda *a: seen.extend(a), lambda: torch.zeros(72, 128, dtype=torch.bfloat16), x,
-                     torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, mix=mix, workspace_rows=mod.workspace_rows(m, cfg))
+        run_compiled(lambda: lambda *a: seen.extend(a), x, torch.zeros(24, 128), torch.ones(3), torch.zeros(24), 20,
+                     1e-6, 1e-6, mix=mix, workspace_rows=mod.workspace_rows(m, cfg))
         tensors = [a for a in seen if isinstance(a, torch.Tensor)]
         assert len(tensors) == 9 and all(t.data_ptr() % 16 == 0 for t in tensors)
         assert tensors[-1].shape == (mod.workspace_rows(m, cfg), 25)
@@ -200,7 +207,28 @@ def test_squares_read_the_swizzled_vectors_without_bank_conflicts(tile_m):
     assert bank_conflicts(lay, scalars, 2).ratio == 4.0
 
 
-@pytest.mark.parametrize("kw", [dict(tile_m=256, stages=5, cta_level=5),
+def test_split_stores_follow_the_pieces_swizzle_without_bank_conflicts():
+    """The split warps' index math (vector c of row n of stage s at ``(s * 72 + n) * 8 + (c ^ (n % 8))``)
+    matches the kernel's own sW layout, and a warp's 16-byte stores (8 lanes per row) are conflict-free."""
+    import numpy as np
+    from cutlass import BFloat16
+
+    from cute_kernels.kernels import sm90_helpers as sm90
+    from cute_kernels.layouts import AccessPattern, bank_conflicts, trace
+
+    stages = 3
+    lay = trace(lambda: sm90.smem_layout(BFloat16, mod.N_W, 64, stages)).named(f"sW 72x64x{stages}")
+    table = lay.byte_offsets(2)
+    for s in range(stages):
+        for n in range(mod.N_W):
+            for c in range(8):
+                assert table[n, 8 * c, s] == ((s * mod.N_W + n) * 8 + (c ^ (n % 8))) * 16
+    t = np.arange(32)
+    stores = AccessPattern("split stores", np.array([np.stack([t // 8, 8 * (t % 8)], -1)]), vec=8)
+    assert bank_conflicts(lay, stores, 2).conflict_free
+
+
+@pytest.mark.parametrize("kw", [dict(tile_m=256, stages=4, cta_level=5),
                                 dict(overlap=True, tree=(8, 4), cta_level=1),
                                 *(dict(overlap=True, cta_level=lv) for lv in range(6))])
 def test_other_configs_compile_without_spills(kw):

@@ -22,9 +22,8 @@ Design (one kernel, no partials in global memory):
   x as the A operand (exact in bf16), hc_fn as three bf16 pieces hi + mid + lo (hi = rn(w),
   mid = rn(w - hi), lo = rn(w - hi - mid); the differences are exact, the representation error is
   <= 2^-27 |w|); per 16-column step the pieces are issued lo, mid, hi; 24 outputs = three n8 tiles.
-  The pieces are split in registers from the fp32 hc_fn (:func:`_split3_bf16x2`); the same split
-  made by a small kernel before each call (:mod:`.hc_mix_split`), or once by :func:`hc_mix_split_weights`,
-  feeds :mod:`.hc_mix_tma`.
+  The pieces are split in registers from the fp32 hc_fn (:func:`_split3_bf16x2`); the same split,
+  made in shared memory by the TMA walk's split warps, feeds :mod:`.hc_mix_tma`.
 * The sum of squares is a Gram MMA: x . x^T of the warp's 16 rows with B = the lane's own A
   registers; its diagonal is sum x^2 (exact bf16 products, fp32 accumulation).
 * Each chunk is accumulated into fresh registers (2 k16 steps x 3 pieces) and its value is added
@@ -97,7 +96,7 @@ K_PARTS = CLUSTER_K * WARPS_K
 N_PIECES = 3  # hc_fn = hi + mid + lo (bf16)
 SP_COLS = N_MIX + 1  # 24 mix partials + sum of squares
 K_ALIGN = 64
-MAX_K = (INT32_MAX // (N_PIECES * N_MIX)) // K_ALIGN * K_ALIGN  # hc_fn's pieces [72, K] span < 2**31 elements
+MAX_K = (INT32_MAX // N_MIX) // K_ALIGN * K_ALIGN  # hc_fn [24, K] spans < 2**31 elements
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per CTA on sm_90
 
 
@@ -523,20 +522,18 @@ class HcMixKernel:
 
 
 # ---------------------------------------------------------------------- compile + torch glue
-def fake_launch_args(pieces: bool) -> tuple:
-    """Compile-time stand-ins for the launch arguments, shared by both hc_mix kernels: x, hc_fn (with
-    ``pieces``: its [72, K] bf16 pieces, which the tma kernel loads), scale, base, pre, post, comb, mix,
-    sinkhorn_iters, rms_eps, hc_eps, stream."""
+def fake_launch_args() -> tuple:
+    """Compile-time stand-ins for the launch arguments, shared by both hc_mix kernels: x, hc_fn, scale, base,
+    pre, post, comb, mix, sinkhorn_iters, rms_eps, hc_eps, stream."""
     m = cute.sym_int()
     k = cute.sym_int(divisibility=K_ALIGN)
     mm = cute.sym_int()
     x_ld = cute.sym_int(divisibility=8)  # row strides: 16-byte multiples (checked on the host)
-    w_ld = cute.sym_int(divisibility=8 if pieces else 4)
+    w_ld = cute.sym_int(divisibility=4)
     # explicit row-major strides (a compact fake tensor without strides is column-major)
     return (
         fake_tensor(torch.bfloat16, (m, k), stride=(x_ld, 1)),
-        (fake_tensor(torch.bfloat16, (N_PIECES * N_MIX, k), stride=(w_ld, 1)) if pieces
-         else fake_tensor(torch.float32, (N_MIX, k), stride=(w_ld, 1))),
+        fake_tensor(torch.float32, (N_MIX, k), stride=(w_ld, 1)),
         fake_tensor(torch.float32, (3,), align=4),
         fake_tensor(torch.float32, (N_MIX,), align=4),
         fake_tensor(torch.float32, (m, HC), stride=(HC, 1)),
@@ -547,24 +544,18 @@ def fake_launch_args(pieces: bool) -> tuple:
 
 
 def _compile(config: HcMixConfig):
-    return compile_cached(NAME, config, lambda: (HcMixKernel(config), fake_launch_args(pieces=False)))
+    return compile_cached(NAME, config, lambda: (HcMixKernel(config), fake_launch_args()))
 
 
 def compile_targets() -> list[CompileTarget]:
-    """The walk's shipped configs, the configs ``method="tma"`` picks (hc_mix_tma.config_for) and the split of
-    hc_fn that ``method="tma"`` runs first (hc_mix_split), so ``cute-kernels compile --kernel hc_mix`` prebuilds
-    both methods."""
-    from . import hc_mix_split, hc_mix_tma
+    """The walk's shipped configs and the configs ``method="tma"`` picks (hc_mix_tma.config_for), so
+    ``cute-kernels compile --kernel hc_mix`` prebuilds both methods."""
+    from . import hc_mix_tma
 
     tma = {hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
-    split_cfg = hc_mix_split.HcSplitConfig()
     return ([CompileTarget(NAME, f"tile_m={c.tile_m} {c}", c, build=lambda c=c: _compile(c)) for c in SHIPPED]
             + [CompileTarget(hc_mix_tma.NAME, f"method=tma tile_m={c.tile_m} {c}", c,
-                             build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)]
-            + [CompileTarget(hc_mix_split.NAME, f"method=tma split of hc_fn {split_cfg}", split_cfg,
-                             build=lambda: hc_mix_split._compile(split_cfg))])
-
-
+                             build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)])
 
 
 def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
@@ -583,9 +574,8 @@ def _check_k(name: str, k: int) -> None:
     if k % K_ALIGN or k == 0:
         raise ValueError(f"{name}={k} must be a positive multiple of {K_ALIGN}")
     if k > MAX_K:
-        raise ValueError(f"{name}={k}: at most {MAX_K} (the kernels take K as a 32-bit size, and hc_fn's "
-                         f"[{N_PIECES * N_MIX}, K] bf16 pieces must span fewer than 2**31 elements, the limit of "
-                         "every op's tensors)")
+        raise ValueError(f"{name}={k}: at most {MAX_K} (the kernels take K as a 32-bit size, and hc_fn "
+                         f"[{N_MIX}, K] must span fewer than 2**31 elements, the limit of every op's tensors)")
 
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True,
@@ -597,10 +587,7 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     k = x.shape[1]
     _check_k("x.shape[1]", k)
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
-    if is_pieces(hc_fn):  # hc_mix_split_weights' output (method="tma" only: see _check_pieces_method)
-        check_tensor("hc_fn", hc_fn, shape=(N_PIECES * N_MIX, k), cuda=cuda, data_pointer=pointers)
-    else:
-        check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
+    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
     check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
     check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4,
@@ -628,8 +615,8 @@ def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     """``[72, K]`` bf16: row ``24 p + n`` = piece p (lo, mid, hi) of ``hc_fn[n]``.
 
     hi = rn(w), mid = rn(w - hi), lo = rn(w - hi - mid) (round to nearest even, exact differences):
-    the same values as the walk kernel's in-register split (:func:`_split3_bf16x2`); the
-    :mod:`.hc_mix_tma` kernel loads these pieces with TMA.
+    the same values as the kernels' split (:func:`_split3_bf16x2`: in registers in the walk, into shared
+    memory in :mod:`.hc_mix_tma`).
     """
     hi = hc_fn.bfloat16()
     r1 = hc_fn - hi.float()
@@ -638,38 +625,11 @@ def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:
     return torch.cat([lo, mid, hi], 0).contiguous()
 
 
-def is_pieces(hc_fn) -> bool:
-    """Whether ``hc_fn`` is given as its bf16 pieces (:func:`hc_mix_split_weights`: bf16, two dims, 72 rows)
-    rather than as the float32 ``[24, K]`` (:func:`_validate` checks the rest: K, layout, alignment).  Any other
-    bf16 tensor is a float32 hc_fn of the wrong dtype (a model cast to bf16), and is refused as that."""
-    return (isinstance(hc_fn, torch.Tensor) and hc_fn.dtype == torch.bfloat16 and hc_fn.dim() == 2
-            and hc_fn.shape[0] == N_PIECES * N_MIX)
-
-
-def _check_pieces_method(hc_fn, method: str) -> None:
-    """The walk splits the float32 hc_fn in registers: pre-split pieces are for ``method="tma"`` only."""
-    if method == "walk" and is_pieces(hc_fn):
-        raise ValueError("hc_fn as bf16 pieces (hc_mix_split_weights) is for method='tma'; method='walk' takes the "
-                         "float32 hc_fn [24, K]")
-
-
-def _pieces(hc_fn: torch.Tensor) -> torch.Tensor:
-    """The ``[72, K]`` bf16 pieces :mod:`.hc_mix_tma` loads: ``hc_fn`` itself when given as pieces, else split
-    now on the current stream (:mod:`.hc_mix_split`, one small kernel: whatever changed hc_fn, an optimizer
-    step, a collective, a write through ``.data``, is seen, in CUDA graphs too)."""
-    if is_pieces(hc_fn):
-        return hc_fn
-    from .hc_mix_split import split
-
-    return split(hc_fn)
-
-
-def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None,
+def run_compiled(compile_fn, x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=None, out=None,
                  workspace_rows=None):
     """The launch glue both hc_mix kernels share: allocate ``pre [M, 4]``, ``post [M, 4]``,
     ``comb [M, 4, 4]`` float32 (or use ``out``: tests pass poisoned buffers) and, for M > 0, launch
-    ``compile_fn()`` with ``weights()`` as the hc_fn argument (fp32 hc_fn or its bf16 pieces, made only
-    when there is a launch) and ``mix`` (or a dummy row) as the raw-statistics buffer;
+    ``compile_fn()`` with ``mix`` (or a dummy row) as the raw-statistics buffer;
     ``workspace_rows``: rows of a ``[rows, 25]`` float32 workspace passed last (hc_mix_tma's).  Without
     ``mix`` the kernels are compiled not to touch the raw-statistics buffer (``store_mix`` off), so its
     dummy is the workspace's first row when there is one (no second allocation), else one row of its
@@ -685,7 +645,7 @@ def run_compiled(compile_fn, weights, x, hc_scale, hc_base, sinkhorn_iters, rms_
         extra = () if workspace_rows is None else (x.new_empty((workspace_rows, SP_COLS), dtype=torch.float32),)
         if mix is None:
             mix = extra[0][:1] if extra else x.new_empty((1, SP_COLS), dtype=torch.float32)
-        compile_fn()(x, weights(), hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix,
+        compile_fn()(x, hc_fn, hc_scale, hc_base, pre, post, comb.view(m, HC * HC), mix,
                      int(sinkhorn_iters), float(rms_eps), float(hc_eps), *extra)
     return pre, post, comb
 
@@ -709,7 +669,7 @@ def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=No
     """Launch on validated inputs; ``out`` = preallocated (pre, post, comb) (tests poison them)."""
     _check_walk_extent(x)
     cfg = config or config_for(x.shape[0], store_mix=mix is not None)
-    return run_compiled(lambda: _compile(cfg), lambda: hc_fn, x, hc_scale,
+    return run_compiled(lambda: _compile(cfg), x, hc_fn, hc_scale,
                         hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=mix, out=out)
 
 
@@ -725,7 +685,6 @@ def _check_method(method) -> None:
 
 def _fake(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6, method="tma"):
     _check_method(method)
-    _check_pieces_method(hc_fn, method)
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, cuda=False, pointers=False)
     if method == "walk":
         _check_walk_extent(x)  # shapes and strides only: the same error at trace time
@@ -763,25 +722,20 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
 
     Args:
         x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64 and at most
-            29826112 (hc_fn's ``[72, K]`` bf16 pieces span fewer than 2**31 elements),
+            89478464 (hc_fn ``[24, K]`` spans fewer than 2**31 elements),
             ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"`` also
             needs ``(M - 1) * row stride + K < 2**31`` (32-bit offsets; M < 104858 at K = 20480).
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous, row
-            stride a multiple of 16 bytes (4 elements), 16-byte aligned (both methods); or, for
-            ``method="tma"``, its ``[72, K]`` bf16 pieces from :func:`hc_mix_split_weights` (same bits out:
-            the call then skips the split; frozen weights, e.g. serving; any such ``[72, K]`` bf16 tensor with
-            its last dim contiguous, row stride a multiple of 8 elements, 16-byte aligned).
+            stride a multiple of 16 bytes (4 elements), 16-byte aligned (both methods).
         hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.
         sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
         rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``, and 0 or ``>= 2**-126``
             (a smaller value would become 0 in float32).  With
             ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
         method: ``"tma"`` (default; :mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on
-            the H200: 8.5-8.9 us instead of 12.6-13.2 at M <= 128 (session 19, pieces made beforehand; 10.8 with
-            the per-call split, session 34), about 2x from M = 512 up; a hidden
-            float32 workspace of 100 bytes x CTAs per row tile for every row of the 128-row tiles:
+            the H200: 8.5-8.9 us instead of 12.6-13.2 at M <= 128 (session 19), about 2x from M = 512 up; a
+            hidden float32 workspace of 100 bytes x CTAs per row tile for every row of the 128-row tiles:
             819 KB at M = 1, 6.4 KB per row up to M = 256, 3.2 KB up to 512, 400 B per row at 4096)
-            plus, with the float32 hc_fn, its ``[72, K]`` bf16 pieces made on each call (2.9 MB at K = 20480)
             or ``"walk"`` (this module's per-thread K walk, the default until session 7).  Each is batch
             invariant on its own but their bits differ: pick one per deployment and keep it.
     Returns:
@@ -792,64 +746,22 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             not a str.
         ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
             hc_eps negative, not finite or below 2**-126 (but not 0); a method other than ``"walk"`` and
-            ``"tma"``; x too large for the walk's 32-bit offsets; hc_fn as pieces with ``method="walk"``.
+            ``"tma"``; x too large for the walk's 32-bit offsets.
         RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
             formula: torch raises its "no autograd formula" error rather than dropping the gradient).
     FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24`` (make the
     counter after this module loaded: a first call, or ``cute_kernels.register_ops()``).
-    Weights: ``method="tma"`` multiplies x by hc_fn split into three bf16 pieces (hi + mid + lo); with the
-    float32 hc_fn each call makes them first, on the current stream (:mod:`.hc_mix_split`: one small kernel
-    whose run overlaps the next kernel's launch, a programmatic dependent launch), so a weight changed by any
-    means (an optimizer step, fused or not, a collective, a write through ``.data``) is always seen, in CUDA
-    graphs and under torch.compile too.  For weights that do not change, make the pieces once with
-    :func:`hc_mix_split_weights` and pass them as ``hc_fn`` (remake them after changing hc_fn).
+    Weights: both methods multiply x by hc_fn split into three bf16 pieces (hi + mid + lo) inside the kernel, on
+    every call, from the float32 hc_fn in memory: a weight changed by any means (an optimizer step, fused or not,
+    a collective, a write through ``.data``) is always seen, in CUDA graphs and under torch.compile too.
     """
     _check_method(method)
-    _check_pieces_method(hc_fn, method)
     _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
     if method == "tma":
         from .hc_mix_tma import launch as launch_tma
 
         return launch_tma(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
     return _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
-
-
-def _check_split_input(hc_fn, cuda: bool = True, pointers: bool = True) -> None:
-    """:func:`hc_mix_split_weights`' rules (``TypeError`` / ``ValueError``); ``cuda=False, pointers=False`` at trace
-    time (fake tensors: no device rule, no data pointer)."""
-    check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, None), cuda=cuda, data_pointer=pointers)
-    _check_k("hc_fn.shape[1]", hc_fn.shape[1])
-
-
-def _split_fake(hc_fn):
-    _check_split_input(hc_fn, cuda=False, pointers=False)
-    return hc_fn.new_empty((N_PIECES * N_MIX, hc_fn.shape[1]), dtype=torch.bfloat16)
-
-
-@custom_op("hc_mix_split_weights", mutates_args=(), fake=_split_fake)
-def hc_mix_split_weights(hc_fn: torch.Tensor) -> torch.Tensor:
-    """hc_fn's three bf16 pieces, made once, for :func:`hc_mix_sinkhorn` (``method="tma"``) with frozen weights.
-
-    Row ``24 p + n`` of the result is piece ``p`` (lo, mid, hi) of ``hc_fn[n]``: hi = rn(w), mid = rn(w - hi),
-    lo = rn(w - hi - mid) (round to nearest even; the differences are exact, so hi + mid + lo is w within
-    2^-27 |w|): the split the walk kernel makes in registers, which keeps the bf16 tensor-core product of x and
-    hc_fn float32-accurate (the mix of DeepSeek's mHC, arXiv 2512.24880, seed 001).  Passing the result as ``hc_fn``
-    gives the same bits as passing hc_fn and skips the split each call makes (one small kernel, a few
-    microseconds).  The pieces are a copy: make them again after hc_fn changes.
-
-    Args:
-        hc_fn: ``[24, K]`` float32 CUDA tensor (K a positive multiple of 64, at most 29826112), last dim
-            contiguous, row stride a multiple of 4 elements, 16-byte aligned.
-    Returns:
-        ``[72, K]`` bfloat16, contiguous, on hc_fn's device.
-    Raises:
-        TypeError: hc_fn not a float32 tensor.  ValueError: wrong shape, device, layout or alignment.
-        RuntimeError: in ``backward()`` when hc_fn required grad (no autograd formula).
-    """
-    _check_split_input(hc_fn)
-    from .hc_mix_split import split
-
-    return split(hc_fn)
 
 
 def _flops(x_shape, hc_fn_shape, *args, out_shape=None, **kwargs) -> int:
@@ -996,11 +908,10 @@ def bench_shapes(shapes: str | None) -> list[int]:
 def bench(shapes: str | None = None) -> list[dict]:
     """us per call inside a CUDA graph (10 calls per replay) and GB/s of reading x once (M*K*2 B).
 
-    Ours: ``method="tma"`` (the default, impl ``cute_kernels_tma``: with the float32 hc_fn, so the split
-    kernel runs first on every call since session 34; ``cute_kernels_tma_pieces``: with
-    :func:`hc_mix_split_weights`' pieces, no split: until session 34 ``cute_kernels_tma`` timed this, the
-    split then cached) and ``method="walk"`` (``cute_kernels_walk``; records up to session 7's call the walk
-    kernel ``cute_kernels``).
+    Ours: ``method="tma"`` (the default, impl ``cute_kernels_tma``; session 34's records also have
+    ``cute_kernels_tma_pieces``, the pieces made beforehand, and their ``cute_kernels_tma`` ran a split kernel
+    before the walk: since session 35 the walk splits hc_fn itself) and ``method="walk"``
+    (``cute_kernels_walk``; records up to session 7's call the walk kernel ``cute_kernels``).
     Peers in the same process: the float32 torch reference and the split-K Triton baseline.
     ``shapes``: comma-separated M values (K = 20480), default 1,16,128,512,1024,2048,4096,16384.
     """
@@ -1019,10 +930,8 @@ def bench(shapes: str | None = None) -> list[dict]:
         hc_scale = torch.rand(3, device="cuda") + 0.5
         hc_base = torch.randn(N_MIX, device="cuda")
         args = (x, hc_fn, hc_scale, hc_base)
-        pieces = hc_mix_split_weights(hc_fn)
         impls = [("cute_kernels_walk", lambda: hc_mix_sinkhorn(*args, method="walk")),
                  ("cute_kernels_tma", lambda: hc_mix_sinkhorn(*args, method="tma")),
-                 ("cute_kernels_tma_pieces", lambda: hc_mix_sinkhorn(x, pieces, hc_scale, hc_base, method="tma")),
                  ("torch_fp32_reference", lambda: _reference(*args, dtype=torch.float32))]
         if splitk is not None:
             impls.append(("triton_splitk", lambda: splitk(*args)))

@@ -11,10 +11,15 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   zero).  It does not depend on M or on who computes which node, so every row's bits are the same
   for every M (batch invariant).
 * The walk kernel: one CTA per (row tile of ``tile_m`` rows, tree node at ``cta_level``).  Warp 0
-  (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[tile_m, 64]`` and the
-  pre-split hc_fn ``[72, 64]`` (:mod:`.hc_mix_split`, run before the walk on every call with the float32
-  hc_fn, or :func:`.hc_mix.hc_mix_split_weights` once: rows lo 0-23, mid 24-47, hi 48-71)
-  into a ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem).  Two consumer
+  (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[tile_m, 64]`` into a
+  ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem) and of the float32 hc_fn tile
+  ``[24, 64]`` into a second ring of the same depth.  Warps 1-3 of the producer warpgroup (the split
+  warps) split each hc_fn tile into its three bf16 pieces (:func:`.hc_mix._split3_bf16x2`; rows lo 0-23,
+  mid 24-47, hi 48-71 of the stage's ``[72, 64]`` piece buffer, in the WGMMA's swizzle), fence the
+  async proxy and arrive on the ring's full barrier, which thus completes when the x tile has landed
+  and the pieces are written.  Every call reads hc_fn itself, so any change to it is seen (until session
+  34 the pieces came from a cache, then from a split kernel run before the walk: 2-2.8 us more per call
+  at M <= 4096; session 35 moved the split into the walk).  Two consumer
   warpgroups issue ``wgmma m64n72k16`` (A = x, B = the pieces; bf16 in, float32 out) per k tile into
   a fresh accumulator added to float32 running sums (the per-chunk accuracy argument of
   :mod:`.hc_mix`); meanwhile each thread sums the squares of half a row of the tile from smem
@@ -69,7 +74,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_tensor
 from ..runtime.validate import check_int, check_tensor
 from . import sm90_helpers as sm90
-from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _pieces, _validate,
+from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _split3_bf16x2, _validate,
                      fake_launch_args, run_compiled, split_pieces)
 
 NAME = "hc_mix_tma"
@@ -80,6 +85,9 @@ A_PER_ATOM = N_MIX // 2  # of those, one piece of the 24 columns (n8 blocks 0-2)
 L2_EVICT_FIRST = 0x12F0000000000000  # TMA L2 cache-policy words (CUTLASS cute/arch/copy_sm90_desc.hpp)
 L2_EVICT_LAST = 0x14F0000000000000
 TREE = (4, 2, 2, 2, 2)  # the shipped reduction tree of K: 64 splits (5 k tiles each at K = 20480)
+SPLIT_WARPS = 3  # producer warpgroup warps 1-3: split each float32 hc_fn tile into the bf16 pieces
+SPLIT_THREADS = 32 * SPLIT_WARPS
+VEC = 8  # columns per split item: two 16-byte float32 loads, one 16-byte bf16 store per piece
 
 
 @dataclass(frozen=True)
@@ -103,9 +111,8 @@ class HcMixTmaConfig:
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
     every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
-    previous kernel's tail: the split of hc_fn (:mod:`.hc_mix_split`, triggering it as it starts) when
-    hc_fn is float32, else whatever ran before, e.g. the previous call's reduction kernel, which triggers
-    it once its own wait is over, or a ``fused_epilogue`` walk as it starts; it waits in
+    previous kernel's tail, e.g. the previous call's reduction kernel, which triggers it once its own wait
+    is over, or a ``fused_epilogue`` walk as it starts; it waits in
     ``griddepcontrol.wait`` before its first global-memory access, so the order is that of the stream),
     ``reduce_rows`` (rows per CTA of the reduction kernel, 8, 16 or 32: one thread per (row, column)
     sum, so a sum's loads issue together; then one thread per row runs the epilogue, so more rows
@@ -168,7 +175,8 @@ class HcMixTmaConfig:
         return self.consumer_regs or self.min_consumer_regs()
 
     def smem_bytes(self) -> int:
-        return self.stages * (self.tile_m + N_W) * self.tile_k * 2 + 16 * self.stages + 2048  # partials alias sX
+        # per stage: the x tile and the pieces (bf16), the float32 hc_fn tile, four mbarriers; partials alias sX
+        return self.stages * ((self.tile_m + N_W) * self.tile_k * 2 + N_MIX * self.tile_k * 4 + 32) + 2048
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -223,11 +231,15 @@ class HcMixTmaConfig:
 
 
 def smem_layouts(config: HcMixTmaConfig):
-    """The walk's two smem rings, 128B-swizzled K-major bf16 (DSL objects; call inside a trace):
-    ``sX (tile_m, tile_k, stages)`` (x tiles) and ``sW (72, tile_k, stages)`` (hc_fn pieces).  The
-    kernel and :func:`cute_kernels.layouts.kernel_layouts.hc_mix_tma_layouts` both build them here."""
+    """The walk's smem rings (DSL objects; call inside a trace): ``sX (tile_m, tile_k, stages)`` (x tiles)
+    and ``sW (72, tile_k, stages)`` (hc_fn pieces), 128B-swizzled K-major bf16, the WGMMA operands; ``sWf
+    (24, tile_k, stages)``, the float32 hc_fn tiles as TMA lands them (row-major, unswizzled: read once by
+    the split warps).  The kernel and :func:`cute_kernels.layouts.kernel_layouts.hc_mix_tma_layouts` both
+    build them here."""
     return (sm90.smem_layout(BFloat16, config.tile_m, config.tile_k, config.stages),
-            sm90.smem_layout(BFloat16, N_W, config.tile_k, config.stages))
+            sm90.smem_layout(BFloat16, N_W, config.tile_k, config.stages),
+            cute.make_layout((N_MIX, config.tile_k, config.stages),
+                             stride=(config.tile_k, 1, N_MIX * config.tile_k)))
 
 
 def make_tiled_mma():
@@ -270,25 +282,26 @@ class HcMixTmaKernel(HcMixKernel):
         """The walk: TMA atoms, shared storage, one CTA per (tree node at ``cta_level``, row tile);
         ``epi``: the epilogue's tensors and scalars (``fused_epilogue``)."""
         tiled_mma = make_tiled_mma()
-        sX_layout, sW_layout = smem_layouts(self.config)
+        sX_layout, sW_layout, sWf_layout = smem_layouts(self.config)
         tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mX, cute.select(sX_layout, mode=[0, 1]), (self.tile_m, self.tile_k))
         tma_atom_W, tma_W = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mW, cute.select(sW_layout, mode=[0, 1]), (N_W, self.tile_k))
-        self.tma_bytes = (cute.size_in_bytes(BFloat16, cute.select(sX_layout, mode=[0, 1]))
-                          + cute.size_in_bytes(BFloat16, cute.select(sW_layout, mode=[0, 1])))
+            cpasync.CopyBulkTensorTileG2SOp(), mW, cute.select(sWf_layout, mode=[0, 1]), (N_MIX, self.tile_k))
+        self.x_bytes = cute.size_in_bytes(BFloat16, cute.select(sX_layout, mode=[0, 1]))
+        self.w_bytes = cute.size_in_bytes(Float32, cute.select(sWf_layout, mode=[0, 1]))
 
         @cute.struct
         class SharedStorage:
-            mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            mbar: cute.struct.MemRange[cutlass.Int64, self.stages * 4]  # (full, empty) of the ring, of the w ring
             sX: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sX_layout)], 1024]
             sW: cute.struct.Align[cute.struct.MemRange[BFloat16, cute.cosize(sW_layout)], 1024]
+            sWf: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sWf_layout)], 128]
 
         self.shared_storage = SharedStorage
         grid_m = (mX.shape[0] + self.tile_m - 1) // self.tile_m
-        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, mX, mPart, *epi).launch(
-            grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1], stream=stream,
-            min_blocks_per_mp=1, use_pdl=self.config.pdl)
+        self.kernel(tma_X, tma_W, tma_atom_X, tma_atom_W, tiled_mma, sX_layout, sW_layout, sWf_layout, mX, mPart,
+                    *epi).launch(grid=[self.config.ctas_per_tile, grid_m, 1], block=[self.threads, 1, 1],
+                                 stream=stream, min_blocks_per_mp=1, use_pdl=self.config.pdl)
 
     @cute.jit
     def launch_reduce(self, mX: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor,
@@ -305,31 +318,38 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.kernel
     def kernel(self, tma_X: cute.Tensor, tma_W: cute.Tensor, tma_atom_X: cute.CopyAtom, tma_atom_W: cute.CopyAtom,
                tiled_mma: cute.TiledMma, sX_layout: cute.ComposedLayout, sW_layout: cute.ComposedLayout,
-               mX: cute.Tensor, mPart: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor, mPre: cute.Tensor,
-               mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32,
-               hc_eps: Float32):
+               sWf_layout: cute.Layout, mX: cute.Tensor, mPart: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
+               mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor, mMix: cute.Tensor, sinkhorn_iters: Int32,
+               rms_eps: Float32, hc_eps: Float32):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         node, m_block, _ = cute.arch.block_idx()  # node: this CTA's node of the K tree (at cta_level)
-        # the reduction kernel (fused_epilogue: the next call's walk, when no split of hc_fn comes between) may
-        # launch; it waits for our completion
+        # the reduction kernel (fused_epilogue: the next call's walk) may launch; it waits for our completion
         cute.arch.griddepcontrol_launch_dependents()
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_atom_X)
             cpasync.prefetch_descriptor(tma_atom_W)
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
+        # ring: a stage is full once its x tile has landed and the split warps have written its pieces
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(), num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + SPLIT_WARPS),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumers // 32),
-            tx_count=self.tma_bytes, defer_sync=True)
+            tx_count=self.x_bytes, defer_sync=True)
+        # w ring: the float32 hc_fn tiles, TMA to the split warps
+        w_ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr() + 2 * self.stages, num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, SPLIT_WARPS),
+            tx_count=self.w_bytes, defer_sync=True)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if cutlass.const_expr(self.config.pdl):
             cute.arch.griddepcontrol_wait()  # the stream's earlier kernels done: x, hc_fn, the workspace free
         sX = storage.sX.get_tensor(sX_layout.outer, swizzle=sX_layout.inner)
         sW = storage.sW.get_tensor(sW_layout.outer, swizzle=sW_layout.inner)
+        sWf = storage.sWf.get_tensor(sWf_layout)
         # the CTA's node sums (rows x (24 + 1)) alias the x ring once every tile has been consumed
         sP = cute.make_tensor(cute.recast_ptr(storage.sX.data_ptr(), dtype=Float32),
                               cute.make_layout((self.tile_m, SP_COLS), stride=(SP_COLS, 1)))
@@ -337,12 +357,17 @@ class HcMixTmaKernel(HcMixKernel):
         x_vectors = cute.cosize(sX_layout) // 8
         k_tiles = (mX.shape[1] + self.tile_k - 1) // self.tile_k
         split_begin = node * self.config.splits_per_cta
+        kt_begin = self.split_tile(split_begin, k_tiles)
+        kt_end = self.split_tile(split_begin + self.config.splits_per_cta, k_tiles)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
-                self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block,
-                          self.split_tile(split_begin, k_tiles),
-                          self.split_tile(split_begin + self.config.splits_per_cta, k_tiles))
+                self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sWf, ring, w_ring, m_block, kt_begin, kt_end)
+            else:
+                # sW as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the pieces' stores
+                sWv = cute.make_tensor(storage.sW.data_ptr(), cute.make_layout((VEC, cute.cosize(sW_layout) // VEC),
+                                                                                stride=(1, VEC)))
+                self.split(sWf, sWv, ring, w_ring, kt_begin, kt_end, tidx - 32)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_registers)
             # the x ring as 16-byte vectors (8 bf16), unswizzled: (element, vector) for the squares
@@ -360,14 +385,15 @@ class HcMixTmaKernel(HcMixKernel):
 
     # ------------------------------------------------------------------ roles
     @cute.jit
-    def load(self, tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sW, ring, m_block, kt_begin, kt_end):
-        """Producer warp: the x tile and the hc_fn pieces of every k tile of this CTA, in order."""
+    def load(self, tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sWf, ring, w_ring, m_block, kt_begin, kt_end):
+        """Producer warp: per k tile of this CTA, in order, the x tile into the ring and the float32 hc_fn
+        tile into the w ring (both rings step together: one state)."""
         gX = cute.local_tile(tma_X, (self.tile_m, self.tile_k), (m_block, None))  # (tile_m, 64, k tiles)
-        gW = cute.local_tile(tma_W, (N_W, self.tile_k), (0, None))  # (72, 64, k tiles)
+        gW = cute.local_tile(tma_W, (N_MIX, self.tile_k), (0, None))  # (24, 64, k tiles)
         tXsX, tXgX = cpasync.tma_partition(tma_atom_X, 0, cute.make_layout(1),
                                            cute.group_modes(sX, 0, 2), cute.group_modes(gX, 0, 2))
         tWsW, tWgW = cpasync.tma_partition(tma_atom_W, 0, cute.make_layout(1),
-                                           cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+                                           cute.group_modes(sWf, 0, 2), cute.group_modes(gW, 0, 2))
         hints_x, hints_w = {}, {}
         if cutlass.const_expr(self.config.l2_hints):  # CUTLASS's CacheHintSm90 policy words
             hints_x = dict(cache_policy=cutlass.Int64(L2_EVICT_FIRST))
@@ -375,9 +401,48 @@ class HcMixTmaKernel(HcMixKernel):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for kt in cutlass.range(kt_begin, kt_end, unroll=1):
             ring.producer_acquire(state)
-            bar = ring.producer_get_barrier(state)
-            cute.copy(tma_atom_X, tXgX[None, kt], tXsX[None, state.index], tma_bar_ptr=bar, **hints_x)
-            cute.copy(tma_atom_W, tWgW[None, kt], tWsW[None, state.index], tma_bar_ptr=bar, **hints_w)
+            w_ring.producer_acquire(state)
+            cute.copy(tma_atom_X, tXgX[None, kt], tXsX[None, state.index], tma_bar_ptr=ring.producer_get_barrier(state),
+                      **hints_x)
+            cute.copy(tma_atom_W, tWgW[None, kt], tWsW[None, state.index],
+                      tma_bar_ptr=w_ring.producer_get_barrier(state), **hints_w)
+            state.advance()
+
+    @cute.jit
+    def split(self, sWf, sWv, ring, w_ring, kt_begin, kt_end, stidx):
+        """Split warps (producer warpgroup warps 1-3, ``stidx`` in [0, 96)): per k tile, each float32 hc_fn
+        value into its three bf16 pieces (:func:`.hc_mix._split3_bf16x2`, the walk's split: same values as
+        :func:`.hc_mix.split_pieces`), written into the stage's ``sW`` in the WGMMA's 128B swizzle.  Thread
+        ``t`` takes items ``t`` and ``t + 96`` of the tile's 24 x 8 (row, 8 columns); a piece's 8 columns are
+        one 16-byte vector, stored at ``chunk ^ (row % 8)`` of its 128-byte row (72-row, 1024-byte aligned
+        stages), so 8 lanes of a row fill one row: no bank conflicts.  Then the proxy fence (WGMMA reads
+        what ordinary stores wrote), the warp's sync and lane 0's arrive on the stage's full barrier."""
+        lane = cute.arch.lane_idx()
+        chunks = self.tile_k // VEC
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for kt in cutlass.range(kt_begin, kt_end, unroll=1):
+            w_ring.consumer_wait(state)
+            for i in cutlass.range_constexpr(N_MIX * chunks // SPLIT_THREADS):
+                item = stidx + i * SPLIT_THREADS
+                row = item // chunks
+                chunk = item - row * chunks
+                rW = cute.make_rmem_tensor(VEC, Float32)
+                rW4 = cute.zipped_divide(rW, (4,))
+                sRow = cute.zipped_divide(cute.local_tile(sWf[row, None, state.index], (VEC,), (chunk,)), (4,))
+                for h in cutlass.range_constexpr(2):
+                    cute.autovec_copy(sRow[None, h], rW4[None, h])
+                rPieces = [cute.make_rmem_tensor(VEC // 2, Int32) for _ in range(N_PIECES)]
+                for j in cutlass.range_constexpr(VEC // 2):
+                    rPieces[0][j], rPieces[1][j], rPieces[2][j] = _split3_bf16x2(rW[2 * j], rW[2 * j + 1])
+                for p in cutlass.range_constexpr(N_PIECES):
+                    vec = (state.index * N_W + p * N_MIX + row) * chunks + (chunk ^ (row % 8))
+                    cute.autovec_copy(cute.recast_tensor(rPieces[p], BFloat16), sWv[None, vec])
+            cute.arch.sync_warp()
+            w_ring.consumer_release(state)  # the float32 tile is read
+            cute.arch.fence_view_async_shared()
+            cute.arch.sync_warp()
+            if lane == 0:
+                cute.arch.mbarrier_arrive(ring.producer_get_barrier(state))
             state.advance()
 
     @cute.jit
@@ -681,7 +746,7 @@ LEVEL_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level c
 
 def _compile(config: HcMixTmaConfig):
     def build():
-        args = fake_launch_args(pieces=True)
+        args = fake_launch_args()
         part = fake_tensor(torch.float32, (cute.sym_int(), SP_COLS), stride=(SP_COLS, 1))
         return HcMixTmaKernel(config), args[:-1] + (part, args[-1])  # the workspace goes before the stream
 
@@ -734,7 +799,7 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
             raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
         config.validate()
     cfg = _launch_config(config or config_for(x.shape[0]), mix is not None)
-    return run_compiled(lambda: _compile(cfg), lambda: _pieces(hc_fn), x, hc_scale, hc_base, sinkhorn_iters,
+    return run_compiled(lambda: _compile(cfg), x, hc_fn, hc_scale, hc_base, sinkhorn_iters,
                         rms_eps, hc_eps, mix=mix, out=out, workspace_rows=workspace_rows(x.shape[0], cfg))
 
 

@@ -484,12 +484,11 @@ def _hc_mix_tma_dsl_objects(tma, config):
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import cpasync
 
-    bf16 = cutlass.BFloat16
-    smem = dict(zip(("sX", "sW"), tma.smem_layouts(config)))
+    smem = dict(zip(("sX", "sW", "sWf"), tma.smem_layouts(config)))
     mma = tma.make_tiled_mma()
     types = {}
-    for name, rows in (("sX", config.tile_m), ("sW", tma.N_W)):
-        ptr = cute.make_ptr(bf16, 0, cute.AddressSpace.gmem, assumed_align=16)
+    for name, rows, dtype in (("sX", config.tile_m, cutlass.BFloat16), ("sWf", tma.N_MIX, cutlass.Float32)):
+        ptr = cute.make_ptr(dtype, 0, cute.AddressSpace.gmem, assumed_align=16)
         g = cute.make_tensor(ptr, cute.make_layout((rows * 4, config.tile_k * 4), stride=(config.tile_k * 4, 1)))
         atom, _ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), g,
                                               cute.select(smem[name], mode=[0, 1]), (rows, config.tile_k))
@@ -498,9 +497,10 @@ def _hc_mix_tma_dsl_objects(tma, config):
 
 
 def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
-    """The hc_mix TMA walk's smem rings (x tile and hc_fn pieces, 128B-swizzled K-major), their TMA
-    boxes, the WGMMA accumulator's thread-value layout, the bank conflicts of the squares' 16-byte
-    smem reads (kernel layout vs the same ring unswizzled) and the smem budget.
+    """The hc_mix TMA walk's smem rings (x tile and hc_fn pieces, 128B-swizzled K-major; the float32 hc_fn
+    tiles, unswizzled), the TMA boxes (x, float32 hc_fn), the WGMMA accumulator's thread-value layout, the
+    bank conflicts of the squares' 16-byte smem reads and of the split warps' 16-byte piece stores (kernel
+    layout vs the same ring unswizzled) and the smem budget.
 
     Args:
         config: an ``HcMixTmaConfig``, a string such as ``"stages=4,tile_m=256"`` or None (the
@@ -514,10 +514,10 @@ def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
     config = _resolve_config(config, tma.HcMixTmaConfig, hc_mix_tma_config, validate)
     objs = trace(lambda: _hc_mix_tma_dsl_objects(tma, config))
     kl = KernelLayouts("hc_mix_tma", config, "BFloat16", source="hc_mix_tma.smem_layouts")
-    for name in ("sX", "sW"):
-        lay = objs[name].named(f"{name} {objs[name].dims}")
-        kl.smem[name] = lay
-        kl.tma[name] = _tma_box_2d(lay, "bf16")
+    for name in ("sX", "sW", "sWf"):
+        kl.smem[name] = objs[name].named(f"{name} {objs[name].dims}")
+    for name, dtype in (("sX", "bf16"), ("sWf", "fp32")):
+        kl.tma[name] = _tma_box_2d(kl.smem[name], dtype)
         kl.tma[name].update(parse_tma_type(objs["tma_types"][name]))
     kl.tv["WGMMA accumulator (x times pieces^T)"] = TVLayout(objs["acc"].named("accumulator"), (128, tma.N_W), 1,
                                                          "per m64 atom of each consumer warpgroup")
@@ -528,7 +528,13 @@ def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
         [np.stack([t // 2, 8 * ((t % 2) * halves + v)], -1) for v in range(halves)]), vec=8)
     for lay in (kl.smem["sX"], kl.smem["sX"].unswizzled()):
         kl.conflicts.append(analysis.bank_conflicts(lay, reads, 2))
-    bufs = {f"{k} {'x'.join(map(str, v.dims))}": v.cosize * 2 for k, v in kl.smem.items()}
+    # the split warps' piece stores (HcMixTmaKernel.split): lane l of a warp writes 8 columns (chunk l % 8)
+    # of row l // 8 of one piece
+    stores = analysis.AccessPattern("split: 16-byte piece stores, 8 lanes per row", np.array(
+        [np.stack([t // 8, 8 * (t % 8)], -1)]), vec=8)
+    for lay in (kl.smem["sW"], kl.smem["sW"].unswizzled()):
+        kl.conflicts.append(analysis.bank_conflicts(lay, stores, 2))
+    bufs = {f"{k} {'x'.join(map(str, v.dims))}": v.cosize * (4 if k == "sWf" else 2) for k, v in kl.smem.items()}
     kl.budget = analysis.SmemBudget(bufs, config.stages, sum(bufs.values()) // config.stages,
                                     config.smem_bytes() - sum(bufs.values()), tma.SMEM_LIMIT)
     return kl
