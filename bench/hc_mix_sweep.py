@@ -24,7 +24,7 @@ TMA_VARIANTS = {f"tma_L{lv}": tma.HcMixTmaConfig(cta_level=lv) for lv in range(l
 TMA_VARIANTS.update({  # other trees (other bits): 32 splits of 10 k tiles, paired (overlap)
     "tma_4x8_L1_ov": tma.HcMixTmaConfig(tree=(4, 8), cta_level=1, overlap=True),
     "tma_4x8_L2_ov": tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True),
-    "tma_L5_t256": tma.HcMixTmaConfig(tile_m=256, stages=5),
+    "tma_L5_t256": tma.HcMixTmaConfig(tile_m=256, stages=4),
 })
 
 

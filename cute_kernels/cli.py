@@ -319,7 +319,7 @@ def main(argv=None) -> int:
                      help="ranker_fwd, ranker_bwd or hc_mix (pictures and report); the other registry names "
                           "(qknorm, qknorm_tp, scale) list their compile targets only")
     lay.add_argument("--config", help="config fields, e.g. 'head_dim=64,tile_n=96,stages=3' (ranker_fwd), "
-                                      "'head_dim=64,tile_m=128' (ranker_bwd) or 'tile_m=256,stages=5,tree=4x2x2x2x2' (hc_mix; a "
+                                      "'head_dim=64,tile_m=128' (ranker_bwd) or 'tile_m=256,stages=4,tree=4x2x2x2x2' (hc_mix; a "
                                       "tuple field as integers joined by x)")
     lay.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     lay.add_argument("--out", required=True, help="output folder")

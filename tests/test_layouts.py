@@ -324,12 +324,14 @@ def test_hc_mix_tma_layouts_match_the_kernel_and_draw(tmp_path):
     kl = hc_mix_tma_layouts()
     assert kl.smem["sX"].dims == (128, 64, 6) and kl.smem["sW"].dims == (hc_mix_tma.N_W, 64, 6)
     assert all(kl.smem[k].swizzle.byte_swizzle_name == "128B" for k in ("sX", "sW"))
-    assert kl.tma["sX"]["dsl_box"] == (128, 64) and kl.tma["sW"]["dsl_box"] == (hc_mix_tma.N_W, 64)
-    swizzled, plain = kl.conflicts
+    assert kl.smem["sWf"].dims == (hc_mix_tma.N_MIX, 64, 6) and kl.smem["sWf"].swizzle is None
+    assert kl.tma["sX"]["dsl_box"] == (128, 64) and kl.tma["sWf"]["dsl_box"] == (hc_mix_tma.N_MIX, 64)
+    swizzled, plain, split_stores, split_plain = kl.conflicts
     assert swizzled.conflict_free and plain.ratio == 4.0
+    assert split_stores.conflict_free and split_plain.conflict_free
     assert kl.budget.total == kl.config.smem_bytes() and kl.budget.fits
-    big = hc_mix_tma_layouts("tile_m=256,stages=5,tree=4x8,cta_level=2")
-    assert big.smem["sX"].dims == (256, 64, 5) and big.config.tree == (4, 8)
+    big = hc_mix_tma_layouts("tile_m=256,stages=4,tree=4x8,cta_level=2")
+    assert big.smem["sX"].dims == (256, 64, 4) and big.config.tree == (4, 8)
     with pytest.raises(ValueError, match="tile_k"):
         hc_mix_tma_layouts("tile_k=32")
     with pytest.raises(ValueError, match="joined by 'x'"):

@@ -22,7 +22,7 @@ for m, k in ((5, 192), (130, 7232)):
     outs = [cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=m) for m in ("walk", "tma")]
     for cfg in (tma.config_for(1), tma.config_for(4096), tma.config_for(16384),
                 tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True),
-                tma.HcMixTmaConfig(tile_m=256, stages=5), tma.HcMixTmaConfig(cta_level=1, l2_hints=False, pdl=False),
+                tma.HcMixTmaConfig(tile_m=256, stages=4), tma.HcMixTmaConfig(cta_level=1, l2_hints=False, pdl=False),
                 tma.HcMixTmaConfig(reduce_rows=32), tma.HcMixTmaConfig(cta_level=2, reduce_rows=16),
                 tma.HcMixTmaConfig(cta_level=0), tma.HcMixTmaConfig(tree=(4, 8), cta_level=0, stages=3, fused_epilogue=True)):
         mix = torch.empty(m, 25, device="cuda")
