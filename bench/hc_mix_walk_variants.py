@@ -1,11 +1,11 @@
-"""The hc_mix tma walk alone (no reduction kernel) at M = 4096 for walk configs that give the same bits:
-the shipped one and without paired k tiles (``overlap``) (256-row tiles, half the hc_fn reads
+"""The hc_mix tma walk alone (no reduction kernel) at M = 4096 (``--m=``) for walk configs that give the same
+bits: the shipped one, other ring depths, and without paired k tiles (``overlap``) (256-row tiles, half the hc_fn reads
 from L2 per x byte, need 288 consumer registers: not compilable); us per call, CUDA graph of 10 calls,
 median of shuffled rounds, the shipped config timed twice (A/A).  (Session 19's log of it came from
 ab131ee, when the walk also took an arrival-counter argument, and had an ``x_only`` variant without the
 hc_fn piece loads, dropped in session 35 when the walk began splitting hc_fn itself.)
 
-    python3 bench/hc_mix_walk_variants.py [--rounds=N] [--ncu]   (on the GPU; --ncu: two launches of each, no timing)
+    python3 bench/hc_mix_walk_variants.py [--rounds=N] [--m=M] [--ncu]   (on the GPU; --ncu: two launches of each, no timing)
 """
 from probe_timing import gpu_script  # noqa: E402
 
@@ -20,19 +20,29 @@ import sys
 import torch
 
 from cute_kernels.kernels import hc_mix_tma as tma
+from cute_kernels.kernels import hc_mix as base
 from cute_kernels.kernels.hc_mix import SP_COLS
 from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 from hc_mix_tail_probe import compiled_part
 
 
 def variants(m):
+    """The shipped config (twice: A/A), without paired k tiles where it pairs them, and other ring depths
+    that fit in shared memory (same bits)."""
     shipped = tma.config_for(m)
-    return {"shipped": shipped, "no_overlap": dataclasses.replace(shipped, overlap=False),
-            "shipped_again": shipped}
+    out = {"shipped": shipped}
+    if shipped.overlap:
+        out["no_overlap"] = dataclasses.replace(shipped, overlap=False)
+    for stages in range(3, 9):
+        cfg = dataclasses.replace(shipped, stages=stages)
+        if stages != shipped.stages and cfg.smem_bytes() <= base.SMEM_LIMIT:
+            out[f"stages{stages}"] = cfg
+    out["shipped_again"] = shipped
+    return out
 
 
-def main(rounds, ncu):
-    m, k = 4096, 20480
+def main(rounds, ncu, m):
+    k = 20480
     g = torch.Generator(device="cuda").manual_seed(7)
     x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
     w = torch.randn(24, k, device="cuda", generator=g) / math.sqrt(k)
@@ -69,4 +79,5 @@ if __name__ == "__main__":
         print(__doc__)
         sys.exit(0)
     rounds = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--rounds=")), 7)
-    main(rounds, "--ncu" in args)
+    m = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--m=")), 4096)
+    main(rounds, "--ncu" in args, m)
