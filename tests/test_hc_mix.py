@@ -294,7 +294,7 @@ def test_hc_fn_must_be_float32_for_both_methods():
             with pytest.raises(TypeError, match="hc_fn has dtype bfloat16"):
                 torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(24, 128, dtype=torch.bfloat16), scale, base,
                                                        method=method)
-            with pytest.raises((TypeError, ValueError), match="hc_fn"):
+            with pytest.raises(TypeError, match="hc_mix_split_weights, removed"):
                 torch.ops.cute_kernels.hc_mix_sinkhorn(x, torch.empty(72, 128, dtype=torch.bfloat16), scale, base,
                                                        method=method)
     assert not hasattr(torch.ops.cute_kernels, "hc_mix_split_weights")
@@ -381,6 +381,12 @@ def test_k_past_the_32_bit_limit_is_refused_for_both_methods():
         for k in (mod.MAX_K + 64, 2**31):
             with pytest.raises(ValueError, match="at most 89478464"):
                 call(k, method)
+    # hc_fn with a padded row stride: its span (not K alone) must stay below 2**31 elements
+    wide = torch.empty(24, mod.MAX_K + 64, device="meta")[:, :mod.MAX_K]
+    for method in ("walk", "tma"):
+        with pytest.raises(ValueError, match="hc_fn spans"):
+            mod.hc_mix_sinkhorn(torch.empty(1, mod.MAX_K, dtype=torch.bfloat16, device="meta"), wide,
+                                torch.empty(3, device="meta"), torch.empty(24, device="meta"), method=method)
 
 
 def test_flop_counter_counts_the_mix_gemm():

@@ -66,6 +66,15 @@ def test_config_rejections(kw, match):
         mod.HcMixTmaConfig(**kw).validate()
 
 
+def test_smem_message_names_the_stages_that_fit():
+    with pytest.raises(ValueError, match="at most 4 stages fit at tile_m=256"):
+        mod.HcMixTmaConfig(tile_m=256).validate()
+    with pytest.raises(ValueError, match="at most 7 stages fit at tile_m=128"):
+        mod.HcMixTmaConfig(stages=8).validate()
+    mod.HcMixTmaConfig(tile_m=256, stages=4, cta_level=5).validate()
+    mod.HcMixTmaConfig(stages=7).validate()
+
+
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_shipped_configs_fit_and_share_one_tree(cfg):
     cfg.validate()
@@ -248,7 +257,7 @@ def test_other_configs_compile_without_spills(kw):
 
 
 def test_l2_hints_reach_the_tma_loads():
-    """l2_hints: x's loads carry the evict-first policy word, the pieces' the evict-last one."""
+    """l2_hints: x's loads carry the evict-first policy word, the float32 hc_fn tiles' the evict-last one."""
     cfg = mod.HcMixTmaConfig(cta_level=1, l2_hints=True)
     mod._compile(cfg)
     ptx = compile_record(mod.NAME, cfg).ptx

@@ -82,7 +82,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, register_flops
 from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, check_int, check_same_device,
-                                check_tensor, element_span, validated_once)
+                                check_extent, check_tensor, element_span, validated_once)
 
 NAME = "hc_mix"
 MAX_ROWS = 65535 * 16  # rows of x: 65535 row blocks of 16 (the grid's y limit)
@@ -587,7 +587,12 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     k = x.shape[1]
     _check_k("x.shape[1]", k)
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
+    if isinstance(hc_fn, torch.Tensor) and hc_fn.dtype == torch.bfloat16 and hc_fn.dim() == 2 \
+            and hc_fn.shape[0] == N_PIECES * N_MIX:
+        raise TypeError("hc_fn is a [72, K] bf16 tensor: the pieces of session 34's hc_mix_split_weights, removed "
+                        "in session 35 (the kernels split hc_fn themselves); pass the float32 hc_fn [24, K]")
     check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
+    check_extent("hc_fn", hc_fn)  # (the walk's 32-bit offsets; a padded row stride can pass 2**31 elements)
     check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
     check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4,
@@ -726,14 +731,15 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"`` also
             needs ``(M - 1) * row stride + K < 2**31`` (32-bit offsets; M < 104858 at K = 20480).
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous, row
-            stride a multiple of 16 bytes (4 elements), 16-byte aligned (both methods).
+            stride a multiple of 16 bytes (4 elements), 16-byte aligned, spanning fewer than 2**31 elements
+            (both methods).
         hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.
         sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
         rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``, and 0 or ``>= 2**-126``
             (a smaller value would become 0 in float32).  With
             ``rms_eps = 0`` an all-zero row has ``r = inf`` and gives NaN, as the formula does.
         method: ``"tma"`` (default; :mod:`.hc_mix_tma`: TMA + WGMMA, faster at every M measured on
-            the H200: 8.5-8.9 us instead of 12.6-13.2 at M <= 128 (session 19), about 2x from M = 512 up; a
+            the H200: 9.1-9.4 us instead of 12.2-12.9 at M <= 128 (session 35), about 2x from M = 512 up; a
             hidden float32 workspace of 100 bytes x CTAs per row tile for every row of the 128-row tiles:
             819 KB at M = 1, 6.4 KB per row up to M = 256, 3.2 KB up to 512, 400 B per row at 4096)
             or ``"walk"`` (this module's per-thread K walk, the default until session 7).  Each is batch
@@ -746,7 +752,7 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             not a str.
         ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
             hc_eps negative, not finite or below 2**-126 (but not 0); a method other than ``"walk"`` and
-            ``"tma"``; x too large for the walk's 32-bit offsets.
+            ``"tma"``; x too large for the walk's 32-bit offsets; hc_fn spanning 2**31 elements or more.
         RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
             formula: torch raises its "no autograd formula" error rather than dropping the gradient).
     FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24`` (make the

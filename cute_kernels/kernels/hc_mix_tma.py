@@ -40,13 +40,14 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
   M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
 
-Measured (H200, K = 20480, us per call in a CUDA graph, with the pieces made beforehand (until session 34 a
-cache kept them between calls; the split kernel now runs first on every call with the float32 hc_fn), session 7,
+Measured (H200, K = 20480, us per call in a CUDA graph, with the pieces made beforehand (a cache kept them
+between calls until session 34; since session 35 the walk splits hc_fn itself: figures below), session 7,
 bench/results/2026-11-29_h200_hc_mix_s7.md; split-K Triton baseline in brackets): M = 1: 9.1 (12.1);
 128: 9.5 (16.9); 512: 12.8 (28.7); 1024: 18.5 (56.6); 2048: 28.5 (99.5); 4096: 48.2 (175; 82% of the
 copy rate); 16384: 170 (643).  Session 19 (fast-math epilogue, level-0 fused epilogue,
 bench/results/2026-11-30_h200_hc_mix_s19_final.json): M <= 128 8.5-8.9, 512 12.1, 4096 46.27 (85.8% of the
-run's copy rate), 16384 159.9.  Session 6 (before pdl, l2_hints, reduce_rows, overlap at large M):
+run's copy rate), 16384 159.9.  Session 35 (the split in the walk, bench/results/2026-12-02_h200_hc_mix_s35.json,
+two runs): M = 1 9.1-9.2, 128 9.4, 512 12.4-12.6, 4096 48.3-48.4 (82-83%), 16384 170.4-171.3.  Session 6 (before pdl, l2_hints, reduce_rows, overlap at large M):
 10.0 / 9.8 / 13.6 / 18.6 / 32.2 / 51.8 / 179.  The walk with its math removed took 49.1 us at M =
 4096 (session 7, before those changes): the access pattern, not the math, sets the walk.  Measured on
 the way (bench/results/logs/2026-11-29_s6_*, _s7_*): 32 splits gave 12.5 us at M <= 128 (too few
@@ -108,8 +109,9 @@ class HcMixTmaConfig:
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; a split's
     odd last tile runs alone; same bits; :func:`config_for` sets it where a CTA walks 8 or more splits,
     ``cta_level <= 2``: e.g. M = 2048, 4096, 16384),
-    ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the hc_fn pieces, re-read by
-    every row tile, evict-last; 1.5 us faster at M = 2048 and 4096, no change at M <= 1024),
+    ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the float32 hc_fn tiles, re-read by
+    every row tile, evict-last; measured with the pieces loaded instead (session 7): 1.5 us faster at M =
+    2048 and 4096, no change at M <= 1024),
     ``pdl`` (the walk is a programmatic dependent launch too: its launch and prologue overlap the
     previous kernel's tail, e.g. the previous call's reduction kernel, which triggers it once its own wait
     is over, or a ``fused_epilogue`` walk as it starts; it waits in
@@ -175,8 +177,12 @@ class HcMixTmaConfig:
         return self.consumer_regs or self.min_consumer_regs()
 
     def smem_bytes(self) -> int:
-        # per stage: the x tile and the pieces (bf16), the float32 hc_fn tile, four mbarriers; partials alias sX
-        return self.stages * ((self.tile_m + N_W) * self.tile_k * 2 + N_MIX * self.tile_k * 4 + 32) + 2048
+        return self.stages * self.stage_bytes() + 2048
+
+    def stage_bytes(self) -> int:
+        """Shared memory per ring stage: the x tile and the pieces (bf16), the float32 hc_fn tile, four
+        mbarriers (the node sums at the end alias the x ring)."""
+        return (self.tile_m + N_W) * self.tile_k * 2 + N_MIX * self.tile_k * 4 + 32
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
@@ -219,7 +225,9 @@ class HcMixTmaConfig:
         if regs < need:
             raise ValueError(f"consumer_regs={regs}: this config needs >= {need} (spills below)")
         if self.smem_bytes() > SMEM_LIMIT:
-            raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT})")
+            most = (SMEM_LIMIT - 2048) // self.stage_bytes()
+            raise ValueError(f"{self}: needs {self.smem_bytes()} B of shared memory (> {SMEM_LIMIT}): at most "
+                             f"{most} stages fit at tile_m={self.tile_m}")
 
     def min_consumer_regs(self) -> int:
         """A conservative register count per consumer thread (the CPU tests compile every config that
@@ -387,7 +395,13 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def load(self, tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sWf, ring, w_ring, m_block, kt_begin, kt_end):
         """Producer warp: per k tile of this CTA, in order, the x tile into the ring and the float32 hc_fn
-        tile into the w ring (both rings step together: one state)."""
+        tile into the w ring (both rings step together: one state).
+
+        The w ring's load of a stage waits for the ring's empty barrier first (``ring.producer_acquire``):
+        that is what keeps the split warps (who write the stage's pieces once this load lands) from
+        overwriting pieces the consumers' WGMMAs still read.  Keep that order and the two rings' depths
+        equal: a w load issued earlier, or a deeper w ring, would let the split warps run ahead of the
+        consumers' release."""
         gX = cute.local_tile(tma_X, (self.tile_m, self.tile_k), (m_block, None))  # (tile_m, 64, k tiles)
         gW = cute.local_tile(tma_W, (N_MIX, self.tile_k), (0, None))  # (24, 64, k tiles)
         tXsX, tXgX = cpasync.tma_partition(tma_atom_X, 0, cute.make_layout(1),
@@ -415,8 +429,11 @@ class HcMixTmaKernel(HcMixKernel):
         :func:`.hc_mix.split_pieces`), written into the stage's ``sW`` in the WGMMA's 128B swizzle.  Thread
         ``t`` takes items ``t`` and ``t + 96`` of the tile's 24 x 8 (row, 8 columns); a piece's 8 columns are
         one 16-byte vector, stored at ``chunk ^ (row % 8)`` of its 128-byte row (72-row, 1024-byte aligned
-        stages), so 8 lanes of a row fill one row: no bank conflicts.  Then the proxy fence (WGMMA reads
-        what ordinary stores wrote), the warp's sync and lane 0's arrive on the stage's full barrier."""
+        stages), so 8 lanes of a row fill one row: no bank conflicts (the float32 reads, 32 bytes apart per
+        lane, are 2-way: a few cycles per tile, off the consumers' path).  Then the proxy fence (WGMMA reads
+        what ordinary stores wrote), the warp's sync and lane 0's arrive on the stage's full barrier.  The
+        stage's pieces are free to overwrite because its float32 tile was loaded only after the ring's
+        empty barrier (:meth:`load`)."""
         lane = cute.arch.lane_idx()
         chunks = self.tile_k // VEC
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -650,7 +667,7 @@ class HcMixTmaKernel(HcMixKernel):
         sA = smem.allocate_tensor(Float32, cute.make_layout((rows, SP_COLS), stride=(SP_COLS, 1)),
                                   byte_alignment=16)
         cute.arch.griddepcontrol_wait()
-        cute.arch.griddepcontrol_launch_dependents()  # the next call's walk (given pieces: no split between) may launch
+        cute.arch.griddepcontrol_launch_dependents()  # the next call's walk may launch
         row0 = bidx * rows
         self.reduce_item(mPart, sA, row0, tidx, cutlass.min(m - row0, rows) * SP_COLS)  # rows past M skipped
         cute.arch.sync_threads()

@@ -60,12 +60,18 @@ def parse_config(cls, text: Optional[str], base=None):
     cfg = base if base is not None else cls()
     if not text:
         return cfg
-    items = key_values(text, f"{cls.__name__} config field", [f.name for f in dataclasses.fields(cls)])
+    example = CONFIG_EXAMPLES.get(cls.__name__, "stages=3")
+    items = key_values(text, f"{cls.__name__} config field", [f.name for f in dataclasses.fields(cls)], example)
     kw = {k: _parse_value(k, v, getattr(cfg, k)) for k, v in items.items()}
     return dataclasses.replace(cfg, **kw)
 
 
-def key_values(text: Optional[str], what: str, known, example: str = "tile_m=256,stages=5") -> dict:
+# a valid --config per kernel config class (the messages' example)
+CONFIG_EXAMPLES = {"RankerFwdConfig": "head_dim=128,stages=3,persistent=false", "HcMixTmaConfig": "tile_m=256,stages=4",
+                   "RankerBwdConfig": "head_dim=64,tile_m=128"}
+
+
+def key_values(text: Optional[str], what: str, known, example: str = "stages=3") -> dict:
     """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (values unparsed).  ``ValueError`` naming ``what`` for
     an item without ``=``, a name not in ``known`` or a name given twice (``example``: a valid spec, for
     the message about spaces)."""
@@ -364,7 +370,8 @@ def ranker_bwd_config(text: Optional[str] = None):
     shipped for it, :func:`.ranker_bwd.with_tile_m`) with the given fields replaced.  Not validated."""
     from ..kernels import ranker_bwd as rb
 
-    fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)})
+    fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)},
+                        CONFIG_EXAMPLES["RankerBwdConfig"])
     for name in ("head_dim", "tile_m"):
         if name in fields and not str(fields[name]).lstrip("-").isdigit():
             raise ValueError(f"{name} takes an integer, got {fields[name]!r}")
