@@ -46,8 +46,9 @@ bench/results/2026-11-29_h200_hc_mix_s7.md; split-K Triton baseline in brackets)
 128: 9.5 (16.9); 512: 12.8 (28.7); 1024: 18.5 (56.6); 2048: 28.5 (99.5); 4096: 48.2 (175; 82% of the
 copy rate); 16384: 170 (643).  Session 19 (fast-math epilogue, level-0 fused epilogue,
 bench/results/2026-11-30_h200_hc_mix_s19_final.json): M <= 128 8.5-8.9, 512 12.1, 4096 46.27 (85.8% of the
-run's copy rate), 16384 159.9.  Session 35 (the split in the walk, bench/results/2026-12-02_h200_hc_mix_s35.json,
-two runs): M = 1 9.1-9.2, 128 9.4, 512 12.4-12.6, 4096 48.3-48.4 (82-83%), 16384 170.4-171.3.  Session 6 (before pdl, l2_hints, reduce_rows, overlap at large M):
+run's copy rate), 16384 159.9.  Session 35 (the split in the walk,
+bench/results/2026-12-02_h200_hc_mix_s35.json, two runs): M = 1 9.1-9.2, 128 9.4, 512 12.4-12.6, 4096
+48.3-48.4 (82-83%), 16384 170.4-171.3.  Session 6 (before pdl, l2_hints, reduce_rows, overlap at large M):
 10.0 / 9.8 / 13.6 / 18.6 / 32.2 / 51.8 / 179.  The walk with its math removed took 49.1 us at M =
 4096 (session 7, before those changes): the access pattern, not the math, sets the walk.  Measured on
 the way (bench/results/logs/2026-11-29_s6_*, _s7_*): 32 splits gave 12.5 us at M <= 128 (too few
