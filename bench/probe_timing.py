@@ -7,6 +7,7 @@ import ast
 import json
 import statistics
 import sys
+import time
 
 
 def gpu_script(doc: str | None) -> None:
@@ -185,3 +186,29 @@ def time_configs(cases, rounds: int = 3, reps: int = 8, inner: int = 5, launch=_
                                   for name, ts in res[key].items()}
         print(json.dumps(line), flush=True)
     return medians
+
+
+def per_call_us(fn, n=2000):
+    """Host time of one call (us): ``n`` back-to-back calls, synchronized after."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    us = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def interleaved_best_us(calls: dict, rounds: int = 5) -> dict:
+    """Best of ``rounds`` rounds per call, the calls interleaved within each round (the host's speed drifts
+    between calls of one run: rows timed in one block apart were seen disagreeing by 30%)."""
+    for fn in calls.values():  # warm-up
+        for _ in range(200):
+            fn()
+    best = {name: float("inf") for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            best[name] = min(best[name], per_call_us(fn))
+    return {name: round(us, 2) for name, us in best.items()}

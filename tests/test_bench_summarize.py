@@ -255,7 +255,7 @@ def test_qknorm_bench_scripts_command_line(script):
 
 
 @pytest.mark.parametrize("script", ["size1_stride_probe.py", "hc_mix_read_floor.py", "host_breakdown.py",
-                                    "hc_mix_splitk_triton.py", "qknorm_quick.py"])
+                                    "hc_mix_host_breakdown.py", "hc_mix_splitk_triton.py", "qknorm_quick.py"])
 def test_gpu_scripts_help_and_no_gpu(script):
     """Bench scripts that time on the GPU (``probe_timing.gpu_script`` first): --help prints the docstring and
     exits 0 (before any GPU or Triton import); without a GPU a plain run exits 2 saying so, no traceback."""
