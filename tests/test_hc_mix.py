@@ -209,18 +209,26 @@ def test_unknown_method_refused_before_anything_else(method):
 
 
 def test_method_option_routes_after_validation(monkeypatch):
-    """Both methods validate the same way, then launch their own kernel (nothing else); "tma" is the
-    default."""
+    """Both methods validate once per argument signature (the method part of it) and keep their launch plan:
+    the walk's or the TMA kernel's compiled function, compiled at the first launch, and the TMA kernel's
+    workspace rows; "tma" is the default."""
     from cute_kernels.kernels import hc_mix_tma
 
-    calls = []
-    monkeypatch.setattr(mod, "_validate_cached", lambda *a, **k: calls.append("validate"))
-    monkeypatch.setattr(hc_mix_tma, "launch", lambda *a, **k: calls.append("tma") or "tma-out")
-    monkeypatch.setattr(mod, "_launch", lambda *a, **k: calls.append("walk") or "walk-out")
+    full = mod._validate
+    monkeypatch.setattr(mod, "_validate", lambda *a, **kw: full(*a, **kw, cuda=False))
+    monkeypatch.setattr(mod, "_VALIDATED", {})
+    compiles = []
+    monkeypatch.setattr(mod, "_compile", lambda cfg: compiles.append("walk") or "walk-fn")
+    monkeypatch.setattr(hc_mix_tma, "_compile", lambda cfg: compiles.append("tma") or "tma-fn")
+    seen = []
+    monkeypatch.setattr(mod, "run_compiled", lambda compiled, *a, workspace_rows=None, **kw:
+                        seen.append((compiled(), workspace_rows)) or "out")
     x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
-    assert cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24), method="walk") == "walk-out"
-    assert cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24)) == "tma-out"
-    assert calls == ["validate", "walk", "validate", "tma"]
+    for kw in (dict(method="walk"), {}, dict(method="walk"), dict(method="tma")):
+        assert cute_kernels.hc_mix_sinkhorn(x, w, torch.ones(3), torch.zeros(24), **kw) == "out"
+    tma_rows = hc_mix_tma.workspace_rows(4, hc_mix_tma.config_for(4))
+    assert seen == [("walk-fn", None), ("tma-fn", tma_rows), ("walk-fn", None), ("tma-fn", tma_rows)]
+    assert len(mod._VALIDATED) == 2 and compiles == ["walk", "tma"]  # one plan and one compile per method
 
 
 def test_method_option_in_the_op_schema():
