@@ -590,8 +590,8 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
     if isinstance(hc_fn, torch.Tensor) and hc_fn.dtype == torch.bfloat16 and hc_fn.dim() == 2 \
             and hc_fn.shape[0] == N_PIECES * N_MIX:
-        raise TypeError("hc_fn is a [72, K] bf16 tensor: the pieces of session 34's hc_mix_split_weights, removed "
-                        "in session 35 (the kernels split hc_fn themselves); pass the float32 hc_fn [24, K]")
+        raise TypeError("hc_fn is a [72, K] bf16 tensor, the pieces the removed hc_mix_split_weights made; the "
+                        "kernels split hc_fn themselves now: pass the float32 hc_fn [24, K]")
     check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
     check_extent("hc_fn", hc_fn)  # (the walk's 32-bit offsets; a padded row stride can pass 2**31 elements)
     check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4,
