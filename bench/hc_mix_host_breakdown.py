@@ -12,7 +12,6 @@ lookup alone, the four allocations, and torch.mul for scale.
 from probe_timing import gpu_script  # noqa: E402
 
 gpu_script(__doc__)
-import json
 import math
 
 import torch
@@ -20,7 +19,7 @@ import torch
 import cute_kernels
 from cute_kernels.kernels import hc_mix as mod
 from cute_kernels.kernels import hc_mix_tma as tma
-from probe_timing import interleaved_best_us
+from probe_timing import report_host_times
 
 
 def main():
@@ -58,10 +57,7 @@ def main():
                                   x.new_empty(ws.shape, dtype=torch.float32)),
         "torch.mul (2048 bf16)": lambda: torch.mul(y, 2.0),
     }
-    res = interleaved_best_us(calls)
-    for name, us in res.items():
-        print(f"{name:<44} {us:7.2f} us", flush=True)
-    print(json.dumps(res))
+    report_host_times(calls, width=44)
 
 
 if __name__ == "__main__":

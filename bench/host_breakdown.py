@@ -13,14 +13,13 @@ calls with and without the LSE; torch.mul for scale.
 from probe_timing import gpu_script  # noqa: E402
 
 gpu_script(__doc__)
-import json
 
 import torch
 
 import cute_kernels
 from cute_kernels.kernels import ranker_fwd as fwd
 from cute_kernels.runtime import torch_op
-from probe_timing import interleaved_best_us
+from probe_timing import report_host_times
 
 
 def main():
@@ -55,10 +54,7 @@ def main():
                                                        128, max_ctas),
         "torch.mul (2048 bf16)": lambda: torch.mul(x, 2.0),
     }
-    res = interleaved_best_us(calls)
-    for name, us in res.items():
-        print(f"{name:<32} {us:7.2f} us", flush=True)
-    print(json.dumps(res))
+    report_host_times(calls)
 
 
 if __name__ == "__main__":

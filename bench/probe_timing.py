@@ -212,3 +212,13 @@ def interleaved_best_us(calls: dict, rounds: int = 5) -> dict:
         for name, fn in calls.items():
             best[name] = min(best[name], per_call_us(fn))
     return {name: round(us, 2) for name, us in best.items()}
+
+
+def report_host_times(calls: dict, width: int = 32) -> dict:
+    """:func:`interleaved_best_us` of ``calls``, printed one row per call (name padded to ``width``), then as one
+    JSON line; returns the times."""
+    res = interleaved_best_us(calls)
+    for name, us in res.items():
+        print(f"{name:<{width}} {us:7.2f} us", flush=True)
+    print(json.dumps(res))
+    return res
