@@ -290,6 +290,21 @@ def test_eps_that_float32_would_flush_to_zero_is_refused(name):
     mod._check_scalars(20, **{"rms_eps": 1e-6, "hc_eps": 1e-6, name: 0.0})
 
 
+def test_overlapping_rows_of_x_are_refused():
+    """A row stride below K (rows that overlap) is refused by both methods before any launch (the kernels' loads
+    were tested on distinct rows only); a single row may have any stride."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        buf = torch.empty(8 * 64 + 64, dtype=torch.bfloat16)
+        scale, base, w = torch.empty(3), torch.empty(24), torch.empty(24, 128)
+        for method in ("tma", "walk"):
+            with pytest.raises(ValueError, match="rows overlap"):
+                torch.ops.cute_kernels.hc_mix_sinkhorn(buf.as_strided((8, 128), (64, 1)), w, scale, base,
+                                                       method=method)
+            torch.ops.cute_kernels.hc_mix_sinkhorn(buf.as_strided((1, 128), (64, 1)), w, scale, base, method=method)
+
+
 def test_hc_fn_must_be_float32_for_both_methods():
     """hc_fn is the float32 [24, K] for both methods (the kernels split it themselves): bf16 (a model cast to
     bf16), or 72 rows (the bf16 pieces session 34's hc_mix_split_weights made), is refused before any launch."""

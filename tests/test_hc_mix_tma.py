@@ -60,7 +60,8 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(tile_m=256, consumer_regs=176), "needs >="),
                                       (dict(tile_m=256, cta_level=1, consumer_regs=232), "more than the 232"),
                                       (dict(overlap=True, cta_level=0, consumer_regs=176), "needs >="),
-                                      (dict(tile_m=256, overlap=True), "overlap")])
+                                      (dict(tile_m=256, overlap=True), "overlap"),
+                                      (dict(producer_regs=24), "split warps")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
         mod.HcMixTmaConfig(**kw).validate()
@@ -161,8 +162,25 @@ def test_mix_buffer_is_checked_before_launch(monkeypatch):
     for bad in (torch.zeros(3, 25), torch.zeros(4, 25, dtype=torch.float64), torch.zeros(25, 4).t()):
         with pytest.raises((ValueError, TypeError)):
             mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=bad)
+    with pytest.raises(ValueError, match="mix shares memory with hc_fn"):  # written while hc_fn is read
+        mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=w.view(-1)[:100].view(4, 25))
     with pytest.raises(AssertionError, match="launched"):  # a right-sized mix gets to the launch
         mod.hc_mix_sinkhorn_tma(x, w, s, b, mix=torch.zeros(4, 25))
+
+
+def test_a_workspace_past_32_bit_offsets_is_refused(monkeypatch):
+    """A caller's config with 128 CTAs per row tile makes a workspace of ceil(M / 128) * 128 * 128 rows of 25:
+    past 2**31 elements at M ~ 671k (the op's limit is 1048560), which the kernels' 32-bit offsets would
+    wrap; the shipped picks stay far below it."""
+    monkeypatch.setattr(mod, "run_compiled", lambda *a, **k: "launched")
+    cfg = mod.HcMixTmaConfig(tree=(16, 8), cta_level=2)
+    args = (torch.empty(24, 64, device="meta"), torch.empty(3, device="meta"), torch.empty(24, device="meta"),
+            20, 1e-6, 1e-6)
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        mod.launch(torch.empty(700_000, 64, dtype=torch.bfloat16, device="meta"), *args, config=cfg)
+    assert mod.launch(torch.empty(600_000, 64, dtype=torch.bfloat16, device="meta"), *args, config=cfg) == "launched"
+    big = base.MAX_ROWS
+    assert mod.workspace_rows(big, mod.config_for(big)) * base.SP_COLS < 2**31
 
 
 @pytest.mark.parametrize("m", [1, 127, 300])

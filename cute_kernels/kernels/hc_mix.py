@@ -55,7 +55,8 @@ cluster re-reads all of hc_fn (2 MB fp32) from L2 (128 clusters: 256 MB of L2 re
 The redesign (one TMA producer warp, 128/256-row x tiles, ``wgmma m64n72k16`` with the pieces as B,
 squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, the op's default ``method="tma"``: 48.2 us at
 M=4096, 9.1-9.5 us at M <= 128, faster than this kernel at every M measured (session 7; 46.3 and 8.5-8.9 us
-since session 19; its docstring has the figures and what limits it).  Its bits differ from this kernel's, so the two are separate
+in session 19 with pre-split weights, 48.3 and 9.1-9.4 since session 35 with the split in the kernel; its
+docstring has the figures and what limits it).  Its bits differ from this kernel's, so the two are separate
 methods of the op, not a switch on M.
 
 Reduction order (bitwise determinism and batch invariance): a chunk's value is the MMA chain
@@ -549,14 +550,15 @@ def _compile(config: HcMixConfig):
 
 
 def compile_targets() -> list[CompileTarget]:
-    """The walk's shipped configs and the configs ``method="tma"`` picks (hc_mix_tma.config_for), so
-    ``cute-kernels compile --kernel hc_mix`` prebuilds both methods."""
+    """The configs ``method="tma"`` (the default) picks (hc_mix_tma.config_for), first, then the walk's shipped
+    configs, so ``cute-kernels compile --kernel hc_mix`` prebuilds both methods."""
     from . import hc_mix_tma
 
     tma = {hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
-    return ([CompileTarget(NAME, f"tile_m={c.tile_m} {c}", c, build=lambda c=c: _compile(c)) for c in SHIPPED]
-            + [CompileTarget(hc_mix_tma.NAME, f"method=tma tile_m={c.tile_m} {c}", c,
-                             build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)])
+    return ([CompileTarget(hc_mix_tma.NAME, f"method=tma tile_m={c.tile_m} {c}", c,
+                           build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)]
+            + [CompileTarget(NAME, f"method=walk tile_m={c.tile_m} {c}", c, build=lambda c=c: _compile(c))
+               for c in SHIPPED])
 
 
 def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
@@ -588,6 +590,9 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     k = x.shape[1]
     _check_k("x.shape[1]", k)
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
+    if x.shape[0] > 1 and x.stride(0) < k:
+        raise ValueError(f"x's rows overlap (row stride {x.stride(0)} < K={k}): not supported (the kernels' "
+                         "loads were tested on distinct rows only); pass x.contiguous()")
     if isinstance(hc_fn, torch.Tensor) and hc_fn.dtype == torch.bfloat16 and hc_fn.dim() == 2 \
             and hc_fn.shape[0] == N_PIECES * N_MIX:
         raise TypeError("hc_fn is a [72, K] bf16 tensor, the pieces the removed hc_mix_split_weights made; the "
@@ -598,8 +603,6 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
                  data_pointer=pointers)
     check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
-    if hc_scale.dim() and hc_scale.stride(0) != 1 or hc_base.stride(0) != 1:
-        raise ValueError("hc_scale and hc_base must be contiguous")
     check_same_device(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)
     if x.shape[0] > MAX_ROWS:
         raise ValueError(f"x has {x.shape[0]} rows; at most {MAX_ROWS} supported")
@@ -616,7 +619,7 @@ def _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_ep
         _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
         if method == "walk":
             _check_walk_extent(x)
-        return _plan(x.shape[0], method)
+        return _plan(x.shape[0], method)  # (config_for's configs: workspace offsets within 32 bits)
 
     return validated_once(_VALIDATED, (x, hc_fn, hc_scale, hc_base), (sinkhorn_iters, rms_eps, hc_eps, method),
                           lambda: not (x.data_ptr() % 16 or hc_fn.data_ptr() % 16 or hc_scale.data_ptr() % 4

@@ -74,7 +74,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_tensor
-from ..runtime.validate import check_int, check_tensor
+from ..runtime.validate import INT32_MAX, check_int, check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _split3_bf16x2, _validate,
                      fake_launch_args, run_compiled, split_pieces)
@@ -90,6 +90,7 @@ TREE = (4, 2, 2, 2, 2)  # the shipped reduction tree of K: 64 splits (5 k tiles 
 SPLIT_WARPS = 3  # producer warpgroup warps 1-3: split each float32 hc_fn tile into the bf16 pieces
 SPLIT_THREADS = 32 * SPLIT_WARPS
 VEC = 8  # columns per split item: two 16-byte float32 loads, one 16-byte bf16 store per piece
+MIN_PRODUCER_REGS = 32  # the split warps' code: R0-R35 at 40 registers, no spills at 32, 24 B of stack at 24
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,9 @@ class HcMixTmaConfig:
             raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the 232 a "
                              "384-thread CTA can give: use tile_m=128, no overlap, or a higher cta_level")
         regs = self.consumer_registers
+        if self.producer_regs < MIN_PRODUCER_REGS:
+            raise ValueError(f"producer_regs={self.producer_regs}: the split warps (producer warpgroup warps 1-3) "
+                             f"need >= {MIN_PRODUCER_REGS} (spills below)")
         sm90.check_register_split(self.producer_regs, regs, 2)  # setmaxnreg's range and the CTA's pool
         if self.producer_regs > regs:
             raise ValueError(f"producer_regs={self.producer_regs} > consumer {regs}: the producer must not get more")
@@ -741,7 +745,8 @@ def _config_for(m: int) -> HcMixTmaConfig:
 
 
 def level_range(m: int) -> tuple[int, int]:
-    """The widest ``(lo, hi)`` around ``m`` (``lo <= m <= hi``, at most 2**20) over which :func:`config_for`
+    """The widest ``(lo, hi)`` around ``m`` (``lo <= m <= hi``; the search stops at 2**20 rows, or at m
+    above that) over which :func:`config_for`
     picks the same CTA level as for ``m`` (the pick depends on the row-tile count only and is not
     monotone in M: e.g. level 1 at M = 4096, level 3 at 5000, level 0 at 16384, level 1 at 20000).
     ``m``: int >= 0."""
@@ -783,12 +788,13 @@ def workspace_rows(m: int, config: HcMixTmaConfig) -> int:
 def hc_mix_sinkhorn_tma(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                         sinkhorn_iters: int = 20, rms_eps: float = 1e-6, hc_eps: float = 1e-6,
                         config: HcMixTmaConfig | None = None, mix: torch.Tensor | None = None):
-    """:func:`.hc_mix.hc_mix_sinkhorn` on the TMA + WGMMA kernel (faster than the walk at every M
-    measured on the H200 in a CUDA graph; see the module docstring).  Same arguments, rules, errors and
-    outputs; batch invariant on its own, but its bits differ from ``hc_mix_sinkhorn``'s: use one of
-    the two for every call.  ``config``
-    (default :func:`config_for` (M)); ``mix`` (``[M, 25]`` float32, contiguous, on x's device), when
-    given, receives the raw ``a`` and sum x^2 of each row (``config.store_mix`` follows it)."""
+    """:func:`.hc_mix.hc_mix_sinkhorn` (``method="tma"``, its default) with config and raw-statistics access:
+    the same kernel, so the same bits (batch invariant; they differ from ``method="walk"``'s), the same
+    argument rules, errors and outputs, but a plain Python function, not the registered op: eager calls on
+    CUDA tensors only (no meta / fake tensors, no torch.compile tracing).  ``config`` (an
+    :class:`HcMixTmaConfig`, validated; default :func:`config_for` (M); ``ValueError`` where its workspace would
+    pass 2**31 elements); ``mix`` (``[M, 25]`` float32, contiguous, on x's device, not overlapping any input),
+    when given, receives the raw ``a`` and sum x^2 of each row (``config.store_mix`` follows it)."""
     _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
     return launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=config, mix=mix)
 
@@ -812,13 +818,20 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         check_tensor(name, t, dtypes=(torch.float32,), shape=shape, align_bytes=4)
         if not t.is_contiguous() or t.device != x.device:
             raise ValueError(f"{name} must be contiguous and on x's device")
+    if buffers:  # (the kernels write them while other CTAs still read x and hc_fn)
+        check_outputs_disjoint({name: t for name, t, _ in buffers}, dict(x=x, hc_fn=hc_fn, hc_scale=hc_scale,
+                                                                          hc_base=hc_base))
     if config is not None:  # a caller's config: checked whole before anything is sized from it
         if not isinstance(config, HcMixTmaConfig):
             raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
         config.validate()
     cfg = _launch_config(config or config_for(x.shape[0]), mix is not None)
+    rows = workspace_rows(m, cfg)
+    if rows * SP_COLS > INT32_MAX:  # (a caller's config with many CTAs per row tile and a large M)
+        raise ValueError(f"M={m} with {cfg.ctas_per_tile} CTAs per row tile needs a workspace of {rows} x {SP_COLS} "
+                         "elements, past the kernels' 32-bit offsets: use a lower cta_level or fewer rows per call")
     return run_compiled(lambda: _compile(cfg), x, hc_fn, hc_scale, hc_base, sinkhorn_iters,
-                        rms_eps, hc_eps, mix=mix, out=out, workspace_rows=workspace_rows(x.shape[0], cfg))
+                        rms_eps, hc_eps, mix=mix, out=out, workspace_rows=rows)
 
 
 def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | None = None) -> torch.Tensor:
