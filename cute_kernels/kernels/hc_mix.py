@@ -84,7 +84,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, register_flops
 from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, check_int, check_same_device,
-                                check_extent, check_tensor, element_span, validated_once)
+                                check_distinct_rows, check_extent, check_tensor, element_span, validated_once)
 
 NAME = "hc_mix"
 MAX_ROWS = 65535 * 16  # rows of x: 65535 row blocks of 16 (the grid's y limit)
@@ -590,9 +590,8 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     k = x.shape[1]
     _check_k("x.shape[1]", k)
     check_tensor("x", x, cuda=cuda, data_pointer=pointers)  # then the alignment of pointer and row stride
-    if x.shape[0] > 1 and x.stride(0) < k:
-        raise ValueError(f"x's rows overlap (row stride {x.stride(0)} < K={k}): not supported (the kernels' "
-                         "loads were tested on distinct rows only); pass x.contiguous()")
+    check_distinct_rows("x", x, "not supported (the kernels' loads were tested on distinct rows only); pass "
+                             "x.contiguous()")
     if isinstance(hc_fn, torch.Tensor) and hc_fn.dtype == torch.bfloat16 and hc_fn.dim() == 2 \
             and hc_fn.shape[0] == N_PIECES * N_MIX:
         raise TypeError("hc_fn is a [72, K] bf16 tensor, the pieces the removed hc_mix_split_weights made; the "

@@ -75,8 +75,8 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import (check_extent, check_f32_eps, check_float_tensors, check_int, check_same_device,
-                                check_tensor, F32_MAX, INT32_MAX)
+from ..runtime.validate import (check_distinct_rows, check_extent, check_f32_eps, check_float_tensors, check_int,
+                                check_same_device, check_tensor, F32_MAX, INT32_MAX)
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -862,9 +862,7 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
         raise ValueError(f"q, k, q_weight, k_weight must be on one device, got {q.device}, {k.device}, "
                          f"{q_weight.device}, {k_weight.device}")
     for name, t in (("q", q), ("k", k)):
-        if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
-            raise ValueError(f"{name}'s rows overlap in memory (row stride {t.stride(0)} < width {t.shape[1]}): "
-                             "an in-place op needs distinct rows")
+        check_distinct_rows(name, t, "an in-place op needs distinct rows")
     if q is k:
         raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
     check_extent("q", q)  # 32-bit element offsets

@@ -114,6 +114,13 @@ def check_extent(name: str, t: torch.Tensor, *, limit: int = INT32_MAX) -> None:
                          f"kernels index with 32-bit offsets (at most {limit}): split the call")
 
 
+def check_distinct_rows(name: str, t: torch.Tensor, why: str) -> None:
+    """``ValueError`` (ending in ``why``) when the rows of the 2-D tensor ``t`` overlap in memory (more than
+    one row and a row stride below the width)."""
+    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+        raise ValueError(f"{name}'s rows overlap in memory (row stride {t.stride(0)} < width {t.shape[1]}): {why}")
+
+
 def check_real(name: str, value, *, low: float | None = None, high: float = F32_MAX, low_open: bool = False) -> float:
     """A real scalar argument (``int``/``float``/numpy real; not ``bool``, not a string) as a float.
 
