@@ -618,7 +618,7 @@ def _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_ep
         _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
         if method == "walk":
             _check_walk_extent(x)
-        return _plan(x.shape[0], method)  # (config_for's configs: workspace offsets within 32 bits)
+        return _plan(x.shape[0], method)
 
     return validated_once(_VALIDATED, (x, hc_fn, hc_scale, hc_base), (sinkhorn_iters, rms_eps, hc_eps, method),
                           lambda: not (x.data_ptr() % 16 or hc_fn.data_ptr() % 16 or hc_scale.data_ptr() % 4
@@ -633,8 +633,8 @@ def _plan(m: int, method: str) -> tuple:
     if method == "tma":
         from . import hc_mix_tma
 
-        cfg = hc_mix_tma._launch_config(hc_mix_tma.config_for(m), False)
-        return functools.cache(lambda: hc_mix_tma._compile(cfg)), hc_mix_tma.workspace_rows(m, cfg)
+        cfg, rows = hc_mix_tma.sized_config(m)
+        return functools.cache(lambda: hc_mix_tma._compile(cfg)), rows
     cfg = config_for(m, store_mix=False)
     return functools.cache(lambda: _compile(cfg)), None
 

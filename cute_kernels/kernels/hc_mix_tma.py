@@ -807,6 +807,18 @@ def _launch_config(config: HcMixTmaConfig, store_mix: bool) -> HcMixTmaConfig:
     return dataclasses.replace(config, store_mix=store_mix)
 
 
+def sized_config(m: int, config: HcMixTmaConfig | None = None, store_mix: bool = False) -> tuple:
+    """``(config compiled for the call, workspace rows)`` of an M-row call with ``config`` (validated; default
+    :func:`config_for` (M)); ``ValueError`` where the workspace would pass the kernels' 32-bit offsets (a
+    caller's config with many CTAs per row tile and a large M: the shipped picks stay far below)."""
+    cfg = _launch_config(config or config_for(m), store_mix)
+    rows = workspace_rows(m, cfg)
+    if rows * SP_COLS > INT32_MAX:
+        raise ValueError(f"M={m} with {cfg.ctas_per_tile} CTAs per row tile needs a workspace of {rows} x {SP_COLS} "
+                         "elements, past the kernels' 32-bit offsets: use a lower cta_level or fewer rows per call")
+    return cfg, rows
+
+
 def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=None, mix=None, out=None):
     """Launch on validated inputs (``hc_mix_sinkhorn(..., method="tma")`` and
     :func:`hc_mix_sinkhorn_tma` come here); ``out`` = preallocated (pre, post, comb) (tests poison them)."""
@@ -825,11 +837,7 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
         if not isinstance(config, HcMixTmaConfig):
             raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
         config.validate()
-    cfg = _launch_config(config or config_for(x.shape[0]), mix is not None)
-    rows = workspace_rows(m, cfg)
-    if rows * SP_COLS > INT32_MAX:  # (a caller's config with many CTAs per row tile and a large M)
-        raise ValueError(f"M={m} with {cfg.ctas_per_tile} CTAs per row tile needs a workspace of {rows} x {SP_COLS} "
-                         "elements, past the kernels' 32-bit offsets: use a lower cta_level or fewer rows per call")
+    cfg, rows = sized_config(m, config, mix is not None)
     return run_compiled(lambda: _compile(cfg), x, hc_fn, hc_scale, hc_base, sinkhorn_iters,
                         rms_eps, hc_eps, mix=mix, out=out, workspace_rows=rows)
 
