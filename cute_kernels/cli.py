@@ -243,7 +243,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_layouts(args) -> int:
-    from .layouts.kernel_layouts import write_report
+    from .layouts.kernel_layouts import older_pictures, write_report
     from .runtime.arch import check_target_arch
 
     try:  # the kernels' layouts come from their sm_90a atoms: another target is refused up front
@@ -270,6 +270,11 @@ def cmd_layouts(args) -> int:
         return 2
     print(text, end="")
     print(f"wrote {len(files)} file{'' if len(files) == 1 else 's'} to {args.out}")
+    older = older_pictures(args.out, files)
+    if older:
+        shown = ", ".join(older[:4]) + (", ..." if len(older) > 4 else "")
+        print(f"note: {args.out} also holds {len(older)} older picture file{'' if len(older) == 1 else 's'} "
+              f"that this run did not write ({shown}); report.txt lists this run's", file=sys.stderr)
     return 0
 
 

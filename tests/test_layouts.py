@@ -314,6 +314,24 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
     assert "applies to ranker_fwd, ranker_bwd and hc_mix only" in capsys.readouterr().err
 
 
+def test_cli_layouts_names_older_pictures(tmp_path, capsys):
+    """A second run into a folder that holds the first run's pictures: report.txt lists only its own
+    pictures, and the command names the older ones (nothing is deleted)."""
+    from cute_kernels.cli import main
+
+    assert main(["layouts", "--kernel", "ranker_fwd", "--config", "head_dim=64", "--out", str(tmp_path)]) == 0
+    first = {p.name for p in tmp_path.iterdir()} - {"report.txt"}
+    assert "older picture" not in capsys.readouterr().err
+    assert main(["layouts", "--kernel", "hc_mix", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    report = (tmp_path / "report.txt").read_text()
+    listed = {line.strip() for line in report.split("pictures of this report:\n")[1].splitlines()}
+    now = {p.name for p in tmp_path.iterdir()} - {"report.txt"}
+    older = now - listed
+    assert listed and listed <= now and older and older <= first  # the first run's files all stay
+    assert f"also holds {len(older)} older picture files" in err
+
+
 def test_hc_mix_tma_layouts_match_the_kernel_and_draw(tmp_path):
     """hc_mix (its default TMA kernel): the rings the kernel builds (128B swizzle, one TMA box per
     stage and ring), squares conflict-free only with the swizzle, the budget equal to the config's

@@ -702,6 +702,18 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
         text = "\n".join(lines) + "\n"
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "report.txt")
+    names = sorted(os.path.basename(f) for f in files)
+    if names:  # which pictures are this report's, in a folder that may hold older ones
+        text += "pictures of this report:\n" + "".join(f"  {n}\n" for n in names)
     with open(path, "w") as f:
         f.write(text)
     return text, files + [path]
+
+
+def older_pictures(out_dir: str, files: list[str]) -> list[str]:
+    """The picture files (``.png``, ``.svg``, ``.pdf``) in ``out_dir`` that ``files`` (what a
+    :func:`write_report` call wrote) does not name: left there by an earlier run, e.g. of another
+    kernel or config, and not described by the new ``report.txt``.  Nothing is deleted."""
+    ours = {os.path.basename(f) for f in files}
+    return sorted(n for n in os.listdir(out_dir)
+                  if n not in ours and os.path.splitext(n)[1].lower() in (".png", ".svg", ".pdf"))
