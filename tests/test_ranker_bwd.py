@@ -1054,3 +1054,20 @@ def test_wrong_config_type_on_meta_tensors_is_a_type_error():
     bounds = torch.empty(1, 4, dtype=torch.int32, device="meta")
     with pytest.raises(TypeError, match="RankerBwdConfig, got str"):
         rb.ranker_attention_backward(q, q, q, q, lse, q, bounds, config="fast")
+
+
+def test_meta_backward_checks_the_dq_accumulator_extent():
+    """Many short packed sequences pad the float32 dQ accumulator (rows to whole q tiles per sequence) past
+    2**31 elements while q stays below: the backward's fake refuses it too, so a model checked on meta
+    tensors (or traced by torch.compile) learns of it before its first real backward."""
+    t, h, d, nb = 2**19, 16, 128, 2**14
+    q = torch.empty(t, h, d, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    cu = torch.empty(nb + 1, dtype=torch.int32, device="meta")
+    bounds = torch.empty(nb, 4, dtype=torch.int32, device="meta")
+    out = cute_kernels.ranker_attention(q, q, q, bounds, cu_seqlens=cu, max_seqlen=32)  # the forward fits
+    with pytest.raises(ValueError, match="dQ accumulator .* split the batch"):
+        out.sum().backward()
+    half = torch.empty(t, h, d, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    few = nb // 4  # T + 64 B rows x Hq x D below 2**31: accepted
+    cute_kernels.ranker_attention(half, half, half, bounds[:few], cu_seqlens=cu[:few + 1], max_seqlen=32).sum().backward()
+    assert half.grad.shape == half.shape

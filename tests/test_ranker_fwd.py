@@ -974,3 +974,73 @@ def test_flop_counter_counts_useful_flops():
     dense = 2 * 64 * 64 * 4 * 64  # B S S Hq D
     assert counts["cute_kernels.ranker_attention_fwd"] == 4 * dense  # 2 FLOPs per multiply-add, 2 GEMMs
     assert counts["cute_kernels.ranker_attention_bwd"] == 10 * dense
+
+
+def test_shipped_config_refuses_bad_arguments():
+    """A typo in the cap method, another dtype (a string included) or head dim: a clear error, not another
+    config (session 36 review: ``"tahn"`` gave the uncapped config, float32 the float16 one)."""
+    for args, exc, msg in (((torch.bfloat16, 128, "tahn"), ValueError, "cap_method='tahn'"),
+                           ((torch.float32, 128), TypeError, "torch.bfloat16 or torch.float16"),
+                           (("bfloat16", 128), TypeError, "torch.bfloat16 or torch.float16"),
+                           ((torch.bfloat16, 96), ValueError, "head_dim=96"),
+                           ((torch.bfloat16, True), ValueError, "head_dim=True")):
+        with pytest.raises(exc, match=re.escape(msg)):
+            rf.shipped_config(*args)
+
+
+def test_use_config_docstring_example_fits():
+    """The one-field change ``use_config``'s docstring shows validates (its earlier example, stages=3 on the
+    persistent D=128 config, needed more smem than the SM has)."""
+    assert 'tile_n=96)' in rf.use_config.__doc__
+    cfg = dataclasses.replace(rf.shipped_config(torch.bfloat16, 128, "none"), tile_n=96)
+    with rf.use_config(cfg):
+        assert rf._OVERRIDES[128] is cfg
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(rf.shipped_config(torch.bfloat16, 128, "none"), stages=3).validate()
+
+
+def test_prefetch_self_kv_needs_self_kv_tma():
+    cfg = rf.shipped_config(torch.bfloat16, 128, "none")
+    assert cfg.prefetch_self_kv and cfg.self_kv_tma
+    with pytest.raises(ValueError, match="prefetch_self_kv .* needs self_kv_tma"):
+        dataclasses.replace(cfg, self_kv_tma=False).validate()
+    dataclasses.replace(cfg, self_kv_tma=False, prefetch_self_kv=False).validate()
+
+
+def test_fake_clamps_max_seqlen_like_the_eager_call():
+    """A packed call with a generous max_seqlen (allowed up to 2**31 - 1) is checked against the work-tile
+    limit with max_seqlen clamped to the packed total, as the eager call does: accepted on meta tensors
+    (and so under torch.compile); a numpy integer is checked too."""
+    np = pytest.importorskip("numpy")
+    q = torch.empty(4096, 128, 128, dtype=torch.bfloat16, device="meta")
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    bounds = torch.empty(2, 4, dtype=torch.int32, device="meta")
+    for ms in (2**31 - 1, np.int64(2**31 - 1)):
+        assert cute_kernels.ranker_attention(q, q, q, bounds, cu_seqlens=cu, max_seqlen=ms).shape == q.shape
+    big = torch.empty(2**23, 1, 64, dtype=torch.bfloat16, device="meta")  # 2**16 tiles x 2**15 sequences
+    cu_many = torch.empty(2**15 + 1, dtype=torch.int32, device="meta")
+    b_many = torch.empty(2**15, 4, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="work tiles"):
+        cute_kernels.ranker_attention(big, big, big, b_many, cu_seqlens=cu_many, max_seqlen=np.int64(2**23))
+
+
+def test_func_transforms_over_bounds_are_refused():
+    """vmap over the bounds alone (q, k, v plain tensors): the documented NotImplementedError, not a
+    data-pointer or device error from deeper down."""
+    q = torch.zeros(1, 16, 2, 64, dtype=torch.bfloat16)
+    bounds = torch.tensor([[[0, 8, 8, 16]], [[0, 4, 4, 16]]], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.vmap(lambda b: cute_kernels.ranker_attention(q, q, q, b))(bounds)
+
+
+def test_reference_takes_any_real_scale_and_cap():
+    """The argument checks accept any real number (Fraction included); the reference computes with it."""
+    import fractions
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 16, 2, 64, dtype=torch.float64) for _ in range(3))
+    bounds = torch.tensor([[0, 8, 8, 16]], dtype=torch.int32)
+    got = rf.ranker_attention_reference(q, k, v, bounds, softmax_scale=fractions.Fraction(1, 10),
+                                        cap=fractions.Fraction(5), compute_dtype=torch.float64)
+    want = rf.ranker_attention_reference(q, k, v, bounds, softmax_scale=0.1, cap=5.0, compute_dtype=torch.float64)
+    assert torch.equal(got, want)

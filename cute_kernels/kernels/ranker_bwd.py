@@ -1197,9 +1197,18 @@ def _fn(kind: str, *key):
     return fn
 
 
+def accum_row_shape(seq: int, nb: int, hq: int, tile_m: int, varlen: bool) -> tuple:
+    """The row shape of the float32 dQ accumulator (and of the per-row LSE / dPsum buffers): ``(B, Hq,
+    rows)``, or ``(Hq, rows)`` packed, ``rows`` padded to whole q tiles per sequence (:func:`padded_rows`)."""
+    rows = padded_rows(seq, nb, tile_m, varlen)
+    return (hq, rows) if varlen else (nb, hq, rows)
+
+
 def check_accum_extent(row_shape: tuple, d: int) -> None:
     """The float32 dQ accumulator ``row_shape + (d,)`` (rows padded to whole q tiles per sequence) must
-    stay within the kernels' 32-bit element offsets: ``ValueError`` (before any launch) otherwise."""
+    stay within the kernels' 32-bit element offsets: ``ValueError`` (before any launch) otherwise.  Packed
+    calls pad every sequence to whole q tiles (T + B * tile_m rows), so many short sequences reach it
+    before q does (T = 2**19, B = 16384, Hq = 16, D = 128)."""
     numel = math.prod(row_shape) * d
     if numel > INT32_MAX:
         raise ValueError(f"the backward's dQ accumulator {list(row_shape) + [d]} would hold {numel} elements; the "
@@ -1318,8 +1327,10 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dlse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
         a wrong ``config``/``deterministic`` type, bad ``cu_seqlens`` values, unsupported head
-        dims, B or Hq above 65535 (the grids' y/z limit): all before any buffer is written or kernel
-        launched.
+        dims, B or Hq above 65535 (the grids' y/z limit), a float32 dQ accumulator of 2^31 elements or
+        more (:func:`check_accum_extent`: rows padded to whole q tiles per sequence): all before any
+        buffer is written or kernel launched (the accumulator's extent on meta tensors and under
+        torch.compile too).
     Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
     GQA dK/dV from float32 accumulators when the mainloop ran one query head per CTA, candidate self
     terms); see the module docstring (GQA: :func:`resolve_gqa_group` picks a group per CTA or one
@@ -1370,8 +1381,7 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         max_seqlen, _ = _varlen_extent(q, cu_seqlens, seq, max_seqlen)
     else:
         max_seqlen = seq
-    rows = padded_rows(seq, nb, cfg.tile_m, varlen)
-    row_shape = (hq, rows) if varlen else (nb, hq, rows)
+    row_shape = accum_row_shape(seq, nb, hq, cfg.tile_m, varlen)
     check_accum_extent(row_shape, d)  # (before the varlen zeroing below: no buffer written, then an error)
     # (empty_like / new_empty: 2.6 and 1.5 us less host time per buffer than torch.empty(..., device=) on the H200's
     # host, session 33, bench/host_breakdown.py)
@@ -1652,7 +1662,8 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
     d = q.shape[-1]
     hq, hkv = q.shape[-2], k.shape[-2]
     g = hq // hkv
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)  # (any real: Fraction, ...)
+    cap = float(cap) if cap is not None else None
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=q.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=q.device)
@@ -1703,8 +1714,12 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
 def _fake_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None,
               max_seqlen=None, deterministic=False, dlse=None):
     # at trace time: every rule a fake tensor allows (shapes, dtypes, strides, devices; no data pointers)
-    _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
-                       cuda=False, deterministic=deterministic, pointers=False, dlse=dlse)
+    varlen, nb, seq, hq, _, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
+                                                   cu_seqlens, max_seqlen, cuda=False, deterministic=deterministic,
+                                                   pointers=False, dlse=dlse)
+    # the dQ accumulator's extent at the config the eager call would take (a model checked on meta tensors or
+    # traced by torch.compile learns of it here, not at its first real backward)
+    check_accum_extent(accum_row_shape(seq, nb, hq, resolve_config(None, d, cap is not None).tile_m, varlen), d)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # compact, like the real ones
 
 

@@ -67,6 +67,7 @@ import dataclasses
 import enum
 import functools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -213,6 +214,9 @@ class RankerFwdConfig:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [64, 256] (WGMMA N / K)")
         if self.stages < 1 or self.stages > 8:
             raise ValueError(f"stages={self.stages}: must be in [1, 8]")
+        if self.prefetch_self_kv and not self.self_kv_tma:
+            raise ValueError("prefetch_self_kv (an L2 prefetch of the self stage's K/V block) needs self_kv_tma: "
+                             "without it there is no self stage and the flag would do nothing")
         if self.fixed_row_max and self.norm_bound:
             raise ValueError("fixed_row_max (capped calls) and norm_bound (uncapped calls) exclude each other: "
                              "set the one for the cap you run")
@@ -307,7 +311,14 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: str = "none") 
     """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16), ``head_dim`` and ``cap_method``
     (``"none"`` without a cap, else ``"tanh"`` / ``"soft_sign"``): ``CAP_CONFIGS[(cap_method, head_dim)]``
     where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with
-    ``fixed_row_max`` off (float16 P would overflow)."""
+    ``fixed_row_max`` off (float16 P would overflow).  Raises ``TypeError`` for another dtype (a string
+    included) and ``ValueError`` for a head dim other than 64, 128, 256 or an unknown ``cap_method``."""
+    if not isinstance(dtype, torch.dtype) or dtype not in DTYPES:
+        raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
+    if isinstance(head_dim, bool) or head_dim not in CONFIGS:
+        raise ValueError(f"head_dim={head_dim!r}: shipped configs exist for head dims {sorted(CONFIGS)}")
+    if cap_method not in CAP_METHODS:
+        raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS} ('none': no cap)")
     cfg = CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
     return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.norm_bound) else _online_max(cfg)
 
@@ -1506,7 +1517,8 @@ def use_config(config: "RankerFwdConfig"):
 
     ``RankerFwdConfig()``'s field defaults are the plain kernel (one CTA per tile, the online max, no self-term
     TMA stage), not the shipped one; to change one field of what ships, start from it:
-    ``dataclasses.replace(shipped_config(torch.bfloat16, 128, "none"), stages=3)``."""
+    ``dataclasses.replace(shipped_config(torch.bfloat16, 128, "none"), tile_n=96)`` (fields that break the
+    smem or register budget, e.g. ``stages=3`` there, are refused with the reason)."""
     if not isinstance(config, RankerFwdConfig):
         raise TypeError(f"use_config takes a RankerFwdConfig, got {type(config).__name__}")
     with override_config(_OVERRIDES, config):
@@ -1665,8 +1677,11 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
 def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None):
     # at trace time: every rule a fake tensor allows (shapes, dtypes, strides; no data pointers)
     _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=False, pointers=False)
-    if cu_seqlens is not None and isinstance(max_seqlen, int):  # the work-tile limit, at the largest tile_m
-        _check_tile_count(max_seqlen, max(c.tile_m for c in (*CONFIGS.values(), *CAP_CONFIGS.values())),
+    if cu_seqlens is not None and max_seqlen is not None:  # the work-tile limit, at the largest tile_m, with
+        # max_seqlen clamped to the packed total as the eager call clamps it (_varlen_extent)
+        ms = max_seqlen if isinstance(max_seqlen, (int, torch.SymInt)) else operator.index(max_seqlen)
+        _check_tile_count(torch.sym_min(ms, q.shape[0]),
+                          max(c.tile_m for c in (*CONFIGS.values(), *CAP_CONFIGS.values())),
                           q.shape[1], cu_seqlens.shape[0] - 1)
     if cu_seqlens is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
@@ -1775,14 +1790,16 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             in (0, 2**-126)), unknown cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B > 2^30
             work tiles, a q/k/v spanning 2^31 elements or more (32-bit offsets); for the backward
-            (``.backward()``), B or Hq above 65535.
+            (``.backward()``), B or Hq above 65535, or its float32 dQ accumulator reaching 2^31 elements
+            (``Hq x D`` times the rows padded to whole q tiles per sequence: ``T + tile_m B`` packed, tile_m 64 or 128, so many
+            short sequences reach it before q does; on meta tensors and under torch.compile too).
         RuntimeError: a backward with ``create_graph=True`` (no double backward).
         Under ``torch.compile(fullgraph=True)`` these surface wrapped by Dynamo (``TorchRuntimeError`` /
         ``Unsupported``); without ``fullgraph`` or eagerly, as listed.
     """
     if return_lse is not True and return_lse is not False:  # (the eager hot path: no call for a plain bool)
         return_lse = check_bool("return_lse", return_lse)
-    refuse_func_transforms("ranker_attention", q, k, v)
+    refuse_func_transforms("ranker_attention", q, k, v, bounds, cu_seqlens)
     if (tracing() or getattr(q, "is_meta", False)
             or _grad_enabled() and (isinstance(q, torch.Tensor) and q.requires_grad
                                     or isinstance(k, torch.Tensor) and k.requires_grad
@@ -1929,7 +1946,8 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
         return (out, lse) if return_lse else out
     nb, s, hq, d = q.shape
     hkv = k.shape[2]
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)  # (any real: Fraction, ...)
+    cap = float(cap) if cap is not None else None
     qf = q.to(compute_dtype).transpose(1, 2)  # B, H, S, D
     kf = k.to(compute_dtype).transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
     vf = v.to(compute_dtype).transpose(1, 2).repeat_interleave(hq // hkv, dim=1)
