@@ -326,7 +326,8 @@ def main(argv=None) -> int:
     lay.add_argument("--config", help="config fields, e.g. 'head_dim=64,tile_n=96,stages=3' (ranker_fwd), "
                                       "'head_dim=64,tile_m=128' (ranker_bwd) or 'tile_m=256,stages=4,tree=4x2x2x2x2' (hc_mix; a "
                                       "tuple field as integers joined by x)")
-    lay.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    lay.add_argument("--dtype", choices=("bf16", "fp16"),
+                     help="ranker_fwd / ranker_bwd: the inputs' dtype (default bf16); hc_mix: bf16 only")
     lay.add_argument("--out", required=True, help="output folder")
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")
     lay.set_defaults(fn=cmd_layouts)

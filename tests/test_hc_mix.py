@@ -420,3 +420,14 @@ def test_flop_counter_counts_the_mix_gemm():
     with FlopCounterMode(display=False) as counter:
         cute_kernels.hc_mix_sinkhorn(meta(48, 20480, dtype=torch.bfloat16), meta(24, 20480), meta(3), meta(24))
     assert counter.get_total_flops() == 2 * 48 * 20480 * 24
+
+
+def test_reference_takes_any_real_eps():
+    """rms_eps / hc_eps: any real number the argument checks take (a Fraction included)."""
+    import fractions
+
+    x, fn = torch.randn(2, 64).bfloat16(), torch.randn(24, 64)
+    got = mod.hc_mix_sinkhorn_reference(x, fn, torch.ones(3), torch.zeros(24), rms_eps=fractions.Fraction(1, 10**6),
+                                        hc_eps=fractions.Fraction(1, 10**5))
+    want = mod.hc_mix_sinkhorn_reference(x, fn, torch.ones(3), torch.zeros(24), rms_eps=1e-6, hc_eps=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -635,3 +635,24 @@ def test_prefetch_guard_is_the_row_test():
             for tile in range(0, 80):
                 for r in range(rows):
                     assert mod.prefetch_row_exists(tile, r, n, rows) == (tile * rows + r < n), (rows, n, tile, r)
+
+
+def test_reference_takes_any_eps_the_op_takes():
+    """check_eps accepts any real number (a Fraction included): the reference computes with it as a float."""
+    import fractions
+
+    q, k = torch.randn(3, 16, dtype=torch.float64), torch.randn(3, 8, dtype=torch.float64)
+    wq, wk = torch.rand(16, dtype=torch.float64), torch.rand(8, dtype=torch.float64)
+    got = mod.qk_rmsnorm_reference(q, k, wq, wk, fractions.Fraction(1, 10))
+    want = mod.qk_rmsnorm_reference(q, k, wq, wk, 0.1)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_help_shows_the_ops_signature_and_docstring():
+    """help() on an op (an eager fast-path object) shows it like a function: signature and docstring."""
+    import pydoc
+
+    for op, arg, first in ((cute_kernels.qk_rmsnorm_, "q_weight", "In-place fused RMSNorm"),
+                           (cute_kernels.hc_mix_sinkhorn, "hc_scale", "mHC pre/post/comb")):
+        text = pydoc.plain(pydoc.render_doc(op))
+        assert f"{arg}:" in text and first in text, text[:300]

@@ -132,6 +132,34 @@ def test_single_rank_group_constructs_without_push_buffers():
         dist.destroy_process_group()
 
 
+def test_widths_are_checked_by_the_kernel_that_runs_them():
+    """Per-rank widths near the limit (bf16 q 24576 beside k 4096): the tensor-parallel kernel's tiling takes
+    them, the one-GPU kernel's does not.  One rank runs the one-GPU op, so construction refuses them there;
+    with several ranks the call checks them against the constructor's (tensor-parallel) config only."""
+    import socket
+
+    import torch.distributed as dist
+
+    from cute_kernels.kernels import qknorm
+
+    wide = (24576, 4096)
+    mod.ParallelQKNormConfig.for_shape(2, 2 * wide[0], 2 * wide[1], torch.bfloat16)  # fits the TP tiling
+    m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    args = (m(4, wide[0]), m(4, wide[1]), m(wide[0]), m(wide[1]), 1e-6)
+    with pytest.raises(ValueError, match="narrower"):
+        qknorm.validate_qk_shapes(*args, cuda=False)  # the one-GPU kernel's rule
+    qknorm.validate_qk_shapes(*args, cuda=False, one_gpu_tiling=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="narrower"):
+            cute_kernels.ParallelQKNorm(None, 16, *wide, torch.bfloat16)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_traced_call_checks_the_instance_rules():
     """Under a fake-tensor trace (what torch.compile runs) the registered op's fake applies the argument rules
     and the instance's own (shard widths, dtype, capacity), as an eager call does; a right call passes."""

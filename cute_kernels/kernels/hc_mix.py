@@ -844,7 +844,7 @@ def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: to
     if tuple(hc_scale.shape) != (3,) or tuple(hc_base.shape) != (N_MIX,):
         raise ValueError(f"hc_scale must be [3] and hc_base [{N_MIX}], got {list(hc_scale.shape)} and "
                          f"{list(hc_base.shape)}")
-    pre, post, comb = _reference(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, dtype)
+    pre, post, comb = _reference(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, float(rms_eps), float(hc_eps), dtype)
     return pre.float(), post.float(), comb.float()
 
 

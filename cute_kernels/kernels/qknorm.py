@@ -842,9 +842,11 @@ def _check_same_dtype(q, **others) -> None:
                             f"{str(q.dtype).replace('torch.', '')}")
 
 
-def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
+def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True, one_gpu_tiling: bool = True) -> None:
     """The argument rules that need no data pointer (dtypes, shapes, devices, strides, row width):
-    the first half of :func:`validate_qk_args`, and the op's trace-time check under torch.compile."""
+    the first half of :func:`validate_qk_args`, and the op's trace-time check under torch.compile.
+    ``one_gpu_tiling``: also the one-GPU kernel's register budget for the two row widths
+    (:data:`DEFAULT_TUNING`); the tensor-parallel op checks its own kernel's tiling at construction instead."""
     check_eps(eps)
     check_tensor("q", q, dtypes=DTYPES, ndim=2, cuda=cuda, align_bytes=0)
     _check_same_dtype(q, k=k, q_weight=q_weight, k_weight=k_weight)
@@ -867,6 +869,8 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
         raise ValueError("q and k overlap in memory: an in-place op needs them disjoint")
     check_extent("q", q)  # 32-bit element offsets
     check_extent("k", k)
+    if not one_gpu_tiling:
+        return
     for name, t in (("q", q), ("k", k)):  # rows too wide for the register budget (int: a symbolic width is
         try:  # specialized here, as the kernel is)
             RowTiling.choose(int(t.shape[1]), vec, DEFAULT_TUNING.target_vecs).validate()
@@ -875,13 +879,14 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> N
     QKNormConfig.for_shape(int(q.shape[1]), int(k.shape[1]), q.dtype, tuning=DEFAULT_TUNING)  # both together
 
 
-def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True) -> None:
+def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True, one_gpu_tiling: bool = True) -> None:
     """Shared argument checks of the one-GPU and tensor-parallel ops (raise before any launch):
     :func:`validate_qk_shapes`, then the pointer rules (16-byte alignment, q/k/weights disjoint).
 
-    ``cuda=False`` skips the device check (CPU tests of the other rules).
+    ``cuda=False`` skips the device check (CPU tests of the other rules); ``one_gpu_tiling``: see
+    :func:`validate_qk_shapes`.
     """
-    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=cuda)
+    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=cuda, one_gpu_tiling=one_gpu_tiling)
     check_tensor("q", q, cuda=cuda)  # alignment of pointer and row stride
     check_tensor("k", k, cuda=cuda)
     check_tensor("q_weight", q_weight, cuda=cuda)
@@ -1137,6 +1142,7 @@ def qk_rmsnorm_reference(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tenso
     check_float_tensors(q=q, k=k, q_weight=q_weight, k_weight=k_weight)
     check_same_device(q=q, k=k, q_weight=q_weight, k_weight=k_weight, q_sumsq=q_sumsq, k_sumsq=k_sumsq)
     check_eps(eps)
+    eps = float(eps)  # (any real number check_eps takes: a Fraction, a numpy float)
     if q.dim() != 2 or k.dim() != 2 or q.shape[0] != k.shape[0] or not (q.shape[1] and k.shape[1]):
         raise ValueError(f"q and k must be [N, Q] and [N, K] with Q, K >= 1, got {list(q.shape)} and {list(k.shape)}")
     if tuple(q_weight.shape) != (q.shape[1],) or tuple(k_weight.shape) != (k.shape[1],):

@@ -75,7 +75,7 @@ from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import check_int, check_real
-from .qknorm import (DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, fast_path_key, bump_versions,
+from .qknorm import (DEFAULT_TUNING, DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, fast_path_key, bump_versions,
                      check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args,
                      validate_qk_shapes, vec_elems)
 
@@ -357,8 +357,10 @@ class ParallelQKNorm:
         group: a torch.distributed process group (or None for the default group).
         max_tokens: positive int (<= 2**31 - 1), the capacity; a call with more tokens raises ``ValueError``.
         q_dim, k_dim: positive ints, the full sizes Q and K: divisible by G, per-rank widths
-            ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32); checked before any
-            collective.  Groups of more than 8 ranks always take the unfused path.
+            ``Q/G``, ``K/G`` multiples of 8 elements for 16-bit dtypes (4 for float32), and a pair the
+            kernel's tiling takes (one rank: the one-GPU op's); checked on every rank, after the ranks have
+            compared their arguments and before any buffer exchange.  Groups of more than 8 ranks always take
+            the unfused path.
             GPU-tested: Q in {4096, 6144}, K=1024: G in {2, 4, 8} emulated on one GPU, G=2 on two GPUs
             (the full 2-GPU plan at this kernel's exchange, session 5: bench/results/tp_qknorm_2gpu_s5/) and
             G=4 on four (session 19: bench/results/tp_qknorm_4gpu_s19/); G=8 on eight GPUs not yet run.
@@ -420,7 +422,8 @@ class ParallelQKNorm:
             self.device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
                            else torch.device("cpu"))
             self.ranks_per_gpu = 1
-            # the shapes are checked before any collective or buffer exchange
+            # the shapes are checked before any buffer exchange (after the collective above: every rank has
+            # the same arguments, so every rank fails alike)
             self.config = _config_for_world(self.world, q_dim, k_dim, dtype)
             self.fused = 1 < self.world <= MAX_G and self._all_p2p_reachable()
             if self.fused:
@@ -596,7 +599,7 @@ class ParallelQKNorm:
         self._check_open()
         if fast_path_key(q, k, q_weight, k_weight, eps) is None:
             self.check_shards_first(q, k)
-            validate_qk_args(q, k, q_weight, k_weight, eps)
+            validate_qk_args(q, k, q_weight, k_weight, eps, one_gpu_tiling=False)  # (widths: check_shards)
         self.check_shards(q, k)
         n = q.shape[0]
         if self._failed or self._error_np[0]:
@@ -666,7 +669,10 @@ def _agree_across_ranks(group, args: tuple, local_error: Exception | None) -> No
 
 def _config_for_world(world: int, q_dim: int, k_dim: int, dtype: torch.dtype) -> "ParallelQKNormConfig | None":
     """The fused kernel's config for up to ``MAX_G`` ranks; beyond that (the unfused path only) just the
-    shape rules: Q and K divisible by G, per-rank widths whole 16-byte vectors (``ValueError``)."""
+    shape rules: Q and K divisible by G, per-rank widths whole 16-byte vectors (``ValueError``).  One rank
+    runs the one-GPU op (:func:`.qknorm.qk_rmsnorm_`): its kernel's tiling must take the widths too."""
+    if world == 1:
+        QKNormConfig.for_shape(q_dim, k_dim, dtype, tuning=DEFAULT_TUNING)
     if world <= MAX_G:
         return ParallelQKNormConfig.for_shape(world, q_dim, k_dim, dtype)
     vec = vec_elems(dtype)
@@ -693,8 +699,8 @@ def _fake_parallel_qk_rmsnorm_(q, k, q_weight, k_weight, eps, handle) -> None:
     op's RuntimeError at trace time too."""
     inst = _instance(handle)
     inst.check_shards_first(q, k)
-    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False)
-    inst.check_shards(q, k)
+    validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False, one_gpu_tiling=False)  # (this kernel's tiling:
+    inst.check_shards(q, k)  # checked at construction for the widths check_shards holds the shards to)
 
 
 def _instance(handle) -> "ParallelQKNorm":

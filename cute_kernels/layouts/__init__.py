@@ -4,8 +4,8 @@
 * :mod:`.hopper`: :func:`hopper_smem_layout`, the swizzled WGMMA/TMA smem layout of a tile;
 * :mod:`.analysis`: bank conflicts of an access pattern, smem budget, registers;
 * :mod:`.viz`: matplotlib pictures (offsets, banks, thread-value layouts, conflicts);
-* :mod:`.kernel_layouts`: a kernel config's own layouts (ranker forward, hc_mix's TMA kernel) and the report that
-  ``cute-kernels layouts`` writes.
+* :mod:`.kernel_layouts`: a kernel config's own layouts (ranker forward, ranker backward's mainloop, hc_mix's TMA
+  kernel) and the report that ``cute-kernels layouts`` writes.
 
 Nothing here needs a GPU; matplotlib is needed only by :mod:`.viz`.
 """

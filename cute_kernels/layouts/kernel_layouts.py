@@ -572,6 +572,9 @@ def format_report(kl: KernelLayouts, record=None) -> str:
     for k, v in kl.smem.items():
         sw = v.swizzle.byte_swizzle_name if v.swizzle is not None else "none"
         lines.append(f"  {k:<4} dims {str(v.dims):<16} {sw:>5} swizzle  {v}")
+        if k == "sO" and kl.kernel == "ranker_fwd" and not getattr(kl.config, "persistent", True):
+            lines.append("       (one tile per CTA: sO reuses sQ's memory, written once the tile's GEMMs are done with Q; "
+                         "the budget counts it once)")
     lines.append("")
     lines.append("TMA boxes:")
     for k, b in kl.tma.items():
@@ -633,7 +636,7 @@ def draw_all(kl: KernelLayouts, out_dir: str) -> list[str]:
     return files
 
 
-def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = "bf16",
+def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Optional[str] = None,
                  compile: bool = False) -> tuple[str, list[str]]:
     """``cute-kernels layouts``: pictures + ``report.txt`` for ``kernel`` and ``config`` into ``out_dir``.
 
@@ -642,12 +645,16 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
     targets, compiled when ``compile`` is set, with registers and features.  Returns (report text,
     files written).  Raises ``ValueError`` for a config the kernel rejects, for ``config`` given to
     another kernel (they take none), and for an ``out_dir`` that exists and is not a folder; nothing
-    is written then.
+    is written then.  ``dtype``: ``"bf16"`` (None) or ``"fp16"`` for ranker_fwd / ranker_bwd (hc_mix: bf16
+    only); the other kernels list every compile target, of every dtype, and refuse one (``ValueError``).
     """
+    if not out_dir:
+        raise ValueError("--out: give a folder to write the pictures and report.txt into")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out {out_dir} exists and is not a folder")
     files: list[str] = []
     if kernel in ("ranker_fwd", "ranker_bwd", "hc_mix"):
+        dtype = dtype or "bf16"
         if kernel == "ranker_fwd":
             kl = ranker_fwd_layouts(config, dtype)  # validates before anything is written
             rec = ranker_compile_record(kl.config, dtype) if compile else None
@@ -689,6 +696,9 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: str = 
         if config:
             raise ValueError(f"--config applies to ranker_fwd, ranker_bwd and hc_mix only: {kernel} exposes no smem layouts to draw "
                              f"(its shipped configs: `cute-kernels configs --kernel {kernel}`)")
+        if dtype is not None:
+            raise ValueError(f"--dtype applies to ranker_fwd, ranker_bwd and hc_mix only: {kernel} lists its compile "
+                             "targets of every dtype")
         lines = [f"kernel {kernel}: no shared-memory layouts exposed to cute_kernels.layouts;",
                  "shipped compile targets:"]
         for t in mod.compile_targets():

@@ -109,6 +109,11 @@ class _EagerFastPath:
         self.signature = inspect.signature(impl)
         functools.update_wrapper(self, impl)
 
+    def __get__(self, obj, objtype=None):
+        """(Never bound: a descriptor only to Python's ``help()``, which then shows the op like a function,
+        its signature and docstring, instead of this class's.)"""
+        return self
+
     def check_arguments(self, args, kwargs) -> None:
         """TypeError naming the op for arguments its signature does not take (missing, unknown, too many): else
         the first function to see them, the precheck, would name itself (``<lambda>() missing ...``)."""

@@ -143,8 +143,10 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     if not -math.inf < v < math.inf or below or v > high:  # (comparisons, not math.isfinite: dynamo traces them)
         if torch.compiler.is_compiling():  # dynamo cannot format a symbolic value (dynamic=True): a fixed text
             raise ValueError(name + " is not finite or out of its range (the eager call's message gives the bounds)")
-        bounds = ([f">= {-F32_MAX:g}"] if low is None else [f"{'>' if low_open else '>='} {low:g}"]) + (
-            [f"<= {high:g}"] if math.isfinite(high) else [])
+        # (9 significant digits: a float32 bound printed shorter can read as the value refused, e.g. <= 3.40282e+38
+        # beside a refused 3.4028235e+38)
+        bounds = ([f">= {-F32_MAX:.9g}"] if low is None else [f"{'>' if low_open else '>='} {low:.9g}"]) + (
+            [f"<= {high:.9g}"] if math.isfinite(high) else [])
         raise ValueError(f"{name} must be finite{', ' + ' and '.join(bounds) if bounds else ''}, got {_short(value)}")
     return v
 
