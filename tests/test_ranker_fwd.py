@@ -650,8 +650,9 @@ def test_tile_count_limit():
     rf._check_tile_count(2**20, 128, 16, 2**13)  # 8192 x 16 x 8192 = 2^30: the last allowed
     with pytest.raises(ValueError, match="2\\^30 work tiles"):  # tile + gridDim.x would reach 2^31
         rf._check_tile_count(2**20, 128, 16, 2**13 + 1)
-    # the op's fake (meta tensors, tracing) checks it too for packed calls, at the largest tile_m
-    q = torch.empty(2**16, 16, 128, device="meta", dtype=torch.bfloat16)
+    # the op's fake (meta tensors, tracing) checks it too for packed calls, at the largest tile_m (and with
+    # max_seqlen clamped to the packed total T, as the eager call clamps it: T = 2**20 here)
+    q = torch.empty(2**20, 8, 128, device="meta", dtype=torch.bfloat16)
     bounds = torch.empty(2**16 + 1, 4, device="meta", dtype=torch.int32)
     cu = torch.empty(2**16 + 2, device="meta", dtype=torch.int32)
     with pytest.raises(ValueError, match="2\\^30 work tiles"):
