@@ -1071,3 +1071,25 @@ def test_meta_backward_checks_the_dq_accumulator_extent():
     few = nb // 4  # T + 64 B rows x Hq x D below 2**31: accepted
     cute_kernels.ranker_attention(half, half, half, bounds[:few], cu_seqlens=cu[:few + 1], max_seqlen=32).sum().backward()
     assert half.grad.shape == half.shape
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_host_path_runs_to_the_launches(monkeypatch, deterministic, varlen):
+    """The eager backward's host code end to end on CPU tensors, with the three compiled launches replaced by
+    recorders: every buffer it makes (the deterministic mode's semaphores included) and the launch order.
+    (Session 36: a renamed local broke the deterministic branch, caught only by the GPU tests.)"""
+    real = rb._validate_backward
+    monkeypatch.setattr(rb, "_validate_backward", lambda *a, **kw: real(*a, **{**kw, "cuda": False}))
+    calls = []
+    monkeypatch.setattr(rb, "_fn", lambda kind, *key: (lambda *args: calls.append((kind, args))))
+    monkeypatch.setattr(rb, "_num_sms", lambda device: 132)
+    q, k, v, out, lse, do, bounds = _bf16_args()
+    kw = {}
+    if varlen:
+        q, k, v, out, do = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v, out, do))
+        lse = lse.transpose(0, 1).reshape(lse.shape[1], -1).contiguous()
+        kw = dict(cu_seqlens=torch.tensor([0, 9, 18], dtype=torch.int32))
+    dq, dk, dv = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, deterministic=deterministic, **kw)
+    assert [c[0] for c in calls] == ["pre", "main", "post"]
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape

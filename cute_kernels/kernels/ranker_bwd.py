@@ -1403,7 +1403,8 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     accumulated = keys["post"][6]  # dK/dV through float32 accumulators
     dq_sem = dkv_sem = None
     if cfg.deterministic:  # dQ adds done per (q block, head), counted in order (0: the tile is not written)
-        dq_sem = torch.zeros((1 if varlen else nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device)
+        dq_sem = torch.zeros((1 if varlen else nb, hq, row_shape[-1] // cfg.tile_m), dtype=torch.int32,
+                             device=q.device)
     if dlse is None:
         _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     else:
