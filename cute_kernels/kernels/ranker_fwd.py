@@ -1791,8 +1791,9 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B > 2^30
             work tiles, a q/k/v spanning 2^31 elements or more (32-bit offsets); for the backward
             (``.backward()``), B or Hq above 65535, or its float32 dQ accumulator reaching 2^31 elements
-            (``Hq x D`` times the rows padded to whole q tiles per sequence: ``T + tile_m B`` packed, tile_m 64 or 128, so many
-            short sequences reach it before q does; on meta tensors and under torch.compile too).
+            (``Hq x D`` times the rows padded to whole q tiles per sequence: ``T + tile_m B`` packed, tile_m
+            64 or 128, so many short sequences reach it before q does; on meta tensors and under
+            torch.compile too).
         RuntimeError: a backward with ``create_graph=True`` (no double backward).
         Under ``torch.compile(fullgraph=True)`` these surface wrapped by Dynamo (``TorchRuntimeError`` /
         ``Unsupported``); without ``fullgraph`` or eagerly, as listed.

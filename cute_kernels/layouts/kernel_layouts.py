@@ -573,8 +573,8 @@ def format_report(kl: KernelLayouts, record=None) -> str:
         sw = v.swizzle.byte_swizzle_name if v.swizzle is not None else "none"
         lines.append(f"  {k:<4} dims {str(v.dims):<16} {sw:>5} swizzle  {v}")
         if k == "sO" and kl.kernel == "ranker_fwd" and not getattr(kl.config, "persistent", True):
-            lines.append("       (one tile per CTA: sO reuses sQ's memory, written once the tile's GEMMs are done with Q; "
-                         "the budget counts it once)")
+            lines.append("       (one tile per CTA: sO reuses sQ's memory, written once the tile's GEMMs are done "
+                         "with Q; the budget counts it once)")
     lines.append("")
     lines.append("TMA boxes:")
     for k, b in kl.tma.items():
