@@ -2181,7 +2181,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
             for r in recs[n_printed:]:
                 print(json.dumps(r), flush=True)
             n_printed = len(recs)
-        del q, k, v
+        q = k = v = None  # (frees this shape's inputs; the lambdas above are done with them)
     return recs
 
 
