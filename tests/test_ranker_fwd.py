@@ -1045,3 +1045,25 @@ def test_reference_takes_any_real_scale_and_cap():
                                         cap=fractions.Fraction(5), compute_dtype=torch.float64)
     want = rf.ranker_attention_reference(q, k, v, bounds, softmax_scale=0.1, cap=5.0, compute_dtype=torch.float64)
     assert torch.equal(got, want)
+
+
+def test_caller_config_that_spills_gets_a_warning():
+    """A caller's config whose kernel keeps registers in local memory (fp16 D=128 soft_sign varlen with
+    early_rescale, session 36's review: 8 B of stack) gets a RuntimeWarning at its first launch
+    (warn_if_spills, which _ranker_impl calls for config= / use_config); a shipped config none."""
+    import warnings
+
+    spilling = dataclasses.replace(rf.shipped_config(torch.float16, 128, "soft_sign"), early_rescale=True)
+    spilling.validate()
+    args = (torch.float16, spilling, 1, "soft_sign", True)
+    rf._compile(*args)
+    with pytest.warns(RuntimeWarning, match="local memory"):
+        assert rf.warn_if_spills(rf.compile_key(*args)) > 0
+    shipped = (torch.float16, rf.shipped_config(torch.float16, 128, "soft_sign"), 1, "soft_sign", True)
+    rf._compile(*shipped)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rf.warn_if_spills(rf.compile_key(*shipped)) == 0
+    import inspect
+
+    assert "warn_if_spills(compile_key(q.dtype, cfg" in inspect.getsource(rf._ranker_impl)

@@ -81,7 +81,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.alloc import is_compact
-from ..runtime.cache import compile_cached
+from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import capturing as _capturing, custom_op, refuse_func_transforms, tracing, without_data
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
@@ -1264,6 +1264,23 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
     return compile_cached(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen, with_lse), build)
 
 
+def warn_if_spills(key: tuple) -> int:
+    """``RuntimeWarning`` when the compiled forward of compile key ``key`` (:func:`compile_key`, compiled in this
+    process) keeps registers in local memory (stack bytes in its cubin); returns the largest stack in bytes.
+    :func:`ranker_attention` calls it for a caller's config (``config=``, :func:`use_config`) at its first launch;
+    the shipped configs are spill-free (CPU tests)."""
+    import warnings
+
+    rec = compile_record(NAME, key)
+    stack = max((r.stack_bytes or 0 for r in rec.resources), default=0)
+    if stack:
+        warnings.warn(f"ranker_fwd config {key[1]} ({key[0]}, GQA {key[2]}, cap {key[3]}"
+                      f"{', varlen' if key[4] else ''}) keeps {stack} B per thread in local memory (register "
+                      "spills): expect it slower than a spill-free tile shape (`cute-kernels layouts --compile` "
+                      "reports the registers)", RuntimeWarning, stacklevel=3)
+    return stack
+
+
 def compile_targets() -> list[CompileTarget]:
     """What ``cute-kernels compile`` warms: bf16 D=128 MHA (no cap, tanh cap, varlen) and D=64, without a
     cap in both forms a call can launch (``norm_bound`` for sequences of more than
@@ -1660,6 +1677,8 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     fn = _FNS.get(fkey)
     if fn is None:
         fn = _FNS[fkey] = _compile(q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
+        if not chosen_here:  # a caller's config (config=, use_config): say so when it spills
+            warn_if_spills(compile_key(q.dtype, cfg, hq // hkv, capm, varlen, with_lse))
     if cfg.persistent:
         max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
     else:
