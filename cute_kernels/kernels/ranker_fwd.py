@@ -1529,7 +1529,8 @@ def use_config(config: "RankerFwdConfig"):
     ``config`` instead of the tuned or shipped one (to try a new tile shape without editing the
     module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``TypeError`` for anything but a
     :class:`RankerFwdConfig` and ``ValueError`` (from ``config.validate()``; ``TypeError`` for wrongly
-    typed fields) before the block for a config that does not fit.  Process-wide, not thread-safe;
+    typed fields) before the block for a config that does not fit; a config whose kernel spills registers
+    runs, with a ``RuntimeWarning`` at its first launch (:func:`warn_if_spills`).  Process-wide, not thread-safe;
     blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`.
 
     ``RankerFwdConfig()``'s field defaults are the plain kernel (one CTA per tile, the online max, no self-term
