@@ -848,6 +848,7 @@ def test_eager_launch_plan(monkeypatch):
     compiled_with_lse = []
     monkeypatch.setattr(rf, "_compile", lambda *a: compiled_with_lse.append(a[5]) or (
         lambda *args: launched.append((a[1], args))))
+    monkeypatch.setattr(rf, "warn_if_spills", lambda key: 0)  # (no compile record: nothing was compiled)
     monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
     impl = rf._ranker_impl
     monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(kw.get("plan_key")) or impl(*a, **kw))
