@@ -1264,18 +1264,19 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
     return compile_cached(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen, with_lse), build)
 
 
-def warn_if_spills(key: tuple) -> int:
-    """``RuntimeWarning`` when the compiled forward of compile key ``key`` (:func:`compile_key`, compiled in this
-    process) keeps registers in local memory (stack bytes in its cubin); returns the largest stack in bytes.
+def warn_if_spills(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str,
+                   varlen: bool, with_lse: bool = True) -> int:
+    """``RuntimeWarning`` when the forward that :func:`_compile` built in this process for these arguments keeps
+    registers in local memory (stack bytes in its cubin); returns the largest stack in bytes.
     :func:`ranker_attention` calls it for a caller's config (``config=``, :func:`use_config`) at its first launch;
     the shipped configs are spill-free (CPU tests)."""
     import warnings
 
-    rec = compile_record(NAME, key)
+    rec = compile_record(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen, with_lse))
     stack = max((r.stack_bytes or 0 for r in rec.resources), default=0)
     if stack:
-        warnings.warn(f"ranker_fwd config {key[1]} ({key[0]}, GQA {key[2]}, cap {key[3]}"
-                      f"{', varlen' if key[4] else ''}) keeps {stack} B per thread in local memory (register "
+        warnings.warn(f"ranker_fwd config {config} ({dtype}, GQA {qhead_per_kvhead}, cap {cap_method}"
+                      f"{', varlen' if varlen else ''}) keeps {stack} B per thread in local memory (register "
                       "spills): expect it slower than a spill-free tile shape (`cute-kernels layouts --compile` "
                       "reports the registers)", RuntimeWarning, stacklevel=3)
     return stack
@@ -1679,7 +1680,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     if fn is None:
         fn = _FNS[fkey] = _compile(q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
         if not chosen_here:  # a caller's config (config=, use_config): say so when it spills
-            warn_if_spills(compile_key(q.dtype, cfg, hq // hkv, capm, varlen, with_lse))
+            warn_if_spills(q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
     if cfg.persistent:
         max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
     else:
