@@ -299,8 +299,8 @@ def tuned_config(kernel: str, cls, dtype, shape_key: str, default, gpu: Optional
                  accept: Optional[Callable[[Any], bool]] = None):
     """The tuned ``cls`` config of this key, else ``default``.
 
-    The stored fields must build a ``cls`` whose ``validate()`` passes (and ``accept(cfg)``, e.g. the
-    head dim matches); otherwise a warning and ``default``.
+    The stored fields must build a ``cls`` (a config checks itself when constructed) that ``accept(cfg)``
+    takes (e.g. the head dim matches); otherwise a warning and ``default``.
     """
     fields = lookup(kernel, dtype, shape_key, gpu=gpu, device=device)
     if fields is None:
@@ -311,7 +311,6 @@ def tuned_config(kernel: str, cls, dtype, shape_key: str, default, gpu: Optional
             if f.name in fields and want in (bool, int, float) and type(fields[f.name]) is not want:
                 raise TypeError(f"field {f.name!r} must be a {want.__name__}, got {fields[f.name]!r}")
         cfg = cls(**fields)
-        cfg.validate()
         if accept is not None and not accept(cfg):
             raise ValueError("does not fit this call")
     except (TypeError, ValueError) as exc:
@@ -552,9 +551,11 @@ def candidate_configs(kernel: str, shape: dict, candidates: Optional[str] = None
 
 
 def config_diff(cfg, base) -> str:
-    """``"tile_n=96,persistent=False"``: the fields of ``cfg`` that differ from ``base`` ("shipped" if none)."""
-    diff = [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-            if getattr(cfg, f.name) != getattr(base, f.name)]
+    """``"tile_n=96,persistent=False"``: the fields of ``cfg`` (a config, or a ``{field: value}`` dict of
+    changes, e.g. a rejected candidate's) that differ from ``base`` ("shipped" if none)."""
+    values = cfg if isinstance(cfg, dict) else {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    diff = [f"{f.name}={values[f.name]}" for f in dataclasses.fields(base)
+            if f.name in values and values[f.name] != getattr(base, f.name)]
     return ",".join(diff) or "shipped"
 
 

@@ -267,7 +267,7 @@ def test_enumerate_configs_splits_by_validate():
     one_tile_per_cta = dataclasses.replace(rf.CONFIGS[128], persistent=False)
     ok, bad = KL.enumerate_configs(one_tile_per_cta, tile_n=(128, 176), stages=(2, 3, 4))
     assert {(c.tile_n, c.stages) for c in ok} == {(128, 2), (128, 3)}
-    reasons = {(c.tile_n, c.stages): r for c, r in bad}
+    reasons = {(c["tile_n"], c["stages"]): r for c, r in bad}  # (a rejected config never exists: its fields)
     assert "shared memory" in reasons[(128, 4)] and "register" in reasons[(176, 2)]
 
 
@@ -277,7 +277,8 @@ def test_ranker_config_fixed_row_max_turns_norm_bound_off():
                            "consumer_regs=160,fixed_row_max=true")
     assert cfg.fixed_row_max and not cfg.norm_bound
     cfg.validate()
-    assert KL.ranker_config("fixed_row_max=true,norm_bound=true").norm_bound  # said explicitly: kept (and refused)
+    with pytest.raises(ValueError, match="exclude each other"):  # said explicitly: kept, so refused
+        KL.ranker_config("fixed_row_max=true,norm_bound=true")
 
 
 def test_parse_config_errors():
@@ -582,10 +583,10 @@ def test_session_17_tile_shape_review():
     from cute_kernels.kernels import ranker_bwd as rb, ranker_fwd as rf
     from cute_kernels.layouts import kernel_layouts as kl
 
-    for cfg in (dataclasses.replace(rf.CONFIGS[128], producer_regs=8, consumer_regs=248),
-                dataclasses.replace(rb.CONFIGS[128], producer_regs=16)):
+    for base, kw in ((rf.CONFIGS[128], dict(producer_regs=8, consumer_regs=248)),
+                     (rb.CONFIGS[128], dict(producer_regs=16))):
         with pytest.raises(ValueError, match=r"setmaxnreg takes a multiple of 8 in \[24, 256\]"):
-            cfg.validate()
+            dataclasses.replace(base, **kw)
     with pytest.raises(ValueError, match=r"sdS|dS\^T buffers.*lower ds_stages"):
         dataclasses.replace(rb.CONFIGS[128], tile_m=80).validate()
     for fn in (kl.ranker_fwd_layouts, kl.ranker_bwd_layouts):

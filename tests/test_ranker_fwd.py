@@ -163,6 +163,36 @@ def test_cuda_required():
                             torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, dtype=torch.int32))
 
 
+def test_illegal_configs_are_refused_at_construction():
+    """Issue 3: an illegal config is rejected when constructed, with the reason (directly, through
+    dataclasses.replace and through the --config parser), for every kernel's config class."""
+    import dataclasses
+
+    from cute_kernels.kernels import hc_mix, hc_mix_tma, qknorm, qknorm_tp, ranker_bwd, scale
+    from cute_kernels.layouts import kernel_layouts as kl
+    from cute_kernels.runtime.validate import ValidatedConfig
+
+    for cls in (rf.RankerFwdConfig, ranker_bwd.RankerBwdConfig, hc_mix.HcMixConfig, hc_mix_tma.HcMixTmaConfig,
+                qknorm.QKNormConfig, qknorm.QKNormTuning, qknorm_tp.ParallelQKNormConfig, scale.ScaleConfig):
+        assert issubclass(cls, ValidatedConfig), cls
+    with pytest.raises(ValueError, match="WGMMA M"):
+        rf.RankerFwdConfig(tile_m=96)
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(rf.CONFIGS[128], stages=4)
+    with pytest.raises(ValueError, match="supported head dims"):
+        kl.ranker_config("head_dim=96")
+    with pytest.raises(TypeError, match="tile_n"):
+        rf.RankerFwdConfig(tile_n=128.0)
+    with pytest.raises(ValueError, match="accumulator registers"):
+        ranker_bwd.RankerBwdConfig(tile_m=128)
+    with pytest.raises(ValueError, match="unroll"):
+        scale.ScaleConfig(unroll=0)
+    with pytest.raises(ValueError, match="bulk_stages"):
+        qknorm.QKNormTuning(bulk_stages=1)
+    # a change that fits only together with another one is made in one replace (the parsers do so)
+    assert kl.ranker_bwd_config("head_dim=64,tile_m=128").dq_split_rows
+
+
 def test_config_validate():
     for cfg in rf.CONFIGS.values():
         cfg.validate()

@@ -83,6 +83,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, register_flops
+from ..runtime.validate import ValidatedConfig
 from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, check_int, check_same_device,
                                 check_distinct_rows, check_extent, check_tensor, element_span, validated_once)
 
@@ -103,7 +104,7 @@ SMEM_LIMIT = 227 * 1024  # opt-in shared memory per CTA on sm_90
 
 
 @dataclass(frozen=True)
-class HcMixConfig:
+class HcMixConfig(ValidatedConfig):
     """Row tile of one cluster: ``warps_m`` warp rows of ``16 * m_tiles`` rows (x WARPS_K warps).
 
     ``store_mix`` additionally writes the raw ``[a (24), sum x^2]`` per row (tests, debugging).
@@ -217,7 +218,6 @@ class HcMixKernel:
     """mHC mix statistics (x . hc_fn^T, sum x^2) + sigmoids + Sinkhorn, one cluster per row block."""
 
     def __init__(self, config: HcMixConfig):
-        config.validate()
         self.config = config
         self.m_tiles = config.m_tiles
         self.warps_m = config.warps_m

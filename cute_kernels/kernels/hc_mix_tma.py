@@ -74,6 +74,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_tensor
+from ..runtime.validate import ValidatedConfig
 from ..runtime.validate import INT32_MAX, check_int, check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _split3_bf16x2, _validate,
@@ -94,7 +95,7 @@ MIN_PRODUCER_REGS = 32  # the split warps' code: R0-R35 at 40 registers, no spil
 
 
 @dataclass(frozen=True)
-class HcMixTmaConfig:
+class HcMixTmaConfig(ValidatedConfig):
     """``tile_m`` rows per row tile (128 or 256: one or two m64 atoms per consumer warpgroup),
     ``tile_k`` columns per TMA stage (64 bf16 = one 128-byte swizzle row), ``stages`` ring depth.
 
@@ -269,7 +270,6 @@ class HcMixTmaKernel(HcMixKernel):
     epilogue).  Reuses :class:`.hc_mix.HcMixKernel`'s epilogue (sigmoids, Sinkhorn)."""
 
     def __init__(self, config: HcMixTmaConfig):
-        config.validate()
         self.config = config
         self.stages = config.stages
         self.tile_k = config.tile_k
@@ -833,10 +833,8 @@ def launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, config=
     if buffers:  # (the kernels write them while other CTAs still read x and hc_fn)
         check_outputs_disjoint({name: t for name, t, _ in buffers}, dict(x=x, hc_fn=hc_fn, hc_scale=hc_scale,
                                                                           hc_base=hc_base))
-    if config is not None:  # a caller's config: checked whole before anything is sized from it
-        if not isinstance(config, HcMixTmaConfig):
-            raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
-        config.validate()
+    if config is not None and not isinstance(config, HcMixTmaConfig):  # (a config is checked when constructed)
+        raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
     cfg, rows = sized_config(m, config, mix is not None)
     return run_compiled(lambda: _compile(cfg), x, hc_fn, hc_scale, hc_base, sinkhorn_iters,
                         rms_eps, hc_eps, mix=mix, out=out, workspace_rows=rows)
@@ -855,7 +853,6 @@ def emulate_mix(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixTmaConfig | N
     if config is not None and not isinstance(config, HcMixTmaConfig):
         raise TypeError(f"config must be an HcMixTmaConfig, got {type(config).__name__}")
     cfg = config or HcMixTmaConfig()
-    cfg.validate()
     if not isinstance(x, torch.Tensor) or not isinstance(hc_fn, torch.Tensor):
         raise TypeError("x and hc_fn must be torch tensors")
     if x.dtype != torch.bfloat16:

@@ -75,6 +75,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
+from ..runtime.validate import ValidatedConfig
 from ..runtime.validate import (check_distinct_rows, check_extent, check_f32_eps, check_float_tensors, check_int,
                                 check_same_device, check_tensor, F32_MAX, INT32_MAX)
 
@@ -153,7 +154,7 @@ class RowTiling:
 
 
 @dataclass(frozen=True)
-class QKNormTuning:
+class QKNormTuning(ValidatedConfig):
     """Performance knobs (never change results).
 
     ``target_vecs``: 16-byte vectors per thread per row (bytes in flight per thread).
@@ -197,7 +198,7 @@ class QKNormTuning:
 
 
 @dataclass(frozen=True)
-class QKNormConfig:
+class QKNormConfig(ValidatedConfig):
     """Static shape of the fused kernel: per-rank row tilings of q and k, tokens per CTA.
 
     ``q_dim``/``k_dim`` are the full (all-rank) sizes that divide the sum of squares.
@@ -227,7 +228,6 @@ class QKNormConfig:
         for name, dim in (("q_dim", q_dim), ("k_dim", k_dim)):
             if dim is not None:
                 check_int(name, dim)
-        tuning.validate()
         vec = vec_elems(dtype)
         for name, w in (("q", q_width), ("k", k_width)):
             if w <= 0 or w % vec:
@@ -242,9 +242,7 @@ class QKNormConfig:
             narrow = q if q.threads < k.threads else k
             wider = RowTiling(narrow.width, vec, narrow.threads * 2, -(-narrow.nvec // (narrow.threads * 2)))
             q, k = (wider, k) if narrow is q else (q, wider)
-        cfg = QKNormConfig(q, k, rows, q_dim or q_width, k_dim or k_width, tuning)
-        cfg.validate()
-        return cfg
+        return QKNormConfig(q, k, rows, q_dim or q_width, k_dim or k_width, tuning)  # (validated when constructed)
 
     @property
     def q_threads(self) -> int:
@@ -284,7 +282,6 @@ class QKNormConfig:
         check_int("rows", self.rows)
         check_int("q_dim", self.q_dim)
         check_int("k_dim", self.k_dim)
-        self.tuning.validate()
         self.q.validate()
         self.k.validate()
         if self.q.vec != self.k.vec:
@@ -361,7 +358,6 @@ class QKRowNormalizer:
     """
 
     def __init__(self, dtype: type[cutlass.Numeric], config: QKNormConfig):
-        config.validate()
         self.dtype = dtype
         self.config = config
         self.vec = config.q.vec

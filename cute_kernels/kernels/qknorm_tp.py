@@ -74,6 +74,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
+from ..runtime.validate import ValidatedConfig
 from ..runtime.validate import check_int, check_real
 from .qknorm import (DEFAULT_TUNING, DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, fast_path_key, bump_versions,
                      check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args,
@@ -88,7 +89,7 @@ _STATE_WORDS = 4  # [epoch, finished CTAs, unused, unused]
 
 
 @dataclass(frozen=True)
-class ParallelQKNormConfig:
+class ParallelQKNormConfig(ValidatedConfig):
     """Static shape: the per-rank tiling (``QKNormConfig`` with the full Q/K) and the world size."""
 
     world: int
@@ -105,9 +106,7 @@ class ParallelQKNormConfig:
         except ValueError as exc:  # the per-rank widths are what the tiling sees: name the full sizes too
             raise ValueError(f"q_dim={q_dim}, k_dim={k_dim} over {world} ranks (per-rank widths {q_dim // world} "
                              f"and {k_dim // world}): {exc}") from None
-        cfg = ParallelQKNormConfig(world, norm)
-        cfg.validate()
-        return cfg
+        return ParallelQKNormConfig(world, norm)
 
     def validate(self) -> None:
         self.norm.validate()

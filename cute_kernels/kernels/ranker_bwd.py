@@ -84,6 +84,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
+from ..runtime.validate import ValidatedConfig
 from ..runtime.validate import (INT32_MAX, check_bool, check_config_fields, check_extent, check_outputs_disjoint,
                                 check_same_device, check_tensor)
 from . import ranker_flops, sm90_helpers as sm90
@@ -123,13 +124,14 @@ def stats_stage_stride(tile_m: int) -> int:
 
 
 @dataclass(frozen=True)
-class RankerBwdConfig:
+class RankerBwdConfig(ValidatedConfig):
     """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
     ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA); the
     synchronisation schedule (``ds_stages``, ``dq_per_wg``, ``dq_first``, ``dk_from_smem``), the dQ
     GEMM's operand order (``dq_swap_ab``), the deterministic mode, and how GQA is spread over CTAs
     (``gqa_group_per_cta``: a group per CTA, one query head per CTA, or None for
-    :func:`resolve_gqa_group`'s pick).  Field types are checked by :meth:`validate` (TypeError)."""
+    :func:`resolve_gqa_group`'s pick).  Checked when constructed (also by ``dataclasses.replace``):
+    :meth:`validate` raises ``ValueError`` with the reason and ``TypeError`` for a field of the wrong type."""
 
     head_dim: int = 128
     tile_m: int = 64
@@ -314,9 +316,9 @@ def use_config(config: RankerBwdConfig):
     inside the block; a forward inside and a backward outside runs the shipped config.  It applies to
     capped and uncapped calls alike: the shipped D=64 configs differ by cap (:func:`config_for`), and
     the uncapped one (128 q rows per step) spills registers with a cap, so override capped D=64 calls
-    with a capped-style config.  Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` and
-    ``ValueError`` (from ``config.validate()``; ``TypeError`` for wrongly typed fields) before the block
-    for a config that does not fit.  Process-wide, not thread-safe; blocks nest (the newest open block
+    with a capped-style config.  Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` (a config
+    that does not fit is refused when constructed, also through ``dataclasses.replace``: ``ValueError``
+    with the reason, ``TypeError`` for a wrongly typed field).  Process-wide, not thread-safe; blocks nest (the newest open block
     wins, also when blocks close out of order)."""
     if not isinstance(config, RankerBwdConfig):
         raise TypeError(f"use_config takes a RankerBwdConfig, got {type(config).__name__}")
@@ -330,12 +332,13 @@ def resolve_config(config: Optional[RankerBwdConfig], head_dim: int, capped: boo
     return config or _OVERRIDES.get(head_dim) or config_for(head_dim, capped)
 
 
-def with_tile_m(config: RankerBwdConfig, tile_m: int) -> RankerBwdConfig:
-    """``config`` with ``tile_m`` q rows per step and the dQ form the shipped configs use for such a tile:
-    ``dq_split_rows`` on for ``64 x mma_wgs`` rows without ``dq_swap_ab`` (D=64's 128-row tile), off
-    otherwise (what a tile-shape sweep or ``--config tile_m=..`` wants; not validated)."""
-    split = tile_m == 64 * config.mma_wgs and not config.dq_swap_ab
-    return dataclasses.replace(config, tile_m=tile_m, dq_split_rows=split)
+def tile_m_fields(config: RankerBwdConfig, tile_m: int) -> dict:
+    """The fields that give ``config`` ``tile_m`` q rows per step with the dQ form the shipped configs use
+    for such a tile: ``dq_split_rows`` on for ``64 x mma_wgs`` rows without ``dq_swap_ab`` (D=64's 128-row
+    tile), off otherwise (what a tile-shape sweep or ``--config tile_m=..`` wants).  A dict, to be replaced
+    together with any other changes (``dataclasses.replace(config, **tile_m_fields(config, 128), stages=1)``):
+    a config checks itself when constructed, so a partial change may not fit on its own."""
+    return dict(tile_m=tile_m, dq_split_rows=tile_m == 64 * config.mma_wgs and not config.dq_swap_ab)
 
 
 GQA_MIN_WAVES = 2  # gqa_group_per_cta=None: a group per CTA while that leaves this many waves of CTAs
@@ -449,7 +452,6 @@ class RankerAttentionBwd:
     """The backward mainloop for one (dtype, config, GQA ratio, cap method, varlen)."""
 
     def __init__(self, dtype, config: RankerBwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
-        config.validate()
         if cap_method not in CAP_METHODS:
             raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS}")
         self.dtype = dtype
@@ -1371,7 +1373,6 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     cfg = resolve_config(config, d, cap is not None)
     if deterministic and not cfg.deterministic:
         cfg = dataclasses.replace(cfg, deterministic=True)
-    cfg.validate()
     if cfg.head_dim != d:
         raise ValueError(f"config.head_dim={cfg.head_dim} does not match the inputs' head dim {d}")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(d)
@@ -1534,9 +1535,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
             for tag, kw in (("stages3", dict(stages=3)), ("tile_m64", dict(tile_m=64)), ("tile_m128", dict(tile_m=128)),
                             ("tile_m128_stages1", dict(tile_m=128, stages=1))):
                 try:
-                    rest = {f: val for f, val in kw.items() if f != "tile_m"}
-                    cfg = dataclasses.replace(with_tile_m(shipped, kw.get("tile_m", shipped.tile_m)), **rest)
-                    cfg.validate()
+                    tile = tile_m_fields(shipped, kw.get("tile_m", shipped.tile_m))
+                    cfg = dataclasses.replace(shipped, **{**tile, **kw})
                 except ValueError:
                     continue
                 if cfg != shipped:

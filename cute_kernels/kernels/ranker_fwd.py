@@ -84,6 +84,7 @@ from ..runtime.alloc import is_compact
 from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import capturing as _capturing, custom_op, refuse_func_transforms, tracing, without_data
+from ..runtime.validate import ValidatedConfig
 from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
                                 F32_MAX, MEMO_LIMIT, check_bool, check_int, check_real, validated_once)
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
@@ -136,11 +137,13 @@ class NamedBarrierFwd(enum.IntEnum):
 
 
 @dataclass(frozen=True)
-class RankerFwdConfig:
+class RankerFwdConfig(ValidatedConfig):
     """Tile shape of the forward: ``tile_m`` q rows (64 per consumer warpgroup; ``consumer_wgs`` 2 or 3,
     the warpgroups taking turns to issue their WGMMAs round-robin), ``tile_n`` keys per KV block,
     ``stages`` K/V smem buffers, register split (producer / consumer: 24/240 for two warpgroups, 32/160
-    for three fill the 64K-register file)."""
+    for three fill the 64K-register file).  Checked when constructed (also by ``dataclasses.replace``):
+    :meth:`validate` raises ``ValueError`` with the reason (shared memory budget, WGMMA M a multiple of 64,
+    head dim, register split and accumulator budget) and ``TypeError`` for a field of the wrong type."""
 
     head_dim: int = 128
     tile_m: int = 128
@@ -327,7 +330,6 @@ class RankerAttentionFwd:
     """The forward kernel for one (dtype, head dim, GQA ratio, cap method, varlen, config)."""
 
     def __init__(self, dtype, config: RankerFwdConfig, qhead_per_kvhead: int, cap_method: str, varlen: bool):
-        config.validate()
         if cap_method not in CAP_METHODS:
             raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS}")
         if config.fixed_row_max and (cap_method == "none" or dtype is not cutlass.BFloat16):
@@ -1529,8 +1531,9 @@ def use_config(config: "RankerFwdConfig"):
     """Within the ``with`` block, :func:`ranker_attention` runs inputs of ``config.head_dim`` with
     ``config`` instead of the tuned or shipped one (to try a new tile shape without editing the
     module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``TypeError`` for anything but a
-    :class:`RankerFwdConfig` and ``ValueError`` (from ``config.validate()``; ``TypeError`` for wrongly
-    typed fields) before the block for a config that does not fit; a config whose kernel spills registers
+    :class:`RankerFwdConfig` (a config that does not fit never exists: its constructor, also through
+    ``dataclasses.replace``, raises ``ValueError`` with the reason, ``TypeError`` for a wrongly typed field);
+    a config whose kernel spills registers
     runs, with a ``RuntimeWarning`` at its first launch (:func:`warn_if_spills`).  Process-wide, not thread-safe;
     blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`.
 
@@ -1549,11 +1552,10 @@ _OVERRIDE_STACKS: dict[int, list] = {}  # id(table) -> the open blocks' (head di
 
 @contextlib.contextmanager
 def override_config(table: dict, config):
-    """``table[config.head_dim] = config`` for the ``with`` block (after ``config.validate()``); the body
+    """``table[config.head_dim] = config`` for the ``with`` block (a config is valid once constructed); the body
     of both directions' ``use_config``.  The open blocks are kept as a stack, and on exit a block removes
     its own entry, so the table always holds the newest still-open block's config per head dim (or none),
     also when blocks close out of order (interleaved generators)."""
-    config.validate()
     stack = _OVERRIDE_STACKS.setdefault(id(table), [])
     token = object()
     stack.append((config.head_dim, config, token))
@@ -2163,7 +2165,6 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
             for tag, kw in alts:
                 try:
                     cfg = dataclasses.replace(base, **kw)
-                    cfg.validate()
                 except ValueError:
                     continue
                 if cfg in seen:

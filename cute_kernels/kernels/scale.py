@@ -22,6 +22,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
+from ..runtime.validate import ValidatedConfig
 from ..runtime.validate import check_config_fields, check_float_tensors, check_real, check_tensor
 
 NAME = "scale"
@@ -29,7 +30,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
-class ScaleConfig:
+class ScaleConfig(ValidatedConfig):
     """Tile of the scale kernel: ``threads`` per CTA, ``unroll`` 16-byte vectors per thread."""
 
     threads: int = 128
@@ -48,7 +49,6 @@ class ScaleKernel:
     """``y[i] = alpha * x[i]`` over a flat, 16-byte aligned tensor of any length."""
 
     def __init__(self, dtype: type[cutlass.Numeric], config: ScaleConfig):
-        config.validate()
         self.dtype = dtype
         self.config = config
         self.vec = 128 // dtype.width

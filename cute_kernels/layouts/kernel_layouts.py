@@ -50,20 +50,21 @@ class KernelLayouts:
 
 
 # ---------------------------------------------------------------------------- config parsing
-def parse_config(cls, text: Optional[str], base=None):
+def parse_config(cls, text: Optional[str], base=None, **implied):
     """``"tile_n=176,stages=3"`` -> ``dataclasses.replace(base or cls(), tile_n=176, stages=3)``.
 
     Each value is parsed as the type of the field's current value (int, float, bool as
     true/false); unknown fields and unparsable values raise ``ValueError`` naming the field.
-    The result is NOT validated (call ``validate()``).
+    ``implied``: fields set unless the text names them (e.g. the dQ form that goes with a ``tile_m``).
+    All fields are replaced at once, and the config checks itself when constructed: ``ValueError``
+    with the reason for one that does not fit.
     """
     cfg = base if base is not None else cls()
-    if not text:
-        return cfg
     example = CONFIG_EXAMPLES.get(cls.__name__, "stages=3")
     items = key_values(text, f"{cls.__name__} config field", [f.name for f in dataclasses.fields(cls)], example)
     kw = {k: _parse_value(k, v, getattr(cfg, k)) for k, v in items.items()}
-    return dataclasses.replace(cfg, **kw)
+    kw = {**{k: v for k, v in implied.items() if k not in kw}, **kw}
+    return dataclasses.replace(cfg, **kw) if kw else cfg
 
 
 # a valid --config per kernel config class (the messages' example)
@@ -72,14 +73,18 @@ CONFIG_EXAMPLES = {"RankerFwdConfig": "head_dim=128,stages=3,persistent=false", 
 
 
 def key_values(text: Optional[str], what: str, known, example: str = "stages=3") -> dict:
-    """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (values unparsed).  ``ValueError`` naming ``what`` for
-    an item without ``=``, a name not in ``known`` or a name given twice (``example``: a valid spec, for
-    the message about spaces)."""
+    """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (values unparsed; None or "" -> ``{}``).  ``ValueError``
+    naming ``what`` for an empty item (``"a=1,,b=2"``, a trailing comma: a value may have been lost), an
+    item without ``=``, a name not in ``known`` or a name given twice (``example``: a valid spec, for the
+    message about spaces)."""
     out: dict = {}
-    for part in (text or "").split(","):
+    if not (text or "").strip():
+        return out
+    for part in text.split(","):
         part = part.strip()
         if not part:
-            continue
+            raise ValueError(f"{what}s {text!r}: an empty item (two commas in a row, or one at an end); "
+                             f"items are key=value separated by commas (e.g. {example})")
         if any(c.isspace() for c in part):
             raise ValueError(f"{what} {part!r}: items are key=value separated by commas, no spaces (e.g. {example})")
         if "=" not in part:
@@ -123,7 +128,7 @@ def ranker_config(text: Optional[str] = None, dtype="bf16"):
     """A ranker forward config from ``"head_dim=64,tile_n=96"``: the shipped uncapped config of that head
     dim for ``dtype`` (``ranker_fwd.shipped_config``: float16 takes the online max) with the other fields
     replaced; ``fixed_row_max=true`` (a capped config) turns the uncapped ``norm_bound`` off unless the text
-    sets it.  Not validated."""
+    sets it.  ``ValueError`` with the reason for a config that does not fit (see :func:`parse_config`)."""
     import torch
 
     from ..kernels import ranker_fwd as rf
@@ -137,12 +142,10 @@ def ranker_config(text: Optional[str] = None, dtype="bf16"):
                 if not value.lstrip("-").isdigit():
                     raise ValueError(f"head_dim takes an integer, got {value!r}")
                 head_dim = int(value)
-    # (an unsupported head dim starts from the default one; validate() then names it)
+    # (an unsupported head dim starts from the default one; the config's check then names it)
     base = rf.shipped_config(torch_dtype, head_dim if head_dim in rf.CONFIGS else rf.RankerFwdConfig().head_dim)
-    cfg = parse_config(rf.RankerFwdConfig, text, base)
-    if cfg.fixed_row_max and "norm_bound=" not in text.replace(" ", ""):
-        cfg = dataclasses.replace(cfg, norm_bound=False)
-    return cfg
+    capped = "fixed_row_max=true" in (text or "").replace(" ", "").lower()
+    return parse_config(rf.RankerFwdConfig, text, base, **(dict(norm_bound=False) if capped else {}))
 
 
 def parse_tma_type(text: str) -> dict:
@@ -170,8 +173,9 @@ def parse_tma_type(text: str) -> dict:
 
 
 def enumerate_configs(base, **choices) -> tuple[list, list]:
-    """Every combination of ``choices`` (field -> values) applied to the frozen config ``base``,
-    split by its ``validate()``: ``(accepted configs, [(config, reason), ...] rejected)``.
+    """Every combination of ``choices`` (field -> values) applied to the frozen config ``base``, split by
+    whether the config can be constructed (its ``validate()``): ``(accepted configs, [(fields, reason), ...]
+    rejected)``, ``fields`` the combination's ``{field: value}`` (a config that does not fit never exists).
 
     Example: ``enumerate_configs(ranker_fwd.CONFIGS[128], tile_n=range(64, 257, 16), stages=(1, 2, 3, 4))``.
     """
@@ -180,24 +184,21 @@ def enumerate_configs(base, **choices) -> tuple[list, list]:
     names = list(choices)
     accepted, rejected = [], []
     for values in itertools.product(*(list(choices[n]) for n in names)):
-        cfg = dataclasses.replace(base, **dict(zip(names, values)))
+        fields = dict(zip(names, values))
         try:
-            cfg.validate()
-            accepted.append(cfg)
-        except ValueError as exc:
-            rejected.append((cfg, str(exc)))
+            accepted.append(dataclasses.replace(base, **fields))
+        except (TypeError, ValueError) as exc:
+            rejected.append((fields, str(exc)))
     return accepted, rejected
 
 
-def _resolve_config(config, cls, parse, validate: bool):
-    """``config`` as a ``cls`` instance: None or a string go through ``parse`` (``TypeError`` for
-    anything else); ``validate`` runs ``config.validate()`` (``ValueError`` with the reason)."""
+def _resolve_config(config, cls, parse):
+    """``config`` as a ``cls`` instance: None or a string go through ``parse`` (``ValueError`` with the
+    reason for one that does not fit; ``TypeError`` for anything else)."""
     if config is None or isinstance(config, str):
         config = parse(config)
     if not isinstance(config, cls):
         raise TypeError(f"config must be a {cls.__name__}, a string or None, got {type(config).__name__}")
-    if validate:
-        config.validate()
     return config
 
 
@@ -295,7 +296,7 @@ def _ranker_dtype(dtype):
     return dt
 
 
-def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> KernelLayouts:
+def ranker_fwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     """Layouts, TMA boxes, TV layouts, smem bank conflicts (the epilogue's stmatrix writes and varlen row
     reads of sO; with ``norm_bound`` the row bound's 16-byte reads of sQ; where the kernel takes
     ``self_kv_tma``, the self term's ldmatrix reads of sQ and of a K/V stage) and smem budget of a ranker
@@ -305,11 +306,10 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
         config: a ``RankerFwdConfig``, a string such as ``"head_dim=64,tile_n=96"`` or None (the
             shipped uncapped head-dim-128 config for ``dtype``).
         dtype: "bf16"/"fp16" (or torch/cutlass dtype).
-        validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).
     """
     from ..kernels import ranker_fwd as rf
 
-    config = _resolve_config(config, rf.RankerFwdConfig, lambda text: ranker_config(text, dtype), validate)
+    config = _resolve_config(config, rf.RankerFwdConfig, lambda text: ranker_config(text, dtype))
     dt = _ranker_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_dsl_objects(rf, dt, config))
@@ -367,7 +367,8 @@ def ranker_fwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
 def ranker_bwd_config(text: Optional[str] = None):
     """A ``RankerBwdConfig`` from ``"head_dim=64,tile_m=128"``: the shipped D=128 config (or, when the
     text sets ``head_dim``, that head dim's shipped config without a cap; a ``tile_m`` with the dQ form
-    shipped for it, :func:`.ranker_bwd.with_tile_m`) with the given fields replaced.  Not validated."""
+    shipped for it, :func:`.ranker_bwd.tile_m_fields`) with the given fields replaced.  ``ValueError`` with the
+    reason for a config that does not fit (see :func:`parse_config`)."""
     from ..kernels import ranker_bwd as rb
 
     fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)},
@@ -376,9 +377,8 @@ def ranker_bwd_config(text: Optional[str] = None):
         if name in fields and not str(fields[name]).lstrip("-").isdigit():
             raise ValueError(f"{name} takes an integer, got {fields[name]!r}")
     base = rb.config_for(int(fields["head_dim"]), False) if "head_dim" in fields else rb.CONFIGS[128]
-    if "tile_m" in fields and "dq_split_rows" not in fields:  # the dQ form shipped for that tile
-        base = rb.with_tile_m(base, int(fields["tile_m"]))
-    return parse_config(rb.RankerBwdConfig, text, base=base)
+    implied = rb.tile_m_fields(base, int(fields["tile_m"])) if "tile_m" in fields else {}  # its dQ form
+    return parse_config(rb.RankerBwdConfig, text, base=base, **implied)
 
 
 def _ranker_bwd_dsl_objects(rb, dt, config):
@@ -417,7 +417,7 @@ def _ranker_bwd_dsl_objects(rb, dt, config):
     return out
 
 
-def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> KernelLayouts:
+def ranker_bwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     """The ranker backward mainloop's shared-memory layouts (Q/dO stages, resident K and V, dS^T
     buffers, the float32 dQ tile and one TMA reduce-add box of it), TMA boxes, the five GEMMs'
     accumulator thread-value layouts (S^T/dP^T, dK/dV, dQ or dQ^T with ``dq_swap_ab``), the bank
@@ -429,11 +429,10 @@ def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
         config: a ``RankerBwdConfig``, a string such as ``"head_dim=64,tile_m=128"`` or None (the
             shipped D=128 config).
         dtype: "bf16"/"fp16" (or torch/cutlass dtype).
-        validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).
     """
     from ..kernels import ranker_bwd as rb
 
-    config = _resolve_config(config, rb.RankerBwdConfig, ranker_bwd_config, validate)
+    config = _resolve_config(config, rb.RankerBwdConfig, ranker_bwd_config)
     dt = _ranker_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_bwd_dsl_objects(rb, dt, config))
@@ -477,7 +476,7 @@ def ranker_bwd_layouts(config=None, dtype="bf16", validate: bool = True) -> Kern
 def hc_mix_tma_config(text: Optional[str] = None):
     """An ``HcMixTmaConfig`` from ``"stages=4,tile_m=256"`` (``tree`` as ``4x2x2``): the defaults
     (whose smem rings every shipped config shares: 128-row tiles, 6 stages) with the given fields
-    replaced.  Not validated."""
+    replaced.  ``ValueError`` with the reason for a config that does not fit (see :func:`parse_config`)."""
     from ..kernels import hc_mix_tma
 
     return parse_config(hc_mix_tma.HcMixTmaConfig, text)
@@ -503,7 +502,7 @@ def _hc_mix_tma_dsl_objects(tma, config):
     return dict(**smem, tma_types=types, acc=mma.tv_layout_C_tiled)
 
 
-def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
+def hc_mix_tma_layouts(config=None) -> KernelLayouts:
     """The hc_mix TMA walk's smem rings (x tile and hc_fn pieces, 128B-swizzled K-major; the float32 hc_fn
     tiles, unswizzled), the TMA boxes (x, float32 hc_fn), the WGMMA accumulator's thread-value layout, the
     bank conflicts of the squares' 16-byte smem reads and of the split warps' 16-byte piece stores (kernel
@@ -512,13 +511,12 @@ def hc_mix_tma_layouts(config=None, validate: bool = True) -> KernelLayouts:
     Args:
         config: an ``HcMixTmaConfig``, a string such as ``"stages=4,tile_m=256"`` or None (the
             defaults: the smem rings of every shipped config).
-        validate: run ``config.validate()`` first (raises ``ValueError`` with the reason).
     """
     import numpy as np
 
     from ..kernels import hc_mix_tma as tma
 
-    config = _resolve_config(config, tma.HcMixTmaConfig, hc_mix_tma_config, validate)
+    config = _resolve_config(config, tma.HcMixTmaConfig, hc_mix_tma_config)
     objs = trace(lambda: _hc_mix_tma_dsl_objects(tma, config))
     kl = KernelLayouts("hc_mix_tma", config, "BFloat16", source="hc_mix_tma.smem_layouts")
     for name in ("sX", "sW", "sWf"):

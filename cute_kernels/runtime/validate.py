@@ -256,6 +256,16 @@ def check_outputs_disjoint(outputs: dict, inputs: dict) -> None:
                                  "each other or any input")
 
 
+class ValidatedConfig:
+    """Base of the kernels' frozen config dataclasses: ``validate()`` runs when a config is constructed
+    (``Config(...)`` and ``dataclasses.replace``), so an illegal config never exists: the constructor raises
+    ``TypeError`` (a field of the wrong type) or ``ValueError`` with the reason (shared memory budget, WGMMA
+    shape, head dim, register split, ...).  ``validate()`` stays callable (it is idempotent)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+
 def check_config_fields(config) -> None:
     """Every field of a frozen config dataclass has its default's type: ``bool`` fields a ``bool``,
     ``int`` fields an ``int`` (not a bool), fields defaulting to None None or a ``bool``.  Raises
