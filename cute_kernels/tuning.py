@@ -150,9 +150,30 @@ def format_configs(kernel: Optional[str] = None) -> str:
     if tuned:
         lines.append(f"tuned ({tuned_path()}, source {fp}):")
         for e in tuned:
+            problem = _entry_problem(e)
             lines.append(f"  {e.get('kernel')} {e.get('gpu')} {e.get('dtype')} {e.get('shape')}: {e.get('config')}"
-                         f"  ({e.get('time_us')} us, shipped {e.get('shipped_time_us')} us)")
+                         f"  ({e.get('time_us')} us, shipped {e.get('shipped_time_us')} us)"
+                         + (f"  UNUSABLE ({problem}): calls run the shipped config" if problem else ""))
     return "\n".join(lines) + "\n"
+
+
+def _entry_problem(entry: dict) -> Optional[str]:
+    """Why a stored entry's config cannot be used (None when it can, or when no tuner knows its kernel)."""
+    tuner = TUNERS.get(entry.get("kernel"))
+    cls = getattr(tuner, "config_class", None)
+    fields = entry.get("config")
+    if cls is None:
+        return None
+    if not isinstance(fields, dict):
+        return "its config is not an object of fields"
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields]
+    if missing:
+        return f"missing fields {', '.join(missing)}"
+    try:
+        cls(**fields)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 # ============================================================================ tuned-config cache
@@ -206,8 +227,9 @@ def _read_file(path: Path) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         return {}
-    except OSError as exc:
-        _warn(f"cannot read {path} ({exc}); ignoring it")
+    except (OSError, ValueError) as exc:  # (ValueError: not UTF-8 text)
+        _warn(f"cannot read {path} ({type(exc).__name__}: {exc}); ignoring it "
+              "(the next `cute-kernels tune` rewrites it)")
         return {}
     try:
         data = json.loads(text)
@@ -216,7 +238,7 @@ def _read_file(path: Path) -> dict:
             raise ValueError("'entries' is not a mapping of objects")
         if data.get("version") != FORMAT_VERSION:
             raise ValueError(f"version {data.get('version')!r}, expected {FORMAT_VERSION}")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # (Recursion: deep nesting)
         _warn(f"{path} is corrupt ({type(exc).__name__}: {exc}); ignoring it "
               "(the next `cute-kernels tune` rewrites it)")
         return {}
@@ -292,15 +314,20 @@ def lookup(kernel: str, dtype, shape_key: str, gpu: Optional[str] = None, device
             return None
     e = entries.get(entry_key(kernel, gpu, source_fingerprint(), dtype, shape_key))
     cfg = e.get("config") if e else None
+    if e and not isinstance(cfg, dict):
+        _warn(f"tuned {kernel} entry for {shape_key} has config {cfg!r}, not an object of fields; using the "
+              "shipped one")
     return cfg if isinstance(cfg, dict) else None
 
 
 def tuned_config(kernel: str, cls, dtype, shape_key: str, default, gpu: Optional[str] = None, device=None,
-                 accept: Optional[Callable[[Any], bool]] = None):
+                 accept: Optional[Callable[[Any], Optional[str]]] = None):
     """The tuned ``cls`` config of this key, else ``default``.
 
-    The stored fields must build a ``cls`` (a config checks itself when constructed) that ``accept(cfg)``
-    takes (e.g. the head dim matches); otherwise a warning and ``default``.
+    The stored fields must be every field of ``cls`` (as ``cute-kernels tune`` stores them: a partial entry
+    would take the others from the class defaults, not from the shipped config) and build a ``cls`` (a config
+    checks itself when constructed) that ``accept`` takes (``accept(cfg)`` returns None, or the reason it does
+    not fit this call, e.g. another head dim); otherwise a warning and ``default``.
     """
     fields = lookup(kernel, dtype, shape_key, gpu=gpu, device=device)
     if fields is None:
@@ -310,9 +337,13 @@ def tuned_config(kernel: str, cls, dtype, shape_key: str, default, gpu: Optional
             want = type(getattr(default, f.name))
             if f.name in fields and want in (bool, int, float) and type(fields[f.name]) is not want:
                 raise TypeError(f"field {f.name!r} must be a {want.__name__}, got {fields[f.name]!r}")
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields]
+        if missing:
+            raise ValueError(f"missing fields {', '.join(missing)} (`cute-kernels tune` stores every field)")
         cfg = cls(**fields)
-        if accept is not None and not accept(cfg):
-            raise ValueError("does not fit this call")
+        why = accept(cfg) if accept is not None else None
+        if why:
+            raise ValueError(f"does not fit this call: {why}")
     except (TypeError, ValueError) as exc:
         _warn(f"tuned {kernel} config {fields} for {shape_key} is unusable ({exc}); using the shipped one")
         return default
@@ -324,7 +355,9 @@ def store(kernel: str, dtype, shape_key: str, config, gpu: str, **meta) -> Path:
 
     Read-modify-write under a file lock, written to a temporary file and renamed (atomic: a reader
     sees the old or the new file).  ``meta`` (times, the inputs it was tuned on) is stored beside.
-    A corrupt existing file is replaced (with a warning).  Returns the file's path.
+    A corrupt existing file is replaced (with a warning).  Returns the file's path.  A dict is stored as
+    given: the reader checks it (:func:`tuned_config` falls back to the shipped config with a warning, and
+    ``cute-kernels configs`` marks the entry unusable).
     """
     from filelock import FileLock
 
@@ -362,10 +395,13 @@ def parse_candidates(text: Optional[str], base) -> dict:
     out: dict[str, list] = {}
     names = {f.name for f in dataclasses.fields(base)}
     field = None
-    for part in (text or "").split(","):
+    if not (text or "").strip():
+        return out
+    for part in text.split(","):
         part = part.strip()
         if not part:
-            continue
+            raise ValueError(f"candidates {text!r}: an empty item (two commas in a row, or one at an end); "
+                             "e.g. 'tile_n=96,128,stages=2,3'")
         if any(c.isspace() for c in part):
             raise ValueError(f"candidate item {part!r} has a space inside: separate values with commas "
                              "(e.g. 'stages=1,2')")
@@ -408,6 +444,11 @@ class RankerFwdTuner:
     sees without a device sync: B, S, Hq, Hkv, D and the cap method; hist/cand only shape the inputs)."""
 
     kernel = "ranker_fwd"
+
+    @property
+    def config_class(self):
+        return self._module().RankerFwdConfig
+
     shape_help = "B=4,S=4608,H=16,D=128[,Hkv=..,hist=..,cand=..,cap=..,cap_method=tanh|soft_sign]"
     _items = dict(B=int, S=int, H=int, Hq=int, D=int, Hkv=int, hist=int, cand=int, cap=_cap, cap_method=str)
 

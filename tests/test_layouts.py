@@ -269,6 +269,19 @@ def test_enumerate_configs_splits_by_validate():
     assert {(c.tile_n, c.stages) for c in ok} == {(128, 2), (128, 3)}
     reasons = {(c["tile_n"], c["stages"]): r for c, r in bad}  # (a rejected config never exists: its fields)
     assert "shared memory" in reasons[(128, 4)] and "register" in reasons[(176, 2)]
+    with pytest.raises(ValueError, match="no field tile_N"):  # a typo, not "nothing fits"
+        KL.enumerate_configs(one_tile_per_cta, tile_N=(128,))
+
+
+def test_config_parsers_read_head_dim_as_the_other_fields():
+    """The base config comes from head_dim read the way every field is (whitespace around an item, a
+    sign), so the other fields are not replaced on the wrong head dim's shipped config (session 37 review)."""
+    for text in ("tile_n=96,\thead_dim=64", "head_dim=+64,tile_n=96", "tile_n=96, head_dim=64"):
+        cfg = KL.ranker_config(text)
+        assert (cfg.head_dim, cfg.tile_m, cfg.consumer_wgs) == (64, 192, 3), text
+    assert KL.ranker_bwd_config("head_dim=+64").head_dim == 64
+    with pytest.raises(ValueError, match="takes an integer"):
+        KL.ranker_bwd_config("head_dim=x")
 
 
 def test_ranker_config_fixed_row_max_turns_norm_bound_off():
@@ -304,10 +317,10 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
     assert main(["layouts", "--kernel", "ranker_fwd", "--config", "stages=9", "--out", str(fresh)]) == 2
     assert not fresh.exists()  # nothing written for a rejected config
     assert main(["layouts", "--kernel", "ranker_fwd", "--config", "head_dim=abc", "--out", str(fresh)]) == 2
-    assert "head_dim takes an integer" in capsys.readouterr().err
+    assert "'head_dim' takes an integer" in capsys.readouterr().err
     for field in ("head_dim", "tile_m"):  # the backward's config names the field too
         assert main(["layouts", "--kernel", "ranker_bwd", "--config", f"{field}=abc", "--out", str(fresh)]) == 2
-        assert f"{field} takes an integer, got 'abc'" in capsys.readouterr().err
+        assert f"'{field}' takes an integer, got 'abc'" in capsys.readouterr().err
     afile = tmp_path / "report.txt"
     assert main(["layouts", "--kernel", "ranker_fwd", "--out", str(afile)]) == 2
     assert "not a folder" in capsys.readouterr().err

@@ -56,10 +56,19 @@ def test_config():
     assert cfg.norm.rows * 8 <= cfg.norm.q_threads
     with pytest.raises(ValueError, match="divisible"):
         mod.ParallelQKNormConfig.for_shape(3, 4096, 1024, torch.bfloat16)
-    with pytest.raises(ValueError, match="world size"):
+    with pytest.raises(ValueError, match=r"world=16 must be in \[1, 8\]"):
         mod.ParallelQKNormConfig.for_shape(16, 4096, 1024, torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 8"):
         mod.ParallelQKNormConfig.for_shape(8, 4096 + 8, 1024, torch.bfloat16)
+    with pytest.raises(TypeError, match="world must be an int"):
+        mod.ParallelQKNormConfig.for_shape("2", 4096, 1024, torch.bfloat16)
+    # the constructor checks its own fields too (session 37 review: only the nested tiling was checked)
+    import dataclasses
+
+    for kw, exc, msg in ((dict(world=0), ValueError, "world"), (dict(world=True), TypeError, "world"),
+                         (dict(world=4), ValueError, "not the full sizes"), (dict(norm=None), TypeError, "norm")):
+        with pytest.raises(exc, match=msg):
+            dataclasses.replace(cfg, **kw)
 
 
 def test_occupancy_model():

@@ -114,6 +114,11 @@ def test_candidates_from_the_command_line():
     with pytest.raises(ValueError, match="true or false"):
         tuning.parse_candidates("persistent=maybe", rf.CONFIGS[128])
     assert tuning.parse_candidates("tile_n=96,128, stages=3", rf.CONFIGS[128]) == dict(tile_n=[96, 128], stages=[3])
+    for text in ("tile_n=96,,128", "tile_n=96,", ",tile_n=96"):  # an empty item: a value may have been lost
+        with pytest.raises(ValueError, match="empty item"):
+            tuning.parse_candidates(text, rf.CONFIGS[128])
+    with pytest.raises(ValueError, match="'tile_N' unknown"):  # a typo is not "every candidate rejected"
+        tuning.candidate_configs("ranker_fwd", shape, "tile_N=96")
     with pytest.raises(ValueError, match="'tile_n' given twice"):
         tuning.parse_candidates("tile_n=96,tile_n=128", rf.CONFIGS[128])
 
@@ -275,15 +280,40 @@ def test_ranker_tuned_key_tells_caps_above_the_fixed_max_apart(cache):
 
 
 def test_ranker_rejects_an_unusable_tuned_config(cache):
-    tuning.store("ranker_fwd", torch.bfloat16, KEY, dict(head_dim=128, tile_n=176), GPU)  # fails validate()
-    with pytest.warns(RuntimeWarning, match="unusable"):
-        assert rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "none", gpu=GPU) == rf.CONFIGS[128]
-    tuning.store("ranker_fwd", torch.bfloat16, KEY, dict(head_dim=64), GPU)  # another head dim
-    with pytest.warns(RuntimeWarning, match="unusable"):
-        assert rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "none", gpu=GPU) == rf.CONFIGS[128]
-    tuning.store("ranker_fwd", torch.bfloat16, KEY, dict(head_dim=128, tile_q=3), GPU)  # unknown field
-    with pytest.warns(RuntimeWarning, match="unusable"):
-        assert rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "none", gpu=GPU) == rf.CONFIGS[128]
+    """Hand-edited entries that cannot run this call fall back to the shipped config with a warning that
+    names the reason; ``cute-kernels configs`` marks them (session 37 review)."""
+    full = dataclasses.asdict(rf.CONFIGS[128])
+    for fields, why in ((dict(full, tile_n=176), "accumulator registers"),  # does not fit
+                        (dataclasses.asdict(rf.CONFIGS[64]), "head_dim=64, the call's is 128"),  # another head dim
+                        (dict(full, tile_q=3), "tile_q"),  # unknown field
+                        (dict(tile_n=96), "missing fields"),  # partial: not filled from the class defaults
+                        (None, "not an object")):
+        tuning.store("ranker_fwd", torch.bfloat16, KEY, {} if fields is None else fields, GPU)
+        if fields is None:  # (store takes a dict; write the entry's config as JSON null by hand)
+            data = json.loads(tuning.tuned_path().read_text())
+            next(iter(data["entries"].values()))["config"] = None
+            tuning.tuned_path().write_text(json.dumps(data))
+            tuning.reload()
+        with pytest.warns(RuntimeWarning, match=why):
+            assert rf.config_for_shape(torch.bfloat16, 4, 4608, 16, 16, 128, "none", gpu=GPU) == rf.CONFIGS[128]
+    tuning.store("ranker_fwd", torch.bfloat16, KEY, dict(full, stages=4), GPU)
+    listing = tuning.format_configs("ranker_fwd")
+    assert "UNUSABLE (config needs" in listing and "shared memory" in listing
+
+
+@pytest.mark.parametrize("content", [b'{"version": 1, "entries": {"k": {"note": "Jos\xe9"}}}', b"[" * 200000])
+def test_undecodable_tuned_file_is_ignored(cache, content):
+    """A tuned.json that is not UTF-8 or nests too deeply is ignored with a warning, by readers and by
+    store (which rewrites it), instead of crashing every call (session 37 review)."""
+    path = tuning.tuned_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    tuning.reload()
+    with pytest.warns(RuntimeWarning, match="ignoring it"):
+        assert tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU) is None
+    with pytest.warns(RuntimeWarning):
+        tuning.store("ranker_fwd", torch.bfloat16, KEY, rf.CONFIGS[128], GPU)
+    assert rf.RankerFwdConfig(**tuning.lookup("ranker_fwd", torch.bfloat16, KEY, gpu=GPU)) == rf.CONFIGS[128]
 
 
 def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypatch):

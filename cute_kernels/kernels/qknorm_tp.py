@@ -97,8 +97,11 @@ class ParallelQKNormConfig(ValidatedConfig):
 
     @staticmethod
     def for_shape(world: int, q_dim: int, k_dim: int, dtype: torch.dtype) -> "ParallelQKNormConfig":
-        if world < 1 or world > MAX_G:
-            raise ValueError(f"world size {world}: must be in [1, {MAX_G}]")
+        """The config of ``world`` ranks sharing q rows of ``q_dim`` and k rows of ``k_dim`` elements (ints)
+        of ``dtype``: ``TypeError`` / ``ValueError`` naming the argument, or the tiling's reason."""
+        check_int("world", world, low=1, high=MAX_G)
+        check_int("q_dim", q_dim)
+        check_int("k_dim", k_dim)
         if q_dim % world or k_dim % world:
             raise ValueError(f"q_dim={q_dim} and k_dim={k_dim} must be divisible by the world size {world}")
         try:
@@ -109,7 +112,12 @@ class ParallelQKNormConfig(ValidatedConfig):
         return ParallelQKNormConfig(world, norm)
 
     def validate(self) -> None:
-        self.norm.validate()
+        check_int("world", self.world, low=1, high=MAX_G)
+        if not isinstance(self.norm, QKNormConfig):
+            raise TypeError(f"ParallelQKNormConfig.norm={self.norm!r}: must be a QKNormConfig")
+        if (self.norm.q.width * self.world, self.norm.k.width * self.world) != (self.norm.q_dim, self.norm.k_dim):
+            raise ValueError(f"per-rank widths {self.norm.q.width} and {self.norm.k.width} over {self.world} ranks are "
+                             f"not the full sizes q_dim={self.norm.q_dim}, k_dim={self.norm.k_dim}")
 
 
 class ParallelQKNormKernel(QKRowNormalizer):

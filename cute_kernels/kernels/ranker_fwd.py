@@ -1497,7 +1497,8 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
     if varlen:
         return shipped_config(dtype, d, cap_method)
     return tuned_config(NAME, RankerFwdConfig, dtype, tuned_shape_key(nb, seq, hq, hkv, d, cap_method, cap),
-                        shipped_config(dtype, d, cap_method), gpu=gpu, device=device, accept=lambda c: c.head_dim == d)
+                        shipped_config(dtype, d, cap_method), gpu=gpu, device=device,
+                        accept=lambda c: None if c.head_dim == d else f"head_dim={c.head_dim}, the call's is {d}")
 
 
 def _pointers_aligned(q, k, v, bounds, cu_seqlens=None) -> bool:

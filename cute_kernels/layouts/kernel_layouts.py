@@ -134,17 +134,13 @@ def ranker_config(text: Optional[str] = None, dtype="bf16"):
     from ..kernels import ranker_fwd as rf
 
     torch_dtype = torch.float16 if _ranker_dtype(dtype).__name__ == "Float16" else torch.bfloat16
-    head_dim = rf.RankerFwdConfig().head_dim
-    if text:
-        for part in text.replace(" ", "").split(","):
-            if part.startswith("head_dim="):
-                value = part.split("=", 1)[1]
-                if not value.lstrip("-").isdigit():
-                    raise ValueError(f"head_dim takes an integer, got {value!r}")
-                head_dim = int(value)
+    default = rf.RankerFwdConfig()
+    items = key_values(text, "RankerFwdConfig config field", [f.name for f in dataclasses.fields(rf.RankerFwdConfig)],
+                       CONFIG_EXAMPLES["RankerFwdConfig"])  # (the same items parse_config reads below)
+    head_dim = _parse_value("head_dim", items["head_dim"], default.head_dim) if "head_dim" in items else default.head_dim
     # (an unsupported head dim starts from the default one; the config's check then names it)
-    base = rf.shipped_config(torch_dtype, head_dim if head_dim in rf.CONFIGS else rf.RankerFwdConfig().head_dim)
-    capped = "fixed_row_max=true" in (text or "").replace(" ", "").lower()
+    base = rf.shipped_config(torch_dtype, head_dim if head_dim in rf.CONFIGS else default.head_dim)
+    capped = "fixed_row_max" in items and _parse_value("fixed_row_max", items["fixed_row_max"], False)
     return parse_config(rf.RankerFwdConfig, text, base, **(dict(norm_bound=False) if capped else {}))
 
 
@@ -182,6 +178,9 @@ def enumerate_configs(base, **choices) -> tuple[list, list]:
     import itertools
 
     names = list(choices)
+    unknown = sorted(set(names) - {f.name for f in dataclasses.fields(base)})
+    if unknown:  # (a typo, not a config that does not fit)
+        raise ValueError(f"{type(base).__name__} has no field {', '.join(unknown)}")
     accepted, rejected = [], []
     for values in itertools.product(*(list(choices[n]) for n in names)):
         fields = dict(zip(names, values))
@@ -373,11 +372,9 @@ def ranker_bwd_config(text: Optional[str] = None):
 
     fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)},
                         CONFIG_EXAMPLES["RankerBwdConfig"])
-    for name in ("head_dim", "tile_m"):
-        if name in fields and not str(fields[name]).lstrip("-").isdigit():
-            raise ValueError(f"{name} takes an integer, got {fields[name]!r}")
-    base = rb.config_for(int(fields["head_dim"]), False) if "head_dim" in fields else rb.CONFIGS[128]
-    implied = rb.tile_m_fields(base, int(fields["tile_m"])) if "tile_m" in fields else {}  # its dQ form
+    head_dim, tile_m = (_parse_value(name, fields[name], 0) if name in fields else None for name in ("head_dim", "tile_m"))
+    base = rb.config_for(head_dim, False) if head_dim is not None else rb.CONFIGS[128]
+    implied = rb.tile_m_fields(base, tile_m) if tile_m is not None else {}  # its dQ form
     return parse_config(rb.RankerBwdConfig, text, base=base, **implied)
 
 
