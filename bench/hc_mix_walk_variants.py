@@ -20,7 +20,6 @@ import sys
 import torch
 
 from cute_kernels.kernels import hc_mix_tma as tma
-from cute_kernels.kernels import hc_mix as base
 from cute_kernels.kernels.hc_mix import SP_COLS
 from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 from hc_mix_tail_probe import compiled_part
