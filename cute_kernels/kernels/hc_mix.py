@@ -83,9 +83,9 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, register_flops
-from ..runtime.validate import ValidatedConfig
-from ..runtime.validate import (INT32_MAX, check_f32_eps, check_float_tensors, check_int, check_same_device,
-                                check_distinct_rows, check_extent, check_tensor, element_span, validated_once)
+from ..runtime.validate import (ValidatedConfig, INT32_MAX, check_f32_eps, check_float_tensors, check_int,
+                                check_same_device, check_distinct_rows, check_extent, check_tensor, element_span,
+                                validated_once)
 
 NAME = "hc_mix"
 MAX_ROWS = 65535 * 16  # rows of x: 65535 row blocks of 16 (the grid's y limit)

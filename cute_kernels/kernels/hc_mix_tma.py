@@ -74,8 +74,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_tensor
-from ..runtime.validate import ValidatedConfig
-from ..runtime.validate import INT32_MAX, check_int, check_outputs_disjoint, check_tensor
+from ..runtime.validate import ValidatedConfig, INT32_MAX, check_int, check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
 from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _split3_bf16x2, _validate,
                      fake_launch_args, run_compiled, split_pieces)

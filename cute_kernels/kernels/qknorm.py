@@ -75,9 +75,8 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import ValidatedConfig
-from ..runtime.validate import (check_distinct_rows, check_extent, check_f32_eps, check_float_tensors, check_int,
-                                check_same_device, check_tensor, F32_MAX, INT32_MAX)
+from ..runtime.validate import (ValidatedConfig, check_distinct_rows, check_extent, check_f32_eps, check_float_tensors,
+                                check_int, check_same_device, check_tensor, F32_MAX, INT32_MAX)
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

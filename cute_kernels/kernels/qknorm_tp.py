@@ -74,8 +74,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import ValidatedConfig
-from ..runtime.validate import check_int, check_real
+from ..runtime.validate import ValidatedConfig, check_int, check_real
 from .qknorm import (DEFAULT_TUNING, DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, fast_path_key, bump_versions,
                      check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args,
                      validate_qk_shapes, vec_elems)

@@ -84,9 +84,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
-from ..runtime.validate import ValidatedConfig
-from ..runtime.validate import (INT32_MAX, check_bool, check_config_fields, check_extent, check_outputs_disjoint,
-                                check_same_device, check_tensor)
+from ..runtime.validate import (ValidatedConfig, INT32_MAX, check_bool, check_config_fields, check_extent,
+                                check_outputs_disjoint, check_same_device, check_tensor)
 from . import ranker_flops, sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
                          ranker_attention_reference)
@@ -318,8 +317,8 @@ def use_config(config: RankerBwdConfig):
     the uncapped one (128 q rows per step) spills registers with a cap, so override capped D=64 calls
     with a capped-style config.  Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` (a config
     that does not fit is refused when constructed, also through ``dataclasses.replace``: ``ValueError``
-    with the reason, ``TypeError`` for a wrongly typed field).  Process-wide, not thread-safe; blocks nest (the newest open block
-    wins, also when blocks close out of order)."""
+    with the reason, ``TypeError`` for a wrongly typed field).  Process-wide, not thread-safe; blocks nest
+    (the newest open block wins, also when blocks close out of order)."""
     if not isinstance(config, RankerBwdConfig):
         raise TypeError(f"use_config takes a RankerBwdConfig, got {type(config).__name__}")
     with override_config(_OVERRIDES, config):

@@ -84,9 +84,9 @@ from ..runtime.alloc import is_compact
 from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import capturing as _capturing, custom_op, refuse_func_transforms, tracing, without_data
-from ..runtime.validate import ValidatedConfig
-from ..runtime.validate import (check_config_fields, check_extent, check_float_tensors, check_same_device, check_tensor,
-                                F32_MAX, MEMO_LIMIT, check_bool, check_int, check_real, validated_once)
+from ..runtime.validate import (ValidatedConfig, check_config_fields, check_extent, check_float_tensors,
+                                check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
+                                check_real, validated_once)
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
 from . import ranker_autograd, ranker_flops
@@ -1534,9 +1534,8 @@ def use_config(config: "RankerFwdConfig"):
     module; see ``notebooks/03_new_tile_shape.ipynb``).  Raises ``TypeError`` for anything but a
     :class:`RankerFwdConfig` (a config that does not fit never exists: its constructor, also through
     ``dataclasses.replace``, raises ``ValueError`` with the reason, ``TypeError`` for a wrongly typed field);
-    a config whose kernel spills registers
-    runs, with a ``RuntimeWarning`` at its first launch (:func:`warn_if_spills`).  Process-wide, not thread-safe;
-    blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`.
+    a config whose kernel spills registers runs, with a ``RuntimeWarning`` at its first launch
+    (:func:`warn_if_spills`).  Process-wide, not thread-safe; blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`.
 
     ``RankerFwdConfig()``'s field defaults are the plain kernel (one CTA per tile, the online max, no self-term
     TMA stage), not the shipped one; to change one field of what ships, start from it:

@@ -22,8 +22,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import ValidatedConfig
-from ..runtime.validate import check_config_fields, check_float_tensors, check_real, check_tensor
+from ..runtime.validate import ValidatedConfig, check_config_fields, check_float_tensors, check_real, check_tensor
 
 NAME = "scale"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

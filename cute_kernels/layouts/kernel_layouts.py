@@ -137,7 +137,7 @@ def ranker_config(text: Optional[str] = None, dtype="bf16"):
     default = rf.RankerFwdConfig()
     items = key_values(text, "RankerFwdConfig config field", [f.name for f in dataclasses.fields(rf.RankerFwdConfig)],
                        CONFIG_EXAMPLES["RankerFwdConfig"])  # (the same items parse_config reads below)
-    head_dim = _parse_value("head_dim", items["head_dim"], default.head_dim) if "head_dim" in items else default.head_dim
+    head_dim = _parse_value("head_dim", items["head_dim"], 0) if "head_dim" in items else default.head_dim
     # (an unsupported head dim starts from the default one; the config's check then names it)
     base = rf.shipped_config(torch_dtype, head_dim if head_dim in rf.CONFIGS else default.head_dim)
     capped = "fixed_row_max" in items and _parse_value("fixed_row_max", items["fixed_row_max"], False)
@@ -372,7 +372,7 @@ def ranker_bwd_config(text: Optional[str] = None):
 
     fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)},
                         CONFIG_EXAMPLES["RankerBwdConfig"])
-    head_dim, tile_m = (_parse_value(name, fields[name], 0) if name in fields else None for name in ("head_dim", "tile_m"))
+    head_dim, tile_m = (_parse_value(n, fields[n], 0) if n in fields else None for n in ("head_dim", "tile_m"))
     base = rb.config_for(head_dim, False) if head_dim is not None else rb.CONFIGS[128]
     implied = rb.tile_m_fields(base, tile_m) if tile_m is not None else {}  # its dQ form
     return parse_config(rb.RankerBwdConfig, text, base=base, **implied)
