@@ -4,6 +4,7 @@ import dataclasses
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -554,7 +555,9 @@ def test_bulk_stages_rules(fields, shape, match):
                                     (dict(bulk_stages=-1), ValueError), (dict(bulk_stages=2.0), TypeError),
                                     (dict(l2_prefetch_bytes=-1), ValueError), (dict(l2_prefetch_bytes=1.0), TypeError),
                                     (dict(l2_prefetch_bytes=2**31), ValueError),
-                                    (dict(l2_prefetch_bytes=4096, persistent_ctas=396), ValueError)])
+                                    (dict(l2_prefetch_bytes=4096, persistent_ctas=396), ValueError),
+                                    # exact ints, as the other kernels' configs (session 37 review)
+                                    (dict(persistent_ctas=np.int64(5)), TypeError)])
 def test_tuning_fields_are_checked(kw, exc):
     with pytest.raises(exc):
         mod.QKNormConfig.for_shape(4096, 1024, torch.bfloat16, tuning=mod.QKNormTuning(**kw))

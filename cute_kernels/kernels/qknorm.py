@@ -75,8 +75,8 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import (ValidatedConfig, check_distinct_rows, check_extent, check_f32_eps, check_float_tensors,
-                                check_int, check_same_device, check_tensor, F32_MAX, INT32_MAX)
+from ..runtime.validate import (ValidatedConfig, check_config_fields, check_distinct_rows, check_extent, check_f32_eps,
+                                check_float_tensors, check_int, check_same_device, check_tensor, F32_MAX, INT32_MAX)
 
 NAME = "qknorm"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -178,6 +178,7 @@ class QKNormTuning(ValidatedConfig):
     l2_prefetch_bytes: int = 0
 
     def validate(self) -> None:
+        check_config_fields(self)  # (exact ints and bools, as every kernel config: not numpy ints or floats)
         check_int("target_vecs", self.target_vecs, low=1, high=_MAX_VECS)
         if type(self.streaming) is not bool:
             raise TypeError(f"streaming={self.streaming!r}: must be a bool")
@@ -222,11 +223,9 @@ class QKNormConfig(ValidatedConfig):
             raise TypeError(f"dtype {dtype}: must be one of {[str(d).replace('torch.', '') for d in DTYPES]}")
         if not isinstance(tuning, QKNormTuning):
             raise TypeError(f"tuning={tuning!r}: must be a QKNormTuning")
-        check_int("q_width", q_width)
-        check_int("k_width", k_width)
-        for name, dim in (("q_dim", q_dim), ("k_dim", k_dim)):
-            if dim is not None:
-                check_int(name, dim)
+        q_width, k_width = check_int("q_width", q_width), check_int("k_width", k_width)  # (plain ints from here:
+        q_dim, k_dim = (None if dim is None else check_int(name, dim)  # the config's fields are exact ints)
+                        for name, dim in (("q_dim", q_dim), ("k_dim", k_dim)))
         vec = vec_elems(dtype)
         for name, w in (("q", q_width), ("k", k_width)):
             if w <= 0 or w % vec:
@@ -278,9 +277,10 @@ class QKNormConfig(ValidatedConfig):
         for name, kind in (("q", RowTiling), ("k", RowTiling), ("tuning", QKNormTuning)):
             if not isinstance(getattr(self, name), kind):
                 raise TypeError(f"QKNormConfig.{name}={getattr(self, name)!r}: must be a {kind.__name__}")
-        check_int("rows", self.rows)
-        check_int("q_dim", self.q_dim)
-        check_int("k_dim", self.k_dim)
+        for name in ("rows", "q_dim", "k_dim"):
+            if type(getattr(self, name)) is not int:  # (for_shape passes plain ints)
+                raise TypeError(f"QKNormConfig.{name}={getattr(self, name)!r}: must be an int")
+            check_int(name, getattr(self, name))
         self.q.validate()
         self.k.validate()
         if self.q.vec != self.k.vec:

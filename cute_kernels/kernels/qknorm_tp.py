@@ -98,9 +98,8 @@ class ParallelQKNormConfig(ValidatedConfig):
     def for_shape(world: int, q_dim: int, k_dim: int, dtype: torch.dtype) -> "ParallelQKNormConfig":
         """The config of ``world`` ranks sharing q rows of ``q_dim`` and k rows of ``k_dim`` elements (ints)
         of ``dtype``: ``TypeError`` / ``ValueError`` naming the argument, or the tiling's reason."""
-        check_int("world", world, low=1, high=MAX_G)
-        check_int("q_dim", q_dim)
-        check_int("k_dim", k_dim)
+        world = check_int("world", world, low=1, high=MAX_G)  # (plain ints from here)
+        q_dim, k_dim = check_int("q_dim", q_dim), check_int("k_dim", k_dim)
         if q_dim % world or k_dim % world:
             raise ValueError(f"q_dim={q_dim} and k_dim={k_dim} must be divisible by the world size {world}")
         try:
@@ -111,6 +110,8 @@ class ParallelQKNormConfig(ValidatedConfig):
         return ParallelQKNormConfig(world, norm)
 
     def validate(self) -> None:
+        if type(self.world) is not int:  # (exact, as every config's ints; for_shape passes a plain int)
+            raise TypeError(f"ParallelQKNormConfig.world={self.world!r}: must be an int")
         check_int("world", self.world, low=1, high=MAX_G)
         if not isinstance(self.norm, QKNormConfig):
             raise TypeError(f"ParallelQKNormConfig.norm={self.norm!r}: must be a QKNormConfig")
