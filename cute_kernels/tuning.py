@@ -157,20 +157,31 @@ def format_configs(kernel: Optional[str] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _entry_problem(entry: dict) -> Optional[str]:
-    """Why a stored entry's config cannot be used (None when it can, or when no tuner knows its kernel)."""
-    tuner = TUNERS.get(entry.get("kernel"))
-    cls = getattr(tuner, "config_class", None)
-    fields = entry.get("config")
-    if cls is None:
-        return None
+def config_from_fields(cls, fields):
+    """The ``cls`` config a stored entry's ``fields`` describe: every field of ``cls`` (as ``cute-kernels tune``
+    stores them: a partial entry would take the others from the class defaults, not from the shipped config),
+    each of its default's type where that is a bool, int or float (a hand-edited ``"false"`` string must not
+    pass as a truthy bool), and a config that checks out when constructed.  ``TypeError`` / ``ValueError``
+    with the reason otherwise."""
     if not isinstance(fields, dict):
-        return "its config is not an object of fields"
+        raise TypeError(f"config {fields!r} is not an object of fields")
     missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields]
     if missing:
-        return f"missing fields {', '.join(missing)}"
+        raise ValueError(f"missing fields {', '.join(missing)} (`cute-kernels tune` stores every field)")
+    for f in dataclasses.fields(cls):
+        want = type(f.default)
+        if want in (bool, int, float) and type(fields[f.name]) is not want:
+            raise TypeError(f"field {f.name!r} must be a {want.__name__}, got {fields[f.name]!r}")
+    return cls(**fields)
+
+
+def _entry_problem(entry: dict) -> Optional[str]:
+    """Why a stored entry's config cannot be used (None when it can, or when no tuner knows its kernel)."""
+    cls = getattr(TUNERS.get(entry.get("kernel")), "config_class", None)
+    if cls is None:
+        return None
     try:
-        cls(**fields)
+        config_from_fields(cls, entry.get("config"))
     except (TypeError, ValueError) as exc:
         return str(exc)
     return None
@@ -324,23 +335,15 @@ def tuned_config(kernel: str, cls, dtype, shape_key: str, default, gpu: Optional
                  accept: Optional[Callable[[Any], Optional[str]]] = None):
     """The tuned ``cls`` config of this key, else ``default``.
 
-    The stored fields must be every field of ``cls`` (as ``cute-kernels tune`` stores them: a partial entry
-    would take the others from the class defaults, not from the shipped config) and build a ``cls`` (a config
-    checks itself when constructed) that ``accept`` takes (``accept(cfg)`` returns None, or the reason it does
-    not fit this call, e.g. another head dim); otherwise a warning and ``default``.
+    The stored fields must build a ``cls`` (:func:`config_from_fields`) that ``accept`` takes (``accept(cfg)``
+    returns None, or the reason it does not fit this call, e.g. another head dim); otherwise a warning and
+    ``default``.
     """
     fields = lookup(kernel, dtype, shape_key, gpu=gpu, device=device)
     if fields is None:
         return default
     try:
-        for f in dataclasses.fields(default):  # a hand-edited "false" string must not pass as a truthy bool
-            want = type(getattr(default, f.name))
-            if f.name in fields and want in (bool, int, float) and type(fields[f.name]) is not want:
-                raise TypeError(f"field {f.name!r} must be a {want.__name__}, got {fields[f.name]!r}")
-        missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields]
-        if missing:
-            raise ValueError(f"missing fields {', '.join(missing)} (`cute-kernels tune` stores every field)")
-        cfg = cls(**fields)
+        cfg = config_from_fields(cls, fields)
         why = accept(cfg) if accept is not None else None
         if why:
             raise ValueError(f"does not fit this call: {why}")
