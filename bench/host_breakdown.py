@@ -39,7 +39,7 @@ def main():
         "ranker_attention (return_lse)": lambda: cute_kernels.ranker_attention(q, q, q, bounds, return_lse=True),
         "_ranker_op (eager fast path)": lambda: fwd._ranker_op(q, q, q, bounds),
         "_ranker_eager (kept launch plan)": lambda: fwd._ranker_eager(q, q, q, bounds, None, None, "tanh", None, None),
-        "_plan_key": lambda: fwd._plan_key(q, q, q, bounds, None, None, "tanh"),
+        "_plan_key": lambda: fwd._plan_key(q, q, q, bounds, None, None, "tanh", False),
         "_ranker_impl (full path)": lambda: fwd._ranker_impl(q, q, q, bounds, None, None, "tanh", None, None),
         "_validate_cached": lambda: fwd._validate_cached(q, q, q, bounds, None, None, "tanh", None, None),
         "torch_op.tracing()": torch_op.tracing,

@@ -311,6 +311,14 @@ def test_fixed_row_max_only_where_the_cap_bounds_p(monkeypatch, dtype, cap, fixe
 rf_validate = rf._validate
 
 
+def _refuse_misaligned(args) -> None:
+    """What the compiled function's own argument checks (tvm-ffi) do with a misaligned tensor before they
+    launch, for the stand-in kernels below: a ValueError (16-byte aligned 16-bit tensors, 4-byte the rest)."""
+    for t in args:
+        if isinstance(t, torch.Tensor) and t.data_ptr() % (16 if t.element_size() == 2 else 4):
+            raise ValueError("Misaligned Tensor data (stand-in for tvm-ffi's check)")
+
+
 def _attention_entry(ptx: str) -> str:
     """The attention kernel's body in a compiled forward's PTX (the module also holds the k pre-pass kernel)."""
     parts = re.split(r"\.visible \.entry ", ptx)
@@ -877,7 +885,7 @@ def test_eager_launch_plan(monkeypatch):
         monkeypatch.setattr(rf, name, {})
     compiled_with_lse = []
     monkeypatch.setattr(rf, "_compile", lambda *a: compiled_with_lse.append(a[5]) or (
-        lambda *args: launched.append((a[1], args))))
+        lambda *args: _refuse_misaligned(args) or launched.append((a[1], args))))
     monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)  # (no compile record: nothing was compiled)
     monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
     impl = rf._ranker_impl
@@ -915,8 +923,8 @@ def test_eager_launch_plan(monkeypatch):
             assert l.stride() == torch.empty(l.shape).stride() and launched[-1][1][4] is o
     full.clear()
     full.append(first_key)
-    with pytest.raises(ValueError, match="16-byte aligned"):  # same signature, 2-byte aligned q: the full path
-        rf.ranker_attention(tensors(offset=1), q2, q2, bounds2)
+    with pytest.raises(ValueError, match="16-byte aligned"):  # same key, 2-byte aligned q: the compiled
+        rf.ranker_attention(tensors(offset=1), q2, q2, bounds2)  # function refuses, the full path explains
     assert len(full) == 2
     rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1)  # an int scale: its own signature
     rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1.0)
@@ -959,7 +967,7 @@ def test_eager_launch_plan_edges(monkeypatch):
     monkeypatch.setattr(rf, "_compile", compile_with_reload)
     rf.ranker_attention(q, q, q, bounds)
     assert launched and not rf._PLANS and not rf._CHOSEN
-    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: launched.append(args))
+    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: _refuse_misaligned(args) or launched.append(args))
     rf.ranker_attention(q, q, q, bounds)
     assert len(rf._PLANS) == 1
     rf._PLANS.clear()
@@ -970,6 +978,55 @@ def test_eager_launch_plan_edges(monkeypatch):
     odd = torch.empty(0, dtype=torch.int32).set_(storage, 0, (2, 4), (4, 1))  # same signature, 1 mod 4
     with pytest.raises(ValueError, match="4-byte aligned"):
         rf.ranker_attention(q, q, q, odd)
+
+
+def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
+    """The plan's key leaves k's, v's and the bounds' dtypes, v's shape, alignment and devices to the compiled
+    function's own checks (tvm-ffi refuses before it launches): such a call must raise the full path's error
+    (not the compiled function's), and a refusal the full path's checks pass re-raises the compiled one's."""
+    launched, full, tried = [], [], []
+    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
+    for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
+        monkeypatch.setattr(rf, name, {})
+    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    impl = rf._ranker_impl
+    monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(1) or impl(*a, **kw))
+
+    def tvm_ffi_like(q, k, v, bounds, *rest):  # a stand-in with the compiled function's argument checks
+        tried.append(q)
+        _refuse_misaligned((q, k, v, bounds))
+        if k.dtype != q.dtype or v.dtype != q.dtype or bounds.dtype != torch.int32:
+            raise ValueError("Mismatched Tensor dtype (stand-in)")
+        if v.shape != k.shape:
+            raise ValueError("Mismatched Tensor shape (stand-in)")
+        if getattr(bounds, "refused", False):
+            raise TypeError("refused by the stand-in only")
+        launched.append(q)
+
+    monkeypatch.setattr(rf, "_compile", lambda *a: tvm_ffi_like)
+    q = torch.zeros(2, 64, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16)
+    bounds = torch.tensor([[0, 5, 5, 9]] * 2, dtype=torch.int32)
+    rf.ranker_attention(q, k, k, bounds)
+    rf.ranker_attention(q, k, k, bounds)
+    assert len(full) == 1 and len(launched) == 2 and len(rf._PLANS) == 1  # the second call: the plan
+    cases = [((q, k, k.half(), bounds), TypeError, "must share a dtype"),
+             ((q, k, k, bounds.long()), TypeError, "dtype"),
+             ((q, k, k.as_strided((2, 64, 1, 64), k.stride()), bounds), ValueError, "same shape"),  # (k's strides)
+             ((q, k, torch.zeros(k.numel() + 8, dtype=k.dtype)[4:4 + k.numel()].view(k.shape), bounds), ValueError,
+              "16-byte aligned")]
+    for args, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            rf.ranker_attention(*args)
+    # each launched the plan first (refused), then the full path explained it before any launch
+    assert len(tried) == 2 + len(cases) and len(full) == 1 + len(cases) and len(launched) == 2
+    odd = bounds.clone()
+    odd.refused = True  # the full path's checks pass it: the compiled function's own error, launched by neither
+    with pytest.raises(TypeError, match="refused by the stand-in only"):
+        rf.ranker_attention(q, k, k, odd)
+    assert len(launched) == 2 and len(tried) == 4 + len(cases)  # (the plan's launch, then the full path's)
+    rf.ranker_attention(q, k, k, bounds)  # the plan again
+    assert len(launched) == 3 and len(full) == 2 + len(cases)
 
 
 def test_flop_counter_counts_useful_flops():

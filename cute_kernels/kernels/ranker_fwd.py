@@ -1838,39 +1838,50 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     return (out, lse) if return_lse else out
 
 
-def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method) -> tuple:
-    """What a fixed-length call's launch plan depends on: each tensor's shape, strides, dtype and device,
-    and the scalars with their types (``True == 1`` hash alike; a bool may be refused where an int
-    is not).  Raises AttributeError / TypeError / RuntimeError for arguments that cannot be keyed."""
-    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-            v.shape, v.stride(), v.dtype, v.device, bounds.shape, bounds.stride(), bounds.dtype,
-            bounds.device, type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method)
+def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method, with_lse) -> tuple:
+    """What a fixed-length call's launch plan depends on and the compiled function does not check itself:
+    q's shape, strides, dtype and device (the output's allocation, the grid, the config choice), k's shape
+    (the GQA ratio, compiled in), k's and v's strides (their 32-bit extents, :func:`_validate`'s
+    ``check_extent``), the bounds' shape (one row per batch row), and the scalars with their types
+    (``True == 1`` hash alike; a bool may be refused where an int is not).  The rest, the compiled
+    function's own argument checks (tvm-ffi, in compiled code, before it launches) refuse: k's, v's and the
+    bounds' dtypes, v's shape (k's), unit column strides and 16-byte divisible strides, the bounds' compact
+    layout, 16-byte (bounds: 4-byte) aligned data, every tensor on q's device; :func:`_ranker_eager` then
+    explains the refusal with the full path's checks.  Raises AttributeError / TypeError / RuntimeError for
+    arguments that cannot be keyed."""
+    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), v.stride(), bounds.shape,
+            type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method, with_lse)
 
 
 def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, with_lse: bool = True):
-    """The eager call: a fixed-length call whose argument signature the full path (:func:`_ranker_impl`:
-    every check, config choice, compiled function) has run before launches its kept plan, after
-    re-checking what a signature does not fix (:func:`_pointers_aligned`); anything else, and calls inside a
-    :func:`use_config` block, take the full path, which keeps the plan of a new signature (issue 3's
-    host-overhead target: on the H200's host the full path costs 23.5-27 us per call, the plan 13.6-15.3 with
-    the LSE, session 33's ``bench/host_breakdown.py``).  The plan
-    allocates ``out`` with ``torch.empty_like(q)`` where q is compact (:mod:`~cute_kernels.runtime.alloc`), the
-    rest with ``new_empty``.  ``with_lse=False``: no LSE (None in its place; a plan of its own)."""
+    """The eager call: a fixed-length call whose :func:`_plan_key` the full path (:func:`_ranker_impl`: every
+    check, config choice, compiled function) has run before launches its kept plan; anything else, and
+    calls inside a :func:`use_config` block, take the full path, which keeps the plan of a new key.  What
+    the key leaves out (other dtypes, layouts, alignment or devices of k, v and the bounds) the compiled
+    function refuses before it launches (``ValueError`` / ``TypeError`` from tvm-ffi): the call then runs
+    the full path, whose checks raise the error that explains it (issue 3's host-overhead target: on the
+    H200's host the full path costs 23.5-27 us per call, the plan 13.6-15.3 with the LSE, session 33's
+    ``bench/host_breakdown.py``).  The plan allocates ``out`` with ``torch.empty_like(q)`` where q is
+    compact (:mod:`~cute_kernels.runtime.alloc`), the rest with ``new_empty``.  ``with_lse=False``: no LSE
+    (None in its place; a plan of its own)."""
     key = None
     if cu_seqlens is None and max_seqlen is None and not _OVERRIDES:
         try:
-            key = (_plan_key(q, k, v, bounds, softmax_scale, cap, cap_method), with_lse)
+            key = _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method, with_lse)
             plan = _PLANS.get(key)
         except (AttributeError, TypeError, RuntimeError):  # (unhashable scalars; sparse / nested tensors)
             key = plan = None
-        if plan is not None and _pointers_aligned(q, k, v, bounds):
+        if plan is not None:
             fn, q_compact, lse_shape, knorm_len, tail = plan
             # (empty_like: 1.8-2.2 us of host time on the H200's host, new_empty 3.1-3.8; runtime.alloc)
             out = _empty_like(q) if q_compact else q.new_empty(q.shape)
             lse = None if lse_shape is None else q.new_empty(lse_shape, dtype=torch.float32)
-            fn(q, k, v, bounds, out, lse, None, q.new_empty(knorm_len, dtype=torch.float32) if knorm_len else None,
-               *tail)
-            return out, lse
+            try:
+                fn(q, k, v, bounds, out, lse, None,
+                   q.new_empty(knorm_len, dtype=torch.float32) if knorm_len else None, *tail)
+                return out, lse
+            except (ValueError, TypeError):  # refused before the launch: the full path below explains
+                pass
     return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, plan_key=key,
                         with_lse=with_lse)
 

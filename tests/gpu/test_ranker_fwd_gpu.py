@@ -399,7 +399,7 @@ def test_eager_launch_plan():
     q, k, v = _qkv(1, 2200, 2, 2, 128, seed=11)
     first = torch.tensor([[0, 2100, 2100, 2200]], device="cuda", dtype=torch.int32)
     o1 = cute_kernels.ranker_attention(q, k, v, first)
-    key = (rf._plan_key(q, k, v, first, None, None, "tanh"), False)  # (without return_lse: no LSE)
+    key = rf._plan_key(q, k, v, first, None, None, "tanh", False)  # (without return_lse: no LSE)
     assert key in rf._PLANS and rf._PLANS[key][3] > 0  # norm_bound: the pre-pass buffer
     q2, k2, v2 = _qkv(1, 2200, 2, 2, 128, seed=12)
     for i, bounds in enumerate(([[0, 2100, 2100, 2200]], [[5, 1500, 1600, 2190]], [[0, 0, 0, 2200]])):
@@ -411,6 +411,37 @@ def test_eager_launch_plan():
     bad = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)[1:1 + q.numel()].view(q.shape)
     with pytest.raises(ValueError, match="16-byte aligned"):
         cute_kernels.ranker_attention(bad, k, v, first)
+
+
+@pytest.mark.parametrize("case", ["v_fp16", "k_fp16", "bounds_int64", "v_heads", "k_misaligned", "v_misaligned",
+                                  "bounds_cpu", "v_cpu", "bounds_column_major"])
+def test_arguments_refused_at_the_launch_get_the_full_paths_error(case):
+    """The kept plan's key (``_plan_key``) leaves k's, v's and the bounds' dtypes, v's shape, alignment, the
+    bounds' layout and the devices to the compiled function's own checks (tvm-ffi, before it launches): such a
+    call must raise the full path's error (``_validate``'s, not tvm-ffi's), launch nothing, and leave the
+    plan working."""
+    import re
+
+    q, k, v = _qkv(2, 300, 4, 2, 128, seed=21)
+    bounds = torch.tensor([[0, 200, 200, 300], [3, 150, 160, 290]], device="cuda", dtype=torch.int32)
+    ref = cute_kernels.ranker_attention(q, k, v, bounds)
+    key = rf._plan_key(q, k, v, bounds, None, None, "tanh", False)
+    assert key in rf._PLANS
+    misaligned = lambda t: torch.empty(t.numel() + 8, device="cuda", dtype=t.dtype)[4:4 + t.numel()].view(t.shape)
+    args = {"v_fp16": (q, k, v.half(), bounds), "k_fp16": (q, k.half(), v, bounds),
+            "bounds_int64": (q, k, v, bounds.long()),
+            "v_heads": (q, k, v.as_strided((2, 300, 1, 128), v.stride()), bounds),
+            "k_misaligned": (q, misaligned(k), v, bounds), "v_misaligned": (q, k, misaligned(v), bounds),
+            "bounds_cpu": (q, k, v, bounds.cpu()), "v_cpu": (q, k, v.cpu(), bounds),
+            "bounds_column_major": (q, k, v, bounds.t().contiguous().t())}[case]
+    assert rf._plan_key(*args, None, None, "tanh", False) == key  # (so the plan's launch is what refuses)
+    with pytest.raises((TypeError, ValueError)) as expected:
+        rf._validate(*args, None, None, "tanh", None, None)
+    with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+        cute_kernels.ranker_attention(*args)
+    out = cute_kernels.ranker_attention(q, k, v, bounds)  # the plan again, the same bits
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)
 
 
 def test_torch_compile_and_graph():
