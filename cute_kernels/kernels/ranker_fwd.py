@@ -83,7 +83,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.alloc import is_compact
 from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import capturing as _capturing, custom_op, refuse_func_transforms, tracing, without_data
+from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager, refuse_func_transforms, tracing,
+                                without_data)
 from ..runtime.validate import (ValidatedConfig, check_config_fields, check_extent, check_float_tensors,
                                 check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
                                 check_real, validated_once)
@@ -1823,8 +1824,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     """
     if return_lse is not True and return_lse is not False:  # (the eager hot path: no call for a plain bool)
         return_lse = check_bool("return_lse", return_lse)
-    refuse_func_transforms("ranker_attention", q, k, v, bounds, cu_seqlens)
-    if (tracing() or getattr(q, "is_meta", False)
+    plain = plain_eager()  # (one check on the eager hot path for both below)
+    if not plain:
+        refuse_func_transforms("ranker_attention", q, k, v, bounds, cu_seqlens)
+    if (not plain and tracing() or getattr(q, "is_meta", False)
             or _grad_enabled() and (isinstance(q, torch.Tensor) and q.requires_grad
                                     or isinstance(k, torch.Tensor) and k.requires_grad
                                     or isinstance(v, torch.Tensor) and v.requires_grad)):

@@ -51,6 +51,14 @@ def refuse_func_transforms(name: str, *args) -> None:
                                   "...): call it outside them (for gradients, use .backward() / torch.autograd.grad)")
 
 
+def plain_eager() -> bool:
+    """True in plain eager mode: nothing traces (:func:`tracing` is False) and no ``torch.func`` transform is
+    active, so neither :func:`tracing` nor :func:`refuse_func_transforms` need run (one check for the eager
+    hot paths: three C calls)."""
+    return (not _is_compiling() and _get_current_dispatch_mode() is None
+            and (_transform_active is None or _transform_active() is None))
+
+
 def register_flops(packet, formula: Callable, *, get_raw: bool = False) -> None:
     """Register ``formula`` as ``torch.utils.flop_counter``'s FLOP count of the op ``packet``
     (``torch.ops.cute_kernels.<name>``; ``get_raw``: the formula takes the call's tensors, else their shapes).
