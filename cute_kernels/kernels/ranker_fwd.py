@@ -197,7 +197,6 @@ class RankerFwdConfig(ValidatedConfig):
     # the fixed one has no rescale).  The factors then live across the loop step: the three-warpgroup configs
     # at 160 registers keep the late rescale (fp16 D=128 soft_sign varlen spilled 8 bytes with it)
     early_rescale: bool = True
-    split_masked_step: bool = False  # PROBE (session 38): the history loop's masked last step as its own copy
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -857,16 +856,11 @@ class RankerAttentionFwd:
         if const_expr(self.config.intra_wg_overlap):
             # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
             kv_state = self.first_half_block(kv_state, n_block_min + n_blocks - 1, *args)
-            if const_expr(self.config.split_masked_step):  # PROBE (session 38): the two-copy form
-                for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
-                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *args,
-                                                            need_mask=False)
-                if n_blocks > 1:
-                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *args, need_mask=True)
-            else:
-                for i in cutlass.range(n_blocks - 1, unroll=1):
-                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *args,
-                                                            need_mask=i == n_blocks - 2)
+            for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+                kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *args,
+                                                        need_mask=False)
+            if n_blocks > 1:
+                kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *args, need_mask=True)
             if release_q:
                 pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
             kv_state = self.last_half_block(kv_state, *args)
@@ -874,16 +868,11 @@ class RankerAttentionFwd:
             self.scheduler_sync(wg_idx)
             kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *args,
                                             is_first=True, need_mask=True)
-            if const_expr(self.config.split_masked_step):  # PROBE (session 38): the two-copy form
-                for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
-                    kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *args,
-                                                    is_first=False, need_mask=False)
-                if n_blocks > 1:
-                    kv_state = self.mma_one_n_block(kv_state, n_block_min, *args, is_first=False, need_mask=True)
-            else:
-                for i in cutlass.range(n_blocks - 1, unroll=1):
-                    kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *args,
-                                                    is_first=False, need_mask=i == n_blocks - 2)
+            for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+                kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *args,
+                                                is_first=False, need_mask=False)
+            if n_blocks > 1:
+                kv_state = self.mma_one_n_block(kv_state, n_block_min, *args, is_first=False, need_mask=True)
             self.scheduler_arrive(wg_idx)
             if release_q:
                 pipeline_q.consumer_release(q_state)
@@ -893,7 +882,7 @@ class RankerAttentionFwd:
     def mma_one_n_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                         acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
                         scale_log2, softmax_scale, cap, wg_idx, fixed,
-                        is_first: cutlass.Constexpr, need_mask):
+                        is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
         """One history KV block: S = Q K^T, cap, mask, online softmax, O += P V."""
         pipeline_k.consumer_wait(kv_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
@@ -917,26 +906,16 @@ class RankerAttentionFwd:
 
     @cute.jit
     def scores_to_probs(self, acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2, softmax_scale,
-                        cap, fixed, is_first: cutlass.Constexpr, need_mask):
-        """Cap, edge mask, online softmax of one S tile in place; the O rescale factors into ``row_scale``.
-        ``need_mask``: a Python bool, or a run-time Boolean (the overlapped loop's last step: one copy of the
-        step in the kernel instead of a masked and an unmasked one)."""
+                        cap, fixed, is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
+        """Cap, edge mask, online softmax of one S tile in place; the O rescale factors into ``row_scale``."""
         self.apply_cap(acc_S, softmax_scale, cap)
         acc_S_mn = sm90.acc_mn(acc_S)
-        if const_expr(isinstance(need_mask, bool)):
-            if const_expr(need_mask):
-                self.mask_columns(acc_S_mn, n_block, tScS_mn, seg)
-        elif need_mask:
-            self.mask_columns(acc_S_mn, n_block, tScS_mn, seg)
+        if const_expr(need_mask):
+            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+                if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
+                    for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                        acc_S_mn[r, c] = -Float32.inf
         self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, fixed, is_first)
-
-    @cute.jit
-    def mask_columns(self, acc_S_mn, n_block, tScS_mn, seg):
-        """-inf on this thread's S columns whose key is outside the history."""
-        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-            if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
-                for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                    acc_S_mn[r, c] = -Float32.inf
 
     @cute.jit
     def rescale_O(self, acc_O, row_scale, fixed: cutlass.Constexpr):
@@ -981,7 +960,7 @@ class RankerAttentionFwd:
     @cute.jit
     def mma_one_n_block_overlap(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                                 acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
-                                scale_log2, softmax_scale, cap, wg_idx, fixed, need_mask):
+                                scale_log2, softmax_scale, cap, wg_idx, fixed, need_mask: cutlass.Constexpr):
         """Overlapped step: issue S_n = Q K_n^T, rescale O by the previous softmax's factors while it runs,
         issue O += P_prev V_prev; then the softmax of S_n, while the PV GEMM is in flight.
 
