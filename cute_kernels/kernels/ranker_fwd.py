@@ -1865,9 +1865,9 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
     the full path, whose checks raise the error that explains it (issue 3's host-overhead target: on the
     H200's host the full path costs 23.5-27 us per call, session 33's ``bench/host_breakdown.py``; the plan
     9.9-15.5 without the LSE, 1.4-2.2 us less than with session 24-37's key of every tensor's shape, strides,
-    dtype and device plus an alignment check, session 38's ``bench/ranker_plan_key_ab.py``).  The plan allocates ``out`` with ``torch.empty_like(q)`` where q is
-    compact (:mod:`~cute_kernels.runtime.alloc`), the rest with ``new_empty``.  ``with_lse=False``: no LSE
-    (None in its place; a plan of its own)."""
+    dtype and device plus an alignment check, session 38's ``bench/ranker_plan_key_ab.py``).  The plan
+    allocates ``out`` with ``torch.empty_like(q)`` where q is compact (:mod:`~cute_kernels.runtime.alloc`), the
+    rest with ``new_empty``.  ``with_lse=False``: no LSE (None in its place; a plan of its own)."""
     key = None
     if cu_seqlens is None and max_seqlen is None and not _OVERRIDES:
         try:
