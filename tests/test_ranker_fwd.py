@@ -994,9 +994,11 @@ def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
 
     def tvm_ffi_like(q, k, v, bounds, *rest):  # a stand-in with the compiled function's argument checks
         tried.append(q)
+        if any(t.is_meta for t in (q, k, v, bounds)):  # (tvm-ffi's packing fails before its checks)
+            raise RuntimeError("Cannot pack tensors on meta (stand-in)")
         _refuse_misaligned((q, k, v, bounds))
-        if k.dtype != q.dtype or v.dtype != q.dtype or bounds.dtype != torch.int32:
-            raise ValueError("Mismatched Tensor dtype (stand-in)")
+        if k.dtype != q.dtype or v.dtype != q.dtype or bounds.dtype not in (torch.int32, torch.uint32):
+            raise ValueError("Mismatched Tensor dtype (stand-in; tvm-ffi takes uint32 for int32)")
         if v.shape != k.shape:
             raise ValueError("Mismatched Tensor shape (stand-in)")
         if getattr(bounds, "refused", False):
@@ -1011,10 +1013,10 @@ def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
     rf.ranker_attention(q, k, k, bounds)
     assert len(full) == 1 and len(launched) == 2 and len(rf._PLANS) == 1  # the second call: the plan
     cases = [((q, k, k.half(), bounds), TypeError, "must share a dtype"),
-             ((q, k, k, bounds.long()), TypeError, "dtype"),
              ((q, k, k.as_strided((2, 64, 1, 64), k.stride()), bounds), ValueError, "same shape"),  # (k's strides)
              ((q, k, torch.zeros(k.numel() + 8, dtype=k.dtype)[4:4 + k.numel()].view(k.shape), bounds), ValueError,
-              "16-byte aligned")]
+              "16-byte aligned"),
+             ((q, k.to("meta"), k, bounds), ValueError, "different devices")]  # (a RuntimeError from the launch)
     for args, exc, msg in cases:
         with pytest.raises(exc, match=msg):
             rf.ranker_attention(*args)
@@ -1025,8 +1027,14 @@ def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
     with pytest.raises(TypeError, match="refused by the stand-in only"):
         rf.ranker_attention(q, k, k, odd)
     assert len(launched) == 2 and len(tried) == 4 + len(cases)  # (the plan's launch, then the full path's)
+    # uint32 bounds, which the compiled function would take for int32 (values >= 2**31 read as negative), and
+    # int64 ones: the key holds the bounds' dtype, so the full path refuses them before any launch
+    for other in (torch.uint32, torch.int64):
+        with pytest.raises(TypeError, match="int32"):
+            rf.ranker_attention(q, k, k, bounds.to(other))
+    assert len(launched) == 2 and len(tried) == 4 + len(cases)
     rf.ranker_attention(q, k, k, bounds)  # the plan again
-    assert len(launched) == 3 and len(full) == 2 + len(cases)
+    assert len(launched) == 3 and len(full) == 4 + len(cases)
 
 
 def test_flop_counter_counts_useful_flops():

@@ -1845,14 +1845,15 @@ def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method, with_lse) -> tupl
     """What a fixed-length call's launch plan depends on and the compiled function does not check itself:
     q's shape, strides, dtype and device (the output's allocation, the grid, the config choice), k's shape
     (the GQA ratio, compiled in), k's and v's strides (their 32-bit extents, :func:`_validate`'s
-    ``check_extent``), the bounds' shape (one row per batch row), and the scalars with their types
-    (``True == 1`` hash alike; a bool may be refused where an int is not).  The rest, the compiled
-    function's own argument checks (tvm-ffi, in compiled code, before it launches) refuse: k's, v's and the
-    bounds' dtypes, v's shape (k's), unit column strides and 16-byte divisible strides, the bounds' compact
-    layout, 16-byte (bounds: 4-byte) aligned data, every tensor on q's device; :func:`_ranker_eager` then
-    explains the refusal with the full path's checks.  Raises AttributeError / TypeError / RuntimeError for
-    arguments that cannot be keyed."""
-    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), v.stride(), bounds.shape,
+    ``check_extent``; tvm-ffi also takes stride 0), the bounds' shape (one row per batch row) and dtype
+    (tvm-ffi takes uint32 for int32, and a bounds of another array library has a tuple shape equal to
+    torch's), and the scalars with their types (``True == 1`` hash alike; a bool may be refused where an
+    int is not).  The rest, the compiled function's own argument checks (tvm-ffi, in compiled code, before it
+    launches) refuse: k's and v's dtypes, v's shape (k's), unit column strides and 16-byte divisible strides,
+    the bounds' compact layout, 16-byte (bounds: 4-byte) aligned data, every tensor on q's device;
+    :func:`_ranker_eager` then explains the refusal with the full path's checks.  Raises AttributeError /
+    TypeError / RuntimeError for arguments that cannot be keyed."""
+    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), v.stride(), bounds.shape, bounds.dtype,
             type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method, with_lse)
 
 
@@ -1861,8 +1862,9 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
     check, config choice, compiled function) has run before launches its kept plan; anything else, and
     calls inside a :func:`use_config` block, take the full path, which keeps the plan of a new key.  What
     the key leaves out (other dtypes, layouts, alignment or devices of k, v and the bounds) the compiled
-    function refuses before it launches (``ValueError`` / ``TypeError`` from tvm-ffi): the call then runs
-    the full path, whose checks raise the error that explains it (issue 3's host-overhead target: on the
+    function refuses before it launches (``ValueError`` / ``TypeError`` from its checks; ``RuntimeError`` /
+    ``BufferError`` where tvm-ffi cannot pack a tensor at all: meta, sparse, bit or quantized dtypes): the
+    call then runs the full path, whose checks raise the error that explains it (issue 3's host-overhead target: on the
     H200's host the full path costs 23.5-27 us per call, session 33's ``bench/host_breakdown.py``; the plan
     9.9-15.5 without the LSE, 1.4-2.2 us less than with session 24-37's key of every tensor's shape, strides,
     dtype and device plus an alignment check, session 38's ``bench/ranker_plan_key_ab.py``).  The plan
@@ -1884,8 +1886,8 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
                 fn(q, k, v, bounds, out, lse, None,
                    q.new_empty(knorm_len, dtype=torch.float32) if knorm_len else None, *tail)
                 return out, lse
-            except (ValueError, TypeError):  # refused before the launch: the full path below explains
-                pass
+            except (ValueError, TypeError, RuntimeError, BufferError):  # refused before the launch (or a
+                pass  # launch error, which the full path meets again): the full path below explains
     return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, plan_key=key,
                         with_lse=with_lse)
 

@@ -414,7 +414,7 @@ def test_eager_launch_plan():
 
 
 @pytest.mark.parametrize("case", ["v_fp16", "k_fp16", "bounds_int64", "v_heads", "k_misaligned", "v_misaligned",
-                                  "bounds_cpu", "v_cpu", "bounds_column_major"])
+                                  "bounds_cpu", "v_cpu", "bounds_column_major", "k_meta"])
 def test_arguments_refused_at_the_launch_get_the_full_paths_error(case):
     """The kept plan's key (``_plan_key``) leaves k's, v's and the bounds' dtypes, v's shape, alignment, the
     bounds' layout and the devices to the compiled function's own checks (tvm-ffi, before it launches): such a
@@ -433,7 +433,8 @@ def test_arguments_refused_at_the_launch_get_the_full_paths_error(case):
             "v_heads": (q, k, v.as_strided((2, 300, 1, 128), v.stride()), bounds),
             "k_misaligned": (q, misaligned(k), v, bounds), "v_misaligned": (q, k, misaligned(v), bounds),
             "bounds_cpu": (q, k, v, bounds.cpu()), "v_cpu": (q, k, v.cpu(), bounds),
-            "bounds_column_major": (q, k, v, bounds.t().contiguous().t())}[case]
+            "bounds_column_major": (q, k, v, bounds.t().contiguous().t()),
+            "k_meta": (q, k.to("meta"), v, bounds)}[case]  # (tvm-ffi cannot pack it: a RuntimeError)
     assert rf._plan_key(*args, None, None, "tanh", False) == key  # (so the plan's launch is what refuses)
     with pytest.raises((TypeError, ValueError)) as expected:
         rf._validate(*args, None, None, "tanh", None, None)
@@ -442,6 +443,18 @@ def test_arguments_refused_at_the_launch_get_the_full_paths_error(case):
     out = cute_kernels.ranker_attention(q, k, v, bounds)  # the plan again, the same bits
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
+
+
+def test_uint32_bounds_refused_after_an_int32_plan():
+    """The compiled function takes uint32 for its int32 bounds (tvm-ffi accepts either signedness), which would
+    read values >= 2**31 as negative: the plan's key holds the bounds' dtype, so uint32 bounds get the full
+    path's TypeError also after an int32 call of the same shape kept a plan."""
+    q, k, v = _qkv(1, 256, 2, 2, 128, seed=23)
+    bounds = torch.tensor([[0, 200, 200, 256]], device="cuda", dtype=torch.int32)
+    cute_kernels.ranker_attention(q, k, v, bounds)
+    assert rf._plan_key(q, k, v, bounds, None, None, "tanh", False) in rf._PLANS
+    with pytest.raises(TypeError, match="int32"):
+        cute_kernels.ranker_attention(q, k, v, bounds.to(torch.uint32))
 
 
 def test_torch_compile_and_graph():
