@@ -373,6 +373,31 @@ def test_weight_overlapping_q_or_k_is_refused(monkeypatch):
     mod.validate_qk_args(q, k, torch.ones(4096, dtype=torch.bfloat16), wk_ok, 1e-6, cuda=False)
 
 
+def test_a_tensor_tvm_ffi_cannot_pack_gets_the_slow_paths_error(monkeypatch):
+    """The fast path leaves k's dtype and device to the compiled function (launch_checks); a k that tvm-ffi
+    cannot pack at all (meta, a bit dtype) fails there with a RuntimeError before any check or launch: the
+    call must raise the slow path's error instead, and write nothing."""
+    q, k, wq, wk = _args(n=4, qd=4096, kd=1024)
+    launched = []
+
+    def launcher(*args):  # a stand-in with tvm-ffi's packing
+        if any(t.is_meta or t.dtype == torch.bits16 for t in args if isinstance(t, torch.Tensor)):
+            raise RuntimeError("Cannot pack tensors on meta / bit types are not supported by dlpack (stand-in)")
+        launched.append(args)
+
+    monkeypatch.setattr(mod, "_DEVICE_OK", {-1})  # (the CPU tensors pass the fast path's device test)
+    monkeypatch.setattr(mod, "_launchers", {(torch.bfloat16, 4096, 1024): launcher})
+    for bad in (torch.empty(4, 1024, dtype=torch.bfloat16, device="meta"), k.view(torch.bits16)):
+        assert mod.fast_path_key(q, bad, wq, wk, 1e-6, launch_checks=True) is not None  # (the launch refuses)
+        with pytest.raises((TypeError, ValueError)) as expected:  # (on this CPU: q is not on a CUDA device)
+            mod._explain_refused_launch(q, bad, wq, wk, 1e-6)
+        with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+            cute_kernels.qk_rmsnorm_(q, bad, wq, wk, 1e-6)
+    assert not launched
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)  # (the stand-in launches good arguments)
+    assert len(launched) == 1
+
+
 def test_eps_accepts_reals():
     import numpy as np
 

@@ -1112,7 +1112,8 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         if fn is None:
             fn = _launchers[key] = _compile_key(key)
         fn(lq, lk, q_weight, k_weight, float(eps))
-    except (ValueError, TypeError):  # refused before the launch (see fast_path_key's launch_checks)
+    except (ValueError, TypeError, RuntimeError, BufferError):  # refused before the launch (fast_path_key's
+        # launch_checks; RuntimeError / BufferError: a tensor tvm-ffi cannot pack, e.g. a meta k beside a CUDA q)
         if fast is not None:
             _explain_refused_launch(q, k, q_weight, k_weight, eps)
         raise
