@@ -413,13 +413,13 @@ def test_eager_launch_plan():
         cute_kernels.ranker_attention(bad, k, v, first)
 
 
-@pytest.mark.parametrize("case", ["v_fp16", "k_fp16", "bounds_int64", "v_heads", "k_misaligned", "v_misaligned",
+@pytest.mark.parametrize("case", ["v_fp16", "k_fp16", "v_heads", "k_misaligned", "v_misaligned",
                                   "bounds_cpu", "v_cpu", "bounds_column_major", "k_meta"])
 def test_arguments_refused_at_the_launch_get_the_full_paths_error(case):
-    """The kept plan's key (``_plan_key``) leaves k's, v's and the bounds' dtypes, v's shape, alignment, the
-    bounds' layout and the devices to the compiled function's own checks (tvm-ffi, before it launches): such a
-    call must raise the full path's error (``_validate``'s, not tvm-ffi's), launch nothing, and leave the
-    plan working."""
+    """The kept plan's key (``_plan_key``) leaves k's and v's dtypes, v's shape, alignment, the bounds' layout
+    and the devices to the compiled function's own checks (tvm-ffi, before it launches; a meta k fails in its
+    packing, a RuntimeError): such a call must raise the full path's error (``_validate``'s, not tvm-ffi's),
+    launch nothing, and leave the plan working."""
     import re
 
     q, k, v = _qkv(2, 300, 4, 2, 128, seed=21)
@@ -429,7 +429,6 @@ def test_arguments_refused_at_the_launch_get_the_full_paths_error(case):
     assert key in rf._PLANS
     misaligned = lambda t: torch.empty(t.numel() + 8, device="cuda", dtype=t.dtype)[4:4 + t.numel()].view(t.shape)
     args = {"v_fp16": (q, k, v.half(), bounds), "k_fp16": (q, k.half(), v, bounds),
-            "bounds_int64": (q, k, v, bounds.long()),
             "v_heads": (q, k, v.as_strided((2, 300, 1, 128), v.stride()), bounds),
             "k_misaligned": (q, misaligned(k), v, bounds), "v_misaligned": (q, k, misaligned(v), bounds),
             "bounds_cpu": (q, k, v, bounds.cpu()), "v_cpu": (q, k, v.cpu(), bounds),
@@ -445,16 +444,17 @@ def test_arguments_refused_at_the_launch_get_the_full_paths_error(case):
     assert torch.equal(out, ref)
 
 
-def test_uint32_bounds_refused_after_an_int32_plan():
+@pytest.mark.parametrize("other", [torch.uint32, torch.int64])
+def test_bounds_of_another_dtype_refused_after_an_int32_plan(other):
     """The compiled function takes uint32 for its int32 bounds (tvm-ffi accepts either signedness), which would
-    read values >= 2**31 as negative: the plan's key holds the bounds' dtype, so uint32 bounds get the full
-    path's TypeError also after an int32 call of the same shape kept a plan."""
+    read values >= 2**31 as negative: the plan's key holds the bounds' dtype, so uint32 (and int64) bounds get
+    the full path's TypeError also after an int32 call of the same shape kept a plan."""
     q, k, v = _qkv(1, 256, 2, 2, 128, seed=23)
     bounds = torch.tensor([[0, 200, 200, 256]], device="cuda", dtype=torch.int32)
     cute_kernels.ranker_attention(q, k, v, bounds)
     assert rf._plan_key(q, k, v, bounds, None, None, "tanh", False) in rf._PLANS
     with pytest.raises(TypeError, match="int32"):
-        cute_kernels.ranker_attention(q, k, v, bounds.to(torch.uint32))
+        cute_kernels.ranker_attention(q, k, v, bounds.to(other))
 
 
 def test_torch_compile_and_graph():
