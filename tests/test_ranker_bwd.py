@@ -24,6 +24,12 @@ CASES = [  # S, bounds rows
 CAPS = [(None, "tanh"), (3.0, "tanh"), (2.0, "soft_sign")]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_validation_memo(monkeypatch):
+    """Each test starts without the backward's cached validations (tests replace _validate_backward)."""
+    monkeypatch.setattr(rb, "_VALIDATED", {})
+
+
 def _inputs(nb, s, hq, hkv, d, seed=0):
     g = torch.Generator().manual_seed(seed)
     mk = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
@@ -1072,6 +1078,45 @@ def test_meta_backward_checks_the_dq_accumulator_extent():
     out = cute_kernels.ranker_attention(half, half, half, bounds[:few], cu_seqlens=cu[:few + 1], max_seqlen=32)
     out.sum().backward()
     assert half.grad.shape == half.shape
+
+
+def test_backward_validation_once_per_signature(monkeypatch):
+    """The eager backward validates an argument signature once (``_validate_backward_cached``): later calls
+    re-check only the pointers' alignment, so a misaligned tensor of a validated signature still gets the full
+    check's error before any launch; calls with dq/dk/dv buffers (their overlap with the inputs depends on the
+    pointers) and other scalars are checked in full; packed calls check cu_seqlens' values every time."""
+    real, checked = rb._validate_backward, []
+    monkeypatch.setattr(rb, "_validate_backward",
+                        lambda *a, **kw: checked.append(1) or real(*a, **{**kw, "cuda": False}))
+    calls = []
+    monkeypatch.setattr(rb, "_fn", lambda kind, *key: (lambda *args: calls.append((kind, args))))
+    monkeypatch.setattr(rb, "_num_sms", lambda device: 132)
+    q, k, v, out, lse, do, bounds = _bf16_args()
+    for _ in range(3):
+        rb.ranker_attention_backward(q, k, v, out, lse, do, bounds)
+    assert len(checked) == 1 and len(calls) == 9
+    misaligned = torch.zeros(do.numel() + 8, dtype=do.dtype)[1:1 + do.numel()].view(do.shape)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        rb.ranker_attention_backward(q, k, v, out, lse, misaligned, bounds)
+    assert len(checked) == 2 and len(calls) == 9
+    rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, softmax_scale=0.5)  # another scalar: checked
+    assert len(checked) == 3
+    dq = torch.empty_like(q)
+    for _ in range(2):  # output buffers: checked every time
+        rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, dq=dq)
+    assert len(checked) == 5
+    with pytest.raises(ValueError, match="shares memory"):  # (a buffer that is an input: the full check says so)
+        rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, dq=do)
+    assert len(checked) == 6
+    packed = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v, out, do)]
+    lse_p = lse.transpose(0, 1).reshape(lse.shape[1], -1).contiguous()
+    for cu in ([0, 9, 18], [0, 4, 18]):  # one signature (checked once), two sets of values: both run
+        rb.ranker_attention_backward(*packed[:4], lse_p, packed[4], bounds,
+                                     cu_seqlens=torch.tensor(cu, dtype=torch.int32))
+    assert len(checked) == 7 and len(calls) == 9 + 5 * 3
+    with pytest.raises(ValueError, match="cu_seqlens"):  # its values are checked on every call
+        rb.ranker_attention_backward(*packed[:4], lse_p, packed[4], bounds,
+                                     cu_seqlens=torch.tensor([0, 19, 18], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("varlen", [False, True])
