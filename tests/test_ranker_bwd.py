@@ -1099,21 +1099,26 @@ def test_backward_validation_once_per_signature(monkeypatch):
     with pytest.raises(ValueError, match="16-byte aligned"):
         rb.ranker_attention_backward(q, k, v, out, lse, misaligned, bounds)
     assert len(checked) == 2 and len(calls) == 9
+    freed = torch.zeros_like(do)
+    freed.untyped_storage().resize_(0)  # (data pointer 0: same signature, "aligned", no data)
+    with pytest.raises(ValueError, match="dout has no data"):
+        rb.ranker_attention_backward(q, k, v, out, lse, freed, bounds)
+    assert len(checked) == 3 and len(calls) == 9
     rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, softmax_scale=0.5)  # another scalar: checked
-    assert len(checked) == 3
+    assert len(checked) == 4
     dq = torch.empty_like(q)
     for _ in range(2):  # output buffers: checked every time
         rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, dq=dq)
-    assert len(checked) == 5
+    assert len(checked) == 6
     with pytest.raises(ValueError, match="shares memory"):  # (a buffer that is an input: the full check says so)
         rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, dq=do)
-    assert len(checked) == 6
+    assert len(checked) == 7
     packed = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v, out, do)]
     lse_p = lse.transpose(0, 1).reshape(lse.shape[1], -1).contiguous()
     for cu in ([0, 9, 18], [0, 4, 18]):  # one signature (checked once), two sets of values: both run
         rb.ranker_attention_backward(*packed[:4], lse_p, packed[4], bounds,
                                      cu_seqlens=torch.tensor(cu, dtype=torch.int32))
-    assert len(checked) == 7 and len(calls) == 9 + 5 * 3
+    assert len(checked) == 8 and len(calls) == 9 + 5 * 3
     with pytest.raises(ValueError, match="cu_seqlens"):  # its values are checked on every call
         rb.ranker_attention_backward(*packed[:4], lse_p, packed[4], bounds,
                                      cu_seqlens=torch.tensor([0, 19, 18], dtype=torch.int32))

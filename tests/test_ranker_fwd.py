@@ -1016,7 +1016,7 @@ def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
              ((q, k, k.as_strided((2, 64, 1, 64), k.stride()), bounds), ValueError, "same shape"),  # (k's strides)
              ((q, k, torch.zeros(k.numel() + 8, dtype=k.dtype)[4:4 + k.numel()].view(k.shape), bounds), ValueError,
               "16-byte aligned"),
-             ((q, k.to("meta"), k, bounds), ValueError, "different devices")]  # (a RuntimeError from the launch)
+             ((q, k.to("meta"), k, bounds), ValueError, "k has no data")]  # (a RuntimeError from the launch)
     for args, exc, msg in cases:
         with pytest.raises(exc, match=msg):
             rf.ranker_attention(*args)
@@ -1035,6 +1035,24 @@ def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
     assert len(launched) == 2 and len(tried) == 4 + len(cases)
     rf.ranker_attention(q, k, k, bounds)  # the plan again
     assert len(launched) == 3 and len(full) == 4 + len(cases)
+
+
+def test_cached_validation_rechecks_for_data(monkeypatch):
+    """The full path's validation once per signature (``_validate_cached``) re-checks what a signature does not
+    fix: the pointers' alignment and that there is data (a storage freed by ``resize_(0)`` keeps its shape and
+    strides; its data pointer is 0)."""
+    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
+    monkeypatch.setattr(rf, "_VALIDATED", {})
+    q = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16)
+    bounds = torch.tensor([[0, 5, 5, 9]] * 2, dtype=torch.int32)
+    rf._validate_cached(q, q, q, bounds, None, None, "tanh", None, None)
+    freed = torch.zeros_like(q)
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match="v has no data"):
+        rf._validate_cached(q, q, freed, bounds, None, None, "tanh", None, None)
+    empty = torch.zeros(2, 0, 2, 64, dtype=torch.bfloat16)  # (an empty tensor may have no data: checked, fine)
+    for _ in range(2):
+        rf._validate_cached(empty, empty, empty, bounds, None, None, "tanh", None, None)
 
 
 def test_flop_counter_counts_useful_flops():

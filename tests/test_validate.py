@@ -271,3 +271,17 @@ def test_config_field_type_error_names_a_numpy_type():
 
     with pytest.raises(TypeError, match=r"\(numpy\.\w+\): must be a bool"):
         dataclasses.replace(rb.CONFIGS[128], deterministic=np.bool_(True)).validate()
+
+
+def test_a_tensor_without_data_is_refused():
+    """A non-empty tensor whose data pointer is 0 (its storage freed by ``resize_(0)``, as FSDP frees parameter
+    shards) would make a kernel fault and take the CUDA context down: refused; an empty one is fine."""
+    from cute_kernels.runtime.validate import check_tensor
+
+    t = torch.zeros(4, 8, dtype=torch.bfloat16)
+    t.untyped_storage().resize_(0)
+    assert t.data_ptr() == 0 and t.numel() == 32
+    with pytest.raises(ValueError, match="t has no data"):
+        check_tensor("t", t, cuda=False)
+    check_tensor("t", t, cuda=False, data_pointer=False)  # (fake tensors at trace time: strides only)
+    check_tensor("e", torch.zeros(0, 8, dtype=torch.bfloat16), cuda=False)

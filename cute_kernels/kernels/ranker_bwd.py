@@ -1296,9 +1296,10 @@ def _validate_backward_cached(q, k, v, out, lse, dout, bounds, softmax_scale, ca
     The values of ``cu_seqlens`` are checked on every call, never through this cache (:func:`_backward_impl`).
     The validation is most of the host work before the first launch, so all of it counts in an isolated call's
     time (one call on an idle GPU): on the 2-core CPU 71 us in full, 7 us from the cache (session 38)."""
-    def aligned():
+    def aligned():  # (and no data pointer 0: a freed storage)
+        op, dp, lp = out.data_ptr(), dout.data_ptr(), lse.data_ptr()
         return (dq is None and dk is None and dv is None and _pointers_aligned(q, k, v, bounds, cu_seqlens)
-                and not ((out.data_ptr() | dout.data_ptr()) % 16 or lse.data_ptr() % 4))
+                and op and dp and lp and not ((op | dp) % 16 or lp % 4))
 
     return validated_once(
         _VALIDATED, (q, k, v, out, lse, dout, bounds, cu_seqlens, dlse),

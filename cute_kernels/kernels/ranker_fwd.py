@@ -1504,9 +1504,11 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
 
 def _pointers_aligned(q, k, v, bounds, cu_seqlens=None) -> bool:
     """What an argument signature does not fix: the data pointers' alignment (16 bytes: q, k, v; 4: bounds,
-    cu_seqlens), which :func:`_validate` checks."""
-    return not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 or bounds.data_ptr() % 4
-                or cu_seqlens is not None and cu_seqlens.data_ptr() % 4)
+    cu_seqlens) and that there is data (a pointer of 0: a freed storage), which :func:`_validate` checks.
+    (An empty tensor may have a pointer of 0: its calls are then checked in full every time, and pass.)"""
+    qp, kp, vp, bp = q.data_ptr(), k.data_ptr(), v.data_ptr(), bounds.data_ptr()
+    return bool(qp and kp and vp and bp and not ((qp | kp | vp) % 16 or bp % 4)
+                and (cu_seqlens is None or cu_seqlens.data_ptr() and not cu_seqlens.data_ptr() % 4))
 
 
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):
@@ -1851,8 +1853,10 @@ def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method, with_lse) -> tupl
     int is not).  The rest, the compiled function's own argument checks (tvm-ffi, in compiled code, before it
     launches) refuse: k's and v's dtypes, v's shape (k's), unit column strides and 16-byte divisible strides,
     the bounds' compact layout, 16-byte (bounds: 4-byte) aligned data, every tensor on q's device;
-    :func:`_ranker_eager` then explains the refusal with the full path's checks.  Raises AttributeError /
-    TypeError / RuntimeError for arguments that cannot be keyed."""
+    :func:`_ranker_eager` then explains the refusal with the full path's checks.  (Not a tensor whose storage
+    was freed, ``untyped_storage().resize_(0)``, keeping its shape: a data pointer of 0, which the full path
+    refuses, reaches the kernel from a kept plan, as it would reach torch's own kernels.)  Raises
+    AttributeError / TypeError / RuntimeError for arguments that cannot be keyed."""
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), v.stride(), bounds.shape, bounds.dtype,
             type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method, with_lse)
 

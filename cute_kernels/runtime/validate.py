@@ -41,8 +41,9 @@ def check_tensor(
     Raises:
         TypeError: not a tensor, not dense (sparse layouts), or wrong dtype.
         ValueError: wrong rank, shape, device, stride (a broadcast view, stride 0 in a dim of size > 1,
-            included) or alignment; the stride and alignment rules are skipped for an empty tensor (no
-            element is read or written: e.g. the expanded gradient of an empty output).
+            included) or alignment, or no data (a data pointer of 0: a freed storage); the stride, alignment and
+            data rules are skipped for an empty tensor (no element is read or written: e.g. the expanded
+            gradient of an empty output).
         RuntimeError: the tensor's GPU is not a Hopper (sm_90) GPU.
     """
     if not isinstance(t, torch.Tensor):
@@ -67,6 +68,9 @@ def check_tensor(
         check_device(t.device)
     if t.numel() == 0:  # no element to read or write (an empty gradient may come with strides 0): layout is moot
         return
+    if data_pointer and t.data_ptr() == 0:  # (the kernel would fault on it and take the CUDA context down)
+        raise ValueError(f"{name} has no data: data pointer 0 for {t.numel()} elements (a freed storage, e.g. "
+                         "after untyped_storage().resize_(0), or a fake tensor used outside its mode)")
     if last_dim_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
     for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
