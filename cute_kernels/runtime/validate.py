@@ -36,7 +36,7 @@ def check_tensor(
         cuda: must live on a CUDA device.
         last_dim_contiguous: stride of the last dim must be 1 (vector / TMA loads).
         align_bytes: data pointer and every non-unit stride (in bytes) must be multiples of this
-            (16 for 128-bit vector loads and TMA); 0 disables the check.
+            (16 for 128-bit vector loads and TMA); 0 disables the check (and the data pointer's).
         data_pointer: False checks the strides only (fake tensors at trace time have no data pointer).
     Raises:
         TypeError: not a tensor, not dense (sparse layouts), or wrong dtype.
@@ -68,9 +68,6 @@ def check_tensor(
         check_device(t.device)
     if t.numel() == 0:  # no element to read or write (an empty gradient may come with strides 0): layout is moot
         return
-    if data_pointer and t.data_ptr() == 0:  # (the kernel would fault on it and take the CUDA context down)
-        raise ValueError(f"{name} has no data: data pointer 0 for {t.numel()} elements (a freed storage, e.g. "
-                         "after untyped_storage().resize_(0), or a fake tensor used outside its mode)")
     if last_dim_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
     for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
@@ -78,6 +75,9 @@ def check_tensor(
             raise ValueError(f"{name} is a broadcast view (stride 0 in dim {d}, strides {t.stride()}); "
                              "pass .contiguous()")
     if align_bytes and t.numel() > 0:
+        if data_pointer and t.data_ptr() == 0:  # (the kernel would fault on it and take the CUDA context down)
+            raise ValueError(f"{name} has no data: data pointer 0 for {t.numel()} elements (a freed storage, e.g. "
+                             "after untyped_storage().resize_(0), or a fake tensor used outside its mode)")
         if data_pointer and t.data_ptr() % align_bytes:
             raise ValueError(f"{name}'s data pointer is not {align_bytes}-byte aligned (a sliced view?); pass .contiguous() or an aligned slice")
         es = t.element_size()
