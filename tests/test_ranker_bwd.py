@@ -542,6 +542,15 @@ def test_backward_argument_errors():
         dval([0.0])
     with pytest.raises(TypeError, match="dlse must be a dense"):
         dval(lse.to_sparse())
+    n = lse.numel()  # a float32 view 1 byte off (a uint8 storage's slice): read as float32 by the preprocess
+    odd = torch.empty(0, dtype=torch.float32).set_(torch.zeros(4 * n + 8, dtype=torch.uint8).untyped_storage()[1:],
+                                                   0, lse.shape, lse.stride())
+    with pytest.raises(ValueError, match="dlse's data pointer is 0 or not 4-byte aligned"):
+        dval(odd)
+    freed = torch.zeros_like(lse)
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match="dlse's data pointer is 0"):
+        dval(freed)
     q2, k2, v2, out2, lse2, do2, b2 = _bf16_args(d=256)
     with pytest.raises(ValueError, match="head dim"):
         rb._validate_backward(q2, k2, v2, out2, lse2, do2, b2, None, None, "tanh", None, None, cuda=False)
@@ -1122,6 +1131,13 @@ def test_backward_validation_once_per_signature(monkeypatch):
     with pytest.raises(ValueError, match="cu_seqlens"):  # its values are checked on every call
         rb.ranker_attention_backward(*packed[:4], lse_p, packed[4], bounds,
                                      cu_seqlens=torch.tensor([0, 19, 18], dtype=torch.int32))
+    for _ in range(2):  # with a gradient of the LSE: one more signature, checked once
+        rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, dlse=torch.ones_like(lse))
+    assert len(checked) == 9
+    odd = torch.empty(0, dtype=torch.float32).set_(  # (same signature, 1 byte off)
+        torch.zeros(4 * lse.numel() + 8, dtype=torch.uint8).untyped_storage()[1:], 0, lse.shape, lse.stride())
+    with pytest.raises(ValueError, match="dlse's data pointer"):
+        rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, dlse=odd)
 
 
 @pytest.mark.parametrize("varlen", [False, True])

@@ -1277,6 +1277,8 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
             raise TypeError(f"dlse must be float32 (the gradient of the float32 lse), got {dlse.dtype}")
         if tuple(dlse.shape) != tuple(lse_shape):
             raise ValueError(f"dlse must be shaped like lse {list(lse_shape)}, got {list(dlse.shape)}")
+        if pointers and dlse.numel() and (dlse.data_ptr() == 0 or dlse.data_ptr() % 4):  # (read as float32)
+            raise ValueError("dlse's data pointer is 0 or not 4-byte aligned; pass a float32 tensor of its own")
     check_same_device(q=q, out=out, lse=lse, dout=dout, dlse=dlse)  # also at trace time (fakes), as the forward does
     if pointers:
         check_outputs_disjoint(dict(dq=dq, dk=dk, dv=dv), dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout,
@@ -1291,7 +1293,7 @@ def _validate_backward_cached(q, k, v, out, lse, dout, bounds, softmax_scale, ca
                               max_seqlen, *, dq, dk, dv, config, deterministic, dlse):
     """:func:`_validate_backward` once per argument signature
     (:func:`~cute_kernels.runtime.validate.validated_once`): later calls only re-check the data pointers'
-    alignment (16 bytes: q, k, v, out, dout; 4: lse, bounds, cu_seqlens); a call with ``dq``/``dk``/``dv``
+    alignment (16 bytes: q, k, v, out, dout; 4: lse, bounds, cu_seqlens, dlse); a call with ``dq``/``dk``/``dv``
     buffers is checked in full every time (whether they share memory with an input depends on the pointers).
     The values of ``cu_seqlens`` are checked on every call, never through this cache (:func:`_backward_impl`).
     The validation is most of the host work before the first launch, so all of it counts in an isolated call's
@@ -1299,7 +1301,8 @@ def _validate_backward_cached(q, k, v, out, lse, dout, bounds, softmax_scale, ca
     def aligned():  # (and no data pointer 0: a freed storage)
         op, dp, lp = out.data_ptr(), dout.data_ptr(), lse.data_ptr()
         return (dq is None and dk is None and dv is None and _pointers_aligned(q, k, v, bounds, cu_seqlens)
-                and op and dp and lp and not ((op | dp) % 16 or lp % 4))
+                and op and dp and lp and not ((op | dp) % 16 or lp % 4)
+                and (dlse is None or dlse.data_ptr() and not dlse.data_ptr() % 4))
 
     return validated_once(
         _VALIDATED, (q, k, v, out, lse, dout, bounds, cu_seqlens, dlse),
