@@ -84,11 +84,12 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
-from ..runtime.validate import (ValidatedConfig, INT32_MAX, check_bool, check_config_fields, check_extent,
-                                check_outputs_disjoint, check_same_device, check_tensor, validated_once)
+from ..runtime.validate import (ValidatedConfig, INT32_MAX, aligned_data, check_bool, check_config_fields,
+                                check_extent, check_outputs_disjoint, check_same_device, check_tensor,
+                                validated_once)
 from . import ranker_flops, sm90_helpers as sm90
-from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, _pointers_aligned, exp2_scale,
-                         override_config, ranker_attention_reference)
+from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
+                         ranker_attention_reference)
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
 from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
@@ -1277,7 +1278,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
             raise TypeError(f"dlse must be float32 (the gradient of the float32 lse), got {dlse.dtype}")
         if tuple(dlse.shape) != tuple(lse_shape):
             raise ValueError(f"dlse must be shaped like lse {list(lse_shape)}, got {list(dlse.shape)}")
-        if pointers and dlse.numel() and (dlse.data_ptr() == 0 or dlse.data_ptr() % 4):  # (read as float32)
+        if pointers and dlse.numel() and not aligned_data(4, dlse):  # (read as float32; any strides)
             raise ValueError("dlse's data pointer is 0 or not 4-byte aligned; pass a float32 tensor of its own")
     check_same_device(q=q, out=out, lse=lse, dout=dout, dlse=dlse)  # also at trace time (fakes), as the forward does
     if pointers:
@@ -1298,11 +1299,9 @@ def _validate_backward_cached(q, k, v, out, lse, dout, bounds, softmax_scale, ca
     The values of ``cu_seqlens`` are checked on every call, never through this cache (:func:`_backward_impl`).
     The validation is most of the host work before the first launch, so all of it counts in an isolated call's
     time (one call on an idle GPU): on the 2-core CPU 71 us in full, 7 us from the cache (session 38)."""
-    def aligned():  # (and no data pointer 0: a freed storage)
-        op, dp, lp = out.data_ptr(), dout.data_ptr(), lse.data_ptr()
-        return (dq is None and dk is None and dv is None and _pointers_aligned(q, k, v, bounds, cu_seqlens)
-                and op and dp and lp and not ((op | dp) % 16 or lp % 4)
-                and (dlse is None or dlse.data_ptr() and not dlse.data_ptr() % 4))
+    def aligned():
+        return (dq is None and dk is None and dv is None and aligned_data(16, q, k, v, out, dout)
+                and aligned_data(4, lse, bounds, cu_seqlens, dlse))
 
     return validated_once(
         _VALIDATED, (q, k, v, out, lse, dout, bounds, cu_seqlens, dlse),

@@ -85,7 +85,7 @@ from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager, refuse_func_transforms, tracing,
                                 without_data)
-from ..runtime.validate import (ValidatedConfig, check_config_fields, check_extent, check_float_tensors,
+from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fields, check_extent, check_float_tensors,
                                 check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
                                 check_real, validated_once)
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
@@ -1506,9 +1506,7 @@ def _pointers_aligned(q, k, v, bounds, cu_seqlens=None) -> bool:
     """What an argument signature does not fix: the data pointers' alignment (16 bytes: q, k, v; 4: bounds,
     cu_seqlens) and that there is data (a pointer of 0: a freed storage), which :func:`_validate` checks.
     (An empty tensor may have a pointer of 0: its calls are then checked in full every time, and pass.)"""
-    qp, kp, vp, bp = q.data_ptr(), k.data_ptr(), v.data_ptr(), bounds.data_ptr()
-    return bool(qp and kp and vp and bp and not ((qp | kp | vp) % 16 or bp % 4)
-                and (cu_seqlens is None or cu_seqlens.data_ptr() and not cu_seqlens.data_ptr() % 4))
+    return aligned_data(16, q, k, v) and aligned_data(4, bounds, cu_seqlens)
 
 
 def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen):

@@ -75,10 +75,11 @@ def check_tensor(
             raise ValueError(f"{name} is a broadcast view (stride 0 in dim {d}, strides {t.stride()}); "
                              "pass .contiguous()")
     if align_bytes and t.numel() > 0:
-        if data_pointer and t.data_ptr() == 0:  # (the kernel would fault on it and take the CUDA context down)
+        ptr = t.data_ptr() if data_pointer else None
+        if ptr == 0:  # (the kernel would fault on it and take the CUDA context down)
             raise ValueError(f"{name} has no data: data pointer 0 for {t.numel()} elements (a freed storage, e.g. "
                              "after untyped_storage().resize_(0), or a fake tensor used outside its mode)")
-        if data_pointer and t.data_ptr() % align_bytes:
+        if ptr is not None and ptr % align_bytes:
             raise ValueError(f"{name}'s data pointer is not {align_bytes}-byte aligned (a sliced view?); pass .contiguous() or an aligned slice")
         es = t.element_size()
         for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
@@ -236,6 +237,19 @@ def validated_once(memo: dict, tensors: tuple, scalars: tuple, aligned, check):
     if key is not None and len(memo) < MEMO_LIMIT:
         memo[key] = result
     return result
+
+
+def aligned_data(align: int, *tensors) -> bool:
+    """Whether every given tensor (None entries skipped) has data (a data pointer other than 0: not a freed
+    storage) aligned to ``align`` bytes: what a cached validation re-checks on each call (the pointers are not
+    part of an argument signature).  An empty tensor may have a pointer of 0: False, so its call is checked in
+    full, where an empty tensor passes."""
+    for t in tensors:
+        if t is not None:
+            p = t.data_ptr()
+            if not p or p % align:
+                return False
+    return True
 
 
 def byte_extent(t: torch.Tensor) -> tuple[int, int]:
