@@ -145,6 +145,10 @@ def test_bench_shapes_accepted_specs():
 
     assert registry.module("ranker_fwd").bench_shapes(None) == {"all", "peers"}
     assert registry.module("ranker_bwd").bench_shapes("headline+deterministic") == {"headline", "deterministic"}
+    assert registry.module("ranker_bwd").bench_shapes("short+peers") == {"short", "peers"}
+    for name in ("ranker_fwd", "ranker_bwd"):  # "short" = the short, candidate-heavy shapes
+        mod = registry.module(name)
+        assert [c[1:3] for c in mod.SHORT_CASES] == [(1024, 256), (2048, 2048)]
     assert registry.module("hc_mix").bench_shapes("1,4096") == [1, 4096]
     assert registry.module("scale").bench_shapes(None) is None
     for name in registry.names():  # every registered kernel has one (the CLI calls it)

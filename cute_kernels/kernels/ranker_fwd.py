@@ -2126,14 +2126,15 @@ BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issue's he
     (16, 1024, 256, 16, 16, 128, None),
     (8, 2048, 2048, 8, 8, 128, None),
 ]
+SHORT_CASES = BENCH_CASES[-2:]  # the issue's short, candidate-heavy shapes
 
 
 def bench_shapes(shapes: str | None) -> set[str]:
-    """:func:`bench`'s ``shapes`` spec as a set of words (``all`` or ``headline``, ``peers``,
-    ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
+    """:func:`bench`'s ``shapes`` spec as a set of words (``all``, ``headline`` or ``short``,
+    ``peers``, ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
     from ..registry import word_spec
 
-    return word_spec(NAME, shapes, ("all", "headline", "peers", "variants"), "all+peers")
+    return word_spec(NAME, shapes, ("all", "headline", "short", "peers", "variants"), "all+peers")
 
 
 def skipped_peer_records(kernel: str, shape: dict, peers, budget_s: float) -> list[dict]:
@@ -2150,7 +2151,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
     and "isolated" (one call at a time on an idle GPU, host time included).
 
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
-    (no cap / tanh cap); ``peers`` adds the peers; ``variants`` adds our other schedules
+    (no cap / tanh cap), ``short`` = the last two (:data:`SHORT_CASES`); ``peers`` adds the peers; ``variants`` adds our other schedules
     (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped one) and the
     configs the other shipped tables (CONFIGS, CAP_CONFIGS) hold for that head dim.
     Useful TFLOP/s = ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once
@@ -2158,7 +2159,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
     import time
 
     spec = bench_shapes(shapes)
-    cases = BENCH_CASES[:2] if "headline" in spec else BENCH_CASES
+    cases = BENCH_CASES[:2] if "headline" in spec else SHORT_CASES if "short" in spec else BENCH_CASES
     peers_mod = _load_peers() if "peers" in spec else None
     t_start = time.time()
     recs = []
