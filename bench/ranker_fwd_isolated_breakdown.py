@@ -1,8 +1,11 @@
-"""Where the time of one isolated forward call goes (one call on an idle GPU, synchronized after it: the
-bench's "isolated" mode, how the issue's peer figures were taken), for ours and FlashAttention-4 with the
-ranker mask_mod, from torch.profiler's CPU and CUDA records on one clock.
+"""Where the time of one isolated forward (or, with ``--backward``, backward) call goes (one call on an idle
+GPU, synchronized after it: the bench's "isolated" mode, how the issue's peer figures were taken), for ours
+and FlashAttention-4 with the ranker mask_mod, from torch.profiler's CPU and CUDA records on one clock.
 
-    python3 bench/ranker_fwd_isolated_breakdown.py [--calls 10] [--no-peers]
+    python3 bench/ranker_fwd_isolated_breakdown.py [--calls 10] [--no-peers] [--backward] [--short]
+
+``--short``: only the issue's short, candidate-heavy shapes (``SHORT_CASES``).  ``host_us``: the call's
+Python time without the profiler (perf_counter around the call, median of ``--calls`` isolated calls).
 
 Per shape (the uncapped :data:`cute_kernels.kernels.ranker_fwd.BENCH_CASES`) and implementation, medians over
 ``--calls`` profiled calls (us): ``host_call`` (the Python call, start to return), ``to_launch`` (call start
@@ -17,12 +20,14 @@ import argparse
 import json
 import statistics
 import sys
+import time
 
 import torch
 from probe_timing import ranker_inputs
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from cute_kernels import ranker_attention
+from cute_kernels.kernels import ranker_bwd as bwd
 from cute_kernels.kernels import ranker_fwd as fwd
 from cute_kernels.runtime.timing import cuda_time_us
 
@@ -64,36 +69,61 @@ def breakdown(fn, calls: int) -> dict:
     keys = [key for key in rows[0] if all(key in r for r in rows)]
     out = {key: round(statistics.median(r[key] for r in rows), 1) for key in keys}
     out["launch_apis"] = sorted({e.name for e in launches})[:4]
-    out["kernel_names"] = sorted({e.name[:60] for e in kernels})[:4]
+    out["kernel_names"] = sorted({e.name[:60] for e in kernels})[:8]
     return out
+
+
+def host_us(fn, calls: int) -> float:
+    """Median Python time of one call on an idle GPU (perf_counter, no profiler)."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return round(statistics.median(times), 1)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--calls", type=int, default=10, help="profiled calls per row (>= 1)")
     ap.add_argument("--no-peers", action="store_true", help="ours only")
+    ap.add_argument("--backward", action="store_true", help="the backward (ranker_bwd's cases and peers)")
+    ap.add_argument("--short", action="store_true", help="only the short, candidate-heavy shapes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("ranker_fwd_isolated_breakdown: needs a CUDA GPU")
-    for nb, hist, cand, hq, hkv, d, cap in fwd.BENCH_CASES:
+    mod = bwd if args.backward else fwd
+    for nb, hist, cand, hq, hkv, d, cap in (mod.SHORT_CASES if args.short else mod.BENCH_CASES):
         if cap is not None:
             continue
-        _, q, k, v, bounds, _ = ranker_inputs((nb, hist, cand, hq, hkv, d, cap), seed=0)
-        impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds))]
+        _, q, k, v, bounds, do = ranker_inputs((nb, hist, cand, hq, hkv, d, cap), seed=0, dout=args.backward)
+        if args.backward:
+            o, lse = ranker_attention(q, k, v, bounds, return_lse=True)
+            impls = [("cute_kernels", lambda: bwd.ranker_attention_backward(q, k, v, o, lse, do, bounds))]
+        else:
+            impls = [("cute_kernels", lambda: ranker_attention(q, k, v, bounds))]
         if not args.no_peers:
             try:
-                from ranker_fwd_peers import fa4_mask_mod
+                if args.backward:
+                    from ranker_bwd_peers import fa4_mask_mod
 
-                impls.append(("fa4_mask_mod", fa4_mask_mod(q, k, v, bounds)))
+                    impls.append(("fa4_mask_mod", fa4_mask_mod(q, k, v, bounds, do)))
+                else:
+                    from ranker_fwd_peers import fa4_mask_mod
+
+                    impls.append(("fa4_mask_mod", fa4_mask_mod(q, k, v, bounds)))
             except Exception as exc:  # noqa: BLE001 - a missing peer is reported, not fatal
                 print(f"fa4_mask_mod unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
         shape = f"B={nb},h={hist},c={cand},H={hq}/{hkv},D={d}"
         for name, fn in impls:
             rec = dict(shape=shape, impl=name, **breakdown(fn, args.calls))
+            rec["host_us"] = host_us(fn, args.calls)
             rec["event_us"] = round(cuda_time_us(fn, graph=False, inner=1), 1)
             rec["graph_us"] = round(cuda_time_us(fn, graph=True), 1) if name == "cute_kernels" else None
             print(json.dumps(rec), flush=True)
-        q = k = v = None  # (frees this shape's inputs; the lambdas above are done with them)
+        q = k = v = do = None  # (frees this shape's inputs; the lambdas above are done with them)
 
 
 if __name__ == "__main__":
