@@ -1338,7 +1338,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
             depends on q, k, v), NaN or inf included.
         dq, dk, dv: optional output buffers (like q, k, v: same dtype, shape and device, contiguous,
             sharing no memory with each other or any input; tests pass NaN-poisoned ones).  Varlen
-            calls zero them whole before the launches.
+            calls zero them whole before the mainloop's launch.
         config: None or a :class:`RankerBwdConfig` (default: an active :func:`use_config`'s for D, else
             :func:`config_for` (D, cap is not None)).
         deterministic: a bool, or None (the default): torch's global flag,
@@ -1388,6 +1388,11 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
                           dq=dq, dk=dk, dv=dv, config=config, deterministic=deterministic, dlse=dlse)
 
 
+def _grad_buffer(buf: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """The caller's gradient buffer (validated), else a new contiguous one shaped and typed like ``like``."""
+    return buf if buf is not None else torch.empty_like(like, memory_format=torch.contiguous_format)
+
+
 def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, *,
                    dq=None, dk=None, dv=None, config=None, deterministic=False, dlse=None):
     """The eager backward: every check, then the three launches."""
@@ -1411,39 +1416,35 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
         max_seqlen = seq
     row_shape = accum_row_shape(seq, nb, hq, cfg.tile_m, varlen)
     check_accum_extent(row_shape, d)  # (before the varlen zeroing below: no buffer written, then an error)
-    # (empty_like / new_empty: 2.6 and 1.5 us less host time per buffer than torch.empty(..., device=) on the H200's
-    # host, session 33, bench/host_breakdown.py)
-    dq = dq if dq is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = dk if dk is not None else torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = dv if dv is not None else torch.empty_like(v, memory_format=torch.contiguous_format)
-    if varlen:  # packed tokens past cu_seqlens[-1] belong to no sequence: zero gradients
-        for t in (dq, dk, dv):
-            t.zero_()
     if q.numel() == 0 or max_seqlen == 0:
-        for t in (dq, dk, dv):
-            t.zero_()
-        return dq, dk, dv
+        return tuple(_grad_buffer(g, t).zero_() for g, t in ((dq, q), (dk, k), (dv, v)))
+    # Only the preprocess's buffers come before its launch: on an idle GPU (one isolated call) every microsecond
+    # of host work before the first launch is added to the call's time, while the host work after it overlaps
+    # the preprocess.  (empty_like / new_empty: 2.6 and 1.5 us less host time per buffer than
+    # torch.empty(..., device=) on the H200's host, session 33, bench/host_breakdown.py)
     lse2 = q.new_empty(row_shape, dtype=torch.float32)
     dpsum = q.new_empty(row_shape, dtype=torch.float32)
     dq_accum = q.new_empty(row_shape + (d,), dtype=torch.float32)
     keys = call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, max_seqlen, cap, cap_method, varlen,
                             _num_sms(q.device))
     accumulated = keys["post"][6]  # dK/dV through float32 accumulators
-    dq_sem = dkv_sem = None
-    if cfg.deterministic:  # dQ adds done per (q block, head), counted in order (0: the tile is not written)
-        dq_sem = torch.zeros((1 if varlen else nb, hq, row_shape[-1] // cfg.tile_m), dtype=torch.int32,
-                             device=q.device)
     if dlse is None:
         _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
     else:
         _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, cu_seqlens,
                                             nb, max_seqlen)
-    dk_accum = dv_accum = None
+    dq, dk, dv = _grad_buffer(dq, q), _grad_buffer(dk, k), _grad_buffer(dv, v)
+    if varlen:  # packed tokens past cu_seqlens[-1] belong to no sequence: zero gradients
+        for t in (dq, dk, dv):
+            t.zero_()
+    dk_accum = dv_accum = dq_sem = dkv_sem = None
     if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-    if cfg.deterministic:  # adds done per (KV block, KV head), counted in order
-        if accumulated:
+    if cfg.deterministic:  # dQ adds done per (q block, head), counted in order (0: the tile is not written)
+        dq_sem = torch.zeros((1 if varlen else nb, hq, row_shape[-1] // cfg.tile_m), dtype=torch.int32,
+                             device=q.device)
+        if accumulated:  # adds done per (KV block, KV head), counted in order
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
     _fn("main", *keys["main"])(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
