@@ -14,6 +14,7 @@ import argparse
 import importlib.util
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -27,6 +28,7 @@ from cute_kernels.runtime.timing import cuda_time_us
 def load_old(path: str):
     spec = importlib.util.spec_from_file_location("cute_kernels.kernels._ranker_bwd_old", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (its dataclasses look their module up there)
     spec.loader.exec_module(mod)
     return mod
 
