@@ -1,7 +1,8 @@
 """Names that do not exist: pyflakes' undefined-name findings over the package, the tests, the benchmarks and the
 scripts (a local renamed in one branch and read in another raises only when that branch runs, which for some
-branches means only on the GPU: session 36's deterministic backward).  Skipped where pyflakes is not installed
-(it is not a dependency of the package)."""
+branches means only on the GPU: session 36's deterministic backward).  pyflakes comes with the ``[test]`` extras
+(not a dependency of the package); the test skips where it is not installed (session 39's fresh machine had none
+before it joined the extras, so CI skipped this test there)."""
 import pathlib
 
 import pytest

@@ -1497,6 +1497,7 @@ BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap (the first is the issue's head
     (16, 1024, 256, 16, 16, 128, None),
     (8, 2048, 2048, 8, 8, 128, None),
 ]
+SHORT_CASES = BENCH_CASES[-2:]  # the issue's short, candidate-heavy shapes
 
 
 def _load_peers():
@@ -1513,7 +1514,6 @@ def _load_peers():
     sys.modules["ranker_bwd_peers"] = mod  # torch.compile (Flex) re-imports the mask_mod's module by name
     spec.loader.exec_module(mod)
     return mod
-SHORT_CASES = BENCH_CASES[-2:]  # the issue's short, candidate-heavy shapes
 
 
 def bench_shapes(shapes: str | None) -> set[str]:
@@ -1528,18 +1528,19 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
     """Backward time (the three launches; CUDA-graph timing, eager when a peer cannot be captured) and
     useful TFLOP/s = 2.5 x the forward's useful FLOPs (FlashAttention's convention)
     = ``10 * D * admitted (query, key) pairs / time``, ours and the peers of ``bench/ranker_bwd_peers.py``
-    interleaved over ``rounds``.  ``shapes``: None = all cases with peers; containing ``headline`` = the
-    first two cases, ``short`` = the last two (:data:`SHORT_CASES`); ``peers`` adds the peers; ``deterministic`` adds our deterministic mode; ``variants``
-    adds the other tile shapes and stage counts that validate.  Peers are skipped once ``peer_budget_s``
-    seconds have gone by (their compiles are slow; a record per skipped peer says so).  Ours and
-    FlashAttention-4 with the mask_mod are also timed "eager" and "isolated"
+    interleaved over ``rounds``.  ``shapes``: None = all cases with peers; containing ``headline`` = the first two
+    cases, ``short`` the last two (:data:`SHORT_CASES`; both: the four); ``peers`` adds the peers; ``deterministic``
+    adds our deterministic mode; ``variants`` adds the other tile shapes and stage counts that validate.  Peers are
+    skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow; a record per skipped peer says
+    so).  Ours and FlashAttention-4 with the mask_mod are also timed "eager" and "isolated"
     (:func:`.ranker_fwd.host_mode_records`)."""
     import time
 
     from .ranker_fwd import _time_us, host_mode_records, ranker_attention, skipped_peer_records
 
     spec = bench_shapes(shapes)
-    cases = BENCH_CASES[:2] if "headline" in spec else SHORT_CASES if "short" in spec else BENCH_CASES
+    cases = ((BENCH_CASES[:2] if "headline" in spec else []) + (SHORT_CASES if "short" in spec else [])
+             or BENCH_CASES)
     peers_mod = _load_peers() if "peers" in spec else None
     t_start = time.time()
     recs = []

@@ -2150,16 +2150,17 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
     mask_mod (:data:`EAGER_IMPLS`) are also timed once as records of ``mode`` "eager" (back-to-back calls)
     and "isolated" (one call at a time on an idle GPU, host time included).
 
-    ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases
-    (no cap / tanh cap), ``short`` = the last two (:data:`SHORT_CASES`); ``peers`` adds the peers; ``variants`` adds our other schedules
-    (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped one) and the
-    configs the other shipped tables (CONFIGS, CAP_CONFIGS) hold for that head dim.
-    Useful TFLOP/s = ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once
-    ``peer_budget_s`` seconds have gone by (their compiles are slow; a record per skipped peer says so)."""
+    ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases (no cap / tanh
+    cap), ``short`` the last two (:data:`SHORT_CASES`; both: the four); ``peers`` adds the peers; ``variants`` adds
+    our other schedules (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped
+    one) and the configs the other shipped tables (CONFIGS, CAP_CONFIGS) hold for that head dim. Useful TFLOP/s =
+    ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once ``peer_budget_s`` seconds have gone by
+    (their compiles are slow; a record per skipped peer says so)."""
     import time
 
     spec = bench_shapes(shapes)
-    cases = BENCH_CASES[:2] if "headline" in spec else SHORT_CASES if "short" in spec else BENCH_CASES
+    cases = ((BENCH_CASES[:2] if "headline" in spec else []) + (SHORT_CASES if "short" in spec else [])
+             or BENCH_CASES)
     peers_mod = _load_peers() if "peers" in spec else None
     t_start = time.time()
     recs = []
