@@ -1,7 +1,8 @@
 """Markdown tables of a ``cute-kernels bench --json`` file (one per kernel): one row per (shape, impl, mode).  Attention
 records show useful TFLOP/s and the speed relative to the FlashAttention-4 mask_mod peer of the same
 shape and timing mode (graph / eager / isolated; a graph row against FA4's eager time where FA4 could not
-be captured, marked so); bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
+be captured, marked so; eager and isolated rows show the record's ``torch_mul_us``, the host's speed then);
+bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
 
     python3 bench/summarize.py bench/results/2026-11-29_h200_ranker_bwd_s2.json > table.md
 
@@ -59,7 +60,10 @@ def _kernel_table(records: list[dict]) -> str:
             elif r.get("mode") == "graph" and (key, "eager") in fa4:  # FA4's graph capture failed: its eager time
                 rel = f"{fa4[key, 'eager'] / r['time_us']:.2f}x (FA4 eager)"
             extra = f"{r.get('tflops', '')} | {rel}"
-        lines.append(f"| {label} | {r['impl']} | {r.get('mode', '')} | {r['time_us']:.1f} | {extra} |")
+        mode = r.get("mode", "")
+        if _is_number(r.get("torch_mul_us")):  # eager / isolated rows: the host's speed then (a tiny torch launch)
+            mode = f"{mode} (torch.mul {r['torch_mul_us']:.1f} us)"
+        lines.append(f"| {label} | {r['impl']} | {mode} | {r['time_us']:.1f} | {extra} |")
     return "\n".join(lines)
 
 
@@ -101,7 +105,7 @@ def _is_number(x) -> bool:
 def check_record(record: dict, number: int = 1) -> None:
     """``ValueError`` unless the fields the tables read have their types: ``impl`` a string, ``kernel`` and
     ``mode`` absent, null or strings, ``shape`` a dict, ``time_us`` null or a finite number >= 0,
-    ``tflops`` / ``gbps`` / ``copy_frac`` / ``copy_bw_frac`` absent, null or numbers."""
+    ``tflops`` / ``gbps`` / ``copy_frac`` / ``copy_bw_frac`` / ``torch_mul_us`` absent, null or numbers."""
     def bad(what):
         raise ValueError(f"record {number} ({record.get('impl')!r}): {what}")
     if not isinstance(record["impl"], str):
@@ -114,7 +118,7 @@ def check_record(record: dict, number: int = 1) -> None:
     t = record.get("time_us")
     if t is not None and not (_is_number(t) and math.isfinite(t) and t >= 0):
         bad(f"time_us must be a finite number >= 0 or null, got {t!r}")
-    for key in ("tflops", "gbps", "copy_frac", "copy_bw_frac"):
+    for key in ("tflops", "gbps", "copy_frac", "copy_bw_frac", "torch_mul_us"):
         if record.get(key) is not None and not _is_number(record[key]):
             bad(f"{key} must be a number, got {record[key]!r}")
 

@@ -31,6 +31,16 @@ def test_eager_rows_compare_with_the_peers_eager_time():
     assert "| b=4,h=16 | fa4_mask_mod | eager | 220.0 | 273 | 1.00x |" in text
 
 
+def test_isolated_rows_show_the_host_speed_they_were_taken_at():
+    shape = {"b": 4}
+    text = summarize.table([dict(impl="cute_kernels", shape=shape, mode="isolated", time_us=1000.0, tflops=400,
+                                 torch_mul_us=12.46),
+                            dict(impl="fa4_mask_mod", shape=shape, mode="isolated", time_us=1300.0, tflops=300,
+                                 torch_mul_us=8.0)])
+    assert "| b=4 | cute_kernels | isolated (torch.mul 12.5 us) | 1000.0 | 400 | 1.30x |" in text
+    assert "| b=4 | fa4_mask_mod | isolated (torch.mul 8.0 us) | 1300.0 | 300 | 1.00x |" in text
+
+
 def test_graph_rows_fall_back_to_fa4_eager_and_error_rows_keep_their_mode():
     shape = {"b": 4}
     text = summarize.table([dict(impl="cute_kernels", shape=shape, mode="graph", time_us=100.0, tflops=600),

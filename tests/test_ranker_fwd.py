@@ -855,13 +855,16 @@ def test_bench_host_mode_records(monkeypatch):
         return t
 
     monkeypatch.setattr(fwd, "_EAGER_TIMERS", (("eager", timer("eager", 200.0)), ("isolated", timer("isolated", 400.0))))
+    monkeypatch.setattr(fwd, "_host_yardstick", lambda: (lambda: "mul"))  # (the real one needs CUDA)
     impls = [("cute_kernels", lambda: "ours"), ("fa4_mask_mod", lambda: "fa4"), ("flex_attention", lambda: "flex")]
     times = {"cute_kernels": [(100.0, "graph")], "fa4_mask_mod": [(150.0, "eager")], "flex_attention": [(90.0, "graph")]}
     recs = fwd.host_mode_records("ranker_fwd", impls, times, {"B": 1}, flops=4 * 10**8)
-    assert [(r["impl"], r["mode"], r["time_us"], r["tflops"]) for r in recs] == [
-        ("cute_kernels", "eager", 200.0, 2.0), ("cute_kernels", "isolated", 400.0, 1.0),
-        ("fa4_mask_mod", "isolated", 400.0, 1.0)]  # (its rounds ran eagerly: no second eager record)
-    assert calls == [("eager", "ours"), ("isolated", "ours"), ("isolated", "fa4")]
+    assert [(r["impl"], r["mode"], r["time_us"], r["tflops"], r["torch_mul_us"]) for r in recs] == [
+        ("cute_kernels", "eager", 200.0, 2.0, 200.0), ("cute_kernels", "isolated", 400.0, 1.0, 400.0),
+        ("fa4_mask_mod", "isolated", 400.0, 1.0, 400.0)]  # (its rounds ran eagerly: no second eager record)
+    # each timing is followed by the same timer on the host yardstick
+    assert calls == [("eager", "ours"), ("eager", "mul"), ("isolated", "ours"), ("isolated", "mul"),
+                     ("isolated", "fa4"), ("isolated", "mul")]
     monkeypatch.setattr(fwd, "_EAGER_TIMERS", (("eager", timer("eager", None)), ("isolated", timer("isolated", 1.0))))
     recs = fwd.host_mode_records("ranker_fwd", impls, times, {"B": 1}, flops=1)
     assert [(r["impl"], r["mode"], r.get("error")) for r in recs] == [

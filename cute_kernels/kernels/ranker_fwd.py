@@ -2099,8 +2099,11 @@ _EAGER_TIMERS = (("eager", _eager_time_us), ("isolated", _isolated_time_us))
 def host_mode_records(kernel: str, impls: list, times: dict, shape: dict, flops: int) -> list[dict]:
     """Records of :data:`EAGER_IMPLS` timed "eager" and "isolated" (only "isolated" for one whose rounds were
     timed eagerly already: its CUDA-graph capture failed); ``impls``: (name, fn) pairs; ``times``: name ->
-    [(us, mode), ...] of the rounds, or None (failed: no records)."""
+    [(us, mode), ...] of the rounds, or None (failed: no records).  Each record also holds ``torch_mul_us``: the
+    same timer on :func:`_host_yardstick` right after, a measure of the host's speed at that moment (it varies
+    1.5x between runs on the H200's host, and an isolated call's time includes all of its host work)."""
     recs = []
+    yardstick = None
     for impl, fn in impls:
         if impl not in EAGER_IMPLS or not times.get(impl):
             continue
@@ -2112,9 +2115,16 @@ def host_mode_records(kernel: str, impls: list, times: dict, shape: dict, flops:
             except Exception as exc:
                 recs.append(dict(kernel=kernel, impl=impl, shape=shape, mode=mode, error=repr(exc)[:200]))
                 break
+            yardstick = yardstick or _host_yardstick()
             recs.append(dict(kernel=kernel, impl=impl, shape=shape, time_us=round(t, 1), mode=mode,
-                             tflops=round(flops / t / 1e6, 1)))
+                             tflops=round(flops / t / 1e6, 1), torch_mul_us=round(timer(yardstick), 1)))
     return recs
+
+
+def _host_yardstick():
+    """``torch.mul`` of an 8-element CUDA tensor by itself (one tiny launch: its eager time is host time)."""
+    a = torch.ones(8, device="cuda")
+    return lambda: torch.mul(a, a)
 
 
 BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issue's headline shape)
