@@ -105,7 +105,7 @@ def test_unfused_scale_matches_reference():
 
 
 def test_constructor_validation():
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(TypeError, match="one of .*; got an unsupported torch.dtype torch.float64"):
         cute_kernels.ParallelQKNorm(None, 16, 4096, 1024, torch.float64)
     with pytest.raises(TypeError, match="dtype must be a torch.dtype, one of .*torch.bfloat16.*; got str 'bfloat16'"):
         cute_kernels.ParallelQKNorm(None, 16, 4096, 1024, "bfloat16")

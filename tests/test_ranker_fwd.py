@@ -773,6 +773,20 @@ def test_argument_rules_found_by_the_session_15_review():
         rf.RankerFwdConfig(head_dim=128, tile_n=176).validate()
 
 
+def test_varlen_bounds_rows_must_match_the_sequences():
+    """Packed calls: one bounds row per sequence, said in the message (singular for one sequence)."""
+    q = torch.zeros(8, 2, 64, dtype=torch.bfloat16, device="meta")
+    cu = torch.zeros(2, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"bounds has 2 rows; cu_seqlens has 2 entries, i.e. B = 1 sequence, so "
+                                         r"bounds must have 1 row \(one per sequence\)"):
+        rf._validate(q, q, q, torch.zeros(2, 4, dtype=torch.int32, device="meta"), None, None, "tanh", cu, None,
+                     cuda=False, pointers=False)
+    cu3 = torch.zeros(3, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"B = 2 sequences, so bounds must have 2 rows"):
+        rf._validate(q, q, q, torch.zeros(1, 4, dtype=torch.int32, device="meta"), None, None, "tanh", cu3, None,
+                     cuda=False, pointers=False)
+
+
 def test_reference_refuses_meta_bounds_and_cu_seqlens():
     """bounds (or cu_seqlens) on 'meta' with data tensors failed inside torch ('Cannot copy out of meta
     tensor'); now a ValueError naming the argument (newcomer review, session 20)."""
@@ -1104,6 +1118,8 @@ def test_shipped_config_refuses_bad_arguments():
                            ((torch.bfloat16, True), ValueError, "head_dim=True")):
         with pytest.raises(exc, match=re.escape(msg)):
             rf.shipped_config(*args)
+    # None means no cap, as ranker_attention's cap=None (newcomer review, session 39)
+    assert rf.shipped_config(torch.bfloat16, 128, None) == rf.shipped_config(torch.bfloat16, 128, "none")
 
 
 def test_use_config_docstring_example_fits():

@@ -91,6 +91,7 @@ def test_sass_is_disassembled_from_the_cubin_when_first_read(tmp_path, monkeypat
     rec = cache.compile_record(t.kernel, t.key)
     monkeypatch.setattr(artifacts, "disassemble", lambda cubin: None)  # as without nvdisasm
     assert rec.sass is None and not sass_file.exists()
+    assert rec.summary().endswith("; no SASS (no nvdisasm, or the cached cubin is missing or unreadable)")
     monkeypatch.undo()
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     sass = rec.sass

@@ -324,7 +324,8 @@ def _dtype_error(dtype) -> str:
     """The message for a ``dtype`` argument that is not one of :data:`DTYPES` (a string such as "bfloat16"
     included: the argument is a torch.dtype)."""
     names = ", ".join(f"torch.{str(d).replace('torch.', '')}" for d in DTYPES)
-    return f"dtype must be a torch.dtype, one of {names}; got {type(dtype).__name__} {dtype!r}"
+    what = "an unsupported torch.dtype" if isinstance(dtype, torch.dtype) else type(dtype).__name__
+    return f"dtype must be a torch.dtype, one of {names}; got {what} {dtype!r}"
 
 
 def _positive_int(name: str, value, upper: int = 2**63 - 1) -> int:

@@ -311,9 +311,9 @@ def self_kv_tma_taken(config: RankerFwdConfig) -> bool:
     return config.self_kv_tma and config.tile_m == config.tile_n and config.head_dim <= 128
 
 
-def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: str = "none") -> RankerFwdConfig:
+def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] = "none") -> RankerFwdConfig:
     """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16), ``head_dim`` and ``cap_method``
-    (``"none"`` without a cap, else ``"tanh"`` / ``"soft_sign"``): ``CAP_CONFIGS[(cap_method, head_dim)]``
+    (``"none"`` or None without a cap, else ``"tanh"`` / ``"soft_sign"``): ``CAP_CONFIGS[(cap_method, head_dim)]``
     where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with
     ``fixed_row_max`` off (float16 P would overflow).  Raises ``TypeError`` for another dtype (a string
     included) and ``ValueError`` for a head dim other than 64, 128, 256 or an unknown ``cap_method``."""
@@ -321,8 +321,10 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: str = "none") 
         raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
     if isinstance(head_dim, bool) or head_dim not in CONFIGS:
         raise ValueError(f"head_dim={head_dim!r}: shipped configs exist for head dims {sorted(CONFIGS)}")
+    if cap_method is None:  # (as ranker_attention's cap=None)
+        cap_method = "none"
     if cap_method not in CAP_METHODS:
-        raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS} ('none': no cap)")
+        raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS} ('none' or None: no cap)")
     cfg = CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
     return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.norm_bound) else _online_max(cfg)
 
@@ -1452,7 +1454,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
             raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share batch and sequence sizes")
     if varlen and isinstance(bounds, torch.Tensor) and bounds.dim() == 2 and bounds.shape[0] != nb:
         raise ValueError(f"bounds has {bounds.shape[0]} rows; cu_seqlens has {nb + 1} entries, i.e. B = {nb} "
-                         f"sequences, so bounds must have {nb} rows (one per sequence)")
+                         f"sequence{'s' * (nb != 1)}, so bounds must have {nb} row{'s' * (nb != 1)} (one per sequence)")
     check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
     if not bounds.is_contiguous():
