@@ -85,7 +85,8 @@ def cmd_compile(args) -> int:
             failures += 1
             print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
     lines = []
-    for t in tqdm(targets, desc="compiling", unit="cfg", file=sys.stderr, disable=args.quiet):
+    # (disable=None: no bar where stderr is not a terminal, e.g. a log file, which would get one long line of \r)
+    for t in tqdm(targets, desc="compiling", unit="cfg", file=sys.stderr, disable=True if args.quiet else None):
         try:
             t0 = time.perf_counter()
             t.build()
