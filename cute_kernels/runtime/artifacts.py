@@ -213,7 +213,8 @@ class CompileRecord:
         regs = ",".join(str(r.registers) for r in self.resources if r.registers is not None) or "?"
         smem = ",".join(str(r.static_smem_bytes) for r in self.resources) or "0"
         t = f"{self.compile_s:.2f}s compile" if self.compile_s is not None else f"{(self.load_s or 0) * 1e3:.1f}ms load"
-        feats = ", ".join(self.ptx_features + self.sass_features)
-        if self.sass is None:  # (said, not left out silently: the SASS checks were not made)
+        sass = self.sass  # (read once: without it, each read runs nvdisasm again)
+        feats = ", ".join(self.ptx_features + find_features(sass, SASS_FEATURES))
+        if sass is None:  # (said, not left out silently: the SASS checks were not made)
             feats += "; no SASS (no nvdisasm, or the cached cubin is missing or unreadable)"
         return f"{t}; regs {regs}; static smem {smem} B; {feats}"
