@@ -149,6 +149,10 @@ def test_bench_shapes_accepted_specs():
     for name in ("ranker_fwd", "ranker_bwd"):  # "short" = the short, candidate-heavy shapes
         mod = registry.module(name)
         assert [c[1:3] for c in mod.SHORT_CASES] == [(1024, 256), (2048, 2048)]
+        pick = registry.module("ranker_fwd").bench_cases  # (what both benches run for a spec)
+        assert pick({"short", "peers"}, mod.BENCH_CASES) == mod.SHORT_CASES
+        assert pick({"headline", "short"}, mod.BENCH_CASES) == mod.BENCH_CASES[:2] + mod.SHORT_CASES
+        assert pick({"all"}, mod.BENCH_CASES) == mod.BENCH_CASES
     assert registry.module("hc_mix").bench_shapes("1,4096") == [1, 4096]
     assert registry.module("scale").bench_shapes(None) is None
     for name in registry.names():  # every registered kernel has one (the CLI calls it)

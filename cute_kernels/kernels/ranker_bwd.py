@@ -1536,11 +1536,10 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
     (:func:`.ranker_fwd.host_mode_records`)."""
     import time
 
-    from .ranker_fwd import _time_us, host_mode_records, ranker_attention, skipped_peer_records
+    from .ranker_fwd import _time_us, bench_cases, host_mode_records, ranker_attention, skipped_peer_records
 
     spec = bench_shapes(shapes)
-    cases = ((BENCH_CASES[:2] if "headline" in spec else []) + (SHORT_CASES if "short" in spec else [])
-             or BENCH_CASES)
+    cases = bench_cases(spec, BENCH_CASES)
     peers_mod = _load_peers() if "peers" in spec else None
     t_start = time.time()
     recs = []

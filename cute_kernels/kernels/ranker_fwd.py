@@ -2149,6 +2149,14 @@ def bench_shapes(shapes: str | None) -> set[str]:
     return word_spec(NAME, shapes, ("all", "headline", "short", "peers", "variants"), "all+peers")
 
 
+def bench_cases(spec: set[str], cases: list) -> list:
+    """The bench cases a :func:`bench_shapes` spec picks from ``cases`` (the forward's or the backward's
+    ``BENCH_CASES``): ``headline`` the first two, ``short`` the last two (the issue's short, candidate-heavy
+    shapes), both the four; otherwise all of them."""
+    picked = (cases[:2] if "headline" in spec else []) + (cases[-2:] if "short" in spec else [])
+    return picked or list(cases)
+
+
 def skipped_peer_records(kernel: str, shape: dict, peers, budget_s: float) -> list[dict]:
     """One error record per peer a bench left out of a shape because its peers' time budget was spent."""
     return [dict(kernel=kernel, impl=name, shape=shape,
@@ -2171,8 +2179,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
     import time
 
     spec = bench_shapes(shapes)
-    cases = ((BENCH_CASES[:2] if "headline" in spec else []) + (SHORT_CASES if "short" in spec else [])
-             or BENCH_CASES)
+    cases = bench_cases(spec, BENCH_CASES)
     peers_mod = _load_peers() if "peers" in spec else None
     t_start = time.time()
     recs = []
