@@ -107,6 +107,14 @@ SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in dynamic shared memory per CTA
 # subnormal (flushed); within those limits the result is as accurate as with the online max, except that
 # no P is exactly 1 (below)
 FIXED_MAX_CAP = 50.0
+# ``checked_max``: a row's result against the fixed max of 0 is kept when its sum of P = e^s lies within these (and
+# O's accumulator is finite).  Above: every P <= 2^100 (normal in float32 and bfloat16; 1 / sum stays normal).
+# Below: the row's largest P >= 2^-20 / n for n keys, so the keys that move the result at float32 precision have
+# P >= 2^-20 / n * 2^-24 (>= 2^-75 for n <= 2^31): normal, as the online max's; P * v is flushed only where
+# |v| < 2^-51 (the online max: |v| < 2^-126).  Rows outside the window (every score below about -14 - ln n, or one
+# past 69) take the online max
+CHECKED_SUM_MIN = 2.0**-20
+CHECKED_SUM_MAX = 2.0**100
 # norm_bound's k pre-pass (:meth:`RankerAttentionFwd.k_norm_kernel`): threads per CTA, CTAs per SM (each
 # writes one partial maximum; 4 per SM keep enough 16-byte loads in flight to stream k at HBM speed)
 KNORM_THREADS = 256
@@ -129,12 +137,13 @@ class NamedBarrierFwd(enum.IntEnum):
     WarpSchedulerWG1 = 2  # consumer warpgroup 1 may issue its WGMMAs
     WarpSchedulerWG2 = 3  # consumer warpgroup 2 may issue its WGMMAs
     WarpSchedulerWG3 = 4  # consumer warpgroup 3 (tile_m = 192) may issue its WGMMAs
-    RowBoundWG1 = 5  # norm_bound: the four warps of consumer warpgroup 1 have voted on their rows' bound
+    RowBoundWG1 = 5  # norm_bound / checked_max: the four warps of consumer warpgroup 1 have voted on their rows
     RowBoundWG2 = 6
     RowBoundWG3 = 7
     EpilogueWG1 = 8  # wg_epilogue: Epilogue's role for consumer warpgroup 1 alone (its own 64 rows of sQ / sO)
     EpilogueWG2 = 9
     EpilogueWG3 = 10
+    RetryList = 11  # checked_max: the consumers have published their retry tiles; the producer warp reads them
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,11 @@ class RankerFwdConfig(ValidatedConfig):
     # the Q tile in smem, max |k_j| from a pre-pass kernel over k), else the online max; each consumer
     # warpgroup picks one of the two compiled history loops for its rows (:meth:`RankerAttentionFwd.rows_bounded`)
     norm_bound: bool = False
+    # without a cap (bf16): every tile first runs the fixed max of 0 and checks its result afterwards: each active row's
+    # sum of P within [CHECKED_SUM_MIN, CHECKED_SUM_MAX] and the O accumulator finite (so every P was a normal float32
+    # and no product overflowed).  A consumer warpgroup whose rows fail runs the online max for the rest of its tiles
+    # and the failed tile again at the CTA's end (:meth:`RankerAttentionFwd.advance_tile`); no pre-pass, any length
+    checked_max: bool = False
     # the candidate rows' own K/V rows (the self term) come by TMA into one more K/V stage after the history
     # blocks, and q_i from the Q tile in smem (held until then), read in the accumulator layout with ldmatrix;
     # otherwise each thread reads them from global memory after the loop; also where tile_m != tile_n (the
@@ -224,6 +238,9 @@ class RankerFwdConfig(ValidatedConfig):
         if self.fixed_row_max and self.norm_bound:
             raise ValueError("fixed_row_max (capped calls) and norm_bound (uncapped calls) exclude each other: "
                              "set the one for the cap you run")
+        if self.checked_max and (self.fixed_row_max or self.norm_bound):
+            raise ValueError("checked_max (uncapped calls) excludes fixed_row_max (capped calls) and norm_bound: "
+                             "set the one for the cap you run")
         sm90.check_register_split(self.producer_regs, self.consumer_regs, self.consumer_wgs)
         # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs).  A rule of
         # thumb from ptxas, with headroom for addresses and softmax state: two warpgroups at 240 registers
@@ -265,14 +282,14 @@ class RankerFwdConfig(ValidatedConfig):
 CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
                         consumer_regs=160, persistent=True, intra_wg_overlap=False, skip_unit_rescale=True,
-                        norm_bound=True),
+                        checked_max=True),
     # D=128: self_kv_tma (session 25; it replaced session 10's prefetch_self_kv, an L2 prefetch of the candidate
     # rows' K/V rows that the self term then read from global memory, 'kept, unproven' in session 11): the
     # candidate tiles' own K/V rows come by TMA through the K/V pipeline, read with ldmatrix.  Phase stamps: the
     # global reads cost ~2.9 loop steps per candidate tile; same run with FA4 (useful TFLOP/s, with / without):
     # B=16 1K+256 537 / 489, B=8 2K+2K 645 / 595, 16K 725 / 703, headline 679 / 690 (A/A 682), same bits
     # (bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log)
-    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, norm_bound=True,
+    128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, checked_max=True,
                          prefetch_self_kv=True, wg_epilogue=True, defer_store_wait=True),
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
 }
@@ -292,7 +309,7 @@ CONFIGS = {
 # exp2 on the FP32 pipe instead (a cubic, session 14, branch s14/exp2-poly) was slower at every share
 # (tanh headline 491 / 484 / 411 for 2 / 4 / 8 of every 8 scores vs 516 / 508; bench/results/logs/
 # 2026-11-30_s14_exp2_poly_probe.log).
-_D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6, fixed_row_max=True, norm_bound=False)
+_D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6, fixed_row_max=True, checked_max=False)
 _D128_CAPPED = RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3, producer_regs=32,
                                consumer_regs=160, persistent=True, skip_unit_rescale=True, fixed_row_max=True,
                                early_rescale=False)
@@ -326,7 +343,8 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] 
     if cap_method not in CAP_METHODS:
         raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS} ('none' or None: no cap)")
     cfg = CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
-    return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.norm_bound) else _online_max(cfg)
+    return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.norm_bound or cfg.checked_max) else \
+        _online_max(cfg)
 
 
 class RankerAttentionFwd:
@@ -338,8 +356,9 @@ class RankerAttentionFwd:
         if config.fixed_row_max and (cap_method == "none" or dtype is not cutlass.BFloat16):
             raise ValueError(f"fixed_row_max needs bfloat16 and a cap (bounded scores), got {dtype} and "
                              f"cap_method={cap_method!r}")
-        if config.norm_bound and (cap_method != "none" or dtype is not cutlass.BFloat16):
-            raise ValueError(f"norm_bound needs bfloat16 and no cap (with a cap, fixed_row_max), got {dtype} and "
+        if (config.norm_bound or config.checked_max) and (cap_method != "none" or dtype is not cutlass.BFloat16):
+            name = "norm_bound" if config.norm_bound else "checked_max"
+            raise ValueError(f"{name} needs bfloat16 and no cap (with a cap, fixed_row_max), got {dtype} and "
                              f"cap_method={cap_method!r}")
         self.dtype = dtype
         self.config = config
@@ -411,6 +430,7 @@ class RankerAttentionFwd:
             mbar_k: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             row_votes: cute.struct.MemRange[Int32, 4 * self.config.consumer_wgs]  # norm_bound: one per consumer warp
+            retry_tiles: cute.struct.MemRange[Int32, self.config.consumer_wgs]  # checked_max: one per consumer warpgroup
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -533,6 +553,7 @@ class RankerAttentionFwd:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sVote = storage.row_votes.get_tensor(cute.make_layout(4 * self.config.consumer_wgs))
+        sRetry = storage.retry_tiles.get_tensor(cute.make_layout(self.config.consumer_wgs))
         if const_expr(self.config.persistent):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         else:
@@ -543,11 +564,11 @@ class RankerAttentionFwd:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
-                self.load(tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                self.load(tma_Q, tma_K, tma_V, sQ, sK, sV, sRetry, tma_atom_Q, tma_atom_K, tma_atom_V,
                           pipeline_q, pipeline_k, pipeline_v, sched)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
-            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sVote, sK, sV, sO,
+            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sVote, sRetry, sK, sV, sO,
                      tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx - 128, sched,
                      scale_log2, softmax_scale, cap)
 
@@ -586,7 +607,7 @@ class RankerAttentionFwd:
 
     # ------------------------------------------------------------------ producer
     @cute.jit
-    def load(self, tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+    def load(self, tma_Q, tma_K, tma_V, sQ, sK, sV, sRetry, tma_atom_Q, tma_atom_K, tma_atom_V,
              pipeline_q, pipeline_k, pipeline_v, sched):
         """Warp 0 of the producer warpgroup, for each tile of this CTA: TMA of the Q tile, then K and V
         of each history block (last block first), ``stages`` blocks ahead of the consumers, and with
@@ -596,6 +617,7 @@ class RankerAttentionFwd:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile = Int32(cute.arch.block_idx()[0])
         num_tiles = sched[5]
+        retry_pos = Int32(0)
         while tile < num_tiles:
             m_block, head, batch, offset, seg, in_range, active = self.tile_work(tile, sched)
             n_blocks = seg.n_block_count(self.tile_n)
@@ -603,7 +625,7 @@ class RankerAttentionFwd:
                 q_state, kv_state = self.load_tile(
                     tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipeline_q, pipeline_k,
                     pipeline_v, q_state, kv_state, m_block, head, head // self.qhead_per_kvhead, batch, offset, seg)
-            tile += Int32(cute.arch.grid_dim()[0])
+            tile, retry_pos = self.advance_tile(tile, retry_pos, sRetry, num_tiles)
 
     @cute.jit
     def load_tile(self, tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
@@ -661,8 +683,8 @@ class RankerAttentionFwd:
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
-    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sVote, sK, sV, sO, tma_atom_O,
-            pipeline_q, pipeline_k, pipeline_v, tidx, sched, scale_log2, softmax_scale, cap):
+    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sVote, sRetry, sK, sV, sO,
+            tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx, sched, scale_log2, softmax_scale, cap):
         """The consumer warpgroups (2 or 3), for each tile of this CTA: the history loop, the self term,
         normalization and LSE, the epilogue."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -689,15 +711,22 @@ class RankerAttentionFwd:
         k_norm_max = self.k_norm_max(mKnorm, tidx) if const_expr(self.config.norm_bound) else Float32(0.0)
         tile = Int32(cute.arch.block_idx()[0])
         num_tiles = sched[5]
+        # checked_max: the tile whose fixed max failed its check in this warpgroup (run again after the CTA's own
+        # tiles; -1: none yet; once set, the warpgroup runs the online max), the position in that retry pass (0:
+        # not in it yet; see advance_tile)
+        retry_tile, retry_pos = Int32(-1), Int32(0)
         while tile < num_tiles:
             m_block, head, batch, offset, seg, in_range, active = self.tile_work(tile, sched)
             if in_range:
-                q_state, kv_state = self.mma_tile(
+                q_state, kv_state, failed = self.mma_tile(
                     tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
                     tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sK, sV, sO, tma_atom_O, pipeline_q, pipeline_k,
                     pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
-                    scale_log2, softmax_scale, cap, k_norm_max)
-            tile += Int32(cute.arch.grid_dim()[0])
+                    scale_log2, softmax_scale, cap, k_norm_max, retry_tile < 0 and retry_pos == 0)
+                if const_expr(self.config.checked_max):
+                    if failed:  # (warpgroup-uniform; only a tile run with the fixed max can fail)
+                        retry_tile = tile
+            tile, retry_pos = self.advance_tile(tile, retry_pos, sRetry, num_tiles, tidx=tidx, retry_tile=retry_tile)
         if const_expr(self.defer_store_wait):
             if tidx % self.epi_threads < 32:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last tile's store has read sO
@@ -706,7 +735,9 @@ class RankerAttentionFwd:
     def mma_tile(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
                  tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sK, sV, sO, tma_atom_O, pipeline_q, pipeline_k,
                  pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
-                 scale_log2, softmax_scale, cap, k_norm_max):
+                 scale_log2, softmax_scale, cap, k_norm_max, try_fixed):
+        """One tile for this consumer warpgroup; returns the pipeline states and (``checked_max``) whether the
+        fixed max, taken where ``try_fixed``, failed its check (the tile's output is then to be recomputed)."""
         head_kv = head // self.qhead_per_kvhead
         n_blocks = seg.n_block_count(self.tile_n)
         n_block_min = seg.n_block_min(self.tile_n)
@@ -715,7 +746,9 @@ class RankerAttentionFwd:
         row_sum.fill(0.0)
         acc_O_mn = sm90.acc_mn(acc_O)
         num_rows = cute.size(row_max)
-        bounded = cutlass.Boolean(False)  # norm_bound: this warpgroup's scores are provably bounded
+        bounded = cutlass.Boolean(False)  # norm_bound / checked_max: this warpgroup runs the fixed max
+        if const_expr(self.config.checked_max):
+            bounded = try_fixed
         # self_kv_tma: this tile's own K/V rows follow its history blocks in the K/V pipeline (as loaded)
         self_block = cutlass.Boolean(False)
         if const_expr(self.self_kv_tma):
@@ -728,8 +761,9 @@ class RankerAttentionFwd:
             common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, row_scale,
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
             release_q = not self_block  # (the self block reads q_i from sQ after the loop)
-            if const_expr(self.config.norm_bound):
-                bounded = self.rows_bounded(sQ, sVote, tidx, k_norm_max, softmax_scale)
+            if const_expr(self.config.norm_bound or self.config.checked_max):
+                if const_expr(self.config.norm_bound):
+                    bounded = self.rows_bounded(sQ, sVote, tidx, k_norm_max, softmax_scale)
                 if bounded:
                     kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
                                                  release_q, fixed=True)
@@ -764,6 +798,10 @@ class RankerAttentionFwd:
         if const_expr(self.self_kv_tma):
             if active and n_blocks > 0:
                 q_state = sm90.advanced(q_state)  # (after the self block's release of sQ)
+        failed = cutlass.Boolean(False)
+        if const_expr(self.config.checked_max):
+            if bounded:
+                failed = self.fixed_max_failed(acc_O, row_sum, tOcO_mn, m_block, seg, active, sVote, tidx)
         lse = cute.make_rmem_tensor(num_rows, Float32)
         for r in cutlass.range_constexpr(num_rows):
             row = m_block * self.tile_m + tOcO_mn[r, 0][0]
@@ -781,7 +819,77 @@ class RankerAttentionFwd:
 
         self.epilogue(acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx, wg_idx,
                       m_block, head, batch, offset, seg)
-        return q_state, kv_state
+        return q_state, kv_state, failed
+
+    @cute.jit
+    def fixed_max_failed(self, acc_O, row_sum, tOcO_mn, m_block, seg, active, sVote, tidx):
+        """``checked_max``: whether this consumer warpgroup's rows, run against the fixed max of 0, must run
+        again with the online max: an active row's sum of P (quad-reduced, with the self term) outside
+        [CHECKED_SUM_MIN, CHECKED_SUM_MAX] (NaN included), or a non-finite O accumulator (a product or sum that
+        overflowed; a NaN input too, which the online max turns into the same NaN).  Each warp votes over its
+        lanes; the four votes meet in ``sVote`` behind the warpgroup's named barrier (the result is
+        warpgroup-uniform).  ``sVote`` is written again only after the epilogue's barrier of the next tile."""
+        ok = cutlass.Boolean(True)
+        for r in cutlass.range_constexpr(cute.size(row_sum)):
+            row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+            in_window = row_sum[r] >= Float32(CHECKED_SUM_MIN) and row_sum[r] <= Float32(CHECKED_SUM_MAX)
+            if seg.row_active(row) and active:
+                ok = ok and in_window
+        o_abs = Float32(0.0)  # (a sum: NaN and inf carry through it, where a max would drop NaN)
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            o_abs += cute.math.abs(acc_O[i])
+        ok = ok and o_abs <= Float32(F32_MAX)
+        warp_ok = cute.arch.vote_all_sync(ok)
+        warp = tidx // 32
+        if tidx % 32 == 0:
+            sVote[warp] = Int32(warp_ok)
+        wg = tidx // 128
+        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.RowBoundWG1) + wg, number_of_threads=128)
+        votes = sVote[4 * wg] + sVote[4 * wg + 1] + sVote[4 * wg + 2] + sVote[4 * wg + 3]
+        return votes != 4
+
+    @cute.jit
+    def advance_tile(self, tile, retry_pos, sRetry, num_tiles, tidx=None, retry_tile=None):
+        """The CTA's next tile: ``tile + gridDim.x``; with ``checked_max``, once those run out, the tiles that its
+        consumer warpgroups' fixed max failed (at most one per warpgroup, each once), run with the online max.
+        At that turn (once per CTA) the consumers (``tidx`` given) publish their ``retry_tile`` (-1: none) in
+        ``sRetry``, the warps that issue the O stores wait for them to complete (a retried tile rewrites its
+        rows), and the consumers and the producer warp meet at ``RetryList``.  ``retry_pos``: 0 before the retry
+        pass, then the index in ``sRetry`` after the tile being retried (>= 1).  Returns (tile, retry_pos); a
+        tile >= ``num_tiles`` ends the loop."""
+        if const_expr(not self.config.checked_max):
+            tile += Int32(cute.arch.grid_dim()[0])
+        else:
+            if retry_pos > 0:
+                tile, retry_pos = self.retry_at(sRetry, retry_pos, num_tiles)
+            else:
+                tile += Int32(cute.arch.grid_dim()[0])
+                if tile >= num_tiles:
+                    if const_expr(tidx is not None):
+                        if tidx % 128 == 0:
+                            sRetry[tidx // 128] = retry_tile
+                        if const_expr(not self.varlen):
+                            if tidx % self.epi_threads < 32:
+                                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.barrier(barrier_id=int(NamedBarrierFwd.RetryList),
+                                      number_of_threads=32 + self.num_consumer_threads)
+                    tile, retry_pos = self.retry_at(sRetry, Int32(0), num_tiles)
+        return tile, retry_pos
+
+    @cute.jit
+    def retry_at(self, sRetry, pos, num_tiles):
+        """The first entry of ``sRetry`` at index >= ``pos`` that names a tile (>= 0) not named by an earlier
+        entry, and the index after it; ``num_tiles`` if none."""
+        found, found_pos = num_tiles, Int32(self.config.consumer_wgs)
+        for i in cutlass.range_constexpr(self.config.consumer_wgs - 1, -1, -1):
+            t = sRetry[i]
+            fresh = t >= 0 and i >= pos
+            for j in cutlass.range_constexpr(i):
+                fresh = fresh and sRetry[j] != t
+            if fresh:
+                found = t
+                found_pos = Int32(i)
+        return found, found_pos + 1
 
     @cute.jit
     def self_operands_from_smem(self, rQ, rK, rV, sQ, sK, sV, tiled_mma_pv, tidx, pipeline_k, pipeline_v, kv_state):
@@ -1056,10 +1164,10 @@ class RankerAttentionFwd:
 
     def fixed_max(self, bounded):
         """Whether this warpgroup's rows took the fixed max of 0 (a Python bool for the static cases, else
-        the warpgroup-uniform runtime flag of :meth:`rows_bounded`)."""
+        the warpgroup-uniform runtime flag of :meth:`rows_bounded` or ``checked_max``'s choice)."""
         if self.config.fixed_row_max:
             return True
-        return bounded if self.config.norm_bound else False
+        return bounded if (self.config.norm_bound or self.config.checked_max) else False
 
     @cute.jit
     def k_norm_max(self, mKnorm, tidx):
@@ -1593,7 +1701,7 @@ def fixed_row_max_applies(dtype: torch.dtype, cap: Optional[float]) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _online_max(cfg: RankerFwdConfig) -> RankerFwdConfig:
-    return dataclasses.replace(cfg, fixed_row_max=False, norm_bound=False)
+    return dataclasses.replace(cfg, fixed_row_max=False, norm_bound=False, checked_max=False)
 
 
 def _k_norm2_buffer(q: torch.Tensor) -> torch.Tensor:
@@ -1607,7 +1715,7 @@ def _launch_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float
     :func:`fixed_row_max_applies`, ``norm_bound`` for bfloat16 without a cap; else the online max."""
     if cfg.fixed_row_max and not fixed_row_max_applies(dtype, cap):
         return _online_max(cfg)
-    if cfg.norm_bound and (cap is not None or dtype != torch.bfloat16):
+    if (cfg.norm_bound or cfg.checked_max) and (cap is not None or dtype != torch.bfloat16):
         return _online_max(cfg)
     return cfg
 

@@ -1,6 +1,8 @@
 """GPU tests of the ranker attention forward against the float64 reference (H200)."""
 
 
+import dataclasses
+
 import pytest
 import torch
 from seeding import generator
@@ -44,7 +46,7 @@ def _check(name, o, l, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=
     tol = 2 * base + 1e-3
     cfg = rf._launch_config(config or rf.shipped_config(q.dtype, q.shape[-1], "none" if cap is None else cap_method),
                             q.dtype, cap)
-    if (cfg.fixed_row_max or cfg.norm_bound) and o.numel():
+    if (cfg.fixed_row_max or cfg.norm_bound or cfg.checked_max) and o.numel():
         # the PV GEMM takes P rounded to bf16 (relative 2**-8) and the row sum the float32 P; with the online
         # max the largest P is exactly 1, with the fixed one no P need be, so a row whose weight sits on keys
         # of one score (one key, or scores saturated at +cap) is off by up to 2**-8 before the output's own
@@ -215,7 +217,7 @@ def test_wg_epilogue(d, cap, schedule, variant):
                          ids=["odd-edges", "one-two-blocks", "one-edge-block"])
 def test_early_rescale(rows, schedule, dtype):
     """``early_rescale`` (O's rescale between the next S and PV GEMM issues; shipped at D=128) gives the same
-    bits as the rescale right after the softmax and matches float64, on the online max (``norm_bound`` off,
+    bits as the rescale right after the softmax and matches float64, on the online max (``checked_max`` off,
     float16), persistent with 7 CTAs, one tile per CTA and packed sequences, with 1, 2, 3 and 5 history blocks
     per tile (the loop's first, middle and last steps)."""
     import dataclasses
@@ -225,7 +227,7 @@ def test_early_rescale(rows, schedule, dtype):
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
     shipped = rf.shipped_config(dtype, d, "none")
     assert shipped.early_rescale and shipped.intra_wg_overlap
-    cfg = dataclasses.replace(shipped, norm_bound=False, persistent=schedule != "one-tile-per-cta")
+    cfg = dataclasses.replace(shipped, checked_max=False, persistent=schedule != "one-tile-per-cta")
     kw = dict(max_ctas=None if schedule == "one-tile-per-cta" else 7)
     if schedule == "varlen":
         cu = torch.tensor([0, 300, 700], device="cuda", dtype=torch.int32)
@@ -400,7 +402,7 @@ def test_eager_launch_plan():
     first = torch.tensor([[0, 2100, 2100, 2200]], device="cuda", dtype=torch.int32)
     o1 = cute_kernels.ranker_attention(q, k, v, first)
     key = rf._plan_key(q, k, v, first, None, None, "tanh", False)  # (without return_lse: no LSE)
-    assert key in rf._PLANS and rf._PLANS[key][3] > 0  # norm_bound: the pre-pass buffer
+    assert key in rf._PLANS
     q2, k2, v2 = _qkv(1, 2200, 2, 2, 128, seed=12)
     for i, bounds in enumerate(([[0, 2100, 2100, 2200]], [[5, 1500, 1600, 2190]], [[0, 0, 0, 2200]])):
         b = torch.tensor(bounds, device="cuda", dtype=torch.int32)
@@ -603,33 +605,47 @@ def test_fixed_row_max_saturated_at_plus_cap_constant_v():
         assert rel <= 2**-7, f"cap={cap}: relative error {rel} above one bf16 ulp"
 
 
+def _scaled_rows(q, spans, factor=30.0):
+    """``q`` with the rows of each ``(batch, lo, hi, head)`` span scaled by ``factor``: their scores reach ~90, past
+    what checked_max's fixed max keeps (a sum of P above CHECKED_SUM_MAX), so their warpgroups fall back."""
+    q = q.clone()
+    for b, lo, hi, h in spans:
+        q[b, lo:hi, h] *= factor
+    return q
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("d", [128, 64])
-def test_norm_bound_mixed_tiles(d, varlen):
-    """norm_bound (uncapped bf16: the fixed max for q tiles whose scores Cauchy-Schwarz bounds by
-    FIXED_MAX_CAP) forced on a short sequence by passing the config: the q rows of some tiles scaled 30x so
-    no bound holds there (online max), the others bounded (fixed max), and one tile with warpgroups of both
-    kinds (each warpgroup votes on its own 64 rows); persistent with 7 CTAs so each CTA runs both kinds in
-    turn; GQA 2; fixed length and packed."""
+def test_checked_max_fallback_tiles(d, varlen):
+    """checked_max (uncapped bf16: every tile first runs the fixed max, checks its row sums and O, and a failing
+    warpgroup falls back to the online max and retries the tile at its CTA's end): rows scaled 30x in tiles
+    whose warpgroups then fail; in one tile both warpgroups fail (one retry), and with 7 CTAs one CTA has two
+    warpgroups failing different tiles (two retries), the other tiles pass; GQA 2; fixed length and packed;
+    bitwise equal on a second run."""
     cfg = rf.CONFIGS[d]
-    assert cfg.norm_bound
+    assert cfg.checked_max
     q, k, v = _qkv(2, 700, 4, 2, d, seed=d + varlen)
-    q[:, 130:260] *= 30
-    q[1, 600:] *= 30
+    # 6 (D=128) / 4 (D=64) q tiles per sequence and head, tiles m-block fastest then head then batch
+    m = cfg.tile_m
+    q = _scaled_rows(q, [(0, m + 2, 2 * m + 4, 0),  # both warpgroups of tile 1 (and the first rows of tile 2)
+                         (0, 3 * m + 64, 3 * m + 128, 0),  # the second warpgroup of tile 3
+                         (0, 4 * m, 4 * m + 64, 1),  # the first warpgroup of head 1's tile 4 (CTA of tile 3 for D=128)
+                         (1, 600, 700, 3)])
     bounds = torch.tensor([[0, 517, 517, 700], [37, 400, 450, 611]], device="cuda", dtype=torch.int32)
-    if not varlen:
-        _compare(f"norm_bound mixed D={d}", q, k, v, bounds, config=cfg, max_ctas=7)
-        return
-    cu = torch.tensor([0, 700, 1400], device="cuda", dtype=torch.int32)
-    pack = lambda x: x.reshape(1400, *x.shape[2:])  # noqa: E731
-    _compare(f"norm_bound mixed varlen D={d}", pack(q), pack(k), pack(v), bounds, cu_seqlens=cu, max_seqlen=700,
-             config=cfg, max_ctas=7)
+    if varlen:
+        cu = torch.tensor([0, 700, 1400], device="cuda", dtype=torch.int32)
+        pack = lambda x: x.reshape(1400, *x.shape[2:])  # noqa: E731
+        args, kw = (pack(q), pack(k), pack(v), bounds), dict(cu_seqlens=cu, max_seqlen=700)
+    else:
+        args, kw = (q, k, v, bounds), {}
+    o, l = _compare(f"checked_max fallback D={d}{' varlen' if varlen else ''}", *args, config=cfg, max_ctas=7, **kw)
+    o2, l2 = _run(*args, config=cfg, max_ctas=7, **kw)
+    assert torch.equal(o, o2) and torch.equal(l, l2), "checked_max: not bitwise equal on a second run"
 
 
-def test_norm_bound_one_large_score_takes_the_online_max():
-    """One q row parallel to a key with a score of ~100 (above FIXED_MAX_CAP; e^100 overflows float32),
-    every other score small: the row norms must see that row, or its tile would take the fixed max and
-    overflow to inf/NaN (a check that a too-low norm fails, from the session-21 review)."""
+def test_checked_max_one_large_score_falls_back():
+    """One q row parallel to a key with a score of ~100 (e^100 overflows float32), every other score small: that
+    row's sum of P is inf against the fixed max, so its warpgroup must retry with the online max."""
     cfg = rf.CONFIGS[128]
     q, k, v = _qkv(1, 600, 2, 2, 128, seed=5)
     q, k = q * 0.1, k * 0.1
@@ -638,7 +654,50 @@ def test_norm_bound_one_large_score_takes_the_online_max():
     k[0, 50, 0] = (direction * 100**0.5 * 128**0.25).to(torch.bfloat16)  # q.k / sqrt(128) = 100
     q[0, 300, 0] = (direction * 100**0.5 * 128**0.25).to(torch.bfloat16)
     bounds = torch.tensor([[0, 400, 400, 600]], device="cuda", dtype=torch.int32)
-    _compare("norm_bound one score of 100", q, k, v, bounds, config=cfg, max_ctas=3)
+    _compare("checked_max one score of 100", q, k, v, bounds, config=cfg, max_ctas=3)
+
+
+def test_checked_max_overflowing_product_falls_back():
+    """A score of 60 (P = e^60 against the fixed max: within CHECKED_SUM_MAX) on a key whose v is 1e13: P * v
+    overflows float32 in the PV GEMM, so O's check must send the warpgroup to the online max (P = 1 there)."""
+    cfg = rf.CONFIGS[128]
+    q, k, v = _qkv(1, 300, 1, 1, 128, seed=6)
+    q, k = q * 0.1, k * 0.1
+    direction = torch.randn(128, device="cuda")
+    direction = direction / direction.norm()
+    k[0, 20, 0] = (direction * 60**0.5 * 128**0.25).to(torch.bfloat16)  # q.k / sqrt(128) = 60
+    q[0, 150, 0] = (direction * 60**0.5 * 128**0.25).to(torch.bfloat16)
+    v[0, 20, 0] = 1e13
+    bounds = torch.tensor([[0, 250, 250, 300]], device="cuda", dtype=torch.int32)
+    o, _ = _compare("checked_max P*v overflow", q, k, v, bounds, config=cfg, max_ctas=2)
+    assert torch.isfinite(o).all()
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_checked_max_low_scores_fall_back(d):
+    """Every score of a batch row near -40 (q = -c k, every key the same direction): the sum of P against the
+    fixed max is ~n e^-40, under CHECKED_SUM_MIN, so those warpgroups retry with the online max (uniform
+    attention: the mean of v); the other batch row keeps the fixed max."""
+    cfg = rf.CONFIGS[d]
+    q, k, v = _qkv(2, 400, 2, 2, d, seed=7 + d)
+    u = torch.randn(d, device="cuda")
+    u = u / u.norm()
+    k[0] = (u * d**0.25 * 40**0.5).to(torch.bfloat16)
+    q[0] = (-u * d**0.25 * 40**0.5).to(torch.bfloat16)  # q.k / sqrt(d) = -40
+    bounds = torch.tensor([[0, 300, 300, 400], [0, 333, 333, 400]], device="cuda", dtype=torch.int32)
+    _compare(f"checked_max scores of -40 D={d}", q, k, v, bounds, config=cfg, max_ctas=3)
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_norm_bound_mixed_tiles(d):
+    """norm_bound (the fixed max for q tiles whose scores Cauchy-Schwarz bounds by FIXED_MAX_CAP, from a k
+    pre-pass), passed as a config: q rows of some tiles scaled 30x (online max there), the others bounded."""
+    cfg = dataclasses.replace(rf.CONFIGS[d], checked_max=False, norm_bound=True)
+    q, k, v = _qkv(2, 700, 4, 2, d, seed=d)
+    q[:, 130:260] *= 30
+    q[1, 600:] *= 30
+    bounds = torch.tensor([[0, 517, 517, 700], [37, 400, 450, 611]], device="cuda", dtype=torch.int32)
+    _compare(f"norm_bound mixed D={d}", q, k, v, bounds, config=cfg, max_ctas=7)
 
 
 @pytest.mark.parametrize("varlen", [False, True])
@@ -650,7 +709,7 @@ def test_k_norm_pre_pass(monkeypatch, varlen):
     buffers, real = [], rf._k_norm2_buffer
     monkeypatch.setattr(rf, "_k_norm2_buffer", lambda q: buffers.append(real(q).fill_(float("nan"))) or buffers[-1])
     g = generator(17 + varlen)
-    cfg = rf.CONFIGS[128]
+    cfg = dataclasses.replace(rf.CONFIGS[128], checked_max=False, norm_bound=True)
     if varlen:
         qkv = torch.randn(1000, 3, 4, 128, device="cuda", generator=g).to(torch.bfloat16)
         q, k, v = qkv.unbind(1)
