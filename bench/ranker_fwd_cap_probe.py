@@ -37,7 +37,7 @@ def variants(d: int, cap_method: str) -> dict:
     if d == 64:
         out["fixed_n128"] = dataclasses.replace(shipped, fixed_row_max=True, tile_n=128, stages=4)
     if d == 128:  # two consumer warpgroups (the uncapped config) and three (tanh's), both with the fixed max
-        out["fixed_2wg"] = dataclasses.replace(rf.CONFIGS[128], fixed_row_max=True, norm_bound=False)
+        out["fixed_2wg"] = dataclasses.replace(rf.CONFIGS[128], fixed_row_max=True, checked_max=False)
         out["fixed_3wg"] = rf.CAP_CONFIGS[("tanh", 128)]
     if d == 128 and WIDE:  # wider KV blocks on three warpgroups, past the register rule of validate()
         three = rf.CAP_CONFIGS[("tanh", 128)]

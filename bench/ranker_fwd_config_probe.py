@@ -14,11 +14,10 @@ and the shipped config timed twice (``shipped_again``: the A/A pair that says ho
 noise) with each config's spread over rounds.  ``--changed``: only the shapes where some variant differs
 from the shipped config (e.g. a field the shipped config of the other shapes already has).  ``--short``:
 instead of the bench shapes, the short uncapped D=128 ones of ``SHORT_CASES`` (3 to 14 KV blocks of 128 keys
-per sequence: where ``NORM_BOUND_MIN_BLOCKS`` decides whether the k pre-pass pays).
+per sequence).
 
-The configs are passed in as given (``_ranker_impl(config=...)``): ``norm_bound`` runs wherever the shipped
-config has it, also on sequences of up to ``NORM_BOUND_MIN_BLOCKS`` blocks, where the op itself
-(:func:`ranker_fwd.chosen_config`) takes the online max (``online=norm_bound:False`` times that).
+The configs are passed in as given (``_ranker_impl(config=...)``; ``online=checked_max:False`` times the
+online max where the shipped config has the checked fixed max).
 
 Runs recorded: bench/results/logs/2026-11-30_s10_ranker_fwd_prefetch_self_kv.log,
 bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log.

@@ -541,10 +541,10 @@ class RankerFwdTuner:
         return x["out"].clone(), x["lse"].clone()
 
     def run(self, cfg, x: dict):
-        """Launch ``cfg`` as the forward would run it once stored (``ranker_fwd.chosen_config``: e.g. without
-        ``norm_bound`` on short sequences) into the preallocated ``out``/``lse`` (compiles on first use)."""
+        """Launch ``cfg`` as the forward would run it once stored (``ranker_fwd.chosen_config``: e.g. with the
+        online max for float16) into the preallocated ``out``/``lse`` (compiles on first use)."""
         mod = self._module()
-        cfg = mod.chosen_config(cfg, x["q"].dtype, x["cap"], x["q"].shape[1])
+        cfg = mod.chosen_config(cfg, x["q"].dtype, x["cap"])
         return mod._ranker_impl(x["q"], x["k"], x["v"], x["bounds"], None, x["cap"], x["cap_method"],
                                 None, None, out=x["out"], lse=x["lse"], config=cfg)
 

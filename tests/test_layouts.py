@@ -157,23 +157,18 @@ def test_ranker_shipped_configs_layouts_and_budget(head_dim):
     assert bool(ldsm) == rf.self_kv_tma_taken(cfg)
     if ldsm:
         assert ldsm[0].conflict_free and ldsm[1].ratio == 8.0
-    # norm_bound's row-bound reads of sQ are analysed too (session 25: 2-way conflicts: an 8-lane phase reads
-    # 16-byte chunks 2c and 2c+1 of four rows, which the 128-byte swizzle (chunk XOR row % 8) pairs up on the
-    # same banks; a few cycles per tile.  Row-fastest lanes would be conflict-free)
-    assert any(r.pattern.startswith("row bound 16B reads") for r in kl.conflicts) == cfg.norm_bound
 
 
 def test_ranker_layouts_follow_the_kernels_rules():
     """The forward report analyses what the kernel does: float16 starts from its own shipped config (the
-    online max: no row-bound reads), and ``self_kv_tma`` where the kernel takes it only (not at D=256, where it
+    online max), and ``self_kv_tma`` where the kernel takes it only (not at D=256, where it
     would spill: session 25; there the kernel compiles to global reads, no ldmatrix, no stack)."""
     import torch
 
     from cute_kernels.runtime.cache import compile_record
 
     fp16 = KL.ranker_fwd_layouts(None, "fp16")
-    assert not fp16.config.norm_bound and fp16.config == rf.shipped_config(torch.float16, 128)
-    assert not any(r.pattern.startswith("row bound") for r in fp16.conflicts)
+    assert not fp16.config.checked_max and fp16.config == rf.shipped_config(torch.float16, 128)
     text = "head_dim=256,tile_n=128,intra_wg_overlap=false,stages=1,self_kv_tma=true"
     kl = KL.ranker_fwd_layouts(text)
     assert kl.config.self_kv_tma and not rf.self_kv_tma_taken(kl.config)
@@ -284,14 +279,14 @@ def test_config_parsers_read_head_dim_as_the_other_fields():
         KL.ranker_bwd_config("head_dim=x")
 
 
-def test_ranker_config_fixed_row_max_turns_norm_bound_off():
-    """A capped config written from the uncapped shipped one (norm_bound on) is usable as given."""
+def test_ranker_config_fixed_row_max_turns_checked_max_off():
+    """A capped config written from the uncapped shipped one (checked_max on) is usable as given."""
     cfg = KL.ranker_config("head_dim=128,tile_m=192,tile_n=64,stages=3,consumer_wgs=3,producer_regs=32,"
                            "consumer_regs=160,fixed_row_max=true")
-    assert cfg.fixed_row_max and not cfg.norm_bound
+    assert cfg.fixed_row_max and not cfg.checked_max
     cfg.validate()
     with pytest.raises(ValueError, match="exclude each other"):  # said explicitly: kept, so refused
-        KL.ranker_config("fixed_row_max=true,norm_bound=true")
+        KL.ranker_config("fixed_row_max=true,checked_max=true")
 
 
 def test_parse_config_errors():

@@ -222,7 +222,7 @@ def test_config_validate():
     for cfg in rf.CAP_CONFIGS.values():
         cfg.validate()
     with pytest.raises(ValueError, match="exclude each other"):
-        rf.RankerFwdConfig(fixed_row_max=True, norm_bound=True).validate()
+        rf.RankerFwdConfig(fixed_row_max=True, checked_max=True).validate()
 
 
 @pytest.mark.parametrize("varlen", [False, True])
@@ -334,7 +334,7 @@ def test_no_lse_variant(varlen):
     ones; O goes by TMA or 16-byte stores: ``st.global.v4``), where the variant with the LSE has them."""
     from cute_kernels.runtime.cache import compile_record
 
-    cfg = rf.chosen_config(rf.shipped_config(torch.bfloat16, 128, "none"), torch.bfloat16, None, 2**20)
+    cfg = rf.chosen_config(rf.shipped_config(torch.bfloat16, 128, "none"), torch.bfloat16, None)
     rf._compile(torch.bfloat16, cfg, 1, "none", varlen, with_lse=False)
     rf._compile(torch.bfloat16, cfg, 1, "none", varlen)
     without = compile_record(rf.NAME, rf.compile_key(torch.bfloat16, cfg, 1, "none", varlen, with_lse=False))
@@ -361,25 +361,18 @@ def test_compiles_for_sm90a(target):
     # the epilogue's named barriers: with wg_epilogue (shipped at D=128 without a cap; fixed length only) each
     # consumer warpgroup's own (EpilogueWG1-3, 128 threads, the id from the warpgroup index: two per epilogue)
     # and no barrier of every consumer (Epilogue, id 1: 256 or 384 threads), else that one; besides them
-    # norm_bound's row-bound barrier (128 threads)
+    # checked_max's vote barrier (128 threads)
     assert cfg.wg_epilogue == (cfg.head_dim == 128 and target.key[3] == "none")
     wg = cfg.wg_epilogue and not target.key[4]
     every = re.search(r"bar\.sync\s+1, (256|384)", attention)
     assert not every if wg else every, "the epilogue's barrier of every consumer"
     n128 = len(re.findall(r"bar\.sync\s+%r\d+, 128;", attention))
-    assert n128 == 2 * wg + cfg.norm_bound, f"{n128} named barriers of 128 threads"
-    if cfg.norm_bound:  # each warp bounds its 16 rows (16-byte smem loads) and votes; the votes meet behind
-        # the warpgroup's named barrier (128 threads)
-        assert "vote.sync.all" in attention
-        assert re.search(r"bar\.sync\s+(%r\d+|[567]), 128;", attention), "no row-bound named barrier"
-        # 16-byte loads of the q rows (two per unrolled step) besides the vote read, which the online-max
-        # twin (the same config without norm_bound) does not have
-        twin = dataclasses.replace(cfg, norm_bound=False)
-        rf._compile(getattr(torch, target.key[0].split(".")[-1]), twin, *target.key[2:5],
-                    with_lse="no_lse" not in target.key)
-        twin_ptx = _attention_entry(compile_record(target.kernel, (target.key[0], twin, *target.key[2:])).ptx)
-        v4 = r"ld\.shared\.v4\.(b32|u32)"
-        assert len(re.findall(v4, attention)) >= len(re.findall(v4, twin_ptx)) + 3
+    assert n128 == 2 * wg + cfg.checked_max, f"{n128} named barriers of 128 threads"
+    # checked_max: each warp votes on its rows' check after a tile, the votes meet behind the warpgroup's named
+    # barrier (128 threads); once the CTA's own tiles are done its consumers and the producer warp meet at
+    # RetryList (id 11: 32 + 128 per consumer warpgroup)
+    retry = re.search(r"bar\.sync\s+11, (288|416);", attention)
+    assert ("vote.sync.all" in attention) == bool(retry) == cfg.checked_max, "checked_max's vote and retry barrier"
     assert not re.search(r"\b(ld|st)\.local", ptx), "register spills"
     if "varlen" not in target.label:
         assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx), "no TMA store"
@@ -531,7 +524,7 @@ def fake_launch(monkeypatch):
         a = _varlen_args(**kw)
         rf._ranker_impl(a["q"], a["k"], a["v"], a["bounds"], a["softmax_scale"], a["cap"], a["cap_method"],
                         a["cu_seqlens"], a["max_seqlen"])
-        return calls[-1][12]  # the max_seqlen handed to the kernel
+        return calls[-1][11]  # the max_seqlen handed to the kernel
 
     return run
 
@@ -699,19 +692,18 @@ def test_tile_count_limit():
 
 
 def test_compile_targets_are_the_shipped_configs():
-    """`cute-kernels compile` warms what a default call runs (the tanh target: CAP_CONFIGS, three warpgroups),
-    without a cap in both forms: norm_bound for long sequences, the online max for short ones; bf16 D=128
-    without a cap also in the variant without the LSE (a call without return_lse)."""
+    """`cute-kernels compile` warms what a default call runs (the tanh target: CAP_CONFIGS, three warpgroups;
+    without a cap, checked_max at any length); bf16 D=128 without a cap also in the variant without the LSE (a
+    call without return_lse)."""
     forms = set()
     for t in rf.compile_targets():
-        (dtype, cfg, g, capm, varlen), extra = t.key[:5], t.key[5:]
-        shipped = rf.shipped_config(getattr(torch, dtype[6:]), cfg.head_dim, capm)
-        short = " short" in t.label
-        assert cfg == (rf._online_max(shipped) if short else shipped), t.label
+        (dtype, cfg, _, capm, varlen), extra = t.key[:5], t.key[5:]
+        assert cfg == rf.shipped_config(getattr(torch, dtype[6:]), cfg.head_dim, capm), t.label
         assert extra in ((), ("no_lse",)) and (extra == ()) == ("no-lse" not in t.label), t.label
-        forms.add((cfg.head_dim, capm, short, extra == ()))
-    assert {(128, "none", False, True), (128, "none", True, True), (64, "none", False, True),
-            (64, "none", True, True), (128, "none", False, False), (128, "none", True, False)} <= forms
+        forms.add((cfg.head_dim, capm, varlen, extra == ()))
+    assert {(128, "none", False, True), (128, "tanh", False, True), (64, "none", False, True),
+            (128, "none", True, True), (128, "none", False, False)} <= forms
+    assert len({t.key for t in rf.compile_targets()}) == len(rf.compile_targets())  # (no target twice)
 
 
 def test_self_kv_tma_ships_on_d128_without_a_cap_and_compiles_to_ldmatrix():
@@ -816,41 +808,36 @@ def test_reference_refuses_fake_tensors_with_a_message():
             ranker_attention_reference(q, q, q, torch.zeros(1, 4, dtype=torch.int32))
 
 
-def test_norm_bound_ships_uncapped_bf16_for_long_sequences(monkeypatch):
-    """Without a cap, the shipped D=64/128 configs take norm_bound (the fixed max for q tiles whose scores
-    Cauchy-Schwarz bounds by FIXED_MAX_CAP) for bfloat16 on sequences of more than NORM_BOUND_MIN_BLOCKS
-    KV blocks; shorter sequences, float16 and caps run the online max; a config passed in is taken as
-    given (the GPU tests force it on small shapes that way); the kernel refuses it with a cap or float16."""
-    import dataclasses
-
+def test_checked_max_ships_uncapped_bf16(monkeypatch):
+    """Without a cap, the shipped D=64/128 configs take checked_max (the fixed max, checked after each tile) for
+    bfloat16 at any sequence length; float16 and caps run the online max (a capped config: fixed_row_max); a
+    config passed in is taken as given; the kernel refuses checked_max with a cap or float16."""
     import cutlass
 
-    assert rf.CONFIGS[64].norm_bound and rf.CONFIGS[128].norm_bound and not rf.CONFIGS[256].norm_bound
-    assert not any(c.norm_bound for c in rf.CAP_CONFIGS.values())
-    assert not rf.shipped_config(torch.float16, 128, "none").norm_bound
-    with pytest.raises(ValueError, match="norm_bound needs bfloat16 and no cap"):
+    assert rf.CONFIGS[64].checked_max and rf.CONFIGS[128].checked_max and not rf.CONFIGS[256].checked_max
+    assert not any(c.checked_max for c in rf.CAP_CONFIGS.values())
+    assert not rf.shipped_config(torch.float16, 128, "none").checked_max
+    with pytest.raises(ValueError, match="checked_max needs bfloat16 and no cap"):
         rf.RankerAttentionFwd(cutlass.BFloat16, rf.CONFIGS[128], 1, "tanh", False)
-    with pytest.raises(ValueError, match="norm_bound needs bfloat16 and no cap"):
+    with pytest.raises(ValueError, match="checked_max needs bfloat16 and no cap"):
         rf.RankerAttentionFwd(cutlass.Float16, rf.CONFIGS[128], 1, "none", False)
-    compiled, launched = [], []
+    launched = []
     monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
     monkeypatch.setattr(rf, "_VALIDATED", {})
     monkeypatch.setattr(rf, "_FNS", {})
     monkeypatch.setattr(rf, "_CHOSEN", {})
-    monkeypatch.setattr(rf, "_compile", lambda *a: compiled.append(a) or (lambda *args: launched.append((a[1], args))))
+    monkeypatch.setattr(rf, "_compile", lambda *a: (lambda *args: launched.append((a[1], args))))
+    monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)  # (no compile record: nothing was compiled)
     monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
-    limit = rf.NORM_BOUND_MIN_BLOCKS * rf.CONFIGS[128].tile_n
     for dtype, seq, cap, config, want in (
-            (torch.bfloat16, limit + 1, None, None, True), (torch.bfloat16, limit, None, None, False),
-            (torch.float16, limit + 1, None, None, False), (torch.bfloat16, limit + 1, 30.0, None, False),
-            (torch.bfloat16, 16, None, rf.CONFIGS[128], True),
-            (torch.bfloat16, 16, None, dataclasses.replace(rf.CONFIGS[128], norm_bound=False), False)):
+            (torch.bfloat16, 3000, None, None, True), (torch.bfloat16, 16, None, None, True),
+            (torch.float16, 3000, None, None, False), (torch.bfloat16, 3000, 30.0, None, False),
+            (torch.bfloat16, 16, None, dataclasses.replace(rf.CONFIGS[128], checked_max=False), False)):
         q = torch.zeros(1, seq, 2, 128, dtype=dtype)
         rf._ranker_impl(q, q, q, torch.zeros(1, 4, dtype=torch.int32), None, cap, "tanh", None, None, config=config)
         cfg, args = launched[-1]
-        assert cfg.norm_bound == want, (dtype, seq, cap, config)
-        # the pre-pass's per-CTA maxima go to the kernel only with norm_bound
-        assert (args[7] is not None) == want and (not want or args[7].shape == (rf.KNORM_CTAS_PER_SM * 4,))
+        assert cfg.checked_max == want, (dtype, seq, cap, config)
+        assert len(args) == 7 + 6  # (q, k, v, bounds, out, lse, cu_seqlens, then the scalars: no buffer of its own)
 
 
 def test_bench_host_mode_records(monkeypatch):
@@ -907,7 +894,7 @@ def test_eager_launch_plan(monkeypatch):
     monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
     impl = rf._ranker_impl
     monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(kw.get("plan_key")) or impl(*a, **kw))
-    seq = rf.NORM_BOUND_MIN_BLOCKS * rf.CONFIGS[128].tile_n + 1  # norm_bound: the pre-pass buffer too
+    seq = 300
 
     def tensors(offset=0):
         base = torch.zeros(2 * seq * 2 * 128 + offset, dtype=torch.bfloat16)
@@ -918,16 +905,16 @@ def test_eager_launch_plan(monkeypatch):
     assert len(full) == 1 and full[0] is not None and len(rf._PLANS) == 1
     first_key = full[0]
     cfg, first = launched[-1]
-    assert cfg.norm_bound and first[7].shape == (rf.KNORM_CTAS_PER_SM * 4,)
+    assert cfg == rf.CONFIGS[128] and cfg.checked_max
     q2, bounds2 = tensors(), torch.tensor([[1, 3, 3, 4]] * 2, dtype=torch.int32)
     out2, lse2 = rf.ranker_attention(q2, q2, q2, bounds2, return_lse=True)
     assert len(full) == 1  # the plan
     _, args = launched[-1]
     assert args[0] is q2 and args[3] is bounds2 and args[4] is out2 and args[5] is lse2 and args[6] is None
-    assert args[8:] == first[8:] and args[7].shape == first[7].shape and args[7] is not first[7]
+    assert args[7:] == first[7:]
     assert out2.shape == q2.shape and lse2.shape == lse.shape == (2, 2, seq) and lse2.dtype == torch.float32
     assert out2.data_ptr() != out.data_ptr()
-    for t in (out2, lse2, args[7]):  # fresh compact buffers (out: empty_like of the compact q)
+    for t in (out2, lse2):  # fresh compact buffers (out: empty_like of the compact q)
         assert t.stride() == torch.empty(t.shape).stride() and t.untyped_storage().nbytes() == t.nbytes
     assert all(not isinstance(x, torch.Tensor) for x in rf._PLANS[first_key])  # a plan holds no device memory
     # a q that is not compact (heads-major storage seen as [B, S, H, D]; a size-1 dim with an odd stride):

@@ -258,7 +258,7 @@ def test_ranker_selects_the_tuned_config(cache):
     assert sel() == _tuned_cfg()
     assert sel(seq=4609) == rf.CONFIGS[128]  # another shape
     assert sel(cap_method="tanh") == rf.CAP_CONFIGS[("tanh", 128)]  # another shape key: the shipped tanh config
-    assert sel(dtype=torch.float16) == rf.shipped_config(torch.float16, 128)  # (no norm_bound)
+    assert sel(dtype=torch.float16) == rf.shipped_config(torch.float16, 128)  # (no checked_max)
     assert sel(gpu="Other GPU") == rf.CONFIGS[128]
     assert sel(varlen=True) == rf.CONFIGS[128]  # packed calls: shipped
     assert sel(device=torch.device("cpu"), gpu=None) == rf.CONFIGS[128]  # not a CUDA device: nothing tuned
@@ -333,7 +333,7 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     bounds = torch.tensor([[0, 48, 48, 64]], dtype=torch.int32)
     call = lambda: rf._ranker_impl(q, k, v, bounds, None, None, "tanh", None, None)  # noqa: E731
     call()
-    assert launched[-1] == rf._online_max(rf.CONFIGS[128])  # (64 tokens: too short for norm_bound)
+    assert launched[-1] == rf.CONFIGS[128]  # (checked_max at any length)
     key = rf.tuned_shape_key(1, 64, 2, 2, 128, "none")
     tuning.store("ranker_fwd", torch.bfloat16, key, _tuned_cfg(), GPU)  # clears the memo
     call()
@@ -343,7 +343,7 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     monkeypatch.setenv("CUTE_KERNELS_TUNED", "0")
     tuning.reload()
     call()
-    assert launched[-1] == rf._online_max(rf.CONFIGS[128])
+    assert launched[-1] == rf.CONFIGS[128]
 
 
 # ---------------------------------------------------------------------------- the tuner's flow (no GPU)
@@ -492,17 +492,17 @@ def test_shape_beyond_the_ops_extent_is_refused():
 
 def test_ranker_tuner_times_candidates_as_they_would_run(monkeypatch):
     """The tuner launches a candidate through ranker_fwd.chosen_config, as the forward runs a stored
-    winner: norm_bound (session 21) only on sequences of more than NORM_BOUND_MIN_BLOCKS KV blocks, the
-    fixed max only where it applies, so a stored config was timed in the form it runs in."""
+    winner: the fixed max only where it applies (checked_max for bfloat16 without a cap, fixed_row_max for caps
+    up to FIXED_MAX_CAP), so a stored config was timed in the form it runs in."""
     launched = []
     monkeypatch.setattr(rf, "_ranker_impl", lambda *a, config=None, **kw: launched.append(config))
     tuner = tuning.TUNERS["ranker_fwd"]
-    limit = rf.NORM_BOUND_MIN_BLOCKS * rf.CONFIGS[128].tile_n
-    for seq, cap, want_nb in ((64, None, False), (limit + 1, None, True), (limit + 1, 30.0, False)):
-        x = dict(q=torch.zeros(1, seq, 2, 128, dtype=torch.bfloat16), k=None, v=None, bounds=None, cap=cap,
+    for seq, cap, dtype, want in ((64, None, torch.bfloat16, True), (3000, None, torch.bfloat16, True),
+                                  (3000, 30.0, torch.bfloat16, False), (64, None, torch.float16, False)):
+        x = dict(q=torch.zeros(1, seq, 2, 128, dtype=dtype), k=None, v=None, bounds=None, cap=cap,
                  cap_method="tanh", out=None, lse=None)
         tuner.run(rf.CONFIGS[128], x)
-        assert launched[-1].norm_bound == want_nb, (seq, cap)
+        assert launched[-1].checked_max == want, (seq, cap, dtype)
     x["cap"] = 80.0  # above FIXED_MAX_CAP: the capped config runs with the online max
     tuner.run(rf.CAP_CONFIGS[("tanh", 128)], x)
     assert not launched[-1].fixed_row_max

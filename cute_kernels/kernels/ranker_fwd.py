@@ -29,12 +29,11 @@ warpgroups:
   ``fixed_row_max`` (the capped configs, bfloat16, caps <= ``FIXED_MAX_CAP`` = 50): a capped score is
   bounded, ``|s| <= cap``, so P = ``exp2(s * scale_log2)`` against a row max fixed at 0 stays within
   [e^-cap, e^cap], normal in float32 and bfloat16: no row-max reduction, no O rescale, the LSE is
-  ``ln(row_sum)``.  ``norm_bound`` (the uncapped bfloat16 configs, sequences of more than
-  ``NORM_BOUND_MIN_BLOCKS`` KV blocks): the same where Cauchy-Schwarz bounds every score of a q tile by
-  ``FIXED_MAX_CAP`` (``softmax_scale * |q_row| * max_j |k_j|``; ``max_j |k_j|`` from a pre-pass kernel
-  reading k once, launched before the attention kernel), decided per consumer warpgroup and tile (its 64
-  rows) between two compiled history loops, else the online max.  The PV
-  GEMM takes P rounded to bfloat16 and the row sum the float32 P, as with the online max, except that no
+  ``ln(row_sum)``.  ``checked_max`` (the uncapped bfloat16 configs): every tile first runs that fixed max
+  and checks the result (each active row's sum of P within [``CHECKED_SUM_MIN``, ``CHECKED_SUM_MAX``], the
+  O accumulator finite); a consumer warpgroup whose rows fail runs the online max (the other of two compiled
+  history loops) for the rest of its tiles and the failed tile again once the CTA's own tiles are done
+  (:meth:`RankerAttentionFwd.advance_tile`).  The PV GEMM takes P rounded to bfloat16 and the row sum the float32 P, as with the online max, except that no
   P need be exactly 1: a row whose weight sits on keys of one score (one key, or scores saturated at
   +cap) is off by up to 2^-8 relative before the output's rounding, i.e. up to one bf16 ulp (with the
   online max those keys' P is exactly 1); the headroom limits are at ``FIXED_MAX_CAP``.
@@ -99,7 +98,7 @@ CAP_METHODS = ("none", "tanh", "soft_sign")
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in dynamic shared memory per CTA
-# ``fixed_row_max`` / ``norm_bound`` (P against a row max fixed at 0) apply to bfloat16 scores within +-this:
+# ``fixed_row_max`` (P against a row max fixed at 0) applies to bfloat16 scores within +-this (caps <= this):
 # P lies in [e^-50, e^50] ~ [2e-22, 5e21] (normal in float32 and bfloat16; float16 P would overflow at
 # e^11.1: float16 takes the online max).  The price against the online max, whose P <= 1: the O
 # accumulator's headroom is e^50 smaller (sum over keys of P |v| must stay below 3.4e38: one key at +50
@@ -115,19 +114,6 @@ FIXED_MAX_CAP = 50.0
 # past 69) take the online max
 CHECKED_SUM_MIN = 2.0**-20
 CHECKED_SUM_MAX = 2.0**100
-# norm_bound's k pre-pass (:meth:`RankerAttentionFwd.k_norm_kernel`): threads per CTA, CTAs per SM (each
-# writes one partial maximum; 4 per SM keep enough 16-byte loads in flight to stream k at HBM speed)
-KNORM_THREADS = 256
-KNORM_CTAS_PER_SM = 4
-KNORM_ROWS_IN_FLIGHT = 4  # 16-byte loads per thread issued together
-# norm_bound pays for its k pre-pass (one read of all of k, history and candidates) only over enough KV blocks
-# per q tile.  H200, session 22, useful TFLOP/s with / without (same-run probe with an A/A pair,
-# bench/results/logs/2026-12-01_s22_ranker_fwd_norm_bound_probe.log): S = 36 blocks of 128 keys (headline)
-# 683 / 611, 136 (16K) 714 / 637, GQA 16/4 694 / 612, D=64 502 / 471, 32 (B=8 2K+2K) 581 / 550, but 10
-# (B=16 1K+256, 8 history blocks) 478 / 500.  The host does not see the history length (the bounds live on
-# the device), so the shipped and tuned configs take norm_bound only when the sequence has more than this
-# many blocks of tile_n keys (S > 2048 at tile_n=128); a config passed in is taken as given.
-NORM_BOUND_MIN_BLOCKS = 16
 
 
 class NamedBarrierFwd(enum.IntEnum):
@@ -137,7 +123,7 @@ class NamedBarrierFwd(enum.IntEnum):
     WarpSchedulerWG1 = 2  # consumer warpgroup 1 may issue its WGMMAs
     WarpSchedulerWG2 = 3  # consumer warpgroup 2 may issue its WGMMAs
     WarpSchedulerWG3 = 4  # consumer warpgroup 3 (tile_m = 192) may issue its WGMMAs
-    RowBoundWG1 = 5  # norm_bound / checked_max: the four warps of consumer warpgroup 1 have voted on their rows
+    RowBoundWG1 = 5  # checked_max: the four warps of consumer warpgroup 1 have voted on their rows' check
     RowBoundWG2 = 6
     RowBoundWG3 = 7
     EpilogueWG1 = 8  # wg_epilogue: Epilogue's role for consumer warpgroup 1 alone (its own 64 rows of sQ / sO)
@@ -168,13 +154,8 @@ class RankerFwdConfig(ValidatedConfig):
     # with a cap, P = exp2(s * scale_log2) against a fixed row max of 0 instead of the running one: a capped
     # score is bounded, |s| <= cap, so for cap <= FIXED_MAX_CAP every P and row sum stays a normal float32
     # (and bfloat16); no row-max reduction, no O rescale.  The host takes it only where that holds (bf16,
-    # a cap <= FIXED_MAX_CAP) and runs the online max otherwise (:func:`_launch_config`)
+    # a cap <= FIXED_MAX_CAP) and runs the online max otherwise (:func:`chosen_config`)
     fixed_row_max: bool = False
-    # without a cap (bf16): per q tile and consumer warpgroup, the same fixed max when every score of its rows is within
-    # +-FIXED_MAX_CAP, softmax_scale * max |q_row| * max_j |k_j| <= FIXED_MAX_CAP (Cauchy-Schwarz; |q_row| from
-    # the Q tile in smem, max |k_j| from a pre-pass kernel over k), else the online max; each consumer
-    # warpgroup picks one of the two compiled history loops for its rows (:meth:`RankerAttentionFwd.rows_bounded`)
-    norm_bound: bool = False
     # without a cap (bf16): every tile first runs the fixed max of 0 and checks its result afterwards: each active row's
     # sum of P within [CHECKED_SUM_MIN, CHECKED_SUM_MAX] and the O accumulator finite (so every P was a normal float32
     # and no product overflowed).  A consumer warpgroup whose rows fail runs the online max for the rest of its tiles
@@ -235,11 +216,8 @@ class RankerFwdConfig(ValidatedConfig):
         if self.prefetch_self_kv and not self.self_kv_tma:
             raise ValueError("prefetch_self_kv (an L2 prefetch of the self stage's K/V block) needs self_kv_tma: "
                              "without it there is no self stage and the flag would do nothing")
-        if self.fixed_row_max and self.norm_bound:
-            raise ValueError("fixed_row_max (capped calls) and norm_bound (uncapped calls) exclude each other: "
-                             "set the one for the cap you run")
-        if self.checked_max and (self.fixed_row_max or self.norm_bound):
-            raise ValueError("checked_max (uncapped calls) excludes fixed_row_max (capped calls) and norm_bound: "
+        if self.fixed_row_max and self.checked_max:
+            raise ValueError("fixed_row_max (capped calls) and checked_max (uncapped calls) exclude each other: "
                              "set the one for the cap you run")
         sm90.check_register_split(self.producer_regs, self.consumer_regs, self.consumer_wgs)
         # fp32 accumulators per consumer thread: S (tile_n/2) + O (head_dim/2) + P (tile_n/4 regs).  A rule of
@@ -343,8 +321,7 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] 
     if cap_method not in CAP_METHODS:
         raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS} ('none' or None: no cap)")
     cfg = CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
-    return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.norm_bound or cfg.checked_max) else \
-        _online_max(cfg)
+    return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.checked_max) else _online_max(cfg)
 
 
 class RankerAttentionFwd:
@@ -356,9 +333,8 @@ class RankerAttentionFwd:
         if config.fixed_row_max and (cap_method == "none" or dtype is not cutlass.BFloat16):
             raise ValueError(f"fixed_row_max needs bfloat16 and a cap (bounded scores), got {dtype} and "
                              f"cap_method={cap_method!r}")
-        if (config.norm_bound or config.checked_max) and (cap_method != "none" or dtype is not cutlass.BFloat16):
-            name = "norm_bound" if config.norm_bound else "checked_max"
-            raise ValueError(f"{name} needs bfloat16 and no cap (with a cap, fixed_row_max), got {dtype} and "
+        if config.checked_max and (cap_method != "none" or dtype is not cutlass.BFloat16):
+            raise ValueError(f"checked_max needs bfloat16 and no cap (with a cap, fixed_row_max), got {dtype} and "
                              f"cap_method={cap_method!r}")
         self.dtype = dtype
         self.config = config
@@ -382,8 +358,7 @@ class RankerAttentionFwd:
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBounds: cute.Tensor,
-                 mO: cute.Tensor, mLSE: Optional[cute.Tensor], mCuSeqlens: Optional[cute.Tensor],
-                 mKnorm: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
+                 mO: cute.Tensor, mLSE: Optional[cute.Tensor], mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
                  max_seqlen: Int32, max_ctas: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); varlen (T, H, D) -> (T, D, H).  LSE (B, H, S) -> (S, H, B); (H, T) -> (T, H)
         # (mLSE None: the caller wants no LSE, none is written)
@@ -429,7 +404,7 @@ class RankerAttentionFwd:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-            row_votes: cute.struct.MemRange[Int32, 4 * self.config.consumer_wgs]  # norm_bound: one per consumer warp
+            row_votes: cute.struct.MemRange[Int32, 4 * self.config.consumer_wgs]  # checked_max: one per consumer warp
             retry_tiles: cute.struct.MemRange[Int32, self.config.consumer_wgs]  # checked_max: one per consumer warpgroup
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
@@ -439,14 +414,11 @@ class RankerAttentionFwd:
 
         self.shared_storage = SharedStorage
 
-        if const_expr(self.config.norm_bound):
-            self.k_norm_kernel(mK, mKnorm, mCuSeqlens, num_batch).launch(
-                grid=(cute.size(mKnorm.shape[0]), 1, 1), block=[KNORM_THREADS, 1, 1], stream=stream)
         num_m_blocks = cute.ceil_div(max_seqlen, self.tile_m)
         num_tiles = num_m_blocks * cute.size(mQ.shape[2]) * num_batch
         grid = (cutlass.min(num_tiles, max_ctas), 1, 1)
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mQ, mK, mV, mO, mLSE, mBounds, mCuSeqlens, mKnorm,
+            tma_Q, tma_K, tma_V, tma_O, mQ, mK, mV, mO, mLSE, mBounds, mCuSeqlens,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout,
             scale_log2, softmax_scale, cap, num_batch, num_m_blocks,
@@ -454,73 +426,9 @@ class RankerAttentionFwd:
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
-    def k_norm_kernel(self, mK: cute.Tensor, mKnorm: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
-                      num_batch: Int32):
-        """``norm_bound``'s pre-pass, one read of k: CTA ``c`` writes ``mKnorm[c]``, the largest ``|k_j|^2``
-        (float32 sums of the exact squares; NaN counted as inf) over the key rows ``j`` (token, kv head) it
-        strides over.  ``head_dim / 8`` threads per row, one 16-byte vector each (coalesced); packed
-        sequences: only the tokens before ``cu_seqlens[B]``.  Session 22: torch's ``vector_norm`` + ``amax``
-        in its place took 87 us at the headline shape (75 MB of k, 0.86 TB/s), most of the fixed max's gain."""
-        vec = 128 // self.dtype.width
-        lanes = self.head_dim // vec  # threads per key row
-        rows_per_step = KNORM_THREADS // lanes
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        num_heads = Int32(cute.size(mK.shape[2]))
-        if const_expr(self.varlen):
-            num_tokens = Int32(mCuSeqlens[num_batch])
-            seqlen = num_tokens
-        else:
-            seqlen = Int32(cute.size(mK.shape[0]))
-            num_tokens = seqlen * Int32(cute.size(mK.shape[3]))
-        num_rows = num_tokens * num_heads
-        cta_first = Int32(bidx) * rows_per_step
-        first = cta_first + tidx // lanes
-        step = Int32(cute.arch.grid_dim()[0]) * rows_per_step
-        # one trip count for the whole CTA (the row sums shuffle across lanes: every lane must take part);
-        # rows past the end read the last row again
-        steps = Int32(0)
-        if cta_first < num_rows:
-            steps = (num_rows - cta_first + step - 1) // step
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        rK = cute.make_rmem_tensor((vec, KNORM_ROWS_IN_FLIGHT), self.dtype)
-        norm2_max = Float32(0.0)
-        # KNORM_ROWS_IN_FLIGHT loads issued before any is used; past the end, the last row again (harmless to a max)
-        for g in cutlass.range(cute.ceil_div(steps, KNORM_ROWS_IN_FLIGHT), unroll=1):
-            for u in cutlass.range_constexpr(KNORM_ROWS_IN_FLIGHT):
-                row = cutlass.min(first + (g * KNORM_ROWS_IN_FLIGHT + u) * step, num_rows - 1)
-                head = row % num_heads
-                token = row // num_heads
-                if const_expr(self.varlen):
-                    gK = mK[token, None, head]
-                else:
-                    gK = mK[token % seqlen, None, head, token // seqlen]
-                cute.copy(atom, cute.local_tile(gK, (vec,), (tidx % lanes,)), rK[None, u])
-            for u in cutlass.range_constexpr(KNORM_ROWS_IN_FLIGHT):
-                acc = Float32(0.0)
-                for e in cutlass.range_constexpr(vec):
-                    x = Float32(rK[e, u])
-                    acc += x * x
-                acc = cute.arch.warp_reduction_sum(acc, threads_in_group=lanes)
-                if acc != acc:
-                    acc = Float32.inf
-                norm2_max = cute.arch.fmax(norm2_max, acc)
-        norm2_max = cute.arch.warp_reduction_max(norm2_max)
-        smem = cutlass.memory.SmemAllocator()
-        sWarpMax = smem.allocate_tensor(Float32, cute.make_layout(KNORM_THREADS // 32))
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        if cute.arch.lane_idx() == 0:
-            sWarpMax[warp_idx] = norm2_max
-        cute.arch.sync_threads()
-        if tidx == 0:
-            for w in cutlass.range_constexpr(1, KNORM_THREADS // 32):
-                norm2_max = cute.arch.fmax(norm2_max, sWarpMax[w])
-            mKnorm[bidx] = norm2_max
-
-    @cute.kernel
     def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_O: cute.Tensor,
                mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor, mLSE: Optional[cute.Tensor],
-               mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], mKnorm: Optional[cute.Tensor],
+               mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_O: cute.CopyAtom, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
@@ -568,7 +476,7 @@ class RankerAttentionFwd:
                           pipeline_q, pipeline_k, pipeline_v, sched)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
-            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sVote, sRetry, sK, sV, sO,
+            self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sRetry, sK, sV, sO,
                      tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx - 128, sched,
                      scale_log2, softmax_scale, cap)
 
@@ -683,7 +591,7 @@ class RankerAttentionFwd:
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
-    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, mKnorm, sQ, sVote, sRetry, sK, sV, sO,
+    def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sRetry, sK, sV, sO,
             tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx, sched, scale_log2, softmax_scale, cap):
         """The consumer warpgroups (2 or 3), for each tile of this CTA: the history loop, the self term,
         normalization and LSE, the epilogue."""
@@ -708,7 +616,6 @@ class RankerAttentionFwd:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         if wg_idx == 0:  # the first warpgroup issues its WGMMAs first
             cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1), number_of_threads=256)
-        k_norm_max = self.k_norm_max(mKnorm, tidx) if const_expr(self.config.norm_bound) else Float32(0.0)
         tile = Int32(cute.arch.block_idx()[0])
         num_tiles = sched[5]
         # checked_max: the tile whose fixed max failed its check in this warpgroup (run again after the CTA's own
@@ -722,7 +629,7 @@ class RankerAttentionFwd:
                     tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
                     tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sK, sV, sO, tma_atom_O, pipeline_q, pipeline_k,
                     pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
-                    scale_log2, softmax_scale, cap, k_norm_max, retry_tile < 0 and retry_pos == 0)
+                    scale_log2, softmax_scale, cap, retry_tile < 0 and retry_pos == 0)
                 if const_expr(self.config.checked_max):
                     if failed:  # (warpgroup-uniform; only a tile run with the fixed max can fail)
                         retry_tile = tile
@@ -735,7 +642,7 @@ class RankerAttentionFwd:
     def mma_tile(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
                  tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sK, sV, sO, tma_atom_O, pipeline_q, pipeline_k,
                  pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
-                 scale_log2, softmax_scale, cap, k_norm_max, try_fixed):
+                 scale_log2, softmax_scale, cap, try_fixed):
         """One tile for this consumer warpgroup; returns the pipeline states and (``checked_max``) whether the
         fixed max, taken where ``try_fixed``, failed its check (the tile's output is then to be recomputed)."""
         head_kv = head // self.qhead_per_kvhead
@@ -746,7 +653,7 @@ class RankerAttentionFwd:
         row_sum.fill(0.0)
         acc_O_mn = sm90.acc_mn(acc_O)
         num_rows = cute.size(row_max)
-        bounded = cutlass.Boolean(False)  # norm_bound / checked_max: this warpgroup runs the fixed max
+        bounded = cutlass.Boolean(False)  # checked_max: this warpgroup runs the fixed max in this tile
         if const_expr(self.config.checked_max):
             bounded = try_fixed
         # self_kv_tma: this tile's own K/V rows follow its history blocks in the K/V pipeline (as loaded)
@@ -761,9 +668,7 @@ class RankerAttentionFwd:
             common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, row_scale,
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
             release_q = not self_block  # (the self block reads q_i from sQ after the loop)
-            if const_expr(self.config.norm_bound or self.config.checked_max):
-                if const_expr(self.config.norm_bound):
-                    bounded = self.rows_bounded(sQ, sVote, tidx, k_norm_max, softmax_scale)
+            if const_expr(self.config.checked_max):
                 if bounded:
                     kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
                                                  release_q, fixed=True)
@@ -835,10 +740,10 @@ class RankerAttentionFwd:
             in_window = row_sum[r] >= Float32(CHECKED_SUM_MIN) and row_sum[r] <= Float32(CHECKED_SUM_MAX)
             if seg.row_active(row) and active:
                 ok = ok and in_window
-        o_abs = Float32(0.0)  # (a sum: NaN and inf carry through it, where a max would drop NaN)
-        for i in cutlass.range_constexpr(cute.size(acc_O)):
-            o_abs += cute.math.abs(acc_O[i])
-        ok = ok and o_abs <= Float32(F32_MAX)
+        # the thread's O values summed: an inf or NaN among them carries through (+inf and -inf give NaN), where a
+        # max would drop NaN; a finite sum that overflows fails too (a needless retry, never a wrong result)
+        o_sum = acc_O.load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        ok = ok and cute.math.abs(o_sum) <= Float32(F32_MAX)
         warp_ok = cute.arch.vote_all_sync(ok)
         warp = tidx // 32
         if tidx % 32 == 0:
@@ -1079,7 +984,7 @@ class RankerAttentionFwd:
         converts each P to bf16 right after its exp2, into the registers that GEMM reads), so a rescale there
         lengthened the serial stretch between the PV GEMM's end and the next issue by its 64 multiplies per
         thread.  Same arithmetic, same bits (the first step's factors are 1 and O is still 0).  H200, same run,
-        online max (``norm_bound`` off), CUDA graph: headline 992 vs 1032 us, B=16 1K+256 318 vs 339, B=8 2K+2K
+        online max (session 27's ``norm_bound`` off), CUDA graph: headline 992 vs 1032 us, B=16 1K+256 318 vs 339, B=8 2K+2K
         455 vs 476, 16K 3687 vs 3759 (bench/results/logs/2026-12-01_s27_ranker_fwd_rescale_before_pv_probe.log);
         the fixed max has no rescale (level)."""
         kv_state_v = kv_state.clone()
@@ -1164,64 +1069,10 @@ class RankerAttentionFwd:
 
     def fixed_max(self, bounded):
         """Whether this warpgroup's rows took the fixed max of 0 (a Python bool for the static cases, else
-        the warpgroup-uniform runtime flag of :meth:`rows_bounded` or ``checked_max``'s choice)."""
+        ``checked_max``'s warpgroup-uniform runtime choice)."""
         if self.config.fixed_row_max:
             return True
-        return bounded if (self.config.norm_bound or self.config.checked_max) else False
-
-    @cute.jit
-    def k_norm_max(self, mKnorm, tidx):
-        """``max_j |k_j|`` from the pre-pass's per-CTA maxima (:meth:`k_norm_kernel`), raised by 2^-16 for the
-        float32 rounding of the sums (an upper bound; inf where k holds inf or NaN)."""
-        norm2_max = Float32(0.0)
-        for i in cutlass.range(tidx % 32, cute.size(mKnorm.shape[0]), 32, unroll=1):
-            norm2_max = cute.arch.fmax(norm2_max, mKnorm[i])
-        norm2_max = cute.arch.warp_reduction_max(norm2_max)
-        return cute.math.sqrt(norm2_max) * Float32(1.0 + 2.0**-16)
-
-    @cute.jit
-    def rows_bounded(self, sQ, sVote, tidx, k_norm_max, softmax_scale):
-        """``norm_bound``: True when every score of this consumer warpgroup's 64 q rows is within
-        +-FIXED_MAX_CAP by Cauchy-Schwarz, ``softmax_scale * |q_row| * max_j |k_j| <= FIXED_MAX_CAP``, with
-        ``|q_row|`` from the Q tile in smem (what the S GEMM reads) and ``k_norm_max`` over every key of the
-        call (NaN or inf in k: False; a NaN q row does not block it: ``max.f32`` drops NaN, and that row's
-        output is NaN on either loop, rows do not mix).
-
-        Each warp bounds its 16 rows (a lane pair per row, each lane every other 16-byte vector, two
-        float32 partial sums), votes over its lanes, and the warpgroup's four votes meet in
-        ``sVote`` behind the warpgroup's named barrier, so its warps issue the same WGMMAs; the warpgroups
-        decide apart.  ``sVote`` is written again only in the next tile, after the epilogue's consumer
-        barrier.  (Until session 25 every warp read all 64 rows, one dependent FMA chain per row, and no
-        barrier: clock64 phase stamps put that at 1.2 loop steps at the start of every tile, 4500 of 74000
-        cycles per headline tile; now ~0.1.)  The bound pads only k's side (2^-16); the q norm's and the S
-        GEMM's float32 roundings can put a score past 50 by ~1e-5 relative, harmless: float32 ``exp2``
-        overflows only past e^88."""
-        vec = 128 // self.dtype.width
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        tiled_copy = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((16, 2), order=(1, 0)),
-                                             cute.make_layout((1, vec)))
-        warp = tidx // 32  # consumer warp: rows 16 * warp .. 16 * warp + 15 of the Q tile
-        lane = tidx % 32
-        sQ_warp = cute.local_tile(sQ, (16, self.head_dim), (warp, 0))
-        tQsQ = tiled_copy.get_slice(lane).partition_S(sQ_warp)  # (vec, 1, head_dim / (2 vec))
-        tQrQ = cute.make_rmem_tensor_like(tQsQ[None, 0, 0], self.dtype)
-        even, odd = Float32(0.0), Float32(0.0)  # two partial sums
-        # (a few vectors in flight: all at once spilled 40 bytes in the D=64 varlen kernel at 160 registers)
-        for c in cutlass.range(cute.size(tQsQ, mode=[2]), unroll=2):
-            cute.autovec_copy(tQsQ[None, 0, c], tQrQ)
-            for i in cutlass.range_constexpr(0, vec, 2):
-                x, y = Float32(tQrQ[i]), Float32(tQrQ[i + 1])
-                even += x * x
-                odd += y * y
-        row_norm2 = cute.arch.warp_reduction_sum(even + odd, threads_in_group=2)  # + the row's other half
-        bound = cute.math.sqrt(cute.arch.fmax(Float32(0.0), row_norm2)) * k_norm_max * softmax_scale
-        warp_bounded = cute.arch.vote_all_sync(bound <= Float32(FIXED_MAX_CAP))  # (every lane votes)
-        if lane == 0:
-            sVote[warp] = Int32(warp_bounded)
-        wg = tidx // 128
-        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.RowBoundWG1) + wg, number_of_threads=128)
-        votes = sVote[4 * wg] + sVote[4 * wg + 1] + sVote[4 * wg + 2] + sVote[4 * wg + 3]
-        return votes == 4
+        return bounded if self.config.checked_max else False
 
     @cute.jit
     def apply_cap(self, acc_S, softmax_scale, cap):
@@ -1370,8 +1221,7 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
         v = fake_tensor(dtype, qkv_shape(hkv), stride=strides())
         o = fake_tensor(dtype, qkv_shape(hq))
         bounds = fake_tensor(torch.int32, (cute.sym_int(), 4), align=4)
-        knorm = fake_tensor(torch.float32, (cute.sym_int(),), align=4) if config.norm_bound else None
-        return kern, (q, k, v, bounds, o, lse, cu, knorm, Float32(1.0), Float32(1.0), Float32(1.0),
+        return kern, (q, k, v, bounds, o, lse, cu, Float32(1.0), Float32(1.0), Float32(1.0),
                       Int32(1), Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen, with_lse), build)
@@ -1396,28 +1246,21 @@ def warn_if_spills(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead
 
 
 def compile_targets() -> list[CompileTarget]:
-    """What ``cute-kernels compile`` warms: bf16 D=128 MHA (no cap, tanh cap, varlen) and D=64, without a
-    cap in both forms a call can launch (``norm_bound`` for sequences of more than
-    ``NORM_BOUND_MIN_BLOCKS`` KV blocks, the online max for shorter ones, label ``short``), and bf16 D=128
-    without a cap in the variant that writes no LSE (calls without ``return_lse``; label ``no-lse``).  Other
-    keys (GQA ratios, fp16, D=256, soft_sign, caps above 50, the other no-LSE variants) compile on first use
-    (a few seconds each)."""
+    """What ``cute-kernels compile`` warms: bf16 D=128 MHA (no cap, tanh cap, varlen) and D=64 without a cap, and
+    bf16 D=128 without a cap in the variant that writes no LSE (calls without ``return_lse``; label ``no-lse``).
+    Other keys (GQA ratios, fp16, D=256, soft_sign, caps above 50, the other no-LSE variants) compile on first
+    use (a few seconds each)."""
     cases = [
-        (torch.bfloat16, 128, 1, "none", False, False, True),
-        (torch.bfloat16, 128, 1, "none", False, True, True),
-        (torch.bfloat16, 128, 1, "tanh", False, False, True),
-        (torch.bfloat16, 64, 1, "none", False, False, True),
-        (torch.bfloat16, 64, 1, "none", False, True, True),
-        (torch.bfloat16, 128, 1, "none", True, False, True),
-        (torch.bfloat16, 128, 1, "none", False, False, False),
-        (torch.bfloat16, 128, 1, "none", False, True, False),
+        (torch.bfloat16, 128, 1, "none", False, True),
+        (torch.bfloat16, 128, 1, "tanh", False, True),
+        (torch.bfloat16, 64, 1, "none", False, True),
+        (torch.bfloat16, 128, 1, "none", True, True),
+        (torch.bfloat16, 128, 1, "none", False, False),
     ]
     out = []
-    for dtype, d, g, capm, varlen, short, with_lse in cases:
-        cfg = shipped_config(dtype, d, capm)
-        cfg = chosen_config(cfg, dtype, None if capm == "none" else FIXED_MAX_CAP, 1 if short else 2**20)
-        label = (f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{' short' if short else ''}"
-                 f"{'' if with_lse else ' no-lse'}")
+    for dtype, d, g, capm, varlen, with_lse in cases:
+        cfg = chosen_config(shipped_config(dtype, d, capm), dtype, None if capm == "none" else FIXED_MAX_CAP)
+        label = f"{str(dtype)[6:]} D={d} gqa={g} cap={capm}{' varlen' if varlen else ''}{'' if with_lse else ' no-lse'}"
         out.append(CompileTarget(NAME, label, compile_key(dtype, cfg, g, capm, varlen, with_lse),
                                  build=lambda dtype=dtype, cfg=cfg, g=g, capm=capm, varlen=varlen, with_lse=with_lse:
                                  _compile(dtype, cfg, g, capm, varlen, with_lse)))
@@ -1701,33 +1544,17 @@ def fixed_row_max_applies(dtype: torch.dtype, cap: Optional[float]) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _online_max(cfg: RankerFwdConfig) -> RankerFwdConfig:
-    return dataclasses.replace(cfg, fixed_row_max=False, norm_bound=False, checked_max=False)
+    return dataclasses.replace(cfg, fixed_row_max=False, checked_max=False)
 
 
-def _k_norm2_buffer(q: torch.Tensor) -> torch.Tensor:
-    """``norm_bound``'s per-CTA maxima of ``|k_j|^2`` (float32, ``KNORM_CTAS_PER_SM`` per SM), filled by
-    the kernel's pre-pass (:meth:`RankerAttentionFwd.k_norm_kernel`): every entry is written, no memset."""
-    return q.new_empty(KNORM_CTAS_PER_SM * _sm_count(q.device), dtype=torch.float32)
-
-
-def _launch_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]) -> RankerFwdConfig:
-    """``cfg`` with the fixed-max options it can take for these inputs: ``fixed_row_max`` where
-    :func:`fixed_row_max_applies`, ``norm_bound`` for bfloat16 without a cap; else the online max."""
+def chosen_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]) -> RankerFwdConfig:
+    """What ``cfg`` runs as for these inputs: ``cfg`` with the fixed-max option it can take
+    (``fixed_row_max`` where :func:`fixed_row_max_applies`, ``checked_max`` for bfloat16 without a cap), else the
+    online max.  ``cute-kernels tune`` times its candidates through this, so a stored winner was timed as it
+    runs."""
     if cfg.fixed_row_max and not fixed_row_max_applies(dtype, cap):
         return _online_max(cfg)
-    if (cfg.norm_bound or cfg.checked_max) and (cap is not None or dtype != torch.bfloat16):
-        return _online_max(cfg)
-    return cfg
-
-
-def chosen_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float], max_seqlen: int) -> RankerFwdConfig:
-    """What a shipped or tuned ``cfg`` runs as for these inputs: the fixed-max options that apply
-    (:func:`_launch_config`), and ``norm_bound`` only for sequences of more than ``NORM_BOUND_MIN_BLOCKS``
-    KV blocks (its k pre-pass reads every key once and does not pay over a few history blocks per q
-    tile).  ``cute-kernels tune`` times its candidates through this, so a stored winner was timed as it
-    runs."""
-    cfg = _launch_config(cfg, dtype, cap)
-    if cfg.norm_bound and max_seqlen <= NORM_BOUND_MIN_BLOCKS * cfg.tile_n:
+    if cfg.checked_max and (cap is not None or dtype != torch.bfloat16):
         return _online_max(cfg)
     return cfg
 
@@ -1786,7 +1613,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
             if len(_CHOSEN) < 4096:
                 memo_store(_CHOSEN, skey, cfg, since)
         memoized = _CHOSEN.get(skey) is cfg
-    cfg = chosen_config(cfg, q.dtype, cap, max_seqlen) if chosen_here else _launch_config(cfg, q.dtype, cap)
+    cfg = chosen_config(cfg, q.dtype, cap)
     _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
     fn = _FNS.get(fkey)
@@ -1798,13 +1625,10 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
     else:
         max_ctas = 2**31 - 1  # one tile per CTA (sO aliases sQ)
-    # norm_bound: the pre-pass's per-CTA maxima of |k_j|^2 (every one written: no memset)
-    k_norm2 = _k_norm2_buffer(q) if cfg.norm_bound else None
     tail = (scale_log2, scale, float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
-    fn(q, k, v, bounds, out, lse, cu_seqlens, k_norm2, *tail)
+    fn(q, k, v, bounds, out, lse, cu_seqlens, *tail)
     if plan_key is not None and memoized and not varlen and len(_PLANS) < MEMO_LIMIT:
-        memo_store(_PLANS, plan_key, (fn, is_compact(q), None if lse is None else lse.shape,
-                                      0 if k_norm2 is None else k_norm2.shape[0], tail), since)
+        memo_store(_PLANS, plan_key, (fn, is_compact(q), None if lse is None else lse.shape, tail), since)
     return out, lse
 
 
@@ -1888,13 +1712,13 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
     is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
     running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
-    (50), and without a cap (D=64/128) on sequences longer than ``NORM_BOUND_MIN_BLOCKS`` (16) KV blocks for the q
-    rows (per 64-row warpgroup and q tile) whose scores Cauchy-Schwarz bounds by 50 (a pre-pass kernel
-    reads k once for max |k_j|; one large key anywhere in the call turns it off for every tile); float16,
-    larger caps and the other rows take the online max.  Accuracy then: up to one bf16 ulp off where a
-    row's weight sits on keys of equal score (saturated at +cap, or a single key); ``v`` within the
-    headroom: sum over a row's keys of ``e^50 |v|`` below float32's max (|v| < 6.6e16 for one key), and
-    |v| above ~1e-16 where every score of a row is near -50.
+    (50), and without a cap (D=64/128) wherever the result passes a check after each q tile (per 64-row
+    warpgroup: every row's sum of P within [2^-20, 2^100] and the O accumulator finite; a warpgroup that fails
+    runs its tile again, and its later tiles, with the online max: rows whose scores all sit below about
+    -14 - ln(keys), or reach past ~69); float16 and larger caps take the online max.  Accuracy then: up to one
+    bf16 ulp off where a row's weight sits on keys of equal score (saturated at +cap, or a single key); with a
+    cap, ``v`` within the headroom: sum over a row's keys of ``e^50 |v|`` below float32's max (|v| < 6.6e16
+    for one key), and |v| above ~1e-16 where every score of a row is near -50.
     Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
     non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is
@@ -1990,13 +1814,12 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
         except (AttributeError, TypeError, RuntimeError):  # (unhashable scalars; sparse / nested tensors)
             key = plan = None
         if plan is not None:
-            fn, q_compact, lse_shape, knorm_len, tail = plan
+            fn, q_compact, lse_shape, tail = plan
             # (empty_like: 1.8-2.2 us of host time on the H200's host, new_empty 3.1-3.8; runtime.alloc)
             out = _empty_like(q) if q_compact else q.new_empty(q.shape)
             lse = None if lse_shape is None else q.new_empty(lse_shape, dtype=torch.float32)
             try:
-                fn(q, k, v, bounds, out, lse, None,
-                   q.new_empty(knorm_len, dtype=torch.float32) if knorm_len else None, *tail)
+                fn(q, k, v, bounds, out, lse, None, *tail)
                 return out, lse
             except (ValueError, TypeError, RuntimeError, BufferError):  # refused before the launch (or a
                 pass  # launch error, which the full path meets again): the full path below explains

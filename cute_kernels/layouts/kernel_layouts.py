@@ -127,7 +127,7 @@ def _parse_value(field: str, v: str, current):
 def ranker_config(text: Optional[str] = None, dtype="bf16"):
     """A ranker forward config from ``"head_dim=64,tile_n=96"``: the shipped uncapped config of that head
     dim for ``dtype`` (``ranker_fwd.shipped_config``: float16 takes the online max) with the other fields
-    replaced; ``fixed_row_max=true`` (a capped config) turns the uncapped ``norm_bound`` off unless the text
+    replaced; ``fixed_row_max=true`` (a capped config) turns the uncapped ``checked_max`` off unless the text
     sets it.  ``ValueError`` with the reason for a config that does not fit (see :func:`parse_config`)."""
     import torch
 
@@ -141,7 +141,7 @@ def ranker_config(text: Optional[str] = None, dtype="bf16"):
     # (an unsupported head dim starts from the default one; the config's check then names it)
     base = rf.shipped_config(torch_dtype, head_dim if head_dim in rf.CONFIGS else default.head_dim)
     capped = "fixed_row_max" in items and _parse_value("fixed_row_max", items["fixed_row_max"], False)
-    return parse_config(rf.RankerFwdConfig, text, base, **(dict(norm_bound=False) if capped else {}))
+    return parse_config(rf.RankerFwdConfig, text, base, **(dict(checked_max=False) if capped else {}))
 
 
 def parse_tma_type(text: str) -> dict:
@@ -248,9 +248,6 @@ def _ranker_dsl_objects(rf, dt, config):
     # self_kv_tma: q_i, k_i, v_i read from sQ / a K/V stage into the O accumulator layout (ldmatrix)
     ldsm = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
     self_copy = cute.make_tiled_copy_C(ldsm, mma_pv)
-    # norm_bound's row bound: one warp's 16 rows of sQ, a lane pair per row, 16-byte reads (rows_bounded)
-    bound_copy = cute.make_tiled_copy_tv(rd_atom, cute.make_ordered_layout((16, 2), order=(1, 0)),
-                                         cute.make_layout((1, vec)))
     # TMA atoms as __call__ builds them, over a stand-in row-major (rows, head_dim) global tensor
     # (the kernel's (S, D) view of q/k/v/o has the same mode order, D contiguous)
     from cutlass.cute.nvgpu import cpasync
@@ -280,10 +277,9 @@ def _ranker_dsl_objects(rf, dt, config):
     out["tv:epilogue stmatrix (dst)"] = epi_copy.layout_dst_tv_tiled
     out["tv:varlen epilogue 16B reads (src)"] = rd_copy.layout_src_tv_tiled
     out["tv:self term ldmatrix (src)"] = self_copy.layout_src_tv_tiled
-    out["tv:row bound 16B reads (src)"] = bound_copy.layout_src_tv_tiled
     out["tiles"] = {k: tuple(int(cute.size(m)) for m in c.tiler_mn)
                     for k, c in (("tv:epilogue stmatrix (dst)", epi_copy), ("tv:varlen epilogue 16B reads (src)", rd_copy),
-                                 ("tv:self term ldmatrix (src)", self_copy), ("tv:row bound 16B reads (src)", bound_copy))}
+                                 ("tv:self term ldmatrix (src)", self_copy))}
     return out
 
 
@@ -297,7 +293,7 @@ def _ranker_dtype(dtype):
 
 def ranker_fwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     """Layouts, TMA boxes, TV layouts, smem bank conflicts (the epilogue's stmatrix writes and varlen row
-    reads of sO; with ``norm_bound`` the row bound's 16-byte reads of sQ; where the kernel takes
+    reads of sO; where the kernel takes
     ``self_kv_tma``, the self term's ldmatrix reads of sQ and of a K/V stage) and smem budget of a ranker
     forward config.
 
@@ -326,8 +322,6 @@ def ranker_fwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
              "tv:varlen epilogue 16B reads (src)": (copy_tiles["tv:varlen epilogue 16B reads (src)"], 16 // eb)}
     if rf.self_kv_tma_taken(config):  # (the kernel's own rule)
         tiles["tv:self term ldmatrix (src)"] = (copy_tiles["tv:self term ldmatrix (src)"], 16 // eb)
-    if getattr(config, "norm_bound", False):
-        tiles["tv:row bound 16B reads (src)"] = (copy_tiles["tv:row bound 16B reads (src)"], 16 // eb)
     for k, (tile, vec) in tiles.items():
         kl.tv[k[3:]] = TVLayout(objs[k].named(k[3:]), tile, vec)
     # the O store reads one warpgroup's 64 rows of sO (wg_epilogue) or the tile: its box from that region
@@ -337,10 +331,9 @@ def ranker_fwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
             kl.tma[name] = _tma_box_2d(sO_box if name == "sO" else kl.smem[name], dt)
             kl.tma[name].update(parse_tma_type(tma_types.get(name, "")))
     # bank conflicts of each smem access, on the kernel's layout and on the same tile unswizzled: the epilogue's
-    # over sO; the row bound's and the self term's ldmatrix over sQ (a K/V stage has sQ's layout when
-    # tile_m == tile_n)
+    # over sO; the self term's ldmatrix over sQ (a K/V stage has sQ's layout when tile_m == tile_n)
     for buffer, keys in (("sO", ("epilogue stmatrix (dst)", "varlen epilogue 16B reads (src)")),
-                         ("sQ", ("self term ldmatrix (src)", "row bound 16B reads (src)"))):
+                         ("sQ", ("self term ldmatrix (src)",))):
         lay = kl.smem.get(buffer)
         for key in keys:
             if lay is not None and key in kl.tv:

@@ -44,9 +44,9 @@ def _check(name, o, l, q, k, v, bounds, cap=None, cap_method="tanh", cu_seqlens=
     err = (o.float() - ro64).abs().max().item() if o.numel() else 0.0
     base = (lo.float() - ro64).abs().max().item() if o.numel() else 0.0
     tol = 2 * base + 1e-3
-    cfg = rf._launch_config(config or rf.shipped_config(q.dtype, q.shape[-1], "none" if cap is None else cap_method),
+    cfg = rf.chosen_config(config or rf.shipped_config(q.dtype, q.shape[-1], "none" if cap is None else cap_method),
                             q.dtype, cap)
-    if (cfg.fixed_row_max or cfg.norm_bound or cfg.checked_max) and o.numel():
+    if (cfg.fixed_row_max or cfg.checked_max) and o.numel():
         # the PV GEMM takes P rounded to bf16 (relative 2**-8) and the row sum the float32 P; with the online
         # max the largest P is exactly 1, with the fixed one no P need be, so a row whose weight sits on keys
         # of one score (one key, or scores saturated at +cap) is off by up to 2**-8 before the output's own
@@ -367,14 +367,14 @@ def test_public_api_and_determinism():
 
 
 @pytest.mark.parametrize("case", [
-    ("short", 2, 700, 4, 2, 128, None, None), ("norm-bound", 1, 2300, 2, 2, 128, None, None),
+    ("short", 2, 700, 4, 2, 128, None, None), ("long", 1, 2300, 2, 2, 128, None, None),
     ("d64", 2, 700, 4, 4, 64, None, None), ("tanh", 2, 700, 4, 2, 128, 30.0, None),
     ("varlen-tail", 1, 900, 4, 2, 128, None, [0, 300, 700]), ("fp16", 2, 700, 4, 2, 128, None, None)],
     ids=lambda c: c[0])
 def test_without_lse(case):
     """Without ``return_lse`` the public call launches the kernel variant that writes no LSE: the same output
     bits as with it, on the first call (full path) and the next (the kept plan), for the online max, the
-    k pre-pass (norm_bound), D=64's three warpgroups, a tanh cap and packed sequences with tokens past the
+    checked fixed max (checked_max), D=64's three warpgroups, a tanh cap and packed sequences with tokens past the
     last one (zeroed)."""
     name, b, s, hq, hkv, d, cap, cu = case
     q, k, v = _qkv(b, s, hq, hkv, d, torch.float16 if name == "fp16" else torch.bfloat16, seed=5)
@@ -396,7 +396,7 @@ def test_without_lse(case):
 def test_eager_launch_plan():
     """Later eager calls of an argument signature launch the plan the first call kept (``_ranker_eager``):
     right against the float64 reference for other tensors and other bounds' values, with the k pre-pass
-    (norm_bound: S > 16 KV blocks), fresh outputs each call; a misaligned q of the same signature is
+    fresh outputs each call; a misaligned q of the same signature is
     refused by the full path."""
     q, k, v = _qkv(1, 2200, 2, 2, 128, seed=11)
     first = torch.tensor([[0, 2100, 2100, 2200]], device="cuda", dtype=torch.int32)
@@ -686,53 +686,6 @@ def test_checked_max_low_scores_fall_back(d):
     q[0] = (-u * d**0.25 * 40**0.5).to(torch.bfloat16)  # q.k / sqrt(d) = -40
     bounds = torch.tensor([[0, 300, 300, 400], [0, 333, 333, 400]], device="cuda", dtype=torch.int32)
     _compare(f"checked_max scores of -40 D={d}", q, k, v, bounds, config=cfg, max_ctas=3)
-
-
-@pytest.mark.parametrize("d", [128, 64])
-def test_norm_bound_mixed_tiles(d):
-    """norm_bound (the fixed max for q tiles whose scores Cauchy-Schwarz bounds by FIXED_MAX_CAP, from a k
-    pre-pass), passed as a config: q rows of some tiles scaled 30x (online max there), the others bounded."""
-    cfg = dataclasses.replace(rf.CONFIGS[d], checked_max=False, norm_bound=True)
-    q, k, v = _qkv(2, 700, 4, 2, d, seed=d)
-    q[:, 130:260] *= 30
-    q[1, 600:] *= 30
-    bounds = torch.tensor([[0, 517, 517, 700], [37, 400, 450, 611]], device="cuda", dtype=torch.int32)
-    _compare(f"norm_bound mixed D={d}", q, k, v, bounds, config=cfg, max_ctas=7)
-
-
-@pytest.mark.parametrize("varlen", [False, True])
-def test_k_norm_pre_pass(monkeypatch, varlen):
-    """norm_bound's pre-pass kernel: the max of its per-CTA maxima of |k_j|^2 within 2**-18 of the float64
-    value (the consumers raise the norm by 2**-16), every entry written (the buffer NaN-poisoned first), k a
-    strided view of a qkv tensor; packed: a NaN in the buffer's tail after cu_seqlens[-1] is not read; a
-    NaN in a key that is read gives inf (so every tile takes the online max)."""
-    buffers, real = [], rf._k_norm2_buffer
-    monkeypatch.setattr(rf, "_k_norm2_buffer", lambda q: buffers.append(real(q).fill_(float("nan"))) or buffers[-1])
-    g = generator(17 + varlen)
-    cfg = dataclasses.replace(rf.CONFIGS[128], checked_max=False, norm_bound=True)
-    if varlen:
-        qkv = torch.randn(1000, 3, 4, 128, device="cuda", generator=g).to(torch.bfloat16)
-        q, k, v = qkv.unbind(1)
-        cu = torch.tensor([0, 333, 900], device="cuda", dtype=torch.int32)
-        kw = dict(cu_seqlens=cu, max_seqlen=567)
-        k[900:] = float("nan")  # past cu_seqlens[-1]: not a key
-        k[640, 2] *= 9  # the largest key
-        valid, nan_key = k[:900], (5, 1)
-        bounds = torch.tensor([[0, 200, 200, 333], [10, 300, 300, 567]], device="cuda", dtype=torch.int32)
-    else:
-        qkv = torch.randn(2, 333, 3, 4, 128, device="cuda", generator=g).to(torch.bfloat16)
-        q, k, v = qkv.unbind(2)
-        kw = {}
-        k[1, 100, 3] *= 9
-        valid, nan_key = k, (0, 5, 1)
-        bounds = torch.tensor([[0, 200, 200, 333], [10, 300, 300, 333]], device="cuda", dtype=torch.int32)
-    _run(q, k, v, bounds, config=cfg, max_ctas=5, **kw)
-    exact = valid.double().pow(2).sum(-1).max().item()
-    got = buffers[-1].double().max().item()
-    assert abs(got - exact) <= exact * 2**-18, (got, exact)
-    k[nan_key] = float("nan")
-    _run(q, k, v, bounds, config=cfg, max_ctas=5, **kw)
-    assert buffers[-1].max().item() == float("inf")
 
 
 def test_flop_counter_reads_the_bounds():
