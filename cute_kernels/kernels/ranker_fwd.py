@@ -771,8 +771,10 @@ class RankerAttentionFwd:
                 tile += Int32(cute.arch.grid_dim()[0])
                 if tile >= num_tiles:
                     if const_expr(tidx is not None):
-                        if tidx % 128 == 0:
-                            sRetry[tidx // 128] = retry_tile
+                        if tidx % 128 == 0:  # (sRetry's accesses are atomics: compute-sanitizer's racecheck flagged
+                            # plain stores and loads ordered by this named barrier of the producer warp and the
+                            # consumers, across warpgroups, as hazards; once per CTA)
+                            cute.arch.atomic_exch(sRetry.iterator + tidx // 128, retry_tile, scope="cta")
                         if const_expr(not self.varlen):
                             if tidx % self.epi_threads < 32:
                                 cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -786,11 +788,13 @@ class RankerAttentionFwd:
         """The first entry of ``sRetry`` at index >= ``pos`` that names a tile (>= 0) not named by an earlier
         entry, and the index after it; ``num_tiles`` if none."""
         found, found_pos = num_tiles, Int32(self.config.consumer_wgs)
+        entries = [cute.arch.atomic_add(sRetry.iterator + i, Int32(0), scope="cta")
+                   for i in range(self.config.consumer_wgs)]  # (atomic reads: see advance_tile)
         for i in cutlass.range_constexpr(self.config.consumer_wgs - 1, -1, -1):
-            t = sRetry[i]
+            t = entries[i]
             fresh = t >= 0 and i >= pos
             for j in cutlass.range_constexpr(i):
-                fresh = fresh and sRetry[j] != t
+                fresh = fresh and entries[j] != t
             if fresh:
                 found = t
                 found_pos = Int32(i)
