@@ -369,10 +369,11 @@ def test_compiles_for_sm90a(target):
     n128 = len(re.findall(r"bar\.sync\s+%r\d+, 128;", attention))
     assert n128 == 2 * wg + cfg.checked_max, f"{n128} named barriers of 128 threads"
     # checked_max: each warp votes on its rows' check after a tile, the votes meet behind the warpgroup's named
-    # barrier (128 threads); once the CTA's own tiles are done its consumers and the producer warp meet at
-    # RetryList (id 11: 32 + 128 per consumer warpgroup)
-    retry = re.search(r"bar\.sync\s+11, (288|416);", attention)
-    assert ("vote.sync.all" in attention) == bool(retry) == cfg.checked_max, "checked_max's vote and retry barrier"
+    # barrier (128 threads); once the CTA's own tiles are done its consumers arrive at RetryList (id 11: 32 + 128
+    # per consumer warpgroup), where the producer warp waits, and wait for each other at RetryListConsumers (12)
+    retry = (re.search(r"bar\.arrive\s+11, (288|416);", attention) and re.search(r"bar\.sync\s+11, (288|416);", attention)
+             and re.search(r"bar\.sync\s+12, (256|384);", attention))
+    assert ("vote.sync.all" in attention) == bool(retry) == cfg.checked_max, "checked_max's vote and retry barriers"
     assert not re.search(r"\b(ld|st)\.local", ptx), "register spills"
     if "varlen" not in target.label:
         assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx), "no TMA store"

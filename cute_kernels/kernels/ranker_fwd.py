@@ -129,7 +129,8 @@ class NamedBarrierFwd(enum.IntEnum):
     EpilogueWG1 = 8  # wg_epilogue: Epilogue's role for consumer warpgroup 1 alone (its own 64 rows of sQ / sO)
     EpilogueWG2 = 9
     EpilogueWG3 = 10
-    RetryList = 11  # checked_max: the consumers have published their retry tiles; the producer warp reads them
+    RetryList = 11  # checked_max: the consumers (arrive) have published their retry tiles to the producer warp (sync)
+    RetryListConsumers = 12  # checked_max: the same among the consumers (each reads every warpgroup's entry)
 
 
 @dataclass(frozen=True)
@@ -759,7 +760,9 @@ class RankerAttentionFwd:
         consumer warpgroups' fixed max failed (at most one per warpgroup, each once), run with the online max.
         At that turn (once per CTA) the consumers (``tidx`` given) publish their ``retry_tile`` (-1: none) in
         ``sRetry``, the warps that issue the O stores wait for them to complete (a retried tile rewrites its
-        rows), and the consumers and the producer warp meet at ``RetryList``.  ``retry_pos``: 0 before the retry
+        rows), and arrive at ``RetryList``, where the producer warp waits, then wait for each other at
+        ``RetryListConsumers`` (compute-sanitizer's synccheck refuses one barrier that the producer and the
+        consumers both wait at, from two places in the code).  ``retry_pos``: 0 before the retry
         pass, then the index in ``sRetry`` after the tile being retried (>= 1).  Returns (tile, retry_pos); a
         tile >= ``num_tiles`` ends the loop."""
         if const_expr(not self.config.checked_max):
@@ -778,8 +781,13 @@ class RankerAttentionFwd:
                         if const_expr(not self.varlen):
                             if tidx % self.epi_threads < 32:
                                 cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    cute.arch.barrier(barrier_id=int(NamedBarrierFwd.RetryList),
-                                      number_of_threads=32 + self.num_consumer_threads)
+                        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.RetryList),
+                                                 number_of_threads=32 + self.num_consumer_threads)
+                        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.RetryListConsumers),
+                                          number_of_threads=self.num_consumer_threads)
+                    else:
+                        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.RetryList),
+                                          number_of_threads=32 + self.num_consumer_threads)
                     tile, retry_pos = self.retry_at(sRetry, Int32(0), num_tiles)
         return tile, retry_pos
 
