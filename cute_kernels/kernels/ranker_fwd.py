@@ -52,10 +52,14 @@ length, per consumer warpgroup (``wg_epilogue``: its 64 rows behind its own name
 warpgroups keep their round-robin offset across tiles), the store's read of sO waited for at the
 warpgroup's next epilogue (``defer_store_wait``, persistent).
 
-Measured on the H200 (useful TFLOP/s, bf16, ours / FA4 + mask_mod, CUDA graphs; the full bench with every
-peer, bench/results/2026-12-01_h200_ranker_fwd_s26.md): headline B=4, history 4096 + 512 candidates, 16
-heads, D=128: 685 / 615; GQA 16/4 698 / 616; D=64 532 / 437; B=1 16K + 1K 710 / 638; B=16 1K + 256 567 /
-532; B=8 2K + 2K 638 / 533; tanh cap 50 587 / 292.  Where a tile's cycles go: phase stamps per tile
+Measured on the H200 (useful TFLOP/s, bf16, ours / FA4 + mask_mod, CUDA graphs, peers in the same run;
+bench/results/2026-12-02_h200_ranker_fwd_s40.md): headline B=4, history 4096 + 512 candidates, 16 heads,
+D=128: 710 / 599; tanh cap 50 583 / 291; B=16 1K + 256 659 / 499 (1.32x); B=8 2K + 2K 664 / 524 (1.27x).
+checked_max against session 39's ``norm_bound`` (a k pre-pass kernel, then the fixed max for the q tiles whose
+scores Cauchy-Schwarz bounded by 50, only on sequences of more than 16 KV blocks) and the online max, same
+run (bench/results/logs/2026-12-02_s40_ranker_fwd_checked_max_probe.log; us): headline 866 / 885 / 983, GQA
+16/4 867 / 875 / 964, D=64 551 / 561 / 665, 16K 3306 / 3327 / 3652, B=16 1K + 256 286 / 312 / 306, B=8 2K +
+2K 395 / 431 / 446.  Where a tile's cycles go: phase stamps per tile
 (bench/results/logs/2026-12-01_s25_ranker_fwd_phase_stamps.log, ..._s26_ranker_fwd_epilogue_phase_stamps.log).
 """
 
@@ -258,6 +262,11 @@ class RankerFwdConfig(ValidatedConfig):
 # The three-warpgroup configs skip the O rescale when no row max of a warp changed (skip_unit_rescale:
 # same bits; session 9: +3-4% on them, -8% on the two-warpgroup D=128 config, which keeps it off).
 # D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
+# checked_max (session 40; it replaced session 21-39's norm_bound and its k pre-pass): the fixed max at every
+# sequence length, checked after each tile; same run, us, checked / norm_bound / online max: headline 866 / 885 /
+# 983, B=16 1K+256 286 / 312 / 306, B=8 2K+2K 395 / 431 / 446, D=64 551 / 561 / 665 (the module docstring has
+# the rest; same bits as norm_bound wherever that took the fixed max).  Compile of the D=128 config 4.2-4.5 s vs
+# 5.3 s with norm_bound on session 40's 2-core machine (no pre-pass kernel, no row-norm vote).
 CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
                         consumer_regs=160, persistent=True, intra_wg_overlap=False, skip_unit_rescale=True,
@@ -1433,7 +1442,7 @@ _FNS: dict = {}  # (dtype, config, GQA ratio, cap method, varlen, with LSE) -> c
 # (B, S are None for varlen); cleared by cute_kernels.tuning.reload() (a new tuned.json entry)
 _CHOSEN: dict = register_memo({})
 # fixed-length eager calls: _plan_key -> (compiled function, whether q is compact (out = empty_like(q)), lse shape
-# or None, k pre-pass buffer length or 0, the scalar arguments), kept by _ranker_impl (so by the same config
+# or None, the scalar arguments), kept by _ranker_impl (so by the same config
 # choice; cleared with _CHOSEN).  A plan holds no device memory (it may be made inside a CUDA-graph capture or a
 # cudagraph-trees warm-up, whose memory pool must not keep a block of ours)
 _PLANS: dict = register_memo({})
