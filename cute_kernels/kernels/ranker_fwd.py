@@ -33,8 +33,8 @@ warpgroups:
   and checks the result (each active row's sum of P within [``CHECKED_SUM_MIN``, ``CHECKED_SUM_MAX``], the
   O accumulator finite); a consumer warpgroup whose rows fail runs the online max (the other of two compiled
   history loops) for the rest of its tiles and the failed tile again once the CTA's own tiles are done
-  (:meth:`RankerAttentionFwd.advance_tile`).  The PV GEMM takes P rounded to bfloat16 and the row sum the float32 P, as with the online max, except that no
-  P need be exactly 1: a row whose weight sits on keys of one score (one key, or scores saturated at
+  (:meth:`RankerAttentionFwd.advance_tile`).  The PV GEMM takes P rounded to bfloat16 and the row sum the
+  float32 P, as with the online max, except that no P need be exactly 1: a row whose weight sits on keys of one score (one key, or scores saturated at
   +cap) is off by up to 2^-8 relative before the output's rounding, i.e. up to one bf16 ulp (with the
   online max those keys' P is exactly 1); the headroom limits are at ``FIXED_MAX_CAP``.
 
@@ -127,9 +127,9 @@ class NamedBarrierFwd(enum.IntEnum):
     WarpSchedulerWG1 = 2  # consumer warpgroup 1 may issue its WGMMAs
     WarpSchedulerWG2 = 3  # consumer warpgroup 2 may issue its WGMMAs
     WarpSchedulerWG3 = 4  # consumer warpgroup 3 (tile_m = 192) may issue its WGMMAs
-    RowBoundWG1 = 5  # checked_max: the four warps of consumer warpgroup 1 have voted on their rows' check
-    RowBoundWG2 = 6
-    RowBoundWG3 = 7
+    CheckVoteWG1 = 5  # checked_max: the four warps of consumer warpgroup 1 have voted on their rows' check
+    CheckVoteWG2 = 6
+    CheckVoteWG3 = 7
     EpilogueWG1 = 8  # wg_epilogue: Epilogue's role for consumer warpgroup 1 alone (its own 64 rows of sQ / sO)
     EpilogueWG2 = 9
     EpilogueWG3 = 10
@@ -368,8 +368,9 @@ class RankerAttentionFwd:
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mBounds: cute.Tensor,
-                 mO: cute.Tensor, mLSE: Optional[cute.Tensor], mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32,
-                 max_seqlen: Int32, max_ctas: Int32, stream):
+                 mO: cute.Tensor, mLSE: Optional[cute.Tensor], mCuSeqlens: Optional[cute.Tensor],
+                 scale_log2: Float32, softmax_scale: Float32, cap: Float32, num_batch: Int32, max_seqlen: Int32,
+                 max_ctas: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); varlen (T, H, D) -> (T, D, H).  LSE (B, H, S) -> (S, H, B); (H, T) -> (T, H)
         # (mLSE None: the caller wants no LSE, none is written)
         if const_expr(self.varlen):
@@ -530,7 +531,8 @@ class RankerAttentionFwd:
         """Warp 0 of the producer warpgroup, for each tile of this CTA: TMA of the Q tile, then K and V
         of each history block (last block first), ``stages`` blocks ahead of the consumers, and with
         ``self_kv_tma`` the tile's own K/V rows (one more stage) if it holds candidate rows outside the
-        history.  Tiles with no active row or an empty history load nothing."""
+        history.  Tiles with no active row or an empty history load nothing.  With ``checked_max``, then the
+        tiles the consumers run again (:meth:`advance_tile`)."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile = Int32(cute.arch.block_idx()[0])
@@ -604,7 +606,8 @@ class RankerAttentionFwd:
     def mma(self, tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sRetry, sK, sV, sO,
             tma_atom_O, pipeline_q, pipeline_k, pipeline_v, tidx, sched, scale_log2, softmax_scale, cap):
         """The consumer warpgroups (2 or 3), for each tile of this CTA: the history loop, the self term,
-        normalization and LSE, the epilogue."""
+        normalization and LSE, the epilogue.  With ``checked_max`` a warpgroup runs the fixed max until a tile
+        fails its check, the online max after it, and that tile again at the end (:meth:`advance_tile`)."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(self.config.consumer_wgs, stride=128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
@@ -663,9 +666,9 @@ class RankerAttentionFwd:
         row_sum.fill(0.0)
         acc_O_mn = sm90.acc_mn(acc_O)
         num_rows = cute.size(row_max)
-        bounded = cutlass.Boolean(False)  # checked_max: this warpgroup runs the fixed max in this tile
+        fixed_rows = cutlass.Boolean(False)  # checked_max: this warpgroup runs the fixed max in this tile
         if const_expr(self.config.checked_max):
-            bounded = try_fixed
+            fixed_rows = try_fixed
         # self_kv_tma: this tile's own K/V rows follow its history blocks in the K/V pipeline (as loaded)
         self_block = cutlass.Boolean(False)
         if const_expr(self.self_kv_tma):
@@ -679,7 +682,7 @@ class RankerAttentionFwd:
                       tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
             release_q = not self_block  # (the self block reads q_i from sQ after the loop)
             if const_expr(self.config.checked_max):
-                if bounded:
+                if fixed_rows:
                     kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
                                                  release_q, fixed=True)
                 else:
@@ -701,21 +704,21 @@ class RankerAttentionFwd:
                                                         pipeline_v, kv_state)
                 pipeline_q.consumer_release(q_state)
                 rQ_mn, rK_mn, rV_mn = sm90.acc_mn(rQ), sm90.acc_mn(rK), sm90.acc_mn(rV)
-                self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, bounded, scale_log2,
+                self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
                                     softmax_scale, cap, lambda r, c, row: rQ_mn[r, c], lambda r, c, row: rK_mn[r, c],
                                     lambda r, c, row: rV_mn[r, c])
             else:  # (no self rows, or no history block (nothing came through the pipeline): global reads)
                 self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
-                                              batch, offset, seg, active, bounded, scale_log2, softmax_scale, cap)
+                                              batch, offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap)
         else:
             self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
-                                          batch, offset, seg, active, bounded, scale_log2, softmax_scale, cap)
+                                          batch, offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap)
         if const_expr(self.self_kv_tma):
             if active and n_blocks > 0:
                 q_state = sm90.advanced(q_state)  # (after the self block's release of sQ)
         failed = cutlass.Boolean(False)
         if const_expr(self.config.checked_max):
-            if bounded:
+            if fixed_rows:
                 failed = self.fixed_max_failed(acc_O, row_sum, tOcO_mn, m_block, seg, active, sVote, tidx)
         lse = cute.make_rmem_tensor(num_rows, Float32)
         for r in cutlass.range_constexpr(num_rows):
@@ -726,7 +729,7 @@ class RankerAttentionFwd:
             if valid:
                 inv_sum = cute.arch.rcp_approx(row_sum[r])
                 m_row = row_max[r]
-                if self.fixed_max(bounded):
+                if self.fixed_max(fixed_rows):
                     m_row = Float32(0.0)
                 lse[r] = (m_row * scale_log2 + cute.math.log2(row_sum[r], fastmath=True)) * LN_2
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
@@ -759,7 +762,7 @@ class RankerAttentionFwd:
         if tidx % 32 == 0:
             sVote[warp] = Int32(warp_ok)
         wg = tidx // 128
-        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.RowBoundWG1) + wg, number_of_threads=128)
+        cute.arch.barrier(barrier_id=int(NamedBarrierFwd.CheckVoteWG1) + wg, number_of_threads=128)
         votes = sVote[4 * wg] + sVote[4 * wg + 1] + sVote[4 * wg + 2] + sVote[4 * wg + 3]
         return votes != 4
 
@@ -837,18 +840,18 @@ class RankerAttentionFwd:
 
     @cute.jit
     def fold_self_term_from_gmem(self, acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv, batch,
-                                 offset, seg, active, bounded, scale_log2, softmax_scale, cap):
+                                 offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap):
         """:meth:`fold_self_term` with q_i, k_i, v_i read from global memory (each element where it is used)."""
         mQ_cur = self._batch_view(mQ, batch, offset, head)
         mK_cur = self._batch_view(mK, batch, offset, head_kv)
         mV_cur = self._batch_view(mV, batch, offset, head_kv)
-        self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, bounded, scale_log2,
+        self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
                             softmax_scale, cap, lambda r, c, row: mQ_cur[row, tOcO_mn[r, c][1]],
                             lambda r, c, row: mK_cur[row, tOcO_mn[r, c][1]],
                             lambda r, c, row: mV_cur[row, tOcO_mn[r, c][1]])
 
     @cute.jit
-    def fold_self_term(self, acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, bounded, scale_log2,
+    def fold_self_term(self, acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
                        softmax_scale, cap, q_at, k_at, v_at):
         """The candidate rows' own key (``j == i`` outside the history) folded into their softmax (after the
         quad reduction of ``row_sum``): ``s_i = cap(softmax_scale * q_i . k_i)`` from this thread's columns,
@@ -867,7 +870,7 @@ class RankerAttentionFwd:
             dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
             if take_self:
                 s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
-                if self.fixed_max(bounded):
+                if self.fixed_max(fixed_rows):
                     p_self = cute.math.exp2(s_self * scale_log2, fastmath=True)
                     row_sum[r] = row_sum[r] + p_self
                     for c in cutlass.range_constexpr(num_cols):
@@ -1088,12 +1091,12 @@ class RankerAttentionFwd:
                 row_sum[r] = row_sum[r] * row_scale[r] + p_sum
             acc_S_mn[r, None].store(p_row)
 
-    def fixed_max(self, bounded):
+    def fixed_max(self, fixed_rows):
         """Whether this warpgroup's rows took the fixed max of 0 (a Python bool for the static cases, else
         ``checked_max``'s warpgroup-uniform runtime choice)."""
         if self.config.fixed_row_max:
             return True
-        return bounded if self.config.checked_max else False
+        return fixed_rows if self.config.checked_max else False
 
     @cute.jit
     def apply_cap(self, acc_S, softmax_scale, cap):
