@@ -1,8 +1,6 @@
 """GPU tests of the ranker attention forward against the float64 reference (H200)."""
 
 
-import dataclasses
-
 import pytest
 import torch
 from seeding import generator
@@ -643,16 +641,23 @@ def test_checked_max_fallback_tiles(d, varlen):
     assert torch.equal(o, o2) and torch.equal(l, l2), "checked_max: not bitwise equal on a second run"
 
 
+def _one_score(q, k, row, key, score):
+    """Query ``row`` and key ``key`` (batch 0, head 0) set to one random direction, scaled so that their score
+    ``q.k / sqrt(D)`` is ``score`` (in place)."""
+    d = q.shape[-1]
+    direction = torch.randn(d, device="cuda")
+    x = (direction / direction.norm() * score**0.5 * d**0.25).to(q.dtype)
+    k[0, key, 0] = x
+    q[0, row, 0] = x
+
+
 def test_checked_max_one_large_score_falls_back():
     """One q row parallel to a key with a score of ~100 (e^100 overflows float32), every other score small: that
     row's sum of P is inf against the fixed max, so its warpgroup must retry with the online max."""
     cfg = rf.CONFIGS[128]
     q, k, v = _qkv(1, 600, 2, 2, 128, seed=5)
     q, k = q * 0.1, k * 0.1
-    direction = torch.randn(128, device="cuda")
-    direction = direction / direction.norm()
-    k[0, 50, 0] = (direction * 100**0.5 * 128**0.25).to(torch.bfloat16)  # q.k / sqrt(128) = 100
-    q[0, 300, 0] = (direction * 100**0.5 * 128**0.25).to(torch.bfloat16)
+    _one_score(q, k, row=300, key=50, score=100.0)
     bounds = torch.tensor([[0, 400, 400, 600]], device="cuda", dtype=torch.int32)
     _compare("checked_max one score of 100", q, k, v, bounds, config=cfg, max_ctas=3)
 
@@ -663,10 +668,7 @@ def test_checked_max_overflowing_product_falls_back():
     cfg = rf.CONFIGS[128]
     q, k, v = _qkv(1, 300, 1, 1, 128, seed=6)
     q, k = q * 0.1, k * 0.1
-    direction = torch.randn(128, device="cuda")
-    direction = direction / direction.norm()
-    k[0, 20, 0] = (direction * 60**0.5 * 128**0.25).to(torch.bfloat16)  # q.k / sqrt(128) = 60
-    q[0, 150, 0] = (direction * 60**0.5 * 128**0.25).to(torch.bfloat16)
+    _one_score(q, k, row=150, key=20, score=60.0)
     v[0, 20, 0] = 1e13
     bounds = torch.tensor([[0, 250, 250, 300]], device="cuda", dtype=torch.int32)
     o, _ = _compare("checked_max P*v overflow", q, k, v, bounds, config=cfg, max_ctas=2)
