@@ -320,7 +320,7 @@ def _refuse_misaligned(args) -> None:
 
 
 def _attention_entry(ptx: str) -> str:
-    """The attention kernel's body in a compiled forward's PTX (the module also holds the k pre-pass kernel)."""
+    """The attention kernel's body in a compiled forward's PTX (its only kernel)."""
     parts = re.split(r"\.visible \.entry ", ptx)
     bodies = [p for p in parts[1:] if p.startswith("kernel_cutlass_kernel_")]
     assert len(bodies) == 1, [p[:40] for p in parts[1:]]
@@ -1103,7 +1103,8 @@ def test_shipped_config_refuses_bad_arguments():
                            ((torch.float32, 128), TypeError, "torch.bfloat16 or torch.float16"),
                            (("bfloat16", 128), TypeError, "torch.bfloat16 or torch.float16"),
                            ((torch.bfloat16, 96), ValueError, "head_dim=96"),
-                           ((torch.bfloat16, True), ValueError, "head_dim=True")):
+                           ((torch.bfloat16, True), ValueError, "head_dim=True"),
+                           ((torch.bfloat16, 128.0), TypeError, "head_dim must be an int")):
         with pytest.raises(exc, match=re.escape(msg)):
             rf.shipped_config(*args)
     # None means no cap, as ranker_attention's cap=None (newcomer review, session 39)

@@ -164,7 +164,9 @@ class RankerFwdConfig(ValidatedConfig):
     # without a cap (bf16): every tile first runs the fixed max of 0 and checks its result afterwards: each active row's
     # sum of P within [CHECKED_SUM_MIN, CHECKED_SUM_MAX] and the O accumulator finite (so every P was a normal float32
     # and no product overflowed).  A consumer warpgroup whose rows fail runs the online max for the rest of its tiles
-    # and the failed tile again at the CTA's end (:meth:`RankerAttentionFwd.advance_tile`); no pre-pass, any length
+    # and the failed tile again at the CTA's end (:meth:`RankerAttentionFwd.advance_tile`); no pre-pass, any length.
+    # Shipped and GPU-tested at D=64 / D=128 (persistent and one tile per CTA); a D=256 config with it compiles
+    # without spills but has not run on a GPU
     checked_max: bool = False
     # the candidate rows' own K/V rows (the self term) come by TMA into one more K/V stage after the history
     # blocks, and q_i from the Q tile in smem (held until then), read in the accumulator layout with ldmatrix;
@@ -319,11 +321,14 @@ def self_kv_tma_taken(config: RankerFwdConfig) -> bool:
 def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] = "none") -> RankerFwdConfig:
     """The shipped config for ``dtype`` (torch.bfloat16 / torch.float16), ``head_dim`` and ``cap_method``
     (``"none"`` or None without a cap, else ``"tanh"`` / ``"soft_sign"``): ``CAP_CONFIGS[(cap_method, head_dim)]``
-    where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with
-    ``fixed_row_max`` off (float16 P would overflow).  Raises ``TypeError`` for another dtype (a string
-    included) and ``ValueError`` for a head dim other than 64, 128, 256 or an unknown ``cap_method``."""
+    where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with the fixed max
+    (``fixed_row_max``, ``checked_max``) off (float16 P would overflow).  Raises ``TypeError`` for another
+    dtype (a string included) or a head dim that is not an int, and ``ValueError`` for a head dim other than
+    64, 128, 256 or an unknown ``cap_method``."""
     if not isinstance(dtype, torch.dtype) or dtype not in DTYPES:
         raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
+    if not isinstance(head_dim, int):  # (a bool is refused as a head dim below)
+        raise TypeError(f"head_dim must be an int, got {head_dim!r}")
     if isinstance(head_dim, bool) or head_dim not in CONFIGS:
         raise ValueError(f"head_dim={head_dim!r}: shipped configs exist for head dims {sorted(CONFIGS)}")
     if cap_method is None:  # (as ranker_attention's cap=None)

@@ -393,9 +393,8 @@ def test_without_lse(case):
 
 def test_eager_launch_plan():
     """Later eager calls of an argument signature launch the plan the first call kept (``_ranker_eager``):
-    right against the float64 reference for other tensors and other bounds' values, with the k pre-pass
-    fresh outputs each call; a misaligned q of the same signature is
-    refused by the full path."""
+    right against the float64 reference for other tensors and other bounds' values, fresh outputs each call;
+    a misaligned q of the same signature is refused by the full path."""
     q, k, v = _qkv(1, 2200, 2, 2, 128, seed=11)
     first = torch.tensor([[0, 2100, 2100, 2200]], device="cuda", dtype=torch.int32)
     o1 = cute_kernels.ranker_attention(q, k, v, first)
@@ -612,16 +611,22 @@ def _scaled_rows(q, spans, factor=30.0):
     return q
 
 
+@pytest.mark.parametrize("schedule", ["persistent", "one-tile-per-cta"])
 @pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("d", [128, 64])
-def test_checked_max_fallback_tiles(d, varlen):
+def test_checked_max_fallback_tiles(d, varlen, schedule):
     """checked_max (uncapped bf16: every tile first runs the fixed max, checks its row sums and O, and a failing
     warpgroup falls back to the online max and retries the tile at its CTA's end): rows scaled 30x in tiles
     whose warpgroups then fail; in one tile both warpgroups fail (one retry), and with 7 CTAs one CTA has two
     warpgroups failing different tiles (two retries), the other tiles pass; GQA 2; fixed length and packed;
-    bitwise equal on a second run."""
+    also one tile per CTA (the retry reloads Q into sQ, which sO aliases there); bitwise equal on a second run."""
+    import dataclasses
+
     cfg = rf.CONFIGS[d]
     assert cfg.checked_max
+    max_ctas = 7
+    if schedule == "one-tile-per-cta":
+        cfg, max_ctas = dataclasses.replace(cfg, persistent=False), None
     q, k, v = _qkv(2, 700, 4, 2, d, seed=d + varlen)
     # 6 (D=128) / 4 (D=64) q tiles per sequence and head, tiles m-block fastest then head then batch
     m = cfg.tile_m
@@ -636,8 +641,9 @@ def test_checked_max_fallback_tiles(d, varlen):
         args, kw = (pack(q), pack(k), pack(v), bounds), dict(cu_seqlens=cu, max_seqlen=700)
     else:
         args, kw = (q, k, v, bounds), {}
-    o, l = _compare(f"checked_max fallback D={d}{' varlen' if varlen else ''}", *args, config=cfg, max_ctas=7, **kw)
-    o2, l2 = _run(*args, config=cfg, max_ctas=7, **kw)
+    o, l = _compare(f"checked_max fallback D={d}{' varlen' if varlen else ''} {schedule}", *args, config=cfg,
+                    max_ctas=max_ctas, **kw)
+    o2, l2 = _run(*args, config=cfg, max_ctas=max_ctas, **kw)
     assert torch.equal(o, o2) and torch.equal(l, l2), "checked_max: not bitwise equal on a second run"
 
 
