@@ -371,8 +371,8 @@ def test_compiles_for_sm90a(target):
     # checked_max: each warp votes on its rows' check after a tile, the votes meet behind the warpgroup's named
     # barrier (128 threads); once the CTA's own tiles are done its consumers arrive at RetryList (id 11: 32 + 128
     # per consumer warpgroup), where the producer warp waits, and wait for each other at RetryListConsumers (12)
-    retry = (re.search(r"bar\.arrive\s+11, (288|416);", attention) and re.search(r"bar\.sync\s+11, (288|416);", attention)
-             and re.search(r"bar\.sync\s+12, (256|384);", attention))
+    retry = all(re.search(pattern, attention) for pattern in (
+        r"bar\.arrive\s+11, (288|416);", r"bar\.sync\s+11, (288|416);", r"bar\.sync\s+12, (256|384);"))
     assert ("vote.sync.all" in attention) == bool(retry) == cfg.checked_max, "checked_max's vote and retry barriers"
     assert not re.search(r"\b(ld|st)\.local", ptx), "register spills"
     if "varlen" not in target.label:

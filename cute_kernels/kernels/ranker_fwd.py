@@ -34,9 +34,10 @@ warpgroups:
   O accumulator finite); a consumer warpgroup whose rows fail runs the online max (the other of two compiled
   history loops) for the rest of its tiles and the failed tile again once the CTA's own tiles are done
   (:meth:`RankerAttentionFwd.advance_tile`).  The PV GEMM takes P rounded to bfloat16 and the row sum the
-  float32 P, as with the online max, except that no P need be exactly 1: a row whose weight sits on keys of one score (one key, or scores saturated at
-  +cap) is off by up to 2^-8 relative before the output's rounding, i.e. up to one bf16 ulp (with the
-  online max those keys' P is exactly 1); the headroom limits are at ``FIXED_MAX_CAP``.
+  float32 P, as with the online max, except that no P need be exactly 1: a row whose weight sits on keys of
+  one score (one key, or scores saturated at +cap) is off by up to 2^-8 relative before the output's
+  rounding, i.e. up to one bf16 ulp (with the online max those keys' P is exactly 1); the headroom limits
+  (capped calls) are at ``FIXED_MAX_CAP``.
 
 Only the history KV blocks are visited, each once, for every active q tile; a q tile with no row in
 either segment loads nothing and writes zeros and ``-inf``.  The candidate self term is folded into
@@ -421,7 +422,7 @@ class RankerAttentionFwd:
             mbar_k: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             row_votes: cute.struct.MemRange[Int32, 4 * self.config.consumer_wgs]  # checked_max: one per consumer warp
-            retry_tiles: cute.struct.MemRange[Int32, self.config.consumer_wgs]  # checked_max: one per consumer warpgroup
+            retry_tiles: cute.struct.MemRange[Int32, self.config.consumer_wgs]  # checked_max: per consumer warpgroup
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -671,9 +672,8 @@ class RankerAttentionFwd:
         row_sum.fill(0.0)
         acc_O_mn = sm90.acc_mn(acc_O)
         num_rows = cute.size(row_max)
-        fixed_rows = cutlass.Boolean(False)  # checked_max: this warpgroup runs the fixed max in this tile
-        if const_expr(self.config.checked_max):
-            fixed_rows = try_fixed
+        # checked_max: this warpgroup runs the fixed max in this tile
+        fixed_rows = try_fixed if const_expr(self.config.checked_max) else cutlass.Boolean(False)
         # self_kv_tma: this tile's own K/V rows follow its history blocks in the K/V pipeline (as loaded)
         self_block = cutlass.Boolean(False)
         if const_expr(self.self_kv_tma):
@@ -1013,9 +1013,10 @@ class RankerAttentionFwd:
         converts each P to bf16 right after its exp2, into the registers that GEMM reads), so a rescale there
         lengthened the serial stretch between the PV GEMM's end and the next issue by its 64 multiplies per
         thread.  Same arithmetic, same bits (the first step's factors are 1 and O is still 0).  H200, same run,
-        online max (session 27's ``norm_bound`` off), CUDA graph: headline 992 vs 1032 us, B=16 1K+256 318 vs 339, B=8 2K+2K
-        455 vs 476, 16K 3687 vs 3759 (bench/results/logs/2026-12-01_s27_ranker_fwd_rescale_before_pv_probe.log);
-        the fixed max has no rescale (level)."""
+        online max (session 27's ``norm_bound`` off), CUDA graph: headline 992 vs 1032 us, B=16 1K+256 318 vs
+        339, B=8 2K+2K 455 vs 476, 16K 3687 vs 3759
+        (bench/results/logs/2026-12-01_s27_ranker_fwd_rescale_before_pv_probe.log); the fixed max has no rescale
+        (level)."""
         kv_state_v = kv_state.clone()
         kv_state.advance()
         pipeline_k.consumer_wait(kv_state)
