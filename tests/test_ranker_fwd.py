@@ -1130,23 +1130,6 @@ def test_prefetch_self_kv_needs_self_kv_tma():
     dataclasses.replace(cfg, self_kv_tma=False, prefetch_self_kv=False).validate()
 
 
-def test_overlap_self_term_needs_self_kv_tma_and_the_overlap():
-    """The self term under the last PV GEMM needs its operands in smem (self_kv_tma) and the intra-warpgroup
-    overlap's last step; it compiles for sm_90a without spills, with the self stage read by ldmatrix."""
-    from cute_kernels.runtime.cache import compile_record
-
-    cfg = dataclasses.replace(rf.shipped_config(torch.bfloat16, 128, "none"), overlap_self_term=True)
-    with pytest.raises(ValueError, match="overlap_self_term .* needs self_kv_tma"):
-        dataclasses.replace(cfg, self_kv_tma=False, prefetch_self_kv=False)
-    with pytest.raises(ValueError, match="overlap_self_term .* intra_wg_overlap"):
-        dataclasses.replace(cfg, intra_wg_overlap=False)
-    for varlen in (False, True):
-        rf._compile(torch.bfloat16, cfg, 1, "none", varlen)
-        rec = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, "none", varlen))
-        assert "ldmatrix.sync.aligned" in rec.ptx and "wgmma.mma_async" in rec.ptx
-        assert all(r.stack_bytes == 0 for r in rec.resources), varlen
-
-
 def test_fake_clamps_max_seqlen_like_the_eager_call():
     """A packed call with a generous max_seqlen (allowed up to 2**31 - 1) is checked against the work-tile
     limit with max_seqlen clamped to the packed total, as the eager call does: accepted on meta tensors

@@ -181,10 +181,6 @@ class RankerFwdConfig(ValidatedConfig):
     # stamps, session 26: a candidate tile's cycles -3.5% at B=16 1K+256, -0.9% at B=8 2K+2K, -0.5% at the
     # headline; history tiles -0.3 to -0.7%; shipped with self_kv_tma)
     prefetch_self_kv: bool = False
-    # with self_kv_tma and intra_wg_overlap: the self term's operands (ldmatrix of q_i, k_i, v_i), its dot
-    # product and p_i run while the tile's last PV GEMM is in flight; only O += p_i v_i (and the row sum's
-    # update) waits for it.  Same arithmetic in the same order, so the same output bits
-    overlap_self_term: bool = False
     # the epilogue per consumer warpgroup (its 64 rows of sO, its own named barrier, its own TMA store)
     # instead of one for the tile behind a barrier of every consumer, so the warpgroups keep their round-robin
     # offset across tiles instead of meeting at every tile's end (H200 phase stamps, session 26: a history
@@ -228,9 +224,6 @@ class RankerFwdConfig(ValidatedConfig):
         if self.prefetch_self_kv and not self.self_kv_tma:
             raise ValueError("prefetch_self_kv (an L2 prefetch of the self stage's K/V block) needs self_kv_tma: "
                              "without it there is no self stage and the flag would do nothing")
-        if self.overlap_self_term and not (self.self_kv_tma and self.intra_wg_overlap):
-            raise ValueError("overlap_self_term (the self term under the last PV GEMM) needs self_kv_tma (its "
-                             "operands in smem) and intra_wg_overlap (the schedule whose last step it joins)")
         if self.fixed_row_max and self.checked_max:
             raise ValueError("fixed_row_max (capped calls) and checked_max (uncapped calls) exclude each other: "
                              "set the one for the cap you run")
@@ -369,7 +362,6 @@ class RankerAttentionFwd:
         self.cap_method = cap_method
         self.varlen = varlen
         self.self_kv_tma = self_kv_tma_taken(config)
-        self.overlap_self_term = config.overlap_self_term and self.self_kv_tma
         self.num_consumer_threads = 128 * config.consumer_wgs
         # the epilogue's unit: one consumer warpgroup's rows (wg_epilogue) or the whole tile; fixed length only
         # (with it the varlen kernels' predicated stores spilled 8 bytes at D=128, session 26)
@@ -687,15 +679,6 @@ class RankerAttentionFwd:
         if const_expr(self.self_kv_tma):
             self_block = seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m) and active and (
                 n_blocks > 0)
-        # overlap_self_term: the self block's p_i and the factor of the row's earlier terms, computed under the
-        # last PV GEMM (self_term_under_pv) from q_i, k_i in the accumulator layout
-        self_probs = None
-        if const_expr(self.overlap_self_term):
-            rQ_self, rK_self = [cute.make_rmem_tensor_like(acc_O, self.dtype) for _ in range(2)]
-            p_self, self_scale = [cute.make_rmem_tensor_like(row_max, Float32) for _ in range(2)]
-            self_probs = functools.partial(
-                self.self_term_under_pv, self_block, rQ_self, rK_self, p_self, self_scale, sQ, sK, tiled_mma_pv, tidx,
-                row_max, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2, softmax_scale, cap)
         if active and n_blocks > 0:
             pipeline_q.consumer_wait(q_state)
             # row_scale: the O rescale factors of the last softmax, applied just before the next PV GEMM
@@ -706,13 +689,13 @@ class RankerAttentionFwd:
             if const_expr(self.config.checked_max):
                 if fixed_rows:
                     kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
-                                                 release_q, self_probs, fixed=True)
+                                                 release_q, fixed=True)
                 else:
                     kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
-                                                 release_q, self_probs, fixed=False)
+                                                 release_q, fixed=False)
             else:
                 kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
-                                             release_q, self_probs, fixed=self.config.fixed_row_max)
+                                             release_q, fixed=self.config.fixed_row_max)
             if const_expr(not self.self_kv_tma):
                 q_state = sm90.advanced(q_state)
 
@@ -721,24 +704,14 @@ class RankerAttentionFwd:
             row_sum[r] = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
         if const_expr(self.self_kv_tma):
             if self_block:  # (tile-uniform)
-                if const_expr(self.overlap_self_term):  # (q_i, k_i were read and released under the last PV GEMM)
-                    pipeline_q.consumer_release(q_state)
-                    rV_self = cute.make_rmem_tensor_like(acc_O, self.dtype)
-                    kv_state = self.self_operand_from_smem(rV_self, sV, pipeline_v, kv_state, tiled_mma_pv, tidx)
-                    rV_self_mn = sm90.acc_mn(rV_self)
-                    for r in cutlass.range_constexpr(num_rows):
-                        row = m_block * self.tile_m + tOcO_mn[r, 0][0]
-                        self.self_term_add(r, row, seg.takes_self_term(row) and active, acc_O, row_sum, p_self[r],
-                                           self_scale[r], fixed_rows, lambda r, c, row: rV_self_mn[r, c])
-                else:
-                    rQ, rK, rV = [cute.make_rmem_tensor_like(acc_O, self.dtype) for _ in range(3)]  # (acc layout)
-                    kv_state = self.self_operands_from_smem(rQ, rK, rV, sQ, sK, sV, tiled_mma_pv, tidx, pipeline_k,
-                                                            pipeline_v, kv_state)
-                    pipeline_q.consumer_release(q_state)
-                    rQ_mn, rK_mn, rV_mn = sm90.acc_mn(rQ), sm90.acc_mn(rK), sm90.acc_mn(rV)
-                    self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows,
-                                        scale_log2, softmax_scale, cap, lambda r, c, row: rQ_mn[r, c],
-                                        lambda r, c, row: rK_mn[r, c], lambda r, c, row: rV_mn[r, c])
+                rQ, rK, rV = [cute.make_rmem_tensor_like(acc_O, self.dtype) for _ in range(3)]  # (accumulator layout)
+                kv_state = self.self_operands_from_smem(rQ, rK, rV, sQ, sK, sV, tiled_mma_pv, tidx, pipeline_k,
+                                                        pipeline_v, kv_state)
+                pipeline_q.consumer_release(q_state)
+                rQ_mn, rK_mn, rV_mn = sm90.acc_mn(rQ), sm90.acc_mn(rK), sm90.acc_mn(rV)
+                self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
+                                    softmax_scale, cap, lambda r, c, row: rQ_mn[r, c], lambda r, c, row: rK_mn[r, c],
+                                    lambda r, c, row: rV_mn[r, c])
             else:  # (no self rows, or no history block (nothing came through the pipeline): global reads)
                 self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
                                               batch, offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap)
@@ -871,21 +844,6 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def self_operand_from_smem(self, rX, sX, pipeline_x, kv_state, tiled_mma_pv, tidx, sQ=None, rQ=None):
-        """``overlap_self_term``: one of the self stage's K or V buffers (and, with ``sQ``, q_i) into registers
-        in the accumulator layout, as :meth:`self_operands_from_smem`; releases that buffer of the stage;
-        returns ``kv_state`` moved past it."""
-        atom = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        thr_copy = cute.make_tiled_copy_C(atom, tiled_mma_pv).get_slice(tidx)
-        if const_expr(sQ is not None):
-            cute.copy(atom, thr_copy.partition_S(sQ), thr_copy.retile(rQ))
-        pipeline_x.consumer_wait(kv_state)
-        cute.copy(atom, thr_copy.partition_S(sX[None, None, kv_state.index]), thr_copy.retile(rX))
-        cute.arch.sync_warp()  # (every lane's ldmatrix has read the buffer before its warp releases it)
-        pipeline_x.consumer_release(kv_state)
-        return sm90.advanced(kv_state)
-
-    @cute.jit
     def fold_self_term_from_gmem(self, acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv, batch,
                                  offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap):
         """:meth:`fold_self_term` with q_i, k_i, v_i read from global memory (each element where it is used)."""
@@ -901,81 +859,42 @@ class RankerAttentionFwd:
     def fold_self_term(self, acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
                        softmax_scale, cap, q_at, k_at, v_at):
         """The candidate rows' own key (``j == i`` outside the history) folded into their softmax (after the
-        quad reduction of ``row_sum``), row by row: :meth:`self_term_prob`, then :meth:`self_term_add`.
-        ``q_at(r, c, row)`` (and k, v): the element of row ``r``, column ``c`` of this thread's accumulator view,
-        sequence row ``row``, from registers (:meth:`self_operands_from_smem`) or global memory."""
+        quad reduction of ``row_sum``): ``s_i = cap(softmax_scale * q_i . k_i)`` from this thread's columns,
+        then the quad; ``p_i`` against the row's max; ``O_i += p_i v_i``.  ``q_at(r, c, row)`` (and k, v): the
+        element of row ``r``, column ``c`` of this thread's accumulator view, sequence row ``row``, from
+        registers (:meth:`self_operands_from_smem`) or global memory."""
+        acc_O_mn = sm90.acc_mn(acc_O)
+        num_cols = cute.size(acc_O_mn, mode=[1])
         for r in cutlass.range_constexpr(cute.size(row_sum)):
             row = m_block * self.tile_m + tOcO_mn[r, 0][0]
             take_self = seg.takes_self_term(row) and active
-            p_self, self_scale = self.self_term_prob(r, row, take_self, row_max, tOcO_mn, fixed_rows, scale_log2,
-                                                     softmax_scale, cap, q_at, k_at)
-            self.self_term_add(r, row, take_self, acc_O, row_sum, p_self, self_scale, fixed_rows, v_at)
+            dot = Float32(0.0)
+            if take_self:
+                for c in cutlass.range_constexpr(num_cols):
+                    dot += Float32(q_at(r, c, row)) * Float32(k_at(r, c, row))
+            dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
+            if take_self:
+                s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
+                if self.fixed_max(fixed_rows):
+                    p_self = cute.math.exp2(s_self * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] + p_self
+                    for c in cutlass.range_constexpr(num_cols):
+                        acc_O_mn[r, c] = acc_O_mn[r, c] + p_self * Float32(v_at(r, c, row))
+                else:
+                    m_new = cute.arch.fmax(row_max[r], s_self)
+                    scale_old = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
+                    p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
+                    row_sum[r] = row_sum[r] * scale_old + p_self
+                    row_max[r] = m_new
+                    for c in cutlass.range_constexpr(num_cols):
+                        acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(v_at(r, c, row))
 
     @cute.jit
-    def self_term_prob(self, r, row, take_self, row_max, tOcO_mn, fixed_rows, scale_log2, softmax_scale, cap, q_at,
-                       k_at):
-        """The self term's probability for this thread's row ``r`` (sequence row ``row``; ``take_self``: a
-        candidate row): ``s_i = cap(softmax_scale * q_i . k_i)`` from this thread's columns, then the quad;
-        returns ``p_i`` against the row's max and (online max) the factor of the row's earlier sum and O,
-        ``row_max[r]`` moved to include ``s_i``.  Needs the history's final row max, not its row sum or O (so
-        it can run under the last PV GEMM)."""
-        dot = Float32(0.0)
-        if take_self:
-            for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
-                dot += Float32(q_at(r, c, row)) * Float32(k_at(r, c, row))
-        dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
-        p_self, self_scale = Float32(0.0), Float32(1.0)
-        if take_self:
-            s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
-            if self.fixed_max(fixed_rows):
-                p_self = cute.math.exp2(s_self * scale_log2, fastmath=True)
-            else:
-                m_new = cute.arch.fmax(row_max[r], s_self)
-                self_scale = cute.math.exp2((row_max[r] - m_new) * scale_log2, fastmath=True)
-                p_self = cute.math.exp2((s_self - m_new) * scale_log2, fastmath=True)
-                row_max[r] = m_new
-        return p_self, self_scale
-
-    @cute.jit
-    def self_term_add(self, r, row, take_self, acc_O, row_sum, p_self, self_scale, fixed_rows, v_at):
-        """After :meth:`self_term_prob` and the quad reduction of ``row_sum``, for a candidate row ``r``:
-        ``sum = sum * self_scale + p_i``, ``O_i = O_i * self_scale + p_i v_i`` (the fixed max: no factor)."""
-        acc_O_mn = sm90.acc_mn(acc_O)
-        if take_self:
-            if self.fixed_max(fixed_rows):
-                row_sum[r] = row_sum[r] + p_self
-                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                    acc_O_mn[r, c] = acc_O_mn[r, c] + p_self * Float32(v_at(r, c, row))
-            else:
-                row_sum[r] = row_sum[r] * self_scale + p_self
-                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                    acc_O_mn[r, c] = acc_O_mn[r, c] * self_scale + p_self * Float32(v_at(r, c, row))
-
-    @cute.jit
-    def self_term_under_pv(self, self_block, rQ, rK, p_self, self_scale, sQ, sK, tiled_mma_pv, tidx, row_max,
-                           tOcO_mn, m_block, seg, active, fixed_rows, scale_log2, softmax_scale, cap, pipeline_k,
-                           kv_state):
-        """``overlap_self_term``: called by :meth:`last_half_block` while the tile's last PV GEMM runs
-        (``kv_state``: that GEMM's stage; the self stage is the next): if the tile has a self block, q_i and
-        k_i from smem (the self stage's K buffer released) and :meth:`self_term_prob`, which needs the final
-        row max only.  v_i waits for the GEMM's end (:meth:`mma_tile`; in registers beside q_i, k_i and the
-        GEMM's operands the D=128 kernel spilled 208 bytes)."""
-        if self_block:
-            self.self_operand_from_smem(rK, sK, pipeline_k, sm90.advanced(kv_state), tiled_mma_pv, tidx, sQ=sQ, rQ=rQ)
-            rQ_mn, rK_mn = sm90.acc_mn(rQ), sm90.acc_mn(rK)
-            for r in cutlass.range_constexpr(cute.size(row_max)):
-                row = m_block * self.tile_m + tOcO_mn[r, 0][0]
-                p_self[r], self_scale[r] = self.self_term_prob(
-                    r, row, seg.takes_self_term(row) and active, row_max, tOcO_mn, fixed_rows, scale_log2,
-                    softmax_scale, cap, lambda r, c, row: rQ_mn[r, c], lambda r, c, row: rK_mn[r, c])
-
-    @cute.jit
-    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, release_q, self_probs,
+    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, release_q,
                      fixed: cutlass.Constexpr):
         """The tile's history KV blocks, from the last down to the first (only the two edge blocks are
         masked); releases Q once every QK GEMM of the tile completed if ``release_q`` (else the caller does,
-        after the self term read q_i from sQ).  ``self_probs`` (``overlap_self_term``, else None): run under
-        the last PV GEMM (:meth:`self_term_under_pv`).  ``fixed``: P against the fixed max."""
+        after the self term read q_i from sQ).  ``fixed``: P against the fixed max."""
         wg_idx = common[-1]  # (mma_tile's common arguments end with the warpgroup index)
         args = (*common, fixed)
         if const_expr(self.config.intra_wg_overlap):
@@ -988,7 +907,7 @@ class RankerAttentionFwd:
                 kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *args, need_mask=True)
             if release_q:
                 pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
-            kv_state = self.last_half_block(kv_state, *args, self_probs=self_probs)
+            kv_state = self.last_half_block(kv_state, *args)
         else:
             self.scheduler_sync(wg_idx)
             kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *args,
@@ -1123,15 +1042,12 @@ class RankerAttentionFwd:
     @cute.jit
     def last_half_block(self, kv_state, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                         acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
-                        scale_log2, softmax_scale, cap, wg_idx, fixed, self_probs=None):
-        """Overlapped schedule, last step: the last softmax's rescale, then the PV GEMM of the last block
-        (with ``self_probs`` running while it does)."""
+                        scale_log2, softmax_scale, cap, wg_idx, fixed):
+        """Overlapped schedule, last step: the last softmax's rescale, then the PV GEMM of the last block."""
         if const_expr(self.config.early_rescale):
             self.rescale_O(acc_O, row_scale, fixed)
         pipeline_v.consumer_wait(kv_state)
         sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False)
-        if const_expr(self_probs is not None):
-            self_probs(pipeline_k, kv_state)
         warpgroup.wait_group(0)
         pipeline_v.consumer_release(kv_state)
         kv_state.advance()

@@ -146,17 +146,14 @@ SELF_KV_CASES = [c for c in CASES if c[5] == 128 and c[7] is None and c[0] in (
 
 
 @pytest.mark.parametrize("variant", ["fp16", "stages1", "stages1-one-tile-per-cta", "stages3-one-tile-per-cta",
-                                     "no-overlap-fp16", "prefetch-toggled", "prefetch-toggled-one-tile-per-cta",
-                                     "self-under-pv-toggled", "self-under-pv-toggled-fp16",
-                                     "self-under-pv-toggled-stages1-one-tile-per-cta"])
+                                     "no-overlap-fp16", "prefetch-toggled", "prefetch-toggled-one-tile-per-cta"])
 @pytest.mark.parametrize("case", SELF_KV_CASES, ids=lambda c: c[0])
 def test_self_kv_tma_forms(case, variant):
     """``self_kv_tma`` (the candidate tiles' own K/V rows through the K/V pipeline, read with ldmatrix) in the
     forms float16 and the tuner reach (session 25 review): float16 (the online max), 1 K/V stage persistent
     with 7 CTAs and one tile per CTA, 3 stages one tile per CTA (persistent does not fit), without the
-    intra-warpgroup overlap, with the L2 prefetch of the self block toggled, with the self term under the last
-    PV GEMM (``overlap_self_term``) toggled (bfloat16: the checked fixed max; float16: the online max);
-    against float64, and bitwise against the same config reading q_i, k_i, v_i from global memory."""
+    intra-warpgroup overlap, with the L2 prefetch of the self block toggled; against float64, and
+    bitwise against the same config reading q_i, k_i, v_i from global memory."""
     import dataclasses
 
     name, b, s, hq, hkv, d, rows, cap, capm, dtype = case
@@ -168,18 +165,13 @@ def test_self_kv_tma_forms(case, variant):
     if variant.startswith("stages"):
         cfg = dataclasses.replace(cfg, stages=int(variant[6]), persistent="one-tile" not in variant)
     if variant.startswith("no-overlap"):
-        cfg = dataclasses.replace(cfg, intra_wg_overlap=False, overlap_self_term=False)
-    if variant.startswith("self-under-pv"):
-        cfg = dataclasses.replace(cfg, overlap_self_term=not cfg.overlap_self_term)
-        if "stages1" in variant:
-            cfg = dataclasses.replace(cfg, stages=1, persistent=False)
+        cfg = dataclasses.replace(cfg, intra_wg_overlap=False)
     if variant.startswith("prefetch"):  # the L2 prefetch of the self block, on where shipped off and vice versa
         cfg = dataclasses.replace(cfg, prefetch_self_kv=not cfg.prefetch_self_kv,
                                   persistent="one-tile" not in variant)
     max_ctas = None if "one-tile" in variant else 7
     o, l = _compare(f"{name} self_kv_tma {variant}", q, k, v, bounds, config=cfg, max_ctas=max_ctas)
-    og, lg = _run(q, k, v, bounds, config=dataclasses.replace(cfg, self_kv_tma=False, prefetch_self_kv=False,
-                                                           overlap_self_term=False),
+    og, lg = _run(q, k, v, bounds, config=dataclasses.replace(cfg, self_kv_tma=False, prefetch_self_kv=False),
                   max_ctas=max_ctas)
     assert torch.equal(o, og) and torch.equal(l, lg), "self_kv_tma changed the bits"
 
