@@ -647,6 +647,30 @@ def test_trace_time_check_includes_devices():
     assert out.shape == q.shape and lse.shape == (1, 2, 128)
 
 
+def test_cap_method_none_means_no_cap_everywhere():
+    """cap_method=None is no cap in ranker_attention (here on meta tensors: the registered op), its backward,
+    the references and shipped_config alike (session 40 review: the op raised TypeError where shipped_config
+    took it); with a cap it is the ValueError of cap_method='none'."""
+    from cute_kernels.kernels import ranker_bwd as rb
+
+    qm = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16, device="meta")
+    bm = torch.empty(1, 4, dtype=torch.int32, device="meta")
+    out, lse = rf.ranker_attention(qm, qm, qm, bm, cap_method=None, return_lse=True)
+    assert out.shape == qm.shape and lse.shape == (1, 2, 128)
+    with pytest.raises(ValueError, match="cap_method='none'"):
+        rf.ranker_attention(qm, qm, qm, bm, cap=30.0, cap_method=None)
+    dq, dk, dv = rb.ranker_attention_backward(qm, qm, qm, out, lse, qm, bm, cap_method=None)
+    assert dq.shape == dk.shape == dv.shape == qm.shape
+    q = torch.randn(1, 9, 2, 64, dtype=torch.float64)
+    b = torch.tensor([[0, 6, 6, 9]], dtype=torch.int32)
+    assert torch.equal(rf.ranker_attention_reference(q, q, q, b, cap_method=None),
+                       rf.ranker_attention_reference(q, q, q, b, cap_method="none"))
+    grads = rb.ranker_attention_backward_reference(q, q, q, b, q, cap_method=None)
+    for g, h in zip(grads, rb.ranker_attention_backward_reference(q, q, q, b, q, cap_method="none")):
+        assert torch.equal(g, h)
+    assert rf.shipped_config(torch.bfloat16, 128, None) == rf.shipped_config(torch.bfloat16, 128, "none")
+
+
 def test_skip_unit_rescale_ships_on_the_three_warpgroup_configs_only():
     """skip_unit_rescale (a warp vote around O *= factors) measured faster on three consumer warpgroups and
     slower on the two-warpgroup D=128 config; it compiles to a vote in the consumer loop."""

@@ -1375,6 +1375,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     deterministic = check_bool("deterministic", deterministic)  # (a numpy bool as a bool, for the op's schema)
+    cap_method = "none" if cap_method is None else cap_method  # (no cap, as ranker_attention takes it)
     refuse_func_transforms("ranker_attention_backward", q, k, v, out, lse, dout, dlse)
     _check_config_type(config)  # (before the eager-only rule below, which would name the wrong problem)
     eager_only = dq is not None or dk is not None or dv is not None or config is not None
@@ -1651,6 +1652,7 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
     ``cu_seqlens[-1]`` belong to no sequence: zero gradients.  Meant for tests at modest sizes.
     Raises ``TypeError``/``ValueError`` like the forward reference.
     """
+    cap_method = "none" if cap_method is None else cap_method  # (no cap, as ranker_attention takes it)
     _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype,
                      dlse)
     # the forward reference returns cu_seqlens[-1] packed rows: differentiate through those only

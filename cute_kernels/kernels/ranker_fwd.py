@@ -1723,7 +1723,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         cap: None (no cap) or a real number in ``[2**-126, float32 max / 4]`` (a normal float32, with
             ``softmax_scale / cap`` at most float32 max / 4 as well); ``cap_method``
             ``"tanh"`` (``cap*tanh(s/cap)``) or ``"soft_sign"`` (``s/(1+|s|/cap)``); applied before
-            the mask.  ``cap_method="none"`` is accepted with ``cap=None`` only.
+            the mask.  ``cap_method="none"`` (or None) is accepted with ``cap=None`` only.
         return_lse: also return the log-sum-exp.  Without it an eager call (grad off) launches the kernel
             variant that writes no LSE (one output allocation and one launch argument fewer: host time per
             call); that variant compiles on its first use (a few seconds; ``cute-kernels compile`` warms
@@ -1788,6 +1788,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     """
     if return_lse is not True and return_lse is not False:  # (the eager hot path: no call for a plain bool)
         return_lse = check_bool("return_lse", return_lse)
+    if cap_method is None:  # (no cap, as shipped_config's None)
+        cap_method = "none"
     plain = plain_eager()  # (one check on the eager hot path for both below)
     if not plain:
         refuse_func_transforms("ranker_attention", q, k, v, bounds, cu_seqlens)
@@ -1934,6 +1936,7 @@ def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, ca
         if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
             raise TypeError(f"{name} must be a float torch.dtype, got {dt!r}")
     return_lse = check_bool("return_lse", return_lse)
+    cap_method = "none" if cap_method is None else cap_method  # (no cap, as ranker_attention takes it)
     _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     if cu_seqlens is not None:
         cu = [int(x) for x in cu_seqlens.tolist()]
