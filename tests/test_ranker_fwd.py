@@ -864,6 +864,42 @@ def test_checked_max_ships_uncapped_bf16(monkeypatch):
         assert len(args) == 7 + 6  # (q, k, v, bounds, out, lse, cu_seqlens, then the scalars: no buffer of its own)
 
 
+def test_caller_config_whose_fixed_max_does_not_apply_warns_once(monkeypatch):
+    """A caller's config asking for fixed_row_max / checked_max where it does not apply (float16, a cap above
+    FIXED_MAX_CAP, checked_max with a cap) runs with the online max and says so once (RuntimeWarning); the
+    shipped choice and a config whose fixed max applies stay silent."""
+    import warnings
+
+    launched = []
+    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
+    monkeypatch.setattr(rf, "_VALIDATED", {})
+    monkeypatch.setattr(rf, "_FNS", {})
+    monkeypatch.setattr(rf, "_CHOSEN", {})
+    monkeypatch.setattr(rf, "_DROPPED_WARNED", set())
+    monkeypatch.setattr(rf, "_compile", lambda *a: (lambda *args: launched.append(a[1])))
+    monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)
+    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    capped = rf.shipped_config(torch.bfloat16, 128, "tanh")
+    assert capped.fixed_row_max
+    cases = ((torch.bfloat16, None, rf.CONFIGS[128], None), (torch.bfloat16, 30.0, capped, None),
+             (torch.bfloat16, None, None, None), (torch.float16, 30.0, None, None),
+             (torch.float16, 30.0, capped, "needs bfloat16"), (torch.bfloat16, 80.0, capped, "cap <= FIXED_MAX_CAP"),
+             (torch.bfloat16, 30.0, rf.CONFIGS[128], "without a cap"), (torch.float16, None, rf.CONFIGS[128], "bfloat16"))
+    for dtype, cap, config, msg in cases:
+        q = torch.zeros(1, 64, 2, 128, dtype=dtype)
+        for rep in range(2):
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                rf._ranker_impl(q, q, q, torch.zeros(1, 4, dtype=torch.int32), None, cap, "tanh", None, None,
+                                config=config)
+            texts = [str(w.message) for w in got if issubclass(w.category, RuntimeWarning)]
+            if msg is None or rep == 1:
+                assert texts == [], (dtype, cap, config, texts)
+            else:
+                assert len(texts) == 1 and msg in texts[0] and "online max" in texts[0], texts
+                assert not launched[-1].fixed_row_max and not launched[-1].checked_max
+
+
 def test_bench_host_mode_records(monkeypatch):
     """The bench's eager / isolated rows: only ours and FA4 + mask_mod (isolated only where the rounds were eager
     already); a timer's failure becomes that mode's error record and skips the impl's later modes."""

@@ -1519,7 +1519,9 @@ def use_config(config: "RankerFwdConfig"):
     :class:`RankerFwdConfig` (a config that does not fit never exists: its constructor, also through
     ``dataclasses.replace``, raises ``ValueError`` with the reason, ``TypeError`` for a wrongly typed field);
     a config whose kernel spills registers runs, with a ``RuntimeWarning`` at its first launch
-    (:func:`warn_if_spills`).  Process-wide, not thread-safe; blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`.
+    (:func:`warn_if_spills`), and so does one whose ``fixed_row_max`` / ``checked_max`` does not apply to
+    the call, which then runs with the online max (:func:`warn_fixed_max_dropped`).  Process-wide, not
+    thread-safe; blocks nest.  The backward's twin: :func:`.ranker_bwd.use_config`.
 
     ``RankerFwdConfig()``'s field defaults are the plain kernel (one CTA per tile, the online max, no self-term
     TMA stage), not the shipped one; to change one field of what ships, start from it:
@@ -1581,12 +1583,38 @@ def chosen_config(cfg: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]
     """What ``cfg`` runs as for these inputs: ``cfg`` with the fixed-max option it can take
     (``fixed_row_max`` where :func:`fixed_row_max_applies`, ``checked_max`` for bfloat16 without a cap), else the
     online max.  ``cute-kernels tune`` times its candidates through this, so a stored winner was timed as it
-    runs."""
+    runs; a caller's config (``config=``, :func:`use_config`) that loses its fixed max here gets a
+    ``RuntimeWarning`` (:func:`warn_fixed_max_dropped`)."""
     if cfg.fixed_row_max and not fixed_row_max_applies(dtype, cap):
         return _online_max(cfg)
     if cfg.checked_max and (cap is not None or dtype != torch.bfloat16):
         return _online_max(cfg)
     return cfg
+
+
+_DROPPED_WARNED: set = set()
+
+
+def warn_fixed_max_dropped(config: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]) -> None:
+    """``RuntimeWarning`` (once per config, dtype and cap) when a caller's config (``config=``, :func:`use_config`)
+    asks for ``fixed_row_max`` or ``checked_max`` where it does not apply (float16, a cap above
+    ``FIXED_MAX_CAP``, ``checked_max`` with a cap): :func:`chosen_config` runs it with the online max instead,
+    the same results at the online max's speed."""
+    import warnings
+
+    key = (config, dtype, cap)
+    if key in _DROPPED_WARNED or len(_DROPPED_WARNED) >= MEMO_LIMIT:
+        return
+    _DROPPED_WARNED.add(key)
+    what = "fixed_row_max" if config.fixed_row_max else "checked_max"
+    if dtype != torch.bfloat16:
+        why = "it needs bfloat16"
+    elif config.fixed_row_max:
+        why = f"it needs a cap <= FIXED_MAX_CAP = {FIXED_MAX_CAP}"
+    else:
+        why = "it is for calls without a cap"
+    warnings.warn(f"ranker_fwd config {config}: {what} does not apply to this call ({dtype}, cap={cap}: {why}); "
+                  "it runs with the online max (same results, not the fixed max's speed)", RuntimeWarning, stacklevel=5)
 
 
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
@@ -1643,7 +1671,10 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
             if len(_CHOSEN) < 4096:
                 memo_store(_CHOSEN, skey, cfg, since)
         memoized = _CHOSEN.get(skey) is cfg
-    cfg = chosen_config(cfg, q.dtype, cap)
+    run_cfg = chosen_config(cfg, q.dtype, cap)
+    if not chosen_here and run_cfg is not cfg:
+        warn_fixed_max_dropped(cfg, q.dtype, cap)
+    cfg = run_cfg
     _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
     fn = _FNS.get(fkey)
