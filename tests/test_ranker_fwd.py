@@ -668,6 +668,10 @@ def test_cap_method_none_means_no_cap_everywhere():
     for g, h in zip(grads, rb.ranker_attention_backward_reference(q, q, q, b, q, cap_method="none")):
         assert torch.equal(g, h)
     assert rf.shipped_config(torch.bfloat16, 128, None) == rf.shipped_config(torch.bfloat16, 128, "none")
+    assert rf.tuned_shape_key(1, 128, 2, 2, 128, None) == rf.tuned_shape_key(1, 128, 2, 2, 128, "none")
+    for g, h in zip(rb.ranker_attention_backward_explicit(q, q, q, b, q, cap_method=None),
+                    rb.ranker_attention_backward_explicit(q, q, q, b, q, cap_method="none")):
+        assert torch.equal(g, h)
 
 
 def test_skip_unit_rescale_ships_on_the_three_warpgroup_configs_only():
@@ -883,8 +887,9 @@ def test_caller_config_whose_fixed_max_does_not_apply_warns_once(monkeypatch):
     assert capped.fixed_row_max
     cases = ((torch.bfloat16, None, rf.CONFIGS[128], None), (torch.bfloat16, 30.0, capped, None),
              (torch.bfloat16, None, None, None), (torch.float16, 30.0, None, None),
-             (torch.float16, 30.0, capped, "needs bfloat16"), (torch.bfloat16, 80.0, capped, "cap <= FIXED_MAX_CAP"),
-             (torch.bfloat16, 30.0, rf.CONFIGS[128], "without a cap"), (torch.float16, None, rf.CONFIGS[128], "bfloat16"))
+             (torch.float16, 30.0, capped, "needs bfloat16"), (torch.bfloat16, 80.0, capped, "<= FIXED_MAX_CAP"),
+             (torch.bfloat16, 30.0, rf.CONFIGS[128], "without a cap"), (torch.float16, None, rf.CONFIGS[128], "bfloat16"),
+             (torch.bfloat16, None, capped, "needs a cap"))
     for dtype, cap, config, msg in cases:
         q = torch.zeros(1, 64, 2, 128, dtype=dtype)
         for rep in range(2):
@@ -898,6 +903,14 @@ def test_caller_config_whose_fixed_max_does_not_apply_warns_once(monkeypatch):
             else:
                 assert len(texts) == 1 and msg in texts[0] and "online max" in texts[0], texts
                 assert not launched[-1].fixed_row_max and not launched[-1].checked_max
+    # where warnings are errors, each such call raises (none runs silently after the first)
+    q = torch.zeros(1, 64, 2, 128, dtype=torch.float16)
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match="online max"):
+                rf._ranker_impl(q, q, q, torch.zeros(1, 4, dtype=torch.int32), None, 20.0, "tanh", None, None,
+                                config=capped)
 
 
 def test_bench_host_mode_records(monkeypatch):

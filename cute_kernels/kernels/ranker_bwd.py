@@ -1688,7 +1688,9 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
     (tanh) or ``1 / (1 + |s_raw|/cap)^2`` (soft_sign), ``dQ = scale * dS K``, ``dK = scale * dS^T Q``;
     GQA sums dK, dV over the query heads of a group.  Returns ``(dq, dk, dv, lse, dpsum)`` in
     ``compute_dtype``; ``lse``/``dpsum`` are ``[B, Hq, S]`` (``[Hq, T]`` packed), ``lse = -inf`` and
-    ``dpsum = 0`` on rows with no valid key."""
+    ``dpsum = 0`` on rows with no valid key.  ``cap_method=None`` is ``"none"`` (no cap), as in
+    :func:`ranker_attention_backward`."""
+    cap_method = "none" if cap_method is None else cap_method
     _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype,
                      dlse)
     d = q.shape[-1]

@@ -1307,7 +1307,8 @@ def _check_scalars(softmax_scale, cap, cap_method) -> None:
     The kernels form ``softmax_scale * log2(e)``, ``cap * log2(e)`` and ``softmax_scale / cap`` in
     float32, so each is bounded to keep those finite (``_SCALAR_MAX`` = float32 max / 4)."""
     if not isinstance(cap_method, str):
-        raise TypeError(f"cap_method must be a str ('tanh', 'soft_sign' or 'none'), got {type(cap_method).__name__}")
+        raise TypeError(f"cap_method must be a str ('tanh', 'soft_sign' or 'none'; the public functions also take "
+                        f"None for 'none'), got {type(cap_method).__name__}")
     if cap_method not in CAP_METHODS:
         raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign' (or 'none' without a cap)")
     if cap_method == "none" and cap is not None:
@@ -1462,7 +1463,8 @@ def tuned_shape_key(nb: int, seq: int, hq: int, hkv: int, d: int, cap_method: st
     """Key of a tuned config in ``tuned.json`` (:mod:`cute_kernels.tuning`): the sizes the host sees
     without a device sync (the bounds' values are not part of it).  ``cap_method`` is ``"none"``
     without a cap; a ``cap`` above ``FIXED_MAX_CAP`` adds ``>50`` to it (such a cap runs the online max,
-    a different kernel to tune: ``"tanh>50"``)."""
+    a different kernel to tune: ``"tanh>50"``); None is ``"none"``, as :func:`ranker_attention` takes it."""
+    cap_method = "none" if cap_method is None else cap_method
     return f"B={nb},S={seq},Hq={hq},Hkv={hkv},D={d},cap={cap_method}{_cap_suffix(cap_method, cap)}"
 
 
@@ -1597,24 +1599,25 @@ _DROPPED_WARNED: set = set()
 
 def warn_fixed_max_dropped(config: RankerFwdConfig, dtype: torch.dtype, cap: Optional[float]) -> None:
     """``RuntimeWarning`` (once per config, dtype and cap) when a caller's config (``config=``, :func:`use_config`)
-    asks for ``fixed_row_max`` or ``checked_max`` where it does not apply (float16, a cap above
-    ``FIXED_MAX_CAP``, ``checked_max`` with a cap): :func:`chosen_config` runs it with the online max instead,
-    the same results at the online max's speed."""
+    asks for ``fixed_row_max`` or ``checked_max`` where it does not apply (float16; ``fixed_row_max`` without a
+    cap or with one above ``FIXED_MAX_CAP``; ``checked_max`` with a cap): :func:`chosen_config` runs it with the
+    online max instead, the same results at the online max's speed.  ``stacklevel`` points at the caller of an
+    eager :func:`ranker_attention` without grad."""
     import warnings
 
     key = (config, dtype, cap)
     if key in _DROPPED_WARNED or len(_DROPPED_WARNED) >= MEMO_LIMIT:
         return
-    _DROPPED_WARNED.add(key)
     what = "fixed_row_max" if config.fixed_row_max else "checked_max"
     if dtype != torch.bfloat16:
         why = "it needs bfloat16"
     elif config.fixed_row_max:
-        why = f"it needs a cap <= FIXED_MAX_CAP = {FIXED_MAX_CAP}"
+        why = f"it needs a cap, <= FIXED_MAX_CAP = {FIXED_MAX_CAP}"
     else:
         why = "it is for calls without a cap"
     warnings.warn(f"ranker_fwd config {config}: {what} does not apply to this call ({dtype}, cap={cap}: {why}); "
                   "it runs with the online max (same results, not the fixed max's speed)", RuntimeWarning, stacklevel=5)
+    _DROPPED_WARNED.add(key)  # (after the warning: where warnings are errors, every such call raises)
 
 
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
@@ -1803,7 +1806,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         TypeError: wrong dtypes (q/k/v not bf16/fp16 or mixed, bounds/cu_seqlens not int32); return_lse
             not a bool;
             cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int,
-            cap_method not a str.
+            cap_method neither a str nor None.
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
             bounds rows != B, non-positive/non-finite cap, negative/non-finite softmax_scale (or one
             in (0, 2**-126)), unknown cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
@@ -2198,8 +2201,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
                 (f"CAP_CONFIGS_{m}", dataclasses.asdict(c)) for (m, hd), c in CAP_CONFIGS.items() if hd == d]
             seen = [base]
             for tag, kw in alts:
-                try:
-                    cfg = dataclasses.replace(base, **kw)
+                try:  # (as it runs for these inputs: a fixed max that does not apply becomes the online max)
+                    cfg = chosen_config(dataclasses.replace(base, **kw), torch.bfloat16, cap)
                 except ValueError:
                     continue
                 if cfg in seen:
