@@ -869,9 +869,10 @@ def test_checked_max_ships_uncapped_bf16(monkeypatch):
 
 
 def test_caller_config_whose_fixed_max_does_not_apply_warns_once(monkeypatch):
-    """A caller's config asking for fixed_row_max / checked_max where it does not apply (float16, a cap above
-    FIXED_MAX_CAP, checked_max with a cap) runs with the online max and says so once (RuntimeWarning); the
-    shipped choice and a config whose fixed max applies stay silent."""
+    """A caller's config asking for fixed_row_max / checked_max where it does not apply (float16; fixed_row_max
+    without a cap or above FIXED_MAX_CAP; checked_max with a cap) runs with the online max and says so once per
+    (config, dtype, cap) (RuntimeWarning; every time where warnings are errors); the shipped choice and a config
+    whose fixed max applies stay silent."""
     import warnings
 
     launched = []
