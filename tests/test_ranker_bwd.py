@@ -220,6 +220,42 @@ def test_q_block_ranges_brute_force():
             assert list(range(lo1, lo1 + n1)) + list(range(lo2, lo2 + n2)) == want, (hl, hh, cl, ch, tm)
 
 
+def _walk_schedule(count, n_kv, walk_stagger):
+    """The staggered walks of :meth:`RankerAttentionBwd.walk_index` in plain ints: per KV block rank, the
+    walk index of each step, with the stagger capped as ``block_work`` caps it."""
+    stagger = min(walk_stagger, count // n_kv)
+    return stagger, [[(i + r * stagger) % count for i in range(count)] for r in range(n_kv)]
+
+
+def _add_position(t, rank, n_kv, stagger):
+    """:meth:`RankerAttentionBwd.dq_add_position`'s formula in plain ints."""
+    if stagger == 0:
+        return rank
+    first = min(n_kv - 1, t // stagger)
+    return first - rank + n_kv * (first < rank)
+
+
+@pytest.mark.parametrize("walk_stagger", [1, 2, 3, 64])
+def test_dq_add_positions_follow_the_staggered_walks(walk_stagger):
+    """Deterministic mode with ``walk_stagger``: for every q block, the KV blocks' add positions are a
+    permutation of 0..n_kv-1 that follows the step at which each reaches it (ties, which the cap prevents,
+    would need an order), so each waits only for KV blocks that got there at an earlier step (no wait
+    cycle); and every walk visits every q block once.  Brute force over the block counts a sequence can
+    have (``count >= n_kv``; fewer q blocks than KV blocks, 80-row tiles, cap the stagger to 0)."""
+    for n_kv in range(1, 20):
+        for count in range(1, 3 * n_kv + 5):
+            stagger, walks = _walk_schedule(count, n_kv, walk_stagger)
+            assert all(sorted(w) == list(range(count)) for w in walks)
+            for t in range(count):
+                steps = [w.index(t) for w in walks]
+                pos = [_add_position(t, r, n_kv, stagger) for r in range(n_kv)]
+                assert sorted(pos) == list(range(n_kv)), (n_kv, count, t, pos)
+                order = sorted(range(n_kv), key=lambda r: (steps[r], r))  # who reaches t when (KV order on a tie)
+                assert [order.index(r) for r in range(n_kv)] == pos, (n_kv, count, t, steps, pos)
+                if stagger:
+                    assert len(set(steps)) == n_kv  # no two KV blocks at one q block in the same step
+
+
 def test_padded_offsets_leave_room():
     tm = 64
     cu = [0, 1, 65, 200, 200, 329]
@@ -249,7 +285,8 @@ def test_configs_validate():
                     (dict(tile_m=80, stages=3), "shared memory"),
                     (dict(dq_first=False, dk_from_smem=True), "dk_from_smem needs dq_first"),
                     (dict(tile_m=80, dq_swap_ab=False), "use dq_swap_ab"), (dict(tile_m=96), "tile_m"),
-                    (dict(head_dim=64, tile_m=64), "dq_swap_ab: head_dim=64")):
+                    (dict(head_dim=64, tile_m=64), "dq_swap_ab: head_dim=64"),
+                    (dict(walk_stagger=-1), "walk_stagger"), (dict(walk_stagger=65), "walk_stagger")):
         with pytest.raises(ValueError, match=msg):
             dataclasses.replace(base, **kw).validate()
 

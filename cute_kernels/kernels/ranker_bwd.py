@@ -150,6 +150,13 @@ class RankerBwdConfig(ValidatedConfig):
     # q blocks visited in an order rotated by KV block, was slower at D=128 (headline -1.5 to -4%, 16K -4%, B=8
     # -2.5 to -6%; D=64 +2 to +4%: ..._s28_ranker_bwd_dq_store_first_probe.log): not kept.
     deterministic: bool = False
+    # Staggered q-block walks: the CTA of the r-th history KV block starts its walk over the q blocks at step
+    # ``r * walk_stagger`` (wrapping around), so the KV blocks of one (batch row, head) reach each q block one after
+    # another, ``walk_stagger`` steps apart, instead of all at once; 0: every CTA from the first q block.  In the
+    # deterministic mode each q block's dQ adds then follow that visiting order (the first visitor stores, the
+    # others add, each after its predecessor's add is done), so a KV block rarely waits for another.  (Capped at
+    # ``count // n_kv`` per sequence, so that the start steps stay distinct and in KV order.)
+    walk_stagger: int = 0
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -230,6 +237,8 @@ class RankerBwdConfig(ValidatedConfig):
         if self.tile_m % 64 and not self.dq_swap_ab:
             raise ValueError(f"tile_m={self.tile_m}: dQ = dS K needs a multiple of 64 q rows; use dq_swap_ab "
                              "(head_dim 128 only)")
+        if not 0 <= self.walk_stagger <= 64:
+            raise ValueError(f"walk_stagger={self.walk_stagger}: must be in [0, 64] q-block steps")
         if not 1 <= self.stages <= 4:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
         if self.ds_stages not in (1, 2):
@@ -614,7 +623,10 @@ class RankerAttentionBwd:
         """(n_block, first query head, batch) of this CTA, the sequence's offsets and segments, and the
         q blocks to visit: two disjoint ranges (history rows, candidate rows), for each of the CTA's
         ``heads_per_cta`` query heads in turn; none for a KV block outside the history (its keys are
-        reached by no query but themselves: postprocess).  ``work[10]``: q blocks per head."""
+        reached by no query but themselves: postprocess).  ``work[10]``: q blocks per head;
+        ``work[11]``: this KV block's rank among the sequence's history KV blocks, ``work[12]`` their
+        number, ``work[13]`` the walk's stagger in steps (``config.walk_stagger``, capped at
+        ``count // n_kv``): the walk starts at step ``rank * stagger``."""
         n_block, head_group, batch = cute.arch.block_idx()
         head = head_group * self.heads_per_cta
         offset, seqlen, pad_offset = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -624,8 +636,14 @@ class RankerAttentionBwd:
         reached = (Int32(key_lo < seg.hist_hi) * Int32(key_lo + self.tile_n > seg.hist_lo)
                    * Int32(seg.hist_hi > seg.hist_lo))
         per_head = (n1 + n2) * reached
+        count = per_head * self.heads_per_cta
+        rank = Int32(n_block) - seg.n_block_min(self.tile_n)
+        n_kv = cutlass.max(seg.n_block_count(self.tile_n), Int32(1))
+        stagger = Int32(0)
+        if const_expr(self.config.walk_stagger > 0):
+            stagger = cutlass.min(Int32(self.config.walk_stagger), count // n_kv)
         return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2,
-                per_head * self.heads_per_cta, per_head)
+                count, per_head, rank, n_kv, stagger)
 
     @staticmethod
     def m_block_of(i, work):
@@ -641,12 +659,36 @@ class RankerAttentionBwd:
             return tXgX[(None, *coord)]
         return tXgX[(None, *coord, head)]
 
-    def head_m_block_of(self, i, work):
-        """(query head, q block) of the CTA's i-th step: the heads in turn, each over its q blocks."""
+    def walk_index(self, i, work):
+        """Index ``t`` in ``[0, count)`` of the (query head, q block) the CTA visits at its step ``i``: ``i``
+        itself, or with ``walk_stagger`` ``(i + rank * stagger) mod count``."""
+        if const_expr(self.config.walk_stagger == 0):
+            return i
+        t = i + work[11] * work[13]
+        return t - work[9] * Int32(t >= work[9])
+
+    def head_m_block_of(self, t, work):
+        """(query head, q block) of walk index ``t`` (:meth:`walk_index`): the heads in turn, each over its
+        q blocks."""
         if const_expr(self.heads_per_cta == 1):
-            return work[1], self.m_block_of(i, work)
-        h = i // work[10]
-        return work[1] + h, self.m_block_of(i - h * work[10], work)
+            return work[1], self.m_block_of(t, work)
+        h = t // work[10]
+        return work[1] + h, self.m_block_of(t - h * work[10], work)
+
+    def dq_add_position(self, t, work):
+        """Deterministic mode: this KV block's place among the KV blocks adding into walk index ``t``'s dQ
+        tile (0 stores it, each later one adds after the one before).  Without a stagger, KV order (the
+        rank).  With one (``s``; the sequence's CTAs start at ``r * s``, distinct and below ``count``), KV
+        block ``r`` reaches ``t`` at step ``(t - r * s) mod count``: first the highest ``r`` with ``r * s <=
+        t`` (``r* = min(n_kv - 1, t // s)``), then the ranks below it, then down from the top: the place is
+        ``(r* - rank) mod n_kv``."""
+        rank = work[11]
+        if const_expr(self.config.walk_stagger == 0):
+            return rank
+        n_kv, stagger = work[12], work[13]
+        first = cutlass.min(n_kv - 1, t // cutlass.max(stagger, Int32(1)))
+        pos = first - rank + n_kv * Int32(first < rank)
+        return pos * Int32(stagger > 0) + rank * Int32(stagger == 0)
 
     def _dq_sem_ptr(self, mdQsem, work, head, m_block):
         """Semaphore of (q block, head, batch): ``(B, Hq, S_pad / tile_m)``, or ``(1, Hq, T_pad / tile_m)``
@@ -712,7 +754,7 @@ class RankerAttentionBwd:
             cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for i in cutlass.range(count, unroll=1):
-                head, m_block = self.head_m_block_of(i, work)
+                head, m_block = self.head_m_block_of(self.walk_index(i, work), work)
                 (tQsQ, tQgQ), (tdOsdO, tdOgdO), (tLsL, tLgL), (tPsP, tPgP) = srcs
                 pipeline_q.producer_acquire(q_state)
                 bar_q = pipeline_q.producer_get_barrier(q_state)
@@ -753,49 +795,57 @@ class RankerAttentionBwd:
         accumulator in global memory with one TMA bulk reduce-add copy (at D=128 two instructions per
         half: a 128-byte swizzle box holds 32 float32 columns), hand the buffers back once the reduces
         have read them.
-        Deterministic mode: the KV blocks of a q block add in increasing order (a per-q-block semaphore
+        Deterministic mode: the KV blocks of a q block add in a fixed order (a per-q-block semaphore
         counts the adds done; FlashAttention-3's scheme), the first in order with a TMA store instead (the
-        accumulator is not zeroed there; the postprocess reads zeros where the count stayed 0)."""
+        accumulator is not zeroed there; the postprocess reads zeros where the count stayed 0): KV order,
+        or with ``walk_stagger`` the order in which the staggered walks reach the q block
+        (:meth:`dq_add_position`)."""
         count = work[9]
         lane = cute.arch.lane_idx()
         if count > 0:
             head_arg = work[1] if const_expr(self.heads_per_cta == 1) else None
             parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work, head_arg)
-            store_parts, rank = parts, None
+            store_parts = parts
             if const_expr(self.config.deterministic):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
-                rank = work[0] - work[5].n_block_min(self.tile_n)  # this KV block's place in the KV order
             nthreads = self.num_mma_threads // self.dq_parts + 32
+            for w in cutlass.range_constexpr(self.dq_parts):  # sdQ is free for the first q block
+                cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
             for i in cutlass.range(count, unroll=1):
-                head, m_block = self.head_m_block_of(i, work)
-                for w in cutlass.range_constexpr(self.dq_parts):
-                    cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
+                t = self.walk_index(i, work)
+                head, m_block = self.head_m_block_of(t, work)
+                pos = self.dq_add_position(t, work) if const_expr(self.config.deterministic) else None
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
                     if const_expr(self.config.deterministic and w == 0):
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         if lane == 0:
-                            _wait_until(sem, rank)
+                            _wait_until(sem, pos)
                         cute.arch.sync_warp()
                         cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-add
                     tdQsdQ, tdQgdQ = parts[w]
                     coord = (m_block * self.dq_parts + w, 0) if const_expr(self.config.dq_split_rows) else (m_block, w)
                     if const_expr(self.config.deterministic):
-                        if rank == 0:
+                        if pos == 0:
                             cute.copy(tma_atom_dQst, store_parts[w][0], self._block(store_parts[w][1], head, *coord))
                         else:
                             cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, *coord))
                     else:
                         cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, *coord))
                     cute.arch.cp_async_bulk_commit_group()
+                # hand sdQ back as soon as the copies have read it (in the deterministic mode, before the wait
+                # for their completion below: the MMA warpgroups write the next tile meanwhile)
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if i + 1 < count:
+                    for w in cutlass.range_constexpr(self.dq_parts):
+                        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w,
+                                                 number_of_threads=nthreads)
                 if const_expr(self.config.deterministic):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
                     cute.arch.sync_warp()  # (every lane's wait before lane 0's release)
                     if lane == 0:
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
-                else:
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     def dq_parts_of(self, tma_dQ, sdQ, tma_atom_dQ, work, head):
         """TMA partitions (smem part w, gmem by (q block, part)) of query head ``head``'s dQ accumulator;

@@ -203,15 +203,17 @@ def test_dq_split_rows(hkv, varlen, fields):
     _check_config_both_gqa_forms(f"dq-split-rows{fields}", cfg, 64, hkv, None, varlen, seed=25)
 
 
+@pytest.mark.parametrize("stagger", [0, 2])
 @pytest.mark.parametrize("d,hkv,cap,varlen", [(128, 4, None, False), (128, 2, 20.0, False), (128, 2, None, True),
                                               (64, 2, None, False), (64, 4, 5.0, True)])
-def test_deterministic_first_store(d, hkv, cap, varlen, monkeypatch):
+def test_deterministic_first_store(d, hkv, cap, varlen, stagger, monkeypatch):
     """The deterministic mode's first KV block in order stores its dQ tile, the others add (the accumulator
     is not zeroed); q blocks no KV block reaches (an empty history, rows past the segments) read zeros in
     the postprocess.  Against float64 at odd lengths, GQA both ways, varlen with an empty-candidates
     sequence; bitwise on repeat; with the accumulator poisoned with NaN first (a tile left unwritten, or
-    added onto before its store, shows)."""
-    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), deterministic=True)
+    added onto before its store, shows).  ``stagger``: ``walk_stagger``, the order being the staggered
+    walks' (the first to reach a q block stores it)."""
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), deterministic=True, walk_stagger=stagger)
     _check_config_both_gqa_forms(f"det-first-store-d{d}", cfg, d, hkv, cap, varlen, seed=31)
     # empty histories (no mainloop work: every counter stays 0) beside a normal row, NaN-poisoned accumulator
     q, k, v, do = _tensors((3, 300, 4, d), (3, 300, hkv, d), seed=32)
@@ -232,6 +234,28 @@ def test_deterministic_first_store(d, hkv, cap, varlen, monkeypatch):
         vb = torch.tensor([[0, 0, 0, 300], [0, 0, 0, 0], [5, 5, 10, 200], [3, 250, 250, 300]], device="cuda",
                           dtype=torch.int32)
         _compare(f"det-first-store-empty-varlen-d{d}", qv, kv_, vv, dov, vb, cap=cap, cu_seqlens=cu, config=cfg)
+
+
+@pytest.mark.parametrize("stagger", [1, 3])
+@pytest.mark.parametrize("d,hq,hkv,cap,group", [(128, 4, 4, None, None), (128, 8, 2, 20.0, True),
+                                                (128, 8, 2, None, False), (64, 4, 2, None, True),
+                                                (64, 4, 4, 5.0, None)])
+def test_walk_stagger(d, hq, hkv, cap, group, stagger):
+    """``walk_stagger`` (each KV block's walk over the q blocks starts ``rank * stagger`` steps in): right
+    against float64 on sequences of many KV blocks (up to 14 here, the stagger capped where a sequence has
+    few q blocks per KV block), GQA both forms; its deterministic mode (adds in the walks' visiting order)
+    bitwise equal over four runs and right too."""
+    q, k, v, do = _tensors((3, 1800, hq, d), (3, 1800, hkv, d), seed=41)
+    bounds = torch.tensor([[0, 1700, 1700, 1800], [63, 1100, 1100, 1799], [0, 200, 200, 1800]], device="cuda",
+                          dtype=torch.int32)
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group, walk_stagger=stagger)
+    _compare(f"stagger{stagger}-d{d}-{hq}/{hkv}-{group}", q, k, v, do, bounds, cap=cap, config=cfg)
+    det = rb.dataclasses.replace(cfg, deterministic=True)
+    got = _compare(f"stagger{stagger}-det-d{d}-{hq}/{hkv}-{group}", q, k, v, do, bounds, cap=cap, config=det)
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
+    for _ in range(3):
+        again = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap, config=det)
+        assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
 @pytest.mark.parametrize("fields", [dict(dq_swap_ab=False), dict(tile_m=80, ds_stages=1),
