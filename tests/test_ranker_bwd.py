@@ -224,15 +224,16 @@ def _walk_schedule(count, n_kv, walk_stagger):
     """The staggered walks of :meth:`RankerAttentionBwd.walk_index` in plain ints: per KV block rank, the
     walk index of each step, with the stagger capped as ``block_work`` caps it."""
     stagger = min(walk_stagger, count // n_kv)
-    return stagger, [[(i + r * stagger) % count for i in range(count)] for r in range(n_kv)]
+    return stagger, [[(i + (n_kv - 1 - r) * stagger) % count for i in range(count)] for r in range(n_kv)]
 
 
 def _add_position(t, rank, n_kv, stagger):
     """:meth:`RankerAttentionBwd.dq_add_position`'s formula in plain ints."""
     if stagger == 0:
         return rank
+    rho = n_kv - 1 - rank
     first = min(n_kv - 1, t // stagger)
-    return first - rank + n_kv * (first < rank)
+    return first - rho + n_kv * (first < rho)
 
 
 @pytest.mark.parametrize("walk_stagger", [1, 2, 3, 64])
@@ -240,7 +241,8 @@ def test_dq_add_positions_follow_the_staggered_walks(walk_stagger):
     """Deterministic mode with ``walk_stagger``: for every q block, the KV blocks' add positions are a
     permutation of 0..n_kv-1 that follows the step at which each reaches it (ties, which the cap prevents,
     would need an order), so each waits only for KV blocks that got there at an earlier step (no wait
-    cycle); and every walk visits every q block once.  Brute force over the block counts a sequence can
+    cycle), and for the KV block just below it (the highest for the lowest); and every walk visits every q
+    block once.  Brute force over the block counts a sequence can
     have (``count >= n_kv``; fewer q blocks than KV blocks, 80-row tiles, cap the stagger to 0)."""
     for n_kv in range(1, 20):
         for count in range(1, 3 * n_kv + 5):
@@ -254,6 +256,9 @@ def test_dq_add_positions_follow_the_staggered_walks(walk_stagger):
                 assert [order.index(r) for r in range(n_kv)] == pos, (n_kv, count, t, steps, pos)
                 if stagger:
                     assert len(set(steps)) == n_kv  # no two KV blocks at one q block in the same step
+                    # each waits for the KV block below it (launched before it), the lowest for the highest
+                    for p in range(1, n_kv):
+                        assert order[p - 1] == (order[p] - 1) % n_kv, (n_kv, count, t, order)
 
 
 def test_padded_offsets_leave_room():

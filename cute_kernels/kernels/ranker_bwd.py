@@ -661,10 +661,12 @@ class RankerAttentionBwd:
 
     def walk_index(self, i, work):
         """Index ``t`` in ``[0, count)`` of the (query head, q block) the CTA visits at its step ``i``: ``i``
-        itself, or with ``walk_stagger`` ``(i + rank * stagger) mod count``."""
+        itself, or with ``walk_stagger`` ``(i + rho * stagger) mod count``, ``rho = n_kv - 1 - rank`` (the
+        last KV block starts first: in the deterministic mode a KV block then waits, q block after q block,
+        for the one below it, which the GPU launched before it)."""
         if const_expr(self.config.walk_stagger == 0):
             return i
-        t = i + work[11] * work[13]
+        t = i + (work[12] - 1 - work[11]) * work[13]
         return t - work[9] * Int32(t >= work[9])
 
     def head_m_block_of(self, t, work):
@@ -678,16 +680,17 @@ class RankerAttentionBwd:
     def dq_add_position(self, t, work):
         """Deterministic mode: this KV block's place among the KV blocks adding into walk index ``t``'s dQ
         tile (0 stores it, each later one adds after the one before).  Without a stagger, KV order (the
-        rank).  With one (``s``; the sequence's CTAs start at ``r * s``, distinct and below ``count``), KV
-        block ``r`` reaches ``t`` at step ``(t - r * s) mod count``: first the highest ``r`` with ``r * s <=
-        t`` (``r* = min(n_kv - 1, t // s)``), then the ranks below it, then down from the top: the place is
-        ``(r* - rank) mod n_kv``."""
+        rank).  With one (``s``; :meth:`walk_index`'s walks start at ``rho * s``, distinct and below
+        ``count``), the KV block of ``rho`` reaches ``t`` at step ``(t - rho * s) mod count``: first the
+        highest ``rho`` with ``rho * s <= t`` (``rho* = min(n_kv - 1, t // s)``), then those below it, then
+        down from the top: the place is ``(rho* - rho) mod n_kv``."""
         rank = work[11]
         if const_expr(self.config.walk_stagger == 0):
             return rank
         n_kv, stagger = work[12], work[13]
+        rho = n_kv - 1 - rank
         first = cutlass.min(n_kv - 1, t // cutlass.max(stagger, Int32(1)))
-        pos = first - rank + n_kv * Int32(first < rank)
+        pos = first - rho + n_kv * Int32(first < rho)
         return pos * Int32(stagger > 0) + rank * Int32(stagger == 0)
 
     def _dq_sem_ptr(self, mdQsem, work, head, m_block):
