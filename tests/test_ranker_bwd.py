@@ -223,7 +223,7 @@ def test_q_block_ranges_brute_force():
 def _walk_schedule(count, n_kv, walk_stagger):
     """The staggered walks of :meth:`RankerAttentionBwd.walk_index` in plain ints: per KV block rank, the
     walk index of each step, with the stagger capped as ``block_work`` caps it."""
-    stagger = min(walk_stagger, count // n_kv)
+    stagger = min(walk_stagger, count // n_kv) * (n_kv <= rb.STAGGER_MAX_KV_BLOCKS)
     return stagger, [[(i + (n_kv - 1 - r) * stagger) % count for i in range(count)] for r in range(n_kv)]
 
 
@@ -244,7 +244,7 @@ def test_dq_add_positions_follow_the_staggered_walks(walk_stagger):
     cycle), and for the KV block just below it (the highest for the lowest); and every walk visits every q
     block once.  Brute force over the block counts a sequence can
     have (``count >= n_kv``; fewer q blocks than KV blocks, 80-row tiles, cap the stagger to 0)."""
-    for n_kv in range(1, 20):
+    for n_kv in (*range(1, 20), rb.STAGGER_MAX_KV_BLOCKS, rb.STAGGER_MAX_KV_BLOCKS + 1):
         for count in range(1, 3 * n_kv + 5):
             stagger, walks = _walk_schedule(count, n_kv, walk_stagger)
             assert all(sorted(w) == list(range(count)) for w in walks)

@@ -112,6 +112,12 @@ class NamedBarrierBwd(enum.IntEnum):
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
+# walk_stagger applies to sequences of at most this many history KV blocks.  In the deterministic mode the
+# staggered order has one backward wait per q block (the lowest KV block waits for the highest, launched after
+# it): that CTA must become resident while the others spin, i.e. the sequence's KV blocks must fit on the GPU at
+# once (one CTA per SM).  64 leaves room below every Hopper part's SM count (H20: 78) for other work.  Longer
+# sequences keep KV order (waits only on KV blocks launched earlier).
+STAGGER_MAX_KV_BLOCKS = 64
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
 STATIC_SMEM_BYTES = 1024
@@ -155,7 +161,8 @@ class RankerBwdConfig(ValidatedConfig):
     # another, ``walk_stagger`` steps apart, instead of all at once; 0: every CTA from the first q block.  In the
     # deterministic mode each q block's dQ adds then follow that visiting order (the first visitor stores, the
     # others add, each after its predecessor's add is done), so a KV block rarely waits for another.  (Capped at
-    # ``count // n_kv`` per sequence, so that the start steps stay distinct and in KV order.)
+    # ``count // n_kv`` per sequence, so that the start steps stay distinct, and 0 for sequences of more than
+    # STAGGER_MAX_KV_BLOCKS history KV blocks.)
     walk_stagger: int = 0
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
@@ -626,7 +633,7 @@ class RankerAttentionBwd:
         reached by no query but themselves: postprocess).  ``work[10]``: q blocks per head;
         ``work[11]``: this KV block's rank among the sequence's history KV blocks, ``work[12]`` their
         number, ``work[13]`` the walk's stagger in steps (``config.walk_stagger``, capped at
-        ``count // n_kv``): the walk starts at step ``rank * stagger``."""
+        ``count // n_kv``; 0 past :data:`STAGGER_MAX_KV_BLOCKS` KV blocks): :meth:`walk_index`."""
         n_block, head_group, batch = cute.arch.block_idx()
         head = head_group * self.heads_per_cta
         offset, seqlen, pad_offset = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -641,7 +648,8 @@ class RankerAttentionBwd:
         n_kv = cutlass.max(seg.n_block_count(self.tile_n), Int32(1))
         stagger = Int32(0)
         if const_expr(self.config.walk_stagger > 0):
-            stagger = cutlass.min(Int32(self.config.walk_stagger), count // n_kv)
+            stagger = (cutlass.min(Int32(self.config.walk_stagger), count // n_kv)
+                       * Int32(n_kv <= STAGGER_MAX_KV_BLOCKS))
         return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2,
                 count, per_head, rank, n_kv, stagger)
 

@@ -241,17 +241,33 @@ def test_deterministic_first_store(d, hkv, cap, varlen, stagger, monkeypatch):
                                                 (128, 8, 2, None, False), (64, 4, 2, None, True),
                                                 (64, 4, 4, 5.0, None)])
 def test_walk_stagger(d, hq, hkv, cap, group, stagger):
-    """``walk_stagger`` (each KV block's walk over the q blocks starts ``rank * stagger`` steps in): right
+    """``walk_stagger`` (each KV block's walk over the q blocks starts ``(n_kv - 1 - rank) * stagger`` steps in): right
     against float64 on sequences of many KV blocks (up to 14 here, the stagger capped where a sequence has
     few q blocks per KV block), GQA both forms; its deterministic mode (adds in the walks' visiting order)
     bitwise equal over four runs and right too."""
     q, k, v, do = _tensors((3, 1800, hq, d), (3, 1800, hkv, d), seed=41)
     bounds = torch.tensor([[0, 1700, 1700, 1800], [63, 1100, 1100, 1799], [0, 200, 200, 1800]], device="cuda",
                           dtype=torch.int32)
+    _check_stagger(q, k, v, do, bounds, d, cap, group, stagger)
+
+
+def test_walk_stagger_long_sequences():
+    """A sequence of more than STAGGER_MAX_KV_BLOCKS history KV blocks keeps KV order (no stagger) beside a
+    staggered one in the same launch; both right, deterministic bitwise on repeat."""
+    s = 128 * rb.STAGGER_MAX_KV_BLOCKS + 300
+    q, k, v, do = _tensors((2, s, 2, 64), (2, s, 2, 64), seed=43)
+    bounds = torch.tensor([[0, s - 200, s - 200, s], [100, 2000, 2000, 2500]], device="cuda", dtype=torch.int32)
+    _check_stagger(q, k, v, do, bounds, 64, None, None, 2)
+
+
+def _check_stagger(q, k, v, do, bounds, d, cap, group, stagger):
+    """``walk_stagger=stagger`` against float64, then its deterministic mode against float64 and bitwise on
+    three more runs."""
     cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group, walk_stagger=stagger)
-    _compare(f"stagger{stagger}-d{d}-{hq}/{hkv}-{group}", q, k, v, do, bounds, cap=cap, config=cfg)
+    tag = f"stagger{stagger}-d{d}-{q.shape[-2]}/{k.shape[-2]}-{group}-S{q.shape[1]}"
+    _compare(tag, q, k, v, do, bounds, cap=cap, config=cfg)
     det = rb.dataclasses.replace(cfg, deterministic=True)
-    got = _compare(f"stagger{stagger}-det-d{d}-{hq}/{hkv}-{group}", q, k, v, do, bounds, cap=cap, config=det)
+    got = _compare(f"{tag}-det", q, k, v, do, bounds, cap=cap, config=det)
     out, lse = rf.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True)
     for _ in range(3):
         again = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=cap, config=det)
