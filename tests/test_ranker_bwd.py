@@ -261,6 +261,21 @@ def test_dq_add_positions_follow_the_staggered_walks(walk_stagger):
                         assert order[p - 1] == (order[p] - 1) % n_kv, (n_kv, count, t, order)
 
 
+def test_resolve_walk_stagger():
+    """The stagger stays where a sequence's KV blocks fit in half the SMs and under the kernel's cap, else 0."""
+    import dataclasses
+
+    cfg = dataclasses.replace(rb.CONFIGS[128], walk_stagger=2)
+    assert rb.resolve_walk_stagger(cfg, 4608, 132).walk_stagger == 2  # 36 KV blocks
+    assert rb.resolve_walk_stagger(cfg, 128 * 64, 132).walk_stagger == 2
+    assert rb.resolve_walk_stagger(cfg, 128 * 64 + 1, 132).walk_stagger == 0  # the kernel's cap
+    assert rb.resolve_walk_stagger(cfg, 128 * 8, 16).walk_stagger == 2  # a 16-SM MIG slice
+    assert rb.resolve_walk_stagger(cfg, 128 * 8 + 1, 16).walk_stagger == 0
+    assert rb.resolve_walk_stagger(rb.CONFIGS[128], 128, 132) is rb.CONFIGS[128]
+    a = rb.call_launch_args(torch.bfloat16, cfg, 1, 1, 16, 16384 + 1024, None, "tanh", False, 132)
+    assert a["main"][1].walk_stagger == 0
+
+
 def test_padded_offsets_leave_room():
     tm = 64
     cu = [0, 1, 65, 200, 200, 329]

@@ -112,11 +112,13 @@ class NamedBarrierBwd(enum.IntEnum):
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
-# walk_stagger applies to sequences of at most this many history KV blocks.  In the deterministic mode the
-# staggered order has one backward wait per q block (the lowest KV block waits for the highest, launched after
-# it): that CTA must become resident while the others spin, i.e. the sequence's KV blocks must fit on the GPU at
-# once (one CTA per SM).  64 leaves room below every Hopper part's SM count (H20: 78) for other work.  Longer
-# sequences keep KV order (waits only on KV blocks launched earlier).
+# walk_stagger applies to sequences of at most this many history KV blocks (the kernel's cap), and only where
+# the host sees that a sequence's KV blocks fit at once in half of the device's SMs (resolve_walk_stagger).  In
+# the deterministic mode the staggered add order has one backward wait per q block, the lowest KV block waiting
+# for the highest, which the GPU launches after it: that CTA must become resident while the others spin (one
+# CTA per SM).  In-order dispatch leaves at most one sequence per launch with KV blocks still to launch, so its
+# spinning CTAs, fewer than half the SMs, can never hold them all (two such launches at once neither); KV order
+# (no stagger) waits only on KV blocks launched earlier and needs nothing.
 STAGGER_MAX_KV_BLOCKS = 64
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
@@ -156,13 +158,14 @@ class RankerBwdConfig(ValidatedConfig):
     # q blocks visited in an order rotated by KV block, was slower at D=128 (headline -1.5 to -4%, 16K -4%, B=8
     # -2.5 to -6%; D=64 +2 to +4%: ..._s28_ranker_bwd_dq_store_first_probe.log): not kept.
     deterministic: bool = False
-    # Staggered q-block walks: the CTA of the r-th history KV block starts its walk over the q blocks at step
-    # ``r * walk_stagger`` (wrapping around), so the KV blocks of one (batch row, head) reach each q block one after
-    # another, ``walk_stagger`` steps apart, instead of all at once; 0: every CTA from the first q block.  In the
+    # Staggered q-block walks: the CTA of the r-th of n_kv history KV blocks starts its walk over the q blocks at
+    # step ``(n_kv - 1 - r) * walk_stagger`` (wrapping around), so the KV blocks of one (batch row, head) reach
+    # each q block one after another, ``walk_stagger`` steps apart, instead of all at once; 0: every CTA from the
+    # first q block.  In the
     # deterministic mode each q block's dQ adds then follow that visiting order (the first visitor stores, the
     # others add, each after its predecessor's add is done), so a KV block rarely waits for another.  (Capped at
-    # ``count // n_kv`` per sequence, so that the start steps stay distinct, and 0 for sequences of more than
-    # STAGGER_MAX_KV_BLOCKS history KV blocks.)
+    # ``count // n_kv`` per sequence, so that the start steps stay distinct, and 0 where the KV blocks of a
+    # sequence may not fit on the GPU at once: STAGGER_MAX_KV_BLOCKS, resolve_walk_stagger.)
     walk_stagger: int = 0
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
@@ -671,7 +674,8 @@ class RankerAttentionBwd:
         """Index ``t`` in ``[0, count)`` of the (query head, q block) the CTA visits at its step ``i``: ``i``
         itself, or with ``walk_stagger`` ``(i + rho * stagger) mod count``, ``rho = n_kv - 1 - rank`` (the
         last KV block starts first: in the deterministic mode a KV block then waits, q block after q block,
-        for the one below it, which the GPU launched before it)."""
+        for the one below it, which the GPU launched before it, except the lowest, which waits for the highest:
+        :data:`STAGGER_MAX_KV_BLOCKS`)."""
         if const_expr(self.config.walk_stagger == 0):
             return i
         t = i + (work[12] - 1 - work[11]) * work[13]
@@ -1242,13 +1246,24 @@ def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int,
             "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, det)}
 
 
+def resolve_walk_stagger(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -> RankerBwdConfig:
+    """``config`` with ``walk_stagger=0`` where a sequence of ``max_seqlen`` tokens may have more history KV
+    blocks than :data:`STAGGER_MAX_KV_BLOCKS` or than half of ``num_sms`` (a MIG slice has 16-60 SMs): the
+    deterministic mode's staggered add order needs a sequence's KV blocks resident at once (see
+    :data:`STAGGER_MAX_KV_BLOCKS`)."""
+    if config.walk_stagger and -(-max_seqlen // config.tile_n) > min(STAGGER_MAX_KV_BLOCKS, num_sms // 2):
+        return dataclasses.replace(config, walk_stagger=0)
+    return config
+
+
 def call_launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int, num_batch: int,
                      num_kv_heads: int, max_seqlen: int, cap: Optional[float], cap_method: str, varlen: bool,
                      num_sms: int) -> dict:
     """:func:`launch_args` of one eager backward call (what :func:`_backward_impl` launches, and what
-    the config probe precompiles): the GQA form resolved by :func:`resolve_gqa_group` and the cap
-    method ``"none"`` when ``cap`` is None."""
+    the config probe precompiles): the GQA form resolved by :func:`resolve_gqa_group`, the walk's stagger by
+    :func:`resolve_walk_stagger`, and the cap method ``"none"`` when ``cap`` is None."""
     cfg = resolve_gqa_group(cfg, qhead_per_kvhead, num_batch, num_kv_heads, max_seqlen, num_sms)
+    cfg = resolve_walk_stagger(cfg, max_seqlen, num_sms)
     return launch_args(dtype, cfg, qhead_per_kvhead, "none" if cap is None else cap_method, varlen)
 
 

@@ -252,8 +252,8 @@ def test_walk_stagger(d, hq, hkv, cap, group, stagger):
 
 
 def test_walk_stagger_long_sequences():
-    """A sequence of more than STAGGER_MAX_KV_BLOCKS history KV blocks keeps KV order (no stagger) beside a
-    staggered one in the same launch; both right, deterministic bitwise on repeat."""
+    """A launch whose sequences may hold more than STAGGER_MAX_KV_BLOCKS history KV blocks runs KV order
+    (``resolve_walk_stagger`` drops the stagger); right, deterministic bitwise on repeat."""
     s = 128 * rb.STAGGER_MAX_KV_BLOCKS + 300
     q, k, v, do = _tensors((2, s, 2, 64), (2, s, 2, 64), seed=43)
     bounds = torch.tensor([[0, s - 200, s - 200, s], [100, 2000, 2000, 2500]], device="cuda", dtype=torch.int32)
