@@ -272,6 +272,12 @@ def test_resolve_walk_stagger():
     assert rb.resolve_walk_stagger(cfg, 128 * 8, 16).walk_stagger == 2  # a 16-SM MIG slice
     assert rb.resolve_walk_stagger(cfg, 128 * 8 + 1, 16).walk_stagger == 0
     assert rb.resolve_walk_stagger(rb.CONFIGS[128], 128, 132) is rb.CONFIGS[128]
+    # None: the deterministic mode's stagger, none in the default mode
+    assert rb.CONFIGS[128].walk_stagger is None and rb.CONFIGS[128].walk_stagger_steps() == 0
+    det = dataclasses.replace(rb.CONFIGS[128], deterministic=True)
+    assert det.walk_stagger_steps() == rb.DETERMINISTIC_WALK_STAGGER > 0
+    assert rb.resolve_walk_stagger(det, 4608, 132) is det
+    assert rb.resolve_walk_stagger(det, 16384, 132).walk_stagger == 0
     a = rb.call_launch_args(torch.bfloat16, cfg, 1, 1, 16, 16384 + 1024, None, "tanh", False, 132)
     assert a["main"][1].walk_stagger == 0
 
@@ -977,6 +983,7 @@ def test_compile_targets_cover_each_call_they_stand_for():
 @pytest.mark.parametrize("cls,kw", [
     (rb.RankerBwdConfig, dict(tile_m=64.0)), (rb.RankerBwdConfig, dict(deterministic=1)),
     (rb.RankerBwdConfig, dict(dq_first="no")), (rb.RankerBwdConfig, dict(gqa_group_per_cta="yes")),
+    (rb.RankerBwdConfig, dict(walk_stagger=True)), (rb.RankerBwdConfig, dict(walk_stagger=2.0)),
     (rf.RankerFwdConfig, dict(stages=True)), (rf.RankerFwdConfig, dict(persistent=1)),
 ])
 def test_config_field_types(cls, kw):

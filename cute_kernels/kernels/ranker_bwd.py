@@ -120,6 +120,7 @@ MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 # spinning CTAs, fewer than half the SMs, can never hold them all (two such launches at once neither); KV order
 # (no stagger) waits only on KV blocks launched earlier and needs nothing.
 STAGGER_MAX_KV_BLOCKS = 64
+DETERMINISTIC_WALK_STAGGER = 2  # the deterministic mode's walk_stagger (RankerBwdConfig.walk_stagger=None)
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
 STATIC_SMEM_BYTES = 1024
@@ -165,8 +166,14 @@ class RankerBwdConfig(ValidatedConfig):
     # deterministic mode each q block's dQ adds then follow that visiting order (the first visitor stores, the
     # others add, each after its predecessor's add is done), so a KV block rarely waits for another.  (Capped at
     # ``count // n_kv`` per sequence, so that the start steps stay distinct, and 0 where the KV blocks of a
-    # sequence may not fit on the GPU at once: STAGGER_MAX_KV_BLOCKS, resolve_walk_stagger.)
-    walk_stagger: int = 0
+    # sequence may not fit on the GPU at once: STAGGER_MAX_KV_BLOCKS, resolve_walk_stagger.)  None: the shipped
+    # choice, DETERMINISTIC_WALK_STAGGER in the deterministic mode and 0 in the default one (walk_stagger_steps).
+    # Session 43, same run (3 rounds, CUDA graph, us; logs/2026-12-03_s43_ranker_bwd_walk_stagger_probe2.log),
+    # deterministic with stagger 0 / 1 / 2 vs the default mode (shipped, twice): headline 3164 / 2947 / 2907 vs
+    # 2711-2744, tanh 3181 / 3000 / 3037 vs 3011-3031, GQA 16/4 3056 / 3017 / 3019 vs 2696-2715, D=64 1848 / 1586 /
+    # 1557 vs 1566, B=16 1K+256 1051 / 954 / 955 vs 895-902, B=8 2K+2K 1486 / 1412 / 1418 vs 1304-1318 (16K: 128 KV
+    # blocks, no stagger); the default mode with 1 / 2 was level to 4% slower (headline 2823 / 2777): not taken.
+    walk_stagger: Optional[int] = dataclasses.field(default=None, metadata={"type": int})
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -193,6 +200,12 @@ class RankerBwdConfig(ValidatedConfig):
     # KV block: per q block around the two P loops it was 1.6-2.7% slower without a cap (+1.5% with tanh).
     # Ignored for GQA with a cap (RankerAttentionBwd.skip_key_bias: two loops spilled 16-56 B there, unmeasured)
     skip_key_bias: bool = False
+
+    def walk_stagger_steps(self) -> int:
+        """``walk_stagger``, None resolved: :data:`DETERMINISTIC_WALK_STAGGER` in the deterministic mode, else 0."""
+        if self.walk_stagger is not None:
+            return self.walk_stagger
+        return DETERMINISTIC_WALK_STAGGER if self.deterministic else 0
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
@@ -247,7 +260,7 @@ class RankerBwdConfig(ValidatedConfig):
         if self.tile_m % 64 and not self.dq_swap_ab:
             raise ValueError(f"tile_m={self.tile_m}: dQ = dS K needs a multiple of 64 q rows; use dq_swap_ab "
                              "(head_dim 128 only)")
-        if not 0 <= self.walk_stagger <= 64:
+        if self.walk_stagger is not None and not 0 <= self.walk_stagger <= 64:
             raise ValueError(f"walk_stagger={self.walk_stagger}: must be in [0, 64] q-block steps")
         if not 1 <= self.stages <= 4:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
@@ -480,6 +493,7 @@ class RankerAttentionBwd:
         self.head_dim = config.head_dim
         self.stages = config.stages
         self.qhead_per_kvhead = qhead_per_kvhead
+        self.walk_stagger = config.walk_stagger_steps()  # (None resolved by the mode)
         # query heads per CTA (all of a KV head's, or one) and whether dK/dV go through float32
         # accumulators (GQA with one query head per CTA: reduce-added, converted by the postprocess)
         group = qhead_per_kvhead > 1 and config.gqa_group_per_cta is not False
@@ -650,8 +664,8 @@ class RankerAttentionBwd:
         rank = Int32(n_block) - seg.n_block_min(self.tile_n)
         n_kv = cutlass.max(seg.n_block_count(self.tile_n), Int32(1))
         stagger = Int32(0)
-        if const_expr(self.config.walk_stagger > 0):
-            stagger = (cutlass.min(Int32(self.config.walk_stagger), count // n_kv)
+        if const_expr(self.walk_stagger > 0):
+            stagger = (cutlass.min(Int32(self.walk_stagger), count // n_kv)
                        * Int32(n_kv <= STAGGER_MAX_KV_BLOCKS))
         return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2,
                 count, per_head, rank, n_kv, stagger)
@@ -676,7 +690,7 @@ class RankerAttentionBwd:
         last KV block starts first: in the deterministic mode a KV block then waits, q block after q block,
         for the one below it, which the GPU launched before it, except the lowest, which waits for the highest:
         :data:`STAGGER_MAX_KV_BLOCKS`)."""
-        if const_expr(self.config.walk_stagger == 0):
+        if const_expr(self.walk_stagger == 0):
             return i
         t = i + (work[12] - 1 - work[11]) * work[13]
         return t - work[9] * Int32(t >= work[9])
@@ -697,7 +711,7 @@ class RankerAttentionBwd:
         highest ``rho`` with ``rho * s <= t`` (``rho* = min(n_kv - 1, t // s)``), then those below it, then
         down from the top: the place is ``(rho* - rho) mod n_kv``."""
         rank = work[11]
-        if const_expr(self.config.walk_stagger == 0):
+        if const_expr(self.walk_stagger == 0):
             return rank
         n_kv, stagger = work[12], work[13]
         rho = n_kv - 1 - rank
@@ -1251,7 +1265,8 @@ def resolve_walk_stagger(config: RankerBwdConfig, max_seqlen: int, num_sms: int)
     blocks than :data:`STAGGER_MAX_KV_BLOCKS` or than half of ``num_sms`` (a MIG slice has 16-60 SMs): the
     deterministic mode's staggered add order needs a sequence's KV blocks resident at once (see
     :data:`STAGGER_MAX_KV_BLOCKS`)."""
-    if config.walk_stagger and -(-max_seqlen // config.tile_n) > min(STAGGER_MAX_KV_BLOCKS, num_sms // 2):
+    blocks = -(-max_seqlen // config.tile_n)
+    if config.walk_stagger_steps() and blocks > min(STAGGER_MAX_KV_BLOCKS, num_sms // 2):
         return dataclasses.replace(config, walk_stagger=0)
     return config
 

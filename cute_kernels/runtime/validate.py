@@ -286,14 +286,17 @@ class ValidatedConfig:
 
 def check_config_fields(config) -> None:
     """Every field of a frozen config dataclass has its default's type: ``bool`` fields a ``bool``,
-    ``int`` fields an ``int`` (not a bool), fields defaulting to None None or a ``bool``.  Raises
-    ``TypeError`` naming the field (a ``tile_m=64.0`` would otherwise fail late, inside torch)."""
+    ``int`` fields an ``int`` (not a bool), fields defaulting to None None or a ``bool`` (None or an ``int``
+    where the field's metadata says ``{"type": int}``).  Raises ``TypeError`` naming the field (a
+    ``tile_m=64.0`` would otherwise fail late, inside torch)."""
     import dataclasses
 
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         default = f.default
-        if isinstance(default, bool):
+        if default is None and f.metadata.get("type") is int:
+            ok, want = value is None or type(value) is int, "None or an int"
+        elif isinstance(default, bool):
             ok, want = type(value) is bool, "a bool"
         elif isinstance(default, int):
             ok, want = type(value) is int, "an int"
