@@ -56,7 +56,10 @@ Deterministic mode (``RankerBwdConfig.deterministic``, FlashAttention-3's scheme
 reduce-adds of dQ (one per KV block) and of GQA dK/dV with one query head per CTA (one per query
 head) happen in a fixed order, each waiting on an int32 semaphore (acquire spin by one thread) and
 bumping it after its add has completed (release); the default adds in arrival order (not bitwise
-reproducible; dK, dV with a GQA group per CTA are: no adds in memory).
+reproducible; dK, dV with a GQA group per CTA are: no adds in memory).  The KV blocks of a sequence
+walk the q blocks staggered (``walk_stagger``: the last KV block starts at the first q block, each
+lower one two steps further on), so that they reach each q block one after another and the dQ adds,
+in that order, rarely wait (FlashAttention-3's KV order has every KV block at one q block at once).
 
 Autograd: this backward's op is registered as the gradient of the forward op
 ``cute_kernels::ranker_attention_fwd`` (:mod:`.ranker_autograd`), so :func:`cute_kernels.ranker_attention`
