@@ -262,15 +262,18 @@ def test_dq_add_positions_follow_the_staggered_walks(walk_stagger):
 
 
 def test_resolve_walk_stagger():
-    """The stagger stays where a sequence's KV blocks fit in half the SMs and under the kernel's cap, else 0."""
+    """The stagger stays where a sequence's KV blocks fit in a third of the SMs and under the kernel's cap,
+    else 0."""
     import dataclasses
 
     cfg = dataclasses.replace(rb.CONFIGS[128], walk_stagger=2)
     assert rb.resolve_walk_stagger(cfg, 4608, 132).walk_stagger == 2  # 36 KV blocks
-    assert rb.resolve_walk_stagger(cfg, 128 * 64, 132).walk_stagger == 2
-    assert rb.resolve_walk_stagger(cfg, 128 * 64 + 1, 132).walk_stagger == 0  # the kernel's cap
-    assert rb.resolve_walk_stagger(cfg, 128 * 8, 16).walk_stagger == 2  # a 16-SM MIG slice
-    assert rb.resolve_walk_stagger(cfg, 128 * 8 + 1, 16).walk_stagger == 0
+    assert rb.resolve_walk_stagger(cfg, 128 * 44, 132).walk_stagger == 2  # a third of the SMs
+    assert rb.resolve_walk_stagger(cfg, 128 * 44 + 1, 132).walk_stagger == 0
+    assert rb.resolve_walk_stagger(cfg, 128 * 64, 264).walk_stagger == 2
+    assert rb.resolve_walk_stagger(cfg, 128 * 64 + 1, 264).walk_stagger == 0  # the kernel's cap
+    assert rb.resolve_walk_stagger(cfg, 128 * 5, 16).walk_stagger == 2  # a 16-SM MIG slice
+    assert rb.resolve_walk_stagger(cfg, 128 * 5 + 1, 16).walk_stagger == 0
     assert rb.resolve_walk_stagger(rb.CONFIGS[128], 128, 132) is rb.CONFIGS[128]
     # None: the deterministic mode's stagger, none in the default mode
     assert rb.CONFIGS[128].walk_stagger is None and rb.CONFIGS[128].walk_stagger_steps() == 0

@@ -116,12 +116,13 @@ class NamedBarrierBwd(enum.IntEnum):
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 # walk_stagger applies to sequences of at most this many history KV blocks (the kernel's cap), and only where
-# the host sees that a sequence's KV blocks fit at once in half of the device's SMs (resolve_walk_stagger).  In
+# the host sees that a sequence's KV blocks fit at once in a third of the device's SMs (resolve_walk_stagger).  In
 # the deterministic mode the staggered add order has one backward wait per q block, the lowest KV block waiting
 # for the highest, which the GPU launches after it: that CTA must become resident while the others spin (one
 # CTA per SM).  In-order dispatch leaves at most one sequence per launch with KV blocks still to launch, so its
-# spinning CTAs, fewer than half the SMs, can never hold them all (two such launches at once neither); KV order
-# (no stagger) waits only on KV blocks launched earlier and needs nothing.
+# spinning CTAs, fewer than a third of the SMs, cannot hold them all, nor can those of three such launches
+# running at once on other streams (four or more could: pass walk_stagger=0 there).  KV order (no stagger) waits
+# only on KV blocks launched earlier and needs nothing.
 STAGGER_MAX_KV_BLOCKS = 64
 DETERMINISTIC_WALK_STAGGER = 2  # the deterministic mode's walk_stagger (RankerBwdConfig.walk_stagger=None)
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
@@ -1265,11 +1266,11 @@ def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int,
 
 def resolve_walk_stagger(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -> RankerBwdConfig:
     """``config`` with ``walk_stagger=0`` where a sequence of ``max_seqlen`` tokens may have more history KV
-    blocks than :data:`STAGGER_MAX_KV_BLOCKS` or than half of ``num_sms`` (a MIG slice has 16-60 SMs): the
-    deterministic mode's staggered add order needs a sequence's KV blocks resident at once (see
+    blocks than :data:`STAGGER_MAX_KV_BLOCKS` or than a third of ``num_sms`` (44 on the H200; a MIG slice has
+    16-60 SMs): the deterministic mode's staggered add order needs a sequence's KV blocks resident at once (see
     :data:`STAGGER_MAX_KV_BLOCKS`)."""
     blocks = -(-max_seqlen // config.tile_n)
-    if config.walk_stagger_steps() and blocks > min(STAGGER_MAX_KV_BLOCKS, num_sms // 2):
+    if config.walk_stagger_steps() and blocks > min(STAGGER_MAX_KV_BLOCKS, num_sms // 3):
         return dataclasses.replace(config, walk_stagger=0)
     return config
 
