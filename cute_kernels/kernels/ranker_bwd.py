@@ -58,7 +58,8 @@ head) happen in a fixed order, each waiting on an int32 semaphore (acquire spin 
 bumping it after its add has completed (release); the default adds in arrival order (not bitwise
 reproducible; dK, dV with a GQA group per CTA are: no adds in memory).  The KV blocks of a sequence
 walk the q blocks staggered (``walk_stagger``: the last KV block starts at the first q block, each
-lower one two steps further on), so that they reach each q block one after another and the dQ adds,
+lower one two steps further on; sequences whose KV blocks might not all fit on the GPU at once keep KV
+order, :data:`STAGGER_MAX_KV_BLOCKS`), so that they reach each q block one after another and the dQ adds,
 in that order, rarely wait (FlashAttention-3's KV order has every KV block at one q block at once).
 
 Autograd: this backward's op is registered as the gradient of the forward op
@@ -141,7 +142,8 @@ class RankerBwdConfig(ValidatedConfig):
     """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
     ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA); the
     synchronisation schedule (``ds_stages``, ``dq_per_wg``, ``dq_first``, ``dk_from_smem``), the dQ
-    GEMM's operand order (``dq_swap_ab``), the deterministic mode, and how GQA is spread over CTAs
+    GEMM's operand order (``dq_swap_ab``), the deterministic mode and its staggered q-block walks
+    (``walk_stagger``, None for :meth:`walk_stagger_steps`'s pick), and how GQA is spread over CTAs
     (``gqa_group_per_cta``: a group per CTA, one query head per CTA, or None for
     :func:`resolve_gqa_group`'s pick).  Checked when constructed (also by ``dataclasses.replace``):
     :meth:`validate` raises ``ValueError`` with the reason and ``TypeError`` for a field of the wrong type."""
@@ -166,9 +168,9 @@ class RankerBwdConfig(ValidatedConfig):
     # Staggered q-block walks: the CTA of the r-th of n_kv history KV blocks starts its walk over the q blocks at
     # step ``(n_kv - 1 - r) * walk_stagger`` (wrapping around), so the KV blocks of one (batch row, head) reach
     # each q block one after another, ``walk_stagger`` steps apart, instead of all at once; 0: every CTA from the
-    # first q block.  In the
-    # deterministic mode each q block's dQ adds then follow that visiting order (the first visitor stores, the
-    # others add, each after its predecessor's add is done), so a KV block rarely waits for another.  (Capped at
+    # first q block.  In the deterministic mode each q block's dQ adds then follow that visiting order (the first
+    # visitor stores, the others add, each after its predecessor's add is done), so a KV block rarely waits for
+    # another.  (Capped at
     # ``count // n_kv`` per sequence, so that the start steps stay distinct, and 0 where the KV blocks of a
     # sequence may not fit on the GPU at once: STAGGER_MAX_KV_BLOCKS, resolve_walk_stagger.)  None: the shipped
     # choice, DETERMINISTIC_WALK_STAGGER in the deterministic mode and 0 in the default one (walk_stagger_steps).
