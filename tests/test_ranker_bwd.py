@@ -54,6 +54,38 @@ def test_explicit_gradients_match_autograd(s, rows, cap, cap_method, hq, hkv):
     torch.testing.assert_close(exp[4], (do * o).sum(-1).transpose(1, 2))
 
 
+@pytest.mark.parametrize("cu", [None, [0, 5, 5, 13]], ids=["fixed", "varlen"])
+def test_explicit_gradients_given_out(cu):
+    """``out=``: dPsum comes from the given forward output.  The exact O gives the exact gradients; an O
+    off by a little on a one-key row (dQ = dK = 0 exactly there) gives them dO.dO_err-sized values, what
+    ``grad_tolerance(ref, low, ref_given_out)`` then allows; a misshapen ``out`` is a ValueError."""
+    if cu is None:
+        q, k, v, do = _inputs(2, 13, 4, 2, 8, seed=3)
+        bounds = torch.tensor([[0, 9, 9, 13], [0, 1, 0, 1]], dtype=torch.int32)  # batch row 1: one one-key row
+        cu_t, row = None, (1, 0)
+    else:
+        q, k, v, do = (t.reshape(26, t.shape[2], 8)[:15] for t in _inputs(2, 13, 4, 2, 8, seed=3))  # 2 past cu[-1]
+        bounds = torch.tensor([[0, 3, 3, 5], [0, 0, 0, 0], [0, 1, 0, 1]], dtype=torch.int32)  # token 5: one key
+        cu_t, row = torch.tensor(cu, dtype=torch.int32), (5,)
+    kw = dict(cap=3.0, cu_seqlens=cu_t)
+    exact = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, **kw)
+    o = rf.ranker_attention_reference(q, k, v, bounds, compute_dtype=torch.float64, **kw)
+    if cu is not None:  # the reference returns cu_seqlens[-1] rows; the kernel's out has them all
+        o = torch.cat([o, torch.zeros_like(q[o.shape[0]:])])
+    given = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, out=o, **kw)
+    for name, a, b in zip(("dq", "dk", "dv", "lse", "dpsum"), exact, given):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, equal_nan=True, msg=name)
+    assert exact[0][row].abs().max() < 1e-12 and exact[1][row].abs().max() < 1e-12  # one key: P is constant
+    o_off = o.clone()
+    o_off[row] += 2.0 ** -7  # one bf16 ulp of a value near 1
+    off = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, out=o_off, **kw)
+    assert off[0][row].abs().max() > 1e-3 and off[1][row].abs().max() > 1e-3  # the inherited error
+    torch.testing.assert_close(off[2], exact[2], rtol=0, atol=0)  # dV has no dPsum term
+    assert rb.grad_tolerance(exact[0], exact[0], off[0]) >= (off[0] - exact[0]).abs().max().item() + 1e-3
+    with pytest.raises(ValueError, match="out must be shaped like q"):
+        rb.ranker_attention_backward_explicit(q, k, v, bounds, do, out=o[:, :-1] if cu is None else o[1:], **kw)
+
+
 @pytest.mark.parametrize("cu", [None, [0, 4, 4, 11]], ids=["fixed", "varlen"])
 @pytest.mark.parametrize("cap,cap_method", CAPS)
 def test_lse_gradient_explicit_matches_autograd(cap, cap_method, cu):

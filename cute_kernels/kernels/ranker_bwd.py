@@ -1561,14 +1561,24 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     return dq, dk, dv
 
 
-def grad_tolerance(ref: torch.Tensor, low: torch.Tensor) -> float:
+def grad_tolerance(ref: torch.Tensor, low: torch.Tensor, ref_given_out: torch.Tensor | None = None) -> float:
     """The error bar of a gradient against its float64 reference ``ref`` (FlashAttention's convention):
     twice the error of the same math in the inputs' dtype (``low``, from
     :func:`ranker_attention_backward_reference` with ``compute_dtype=q.dtype``), at least 1% of the
-    largest reference value, plus 1e-3.  Used by :func:`check` and the GPU tests."""
+    largest reference value, plus 1e-3.  Used by :func:`check` and the GPU tests.
+
+    ``ref_given_out`` (optional): the same float64 gradient with ``dPsum`` taken from the forward
+    kernel's ``out`` (:func:`ranker_attention_backward_explicit` with ``out=``); the largest difference
+    from ``ref`` is added, the part of the error the backward inherits from the forward's rounding of
+    ``O``.  It matters where the bf16 reference is exact, e.g. a row with one valid key: there
+    ``dQ = dK = 0`` and ``low`` has no error, while the forward's fixed row max (see
+    :func:`.ranker_fwd.ranker_attention`) may leave ``O`` one bf16 ulp off ``v``."""
     if ref.numel() == 0:
         return 1e-3
-    return max(2 * (low.double() - ref.double()).abs().max().item(), 1e-2 * ref.abs().max().item()) + 1e-3
+    tol = max(2 * (low.double() - ref.double()).abs().max().item(), 1e-2 * ref.abs().max().item()) + 1e-3
+    if ref_given_out is not None:
+        tol += (ref_given_out.double() - ref.double()).abs().max().item()
+    return tol
 
 
 def check() -> list[CheckResult]:
@@ -1784,7 +1794,8 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
 
 
 def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None, cap=None, cap_method="tanh",
-                                       cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64, dlse=None):
+                                       cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64, dlse=None,
+                                       out=None):
     """The same gradients by the explicit formulas the kernels implement (FlashAttention-2/3's backward):
 
     ``P = exp(s - LSE)`` on admitted pairs, ``dV = P^T dO``, ``dP = dO V^T``, ``dPsum = rowsum(dO * O)``
@@ -1794,10 +1805,20 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
     GQA sums dK, dV over the query heads of a group.  Returns ``(dq, dk, dv, lse, dpsum)`` in
     ``compute_dtype``; ``lse``/``dpsum`` are ``[B, Hq, S]`` (``[Hq, T]`` packed), ``lse = -inf`` and
     ``dpsum = 0`` on rows with no valid key.  ``cap_method=None`` is ``"none"`` (no cap), as in
-    :func:`ranker_attention_backward`."""
+    :func:`ranker_attention_backward`.
+
+    ``out`` None (``O`` is computed here, exactly) or a forward output shaped like ``q`` (e.g. the
+    kernel's bf16 ``out``): ``dPsum`` is then taken from it, as the backward kernel takes it from the
+    ``out`` it is given.  The difference between the two answers is what the forward's rounding of
+    ``O`` alone does to the gradients; the GPU tests add it to their error bar (a row with one valid
+    key has ``dQ = dK = 0`` exactly, yet an ``O`` one bf16 ulp off gives them ``|dO| * ulp``-sized
+    values).  Raises ``ValueError`` if ``out`` is not shaped like ``q`` or is on another device."""
     cap_method = "none" if cap_method is None else cap_method
     _check_grad_args(q, k, v, bounds, dout, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, compute_dtype,
                      dlse)
+    if out is not None and (tuple(out.shape) != tuple(q.shape) or out.device != q.device):
+        raise ValueError(f"out must be shaped like q {tuple(q.shape)} on {q.device}; got {tuple(out.shape)} on "
+                         f"{out.device}")
     d = q.shape[-1]
     hq, hkv = q.shape[-2], k.shape[-2]
     g = hq // hkv
@@ -1829,7 +1850,7 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
         s_m = s_cap.masked_fill(~mask, -math.inf)
         lse = torch.logsumexp(s_m, dim=-1)
         p = torch.where(mask, torch.exp(s_m - torch.where(torch.isfinite(lse), lse, 0)[..., None]), 0)
-        o = p @ vf
+        o = p @ vf if out is None else out[sl].to(compute_dtype).transpose(0, 1)
         dpsum = (dof * o).sum(-1)
         if dlse is not None:
             dl = (dlse[:, sl] if cu_seqlens is not None else dlse[b]).to(compute_dtype)
