@@ -1454,9 +1454,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
         ``deterministic=True``, or call with torch's deterministic flag on (or a config with
         ``deterministic=True``) for ordered adds (same bits
-        on every run; in time 4-9% slower than the default over the D=128 bench shapes, 12-16% at
-        D=64: 5.9-7.1% at the headline, 4.8-6.5% with the tanh cap, 8.3-8.9% at B=16 1K+256; session 28,
-        bench/results/logs/2026-12-01_s28_ranker_bwd_gpu_tests_det_overhead_10e704a.log).
+        on every run; with the staggered q-block walks of session 43 (``RankerBwdConfig.walk_stagger``)
+        1-9% slower than the default at the bench shapes where they apply, 11% at GQA 16/4 and 9% at
+        B=1 16K, where they do not; bench/results/logs/2026-12-03_s43_ranker_bwd_walk_stagger_probe2.log).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dlse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,

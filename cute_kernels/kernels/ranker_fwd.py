@@ -1826,7 +1826,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         cap_method = "none"
     plain = plain_eager()  # (one check on the eager hot path for both below)
     if not plain:
-        refuse_func_transforms("ranker_attention", q, k, v, bounds, cu_seqlens)
+        refuse_func_transforms("ranker_attention", q, k, v, bounds, cu_seqlens, differentiable=True)
     if (not plain and tracing() or getattr(q, "is_meta", False)
             or _grad_enabled() and (isinstance(q, torch.Tensor) and q.requires_grad
                                     or isinstance(k, torch.Tensor) and k.requires_grad

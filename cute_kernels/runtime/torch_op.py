@@ -39,16 +39,19 @@ except AttributeError:  # pragma: no cover (a torch without functorch's C API)
     _is_functorch_wrapped = _transform_active = None
 
 
-def refuse_func_transforms(name: str, *args) -> None:
+def refuse_func_transforms(name: str, *args, differentiable: bool = False) -> None:
     """``NotImplementedError`` when one of ``args`` is a tensor wrapped by a ``torch.func`` transform (grad, vjp,
     vmap, jacrev...): the kernels take raw CUDA buffers, and torch's custom ops support neither those
     transforms' autograd (grad / vjp) nor batching rules (vmap) for them, so the call would otherwise
-    fail deeper with an unrelated message (``setup_context``, "no data pointer", "not on a CUDA device")."""
+    fail deeper with an unrelated message (``setup_context``, "no data pointer", "not on a CUDA device").
+    ``differentiable``: the function has a backward (``ranker_attention``), so the message points to
+    ``.backward()`` / ``torch.autograd.grad`` for gradients; the others have none to point to."""
     if torch.compiler.is_compiling() or _transform_active is None or _transform_active() is None:
         return  # Dynamo cannot trace these C calls (a graph break); eagerly, the common case is one C call
     if any(isinstance(t, torch.Tensor) and _is_functorch_wrapped(t) for t in args):
+        hint = " (for gradients, use .backward() / torch.autograd.grad)" if differentiable else ""
         raise NotImplementedError(f"cute_kernels.{name} does not support torch.func transforms (grad, vjp, vmap, "
-                                  "...): call it outside them (for gradients, use .backward() / torch.autograd.grad)")
+                                  f"...): call it outside them{hint}")
 
 
 def plain_eager() -> bool:
