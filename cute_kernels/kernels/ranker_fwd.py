@@ -44,7 +44,8 @@ either segment loads nothing and writes zeros and ``-inf``.  The candidate self 
 the online softmax after the history loop as a per-row dot product ``q_i . k_i`` and ``v_i``; there
 are no diagonal tiles.  ``self_kv_tma`` (the D=128 config without a cap, tile_m == tile_n): the
 producer TMA-loads the tile's own K/V rows into one more K/V stage after its history blocks (having
-TMA-prefetched them into L2 at the tile's start, ``prefetch_self_kv``), and the consumers read q_i (from
+TMA-prefetched them into L2 at the tile's start, ``prefetch_self_kv``; with an empty history, Q and these rows
+are all it loads), and the consumers read q_i (from
 sQ), k_i and v_i with ldmatrix in the accumulator layout; the other configs read them from global memory
 after the loop.
 Epilogue: O through ``stmatrix`` into smem (sQ itself unless persistent) and a TMA store (fixed length;
@@ -537,7 +538,8 @@ class RankerAttentionFwd:
         """Warp 0 of the producer warpgroup, for each tile of this CTA: TMA of the Q tile, then K and V
         of each history block (last block first), ``stages`` blocks ahead of the consumers, and with
         ``self_kv_tma`` the tile's own K/V rows (one more stage) if it holds candidate rows outside the
-        history.  Tiles with no active row or an empty history load nothing.  With ``checked_max``, then the
+        history.  Tiles with no active row load nothing, nor do tiles with an empty history unless ``self_kv_tma``
+        takes their own rows.  With ``checked_max``, then the
         tiles the consumers run again (:meth:`advance_tile`)."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -547,7 +549,7 @@ class RankerAttentionFwd:
         while tile < num_tiles:
             m_block, head, batch, offset, seg, in_range, active = self.tile_work(tile, sched)
             n_blocks = seg.n_block_count(self.tile_n)
-            if in_range and active and n_blocks > 0:
+            if in_range and active and (n_blocks > 0 or self.self_block_taken(seg, m_block)):
                 q_state, kv_state = self.load_tile(
                     tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipeline_q, pipeline_k,
                     pipeline_v, q_state, kv_state, m_block, head, head // self.qhead_per_kvhead, batch, offset, seg)
@@ -568,31 +570,49 @@ class RankerAttentionFwd:
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
                                            cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
         n_block = n_block_min + n_blocks - 1
-        pipeline_k.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+        # (no history block: only a self_kv_tma candidate tile with an empty history, which loads Q and its own rows)
+        if n_blocks > 0:
+            pipeline_k.producer_acquire(kv_state)  # (K of the first block ahead of Q: the first GEMM needs both)
+            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         q_state.advance()
         # self_kv_tma: the tile's own K/V rows (tile_m == tile_n: KV block m_block) follow its history blocks
-        self_rows = cutlass.Boolean(False)
-        if const_expr(self.self_kv_tma):
-            self_rows = seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m)
+        self_rows = self.self_block_taken(seg, m_block)
         if const_expr(self.config.prefetch_self_kv):
-            if self_rows:
+            if self_rows and n_blocks > 0:
                 cute.prefetch(tma_atom_K, tKgK[None, m_block])  # (L2 only: the self stage's load below hits it)
                 cute.prefetch(tma_atom_V, tVgV[None, m_block])
-        pipeline_v.producer_acquire(kv_state)
-        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
-                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
-        kv_state.advance()
         kv_copies = (tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k, pipeline_v)
+        if n_blocks > 0:
+            kv_state = self.load_v_block(n_block, kv_state, *kv_copies)
         for i in cutlass.range(n_blocks - 1, unroll=1):
             kv_state = self.load_kv_block(n_block_min + n_blocks - 2 - i, kv_state, *kv_copies)
         if const_expr(self.self_kv_tma):
             if self_rows:  # (for the self term)
                 kv_state = self.load_kv_block(m_block, kv_state, *kv_copies)
         return q_state, kv_state
+
+    @cute.jit
+    def self_block_taken(self, seg, m_block):
+        """``self_kv_tma``: whether this tile's own K/V rows come through the K/V pipeline after its history
+        blocks (it holds candidate rows outside the history); always False without ``self_kv_tma``.  The producer
+        and the consumers decide it alike."""
+        taken = cutlass.Boolean(False)
+        if const_expr(self.self_kv_tma):
+            taken = seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m)
+        return taken
+
+    @cute.jit
+    def load_v_block(self, n_block, kv_state, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k,
+                     pipeline_v):
+        """TMA of V block ``n_block`` into the K/V stage whose K :meth:`load_tile` issued ahead of Q."""
+        pipeline_v.producer_acquire(kv_state)
+        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
+                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+        kv_state.advance()
+        return kv_state
 
     @cute.jit
     def load_kv_block(self, n_block, kv_state, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k,
@@ -675,12 +695,12 @@ class RankerAttentionFwd:
         # checked_max: this warpgroup runs the fixed max in this tile
         fixed_rows = try_fixed if const_expr(self.config.checked_max) else cutlass.Boolean(False)
         # self_kv_tma: this tile's own K/V rows follow its history blocks in the K/V pipeline (as loaded)
-        self_block = cutlass.Boolean(False)
-        if const_expr(self.self_kv_tma):
-            self_block = seg.tile_has_self_rows(m_block * self.tile_m, (m_block + 1) * self.tile_m) and active and (
-                n_blocks > 0)
-        if active and n_blocks > 0:
+        self_block = self.self_block_taken(seg, m_block) and active
+        # the producer loaded Q (and K/V) for this tile: it has history blocks or (self_kv_tma) its own rows
+        q_loaded = active and (n_blocks > 0 or self_block)
+        if q_loaded:
             pipeline_q.consumer_wait(q_state)
+        if active and n_blocks > 0:
             # row_scale: the O rescale factors of the last softmax, applied just before the next PV GEMM
             row_scale = cute.make_rmem_tensor_like(row_max, Float32)
             common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, row_scale,
@@ -712,14 +732,11 @@ class RankerAttentionFwd:
                 self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
                                     softmax_scale, cap, lambda r, c, row: rQ_mn[r, c], lambda r, c, row: rK_mn[r, c],
                                     lambda r, c, row: rV_mn[r, c])
-            else:  # (no self rows, or no history block (nothing came through the pipeline): global reads)
-                self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
-                                              batch, offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap)
         else:
             self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
                                           batch, offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap)
         if const_expr(self.self_kv_tma):
-            if active and n_blocks > 0:
+            if q_loaded:
                 q_state = sm90.advanced(q_state)  # (after the self block's release of sQ)
         failed = cutlass.Boolean(False)
         if const_expr(self.config.checked_max):

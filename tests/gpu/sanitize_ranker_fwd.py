@@ -33,5 +33,10 @@ for d, cap in ((128, None), (64, None), (64, 20.0), (128, 30.0)):
 
             rf._ranker_impl(q, k, v, bounds, None, None, "tanh", None, None,
                             config=dataclasses.replace(rf.CONFIGS[d], persistent=False))
+            # an empty history: the candidate tiles load Q and their own K/V rows only
+            no_hist = torch.tensor([[0, 0, 0, 300], [40, 40, 20, 290]], device="cuda", dtype=torch.int32)
+            rf._ranker_impl(q, k, v, no_hist, None, None, "tanh", None, None, config=rf.CONFIGS[d], max_ctas=3)
+            rf._ranker_impl(q, k, v, no_hist, None, None, "tanh", None, None,
+                            config=dataclasses.replace(rf.CONFIGS[d], persistent=False))
 torch.cuda.synchronize()
 print("sanitize run done", float(o.float().abs().sum()), float(ov.float().abs().sum()))

@@ -681,6 +681,26 @@ def test_checked_max_overflowing_product_falls_back():
     assert torch.isfinite(o).all()
 
 
+@pytest.mark.parametrize("schedule", ["persistent", "one-tile-per-cta"])
+def test_checked_max_empty_history_self_term(schedule):
+    """An empty history (D=128's self_kv_tma: a candidate tile then loads only Q and its own K/V rows through the
+    pipelines, no history block): candidates attend only themselves (out = v, LSE = s_ii); one candidate's own
+    score of 100 overflows the fixed max, so its warpgroup retries with the online max; the second batch row has
+    candidates before an empty history span."""
+    import dataclasses
+
+    cfg = rf.CONFIGS[128]
+    assert cfg.checked_max and rf.self_kv_tma_taken(cfg)
+    max_ctas = 3
+    if schedule == "one-tile-per-cta":
+        cfg, max_ctas = dataclasses.replace(cfg, persistent=False), None
+    q, k, v = _qkv(2, 300, 2, 2, 128, seed=11)
+    _one_score(q, k, row=150, key=150, score=100.0)
+    bounds = torch.tensor([[0, 0, 0, 300], [40, 40, 20, 290]], device="cuda", dtype=torch.int32)
+    o, _ = _compare(f"empty history self term {schedule}", q, k, v, bounds, config=cfg, max_ctas=max_ctas)
+    assert torch.equal(o[0, :, 0], v[0, :, 0]), "a candidate with no history attends only itself: out = v"
+
+
 @pytest.mark.parametrize("d", [128, 64])
 def test_checked_max_low_scores_fall_back(d):
     """Every score of a batch row near -40 (q = -c k, every key the same direction): the sum of P against the
