@@ -1243,14 +1243,15 @@ def test_reference_takes_any_real_scale_and_cap():
 
 
 def test_caller_config_that_spills_gets_a_warning():
-    """A caller's config whose kernel keeps registers in local memory (fp16 D=128 soft_sign varlen with
-    early_rescale, session 36's review: 8 B of stack) gets a RuntimeWarning at its first launch
-    (warn_if_spills, which _ranker_impl calls for config= / use_config); a shipped config none."""
+    """A caller's config whose kernel keeps registers in local memory (bf16 D=64 soft_sign varlen at tile_n=128:
+    16 B of stack; session 36's fp16 D=128 soft_sign varlen with early_rescale, 8 B then, no longer spills since
+    session 47's one history loop) gets a RuntimeWarning at its first launch (warn_if_spills, which
+    _ranker_impl calls for config= / use_config); a shipped config none."""
     import warnings
 
-    spilling = dataclasses.replace(rf.shipped_config(torch.float16, 128, "soft_sign"), early_rescale=True)
+    spilling = dataclasses.replace(rf.shipped_config(torch.bfloat16, 64, "soft_sign"), tile_n=128, stages=4)
     spilling.validate()
-    args = (torch.float16, spilling, 1, "soft_sign", True)
+    args = (torch.bfloat16, spilling, 1, "soft_sign", True)
     rf._compile(*args)
     with pytest.warns(RuntimeWarning, match="local memory"):
         assert rf.warn_if_spills(*args) > 0

@@ -917,11 +917,11 @@ class RankerAttentionFwd:
         if const_expr(self.config.intra_wg_overlap):
             # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
             kv_state = self.first_half_block(kv_state, n_block_min + n_blocks - 1, *args)
-            for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+            # one loop for the rest: its last step (block n_block_min) masks at run time (one traced copy of
+            # the step, not an unmasked one plus a masked one: session 47, ~1 s of compile)
+            for i in cutlass.range(n_blocks - 1, unroll=1):
                 kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *args,
-                                                        need_mask=False)
-            if n_blocks > 1:
-                kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *args, need_mask=True)
+                                                        need_mask=i == n_blocks - 2)
             if release_q:
                 pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
             kv_state = self.last_half_block(kv_state, *args)
@@ -929,6 +929,8 @@ class RankerAttentionFwd:
             self.scheduler_sync(wg_idx)
             kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *args,
                                             is_first=True, need_mask=True)
+            # (here the last step stays a copy of its own: one loop with the mask at run time spilled 8 bytes in
+            # the D=64 three-warpgroup configs, session 47)
             for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
                 kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *args,
                                                 is_first=False, need_mask=False)
@@ -942,9 +944,9 @@ class RankerAttentionFwd:
     @cute.jit
     def mma_one_n_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                         acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
-                        scale_log2, softmax_scale, cap, wg_idx, fixed,
-                        is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
-        """One history KV block: S = Q K^T, cap, mask, online softmax, O += P V."""
+                        scale_log2, softmax_scale, cap, wg_idx, fixed, is_first: cutlass.Constexpr, need_mask):
+        """One history KV block: S = Q K^T, cap, mask (``need_mask``: see :meth:`scores_to_probs`), online
+        softmax, O += P V."""
         pipeline_k.consumer_wait(kv_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
@@ -967,16 +969,25 @@ class RankerAttentionFwd:
 
     @cute.jit
     def scores_to_probs(self, acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2, softmax_scale,
-                        cap, fixed, is_first: cutlass.Constexpr, need_mask: cutlass.Constexpr):
-        """Cap, edge mask, online softmax of one S tile in place; the O rescale factors into ``row_scale``."""
+                        cap, fixed, is_first: cutlass.Constexpr, need_mask):
+        """Cap, edge mask, online softmax of one S tile in place; the O rescale factors into ``row_scale``.
+        ``need_mask``: a Python bool (masked or not, decided at trace time) or a run-time Boolean."""
         self.apply_cap(acc_S, softmax_scale, cap)
         acc_S_mn = sm90.acc_mn(acc_S)
-        if const_expr(need_mask):
-            for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
-                if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
-                    for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                        acc_S_mn[r, c] = -Float32.inf
+        if const_expr(isinstance(need_mask, bool)):
+            if const_expr(need_mask):
+                self.mask_keys(acc_S_mn, n_block, tScS_mn, seg)
+        elif need_mask:
+            self.mask_keys(acc_S_mn, n_block, tScS_mn, seg)
         self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, fixed, is_first)
+
+    @cute.jit
+    def mask_keys(self, acc_S_mn, n_block, tScS_mn, seg):
+        """-inf at the columns of S (KV block ``n_block``) that are not history keys."""
+        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+            if not seg.col_valid(n_block * self.tile_n + tScS_mn[0, c][1]):
+                for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+                    acc_S_mn[r, c] = -Float32.inf
 
     @cute.jit
     def rescale_O(self, acc_O, row_scale, fixed: cutlass.Constexpr):
@@ -1021,7 +1032,7 @@ class RankerAttentionFwd:
     @cute.jit
     def mma_one_n_block_overlap(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
                                 acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
-                                scale_log2, softmax_scale, cap, wg_idx, fixed, need_mask: cutlass.Constexpr):
+                                scale_log2, softmax_scale, cap, wg_idx, fixed, need_mask):
         """Overlapped step: issue S_n = Q K_n^T, rescale O by the previous softmax's factors while it runs,
         issue O += P_prev V_prev; then the softmax of S_n, while the PV GEMM is in flight.
 
