@@ -201,6 +201,13 @@ class RankerFwdConfig(ValidatedConfig):
     # the fixed one has no rescale).  The factors then live across the loop step: the three-warpgroup configs
     # at 160 registers keep the late rescale (fp16 D=128 soft_sign varlen spilled 8 bytes with it)
     early_rescale: bool = True
+    # with intra_wg_overlap: the history loop's last step (KV block n_block_min, which may need the key mask) is
+    # the loop's last iteration, masked at run time, instead of a copy of the step of its own after the loop:
+    # one traced copy fewer (session 47, shipped D=128 config: compile 5.3-6.1 -> 4.2-4.6 s on a 2-core machine,
+    # PTX -17%; same bits, same speed in interleaved A/Bs, bench/results/logs/2026-12-04_s47_ranker_fwd_*).  The
+    # three-warpgroup capped config keeps the copy: with it the tanh cap ran 2-4% slower in both A/B runs (its
+    # 64-key steps are short: the run-time branch is a larger share of each)
+    masked_step_in_loop: bool = True
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
@@ -304,7 +311,7 @@ CONFIGS = {
 _D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6, fixed_row_max=True, checked_max=False)
 _D128_CAPPED = RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3, producer_regs=32,
                                consumer_regs=160, persistent=True, skip_unit_rescale=True, fixed_row_max=True,
-                               early_rescale=False)
+                               early_rescale=False, masked_step_in_loop=False)
 CAP_CONFIGS = {
     ("tanh", 128): _D128_CAPPED,
     ("soft_sign", 128): _D128_CAPPED,
@@ -917,11 +924,16 @@ class RankerAttentionFwd:
         if const_expr(self.config.intra_wg_overlap):
             # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
             kv_state = self.first_half_block(kv_state, n_block_min + n_blocks - 1, *args)
-            # one loop for the rest: its last step (block n_block_min) masks at run time (one traced copy of
-            # the step, not an unmasked one plus a masked one: session 47, ~1 s of compile)
-            for i in cutlass.range(n_blocks - 1, unroll=1):
-                kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *args,
-                                                        need_mask=i == n_blocks - 2)
+            if const_expr(self.config.masked_step_in_loop):  # (the last step masks at run time)
+                for i in cutlass.range(n_blocks - 1, unroll=1):
+                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *args,
+                                                            need_mask=i == n_blocks - 2)
+            else:
+                for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
+                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min + n_blocks - 2 - i, *args,
+                                                            need_mask=False)
+                if n_blocks > 1:
+                    kv_state = self.mma_one_n_block_overlap(kv_state, n_block_min, *args, need_mask=True)
             if release_q:
                 pipeline_q.consumer_release(q_state)  # every QK GEMM of this tile has completed
             kv_state = self.last_half_block(kv_state, *args)
@@ -929,8 +941,8 @@ class RankerAttentionFwd:
             self.scheduler_sync(wg_idx)
             kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 1, *args,
                                             is_first=True, need_mask=True)
-            # (here the last step stays a copy of its own: one loop with the mask at run time spilled 8 bytes in
-            # the D=64 three-warpgroup configs, session 47)
+            # (the last step is a copy of its own whatever masked_step_in_loop: one loop with the mask at run time
+            # spilled 8 bytes in the D=64 three-warpgroup configs, session 47)
             for i in cutlass.range(cutlass.max(n_blocks - 2, 0), unroll=1):
                 kv_state = self.mma_one_n_block(kv_state, n_block_min + n_blocks - 2 - i, *args,
                                                 is_first=False, need_mask=False)
