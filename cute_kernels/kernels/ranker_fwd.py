@@ -577,11 +577,10 @@ class RankerAttentionFwd:
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
                                            cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
         n_block = n_block_min + n_blocks - 1
+        kv_copies = (tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k, pipeline_v)
         # (no history block: only a self_kv_tma candidate tile with an empty history, which loads Q and its own rows)
-        if n_blocks > 0:
-            pipeline_k.producer_acquire(kv_state)  # (K of the first block ahead of Q: the first GEMM needs both)
-            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                      tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+        if n_blocks > 0:  # (K of the first block ahead of Q: the first GEMM needs both)
+            self.load_k_block(n_block, kv_state, *kv_copies)
         pipeline_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
         q_state.advance()
@@ -591,7 +590,6 @@ class RankerAttentionFwd:
             if self_rows and n_blocks > 0:
                 cute.prefetch(tma_atom_K, tKgK[None, m_block])  # (L2 only: the self stage's load below hits it)
                 cute.prefetch(tma_atom_V, tVgV[None, m_block])
-        kv_copies = (tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k, pipeline_v)
         if n_blocks > 0:
             kv_state = self.load_v_block(n_block, kv_state, *kv_copies)
         for i in cutlass.range(n_blocks - 1, unroll=1):
@@ -612,9 +610,17 @@ class RankerAttentionFwd:
         return taken
 
     @cute.jit
+    def load_k_block(self, n_block, kv_state, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k,
+                     pipeline_v):
+        """TMA of K block ``n_block`` into K/V stage ``kv_state`` (on K's barrier; the state is not advanced)."""
+        pipeline_k.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+
+    @cute.jit
     def load_v_block(self, n_block, kv_state, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k,
                      pipeline_v):
-        """TMA of V block ``n_block`` into the K/V stage whose K :meth:`load_tile` issued ahead of Q."""
+        """TMA of V block ``n_block`` into K/V stage ``kv_state`` (on V's barrier), whose K was issued; advances."""
         pipeline_v.producer_acquire(kv_state)
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
                   tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
@@ -622,17 +628,10 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def load_kv_block(self, n_block, kv_state, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k,
-                      pipeline_v):
+    def load_kv_block(self, n_block, kv_state, *kv_copies):
         """TMA of K and V block ``n_block`` into the next K/V stage (each on its own barrier)."""
-        pipeline_k.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
-        pipeline_v.producer_acquire(kv_state)
-        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
-                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
-        kv_state.advance()
-        return kv_state
+        self.load_k_block(n_block, kv_state, *kv_copies)
+        return self.load_v_block(n_block, kv_state, *kv_copies)
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
