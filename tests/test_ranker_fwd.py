@@ -1242,6 +1242,26 @@ def test_reference_takes_any_real_scale_and_cap():
     assert torch.equal(got, want)
 
 
+def test_masked_step_in_loop_traces_one_copy_of_the_step():
+    """masked_step_in_loop (shipped at D=128 without a cap; session 47: ~1 s of compile): the overlapped history
+    loop's masked last step runs as the loop's last iteration, so the kernel holds one copy of the overlapped
+    step per history loop (fixed and online max) instead of two: fewer WGMMA instructions in the PTX (96 -> 64
+    in session 47).  The capped three-warpgroup config keeps the separate step (its tanh cap ran slower)."""
+    from cute_kernels.runtime.cache import compile_record
+
+    shipped = rf.shipped_config(torch.bfloat16, 128)
+    assert shipped.masked_step_in_loop and shipped.intra_wg_overlap
+    assert not rf.shipped_config(torch.bfloat16, 128, "tanh").masked_step_in_loop
+    wgmmas = {}
+    for cfg in (shipped, dataclasses.replace(shipped, masked_step_in_loop=False)):
+        rf._compile(torch.bfloat16, cfg, 1, "none", False)
+        ptx = compile_record(rf.NAME, (str(torch.bfloat16), cfg, 1, "none", False)).ptx
+        wgmmas[cfg.masked_step_in_loop] = ptx.count("wgmma.mma_async")
+    # one overlapped step (a QK and a PV GEMM, head_dim / 16 and tile_n / 16 WGMMAs) fewer per history loop
+    step = shipped.head_dim // 16 + shipped.tile_n // 16
+    assert wgmmas[False] - wgmmas[True] == 2 * step, wgmmas
+
+
 def test_caller_config_that_spills_gets_a_warning():
     """A caller's config whose kernel keeps registers in local memory (bf16 D=64 soft_sign varlen at tile_n=128:
     16 B of stack; session 36's fp16 D=128 soft_sign varlen with early_rescale, 8 B then, no longer spills since
