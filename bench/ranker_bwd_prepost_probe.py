@@ -4,10 +4,12 @@ per CTA change (issue 4; the two memory-bound kernels around the mainloop: ~150 
 
     python3 bench/ranker_bwd_prepost_probe.py [--only KEY ...] [--post-passes 2,8,16]   (on the GPU; bench/ on sys.path)
 
-Per bench shape, CUDA-graph medians (``cuda_time_us``) of: the shipped preprocess (dPsum, LSE2 and the
-zeroed float32 dQ accumulator), the same without the zeroing (the deterministic mode's variant), torch's
-``zero_()`` of the accumulator (a memset), the shipped postprocess (MHA: dQ out of the accumulator plus
-the candidates' self terms), that postprocess compiled with other row passes per CTA
+Per bench shape, CUDA-graph medians (``cuda_time_us``) of: the preprocess that zeroes the float32 dQ
+accumulator (``pre_zero``: dPsum, LSE2 and the zeroed accumulator; what a call with ``dq_zero_in_mainloop``
+off, or over its sequence limit, runs), the one that zeroes only the q blocks' flags (``pre``: the shipped
+default since session 48, and the deterministic mode's), torch's ``zero_()`` of the accumulator (a memset),
+the postprocess a call with them launches (MHA: dQ out of the accumulator, every flag set here, plus the
+candidates' self terms), the flagless postprocess compiled with other row passes per CTA
 (``ranker_bwd_postprocess.PASSES``: more 16-byte loads in flight per thread, fewer CTAs), and torch's
 ``dq_accum.to(bfloat16)`` (the same read + write, for scale).  Each figure also as GB/s of the bytes the
 kernel must move.  One JSON line per shape.
@@ -57,19 +59,25 @@ def probe(case, post_passes):
     keys = rb.call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, s, cap, cap_method, False, rb._num_sms(q.device))
     scale = 1.0 / math.sqrt(d)
     scale_log2, capf = rb.exp2_scale(scale, cap), float(cap) if cap is not None else 1.0
+    flagged = keys["pre"][4]
     pre = rb._fn("pre", *keys["pre"])
-    pre_nozero = rb._fn("pre", *keys["pre"][:4], True, False)
-    post_args = (q, k, v, do, lse2, dpsum, dq_accum, None, dq, dk, dv, None, None, bounds, None, scale_log2, scale,
-                 capf, nb, s)
+    pre_zero = rb._fn("pre", *keys["pre"][:4], False, False)
+    flags = torch.ones((nb, hq, rows // cfg.tile_m), dtype=torch.int32, device=q.device) if flagged else None
+    post_args = (q, k, v, do, lse2, dpsum, dq_accum, flags, dq, dk, dv, None, None, bounds, None, scale_log2,
+                 scale, capf, nb, s)
+    plain_args = post_args[:7] + (None,) + post_args[8:]
     post = rb._fn("post", *keys["post"])
-    pre(o, do, lse, None, lse2, dpsum, dq_accum, None, nb, s)  # LSE2 and dPsum for the postprocess
+    pre_zero(o, do, lse, None, lse2, dpsum, dq_accum, None, None, nb, s)  # LSE2 and dPsum for the postprocess
     dq_accum.normal_()  # any accumulator contents: the row-pass variants must give the shipped postprocess's bits
     post(*post_args)
     ref_dq = dq.clone()
     acc_bytes, io_bytes = dq_accum.numel() * 4, q.numel() * 2
+    pre_flags = torch.empty_like(flags) if flagged else None  # (the preprocess zeroes these, not `flags`)
     fns = {
-        "pre": (lambda: pre(o, do, lse, None, lse2, dpsum, dq_accum, None, nb, s), 2 * io_bytes + acc_bytes),
-        "pre_nozero": (lambda: pre_nozero(o, do, lse, None, lse2, dpsum, dq_accum, None, nb, s), 2 * io_bytes),
+        "pre_zero": (lambda: pre_zero(o, do, lse, None, lse2, dpsum, dq_accum, None, None, nb, s),
+                     2 * io_bytes + acc_bytes),
+        "pre": (lambda: pre(o, do, lse, None, lse2, dpsum, dq_accum, pre_flags, None, nb, s),
+                2 * io_bytes + (0 if flagged else acc_bytes)),
         "memset": (lambda: dq_accum.zero_(), acc_bytes),
         "post": (lambda: post(*post_args), acc_bytes + io_bytes),
         "to_bf16": (lambda: dq_accum.to(torch.bfloat16), acc_bytes + acc_bytes // 2),
@@ -78,13 +86,13 @@ def probe(case, post_passes):
     for p in post_passes:
         fn = compile_post_passes(p, q.dtype, d, cfg.tile_m, cap_method)
         dq.fill_(float("nan"))
-        fn(*post_args)
+        fn(*plain_args)
         torch.cuda.synchronize()
         same = bool(torch.equal(dq, ref_dq))
-        fns[f"post_passes{p}"] = (lambda fn=fn: fn(*post_args), acc_bytes + io_bytes)
+        fns[f"post_passes{p}"] = (lambda fn=fn: fn(*plain_args), acc_bytes + io_bytes)
         out[f"post_passes{p}_same_bits"] = same
     # the postprocesses first, while the accumulator holds the random contents (memset and pre zero it)
-    order = [n for n in fns if not n.startswith("pre") and n != "memset"] + ["memset", "pre_nozero", "pre"]
+    order = [n for n in fns if not n.startswith("pre") and n != "memset"] + ["memset", "pre", "pre_zero"]
     for rnd in range(3):
         for name in (order if rnd % 2 == 0 else order[::-1][3:] + order[-3:]):
             fn, nbytes = fns[name]

@@ -3,6 +3,7 @@ configs, sm_90a compiles of the three kernels and the PTX/SASS features they pro
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -418,8 +419,13 @@ def test_mainloop_compiles_sm90a(target):
                  "mbarrier", "stmatrix"):
         assert feat in ptx, (feat, ptx)
     _, cfg, g, _, varlen = target.key
-    if cfg.deterministic:  # ordered adds: acquire spin + release bump of int32 semaphores
+    if rb.dq_flagged(cfg):  # ordered adds, or tiles zeroed in the mainloop: acquire spin + release of int32 flags,
+        # and TMA stores of dQ tiles (the first add in order, or the zeros)
         assert "atom.global.acquire.add" in rec.ptx and "atom.global.release.add" in rec.ptx
+        tma_stores = len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", rec.ptx))
+        dkv_stores = 2 if not varlen and cfg.gqa_group_per_cta is not False else 0  # (else 16-byte stores or adds)
+        assert tma_stores >= dkv_stores + 2, (tma_stores, dkv_stores)
+    assert rb.dq_flagged(cfg), "every shipped mainloop target keeps dQ flags (dq_zero_in_mainloop or deterministic)"
     if g == 1 and not varlen:
         assert "tma store (cp.async.bulk.tensor)" in ptx
     if varlen and g == 1:  # predicated 16-byte dK/dV stores (GQA: TMA reduce-adds)
@@ -439,10 +445,34 @@ def test_mainloop_compiles_sm90a(target):
 KNOWN_SPILL_BYTES = {  # ptxas stack bytes of the shipped D=128 config (dQ^T = K^T dS^T, session 12); MHA tanh with
     # skip_key_bias's two q-block loops (session 29): 16 (24 with one loop)
     "bfloat16 D=128 gqa=1 cap=tanh": 16,
-    "bfloat16 D=128 gqa=4 group cap=tanh": 8,
+    # GQA group tanh: 8 B until session 48, 24 since the dQ warp zeroes tiles (dq_zero_in_mainloop; the spills
+    # are in the MMA warpgroups' loop, five values kept across it)
+    "bfloat16 D=128 gqa=4 group cap=tanh": 24,
     "bfloat16 D=128 gqa=4 group cap=tanh varlen det": 8,
     "bfloat16 D=128 gqa=4 per-head cap=tanh varlen det": 8,
 }
+
+
+@pytest.mark.parametrize("s,sms,det,want", [
+    (4608, 132, False, True),                 # 36 KV blocks <= min(64, 132 // 3)
+    (44 * 128, 132, False, True),             # 44: the edge
+    (44 * 128 + 1, 132, False, False),        # 45 KV blocks: the preprocess zeroes
+    (16384 + 1024, 132, False, False),
+    (1280, 30, False, True), (1281, 30, False, False),  # a MIG slice of 30 SMs: 10 blocks at most
+    (1280, 132, True, False),                 # the deterministic mode does not use it
+])
+def test_resolve_dq_zeroing(s, sms, det, want):
+    """dq_zero_in_mainloop stays on where a sequence's history KV blocks fit at once in a third of the SMs
+    (and at most STAGGER_MAX_KV_BLOCKS): a KV block's first dQ add may wait for another's start.  The
+    pre/postprocess keys follow it (flags, no accumulator zeroing), also in the deterministic mode."""
+    cfg = rb.dataclasses.replace(rb.CONFIGS[128], deterministic=det)
+    got = rb.resolve_dq_zeroing(cfg, s, sms)
+    assert got.dq_zero_in_mainloop is want
+    a = rb.call_launch_args(torch.bfloat16, cfg, 1, 2, 4, s, None, "tanh", False, sms)
+    assert a["main"][1].dq_zero_in_mainloop is want
+    assert a["pre"][4] is a["post"][7] is (want or det)
+    off = rb.dataclasses.replace(cfg, dq_zero_in_mainloop=False)
+    assert rb.resolve_dq_zeroing(off, 128, 132) is off
 
 
 def test_call_launch_args_follows_the_eager_call():
@@ -564,20 +594,21 @@ def test_kernel_plan_matches_reference(s, rows, cap, cap_method):
 
 
 # ---------------------------------------------------------------- pre/postprocess kernels, validation
-@pytest.mark.parametrize("d,tm,varlen,det,dlse", [(128, 64, False, False, False), (64, 64, True, False, False),
+@pytest.mark.parametrize("d,tm,varlen,flagged,dlse", [(128, 64, False, False, False), (64, 64, True, False, False),
                                                     (64, 128, False, False, False), (128, 64, False, True, True),
                                                     (128, 64, True, True, False)])
-def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, det, dlse):
-    """16-byte loads (and, zeroing the dQ accumulator, 16-byte stores), no spills; for the deterministic
-    mainloop (whose first KV block stores its dQ tile) no accumulator stores."""
+def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, flagged, dlse):
+    """16-byte loads (and, zeroing the dQ accumulator, 16-byte stores), no spills; with ``dq_flagged`` (the
+    deterministic mainloop, whose first KV block stores its dQ tile, or one that zeroes the tiles itself) no
+    accumulator stores."""
     from cute_kernels.kernels import ranker_bwd_preprocess as pre
 
-    key = (str(torch.bfloat16), d, tm, varlen, det, dlse)
-    pre.compile_preprocess(torch.bfloat16, d, tm, varlen, det, dlse)
+    key = (str(torch.bfloat16), d, tm, varlen, flagged, dlse)
+    pre.compile_preprocess(torch.bfloat16, d, tm, varlen, flagged, dlse)
     rec = compile_record(pre.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx, ptx
-    assert ("st.global.v4 (16B stores)" in ptx) is not det, ptx
+    assert ("st.global.v4 (16B stores)" in ptx) is not flagged, ptx
     assert "local memory (spill)" not in ptx
     if rec.sass:
         sass = find_features(rec.sass, SASS_FEATURES)
@@ -588,12 +619,12 @@ def test_preprocess_compiles_vectorized_no_spills(d, tm, varlen, det, dlse):
     (128, 64, 1, "tanh", False, False), (128, 64, 4, "none", False, True), (128, 64, 4, "none", False, False),
     (64, 64, 2, "soft_sign", True, True), (64, 128, 2, "none", False, False),
     (64, 128, 1, "none", True, False)])  # MHA varlen: spilled 8 B before the dQ loads were hoisted
-@pytest.mark.parametrize("det", [False, True], ids=["", "deterministic"])
-def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc, det):
+@pytest.mark.parametrize("flagged", [False, True], ids=["", "flagged"])
+def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc, flagged):
     from cute_kernels.kernels import ranker_bwd_postprocess as post
 
-    key = (str(torch.bfloat16), d, tm, g, capm, varlen, acc, det)
-    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen, acc, det)
+    key = (str(torch.bfloat16), d, tm, g, capm, varlen, acc, flagged)
+    post.compile_postprocess(torch.bfloat16, d, tm, g, capm, varlen, acc, flagged)
     rec = compile_record(post.NAME, key)
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx

@@ -181,6 +181,15 @@ class RankerBwdConfig(ValidatedConfig):
     # 1557 vs 1566, B=16 1K+256 1051 / 954 / 955 vs 895-902, B=8 2K+2K 1486 / 1412 / 1418 vs 1304-1318 (16K: 128 KV
     # blocks, no stagger); the default mode with 1 / 2 was level to 4% slower (headline 2823 / 2777): not taken.
     walk_stagger: Optional[int] = dataclasses.field(default=None, metadata={"type": int})
+    # The default mode's float32 dQ accumulator zeroed by the mainloop's own KV blocks instead of the preprocess:
+    # at its start the dQ warp of the r-th of a sequence's n_kv history KV blocks TMA-stores zeros (from sdQ) into
+    # the dQ tiles of walk indices r, r + n_kv, ... and sets their int32 flags (release); every dQ add first waits
+    # for its tile's flag (acquire).  The zeros stay in L2, where the reduce-adds then hit them, instead of a
+    # write to HBM by the preprocess and a read back by the adds; the preprocess only zeroes the flags.  A KV
+    # block waits for the start of the others of its sequence, so they must be able to be resident at once:
+    # :func:`resolve_dq_zeroing` turns it off where :data:`STAGGER_MAX_KV_BLOCKS`'s rule fails.  Ignored in the
+    # deterministic mode (there the first add in order stores its tile).
+    dq_zero_in_mainloop: bool = True
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -412,6 +421,14 @@ def resolve_gqa_group(config: RankerBwdConfig, qhead_per_kvhead: int, num_batch:
 
 
 @cute.jit
+def _wait_while_zero(flag_ptr):
+    """Spin (one thread) while the int32 flag at ``flag_ptr`` is 0 (acquire, GPU scope)."""
+    seen = cute.arch.atomic_add(flag_ptr, Int32(0), sem="acquire", scope="gpu")
+    while seen == 0:
+        seen = cute.arch.atomic_add(flag_ptr, Int32(0), sem="acquire", scope="gpu")
+
+
+@cute.jit
 def _wait_until(sem_ptr, value):
     """Spin (one thread) until the int32 semaphore at ``sem_ptr`` equals ``value`` (acquire, GPU scope)."""
     seen = cute.arch.atomic_add(sem_ptr, Int32(0), sem="acquire", scope="gpu")
@@ -521,6 +538,10 @@ class RankerAttentionBwd:
         self.num_mma_threads = 128 * config.mma_wgs
         self.num_threads = 128 + self.num_mma_threads
         self.dq_parts = config.mma_wgs if config.dq_per_wg else 1  # TMA reduce-adds per q block
+        # dQ tiles zeroed by this kernel's KV blocks; int32 flags per (q block, query head) then, as the
+        # deterministic mode's counters
+        self.dq_zero_duty = config.dq_zero_in_mainloop and not config.deterministic
+        self.dq_flagged = config.deterministic or self.dq_zero_duty
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -563,8 +584,8 @@ class RankerAttentionBwd:
             cpasync.CopyBulkTensorTileG2SOp(), mdPsum, cute.make_layout(self.tile_m), (self.tile_m,))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
-        tma_atom_dQst, tma_dQst = None, None  # deterministic: the first KV block's plain store
-        if const_expr(self.config.deterministic):
+        tma_atom_dQst, tma_dQst = None, None  # deterministic: the first KV block's plain store; zeroing the tiles
+        if const_expr(self.dq_flagged):
             tma_atom_dQst, tma_dQst = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
         if const_expr(self.dkv_accumulated):
@@ -635,6 +656,7 @@ class RankerAttentionBwd:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdSt = storage.sdSt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sdQ_flat = storage.sdQ.get_tensor(cute.make_layout(cute.cosize(sdQ_layout)))  # (zeroed whole)
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sdPsum = storage.sdPsum.get_tensor(sLSE_layout)
         sdKVacc = cute.make_tensor(
@@ -648,7 +670,7 @@ class RankerAttentionBwd:
                           tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                           pipeline_kv, pipeline_q, pipeline_do, work)
             if warp_idx == 1:
-                self.dq_reduce(tma_dQ, tma_dQst, sdQ, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
+                self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
             self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum,
@@ -831,7 +853,7 @@ class RankerAttentionBwd:
                                       cute.group_modes(gdPsum, 0, 1)))
 
     @cute.jit
-    def dq_reduce(self, tma_dQ, tma_dQst, sdQ, tma_atom_dQ, tma_atom_dQst, mdQsem, work):
+    def dq_reduce(self, tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work):
         """Warp 1: for each (q block, query head) step, wait for the MMA warpgroups' dQ tile in smem
         (``dq_parts`` blocks, one per warpgroup with ``dq_per_wg``: head-dim columns, or q rows with
         ``dq_split_rows``), add each to the float32
@@ -842,15 +864,18 @@ class RankerAttentionBwd:
         counts the adds done; FlashAttention-3's scheme), the first in order with a TMA store instead (the
         accumulator is not zeroed there; the postprocess reads zeros where the count stayed 0): KV order,
         or with ``walk_stagger`` the order in which the staggered walks reach the q block
-        (:meth:`dq_add_position`)."""
+        (:meth:`dq_add_position`).  ``dq_zero_in_mainloop``: first this CTA's share of the zeroing
+        (:meth:`zero_dq_tiles`), then each add after its tile's flag is set."""
         count = work[9]
         lane = cute.arch.lane_idx()
         if count > 0:
             head_arg = work[1] if const_expr(self.heads_per_cta == 1) else None
             parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work, head_arg)
             store_parts = parts
-            if const_expr(self.config.deterministic):
+            if const_expr(self.dq_flagged):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
+            if const_expr(self.dq_zero_duty):
+                self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work)
             nthreads = self.num_mma_threads // self.dq_parts + 32
             for w in cutlass.range_constexpr(self.dq_parts):  # sdQ is free for the first q block
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
@@ -860,14 +885,17 @@ class RankerAttentionBwd:
                 pos = self.dq_add_position(t, work) if const_expr(self.config.deterministic) else None
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
-                    if const_expr(self.config.deterministic and w == 0):
+                    if const_expr(self.dq_flagged and w == 0):
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         if lane == 0:
-                            _wait_until(sem, pos)
+                            if const_expr(self.config.deterministic):
+                                _wait_until(sem, pos)
+                            else:
+                                _wait_while_zero(sem)
                         cute.arch.sync_warp()
                         cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-add
                     tdQsdQ, tdQgdQ = parts[w]
-                    coord = (m_block * self.dq_parts + w, 0) if const_expr(self.config.dq_split_rows) else (m_block, w)
+                    coord = self.dq_tile_coord(m_block, w)
                     if const_expr(self.config.deterministic):
                         if pos == 0:
                             cute.copy(tma_atom_dQst, store_parts[w][0], self._block(store_parts[w][1], head, *coord))
@@ -889,6 +917,42 @@ class RankerAttentionBwd:
                     if lane == 0:
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+
+    @cute.jit
+    def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work):
+        """``dq_zero_in_mainloop``, warp 1 before the first q block: zero sdQ, TMA-store it over the dQ tiles of
+        walk indices ``rank, rank + n_kv, ...`` (this KV block's share: every index below ``count`` has one
+        owner among the sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices), wait
+        for the writes, then set each tile's flag (release; the adds acquire it: :meth:`dq_reduce`)."""
+        lane = cute.arch.lane_idx()
+        count, rank, n_kv = work[9], work[11], work[12]
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+        rZero = cute.make_rmem_tensor((4,), Float32)
+        rZero.fill(0.0)
+        for j in cutlass.range(self.tile_m * self.head_dim // 128, unroll=4):  # 16 bytes per lane each
+            cute.copy(st_atom, rZero, cute.local_tile(sdQ_flat, (4,), (j * 32 + lane,)))
+        cute.arch.fence_view_async_shared()  # the zeros -> the TMA stores' reads
+        cute.arch.sync_warp()
+        mine = (count - rank + n_kv - 1) // n_kv
+        for j in cutlass.range(mine, unroll=1):
+            head, m_block = self.head_m_block_of(rank + j * n_kv, work)
+            for w in cutlass.range_constexpr(self.dq_parts):
+                tXsX, tXgX = store_parts[w]
+                cute.copy(tma_atom_dQst, tXsX, self._block(tXgX, head, *self.dq_tile_coord(m_block, w)))
+            cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=False)  # written, not only read
+        cute.arch.sync_warp()
+        if lane == 0:
+            for j in cutlass.range(mine, unroll=1):
+                head, m_block = self.head_m_block_of(rank + j * n_kv, work)
+                cute.arch.atomic_add(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(1), sem="release",
+                                     scope="gpu")
+
+    def dq_tile_coord(self, m_block, w):
+        """Coordinate of q block ``m_block``'s part ``w`` in the dQ accumulator's tiling by :meth:`dq_box`."""
+        if const_expr(self.config.dq_split_rows):
+            return (m_block * self.dq_parts + w, 0)
+        return (m_block, w)
 
     def dq_parts_of(self, tma_dQ, sdQ, tma_atom_dQ, work, head):
         """TMA partitions (smem part w, gmem by (q block, part)) of query head ``head``'s dQ accumulator;
@@ -1190,8 +1254,9 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
         rows, dq_acc, cu = f.rows, f.dq_accum(), f.cu
         dk, dv, bounds = f.outputs(hkv, acc_dtype), f.outputs(hkv, acc_dtype), f.bounds()
         dq_sem = dkv_sem = None
-        if config.deterministic:  # int32 counters (see _backward_impl)
+        if dq_flagged(config):  # int32 counters / flags (see _backward_impl)
             dq_sem = f.dq_sem()
+        if config.deterministic:
             if accumulated:
                 dkv_sem = fake_tensor(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
         return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
@@ -1226,7 +1291,8 @@ def compile_targets() -> list[CompileTarget]:
 
     out, helpers = [], {}
     for dtype, d, g, capm, varlen, det, group in cases:
-        cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group)
+        cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group,
+                                  dq_zero_in_mainloop=not det)  # (as resolve_dq_zeroing leaves them)
         args = launch_args(dtype, cfg, g, capm, varlen)
         dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][6]
         label = (f"{dt} D={d} gqa={g}{'' if group is None else (' group' if group else ' per-head')}"
@@ -1269,9 +1335,28 @@ def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int,
     :func:`_backward_impl` and :func:`compile_targets` both use; the preprocess's without a dLSE, its last
     argument; ``post[6]``: dK/dV through float32 accumulators)."""
     accumulated = qhead_per_kvhead > 1 and cfg.gqa_group_per_cta is False  # dK/dV in float32 accumulators
-    d, tm, det = cfg.head_dim, cfg.tile_m, cfg.deterministic  # (deterministic: dQ tiles stored first, not zeroed)
-    return {"pre": (dtype, d, tm, varlen, det, False), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
-            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, det)}
+    d, tm, flagged = cfg.head_dim, cfg.tile_m, dq_flagged(cfg)  # (flagged: the preprocess zeroes no dQ tile)
+    return {"pre": (dtype, d, tm, varlen, flagged, False), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
+            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, flagged)}
+
+
+def dq_flagged(cfg: RankerBwdConfig) -> bool:
+    """Whether the mainloop keeps an int32 flag per (q block, query head) of the dQ accumulator (the
+    deterministic mode's add counters, or ``dq_zero_in_mainloop``'s zeroed-tile flags): the preprocess then
+    zeroes the flags, not the accumulator, and the postprocess reads zeros where a flag stayed 0."""
+    return cfg.deterministic or cfg.dq_zero_in_mainloop
+
+
+def resolve_dq_zeroing(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -> RankerBwdConfig:
+    """``config`` with ``dq_zero_in_mainloop=False`` in the deterministic mode (it does not use it) and where a
+    sequence of ``max_seqlen`` tokens may have more history KV blocks than :data:`STAGGER_MAX_KV_BLOCKS` or a
+    third of ``num_sms``: a KV block's first dQ add may wait for another KV block of its sequence to start and
+    zero the tile, so they must fit on the GPU at once (the rule of :func:`resolve_walk_stagger`)."""
+    blocks = -(-max_seqlen // config.tile_n)
+    if config.dq_zero_in_mainloop and (config.deterministic
+                                       or blocks > min(STAGGER_MAX_KV_BLOCKS, num_sms // 3)):
+        return _with_field(config, "dq_zero_in_mainloop", False)
+    return config
 
 
 def resolve_walk_stagger(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -> RankerBwdConfig:
@@ -1293,6 +1378,7 @@ def call_launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead:
     :func:`resolve_walk_stagger`, and the cap method ``"none"`` when ``cap`` is None."""
     cfg = resolve_gqa_group(cfg, qhead_per_kvhead, num_batch, num_kv_heads, max_seqlen, num_sms)
     cfg = resolve_walk_stagger(cfg, max_seqlen, num_sms)
+    cfg = resolve_dq_zeroing(cfg, max_seqlen, num_sms)
     return launch_args(dtype, cfg, qhead_per_kvhead, "none" if cap is None else cap_method, varlen)
 
 
@@ -1534,22 +1620,25 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     keys = call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, max_seqlen, cap, cap_method, varlen,
                             _num_sms(q.device))
     accumulated = keys["post"][6]  # dK/dV through float32 accumulators
+    cfg = keys["main"][1]  # (resolved)
+    # dQ adds counted in order (deterministic) or dQ tiles zeroed by the mainloop, per (q block, head): 0 means
+    # the tile is not written; the preprocess zeroes them
+    dq_sem = q.new_empty((1 if varlen else nb, hq, row_shape[-1] // cfg.tile_m), dtype=torch.int32) \
+        if dq_flagged(cfg) else None
     if dlse is None:
-        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, cu_seqlens, nb, max_seqlen)
+        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, dq_sem, cu_seqlens, nb, max_seqlen)
     else:
-        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, cu_seqlens,
-                                            nb, max_seqlen)
+        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, dq_sem,
+                                            cu_seqlens, nb, max_seqlen)
     dq, dk, dv = _grad_buffer(dq, q), _grad_buffer(dk, k), _grad_buffer(dv, v)
     if varlen:  # packed tokens past cu_seqlens[-1] belong to no sequence: zero gradients
         for t in (dq, dk, dv):
             t.zero_()
-    dk_accum = dv_accum = dq_sem = dkv_sem = None
+    dk_accum = dv_accum = dkv_sem = None
     if accumulated:
         dk_accum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv_accum = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-    if cfg.deterministic:  # dQ adds done per (q block, head), counted in order (0: the tile is not written)
-        dq_sem = torch.zeros((1 if varlen else nb, hq, row_shape[-1] // cfg.tile_m), dtype=torch.int32,
-                             device=q.device)
+    if cfg.deterministic:
         if accumulated:  # adds done per (KV block, KV head), counted in order
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
     _fn("main", *keys["main"])(

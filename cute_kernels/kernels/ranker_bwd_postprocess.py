@@ -62,7 +62,7 @@ class RankerBwdPostprocess:
     in float32 accumulators)."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str, varlen: bool,
-                 dkv_accumulated: bool, deterministic: bool = False):
+                 dkv_accumulated: bool, dq_flagged: bool = False):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
         self.dtype = dtype
@@ -72,7 +72,7 @@ class RankerBwdPostprocess:
         if dkv_accumulated and qhead_per_kvhead == 1:
             raise ValueError("dkv_accumulated: only GQA (qhead_per_kvhead > 1) has dK/dV accumulators")
         self.dkv_accumulated = dkv_accumulated
-        self.deterministic = deterministic  # the accumulator's q block tiles hold data only where counted
+        self.dq_flagged = dq_flagged  # the accumulator's q block tiles hold data only where flagged (not 0)
         self.cap_method = cap_method
         self.varlen = varlen
         self.vec = 128 // dtype.width
@@ -254,10 +254,11 @@ class RankerBwdPostprocess:
 
     @cute.jit
     def _dq_written(self, mdQsem, prow, head, batch):
-        """Whether the mainloop wrote the dQ accumulator's tile of padded row ``prow`` (deterministic mode: its
-        q block's counter is not 0; else always, the preprocess zeroed the accumulator)."""
+        """Whether the mainloop wrote the dQ accumulator's tile of padded row ``prow`` (``dq_flagged``: its q
+        block's flag is not 0, the count of the deterministic mode's adds or the flag of the tile's zeroing
+        in the mainloop; else always, the preprocess zeroed the accumulator)."""
         written = True
-        if const_expr(self.deterministic):
+        if const_expr(self.dq_flagged):
             if const_expr(self.varlen):
                 written = mdQsem[0, head, prow // self.tile_m] != 0
             else:
@@ -293,7 +294,7 @@ class RankerBwdPostprocess:
         cute.copy(atom, r, cute.local_tile(g_row, (self.vec,), (chunk,)))
 
 
-def fake_args(dtype: torch.dtype, head_dim: int, varlen: bool, dkv_accumulated: bool, deterministic: bool) -> tuple:
+def fake_args(dtype: torch.dtype, head_dim: int, varlen: bool, dkv_accumulated: bool, dq_flagged: bool) -> tuple:
     """The fake (shape-only) call arguments a :class:`RankerBwdPostprocess` compiles with, in the order of
     :func:`compile_postprocess`'s call (also what ``bench/ranker_bwd_prepost_probe.py`` compiles variants with)."""
     f = BwdFakes(head_dim, varlen)
@@ -301,22 +302,23 @@ def fake_args(dtype: torch.dtype, head_dim: int, varlen: bool, dkv_accumulated: 
     dk_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
     dv_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
     return (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(), f.rows(),
-            f.dq_accum(), f.dq_sem() if deterministic else None, f.outputs(hq, dtype), f.outputs(hkv, dtype),
+            f.dq_accum(), f.dq_sem() if dq_flagged else None, f.outputs(hq, dtype), f.outputs(hkv, dtype),
             f.outputs(hkv, dtype), dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0),
             Int32(1), Int32(1), fake_stream())
 
 
 def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
-                        varlen: bool, dkv_accumulated: bool, deterministic: bool):
+                        varlen: bool, dkv_accumulated: bool, dq_flagged: bool):
     """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum,
     dv_accum, bounds, cu_seqlens, scale_log2, softmax_scale, cap, num_batch, max_seqlen)`` (the
     accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA; ``dq_sem``, the
-    dQ accumulator's counters per q block, None unless the mainloop ran its ``deterministic`` mode)."""
+    dQ accumulator's flags per q block, None unless ``dq_flagged``: the mainloop ran its deterministic mode or
+    zeroed the tiles itself, ``dq_zero_in_mainloop``)."""
 
     def build():
         kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen,
-                                    dkv_accumulated, deterministic)
-        return kern, fake_args(dtype, head_dim, varlen, dkv_accumulated, deterministic)
+                                    dkv_accumulated, dq_flagged)
+        return kern, fake_args(dtype, head_dim, varlen, dkv_accumulated, dq_flagged)
 
     return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated,
-                                 deterministic), build)
+                                 dq_flagged), build)

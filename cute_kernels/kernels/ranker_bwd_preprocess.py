@@ -10,9 +10,11 @@ For every query row and head, over the padded per-row layout of :mod:`.ranker_bw
 * ``LSE2 = LSE * log2(e)``, the form the mainloop's ``exp2(s * scale_log2 - LSE2)`` wants, and
   ``+inf`` where the forward's LSE is ``-inf`` (rows with no valid key) and on padding rows, so
   that ``P`` is exactly 0 there;
-* the float32 dQ accumulator row zeroed (the mainloop TMA-reduce-adds into it); not for the mainloop's
-  deterministic mode, whose first KV block in order stores its dQ tile (the later ones add theirs; the
-  postprocess reads zeros where the q block's counter stayed 0: no KV block wrote the tile).
+* the float32 dQ accumulator row zeroed (the mainloop TMA-reduce-adds into it), or, when the mainloop
+  keeps an int32 flag per (q block, query head) (``dq_flagged``: its deterministic mode, whose first KV
+  block in order stores its dQ tile, or ``RankerBwdConfig.dq_zero_in_mainloop``, where its KV blocks zero
+  the tiles themselves), that flag set to 0 instead and the accumulator left alone (the postprocess reads
+  zeros where a q block's flag stayed 0: no KV block wrote the tile).
 
 One CTA of 128 threads per (q block, query head, batch row); ``head_dim / 8`` consecutive lanes
 share a row, each with one 16-byte load of O and of dO, reduced by warp shuffles.  Memory-bound.
@@ -40,10 +42,10 @@ NUM_THREADS = 128
 
 
 class RankerBwdPreprocess:
-    """dPsum, LSE2 and the zeroed dQ accumulator (not for the deterministic mainloop) for one (dtype, head dim,
-    q block, varlen, deterministic, with dLSE)."""
+    """dPsum, LSE2 and the zeroed dQ accumulator (or, ``dq_flagged``, the q blocks' zeroed flags) for one (dtype,
+    head dim, q block, varlen, dq_flagged, with dLSE)."""
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool, deterministic: bool = False,
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool, dq_flagged: bool = False,
                  with_dlse: bool = False):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
@@ -52,7 +54,7 @@ class RankerBwdPreprocess:
         self.tile_m = tile_m
         self.varlen = varlen
         self.with_dlse = with_dlse
-        self.deterministic = deterministic
+        self.dq_flagged = dq_flagged
         self.vec = 128 // dtype.width  # elements per 16-byte load
         self.threads_per_row = head_dim // self.vec
         self.rows_per_pass = NUM_THREADS // self.threads_per_row
@@ -61,8 +63,8 @@ class RankerBwdPreprocess:
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: Optional[cute.Tensor],
-                 mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
-                 num_batch: Int32, max_seqlen: Int32, stream):
+                 mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQflag: Optional[cute.Tensor],
+                 mCuSeqlens: Optional[cute.Tensor], num_batch: Int32, max_seqlen: Int32, stream):
         # O, dO (B, S, H, D) -> (S, D, H, B) / (T, H, D) -> (T, D, H);
         # LSE, dLSE (B, H, S) -> (S, H, B) / (H, T) -> (T, H)
         # padded rows (B, H, S_pad) -> (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator likewise + D
@@ -79,13 +81,13 @@ class RankerBwdPreprocess:
                 mdLSE = sm90.select_modes(mdLSE, [2, 1, 0])
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.tile_m), cute.size(mO.shape[2]), num_batch)
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mCuSeqlens, Int32(mO.shape[0])).launch(
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mdPsum, mdQaccum, mdQflag, mCuSeqlens, Int32(mO.shape[0])).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: Optional[cute.Tensor],
-               mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mCuSeqlens: Optional[cute.Tensor],
-               seqlen_static: Int32):
+               mLSE2: cute.Tensor, mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQflag: Optional[cute.Tensor],
+               mCuSeqlens: Optional[cute.Tensor], seqlen_static: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         offset, seqlen, pad = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -109,11 +111,17 @@ class RankerBwdPreprocess:
         # packed form: a q block past this sequence's end would write into the next one's padded rows
         if m_block * self.tile_m < seqlen:
             self.rows(mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx)
+            if const_expr(self.dq_flagged):
+                if tidx == 0:  # (B, Hq, S_pad / tile_m), packed (1, Hq, T_pad / tile_m) by padded q block
+                    if const_expr(self.varlen):
+                        mdQflag[0, head, pad // self.tile_m + m_block] = Int32(0)
+                    else:
+                        mdQflag[batch, head, m_block] = Int32(0)
 
     @cute.jit
     def rows(self, mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx):
-        """The tile_m padded rows of this q block: dPsum (less dLSE), LSE2, the zeroed dQ accumulator (not for
-        the deterministic mainloop).  Every pass's O and dO loads are issued first, then the sums and stores:
+        """The tile_m padded rows of this q block: dPsum (less dLSE), LSE2, the zeroed dQ accumulator (not with
+        ``dq_flagged``).  Every pass's O and dO loads are issued first, then the sums and stores:
         otherwise a pass's loads wait behind the previous pass's stores, which the compiler cannot move them
         past (it cannot prove the tensors disjoint)."""
         ld_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
@@ -153,24 +161,27 @@ class RankerBwdPreprocess:
                         dot = dot - rdLSE[p]
                 mLSE2_cur[row] = lse2
                 mdPsum_cur[row] = dot
-            if const_expr(not self.deterministic):
+            if const_expr(not self.dq_flagged):
                 for j in cutlass.range_constexpr(self.vec // 4):  # zero the dQ accumulator row (16-byte stores)
                     cute.copy(st_atom, rZero,
                               cute.local_tile(mdQ_cur[row, None], (4,), (chunk * (self.vec // 4) + j,)))
 
 
-def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool, deterministic: bool,
+def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: bool, dq_flagged: bool,
                        with_dlse: bool):
-    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen, whether the mainloop runs
-    its deterministic mode: no accumulator zeroing then, whether a dLSE comes); called as ``fn(out, dout, lse,
-    dlse, lse2, dpsum, dq_accum, cu_seqlens, num_batch, max_seqlen)`` with ``dlse`` None unless ``with_dlse``
-    (then float32 shaped like ``lse``, contiguous).  Compile-cache key: ``(str(dtype), *the other
+    """Compiled preprocess for (dtype, head dim, the mainloop's ``tile_m``, varlen, whether the mainloop keeps
+    flags per dQ tile (``dq_flagged``: its deterministic mode or ``dq_zero_in_mainloop``; the flags are zeroed
+    then, not the accumulator), whether a dLSE comes); called as ``fn(out, dout, lse, dlse, lse2, dpsum,
+    dq_accum, dq_flag, cu_seqlens, num_batch, max_seqlen)`` with ``dlse`` None unless ``with_dlse`` (then
+    float32 shaped like ``lse``, contiguous) and ``dq_flag`` (int32 ``(B, Hq, S_pad / tile_m)``, packed
+    ``(1, Hq, T_pad / tile_m)``) None unless ``dq_flagged``.  Compile-cache key: ``(str(dtype), *the other
     arguments)``."""
 
     def build():
-        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen, deterministic, with_dlse)
+        kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen, dq_flagged, with_dlse)
         f = BwdFakes(head_dim, varlen)
         return kern, (f.inputs(f.hq, dtype), f.inputs(f.hq, dtype), f.lse(), f.lse() if with_dlse else None,
-                      f.rows(), f.rows(), f.dq_accum(), f.cu, Int32(1), Int32(1), fake_stream())
+                      f.rows(), f.rows(), f.dq_accum(), f.dq_sem() if dq_flagged else None, f.cu, Int32(1),
+                      Int32(1), fake_stream())
 
-    return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen, deterministic, with_dlse), build)
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen, dq_flagged, with_dlse), build)

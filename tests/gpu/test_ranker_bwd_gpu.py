@@ -280,7 +280,7 @@ def _check_stagger(q, k, v, do, bounds, d, cap, group, stagger):
 
 
 @pytest.mark.parametrize("fields", [dict(dq_swap_ab=False), dict(tile_m=80, ds_stages=1),
-                                    dict(tile_m=80, ds_stages=1, dq_first=False)],
+                                    dict(tile_m=80, ds_stages=1, dq_first=False), dict(dq_zero_in_mainloop=False)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 @pytest.mark.parametrize("hkv,cap,varlen", [(4, None, False), (2, 20.0, False), (2, None, True)])
 def test_dq_forms(fields, hkv, cap, varlen):
@@ -289,6 +289,39 @@ def test_dq_forms(fields, hkv, cap, varlen):
     ways, a cap, varlen), deterministic bitwise on repeat."""
     cfg = rb.dataclasses.replace(rb.config_for(128, cap is not None), **fields)
     _check_config_both_gqa_forms(f"dq-{fields}", cfg, 128, hkv, cap, varlen, seed=15)
+
+
+@pytest.mark.parametrize("zeroing", [True, False], ids=["dq_zero_in_mainloop", "preprocess-zeroes"])
+@pytest.mark.parametrize("d,hq,hkv,cap,group", [(128, 4, 4, None, None), (128, 4, 2, 20.0, True),
+                                                (128, 4, 2, None, False), (64, 4, 4, None, None),
+                                                (64, 4, 2, 5.0, False)])
+def test_dq_zeroing_with_poisoned_buffers(d, hq, hkv, cap, group, zeroing, monkeypatch):
+    """The default mode's dQ accumulator zeroed by the mainloop's KV blocks (``dq_zero_in_mainloop``, each
+    add waiting for its tile's flag) or by the preprocess: with every buffer the backward allocates through
+    ``Tensor.new_empty`` poisoned first (NaN floats, int32 7s: a tile added onto before its zeroing, a flag
+    left unzeroed, a q block read back without a flag all show), right against float64 at odd lengths,
+    with an empty history beside normal rows, fixed length and packed."""
+    real_new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *shape, **kw):
+        t = real_new_empty(self, *shape, **kw)
+        if t.is_cuda:
+            t.fill_(float("nan") if t.is_floating_point() else 7)
+        return t
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group,
+                                 dq_zero_in_mainloop=zeroing)
+    q, k, v, do = _tensors((3, 389, hq, d), (3, 389, hkv, d), seed=51)
+    bounds = torch.tensor([[7, 263, 263, 389], [0, 0, 0, 389], [0, 129, 130, 300]], device="cuda",
+                          dtype=torch.int32)
+    _compare(f"dq-zeroing-{zeroing}-d{d}-{hq}/{hkv}-{group}", q, k, v, do, bounds, cap=cap, config=cfg)
+    cu = torch.tensor([0, 389, 389, 778, 1167], device="cuda", dtype=torch.int32)
+    vb = torch.tensor([[7, 263, 263, 389], [0, 0, 0, 0], [0, 0, 0, 389], [0, 129, 130, 300]], device="cuda",
+                      dtype=torch.int32)
+    packed = [t.reshape(1167, *t.shape[2:]) for t in (q, k, v, do)]
+    _compare(f"dq-zeroing-{zeroing}-varlen-d{d}-{hq}/{hkv}-{group}", *packed, vb, cap=cap, cu_seqlens=cu,
+             config=cfg)
 
 
 @pytest.mark.parametrize("group", [True, False], ids=["group", "per-head"])
@@ -561,12 +594,13 @@ def _padded_rows_of(cu, nb, s, tile_m):
     return [(cu[b], buffers.padded_offset(cu[b], b, tile_m), cu[b + 1] - cu[b]) for b in range(nb)]
 
 
-@pytest.mark.parametrize("det", [False, True], ids=["", "det"])
+@pytest.mark.parametrize("flagged", [False, True], ids=["", "flagged"])
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["", "dlse"])
 @pytest.mark.parametrize("d,varlen", [(128, False), (64, False), (128, True)])
-def test_preprocess_alone(d, varlen, with_dlse, det):
-    """LSE2, dPsum (less dLSE on rows with a finite LSE, when given) and the zeroed dQ accumulator (left as
-    it was for the deterministic mainloop, whose first KV block stores each tile)."""
+def test_preprocess_alone(d, varlen, with_dlse, flagged):
+    """LSE2, dPsum (less dLSE on rows with a finite LSE, when given) and the zeroed dQ accumulator, or with
+    ``dq_flagged`` (the deterministic mainloop, whose first KV block stores each tile, or one that zeroes
+    the tiles itself) the q blocks' flags zeroed and the accumulator left as it was."""
     tm = rb.CONFIGS[d].tile_m
     hq = 3
     if varlen:
@@ -587,15 +621,18 @@ def test_preprocess_alone(d, varlen, with_dlse, det):
         shape, max_seqlen = (nb, hq, rows), s
     lse2, dpsum = (torch.full(shape, float("nan"), device="cuda") for _ in range(2))
     dq_acc = torch.full(shape + (d,), float("nan"), device="cuda")
+    flags = None
+    if flagged:  # (B, Hq, rows / tile_m), packed (1, Hq, rows / tile_m); garbage first
+        flags = torch.full(((1,) if varlen else (nb,)) + (hq, rows // tm), 7, device="cuda", dtype=torch.int32)
     dlse = None
     if with_dlse:
         dlse = torch.randn(lse.shape, device="cuda")
         dlse[torch.isinf(lse)] = float("nan")  # ignored where the LSE is -inf
-        rb._fn("pre", torch.bfloat16, d, tm, varlen, det, True)(o, do, lse, dlse, lse2, dpsum, dq_acc, cu, nb,
-                                                                 max_seqlen)
+        rb._fn("pre", torch.bfloat16, d, tm, varlen, flagged, True)(o, do, lse, dlse, lse2, dpsum, dq_acc, flags,
+                                                                     cu, nb, max_seqlen)
     else:
-        rb._fn("pre", torch.bfloat16, d, tm, varlen, det, False)(o, do, lse, None, lse2, dpsum, dq_acc, cu, nb,
-                                                                  max_seqlen)
+        rb._fn("pre", torch.bfloat16, d, tm, varlen, flagged, False)(o, do, lse, None, lse2, dpsum, dq_acc, flags,
+                                                                      cu, nb, max_seqlen)
     torch.cuda.synchronize()
     dot = (o.float() * do.float()).sum(-1)  # [B, S, H] / [T, H]
     if with_dlse:  # dPsum - dLSE on finite rows
@@ -611,7 +648,11 @@ def test_preprocess_alone(d, varlen, with_dlse, det):
         assert torch.isinf(sel(lse2)[:, n:]).all() and (sel(lse2)[:, n:] > 0).all()
         torch.testing.assert_close(sel(dpsum)[:, :n], want_dot, rtol=1e-4, atol=1e-4)
         assert (sel(dpsum)[:, n:] == 0).all()
-        assert (sel(dq_acc).isnan() if det else sel(dq_acc) == 0).all()
+        assert (sel(dq_acc).isnan() if flagged else sel(dq_acc) == 0).all()
+        if flagged:  # every q block of the sequence's rows zeroed
+            blocks = -(-n // tm)
+            f = flags[0, :, pad // tm:pad // tm + blocks] if varlen else flags[b, :, :blocks]
+            assert (f == 0).all(), f
 
 
 @pytest.mark.parametrize("hkv", [2, 1])
@@ -629,13 +670,15 @@ def test_zero_dout_candidates_get_positive_zero_dk_dv(hkv):
         assert (cand.view(torch.int16) == 0).all(), "a -0.0 (or nonzero) in dK/dV of a zero-dO candidate"
 
 
-@pytest.mark.parametrize("hq,hkv,cap,capm,acc", [(2, 2, None, "tanh", False), (4, 2, 7.0, "tanh", True),
-                                                 (4, 1, 3.0, "soft_sign", True), (4, 2, 7.0, "tanh", False)])
-def test_postprocess_alone(hq, hkv, cap, capm, acc):
+@pytest.mark.parametrize("hq,hkv,cap,capm,acc,flagged", [
+    (2, 2, None, "tanh", False, False), (4, 2, 7.0, "tanh", True, False), (4, 1, 3.0, "soft_sign", True, False),
+    (4, 2, 7.0, "tanh", False, False), (2, 2, None, "tanh", False, True), (4, 2, 7.0, "tanh", True, True)])
+def test_postprocess_alone(hq, hkv, cap, capm, acc, flagged):
     """Given float32 accumulators (random) and the true LSE/dPsum, the postprocess writes dQ = scale * acc
     + self terms, GQA dK/dV = acc + self terms when the mainloop left dK/dV in float32 accumulators
     (one query head per CTA), else (MHA, GQA with a group per CTA) dK/dV only on the self-term rows,
-    summed over the group's query heads."""
+    summed over the group's query heads.  ``flagged``: the accumulator's q blocks whose flag is 0 read as
+    zeros (NaN there)."""
     d, nb, s = 128, 2, 150
     tm = rb.CONFIGS[d].tile_m
     g = hq // hkv
@@ -646,18 +689,23 @@ def test_postprocess_alone(hq, hkv, cap, capm, acc):
     lse, dps = ex[3], ex[4]  # float64 [B, H, S]
     rows, lse2, dpsum = _mainloop_stats(lse, dps, tm)
     dq_acc = torch.randn((nb, hq, rows, d), device="cuda")
+    flags = None
+    if flagged:  # every other q block unwritten (NaN, flag 0), the others flagged with a count
+        flags = torch.zeros((nb, hq, rows // tm), device="cuda", dtype=torch.int32)
+        flags[:, :, 1::2] = 3
+        dq_acc.view(nb, hq, rows // tm, tm, d)[flags == 0] = float("nan")
     sentinel = 3.0
     dq, dk, dv = (torch.full_like(t, sentinel) for t in (q, k, v))
     dk_acc = dv_acc = None
     if acc:
         dk_acc, dv_acc = (torch.randn(k.shape, device="cuda") for _ in range(2))
     scale_log2 = (cap if cap is not None else scale) * rf.LOG2_E
-    rb._fn("post", q.dtype, d, tm, g, "none" if cap is None else capm, False, acc, False)(
-        q, k, v, do, lse2, dpsum, dq_acc, None, dq, dk, dv, dk_acc, dv_acc, bounds, None, scale_log2, scale,
+    rb._fn("post", q.dtype, d, tm, g, "none" if cap is None else capm, False, acc, flagged)(
+        q, k, v, do, lse2, dpsum, dq_acc, flags, dq, dk, dv, dk_acc, dv_acc, bounds, None, scale_log2, scale,
         cap if cap is not None else 1.0, nb, s)
     torch.cuda.synchronize()
     # expected self terms (float64), candidates outside the history
-    want_dq = scale * dq_acc[:, :, :s].double().transpose(1, 2)
+    want_dq = scale * dq_acc.nan_to_num(0.0)[:, :, :s].double().transpose(1, 2)
     self_dk = torch.zeros(k.shape, dtype=torch.float64, device="cuda")
     self_dv = torch.zeros(v.shape, dtype=torch.float64, device="cuda")
     rows_self = torch.zeros(nb, s, dtype=torch.bool, device="cuda")
@@ -695,18 +743,23 @@ def test_postprocess_alone(hq, hkv, cap, capm, acc):
         assert (dk[~m] == sentinel).all() and (dv[~m] == sentinel).all()  # mainloop rows untouched
 
 
+@pytest.mark.parametrize("zeroing", [False, True], ids=["zeroed", "dq_zero_in_mainloop"])
 @pytest.mark.parametrize("s,hq,hkv,rows,cap,group", [
     (128, 1, 1, [[0, 128, 128, 128]], None, None),  # one history KV block, one CTA's work: the simplest case
     (300, 2, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], None, None),
     (300, 4, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], 10.0, False),
     (300, 4, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], 10.0, True),
+    (700, 2, 2, [[0, 0, 0, 700], [0, 600, 600, 700], [400, 650, 100, 300]], None, None),  # empty history
 ])
-def test_mainloop_alone(s, hq, hkv, rows, cap, group):
+def test_mainloop_alone(s, hq, hkv, rows, cap, group, zeroing):
     """The mainloop given exact LSE2/dPsum and a zeroed accumulator: dQaccum * scale, dK, dV equal the
     reference gradients without the candidate self terms (those rows' dK/dV are zero).  GQA: into
-    zeroed float32 accumulators (one query head per CTA) or straight into dK/dV (a group per CTA)."""
+    zeroed float32 accumulators (one query head per CTA) or straight into dK/dV (a group per CTA).
+    ``dq_zero_in_mainloop``: the accumulator NaN-poisoned and the flags zeroed instead; the KV blocks zero
+    their share of the tiles first, so every q block that the mask lets a history KV block reach comes out
+    flagged (1) and right, every other one unflagged and untouched."""
     d, nb = 128, len(rows)
-    cfg = rb.dataclasses.replace(rb.CONFIGS[d], gqa_group_per_cta=group)
+    cfg = rb.dataclasses.replace(rb.CONFIGS[d], gqa_group_per_cta=group, dq_zero_in_mainloop=zeroing)
     tm, g = cfg.tile_m, hq // hkv
     q, k, v, do = _tensors((nb, s, hq, d), (nb, s, hkv, d), seed=11)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
@@ -714,16 +767,29 @@ def test_mainloop_alone(s, hq, hkv, rows, cap, group):
     ex = rb.ranker_attention_backward_explicit(q, k, v, bounds, do, cap=cap)
     lse, dps = ex[3], ex[4]
     prow, lse2, dpsum = _mainloop_stats(lse, dps, tm)
-    dq_acc = torch.zeros((nb, hq, prow, d), device="cuda")
+    dq_acc = torch.full((nb, hq, prow, d), float("nan") if zeroing else 0.0, device="cuda")
+    flags = torch.zeros((nb, hq, prow // tm), device="cuda", dtype=torch.int32) if zeroing else None
     if g > 1 and not group:
         dk, dv = (torch.zeros(k.shape, device="cuda") for _ in range(2))
     else:
         dk, dv = (torch.full_like(k, float("nan")) for _ in range(2))
     scale_log2 = (cap if cap is not None else scale) * rf.LOG2_E
     rb._fn("main", q.dtype, cfg, g, "none" if cap is None else "tanh", False)(
-        q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, None, None, scale_log2, scale,
+        q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, flags, None, scale_log2, scale,
         cap if cap is not None else 1.0, nb, s)
     torch.cuda.synchronize()
+    if zeroing:  # flags: 1 on the q blocks holding history or candidate rows of a row with a history
+        want_flags = torch.zeros_like(flags)
+        for b, (hl, hh, cl, ch) in enumerate(rows):
+            if hh > hl:
+                for m in range(prow // tm):
+                    lo, hi = m * tm, min((m + 1) * tm, s)
+                    if (lo < hh and hi > hl) or (lo < ch and hi > cl):
+                        want_flags[b, :, m] = 1
+        assert torch.equal(flags, want_flags), (flags, want_flags)
+        unwritten = (flags == 0)[:, :, :, None, None].expand(nb, hq, prow // tm, tm, d).reshape(nb, hq, prow, d)
+        assert dq_acc[unwritten].isnan().all()
+        dq_acc = torch.where(unwritten, torch.zeros_like(dq_acc), dq_acc)
     # the reference without the self terms: mask the diagonal of candidates outside the history away
     self_rows = torch.zeros(nb, s, dtype=torch.bool, device="cuda")
     for b, (hl, hh, cl, ch) in enumerate(rows):
