@@ -875,23 +875,27 @@ class RankerAttentionBwd:
             if const_expr(self.dq_flagged):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
             if const_expr(self.dq_zero_duty):
-                self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work)
+                self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, work)
             nthreads = self.num_mma_threads // self.dq_parts + 32
             for w in cutlass.range_constexpr(self.dq_parts):  # sdQ is free for the first q block
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
+            if const_expr(self.dq_zero_duty):  # (while the MMA warpgroups compute the first q block)
+                self.publish_zeroed_tiles(mdQsem, work)
             for i in cutlass.range(count, unroll=1):
                 t = self.walk_index(i, work)
                 head, m_block = self.head_m_block_of(t, work)
                 pos = self.dq_add_position(t, work) if const_expr(self.config.deterministic) else None
+                if const_expr(self.dq_zero_duty):  # the tile zeroed (acquire), checked before its dQ is ready
+                    if lane == 0:
+                        _wait_while_zero(self._dq_sem_ptr(mdQsem, work, head, m_block))
+                    cute.arch.sync_warp()
+                    cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-adds
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
-                    if const_expr(self.dq_flagged and w == 0):
+                    if const_expr(self.config.deterministic and w == 0):
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         if lane == 0:
-                            if const_expr(self.config.deterministic):
-                                _wait_until(sem, pos)
-                            else:
-                                _wait_while_zero(sem)
+                            _wait_until(sem, pos)
                         cute.arch.sync_warp()
                         cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-add
                     tdQsdQ, tdQgdQ = parts[w]
@@ -919,11 +923,11 @@ class RankerAttentionBwd:
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
 
     @cute.jit
-    def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work):
-        """``dq_zero_in_mainloop``, warp 1 before the first q block: zero sdQ, TMA-store it over the dQ tiles of
-        walk indices ``rank, rank + n_kv, ...`` (this KV block's share: every index below ``count`` has one
-        owner among the sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices), wait
-        for the writes, then set each tile's flag (release; the adds acquire it: :meth:`dq_reduce`)."""
+    def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, work):
+        """``dq_zero_in_mainloop``, warp 1 before the first q block: zero sdQ and TMA-store it over the dQ tiles
+        of walk indices ``rank, rank + n_kv, ...`` (this KV block's share: every index below ``count`` has one
+        owner among the sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices); returns
+        once the stores have read sdQ (:meth:`publish_zeroed_tiles` sets the flags once they are written)."""
         lane = cute.arch.lane_idx()
         count, rank, n_kv = work[9], work[11], work[12]
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
@@ -940,6 +944,15 @@ class RankerAttentionBwd:
                 tXsX, tXgX = store_parts[w]
                 cute.copy(tma_atom_dQst, tXsX, self._block(tXgX, head, *self.dq_tile_coord(m_block, w)))
             cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def publish_zeroed_tiles(self, mdQsem, work):
+        """After :meth:`zero_dq_tiles`: wait until its stores are written, then set each zeroed tile's flag
+        (release; every add acquires it first: :meth:`dq_reduce`)."""
+        lane = cute.arch.lane_idx()
+        count, rank, n_kv = work[9], work[11], work[12]
+        mine = (count - rank + n_kv - 1) // n_kv
         cute.arch.cp_async_bulk_wait_group(0, read=False)  # written, not only read
         cute.arch.sync_warp()
         if lane == 0:
