@@ -191,7 +191,7 @@ def test_probe_timing_shuffle_and_control(capsys):
 def test_bwd_probe_precompiles_what_the_probe_launches(monkeypatch, capsys):
     """bench/ranker_bwd_config_probe.py --jobs: the compile keys are the eager call's (cap method "none"
     without a cap: a "tanh" key there would leave the headline kernels to compile on first launch; the GQA
-    form and the walk's stagger resolved as the call resolves them)."""
+    form, the walk's stagger and the dQ zeroing resolved as the call resolves them)."""
     import multiprocessing
     import sys
     from types import SimpleNamespace
@@ -229,6 +229,7 @@ def test_bwd_probe_precompiles_what_the_probe_launches(monkeypatch, capsys):
                 c = rb.resolve_gqa_group(rb.dataclasses.replace(cfg, deterministic=det), hq // hkv, nb, hkv,
                                          hist + cand, 132)
                 c = rb.resolve_walk_stagger(c, hist + cand, 132)
+                c = rb.resolve_dq_zeroing(c, hist + cand, 132)
                 want.add((torch.bfloat16, c, hq // hkv, "none" if cap is None else "tanh", False))
     mains = [a["main"] for a in seen]
     assert set(mains) == want and len(mains) == len(want)

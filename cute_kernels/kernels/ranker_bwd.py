@@ -17,8 +17,9 @@ whole group, else in float32 accumulators in global memory).
 The backward is three launches (:func:`ranker_attention_backward`):
 
 1. :mod:`.ranker_bwd_preprocess`: ``dPsum`` (float32), ``LSE * log2(e)`` (``+inf`` on rows with no
-   valid key and on padding rows, so that ``P = exp2(.. - LSE)`` is 0 there), zeroed float32 dQ
-   accumulator; all three padded to whole ``tile_m`` q blocks per sequence.
+   valid key and on padding rows, so that ``P = exp2(.. - LSE)`` is 0 there), all padded to whole
+   ``tile_m`` q blocks per sequence, and either the zeroed float32 dQ accumulator or (the default,
+   ``dq_zero_in_mainloop``, and the deterministic mode) an int32 flag per (q block, query head) set to 0.
 2. this kernel, one CTA per (KV block of ``tile_n`` keys, query head, batch row), or with GQA per
    (KV block, KV head, batch row) walking the q blocks of each query head of the group in turn
    (``RankerBwdConfig.gqa_group_per_cta``; :func:`resolve_gqa_group` picks it while those CTAs
@@ -27,7 +28,9 @@ The backward is three launches (:func:`ranker_attention_backward`):
      once, then Q + LSE and dO + dPsum of every q block that reaches it, through ``stages``-deep
      ``PipelineTmaAsync`` pipelines; warp 1 adds each q block's float32 dQ tile to the global
      accumulator with a TMA bulk reduce-add (``cp.reduce.async.bulk.tensor...add``, float32), handing
-     the smem tile back and forth with the MMA warpgroups through named barriers;
+     the smem tile back and forth with the MMA warpgroups through named barriers (with
+     ``dq_zero_in_mainloop`` it first zeroes its KV block's share of the accumulator's tiles and flags
+     them, and each add waits for its tile's flag);
    * warpgroups 1 and 2 (``setmaxnreg`` up), 64 keys each: ``S^T = K Q^T`` and ``dP^T = V dO^T``
      (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask (an add of 0 / -inf per key, left out in a copy of the q-block loop for KV blocks
@@ -124,7 +127,9 @@ MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 # CTA per SM).  In-order dispatch leaves at most one sequence per launch with KV blocks still to launch, so its
 # spinning CTAs, fewer than a third of the SMs, cannot hold them all, nor can those of three such launches
 # running at once on other streams (four or more could: pass walk_stagger=0 there).  KV order (no stagger) waits
-# only on KV blocks launched earlier and needs nothing.
+# only on KV blocks launched earlier and needs nothing.  The default mode's dq_zero_in_mainloop has the same
+# kind of wait (a KV block's add waits for the start of the one that zeroes the tile, maybe launched after it)
+# and the same rule (resolve_dq_zeroing; four or more such launches at once: dq_zero_in_mainloop=False).
 STAGGER_MAX_KV_BLOCKS = 64
 DETERMINISTIC_WALK_STAGGER = 2  # the deterministic mode's walk_stagger (RankerBwdConfig.walk_stagger=None)
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
@@ -182,14 +187,17 @@ class RankerBwdConfig(ValidatedConfig):
     # blocks, no stagger); the default mode with 1 / 2 was level to 4% slower (headline 2823 / 2777): not taken.
     walk_stagger: Optional[int] = dataclasses.field(default=None, metadata={"type": int})
     # The default mode's float32 dQ accumulator zeroed by the mainloop's own KV blocks instead of the preprocess:
-    # at its start the dQ warp of the r-th of a sequence's n_kv history KV blocks stores zeros into the dQ tiles
-    # of walk indices r, r + n_kv, ... (16-byte stores, tile by tile in walk order) and sets each one's int32 flag
-    # (release) once written; every dQ add first waits for its tile's flag (acquire).  The zeros go to L2, where
-    # the reduce-adds then hit them, instead of a write to HBM by the preprocess and a read back by the adds; the
-    # preprocess only zeroes the flags.  A KV
+    # at its start the dQ warp of the r-th of a sequence's n_kv history KV blocks TMA-stores zeros (from sdQ) into
+    # the dQ tiles of walk indices r, r + n_kv, ... and sets their int32 flags (release); every dQ add first waits
+    # for its tile's flag (acquire).  The zeros stay in L2, where the reduce-adds then hit them, instead of a
+    # write to HBM by the preprocess and a read back by the adds; the preprocess only zeroes the flags.  A KV
     # block waits for the start of the others of its sequence, so they must be able to be resident at once:
     # :func:`resolve_dq_zeroing` turns it off where :data:`STAGGER_MAX_KV_BLOCKS`'s rule fails.  Ignored in the
-    # deterministic mode (there the first add in order stores its tile).
+    # deterministic mode (there the first add in order stores its tile).  Session 48, same run, CUDA graph, us,
+    # on / off (logs/2026-12-04_s48_ranker_bwd_dq_zero_in_mainloop_ab.log, two runs): headline 2749-2751 /
+    # 2790, D=64 1563-1577 / 1606-1625, B=16 1K+256 913-919 / 937-944, GQA 16/4, tanh, B=8 2K+2K level to -1.5%,
+    # 16K unchanged (over the rule: off).  Zero stores of the dQ warp's own (no sdQ, a fence and flag per tile)
+    # were slower: not kept.
     dq_zero_in_mainloop: bool = True
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
@@ -585,8 +593,8 @@ class RankerAttentionBwd:
             cpasync.CopyBulkTensorTileG2SOp(), mdPsum, cute.make_layout(self.tile_m), (self.tile_m,))
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
-        tma_atom_dQst, tma_dQst = None, None  # deterministic: the first KV block's plain store
-        if const_expr(self.config.deterministic):
+        tma_atom_dQst, tma_dQst = None, None  # deterministic: the first KV block's plain store; zeroing the tiles
+        if const_expr(self.dq_flagged):
             tma_atom_dQst, tma_dQst = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
         if const_expr(self.dkv_accumulated):
@@ -607,7 +615,7 @@ class RankerAttentionBwd:
         num_n_blocks = cute.ceil_div(max_seqlen, self.tile_n)
         grid = (num_n_blocks, cute.size(mQ.shape[2]) // self.heads_per_cta, num_batch)
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dQst, mdQaccum, tma_dK, tma_dV, mdK, mdV, mBounds,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dQst, tma_dK, tma_dV, mdK, mdV, mBounds,
             mCuSeqlens, mdQsem, mdKVsem, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
             tma_atom_dQ, tma_atom_dQst, tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout, sdKVacc_layout, sLSE_layout,
@@ -618,7 +626,7 @@ class RankerAttentionBwd:
     @cute.kernel
     def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_dO: cute.Tensor,
                tma_LSE: cute.Tensor, tma_dPsum: cute.Tensor, tma_dQ: cute.Tensor, tma_dQst: Optional[cute.Tensor],
-               mdQaccum: cute.Tensor, tma_dK: cute.Tensor, tma_dV: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mBounds: cute.Tensor,
+               tma_dK: cute.Tensor, tma_dV: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mBounds: cute.Tensor,
                mCuSeqlens: Optional[cute.Tensor], mdQsem: Optional[cute.Tensor], mdKVsem: Optional[cute.Tensor],
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_dPsum: cute.CopyAtom,
@@ -657,6 +665,7 @@ class RankerAttentionBwd:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdSt = storage.sdSt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sdQ_flat = storage.sdQ.get_tensor(cute.make_layout(cute.cosize(sdQ_layout)))  # (zeroed whole)
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sdPsum = storage.sdPsum.get_tensor(sLSE_layout)
         sdKVacc = cute.make_tensor(
@@ -670,7 +679,7 @@ class RankerAttentionBwd:
                           tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                           pipeline_kv, pipeline_q, pipeline_do, work)
             if warp_idx == 1:
-                self.dq_reduce(tma_dQ, tma_dQst, mdQaccum, sdQ, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
+                self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
             self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum,
@@ -853,7 +862,7 @@ class RankerAttentionBwd:
                                       cute.group_modes(gdPsum, 0, 1)))
 
     @cute.jit
-    def dq_reduce(self, tma_dQ, tma_dQst, mdQaccum, sdQ, tma_atom_dQ, tma_atom_dQst, mdQsem, work):
+    def dq_reduce(self, tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work):
         """Warp 1: for each (q block, query head) step, wait for the MMA warpgroups' dQ tile in smem
         (``dq_parts`` blocks, one per warpgroup with ``dq_per_wg``: head-dim columns, or q rows with
         ``dq_split_rows``), add each to the float32
@@ -872,13 +881,15 @@ class RankerAttentionBwd:
             head_arg = work[1] if const_expr(self.heads_per_cta == 1) else None
             parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work, head_arg)
             store_parts = parts
-            if const_expr(self.config.deterministic):
+            if const_expr(self.dq_flagged):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
+            if const_expr(self.dq_zero_duty):
+                self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, work)
             nthreads = self.num_mma_threads // self.dq_parts + 32
             for w in cutlass.range_constexpr(self.dq_parts):  # sdQ is free for the first q block
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
             if const_expr(self.dq_zero_duty):  # (while the MMA warpgroups compute the first q block)
-                self.zero_dq_tiles(mdQaccum, mdQsem, work)
+                self.publish_zeroed_tiles(mdQsem, work)
             for i in cutlass.range(count, unroll=1):
                 t = self.walk_index(i, work)
                 head, m_block = self.head_m_block_of(t, work)
@@ -921,31 +932,41 @@ class RankerAttentionBwd:
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
 
     @cute.jit
-    def zero_dq_tiles(self, mdQaccum, mdQsem, work):
-        """``dq_zero_in_mainloop``, warp 1 before its first q block: zero the dQ tiles of walk indices ``rank,
-        rank + n_kv, ...`` (this KV block's share: every index below ``count`` has one owner among the
-        sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices), in walk order, each
-        with 16-byte stores of the 32 lanes (row by row: ``tile_m`` rows of ``head_dim`` float32), a GPU-scope
-        fence, then its flag (release; every add acquires it first: :meth:`dq_reduce`).  Plain stores, not
-        a TMA store from smem: sdQ stays the MMA warpgroups' from the start, and each flag goes out as soon
-        as its own tile is written."""
+    def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, work):
+        """``dq_zero_in_mainloop``, warp 1 before the first q block: zero sdQ and TMA-store it over the dQ tiles
+        of walk indices ``rank, rank + n_kv, ...`` (this KV block's share: every index below ``count`` has one
+        owner among the sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices); returns
+        once the stores have read sdQ (:meth:`publish_zeroed_tiles` sets the flags once they are written)."""
         lane = cute.arch.lane_idx()
         count, rank, n_kv = work[9], work[11], work[12]
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         rZero = cute.make_rmem_tensor((4,), Float32)
         rZero.fill(0.0)
-        cols = self.head_dim // 4  # 16-byte chunks per row (16 or 32): 32 // cols rows per warp store
-        rows_per_store = 32 // cols
+        for j in cutlass.range(self.tile_m * self.head_dim // 128, unroll=4):  # 16 bytes per lane each
+            cute.copy(st_atom, rZero, cute.local_tile(sdQ_flat, (4,), (j * 32 + lane,)))
+        cute.arch.fence_view_async_shared()  # the zeros -> the TMA stores' reads
+        cute.arch.sync_warp()
         mine = (count - rank + n_kv - 1) // n_kv
         for j in cutlass.range(mine, unroll=1):
             head, m_block = self.head_m_block_of(rank + j * n_kv, work)
-            gdQ = cute.local_tile(self._padded_view(mdQaccum, work, head), (self.tile_m, self.head_dim), (m_block, 0))
-            for r in cutlass.range(self.tile_m // rows_per_store, unroll=2):
-                row = r * rows_per_store + lane // cols
-                cute.copy(st_atom, rZero, cute.local_tile(gdQ[row, None], (4,), (lane % cols,)))
-            cute.arch.fence_acq_rel_gpu()  # (every lane's stores before lane 0's release)
-            cute.arch.sync_warp()
-            if lane == 0:
+            for w in cutlass.range_constexpr(self.dq_parts):
+                tXsX, tXgX = store_parts[w]
+                cute.copy(tma_atom_dQst, tXsX, self._block(tXgX, head, *self.dq_tile_coord(m_block, w)))
+            cute.arch.cp_async_bulk_commit_group()
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def publish_zeroed_tiles(self, mdQsem, work):
+        """After :meth:`zero_dq_tiles`: wait until its stores are written, then set each zeroed tile's flag
+        (release; every add acquires it first: :meth:`dq_reduce`)."""
+        lane = cute.arch.lane_idx()
+        count, rank, n_kv = work[9], work[11], work[12]
+        mine = (count - rank + n_kv - 1) // n_kv
+        cute.arch.cp_async_bulk_wait_group(0, read=False)  # written, not only read
+        cute.arch.sync_warp()
+        if lane == 0:
+            for j in cutlass.range(mine, unroll=1):
+                head, m_block = self.head_m_block_of(rank + j * n_kv, work)
                 cute.arch.atomic_add(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(1), sem="release",
                                      scope="gpu")
 
