@@ -419,14 +419,15 @@ def test_mainloop_compiles_sm90a(target):
                  "mbarrier", "stmatrix"):
         assert feat in ptx, (feat, ptx)
     _, cfg, g, _, varlen = target.key
-    if rb.dq_flagged(cfg):  # ordered adds, or tiles zeroed in the mainloop: acquire spin + release of int32 flags
-        assert "atom.global.acquire.add" in rec.ptx and "atom.global.release.add" in rec.ptx
-    # the first add in order (deterministic) or the zeroing of dQ tiles TMA-stores from sdQ; dq_zero_in_mainloop
-    # zeroes sdQ first with 16-byte shared stores of four 0s
-    assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", rec.ptx)
-    if not cfg.deterministic:
-        assert re.search(r"st\.shared\.v4\.\w+\s+\[[^]]+\], \{0f00000000", rec.ptx)
-    assert rb.dq_flagged(cfg), "every shipped mainloop target keeps dQ flags (dq_zero_in_mainloop or deterministic)"
+    # ordered adds (deterministic: add-counters) or tiles zeroed in the mainloop (flags set by exchange): an acquire
+    # spin, then the release of int32 flags; neither without them (a long-sequence target: the preprocess zeroes)
+    release = "atom.global.release.add" if cfg.deterministic else "atom.global.release.exch"
+    assert ("atom.global.acquire.add" in rec.ptx and release in rec.ptx) is rb.dq_flagged(cfg)
+    if cfg.deterministic:  # the first add in order TMA-stores its dQ tile
+        assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", rec.ptx)
+    # dq_zero_in_mainloop zeroes sdQ with 16-byte shared stores of four 0s, then TMA-stores it over its dQ tiles
+    zeroes = re.search(r"st\.shared\.v4\.\w+\s+\[[^]]+\], \{0f00000000", rec.ptx) is not None
+    assert zeroes is cfg.dq_zero_in_mainloop
     if g == 1 and not varlen:
         assert "tma store (cp.async.bulk.tensor)" in ptx
     if varlen and g == 1:  # predicated 16-byte dK/dV stores (GQA: TMA reduce-adds)
@@ -1045,6 +1046,20 @@ def test_compile_targets_cover_each_call_they_stand_for():
         assert (pre.NAME, (dtype_s, *args["pre"][1:-1], True)) in keys, t.label  # with a dLSE
         assert (post.NAME, (dtype_s, *args["post"][1:])) in keys, t.label
         assert args["post"][6] == (g > 1 and cfg.gqa_group_per_cta is False)
+
+
+def test_compile_targets_cover_the_bench_calls():
+    """Every kernel an eager default-mode backward launches at the bench shapes (H200: 132 SMs) is a compile
+    target, also where a long sequence (16K) turns dq_zero_in_mainloop off."""
+    keys = {(t.kernel, t.key) for t in rb.compile_targets()}
+    from cute_kernels.kernels import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
+
+    for nb, hist, cand, hq, hkv, d, cap in rb.BENCH_CASES:
+        a = rb.call_launch_args(torch.bfloat16, rb.config_for(d, cap is not None), hq // hkv, nb, hkv, hist + cand,
+                                cap, "tanh", False, 132)
+        for name, kind in ((rb.NAME, "main"), (pre.NAME, "pre"), (post.NAME, "post")):
+            assert (name, (str(torch.bfloat16), *a[kind][1:])) in keys, (name, nb, hist, cand, hq, hkv, d, cap)
+    assert any(t.label.endswith(" long") for t in rb.compile_targets())
 
 
 @pytest.mark.parametrize("cls,kw", [

@@ -707,7 +707,11 @@ class RankerAttentionBwd:
         per_head = (n1 + n2) * reached
         count = per_head * self.heads_per_cta
         rank = Int32(n_block) - seg.n_block_min(self.tile_n)
-        n_kv = cutlass.max(seg.n_block_count(self.tile_n), Int32(1))
+        # the history KV blocks this launch has (all of them, unless a caller's max_seqlen understates a sequence,
+        # which only graph capture does not check: then the dQ tiles' owners and the deterministic order are
+        # those of the launched ones, so that no CTA waits for one that does not exist)
+        launched = Int32(cute.arch.grid_dim()[0]) - seg.n_block_min(self.tile_n)
+        n_kv = cutlass.max(cutlass.min(seg.n_block_count(self.tile_n), launched), Int32(1))
         stagger = Int32(0)
         if const_expr(self.walk_stagger > 0):
             stagger = (cutlass.min(Int32(self.walk_stagger), count // n_kv)
@@ -967,8 +971,8 @@ class RankerAttentionBwd:
         if lane == 0:
             for j in cutlass.range(mine, unroll=1):
                 head, m_block = self.head_m_block_of(rank + j * n_kv, work)
-                cute.arch.atomic_add(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(1), sem="release",
-                                     scope="gpu")
+                cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(1), sem="release",
+                                      scope="gpu")
 
     def dq_tile_coord(self, m_block, w):
         """Coordinate of q block ``m_block``'s part ``w`` in the dQ accumulator's tiling by :meth:`dq_box`."""
@@ -1289,17 +1293,22 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
 
 def compile_targets() -> list[CompileTarget]:
     """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4 with a group
-    per CTA (no cap, tanh) and with one query head per CTA), D=64 soft_sign and no cap (GQA 2 both
-    ways, also deterministic), varlen, the deterministic mode (GQA varlen tanh, both GQA forms); plus
+    per CTA (no cap, tanh) and with one query head per CTA; MHA no cap also over resolve_dq_zeroing's
+    sequence limit), D=64 soft_sign and no cap (MHA; GQA 2 both ways, also deterministic), varlen, the
+    deterministic mode (GQA varlen tanh, both GQA forms): every bench call's kernels; plus
     the pre/postprocess kernels each of them launches with (so that ``cute-kernels compile`` leaves
     nothing of those calls to compile)."""
-    cases = [  # dtype, head dim, GQA ratio, cap, varlen, deterministic, gqa_group_per_cta
+    cases = [  # dtype, head dim, GQA ratio, cap, varlen, deterministic, gqa_group_per_cta[, long]
         (torch.bfloat16, 128, 1, "none", False, False, None),
+        # long: sequences over resolve_dq_zeroing's limit (5.6K tokens on the H200; the 16K bench shape), where the
+        # preprocess zeroes the dQ accumulator
+        (torch.bfloat16, 128, 1, "none", False, False, None, True),
         (torch.bfloat16, 128, 1, "tanh", False, False, None),
         (torch.bfloat16, 128, 4, "none", False, False, True),
         (torch.bfloat16, 128, 4, "none", False, False, False),
         (torch.bfloat16, 128, 4, "tanh", False, False, True),
         (torch.bfloat16, 64, 1, "soft_sign", False, False, None),
+        (torch.bfloat16, 64, 1, "none", False, False, None),  # (the D=64 bench shape: 128-row q tiles)
         (torch.bfloat16, 64, 2, "none", False, False, True),
         (torch.bfloat16, 64, 2, "none", False, False, False),
         (torch.bfloat16, 64, 2, "none", False, True, True),
@@ -1312,13 +1321,14 @@ def compile_targets() -> list[CompileTarget]:
     from . import ranker_bwd_postprocess as post, ranker_bwd_preprocess as pre
 
     out, helpers = [], {}
-    for dtype, d, g, capm, varlen, det, group in cases:
+    for dtype, d, g, capm, varlen, det, group, *long in cases:
+        long = bool(long and long[0])
         cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group,
-                                  dq_zero_in_mainloop=not det)  # (as resolve_dq_zeroing leaves them)
+                                  dq_zero_in_mainloop=not (det or long))  # (as resolve_dq_zeroing leaves them)
         args = launch_args(dtype, cfg, g, capm, varlen)
         dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][6]
         label = (f"{dt} D={d} gqa={g}{'' if group is None else (' group' if group else ' per-head')}"
-                 f" cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}")
+                 f" cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}{' long' if long else ''}")
         out.append(CompileTarget(NAME, label, (str(dtype), *args["main"][1:]),
                                  build=lambda a=args["main"]: _compile(*a)))
         helpers.setdefault((pre.NAME, (str(dtype), *args["pre"][1:])), (
@@ -1573,7 +1583,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         more (:func:`check_accum_extent`: rows padded to whole q tiles per sequence): all before any
         buffer is written or kernel launched (the accumulator's extent on meta tensors and under
         torch.compile too).
-    Launches: preprocess (dPsum, LSE2, zeroed dQ accumulator), the mainloop, postprocess (dQ,
+    Launches: preprocess (dPsum, LSE2, the zeroed dQ accumulator or its tiles' zeroed flags), the mainloop
+    (which zeroes the tiles itself then, ``RankerBwdConfig.dq_zero_in_mainloop``), postprocess (dQ,
     GQA dK/dV from float32 accumulators when the mainloop ran one query head per CTA, candidate self
     terms); see the module docstring (GQA: :func:`resolve_gqa_group` picks a group per CTA or one
     query head per CTA).  While torch.compile / make_fx trace, and on meta tensors (output shapes only),
