@@ -547,10 +547,10 @@ class RankerAttentionBwd:
         self.num_mma_threads = 128 * config.mma_wgs
         self.num_threads = 128 + self.num_mma_threads
         self.dq_parts = config.mma_wgs if config.dq_per_wg else 1  # TMA reduce-adds per q block
-        # dQ tiles zeroed by this kernel's KV blocks; int32 flags per (q block, query head) then, as the
-        # deterministic mode's counters
+        # dQ tiles zeroed by this kernel's KV blocks; int32 flags per (q block, query head) then (dq_flagged), as
+        # the deterministic mode's counters
         self.dq_zero_duty = config.dq_zero_in_mainloop and not config.deterministic
-        self.dq_flagged = config.deterministic or self.dq_zero_duty
+        self.dq_flagged = dq_flagged(config)
 
     # ------------------------------------------------------------------ host side
     @cute.jit

@@ -53,7 +53,8 @@ class BwdFakes:
     ``(T, H, D)``: ``inputs(h)`` are q/k/v/dO/O-like (any 16-byte aligned strides), ``outputs(h,
     dtype)`` compact gradients or accumulators, ``rows()`` a padded per-row float32 buffer,
     ``dq_accum()`` the padded float32 dQ accumulator, ``dq_sem()`` its int32 flags per q block (the
-    deterministic mode's add counters, or ``dq_zero_in_mainloop``'s zeroed-tile flags), ``lse()`` the forward's LSE, ``cu`` the packed offsets (None for fixed length)."""
+    deterministic mode's add counters, or ``dq_zero_in_mainloop``'s zeroed-tile flags), ``lse()`` the
+    forward's LSE, ``cu`` the packed offsets (None for fixed length)."""
 
     def __init__(self, head_dim: int, varlen: bool):
         self.head_dim = head_dim
