@@ -208,6 +208,20 @@ def test_dq_split_rows(hkv, varlen, fields):
     _check_config_both_gqa_forms(f"dq-split-rows{fields}", cfg, 64, hkv, None, varlen, seed=25)
 
 
+def _poison_new_empty(monkeypatch):
+    """Every CUDA buffer the backward allocates with ``Tensor.new_empty`` (its per-row LSE2 / dPsum, the float32
+    dQ accumulator, the int32 flags) comes out poisoned: NaN floats, int32 7s."""
+    real_new_empty = torch.Tensor.new_empty
+
+    def poisoned(self, *shape, **kw):
+        t = real_new_empty(self, *shape, **kw)
+        if t.is_cuda:
+            t.fill_(float("nan") if t.is_floating_point() else 7)
+        return t
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+
+
 @pytest.mark.parametrize("stagger", [0, 2])
 @pytest.mark.parametrize("d,hkv,cap,varlen", [(128, 4, None, False), (128, 2, 20.0, False), (128, 2, None, True),
                                               (64, 2, None, False), (64, 4, 5.0, True)])
@@ -223,15 +237,7 @@ def test_deterministic_first_store(d, hkv, cap, varlen, stagger, monkeypatch):
     # empty histories (no mainloop work: every counter stays 0) beside a normal row, NaN-poisoned accumulator
     q, k, v, do = _tensors((3, 300, 4, d), (3, 300, hkv, d), seed=32)
     bounds = torch.tensor([[0, 0, 0, 300], [5, 5, 10, 200], [3, 250, 250, 300]], device="cuda", dtype=torch.int32)
-    real_empty = torch.empty
-
-    def poisoned_empty(*shape, **kw):  # the dQ accumulator (float32, [..., rows, D]) comes out NaN-filled
-        t = real_empty(*shape, **kw)
-        if t.dtype == torch.float32 and t.dim() >= 3 and t.shape[-1] == d and t.is_cuda:
-            t.fill_(float("nan"))
-        return t
-
-    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    _poison_new_empty(monkeypatch)
     _compare(f"det-first-store-empty-d{d}", q, k, v, do, bounds, cap=cap, config=cfg)
     if varlen:  # the packed form too: sequences with and without history
         cu = torch.tensor([0, 300, 300, 600, 900], device="cuda", dtype=torch.int32)
@@ -301,15 +307,7 @@ def test_dq_zeroing_with_poisoned_buffers(d, hq, hkv, cap, group, zeroing, monke
     ``Tensor.new_empty`` poisoned first (NaN floats, int32 7s: a tile added onto before its zeroing, a flag
     left unzeroed, a q block read back without a flag all show), right against float64 at odd lengths,
     with an empty history beside normal rows, fixed length and packed."""
-    real_new_empty = torch.Tensor.new_empty
-
-    def poisoned(self, *shape, **kw):
-        t = real_new_empty(self, *shape, **kw)
-        if t.is_cuda:
-            t.fill_(float("nan") if t.is_floating_point() else 7)
-        return t
-
-    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    _poison_new_empty(monkeypatch)
     cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group,
                                  dq_zero_in_mainloop=zeroing)
     q, k, v, do = _tensors((3, 389, hq, d), (3, 389, hkv, d), seed=51)
