@@ -199,11 +199,6 @@ class RankerBwdConfig(ValidatedConfig):
     # 16K unchanged (over the rule: off).  Zero stores of the dQ warp's own (no sdQ, a fence and flag per tile)
     # were slower: not kept.
     dq_zero_in_mainloop: bool = True
-    # (probe) the first KV block to reach a dQ tile claims it (CAS 0 -> 1 on its flag) and TMA-stores its dQ there,
-    # then sets the flag to 2 (release) once written; every other KV block waits for 2 (acquire) and adds.  No
-    # zeroing at all, and a wait only ever on a running CTA's store (no residency rule).  Overrides
-    # dq_zero_in_mainloop; ignored in the deterministic mode.
-    dq_claim: bool = False
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -554,8 +549,7 @@ class RankerAttentionBwd:
         self.dq_parts = config.mma_wgs if config.dq_per_wg else 1  # TMA reduce-adds per q block
         # dQ tiles zeroed by this kernel's KV blocks; int32 flags per (q block, query head) then (dq_flagged), as
         # the deterministic mode's counters
-        self.dq_claim = config.dq_claim and not config.deterministic
-        self.dq_zero_duty = config.dq_zero_in_mainloop and not config.deterministic and not config.dq_claim
+        self.dq_zero_duty = config.dq_zero_in_mainloop and not config.deterministic
         self.dq_flagged = dq_flagged(config)
 
     # ------------------------------------------------------------------ host side
@@ -909,15 +903,6 @@ class RankerAttentionBwd:
                         _wait_while_zero(self._dq_sem_ptr(mdQsem, work, head, m_block))
                     cute.arch.sync_warp()
                     cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-adds
-                first = Int32(0)
-                if const_expr(self.dq_claim):  # claim the tile, or wait for its claimer's store (acquire)
-                    if lane == 0:
-                        flag = self._dq_sem_ptr(mdQsem, work, head, m_block)
-                        first = Int32(cute.arch.atomic_cas(flag, cmp=Int32(0), val=Int32(1), scope="gpu") == 0)
-                        if first == 0:
-                            _wait_until(flag, Int32(2))
-                    first = cute.arch.shuffle_sync(first, 0)
-                    cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-adds
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
                     if const_expr(self.config.deterministic and w == 0):
@@ -930,11 +915,6 @@ class RankerAttentionBwd:
                     coord = self.dq_tile_coord(m_block, w)
                     if const_expr(self.config.deterministic):
                         if pos == 0:
-                            cute.copy(tma_atom_dQst, store_parts[w][0], self._block(store_parts[w][1], head, *coord))
-                        else:
-                            cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, *coord))
-                    elif const_expr(self.dq_claim):
-                        if first != 0:
                             cute.copy(tma_atom_dQst, store_parts[w][0], self._block(store_parts[w][1], head, *coord))
                         else:
                             cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, *coord))
@@ -954,13 +934,6 @@ class RankerAttentionBwd:
                     if lane == 0:
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
-                if const_expr(self.dq_claim):
-                    if first != 0:  # the stored tile written (not only read): open it to the adds
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(2),
-                                                  sem="release", scope="gpu")
 
     @cute.jit
     def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, work):
@@ -1403,7 +1376,7 @@ def dq_flagged(cfg: RankerBwdConfig) -> bool:
     """Whether the mainloop keeps an int32 flag per (q block, query head) of the dQ accumulator (the
     deterministic mode's add counters, or ``dq_zero_in_mainloop``'s zeroed-tile flags): the preprocess then
     zeroes the flags, not the accumulator, and the postprocess reads zeros where a flag stayed 0."""
-    return cfg.deterministic or cfg.dq_zero_in_mainloop or cfg.dq_claim
+    return cfg.deterministic or cfg.dq_zero_in_mainloop
 
 
 def resolve_dq_zeroing(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -> RankerBwdConfig:

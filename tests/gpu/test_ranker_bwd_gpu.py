@@ -297,12 +297,7 @@ def test_dq_forms(fields, hkv, cap, varlen):
     _check_config_both_gqa_forms(f"dq-{fields}", cfg, 128, hkv, cap, varlen, seed=15)
 
 
-DQ_FORMS = {"dq_zero_in_mainloop": dict(dq_zero_in_mainloop=True, dq_claim=False),
-            "preprocess-zeroes": dict(dq_zero_in_mainloop=False, dq_claim=False),
-            "dq_claim": dict(dq_claim=True)}
-
-
-@pytest.mark.parametrize("zeroing", list(DQ_FORMS))
+@pytest.mark.parametrize("zeroing", [True, False], ids=["dq_zero_in_mainloop", "preprocess-zeroes"])
 @pytest.mark.parametrize("d,hq,hkv,cap,group", [(128, 4, 4, None, None), (128, 4, 2, 20.0, True),
                                                 (128, 4, 2, None, False), (64, 4, 4, None, None),
                                                 (64, 4, 2, 5.0, False)])
@@ -313,7 +308,8 @@ def test_dq_zeroing_with_poisoned_buffers(d, hq, hkv, cap, group, zeroing, monke
     left unzeroed, a q block read back without a flag all show), right against float64 at odd lengths,
     with an empty history beside normal rows, fixed length and packed."""
     _poison_new_empty(monkeypatch)
-    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group, **DQ_FORMS[zeroing])
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group,
+                                 dq_zero_in_mainloop=zeroing)
     q, k, v, do = _tensors((3, 389, hq, d), (3, 389, hkv, d), seed=51)
     bounds = torch.tensor([[7, 263, 263, 389], [0, 0, 0, 389], [0, 129, 130, 300]], device="cuda",
                           dtype=torch.int32)
@@ -745,7 +741,7 @@ def test_postprocess_alone(hq, hkv, cap, capm, acc, flagged):
         assert (dk[~m] == sentinel).all() and (dv[~m] == sentinel).all()  # mainloop rows untouched
 
 
-@pytest.mark.parametrize("zeroing", ["preprocess-zeroes", "dq_zero_in_mainloop", "dq_claim"])
+@pytest.mark.parametrize("zeroing", [False, True], ids=["zeroed", "dq_zero_in_mainloop"])
 @pytest.mark.parametrize("s,hq,hkv,rows,cap,group", [
     (128, 1, 1, [[0, 128, 128, 128]], None, None),  # one history KV block, one CTA's work: the simplest case
     (300, 2, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], None, None),
@@ -761,9 +757,7 @@ def test_mainloop_alone(s, hq, hkv, rows, cap, group, zeroing):
     their share of the tiles first, so every q block that the mask lets a history KV block reach comes out
     flagged (1) and right, every other one unflagged and untouched."""
     d, nb = 128, len(rows)
-    cfg = rb.dataclasses.replace(rb.CONFIGS[d], gqa_group_per_cta=group, **DQ_FORMS[zeroing])
-    flag_set = 2 if zeroing == "dq_claim" else 1
-    zeroing = zeroing != "preprocess-zeroes"
+    cfg = rb.dataclasses.replace(rb.CONFIGS[d], gqa_group_per_cta=group, dq_zero_in_mainloop=zeroing)
     tm, g = cfg.tile_m, hq // hkv
     q, k, v, do = _tensors((nb, s, hq, d), (nb, s, hkv, d), seed=11)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
@@ -789,7 +783,7 @@ def test_mainloop_alone(s, hq, hkv, rows, cap, group, zeroing):
                 for m in range(prow // tm):
                     lo, hi = m * tm, min((m + 1) * tm, s)
                     if (lo < hh and hi > hl) or (lo < ch and hi > cl):
-                        want_flags[b, :, m] = flag_set
+                        want_flags[b, :, m] = 1
         assert torch.equal(flags, want_flags), (flags, want_flags)
         unwritten = (flags == 0)[:, :, :, None, None].expand(nb, hq, prow // tm, tm, d).reshape(nb, hq, prow, d)
         assert dq_acc[unwritten].isnan().all()
