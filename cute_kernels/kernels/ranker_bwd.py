@@ -85,7 +85,7 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 import torch
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..registry import CheckResult, CompileTarget
@@ -131,6 +131,9 @@ MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 # kind of wait (a KV block's add waits for the start of the one that zeroes the tile, maybe launched after it)
 # and the same rule (resolve_dq_zeroing; four or more such launches at once: dq_zero_in_mainloop=False).
 STAGGER_MAX_KV_BLOCKS = 64
+# dq_zero_in_mainloop's int32 flag per dQ tile: untouched (the preprocess's 0), claimed by the KV block that will
+# write its first contents (zeros, or a timed-out adder's dQ), ready (written: adds may go on)
+DQ_TILE_UNTOUCHED, DQ_TILE_READY, DQ_TILE_CLAIMED = 0, 1, 2
 DETERMINISTIC_WALK_STAGGER = 2  # the deterministic mode's walk_stagger (RankerBwdConfig.walk_stagger=None)
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
@@ -191,14 +194,21 @@ class RankerBwdConfig(ValidatedConfig):
     # the dQ tiles of walk indices r, r + n_kv, ... and sets their int32 flags (release); every dQ add first waits
     # for its tile's flag (acquire).  The zeros stay in L2, where the reduce-adds then hit them, instead of a
     # write to HBM by the preprocess and a read back by the adds; the preprocess only zeroes the flags.  A KV
-    # block waits for the start of the others of its sequence, so they must be able to be resident at once:
-    # :func:`resolve_dq_zeroing` turns it off where :data:`STAGGER_MAX_KV_BLOCKS`'s rule fails.  Ignored in the
+    # block waits for the start of the others of its sequence, so they should be resident at once:
+    # :func:`resolve_dq_zeroing` turns it off where :data:`STAGGER_MAX_KV_BLOCKS`'s rule fails (and
+    # ``dq_zero_wait_cycles`` keeps a wait finite where they are not).  Ignored in the
     # deterministic mode (there the first add in order stores its tile).  Session 48, same run, CUDA graph, us,
     # on / off (logs/2026-12-04_s48_ranker_bwd_dq_zero_in_mainloop_ab.log, two runs): headline 2749-2751 /
     # 2790, D=64 1563-1577 / 1606-1625, B=16 1K+256 913-919 / 937-944, GQA 16/4, tanh, B=8 2K+2K level to -1.5%,
     # 16K unchanged (over the rule: off).  Zero stores of the dQ warp's own (no sdQ, a fence and flag per tile)
     # were slower: not kept.
     dq_zero_in_mainloop: bool = True
+    # How long (SM clock cycles; ~16 us at 1.98 GHz) a dQ add waits for its tile's zeroing before it claims the
+    # tile and stores its own dQ there instead (the zeroing KV block, finding it claimed, leaves it).  Keeps every
+    # wait finite where a sequence's KV blocks cannot all be resident (several backward passes at once, an MPS or
+    # green-context SM limit, long-lived kernels beside it); resolve_dq_zeroing's rule keeps timeouts rare.  0:
+    # claim at once whenever the zeroing has not begun (the tests' race of the two writers).
+    dq_zero_wait_cycles: int = 1 << 15
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -287,6 +297,8 @@ class RankerBwdConfig(ValidatedConfig):
                              "(head_dim 128 only)")
         if self.walk_stagger is not None and not 0 <= self.walk_stagger <= 64:
             raise ValueError(f"walk_stagger={self.walk_stagger}: must be in [0, 64] q-block steps")
+        if not 0 <= self.dq_zero_wait_cycles < 1 << 40:
+            raise ValueError(f"dq_zero_wait_cycles={self.dq_zero_wait_cycles}: must be in [0, 2**40) SM cycles")
         if not 1 <= self.stages <= 4:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
         if self.ds_stages not in (1, 2):
@@ -430,11 +442,27 @@ def resolve_gqa_group(config: RankerBwdConfig, qhead_per_kvhead: int, num_batch:
 
 
 @cute.jit
-def _wait_while_zero(flag_ptr):
-    """Spin (one thread) while the int32 flag at ``flag_ptr`` is 0 (acquire, GPU scope)."""
+def _wait_zeroed_or_claim(flag_ptr, timeout_cycles):
+    """``dq_zero_in_mainloop``'s wait before a dQ add (one thread): spin until the tile's int32 flag reads
+    :data:`DQ_TILE_READY` (acquire, GPU scope); returns 0 then.  If it still reads :data:`DQ_TILE_UNTOUCHED`
+    after ``timeout_cycles`` (its zeroing KV block has not started), claim the tile (compare-and-swap to
+    :data:`DQ_TILE_CLAIMED`) and return 1: the caller stores its dQ there instead of adding, then sets the
+    flag.  A flag seen claimed is awaited without a timeout: its claimer is running and writes it without
+    waiting on any other CTA, so no wait here can hang."""
+    start = cute.arch.clock64()
     seen = cute.arch.atomic_add(flag_ptr, Int32(0), sem="acquire", scope="gpu")
-    while seen == 0:
-        seen = cute.arch.atomic_add(flag_ptr, Int32(0), sem="acquire", scope="gpu")
+    first = Int32(0)
+    while seen != DQ_TILE_READY:
+        if seen == DQ_TILE_UNTOUCHED:
+            if cute.arch.clock64() - start >= timeout_cycles:
+                if cute.arch.atomic_cas(flag_ptr, cmp=Int32(DQ_TILE_UNTOUCHED), val=Int32(DQ_TILE_CLAIMED),
+                                        scope="gpu") == DQ_TILE_UNTOUCHED:
+                    first = Int32(1)
+        if first == 0:
+            seen = cute.arch.atomic_add(flag_ptr, Int32(0), sem="acquire", scope="gpu")
+        else:
+            seen = Int32(DQ_TILE_READY)
+    return first
 
 
 @cute.jit
@@ -887,21 +915,26 @@ class RankerAttentionBwd:
             store_parts = parts
             if const_expr(self.dq_flagged):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
+            claimed = Int32(0)
             if const_expr(self.dq_zero_duty):
-                self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, work)
+                claimed = self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work)
             nthreads = self.num_mma_threads // self.dq_parts + 32
             for w in cutlass.range_constexpr(self.dq_parts):  # sdQ is free for the first q block
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
             if const_expr(self.dq_zero_duty):  # (while the MMA warpgroups compute the first q block)
-                self.publish_zeroed_tiles(mdQsem, work)
+                self.publish_zeroed_tiles(mdQsem, work, claimed)
             for i in cutlass.range(count, unroll=1):
                 t = self.walk_index(i, work)
                 head, m_block = self.head_m_block_of(t, work)
                 pos = self.dq_add_position(t, work) if const_expr(self.config.deterministic) else None
+                # whether this KV block's dQ goes in with a TMA store: the first add in order (deterministic), or
+                # an add that timed out waiting for the tile's zeroing and claimed it (dq_zero_duty)
+                first = Int32(pos == 0) if const_expr(self.config.deterministic) else Int32(0)
                 if const_expr(self.dq_zero_duty):  # the tile zeroed (acquire), checked before its dQ is ready
                     if lane == 0:
-                        _wait_while_zero(self._dq_sem_ptr(mdQsem, work, head, m_block))
-                    cute.arch.sync_warp()
+                        first = _wait_zeroed_or_claim(self._dq_sem_ptr(mdQsem, work, head, m_block),
+                                                      Int64(self.config.dq_zero_wait_cycles))
+                    first = cute.arch.shuffle_sync(first, 0)
                     cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-adds
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
@@ -913,8 +946,8 @@ class RankerAttentionBwd:
                         cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-add
                     tdQsdQ, tdQgdQ = parts[w]
                     coord = self.dq_tile_coord(m_block, w)
-                    if const_expr(self.config.deterministic):
-                        if pos == 0:
+                    if const_expr(self.config.deterministic or self.dq_zero_duty):
+                        if first != 0:
                             cute.copy(tma_atom_dQst, store_parts[w][0], self._block(store_parts[w][1], head, *coord))
                         else:
                             cute.copy(tma_atom_dQ, tdQsdQ, self._block(tdQgdQ, head, *coord))
@@ -934,13 +967,23 @@ class RankerAttentionBwd:
                     if lane == 0:
                         sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+                if const_expr(self.dq_zero_duty):
+                    if first != 0:  # the claimed tile written (not only read): open it to the adds
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block),
+                                                  Int32(DQ_TILE_READY), sem="release", scope="gpu")
 
     @cute.jit
-    def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, work):
-        """``dq_zero_in_mainloop``, warp 1 before the first q block: zero sdQ and TMA-store it over the dQ tiles
-        of walk indices ``rank, rank + n_kv, ...`` (this KV block's share: every index below ``count`` has one
-        owner among the sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices); returns
-        once the stores have read sdQ (:meth:`publish_zeroed_tiles` sets the flags once they are written)."""
+    def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work):
+        """``dq_zero_in_mainloop``, warp 1 before the first q block: zero sdQ, claim the dQ tiles of walk indices
+        ``rank + j * n_kv`` (this KV block's share: every index below ``count`` has one owner among the
+        sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices; lane ``j % 32`` claims
+        index j by compare-and-swap of its flag, :data:`DQ_TILE_UNTOUCHED` -> :data:`DQ_TILE_CLAIMED`), and
+        TMA-store sdQ over the claimed ones (a tile already claimed by a timed-out adder holds its dQ: left).
+        Returns each lane's claims as bits (bit ``j // 32``) once the stores have read sdQ:
+        :meth:`publish_zeroed_tiles` opens the tiles once written."""
         lane = cute.arch.lane_idx()
         count, rank, n_kv = work[9], work[11], work[12]
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
@@ -951,28 +994,41 @@ class RankerAttentionBwd:
         cute.arch.fence_view_async_shared()  # the zeros -> the TMA stores' reads
         cute.arch.sync_warp()
         mine = (count - rank + n_kv - 1) // n_kv
-        for j in cutlass.range(mine, unroll=1):
-            head, m_block = self.head_m_block_of(rank + j * n_kv, work)
-            for w in cutlass.range_constexpr(self.dq_parts):
-                tXsX, tXgX = store_parts[w]
-                cute.copy(tma_atom_dQst, tXsX, self._block(tXgX, head, *self.dq_tile_coord(m_block, w)))
-            cute.arch.cp_async_bulk_commit_group()
+        claimed = Int32(0)
+        for c in cutlass.range((mine + 31) // 32, unroll=1):  # 32 tiles at a time, a lane each
+            j = c * 32 + lane
+            won = Int32(0)
+            if j < mine:
+                head, m_block = self.head_m_block_of(rank + j * n_kv, work)
+                if cute.arch.atomic_cas(self._dq_sem_ptr(mdQsem, work, head, m_block), cmp=Int32(DQ_TILE_UNTOUCHED),
+                                        val=Int32(DQ_TILE_CLAIMED), scope="gpu") == DQ_TILE_UNTOUCHED:
+                    won = Int32(1)
+            claimed = claimed | (won << c)
+            for jj in cutlass.range(cutlass.min(mine - c * 32, Int32(32)), unroll=1):
+                if cute.arch.shuffle_sync(won, jj) != 0:
+                    head, m_block = self.head_m_block_of(rank + (c * 32 + jj) * n_kv, work)
+                    for w in cutlass.range_constexpr(self.dq_parts):
+                        tXsX, tXgX = store_parts[w]
+                        cute.copy(tma_atom_dQst, tXsX, self._block(tXgX, head, *self.dq_tile_coord(m_block, w)))
+                    cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+        return claimed
 
     @cute.jit
-    def publish_zeroed_tiles(self, mdQsem, work):
-        """After :meth:`zero_dq_tiles`: wait until its stores are written, then set each zeroed tile's flag
-        (release; every add acquires it first: :meth:`dq_reduce`)."""
+    def publish_zeroed_tiles(self, mdQsem, work, claimed):
+        """After :meth:`zero_dq_tiles`: wait until its stores are written, then set each zeroed tile's flag to
+        :data:`DQ_TILE_READY` (release; lane ``j % 32`` the flag of its ``j``-th tile, bits ``claimed``; every
+        add acquires it first: :meth:`dq_reduce`)."""
         lane = cute.arch.lane_idx()
         count, rank, n_kv = work[9], work[11], work[12]
         mine = (count - rank + n_kv - 1) // n_kv
         cute.arch.cp_async_bulk_wait_group(0, read=False)  # written, not only read
         cute.arch.sync_warp()
-        if lane == 0:
-            for j in cutlass.range(mine, unroll=1):
-                head, m_block = self.head_m_block_of(rank + j * n_kv, work)
-                cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(1), sem="release",
-                                      scope="gpu")
+        for c in cutlass.range((mine + 31) // 32, unroll=1):
+            if (claimed >> c) & 1 != 0:
+                head, m_block = self.head_m_block_of(rank + (c * 32 + lane) * n_kv, work)
+                cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(DQ_TILE_READY),
+                                      sem="release", scope="gpu")
 
     def dq_tile_coord(self, m_block, w):
         """Coordinate of q block ``m_block``'s part ``w`` in the dQ accumulator's tiling by :meth:`dq_box`."""

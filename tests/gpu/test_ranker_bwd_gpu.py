@@ -297,19 +297,24 @@ def test_dq_forms(fields, hkv, cap, varlen):
     _check_config_both_gqa_forms(f"dq-{fields}", cfg, 128, hkv, cap, varlen, seed=15)
 
 
-@pytest.mark.parametrize("zeroing", [True, False], ids=["dq_zero_in_mainloop", "preprocess-zeroes"])
+DQ_FORMS = {"dq_zero_in_mainloop": dict(dq_zero_in_mainloop=True),
+            "claim-at-once": dict(dq_zero_in_mainloop=True, dq_zero_wait_cycles=0),
+            "preprocess-zeroes": dict(dq_zero_in_mainloop=False)}
+
+
+@pytest.mark.parametrize("zeroing", list(DQ_FORMS))
 @pytest.mark.parametrize("d,hq,hkv,cap,group", [(128, 4, 4, None, None), (128, 4, 2, 20.0, True),
                                                 (128, 4, 2, None, False), (64, 4, 4, None, None),
                                                 (64, 4, 2, 5.0, False)])
 def test_dq_zeroing_with_poisoned_buffers(d, hq, hkv, cap, group, zeroing, monkeypatch):
     """The default mode's dQ accumulator zeroed by the mainloop's KV blocks (``dq_zero_in_mainloop``, each
-    add waiting for its tile's flag) or by the preprocess: with every buffer the backward allocates through
+    add waiting for its tile's flag; ``claim-at-once``: an add that finds its tile's zeroing not begun stores
+    its dQ there instead) or by the preprocess: with every buffer the backward allocates through
     ``Tensor.new_empty`` poisoned first (NaN floats, int32 7s: a tile added onto before its zeroing, a flag
     left unzeroed, a q block read back without a flag all show), right against float64 at odd lengths,
     with an empty history beside normal rows, fixed length and packed."""
     _poison_new_empty(monkeypatch)
-    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group,
-                                 dq_zero_in_mainloop=zeroing)
+    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group, **DQ_FORMS[zeroing])
     q, k, v, do = _tensors((3, 389, hq, d), (3, 389, hkv, d), seed=51)
     bounds = torch.tensor([[7, 263, 263, 389], [0, 0, 0, 389], [0, 129, 130, 300]], device="cuda",
                           dtype=torch.int32)
@@ -320,6 +325,25 @@ def test_dq_zeroing_with_poisoned_buffers(d, hq, hkv, cap, group, zeroing, monke
     packed = [t.reshape(1167, *t.shape[2:]) for t in (q, k, v, do)]
     _compare(f"dq-zeroing-{zeroing}-varlen-d{d}-{hq}/{hkv}-{group}", *packed, vb, cap=cap, cu_seqlens=cu,
              config=cfg)
+
+
+@pytest.mark.parametrize("wait", [None, 0], ids=["default-wait", "claim-at-once"])
+@pytest.mark.parametrize("hkv", [32, 8])
+def test_dq_zeroing_across_waves(wait, hkv, monkeypatch):
+    """``dq_zero_in_mainloop`` where a sequence's KV blocks straddle two waves of CTAs (9 history KV blocks
+    per (sequence, head), 288 CTAs on at most 132 SMs): the first wave's KV blocks reach tiles whose zeroing
+    KV block starts only when a CTA of the wave ends, so their adds time out (``dq_zero_wait_cycles``, ~16 us
+    against a CTA's life here of tens of us; at once with 0) and store their dQ instead, and the late zeroing
+    KV blocks leave those tiles.  Buffers poisoned, right against float64; GQA 4:1 with one query head per
+    CTA too."""
+    _poison_new_empty(monkeypatch)
+    fields = dict(dq_zero_in_mainloop=True, gqa_group_per_cta=False if hkv < 32 else None)
+    if wait is not None:
+        fields["dq_zero_wait_cycles"] = wait
+    cfg = rb.dataclasses.replace(rb.config_for(128, False), **fields)
+    q, k, v, do = _tensors((1, 1152, 32, 128), (1, 1152, hkv, 128), seed=53)
+    bounds = torch.tensor([[0, 1100, 1100, 1152]], device="cuda", dtype=torch.int32)
+    _compare(f"dq-zeroing-waves-{wait}-{hkv}", q, k, v, do, bounds, config=cfg)
 
 
 @pytest.mark.parametrize("group", [True, False], ids=["group", "per-head"])
@@ -741,7 +765,7 @@ def test_postprocess_alone(hq, hkv, cap, capm, acc, flagged):
         assert (dk[~m] == sentinel).all() and (dv[~m] == sentinel).all()  # mainloop rows untouched
 
 
-@pytest.mark.parametrize("zeroing", [False, True], ids=["zeroed", "dq_zero_in_mainloop"])
+@pytest.mark.parametrize("zeroing", ["preprocess-zeroes", "dq_zero_in_mainloop", "claim-at-once"])
 @pytest.mark.parametrize("s,hq,hkv,rows,cap,group", [
     (128, 1, 1, [[0, 128, 128, 128]], None, None),  # one history KV block, one CTA's work: the simplest case
     (300, 2, 2, [[0, 200, 200, 300], [37, 150, 160, 290]], None, None),
@@ -757,7 +781,8 @@ def test_mainloop_alone(s, hq, hkv, rows, cap, group, zeroing):
     their share of the tiles first, so every q block that the mask lets a history KV block reach comes out
     flagged (1) and right, every other one unflagged and untouched."""
     d, nb = 128, len(rows)
-    cfg = rb.dataclasses.replace(rb.CONFIGS[d], gqa_group_per_cta=group, dq_zero_in_mainloop=zeroing)
+    cfg = rb.dataclasses.replace(rb.CONFIGS[d], gqa_group_per_cta=group, **DQ_FORMS[zeroing])
+    zeroing = cfg.dq_zero_in_mainloop
     tm, g = cfg.tile_m, hq // hkv
     q, k, v, do = _tensors((nb, s, hq, d), (nb, s, hkv, d), seed=11)
     bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
