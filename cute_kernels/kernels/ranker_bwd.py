@@ -30,7 +30,7 @@ The backward is three launches (:func:`ranker_attention_backward`):
      accumulator with a TMA bulk reduce-add (``cp.reduce.async.bulk.tensor...add``, float32), handing
      the smem tile back and forth with the MMA warpgroups through named barriers (with
      ``dq_zero_in_mainloop`` it first zeroes its KV block's share of the accumulator's tiles and flags
-     them, and each add waits for its tile's flag);
+     them, and each add waits for its tile's flag, or past ``dq_zero_wait_cycles`` stores instead);
    * warpgroups 1 and 2 (``setmaxnreg`` up), 64 keys each: ``S^T = K Q^T`` and ``dP^T = V dO^T``
      (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask (an add of 0 / -inf per key, left out in a copy of the q-block loop for KV blocks
@@ -129,7 +129,8 @@ MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 # running at once on other streams (four or more could: pass walk_stagger=0 there).  KV order (no stagger) waits
 # only on KV blocks launched earlier and needs nothing.  The default mode's dq_zero_in_mainloop has the same
 # kind of wait (a KV block's add waits for the start of the one that zeroes the tile, maybe launched after it)
-# and the same rule (resolve_dq_zeroing; four or more such launches at once: dq_zero_in_mainloop=False).
+# but bounded (dq_zero_wait_cycles: then the add stores its dQ there itself), so it cannot hang; it keeps the same
+# rule (resolve_dq_zeroing) because past it most tiles would wait out the bound.
 STAGGER_MAX_KV_BLOCKS = 64
 # dq_zero_in_mainloop's int32 flag per dQ tile: untouched (the preprocess's 0), claimed by the KV block that will
 # write its first contents (zeros, or a timed-out adder's dQ), ready (written: adds may go on)
@@ -203,12 +204,15 @@ class RankerBwdConfig(ValidatedConfig):
     # 16K unchanged (over the rule: off).  Zero stores of the dQ warp's own (no sdQ, a fence and flag per tile)
     # were slower: not kept.
     dq_zero_in_mainloop: bool = True
-    # How long (SM clock cycles; ~16 us at 1.98 GHz) a dQ add waits for its tile's zeroing before it claims the
-    # tile and stores its own dQ there instead (the zeroing KV block, finding it claimed, leaves it).  Keeps every
-    # wait finite where a sequence's KV blocks cannot all be resident (several backward passes at once, an MPS or
-    # green-context SM limit, long-lived kernels beside it); resolve_dq_zeroing's rule keeps timeouts rare.  0:
-    # claim at once whenever the zeroing has not begun (the tests' race of the two writers).
-    dq_zero_wait_cycles: int = 1 << 15
+    # How long (SM clock cycles; ~2 us at 1.98 GHz) a dQ add waits for its tile's zeroing to begin before it claims
+    # the tile and stores its own dQ there instead (the zeroing KV block, finding it claimed, leaves it).  Keeps every
+    # wait finite, also where a sequence's KV blocks cannot all be resident (several backward passes at once, an MPS
+    # or green-context SM limit, long-lived kernels beside it), and short where a sequence's KV blocks straddle two
+    # waves of CTAs.  0: claim at once whenever the zeroing has not begun.  Session 49, same run, CUDA graph, us:
+    # 1 << 15 / never / 0: headline 2767 / 2746 / 2740, B=16 1K+256 921 / 920 / 917, B=8 2K+2K 1323 / 1314 / 1334,
+    # the others level too (logs/2026-12-04_s49_ranker_bwd_dq_zero_wait_probe.log); the session-48 form (no claims,
+    # no bound) measured the same that session.
+    dq_zero_wait_cycles: int = 1 << 12
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -1438,8 +1442,9 @@ def dq_flagged(cfg: RankerBwdConfig) -> bool:
 def resolve_dq_zeroing(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -> RankerBwdConfig:
     """``config`` with ``dq_zero_in_mainloop=False`` in the deterministic mode (it does not use it) and where a
     sequence of ``max_seqlen`` tokens may have more history KV blocks than :data:`STAGGER_MAX_KV_BLOCKS` or a
-    third of ``num_sms``: a KV block's first dQ add may wait for another KV block of its sequence to start and
-    zero the tile, so they must fit on the GPU at once (the rule of :func:`resolve_walk_stagger`)."""
+    third of ``num_sms``: a KV block's dQ add waits (up to ``dq_zero_wait_cycles``) for the KV block of its
+    sequence that zeroes the tile to start, so they should fit on the GPU at once (the rule of
+    :func:`resolve_walk_stagger`; past it many adds would wait out the bound)."""
     blocks = -(-max_seqlen // config.tile_n)
     if config.dq_zero_in_mainloop and (config.deterministic
                                        or blocks > min(STAGGER_MAX_KV_BLOCKS, num_sms // 3)):

@@ -332,7 +332,7 @@ def test_dq_zeroing_with_poisoned_buffers(d, hq, hkv, cap, group, zeroing, monke
 def test_dq_zeroing_across_waves(wait, hkv, monkeypatch):
     """``dq_zero_in_mainloop`` where a sequence's KV blocks straddle two waves of CTAs (9 history KV blocks
     per (sequence, head), 288 CTAs on at most 132 SMs): the first wave's KV blocks reach tiles whose zeroing
-    KV block starts only when a CTA of the wave ends, so their adds time out (``dq_zero_wait_cycles``, ~16 us
+    KV block starts only when a CTA of the wave ends, so their adds time out (``dq_zero_wait_cycles``, ~2 us
     against a CTA's life here of tens of us; at once with 0) and store their dQ instead, and the late zeroing
     KV blocks leave those tiles.  Buffers poisoned, right against float64; GQA 4:1 with one query head per
     CTA too."""
