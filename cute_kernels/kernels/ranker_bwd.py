@@ -132,9 +132,10 @@ MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 # but bounded (dq_zero_wait_cycles: then the add stores its dQ there itself), so it cannot hang; it keeps the same
 # rule (resolve_dq_zeroing) because past it most tiles would wait out the bound.
 STAGGER_MAX_KV_BLOCKS = 64
-# dq_zero_in_mainloop's int32 flag per dQ tile: untouched (the preprocess's 0), claimed by the KV block that will
-# write its first contents (zeros, or a timed-out adder's dQ), ready (written: adds may go on)
-DQ_TILE_UNTOUCHED, DQ_TILE_READY, DQ_TILE_CLAIMED = 0, 1, 2
+# dq_zero_in_mainloop's int32 flag per dQ tile: untouched (the preprocess's 0), ready (its first contents written:
+# adds may go on), claimed by the KV block that writes those: an add that timed out (its dQ) or the tile's zeroing
+# KV block (zeros)
+DQ_TILE_UNTOUCHED, DQ_TILE_READY, DQ_TILE_CLAIMED, DQ_TILE_ZEROING = 0, 1, 2, 3
 DETERMINISTIC_WALK_STAGGER = 2  # the deterministic mode's walk_stagger (RankerBwdConfig.walk_stagger=None)
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
@@ -451,8 +452,8 @@ def _wait_zeroed_or_claim(flag_ptr, timeout_cycles):
     :data:`DQ_TILE_READY` (acquire, GPU scope); returns 0 then.  If it still reads :data:`DQ_TILE_UNTOUCHED`
     after ``timeout_cycles`` (its zeroing KV block has not started), claim the tile (compare-and-swap to
     :data:`DQ_TILE_CLAIMED`) and return 1: the caller stores its dQ there instead of adding, then sets the
-    flag.  A flag seen claimed is awaited without a timeout: its claimer is running and writes it without
-    waiting on any other CTA, so no wait here can hang."""
+    flag.  A flag seen claimed (or :data:`DQ_TILE_ZEROING`) is awaited without a timeout: its claimer is running
+    and writes it without waiting on any other CTA, so no wait here can hang."""
     start = cute.arch.clock64()
     seen = cute.arch.atomic_add(flag_ptr, Int32(0), sem="acquire", scope="gpu")
     first = Int32(0)
@@ -919,14 +920,13 @@ class RankerAttentionBwd:
             store_parts = parts
             if const_expr(self.dq_flagged):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
-            claimed = Int32(0)
             if const_expr(self.dq_zero_duty):
-                claimed = self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work)
+                self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work)
             nthreads = self.num_mma_threads // self.dq_parts + 32
             for w in cutlass.range_constexpr(self.dq_parts):  # sdQ is free for the first q block
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
             if const_expr(self.dq_zero_duty):  # (while the MMA warpgroups compute the first q block)
-                self.publish_zeroed_tiles(mdQsem, work, claimed)
+                self.publish_zeroed_tiles(mdQsem, work)
             for i in cutlass.range(count, unroll=1):
                 t = self.walk_index(i, work)
                 head, m_block = self.head_m_block_of(t, work)
@@ -984,10 +984,9 @@ class RankerAttentionBwd:
         """``dq_zero_in_mainloop``, warp 1 before the first q block: zero sdQ, claim the dQ tiles of walk indices
         ``rank + j * n_kv`` (this KV block's share: every index below ``count`` has one owner among the
         sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices; lane ``j % 32`` claims
-        index j by compare-and-swap of its flag, :data:`DQ_TILE_UNTOUCHED` -> :data:`DQ_TILE_CLAIMED`), and
-        TMA-store sdQ over the claimed ones (a tile already claimed by a timed-out adder holds its dQ: left).
-        Returns each lane's claims as bits (bit ``j // 32``) once the stores have read sdQ:
-        :meth:`publish_zeroed_tiles` opens the tiles once written."""
+        tile j by compare-and-swap of its flag, :data:`DQ_TILE_UNTOUCHED` -> :data:`DQ_TILE_ZEROING`), and
+        TMA-store sdQ over the claimed ones (a tile already claimed by a timed-out add holds its dQ: left).
+        Returns once the stores have read sdQ: :meth:`publish_zeroed_tiles` opens the tiles once written."""
         lane = cute.arch.lane_idx()
         count, rank, n_kv = work[9], work[11], work[12]
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
@@ -998,16 +997,14 @@ class RankerAttentionBwd:
         cute.arch.fence_view_async_shared()  # the zeros -> the TMA stores' reads
         cute.arch.sync_warp()
         mine = (count - rank + n_kv - 1) // n_kv
-        claimed = Int32(0)
         for c in cutlass.range((mine + 31) // 32, unroll=1):  # 32 tiles at a time, a lane each
             j = c * 32 + lane
             won = Int32(0)
             if j < mine:
                 head, m_block = self.head_m_block_of(rank + j * n_kv, work)
                 if cute.arch.atomic_cas(self._dq_sem_ptr(mdQsem, work, head, m_block), cmp=Int32(DQ_TILE_UNTOUCHED),
-                                        val=Int32(DQ_TILE_CLAIMED), scope="gpu") == DQ_TILE_UNTOUCHED:
+                                        val=Int32(DQ_TILE_ZEROING), scope="gpu") == DQ_TILE_UNTOUCHED:
                     won = Int32(1)
-            claimed = claimed | (won << c)
             for jj in cutlass.range(cutlass.min(mine - c * 32, Int32(32)), unroll=1):
                 if cute.arch.shuffle_sync(won, jj) != 0:
                     head, m_block = self.head_m_block_of(rank + (c * 32 + jj) * n_kv, work)
@@ -1016,23 +1013,24 @@ class RankerAttentionBwd:
                         cute.copy(tma_atom_dQst, tXsX, self._block(tXgX, head, *self.dq_tile_coord(m_block, w)))
                     cute.arch.cp_async_bulk_commit_group()
         cute.arch.cp_async_bulk_wait_group(0, read=True)
-        return claimed
 
     @cute.jit
-    def publish_zeroed_tiles(self, mdQsem, work, claimed):
-        """After :meth:`zero_dq_tiles`: wait until its stores are written, then set each zeroed tile's flag to
-        :data:`DQ_TILE_READY` (release; lane ``j % 32`` the flag of its ``j``-th tile, bits ``claimed``; every
-        add acquires it first: :meth:`dq_reduce`)."""
+    def publish_zeroed_tiles(self, mdQsem, work):
+        """After :meth:`zero_dq_tiles`: wait until its stores are written, then open each tile it zeroed
+        (compare-and-swap :data:`DQ_TILE_ZEROING` -> :data:`DQ_TILE_READY`, release; lane ``j % 32`` that of its
+        ``j``-th tile; a tile claimed by an add is left to it; every add acquires the flag first:
+        :meth:`dq_reduce`)."""
         lane = cute.arch.lane_idx()
         count, rank, n_kv = work[9], work[11], work[12]
         mine = (count - rank + n_kv - 1) // n_kv
         cute.arch.cp_async_bulk_wait_group(0, read=False)  # written, not only read
         cute.arch.sync_warp()
         for c in cutlass.range((mine + 31) // 32, unroll=1):
-            if (claimed >> c) & 1 != 0:
-                head, m_block = self.head_m_block_of(rank + (c * 32 + lane) * n_kv, work)
-                cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(DQ_TILE_READY),
-                                      sem="release", scope="gpu")
+            j = c * 32 + lane
+            if j < mine:
+                head, m_block = self.head_m_block_of(rank + j * n_kv, work)
+                cute.arch.atomic_cas(self._dq_sem_ptr(mdQsem, work, head, m_block), cmp=Int32(DQ_TILE_ZEROING),
+                                     val=Int32(DQ_TILE_READY), sem="release", scope="gpu")
 
     def dq_tile_coord(self, m_block, w):
         """Coordinate of q block ``m_block``'s part ``w`` in the dQ accumulator's tiling by :meth:`dq_box`."""

@@ -346,6 +346,21 @@ def test_dq_zeroing_across_waves(wait, hkv, monkeypatch):
     _compare(f"dq-zeroing-waves-{wait}-{hkv}", q, k, v, do, bounds, config=cfg)
 
 
+@pytest.mark.parametrize("wait", [None, 0], ids=["default-wait", "claim-at-once"])
+def test_dq_zeroing_many_tiles_per_kv_block(wait, monkeypatch):
+    """``dq_zero_in_mainloop`` where one KV block owns hundreds of dQ tiles (a history of one KV block, 2100
+    candidates, 16 query heads on one KV head with the group per CTA: 35 q blocks x 16 heads = 560 tiles,
+    claimed and opened 32 at a time): buffers poisoned, right against float64."""
+    _poison_new_empty(monkeypatch)
+    fields = dict(dq_zero_in_mainloop=True, gqa_group_per_cta=True)
+    if wait is not None:
+        fields["dq_zero_wait_cycles"] = wait
+    cfg = rb.dataclasses.replace(rb.config_for(128, False), **fields)
+    q, k, v, do = _tensors((1, 2200, 16, 128), (1, 2200, 1, 128), seed=54)
+    bounds = torch.tensor([[0, 100, 100, 2200]], device="cuda", dtype=torch.int32)
+    _compare(f"dq-zeroing-many-tiles-{wait}", q, k, v, do, bounds, config=cfg)
+
+
 @pytest.mark.parametrize("group", [True, False], ids=["group", "per-head"])
 @pytest.mark.parametrize("d,hq,hkv,cap,capm,varlen,det", [
     (128, 8, 2, None, "tanh", False, False), (128, 6, 2, 15.0, "tanh", False, False),
