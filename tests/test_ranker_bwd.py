@@ -430,6 +430,7 @@ def test_mainloop_compiles_sm90a(target):
     assert zeroes is cfg.dq_zero_in_mainloop
     # ... after claiming each tile by compare-and-swap (as does an add that times out waiting for a tile's zeroing)
     assert ("atom.global.cas.b32" in rec.ptx) is cfg.dq_zero_in_mainloop
+    assert ("atom.global.release.cas.b32" in rec.ptx) is cfg.dq_zero_in_mainloop  # the zeroed tiles opened
     if g == 1 and not varlen:
         assert "tma store (cp.async.bulk.tensor)" in ptx
     if varlen and g == 1:  # predicated 16-byte dK/dV stores (GQA: TMA reduce-adds)

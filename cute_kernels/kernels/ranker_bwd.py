@@ -132,10 +132,10 @@ MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 # but bounded (dq_zero_wait_cycles: then the add stores its dQ there itself), so it cannot hang; it keeps the same
 # rule (resolve_dq_zeroing) because past it most tiles would wait out the bound.
 STAGGER_MAX_KV_BLOCKS = 64
-# dq_zero_in_mainloop's int32 flag per dQ tile: untouched (the preprocess's 0), ready (its first contents written:
-# adds may go on), claimed by the KV block that writes those: an add that timed out (its dQ) or the tile's zeroing
-# KV block (zeros)
-DQ_TILE_UNTOUCHED, DQ_TILE_READY, DQ_TILE_CLAIMED, DQ_TILE_ZEROING = 0, 1, 2, 3
+# dq_zero_in_mainloop's int32 flag per dQ tile: untouched (the preprocess's 0); claimed by the KV block that writes
+# its first contents, an add that timed out (CLAIMED: its dQ) or the tile's zeroing KV block (ZEROING: zeros); then
+# written, adds may go on: READY (zeros) or STORED (a dQ).  The postprocess reads any flag but 0 as written.
+DQ_TILE_UNTOUCHED, DQ_TILE_READY, DQ_TILE_CLAIMED, DQ_TILE_ZEROING, DQ_TILE_STORED = 0, 1, 2, 3, 4
 DETERMINISTIC_WALK_STAGGER = 2  # the deterministic mode's walk_stagger (RankerBwdConfig.walk_stagger=None)
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
@@ -447,17 +447,25 @@ def resolve_gqa_group(config: RankerBwdConfig, qhead_per_kvhead: int, num_batch:
 
 
 @cute.jit
+def _tile_pending(flag):
+    """1 while a dQ tile's flag says its first contents are not written yet (untouched, claimed or zeroing)."""
+    return Int32(flag == DQ_TILE_UNTOUCHED) | Int32(flag == DQ_TILE_CLAIMED) | Int32(flag == DQ_TILE_ZEROING)
+
+
+@cute.jit
 def _wait_zeroed_or_claim(flag_ptr, timeout_cycles):
-    """``dq_zero_in_mainloop``'s wait before a dQ add (one thread): spin until the tile's int32 flag reads
-    :data:`DQ_TILE_READY` (acquire, GPU scope); returns 0 then.  If it still reads :data:`DQ_TILE_UNTOUCHED`
-    after ``timeout_cycles`` (its zeroing KV block has not started), claim the tile (compare-and-swap to
-    :data:`DQ_TILE_CLAIMED`) and return 1: the caller stores its dQ there instead of adding, then sets the
-    flag.  A flag seen claimed (or :data:`DQ_TILE_ZEROING`) is awaited without a timeout: its claimer is running
-    and writes it without waiting on any other CTA, so no wait here can hang."""
+    """``dq_zero_in_mainloop``'s wait before a dQ add (one thread): spin until the tile's int32 flag says its
+    first contents are written (:data:`DQ_TILE_READY` or :data:`DQ_TILE_STORED`; acquire, GPU scope); returns 0
+    then.  If it still reads :data:`DQ_TILE_UNTOUCHED` after ``timeout_cycles`` (its zeroing KV block has not
+    started), claim the tile (compare-and-swap to :data:`DQ_TILE_CLAIMED`) and return 1: the caller stores its
+    dQ there instead of adding, then sets :data:`DQ_TILE_STORED`.  A flag seen claimed (or
+    :data:`DQ_TILE_ZEROING`) is awaited without a timeout: its claimer is running and writes it without waiting
+    on any other CTA, so no wait here can hang."""
     start = cute.arch.clock64()
     seen = cute.arch.atomic_add(flag_ptr, Int32(0), sem="acquire", scope="gpu")
     first = Int32(0)
-    while seen != DQ_TILE_READY:
+    pending = _tile_pending(seen)
+    while pending != 0:
         if seen == DQ_TILE_UNTOUCHED:
             if cute.arch.clock64() - start >= timeout_cycles:
                 if cute.arch.atomic_cas(flag_ptr, cmp=Int32(DQ_TILE_UNTOUCHED), val=Int32(DQ_TILE_CLAIMED),
@@ -465,8 +473,9 @@ def _wait_zeroed_or_claim(flag_ptr, timeout_cycles):
                     first = Int32(1)
         if first == 0:
             seen = cute.arch.atomic_add(flag_ptr, Int32(0), sem="acquire", scope="gpu")
+            pending = _tile_pending(seen)
         else:
-            seen = Int32(DQ_TILE_READY)
+            pending = Int32(0)
     return first
 
 
@@ -977,7 +986,7 @@ class RankerAttentionBwd:
                         cute.arch.sync_warp()
                         if lane == 0:
                             cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block),
-                                                  Int32(DQ_TILE_READY), sem="release", scope="gpu")
+                                                  Int32(DQ_TILE_STORED), sem="release", scope="gpu")
 
     @cute.jit
     def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work):

@@ -346,18 +346,49 @@ def test_dq_zeroing_across_waves(wait, hkv, monkeypatch):
     _compare(f"dq-zeroing-waves-{wait}-{hkv}", q, k, v, do, bounds, config=cfg)
 
 
+def test_dq_zeroing_bound_forces_claims():
+    """The zeroing's bounded wait where it must act: one sequence and head with three more history KV blocks
+    than the GPU has SMs (one mainloop CTA fits per SM), the mainloop launched alone (``resolve_dq_zeroing``
+    would turn the zeroing off for such a call).  Every resident CTA reaches the tiles whose zeroing KV blocks
+    cannot start until one of them ends: without the bound they would all spin forever; with it they claim
+    those tiles and one stores its dQ there (flag ``DQ_TILE_STORED``).  Accumulator and dK/dV NaN-poisoned;
+    right against float64."""
+    d = 128
+    cfg = rb.dataclasses.replace(rb.CONFIGS[d], dq_zero_in_mainloop=True)
+    assert 2 * (cfg.smem_bytes() + rb.STATIC_SMEM_BYTES) > rf.SMEM_CAPACITY  # one CTA per SM
+    s = (torch.cuda.get_device_properties(0).multi_processor_count + 3) * cfg.tile_n
+    q, k, v, do = _tensors((1, s, 1, d), (1, s, 1, d), seed=55)
+    bounds = torch.tensor([[0, s, s, s]], device="cuda", dtype=torch.int32)  # all history: no self terms
+    ex = rb.ranker_attention_backward_explicit(q, k, v, bounds, do)
+    prow, lse2, dpsum = _mainloop_stats(ex[3], ex[4], cfg.tile_m)
+    dq_acc = torch.full((1, 1, prow, d), float("nan"), device="cuda")
+    flags = torch.zeros((1, 1, prow // cfg.tile_m), device="cuda", dtype=torch.int32)
+    dk, dv = (torch.full_like(k, float("nan")) for _ in range(2))
+    scale = 1.0 / d ** 0.5
+    rb._fn("main", q.dtype, cfg, 1, "none", False)(
+        q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, flags, None, scale * rf.LOG2_E, scale, 1.0, 1, s)
+    torch.cuda.synchronize()
+    assert ((flags == rb.DQ_TILE_READY) | (flags == rb.DQ_TILE_STORED)).all(), flags
+    assert int((flags == rb.DQ_TILE_STORED).sum()) >= 3, flags  # the late KV blocks' tiles at least
+    tol = dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(scale * dq_acc[:, :, :s].double().transpose(1, 2), ex[0], **tol)
+    torch.testing.assert_close(dk.double(), ex[1], **tol)
+    torch.testing.assert_close(dv.double(), ex[2], **tol)
+
+
 @pytest.mark.parametrize("wait", [None, 0], ids=["default-wait", "claim-at-once"])
 def test_dq_zeroing_many_tiles_per_kv_block(wait, monkeypatch):
-    """``dq_zero_in_mainloop`` where one KV block owns hundreds of dQ tiles (a history of one KV block, 2100
-    candidates, 16 query heads on one KV head with the group per CTA: 35 q blocks x 16 heads = 560 tiles,
-    claimed and opened 32 at a time): buffers poisoned, right against float64."""
+    """``dq_zero_in_mainloop`` where one KV block owns over a thousand dQ tiles (a history of one KV block, 4300
+    candidates, 16 query heads on one KV head with the group per CTA: 69 q blocks x 16 heads = 1104 tiles,
+    claimed and opened 32 at a time; a per-lane bit per 32 tiles, as first written, overflowed past 1024):
+    buffers poisoned, right against float64."""
     _poison_new_empty(monkeypatch)
     fields = dict(dq_zero_in_mainloop=True, gqa_group_per_cta=True)
     if wait is not None:
         fields["dq_zero_wait_cycles"] = wait
     cfg = rb.dataclasses.replace(rb.config_for(128, False), **fields)
-    q, k, v, do = _tensors((1, 2200, 16, 128), (1, 2200, 1, 128), seed=54)
-    bounds = torch.tensor([[0, 100, 100, 2200]], device="cuda", dtype=torch.int32)
+    q, k, v, do = _tensors((1, 4400, 16, 128), (1, 4400, 1, 128), seed=54)
+    bounds = torch.tensor([[0, 100, 100, 4400]], device="cuda", dtype=torch.int32)
     _compare(f"dq-zeroing-many-tiles-{wait}", q, k, v, do, bounds, config=cfg)
 
 
@@ -794,7 +825,7 @@ def test_mainloop_alone(s, hq, hkv, rows, cap, group, zeroing):
     zeroed float32 accumulators (one query head per CTA) or straight into dK/dV (a group per CTA).
     ``dq_zero_in_mainloop``: the accumulator NaN-poisoned and the flags zeroed instead; the KV blocks zero
     their share of the tiles first, so every q block that the mask lets a history KV block reach comes out
-    flagged (1) and right, every other one unflagged and untouched."""
+    flagged (1, or 4 where a timed-out add stored its dQ) and right, every other one unflagged and untouched."""
     d, nb = 128, len(rows)
     cfg = rb.dataclasses.replace(rb.CONFIGS[d], gqa_group_per_cta=group, **DQ_FORMS[zeroing])
     zeroing = cfg.dq_zero_in_mainloop
@@ -824,7 +855,8 @@ def test_mainloop_alone(s, hq, hkv, rows, cap, group, zeroing):
                     lo, hi = m * tm, min((m + 1) * tm, s)
                     if (lo < hh and hi > hl) or (lo < ch and hi > cl):
                         want_flags[b, :, m] = 1
-        assert torch.equal(flags, want_flags), (flags, want_flags)
+        written = torch.where(flags == rb.DQ_TILE_STORED, rb.DQ_TILE_READY, flags)  # zeroed, or an add's store
+        assert torch.equal(written, want_flags), (flags, want_flags)
         unwritten = (flags == 0)[:, :, :, None, None].expand(nb, hq, prow // tm, tm, d).reshape(nb, hq, prow, d)
         assert dq_acc[unwritten].isnan().all()
         dq_acc = torch.where(unwritten, torch.zeros_like(dq_acc), dq_acc)
