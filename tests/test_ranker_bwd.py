@@ -348,9 +348,14 @@ def test_configs_validate():
                     (dict(dq_first=False, dk_from_smem=True), "dk_from_smem needs dq_first"),
                     (dict(tile_m=80, dq_swap_ab=False), "use dq_swap_ab"), (dict(tile_m=96), "tile_m"),
                     (dict(head_dim=64, tile_m=64), "dq_swap_ab: head_dim=64"),
-                    (dict(walk_stagger=-1), "walk_stagger"), (dict(walk_stagger=65), "walk_stagger")):
+                    (dict(walk_stagger=-1), "walk_stagger"), (dict(walk_stagger=65), "walk_stagger"),
+                    (dict(dq_zero_wait_cycles=-1), "dq_zero_wait_cycles"),
+                    (dict(dq_zero_wait_cycles=1 << 40), "dq_zero_wait_cycles")):
         with pytest.raises(ValueError, match=msg):
             dataclasses.replace(base, **kw).validate()
+    for bad in (True, 1.5, "3"):  # (an int: a bool or float is refused, not truncated)
+        with pytest.raises(TypeError, match="dq_zero_wait_cycles"):
+            dataclasses.replace(base, dq_zero_wait_cycles=bad)
 
 
 @pytest.mark.parametrize("fields", [{}, dict(tile_m=80, ds_stages=1), dict(tile_m=80, ds_stages=1, stages=1),
