@@ -156,7 +156,10 @@ class RankerBwdConfig(ValidatedConfig):
     GEMM's operand order (``dq_swap_ab``), the deterministic mode and its staggered q-block walks
     (``walk_stagger``, None for :meth:`walk_stagger_steps`'s pick), and how GQA is spread over CTAs
     (``gqa_group_per_cta``: a group per CTA, one query head per CTA, or None for
-    :func:`resolve_gqa_group`'s pick).  Checked when constructed (also by ``dataclasses.replace``):
+    :func:`resolve_gqa_group`'s pick), and the default mode's zeroing of the dQ accumulator in the mainloop
+    (``dq_zero_in_mainloop``, ``dq_zero_wait_cycles``).  Start from :func:`config_for` and change fields with
+    ``dataclasses.replace``: the class defaults are D=128 without the shipped schedule.  Checked when
+    constructed (also by ``dataclasses.replace``):
     :meth:`validate` raises ``ValueError`` with the reason and ``TypeError`` for a field of the wrong type."""
 
     head_dim: int = 128
@@ -209,10 +212,11 @@ class RankerBwdConfig(ValidatedConfig):
     # the tile and stores its own dQ there instead (the zeroing KV block, finding it claimed, leaves it).  Keeps every
     # wait finite, also where a sequence's KV blocks cannot all be resident (several backward passes at once, an MPS
     # or green-context SM limit, long-lived kernels beside it), and short where a sequence's KV blocks straddle two
-    # waves of CTAs.  0: claim at once whenever the zeroing has not begun.  Session 49, same run, CUDA graph, us:
-    # 1 << 15 / never / 0: headline 2767 / 2746 / 2740, B=16 1K+256 921 / 920 / 917, B=8 2K+2K 1323 / 1314 / 1334,
-    # the others level too (logs/2026-12-04_s49_ranker_bwd_dq_zero_wait_probe.log); the session-48 form (no claims,
-    # no bound) measured the same that session.
+    # waves of CTAs.  0: claim at once whenever the zeroing has not begun.  Session 49, same run, CUDA graph, us,
+    # an earlier form of the claims: 1 << 15 / never / 0: headline 2767 / 2746 / 2740, B=16 1K+256 921 / 920 / 917,
+    # B=8 2K+2K 1323 / 1314 / 1334, the others level too (logs/2026-12-04_s49_ranker_bwd_dq_zero_wait_probe.log);
+    # the session-48 form (no claims, no bound) measured the same that session.  The shipped 1 << 12 lies between
+    # and was measured only against the preprocess's zeroing (logs/2026-12-04_s49_ranker_bwd_gpu_tests_ac11982.log).
     dq_zero_wait_cycles: int = 1 << 12
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
@@ -1639,15 +1643,16 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         float32 accumulator, GQA dK/dV summed over the group's query heads in float32).  The default
         config is not bitwise deterministic (float32 reduce-adds in arrival order); pass
         ``deterministic=True``, or call with torch's deterministic flag on (or a config with
-        ``deterministic=True``) for ordered adds (same bits
+        ``deterministic=True``; ``deterministic=False`` does not turn off such a config) for ordered adds (same bits
         on every run; with the staggered q-block walks of session 43 (``RankerBwdConfig.walk_stagger``)
         1-9% slower than the default at the bench shapes where they apply, 11% at GQA 16/4 and 9% at
         B=1 16K, where they do not; bench/results/logs/2026-12-03_s43_ranker_bwd_walk_stagger_probe2.log).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dlse``/``dq``/``dk``/``dv``
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
-        a wrong ``config``/``deterministic`` type, bad ``cu_seqlens`` values, unsupported head
-        dims, B or Hq above 65535 (the grids' y/z limit), a float32 dQ accumulator of 2^31 elements or
+        a wrong ``config``/``deterministic`` type, a ``config`` whose ``head_dim`` is not the inputs', a
+        ``dq``/``dk``/``dv`` buffer or ``config`` on fake/meta tensors (eager-only, below), bad ``cu_seqlens``
+        values, unsupported head dims, B or Hq above 65535 (the grids' y/z limit), a float32 dQ accumulator of 2^31 elements or
         more (:func:`check_accum_extent`: rows padded to whole q tiles per sequence): all before any
         buffer is written or kernel launched (the accumulator's extent on meta tensors and under
         torch.compile too).
