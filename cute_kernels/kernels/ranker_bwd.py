@@ -1652,8 +1652,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
         a wrong ``config``/``deterministic`` type, a ``config`` whose ``head_dim`` is not the inputs', a
         ``dq``/``dk``/``dv`` buffer or ``config`` on fake/meta tensors (eager-only, below), bad ``cu_seqlens``
-        values, unsupported head dims, B or Hq above 65535 (the grids' y/z limit), a float32 dQ accumulator of 2^31 elements or
-        more (:func:`check_accum_extent`: rows padded to whole q tiles per sequence): all before any
+        values, unsupported head dims, B or Hq above 65535 (the grids' y/z limit), a float32 dQ accumulator
+        of 2^31 elements or more (:func:`check_accum_extent`: rows padded to whole q tiles per sequence): all before any
         buffer is written or kernel launched (the accumulator's extent on meta tensors and under
         torch.compile too).
     Launches: preprocess (dPsum, LSE2, the zeroed dQ accumulator or its tiles' zeroed flags), the mainloop
