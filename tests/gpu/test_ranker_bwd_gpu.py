@@ -327,6 +327,14 @@ def test_dq_zeroing_with_poisoned_buffers(d, hq, hkv, cap, group, zeroing, monke
              config=cfg)
 
 
+def _zeroing_config(wait, **fields):
+    """The shipped uncapped D=128 config with ``dq_zero_in_mainloop`` on and ``dq_zero_wait_cycles=wait``
+    (None: the shipped bound), plus ``fields``."""
+    if wait is not None:
+        fields["dq_zero_wait_cycles"] = wait
+    return rb.dataclasses.replace(rb.config_for(128, False), dq_zero_in_mainloop=True, **fields)
+
+
 @pytest.mark.parametrize("wait", [None, 0], ids=["default-wait", "claim-at-once"])
 @pytest.mark.parametrize("hkv", [32, 8])
 def test_dq_zeroing_across_waves(wait, hkv, monkeypatch):
@@ -337,10 +345,7 @@ def test_dq_zeroing_across_waves(wait, hkv, monkeypatch):
     KV blocks leave those tiles.  Buffers poisoned, right against float64; GQA 4:1 with one query head per
     CTA too."""
     _poison_new_empty(monkeypatch)
-    fields = dict(dq_zero_in_mainloop=True, gqa_group_per_cta=False if hkv < 32 else None)
-    if wait is not None:
-        fields["dq_zero_wait_cycles"] = wait
-    cfg = rb.dataclasses.replace(rb.config_for(128, False), **fields)
+    cfg = _zeroing_config(wait, gqa_group_per_cta=False if hkv < 32 else None)
     q, k, v, do = _tensors((1, 1152, 32, 128), (1, 1152, hkv, 128), seed=53)
     bounds = torch.tensor([[0, 1100, 1100, 1152]], device="cuda", dtype=torch.int32)
     _compare(f"dq-zeroing-waves-{wait}-{hkv}", q, k, v, do, bounds, config=cfg)
@@ -383,10 +388,7 @@ def test_dq_zeroing_many_tiles_per_kv_block(wait, monkeypatch):
     claimed and opened 32 at a time; a per-lane bit per 32 tiles, as first written, overflowed past 1024):
     buffers poisoned, right against float64."""
     _poison_new_empty(monkeypatch)
-    fields = dict(dq_zero_in_mainloop=True, gqa_group_per_cta=True)
-    if wait is not None:
-        fields["dq_zero_wait_cycles"] = wait
-    cfg = rb.dataclasses.replace(rb.config_for(128, False), **fields)
+    cfg = _zeroing_config(wait, gqa_group_per_cta=True)
     q, k, v, do = _tensors((1, 4400, 16, 128), (1, 4400, 1, 128), seed=54)
     bounds = torch.tensor([[0, 100, 100, 4400]], device="cuda", dtype=torch.int32)
     _compare(f"dq-zeroing-many-tiles-{wait}", q, k, v, do, bounds, config=cfg)
