@@ -68,8 +68,8 @@ def _kernel_table(records: list[dict]) -> str:
 
 
 def load_records(path: str) -> list[dict]:
-    """The bench records in ``path``: a JSON list of records, a ``{"results": [...]}`` wrapper (some probe
-    files), or JSON lines (one record per line, the ``.jsonl`` files); entries without ``impl`` are left out.
+    """The bench records in ``path``: a JSON list of records, one record, a ``{"results": [...]}`` wrapper (some
+    probe files), or JSON lines (one record per line, the ``.jsonl`` files); entries without ``impl`` are left out.
     ``ValueError`` saying what the file holds when it has no record (e.g. ``bench/overhead.py``'s timing dict),
     naming the line of JSON lines that does not parse, or naming the record whose fields have the wrong type
     (:func:`check_record`)."""
@@ -89,6 +89,8 @@ def load_records(path: str) -> list[dict]:
                     raise ValueError(f"line {number} is not JSON ({exc.msg}, column {exc.colno})") from None
     if isinstance(data, dict) and isinstance(data.get("results"), list):
         data = data["results"]
+    elif isinstance(data, dict) and "impl" in data:  # one record on its own
+        data = [data]
     records = [r for r in data if isinstance(r, dict) and "impl" in r] if isinstance(data, list) else []
     if not records:  # (entries without "impl", e.g. a run's copy-rate line, are left out of the table)
         kind = f"a dict with keys {sorted(data)[:6]}" if isinstance(data, dict) else f"a {type(data).__name__}"

@@ -113,10 +113,13 @@ def shipped_configs(kernel: Optional[str] = None) -> dict:
     Labels say where a config applies: ``"head_dim=128"`` (ranker_fwd), ``"method=tma (default) M=4096"``
     (hc_mix: method and rows per call), ``"bfloat16 q=1024 k=256"`` (qknorm, per-rank widths), ...  Values are
     the kernels' frozen config dataclasses (for a kernel without an adapter here: its
-    ``compile_targets()`` keys).  Raises ``ValueError`` for an unknown kernel name.
+    ``compile_targets()`` keys).  Raises ``ValueError`` for an unknown kernel name, ``TypeError`` for one that is
+    not a str.
     """
     from . import registry
 
+    if kernel is not None and not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a registered kernel's name (a str) or None, got {kernel!r}")
     if kernel is not None and kernel not in registry.KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}")
     out = {}

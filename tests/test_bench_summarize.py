@@ -292,8 +292,12 @@ def test_load_records_forms_and_refusals(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps([rec]))
     (tmp_path / "b.json").write_text(json.dumps({"date": "x", "results": [rec]}))
     (tmp_path / "c.jsonl").write_text(json.dumps({"copy_gbps": 4000}) + "\n" + json.dumps(rec) + "\n")
-    for name in ("a.json", "b.json", "c.jsonl"):
+    (tmp_path / "a1.json").write_text(json.dumps(rec))  # one record on its own
+    for name in ("a.json", "a1.json", "b.json", "c.jsonl"):
         assert summarize.load_records(str(tmp_path / name)) == [rec]
+    (tmp_path / "a2.json").write_text(json.dumps(dict(rec, time_us="abc")))  # its bad field is named
+    with pytest.raises(ValueError, match="time_us must be"):
+        summarize.load_records(str(tmp_path / "a2.json"))
     (tmp_path / "d.json").write_text(json.dumps({"cold": 1.0, "warm": 2.0}))
     with pytest.raises(ValueError, match="no bench records.*'cold'"):
         summarize.load_records(str(tmp_path / "d.json"))

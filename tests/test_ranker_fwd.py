@@ -1176,12 +1176,16 @@ def test_shipped_config_refuses_bad_arguments():
                            ((torch.float32, 128), TypeError, "torch.bfloat16 or torch.float16"),
                            (("bfloat16", 128), TypeError, "torch.bfloat16 or torch.float16"),
                            ((torch.bfloat16, 96), ValueError, "head_dim=96"),
-                           ((torch.bfloat16, True), ValueError, "head_dim=True"),
+                           ((torch.bfloat16, True), TypeError, "head_dim must be an int"),  # (a bool: TypeError)
                            ((torch.bfloat16, 128.0), TypeError, "head_dim must be an int")):
         with pytest.raises(exc, match=re.escape(msg)):
             rf.shipped_config(*args)
     # None means no cap, as ranker_attention's cap=None (newcomer review, session 39)
     assert rf.shipped_config(torch.bfloat16, 128, None) == rf.shipped_config(torch.bfloat16, 128, "none")
+    # numpy integers, as the ops take them (newcomer review, session 50)
+    import numpy as np
+
+    assert rf.shipped_config(torch.bfloat16, np.int64(128)) == rf.shipped_config(torch.bfloat16, 128)
 
 
 def test_use_config_docstring_example_fits():

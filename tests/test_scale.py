@@ -68,3 +68,13 @@ def test_registered_op_checks_alpha_on_meta_tensors(alpha):
     x = torch.empty(1024, dtype=torch.bfloat16, device="meta")
     with pytest.raises(ValueError, match="alpha"):
         torch.ops.cute_kernels.scale(x, alpha)
+
+
+def test_meta_tensors_by_keyword_take_the_op():
+    """A keyword call whose first keyword is a scalar still sees its meta tensors (session 50's newcomer review:
+    the wrapper took the first keyword value as the tensor to test and sent the call to the eager impl, which
+    refused the meta device); the in-place Q/K norm alike."""
+    m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    out = cute_kernels.scale(alpha=2.0, x=m(64))
+    assert out.is_meta and out.shape == (64,)
+    assert cute_kernels.qk_rmsnorm_(eps=1e-6, q=m(4, 128), k=m(4, 64), q_weight=m(128), k_weight=m(64)) is None

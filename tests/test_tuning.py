@@ -59,6 +59,8 @@ def test_shipped_configs_one_kernel_and_public_name():
     assert cute_kernels.shipped_configs("ranker_fwd") == {"ranker_fwd": tuning.shipped_configs()["ranker_fwd"]}
     with pytest.raises(ValueError, match="unknown kernel 'nope'"):
         tuning.shipped_configs("nope")
+    with pytest.raises(TypeError, match="kernel must be"):
+        tuning.shipped_configs(3)
 
 
 def test_configs_cli():

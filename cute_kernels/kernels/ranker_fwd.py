@@ -72,6 +72,7 @@ import dataclasses
 import enum
 import functools
 import math
+import numbers
 import operator
 from dataclasses import dataclass
 from typing import Optional
@@ -332,13 +333,15 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] 
     (``"none"`` or None without a cap, else ``"tanh"`` / ``"soft_sign"``): ``CAP_CONFIGS[(cap_method, head_dim)]``
     where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with the fixed max
     (``fixed_row_max``, ``checked_max``) off (float16 P would overflow).  Raises ``TypeError`` for another
-    dtype (a string included) or a head dim that is not an int, and ``ValueError`` for a head dim other than
+    dtype (a string included) or a head dim that is not an integer (a bool included; numpy integers are taken),
+    and ``ValueError`` for a head dim other than
     64, 128, 256 or an unknown ``cap_method``."""
     if not isinstance(dtype, torch.dtype) or dtype not in DTYPES:
         raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
-    if not isinstance(head_dim, int):  # (a bool is refused as a head dim below)
+    if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral):  # (numpy ints as the ops take them)
         raise TypeError(f"head_dim must be an int, got {head_dim!r}")
-    if isinstance(head_dim, bool) or head_dim not in CONFIGS:
+    head_dim = int(head_dim)
+    if head_dim not in CONFIGS:
         raise ValueError(f"head_dim={head_dim!r}: shipped configs exist for head dims {sorted(CONFIGS)}")
     if cap_method is None:  # (as ranker_attention's cap=None)
         cap_method = "none"

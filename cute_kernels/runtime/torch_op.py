@@ -117,6 +117,8 @@ class _EagerFastPath:
         self.precheck = precheck
         self.grad_via_op = grad_via_op
         self.tensor_params = _tensor_params(op)
+        # the schema's first tensor argument by name: a keyword call's meta test (its first keyword may be a scalar)
+        self.first_tensor = self.tensor_params[0][1] if self.tensor_params else None
         self.signature = inspect.signature(impl)
         functools.update_wrapper(self, impl)
 
@@ -152,8 +154,8 @@ class _EagerFastPath:
         compiling = _is_compiling()
         if not compiling and _transform_active is not None and _transform_active() is not None:
             refuse_func_transforms(self.name, *args, *kwargs.values())
-        # meta tensors (the first argument on the "meta" device): the op, whose fake gives the output shapes
-        first = args[0] if args else next(iter(kwargs.values()), None)
+        # meta tensors (the first tensor argument on the "meta" device): the op, whose fake gives the output shapes
+        first = args[0] if args else kwargs.get(self.first_tensor)
         if (compiling or _get_current_dispatch_mode() is not None or getattr(first, "is_meta", False)
                 or (self.grad_via_op and _requires_grad(args, kwargs))):
             if not compiling:  # (Dynamo reports a bad call itself)
