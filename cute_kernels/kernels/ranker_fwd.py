@@ -334,8 +334,7 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] 
     where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with the fixed max
     (``fixed_row_max``, ``checked_max``) off (float16 P would overflow).  Raises ``TypeError`` for another
     dtype (a string included) or a head dim that is not an integer (a bool included; numpy integers are taken),
-    and ``ValueError`` for a head dim other than
-    64, 128, 256 or an unknown ``cap_method``."""
+    and ``ValueError`` for a head dim other than 64, 128, 256 or an unknown ``cap_method``."""
     if not isinstance(dtype, torch.dtype) or dtype not in DTYPES:
         raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
     if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral):  # (numpy ints as the ops take them)
