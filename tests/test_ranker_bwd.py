@@ -360,9 +360,7 @@ def test_configs_validate():
 
 @pytest.mark.parametrize("fields", [{}, dict(tile_m=80, ds_stages=1), dict(tile_m=80, ds_stages=1, stages=1),
                                     dict(stages=3, ds_stages=1), dict(head_dim=64, dq_swap_ab=False),
-                                    dict(head_dim=64, tile_m=128, dq_swap_ab=False), dict(dq_convert=True),
-                                    dict(head_dim=64, tile_m=128, dq_swap_ab=False, dq_convert=True),
-                                    dict(tile_m=80, ds_stages=1, dq_convert=True)],
+                                    dict(head_dim=64, tile_m=128, dq_swap_ab=False)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "shipped")
 def test_smem_bytes_is_the_struct_size(fields):
     """RankerBwdConfig.smem_bytes (what validate() checks against the limit, with the 1024 B of static

@@ -117,7 +117,6 @@ class NamedBarrierBwd(enum.IntEnum):
     # reduce-add has read sdQ.  With dq_per_wg, warpgroup w uses dQFull + w and dQEmpty + w.
     dQFull = 3
     dQEmpty = 5
-    ConvertStage = 7  # dq_convert's warps 2 and 3: both done reading a staged accumulator chunk (it is reloaded)
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -137,11 +136,6 @@ STAGGER_MAX_KV_BLOCKS = 64
 # its first contents, an add that timed out (CLAIMED: its dQ) or the tile's zeroing KV block (ZEROING: zeros); then
 # written, adds may go on: READY (zeros) or STORED (a dQ).  The postprocess reads any flag but 0 as written.
 DQ_TILE_UNTOUCHED, DQ_TILE_READY, DQ_TILE_CLAIMED, DQ_TILE_ZEROING, DQ_TILE_STORED = 0, 1, 2, 3, 4
-# dq_convert: each completed dQ add (or claimed store) of a tile adds DQ_COUNT_UNIT to its flag word, above the state
-# bits (the adds begin once the state is READY or STORED, its last change: the count never meets a compare-and-swap)
-DQ_COUNT_UNIT = 8
-CONVERT_JOBS = 4  # dq_convert: slots of the ring that hands completed dQ tiles from warp 1 to warps 2 and 3
-CONVERT_CHUNK_BYTES = 8192  # dq_convert: float32 accumulator bytes per staged TMA load (two stages in smem)
 DETERMINISTIC_WALK_STAGGER = 2  # the deterministic mode's walk_stagger (RankerBwdConfig.walk_stagger=None)
 # ptxas reports 1024 B of static shared memory for the mainloop (the 1024-byte aligned dynamic smem
 # base, ``.extern .shared .align 1024``); counted against the limit with the SharedStorage struct
@@ -224,14 +218,6 @@ class RankerBwdConfig(ValidatedConfig):
     # the session-48 form (no claims, no bound) measured the same that session.  The shipped 1 << 12 lies between
     # and was measured only against the preprocess's zeroing (logs/2026-12-04_s49_ranker_bwd_gpu_tests_ac11982.log).
     dq_zero_wait_cycles: int = 1 << 12
-    # The default mode's dQ converted in the mainloop (with dq_zero_in_mainloop, whose flag words it uses; ignored in
-    # the deterministic mode): each dQ add, once complete, counts itself in its tile's flag word (DQ_COUNT_UNIT); the KV
-    # block whose add completes a tile's count (the sequence's n_kv history KV blocks each add once) hands the tile
-    # to warps 2 and 3 of its producer warpgroup (a ring of CONVERT_JOBS slots), which TMA-load the float32 tile,
-    # just added to and still in L2, through smem in CONVERT_CHUNK_BYTES chunks and store ``softmax_scale * dQaccum``
-    # in the input dtype; the candidate rows that take a self term are left to the postprocess, which then
-    # skips every other row of a converted tile (it no longer reads the accumulator back from HBM).
-    dq_convert: bool = False
     # Synchronisation (as FlashAttention-4's sm90 backward; session 10 probe, H200, same run, useful TFLOP/s
     # with both vs neither: headline 525 vs 508, B=16 1K+256 439 vs 422, never slower on the 7 bench
     # shapes; bench/results/logs/2026-11-30_s10_ranker_bwd_sync.log):
@@ -298,9 +284,7 @@ class RankerBwdConfig(ValidatedConfig):
                 (f"sdS^T {self.ds_stages} x {self.tile_n}x{self.tile_m}",
                  self.ds_stages * self.tile_n * self.tile_m * elem_bytes, 1024),
                 (f"sdQ {self.tile_m}x{self.head_dim} fp32", self.tile_m * self.head_dim * 4, 1024),
-                ("sLSE", stats, 128), ("sdPsum", stats, 128)] + (
-            [("mbarriers (dq_convert)", 8 * (2 + 2 * CONVERT_JOBS), 8), ("convert jobs", 4 * 2 * CONVERT_JOBS, 4),
-             ("sConv 2 stages fp32", 2 * CONVERT_CHUNK_BYTES, 128)] if self.dq_convert else [])
+                ("sLSE", stats, 128), ("sdPsum", stats, 128)]
 
     def validate(self) -> None:
         check_config_fields(self)
@@ -326,9 +310,6 @@ class RankerBwdConfig(ValidatedConfig):
             raise ValueError(f"dq_zero_wait_cycles={self.dq_zero_wait_cycles}: must be in [0, 2**40) SM cycles")
         if not 1 <= self.stages <= 4:
             raise ValueError(f"stages={self.stages}: must be in [1, 4]")
-        if self.dq_convert and self.tile_m % convert_rows(self):
-            raise ValueError(f"dq_convert: tile_m={self.tile_m} must be a multiple of {convert_rows(self)} rows "
-                             f"({CONVERT_CHUNK_BYTES}-byte chunks of float32 rows of head_dim={self.head_dim})")
         if self.ds_stages not in (1, 2):
             raise ValueError(f"ds_stages={self.ds_stages}: must be 1 or 2")
         if self.dk_from_smem and not self.dq_first:
@@ -561,14 +542,7 @@ def smem_layouts(dtype, config: RankerBwdConfig) -> dict:
         sdQ=sdQ,
         sdQpart=sdQpart,
         sdKVacc=sm90.smem_layout(Float32, config.tile_n, config.head_dim),
-        sLSE=cute.make_layout((config.tile_m, config.stages), stride=(1, stats_stage_stride(config.tile_m))),
-        sConv=cute.make_layout((convert_rows(config), config.head_dim, 2),
-                               stride=(config.head_dim, 1, convert_rows(config) * config.head_dim)))
-
-
-def convert_rows(config: RankerBwdConfig) -> int:
-    """``dq_convert``: accumulator rows per staged chunk (:data:`CONVERT_CHUNK_BYTES` of float32 rows)."""
-    return CONVERT_CHUNK_BYTES // (4 * config.head_dim)
+        sLSE=cute.make_layout((config.tile_m, config.stages), stride=(1, stats_stage_stride(config.tile_m))))
 
 
 def shared_storage(dtype, config: RankerBwdConfig, lay: dict):
@@ -589,10 +563,6 @@ def shared_storage(dtype, config: RankerBwdConfig, lay: dict):
         sQ=aligned(dtype, lay["sQ"], 1024), sdO=aligned(dtype, lay["sdO"], 1024),
         sdSt=aligned(dtype, lay["sdSt"], 1024), sdQ=aligned(Float32, lay["sdQ"], 1024),
         sLSE=aligned(Float32, lay["sLSE"], 128), sdPsum=aligned(Float32, lay["sLSE"], 128))
-    if config.dq_convert:  # (members at the end: RankerBwdConfig.smem_members lists them in this order)
-        members.update(mbar_conv=cute.struct.MemRange[cutlass.Int64, 2 + 2 * CONVERT_JOBS],
-                       conv_jobs=cute.struct.MemRange[Int32, 2 * CONVERT_JOBS],
-                       sConv=aligned(Float32, lay["sConv"], 128))
     return cute.struct(type("SharedStorage", (), {"__annotations__": members}))
 
 
@@ -627,15 +597,14 @@ class RankerAttentionBwd:
         # the deterministic mode's counters
         self.dq_zero_duty = config.dq_zero_in_mainloop and not config.deterministic
         self.dq_flagged = dq_flagged(config)
-        self.dq_convert = dq_converted(config)  # dQ converted here by the last add of each tile (warps 2, 3)
 
     # ------------------------------------------------------------------ host side
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                  mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
                  mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], mdQsem: Optional[cute.Tensor],
-                 mdKVsem: Optional[cute.Tensor], mdQ: Optional[cute.Tensor], scale_log2: Float32,
-                 softmax_scale: Float32, cap: Float32, num_batch: Int32, max_seqlen: Int32, stream):
+                 mdKVsem: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
+                 num_batch: Int32, max_seqlen: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); packed (T, H, D) -> (T, D, H).  Per-row buffers (B, H, S_pad) ->
         # (S_pad, H, B) / (H, T_pad) -> (T_pad, H); dQ accumulator (B, H, S_pad, D) -> (S_pad, D, H, B) /
         # (H, T_pad, D) -> (T_pad, D, H)
@@ -643,14 +612,10 @@ class RankerAttentionBwd:
             mQ, mK, mV, mdO, mdK, mdV = [sm90.select_modes(t, [0, 2, 1]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
             mLSE2, mdPsum = [sm90.select_modes(t, [1, 0]) for t in (mLSE2, mdPsum)]
             mdQaccum = sm90.select_modes(mdQaccum, [1, 2, 0])
-            if const_expr(self.dq_convert):
-                mdQ = sm90.select_modes(mdQ, [0, 2, 1])
         else:
             mQ, mK, mV, mdO, mdK, mdV = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdK, mdV)]
             mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
-            if const_expr(self.dq_convert):
-                mdQ = sm90.select_modes(mdQ, [1, 3, 2, 0])
 
         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = tiled_mmas(self.dtype, self.config)
         lay = smem_layouts(self.dtype, self.config)
@@ -678,11 +643,6 @@ class RankerAttentionBwd:
         if const_expr(self.dq_flagged):
             tma_atom_dQst, tma_dQst = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mdQaccum, sdQpart_layout, dq_box)
-        tma_atom_dQld, tma_dQld = None, None  # dq_convert: staged loads of the completed accumulator tiles
-        if const_expr(self.dq_convert):
-            tma_atom_dQld, tma_dQld = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileG2SOp(), mdQaccum, cute.select(lay["sConv"], mode=[0, 1]),
-                (convert_rows(self.config), self.head_dim))
         if const_expr(self.dkv_accumulated):
             tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(), mdK, sdKVacc_layout, (self.tile_n, self.head_dim))
@@ -702,10 +662,10 @@ class RankerAttentionBwd:
         grid = (num_n_blocks, cute.size(mQ.shape[2]) // self.heads_per_cta, num_batch)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dQst, tma_dK, tma_dV, mdK, mdV, mBounds,
-            mCuSeqlens, mdQsem, mdKVsem, mdQ, tma_dQld, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE,
-            tma_atom_dPsum, tma_atom_dQ, tma_atom_dQst, tma_atom_dK, tma_atom_dV, tma_atom_dQld, tiled_mma_sdp,
-            tiled_mma_dkv, tiled_mma_dq, sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout,
-            sdKVacc_layout, sLSE_layout, lay["sConv"], scale_log2, softmax_scale, cap, Int32(mQ.shape[0]),
+            mCuSeqlens, mdQsem, mdKVsem, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
+            tma_atom_dQ, tma_atom_dQst, tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout, sdKVacc_layout, sLSE_layout,
+            scale_log2, softmax_scale, cap, Int32(mQ.shape[0]),
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
@@ -714,15 +674,14 @@ class RankerAttentionBwd:
                tma_LSE: cute.Tensor, tma_dPsum: cute.Tensor, tma_dQ: cute.Tensor, tma_dQst: Optional[cute.Tensor],
                tma_dK: cute.Tensor, tma_dV: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mBounds: cute.Tensor,
                mCuSeqlens: Optional[cute.Tensor], mdQsem: Optional[cute.Tensor], mdKVsem: Optional[cute.Tensor],
-               mdQ: Optional[cute.Tensor], tma_dQld: Optional[cute.Tensor],
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_dPsum: cute.CopyAtom,
                tma_atom_dQ: cute.CopyAtom, tma_atom_dQst: Optional[cute.CopyAtom], tma_atom_dK: cute.CopyAtom,
-               tma_atom_dV: cute.CopyAtom, tma_atom_dQld: Optional[cute.CopyAtom],
+               tma_atom_dV: cute.CopyAtom,
                tiled_mma_sdp: cute.TiledMma, tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, sdSt_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
-               sdKVacc_layout: cute.ComposedLayout, sLSE_layout: cute.Layout, sConv_layout: cute.Layout,
+               sdKVacc_layout: cute.ComposedLayout, sLSE_layout: cute.Layout,
                scale_log2: Float32, softmax_scale: Float32, cap: Float32, seqlen_static: Int32):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -743,16 +702,6 @@ class RankerAttentionBwd:
         pipeline_do = pipeline.PipelineTmaAsync.create(  # dO + dPsum of a q block
             barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.stages, producer_group=producer,
             consumer_group=consumers, tx_count=self.tma_bytes_q, defer_sync=True)
-        conv = None  # dq_convert: (mbarriers, job slots, staged chunks) shared by warp 1 and warps 2, 3
-        if const_expr(self.dq_convert):
-            conv = (storage.mbar_conv.data_ptr(), storage.conv_jobs.get_tensor(cute.make_layout(2 * CONVERT_JOBS)),
-                    storage.sConv.get_tensor(sConv_layout))
-            if tidx == 0:  # [0, 2): the stages' loads; then the job slots' full (warp 1) and empty (warps 2, 3)
-                for s in cutlass.range_constexpr(2):
-                    cute.arch.mbarrier_init(conv[0] + s, 1)
-                for s in cutlass.range_constexpr(CONVERT_JOBS):
-                    cute.arch.mbarrier_init(conv[0] + 2 + s, 1)
-                    cute.arch.mbarrier_init(conv[0] + 2 + CONVERT_JOBS + s, 2)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -776,10 +725,7 @@ class RankerAttentionBwd:
                           tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                           pipeline_kv, pipeline_q, pipeline_do, work)
             if warp_idx == 1:
-                self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work, conv)
-            if const_expr(self.dq_convert):
-                if warp_idx >= 2:
-                    self.dq_convert_tiles(tma_dQld, tma_atom_dQld, mdQ, conv, work, tidx - 64, softmax_scale)
+                self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
             self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum,
@@ -966,7 +912,7 @@ class RankerAttentionBwd:
                                       cute.group_modes(gdPsum, 0, 1)))
 
     @cute.jit
-    def dq_reduce(self, tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work, conv):
+    def dq_reduce(self, tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work):
         """Warp 1: for each (q block, query head) step, wait for the MMA warpgroups' dQ tile in smem
         (``dq_parts`` blocks, one per warpgroup with ``dq_per_wg``: head-dim columns, or q rows with
         ``dq_split_rows``), add each to the float32
@@ -978,9 +924,7 @@ class RankerAttentionBwd:
         accumulator is not zeroed there; the postprocess reads zeros where the count stayed 0): KV order,
         or with ``walk_stagger`` the order in which the staggered walks reach the q block
         (:meth:`dq_add_position`).  ``dq_zero_in_mainloop``: first this CTA's share of the zeroing
-        (:meth:`zero_dq_tiles`), then each add after its tile's flag is set.  ``dq_convert``: each add counted
-        once complete (a step later, so that it rarely waits), the tiles this KV block completes handed to
-        warps 2 and 3 (:meth:`count_dq_add`), then the ring closed."""
+        (:meth:`zero_dq_tiles`), then each add after its tile's flag is set."""
         count = work[9]
         lane = cute.arch.lane_idx()
         if count > 0:
@@ -996,7 +940,6 @@ class RankerAttentionBwd:
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
             if const_expr(self.dq_zero_duty):  # (while the MMA warpgroups compute the first q block)
                 self.publish_zeroed_tiles(mdQsem, work)
-            prev_head, prev_m_block, jobs = Int32(0), Int32(0), Int32(0)  # dq_convert: the step to count
             for i in cutlass.range(count, unroll=1):
                 t = self.walk_index(i, work)
                 head, m_block = self.head_m_block_of(t, work)
@@ -1048,121 +991,6 @@ class RankerAttentionBwd:
                         if lane == 0:
                             cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block),
                                                   Int32(DQ_TILE_STORED), sem="release", scope="gpu")
-                if const_expr(self.dq_convert):  # the previous step's add (this step's copies may be in flight)
-                    if i > 0:
-                        jobs = self.count_dq_add(mdQsem, work, prev_head, prev_m_block, self.dq_parts, conv, jobs)
-                    prev_head, prev_m_block = head, m_block
-            if const_expr(self.dq_convert):
-                jobs = self.count_dq_add(mdQsem, work, prev_head, prev_m_block, 0, conv, jobs)
-                self.push_convert_job(conv, jobs, Int32(-1), Int32(0))  # none left: warps 2, 3 stop
-
-    @cute.jit
-    def count_dq_add(self, mdQsem, work, head, m_block, pending: int, conv, jobs):
-        """``dq_convert``, warp 1: once its copies of every step but the last ``pending`` commit groups are
-        complete, count this KV block's add into (``head``, ``m_block``)'s dQ tile (:data:`DQ_COUNT_UNIT` on its
-        flag word, acquire-release, GPU scope); the add that completes the count of the sequence's ``n_kv``
-        history KV blocks hands the tile to warps 2 and 3 (:meth:`push_convert_job`).  Returns the jobs pushed."""
-        cute.arch.cp_async_bulk_wait_group(pending, read=False)
-        cute.arch.sync_warp()  # (every lane's wait before lane 0's release)
-        last = Int32(0)
-        if cute.arch.lane_idx() == 0:
-            old = cute.arch.atomic_add(self._dq_sem_ptr(mdQsem, work, head, m_block), Int32(DQ_COUNT_UNIT),
-                                       sem="acq_rel", scope="gpu")
-            last = Int32(old // DQ_COUNT_UNIT == work[12] - 1)
-        last = cute.arch.shuffle_sync(last, 0)
-        if last != 0:
-            self.push_convert_job(conv, jobs, head, m_block)
-            jobs = jobs + 1
-        return jobs
-
-    @cute.jit
-    def push_convert_job(self, conv, jobs, head, m_block):
-        """Warp 1: put (``head``, ``m_block``) (``head`` -1: the end) in slot ``jobs % CONVERT_JOBS`` of the ring
-        once warps 2 and 3 have taken its previous job."""
-        mbar, sJobs = conv[0], conv[1]
-        slot = jobs % CONVERT_JOBS
-        cute.arch.mbarrier_wait(mbar + 2 + CONVERT_JOBS + slot, ((jobs // CONVERT_JOBS) % 2) ^ 1)
-        if cute.arch.lane_idx() == 0:
-            sJobs[2 * slot] = head
-            sJobs[2 * slot + 1] = m_block
-            cute.arch.mbarrier_arrive(mbar + 2 + slot)  # (release: the slot's stores before it)
-
-    @cute.jit
-    def dq_convert_tiles(self, tma_dQld, tma_atom_dQld, mdQ, conv, work, tid, softmax_scale):
-        """``dq_convert``, warps 2 and 3 (``tid`` in [0, 64)): for each tile warp 1 hands over, until its end
-        mark, :meth:`convert_tile`."""
-        mbar, sJobs, sConv = conv
-        count = work[9]
-        if count > 0:
-            gAcc = cute.local_tile(self._padded_view(tma_dQld, work, None), (convert_rows(self.config), self.head_dim),
-                                   (None, 0, None))  # (rows, D, chunk, head)
-            tXsX, tXgX = cpasync.tma_partition(tma_atom_dQld, 0, cute.make_layout(1), cute.group_modes(sConv, 0, 2),
-                                               cute.group_modes(gAcc, 0, 2))
-            jobs = Int32(0)
-            running = Int32(1)
-            for _ in cutlass.range(count + 1, unroll=1):  # at most count tiles, then the end mark
-                if running != 0:
-                    slot = jobs % CONVERT_JOBS
-                    cute.arch.mbarrier_wait(mbar + 2 + slot, (jobs // CONVERT_JOBS) % 2)
-                    head = sJobs[2 * slot]
-                    m_block = sJobs[2 * slot + 1]
-                    cute.arch.sync_warp()  # (the warp's reads before its lane 0 frees the slot)
-                    if cute.arch.lane_idx() == 0:
-                        cute.arch.mbarrier_arrive(mbar + 2 + CONVERT_JOBS + slot)
-                    if head < 0:
-                        running = Int32(0)
-                    else:
-                        self.convert_tile(tXsX, tXgX, tma_atom_dQld, sConv, mbar, mdQ, work, head, m_block, jobs,
-                                          tid, softmax_scale)
-                        jobs = jobs + 1
-
-    @cute.jit
-    def convert_tile(self, tXsX, tXgX, tma_atom_dQld, sConv, mbar, mdQ, work, head, m_block, job, tid,
-                     softmax_scale):
-        """Warps 2 and 3: (``head``, ``m_block``)'s completed float32 dQ tile, chunk by chunk through the two smem
-        stages (warp 2 issues each TMA load, two chunks ahead), to ``softmax_scale * dQaccum`` in the input dtype,
-        16 bytes per thread and row; rows past the sequence and candidate rows that take a self term are left
-        (the postprocess writes those).  ``job``: the tiles converted before, for the stages' phases."""
-        rows = convert_rows(self.config)
-        chunks = self.tile_m // rows
-        vec = 128 // self.dtype.width
-        per_row = self.head_dim // vec
-        rows_per_pass = 64 // per_row
-        warp = tid // 32
-        seg = work[5]
-        gdQ = self._view(mdQ, work, head)
-        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-        first = job * chunks  # chunks loaded before this tile: chunk g goes through stage g % 2
-        if warp == 0:
-            cute.arch.fence_proxy("async.global")  # warp 1's acquire of the count before these TMA loads
-            for c in cutlass.range_constexpr(min(2, chunks)):
-                self.load_convert_chunk(tXsX, tXgX, tma_atom_dQld, mbar, head, m_block * chunks + c, first + c)
-        for c in cutlass.range_constexpr(chunks):
-            g = first + c
-            cute.arch.mbarrier_wait(mbar + g % 2, (g // 2) % 2)
-            for p in cutlass.range_constexpr(rows // rows_per_pass):
-                r = p * rows_per_pass + tid // per_row
-                row = m_block * self.tile_m + c * rows + r
-                # in the sequence, and not a candidate outside the history (RankerSegments.takes_self_term)
-                if Int32(row < seg.seqlen) * (1 - seg.in_cand(row) * (1 - seg.in_hist(row))) != 0:
-                    rAcc = cute.make_rmem_tensor((vec,), Float32)
-                    cute.autovec_copy(cute.local_tile(sConv[r, None, g % 2], (vec,), (tid % per_row,)), rAcc)
-                    rOut = cute.make_rmem_tensor((vec,), self.dtype)
-                    rOut.store((rAcc.load() * softmax_scale).to(self.dtype))
-                    cute.copy(st_atom, rOut, cute.local_tile(gdQ[row, None], (vec,), (tid % per_row,)))
-            # both warps done with this stage before it is loaded again (the next chunk, or the next tile's)
-            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.ConvertStage), number_of_threads=64)
-            if const_expr(c + 2 < chunks):
-                if warp == 0:
-                    self.load_convert_chunk(tXsX, tXgX, tma_atom_dQld, mbar, head, m_block * chunks + c + 2, g + 2)
-
-    @cute.jit
-    def load_convert_chunk(self, tXsX, tXgX, tma_atom_dQld, mbar, head, chunk, g):
-        """Warp 2: TMA-load accumulator chunk ``chunk`` of query head ``head`` into stage ``g % 2``."""
-        bar = mbar + g % 2
-        if cute.arch.lane_idx() == 0:
-            cute.arch.mbarrier_arrive_and_expect_tx(bar, CONVERT_CHUNK_BYTES)
-        cute.copy(tma_atom_dQld, tXgX[None, chunk, head], tXsX[None, g % 2], tma_bar_ptr=bar)
 
     @cute.jit
     def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work):
@@ -1528,8 +1356,7 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
         if config.deterministic:
             if accumulated:
                 dkv_sem = fake_tensor(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
-        dq = f.outputs(hq, dtype) if dq_converted(config) else None
-        return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, dq, Float32(1.0),
+        return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
                       Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen), build)
@@ -1613,7 +1440,7 @@ def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int,
     accumulated = qhead_per_kvhead > 1 and cfg.gqa_group_per_cta is False  # dK/dV in float32 accumulators
     d, tm, flagged = cfg.head_dim, cfg.tile_m, dq_flagged(cfg)  # (flagged: the preprocess zeroes no dQ tile)
     return {"pre": (dtype, d, tm, varlen, flagged, False), "main": (dtype, cfg, qhead_per_kvhead, cap_method, varlen),
-            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, flagged, dq_converted(cfg))}
+            "post": (dtype, d, tm, qhead_per_kvhead, cap_method, varlen, accumulated, flagged)}
 
 
 def dq_flagged(cfg: RankerBwdConfig) -> bool:
@@ -1621,13 +1448,6 @@ def dq_flagged(cfg: RankerBwdConfig) -> bool:
     deterministic mode's add counters, or ``dq_zero_in_mainloop``'s zeroed-tile flags): the preprocess then
     zeroes the flags, not the accumulator, and the postprocess reads zeros where a flag stayed 0."""
     return cfg.deterministic or cfg.dq_zero_in_mainloop
-
-
-def dq_converted(cfg: RankerBwdConfig) -> bool:
-    """Whether the mainloop writes dQ itself (``dq_convert``, which needs ``dq_zero_in_mainloop``'s flag words and
-    is off in the deterministic mode): the postprocess then writes only the candidate rows that take a self term
-    and the rows of tiles no KV block reached."""
-    return cfg.dq_convert and cfg.dq_zero_in_mainloop and not cfg.deterministic
 
 
 def resolve_dq_zeroing(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -> RankerBwdConfig:
@@ -1929,8 +1749,7 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
     _fn("main", *keys["main"])(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
-        bounds, cu_seqlens, dq_sem, dkv_sem, dq if dq_converted(cfg) else None, scale_log2, scale, capf, nb,
-        max_seqlen)
+        bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
     _fn("post", *keys["post"])(
         q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens,
         scale_log2, scale, capf, nb, max_seqlen)

@@ -62,7 +62,7 @@ class RankerBwdPostprocess:
     in float32 accumulators)."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str, varlen: bool,
-                 dkv_accumulated: bool, dq_flagged: bool = False, dq_converted: bool = False):
+                 dkv_accumulated: bool, dq_flagged: bool = False):
         if head_dim % 64:
             raise ValueError(f"head_dim={head_dim}: must be a multiple of 64")
         self.dtype = dtype
@@ -73,10 +73,6 @@ class RankerBwdPostprocess:
             raise ValueError("dkv_accumulated: only GQA (qhead_per_kvhead > 1) has dK/dV accumulators")
         self.dkv_accumulated = dkv_accumulated
         self.dq_flagged = dq_flagged  # the accumulator's q block tiles hold data only where flagged (not 0)
-        if dq_converted and not dq_flagged:
-            raise ValueError("dq_converted: the mainloop converts only flagged dQ tiles (dq_flagged)")
-        # the mainloop wrote dQ of every flagged tile's rows but the candidates that take a self term
-        self.dq_converted = dq_converted
         self.cap_method = cap_method
         self.varlen = varlen
         self.vec = 128 // dtype.width
@@ -182,11 +178,8 @@ class RankerBwdPostprocess:
                 if valid:
                     rdq = cute.make_rmem_tensor((vec,), Float32)
                     rdq.fill(0.0)
-                    written = self._dq_written(mdQsem, pad + row, head, batch)
-                    if written:
-                        if self._dq_left(written, self_term):
-                            self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk,
-                                           rdq)
+                    if self._dq_written(mdQsem, pad + row, head, batch):
+                        self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
                     rdq.store(rdq.load() * softmax_scale)
                     if self_term:
                         p_self, ds = self._self_term(s, dov, mLSE2, mdPsum, pad + row, head, batch, scale_log2,
@@ -194,8 +187,7 @@ class RankerBwdPostprocess:
                         rdq.store(rdq.load() + ds * rk.load())
                         dk_self.store(dk_self.load() + ds * rq.load())
                         dv_self.store(dv_self.load() + p_self * rdo.load())
-                    if self._dq_left(written, self_term):
-                        self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
+                    self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
             if const_expr(self.dkv_accumulated):
                 if valid:
                     for acc, self_part, mOut in ((mdKaccum, dk_self, mdK), (mdVaccum, dv_self, mdV)):
@@ -222,14 +214,10 @@ class RankerBwdPostprocess:
             row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
             rdq = cute.make_rmem_tensor((vec,), Float32)
             rdq.fill(0.0)
-            left = Int32(0)  # this row's dQ is written here
             if row < seqlen:
-                written = self._dq_written(mdQsem, pad + row, head, batch)
-                left = Int32(self._dq_left(written, seg.takes_self_term(row)))
-                if written:
-                    if left != 0:
-                        self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
-            rdqs.append((rdq, left))
+                if self._dq_written(mdQsem, pad + row, head, batch):
+                    self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
+            rdqs.append(rdq)
         for p in cutlass.range_constexpr(PASSES):
             row = row_block * self.rows_per_cta + p * self.rows_per_pass + tidx // self.threads_per_row
             valid = row < seqlen
@@ -248,7 +236,7 @@ class RankerBwdPostprocess:
             s = cute.arch.warp_reduction_sum(s_part, threads_in_group=self.threads_per_row)
             dov = cute.arch.warp_reduction_sum(dov_part, threads_in_group=self.threads_per_row)
             if valid:
-                rdq, left = rdqs[p]
+                rdq = rdqs[p]
                 rdq.store(rdq.load() * softmax_scale)
                 if self_term:
                     p_self, ds = self._self_term(s, dov, mLSE2, mdPsum, pad + row, head, batch, scale_log2,
@@ -262,8 +250,7 @@ class RankerBwdPostprocess:
                     dv_self.store(dv_self.load() + p_self * rdo.load())
                     self._store(ld_atom, dk_self, self._row(mdK, row, offset, head, batch), chunk)
                     self._store(ld_atom, dv_self, self._row(mdV, row, offset, head, batch), chunk)
-                if left != 0:
-                    self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
+                self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
 
     @cute.jit
     def _dq_written(self, mdQsem, prow, head, batch):
@@ -277,13 +264,6 @@ class RankerBwdPostprocess:
             else:
                 written = mdQsem[batch, head, prow // self.tile_m] != 0
         return written
-
-    def _dq_left(self, written, self_term):
-        """Whether a row's dQ is written here: always, unless ``dq_converted``, where the mainloop wrote the rows
-        of its flagged (``written``) tiles but those that take a self term."""
-        if const_expr(self.dq_converted):
-            return (Int32(self_term) + (1 - Int32(written))) > 0
-        return True
 
     @cute.jit
     def _load_f32(self, atom, g_row, chunk, r):
@@ -328,18 +308,17 @@ def fake_args(dtype: torch.dtype, head_dim: int, varlen: bool, dkv_accumulated: 
 
 
 def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
-                        varlen: bool, dkv_accumulated: bool, dq_flagged: bool, dq_converted: bool = False):
+                        varlen: bool, dkv_accumulated: bool, dq_flagged: bool):
     """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum,
     dv_accum, bounds, cu_seqlens, scale_log2, softmax_scale, cap, num_batch, max_seqlen)`` (the
     accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA; ``dq_sem``, the
     dQ accumulator's flags per q block, None unless ``dq_flagged``: the mainloop ran its deterministic mode or
-    zeroed the tiles itself, ``dq_zero_in_mainloop``; ``dq_converted``: the mainloop wrote dQ of those tiles' rows but
-    the self-term ones, ``dq_convert``)."""
+    zeroed the tiles itself, ``dq_zero_in_mainloop``)."""
 
     def build():
         kern = RankerBwdPostprocess(cute_dtype(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen,
-                                    dkv_accumulated, dq_flagged, dq_converted)
+                                    dkv_accumulated, dq_flagged)
         return kern, fake_args(dtype, head_dim, varlen, dkv_accumulated, dq_flagged)
 
-    key = (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated, dq_flagged)
-    return compile_cached(NAME, key + ((True,) if dq_converted else ()), build)
+    return compile_cached(NAME, (str(dtype), head_dim, tile_m, qhead_per_kvhead, cap_method, varlen, dkv_accumulated,
+                                 dq_flagged), build)

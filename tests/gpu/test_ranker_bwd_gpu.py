@@ -84,22 +84,6 @@ def test_fixed_length(case):
     _compare(name, q, k, v, do, bounds, cap, capm)
 
 
-@pytest.mark.parametrize("group", [None, False], ids=["", "per-head"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
-def test_dq_convert(case, group, monkeypatch):
-    """``dq_convert`` (the last KV block to add into a dQ tile writes it; the postprocess only the candidates'
-    self-term rows and unreached tiles) on every fixed-length case, every buffer the backward allocates poisoned
-    (NaN floats, int32 7s), output buffers NaN, right against float64; GQA also with one query head per CTA."""
-    name, b, s, hq, hkv, d, rows, cap, capm, dtype = case
-    if group is False and hq == hkv:
-        pytest.skip("one query head per CTA is the MHA form already")
-    _poison_new_empty(monkeypatch)
-    cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), dq_convert=True, gqa_group_per_cta=group)
-    q, k, v, do = _tensors((b, s, hq, d), (b, s, hkv, d), dtype, seed=61)
-    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
-    _compare(f"dq-convert-{name}", q, k, v, do, bounds, cap, capm, config=cfg)
-
-
 @pytest.mark.parametrize("cap,hkv,varlen", [(None, 2, False), (20.0, 2, False), (None, 1, False), (None, 2, True)])
 def test_skip_key_bias_same_bits(cap, hkv, varlen):
     """skip_key_bias (KV blocks wholly inside the history leave out the key-mask bias add): the same bits
@@ -131,17 +115,14 @@ def test_softmax_scale():
     _compare("scale=0", q, k, v, do, bounds, scale=0.0)
 
 
-@pytest.mark.parametrize("convert", [False, True], ids=["", "dq_convert"])
 @pytest.mark.parametrize("d,hq,hkv,cap,group", [
     (128, 2, 2, None, None), (64, 4, 2, 20.0, None), (64, 4, 2, None, None), (128, 4, 1, None, None),
     (64, 4, 2, 20.0, True), (128, 4, 1, None, True), (128, 8, 1, 20.0, True), (128, 8, 1, 20.0, False)])
-def test_varlen(d, hq, hkv, cap, group, convert):
+def test_varlen(d, hq, hkv, cap, group):
     """Packed sequences incl. empty, one-token and history-only ones, a packed tail that belongs to no
     sequence, max_seqlen above the longest; GQA as the host picks it (one query head per CTA at this
-    size) and forced both ways (``group``), up to a ratio of 8; with ``dq_convert`` too."""
-    cfg = None
-    if group is not None or convert:
-        cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group, dq_convert=convert)
+    size) and forced both ways (``group``), up to a ratio of 8."""
+    cfg = None if group is None else rb.dataclasses.replace(rb.config_for(d, cap is not None), gqa_group_per_cta=group)
     lens = [100, 0, 333, 64, 1]
     rows = [[0, 70, 70, 100], [0, 0, 0, 0], [3, 200, 200, 333], [0, 64, 64, 64], [0, 0, 0, 1]]
     total = sum(lens) + 17  # packed tail that belongs to no sequence
@@ -318,9 +299,7 @@ def test_dq_forms(fields, hkv, cap, varlen):
 
 DQ_FORMS = {"dq_zero_in_mainloop": dict(dq_zero_in_mainloop=True),
             "claim-at-once": dict(dq_zero_in_mainloop=True, dq_zero_wait_cycles=0),
-            "preprocess-zeroes": dict(dq_zero_in_mainloop=False),
-            "dq_convert": dict(dq_zero_in_mainloop=True, dq_convert=True),
-            "dq_convert-claim-at-once": dict(dq_zero_in_mainloop=True, dq_zero_wait_cycles=0, dq_convert=True)}
+            "preprocess-zeroes": dict(dq_zero_in_mainloop=False)}
 
 
 @pytest.mark.parametrize("zeroing", list(DQ_FORMS))
@@ -356,18 +335,17 @@ def _zeroing_config(wait, **fields):
     return rb.dataclasses.replace(rb.config_for(128, False), dq_zero_in_mainloop=True, **fields)
 
 
-@pytest.mark.parametrize("convert", [False, True], ids=["", "dq_convert"])
 @pytest.mark.parametrize("wait", [None, 0], ids=["default-wait", "claim-at-once"])
 @pytest.mark.parametrize("hkv", [32, 8])
-def test_dq_zeroing_across_waves(wait, hkv, convert, monkeypatch):
+def test_dq_zeroing_across_waves(wait, hkv, monkeypatch):
     """``dq_zero_in_mainloop`` where a sequence's KV blocks straddle two waves of CTAs (9 history KV blocks
     per (sequence, head), 288 CTAs on at most 132 SMs): the first wave's KV blocks reach tiles whose zeroing
     KV block starts only when a CTA of the wave ends, so their adds time out (``dq_zero_wait_cycles``, ~2 us
     against a CTA's life here of tens of us; at once with 0) and store their dQ instead, and the late zeroing
     KV blocks leave those tiles.  Buffers poisoned, right against float64; GQA 4:1 with one query head per
-    CTA too; with ``dq_convert`` too (a claimed store counts as its KV block's add)."""
+    CTA too."""
     _poison_new_empty(monkeypatch)
-    cfg = _zeroing_config(wait, gqa_group_per_cta=False if hkv < 32 else None, dq_convert=convert)
+    cfg = _zeroing_config(wait, gqa_group_per_cta=False if hkv < 32 else None)
     q, k, v, do = _tensors((1, 1152, 32, 128), (1, 1152, hkv, 128), seed=53)
     bounds = torch.tensor([[0, 1100, 1100, 1152]], device="cuda", dtype=torch.int32)
     _compare(f"dq-zeroing-waves-{wait}-{hkv}", q, k, v, do, bounds, config=cfg)
@@ -393,8 +371,7 @@ def test_dq_zeroing_bound_forces_claims():
     dk, dv = (torch.full_like(k, float("nan")) for _ in range(2))
     scale = 1.0 / d ** 0.5
     rb._fn("main", q.dtype, cfg, 1, "none", False)(
-        q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, flags, None, None, scale * rf.LOG2_E, scale, 1.0, 1,
-        s)
+        q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, flags, None, scale * rf.LOG2_E, scale, 1.0, 1, s)
     torch.cuda.synchronize()
     assert ((flags == rb.DQ_TILE_READY) | (flags == rb.DQ_TILE_STORED)).all(), flags
     assert int((flags == rb.DQ_TILE_STORED).sum()) >= 3, flags  # the late KV blocks' tiles at least
@@ -404,15 +381,14 @@ def test_dq_zeroing_bound_forces_claims():
     torch.testing.assert_close(dv.double(), ex[2], **tol)
 
 
-@pytest.mark.parametrize("convert", [False, True], ids=["", "dq_convert"])
 @pytest.mark.parametrize("wait", [None, 0], ids=["default-wait", "claim-at-once"])
-def test_dq_zeroing_many_tiles_per_kv_block(wait, convert, monkeypatch):
+def test_dq_zeroing_many_tiles_per_kv_block(wait, monkeypatch):
     """``dq_zero_in_mainloop`` where one KV block owns over a thousand dQ tiles (a history of one KV block, 4300
     candidates, 16 query heads on one KV head with the group per CTA: 69 q blocks x 16 heads = 1104 tiles,
     claimed and opened 32 at a time; a per-lane bit per 32 tiles, as first written, overflowed past 1024):
     buffers poisoned, right against float64."""
     _poison_new_empty(monkeypatch)
-    cfg = _zeroing_config(wait, gqa_group_per_cta=True, dq_convert=convert)
+    cfg = _zeroing_config(wait, gqa_group_per_cta=True)
     q, k, v, do = _tensors((1, 4400, 16, 128), (1, 4400, 1, 128), seed=54)
     bounds = torch.tensor([[0, 100, 100, 4400]], device="cuda", dtype=torch.int32)
     _compare(f"dq-zeroing-many-tiles-{wait}", q, k, v, do, bounds, config=cfg)
@@ -870,7 +846,7 @@ def test_mainloop_alone(s, hq, hkv, rows, cap, group, zeroing):
         dk, dv = (torch.full_like(k, float("nan")) for _ in range(2))
     scale_log2 = (cap if cap is not None else scale) * rf.LOG2_E
     rb._fn("main", q.dtype, cfg, g, "none" if cap is None else "tanh", False)(
-        q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, flags, None, None, scale_log2, scale,
+        q, k, v, do, lse2, dpsum, dq_acc, dk, dv, bounds, None, flags, None, scale_log2, scale,
         cap if cap is not None else 1.0, nb, s)
     torch.cuda.synchronize()
     if zeroing:  # flags: 1 on the q blocks holding history or candidate rows of a row with a history
