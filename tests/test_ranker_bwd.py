@@ -442,6 +442,8 @@ def test_mainloop_compiles_sm90a(target):
         assert "st.global.v4 (16B stores)" in ptx
     assert "cp.reduce.async.bulk.tensor" in rec.ptx and ".global.shared::cta.add" in rec.ptx  # dQ (float32 map)
     assert rec.ptx.count("wgmma.mma_async") >= 5
+    # soft_sign clamps x = scale * q.k / cap to +-2**100 before 1 / (1 + |x|) (sm90_helpers.soft_sign_unit)
+    assert ("min.NaN.xorsign.abs.f32" in rec.ptx) == (target.key[3] == "soft_sign")
     if rec.sass:
         sass = find_features(rec.sass, SASS_FEATURES)
         for feat in ("HGMMA", "USETMAXREG", "UTMALDG", "UTMAREDG"):
@@ -640,6 +642,7 @@ def test_postprocess_compiles_vectorized_no_spills(d, tm, g, capm, varlen, acc, 
     ptx = find_features(rec.ptx, PTX_FEATURES)
     assert "ld.global.v4 (16B loads)" in ptx and "st.global.v4 (16B stores)" in ptx, ptx
     assert "local memory (spill)" not in ptx
+    assert ("min.NaN.xorsign.abs.f32" in rec.ptx) == (capm == "soft_sign")  # the self terms' soft_sign clamp
     if rec.sass:
         sass = find_features(rec.sass, SASS_FEATURES)
         assert "STG.E.128" in sass and "LDL/STL (local memory)" not in sass, sass

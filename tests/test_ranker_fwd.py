@@ -256,6 +256,8 @@ def test_shipped_capped_d128_config_does_not_spill(dtype, cap_method, varlen):
         rf._compile(dtype, cfg, hr, cap_method, varlen)
         rec = compile_record(rf.NAME, (str(dtype), cfg, hr, cap_method, varlen))
         assert all(not r.stack_bytes for r in rec.resources), [r.stack_bytes for r in rec.resources]
+        # soft_sign clamps x = scale * q.k / cap to +-2**100 before 1 / (1 + |x|) (sm90_helpers.soft_sign_unit)
+        assert ("min.NaN.xorsign.abs.f32" in rec.ptx) == (cap_method == "soft_sign")
 
 
 def test_fixed_row_max_ships_on_the_capped_bf16_configs_and_drops_the_running_max():

@@ -50,9 +50,7 @@ def cap_and_slope(s, softmax_scale, cap, cap_method: str):
         t = cute.math.tanh(s * (softmax_scale / cap), fastmath=True)
         dcap = 1.0 - t * t
     elif cap_method == "soft_sign":
-        x = s * (softmax_scale / cap)
-        inv = cute.arch.rcp_approx(1.0 + cute.math.abs(x))
-        t = x * inv
+        t, inv = sm90.soft_sign_unit(s * (softmax_scale / cap))
         dcap = inv * inv
     return t, dcap
 

@@ -1156,8 +1156,7 @@ class RankerAttentionFwd:
         elif const_expr(self.cap_method == "soft_sign"):
             x_scale = softmax_scale / cap
             for i in cutlass.range_constexpr(cute.size(acc_S)):
-                x = acc_S[i] * x_scale
-                acc_S[i] = x * cute.arch.rcp_approx(1.0 + cute.math.abs(x))
+                acc_S[i], _ = sm90.soft_sign_unit(acc_S[i] * x_scale)
 
     @cute.jit
     def apply_cap_scalar(self, dot, softmax_scale, cap):
@@ -1166,8 +1165,7 @@ class RankerAttentionFwd:
         if const_expr(self.cap_method == "tanh"):
             s = cute.math.tanh(dot * (softmax_scale / cap), fastmath=True)
         elif const_expr(self.cap_method == "soft_sign"):
-            x = dot * (softmax_scale / cap)
-            s = x * cute.arch.rcp_approx(1.0 + cute.math.abs(x))
+            s, _ = sm90.soft_sign_unit(dot * (softmax_scale / cap))
         return s
 
     @cute.jit

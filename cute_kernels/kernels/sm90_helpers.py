@@ -12,8 +12,15 @@ from typing import Optional
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
+
+# soft_sign's argument is clamped to +-this (sign kept, NaN kept) before 1 / (1 + |x|): below 2**126, so the
+# reciprocal stays a normal float32 (``rcp.approx.ftz`` flushes smaller results to 0) and x = +-inf gives +-1
+SOFT_SIGN_CLAMP = 2.0**100
 
 
 def register_pool(threads: int) -> int:
@@ -37,6 +44,27 @@ def check_register_split(producer_regs: int, consumer_regs: int, consumer_wgs: i
     if need > register_pool(threads):
         raise ValueError(f"register split {producer_regs}/{consumer_regs} needs {need} registers; a CTA of "
                          f"{threads} threads has {register_pool(threads)} for setmaxnreg to hand out")
+
+
+@dsl_user_op
+def clamp_magnitude(x, bound: float, *, loc=None, ip=None) -> Float32:
+    """``sign(x) * min(|x|, bound)`` for ``bound > 0``, NaN kept: one ``min.NaN.xorsign.abs.f32`` (sm_86+; the
+    sign of the result is x's sign xor bound's, i.e. x's)."""
+    return Float32(llvm.inline_asm(
+        Float32.mlir_type, [Float32(x).ir_value(loc=loc, ip=ip), Float32(bound).ir_value(loc=loc, ip=ip)],
+        "min.NaN.xorsign.abs.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def soft_sign_unit(x):
+    """``(x / (1 + |x|), 1 / (1 + |x|))`` in float32 for every x: the ranker's soft_sign cap in units of
+    the cap and its slope's root.  ``x`` is first clamped to ``+-SOFT_SIGN_CLAMP`` (:func:`clamp_magnitude`), which
+    changes no result below it and keeps the reciprocal normal above it: ``+-inf`` and ``|x| > 2**126`` give
+    ``+-1`` and a slope of 0, not NaN and 0 (``rcp.approx.ftz`` of ``1 + |x| > 2**126`` flushes to 0).  Call it while
+    tracing a kernel (DSL values in and out)."""
+    xc = clamp_magnitude(x, SOFT_SIGN_CLAMP)
+    inv = cute.arch.rcp_approx(1.0 + cute.math.abs(xc))
+    return xc * inv, inv
 
 
 def smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):

@@ -105,6 +105,21 @@ def test_skip_key_bias_same_bits(cap, hkv, varlen):
     _compare(f"skip-key-bias-cap{cap}-hkv{hkv}-varlen{varlen}", q, k, v, do, bounds, **kw)
 
 
+@pytest.mark.parametrize("d,hkv,varlen", [(128, 4, False), (64, 2, False), (128, 2, True)])
+def test_soft_sign_saturates_where_the_scaled_score_overflows(d, hkv, varlen):
+    """The backward of the forward test of that name: with the cap at 2**-126, ``softmax_scale * q.k / cap``
+    overflows to +-inf; the capped score is +-cap and its slope 0 (dQ = dK = 0 up to the candidates' tiny
+    terms, dV = P^T dO of a near-uniform P), in the mainloop and in the postprocess's self terms alike, no NaN."""
+    q, k, v, do = _tensors((2, 300, 4, d), (2, 300, hkv, d), seed=54)
+    q, k = q * 8, k * 8
+    bounds = torch.tensor([[0, 200, 200, 300], [3, 131, 131, 290]], device="cuda", dtype=torch.int32)
+    kw = dict(cap=2.0**-126, cap_method="soft_sign")
+    if varlen:
+        q, k, v, do = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v, do))
+        kw.update(cu_seqlens=torch.tensor([0, 300, 600], device="cuda", dtype=torch.int32), max_seqlen=300)
+    _compare(f"soft_sign-cap-2^-126-d{d}-hkv{hkv}-varlen{varlen}", q, k, v, do, bounds, **kw)
+
+
 def test_softmax_scale():
     q, k, v, do = _tensors((1, 300, 2, 128), (1, 300, 2, 128), seed=3)
     bounds = torch.tensor([[0, 200, 200, 300]], device="cuda", dtype=torch.int32)

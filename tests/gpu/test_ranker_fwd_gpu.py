@@ -315,6 +315,28 @@ def test_softmax_scale():
     _compare("scale=0 tanh", q, k, v, bounds, scale=0.0, cap=5.0)
 
 
+@pytest.mark.parametrize("d,dtype,varlen", [(128, torch.bfloat16, False), (64, torch.bfloat16, False),
+                                             (128, torch.float16, True)])
+def test_soft_sign_saturates_where_the_scaled_score_overflows(d, dtype, varlen):
+    """soft_sign with the smallest cap taken (2**-126) and scores of a few hundred: ``x = softmax_scale * q.k / cap``
+    passes 2**126 and overflows float32 to +-inf on most keys.  The capped score is then +-cap (x / (1 + |x|)
+    = +-1), as in float64; before session 53 ``rcp.approx.ftz`` flushed 1 / (1 + |x|) to 0 there, which gave
+    inf * 0 = NaN (and 0 instead of +-1 for finite |x| > 2**126)."""
+    q, k, v = _qkv(2, 300, 4, 2, d, dtype=dtype, seed=53)
+    q, k = q * 8, k * 8
+    cap = 2.0**-126
+    x = (q[0, :, 0].float() @ k[0, :, 0].float().T) * (d**-0.5 / cap)
+    assert torch.isinf(x).float().mean() > 0.5  # the case this test is for
+    bounds = torch.tensor([[0, 200, 200, 300], [3, 131, 131, 290]], device="cuda", dtype=torch.int32)
+    if varlen:
+        cu = torch.tensor([0, 300, 600], device="cuda", dtype=torch.int32)
+        q, k, v = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
+        _compare("soft_sign-cap-2^-126-varlen", q, k, v, bounds, cap=cap, cap_method="soft_sign", cu_seqlens=cu,
+                 max_seqlen=300)
+    else:
+        _compare("soft_sign-cap-2^-126", q, k, v, bounds, cap=cap, cap_method="soft_sign")
+
+
 @pytest.mark.parametrize("d,hkv,cap", [(128, 2, None), (64, 1, 10.0)])
 def test_varlen(d, hkv, cap):
     lens = [300, 1, 517, 129, 0, 64]
