@@ -1627,7 +1627,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
             the forward (same rules; head dims 64 and 128 only).
         out: the forward's output (like ``q``).  lse: the forward's ``lse`` (``return_lse=True``),
             float32 ``[B, Hq, S]`` / ``[Hq, T]``, natural-log units, ``-inf`` on rows with no valid key.
-        dout: gradient of ``out`` (like ``q``: same shape and dtype, last dim contiguous).
+        dout: gradient of ``out`` (like ``q``: same shape and dtype, last dim contiguous).  Like q, k, v (see
+            the forward) finite in every row, padding included: a NaN or inf in a row of neither segment (of
+            q, k, v or dout) reaches the admitted rows' dq, dk or dv through the GEMMs.
         dlse: None (no loss on ``lse``) or the gradient of ``lse``: float32 shaped like ``lse``, any strides
             (copied contiguous when not). Ignored on rows with no valid key (``lse = -inf``: nothing there
             depends on q, k, v), NaN or inf included.

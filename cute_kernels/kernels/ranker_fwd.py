@@ -1787,7 +1787,11 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
         q: ``[B, S, Hq, D]`` (or packed ``[T, Hq, D]`` with ``cu_seqlens``), bfloat16/float16, CUDA,
             last dim contiguous, other strides multiples of 16 bytes.  D in {64, 128, 256}.
         k, v: ``[B, S, Hkv, D]`` (or ``[T, Hkv, D]``), same dtype; ``Hq % Hkv == 0`` (GQA: query head
-            ``h`` uses kv head ``h // (Hq // Hkv)``).
+            ``h`` uses kv head ``h // (Hq // Hkv)``).  q, k and v must be finite in every row, those of neither
+            segment (padding) included: the kernels load whole tiles around the segments, and a NaN or inf in
+            such a row reaches the admitted rows' results through the GEMMs (``0 * NaN``; a NaN in v's padding
+            turns ``out`` NaN, one in q's the padding rows' own ``out``), as with FlashAttention and
+            FlexAttention.  Zero-fill padding.
         bounds: ``[B, 4]`` int32, contiguous: (hist_lo, hist_hi, cand_lo, cand_hi), half-open, per
             sequence (relative to the sequence start in the varlen form).  Values are clamped to
             ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.
