@@ -82,6 +82,9 @@ CASES = [  # name, B, S, Hq, Hkv, D, bounds, cap, cap_method, dtype
     ("gap-tiles", 1, 1000, 2, 2, 128, [[0, 70, 900, 1000]], 20.0, "tanh", torch.bfloat16),
     ("one-row", 1, 1, 2, 2, 128, [[0, 1, 0, 1]], None, "tanh", torch.bfloat16),
     ("d256-gqa2", 2, 300, 4, 2, 256, [[0, 200, 200, 300], [3, 131, 131, 290]], 30.0, "tanh", torch.bfloat16),
+    # D=256 without a cap (its own config, CONFIGS[256]; GPU-run since session 53) and fp16 with soft_sign
+    ("d256", 2, 333, 4, 4, 256, [[0, 217, 217, 333], [37, 200, 250, 311]], None, "tanh", torch.bfloat16),
+    ("d256-fp16-softsign-gqa2", 1, 300, 4, 2, 256, [[3, 250, 250, 300]], 5.0, "soft_sign", torch.float16),
     ("hist-one-block", 3, 200, 2, 2, 128, [[0, 64, 64, 200], [1, 2, 2, 3], [100, 101, 101, 199]], None, "tanh", torch.bfloat16),
 ]
 
@@ -337,7 +340,7 @@ def test_soft_sign_saturates_where_the_scaled_score_overflows(d, dtype, varlen):
         _compare("soft_sign-cap-2^-126", q, k, v, bounds, cap=cap, cap_method="soft_sign")
 
 
-@pytest.mark.parametrize("d,hkv,cap", [(128, 2, None), (64, 1, 10.0)])
+@pytest.mark.parametrize("d,hkv,cap", [(128, 2, None), (64, 1, 10.0), (256, 4, None)])
 def test_varlen(d, hkv, cap):
     lens = [300, 1, 517, 129, 0, 64]
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
