@@ -14,7 +14,8 @@ and the shipped config timed twice (``shipped_again``: the A/A pair that says ho
 noise) with each config's spread over rounds.  ``--changed``: only the shapes where some variant differs
 from the shipped config (e.g. a field the shipped config of the other shapes already has).  ``--short``:
 instead of the bench shapes, the short uncapped D=128 ones of ``SHORT_CASES`` (3 to 14 KV blocks of 128 keys
-per sequence).
+per sequence).  ``--d256``: the D=256 cases of ``D256_CASES`` (the headline's sequences, 8 heads, with and without
+the tanh cap) against ``CONFIGS[256]`` / the D=256 shipped config of the cap.
 
 The configs are passed in as given (``_ranker_impl(config=...)``; ``online=checked_max:False`` times the
 online max where the shipped config has the checked fixed max).
@@ -46,9 +47,15 @@ SHORT_CASES = [  # B, hist, cand, Hq, Hkv, D, cap: sequences of 3, 5, 10 and 14 
 ]
 
 
-def main(variants, fa4: bool, timing: dict, changed: bool = False, short: bool = False):
+D256_CASES = [  # B, hist, cand, Hq, Hkv, D, cap: the headline's sequences at D=256 (8 heads: the same bytes of q)
+    (4, 4096, 512, 8, 8, 256, None),
+    (4, 4096, 512, 8, 8, 256, 50.0),
+]
+
+
+def main(variants, fa4: bool, timing: dict, changed: bool = False, short: bool = False, d256: bool = False):
     data = []
-    for case in SHORT_CASES if short else rf.BENCH_CASES:
+    for case in SHORT_CASES if short else D256_CASES if d256 else rf.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
         # the variants first: a misspelled field fails before any input is built
         base = rf.shipped_config(torch.bfloat16, d, "tanh" if cap else "none")
@@ -72,6 +79,6 @@ def main(variants, fa4: bool, timing: dict, changed: bool = False, short: bool =
 
 
 if __name__ == "__main__":
-    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--changed", "--short"), doc=__doc__)
-    fa4, changed, short = opts.pop("fa4"), opts.pop("changed"), opts.pop("short")
-    main(variants, fa4, opts, changed, short)
+    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--changed", "--short", "--d256"), doc=__doc__)
+    fa4, changed, short, d256 = opts.pop("fa4"), opts.pop("changed"), opts.pop("short"), opts.pop("d256")
+    main(variants, fa4, opts, changed, short, d256)
