@@ -839,12 +839,12 @@ def test_reference_refuses_fake_tensors_with_a_message():
 
 
 def test_checked_max_ships_uncapped_bf16(monkeypatch):
-    """Without a cap, the shipped D=64/128 configs take checked_max (the fixed max, checked after each tile) for
+    """Without a cap, the shipped D=64/128/256 configs take checked_max (the fixed max, checked after each tile) for
     bfloat16 at any sequence length; float16 and caps run the online max (a capped config: fixed_row_max); a
     config passed in is taken as given; the kernel refuses checked_max with a cap or float16."""
     import cutlass
 
-    assert rf.CONFIGS[64].checked_max and rf.CONFIGS[128].checked_max and not rf.CONFIGS[256].checked_max
+    assert rf.CONFIGS[64].checked_max and rf.CONFIGS[128].checked_max and rf.CONFIGS[256].checked_max
     assert not any(c.checked_max for c in rf.CAP_CONFIGS.values())
     assert not rf.shipped_config(torch.float16, 128, "none").checked_max
     with pytest.raises(ValueError, match="checked_max needs bfloat16 and no cap"):
@@ -1266,6 +1266,24 @@ def test_masked_step_in_loop_traces_one_copy_of_the_step():
     # one overlapped step (a QK and a PV GEMM, head_dim / 16 and tile_n / 16 WGMMAs) fewer per history loop
     step = shipped.head_dim // 16 + shipped.tile_n // 16
     assert wgmmas[False] - wgmmas[True] == 2 * step, wgmmas
+
+
+@pytest.mark.parametrize("dtype,cap_method,varlen", [
+    (torch.bfloat16, "none", False), (torch.bfloat16, "none", True), (torch.bfloat16, "tanh", False),
+    (torch.bfloat16, "soft_sign", True), (torch.float16, "none", False)])
+def test_shipped_d256_configs(dtype, cap_method, varlen):
+    """D=256 ships one tile per CTA (two consumer warpgroups, tile_n=64) with the fixed max: checked_max without a
+    cap, fixed_row_max with one (bfloat16; session 53: +19% / +20-30% over the online max), float16 the online
+    max; every variant compiles without local memory."""
+    from cute_kernels.runtime.cache import compile_record
+
+    cfg = rf.chosen_config(rf.shipped_config(dtype, 256, cap_method), dtype, None if cap_method == "none" else 30.0)
+    assert cfg.consumer_wgs == 2 and cfg.tile_n == 64 and not cfg.persistent
+    bf16 = dtype == torch.bfloat16
+    assert cfg.checked_max == (bf16 and cap_method == "none") and cfg.fixed_row_max == (bf16 and cap_method != "none")
+    rf._compile(dtype, cfg, 1, cap_method, varlen)
+    rec = compile_record(rf.NAME, (str(dtype), cfg, 1, cap_method, varlen))
+    assert all(not r.stack_bytes for r in rec.resources), [r.stack_bytes for r in rec.resources]
 
 
 def test_caller_config_that_spills_gets_a_warning():

@@ -168,8 +168,8 @@ class RankerFwdConfig(ValidatedConfig):
     # sum of P within [CHECKED_SUM_MIN, CHECKED_SUM_MAX] and the O accumulator finite (so every P was a normal float32
     # and no product overflowed).  A consumer warpgroup whose rows fail runs the online max for the rest of its tiles
     # and the failed tile again at the CTA's end (:meth:`RankerAttentionFwd.advance_tile`); no pre-pass, any length.
-    # Shipped and GPU-tested at D=64 / D=128 (persistent and one tile per CTA); a D=256 config with it compiles
-    # without spills but has not run on a GPU
+    # Shipped and GPU-tested at D=64 / D=128 (persistent and one tile per CTA) and D=256 (one tile per CTA; since
+    # session 53)
     checked_max: bool = False
     # the candidate rows' own K/V rows (the self term) come by TMA into one more K/V stage after the history
     # blocks, and q_i from the Q tile in smem (held until then), read in the accumulator layout with ldmatrix;
@@ -291,7 +291,11 @@ CONFIGS = {
     # (bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log)
     128: RankerFwdConfig(head_dim=128, tile_n=128, stages=2, persistent=True, self_kv_tma=True, checked_max=True,
                          prefetch_self_kv=True, wg_epilogue=True, defer_store_wait=True),
-    256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2),
+    # D=256: checked_max since session 53 (bench/results/logs/2026-12-04_s53_ranker_fwd_d256_config_probe.log; B=4,
+    # 4096 + 512, 8 heads, CUDA graph, useful TFLOP/s: 771 vs 647 / 651 for the online max, 693-701 vs 623 in a
+    # second run; persistent fits only one K/V stage and ran at 450-457), with the edge block's masked step out of
+    # the loop (masked_step_in_loop=False: same speed, 692 vs 693-701; in the loop the bf16 varlen kernels spill 16 B)
+    256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2, checked_max=True, masked_step_in_loop=False),
 }
 # With a cap (keys: (cap_method, head_dim)).  D=128 tanh: three consumer warpgroups (tile_n=64) hide more of
 # the cap's MUFU work (session 8 probe: 522 vs 487 useful TFLOP/s at the headline shape; session 9: 525 vs
@@ -313,11 +317,16 @@ _D64_CAPPED = dataclasses.replace(CONFIGS[64], tile_n=112, stages=6, fixed_row_m
 _D128_CAPPED = RankerFwdConfig(head_dim=128, tile_m=192, tile_n=64, stages=3, consumer_wgs=3, producer_regs=32,
                                consumer_regs=160, persistent=True, skip_unit_rescale=True, fixed_row_max=True,
                                early_rescale=False, masked_step_in_loop=False)
+# D=256 with a cap: its uncapped tile with fixed_row_max (session 53, same probe: tanh cap 50 755 vs 582 / 626, and
+# 696-703 vs 554 in the second run)
+_D256_CAPPED = dataclasses.replace(CONFIGS[256], checked_max=False, fixed_row_max=True)
 CAP_CONFIGS = {
     ("tanh", 128): _D128_CAPPED,
     ("soft_sign", 128): _D128_CAPPED,
     ("tanh", 64): _D64_CAPPED,
     ("soft_sign", 64): dataclasses.replace(_D64_CAPPED, fixed_row_max=False),  # (fixed: spills 8-32 B)
+    ("tanh", 256): _D256_CAPPED,
+    ("soft_sign", 256): _D256_CAPPED,
 }
 
 

@@ -550,7 +550,7 @@ def _relative_error(name, o, ref, base):
     assert err <= 2 * base_err + 2e-3, f"{name}: relative error {err} vs torch's {base_err}"
 
 
-@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("d", [128, 64, 256])
 @pytest.mark.parametrize("cap_method", ["tanh", "soft_sign"])
 @pytest.mark.parametrize("cap", [2.0, 30.0, 50.0, 50.5, 80.0])
 def test_fixed_row_max_at_saturated_scores(d, cap_method, cap):
@@ -638,7 +638,7 @@ def _scaled_rows(q, spans, factor=30.0):
 
 @pytest.mark.parametrize("schedule", ["persistent", "one-tile-per-cta"])
 @pytest.mark.parametrize("varlen", [False, True])
-@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("d", [128, 64, 256])
 def test_checked_max_fallback_tiles(d, varlen, schedule):
     """checked_max (uncapped bf16: every tile first runs the fixed max, checks its row sums and O, and a failing
     warpgroup falls back to the online max and retries the tile at its CTA's end): rows scaled 30x in tiles
@@ -652,6 +652,8 @@ def test_checked_max_fallback_tiles(d, varlen, schedule):
     max_ctas = 7
     if schedule == "one-tile-per-cta":
         cfg, max_ctas = dataclasses.replace(cfg, persistent=False), None
+    elif not cfg.persistent:  # (D=256 ships one tile per CTA; persistent it fits one K/V stage)
+        cfg = dataclasses.replace(cfg, persistent=True, stages=1)
     q, k, v = _qkv(2, 700, 4, 2, d, seed=d + varlen)
     # 6 (D=128) / 4 (D=64) q tiles per sequence and head, tiles m-block fastest then head then batch
     m = cfg.tile_m
@@ -726,7 +728,7 @@ def test_checked_max_empty_history_self_term(schedule):
     assert torch.equal(o[0, :, 0], v[0, :, 0]), "a candidate with no history attends only itself: out = v"
 
 
-@pytest.mark.parametrize("d", [128, 64])
+@pytest.mark.parametrize("d", [128, 64, 256])
 def test_checked_max_low_scores_fall_back(d):
     """Every score of a batch row near -40 (q = -c k, every key the same direction): the sum of P against the
     fixed max is ~n e^-40, under CHECKED_SUM_MIN, so those warpgroups retry with the online max (uniform
