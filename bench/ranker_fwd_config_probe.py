@@ -81,4 +81,6 @@ def main(variants, fa4: bool, timing: dict, changed: bool = False, short: bool =
 if __name__ == "__main__":
     variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--changed", "--short", "--d256"), doc=__doc__)
     fa4, changed, short, d256 = opts.pop("fa4"), opts.pop("changed"), opts.pop("short"), opts.pop("d256")
+    if short and d256:
+        raise SystemExit("--short and --d256 pick different case lists: give one")
     main(variants, fa4, opts, changed, short, d256)

@@ -273,7 +273,8 @@ class RankerFwdConfig(ValidatedConfig):
 # dtypes now) 460-467 vs 424 for the two-warpgroup config it had before.
 # The three-warpgroup configs skip the O rescale when no row max of a warp changed (skip_unit_rescale:
 # same bits; session 9: +3-4% on them, -8% on the two-warpgroup D=128 config, which keeps it off).
-# D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB), not measured.
+# D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB): 431-459 useful TFLOP/s against
+# 693-771 for the shipped one tile per CTA (session 53, bench/results/logs/2026-12-04_s53_ranker_fwd_d256_config_probe.log).
 # checked_max (session 40; it replaced session 21-39's norm_bound and its k pre-pass): the fixed max at every
 # sequence length, checked after each tile; same run, us, checked / norm_bound / online max: headline 866 / 885 /
 # 983, B=16 1K+256 286 / 312 / 306, B=8 2K+2K 395 / 431 / 446, D=64 551 / 561 / 665 (the module docstring has
@@ -293,7 +294,7 @@ CONFIGS = {
                          prefetch_self_kv=True, wg_epilogue=True, defer_store_wait=True),
     # D=256: checked_max since session 53 (bench/results/logs/2026-12-04_s53_ranker_fwd_d256_config_probe.log; B=4,
     # 4096 + 512, 8 heads, CUDA graph, useful TFLOP/s: 771 vs 647 / 651 for the online max, 693-701 vs 623 in a
-    # second run; persistent fits only one K/V stage and ran at 450-457), with the edge block's masked step out of
+    # second run; persistent fits only one K/V stage and ran at 431-459), with the edge block's masked step out of
     # the loop (masked_step_in_loop=False: same speed, 692 vs 693-701; in the loop the bf16 varlen kernels spill 16 B)
     256: RankerFwdConfig(head_dim=256, tile_n=64, stages=2, checked_max=True, masked_step_in_loop=False),
 }
@@ -1828,7 +1829,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
     is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
     running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
-    (50), and without a cap (D=64/128) wherever the result passes a check after each q tile (per 64-row
+    (50), and without a cap (D=64/128/256) wherever the result passes a check after each q tile (per 64-row
     warpgroup: every row's sum of P within [2^-20, 2^100] and the O accumulator finite; a warpgroup that fails
     runs its tile again, and its later tiles, with the online max: rows whose scores all sit below about
     -14 - ln(keys), or reach past ~69); float16 and larger caps take the online max.  Accuracy then: up to one

@@ -2,10 +2,11 @@
 
 A process that drives several GPUs (model parallelism in one process, a server with one thread per GPU, or a
 training script that forgot ``torch.cuda.set_device``) calls the ops with tensors on ``cuda:1`` while the
-current device is ``cuda:0``.  Each op must then run on the tensors' device, on that device's current stream,
-leave the current device as it was and allocate nothing on the other device; its results must be the bits
-that the same call gives on ``cuda:0`` (both devices are the same GPU model, and every op compared bitwise here
-is deterministic).  Skipped with fewer than two CUDA devices (``nvidia-h200-x2`` and larger).
+current device is ``cuda:0``.  Each op must then run on the tensors' device, on that device's current stream
+(:func:`test_side_stream_on_the_other_device`), leave the current device as it was and allocate nothing on the
+other device through torch's caching allocator (what :class:`_NothingOnDevice0` can see); its results must be
+the bits that the same call gives on ``cuda:0`` (both devices are the same GPU model, and every op compared
+bitwise here is deterministic).  Skipped with fewer than two CUDA devices (``nvidia-h200-x2`` and larger).
 """
 
 import threading
@@ -181,8 +182,30 @@ def test_torch_compile_on_the_other_device():
     _assert_same(got, want, "compiled ranker_attention")
 
 
+def test_side_stream_on_the_other_device():
+    """With a side stream of cuda:1 current there (its inputs written on that stream, nothing synchronized
+    before the calls), the forward and the backward launch on it: their results, read after that stream
+    alone is synchronized, are the bits of cuda:0's."""
+    q, k, v, do, bounds = _ranker_inputs(12)
+    out0, lse0 = cute_kernels.ranker_attention(q, k, v, bounds, return_lse=True)
+    want = rb.ranker_attention_backward(q, k, v, out0, lse0, do, bounds, deterministic=True)
+    side = torch.cuda.Stream(DEV1)
+    with torch.cuda.stream(side):
+        q1, k1, v1, do1, b1 = (t.to(DEV1, non_blocking=True) for t in (q, k, v, do, bounds))
+        q1 = q1 * 1.0  # (kernels queued on the side stream ahead of ours)
+        out, lse = cute_kernels.ranker_attention(q1, k1, v1, b1, return_lse=True)
+        got = rb.ranker_attention_backward(q1, k1, v1, out, lse, do1, b1, deterministic=True)
+    side.synchronize()
+    with torch.cuda.stream(side):
+        results = [t.cpu() for t in (out, lse, *got)]
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), results, (out0, lse0, *want)):
+        assert torch.equal(a, b.cpu()), f"side stream of cuda:1: {name} differs"
+
+
 def test_cuda_graph_on_the_other_device():
-    """Capture on cuda:1 (the usual ``with torch.cuda.device(1)``), replay with new inputs copied in."""
+    """Capture on a stream of cuda:1 inside ``with torch.cuda.device(1)`` (given explicitly: torch's default
+    capture stream is created once per process, on the device current at the first capture), replay with new
+    inputs copied in."""
     q, k, v, _, bounds = _ranker_inputs(8)
     x0 = torch.randn(300, 4096, device=DEV0, dtype=torch.bfloat16, generator=generator(9))
     y0 = torch.randn(300, 1024, device=DEV0, dtype=torch.bfloat16, generator=generator(10))
@@ -191,10 +214,14 @@ def test_cuda_graph_on_the_other_device():
     q1, k1, v1, b1, x1, y1, w1, u1 = _to(DEV1, q, k, v, bounds, x0, y0, w0, u0)
     with torch.cuda.device(1):
         xs, ys = x1.clone(), y1.clone()
-        cute_kernels.ranker_attention(q1, k1, v1, b1)  # compile and warm outside the capture
-        cute_kernels.qk_rmsnorm_(xs, ys, w1, u1, 1e-6)
+        capture = torch.cuda.Stream(DEV1)
+        capture.wait_stream(torch.cuda.current_stream(DEV1))
+        with torch.cuda.stream(capture):  # compile and warm outside the capture, on its stream
+            cute_kernels.ranker_attention(q1, k1, v1, b1)
+            cute_kernels.qk_rmsnorm_(xs, ys, w1, u1, 1e-6)
+        torch.cuda.current_stream(DEV1).wait_stream(capture)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=capture):
             out = cute_kernels.ranker_attention(q1, k1, v1, b1)
             cute_kernels.qk_rmsnorm_(xs, ys, w1, u1, 1e-6)
         for scale in (2.0, -0.5):
@@ -212,15 +239,16 @@ def test_cuda_graph_on_the_other_device():
 
 def test_one_thread_per_device():
     """Two threads, each with its own current device, calling the forward and the deterministic backward at
-    once (a kernel neither has compiled yet: fp16 with the soft_sign cap), eight times each: every result is
-    the bits of one call on cuda:0 made before."""
+    once (fp16 with the soft_sign cap: kernels no other test of this file compiles, so the two threads may
+    compile them at once unless the disk cache has them), eight times each: every result is the bits of
+    thread 0's first call."""
     g = generator(11)
     mk = lambda h: torch.randn(2, 300, h, 64, device=DEV0, dtype=torch.float16, generator=g)  # noqa: E731
     q, k, v, do = mk(4), mk(2), mk(2), mk(4)
     bounds = torch.tensor([[0, 250, 250, 300], [3, 131, 131, 290]], device=DEV0, dtype=torch.int32)
     inputs = {0: (q, k, v, do, bounds), 1: _to(DEV1, q, k, v, do, bounds)}
     results, errors = {0: [], 1: []}, []
-    start = threading.Barrier(2)
+    start = threading.Barrier(2, timeout=120)
 
     def work(dev):
         try:
@@ -235,9 +263,10 @@ def test_one_thread_per_device():
                 results[dev].append(tuple(t.cpu() for t in (out, lse, *grads)))
             assert torch.cuda.current_device() == dev
         except BaseException as exc:  # reported by the main thread
+            start.abort()  # (the other thread, if still at the barrier, stops waiting)
             errors.append((dev, exc))
 
-    threads = [threading.Thread(target=work, args=(dev,)) for dev in (0, 1)]
+    threads = [threading.Thread(target=work, args=(dev,), daemon=True) for dev in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:

@@ -120,6 +120,23 @@ def test_soft_sign_saturates_where_the_scaled_score_overflows(d, hkv, varlen):
     _compare(f"soft_sign-cap-2^-126-d{d}-hkv{hkv}-varlen{varlen}", q, k, v, do, bounds, **kw)
 
 
+@pytest.mark.parametrize("d", [128, 64])
+def test_soft_sign_huge_finite_scaled_scores(d):
+    """The backward of the forward test of that name (cap 5, softmax_scale 2**100, about 14% of the x in (2**126,
+    2**128)): dv = P^T dO with those keys at their full weight, dq = dk = 0 up to float32 (the slope
+    1 / (1 + |x|)^2 is 2**-200 or less at every key), against the float64 reference (bfloat16 torch overflows)."""
+    q, k, v, do = _tensors((2, 300, 4, d), (2, 300, 2, d), seed=56)
+    q, k = q * 4505.0, k * 4505.0 * (128 / d) ** 0.5
+    bounds = torch.tensor([[0, 200, 200, 300], [3, 131, 131, 290]], device="cuda", dtype=torch.int32)
+    kw = dict(softmax_scale=2.0**100, cap=5.0, cap_method="soft_sign")
+    out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, **kw)
+    got = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, **kw)
+    ref = rb.ranker_attention_backward_reference(q, k, v, bounds, do, **kw)
+    for name, a, r in zip(("dq", "dk", "dv"), got, ref):
+        err = (a.double() - r).abs().max().item()
+        assert torch.isfinite(a).all() and err <= 2**-7 * r.abs().max().item() + 1e-2, (name, err)
+
+
 def test_softmax_scale():
     q, k, v, do = _tensors((1, 300, 2, 128), (1, 300, 2, 128), seed=3)
     bounds = torch.tensor([[0, 200, 200, 300]], device="cuda", dtype=torch.int32)

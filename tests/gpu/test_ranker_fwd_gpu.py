@@ -324,7 +324,8 @@ def test_soft_sign_saturates_where_the_scaled_score_overflows(d, dtype, varlen):
     """soft_sign with the smallest cap taken (2**-126) and scores of a few hundred: ``x = softmax_scale * q.k / cap``
     passes 2**126 and overflows float32 to +-inf on most keys.  The capped score is then +-cap (x / (1 + |x|)
     = +-1), as in float64; before session 53 ``rcp.approx.ftz`` flushed 1 / (1 + |x|) to 0 there, which gave
-    inf * 0 = NaN (and 0 instead of +-1 for finite |x| > 2**126)."""
+    inf * 0 = NaN.  (At this cap +-cap and 0 give the same softmax: the finite half of the old bug is
+    :func:`test_soft_sign_huge_finite_scaled_scores`'s.)"""
     q, k, v = _qkv(2, 300, 4, 2, d, dtype=dtype, seed=53)
     q, k = q * 8, k * 8
     cap = 2.0**-126
@@ -338,6 +339,31 @@ def test_soft_sign_saturates_where_the_scaled_score_overflows(d, dtype, varlen):
                  max_seqlen=300)
     else:
         _compare("soft_sign-cap-2^-126", q, k, v, bounds, cap=cap, cap_method="soft_sign")
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_soft_sign_huge_finite_scaled_scores(d):
+    """soft_sign with cap 5 and softmax_scale 2**100: ``x = softmax_scale * q.k / cap`` lies in (2**126, 2**128) on
+    about 14% of the keys (finite; none overflows), where the capped score is +-5, the largest a score can
+    be.  Before session 53 the flushed 1 / (1 + |x|) made those scores 0 (the row's heaviest keys dropped to
+    weight e^0 against e^5).  Against the float64 reference directly: its ``softmax_scale * q.k`` alone passes
+    float32's range, so torch's bfloat16 form (the other tests' bar) is NaN here; the kernels form
+    ``q.k * (softmax_scale / cap)``."""
+    q, k, v = _qkv(2, 300, 4, 2, d, seed=55)
+    # q.k of std ~ 2.3e8 (1.1 * 2**12 per element): |x| > 2**126 past 1.46 std (~14% of the keys), 2**128 at 5.9
+    q, k = q * 4505.0, k * 4505.0 * (128 / d) ** 0.5
+    scale, cap = 2.0**100, 5.0
+    x = (q[0, :, 0].double() @ k[0, :, 0].double().T) * (scale / cap)
+    assert 0.05 < ((x.abs() > 2.0**126) & (x.abs() < 2.0**128)).double().mean() and (x.abs() < 2.0**128).all()
+    bounds = torch.tensor([[0, 200, 200, 300], [3, 131, 131, 290]], device="cuda", dtype=torch.int32)
+    o, l = _run(q, k, v, bounds, cap=cap, cap_method="soft_sign", scale=scale)
+    ro, rl = rf.ranker_attention_reference(q, k, v, bounds, softmax_scale=scale, cap=cap, cap_method="soft_sign",
+                                           return_lse=True, compute_dtype=torch.float64)
+    err = (o.double() - ro.double()).abs().max().item()
+    fin = torch.isfinite(rl)
+    assert torch.isfinite(o).all() and err <= 2**-7 * ro.abs().max().item() + 1e-2, err
+    assert torch.equal(torch.isinf(l), torch.isinf(rl))
+    assert (l[fin].double() - rl[fin].double()).abs().max().item() <= 2e-2
 
 
 @pytest.mark.parametrize("d,hkv,cap", [(128, 2, None), (64, 1, 10.0), (256, 4, None)])
