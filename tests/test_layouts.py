@@ -162,14 +162,15 @@ def test_ranker_shipped_configs_layouts_and_budget(head_dim):
 def test_ranker_layouts_follow_the_kernels_rules():
     """The forward report analyses what the kernel does: float16 starts from its own shipped config (the
     online max), and ``self_kv_tma`` where the kernel takes it only (not at D=256, where it
-    would spill: session 25; there the kernel compiles to global reads, no ldmatrix, no stack)."""
+    would spill: session 25; there the kernel compiles to global reads, no ldmatrix, no stack).  (The online
+    max: the shipped D=256 config's checked_max spills 80 B at tile_n=128.)"""
     import torch
 
     from cute_kernels.runtime.cache import compile_record
 
     fp16 = KL.ranker_fwd_layouts(None, "fp16")
     assert not fp16.config.checked_max and fp16.config == rf.shipped_config(torch.float16, 128)
-    text = "head_dim=256,tile_n=128,intra_wg_overlap=false,stages=1,self_kv_tma=true"
+    text = "head_dim=256,tile_n=128,intra_wg_overlap=false,stages=1,self_kv_tma=true,checked_max=false"
     kl = KL.ranker_fwd_layouts(text)
     assert kl.config.self_kv_tma and not rf.self_kv_tma_taken(kl.config)
     assert "self term ldmatrix (src)" not in kl.tv
