@@ -1800,8 +1800,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             ``h`` uses kv head ``h // (Hq // Hkv)``).  q, k and v must be finite in every row, those of neither
             segment (padding) included: the kernels load whole tiles around the segments, and a NaN or inf in
             such a row reaches the admitted rows' results through the GEMMs (``0 * NaN``; a NaN in v's padding
-            turns ``out`` NaN, one in q's the padding rows' own ``out``), as with FlashAttention and
-            FlexAttention.  Zero-fill padding.
+            turns the ``out`` of the sequences whose loaded tiles hold it NaN, one in q's the padding rows' own
+            ``out``), as with FlashAttention and FlexAttention.  Zero-fill padding.
         bounds: ``[B, 4]`` int32, contiguous: (hist_lo, hist_hi, cand_lo, cand_hi), half-open, per
             sequence (relative to the sequence start in the varlen form).  Values are clamped to
             ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.

@@ -2,6 +2,8 @@
 
 Usage on the GPU machine: compute-sanitizer --tool memcheck python3 tests/gpu/sanitize_ranker_fwd.py
 """
+import os
+
 import torch
 
 import cute_kernels
@@ -10,8 +12,6 @@ torch.manual_seed(0)
 # D=64 runs tile_n=128 without a cap and 112 with one; D=128 with the tanh cap runs CAP_CONFIGS[("tanh", 128)];
 # D=256 one tile per CTA (checked_max without a cap, fixed_row_max with one).  ``SANITIZE_HEAD_DIMS=256`` (a
 # comma list) keeps only those head dims' launches (a shorter run)
-import os
-
 ONLY = {int(x) for x in os.environ.get("SANITIZE_HEAD_DIMS", "").split(",") if x}
 for d, cap in ((128, None), (64, None), (64, 20.0), (128, 30.0), (256, None), (256, 30.0)):
     if ONLY and d not in ONLY:
@@ -27,7 +27,7 @@ for d, cap in ((128, None), (64, None), (64, 20.0), (128, 30.0), (256, None), (2
     # persistent schedules (D=64: three consumer warpgroups) with several tiles per CTA: the round-robin
     # scheduler barriers carry over from tile to tile
     from cute_kernels.kernels import ranker_fwd as rf
-    ctas = 3 if rf.CONFIGS[d].persistent else None  # (D=256: one tile per CTA)
+    ctas = 3  # (ignored by one-tile-per-CTA configs: D=256)
     op, _ = rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, max_ctas=ctas)
     if cap is not None:  # soft_sign with x = scale * q.k / cap past 2**126 and at +-inf (the clamp)
         rf._ranker_impl(q * 8, k * 8, v, bounds, None, 2.0**-126, "soft_sign", None, None, max_ctas=ctas)
