@@ -11,6 +11,7 @@ import itertools
 import pytest
 import torch
 from seeding import generator
+from test_ranker_fwd_gpu import HUGE_SOFT_SIGN, huge_soft_sign_inputs
 from test_ranker_fwd_gpu import _check as check_forward
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -125,10 +126,9 @@ def test_soft_sign_huge_finite_scaled_scores(d):
     """The backward of the forward test of that name (cap 5, softmax_scale 2**100, about 14% of the x in (2**126,
     2**128)): dv = P^T dO with those keys at their full weight, dq = dk = 0 up to float32 (the slope
     1 / (1 + |x|)^2 is 2**-200 or less at every key), against the float64 reference (bfloat16 torch overflows)."""
-    q, k, v, do = _tensors((2, 300, 4, d), (2, 300, 2, d), seed=56)
-    q, k = q * 4505.0, k * 4505.0 * (128 / d) ** 0.5
-    bounds = torch.tensor([[0, 200, 200, 300], [3, 131, 131, 290]], device="cuda", dtype=torch.int32)
-    kw = dict(softmax_scale=2.0**100, cap=5.0, cap_method="soft_sign")
+    q, k, v, bounds = huge_soft_sign_inputs(d, seed=56)
+    do = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=generator(57))
+    kw = HUGE_SOFT_SIGN
     out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, **kw)
     got = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, **kw)
     ref = rb.ranker_attention_backward_reference(q, k, v, bounds, do, **kw)

@@ -341,6 +341,21 @@ def test_soft_sign_saturates_where_the_scaled_score_overflows(d, dtype, varlen):
         _compare("soft_sign-cap-2^-126", q, k, v, bounds, cap=cap, cap_method="soft_sign")
 
 
+HUGE_SOFT_SIGN = dict(softmax_scale=2.0**100, cap=5.0, cap_method="soft_sign")
+
+
+def huge_soft_sign_inputs(d, seed):
+    """q, k, v ``[2, 300, 4 / 2, d]`` bf16 and bounds for :data:`HUGE_SOFT_SIGN` (cap 5, softmax_scale 2**100): q.k of
+    std ~2.3e8 (1.1 * 2**12 per element), so ``x = softmax_scale * q.k / cap`` passes 2**126 at 1.46 std (~14% of
+    the keys) and would overflow at 5.9 (none does); both checked on batch 0, head 0."""
+    q, k, v = _qkv(2, 300, 4, 2, d, seed=seed)
+    q, k = q * 4505.0, k * 4505.0 * (128 / d) ** 0.5
+    x = (q[0, :, 0].double() @ k[0, :, 0].double().T) * (HUGE_SOFT_SIGN["softmax_scale"] / HUGE_SOFT_SIGN["cap"])
+    assert 0.05 < ((x.abs() > 2.0**126) & (x.abs() < 2.0**128)).double().mean() and (x.abs() < 2.0**128).all()
+    bounds = torch.tensor([[0, 200, 200, 300], [3, 131, 131, 290]], device="cuda", dtype=torch.int32)
+    return q, k, v, bounds
+
+
 @pytest.mark.parametrize("d", [128, 64])
 def test_soft_sign_huge_finite_scaled_scores(d):
     """soft_sign with cap 5 and softmax_scale 2**100: ``x = softmax_scale * q.k / cap`` lies in (2**126, 2**128) on
@@ -349,16 +364,10 @@ def test_soft_sign_huge_finite_scaled_scores(d):
     weight e^0 against e^5).  Against the float64 reference directly: its ``softmax_scale * q.k`` alone passes
     float32's range, so torch's bfloat16 form (the other tests' bar) is NaN here; the kernels form
     ``q.k * (softmax_scale / cap)``."""
-    q, k, v = _qkv(2, 300, 4, 2, d, seed=55)
-    # q.k of std ~ 2.3e8 (1.1 * 2**12 per element): |x| > 2**126 past 1.46 std (~14% of the keys), 2**128 at 5.9
-    q, k = q * 4505.0, k * 4505.0 * (128 / d) ** 0.5
-    scale, cap = 2.0**100, 5.0
-    x = (q[0, :, 0].double() @ k[0, :, 0].double().T) * (scale / cap)
-    assert 0.05 < ((x.abs() > 2.0**126) & (x.abs() < 2.0**128)).double().mean() and (x.abs() < 2.0**128).all()
-    bounds = torch.tensor([[0, 200, 200, 300], [3, 131, 131, 290]], device="cuda", dtype=torch.int32)
-    o, l = _run(q, k, v, bounds, cap=cap, cap_method="soft_sign", scale=scale)
-    ro, rl = rf.ranker_attention_reference(q, k, v, bounds, softmax_scale=scale, cap=cap, cap_method="soft_sign",
-                                           return_lse=True, compute_dtype=torch.float64)
+    q, k, v, bounds = huge_soft_sign_inputs(d, seed=55)
+    kw = HUGE_SOFT_SIGN
+    o, l = _run(q, k, v, bounds, cap=kw["cap"], cap_method=kw["cap_method"], scale=kw["softmax_scale"])
+    ro, rl = rf.ranker_attention_reference(q, k, v, bounds, return_lse=True, compute_dtype=torch.float64, **kw)
     err = (o.double() - ro.double()).abs().max().item()
     fin = torch.isfinite(rl)
     assert torch.isfinite(o).all() and err <= 2**-7 * ro.abs().max().item() + 1e-2, err
