@@ -483,10 +483,11 @@ class RankerFwdTuner:
         if s["cap"] is None and "cap_method" in s:
             raise ValueError(f"cap_method={s['cap_method']} without cap=..: give the cap too ({self.shape_help})")
         s.setdefault("cap_method", "tanh")
-        if s["B"] * s["S"] * s["Hq"] * s["D"] >= 2**31:  # what the op refuses (32-bit offsets in the kernels)
-            raise ValueError(f"shape B*S*H*D = {s['B'] * s['S'] * s['Hq'] * s['D']} elements: the op takes tensors "
-                             "of fewer than 2**31 elements")
         rf = self._module()
+        tiles = -(-s["S"] // 64) * s["Hq"] * s["B"]  # what the op refuses at the smallest tile_m (its work list)
+        if tiles > rf.MAX_WORK_TILES:
+            raise ValueError(f"shape B={s['B']}, S={s['S']}, H={s['Hq']}: {tiles} work tiles of 64 q rows; the op "
+                             f"takes at most {rf.MAX_WORK_TILES} (2**30)")
         if min(s["B"], s["S"], s["Hq"], s["Hkv"]) < 1:
             raise ValueError("B, S, H, Hkv must be positive")
         if s["Hq"] % s["Hkv"]:

@@ -273,6 +273,16 @@ def test_cached_validation_rechecks_alignment_and_scalar_types(monkeypatch):
         mod._validate_cached(aligned, *args, True, 1e-6, 1e-6)
     with pytest.raises(ValueError, match="hc_fn"):
         mod._validate_cached(aligned, torch.zeros(24, k)[:, :k - 64].contiguous(), *args[1:], 20, 1e-6, 1e-6)
+    freed = torch.zeros_like(aligned)  # same signature, but its storage freed (resize_(0): data pointer 0)
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match="x has no data"):
+        mod._validate_cached(freed, *args, 20, 1e-6, 1e-6)
+    for i in range(3):
+        freed_args = list(args)
+        freed_args[i] = torch.zeros_like(args[i])
+        freed_args[i].untyped_storage().resize_(0)
+        with pytest.raises(ValueError, match="no data"):
+            mod._validate_cached(aligned, *freed_args, 20, 1e-6, 1e-6)
 
 
 def test_walk_refuses_x_beyond_its_32_bit_offsets():

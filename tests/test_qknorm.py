@@ -358,6 +358,34 @@ def test_fast_path_with_launch_checks_leaves_the_weights_and_k_dtype_to_the_laun
     assert mod.fast_path_key(*[_CudaLike(t) for t in (q, k, wq, wk)], 1e-6, launch_checks=True) == key
 
 
+def test_zero_width_rows_are_named():
+    bf = torch.bfloat16
+    q, k = torch.empty(4, 0, dtype=bf, device="meta"), torch.empty(4, 128, dtype=bf, device="meta")
+    w0, wk = torch.empty(0, dtype=bf, device="meta"), torch.empty(128, dtype=bf, device="meta")
+    with pytest.raises(ValueError, match=r"q has 0 columns: q and k must be \[N, Q\] and \[N, K\] with Q, K >= 1"):
+        cute_kernels.qk_rmsnorm_(q, k, w0, wk, 1e-6)
+    with pytest.raises(ValueError, match="k has 0 columns"):
+        mod.validate_qk_args(k, q, wk, w0, 1e-6, cuda=False)
+
+
+def test_fast_path_refuses_a_freed_storage(monkeypatch):
+    """A tensor whose storage was freed (``untyped_storage().resize_(0)``, as FSDP frees parameters) keeps its shape
+    and strides but has data pointer 0: the fast path (either form) leaves it to the slow path, which refuses it;
+    the launch would fault on it and take the CUDA context down."""
+    monkeypatch.setattr(mod, "_DEVICE_OK", {0})
+    bf = torch.bfloat16
+    q, k, wq, wk = torch.zeros(3, 64, dtype=bf), torch.zeros(3, 16, dtype=bf), torch.ones(64, dtype=bf), torch.ones(16, dtype=bf)
+    for i in range(4):
+        args = [q, k, wq, wk]
+        args[i] = torch.zeros_like(args[i])
+        args[i].untyped_storage().resize_(0)
+        like = [_CudaLike(t) for t in args]
+        assert mod.fast_path_key(*like, 1e-6, launch_checks=True) is None, i
+        assert mod.fast_path_key(*like, 1e-6) is None, i
+        with pytest.raises(ValueError, match="no data"):
+            mod.validate_qk_args(*args, 1e-6, cuda=False)
+
+
 def test_weight_overlapping_q_or_k_is_refused(monkeypatch):
     """q and k are written in place while the weights are read: a weight sharing elements with them
     is refused (slow path explains, fast path declines); one in the gap between rows is fine."""

@@ -804,7 +804,8 @@ def test_varlen_bounds_rows_must_match_the_sequences():
         rf._validate(q, q, q, torch.zeros(2, 4, dtype=torch.int32, device="meta"), None, None, "tanh", cu, None,
                      cuda=False, pointers=False)
     cu3 = torch.zeros(3, dtype=torch.int32, device="meta")
-    with pytest.raises(ValueError, match=r"B = 2 sequences, so bounds must have 2 rows"):
+    with pytest.raises(ValueError, match=r"bounds has 1 row; cu_seqlens has 3 entries, i.e. B = 2 sequences, so "
+                                         r"bounds must have 2 rows"):
         rf._validate(q, q, q, torch.zeros(1, 4, dtype=torch.int32, device="meta"), None, None, "tanh", cu3, None,
                      cuda=False, pointers=False)
 

@@ -83,7 +83,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, register_flops
-from ..runtime.validate import (ValidatedConfig, INT32_MAX, check_f32_eps, check_float_tensors, check_int,
+from ..runtime.validate import (ValidatedConfig, INT32_MAX, aligned_data, check_f32_eps, check_float_tensors, check_int,
                                 check_same_device, check_distinct_rows, check_extent, check_tensor, element_span,
                                 validated_once)
 
@@ -613,7 +613,8 @@ _VALIDATED: dict = {}  # argument signature (shapes, strides, dtypes, devices, s
 def _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, method: str = "tma") -> tuple:
     """:func:`_validate` (and for ``method="walk"`` its 32-bit extent rule) once per argument signature
     (:func:`~cute_kernels.runtime.validate.validated_once`), and the call's launch plan kept with it
-    (:func:`_plan`); later calls only re-check the alignment of the data pointers.  Returns the plan."""
+    (:func:`_plan`); later calls only re-check that the data pointers are aligned and not 0 (a freed storage: then the full
+    check, which refuses it).  Returns the plan."""
     def check():
         _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
         if method == "walk":
@@ -621,8 +622,7 @@ def _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_ep
         return _plan(x.shape[0], method)
 
     return validated_once(_VALIDATED, (x, hc_fn, hc_scale, hc_base), (sinkhorn_iters, rms_eps, hc_eps, method),
-                          lambda: not (x.data_ptr() % 16 or hc_fn.data_ptr() % 16 or hc_scale.data_ptr() % 4
-                                       or hc_base.data_ptr() % 4), check)
+                          lambda: aligned_data(16, x, hc_fn) and aligned_data(4, hc_scale, hc_base), check)
 
 
 def _plan(m: int, method: str) -> tuple:

@@ -848,6 +848,8 @@ def validate_qk_shapes(q, k, q_weight, k_weight, eps, *, cuda: bool = True, one_
     check_tensor("k", k, ndim=2, cuda=cuda, align_bytes=0)  # (dtype: _check_same_dtype)
     vec = vec_elems(q.dtype)
     for name, t in (("q", q), ("k", k)):
+        if t.shape[1] == 0:
+            raise ValueError(f"{name} has 0 columns: q and k must be [N, Q] and [N, K] with Q, K >= 1")
         if t.shape[1] % vec:
             raise ValueError(f"{name} has {t.shape[1]} columns; must be a multiple of {vec} (16-byte vectors)")
         check_tensor(name, t, cuda=cuda, data_pointer=False)  # row strides: 16-byte multiples
@@ -1013,8 +1015,8 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
                                   or k_weight.get_device() != dev):
             return None
         qp, kp, wqp, wkp = q.data_ptr(), k.data_ptr(), q_weight.data_ptr(), k_weight.data_ptr()
-        if not launch_checks and (qp | kp | wqp | wkp) % 16:
-            return None
+        if not (qp and kp and wqp and wkp) or (not launch_checks and (qp | kp | wqp | wkp) % 16):
+            return None  # (a pointer of 0, e.g. a storage freed by resize_(0): the slow path refuses it)
         es = 16 // vec
         q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es
         if not (q_end <= kp or k_end <= qp or _disjoint(qp, kp, n, sq, sk, qw, kw, es)):

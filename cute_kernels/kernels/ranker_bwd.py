@@ -92,8 +92,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
-from ..runtime.validate import (ValidatedConfig, INT32_MAX, aligned_data, check_bool, check_config_fields,
-                                check_extent, check_outputs_disjoint, check_same_device, check_tensor,
+from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check_config_fields,
+                                check_outputs_disjoint, check_same_device, check_tensor,
                                 validated_once)
 from . import ranker_flops, sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
@@ -1501,17 +1501,6 @@ def accum_row_shape(seq: int, nb: int, hq: int, tile_m: int, varlen: bool) -> tu
     return (hq, rows) if varlen else (nb, hq, rows)
 
 
-def check_accum_extent(row_shape: tuple, d: int) -> None:
-    """The float32 dQ accumulator ``row_shape + (d,)`` (rows padded to whole q tiles per sequence) must
-    stay within the kernels' 32-bit element offsets: ``ValueError`` (before any launch) otherwise.  Packed
-    calls pad every sequence to whole q tiles (T + B * tile_m rows), so many short sequences reach it
-    before q does (T = 2**19, B = 16384, Hq = 16, D = 128)."""
-    numel = math.prod(row_shape) * d
-    if numel > INT32_MAX:
-        raise ValueError(f"the backward's dQ accumulator {list(row_shape) + [d]} would hold {numel} elements; the "
-                         f"kernels index with 32-bit offsets (at most {INT32_MAX}): split the batch")
-
-
 def _check_config_type(config) -> None:
     """``TypeError`` unless ``config`` is None or a :class:`RankerBwdConfig`."""
     if config is not None and not isinstance(config, RankerBwdConfig):
@@ -1555,9 +1544,6 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
             check_same_device(q=q, **{name: t})
     for name, t in (("out", out), ("dout", dout)):
         check_tensor(name, t, dtypes=(q.dtype,), shape=tuple(q.shape), cuda=cuda, data_pointer=pointers)
-    for name, t in (("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
-        if t is not None:
-            check_extent(name, t)  # 32-bit element offsets (q, k, v: the forward's rules)
     lse_shape = (hq, seq) if varlen else (nb, hq, seq)
     check_tensor("lse", lse, dtypes=(torch.float32,), shape=lse_shape, cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
@@ -1654,10 +1640,9 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         shapes, dtypes or layouts, ``dq``/``dk``/``dv`` sharing memory with each other or an input,
         a wrong ``config``/``deterministic`` type, a ``config`` whose ``head_dim`` is not the inputs', a
         ``dq``/``dk``/``dv`` buffer or ``config`` on fake/meta tensors (eager-only, below), bad ``cu_seqlens``
-        values, unsupported head dims, B or Hq above 65535 (the grids' y/z limit), a float32 dQ accumulator
-        of 2^31 elements or more (:func:`check_accum_extent`: rows padded to whole q tiles per sequence): all before any
-        buffer is written or kernel launched (the accumulator's extent on meta tensors and under
-        torch.compile too).
+        values, unsupported head dims, B or Hq above 65535 (the grids' y/z limit): all before any buffer is
+        written or kernel launched.  No size limit otherwise: the kernels compute 64-bit offsets (GPU-tested
+        past 2^31 elements of q and of the float32 dQ accumulator).
     Launches: preprocess (dPsum, LSE2, the zeroed dQ accumulator or its tiles' zeroed flags), the mainloop
     (which zeroes the tiles itself then, ``RankerBwdConfig.dq_zero_in_mainloop``), postprocess (dQ,
     GQA dK/dV from float32 accumulators when the mainloop ran one query head per CTA, candidate self
@@ -1715,7 +1700,6 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     else:
         max_seqlen = seq
     row_shape = accum_row_shape(seq, nb, hq, cfg.tile_m, varlen)
-    check_accum_extent(row_shape, d)  # (before the varlen zeroing below: no buffer written, then an error)
     if q.numel() == 0 or max_seqlen == 0:
         return tuple(_grad_buffer(g, t).zero_() for g, t in ((dq, q), (dk, k), (dv, v)))
     # Only the preprocess's buffers come before its launch: on an idle GPU (one isolated call) every microsecond
@@ -2071,12 +2055,8 @@ def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None
 def _fake_bwd(q, k, v, out, lse, dout, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None,
               max_seqlen=None, deterministic=False, dlse=None):
     # at trace time: every rule a fake tensor allows (shapes, dtypes, strides, devices; no data pointers)
-    varlen, nb, seq, hq, _, d = _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method,
-                                                   cu_seqlens, max_seqlen, cuda=False, deterministic=deterministic,
-                                                   pointers=False, dlse=dlse)
-    # the dQ accumulator's extent at the config the eager call would take (a model checked on meta tensors or
-    # traced by torch.compile learns of it here, not at its first real backward)
-    check_accum_extent(accum_row_shape(seq, nb, hq, resolve_config(None, d, cap is not None).tile_m, varlen), d)
+    _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
+                       cuda=False, deterministic=deterministic, pointers=False, dlse=dlse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # compact, like the real ones
 
 

@@ -15,7 +15,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import Int32, const_expr
 
-from ..runtime.fake import fake_tensor
+from ..runtime.fake import fake_tensor, wide_stride
 
 TMA_ALIGN = 8  # 16-bit elements per 16 bytes: the strides TMA needs
 
@@ -72,7 +72,7 @@ class BwdFakes:
 
     def _stride(self):
         n = 2 if self.varlen else 3
-        return tuple(cute.sym_int(divisibility=TMA_ALIGN) for _ in range(n)) + (1,)
+        return tuple(wide_stride(TMA_ALIGN) for _ in range(n)) + (1,)
 
     def inputs(self, h, dtype):
         return fake_tensor(dtype, (*self._lead(), h, self.head_dim), stride=self._stride())

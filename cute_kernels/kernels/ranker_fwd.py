@@ -88,10 +88,10 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.alloc import is_compact
 from ..runtime.cache import compile_cached, compile_record
-from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
+from ..runtime.fake import cute_dtype, fake_stream, fake_tensor, wide_stride
 from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager, refuse_func_transforms, tracing,
                                 without_data)
-from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fields, check_extent, check_float_tensors,
+from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fields, check_float_tensors,
                                 check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
                                 check_real, validated_once)
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
@@ -1285,14 +1285,13 @@ def _compile(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead: int,
         if varlen:
             t = cute.sym_int()
             qkv_shape = lambda h: (t, h, d)
-            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al), 1)
+            strides = lambda: (wide_stride(al), wide_stride(al), 1)
             lse = fake_tensor(torch.float32, (hq, t), align=4) if with_lse else None
             cu = fake_tensor(torch.int32, (cute.sym_int(),), align=4)
         else:
             s = cute.sym_int()
             qkv_shape = lambda h: (nb, s, h, d)
-            strides = lambda: (cute.sym_int(divisibility=al), cute.sym_int(divisibility=al),
-                               cute.sym_int(divisibility=al), 1)
+            strides = lambda: (wide_stride(al), wide_stride(al), wide_stride(al), 1)
             lse = fake_tensor(torch.float32, (nb, hq, s), align=4) if with_lse else None
             cu = None
         q = fake_tensor(dtype, qkv_shape(hq), stride=strides())
@@ -1462,7 +1461,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         raise ValueError(f"head dim {d} is not supported; supported: {sorted(CONFIGS)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, cuda=cuda, data_pointer=pointers)  # then the alignment of pointers and strides
-        check_extent(name, t)  # 32-bit element offsets (out and lse are no larger than q)
+        # (no extent limit: the kernels take 64-bit strides, runtime.fake.wide_stride)
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
         raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
@@ -1484,7 +1483,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         if k.shape[0] != nb or k.shape[1] != seq:
             raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share batch and sequence sizes")
     if varlen and isinstance(bounds, torch.Tensor) and bounds.dim() == 2 and bounds.shape[0] != nb:
-        raise ValueError(f"bounds has {bounds.shape[0]} rows; cu_seqlens has {nb + 1} entries, i.e. B = {nb} "
+        raise ValueError(f"bounds has {bounds.shape[0]} row{'s' * (bounds.shape[0] != 1)}; cu_seqlens has {nb + 1} entries, i.e. B = {nb} "
                          f"sequence{'s' * (nb != 1)}, so bounds must have {nb} row{'s' * (nb != 1)} (one per sequence)")
     check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
@@ -1864,11 +1863,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             bounds rows != B, non-positive/non-finite cap, negative/non-finite softmax_scale (or one
             in (0, 2**-126)), unknown cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B > 2^30
-            work tiles, a q/k/v spanning 2^31 elements or more (32-bit offsets); for the backward
-            (``.backward()``), B or Hq above 65535, or its float32 dQ accumulator reaching 2^31 elements
-            (``Hq x D`` times the rows padded to whole q tiles per sequence: ``T + tile_m B`` packed, tile_m
-            64 or 128, so many short sequences reach it before q does; on meta tensors and under
-            torch.compile too).
+            work tiles; for the backward (``.backward()``), B or Hq above 65535.  (No size limit
+            otherwise: the kernels compute 64-bit offsets; GPU-tested past 2^31 elements.)
         RuntimeError: a backward with ``create_graph=True`` (no double backward).
         Under ``torch.compile(fullgraph=True)`` these surface wrapped by Dynamo (``TorchRuntimeError`` /
         ``Unsupported``); without ``fullgraph`` or eagerly, as listed.
@@ -1897,8 +1893,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
 def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method, with_lse) -> tuple:
     """What a fixed-length call's launch plan depends on and the compiled function does not check itself:
     q's shape, strides, dtype and device (the output's allocation, the grid, the config choice), k's shape
-    (the GQA ratio, compiled in), k's and v's strides (their 32-bit extents, :func:`_validate`'s
-    ``check_extent``; tvm-ffi also takes stride 0), the bounds' shape (one row per batch row) and dtype
+    (the GQA ratio, compiled in), k's and v's strides (tvm-ffi takes stride 0, which :func:`_validate`
+    refuses), the bounds' shape (one row per batch row) and dtype
     (tvm-ffi takes uint32 for int32, and a bounds of another array library has a tuple shape equal to
     torch's), and the scalars with their types (``True == 1`` hash alike; a bool may be refused where an
     int is not).  The rest, the compiled function's own argument checks (tvm-ffi, in compiled code, before it
