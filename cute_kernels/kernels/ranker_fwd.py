@@ -885,10 +885,15 @@ class RankerAttentionFwd:
         mQ_cur = self._batch_view(mQ, batch, offset, head)
         mK_cur = self._batch_view(mK, batch, offset, head_kv)
         mV_cur = self._batch_view(mV, batch, offset, head_kv)
+
+        def at(mX_cur):
+            # row r's 64-bit address once (the strides are 64-bit), then each column as a constant offset from the
+            # thread's first column: (col0 + k) - col0 folds to k, an immediate of the load
+            return lambda r, c, row: cute.domain_offset((tOcO_mn[r, 0][1],), mX_cur[row, None])[
+                tOcO_mn[r, c][1] - tOcO_mn[r, 0][1]]
+
         self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
-                            softmax_scale, cap, lambda r, c, row: mQ_cur[row, tOcO_mn[r, c][1]],
-                            lambda r, c, row: mK_cur[row, tOcO_mn[r, c][1]],
-                            lambda r, c, row: mV_cur[row, tOcO_mn[r, c][1]])
+                            softmax_scale, cap, at(mQ_cur), at(mK_cur), at(mV_cur))
 
     @cute.jit
     def fold_self_term(self, acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
