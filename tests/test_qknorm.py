@@ -416,7 +416,9 @@ def test_a_tensor_tvm_ffi_cannot_pack_gets_the_slow_paths_error(monkeypatch):
     monkeypatch.setattr(mod, "_DEVICE_OK", {-1})  # (the CPU tensors pass the fast path's device test)
     monkeypatch.setattr(mod, "_launchers", {(torch.bfloat16, 4096, 1024): launcher})
     for bad in (torch.empty(4, 1024, dtype=torch.bfloat16, device="meta"), k.view(torch.bits16)):
-        assert mod.fast_path_key(q, bad, wq, wk, 1e-6, launch_checks=True) is not None  # (the launch refuses)
+        # (the bit dtype reaches the launch, which refuses it; the meta tensor's data pointer 0 sends it to the
+        # slow path already, since session 54)
+        assert (mod.fast_path_key(q, bad, wq, wk, 1e-6, launch_checks=True) is None) == bad.is_meta
         with pytest.raises((TypeError, ValueError)) as expected:  # (on this CPU: q is not on a CUDA device)
             mod._explain_refused_launch(q, bad, wq, wk, 1e-6)
         with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):

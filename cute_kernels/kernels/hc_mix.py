@@ -613,8 +613,8 @@ _VALIDATED: dict = {}  # argument signature (shapes, strides, dtypes, devices, s
 def _validate_cached(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, method: str = "tma") -> tuple:
     """:func:`_validate` (and for ``method="walk"`` its 32-bit extent rule) once per argument signature
     (:func:`~cute_kernels.runtime.validate.validated_once`), and the call's launch plan kept with it
-    (:func:`_plan`); later calls only re-check that the data pointers are aligned and not 0 (a freed storage: then the full
-    check, which refuses it).  Returns the plan."""
+    (:func:`_plan`); later calls only re-check that the data pointers are aligned and not 0 (a freed
+    storage: then the full check, which refuses it).  Returns the plan."""
     def check():
         _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps)
         if method == "walk":

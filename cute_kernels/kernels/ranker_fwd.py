@@ -1488,7 +1488,8 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         if k.shape[0] != nb or k.shape[1] != seq:
             raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share batch and sequence sizes")
     if varlen and isinstance(bounds, torch.Tensor) and bounds.dim() == 2 and bounds.shape[0] != nb:
-        raise ValueError(f"bounds has {bounds.shape[0]} row{'s' * (bounds.shape[0] != 1)}; cu_seqlens has {nb + 1} entries, i.e. B = {nb} "
+        rows = bounds.shape[0]
+        raise ValueError(f"bounds has {rows} row{'s' * (rows != 1)}; cu_seqlens has {nb + 1} entries, i.e. B = {nb} "
                          f"sequence{'s' * (nb != 1)}, so bounds must have {nb} row{'s' * (nb != 1)} (one per sequence)")
     check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
