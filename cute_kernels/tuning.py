@@ -484,10 +484,11 @@ class RankerFwdTuner:
             raise ValueError(f"cap_method={s['cap_method']} without cap=..: give the cap too ({self.shape_help})")
         s.setdefault("cap_method", "tanh")
         rf = self._module()
-        tiles = -(-s["S"] // 64) * s["Hq"] * s["B"]  # what the op refuses at the smallest tile_m (its work list)
+        tile_m = min(c.tile_m for c in (*rf.CONFIGS.values(), *rf.CAP_CONFIGS.values()))  # (the most tiles)
+        tiles = -(-s["S"] // tile_m) * s["Hq"] * s["B"]  # the op refuses more than MAX_WORK_TILES (its work list)
         if tiles > rf.MAX_WORK_TILES:
-            raise ValueError(f"shape B={s['B']}, S={s['S']}, H={s['Hq']}: {tiles} work tiles of 64 q rows; the op "
-                             f"takes at most {rf.MAX_WORK_TILES} (2**30)")
+            raise ValueError(f"shape B={s['B']}, S={s['S']}, H={s['Hq']}: {tiles} work tiles of {tile_m} q rows; the "
+                             f"op takes at most {rf.MAX_WORK_TILES} (2**30)")
         if min(s["B"], s["S"], s["Hq"], s["Hkv"]) < 1:
             raise ValueError("B, S, H, Hkv must be positive")
         if s["Hq"] % s["Hkv"]:

@@ -195,17 +195,24 @@ def test_ranker_takes_and_qknorm_refuses_tensors_past_32_bit_offsets():
                                   1e-6, cuda=False)
 
 
-def test_ranker_fake_strides_are_64_bit():
+def test_ranker_fake_strides_are_64_bit(monkeypatch):
     """The compiled ranker kernels' q/k/v/dout/out strides are 64-bit symbols, so every element offset computed
-    from them is 64-bit (what lets the ops take tensors past 2**31 elements)."""
+    from them is 64-bit (what lets the ops take tensors past 2**31 elements; with 32-bit ones the forward faulted
+    there, session 54): the forward's compile arguments and the backward's fakes."""
+    from cute_kernels.kernels import ranker_fwd as rf
     from cute_kernels.kernels.ranker_bwd_buffers import BwdFakes
     from cute_kernels.runtime.fake import wide_stride
 
     assert wide_stride(8).width == 64
+    monkeypatch.setattr(rf, "compile_cached", lambda name, key, build: build())  # (the arguments, no compile)
     for varlen in (False, True):
+        widths = [64] * (2 if varlen else 3)
+        _, args = rf._compile(torch.bfloat16, rf.CONFIGS[128], 1, "none", varlen)
+        for t in args[:3]:  # q, k, v
+            assert [getattr(st, "width", None) for st in t.stride[:-1]] == widths, t.stride
         f = BwdFakes(128, varlen)
         t = f.inputs(f.hq, torch.bfloat16)
-        assert [getattr(st, "width", None) for st in t.stride[:-1]] == [64] * (2 if varlen else 3), t.stride
+        assert [getattr(st, "width", None) for st in t.stride[:-1]] == widths, t.stride
 
 
 def test_check_bool_takes_numpy_bools_and_names_other_types():

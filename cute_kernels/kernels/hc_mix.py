@@ -578,7 +578,7 @@ def _check_k(name: str, k: int) -> None:
         raise ValueError(f"{name}={k} must be a positive multiple of {K_ALIGN}")
     if k > MAX_K:
         raise ValueError(f"{name}={k}: at most {MAX_K} (the kernels take K as a 32-bit size, and hc_fn "
-                         f"[{N_MIX}, K] must span fewer than 2**31 elements, the limit of every op's tensors)")
+                         f"[{N_MIX}, K] must span fewer than 2**31 elements: the walk indexes it with 32-bit offsets)")
 
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True,
