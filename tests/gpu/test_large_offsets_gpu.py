@@ -136,9 +136,11 @@ def _assert_grads_agree(grads, ref, bitwise: bool):
         assert not g.isnan().any(), name
         if bitwise:
             assert torch.equal(g, r), name
-        else:  # (the default mode's float32 reduce-adds in another order: an ulp or so of the input dtype)
-            err = (g.float() - r.float()).abs().max().item()
-            assert err <= 2e-2 * r.float().abs().max().item(), (name, err)
+        else:  # (the default mode's float32 reduce-adds in another order: an ulp or so of the input dtype; in
+            # slices of dim 0, not float32 copies of 2e9-element tensors)
+            n = max(1, g.shape[0] // 16)
+            err = max((a.float() - b.float()).abs().max().item() for a, b in zip(g.split(n), r.split(n)))
+            assert err <= 2e-2 * r.abs().max().float().item(), (name, err)
 
 
 @pytest.mark.parametrize("varlen", [False, True])
