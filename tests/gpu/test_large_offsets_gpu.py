@@ -115,6 +115,7 @@ def _check_far_ranker(varlen: bool, span: int, seed: int, cap=None, hq: int = 2,
     o, lse = cute_kernels.ranker_attention(q, k, v, bounds, cap=cap, return_lse=True, **kw)
     refs = {det: rb.ranker_attention_backward(q, k, v, o, lse, dout, bounds, cap=cap, deterministic=det, **kw)
             for det in modes}
+
     def far():
         fq, fo, fdout = far_copies([q, o, dout], span)
         fk, fv = far_copies([k, v], span)
@@ -187,6 +188,7 @@ def test_ranker_compact_problem_past_2_31_elements():
     bounds = torch.tensor([[0, 4096, 4096, 4608]] * b, dtype=torch.int32, device="cuda")
     bounds[1::3] = torch.tensor([0, 3000, 3001, 4600], dtype=torch.int32)
     pieces = [(slice(i, i + 57), slice(i, i + 57), {}, lambda lse, i=i: lse[i:i + 57]) for i in range(0, b, 57)]
+
     def big():
         q, k, v, dout = (randn(b, s, h, d, seed=13 + i) for i in range(4))
         assert q.numel() > 2**31
@@ -216,6 +218,7 @@ def test_ranker_packed_problem_past_2_31_elements():
         lo, hi = int(cu[i]), int(cu[i + 64])
         extra = dict(cu_seqlens=(cu[i:i + 65] - lo).contiguous(), max_seqlen=max_seqlen)
         pieces.append((slice(lo, hi), slice(i, i + 64), extra, lambda lse, lo=lo, hi=hi: lse[:, lo:hi]))
+
     def big():
         q, k, v, dout = (randn(total, h, d, seed=14 + i) for i in range(4))
         _assert_split_calls_agree(q, k, v, dout, bounds, pieces, cu_seqlens=cu, max_seqlen=max_seqlen)
@@ -238,6 +241,7 @@ def test_qk_rmsnorm_at_the_32bit_limit():
     q, k, wq, wk = _qk_args(4)
     qc, kc = q.clone(), k[:, :1024].clone()
     cute_kernels.qk_rmsnorm_(qc, kc, wq, wk, 1e-6)
+
     def far():
         fq, fk = far_copies([q, k], INT32_MAX)
         fk = fk[:, :1024]
@@ -252,6 +256,7 @@ def test_qk_rmsnorm_at_the_32bit_limit():
 
 def test_qk_rmsnorm_past_the_32bit_limit_is_refused():
     q, k, wq, _ = _qk_args(6)
+
     def far():
         fq, fk = far_copies([q, k], INT32_MAX + 8192)
         assert span_of(fq) > INT32_MAX
@@ -279,6 +284,7 @@ def test_hc_mix_far_apart_rows(method, span):
     x = randn(64, k, seed=7)
     hc_fn, hc_scale, hc_base = _hc_params(k, seed=8)
     ref = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
+
     def far():
         (fx,) = far_copies([x], span)
         assert span_of(fx) > span - 64 * 8 - k
@@ -301,6 +307,7 @@ def test_hc_mix_hc_fn_at_the_32bit_limit(method):
     hc_fn, hc_scale, hc_base = _hc_params(k, seed=9)
     x = randn(40, k, seed=11)
     ref = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
+
     def far():
         (f_fn,) = far_copies([hc_fn], INT32_MAX)
         assert span_of(f_fn) > INT32_MAX - 2 * k
@@ -318,6 +325,7 @@ def test_hc_mix_hc_fn_at_the_32bit_limit(method):
 def test_scale_at_the_32bit_limit():
     """The largest x the kernel takes (2**31 - 8 bf16 elements, 4 GB): every element scaled, the last ones too."""
     cute_kernels.scale(torch.ones(64, device="cuda", dtype=torch.bfloat16), 3.0)  # (compiles outside the lock)
+
     def big():
         x = torch.full((2**31 - 8,), 1.5, dtype=torch.bfloat16, device="cuda")
         x[-4096:] = randn(4096, seed=12)
