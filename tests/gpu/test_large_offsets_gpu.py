@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 import cute_kernels  # noqa: E402
 from cute_kernels.kernels import ranker_bwd as rb  # noqa: E402
+from cute_kernels.runtime.validate import element_span as span_of  # noqa: E402  (first to last element)
 
 INT32_MAX = 2**31 - 1
 
@@ -79,10 +80,6 @@ def far_copies(tensors, span: int):
 
 def randn(*shape, seed: int, dtype=torch.bfloat16):
     return torch.randn(shape, generator=generator(seed, "cuda"), device="cuda", dtype=torch.float32).to(dtype)
-
-
-def span_of(t: torch.Tensor) -> int:
-    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
 
 
 # ---------------------------------------------------------------- ranker attention
