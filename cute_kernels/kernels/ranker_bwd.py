@@ -244,6 +244,14 @@ class RankerBwdConfig(ValidatedConfig):
     # KV block: per q block around the two P loops it was 1.6-2.7% slower without a cap (+1.5% with tanh).
     # Ignored for GQA with a cap (RankerAttentionBwd.skip_key_bias: two loops spilled 16-56 B there, unmeasured)
     skip_key_bias: bool = False
+    # The head-dim split schedule (:meth:`RankerAttentionBwd.mma_one_m_block_split`; D=256, where 64 keys' dK and dV
+    # over all 256 columns would need 256 float32 registers per thread): a KV block of 64 keys
+    # (``tile_n = 64``), the MMA warpgroups splitting the q rows of S^T and dP^T (N = tile_m / mma_wgs each) and
+    # the head-dim columns of dK, dV and dQ (N = head_dim / mma_wgs each, FlashAttention-3's hdim-256 split).  Each
+    # warpgroup's P^T and dS^T go through smem (``stmatrix``; ``ds_stages`` buffers each) for the others' GEMMs,
+    # which read both operands from smem.  Needs ``tile_m = 64`` and none of ``dq_swap_ab``, ``dq_split_rows``,
+    # ``dq_first``, ``dk_from_smem`` (the keys-split schedule's options)
+    split_head_dim: bool = False
 
     def walk_stagger_steps(self) -> int:
         """``walk_stagger``, None resolved: :data:`DETERMINISTIC_WALK_STAGGER` in the deterministic mode, else 0."""
@@ -254,10 +262,14 @@ class RankerBwdConfig(ValidatedConfig):
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
         dS^T is formed (in bf16), then dQ beside dS^T."""
+        dq = self.tile_m * self.head_dim // (128 * self.mma_wgs)
+        if self.split_head_dim:  # every key, a share of the q rows (S^T) and of the head dim (dK, dV, dQ)
+            sdp = self.tile_n * self.tile_m // (128 * self.mma_wgs)
+            dkv = self.tile_n * self.head_dim // (128 * self.mma_wgs)
+            return 2 * dkv + max(2 * sdp, dq)  # (P^T, dS^T leave the registers for smem before dQ)
         per_wg_keys = self.tile_n // self.mma_wgs
         sdp = per_wg_keys * self.tile_m // 128
         dkv = per_wg_keys * self.head_dim // 128
-        dq = self.tile_m * self.head_dim // (128 * self.mma_wgs)
         return 2 * dkv + max(2 * sdp, dq + sdp // 2)
 
     SMEM_EXACT = True  # (a class constant, not a field) smem_bytes() is the struct's size, not a bound
@@ -276,23 +288,34 @@ class RankerBwdConfig(ValidatedConfig):
         """``(name, bytes, alignment)`` of the ``SharedStorage`` members in declaration order."""
         stats = ((self.stages - 1) * stats_stage_stride(self.tile_m) + self.tile_m) * 4
         q_do = self.stages * self.tile_m * self.head_dim * elem_bytes
+        ds = self.ds_stages * self.tile_n * self.tile_m * elem_bytes
+        p_t = [(f"sP^T {self.ds_stages} x {self.tile_n}x{self.tile_m}", ds, 1024)] if self.split_head_dim else []
         return [("mbarriers", 8 * (2 + 4 * self.stages), 8),
                 (f"sK {self.tile_n}x{self.head_dim}", self.tile_n * self.head_dim * elem_bytes, 1024),
                 (f"sV {self.tile_n}x{self.head_dim}", self.tile_n * self.head_dim * elem_bytes, 1024),
                 (f"sQ {self.stages} x {self.tile_m}x{self.head_dim}", q_do, 1024),
                 (f"sdO {self.stages} x {self.tile_m}x{self.head_dim}", q_do, 1024),
-                (f"sdS^T {self.ds_stages} x {self.tile_n}x{self.tile_m}",
-                 self.ds_stages * self.tile_n * self.tile_m * elem_bytes, 1024),
+                (f"sdS^T {self.ds_stages} x {self.tile_n}x{self.tile_m}", ds, 1024), *p_t,
                 (f"sdQ {self.tile_m}x{self.head_dim} fp32", self.tile_m * self.head_dim * 4, 1024),
                 ("sLSE", stats, 128), ("sdPsum", stats, 128)]
 
     def validate(self) -> None:
         check_config_fields(self)
-        if self.head_dim not in (64, 128):
-            raise ValueError(f"head_dim={self.head_dim!r}: the backward supports head dims 64 and 128")
+        if self.head_dim not in (64, 128, 256):
+            raise ValueError(f"head_dim={self.head_dim!r}: the backward supports head dims 64, 128 and 256")
         if self.mma_wgs != 2:
             raise ValueError(f"mma_wgs={self.mma_wgs}: the kernel has exactly 2 MMA warpgroups")
-        if self.tile_n != 64 * self.mma_wgs:
+        if self.head_dim == 256 and not self.split_head_dim:
+            raise ValueError("head_dim=256 needs split_head_dim=True (64 keys' dK and dV over 256 columns do not "
+                             "fit one warpgroup's registers)")
+        if self.split_head_dim:
+            if self.tile_n != 64 or self.tile_m != 64:
+                raise ValueError(f"split_head_dim: tile_n={self.tile_n}, tile_m={self.tile_m}: the split schedule "
+                                 "is built for 64 keys (one WGMMA M) and 64 q rows (one dQ WGMMA M)")
+            if self.dq_swap_ab or self.dq_split_rows or self.dq_first or self.dk_from_smem:
+                raise ValueError("split_head_dim: dq_swap_ab, dq_split_rows, dq_first and dk_from_smem belong to "
+                                 "the keys-split schedule; leave them False")
+        elif self.tile_n != 64 * self.mma_wgs:
             raise ValueError(f"tile_n={self.tile_n}: must be 64 (WGMMA M) x mma_wgs = {64 * self.mma_wgs}")
         if self.tile_m not in (64, 80, 128):
             raise ValueError(f"tile_m={self.tile_m}: the backward is built and tested for 64, 80 (with dq_swap_ab) "
@@ -364,12 +387,15 @@ CONFIGS = {
     # B=16 and B=8 level; same bits
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True,
                          skip_key_bias=True),
+    # D=256: the head-dim split schedule (split_head_dim; FlashAttention-3's hdim-256 backward tile, 64 x 64);
+    # one Q/dO stage: the float32 sdQ tile (64 KB) and two stages of sP^T and sdS^T leave no room for a second
+    256: RankerBwdConfig(head_dim=256, tile_m=64, tile_n=64, stages=1, split_head_dim=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)
 
 
 def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
-    """The shipped mainloop config for ``head_dim`` (an int, 64 or 128) with or without a logit cap
+    """The shipped mainloop config for ``head_dim`` (an int: 64, 128 or 256) with or without a logit cap
     (``capped``, a bool): :data:`CONFIGS` [head_dim], except :data:`D64_UNCAPPED` (128 q rows per
     step) at D=64 without a cap.  Raises ``TypeError`` (types) or ``ValueError`` (head dim)."""
     if type(head_dim) is not int or not isinstance(capped, bool):
@@ -494,16 +520,26 @@ def _wait_until(sem_ptr, value):
 def tiled_mmas(dtype, config: RankerBwdConfig):
     """The mainloop's WGMMAs (DSL objects; call inside a trace), ``(sdp, dkv, dq)``: S^T = K Q^T and
     dP^T = V dO^T (M = keys, 64 per MMA warpgroup; N = q rows; K = head dim); dV += P^T dO and dK +=
-    dS^T Q (M = keys, N = head dim, K = q rows, A from registers); dQ = dS K (M = q rows, N = head dim
+    dS^T Q (M = keys, N = head dim, K = q rows, A from registers); with ``split_head_dim`` the 64 keys are
+    one M and the warpgroups split N instead (S^T's q rows; dK's and dV's head dim, A from smem); dQ = dS K (M = q rows, N = head dim
     split between the warpgroups; with ``dq_split_rows`` the q rows split instead, 64 per warpgroup) or,
     with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per warpgroup; N = q rows).  The kernel and
     :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts` both build them here."""
     K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
-    sdp = sm90_utils.make_trivial_tiled_mma(
-        dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1), tiler_mn=(64, config.tile_m))
-    dkv = sm90_utils.make_trivial_tiled_mma(
-        dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
-        tiler_mn=(64, config.head_dim), a_source=warpgroup.OperandSource.RMEM)
+    if config.split_head_dim:  # the warpgroups side by side along N: q rows of S^T, head-dim columns of dK/dV
+        sdp = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
+            tiler_mn=(64, config.tile_m // config.mma_wgs))
+        dkv = sm90_utils.make_trivial_tiled_mma(  # A = P^T or dS^T from smem
+            dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
+            tiler_mn=(64, config.head_dim // config.mma_wgs))
+    else:
+        sdp = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+            tiler_mn=(64, config.tile_m))
+        dkv = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+            tiler_mn=(64, config.head_dim), a_source=warpgroup.OperandSource.RMEM)
     if config.dq_swap_ab:
         dq = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
@@ -538,7 +574,7 @@ def smem_layouts(dtype, config: RankerBwdConfig) -> dict:
         sdO=sm90.smem_layout(dtype, config.tile_m, config.head_dim, config.stages),
         sK=sm90.smem_layout(dtype, config.tile_n, config.head_dim),
         sV=sm90.smem_layout(dtype, config.tile_n, config.head_dim),
-        sdSt=sm90.smem_layout(dtype, config.tile_n, config.tile_m, config.ds_stages),
+        sdSt=sm90.smem_layout(dtype, config.tile_n, config.tile_m, config.ds_stages),  # (sP^T too: split_head_dim)
         sdQ=sdQ,
         sdQpart=sdQpart,
         sdKVacc=sm90.smem_layout(Float32, config.tile_n, config.head_dim),
@@ -561,8 +597,11 @@ def shared_storage(dtype, config: RankerBwdConfig, lay: dict):
         mbar_do=cute.struct.MemRange[cutlass.Int64, config.stages * 2],
         sK=aligned(dtype, lay["sK"], 1024), sV=aligned(dtype, lay["sV"], 1024),
         sQ=aligned(dtype, lay["sQ"], 1024), sdO=aligned(dtype, lay["sdO"], 1024),
-        sdSt=aligned(dtype, lay["sdSt"], 1024), sdQ=aligned(Float32, lay["sdQ"], 1024),
-        sLSE=aligned(Float32, lay["sLSE"], 128), sdPsum=aligned(Float32, lay["sLSE"], 128))
+        sdSt=aligned(dtype, lay["sdSt"], 1024))
+    if config.split_head_dim:
+        members["sPt"] = aligned(dtype, lay["sdSt"], 1024)
+    members.update(sdQ=aligned(Float32, lay["sdQ"], 1024), sLSE=aligned(Float32, lay["sLSE"], 128),
+                   sdPsum=aligned(Float32, lay["sLSE"], 128))
     return cute.struct(type("SharedStorage", (), {"__annotations__": members}))
 
 
@@ -710,6 +749,9 @@ class RankerAttentionBwd:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdSt = storage.sdSt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
+        sPt = None
+        if const_expr(self.config.split_head_dim):
+            sPt = storage.sPt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sdQ_flat = storage.sdQ.get_tensor(cute.make_layout(cute.cosize(sdQ_layout)))  # (zeroed whole)
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
@@ -728,7 +770,7 @@ class RankerAttentionBwd:
                 self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
-            self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum,
+            self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sdQ, sLSE, sdPsum,
                      sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q,
                      pipeline_do, tidx - 128, work, mdKVsem, scale_log2, softmax_scale, cap)
 
@@ -1074,7 +1116,7 @@ class RankerAttentionBwd:
 
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
-    def mma(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sdQ, sLSE, sdPsum, sdKVacc,
+    def mma(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sdQ, sLSE, sdPsum, sdKVacc,
             tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q, pipeline_do, tidx, work,
             mdKVsem, scale_log2, softmax_scale, cap):
         """Warpgroups 1 and 2: for each q block, the five GEMMs and the pointwise steps; then the epilogue."""
@@ -1115,6 +1157,10 @@ class RankerAttentionBwd:
                                         self.dtype)
         ds_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = ds_thr_copy.partition_D(sdSt)  # (.., ds stage)
+        if const_expr(self.config.split_head_dim):  # P^T and dS^T as the dV and dK GEMMs' A from smem
+            tdVrPt = wg_mma_dkv.make_fragment_A(wg_mma_dkv.partition_A(sPt))  # (.., ds stage)
+            tdKrdSt = wg_mma_dkv.make_fragment_A(wg_mma_dkv.partition_A(sdSt))  # (.., ds stage)
+            tdPsPt = ds_thr_copy.partition_D(sPt)  # (.., ds stage)
 
         n_block, count, seg = work[0], work[9], work[5]
         if count > 0:
@@ -1126,10 +1172,16 @@ class RankerAttentionBwd:
             key_bias = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
             for r in cutlass.range_constexpr(cute.size(tScS_mn, mode=[0])):
                 key_bias[r] = 0.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else -Float32.inf
-            loop_args = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
-                         tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn)
-            loop_tail = (tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
-                         scale_log2, softmax_scale, cap)
+            if const_expr(self.config.split_head_dim):
+                loop_args = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdVrPt,
+                             tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn)
+                loop_tail = (tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
+                             scale_log2, softmax_scale, cap)
+            else:
+                loop_args = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
+                             tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn)
+                loop_tail = (tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
+                             scale_log2, softmax_scale, cap)
             if const_expr(self.skip_key_bias):
                 # every key of the block in the history: no bias to add (CTA-uniform)
                 if seg.cols_in_history(n_block * self.tile_n, (n_block + 1) * self.tile_n):
@@ -1147,7 +1199,10 @@ class RankerAttentionBwd:
         key of the block is in the history (``skip_key_bias``)."""
         for i in cutlass.range(count, unroll=1):
             ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
-            q_state = self.mma_one_m_block(q_state, ds_idx, wg_idx, *loop_args, key_bias, *loop_tail)
+            if const_expr(self.config.split_head_dim):
+                q_state = self.mma_one_m_block_split(q_state, ds_idx, wg_idx, *loop_args, key_bias, *loop_tail)
+            else:
+                q_state = self.mma_one_m_block(q_state, ds_idx, wg_idx, *loop_args, key_bias, *loop_tail)
         return q_state
 
     @cute.jit
@@ -1240,6 +1295,64 @@ class RankerAttentionBwd:
         if const_expr(self.config.dq_first):
             warpgroup.wait_group(0)  # dK done: sQ is free
             pipeline_q.consumer_release(q_state)
+        q_state.advance()
+        return q_state
+
+    @cute.jit
+    def mma_one_m_block_split(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK,
+                              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn,
+                              key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum, pipeline_q,
+                              pipeline_do, scale_log2, softmax_scale, cap):
+        """One q block of the head-dim split schedule (``split_head_dim``): S^T and dP^T over this warpgroup's
+        q rows (every key), P^T and dS^T into smem buffer ``ds_idx`` (stmatrix), one barrier, then dV += P^T dO,
+        dQ = dS K and dK += dS^T Q over this warpgroup's head-dim columns, all three with both operands in smem
+        (each needs every q row of P^T / dS^T, i.e. the other warpgroup's too).  The buffers' previous readers
+        (two q blocks back with ``ds_stages=2``) finished before either warpgroup passed the last barrier."""
+        stage = q_state.index
+        pipeline_q.consumer_wait(q_state)
+        acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        sm90.wgmma_gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
+        pipeline_do.consumer_wait(q_state)
+        acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        sm90.wgmma_gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], zero_init=True)
+        warpgroup.wait_group(1)
+
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        acc_S_mn = sm90.acc_mn(acc_S)
+        self.probs(acc_S_mn, sm90.acc_mn(rP), tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap)
+        warpgroup.wait_group(0)
+        acc_dP_mn = sm90.acc_mn(acc_dP)
+        for c in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[1])):
+            dpsum = sdPsum[tScS_mn[0, c][1], stage]
+            for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+                acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
+        rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+        rdS.store(acc_dP.load().to(self.dtype))
+
+        if const_expr(self.config.ds_stages == 1):  # both warpgroups' GEMMs of the last q block are done
+            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
+        cute.copy(smem_atom, ds_thr_copy.retile(rP), tdPsPt[None, None, None, ds_idx])
+        cute.copy(smem_atom, ds_thr_copy.retile(rdS), tdSsdS[None, None, None, ds_idx])
+        cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
+        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
+
+        sm90.wgmma_gemm(tiled_mma_dkv, acc_dV, tdVrPt[None, None, None, ds_idx], tdVrdOt[None, None, None, stage],
+                        zero_init=False)
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        self.dq_gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx)
+        sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, tdKrdSt[None, None, None, ds_idx], tdKrQt[None, None, None, stage],
+                        zero_init=False)
+        warpgroup.wait_group(1)  # dV and dQ done: sdO is free, dQ ready
+        pipeline_do.consumer_release(q_state)
+        # dQ tile -> smem -> warp 1's TMA reduce-add (per warpgroup: its own pair of barriers)
+        nthreads = self.num_mma_threads // self.dq_parts + 32
+        part = wg_idx if const_expr(self.config.dq_per_wg) else 0
+        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQEmpty) + part, number_of_threads=nthreads)
+        cute.autovec_copy(acc_dQ, tdQsdQ)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull) + part, number_of_threads=nthreads)
+        warpgroup.wait_group(0)  # dK done: sQ is free
+        pipeline_q.consumer_release(q_state)
         q_state.advance()
         return q_state
 
@@ -1795,6 +1908,8 @@ BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap (the first is the issue's head
     (8, 2048, 2048, 8, 8, 128, None),
 ]
 SHORT_CASES = BENCH_CASES[-2:]  # the issue's short, candidate-heavy shapes
+# D=256 (the head-dim split schedule): the headline shape and the short B=16 one at D=256 (``--shapes d256``)
+D256_CASES = [(4, 4096, 512, 16, 16, 256, None), (16, 1024, 256, 16, 16, 256, None)]
 
 
 def _load_peers():
@@ -1814,11 +1929,12 @@ def _load_peers():
 
 
 def bench_shapes(shapes: str | None) -> set[str]:
-    """:func:`bench`'s ``shapes`` spec as a set of words (``all`` or ``headline``, ``peers``,
-    ``deterministic``, ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
+    """:func:`bench`'s ``shapes`` spec as a set of words (``all`` or ``headline``, ``short``, ``d256``,
+    ``peers``, ``deterministic``, ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
     from ..registry import word_spec
 
-    return word_spec(NAME, shapes, ("all", "headline", "short", "peers", "deterministic", "variants"), "all+peers")
+    return word_spec(NAME, shapes, ("all", "headline", "short", "d256", "peers", "deterministic", "variants"),
+                     "all+peers")
 
 
 def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int = 2, echo: bool = False) -> list[dict]:
@@ -1826,7 +1942,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
     useful TFLOP/s = 2.5 x the forward's useful FLOPs (FlashAttention's convention)
     = ``10 * D * admitted (query, key) pairs / time``, ours and the peers of ``bench/ranker_bwd_peers.py``
     interleaved over ``rounds``.  ``shapes``: None = all cases with peers; containing ``headline`` = the first two
-    cases, ``short`` the last two (:data:`SHORT_CASES`; both: the four); ``peers`` adds the peers; ``deterministic``
+    cases, ``short`` the last two (:data:`SHORT_CASES`; both: the four), ``d256`` :data:`D256_CASES` (alone: only
+    them); ``peers`` adds the peers; ``deterministic``
     adds our deterministic mode; ``variants`` adds the other tile shapes and stage counts that validate.  Peers are
     skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow; a record per skipped peer says
     so).  Ours and FlashAttention-4 with the mask_mod are also timed "eager" and "isolated"
@@ -1836,7 +1953,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
     from .ranker_fwd import _time_us, bench_cases, host_mode_records, ranker_attention, skipped_peer_records
 
     spec = bench_shapes(shapes)
-    cases = bench_cases(spec, BENCH_CASES)
+    cases = bench_cases(spec, BENCH_CASES) if spec & {"all", "headline", "short"} or "d256" not in spec else []
+    cases += D256_CASES if "d256" in spec else []
     peers_mod = _load_peers() if "peers" in spec else None
     t_start = time.time()
     recs = []

@@ -240,6 +240,70 @@ def test_dq_split_rows(hkv, varlen, fields):
     _check_config_both_gqa_forms(f"dq-split-rows{fields}", cfg, 64, hkv, None, varlen, seed=25)
 
 
+SPLIT_CASES = [  # name, B, S, Hq, Hkv, D, bounds, cap, cap_method, dtype (D=256: the head-dim split schedule)
+    ("d256", 2, 700, 4, 4, 256, [[0, 517, 517, 700], [37, 400, 450, 611]], None, "tanh", torch.bfloat16),
+    ("d256-gqa2-tanh-odd", 2, 389, 4, 2, 256, [[7, 263, 263, 389], [0, 129, 130, 300]], 15.0, "tanh", torch.bfloat16),
+    ("d256-softsign-fp16", 1, 300, 2, 1, 256, [[0, 250, 250, 300]], 5.0, "soft_sign", torch.float16),
+    ("d256-empty-history", 2, 300, 2, 2, 256, [[0, 0, 0, 300], [10, 10, 100, 200]], None, "tanh", torch.bfloat16),
+    ("d256-empty-candidates", 1, 300, 2, 2, 256, [[0, 300, 300, 300]], None, "tanh", torch.bfloat16),
+    ("d256-cand-before-hist", 1, 520, 2, 2, 256, [[200, 500, 0, 150]], None, "tanh", torch.bfloat16),
+    ("d256-out-of-range", 2, 400, 2, 2, 256, [[-5, 1000, 900, 2000], [350, 9999, -7, 20]], None, "tanh",
+     torch.bfloat16),
+    ("d256-gap-tiles", 1, 1000, 2, 2, 256, [[0, 70, 900, 1000]], 20.0, "tanh", torch.bfloat16),
+    ("d256-one-row", 1, 1, 2, 2, 256, [[0, 1, 0, 1]], None, "tanh", torch.bfloat16),
+    ("d256-all-empty", 2, 130, 2, 2, 256, [[5, 5, 9, 9], [0, 0, 0, 0]], None, "tanh", torch.bfloat16),
+    ("d256-hist-one-block", 3, 200, 2, 2, 256, [[0, 64, 64, 200], [1, 2, 2, 3], [100, 101, 101, 199]], None, "tanh",
+     torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c[0])
+def test_head_dim_256(case):
+    """D=256 (config_for: the head-dim split schedule, 64 keys x 64 q rows, one Q/dO stage) against float64 over
+    the fixed-length matrix: odd lengths, empty and out-of-range segments, caps, GQA, fp16, one token."""
+    name, b, s, hq, hkv, d, rows, cap, capm, dtype = case
+    assert rb.config_for(d, cap is not None).split_head_dim
+    q, k, v, do = _tensors((b, s, hq, d), (b, s, hkv, d), dtype, seed=31)
+    bounds = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    _compare(name, q, k, v, do, bounds, cap, capm)
+
+
+@pytest.mark.parametrize("d,fields", [(256, {}), (256, dict(ds_stages=1)), (256, dict(dq_per_wg=False)),
+                                      (128, dict(stages=2)), (64, dict(stages=2))],
+                         ids=lambda x: str(x) if isinstance(x, int) else ",".join(f"{k}={v}" for k, v in x.items()))
+@pytest.mark.parametrize("hkv,cap,varlen", [(4, None, False), (2, 20.0, False), (2, None, True)])
+def test_split_head_dim_schedule(d, fields, hkv, cap, varlen):
+    """The head-dim split schedule (split_head_dim) at D=256 with its synchronisation variants (one sP^T/sdS^T
+    buffer, one dQ hand-off) and at D=128 and 64 (where the keys-split schedule ships): right against float64 at
+    odd lengths, GQA both ways, varlen with an empty-candidates sequence, a cap; deterministic bitwise on repeat."""
+    base = rb.CONFIGS[256] if d == 256 else rb.dataclasses.replace(
+        rb.RankerBwdConfig(head_dim=d), tile_m=64, tile_n=64, stages=1, split_head_dim=True)
+    cfg = rb.dataclasses.replace(base, **fields)
+    _check_config_both_gqa_forms(f"split-d{d}{fields}", cfg, d, hkv, cap, varlen, seed=33)
+
+
+def test_head_dim_256_autograd_and_deterministic_flag():
+    """D=256 through autograd (ranker_attention(...).backward()): the gradients are ranker_attention_backward's,
+    bit for bit under torch's deterministic flag, and equal on a second run."""
+    q, k, v, do = _tensors((2, 300, 4, 256), (2, 300, 2, 256), seed=35)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+
+    def grads():
+        qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        cute_kernels.ranker_attention(qq, kk, vv, bounds, cap=30.0).backward(do)
+        return qq.grad, kk.grad, vv.grad
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        a, b = grads(), grads()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    out, lse = rf.ranker_attention(q, k, v, bounds, cap=30.0, return_lse=True)
+    direct = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, cap=30.0, deterministic=True)
+    for x, y, z in zip(a, b, direct):
+        assert torch.equal(x, y) and torch.equal(x, z)
+
+
 def _poison_new_empty(monkeypatch):
     """Every CUDA buffer the backward allocates with ``Tensor.new_empty`` (its per-row LSE2 / dPsum, the float32
     dQ accumulator, the int32 flags) comes out poisoned: NaN floats, int32 7s."""
