@@ -9,7 +9,8 @@ Each argument is a variant ``NAME=field:value[,field:value...]`` of RankerBwdCon
 (a variant equal to the shipped config is dropped: at D=128 ``dq_first:True`` is shipped).
 ``--fa4`` adds FlashAttention-4's backward with the ranker mask_mod (bench/ranker_bwd_peers.py; timed
 eagerly where its CUDA-graph capture fails, as in the bench); ``--d64`` keeps the D=64 shapes only,
-``--headline`` the headline shape without and with the tanh cap (the issue's "tanh within 10%" pair).
+``--headline`` the headline shape without and with the tanh cap (the issue's "tanh within 10%" pair),
+``--d256`` the D=256 shapes (``ranker_bwd.D256_CASES``) instead.
 Timing options as the forward probe's (``--rounds=N``, ``--seed=N``; shuffled order, A/A pair).
 ``--jobs=N``: first compile every kernel the probe launches in N processes (into the disk compile
 cache, which the probe then loads), instead of one after another on first launch (a cold device
@@ -46,7 +47,14 @@ def _precompile_one(a):
     rb.compile_preprocess(*a["pre"]), rb._compile(*a["main"]), rb.compile_postprocess(*a["post"])
 
 
-def precompile(variants, jobs: int):
+def probe_cases(d64: bool = False, headline: bool = False, d256: bool = False) -> list:
+    """The bench shapes a probe runs (``--d64``, ``--headline``, ``--d256``; all of BENCH_CASES by default)."""
+    if d256:
+        return list(rb.D256_CASES)
+    return [c for c in (rb.BENCH_CASES[:2] if headline else rb.BENCH_CASES) if not d64 or c[5] == 64]
+
+
+def precompile(variants, jobs: int, cases):
     """Compile, in ``jobs`` spawned processes, the three backward kernels of every call :func:`main`
     makes (the forward's, one per shape, compile on first use)."""
     import contextlib
@@ -55,7 +63,7 @@ def precompile(variants, jobs: int):
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     todo = {}
-    for nb, hist, cand, hq, hkv, d, cap in rb.BENCH_CASES:
+    for nb, hist, cand, hq, hkv, d, cap in cases:
         with contextlib.redirect_stdout(io.StringIO()):  # main() reports invalid variants
             cfgs = variant_configs(rb.config_for(d, cap is not None), variants, "")
         for cfg in cfgs.values():
@@ -87,12 +95,10 @@ def _time_graph_or_eager(fn, reps, inner):
 _EAGER_SAID: set = set()
 
 
-def main(variants, timing: dict, fa4: bool = False, d64: bool = False, headline: bool = False):
+def main(variants, timing: dict, cases, fa4: bool = False):
     data = []
-    for case in rb.BENCH_CASES[:2] if headline else rb.BENCH_CASES:
+    for case in cases:
         nb, hist, cand, hq, hkv, d, cap = case
-        if d64 and d != 64:
-            continue
         # the variants first: a misspelled field fails before any input is built
         base = rb.config_for(d, cap is not None)
         cfgs = variant_configs(base, variants, case_key(case))
@@ -123,8 +129,10 @@ def main(variants, timing: dict, fa4: bool = False, d64: bool = False, headline:
 
 
 if __name__ == "__main__":
-    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--d64", "--headline"), doc=__doc__, jobs=True)
-    jobs, fa4, d64, headline = opts.pop("jobs"), opts.pop("fa4"), opts.pop("d64"), opts.pop("headline")
+    variants, opts = probe_options(sys.argv[1:], flags=("--fa4", "--d64", "--headline", "--d256"), doc=__doc__,
+                                   jobs=True)
+    jobs, fa4 = opts.pop("jobs"), opts.pop("fa4")
+    cases = probe_cases(opts.pop("d64"), opts.pop("headline"), opts.pop("d256"))
     if jobs:
-        precompile(variants, jobs)
-    main(variants, opts, fa4=fa4, d64=d64, headline=headline)
+        precompile(variants, jobs, cases)
+    main(variants, opts, cases, fa4=fa4)

@@ -1304,8 +1304,8 @@ class RankerAttentionBwd:
                               key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum, pipeline_q,
                               pipeline_do, scale_log2, softmax_scale, cap):
         """One q block of the head-dim split schedule (``split_head_dim``): S^T and dP^T over this warpgroup's
-        q rows (every key), P^T and dS^T into smem buffer ``ds_idx`` (stmatrix), one barrier, then dV += P^T dO,
-        dQ = dS K and dK += dS^T Q over this warpgroup's head-dim columns, all three with both operands in smem
+        q rows (every key), P^T and dS^T into smem buffer ``ds_idx`` (stmatrix), one barrier, then dK += dS^T Q,
+        dV += P^T dO and dQ = dS K over this warpgroup's head-dim columns, all three with both operands in smem
         (each needs every q row of P^T / dS^T, i.e. the other warpgroup's too).  The buffers' previous readers
         (two q blocks back with ``ds_stages=2``) finished before either warpgroup passed the last barrier."""
         stage = q_state.index
@@ -1336,14 +1336,22 @@ class RankerAttentionBwd:
         cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
 
+        # dK, dV, then dQ: sQ and sdO are released (for the next q block's loads: one stage each) as soon as their
+        # last GEMM is done, dQ's hand-off comes last.  Session 55, same run, default mode, us (B=4 4096+512 /
+        # B=16 1024+256, H16 D=256; bench/results/logs/2026-12-04_s55_ranker_bwd_d256_gemm_order.log): dK dV dQ
+        # 7231 / 2289, dV dK dQ 7232 / 2302, dK dQ dV 9874 / 2517, dV dQ dK 10887 / 3221, dQ first 10916-10922 /
+        # 3251-3265
+        sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, tdKrdSt[None, None, None, ds_idx], tdKrQt[None, None, None, stage],
+                        zero_init=False)
         sm90.wgmma_gemm(tiled_mma_dkv, acc_dV, tdVrPt[None, None, None, ds_idx], tdVrdOt[None, None, None, stage],
                         zero_init=False)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
         self.dq_gemm(tiled_mma_dq, acc_dQ, tdQrdS, tdQrKt, ds_idx)
-        sm90.wgmma_gemm(tiled_mma_dkv, acc_dK, tdKrdSt[None, None, None, ds_idx], tdKrQt[None, None, None, stage],
-                        zero_init=False)
-        warpgroup.wait_group(1)  # dV and dQ done: sdO is free, dQ ready
+        warpgroup.wait_group(2)  # dK done: sQ is free
+        pipeline_q.consumer_release(q_state)
+        warpgroup.wait_group(1)  # dV done: sdO is free
         pipeline_do.consumer_release(q_state)
+        warpgroup.wait_group(0)
         # dQ tile -> smem -> warp 1's TMA reduce-add (per warpgroup: its own pair of barriers)
         nthreads = self.num_mma_threads // self.dq_parts + 32
         part = wg_idx if const_expr(self.config.dq_per_wg) else 0
@@ -1351,8 +1359,6 @@ class RankerAttentionBwd:
         cute.autovec_copy(acc_dQ, tdQsdQ)
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull) + part, number_of_threads=nthreads)
-        warpgroup.wait_group(0)  # dK done: sQ is free
-        pipeline_q.consumer_release(q_state)
         q_state.advance()
         return q_state
 
