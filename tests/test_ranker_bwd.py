@@ -341,7 +341,12 @@ def test_configs_validate():
     import dataclasses
 
     base = rb.CONFIGS[128]
-    for kw, msg in ((dict(head_dim=256), "head dims"), (dict(tile_n=64), "tile_n"), (dict(stages=9), "stages"),
+    for kw, msg in ((dict(head_dim=256), "needs split_head_dim"), (dict(head_dim=96), "head dims"),
+                    (dict(tile_n=64), "tile_n"), (dict(stages=9), "stages"),
+                    (dict(split_head_dim=True), "split_head_dim: tile_n=128"),
+                    (dict(split_head_dim=True, tile_n=64), "keys-split schedule"),
+                    (dict(head_dim=256, tile_n=64, split_head_dim=True, dq_first=False, dq_swap_ab=False,
+                          skip_key_bias=False), "shared memory"),
                     (dict(mma_regs=250), "multiple of 8"), (dict(producer_regs=16), r"multiple of 8 in \[24, 256\]"),
                     (dict(tile_m=128), "accumulator registers"), (dict(ds_stages=3), "ds_stages"),
                     (dict(tile_m=80, stages=3), "shared memory"),
@@ -694,22 +699,21 @@ def test_backward_argument_errors():
     freed.untyped_storage().resize_(0)
     with pytest.raises(ValueError, match="dlse's data pointer is 0"):
         dval(freed)
-    q2, k2, v2, out2, lse2, do2, b2 = _bf16_args(d=256)
-    with pytest.raises(ValueError, match="head dim"):
-        rb._validate_backward(q2, k2, v2, out2, lse2, do2, b2, None, None, "tanh", None, None, cuda=False)
+    q2, k2, v2, out2, lse2, do2, b2 = _bf16_args(d=256)  # (D=256: the head-dim split schedule)
+    assert rb._validate_backward(q2, k2, v2, out2, lse2, do2, b2, None, None, "tanh", None, None, cuda=False)[-1] == 256
     with pytest.raises(ValueError, match="CUDA"):  # the public function, on CPU tensors: before any launch
         rb.ranker_attention_backward(q, k, v, out, lse, do, bounds)
 
 
 def test_backward_head_dim_message_lists_backward_dims():
-    """D=32 is rejected by the forward's check too; the message must list the backward's dims (64, 128)."""
+    """D=32 is rejected by the forward's check too; the message must list the backward's dims (64, 128, 256)."""
     q, k, v, out, lse, do, bounds = _bf16_args(d=32)
     for call in (lambda: rb._validate_backward(q, k, v, out, lse, do, bounds, None, None, "tanh", None, None,
                                                cuda=False),
                  lambda: rb.ranker_attention_backward(q, k, v, out, lse, do, bounds)):
         with pytest.raises(ValueError, match="head dim") as e:
             call()
-        assert str(sorted(rb.CONFIGS)) in str(e.value) and "256" not in str(e.value), str(e.value)
+        assert "supported: [64, 128, 256]" in str(e.value), str(e.value)
 
 
 def test_backward_output_buffer_and_option_errors():
@@ -980,8 +984,8 @@ def test_traced_backward_goes_through_the_registered_op():
     assert "cute_kernels.ranker_attention_bwd" in g.code
     with pytest.raises(ValueError, match="lse must have shape"):
         trace(q, kv, kv, q, lse[:, :, :299], q, bounds)
-    with pytest.raises(ValueError, match="head dim 256"):
-        trace(*(torch.zeros(2, 300, 4, 256, dtype=bf),) * 4, lse, torch.zeros(2, 300, 4, 256, dtype=bf), bounds)
+    with pytest.raises(ValueError, match="head dim 96"):
+        trace(*(torch.zeros(2, 300, 4, 96, dtype=bf),) * 4, lse, torch.zeros(2, 300, 4, 96, dtype=bf), bounds)
     with pytest.raises(TypeError, match="cap"):
         make_fx(lambda *a: rb.ranker_attention_backward(*a, cap=True), tracing_mode="fake")(q, kv, kv, q, lse, q, bounds)
     with pytest.raises(ValueError, match="different devices"):  # the fake compares devices too

@@ -13,9 +13,8 @@ gradient into dPsum; under torch.compile the backward always gets one, zeros whe
 The backward keeps q, k, v, out and lse alive and launches :func:`.ranker_bwd.ranker_attention_backward`'s
 op, in its deterministic mode when torch's flag is on (``torch.use_deterministic_algorithms(True)``; read
 when the backward runs, or, under torch.compile, when it is compiled: Dynamo guards on the flag and
-recompiles), else in its default (non-deterministic) mode.  Head dims 64 and 128: a 256 head dim raises
-``ValueError`` in ``backward()`` (under torch.compile, when the call is compiled).  Its modules load on the
-first backward.
+recompiles), else in its default (non-deterministic) mode.  Head dims 64, 128 and 256 (as the forward).  Its
+modules load on the first backward.
 """
 
 from __future__ import annotations

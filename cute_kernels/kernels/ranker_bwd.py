@@ -31,8 +31,8 @@ The backward is three launches (:func:`ranker_attention_backward`):
      the smem tile back and forth with the MMA warpgroups through named barriers (with
      ``dq_zero_in_mainloop`` it first zeroes its KV block's share of the accumulator's tiles and flags
      them, and each add waits for its tile's flag, or past ``dq_zero_wait_cycles`` stores instead);
-   * warpgroups 1 and 2 (``setmaxnreg`` up), 64 keys each: ``S^T = K Q^T`` and ``dP^T = V dO^T``
-     (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
+   * warpgroups 1 and 2 (``setmaxnreg`` up), 64 keys each (D=64, 128; D=256 below): ``S^T = K Q^T`` and
+     ``dP^T = V dO^T`` (WGMMA, both operands in smem), ``P^T = exp2(S^T * scale_log2 - LSE)`` with the forward's cap
      and the key mask (an add of 0 / -inf per key, left out in a copy of the q-block loop for KV blocks
      wholly inside the history: ``skip_key_bias``), ``dS^T = P^T (dP^T - dPsum) cap'``, ``dV += P^T dO``
      and ``dK += dS^T Q`` with P^T and dS^T straight from registers (RS WGMMA), dS^T through smem (``stmatrix``) for
@@ -41,6 +41,10 @@ The backward is three launches (:func:`ranker_attention_backward`):
      hand-off; at D=64 without a cap half of the 128 q rows each, ``dq_split_rows``), dQ through smem
      to warp 1 (each warpgroup's half on its own pair of named barriers, one TMA reduce-add copy per half; two dS^T
      buffers, so a warpgroup writes the next dS^T without waiting for the other's dQ GEMM).
+   D=256 (``RankerBwdConfig.split_head_dim``, FlashAttention-3's hdim-256 split): 64 keys per CTA, every key in
+   both warpgroups, which split S^T's and dP^T's q rows and dK's, dV's and dQ's head dim (128 columns each:
+   64 + 64 float32 registers of dK, dV); P^T and dS^T go through smem (``stmatrix``) for ``dK += dS^T Q``,
+   ``dV += P^T dO`` and ``dQ = dS K``, each a WGMMA with both operands in smem; one Q/dO stage (227 KB).
    Only the q blocks holding history or candidate rows are visited (each once,
    :meth:`.ranker_mask.RankerSegments.m_block_ranges`); KV blocks outside the history do no work.
    Epilogue (seed 004, FlashAttention-3's ``CollectiveEpilogueBwd``): dK, dV through smem reusing
@@ -521,8 +525,8 @@ def tiled_mmas(dtype, config: RankerBwdConfig):
     """The mainloop's WGMMAs (DSL objects; call inside a trace), ``(sdp, dkv, dq)``: S^T = K Q^T and
     dP^T = V dO^T (M = keys, 64 per MMA warpgroup; N = q rows; K = head dim); dV += P^T dO and dK +=
     dS^T Q (M = keys, N = head dim, K = q rows, A from registers); with ``split_head_dim`` the 64 keys are
-    one M and the warpgroups split N instead (S^T's q rows; dK's and dV's head dim, A from smem); dQ = dS K (M = q rows, N = head dim
-    split between the warpgroups; with ``dq_split_rows`` the q rows split instead, 64 per warpgroup) or,
+    one M and the warpgroups split N instead (S^T's q rows; dK's and dV's head dim, A from smem); dQ = dS K
+    (M = q rows, N = head dim split between the warpgroups; with ``dq_split_rows`` the q rows split instead, 64 per warpgroup) or,
     with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per warpgroup; N = q rows).  The kernel and
     :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts` both build them here."""
     K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
@@ -1300,8 +1304,8 @@ class RankerAttentionBwd:
 
     @cute.jit
     def mma_one_m_block_split(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK,
-                              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn,
-                              key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum, pipeline_q,
+                              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
+                              tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum, pipeline_q,
                               pipeline_do, scale_log2, softmax_scale, cap):
         """One q block of the head-dim split schedule (``split_head_dim``): S^T and dP^T over this warpgroup's
         q rows (every key), P^T and dS^T into smem buffer ``ds_idx`` (stmatrix), one barrier, then dK += dS^T Q,
@@ -1485,7 +1489,8 @@ def compile_targets() -> list[CompileTarget]:
     """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4 with a group
     per CTA (no cap, tanh) and with one query head per CTA; MHA no cap also over resolve_dq_zeroing's
     sequence limit), D=64 soft_sign and no cap (MHA; GQA 2 both ways, also deterministic), varlen, the
-    deterministic mode (GQA varlen tanh, both GQA forms): every bench call's kernels; plus
+    deterministic mode (GQA varlen tanh, both GQA forms), D=256 (MHA both zeroings, GQA 2 both forms with a cap,
+    varlen deterministic): every bench call's kernels; plus
     the pre/postprocess kernels each of them launches with (so that ``cute-kernels compile`` leaves
     nothing of those calls to compile)."""
     cases = [  # dtype, head dim, GQA ratio, cap, varlen, deterministic, gqa_group_per_cta[, long]
@@ -1505,6 +1510,13 @@ def compile_targets() -> list[CompileTarget]:
         (torch.bfloat16, 128, 1, "none", True, False, None),
         (torch.bfloat16, 128, 4, "tanh", True, True, True),
         (torch.bfloat16, 128, 4, "tanh", True, True, False),
+        # D=256 (the head-dim split schedule): the d256 bench shapes (B=4 4096+512 over the zeroing's limit), GQA
+        # both forms with a cap, varlen deterministic
+        (torch.bfloat16, 256, 1, "none", False, False, None),
+        (torch.bfloat16, 256, 1, "none", False, False, None, True),
+        (torch.bfloat16, 256, 2, "tanh", False, False, True),
+        (torch.bfloat16, 256, 2, "soft_sign", False, False, False),
+        (torch.bfloat16, 256, 2, "tanh", True, True, False),
     ]
     # each mainloop, then the pre/postprocess kernels (their own compile-cache names) that a call with it
     # launches, each once
@@ -1729,7 +1741,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
 
     Args:
         q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen: exactly as given to
-            the forward (same rules; head dims 64 and 128 only).
+            the forward (same rules; head dims 64, 128 and 256).
         out: the forward's output (like ``q``).  lse: the forward's ``lse`` (``return_lse=True``),
             float32 ``[B, Hq, S]`` / ``[Hq, T]``, natural-log units, ``-inf`` on rows with no valid key.
         dout: gradient of ``out`` (like ``q``: same shape and dtype, last dim contiguous).  Like q, k, v (see

@@ -1841,14 +1841,12 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     bf16 ulp off where a row's weight sits on keys of equal score (saturated at +cap, or a single key); with a
     cap, ``v`` within the headroom: sum over a row's keys of ``e^50 |v|`` below float32's max (|v| < 6.6e16
     for one key), and |v| above ~1e-16 where every score of a row is near -50.
-    Autograd: differentiable in q, k and v (head dims 64 and 128) when grad mode is on and one of
+    Autograd: differentiable in q, k and v (every head dim: 64, 128, 256) when grad mode is on and one of
     them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
     non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is
     differentiable too (a loss term on it, e.g. merging attention computed over key chunks, or a z-loss,
     adds its gradient to q and k; rows with ``lse = -inf`` get none; so under grad ``lse.requires_grad``
-    is True: ``.detach()`` it before ``.numpy()``).  A 256 head dim raises ``ValueError`` in ``backward()``
-    (under torch.compile, which traces the backward with the forward: when the differentiable call is
-    compiled).
+    is True: ``.detach()`` it before ``.numpy()``).
     ``torch.func`` transforms (grad, vjp, vmap, ...) are not supported: ``NotImplementedError`` (torch's
     custom ops support neither their autograd nor batching for these kernels).
     Meta tensors: the op's fake gives the outputs' shapes (the argument checks run; no launch).
