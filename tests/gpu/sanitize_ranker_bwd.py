@@ -8,7 +8,8 @@ import cute_kernels
 from cute_kernels.kernels import ranker_bwd as rb
 
 torch.manual_seed(0)
-for d, hkv, cap in ((128, 2, None), (128, 1, 20.0), (64, 1, 20.0), (64, 2, None)):  # (64, no cap): 128-row q tiles
+# (64, no cap): 128-row q tiles; 256: the head-dim split schedule
+for d, hkv, cap in ((128, 2, None), (128, 1, 20.0), (64, 1, 20.0), (64, 2, None), (256, 2, None), (256, 1, 20.0)):
     q = torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 300, hkv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 300, hkv, d, device="cuda", dtype=torch.bfloat16)
@@ -46,5 +47,8 @@ for d, hkv, cap in ((128, 2, None), (128, 1, 20.0), (64, 1, 20.0), (64, 2, None)
         g80 = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, config=cfg)
         g80v = rb.ranker_attention_backward(q[0], k[0], v[0], ov, lv, do[0], bv, cap=cap, cu_seqlens=cu,
                                             max_seqlen=200, config=cfg)
+    if d == 256:  # one sP^T / sdS^T buffer (a barrier before each write)
+        cfg = rb.dataclasses.replace(rb.config_for(d, cap is not None), ds_stages=1)
+        g1 = rb.ranker_attention_backward(q, k, v, o, lse, do, bounds, cap=cap, config=cfg)
 torch.cuda.synchronize()
 print("sanitize run done", float(dq.float().abs().sum()), float(g[0].float().abs().sum()))
