@@ -219,10 +219,14 @@ def test_bwd_probe_precompiles_what_the_probe_launches(monkeypatch, capsys):
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=132))
     monkeypatch.setattr(multiprocessing, "get_context", lambda kind: SimpleNamespace(Pool=Pool))
-    probe.precompile([("ds1", {"ds_stages": 1})], 3)
     rb = probe.rb
+    assert probe.probe_cases() == rb.BENCH_CASES and probe.probe_cases(d256=True) == rb.D256_CASES
+    assert probe.probe_cases(headline=True) == rb.BENCH_CASES[:2]
+    assert {c[5] for c in probe.probe_cases(d64=True)} == {64}
+    cases = rb.BENCH_CASES + rb.D256_CASES
+    probe.precompile([("ds1", {"ds_stages": 1})], 3, cases)
     want = set()
-    for nb, hist, cand, hq, hkv, d, cap in rb.BENCH_CASES:
+    for nb, hist, cand, hq, hkv, d, cap in cases:
         base = rb.config_for(d, cap is not None)
         for cfg in {base, rb.dataclasses.replace(base, ds_stages=1)}:
             for det in (False, True):
