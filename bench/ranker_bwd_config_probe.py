@@ -48,7 +48,10 @@ def _precompile_one(a):
 
 
 def probe_cases(d64: bool = False, headline: bool = False, d256: bool = False) -> list:
-    """The bench shapes a probe runs (``--d64``, ``--headline``, ``--d256``; all of BENCH_CASES by default)."""
+    """The bench shapes a probe runs (``--d64``, ``--headline``, ``--d256``; all of BENCH_CASES by default);
+    ``ValueError`` for ``--d256`` with another of them."""
+    if d256 and (d64 or headline):
+        raise ValueError("--d256 runs the D=256 shapes only: leave out --d64 and --headline")
     if d256:
         return list(rb.D256_CASES)
     return [c for c in (rb.BENCH_CASES[:2] if headline else rb.BENCH_CASES) if not d64 or c[5] == 64]

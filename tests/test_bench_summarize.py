@@ -223,6 +223,8 @@ def test_bwd_probe_precompiles_what_the_probe_launches(monkeypatch, capsys):
     assert probe.probe_cases() == rb.BENCH_CASES and probe.probe_cases(d256=True) == rb.D256_CASES
     assert probe.probe_cases(headline=True) == rb.BENCH_CASES[:2]
     assert {c[5] for c in probe.probe_cases(d64=True)} == {64}
+    with pytest.raises(ValueError, match="--d256"):
+        probe.probe_cases(d64=True, d256=True)
     cases = rb.BENCH_CASES + rb.D256_CASES
     probe.precompile([("ds1", {"ds_stages": 1})], 3, cases)
     want = set()

@@ -363,9 +363,14 @@ def test_configs_validate():
             dataclasses.replace(base, dq_zero_wait_cycles=bad)
 
 
+SPLIT_128 = dict(split_head_dim=True, tile_n=64, dq_first=False, dq_swap_ab=False, skip_key_bias=False)
+
+
 @pytest.mark.parametrize("fields", [{}, dict(tile_m=80, ds_stages=1), dict(tile_m=80, ds_stages=1, stages=1),
                                     dict(stages=3, ds_stages=1), dict(head_dim=64, dq_swap_ab=False),
-                                    dict(head_dim=64, tile_m=128, dq_swap_ab=False)],
+                                    dict(head_dim=64, tile_m=128, dq_swap_ab=False),
+                                    dict(head_dim=256), dict(head_dim=256, ds_stages=1),
+                                    dict(**SPLIT_128, ds_stages=1), dict(**SPLIT_128, stages=3)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "shipped")
 def test_smem_bytes_is_the_struct_size(fields):
     """RankerBwdConfig.smem_bytes (what validate() checks against the limit, with the 1024 B of static
@@ -374,7 +379,9 @@ def test_smem_bytes_is_the_struct_size(fields):
     import cutlass
     from cute_kernels.layouts.static import trace
 
-    cfg = rb.dataclasses.replace(rb.CONFIGS[128], **fields)
+    fields = dict(fields)  # (the parameter's dict is shared: not popped in place)
+    base = rb.CONFIGS[fields.pop("head_dim")] if fields.get("head_dim") == 256 else rb.CONFIGS[128]
+    cfg = rb.dataclasses.replace(base, **fields)
     box = {}
 
     def build():

@@ -116,7 +116,8 @@ class NamedBarrierBwd(enum.IntEnum):
 
     Epilogue = 1  # MMA warpgroups: done reading sK/sV before dK/dV (aliasing them) are written; smem ready
     PdS = 2  # MMA warpgroups: both halves of dS^T are in sdS (and, with one dS buffer, before the write: the
-    # last dQ GEMM is done reading it)
+    # last dQ GEMM is done reading it); split_head_dim: both halves of P^T and dS^T are in sP^T and sdS^T (with one
+    # buffer each, before the writes: the last dK, dV, dQ GEMMs are done reading them)
     # MMA warpgroup(s) -> dQ warp: sdQ holds this q block's dQ; dQ warp -> MMA warpgroup(s): the last TMA
     # reduce-add has read sdQ.  With dq_per_wg, warpgroup w uses dQFull + w and dQEmpty + w.
     dQFull = 3
@@ -154,7 +155,8 @@ def stats_stage_stride(tile_m: int) -> int:
 
 @dataclass(frozen=True)
 class RankerBwdConfig(ValidatedConfig):
-    """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup),
+    """Tile shape of the backward mainloop: ``tile_n`` keys per CTA (64 per MMA warpgroup; with
+    ``split_head_dim`` 64 shared by both, which split the head dim instead),
     ``tile_m`` q rows per step, ``stages`` Q/dO buffers, register split (producer / MMA); the
     synchronisation schedule (``ds_stages``, ``dq_per_wg``, ``dq_first``, ``dk_from_smem``), the dQ
     GEMM's operand order (``dq_swap_ab``), the deterministic mode and its staggered q-block walks
@@ -265,7 +267,7 @@ class RankerBwdConfig(ValidatedConfig):
 
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
-        dS^T is formed (in bf16), then dQ beside dS^T."""
+        dS^T is formed (in bf16), then dQ beside dS^T (``split_head_dim``: dQ alone, P^T and dS^T being in smem)."""
         dq = self.tile_m * self.head_dim // (128 * self.mma_wgs)
         if self.split_head_dim:  # every key, a share of the q rows (S^T) and of the head dim (dK, dV, dQ)
             sdp = self.tile_n * self.tile_m // (128 * self.mma_wgs)
@@ -280,9 +282,9 @@ class RankerBwdConfig(ValidatedConfig):
 
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         """Bytes of the kernel's ``SharedStorage`` struct, laid out as the DSL does (each member at its
-        alignment, in declaration order): the mbarriers, then sK, sV, sQ, sdO, sdS^T, sdQ (1024-byte
-        aligned: the 128-byte swizzle repeats every 1024 bytes), then the LSE and dPsum stages; the total
-        rounded up to 1024 bytes (:func:`shared_storage`'s size, checked by a CPU test)."""
+        alignment, in declaration order): the mbarriers, then sK, sV, sQ, sdO, sdS^T, sP^T (``split_head_dim``),
+        sdQ (1024-byte aligned: the 128-byte swizzle repeats every 1024 bytes), then the LSE and dPsum stages; the
+        total rounded up to 1024 bytes (:func:`shared_storage`'s size, checked by a CPU test)."""
         end = 0
         for _, size, align in self.smem_members(elem_bytes):
             end = -(-end // align) * align + size
@@ -526,9 +528,9 @@ def tiled_mmas(dtype, config: RankerBwdConfig):
     dP^T = V dO^T (M = keys, 64 per MMA warpgroup; N = q rows; K = head dim); dV += P^T dO and dK +=
     dS^T Q (M = keys, N = head dim, K = q rows, A from registers); with ``split_head_dim`` the 64 keys are
     one M and the warpgroups split N instead (S^T's q rows; dK's and dV's head dim, A from smem); dQ = dS K
-    (M = q rows, N = head dim split between the warpgroups; with ``dq_split_rows`` the q rows split instead, 64 per warpgroup) or,
-    with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per warpgroup; N = q rows).  The kernel and
-    :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts` both build them here."""
+    (M = q rows, N = head dim split between the warpgroups; with ``dq_split_rows`` the q rows split instead, 64
+    per warpgroup) or, with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per warpgroup; N = q rows).  The
+    kernel and :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts` both build them here."""
     K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
     if config.split_head_dim:  # the warpgroups side by side along N: q rows of S^T, head-dim columns of dK/dV
         sdp = sm90_utils.make_trivial_tiled_mma(
@@ -1305,8 +1307,8 @@ class RankerAttentionBwd:
     @cute.jit
     def mma_one_m_block_split(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK,
                               tSrQ, tdPrV, tdPrdO, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
-                              tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum, pipeline_q,
-                              pipeline_do, scale_log2, softmax_scale, cap):
+                              tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum,
+                              pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
         """One q block of the head-dim split schedule (``split_head_dim``): S^T and dP^T over this warpgroup's
         q rows (every key), P^T and dS^T into smem buffer ``ds_idx`` (stmatrix), one barrier, then dK += dS^T Q,
         dV += P^T dO and dQ = dS K over this warpgroup's head-dim columns, all three with both operands in smem
@@ -1901,7 +1903,7 @@ def check() -> list[CheckResult]:
     torch.manual_seed(0)
     from .ranker_fwd import ranker_attention
 
-    for d, hq, hkv, cap in ((128, 4, 4, None), (128, 4, 2, 30.0), (64, 2, 2, None)):
+    for d, hq, hkv, cap in ((128, 4, 4, None), (128, 4, 2, 30.0), (64, 2, 2, None), (256, 4, 2, None)):
         b, s = 2, 400
         q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv, hq))
         bounds = torch.tensor([[0, 300, 300, 400], [37, 200, 250, 371]], device="cuda", dtype=torch.int32)

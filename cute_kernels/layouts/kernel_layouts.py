@@ -429,6 +429,8 @@ def ranker_bwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     kl = KernelLayouts("ranker_bwd", config, dt.__name__, source="ranker_bwd.smem_layouts / tiled_mmas")
     for name in ("sQ", "sdO", "sK", "sV", "sdSt", "sdQ", "sdQpart"):
         kl.smem[name] = objs[name].named(f"{name} {objs[name].dims}")
+    if config.split_head_dim:  # P^T's buffers, laid out as dS^T's
+        kl.smem["sPt"] = objs["sdSt"].named(f"sPt {objs['sdSt'].dims}")
     kl.smem_elem_bytes.update(sdQ=4, sdQpart=4)
     for name in ("sQ", "sdO", "sK", "sV", "sdQpart"):
         kl.tma[name] = _tma_box_2d(kl.smem[name], "fp32" if name == "sdQpart" else dt)

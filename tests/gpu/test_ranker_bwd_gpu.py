@@ -269,13 +269,15 @@ def test_head_dim_256(case):
 
 
 @pytest.mark.parametrize("d,fields", [(256, {}), (256, dict(ds_stages=1)), (256, dict(dq_per_wg=False)),
+                                      (256, dict(dq_zero_in_mainloop=False)),
                                       (128, dict(stages=2)), (64, dict(stages=2))],
                          ids=lambda x: str(x) if isinstance(x, int) else ",".join(f"{k}={v}" for k, v in x.items()))
 @pytest.mark.parametrize("hkv,cap,varlen", [(4, None, False), (2, 20.0, False), (2, None, True)])
 def test_split_head_dim_schedule(d, fields, hkv, cap, varlen):
     """The head-dim split schedule (split_head_dim) at D=256 with its synchronisation variants (one sP^T/sdS^T
-    buffer, one dQ hand-off) and at D=128 and 64 (where the keys-split schedule ships): right against float64 at
-    odd lengths, GQA both ways, varlen with an empty-candidates sequence, a cap; deterministic bitwise on repeat."""
+    buffer, one dQ hand-off; the preprocess zeroing dQ, as past 44 KV blocks) and at D=128 and 64 (where the
+    keys-split schedule ships): right against float64 at odd lengths, GQA both ways, varlen with an empty-candidates
+    sequence, a cap; deterministic bitwise on repeat (and against float64 in test_deterministic_first_store)."""
     base = rb.CONFIGS[256] if d == 256 else rb.dataclasses.replace(
         rb.RankerBwdConfig(head_dim=d), tile_m=64, tile_n=64, stages=1, split_head_dim=True)
     cfg = rb.dataclasses.replace(base, **fields)
@@ -320,7 +322,8 @@ def _poison_new_empty(monkeypatch):
 
 @pytest.mark.parametrize("stagger", [0, 2])
 @pytest.mark.parametrize("d,hkv,cap,varlen", [(128, 4, None, False), (128, 2, 20.0, False), (128, 2, None, True),
-                                              (64, 2, None, False), (64, 4, 5.0, True)])
+                                              (64, 2, None, False), (64, 4, 5.0, True), (256, 2, 20.0, False),
+                                              (256, 2, None, True)])
 def test_deterministic_first_store(d, hkv, cap, varlen, stagger, monkeypatch):
     """The deterministic mode's first KV block in order stores its dQ tile, the others add (the accumulator
     is not zeroed); q blocks no KV block reaches (an empty history, rows past the segments) read zeros in
