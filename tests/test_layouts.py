@@ -596,8 +596,11 @@ def test_session_17_tile_shape_review():
                      (rb.CONFIGS[128], dict(producer_regs=16))):
         with pytest.raises(ValueError, match=r"setmaxnreg takes a multiple of 8 in \[24, 256\]"):
             dataclasses.replace(base, **kw)
-    with pytest.raises(ValueError, match=r"sdS|dS\^T buffers.*lower ds_stages"):
+    # the hint names what fits: fewer Q/dO stages, or one sdS^T buffer where that keeps more of them
+    with pytest.raises(ValueError, match=r"sdS\^T 2 x 128x80.*fits with stages=1 \(or ds_stages=1\)"):
         dataclasses.replace(rb.CONFIGS[128], tile_m=80).validate()
+    with pytest.raises(ValueError, match=r"sP\^T 1 x 64x64.*fits with stages=1$"):  # D=256: only one stage fits
+        dataclasses.replace(rb.CONFIGS[256], stages=2, ds_stages=1)
     for fn in (kl.ranker_fwd_layouts, kl.ranker_bwd_layouts):
         with pytest.raises(ValueError, match="bf16 or fp16"):
             fn(None, "fp32")

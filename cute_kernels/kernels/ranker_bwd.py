@@ -77,6 +77,7 @@ is differentiable.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import enum
 import functools
@@ -354,7 +355,28 @@ class RankerBwdConfig(ValidatedConfig):
         if smem > SMEM_CAPACITY:
             parts = ", ".join(f"{name}: {size} B" for name, size, _ in self.smem_members())
             raise ValueError(f"config needs {smem} B of shared memory ({parts}; {STATIC_SMEM_BYTES} B static); the "
-                             f"sm_90 limit is {SMEM_CAPACITY} B: lower ds_stages (2 -> 1) or stages")
+                             f"sm_90 limit is {SMEM_CAPACITY} B: {self._smem_hint()}")
+
+    def _smem_hint(self) -> str:
+        """What would make a config that does not fit the shared memory fit: fewer Q/dO ``stages`` (keeping
+        ``ds_stages``), else one sdS^T buffer with as many stages as fit, else that no stage count does."""
+        def total(**kw):  # (a copy with fields overridden, not validated: this runs inside validate)
+            c = copy.copy(self)
+            for name, value in kw.items():
+                object.__setattr__(c, name, value)
+            return c.smem_bytes() + STATIC_SMEM_BYTES
+
+        fixes, best = [], 0
+        for ds in sorted({self.ds_stages, 1}, reverse=True):
+            for st in range(self.stages if ds != self.ds_stages else self.stages - 1, best, -1):
+                if total(stages=st, ds_stages=ds) <= SMEM_CAPACITY:  # (ds_stages=1 only where it keeps more stages)
+                    fixes.append(", ".join([f"ds_stages={ds}"] * (ds != self.ds_stages)
+                                           + [f"stages={st}"] * (st != self.stages)))
+                    best = st
+                    break
+        if not fixes:
+            return "no stage count fits this tile (lower tile_m or the head dim)"
+        return "fits with " + "".join(fixes[:1]) + "".join(f" (or {f})" for f in fixes[1:])
 
 
 # D=128: FlashAttention-3's sm90 backward tile (64 q rows x 128 keys, 2 MMA warpgroups, 240 registers),

@@ -443,7 +443,8 @@ def ranker_bwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
         kl.tv[key] = TVLayout(objs["tv:" + key].named(key), tile, 1, note)
     kl.tv["dS^T stmatrix (dst)"] = TVLayout(objs["tv:dS^T stmatrix (dst)"].named("dS^T stmatrix"), objs["ds_tile"],
                                            16 // eb)
-    # dS^T: stmatrix rows of 16 bytes into sdSt (stage 0); dQ: each accumulator value one 4-byte store
+    # dS^T (and P^T into sPt, laid out alike, with split_head_dim): stmatrix rows of 16 bytes into sdSt (stage 0); dQ:
+    # each accumulator value one 4-byte store
     tv = kl.tv["dS^T stmatrix (dst)"]
     pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, "dS^T stmatrix stores (warp 0)")
     for lay in (kl.smem["sdSt"], kl.smem["sdSt"].unswizzled()):
@@ -455,7 +456,9 @@ def ranker_bwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     for lay in (kl.smem["sdQ"], kl.smem["sdQ"].unswizzled()):
         kl.conflicts.append(analysis.bank_conflicts(lay, pat, 4))
     bufs = {}
-    for name in ("sK", "sV", "sQ", "sdO", "sdSt", "sdQ"):
+    for name in ("sK", "sV", "sQ", "sdO", "sdSt", "sPt", "sdQ"):
+        if name not in kl.smem:  # (sPt: split_head_dim only)
+            continue
         lay = kl.smem[name]
         bufs[f"{name} {'x'.join(map(str, lay.dims))}"] = lay.cosize * kl.smem_elem_bytes.get(name, eb)
     bufs["sLSE + sdPsum"] = sum(size for name, size, _ in config.smem_members(eb) if name in ("sLSE", "sdPsum"))
