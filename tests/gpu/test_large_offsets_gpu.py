@@ -149,13 +149,15 @@ def test_ranker_at_the_32bit_limit(varlen):
 
 
 @pytest.mark.parametrize("varlen,cap,hq,hkv,d", [(False, None, 4, 4, 128), (True, 50.0, 4, 4, 128),
-                                                  (False, 50.0, 4, 1, 64), (True, None, 4, 1, 64)],
-                         ids=["fixed-d128", "packed-d128-tanh", "fixed-gqa4-d64-tanh", "packed-gqa4-d64"])
+                                                  (False, 50.0, 4, 1, 64), (True, None, 4, 1, 64),
+                                                  (False, 50.0, 4, 2, 256), (True, None, 2, 2, 256)],
+                         ids=["fixed-d128", "packed-d128-tanh", "fixed-gqa4-d64-tanh", "packed-gqa4-d64",
+                              "fixed-gqa2-d256-tanh", "packed-d256"])
 def test_ranker_past_the_32bit_limit(varlen, cap, hq, hkv, d):
     """q, k, v, out, dout spanning ~2**32 elements (element offsets past 2**31, byte offsets past 2**33): the same
     output, LSE and gradients as compact copies, both backward modes; the GQA cases run one query head per CTA
     with float32 dK/dV accumulators (the host's pick for so few CTAs).  Until session 54 the forward faulted
-    here."""
+    here.  (The D=256 rows, the backward's head-dim split schedule, were added in session 55 without a GPU run.)"""
     _check_far_ranker(varlen, 2**32 + 2**20, seed=3, cap=cap, hq=hq, hkv=hkv, d=d)
 
 
