@@ -1249,13 +1249,11 @@ class RankerAttentionBwd:
                 acc_S_mn[r, c] = p * dcap
 
     @cute.jit
-    def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
-                        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
-                        tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q,
-                        pipeline_do, scale_log2, softmax_scale, cap):
-        """One q block: S^T, dP^T, P^T, dS^T (registers and sdS^T buffer ``ds_idx``), dV, then dK and dQ
-        (dK first, or with ``dq_first`` dQ first so its hand-off to the dQ warp overlaps the dK GEMM);
-        ``key_bias`` None: no key mask to add (:meth:`q_blocks`)."""
+    def p_and_ds(self, q_state, tiled_mma_sdp, tSrK, tSrQ, tdPrV, tdPrdO, tScS_mn, key_bias, sLSE, sdPsum, pipeline_q,
+                 pipeline_do, scale_log2, softmax_scale, cap):
+        """This warpgroup's S^T = K Q^T and dP^T = V dO^T of one q block (once its Q and dO stages have landed),
+        then ``(rP, rdS)`` in the input dtype: P^T = exp2(cap(S^T) * scale_log2 - LSE) on history keys (0
+        elsewhere) and dS^T = P^T cap' (dP^T - dPsum)."""
         stage = q_state.index
         pipeline_q.consumer_wait(q_state)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
@@ -1265,14 +1263,11 @@ class RankerAttentionBwd:
         sm90.wgmma_gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], zero_init=True)
         warpgroup.wait_group(1)
 
-        # P^T = exp2(cap(S^T) * scale_log2 - LSE) on history keys, 0 elsewhere; acc_S <- P^T * cap'
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        rP_mn = sm90.acc_mn(rP)
-        acc_S_mn = sm90.acc_mn(acc_S)
-        self.probs(acc_S_mn, rP_mn, tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap)
+        acc_S_mn = sm90.acc_mn(acc_S)  # <- P^T * cap'
+        self.probs(acc_S_mn, sm90.acc_mn(rP), tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap)
         warpgroup.wait_group(0)
 
-        # dS^T = P^T cap' (dP^T - dPsum)
         acc_dP_mn = sm90.acc_mn(acc_dP)
         for c in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[1])):
             dpsum = sdPsum[tScS_mn[0, c][1], stage]
@@ -1280,6 +1275,30 @@ class RankerAttentionBwd:
                 acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
         rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
         rdS.store(acc_dP.load().to(self.dtype))
+        return rP, rdS
+
+    @cute.jit
+    def hand_off_dq(self, acc_dQ, tdQsdQ, wg_idx):
+        """This warpgroup's dQ tile -> sdQ -> warp 1's TMA reduce-add, on its own pair of named barriers
+        (``dq_per_wg``; else one pair for both): wait until the last reduce-add has read sdQ, write, fence, arrive."""
+        nthreads = self.num_mma_threads // self.dq_parts + 32
+        part = wg_idx if const_expr(self.config.dq_per_wg) else 0
+        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQEmpty) + part, number_of_threads=nthreads)
+        cute.autovec_copy(acc_dQ, tdQsdQ)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull) + part, number_of_threads=nthreads)
+
+    @cute.jit
+    def mma_one_m_block(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
+                        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
+                        tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, smem_atom, sLSE, sdPsum, pipeline_q,
+                        pipeline_do, scale_log2, softmax_scale, cap):
+        """One q block: S^T, dP^T, P^T, dS^T (registers and sdS^T buffer ``ds_idx``), dV, then dK and dQ
+        (dK first, or with ``dq_first`` dQ first so its hand-off to the dQ warp overlaps the dK GEMM);
+        ``key_bias`` None: no key mask to add (:meth:`q_blocks`)."""
+        stage = q_state.index
+        rP, rdS = self.p_and_ds(q_state, tiled_mma_sdp, tSrK, tSrQ, tdPrV, tdPrdO, tScS_mn, key_bias, sLSE, sdPsum,
+                                pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
 
         # dV += P^T dO (P^T from registers)
         sm90.wgmma_gemm(tiled_mma_dkv, acc_dV, sm90.acc_as_operand_a(rP), tdVrdOt[None, None, None, stage], zero_init=False)
@@ -1313,13 +1332,7 @@ class RankerAttentionBwd:
             pipeline_do.consumer_release(q_state)
             pipeline_q.consumer_release(q_state)
 
-        # dQ tile -> smem -> warp 1's TMA reduce-add (per warpgroup: its own pair of barriers)
-        nthreads = self.num_mma_threads // self.dq_parts + 32
-        part = wg_idx if const_expr(self.config.dq_per_wg) else 0
-        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQEmpty) + part, number_of_threads=nthreads)
-        cute.autovec_copy(acc_dQ, tdQsdQ)
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull) + part, number_of_threads=nthreads)
+        self.hand_off_dq(acc_dQ, tdQsdQ, wg_idx)
         if const_expr(self.config.dq_first):
             warpgroup.wait_group(0)  # dK done: sQ is free
             pipeline_q.consumer_release(q_state)
@@ -1337,25 +1350,8 @@ class RankerAttentionBwd:
         (each needs every q row of P^T / dS^T, i.e. the other warpgroup's too).  The buffers' previous readers
         (two q blocks back with ``ds_stages=2``) finished before either warpgroup passed the last barrier."""
         stage = q_state.index
-        pipeline_q.consumer_wait(q_state)
-        acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        sm90.wgmma_gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], zero_init=True)
-        pipeline_do.consumer_wait(q_state)
-        acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        sm90.wgmma_gemm(tiled_mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], zero_init=True)
-        warpgroup.wait_group(1)
-
-        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        acc_S_mn = sm90.acc_mn(acc_S)
-        self.probs(acc_S_mn, sm90.acc_mn(rP), tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap)
-        warpgroup.wait_group(0)
-        acc_dP_mn = sm90.acc_mn(acc_dP)
-        for c in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[1])):
-            dpsum = sdPsum[tScS_mn[0, c][1], stage]
-            for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-                acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
-        rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-        rdS.store(acc_dP.load().to(self.dtype))
+        rP, rdS = self.p_and_ds(q_state, tiled_mma_sdp, tSrK, tSrQ, tdPrV, tdPrdO, tScS_mn, key_bias, sLSE, sdPsum,
+                                pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
 
         if const_expr(self.config.ds_stages == 1):  # both warpgroups' GEMMs of the last q block are done
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
@@ -1380,13 +1376,7 @@ class RankerAttentionBwd:
         warpgroup.wait_group(1)  # dV done: sdO is free
         pipeline_do.consumer_release(q_state)
         warpgroup.wait_group(0)
-        # dQ tile -> smem -> warp 1's TMA reduce-add (per warpgroup: its own pair of barriers)
-        nthreads = self.num_mma_threads // self.dq_parts + 32
-        part = wg_idx if const_expr(self.config.dq_per_wg) else 0
-        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQEmpty) + part, number_of_threads=nthreads)
-        cute.autovec_copy(acc_dQ, tdQsdQ)
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull) + part, number_of_threads=nthreads)
+        self.hand_off_dq(acc_dQ, tdQsdQ, wg_idx)
         q_state.advance()
         return q_state
 
