@@ -1,12 +1,14 @@
 """One forward and one backward launch of the ranker attention per shape, for Nsight Compute (not a benchmark:
 no timing here).  Shapes: the headline (B=4, history 4096 + 512 candidates, 16 heads, D=128) and B=16 history
-1024 + 256 candidates; bf16, no cap.  Compiles and warms up first, then brackets the profiled calls with
+1024 + 256 candidates; bf16, no cap; ``--head-dim 256`` (or 64) for another head dim.  Compiles and warms up first, then brackets the profiled calls with
 cudaProfilerStart/Stop, so run it under ncu with ``--profile-from-start off``, e.g.
 
     ncu --profile-from-start off --kernel-name regex:"RankerAttention(Fwd|Bwd)" \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \\
         python3 bench/ranker_ncu_case.py
 """
+import argparse
+
 from probe_timing import gpu_script  # noqa: E402
 
 gpu_script(__doc__)
@@ -29,7 +31,10 @@ def step(q, k, v, bounds):
     out.backward(torch.ones_like(out))
 
 
-cases = [inputs(*shape) for shape in SHAPES]
+parser = argparse.ArgumentParser(description="one ranker forward + backward per shape, for Nsight Compute")
+parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+args = parser.parse_args()
+cases = [inputs(*shape, d=args.head_dim) for shape in SHAPES]
 for case in cases:  # compile and warm up
     step(*case)
 torch.cuda.synchronize()

@@ -416,7 +416,10 @@ CONFIGS = {
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True,
                          skip_key_bias=True),
     # D=256: the head-dim split schedule (split_head_dim; FlashAttention-3's hdim-256 backward tile, 64 x 64);
-    # one Q/dO stage: the float32 sdQ tile (64 KB) and two stages of sP^T and sdS^T leave no room for a second
+    # one Q/dO stage: the float32 sdQ tile (64 KB) and two stages of sP^T and sdS^T leave no room for a second.
+    # Without sdQ (dQ added from the registers by red.global.add.v2.f32) two fit, but that was 40% slower, with one
+    # stage or two (session 56; its mainloop is bound by shared memory, 83% busy in Nsight Compute:
+    # bench/results/logs/2026-12-04_s56_ranker_bwd_d256_dq_red_global_probe.log)
     256: RankerBwdConfig(head_dim=256, tile_m=64, tile_n=64, stages=1, split_head_dim=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)
