@@ -1,7 +1,8 @@
 """One forward and one backward launch of the ranker attention per shape, for Nsight Compute (not a benchmark:
 no timing here).  Shapes: the headline (B=4, history 4096 + 512 candidates, 16 heads, D=128) and B=16 history
-1024 + 256 candidates; bf16, no cap; ``--head-dim 256`` (or 64) for another head dim.  Compiles and warms up first, then brackets the profiled calls with
-cudaProfilerStart/Stop, so run it under ncu with ``--profile-from-start off``, e.g.
+1024 + 256 candidates; bf16, no cap; ``--head-dim 256`` (or 64) for another head dim.  Compiles and warms up
+first, then brackets the profiled calls with cudaProfilerStart/Stop, so run it under ncu with
+``--profile-from-start off``, e.g.
 
     ncu --profile-from-start off --kernel-name regex:"RankerAttention(Fwd|Bwd)" \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables --section WarpStateStats \\
