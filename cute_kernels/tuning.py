@@ -49,9 +49,19 @@ def _dtype_name(dtype) -> str:
 
 
 def _ranker_fwd_configs(mod) -> dict:
-    out = {f"head_dim={d}": cfg for d, cfg in sorted(mod.CONFIGS.items())}
-    for (cap_method, d), cfg in sorted(mod.CAP_CONFIGS.items(), key=lambda kv: (kv[0][1], kv[0][0])):  # capped
-        out[f"head_dim={d} {cap_method} cap"] = cfg
+    """What ``ranker_fwd.shipped_config`` ships per head dim and cap, split by dtype where float16's differs
+    (float16 runs the same tile without the fixed row max)."""
+    import torch
+
+    tables = [(f"head_dim={d}", d, "none") for d in sorted(mod.CONFIGS)]
+    tables += [(f"head_dim={d} {m} cap", d, m) for m, d in sorted(mod.CAP_CONFIGS, key=lambda md: (md[1], md[0]))]
+    out = {}
+    for label, d, cap_method in tables:
+        bf16, fp16 = (mod.shipped_config(dt, d, cap_method) for dt in (torch.bfloat16, torch.float16))
+        if bf16 == fp16:
+            out[label] = bf16
+        else:
+            out[f"{label} bfloat16"], out[f"{label} float16"] = bf16, fp16
     return out
 
 
@@ -110,7 +120,8 @@ _SHIPPED: dict[str, Callable[[Any], dict]] = {
 def shipped_configs(kernel: Optional[str] = None) -> dict:
     """Shipped configs: ``{kernel: {label: config}}`` for every registered kernel (or just ``kernel``).
 
-    Labels say where a config applies: ``"head_dim=128"`` (ranker_fwd), ``"method=tma (default) M=4096"``
+    Labels say where a config applies: ``"head_dim=128 bfloat16"`` (ranker_fwd: head dim, cap, dtype where the
+    dtypes' differ), ``"method=tma (default) M=4096"``
     (hc_mix: method and rows per call), ``"bfloat16 q=1024 k=256"`` (qknorm, per-rank widths), ...  Values are
     the kernels' frozen config dataclasses (for a kernel without an adapter here: its
     ``compile_targets()`` keys).  Raises ``ValueError`` for an unknown kernel name, ``TypeError`` for one that is

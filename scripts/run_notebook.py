@@ -1,7 +1,8 @@
 """Run a notebook's code cells top to bottom as plain Python, on a machine without Jupyter (the GPU
 machine): ``python3 scripts/run_notebook.py notebooks/03_new_tile_shape.ipynb``.
 
-IPython magics (``%...``) are dropped; ``IPython.display.display`` becomes ``print`` when IPython is
+IPython magics (``%...``) and shell escapes (``!...``) are dropped (a notebook meant for both keeps its shell
+steps out of its code cells); ``IPython.display.display`` becomes ``print`` when IPython is
 absent; figures go to matplotlib's Agg backend.  Without matplotlib, cells that draw are skipped (and
 said so); any other exception stops the run with a traceback (exit status 1).
 """
@@ -58,7 +59,7 @@ def main(path: str, nb: dict | None = None) -> None:
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
             continue
-        src = "".join(line for line in cell["source"] if not line.lstrip().startswith("%"))
+        src = "".join(line for line in cell["source"] if not line.lstrip().startswith(("%", "!")))
         try:
             exec(compile(src, f"{path}:cell{i}", "exec"), ns)
         except (ImportError, AttributeError) as exc:  # (the stub matplotlib has no submodules: ImportError)

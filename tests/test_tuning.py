@@ -39,8 +39,14 @@ def test_shipped_configs_lists_every_kernel():
     assert set(table) == set(registry.names())
     for name, configs in table.items():
         assert configs, name
-    assert table["ranker_fwd"] == {**{f"head_dim={d}": c for d, c in rf.CONFIGS.items()},
-                                   **{f"head_dim={d} {m} cap": c for (m, d), c in rf.CAP_CONFIGS.items()}}
+    # every head dim and cap, each dtype's config (one label where both dtypes run the same one)
+    want = {}
+    for label, d, m in [*((f"head_dim={d}", d, "none") for d in rf.CONFIGS),
+                        *((f"head_dim={d} {m} cap", d, m) for m, d in rf.CAP_CONFIGS)]:
+        bf16, fp16 = rf.shipped_config(torch.bfloat16, d, m), rf.shipped_config(torch.float16, d, m)
+        want.update({label: bf16} if bf16 == fp16 else {f"{label} bfloat16": bf16, f"{label} float16": fp16})
+    assert table["ranker_fwd"] == want
+    assert table["ranker_fwd"]["head_dim=128 float16"].checked_max is False  # (the fixed max is bf16's)
     from cute_kernels.kernels import hc_mix
 
     from cute_kernels.kernels import hc_mix_tma
