@@ -120,8 +120,8 @@ _SHIPPED: dict[str, Callable[[Any], dict]] = {
 def shipped_configs(kernel: Optional[str] = None) -> dict:
     """Shipped configs: ``{kernel: {label: config}}`` for every registered kernel (or just ``kernel``).
 
-    Labels say where a config applies: ``"head_dim=128 bfloat16"`` (ranker_fwd: head dim, cap, dtype where the
-    dtypes' differ), ``"method=tma (default) M=4096"``
+    Labels say where a config applies: ``"head_dim=128 bfloat16"`` (ranker_fwd: head dim, cap, and the dtype
+    where the two dtypes' configs differ), ``"method=tma (default) M=4096"``
     (hc_mix: method and rows per call), ``"bfloat16 q=1024 k=256"`` (qknorm, per-rank widths), ...  Values are
     the kernels' frozen config dataclasses (for a kernel without an adapter here: its
     ``compile_targets()`` keys).  Raises ``ValueError`` for an unknown kernel name, ``TypeError`` for one that is

@@ -1,10 +1,9 @@
 """Run a notebook's code cells top to bottom as plain Python, on a machine without Jupyter (the GPU
 machine): ``python3 scripts/run_notebook.py notebooks/03_new_tile_shape.ipynb``.
 
-IPython magics (``%...``) and shell escapes (``!...``) are dropped (a notebook meant for both keeps its shell
-steps out of its code cells); ``IPython.display.display`` becomes ``print`` when IPython is
-absent; figures go to matplotlib's Agg backend.  Without matplotlib, cells that draw are skipped (and
-said so); any other exception stops the run with a traceback (exit status 1).
+IPython magics (``%...``) and shell escapes (``!...``) are dropped (they do not run here);
+``IPython.display.display`` becomes ``print`` when IPython is absent; figures go to matplotlib's Agg backend.
+Without matplotlib, cells that draw are skipped (and said so); any other exception stops the run with a traceback (exit status 1).
 """
 
 import json
