@@ -3,7 +3,8 @@ machine): ``python3 scripts/run_notebook.py notebooks/03_new_tile_shape.ipynb``.
 
 IPython magics (``%...``) and shell escapes (``!...``) are dropped (they do not run here);
 ``IPython.display.display`` becomes ``print`` when IPython is absent; figures go to matplotlib's Agg backend.
-Without matplotlib, cells that draw are skipped (and said so); any other exception stops the run with a traceback (exit status 1).
+Without matplotlib, cells that draw are skipped (and said so); any other exception stops the run with a
+traceback (exit status 1).
 """
 
 import json
