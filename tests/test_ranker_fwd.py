@@ -163,6 +163,23 @@ def test_cuda_required():
                             torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, dtype=torch.int32))
 
 
+def test_autocast_casts_only_float32_inputs_under_autocast():
+    """The autocast cast (GPU-tested through the op in tests/gpu/test_ranker_bwd_gpu.py), here on CPU tensors under
+    CPU autocast: float32 q and v are cast to the autocast dtype, k already bfloat16 is not; nothing is cast
+    without autocast, or on meta tensors; the op then still refuses the CPU device."""
+    q = torch.randn(1, 8, 2, 64)
+    k = q.to(torch.bfloat16)
+    args = (q, k, q)
+    assert all(a is b for a, b in zip(rf._autocast_inputs(*args), args))  # autocast off
+    with torch.autocast("cpu", dtype=torch.float16):
+        cq, ck, cv = rf._autocast_inputs(*args)
+        assert cq.dtype == cv.dtype == torch.float16 and ck is k
+        meta = tuple(t.to("meta") for t in args)
+        assert all(a is b for a, b in zip(rf._autocast_inputs(*meta), meta))
+        with pytest.raises(ValueError, match="CUDA"):
+            rf.ranker_attention(q, q, q, torch.zeros(1, 4, dtype=torch.int32))
+
+
 def test_illegal_configs_are_refused_at_construction():
     """Issue 3: an illegal config is rejected when constructed, with the reason (directly, through
     dataclasses.replace and through the --config parser), for every kernel's config class."""

@@ -1788,6 +1788,21 @@ _grad_enabled = torch.is_grad_enabled
 _empty_like = torch.empty_like
 
 
+def _autocast_inputs(q, k, v):
+    """Under ``torch.autocast`` for q's device type (CUDA; CPU too, where the op then refuses the device):
+    ``(q, k, v)`` with every float32 one cast to the autocast dtype, as torch's
+    ``scaled_dot_product_attention`` casts its inputs (autocast's lower-precision list); bfloat16 and float16
+    inputs pass as they are (a mix of the two is refused later, as without autocast).  With autocast off, or on
+    other devices (meta), the inputs unchanged.  The cast is differentiable: float32 leaves get float32
+    gradients."""
+    device = q.device.type if isinstance(q, torch.Tensor) else None
+    if (device not in ("cuda", "cpu") or not torch.is_autocast_enabled(device)
+            or not any(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in (q, k, v))):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in (q, k, v))
+
+
 def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
                      cu_seqlens=None, max_seqlen=None):
     """Ranker attention forward (history + candidates mask) on Hopper.
@@ -1855,11 +1870,14 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     bounds' values (a device sync per counted call); on meta tensors and during a graph capture the dense upper
     bound.  Make the counter after this module loaded (a first call, or ``cute_kernels.register_ops()``): it copies
     torch's formula registry when made.
+    ``torch.autocast`` (CUDA): float32 q, k, v are cast to the autocast dtype first, as
+    ``torch.nn.functional.scaled_dot_product_attention`` does (``out`` then has that dtype; the gradients of
+    float32 inputs are float32); bfloat16 / float16 inputs run as they are.  Without autocast float32 is refused.
     Returns:
-        ``out`` like ``q``; with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
+        ``out`` like ``q`` (under autocast, in the dtype q was cast to); with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
     Raises:
-        TypeError: wrong dtypes (q/k/v not bf16/fp16 or mixed, bounds/cu_seqlens not int32); return_lse
+        TypeError: wrong dtypes (q/k/v not bf16/fp16 (after autocast's cast) or mixed, bounds/cu_seqlens not int32); return_lse
             not a bool;
             cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int,
             cap_method neither a str nor None.
@@ -1886,6 +1904,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
                                     or isinstance(v, torch.Tensor) and v.requires_grad)):
         # the registered op: seen by torch.compile / make_fx, differentiable (ranker_autograd), meta tensors
         # through its fake (shapes only)
+        q, k, v = _autocast_inputs(q, k, v)
         out, lse = _ranker_op(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen)
     else:  # eager without grad: what the op's fast path would run (its grad re-check skipped: ~2 us); without
         # return_lse, the kernel variant that writes no LSE (one allocation and one launch argument fewer)
@@ -1942,6 +1961,9 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
                 return out, lse
             except (ValueError, TypeError, RuntimeError, BufferError):  # refused before the launch (or a
                 pass  # launch error, which the full path meets again): the full path below explains
+    cast = _autocast_inputs(q, k, v)  # (float32 under torch.autocast: no plan is kept for such calls)
+    if cast[0] is not q or cast[1] is not k or cast[2] is not v:
+        (q, k, v), key = cast, None
     return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, plan_key=key,
                         with_lse=with_lse)
 

@@ -572,6 +572,39 @@ def test_autograd_and_compile():
     torch.testing.assert_close(eager[0], cute_kernels.ranker_attention(q, k, v, bounds, cap=30.0), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["eager", "no-grad", "compiled"])
+def test_autocast_casts_float32_inputs(amp_dtype, mode):
+    """Under torch.autocast, float32 q, k, v (e.g. out of an RMSNorm, which autocast runs in float32) are cast to
+    the autocast dtype as SDPA casts them: out has that dtype, with the bits of a call on the cast inputs (the same
+    kernels), and the float32 leaves get float32 gradients, those of the cast inputs' gradients.  Mixed: an input
+    already in the autocast dtype is not cast.  Without autocast float32 is still refused."""
+    torch._dynamo.reset()
+    q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 2, 128), dtype=torch.float32, seed=47)
+    k = k.to(amp_dtype)  # one input already in the autocast dtype
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+    call = lambda a, b, c: cute_kernels.ranker_attention(a, b, c, bounds, cap=30.0, return_lse=True)  # noqa: E731
+    fn = torch.compile(call, fullgraph=True) if mode == "compiled" else call
+    grad = mode != "no-grad"
+    leaves = [t.detach().clone().requires_grad_(grad) for t in (q, k, v)]
+    with torch.autocast("cuda", dtype=amp_dtype), torch.set_grad_enabled(grad):
+        out, lse = fn(*leaves)
+    assert out.dtype == amp_dtype and lse.dtype == torch.float32
+    cast = [t.detach().to(amp_dtype).requires_grad_(grad) for t in (q, k, v)]
+    want_out, want_lse = call(*cast)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    if grad:
+        out.backward(do.to(amp_dtype))
+        want_out.backward(do.to(amp_dtype))
+        for name, got, w, leaf in zip(("dq", "dk", "dv"), (x.grad for x in leaves), (x.grad for x in cast), leaves):
+            assert got.dtype == leaf.dtype, name
+            # the same kernels; dQ's float32 atomics may order differently between the two runs
+            torch.testing.assert_close(got.float(), w.float(), rtol=1e-2, atol=1e-2, msg=name)
+    with pytest.raises(TypeError, match="dtype|bfloat16|float16"):
+        cute_kernels.ranker_attention(q, k.float(), v, bounds)
+    torch._dynamo.reset()
+
+
 def test_torch_deterministic_flag_makes_autograd_bitwise():
     """torch.use_deterministic_algorithms(True): the autograd backward (eager and torch.compile) gives the same
     bits on every run, those of ranker_attention_backward(deterministic=True)."""
