@@ -345,7 +345,6 @@ def test_configs_validate():
                     (dict(tile_n=64), "tile_n"), (dict(stages=9), "stages"),
                     (dict(split_head_dim=True), "split_head_dim: tile_n=128"),
                     (dict(split_head_dim=True, tile_n=64), "keys-split schedule"),
-                    (dict(sdp_roles=True), "sdp_roles needs split_head_dim"),
                     (dict(head_dim=256, tile_n=64, split_head_dim=True, dq_first=False, dq_swap_ab=False,
                           skip_key_bias=False), "shared memory"),
                     (dict(mma_regs=250), "multiple of 8"), (dict(producer_regs=16), r"multiple of 8 in \[24, 256\]"),
@@ -371,8 +370,7 @@ SPLIT_128 = dict(split_head_dim=True, tile_n=64, dq_first=False, dq_swap_ab=Fals
                                     dict(stages=3, ds_stages=1), dict(head_dim=64, dq_swap_ab=False),
                                     dict(head_dim=64, tile_m=128, dq_swap_ab=False),
                                     dict(head_dim=256), dict(head_dim=256, ds_stages=1),
-                                    dict(**SPLIT_128, ds_stages=1), dict(**SPLIT_128, stages=3),
-                                    dict(head_dim=256, ds_stages=1, sdp_roles=True), dict(**SPLIT_128, sdp_roles=True)],
+                                    dict(**SPLIT_128, ds_stages=1), dict(**SPLIT_128, stages=3)],
                          ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "shipped")
 def test_smem_bytes_is_the_struct_size(fields):
     """RankerBwdConfig.smem_bytes (what validate() checks against the limit, with the 1024 B of static

@@ -123,7 +123,6 @@ class NamedBarrierBwd(enum.IntEnum):
     # reduce-add has read sdQ.  With dq_per_wg, warpgroup w uses dQFull + w and dQEmpty + w.
     dQFull = 3
     dQEmpty = 5
-    PReady = 7  # sdp_roles: warpgroup 0's P^T (sP^T) and P^T cap' (sPcap) are written (it arrives, warpgroup 1 waits)
 
 
 MAX_GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -260,13 +259,6 @@ class RankerBwdConfig(ValidatedConfig):
     # which read both operands from smem.  Needs ``tile_m = 64`` and none of ``dq_swap_ab``, ``dq_split_rows``,
     # ``dq_first``, ``dk_from_smem`` (the keys-split schedule's options)
     split_head_dim: bool = False
-    # With split_head_dim: the MMA warpgroups split S^T and dP^T by role instead of by q rows
-    # (:meth:`RankerAttentionBwd.mma_one_m_block_roles`): warpgroup 0 computes S^T = K Q^T and P^T over the whole
-    # 64 x tile_m block, warpgroup 1 dP^T = V dO^T, then dS^T from warpgroup 0's P^T cap' (float32, through the
-    # ``sPcap`` smem buffers: the same bits as the q-row split).  Each of sK, sQ, sV, sdO is then read by one
-    # warpgroup, not both: 64 KB less shared-memory traffic per q block at D=256, where shared memory bounds the
-    # mainloop (session 56).
-    sdp_roles: bool = False
 
     def walk_stagger_steps(self) -> int:
         """``walk_stagger``, None resolved: :data:`DETERMINISTIC_WALK_STAGGER` in the deterministic mode, else 0."""
@@ -279,8 +271,7 @@ class RankerBwdConfig(ValidatedConfig):
         dS^T is formed (in bf16), then dQ beside dS^T (``split_head_dim``: dQ alone, P^T and dS^T being in smem)."""
         dq = self.tile_m * self.head_dim // (128 * self.mma_wgs)
         if self.split_head_dim:  # every key, a share of the q rows (S^T) and of the head dim (dK, dV, dQ)
-            # (sdp_roles: one warpgroup's whole S^T, or dP^T beside P^T cap')
-            sdp = self.tile_n * self.tile_m // (128 if self.sdp_roles else 128 * self.mma_wgs)
+            sdp = self.tile_n * self.tile_m // (128 * self.mma_wgs)
             dkv = self.tile_n * self.head_dim // (128 * self.mma_wgs)
             return 2 * dkv + max(2 * sdp, dq)  # (P^T, dS^T leave the registers for smem before dQ)
         per_wg_keys = self.tile_n // self.mma_wgs
@@ -293,7 +284,7 @@ class RankerBwdConfig(ValidatedConfig):
     def smem_bytes(self, elem_bytes: int = 2) -> int:
         """Bytes of the kernel's ``SharedStorage`` struct, laid out as the DSL does (each member at its
         alignment, in declaration order): the mbarriers, then sK, sV, sQ, sdO, sdS^T, sP^T (``split_head_dim``),
-        sPcap (``sdp_roles``), sdQ (1024-byte aligned: the 128-byte swizzle repeats every 1024 bytes), then the LSE and dPsum stages; the
+        sdQ (1024-byte aligned: the 128-byte swizzle repeats every 1024 bytes), then the LSE and dPsum stages; the
         total rounded up to 1024 bytes (:func:`shared_storage`'s size, checked by a CPU test)."""
         end = 0
         for _, size, align in self.smem_members(elem_bytes):
@@ -306,8 +297,6 @@ class RankerBwdConfig(ValidatedConfig):
         q_do = self.stages * self.tile_m * self.head_dim * elem_bytes
         ds = self.ds_stages * self.tile_n * self.tile_m * elem_bytes
         p_t = [(f"sP^T {self.ds_stages} x {self.tile_n}x{self.tile_m}", ds, 1024)] if self.split_head_dim else []
-        if self.sdp_roles:
-            p_t.append((f"sPcap {self.ds_stages} x {self.tile_n}x{self.tile_m} fp32", ds * 4 // elem_bytes, 1024))
         return [("mbarriers", 8 * (2 + 4 * self.stages), 8),
                 (f"sK {self.tile_n}x{self.head_dim}", self.tile_n * self.head_dim * elem_bytes, 1024),
                 (f"sV {self.tile_n}x{self.head_dim}", self.tile_n * self.head_dim * elem_bytes, 1024),
@@ -333,8 +322,6 @@ class RankerBwdConfig(ValidatedConfig):
             if self.dq_swap_ab or self.dq_split_rows or self.dq_first or self.dk_from_smem:
                 raise ValueError("split_head_dim: dq_swap_ab, dq_split_rows, dq_first and dk_from_smem belong to "
                                  "the keys-split schedule; leave them False")
-        elif self.sdp_roles:
-            raise ValueError("sdp_roles needs split_head_dim=True (it splits the head-dim schedule's S^T and dP^T)")
         elif self.tile_n != 64 * self.mma_wgs:
             raise ValueError(f"tile_n={self.tile_n}: must be 64 (WGMMA M) x mma_wgs = {64 * self.mma_wgs}")
         if self.tile_m not in (64, 80, 128):
@@ -565,16 +552,15 @@ def tiled_mmas(dtype, config: RankerBwdConfig):
     """The mainloop's WGMMAs (DSL objects; call inside a trace), ``(sdp, dkv, dq)``: S^T = K Q^T and
     dP^T = V dO^T (M = keys, 64 per MMA warpgroup; N = q rows; K = head dim); dV += P^T dO and dK +=
     dS^T Q (M = keys, N = head dim, K = q rows, A from registers); with ``split_head_dim`` the 64 keys are
-    one M and the warpgroups split N instead (S^T's q rows; dK's and dV's head dim, A from smem; with
-    ``sdp_roles`` S^T and dP^T are one warpgroup's MMA over every q row); dQ = dS K
+    one M and the warpgroups split N instead (S^T's q rows; dK's and dV's head dim, A from smem); dQ = dS K
     (M = q rows, N = head dim split between the warpgroups; with ``dq_split_rows`` the q rows split instead, 64
     per warpgroup) or, with ``dq_swap_ab``, dQ^T = K^T dS^T (M = head dim, 64 per warpgroup; N = q rows).  The
     kernel and :func:`cute_kernels.layouts.kernel_layouts.ranker_bwd_layouts` both build them here."""
     K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
     if config.split_head_dim:  # the warpgroups side by side along N: q rows of S^T, head-dim columns of dK/dV
-        sdp = sm90_utils.make_trivial_tiled_mma(  # (sdp_roles: one warpgroup's, over all q rows)
-            dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(1, 1 if config.sdp_roles else config.mma_wgs, 1),
-            tiler_mn=(64, config.tile_m if config.sdp_roles else config.tile_m // config.mma_wgs))
+        sdp = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
+            tiler_mn=(64, config.tile_m // config.mma_wgs))
         dkv = sm90_utils.make_trivial_tiled_mma(  # A = P^T or dS^T from smem
             dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
             tiler_mn=(64, config.head_dim // config.mma_wgs))
@@ -645,8 +631,6 @@ def shared_storage(dtype, config: RankerBwdConfig, lay: dict):
         sdSt=aligned(dtype, lay["sdSt"], 1024))
     if config.split_head_dim:
         members["sPt"] = aligned(dtype, lay["sdSt"], 1024)
-    if config.sdp_roles:  # P^T cap' in float32, each thread's elements strided by 128 threads (conflict-free)
-        members["sPcap"] = cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(lay["sdSt"])], 1024]
     members.update(sdQ=aligned(Float32, lay["sdQ"], 1024), sLSE=aligned(Float32, lay["sLSE"], 128),
                    sdPsum=aligned(Float32, lay["sLSE"], 128))
     return cute.struct(type("SharedStorage", (), {"__annotations__": members}))
@@ -796,11 +780,9 @@ class RankerAttentionBwd:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdSt = storage.sdSt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
-        sPt = sPcap = None
+        sPt = None
         if const_expr(self.config.split_head_dim):
             sPt = storage.sPt.get_tensor(sdSt_layout.outer, swizzle=sdSt_layout.inner)
-        if const_expr(self.config.sdp_roles):
-            sPcap = storage.sPcap.get_tensor(cute.make_layout(cute.cosize(sdSt_layout)))
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sdQ_flat = storage.sdQ.get_tensor(cute.make_layout(cute.cosize(sdQ_layout)))  # (zeroed whole)
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
@@ -819,7 +801,7 @@ class RankerAttentionBwd:
                 self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
-            self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sPcap, sdQ, sLSE, sdPsum,
+            self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sdQ, sLSE, sdPsum,
                      sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q,
                      pipeline_do, tidx - 128, work, mdKVsem, scale_log2, softmax_scale, cap)
 
@@ -1165,18 +1147,15 @@ class RankerAttentionBwd:
 
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
-    def mma(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sPcap, sdQ, sLSE, sdPsum,
-            sdKVacc,
+    def mma(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sdQ, sLSE, sdPsum, sdKVacc,
             tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q, pipeline_do, tidx, work,
             mdKVsem, scale_log2, softmax_scale, cap):
         """Warpgroups 1 and 2: for each q block, the five GEMMs and the pointwise steps; then the epilogue."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(self.config.mma_wgs, stride=128)
-        roles = self.config.sdp_roles  # (S^T / dP^T: one warpgroup's MMA each, thread index within it)
-        sdp_tidx = tidx % 128 if const_expr(roles) else tidx
-        thr_mma_sdp = tiled_mma_sdp.get_slice(sdp_tidx)
+        thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
         thr_mma_dq = tiled_mma_dq.get_slice(tidx)
-        wg_mma_sdp = tiled_mma_sdp.get_slice(0 if const_expr(roles) else wg_layout(wg_idx))
+        wg_mma_sdp = tiled_mma_sdp.get_slice(wg_layout(wg_idx))
         wg_mma_dkv = tiled_mma_dkv.get_slice(wg_layout(wg_idx))
         wg_mma_dq = tiled_mma_dq.get_slice(wg_layout(wg_idx))
         tSrK = wg_mma_sdp.make_fragment_A(wg_mma_sdp.partition_A(sK))
@@ -1207,18 +1186,12 @@ class RankerAttentionBwd:
         tdQsdQ = thr_mma_dq.partition_C(sm90.transpose_view(sdQ) if const_expr(self.config.dq_swap_ab) else sdQ)
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
-        ds_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_sdp).get_slice(sdp_tidx)
+        ds_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = ds_thr_copy.partition_D(sdSt)  # (.., ds stage)
         if const_expr(self.config.split_head_dim):  # P^T and dS^T as the dV and dK GEMMs' A from smem
             tdVrPt = wg_mma_dkv.make_fragment_A(wg_mma_dkv.partition_A(sPt))  # (.., ds stage)
             tdKrdSt = wg_mma_dkv.make_fragment_A(wg_mma_dkv.partition_A(sdSt))  # (.., ds stage)
             tdPsPt = ds_thr_copy.partition_D(sPt)  # (.., ds stage)
-        tPcap = None
-        if const_expr(roles):  # this thread's P^T cap' in sPcap's first buffer, laid out as its S^T fragment with
-            # the 128 threads' elements interleaved (element i of thread t at i * 128 + t: one wavefront per warp)
-            acc_shape = tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m))
-            tPcap = cute.make_tensor(sPcap.iterator + sdp_tidx, cute.composition(
-                cute.make_layout(cute.size(acc_shape), stride=128), cute.make_layout(acc_shape)))
 
         n_block, count, seg = work[0], work[9], work[5]
         if count > 0:
@@ -1233,8 +1206,8 @@ class RankerAttentionBwd:
             if const_expr(self.config.split_head_dim):
                 loop_args = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdVrPt,
                              tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn)
-                loop_tail = (tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, tPcap, smem_atom, sLSE, sdPsum, pipeline_q,
-                             pipeline_do, scale_log2, softmax_scale, cap)
+                loop_tail = (tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
+                             scale_log2, softmax_scale, cap)
             else:
                 loop_args = (tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
                              tdVrdOt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn)
@@ -1255,16 +1228,6 @@ class RankerAttentionBwd:
     def q_blocks(self, q_state, count, wg_idx, loop_args, key_bias, loop_tail):
         """The ``count`` q blocks of this KV block (:meth:`mma_one_m_block` each); ``key_bias`` None: every
         key of the block is in the history (``skip_key_bias``)."""
-        if const_expr(self.config.sdp_roles):  # a loop per role: each holds only its own role's registers
-            if wg_idx == 0:
-                for i in cutlass.range(count, unroll=1):
-                    ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
-                    q_state = self.mma_one_m_block_roles(q_state, ds_idx, 0, *loop_args, key_bias, *loop_tail)
-            else:
-                for i in cutlass.range(count, unroll=1):
-                    ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
-                    q_state = self.mma_one_m_block_roles(q_state, ds_idx, 1, *loop_args, key_bias, *loop_tail)
-            return q_state
         for i in cutlass.range(count, unroll=1):
             ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
             if const_expr(self.config.split_head_dim):
@@ -1382,12 +1345,14 @@ class RankerAttentionBwd:
     @cute.jit
     def mma_one_m_block_split(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK,
                               tSrQ, tdPrV, tdPrdO, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
-                              tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, tPcap, smem_atom, sLSE, sdPsum,
+                              tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum,
                               pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
         """One q block of the head-dim split schedule (``split_head_dim``): S^T and dP^T over this warpgroup's
-        q rows (every key), P^T and dS^T into smem buffer ``ds_idx`` (stmatrix), one barrier, then
-        :meth:`dkv_dq_split`.  The buffers' previous readers (two q blocks back with ``ds_stages=2``) finished
-        before either warpgroup passed the last barrier.  (``tPcap``: unused, :meth:`mma_one_m_block_roles`'s.)"""
+        q rows (every key), P^T and dS^T into smem buffer ``ds_idx`` (stmatrix), one barrier, then dK += dS^T Q,
+        dV += P^T dO and dQ = dS K over this warpgroup's head-dim columns, all three with both operands in smem
+        (each needs every q row of P^T / dS^T, i.e. the other warpgroup's too).  The buffers' previous readers
+        (two q blocks back with ``ds_stages=2``) finished before either warpgroup passed the last barrier."""
+        stage = q_state.index
         rP, rdS = self.p_and_ds(q_state, tiled_mma_sdp, tSrK, tSrQ, tdPrV, tdPrdO, tScS_mn, key_bias, sLSE, sdPsum,
                                 pipeline_q, pipeline_do, scale_log2, softmax_scale, cap)
 
@@ -1397,63 +1362,7 @@ class RankerAttentionBwd:
         cute.copy(smem_atom, ds_thr_copy.retile(rdS), tdSsdS[None, None, None, ds_idx])
         cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
-        return self.dkv_dq_split(q_state, ds_idx, wg_idx, tiled_mma_dkv, tiled_mma_dq, tdVrdOt, tdVrPt, tdKrdSt,
-                                 tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tdQsdQ, pipeline_q, pipeline_do)
 
-    @cute.jit
-    def mma_one_m_block_roles(self, q_state, ds_idx, wg_idx, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tSrK,
-                              tSrQ, tdPrV, tdPrdO, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV,
-                              tScS_mn, key_bias, tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, tPcap, smem_atom, sLSE, sdPsum,
-                              pipeline_q, pipeline_do, scale_log2, softmax_scale, cap):
-        """One q block of the head-dim split schedule with ``sdp_roles``: warpgroup 0 computes S^T = K Q^T over
-        the whole block, P^T into sP^T (stmatrix) and P^T cap' into sPcap (float32), and arrives on ``PReady``;
-        warpgroup 1 computes dP^T = V dO^T meanwhile, waits on ``PReady``, and forms dS^T = P^T cap' (dP^T -
-        dPsum) into sdS^T (the q-row split's arithmetic, so the same bits).  One barrier, then
-        :meth:`dkv_dq_split`.  Each of sK, sQ, sV, sdO is read by one warpgroup's S^T / dP^T GEMM instead of
-        both."""
-        stage = q_state.index
-        if const_expr(self.config.ds_stages == 1):  # both warpgroups' GEMMs of the last q block are done
-            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
-        acc = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        acc_mn = sm90.acc_mn(acc)
-        tPcap_buf = cute.make_tensor(tPcap.iterator + ds_idx * (self.tile_n * self.tile_m), tPcap.layout)
-        if const_expr(wg_idx == 0):
-            pipeline_q.consumer_wait(q_state)
-            sm90.wgmma_gemm(tiled_mma_sdp, acc, tSrK, tSrQ[None, None, None, stage], zero_init=True)
-            warpgroup.wait_group(0)
-            rP = cute.make_rmem_tensor_like(acc, self.dtype)
-            self.probs(acc_mn, sm90.acc_mn(rP), tScS_mn, key_bias, sLSE, stage, scale_log2, softmax_scale, cap)
-            cute.copy(smem_atom, ds_thr_copy.retile(rP), tdPsPt[None, None, None, ds_idx])
-            cute.autovec_copy(acc, tPcap_buf)  # P^T cap'
-            cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
-            cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.PReady), number_of_threads=self.num_mma_threads)
-            pipeline_do.consumer_wait(q_state)  # (dO: this warpgroup's dV GEMM)
-        else:
-            pipeline_do.consumer_wait(q_state)
-            sm90.wgmma_gemm(tiled_mma_sdp, acc, tdPrV, tdPrdO[None, None, None, stage], zero_init=True)
-            warpgroup.wait_group(0)
-            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PReady), number_of_threads=self.num_mma_threads)
-            pcap_mn = sm90.acc_mn(tPcap_buf)
-            for c in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                dpsum = sdPsum[tScS_mn[0, c][1], stage]
-                for r in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-                    acc_mn[r, c] = pcap_mn[r, c] * (acc_mn[r, c] - dpsum)
-            rdS = cute.make_rmem_tensor_like(acc, self.dtype)
-            rdS.store(acc.load().to(self.dtype))
-            cute.copy(smem_atom, ds_thr_copy.retile(rdS), tdSsdS[None, None, None, ds_idx])
-            cute.arch.fence_view_async_shared()
-            pipeline_q.consumer_wait(q_state)  # (Q: this warpgroup's dK GEMM)
-        cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
-        return self.dkv_dq_split(q_state, ds_idx, wg_idx, tiled_mma_dkv, tiled_mma_dq, tdVrdOt, tdVrPt, tdKrdSt,
-                                 tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tdQsdQ, pipeline_q, pipeline_do)
-
-    @cute.jit
-    def dkv_dq_split(self, q_state, ds_idx, wg_idx, tiled_mma_dkv, tiled_mma_dq, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt,
-                     tdQrdS, tdQrKt, acc_dK, acc_dV, tdQsdQ, pipeline_q, pipeline_do):
-        """The head-dim split schedule's GEMMs after P^T and dS^T are in smem buffer ``ds_idx``: dK += dS^T Q,
-        dV += P^T dO and dQ = dS K over this warpgroup's head-dim columns, all three with both operands in smem
-        (each needs every q row of P^T / dS^T); the Q and dO stages released, dQ handed to the dQ warp."""
-        stage = q_state.index
         # dK, dV, then dQ: sQ and sdO are released (for the next q block's loads: one stage each) as soon as their
         # last GEMM is done, dQ's hand-off comes last.  Session 55, same run, default mode, us (B=4 4096+512 /
         # B=16 1024+256, H16 D=256; bench/results/logs/2026-12-04_s55_ranker_bwd_d256_gemm_order.log): dK dV dQ
