@@ -3,7 +3,8 @@
 The case-matrix tests (test_ranker_fwd_gpu.py, test_ranker_bwd_gpu.py) pick their cases by hand; here each case
 draws everything at once from the run's seed and its index (tests/seeding.py: ``CUTE_KERNELS_SEED`` replays a
 failure; the assertion message describes the case): dtype, head dim, GQA ratio and form, cap method and value,
-softmax scale, fixed length or packed (sequences of 0 to 700 tokens and a tail of unowned tokens), per-row bounds
+softmax scale, fixed length (1 to 2500 tokens) or packed (1 to 16 sequences of 0 to 2000 tokens and a tail of
+unowned tokens), per-row bounds
 (history and candidates in either order, overlapping, empty, out of range), tensor layouts (compact, q/k/v as
 slices of one packed qkv tensor, head-major views, padded rows), input scale and the deterministic mode.  Each
 case runs the forward (out and LSE against float64, the forward tests' bar) and the explicit backward into
@@ -84,20 +85,22 @@ def _case(i: int) -> dict:
     d = rng.choices([64, 128, 256], weights=[4, 5, 2])[0]
     dtype = rng.choices([torch.bfloat16, torch.float16], weights=[3, 1])[0]
     hkv = rng.choice([1, 2, 4])
-    hq = hkv * rng.choice([1, 1, 2, 4])
+    hq = hkv * rng.choice([1, 1, 2, 4] + [8] * (hkv < 4))
     cap_method = rng.choice(["none", "none", "tanh", "soft_sign"])
     cap = None if cap_method == "none" else round(10 ** rng.uniform(0, 2), 3)
     case = dict(index=i, d=d, dtype=dtype, hq=hq, hkv=hkv, cap=cap, cap_method="tanh" if cap is None else cap_method,
                 scale=None if rng.random() < 0.7 else round(rng.uniform(0.02, 0.3), 4),
-                input_scale=rng.choice([0.5, 1.0, 1.0, 2.0]), varlen=rng.random() < 0.3,
+                input_scale=rng.choice([0.5, 1.0, 1.0, 2.0, 4.0]), varlen=rng.random() < 0.3,
                 deterministic=rng.random() < 0.3, gqa_group=rng.choice([None, True, False]) if hq > hkv else None)
     if case["varlen"]:
-        case["seqlens"] = [rng.choices([0, 1, rng.randint(2, 700)], weights=[1, 1, 6])[0]
-                           for _ in range(rng.randint(1, 5))]
+        n = rng.choice([rng.randint(1, 5), rng.randint(6, 16)])
+        case["seqlens"] = [rng.choices([0, 1, rng.randint(2, 700), rng.randint(701, 2000)], weights=[1, 1, 6, 1])[0]
+                           for _ in range(n)]
         case["tail"] = rng.choice([0, rng.randint(1, 50)])
         case["bounds"] = [_bounds_row(rng, s) for s in case["seqlens"]]
     else:
-        case["b"], case["s"] = rng.randint(1, 4), rng.choices([1, rng.randint(2, 900)], weights=[1, 7])[0]
+        case["b"], case["s"] = rng.randint(1, 4), rng.choices([1, rng.randint(2, 900), rng.randint(901, 2500)],
+                                                              weights=[1, 6, 2])[0]
         case["bounds"] = [_bounds_row(rng, case["s"]) for _ in range(case["b"])]
     case["without_lse"] = rng.random() < 0.4
     case["layout_rng"] = rng.random()
