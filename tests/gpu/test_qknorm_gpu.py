@@ -1,9 +1,12 @@
 """GPU: fused Q/K RMSNorm (G = 1) against a float64 reference; strided views, bounds, graphs, compile."""
 
 import dataclasses
+import os
+import random
 
 import pytest
 import torch
+from seeding import RUN_SEED, generator
 
 import cute_kernels
 from cute_kernels.kernels import qknorm as mod
@@ -327,3 +330,43 @@ def test_other_cases_keep_one_cta_per_tile(dtype, qk, n):
     assert key == (dtype, *qk)
     buf, q, k, wq, wk = _make(n, *qk, dtype, pad=8)
     _check(buf, q, k, wq, wk, 1e-6, *qk, n)
+
+
+FUZZ_CASES = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES", "12"))
+
+
+@pytest.mark.parametrize("i", range(FUZZ_CASES), ids=lambda i: f"case{i}")  # (ids the same in every process)
+def test_random_widths_rows_and_strides(i):
+    """Random cases drawn from the run's seed (``CUTE_KERNELS_FUZZ_CASES``, default 12, sets how many): dtype,
+    widths (the shipped ones, which take the persistent and bulk-staged kernels at some N, or any multiples of the
+    16-byte vector up to 8192 / 2048 that fit one CTA), 1 to 20000 tokens, padded rows of a qkv-like buffer, eps
+    (0 too), zero rows, inputs scaled by 1e-3 to 1e2: against float64, nothing outside q and k written."""
+    rng = random.Random(RUN_SEED * 1000 + 7000 + i)
+    g = generator(7000 + i)
+    dtype = rng.choice(mod.DTYPES)
+    vec = mod.vec_elems(dtype)
+    while True:
+        if rng.random() < 0.4:
+            qd, kd = rng.choice([(4096, 1024), (6144, 1024)])
+        else:
+            qd, kd = vec * rng.randint(1, 8192 // vec), vec * rng.randint(1, 2048 // vec)
+        try:
+            mod.QKNormConfig.for_shape(qd, kd, dtype, tuning=mod.DEFAULT_TUNING)
+            break
+        except ValueError:  # (a pair too wide for one CTA: draw again)
+            continue
+    n = rng.choice([rng.randint(1, 64), rng.randint(65, 4096), rng.randint(4097, 20000)])
+    pad = vec * rng.choice([0, 0, rng.randint(1, 64)])
+    eps = rng.choice([0.0, 1e-6, 1e-6, 1e-3])
+    scale = rng.choice([1e-3, 1.0, 1.0, 1e2])
+    buf = torch.full((n + 1, qd + kd + pad), float("nan"), device="cuda", dtype=dtype)
+    q, k = buf[:n, :qd], buf[:n, qd:qd + kd]
+    q.copy_(torch.randn(n, qd, device="cuda", generator=g) * scale)
+    k.copy_(torch.randn(n, kd, device="cuda", generator=g) * scale)
+    zero = torch.rand(n, device="cuda", generator=g) < 0.02
+    q[zero] = 0
+    k[zero] = 0
+    wq = torch.randn(qd, device="cuda", generator=g).to(dtype)
+    wk = torch.randn(kd, device="cuda", generator=g).to(dtype)
+    print(f"qknorm fuzz case {i}: {dtype} Q={qd} K={kd} N={n} pad={pad} eps={eps} scale={scale}")
+    _check(buf, q, k, wq, wk, eps, qd, kd, n)
