@@ -1,11 +1,12 @@
 """GPU: hc_mix_sinkhorn against the float64 reference, bitwise batch invariance, graphs, poisoning."""
 
 import math
-
+import os
+import random
 
 import pytest
 import torch
-from seeding import generator
+from seeding import RUN_SEED, generator
 
 import cute_kernels
 from cute_kernels.kernels import hc_mix as mod
@@ -394,3 +395,35 @@ def test_tma_fused_epilogue_gives_the_two_kernel_bits():
             assert torch.equal(a, b)
     for a, b in zip(out, got[-1]):  # the last call's values
         assert torch.equal(a, b)
+
+
+FUZZ_CASES = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES", "12"))
+
+
+@pytest.mark.parametrize("i", range(FUZZ_CASES), ids=lambda i: f"case{i}")  # (ids the same in every process)
+def test_random_shapes_strides_and_parameters(i):
+    """Random cases drawn from the run's seed (``CUTE_KERNELS_FUZZ_CASES``, default 12, sets how many): K (a
+    multiple of 64 up to 32768, or the shipped 20480 / 7168), 1 to 6000 rows, padded rows, both methods, Sinkhorn
+    iterations, both eps, scaled inputs and a row of zeros: the public op against the float64 reference."""
+    rng = random.Random(RUN_SEED * 1000 + 9000 + i)
+    k = rng.choice([20480, 7168, 64 * rng.randint(1, 512)])
+    m = rng.choice([1, rng.randint(2, 600), rng.randint(601, 6000)])
+    pad = 8 * rng.choice([0, 0, rng.randint(1, 32)])
+    method = rng.choice(["tma", "walk"])
+    iters = rng.choice([1, 5, 20, 20, 30])
+    rms_eps, hc_eps = rng.choice([1e-6, 1e-3]), rng.choice([1e-6, 1e-3])
+    scale = rng.choice([1e-2, 1.0, 1.0, 30.0])
+    x_full, hc_fn, hc_scale, hc_base = _inputs(m, k + pad, seed=9000 + i)
+    x = (x_full.float() * scale).bfloat16()[:, :k]
+    if m > 1:
+        x[rng.randrange(m)] = 0  # (rms_eps > 0: r = 1 / sqrt(rms_eps))
+    hc_fn = hc_fn[:, :k].contiguous()
+    print(f"hc_mix fuzz case {i}: M={m} K={k} pad={pad} {method} iters={iters} eps={rms_eps},{hc_eps} scale={scale}")
+    got = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=iters, rms_eps=rms_eps,
+                                       hc_eps=hc_eps, method=method)
+    ref = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, hc_scale, hc_base, sinkhorn_iters=iters, rms_eps=rms_eps,
+                                                 hc_eps=hc_eps)
+    for name, g, w in zip(("pre", "post", "comb"), got, ref):
+        assert torch.isfinite(g).all(), name
+        err = (g.double() - w.double()).abs().max().item()
+        assert err <= 1e-5, f"case {i} {name}: max abs error {err:.3g}"
