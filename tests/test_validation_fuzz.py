@@ -1,0 +1,157 @@
+"""Randomized bad arguments to the public ops (CPU, on meta tensors, where the ops run every argument check and
+launch nothing): a valid call, then one to three random mutations (dtypes, sizes, dimensions, strides, devices,
+non-tensors, scalar values and types).  The property: the call either returns outputs of the right shapes or
+raises ``TypeError`` / ``ValueError`` (the documented errors of bad input), never another exception.  Fresh
+mutations every run (tests/seeding.py: ``CUTE_KERNELS_SEED`` replays them); the failure message names the call.
+"""
+
+import random
+
+import pytest
+import torch
+from seeding import RUN_SEED
+
+import cute_kernels
+
+CASES = 300
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool,
+          torch.uint8, torch.complex64]
+SCALARS = [None, 0, 1, -1, 0.0, 1e-40, 0.1, 2.5, 1e39, float("nan"), float("inf"), -float("inf"), True, False, "1",
+           [1.0], 2**40, torch.tensor(0.5)]
+
+
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def mutate_tensor(rng: random.Random, t):
+    """One random change of a tensor argument (or its replacement by something that is not one)."""
+    kind = rng.choice(["dtype", "size", "ndim-", "ndim+", "last-dim-strided", "stride-0", "step-2", "cpu", "none",
+                       "list", "zero-size"])
+    if not isinstance(t, torch.Tensor):
+        return meta(3, dtype=rng.choice(DTYPES))
+    if kind == "dtype":
+        return t.to(rng.choice(DTYPES))
+    if kind == "size" and t.dim():
+        shape = list(t.shape)
+        i = rng.randrange(len(shape))
+        shape[i] = max(0, shape[i] + rng.choice([-1, 1, 7, -shape[i], 2**20]))
+        return torch.empty(shape, device="meta", dtype=t.dtype)
+    if kind == "ndim-" and t.dim():
+        return t[0] if t.shape[0] else t.sum(0).to(t.dtype)
+    if kind == "ndim+":
+        return t.unsqueeze(rng.randrange(t.dim() + 1))
+    if kind == "last-dim-strided" and t.dim() >= 2:
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if kind == "stride-0" and t.dim():
+        return t[..., :1].expand(t.shape)
+    if kind == "step-2" and t.dim():
+        return torch.empty((*t.shape[:-1], 2 * t.shape[-1]), device="meta", dtype=t.dtype)[..., ::2]
+    if kind == "cpu" and t.numel() < 1 << 20:
+        return torch.zeros(t.shape, dtype=t.dtype)
+    if kind == "none":
+        return None
+    if kind == "list":
+        return [1, 2, 3]
+    if kind == "zero-size" and t.dim():
+        return torch.empty((0, *t.shape[1:]), device="meta", dtype=t.dtype)
+    return t
+
+
+def run_fuzz(name, valid_args, call, check_outputs, case):
+    rng = random.Random(RUN_SEED * 1000 + case)
+    args = dict(valid_args(rng))
+    changes = []
+    for _ in range(rng.randint(1, 3)):
+        key = rng.choice(sorted(args))
+        if isinstance(args[key], torch.Tensor) or rng.random() < 0.2:
+            args[key] = mutate_tensor(rng, args[key])
+        else:
+            args[key] = rng.choice(SCALARS)
+        changes.append(key)
+    desc = f"{name} case {case}: changed {changes}: " + ", ".join(
+        f"{k}={tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}"
+        + (f"/{v.dtype}/{v.device}/{v.stride()}" if isinstance(v, torch.Tensor) else "") for k, v in args.items())
+    try:
+        out = call(args)
+    except (TypeError, ValueError):
+        return
+    except Exception as e:  # noqa: BLE001 (the property under test)
+        pytest.fail(f"{desc}: {type(e).__name__}: {e}")
+    check_outputs(args, out, desc)
+
+
+def ranker_valid(rng):
+    b, s, hkv, d = rng.randint(1, 3), rng.randint(1, 300), rng.choice([1, 2]), rng.choice([64, 128])
+    hq = hkv * rng.choice([1, 2])
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    return dict(q=meta(b, s, hq, d, dtype=dtype), k=meta(b, s, hkv, d, dtype=dtype), v=meta(b, s, hkv, d, dtype=dtype),
+                bounds=meta(b, 4, dtype=torch.int32), softmax_scale=None, cap=rng.choice([None, 30.0]),
+                cap_method="tanh", return_lse=True)
+
+
+def ranker_call(a):
+    return cute_kernels.ranker_attention(a["q"], a["k"], a["v"], a["bounds"], softmax_scale=a["softmax_scale"],
+                                         cap=a["cap"], cap_method=a["cap_method"], return_lse=a["return_lse"])
+
+
+def ranker_outputs(a, out, desc):
+    o, lse = out if a["return_lse"] else (out, None)
+    assert o.shape == a["q"].shape and o.dtype == a["q"].dtype, desc
+    if lse is not None:
+        b, s, hq, _ = a["q"].shape
+        assert lse.shape == (b, hq, s) and lse.dtype == torch.float32, desc
+
+
+def qknorm_valid(rng):
+    n, dtype = rng.randint(1, 64), rng.choice([torch.bfloat16, torch.float16, torch.float32])
+    qd, kd = 8 * rng.randint(1, 64), 8 * rng.randint(1, 16)
+    return dict(q=meta(n, qd, dtype=dtype), k=meta(n, kd, dtype=dtype), q_weight=meta(qd, dtype=dtype),
+                k_weight=meta(kd, dtype=dtype), eps=1e-6)
+
+
+def qknorm_call(a):
+    return cute_kernels.qk_rmsnorm_(a["q"], a["k"], a["q_weight"], a["k_weight"], a["eps"])
+
+
+def qknorm_outputs(a, out, desc):
+    assert out is None, desc
+
+
+def hc_mix_valid(rng):
+    m, k = rng.randint(1, 64), 64 * rng.randint(1, 8)
+    return dict(x=meta(m, k), hc_fn=meta(24, k, dtype=torch.float32), hc_scale=meta(3, dtype=torch.float32),
+                hc_base=meta(24, dtype=torch.float32), sinkhorn_iters=20, rms_eps=1e-6, hc_eps=1e-6,
+                method=rng.choice(["tma", "walk"]))
+
+
+def hc_mix_call(a):
+    return cute_kernels.hc_mix_sinkhorn(a["x"], a["hc_fn"], a["hc_scale"], a["hc_base"],
+                                        sinkhorn_iters=a["sinkhorn_iters"], rms_eps=a["rms_eps"],
+                                        hc_eps=a["hc_eps"], method=a["method"])
+
+
+def hc_mix_outputs(a, out, desc):
+    m = a["x"].shape[0]
+    assert [tuple(t.shape) for t in out] == [(m, 4), (m, 4), (m, 4, 4)], desc
+
+
+OPS = {"ranker_attention": (ranker_valid, ranker_call, ranker_outputs),
+       "qk_rmsnorm_": (qknorm_valid, qknorm_call, qknorm_outputs),
+       "hc_mix_sinkhorn": (hc_mix_valid, hc_mix_call, hc_mix_outputs)}
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_valid_meta_calls_pass(op):
+    """The unmutated calls succeed with the right output shapes (so the property below is not vacuous)."""
+    valid, call, check = OPS[op]
+    for case in range(20):
+        args = valid(random.Random(RUN_SEED + case))
+        check(args, call(args), f"{op} valid case {case}")
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_bad_arguments_raise_type_or_value_errors(op):
+    valid, call, check = OPS[op]
+    for case in range(CASES):
+        run_fuzz(op, valid, call, check, case)
