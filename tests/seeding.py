@@ -1,7 +1,8 @@
 """Fresh random inputs on every run, reproducible on demand.
 
-One seed per test session: ``CUTE_KERNELS_SEED`` if set, else drawn from ``os.urandom``. pytest prints
-it at the end of every run (tests/conftest.py); set ``CUTE_KERNELS_SEED`` to that value to replay a failure.
+One seed per test session: ``CUTE_KERNELS_SEED`` if set, else drawn from ``os.urandom`` (tests/conftest.py draws
+it into the environment when unset, so pytest-xdist's workers share it). pytest prints it at the end of every run;
+set ``CUTE_KERNELS_SEED`` to that value to replay a failure.
 """
 
 import os

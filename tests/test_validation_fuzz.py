@@ -1,7 +1,9 @@
 """Randomized bad arguments to the public ops (CPU, on meta tensors, where the ops run every argument check and
 launch nothing): a valid call, then one to three random mutations (dtypes, sizes, dimensions, strides, devices,
 non-tensors, scalar values and types).  The property: the call either returns outputs of the right shapes or
-raises ``TypeError`` / ``ValueError`` (the documented errors of bad input), never another exception.  Fresh
+raises ``TypeError`` / ``ValueError`` (the documented errors of bad input), never another exception, and it
+raises where a mutation leaves an argument that no call can take (not a tensor, a CPU tensor beside meta ones, a
+dtype no op takes, a non-contiguous last dim).  Fresh
 mutations every run (tests/seeding.py: ``CUTE_KERNELS_SEED`` replays them); the failure message names the call.
 """
 
@@ -25,50 +27,59 @@ def meta(*shape, dtype=torch.bfloat16):
 
 
 def mutate_tensor(rng: random.Random, t):
-    """One random change of a tensor argument (or its replacement by something that is not one)."""
+    """One random change of a tensor argument (or its replacement by something that is not one): ``(new, invalid)``,
+    ``invalid`` True where every op must refuse the result whatever else the call holds (not a tensor, a CPU
+    tensor beside meta ones, a dtype none of them takes, a last dim that is not contiguous)."""
     kind = rng.choice(["dtype", "size", "ndim-", "ndim+", "last-dim-strided", "stride-0", "step-2", "cpu", "none",
                        "list", "zero-size"])
     if not isinstance(t, torch.Tensor):
-        return meta(3, dtype=rng.choice(DTYPES))
+        return meta(3, dtype=rng.choice(DTYPES)), False
+    # (a last dim of one element is contiguous whatever its stride, and so is an empty tensor)
+    wide = t.dim() >= 1 and t.shape[-1] > 1 and t.numel() > 0
     if kind == "dtype":
-        return t.to(rng.choice(DTYPES))
+        dtype = rng.choice(DTYPES)
+        taken = (torch.int32,) if t.dtype == torch.int32 else (torch.bfloat16, torch.float16, torch.float32)
+        return t.to(dtype), dtype not in taken
     if kind == "size" and t.dim():
         shape = list(t.shape)
         i = rng.randrange(len(shape))
         shape[i] = max(0, shape[i] + rng.choice([-1, 1, 7, -shape[i], 2**20]))
-        return torch.empty(shape, device="meta", dtype=t.dtype)
+        return torch.empty(shape, device="meta", dtype=t.dtype), False
     if kind == "ndim-" and t.dim():
-        return t[0] if t.shape[0] else t.sum(0).to(t.dtype)
+        return (t[0] if t.shape[0] else t.sum(0).to(t.dtype)), False
     if kind == "ndim+":
-        return t.unsqueeze(rng.randrange(t.dim() + 1))
+        return t.unsqueeze(rng.randrange(t.dim() + 1)), False
     if kind == "last-dim-strided" and t.dim() >= 2:
-        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2), wide and t.shape[-2] > 1
     if kind == "stride-0" and t.dim():
-        return t[..., :1].expand(t.shape)
+        return t[..., :1].expand(t.shape), wide
     if kind == "step-2" and t.dim():
-        return torch.empty((*t.shape[:-1], 2 * t.shape[-1]), device="meta", dtype=t.dtype)[..., ::2]
+        return torch.empty((*t.shape[:-1], 2 * t.shape[-1]), device="meta", dtype=t.dtype)[..., ::2], wide
     if kind == "cpu" and t.numel() < 1 << 20:
-        return torch.zeros(t.shape, dtype=t.dtype)
+        return torch.zeros(t.shape, dtype=t.dtype), t.numel() > 0
     if kind == "none":
-        return None
+        return None, True
     if kind == "list":
-        return [1, 2, 3]
+        return [1, 2, 3], True
     if kind == "zero-size" and t.dim():
-        return torch.empty((0, *t.shape[1:]), device="meta", dtype=t.dtype)
-    return t
+        return torch.empty((0, *t.shape[1:]), device="meta", dtype=t.dtype), False
+    return t, False
 
 
 def run_fuzz(name, valid_args, call, check_outputs, case):
     rng = random.Random(RUN_SEED * 1000 + case)
     args = dict(valid_args(rng))
-    changes = []
+    tensors = {k for k, v in args.items() if isinstance(v, torch.Tensor)}  # (required tensor arguments)
+    changes, invalid = [], {}
     for _ in range(rng.randint(1, 3)):
         key = rng.choice(sorted(args))
         if isinstance(args[key], torch.Tensor) or rng.random() < 0.2:
-            args[key] = mutate_tensor(rng, args[key])
+            args[key], bad = mutate_tensor(rng, args[key])
+            invalid[key] = bad and key in tensors
         else:
-            args[key] = rng.choice(SCALARS)
+            args[key], invalid[key] = rng.choice(SCALARS), False
         changes.append(key)
+    must_raise = sorted(k for k, bad in invalid.items() if bad)
     desc = f"{name} case {case}: changed {changes}: " + ", ".join(
         f"{k}={tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}"
         + (f"/{v.dtype}/{v.device}/{v.stride()}" if isinstance(v, torch.Tensor) else "") for k, v in args.items())
@@ -78,6 +89,7 @@ def run_fuzz(name, valid_args, call, check_outputs, case):
         return
     except Exception as e:  # noqa: BLE001 (the property under test)
         pytest.fail(f"{desc}: {type(e).__name__}: {e}")
+    assert not must_raise, f"{desc}: accepted, but {must_raise} cannot be right"
     check_outputs(args, out, desc)
 
 

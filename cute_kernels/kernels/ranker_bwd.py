@@ -425,9 +425,9 @@ CONFIGS = {
     # 2436, level with ds_stages=1 alone (7447 / 2436), shipped 7328-7362 / 2371-2406: not kept (branch
     # s57/sdp-roles, ..._s57_ranker_bwd_d256_sdp_roles_probe.log).  Without the dQ GEMM, hand-off and reduce-adds
     # (a wrong dQ, measurement only) 5455 / 1918, and with that sdQ's 64 KB given to a second Q/dO stage 4868 / 1690,
-    # shipped 7448-7601 / 2370-2397 (..._s57_ranker_bwd_d256_dq_path_ablation.log): dQ's path is ~28% of the time
-    # and a second stage worth ~11% more; what fits 227 KB with two stages is ds_stages=1 and a 16 KB sdQ (dQ handed
-    # off in four 32-column chunks), or tile_m=32 (dQ^T = K^T dS^T) with 2-3 stages: not tried
+    # shipped 7448-7601 / 2370-2397 (..._s57_ranker_bwd_d256_dq_path_ablation.log): dQ's path is 27-28% / 19-20% of
+    # the time, and without it a second stage saves 11-12% more; what fits 227 KB with two stages is ds_stages=1 and
+    # a 16 KB sdQ (dQ handed off in four 32-column chunks), or tile_m=32 (dQ^T = K^T dS^T) with 2-3 stages: not tried
     256: RankerBwdConfig(head_dim=256, tile_m=64, tile_n=64, stages=1, split_head_dim=True),
 }
 D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq_split_rows=True)

@@ -1791,8 +1791,9 @@ _empty_like = torch.empty_like
 def _autocast_inputs(q, k, v):
     """Under ``torch.autocast`` for q's device type (CUDA; CPU too, where the op then refuses the device):
     ``(q, k, v)`` with every float32 one cast to the autocast dtype, as torch's
-    ``scaled_dot_product_attention`` casts its inputs (autocast's lower-precision list); bfloat16 and float16
-    inputs pass as they are (a mix of the two is refused later, as without autocast).  With autocast off, or on
+    ``scaled_dot_product_attention`` casts its float32 inputs (autocast's lower-precision list); bfloat16 and
+    float16 inputs pass as they are, where SDPA would cast them to the autocast dtype too (no silent precision
+    change of a 16-bit input; a mix of the two is refused later, as without autocast).  With autocast off, or on
     other devices (meta), the inputs unchanged.  The cast is differentiable: float32 leaves get float32
     gradients."""
     device = q.device.type if isinstance(q, torch.Tensor) else None
@@ -1871,8 +1872,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     bound.  Make the counter after this module loaded (a first call, or ``cute_kernels.register_ops()``): it copies
     torch's formula registry when made.
     ``torch.autocast`` (CUDA): float32 q, k, v are cast to the autocast dtype first, as
-    ``torch.nn.functional.scaled_dot_product_attention`` does (``out`` then has that dtype; the gradients of
-    float32 inputs are float32); bfloat16 / float16 inputs run as they are.  Without autocast float32 is refused.
+    ``torch.nn.functional.scaled_dot_product_attention`` casts them (``out`` then has that dtype; the gradients
+    of float32 inputs are float32); bfloat16 / float16 inputs run as they are (SDPA would also cast a 16-bit
+    input of the other type), and a mix of the two is refused.  Without autocast float32 is refused.  (The
+    registered op ``torch.ops.cute_kernels.ranker_attention_fwd`` itself does not cast.)
     Returns:
         ``out`` like ``q`` (under autocast, in the dtype q was cast to); with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
         varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
@@ -1909,7 +1912,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     else:  # eager without grad: what the op's fast path would run (its grad re-check skipped: ~2 us); without
         # return_lse, the kernel variant that writes no LSE (one allocation and one launch argument fewer)
         out, lse = _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
-                                 with_lse=return_lse)
+                                 with_lse=return_lse, autocast=True)
     return (out, lse) if return_lse else out
 
 
@@ -1931,7 +1934,8 @@ def _plan_key(q, k, v, bounds, softmax_scale, cap, cap_method, with_lse) -> tupl
             type(softmax_scale), softmax_scale, type(cap), cap, type(cap_method), cap_method, with_lse)
 
 
-def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, with_lse: bool = True):
+def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, with_lse: bool = True,
+                  autocast: bool = False):
     """The eager call: a fixed-length call whose :func:`_plan_key` the full path (:func:`_ranker_impl`: every
     check, config choice, compiled function) has run before launches its kept plan; anything else, and
     calls inside a :func:`use_config` block, take the full path, which keeps the plan of a new key.  What
@@ -1943,7 +1947,9 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
     9.9-15.5 without the LSE, 1.4-2.2 us less than with session 24-37's key of every tensor's shape, strides,
     dtype and device plus an alignment check, session 38's ``bench/ranker_plan_key_ab.py``).  The plan
     allocates ``out`` with ``torch.empty_like(q)`` where q is compact (:mod:`~cute_kernels.runtime.alloc`), the
-    rest with ``new_empty``.  ``with_lse=False``: no LSE (None in its place; a plan of its own)."""
+    rest with ``new_empty``.  ``with_lse=False``: no LSE (None in its place; a plan of its own).  ``autocast``
+    (:func:`ranker_attention`'s eager call, not the op, whose fake keeps the input dtype): float32 inputs under
+    ``torch.autocast`` cast first (:func:`_autocast_inputs`; no plan kept for such calls)."""
     key = None
     if cu_seqlens is None and max_seqlen is None and not _OVERRIDES:
         try:
@@ -1961,9 +1967,10 @@ def _ranker_eager(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, m
                 return out, lse
             except (ValueError, TypeError, RuntimeError, BufferError):  # refused before the launch (or a
                 pass  # launch error, which the full path meets again): the full path below explains
-    cast = _autocast_inputs(q, k, v)  # (float32 under torch.autocast: no plan is kept for such calls)
-    if cast[0] is not q or cast[1] is not k or cast[2] is not v:
-        (q, k, v), key = cast, None
+    if autocast:
+        cast = _autocast_inputs(q, k, v)
+        if cast[0] is not q or cast[1] is not k or cast[2] is not v:
+            (q, k, v), key = cast, None
     return _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, plan_key=key,
                         with_lse=with_lse)
 

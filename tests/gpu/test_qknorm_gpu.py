@@ -368,5 +368,6 @@ def test_random_widths_rows_and_strides(i):
     k[zero] = 0
     wq = torch.randn(qd, device="cuda", generator=g).to(dtype)
     wk = torch.randn(kd, device="cuda", generator=g).to(dtype)
-    print(f"qknorm fuzz case {i}: {dtype} Q={qd} K={kd} N={n} pad={pad} eps={eps} scale={scale}")
+    print(f"qknorm fuzz case {i}: {dtype} Q={qd} K={kd} N={n} pad={pad} eps={eps} scale={scale} "
+          f"(CUTE_KERNELS_SEED={RUN_SEED})")
     _check(buf, q, k, wq, wk, eps, qd, kd, n)

@@ -578,8 +578,9 @@ def test_autograd_and_compile():
 def test_autocast_casts_float32_inputs(amp_dtype, mode):
     """Under torch.autocast, float32 q, k, v (e.g. out of an RMSNorm, which autocast runs in float32) are cast to
     the autocast dtype as SDPA casts them: out has that dtype, with the bits of a call on the cast inputs (the same
-    kernels), and the float32 leaves get float32 gradients, those of the cast inputs' gradients.  Mixed: an input
-    already in the autocast dtype is not cast.  Without autocast float32 is still refused."""
+    kernels), and the float32 leaves get float32 gradients, bitwise those of the cast inputs (torch's deterministic
+    flag on).  An input already in the autocast dtype is not cast, also where the eager call has a launch plan for
+    the all-16-bit signature (kept by the reference call).  Without autocast float32 is still refused."""
     torch._dynamo.reset()
     q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 2, 128), dtype=torch.float32, seed=47)
     k = k.to(amp_dtype)  # one input already in the autocast dtype
@@ -587,20 +588,30 @@ def test_autocast_casts_float32_inputs(amp_dtype, mode):
     call = lambda a, b, c: cute_kernels.ranker_attention(a, b, c, bounds, cap=30.0, return_lse=True)  # noqa: E731
     fn = torch.compile(call, fullgraph=True) if mode == "compiled" else call
     grad = mode != "no-grad"
-    leaves = [t.detach().clone().requires_grad_(grad) for t in (q, k, v)]
-    with torch.autocast("cuda", dtype=amp_dtype), torch.set_grad_enabled(grad):
-        out, lse = fn(*leaves)
-    assert out.dtype == amp_dtype and lse.dtype == torch.float32
-    cast = [t.detach().to(amp_dtype).requires_grad_(grad) for t in (q, k, v)]
-    want_out, want_lse = call(*cast)
-    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
-    if grad:
-        out.backward(do.to(amp_dtype))
-        want_out.backward(do.to(amp_dtype))
-        for name, got, w, leaf in zip(("dq", "dk", "dv"), (x.grad for x in leaves), (x.grad for x in cast), leaves):
-            assert got.dtype == leaf.dtype, name
-            # the same kernels; dQ's float32 atomics may order differently between the two runs
-            torch.testing.assert_close(got.float(), w.float(), rtol=1e-2, atol=1e-2, msg=name)
+    cast = [t.detach().to(amp_dtype) for t in (q, k, v)]
+    want_out, want_lse = call(*cast)  # (eager, no grad: keeps the plan of the all-16-bit call)
+    dout = do.to(amp_dtype)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        if grad:  # the cast inputs' own gradients
+            ref = [t.clone().requires_grad_(True) for t in cast]
+            call(*ref)[0].backward(dout)
+            want_grads = [t.grad for t in ref]
+        for leaves in ([t.detach().clone().requires_grad_(grad) for t in (q, k, v)],  # q and v float32
+                       [cast[0].clone().requires_grad_(grad), k.float().requires_grad_(grad),
+                        cast[2].clone().requires_grad_(grad)]):  # only k float32
+            with torch.autocast("cuda", dtype=amp_dtype), torch.set_grad_enabled(grad):
+                out, lse = fn(*leaves)
+            assert out.dtype == amp_dtype and lse.dtype == torch.float32
+            assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+            if grad:
+                out.backward(dout)
+                for name, leaf, w in zip(("dq", "dk", "dv"), leaves, want_grads):
+                    assert leaf.grad.dtype == leaf.dtype, name
+                    assert torch.equal(leaf.grad, w.to(leaf.dtype)), name
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     with pytest.raises(TypeError, match="dtype|bfloat16|float16"):
         cute_kernels.ranker_attention(q, k.float(), v, bounds)
     torch._dynamo.reset()
