@@ -1877,11 +1877,11 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     input of the other type), and a mix of the two is refused.  Without autocast float32 is refused.  (The
     registered op ``torch.ops.cute_kernels.ranker_attention_fwd`` itself does not cast.)
     Returns:
-        ``out`` like ``q`` (under autocast, in the dtype q was cast to); with ``return_lse`` also ``lse`` float32 ``[B, Hq, S]`` (``[Hq, T]``
-        varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
+        ``out`` like ``q`` (under autocast, in the dtype q was cast to); with ``return_lse`` also ``lse``
+        float32 ``[B, Hq, S]`` (``[Hq, T]`` varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
     Raises:
-        TypeError: wrong dtypes (q/k/v not bf16/fp16 (after autocast's cast) or mixed, bounds/cu_seqlens not int32); return_lse
-            not a bool;
+        TypeError: wrong dtypes (q/k/v not bf16/fp16 (after autocast's cast) or mixed, bounds/cu_seqlens not
+            int32); return_lse not a bool;
             cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int,
             cap_method neither a str nor None.
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
