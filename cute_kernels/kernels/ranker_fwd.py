@@ -1878,7 +1878,8 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     registered op ``torch.ops.cute_kernels.ranker_attention_fwd`` itself does not cast.)
     Returns:
         ``out`` like ``q`` (under autocast, in the dtype q was cast to); with ``return_lse`` also ``lse``
-        float32 ``[B, Hq, S]`` (``[Hq, T]`` varlen), natural-log units.  Rows in neither segment: ``out = 0``, ``lse = -inf``.
+        float32 ``[B, Hq, S]`` (``[Hq, T]`` varlen), natural-log units.  Rows in neither segment: ``out = 0``,
+        ``lse = -inf``.
     Raises:
         TypeError: wrong dtypes (q/k/v not bf16/fp16 (after autocast's cast) or mixed, bounds/cu_seqlens not
             int32); return_lse not a bool;
