@@ -94,25 +94,30 @@ def run_fuzz(name, valid_args, call, check_outputs, case):
 
 
 def ranker_valid(rng):
-    b, s, hkv, d = rng.randint(1, 3), rng.randint(1, 300), rng.choice([1, 2]), rng.choice([64, 128])
+    b, s, hkv, d = rng.randint(1, 3), rng.randint(1, 300), rng.choice([1, 2]), rng.choice([64, 128, 256])
     hq = hkv * rng.choice([1, 2])
     dtype = rng.choice([torch.bfloat16, torch.float16])
-    return dict(q=meta(b, s, hq, d, dtype=dtype), k=meta(b, s, hkv, d, dtype=dtype), v=meta(b, s, hkv, d, dtype=dtype),
-                bounds=meta(b, 4, dtype=torch.int32), softmax_scale=None, cap=rng.choice([None, 30.0]),
-                cap_method="tanh", return_lse=True)
+    lead = (b, s)
+    args = dict(softmax_scale=None, cap=rng.choice([None, 30.0]), cap_method="tanh", return_lse=True)
+    if rng.random() < 0.4:  # the packed form: [T, H, D] with cu_seqlens [B + 1] (values unread on meta tensors)
+        lead = (b * s,)
+        args.update(cu_seqlens=meta(b + 1, dtype=torch.int32), max_seqlen=rng.choice([None, s]))
+    return dict(q=meta(*lead, hq, d, dtype=dtype), k=meta(*lead, hkv, d, dtype=dtype),
+                v=meta(*lead, hkv, d, dtype=dtype), bounds=meta(b, 4, dtype=torch.int32), **args)
 
 
 def ranker_call(a):
     return cute_kernels.ranker_attention(a["q"], a["k"], a["v"], a["bounds"], softmax_scale=a["softmax_scale"],
-                                         cap=a["cap"], cap_method=a["cap_method"], return_lse=a["return_lse"])
+                                         cap=a["cap"], cap_method=a["cap_method"], return_lse=a["return_lse"],
+                                         cu_seqlens=a.get("cu_seqlens"), max_seqlen=a.get("max_seqlen"))
 
 
 def ranker_outputs(a, out, desc):
     o, lse = out if a["return_lse"] else (out, None)
     assert o.shape == a["q"].shape and o.dtype == a["q"].dtype, desc
     if lse is not None:
-        b, s, hq, _ = a["q"].shape
-        assert lse.shape == (b, hq, s) and lse.dtype == torch.float32, desc
+        want = (a["q"].shape[1], a["q"].shape[0]) if a["q"].dim() == 3 else (a["q"].shape[0], *a["q"].shape[2:0:-1])
+        assert lse.shape == want and lse.dtype == torch.float32, desc
 
 
 def qknorm_valid(rng):
