@@ -165,19 +165,51 @@ def test_cuda_required():
 
 def test_autocast_casts_only_float32_inputs_under_autocast():
     """The autocast cast (GPU-tested through the op in tests/gpu/test_ranker_bwd_gpu.py), here on CPU tensors under
-    CPU autocast: float32 q and v are cast to the autocast dtype, k already bfloat16 is not; nothing is cast
-    without autocast, or on meta tensors; the op then still refuses the CPU device."""
+    CPU autocast: float32 q and v are cast to the autocast dtype, k already float16 is not; a bfloat16 input beside
+    them is a TypeError naming the cast; nothing is cast without autocast; meta tensors follow CUDA's autocast
+    (shape inference sees the CUDA call's dtypes), not CPU's; the op still refuses the CPU device."""
     q = torch.randn(1, 8, 2, 64)
-    k = q.to(torch.bfloat16)
+    k = q.to(torch.float16)
     args = (q, k, q)
     assert all(a is b for a, b in zip(rf._autocast_inputs(*args), args))  # autocast off
+    meta = tuple(t.to("meta") for t in args)
     with torch.autocast("cpu", dtype=torch.float16):
         cq, ck, cv = rf._autocast_inputs(*args)
         assert cq.dtype == cv.dtype == torch.float16 and ck is k
-        meta = tuple(t.to("meta") for t in args)
-        assert all(a is b for a, b in zip(rf._autocast_inputs(*meta), meta))
+        with pytest.raises(TypeError, match="autocast.*k is torch.bfloat16"):
+            rf._autocast_inputs(q, q.to(torch.bfloat16), q)
+        assert all(a is b for a, b in zip(rf._autocast_inputs(*meta), meta))  # (CUDA's autocast is off)
         with pytest.raises(ValueError, match="CUDA"):
             rf.ranker_attention(q, q, q, torch.zeros(1, 4, dtype=torch.int32))
+    before = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)  # (this machine may have no CUDA: the state alone)
+    torch.set_autocast_dtype("cuda", torch.bfloat16)
+    try:
+        out, lse = rf.ranker_attention(*(t.to(torch.float32) for t in meta), torch.empty(1, 4, dtype=torch.int32,
+                                                                                         device="meta"),
+                                       return_lse=True)
+        assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    finally:
+        torch.set_autocast_enabled("cuda", before[0])
+        torch.set_autocast_dtype("cuda", before[1])
+
+
+def test_references_ignore_autocast():
+    """The torch references compute in their documented dtypes inside an autocast block (whose matmuls would
+    otherwise run in 16 bits): the same values as outside it."""
+    from cute_kernels.kernels import ranker_bwd as rb
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 70, 2, 64, generator=g) for _ in range(4))
+    bounds = torch.tensor([[0, 50, 50, 70]], dtype=torch.int32)
+    want = rf.ranker_attention_reference(q, k, v, bounds), rb.ranker_attention_backward_reference(q, k, v, bounds, do,
+                                                                                                  compute_dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = rf.ranker_attention_reference(q, k, v, bounds), rb.ranker_attention_backward_reference(
+            q, k, v, bounds, do, compute_dtype=torch.float32)
+    assert torch.equal(got[0], want[0])
+    for a, b in zip(got[1], want[1]):
+        assert torch.equal(a, b)
 
 
 def test_illegal_configs_are_refused_at_construction():

@@ -82,7 +82,7 @@ from cutlass import BFloat16, Float32, Int32
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op, register_flops
+from ..runtime.torch_op import custom_op, register_flops, without_autocast
 from ..runtime.validate import (ValidatedConfig, INT32_MAX, aligned_data, check_f32_eps, check_float_tensors, check_int,
                                 check_same_device, check_distinct_rows, check_extent, check_tensor, element_span,
                                 validated_once)
@@ -818,6 +818,7 @@ def hc_mix_raw(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixConfig | None 
     return mix[:m, :N_MIX], mix[:m, N_MIX]
 
 
+@without_autocast
 def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
                               hc_base: torch.Tensor, sinkhorn_iters: int = 20, rms_eps: float = 1e-6,
                               hc_eps: float = 1e-6, dtype: torch.dtype = torch.float64):

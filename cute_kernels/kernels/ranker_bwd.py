@@ -96,7 +96,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_data
+from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_autocast, without_data
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check_config_fields,
                                 check_outputs_disjoint, check_same_device, check_tensor,
                                 validated_once)
@@ -2095,6 +2095,7 @@ def _sequences(q, cu_seqlens):
     return [(slice(cu[b], cu[b + 1]), b) for b in range(len(cu) - 1)]
 
 
+@without_autocast
 def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=None, cap=None, cap_method="tanh",
                                         cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64, dlse=None):
     """Gradients ``(dq, dk, dv)`` of :func:`ranker_attention` by torch autograd through the dense
@@ -2135,6 +2136,7 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
     return full(dq, q), full(dk, k), full(dv, v)
 
 
+@without_autocast
 def ranker_attention_backward_explicit(q, k, v, bounds, dout, softmax_scale=None, cap=None, cap_method="tanh",
                                        cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float64, dlse=None,
                                        out=None):

@@ -90,7 +90,7 @@ from ..runtime.alloc import is_compact
 from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor, wide_stride
 from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager, refuse_func_transforms, tracing,
-                                without_data)
+                                without_autocast, without_data)
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fields, check_float_tensors,
                                 check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
                                 check_real, validated_once)
@@ -1789,18 +1789,25 @@ _empty_like = torch.empty_like
 
 
 def _autocast_inputs(q, k, v):
-    """Under ``torch.autocast`` for q's device type (CUDA; CPU too, where the op then refuses the device):
+    """Under ``torch.autocast`` for q's device type (CUDA, and meta tensors as stand-ins for CUDA ones, so that
+    shape inference on meta sees the CUDA call's dtypes; CPU too, where the op then refuses the device):
     ``(q, k, v)`` with every float32 one cast to the autocast dtype, as torch's
     ``scaled_dot_product_attention`` casts its float32 inputs (autocast's lower-precision list); bfloat16 and
     float16 inputs pass as they are, where SDPA would cast them to the autocast dtype too (no silent precision
-    change of a 16-bit input; a mix of the two is refused later, as without autocast).  With autocast off, or on
-    other devices (meta), the inputs unchanged.  The cast is differentiable: float32 leaves get float32
-    gradients."""
+    change of a 16-bit input): a 16-bit input of the other type beside cast ones raises ``TypeError`` saying so.
+    With autocast off the inputs unchanged.  The cast is differentiable: float32 leaves get float32 gradients."""
     device = q.device.type if isinstance(q, torch.Tensor) else None
+    device = "cuda" if device == "meta" else device
     if (device not in ("cuda", "cpu") or not torch.is_autocast_enabled(device)
             or not any(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in (q, k, v))):
         return q, k, v
     dtype = torch.get_autocast_dtype(device)
+    other = [(name, t.dtype) for name, t in zip("qkv", (q, k, v))
+             if isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16) and t.dtype != dtype]
+    if other:
+        raise TypeError(f"under torch.autocast(dtype={dtype}) the float32 ones of q, k, v are cast to {dtype}, but "
+                        + ", ".join(f"{name} is {dt}" for name, dt in other) + f" (q {q.dtype}, k {k.dtype}, v "
+                        f"{v.dtype} as passed): q, k and v must share a dtype")
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t for t in (q, k, v))
 
 
@@ -2030,6 +2037,7 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
     _check_scalars(softmax_scale, cap, cap_method)
 
 
+@without_autocast
 def ranker_attention_reference(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", return_lse=False,
                                cu_seqlens=None, max_seqlen=None, compute_dtype=torch.float32, lse_dtype=torch.float32):
     """Dense-mask torch reference of :func:`ranker_attention` (any device; the math in ``compute_dtype``:

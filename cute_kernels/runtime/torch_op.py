@@ -54,6 +54,22 @@ def refuse_func_transforms(name: str, *args, differentiable: bool = False) -> No
                                   f"...): call it outside them{hint}")
 
 
+def without_autocast(fn: Callable) -> Callable:
+    """``fn`` run with ``torch.autocast`` off (CPU and, where present, CUDA): the torch references compute in the
+    dtype they document, also when called inside an autocast block (whose matmuls would otherwise run in 16 bits)."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if not (torch.is_autocast_enabled("cpu") or torch.cuda.is_available() and torch.is_autocast_enabled("cuda")):
+            return fn(*args, **kwargs)
+        with torch.autocast("cpu", enabled=False):
+            if not torch.cuda.is_available():
+                return fn(*args, **kwargs)
+            with torch.autocast("cuda", enabled=False):
+                return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def plain_eager() -> bool:
     """True in plain eager mode: nothing traces (:func:`tracing` is False) and no ``torch.func`` transform is
     active, so neither :func:`tracing` nor :func:`refuse_func_transforms` need run (one check for the eager

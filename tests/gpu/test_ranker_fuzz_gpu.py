@@ -3,10 +3,12 @@
 The case-matrix tests (test_ranker_fwd_gpu.py, test_ranker_bwd_gpu.py) pick their cases by hand; here each case
 draws everything at once from the run's seed and its index (tests/seeding.py: ``CUTE_KERNELS_SEED`` replays a
 failure; the assertion message describes the case): dtype, head dim, GQA ratio and form, cap method and value,
-softmax scale, fixed length (1 to 2500 tokens) or packed (1 to 16 sequences of 0 to 2000 tokens and a tail of
+softmax scale, fixed length (1 to 6500 tokens) or packed (1 to 16 sequences of 0 to 2000 tokens and a tail of
 unowned tokens), per-row bounds
 (history and candidates in either order, overlapping, empty, out of range), tensor layouts (compact, q/k/v as
-slices of one packed qkv tensor, head-major views, padded rows), input scale and the deterministic mode.  Each
+slices of one packed qkv tensor, head-major views, padded rows), input scale, the deterministic mode (bitwise on
+a repeat too) and the backward's schedule fields (``walk_stagger``, ``dq_zero_in_mainloop``); fixed-length rows
+of up to 6500 tokens reach the backward's preprocess-zeroed dQ, packed calls pass ``max_seqlen`` or not.  Each
 case runs the forward (out and LSE against float64, the forward tests' bar) and the explicit backward into
 NaN-poisoned gradients (dq, dk, dv against the float64 autograd reference, the backward tests' bar): ``_compare``
 of the backward tests; then, for some, the forward without the LSE (the same bits as with it).
@@ -92,15 +94,22 @@ def _case(i: int) -> dict:
                 scale=None if rng.random() < 0.7 else round(rng.uniform(0.02, 0.3), 4),
                 input_scale=rng.choice([0.5, 1.0, 1.0, 2.0, 4.0]), varlen=rng.random() < 0.3,
                 deterministic=rng.random() < 0.3, gqa_group=rng.choice([None, True, False]) if hq > hkv else None)
+    if rng.random() < 0.3:  # the backward's config fields that change its schedule
+        case["fields"] = dict(walk_stagger=rng.choice([None, 0, 1, 2]), dq_zero_in_mainloop=rng.random() < 0.7)
     if case["varlen"]:
         n = rng.choice([rng.randint(1, 5), rng.randint(6, 16)])
         case["seqlens"] = [rng.choices([0, 1, rng.randint(2, 700), rng.randint(701, 2000)], weights=[1, 1, 6, 1])[0]
                            for _ in range(n)]
         case["tail"] = rng.choice([0, rng.randint(1, 50)])
         case["bounds"] = [_bounds_row(rng, s) for s in case["seqlens"]]
+        case["max_seqlen"] = rng.choice([None, None, max(case["seqlens"]) + rng.choice([0, 1, 100])])
     else:
-        case["b"], case["s"] = rng.randint(1, 4), rng.choices([1, rng.randint(2, 900), rng.randint(901, 2500)],
-                                                              weights=[1, 6, 2])[0]
+        case["b"], case["s"] = rng.randint(1, 4), rng.choices([1, rng.randint(2, 900), rng.randint(901, 2500),
+                                                               rng.randint(5633, 6500)], weights=[1, 6, 2, 1])[0]
+        if case["s"] > 2500:  # past the backward's in-mainloop dQ zeroing (2,816 / 5,632 tokens): few heads
+            case["hkv"] = hkv = 1
+            case["hq"] = hq = rng.choice([1, 2])
+            case["gqa_group"] = rng.choice([None, True, False]) if hq > hkv else None
         # the float64 references hold ~10 [B, Hq, S, S] float64 tensors: at most ~10 GB per case (pytest -n runs
         # several at once on one GPU)
         case["b"] = max(1, min(case["b"], int(1.2e8 // (hq * case["s"] ** 2))))
@@ -136,15 +145,20 @@ def test_random_case(i):
     (q, k, v), layout = _layout(rng, shapes, c["dtype"], g, c["input_scale"])
     do = torch.randn(q.shape, device="cuda", dtype=c["dtype"], generator=g)
     bounds = torch.tensor(c["bounds"], device="cuda", dtype=torch.int32)
-    config = rb.config_for(d, c["cap"] is not None)
-    if c["deterministic"] or c["gqa_group"] is not None:
-        config = dataclasses.replace(config, deterministic=c["deterministic"], gqa_group_per_cta=c["gqa_group"])
+    config = dataclasses.replace(rb.config_for(d, c["cap"] is not None), deterministic=c["deterministic"],
+                                 gqa_group_per_cta=c["gqa_group"], **c.get("fields", {}))
     name = (f"fuzz {_describe(i)} {layout} bounds={c['bounds']} cap={c['cap']} scale={c['scale']} "
-            f"(CUTE_KERNELS_SEED={RUN_SEED})")
+            f"fields={c.get('fields')} max_seqlen={c.get('max_seqlen')} (CUTE_KERNELS_SEED={RUN_SEED})")
     print(name)
     kw = dict(cap=c["cap"], cap_method=c["cap_method"], cu_seqlens=cu, softmax_scale=c["scale"])
-    _compare(name, q, k, v, do, bounds, cap=c["cap"], cap_method=c["cap_method"], cu_seqlens=cu, scale=c["scale"],
-             config=config)
+    grads = _compare(name, q, k, v, do, bounds, cap=c["cap"], cap_method=c["cap_method"], cu_seqlens=cu,
+                     max_seqlen=c.get("max_seqlen"), scale=c["scale"], config=config)
+    if c["deterministic"]:  # the same bits on a second run
+        out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True, max_seqlen=c.get("max_seqlen"), **kw)
+        again = rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, max_seqlen=c.get("max_seqlen"),
+                                             config=config, **kw)
+        for gname, a, b in zip(("dq", "dk", "dv"), grads, again):
+            assert torch.equal(a, b), f"{name}: deterministic {gname} differs on a second run"
     if c["without_lse"]:  # the kernel variant without the LSE: the same bits (full path, then the kept plan)
         out, _ = rf.ranker_attention(q, k, v, bounds, return_lse=True, **kw)
         for _ in range(2):
