@@ -15,6 +15,7 @@ traced, the in-place op would otherwise pass gradients through as if it were not
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from typing import Callable, Iterable
@@ -59,13 +60,10 @@ def without_autocast(fn: Callable) -> Callable:
     dtype they document, also when called inside an autocast block (whose matmuls would otherwise run in 16 bits)."""
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        if not (torch.is_autocast_enabled("cpu") or torch.cuda.is_available() and torch.is_autocast_enabled("cuda")):
+        cuda = torch.cuda.is_available()  # (torch.autocast("cuda") warns where there is no CUDA)
+        with torch.autocast("cpu", enabled=False), \
+                (torch.autocast("cuda", enabled=False) if cuda else contextlib.nullcontext()):
             return fn(*args, **kwargs)
-        with torch.autocast("cpu", enabled=False):
-            if not torch.cuda.is_available():
-                return fn(*args, **kwargs)
-            with torch.autocast("cuda", enabled=False):
-                return fn(*args, **kwargs)
 
     return wrapped
 

@@ -1,12 +1,10 @@
 """GPU: hc_mix_sinkhorn against the float64 reference, bitwise batch invariance, graphs, poisoning."""
 
 import math
-import os
-import random
 
 import pytest
 import torch
-from seeding import RUN_SEED, generator
+from seeding import FUZZ_CASES, RUN_SEED, case_rng, generator
 
 import cute_kernels
 from cute_kernels.kernels import hc_mix as mod
@@ -397,15 +395,12 @@ def test_tma_fused_epilogue_gives_the_two_kernel_bits():
         assert torch.equal(a, b)
 
 
-FUZZ_CASES = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES", "12"))
-
-
 @pytest.mark.parametrize("i", range(FUZZ_CASES), ids=lambda i: f"case{i}")  # (ids the same in every process)
 def test_random_shapes_strides_and_parameters(i):
     """Random cases drawn from the run's seed (``CUTE_KERNELS_FUZZ_CASES``, default 12, sets how many): K (a
     multiple of 64 up to 32768, or the shipped 20480 / 7168), 1 to 6000 rows, padded rows, both methods, Sinkhorn
     iterations, both eps, scaled inputs and a row of zeros: the public op against the float64 reference."""
-    rng = random.Random(RUN_SEED * 1000 + 9000 + i)
+    rng = case_rng(9000 + i)
     k = rng.choice([20480, 7168, 64 * rng.randint(1, 512)])
     m = rng.choice([1, rng.randint(2, 600), rng.randint(601, 6000)])
     pad = 8 * rng.choice([0, 0, rng.randint(1, 32)])

@@ -1,12 +1,10 @@
 """GPU: fused Q/K RMSNorm (G = 1) against a float64 reference; strided views, bounds, graphs, compile."""
 
 import dataclasses
-import os
-import random
 
 import pytest
 import torch
-from seeding import RUN_SEED, generator
+from seeding import FUZZ_CASES, RUN_SEED, case_rng, generator
 
 import cute_kernels
 from cute_kernels.kernels import qknorm as mod
@@ -14,15 +12,15 @@ from cute_kernels.kernels import qknorm as mod
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2**-7, 1e-2), torch.float16: (2**-10, 2e-3)}
 
 
-def _make(n, qd, kd, dtype, pad=0, extra_rows=1):
-    """q and k as strided views of one poisoned qkv-like buffer (pad columns and extra rows stay NaN)."""
+def _make(n, qd, kd, dtype, pad=0, extra_rows=1, scale=(3.0, 1.0), generator=None):
+    """q and k as strided views of one poisoned qkv-like buffer (pad columns and extra rows stay NaN), N(0, 1)
+    values times ``scale`` (q's, k's); the weights N(0, 1)."""
     buf = torch.full((n + extra_rows, qd + kd + pad), float("nan"), device="cuda", dtype=dtype)
     q, k = buf[:n, :qd], buf[:n, qd:qd + kd]
-    q.copy_(torch.randn(n, qd, device="cuda", dtype=dtype) * 3)
-    k.copy_(torch.randn(n, kd, device="cuda", dtype=dtype))
-    wq = torch.randn(qd, device="cuda", dtype=dtype)
-    wk = torch.randn(kd, device="cuda", dtype=dtype)
-    return buf, q, k, wq, wk
+    randn = lambda *shape: torch.randn(*shape, device="cuda", generator=generator).to(dtype)  # noqa: E731
+    q.copy_(randn(n, qd) * scale[0])
+    k.copy_(randn(n, kd) * scale[1])
+    return buf, q, k, randn(qd), randn(kd)
 
 
 def _check(buf, q, k, wq, wk, eps, qd, kd, n):
@@ -332,16 +330,13 @@ def test_other_cases_keep_one_cta_per_tile(dtype, qk, n):
     _check(buf, q, k, wq, wk, 1e-6, *qk, n)
 
 
-FUZZ_CASES = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES", "12"))
-
-
 @pytest.mark.parametrize("i", range(FUZZ_CASES), ids=lambda i: f"case{i}")  # (ids the same in every process)
 def test_random_widths_rows_and_strides(i):
     """Random cases drawn from the run's seed (``CUTE_KERNELS_FUZZ_CASES``, default 12, sets how many): dtype,
     widths (the shipped ones, which take the persistent and bulk-staged kernels at some N, or any multiples of the
     16-byte vector up to 8192 / 2048 that fit one CTA), 1 to 20000 tokens, padded rows of a qkv-like buffer, eps
     (0 too), zero rows, inputs scaled by 1e-3 to 1e2: against float64, nothing outside q and k written."""
-    rng = random.Random(RUN_SEED * 1000 + 7000 + i)
+    rng = case_rng(7000 + i)
     g = generator(7000 + i)
     dtype = rng.choice(mod.DTYPES)
     vec = mod.vec_elems(dtype)
@@ -359,15 +354,10 @@ def test_random_widths_rows_and_strides(i):
     pad = vec * rng.choice([0, 0, rng.randint(1, 64)])
     eps = rng.choice([0.0, 1e-6, 1e-6, 1e-3])
     scale = rng.choice([1e-3, 1.0, 1.0, 1e2])
-    buf = torch.full((n + 1, qd + kd + pad), float("nan"), device="cuda", dtype=dtype)
-    q, k = buf[:n, :qd], buf[:n, qd:qd + kd]
-    q.copy_(torch.randn(n, qd, device="cuda", generator=g) * scale)
-    k.copy_(torch.randn(n, kd, device="cuda", generator=g) * scale)
+    buf, q, k, wq, wk = _make(n, qd, kd, dtype, pad=pad, scale=(scale, scale), generator=g)
     zero = torch.rand(n, device="cuda", generator=g) < 0.02
     q[zero] = 0
     k[zero] = 0
-    wq = torch.randn(qd, device="cuda", generator=g).to(dtype)
-    wk = torch.randn(kd, device="cuda", generator=g).to(dtype)
     print(f"qknorm fuzz case {i}: {dtype} Q={qd} K={kd} N={n} pad={pad} eps={eps} scale={scale} "
           f"(CUTE_KERNELS_SEED={RUN_SEED})")
     _check(buf, q, k, wq, wk, eps, qd, kd, n)

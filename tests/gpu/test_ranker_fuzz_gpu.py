@@ -20,21 +20,17 @@ kernels on first use.
 """
 
 import dataclasses
-import os
 import random
 
 import pytest
 import torch
-from seeding import RUN_SEED, generator
+from seeding import FUZZ_CASES, RUN_SEED, case_rng, generator
 from test_ranker_bwd_gpu import _compare
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 from cute_kernels.kernels import ranker_bwd as rb  # noqa: E402
 from cute_kernels.kernels import ranker_fwd as rf  # noqa: E402
-
-FUZZ_CASES = int(os.environ.get("CUTE_KERNELS_FUZZ_CASES", "12"))
-
 
 def _bounds_row(rng: random.Random, s: int) -> list[int]:
     """(hist_lo, hist_hi, cand_lo, cand_hi) for a row of ``s`` tokens, in one of the shapes the mask must take."""
@@ -83,14 +79,14 @@ def _layout(rng: random.Random, shapes: list[tuple], dtype, g: torch.Generator, 
 
 
 def _case(i: int) -> dict:
-    rng = random.Random(RUN_SEED * 1000 + i)
+    rng = case_rng(i)
     d = rng.choices([64, 128, 256], weights=[4, 5, 2])[0]
     dtype = rng.choices([torch.bfloat16, torch.float16], weights=[3, 1])[0]
     hkv = rng.choice([1, 2, 4])
     hq = hkv * rng.choice([1, 1, 2, 4] + [8] * (hkv < 4))
     cap_method = rng.choice(["none", "none", "tanh", "soft_sign"])
     cap = None if cap_method == "none" else round(10 ** rng.uniform(0, 2), 3)
-    case = dict(index=i, d=d, dtype=dtype, hq=hq, hkv=hkv, cap=cap, cap_method="tanh" if cap is None else cap_method,
+    case = dict(d=d, dtype=dtype, hq=hq, hkv=hkv, cap=cap, cap_method="tanh" if cap is None else cap_method,
                 scale=None if rng.random() < 0.7 else round(rng.uniform(0.02, 0.3), 4),
                 input_scale=rng.choice([0.5, 1.0, 1.0, 2.0, 4.0]), varlen=rng.random() < 0.3,
                 deterministic=rng.random() < 0.3, gqa_group=rng.choice([None, True, False]) if hq > hkv else None)
