@@ -768,6 +768,13 @@ def test_tile_count_limit():
     with pytest.raises(ValueError, match="2\\^30 work tiles"):
         rf._fake(q, q, q, bounds, cu_seqlens=cu, max_seqlen=2**20)
     rf._fake(q, q, q, bounds, cu_seqlens=cu, max_seqlen=2**16)
+    # and for fixed-length calls (B = 2^16 rows of 192 tokens x Hq = 2^16: 2^32 tiles at any tile_m)
+    q4 = torch.empty(2**16, 192, 2**16, 64, device="meta", dtype=torch.bfloat16)
+    k4 = torch.empty(2**16, 192, 1, 64, device="meta", dtype=torch.bfloat16)
+    b4 = torch.empty(2**16, 4, device="meta", dtype=torch.int32)
+    with pytest.raises(ValueError, match="2\\^30 work tiles"):
+        cute_kernels.ranker_attention(q4, k4, k4, b4)
+    rf._fake(q4[: 2**13], k4[: 2**13], k4[: 2**13], b4[: 2**13])  # 2^29 tiles at tile_m = 192: accepted
 
 
 def test_compile_targets_are_the_shipped_configs():

@@ -1750,15 +1750,20 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     return out, lse
 
 
+_LARGEST_TILE_M = max(c.tile_m for c in (*CONFIGS.values(), *CAP_CONFIGS.values()))
+
+
 def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None, max_seqlen=None):
     # at trace time: every rule a fake tensor allows (shapes, dtypes, strides; no data pointers)
     _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda=False, pointers=False)
-    if cu_seqlens is not None and max_seqlen is not None:  # the work-tile limit, at the largest tile_m, with
-        # max_seqlen clamped to the packed total as the eager call clamps it (_varlen_extent)
+    # the work-tile limit at the largest shipped tile_m (the config is chosen when the op runs, so the real call
+    # may still refuse what passes here); packed: with max_seqlen clamped to the packed total, as the eager call
+    # clamps it (_varlen_extent), and only when it is given (else the eager call reads it from cu_seqlens)
+    if cu_seqlens is None:
+        _check_tile_count(q.shape[1], _LARGEST_TILE_M, q.shape[2], q.shape[0])
+    elif max_seqlen is not None:
         ms = max_seqlen if isinstance(max_seqlen, (int, torch.SymInt)) else operator.index(max_seqlen)
-        _check_tile_count(torch.sym_min(ms, q.shape[0]),
-                          max(c.tile_m for c in (*CONFIGS.values(), *CAP_CONFIGS.values())),
-                          q.shape[1], cu_seqlens.shape[0] - 1)
+        _check_tile_count(torch.sym_min(ms, q.shape[0]), _LARGEST_TILE_M, q.shape[1], cu_seqlens.shape[0] - 1)
     if cu_seqlens is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:
