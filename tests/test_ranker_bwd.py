@@ -223,6 +223,30 @@ def test_varlen_reference_trailing_tokens_get_zero_gradients():
         assert a.shape == t.shape and (a == 0).all()
 
 
+def test_reference_runs_under_no_grad_and_inference_mode():
+    """The autograd reference differentiates also under torch.no_grad and torch.inference_mode (inference
+    tensors as inputs too, packed with dlse): the same gradients as in grad mode."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(12, h, 8, generator=g) for h in (2, 1, 1))
+    do = torch.randn(q.shape, generator=g)
+    dlse = torch.randn(2, 12, generator=g)
+    bounds = torch.tensor([[0, 3, 3, 5], [1, 3, 0, 4]], dtype=torch.int32)
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    args = (q, k, v, bounds, do)
+    want = rb.ranker_attention_backward_reference(*args, cap=3.0, cu_seqlens=cu, dlse=dlse)
+    with torch.no_grad():
+        got_no_grad = rb.ranker_attention_backward_reference(*args, cap=3.0, cu_seqlens=cu, dlse=dlse)
+    with torch.inference_mode():
+        inference = [t.clone() for t in (*args, cu, dlse)]
+        assert all(t.is_inference() for t in inference)
+        got_inference = rb.ranker_attention_backward_reference(*inference[:5], cap=3.0, cu_seqlens=inference[5],
+                                                               dlse=inference[6])
+    for got in (got_no_grad, got_inference):
+        for a, b in zip(got, want):
+            assert a.abs().max() > 0
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_reference_gradcheck_tiny():
     """Finite differences of the float64 forward reference agree with the gradients (tiny shapes)."""
     q, k, v, _ = _inputs(1, 6, 2, 1, 4)

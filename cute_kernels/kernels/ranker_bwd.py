@@ -2107,7 +2107,8 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
     zero output and get zero gradients (the reference's masked softmax and LSE keep them finite: no NaN;
     their dlse is ignored).  Returns tensors in ``compute_dtype``
     shaped like q, k, v (GQA: dk, dv summed over the query heads of a group).  Packed tokens past
-    ``cu_seqlens[-1]`` belong to no sequence: zero gradients.  Meant for tests at modest sizes.
+    ``cu_seqlens[-1]`` belong to no sequence: zero gradients.  Runs autograd also under ``torch.no_grad`` and
+    ``torch.inference_mode``.  Meant for tests at modest sizes.
     Raises ``TypeError``/``ValueError`` like the forward reference.
     """
     cap_method = "none" if cap_method is None else cap_method  # (no cap, as ranker_attention takes it)
@@ -2115,7 +2116,11 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
                      dlse)
     # the forward reference returns cu_seqlens[-1] packed rows: differentiate through those only
     end = q.shape[0] if cu_seqlens is None else int(cu_seqlens[-1])
-    with torch.enable_grad():
+    # autograd also inside torch.inference_mode: its tensors (inference tensors) are copied into normal ones
+    with torch.inference_mode(False), torch.enable_grad():
+        q, k, v, bounds, dout, cu_seqlens, dlse = (
+            t.clone() if isinstance(t, torch.Tensor) and t.is_inference() else t
+            for t in (q, k, v, bounds, dout, cu_seqlens, dlse))
         qd, kd, vd = (t[:end].detach().to(compute_dtype).requires_grad_(True) for t in (q, k, v))
         out, lse = ranker_attention_reference(qd, kd, vd, bounds, softmax_scale, cap, cap_method, return_lse=True,
                                               cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
