@@ -212,6 +212,32 @@ def test_traced_call_checks_the_instance_rules():
         dist.destroy_process_group()
 
 
+def test_compiled_function_takes_several_instances():
+    """A compiled function called with a second instance as an argument (torch.compile makes the op's int
+    handle symbolic): the fake specializes it, so each call is checked against its own instance's capacity."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch._dynamo.reset()
+        big, other, small = (cute_kernels.ParallelQKNorm(None, n, 64, 16, torch.bfloat16) for n in (16, 16, 8))
+        m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
+        f = torch.compile(lambda norm, q, k, wq, wk: norm(q, k, wq, wk, 1e-6), fullgraph=True, backend="eager")
+        for norm in (big, other, big):
+            f(norm, m(12, 64), m(12, 16), m(64), m(16))
+        with pytest.raises(Exception, match="max_tokens=8"):  # (Dynamo wraps the ValueError)
+            f(small, m(12, 64), m(12, 16), m(64), m(16))
+        f(small, m(8, 64), m(8, 16), m(64), m(16))
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+
+
 def test_width_errors_name_the_full_sizes():
     with pytest.raises(ValueError, match=r"q_dim=100, k_dim=1024 over 2 ranks \(per-rank widths 50 and 512\)"):
         mod.ParallelQKNormConfig.for_shape(2, 100, 1024, torch.bfloat16)

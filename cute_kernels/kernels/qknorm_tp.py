@@ -704,8 +704,10 @@ def _scale_in_place(q, k, q_weight, k_weight, eps, sums, q_dim, k_dim) -> None:
 def _fake_parallel_qk_rmsnorm_(q, k, q_weight, k_weight, eps, handle) -> None:
     """Trace-time check (torch.compile / make_fx): the argument rules that need no data pointer, and the
     instance's own (widths, dtype, capacity), as the one-GPU op's fake does; a closed or freed handle is the
-    op's RuntimeError at trace time too."""
-    inst = _instance(handle)
+    op's RuntimeError at trace time too.  A handle that torch.compile made symbolic (a compiled function called
+    with a second instance as an argument) is specialized here (a guard on its value: one graph per instance;
+    an instance held as a module attribute is a constant already)."""
+    inst = _instance(int(handle))
     inst.check_shards_first(q, k)
     validate_qk_shapes(q, k, q_weight, k_weight, eps, cuda=False, one_gpu_tiling=False)  # (this kernel's tiling:
     inst.check_shards(q, k)  # checked at construction for the widths check_shards holds the shards to)
