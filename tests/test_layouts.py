@@ -621,3 +621,33 @@ def test_trace_converts_tuples_and_refuses_objects_that_cannot_leave_the_trace()
     assert (n, t) == (3, (1, 2))
     with pytest.raises(TypeError, match="only inside the DSL's trace"):
         trace(lambda: {"t": cute.make_identity_tensor((4, 4))})
+
+
+def test_drawing_arguments_are_checked():
+    """Bad sizes are clear errors before drawing (a negative ``rows`` used to drop the last row silently, a zero
+    region and a tile too small for the TV layout failed deep in numpy); zooms beyond the picture draw it whole."""
+    from cute_kernels.layouts import viz
+
+    sw = L.hopper_smem_layout(64, 64, "bf16", stages=2)
+    for bad in (-1, 0):
+        with pytest.raises(ValueError, match="rows"):
+            viz.draw_banks(sw, 2, rows=bad)
+    with pytest.raises(TypeError, match="rows"):
+        viz.draw_banks(sw, 2, rows=2.5)
+    with pytest.raises(ValueError, match="region"):
+        viz.draw_offsets(sw, elem_bytes=2, region=(0, 4))
+    with pytest.raises(TypeError, match="region"):
+        viz.draw_offsets(sw, elem_bytes=2, region=4)
+    assert viz.draw_offsets(L.row_major(4, 8), region=(16, 32)).axes[0].images[0].get_array().shape == (4, 8)
+    assert viz.draw_banks(L.row_major(4, 64), 2, rows=100).axes[0].images[0].get_array().shape == (4, 64)
+    with pytest.raises(ValueError, match="beyond the 4 x 4 tile"):
+        viz.draw_tv(L.row_major(32, 8), (4, 4))
+    with pytest.raises(TypeError, match="tile"):
+        viz.draw_tv(L.row_major(32, 8), 16)
+    with pytest.raises(ValueError, match="region"):
+        viz.draw_tv(L.row_major(32, 8), (16, 16), region=(-1, 4))
+    with pytest.raises(ValueError, match="at least one layout"):
+        viz.draw_conflicts([], L.row_vector_read(8, 0, 8), 2)
+    with pytest.raises(TypeError, match="StaticLayout"):
+        viz.draw_conflicts(["sK"], L.row_vector_read(8, 0, 8), 2)
+    assert len(viz.draw_conflicts(sw, L.row_vector_read(8, 0, 8), 2).axes) == 1

@@ -77,6 +77,14 @@ def _table2d(layout: StaticLayout, values: np.ndarray, stage: Optional[int]) -> 
     return values[None] if values.ndim == 1 else values
 
 
+def _check_corner(name: str, value) -> tuple[int, int]:
+    """``value`` (``region=(rows, cols)``, the top-left corner to draw; a picture smaller than it is drawn
+    whole) as two ints: ``TypeError`` for anything but two integers, ``ValueError`` for a size below 1."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name}={value!r}: expected (rows, cols), two integers")
+    return tuple(require_int(f"{name}[{i}]", v, 1) for i, v in enumerate(value))
+
+
 def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: Optional[int] = None,
                  stage: Optional[int] = None, annotate: Optional[bool] = None, title: Optional[str] = None,
                  region: Optional[tuple[int, int]] = None):
@@ -85,8 +93,9 @@ def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: O
 
     With ``elem_bytes`` the offsets are the kernel's swizzled byte addresses divided back into
     elements (:meth:`StaticLayout.byte_offsets`); without it, the functional values ``L(r, c)``.
-    ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES` and a ``stage`` the layout
-    does not have (None or 0 without a stage mode).
+    ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES`, a ``stage`` the layout
+    does not have (None or 0 without a stage mode) and a ``region`` size below 1 (``TypeError`` for one that
+    is not two integers; one beyond the layout draws it whole).
     """
     if elem_bytes is not None:
         check_elem_bytes(elem_bytes)
@@ -95,8 +104,9 @@ def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: O
         vals = _table2d(layout, layout.byte_offsets(elem_bytes), stage) // elem_bytes
     else:
         vals = _table2d(layout, layout.offsets(), stage)
-    if region:
-        vals = vals[:region[0], :region[1]]
+    if region is not None:
+        r, c = _check_corner("region", region)
+        vals = vals[:r, :c]
     rows, cols = vals.shape
     annotate = rows * cols <= 1024 if annotate is None else annotate
     cs = _cell_size(rows, cols, annotate)
@@ -119,14 +129,16 @@ def draw_banks(layout: StaticLayout, elem_bytes: int, path: Optional[str] = None
     """A swizzle as a colour map of banks: colour = bank (0..31) of each element's first byte, under the
     kernel's pointer swizzle; each 16-byte chunk's first cell carries its chunk number in the 128-byte
     row (``byte // 16 % 8``).  ``rows`` limits the picture to the first rows (the pattern repeats
-    every 8 rows for a 128B swizzle).  ``ValueError`` as :func:`.analysis.bank_table`."""
+    every 8 rows for a 128B swizzle; more rows than the layout has draw it whole).  ``ValueError`` as
+    :func:`.analysis.bank_table`, and for ``rows`` below 1 (``TypeError`` for a non-integer)."""
     from matplotlib import colormaps
 
     elem_bytes = check_elem_bytes(elem_bytes)
     _check_drawable(layout, stage)
     byts = _table2d(layout, layout.byte_offsets(elem_bytes), stage)
     banks = (byts // BANK_BYTES) % NUM_BANKS  # as analysis.bank_table
-    if rows:
+    if rows is not None:
+        rows = require_int("rows", rows, 1)
         banks, byts = banks[:rows], byts[:rows]
     nr, nc = banks.shape
     per_chunk = max(1, 16 // elem_bytes)
@@ -151,10 +163,17 @@ def draw_tv(tv: StaticLayout, tile: tuple[int, int], path: Optional[str] = None,
             region: Optional[tuple[int, int]] = None, annotate: Optional[bool] = None):
     """A thread-value layout as threads over an ``(M, N)`` tile (``tv(thread, value)`` = index of a
     column-major tile, as the DSL's ``tv_layout_*`` give it).  Colour = thread; small tiles (or a
-    ``region`` of the top-left corner) get "T<thread>/V<value>" labels."""
-    m_, n_ = tile
+    ``region`` of the top-left corner) get "T<thread>/V<value>" labels.  ``ValueError`` for a tile that
+    does not hold every index of ``tv`` and a ``region`` size below 1 (``TypeError`` for a tile or region
+    that is not two integers)."""
+    if not isinstance(tile, (tuple, list)) or len(tile) != 2:
+        raise TypeError(f"tile={tile!r}: expected (M, N), two integers")
+    m_, n_ = (require_int(f"tile[{i}]", v, 1) for i, v in enumerate(tile))
     idx = tv.outer_offsets()
     nthr, nval = idx.shape
+    if idx.min() < 0 or idx.max() >= m_ * n_:
+        raise ValueError(f"{tv.name or 'the TV layout'} {tv} reaches index {int(idx.max())}: beyond the "
+                         f"{m_} x {n_} tile ({m_ * n_} elements)")
     owner = np.full((m_, n_), -1, dtype=np.int64)
     value = np.full((m_, n_), -1, dtype=np.int64)
     for t in range(nthr):
@@ -162,8 +181,9 @@ def draw_tv(tv: StaticLayout, tile: tuple[int, int], path: Optional[str] = None,
         free = owner[r, c] < 0
         owner[r[free], c[free]] = t
         value[r[free], c[free]] = np.arange(nval)[free]
-    if region:
-        owner, value = owner[:region[0], :region[1]], value[:region[0], :region[1]]
+    if region is not None:
+        r_, c_ = _check_corner("region", region)
+        owner, value = owner[:r_, :c_], value[:r_, :c_]
     nr, nc = owner.shape
     annotate = nr * nc <= 512 if annotate is None else annotate
     cs = 0.55 if annotate else float(np.clip(10.0 / max(nr, nc), 0.06, 0.3))
@@ -190,9 +210,15 @@ def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem
     quarter-warps of 16-byte accesses, served one after another): a phase's tallest bar is its
     wavefronts, and a bank is drawn red where some phase asks it for more than one word (a conflict).
     Each panel's title gives the request's wavefronts and ideal.  Inactive threads draw nothing.
-    ``ValueError`` before drawing for an ``access`` the pattern does not have, and for what
+    (A single layout draws one panel.)  ``ValueError`` before drawing for no layouts, an ``access`` the pattern does not have, and for what
     :func:`.analysis.bank_conflicts` refuses (``elem_bytes``, coords, accesses outside a tile)."""
     elem_bytes = check_elem_bytes(elem_bytes)
+    layouts = [layouts] if isinstance(layouts, StaticLayout) else list(layouts)
+    if not layouts:
+        raise ValueError("draw_conflicts needs at least one layout (one panel each)")
+    for lay in layouts:
+        if not isinstance(lay, StaticLayout):
+            raise TypeError(f"layouts: expected StaticLayout objects, got {type(lay).__name__}")
     coords = check_coords(pattern.coords, pattern.name)
     if not 0 <= require_int("access", access) < len(coords):
         raise ValueError(f"access={access}: {pattern.name} has {len(coords)} access(es); expected 0..{len(coords) - 1}")
