@@ -137,8 +137,23 @@ def test_split_pieces_reconstruct():
     assert pieces.shape == (72, 256) and pieces.dtype == torch.bfloat16
     lo, mid, hi = pieces.view(3, 24, 256).double()
     rel = ((lo + mid + hi - w.double()).abs() / w.double().abs()).max().item()
-    assert rel <= 2.0 ** -24, rel
+    assert rel <= 2.0 ** -27, rel
     assert torch.equal(hi, w.bfloat16().double())  # hi = round to nearest even
+    # the documented edges: 2^-27 relative from 2^-110 up to bf16's largest finite value, 2^-134 absolute below
+    # (float32 subnormals included), NaN above
+    bf16_max = torch.finfo(torch.bfloat16).max
+    wide = torch.cat([torch.rand(24, 512, generator=g) * 2.0 ** e + 2.0 ** e for e in range(-110, 127, 3)], 1)
+    wide = torch.cat([wide, torch.full((24, 1), bf16_max)], 1) * torch.where(torch.rand(24, 1, generator=g) < 0.5, -1, 1)
+    lo, mid, hi = mod.split_pieces(wide).view(3, 24, -1).double()
+    rel = ((lo + mid + hi - wide.double()).abs() / wide.double().abs()).max().item()
+    assert rel <= 2.0 ** -27, rel
+    tiny = torch.rand(24, 4096, generator=g) * 2.0 ** -110
+    tiny[0, :64] = torch.rand(64, generator=g) * 2.0 ** -127
+    lo, mid, hi = mod.split_pieces(tiny).view(3, 24, -1).double()
+    assert (lo + mid + hi - tiny.double()).abs().max().item() <= 2.0 ** -134
+    over = torch.full((24, 2), 3.4e38)  # past bf16's largest finite value (3.39e38)
+    lo, mid, hi = mod.split_pieces(over).view(3, 24, -1).double()
+    assert (lo + mid + hi).isnan().all()
 
 
 @pytest.mark.parametrize("kw,exc,msg", [

@@ -21,7 +21,8 @@ Design (one kernel, no partials in global memory):
 * Tensor cores: warp-level ``mma.sync.m16n8k16`` bf16 -> f32 (``cute.nvgpu.warp.MmaF16BF16Op``),
   x as the A operand (exact in bf16), hc_fn as three bf16 pieces hi + mid + lo (hi = rn(w),
   mid = rn(w - hi), lo = rn(w - hi - mid); the differences are exact, the representation error is
-  <= 2^-27 |w|); per 16-column step the pieces are issued lo, mid, hi; 24 outputs = three n8 tiles.
+  <= 2^-27 |w| for 2^-110 <= |w| <= 3.39e38, bf16's largest finite value; smaller weights are within
+  2^-134 absolute, bf16's subnormal steps; larger ones round hi to inf, so NaN); per 16-column step the pieces are issued lo, mid, hi; 24 outputs = three n8 tiles.
   The pieces are split in registers from the fp32 hc_fn (:func:`_split3_bf16x2`); the same split,
   made in shared memory by the TMA walk's split warps, feeds :mod:`.hc_mix_tma`.
 * The sum of squares is a Gram MMA: x . x^T of the warp's 16 rows with B = the lane's own A
@@ -190,7 +191,8 @@ def _ld_dsmem_f32(ptr: cute.Pointer, cta_rank: Int32) -> Float32:
 @cute.jit
 def _split3_bf16x2(w0: Float32, w1: Float32):
     """Packed bf16x2 pieces (lo, mid, hi) of the pair (w0, w1): hi = rn(w), mid = rn(w - hi),
-    lo = rn(w - hi - mid); both differences are exact, so w = hi + mid + lo + O(2^-27 |w|)."""
+    lo = rn(w - hi - mid); both differences are exact, so w = hi + mid + lo + O(2^-27 |w|) (for
+    2^-110 <= |w| <= bf16's largest finite value: the module docstring gives the edges)."""
     # inputs are copied first and outputs written last: "=r" outputs may share input registers
     return cute.arch.inline_ptx(
         "{\n\t.reg .b32 q0, q1, p0, p1, h, md;\n\t"
@@ -644,7 +646,8 @@ def split_pieces(hc_fn: torch.Tensor) -> torch.Tensor:
 
     hi = rn(w), mid = rn(w - hi), lo = rn(w - hi - mid) (round to nearest even, exact differences):
     the same values as the kernels' split (:func:`_split3_bf16x2`: in registers in the walk, into shared
-    memory in :mod:`.hc_mix_tma`).
+    memory in :mod:`.hc_mix_tma`).  ``|hi + mid + lo - w| <= 2^-27 |w|`` for ``2^-110 <= |w| <= 3.39e38`` (bf16's
+    largest finite value) and ``<= 2^-134`` below; a larger ``|w|`` gives an infinite hi (NaN in the sum).
     """
     hi = hc_fn.bfloat16()
     r1 = hc_fn - hi.float()

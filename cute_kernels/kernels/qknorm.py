@@ -1081,6 +1081,9 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         eps: real number (not bool), finite in float32, >= 0 (standard RMSNorm eps, added to the mean).
             With ``eps = 0`` an all-zero row is 0 * rsqrt(0) = NaN, as in the float64 reference and
             ``torch.nn.functional.rms_norm``.
+    Range: the sums of squares are float32, as in ``torch.nn.functional.rms_norm`` on CUDA: a row whose sum
+    overflows float32 (an element above ~1.8e19 in magnitude, or a sum above 3.4e38) comes out as zeros,
+    ``x * rsqrt(inf) = 0``, where the float64 reference still normalizes it.
     Kernels (:func:`launch_key`, by q + k bytes against the device's L2; all give the same bits): one CTA
     per row tile; for 16-bit q/k of 4096/1024 columns from 1024 tokens up to 60% of L2, a persistent
     kernel; for 16-bit 4096/1024 and 6144/1024 from there (or 30%) to 95% of L2, persistent CTAs staging

@@ -348,7 +348,8 @@ class ParallelQKNorm:
 
     ``ParallelQKNorm(group, max_tokens, q_dim, k_dim, dtype)(q, k, q_weight, k_weight, eps)`` on
     every rank of ``group`` normalizes this rank's shards ``q [N, q_dim/G]``, ``k [N, k_dim/G]`` with
-    the sums of squares over all ranks: ``q *= rsqrt(sum_all(q^2)/q_dim + eps) * q_weight``.
+    the sums of squares over all ranks: ``q *= rsqrt(sum_all(q^2)/q_dim + eps) * q_weight``.  The sums are
+    float32 (a row whose sum overflows comes out as zeros, as in :func:`.qknorm.qk_rmsnorm_`).
 
     Peer buffers (``[2 epochs, max_tokens, G]`` 64-bit slots per rank) come from torch symmetric
     memory, else CUDA IPC handles exchanged over ``group``.  When the ranks are not all P2P-reachable

@@ -82,6 +82,22 @@ def test_zero_rows_and_eps_zero():
     assert torch.isnan(q[3]).all()
 
 
+def test_rows_whose_sum_of_squares_overflows_float32():
+    """The documented range: a row whose float32 sum of squares overflows (one bf16 element of 1e20, or 1024
+    elements of 1e18: 1e39) comes out as zeros, x * rsqrt(inf); the other rows as the reference."""
+    buf, q, k, wq, wk = _make(9, 4096, 1024, torch.bfloat16)
+    q[2, 7] = 1e20
+    k[4].fill_(1e18)
+    rq, rk = mod.qk_rmsnorm_reference(q.double(), k.double(), wq, wk, 1e-6)
+    cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    torch.cuda.synchronize()
+    assert (q[2] == 0).all() and (k[4] == 0).all()
+    rows = [r for r in range(9) if r not in (2, 4)]
+    torch.testing.assert_close(q[rows].double(), rq[rows], rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(k[rows].double(), rk[rows], rtol=2**-7, atol=1e-2)
+    torch.testing.assert_close(q[4].double(), rq[4], rtol=2**-7, atol=1e-2)  # (k's row 4 alone overflows)
+
+
 def test_matches_torch_rms_norm():
     q = torch.randn(100, 4096, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(100, 1024, device="cuda", dtype=torch.bfloat16)
