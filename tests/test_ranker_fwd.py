@@ -1236,7 +1236,8 @@ def test_shipped_config_refuses_bad_arguments():
                            (("bfloat16", 128), TypeError, "torch.bfloat16 or torch.float16"),
                            ((torch.bfloat16, 96), ValueError, "head_dim=96"),
                            ((torch.bfloat16, True), TypeError, "head_dim must be an int"),  # (a bool: TypeError)
-                           ((torch.bfloat16, 128.0), TypeError, "head_dim must be an int")):
+                           ((torch.bfloat16, 128.0), TypeError, "head_dim must be an int"),
+                           ((torch.bfloat16, 128, 5), TypeError, "cap_method must be a str")):  # (as the op)
         with pytest.raises(exc, match=re.escape(msg)):
             rf.shipped_config(*args)
     # None means no cap, as ranker_attention's cap=None (newcomer review, session 39)

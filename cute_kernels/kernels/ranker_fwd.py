@@ -343,8 +343,9 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] 
     (``"none"`` or None without a cap, else ``"tanh"`` / ``"soft_sign"``): ``CAP_CONFIGS[(cap_method, head_dim)]``
     where there is one, else ``CONFIGS[head_dim]``; float16 takes the same tile shape with the fixed max
     (``fixed_row_max``, ``checked_max``) off (float16 P would overflow).  Raises ``TypeError`` for another
-    dtype (a string included) or a head dim that is not an integer (a bool included; numpy integers are taken),
-    and ``ValueError`` for a head dim other than 64, 128, 256 or an unknown ``cap_method``."""
+    dtype (a string included), a head dim that is not an integer (a bool included; numpy integers are taken) or a
+    ``cap_method`` that is neither a str nor None, and ``ValueError`` for a head dim other than 64, 128, 256 or an
+    unknown ``cap_method``."""
     if not isinstance(dtype, torch.dtype) or dtype not in DTYPES:
         raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
     if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral):  # (numpy ints as the ops take them)
@@ -354,6 +355,8 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] 
         raise ValueError(f"head_dim={head_dim!r}: shipped configs exist for head dims {sorted(CONFIGS)}")
     if cap_method is None:  # (as ranker_attention's cap=None)
         cap_method = "none"
+    if not isinstance(cap_method, str):  # (as ranker_attention)
+        raise TypeError(f"cap_method must be a str or None, got {type(cap_method).__name__}")
     if cap_method not in CAP_METHODS:
         raise ValueError(f"cap_method={cap_method!r}: expected one of {CAP_METHODS} ('none' or None: no cap)")
     cfg = CAP_CONFIGS.get((cap_method, head_dim), CONFIGS[head_dim])
