@@ -143,7 +143,8 @@ def test_split_pieces_reconstruct():
     # (float32 subnormals included), NaN above
     bf16_max = torch.finfo(torch.bfloat16).max
     wide = torch.cat([torch.rand(24, 512, generator=g) * 2.0 ** e + 2.0 ** e for e in range(-110, 127, 3)], 1)
-    wide = torch.cat([wide, torch.full((24, 1), bf16_max)], 1) * torch.where(torch.rand(24, 1, generator=g) < 0.5, -1, 1)
+    sign = torch.where(torch.rand(24, 1, generator=g) < 0.5, -1.0, 1.0)
+    wide = torch.cat([wide, torch.full((24, 1), bf16_max)], 1) * sign
     lo, mid, hi = mod.split_pieces(wide).view(3, 24, -1).double()
     rel = ((lo + mid + hi - wide.double()).abs() / wide.double().abs()).max().item()
     assert rel <= 2.0 ** -27, rel

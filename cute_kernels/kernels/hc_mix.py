@@ -22,7 +22,8 @@ Design (one kernel, no partials in global memory):
   x as the A operand (exact in bf16), hc_fn as three bf16 pieces hi + mid + lo (hi = rn(w),
   mid = rn(w - hi), lo = rn(w - hi - mid); the differences are exact, the representation error is
   <= 2^-27 |w| for 2^-110 <= |w| <= 3.39e38, bf16's largest finite value; smaller weights are within
-  2^-134 absolute, bf16's subnormal steps; larger ones round hi to inf, so NaN); per 16-column step the pieces are issued lo, mid, hi; 24 outputs = three n8 tiles.
+  2^-134 absolute, half of bf16's subnormal step; larger ones round hi to inf, so NaN); per 16-column
+  step the pieces are issued lo, mid, hi; 24 outputs = three n8 tiles.
   The pieces are split in registers from the fp32 hc_fn (:func:`_split3_bf16x2`); the same split,
   made in shared memory by the TMA walk's split warps, feeds :mod:`.hc_mix_tma`.
 * The sum of squares is a Gram MMA: x . x^T of the warp's 16 rows with B = the lane's own A

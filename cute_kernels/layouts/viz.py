@@ -210,8 +210,9 @@ def draw_conflicts(layouts: Sequence[StaticLayout], pattern: AccessPattern, elem
     quarter-warps of 16-byte accesses, served one after another): a phase's tallest bar is its
     wavefronts, and a bank is drawn red where some phase asks it for more than one word (a conflict).
     Each panel's title gives the request's wavefronts and ideal.  Inactive threads draw nothing.
-    (A single layout draws one panel.)  ``ValueError`` before drawing for no layouts, an ``access`` the pattern does not have, and for what
-    :func:`.analysis.bank_conflicts` refuses (``elem_bytes``, coords, accesses outside a tile)."""
+    (A single layout draws one panel.)  ``ValueError`` before drawing for no layouts, an ``access`` the
+    pattern does not have, and for what :func:`.analysis.bank_conflicts` refuses (``elem_bytes``, coords,
+    accesses outside a tile); ``TypeError`` for a layout that is not a :class:`.static.StaticLayout`."""
     elem_bytes = check_elem_bytes(elem_bytes)
     layouts = [layouts] if isinstance(layouts, StaticLayout) else list(layouts)
     if not layouts:
