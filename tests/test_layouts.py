@@ -636,13 +636,15 @@ def test_drawing_arguments_are_checked():
         viz.draw_banks(sw, 2, rows=2.5)
     with pytest.raises(ValueError, match="region"):
         viz.draw_offsets(sw, elem_bytes=2, region=(0, 4))
-    with pytest.raises(TypeError, match="region"):
+    with pytest.raises(ValueError, match="region"):
         viz.draw_offsets(sw, elem_bytes=2, region=4)
+    with pytest.raises(TypeError, match="region"):
+        viz.draw_offsets(sw, elem_bytes=2, region=(4, 2.5))
     assert viz.draw_offsets(L.row_major(4, 8), region=(16, 32)).axes[0].images[0].get_array().shape == (4, 8)
     assert viz.draw_banks(L.row_major(4, 64), 2, rows=100).axes[0].images[0].get_array().shape == (4, 64)
     with pytest.raises(ValueError, match="beyond the 4 x 4 tile"):
         viz.draw_tv(L.row_major(32, 8), (4, 4))
-    with pytest.raises(TypeError, match="tile"):
+    with pytest.raises(ValueError, match="tile"):
         viz.draw_tv(L.row_major(32, 8), 16)
     with pytest.raises(ValueError, match="region"):
         viz.draw_tv(L.row_major(32, 8), (16, 16), region=(-1, 4))

@@ -117,7 +117,7 @@ def pattern_from_tv(tv: StaticLayout, tile: tuple[int, int], vec: int, name: str
     not rank 2, a ``warp`` outside ``0 .. warps - 1``, and vectors that are not consecutive columns.
     """
     vec, threads_per_warp = require_int("vec", vec, 1), require_int("threads_per_warp", threads_per_warp, 1)
-    m_, n_ = _tile_extents(tile)
+    m_, n_ = extents_pair("tile", tile)
     if tv.rank != 2:
         raise ValueError(f"tv: expected a rank-2 (thread, value) layout, got dims {tv.dims}")
     nthr = tv.dims[0]
@@ -148,11 +148,12 @@ def pattern_from_tv(tv: StaticLayout, tile: tuple[int, int], vec: int, name: str
     return AccessPattern(name, np.array(out), vec)
 
 
-def _tile_extents(tile) -> tuple[int, int]:
-    """``tile`` as (M, N), two integers >= 1 (``ValueError``/``TypeError`` otherwise)."""
-    if not isinstance(tile, (tuple, list)) or len(tile) != 2:
-        raise ValueError(f"tile={tile!r}: expected (M, N), two extents")
-    return require_int("tile[0]", tile[0], 1), require_int("tile[1]", tile[1], 1)
+def extents_pair(name: str, value, form: str = "(M, N)") -> tuple[int, int]:
+    """``value`` (e.g. a tile ``(M, N)`` or a picture's region ``(rows, cols)``: ``form``) as two integers >= 1:
+    ``ValueError`` for anything but a pair, and for an entry below 1; ``TypeError`` for a non-integer entry."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{name}={value!r}: expected {form}, two extents")
+    return require_int(f"{name}[0]", value[0], 1), require_int(f"{name}[1]", value[1], 1)
 
 
 # ---------------------------------------------------------------------------- bank conflicts

@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .analysis import (BANK_BYTES, NUM_BANKS, AccessPattern, check_coords, check_stage, request_phases,
-                       request_wavefronts, stage_slice, thread_addresses)
+from .analysis import (BANK_BYTES, NUM_BANKS, AccessPattern, check_coords, check_stage, extents_pair,
+                       request_phases, request_wavefronts, stage_slice, thread_addresses)
 from .static import StaticLayout, check_elem_bytes, require_int
 
 
@@ -77,14 +77,6 @@ def _table2d(layout: StaticLayout, values: np.ndarray, stage: Optional[int]) -> 
     return values[None] if values.ndim == 1 else values
 
 
-def _check_corner(name: str, value) -> tuple[int, int]:
-    """``value`` (``region=(rows, cols)``, the top-left corner to draw; a picture smaller than it is drawn
-    whole) as two ints: ``TypeError`` for anything but two integers, ``ValueError`` for a size below 1."""
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise TypeError(f"{name}={value!r}: expected (rows, cols), two integers")
-    return tuple(require_int(f"{name}[{i}]", v, 1) for i, v in enumerate(value))
-
-
 def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: Optional[int] = None,
                  stage: Optional[int] = None, annotate: Optional[bool] = None, title: Optional[str] = None,
                  region: Optional[tuple[int, int]] = None):
@@ -94,8 +86,8 @@ def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: O
     With ``elem_bytes`` the offsets are the kernel's swizzled byte addresses divided back into
     elements (:meth:`StaticLayout.byte_offsets`); without it, the functional values ``L(r, c)``.
     ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES`, a ``stage`` the layout
-    does not have (None or 0 without a stage mode) and a ``region`` size below 1 (``TypeError`` for one that
-    is not two integers; one beyond the layout draws it whole).
+    does not have (None or 0 without a stage mode) and a ``region`` that is not two sizes >= 1 (``TypeError``
+    for a non-integer size; a region beyond the layout draws it whole).
     """
     if elem_bytes is not None:
         check_elem_bytes(elem_bytes)
@@ -105,7 +97,7 @@ def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: O
     else:
         vals = _table2d(layout, layout.offsets(), stage)
     if region is not None:
-        r, c = _check_corner("region", region)
+        r, c = extents_pair("region", region, "(rows, cols)")  # (a picture smaller than it: drawn whole)
         vals = vals[:r, :c]
     rows, cols = vals.shape
     annotate = rows * cols <= 1024 if annotate is None else annotate
@@ -164,11 +156,9 @@ def draw_tv(tv: StaticLayout, tile: tuple[int, int], path: Optional[str] = None,
     """A thread-value layout as threads over an ``(M, N)`` tile (``tv(thread, value)`` = index of a
     column-major tile, as the DSL's ``tv_layout_*`` give it).  Colour = thread; small tiles (or a
     ``region`` of the top-left corner) get "T<thread>/V<value>" labels.  ``ValueError`` for a tile that
-    does not hold every index of ``tv`` and a ``region`` size below 1 (``TypeError`` for a tile or region
-    that is not two integers)."""
-    if not isinstance(tile, (tuple, list)) or len(tile) != 2:
-        raise TypeError(f"tile={tile!r}: expected (M, N), two integers")
-    m_, n_ = (require_int(f"tile[{i}]", v, 1) for i, v in enumerate(tile))
+    does not hold every index of ``tv`` and a tile or ``region`` that is not two sizes >= 1 (``TypeError`` for
+    a non-integer size)."""
+    m_, n_ = extents_pair("tile", tile)
     idx = tv.outer_offsets()
     nthr, nval = idx.shape
     if idx.min() < 0 or idx.max() >= m_ * n_:
@@ -182,7 +172,7 @@ def draw_tv(tv: StaticLayout, tile: tuple[int, int], path: Optional[str] = None,
         owner[r[free], c[free]] = t
         value[r[free], c[free]] = np.arange(nval)[free]
     if region is not None:
-        r_, c_ = _check_corner("region", region)
+        r_, c_ = extents_pair("region", region, "(rows, cols)")
         owner, value = owner[:r_, :c_], value[:r_, :c_]
     nr, nc = owner.shape
     annotate = nr * nc <= 512 if annotate is None else annotate
