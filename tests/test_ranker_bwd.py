@@ -382,6 +382,8 @@ def test_configs_validate():
                     (dict(dq_zero_wait_cycles=1 << 40), "dq_zero_wait_cycles")):
         with pytest.raises(ValueError, match=msg):
             dataclasses.replace(base, **kw).validate()
+    with pytest.raises(ValueError, match="must not get more"):  # ptxas C7406, a setmaxnreg.dec above every count
+        dataclasses.replace(rb.CONFIGS[64], producer_regs=200, mma_regs=152).validate()
     for bad in (True, 1.5, "3"):  # (an int: a bool or float is refused, not truncated)
         with pytest.raises(TypeError, match="dq_zero_wait_cycles"):
             dataclasses.replace(base, dq_zero_wait_cycles=bad)

@@ -268,6 +268,8 @@ def test_config_validate():
         rf.RankerFwdConfig(tile_n=112, **{**three, "consumer_regs": 168}).validate()
     with pytest.raises(ValueError, match="consumer_wgs"):
         rf.RankerFwdConfig(tile_m=256, consumer_wgs=4).validate()
+    with pytest.raises(ValueError, match="must not get more"):  # ptxas C7406, a setmaxnreg.dec above every count
+        rf.RankerFwdConfig(head_dim=64, tile_n=64, stages=2, producer_regs=200, consumer_regs=120).validate()
     for cfg in rf.CAP_CONFIGS.values():
         cfg.validate()
     with pytest.raises(ValueError, match="exclude each other"):

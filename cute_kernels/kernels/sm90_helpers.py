@@ -34,11 +34,15 @@ def register_pool(threads: int) -> int:
 
 def check_register_split(producer_regs: int, consumer_regs: int, consumer_wgs: int) -> None:
     """``ValueError`` unless one producer warpgroup at ``producer_regs`` and ``consumer_wgs`` consumer
-    warpgroups at ``consumer_regs`` fit the CTA's register pool (see :func:`register_pool`), and each count
-    is one ``setmaxnreg`` takes: a multiple of 8 in [24, 256]."""
+    warpgroups at ``consumer_regs`` fit the CTA's register pool (see :func:`register_pool`), each count
+    is one ``setmaxnreg`` takes (a multiple of 8 in [24, 256]), and the producer gets no more than a consumer:
+    ptxas refuses a ``setmaxnreg.dec`` above the program's largest count (C7406)."""
     for name, regs in (("producer_regs", producer_regs), ("consumer/MMA regs", consumer_regs)):
         if regs % 8 or not 24 <= regs <= 256:
             raise ValueError(f"{name}={regs}: setmaxnreg takes a multiple of 8 in [24, 256]")
+    if producer_regs > consumer_regs:
+        raise ValueError(f"register split {producer_regs}/{consumer_regs}: the producer warpgroup must not get "
+                         "more registers than a consumer/MMA warpgroup (its setmaxnreg.dec would raise the count)")
     threads = 128 * (1 + consumer_wgs)
     need = 128 * producer_regs + 128 * consumer_wgs * consumer_regs
     if need > register_pool(threads):
