@@ -407,10 +407,11 @@ def parse_candidates(text: Optional[str], base) -> dict:
     parsed as the type of ``base``'s field (int, float, true/false); unknown or repeated fields raise
     ``ValueError``.
     """
-    from .layouts.kernel_layouts import _parse_value
+    from .layouts.kernel_layouts import _optional_type, _parse_value
 
     out: dict[str, list] = {}
-    names = {f.name for f in dataclasses.fields(base)}
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    names = set(fields)
     field = None
     if not (text or "").strip():
         return out
@@ -433,7 +434,7 @@ def parse_candidates(text: Optional[str], base) -> dict:
             out[field] = []
         elif field is None:
             raise ValueError(f"candidate item {part!r}: expected field=value[,value...]")
-        value = _parse_value(field, part, getattr(base, field))
+        value = _parse_value(field, part, getattr(base, field), _optional_type(fields[field]))
         if value not in out[field]:
             out[field].append(value)
     return out

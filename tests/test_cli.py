@@ -170,6 +170,19 @@ def test_layouts_optional_bool_fields(tmp_path):
     assert r.returncode == 2 and "true, false or none" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_layouts_optional_int_fields(tmp_path):
+    """walk_stagger (None or an int, its metadata says so) takes an integer or none through --config, as the
+    README's advice (walk_stagger=0) needs; true is a clean error (exit 2), not a TypeError traceback."""
+    from cute_kernels.layouts.kernel_layouts import ranker_bwd_config
+
+    assert ranker_bwd_config("walk_stagger=0").walk_stagger == 0
+    assert ranker_bwd_config("walk_stagger=3").walk_stagger == 3
+    assert ranker_bwd_config("walk_stagger=none").walk_stagger is None
+    for value, msg in (("true", "an integer or none"), ("65", "walk_stagger=65")):
+        r = _run("layouts", "--kernel", "ranker_bwd", "--config", f"walk_stagger={value}", "--out", str(tmp_path / "x"))
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+
+
 def test_layouts_without_matplotlib_says_what_is_missing(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None; sys.modules['matplotlib.figure'] = None\n"
             "from cute_kernels.cli import main\n"

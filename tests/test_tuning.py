@@ -122,6 +122,11 @@ def test_candidates_from_the_command_line():
     with pytest.raises(ValueError, match="true or false"):
         tuning.parse_candidates("persistent=maybe", rf.CONFIGS[128])
     assert tuning.parse_candidates("tile_n=96,128, stages=3", rf.CONFIGS[128]) == dict(tile_n=[96, 128], stages=[3])
+    from cute_kernels.kernels import ranker_bwd as rb  # a field that is None or an int (walk_stagger)
+
+    assert tuning.parse_candidates("walk_stagger=none,0,2", rb.CONFIGS[128]) == dict(walk_stagger=[None, 0, 2])
+    with pytest.raises(ValueError, match="an integer or none"):
+        tuning.parse_candidates("walk_stagger=true", rb.CONFIGS[128])
     for text in ("tile_n=96,,128", "tile_n=96,", ",tile_n=96"):  # an empty item: a value may have been lost
         with pytest.raises(ValueError, match="empty item"):
             tuning.parse_candidates(text, rf.CONFIGS[128])

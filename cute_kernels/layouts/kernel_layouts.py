@@ -62,9 +62,19 @@ def parse_config(cls, text: Optional[str], base=None, **implied):
     cfg = base if base is not None else cls()
     example = CONFIG_EXAMPLES.get(cls.__name__, "stages=3")
     items = key_values(text, f"{cls.__name__} config field", [f.name for f in dataclasses.fields(cls)], example)
-    kw = {k: _parse_value(k, v, getattr(cfg, k)) for k, v in items.items()}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kw = {k: _parse_value(k, v, getattr(cfg, k), _optional_type(fields[k])) for k, v in items.items()}
     kw = {**{k: v for k, v in implied.items() if k not in kw}, **kw}
-    return dataclasses.replace(cfg, **kw) if kw else cfg
+    try:
+        return dataclasses.replace(cfg, **kw) if kw else cfg
+    except TypeError as exc:  # a field of the wrong type (the parser gives each its type: not expected)
+        raise ValueError(str(exc)) from None
+
+
+def _optional_type(f: dataclasses.Field):
+    """What a field defaulting to None holds otherwise: ``int`` where its metadata says so (``walk_stagger``),
+    else ``bool`` (``gqa_group_per_cta``); None for a field with another default."""
+    return f.metadata.get("type", bool) if f.default is None else None
 
 
 # a valid --config per kernel config class (the messages' example)
@@ -98,13 +108,21 @@ def key_values(text: Optional[str], what: str, known, example: str = "stages=3")
     return out
 
 
-def _parse_value(field: str, v: str, current):
-    """``v`` parsed as the type of ``current`` (the field's value in the base config); a field whose
-    value is None (an optional bool such as ``gqa_group_per_cta``) takes true, false or none."""
-    if current is None:
-        if v.lower() not in ("true", "false", "none"):
+def _parse_value(field: str, v: str, current, optional=None):
+    """``v`` parsed as the type of ``current`` (the field's value in the base config).  A field that may be
+    None (``optional``: the type it holds otherwise, see :func:`_optional_type`) takes none, or true / false
+    (an optional bool such as ``gqa_group_per_cta``), or an integer (``walk_stagger``)."""
+    if optional is not None and v.lower() == "none":
+        return None
+    if optional is int:
+        try:
+            return int(v)
+        except ValueError:
+            raise ValueError(f"config field {field!r} takes an integer or none, got {v!r}") from None
+    if optional is bool or current is None:
+        if v.lower() not in ("true", "false"):
             raise ValueError(f"config field {field!r} takes true, false or none, got {v!r}")
-        return None if v.lower() == "none" else v.lower() == "true"
+        return v.lower() == "true"
     if isinstance(current, bool):
         if v.lower() not in ("true", "false"):
             raise ValueError(f"config field {field!r} takes true or false, got {v!r}")
