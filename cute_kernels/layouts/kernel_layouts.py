@@ -192,19 +192,29 @@ def enumerate_configs(base, **choices) -> tuple[list, list]:
     rejected)``, ``fields`` the combination's ``{field: value}`` (a config that does not fit never exists).
 
     Example: ``enumerate_configs(ranker_fwd.CONFIGS[128], tile_n=range(64, 257, 16), stages=(1, 2, 3, 4))``.
+    NumPy integers and bools (``np.arange``) count as Python ones.  ``ValueError`` for a field the config does
+    not have; ``TypeError`` (raised, not counted as rejected) for a value of the wrong type.
     """
     import itertools
+    import numbers
+
+    import numpy as np
 
     names = list(choices)
     unknown = sorted(set(names) - {f.name for f in dataclasses.fields(base)})
     if unknown:  # (a typo, not a config that does not fit)
         raise ValueError(f"{type(base).__name__} has no field {', '.join(unknown)}")
     accepted, rejected = [], []
+    def plain(v):  # np.int64(64) -> 64, np.bool_(True) -> True; anything else as given
+        if isinstance(v, numbers.Integral) and not isinstance(v, int):
+            return int(v)
+        return bool(v) if isinstance(v, np.bool_) else v
+
     for values in itertools.product(*(list(choices[n]) for n in names)):
-        fields = dict(zip(names, values))
+        fields = {n: plain(v) for n, v in zip(names, values)}
         try:
             accepted.append(dataclasses.replace(base, **fields))
-        except (TypeError, ValueError) as exc:
+        except ValueError as exc:
             rejected.append((fields, str(exc)))
     return accepted, rejected
 
