@@ -109,6 +109,21 @@ def test_128b_swizzle_16B_vectors_by_8_rows_do_not_conflict():
     assert full.wavefronts == [4] and full.ideal == [4]
 
 
+@pytest.mark.parametrize("dtype,wrong", [("bf16", 4), ("bf16", 1), ("fp32", 2), ("fp8", 2)])
+@pytest.mark.parametrize("major", ["K", "MN"])
+def test_element_size_other_than_the_layouts_is_refused(dtype, wrong, major):
+    """A swizzled layout's atom rows fix its element size: bank_conflicts / bank_table / the pictures with
+    another elem_bytes would describe another layout (2.0x the ideal for a conflict-free bf16 read)."""
+    lay = L.hopper_smem_layout(64, 64, dtype, major=major)
+    right = L.elem_bytes(dtype)
+    L.bank_table(lay, right)  # its own size is fine
+    with pytest.raises(ValueError, match=f"elem_bytes={wrong} does not match .*{right}-byte elements"):
+        L.bank_table(lay, wrong)
+    with pytest.raises(ValueError, match="does not match"):
+        L.bank_conflicts(lay, L.row_read(0, 1), wrong)
+    L.bank_table(L.row_major(64, 64), wrong)  # no swizzle: no element size to read
+
+
 def test_vector_split_by_the_layout_is_reported():
     with pytest.raises(ValueError, match="not contiguous"):
         L.bank_conflicts(L.hopper_smem_layout(64, 64, "bf16", major="MN"), L.row_vector_read(8, 0, 8), 2)
@@ -267,6 +282,11 @@ def test_enumerate_configs_splits_by_validate():
     assert "shared memory" in reasons[(128, 4)] and "register" in reasons[(176, 2)]
     with pytest.raises(ValueError, match="no field tile_N"):  # a typo, not "nothing fits"
         KL.enumerate_configs(one_tile_per_cta, tile_N=(128,))
+    np_ok, np_bad = KL.enumerate_configs(one_tile_per_cta, tile_n=np.array([128, 176]), stages=np.arange(2, 5),
+                                         persistent=np.array([False]))  # NumPy values count as Python ones
+    assert np_ok == ok and [{**c, "persistent": False} for c, _ in bad] == [c for c, _ in np_bad]
+    with pytest.raises(TypeError, match="tile_n"):  # a wrong type is the caller's mistake, not "does not fit"
+        KL.enumerate_configs(one_tile_per_cta, tile_n=(128.0,))
 
 
 def test_config_parsers_read_head_dim_as_the_other_fields():

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .static import ELEM_BYTES, StaticLayout, require_int, trace
+from .static import ELEM_BYTES, StaticLayout, check_swizzle_atom, require_int, trace
 
 # swizzle name -> SmemLayoutAtomKind suffix
 _KINDS = {"128B": "SW128", "64B": "SW64", "32B": "SW32", "none": "INTER"}
@@ -147,10 +147,8 @@ def tma_box(layout: StaticLayout, dtype) -> dict:
     ``make_tiled_tma_atom`` builds (tested against its atoms, for Hopper K-major layouts of every
     swizzle and for plain ones).  Returns rows, cols, ``box`` = (h, w) in elements, ``boxes`` per tile, bytes
     per tile, swizzle name.  Raises ``ValueError`` for a layout that is not K-major (columns not
-    contiguous), for one whose box rows would not be a multiple of 16 bytes (TMA's rule), and for a ``dtype`` whose element size does not match the layout's: a Hopper swizzle
-    atom's rows are ``16 << bits`` bytes (128 for the 128B swizzle, 16 for the interleave), so row 1 of
-    the tile starts ``(16 << bits) / bytes per element`` elements after row 0 (a layout without a
-    swizzle carries no element size: not checked).
+    contiguous), for one whose box rows would not be a multiple of 16 bytes (TMA's rule), and for a ``dtype``
+    whose element size does not match the layout's (:func:`.static.check_swizzle_atom`).
     """
     eb = elem_bytes(dtype)
     if len(layout.dims) not in (2, 3):
@@ -161,7 +159,7 @@ def tma_box(layout: StaticLayout, dtype) -> dict:
     first = off[:2, :2]
     if cols > 1 and first[0, 1] - first[0, 0] != 1:
         raise ValueError(f"tma_box describes K-major tiles (cols contiguous); {layout.name or 'this layout'} is not")
-    _check_atom_elem_bytes(layout, first, eb, dtype)
+    check_swizzle_atom(layout, eb, f"dtype={dtype!r} ({eb} B elements)")
     sw = layout.swizzle.byte_swizzle_name if layout.swizzle is not None else "none"
     cap = TMA_BOX_MAX
     if sw in ("128B", "64B", "32B"):
@@ -185,17 +183,3 @@ def _run(offsets: np.ndarray, stride: int) -> int:
 def _largest_divisor(n: int, at_most: int) -> int:
     """The largest divisor of ``n`` that is <= ``at_most`` (>= 1)."""
     return max(d for d in range(1, max(min(n, at_most), 1) + 1) if n % d == 0)
-
-
-def _check_atom_elem_bytes(layout: StaticLayout, first, eb: int, dtype) -> None:
-    """``ValueError`` when ``eb``-byte elements do not fill the rows of ``layout``'s Hopper swizzle
-    atom (``first``: outer offsets of the tile's top-left 2 x 2 corner, K-major)."""
-    sw = layout.swizzle
-    if sw is None or (sw.base, sw.shift) != (4, 3) or first.shape[0] < 2:
-        return
-    atom_row_bytes, row_elems = 16 << sw.bits, int(first[1, 0] - first[0, 0])
-    if row_elems * eb != atom_row_bytes:
-        implied = f"{atom_row_bytes // row_elems}-byte" if row_elems and atom_row_bytes % row_elems == 0 else "other"
-        raise ValueError(f"dtype={dtype!r} ({eb} B elements) does not match {layout.name or layout}: its "
-                         f"{sw.byte_swizzle_name} swizzle atom rows ({atom_row_bytes} B) hold {row_elems} elements, "
-                         f"i.e. {implied} elements; pass the layout's own dtype")
