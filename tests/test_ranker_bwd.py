@@ -1,9 +1,11 @@
 """CPU tests of the ranker attention backward: float64 reference gradients, q-block ranges,
 configs, sm_90a compiles of the three kernels and the PTX/SASS features they promise."""
 
+import dataclasses
 import itertools
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -1325,6 +1327,49 @@ def test_backward_validation_once_per_signature(monkeypatch):
         torch.zeros(4 * lse.numel() + 8, dtype=torch.uint8).untyped_storage()[1:], 0, lse.shape, lse.stride())
     with pytest.raises(ValueError, match="dlse's data pointer"):
         rb.ranker_attention_backward(q, k, v, out, lse, do, bounds, dlse=odd)
+
+
+def test_caller_config_is_checked_for_spills_when_first_built(monkeypatch):
+    """A caller's mainloop config (config=, use_config) other than the shipped one is checked for register
+    spills once, when its kernel is first built in the process (the forward's rule); the shipped config, also
+    passed explicitly or in the deterministic mode, is not (its spills are KNOWN_SPILL_BYTES)."""
+    real = rb._validate_backward
+    monkeypatch.setattr(rb, "_validate_backward", lambda *a, **kw: real(*a, **{**kw, "cuda": False}))
+    monkeypatch.setattr(rb, "_FNS", {})
+    for name in ("_compile", "compile_preprocess", "compile_postprocess"):
+        monkeypatch.setattr(rb, name, lambda *key: (lambda *args: None))
+    checked = []
+    monkeypatch.setattr(rb, "warn_if_spills", lambda kernel, key, what, stacklevel: checked.append(key[1]))
+    monkeypatch.setattr(rb, "_num_sms", lambda device: 132)
+    args = _bf16_args()  # D=64, no cap
+    shipped = rb.config_for(64, False)
+    for config in (None, shipped, None):
+        rb.ranker_attention_backward(*args, config=config)
+    rb.ranker_attention_backward(*args, config=shipped, deterministic=True)
+    assert checked == []
+    other = dataclasses.replace(shipped, stages=1)
+    for _ in range(2):
+        rb.ranker_attention_backward(*args, config=other)
+    assert [c.stages for c in checked] == [1]
+    with rb.use_config(dataclasses.replace(shipped, ds_stages=1)):
+        for _ in range(2):
+            rb.ranker_attention_backward(*args)
+    assert [(c.stages, c.ds_stages) for c in checked] == [(1, shipped.ds_stages), (shipped.stages, 1)]
+
+
+def test_spill_warning_names_the_config_and_the_bytes(monkeypatch):
+    from cute_kernels.runtime import artifacts, cache
+
+    key = ("a key",)
+    record = artifacts.CompileRecord("ranker_bwd", str(key), "sm_90a",
+                                     resources=[artifacts.KernelResources("k", 168, 0, 24)])
+    monkeypatch.setitem(cache._records, ("ranker_bwd", key, cache.target_arch()), record)
+    with pytest.warns(RuntimeWarning, match="my config keeps 24 B per thread in local memory"):
+        assert cache.warn_if_spills("ranker_bwd", key, "my config") == 24
+    record.resources[0].stack_bytes = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.warn_if_spills("ranker_bwd", key, "my config") == 0
 
 
 @pytest.mark.parametrize("varlen", [False, True])

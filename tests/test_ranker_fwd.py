@@ -1367,3 +1367,17 @@ def test_caller_config_that_spills_gets_a_warning():
     import inspect
 
     assert "warn_if_spills(q.dtype, cfg" in inspect.getsource(rf._ranker_impl)
+
+
+def test_spill_warning_reads_the_record_of_the_call(monkeypatch):
+    """``warn_if_spills`` reads the compile record of exactly the call's key (the no-LSE variant has its own)."""
+    from cute_kernels.runtime import artifacts, cache
+
+    cfg = dataclasses.replace(rf.CONFIGS[128], stages=1)
+    for with_lse, stack in ((True, 16), (False, 0)):
+        rec = artifacts.CompileRecord(rf.NAME, "", "sm_90a", resources=[artifacts.KernelResources("k", 168, 0, stack)])
+        key = rf.compile_key(torch.bfloat16, cfg, 2, "tanh", True, with_lse)
+        monkeypatch.setitem(cache._records, (rf.NAME, key, cache.target_arch()), rec)
+    with pytest.warns(RuntimeWarning, match=r"ranker_fwd config .*GQA 2, cap tanh, varlen\) keeps 16 B"):
+        assert rf.warn_if_spills(torch.bfloat16, cfg, 2, "tanh", True) == 16
+    assert rf.warn_if_spills(torch.bfloat16, cfg, 2, "tanh", True, with_lse=False) == 0

@@ -94,7 +94,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..registry import CheckResult, CompileTarget
-from ..runtime.cache import compile_cached
+from ..runtime.cache import compile_cached, warn_if_spills
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_autocast, without_data
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check_config_fields,
@@ -1507,7 +1507,13 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
         return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
                       Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
 
-    return compile_cached(NAME, (str(dtype), config, qhead_per_kvhead, cap_method, varlen), build)
+    return compile_cached(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen), build)
+
+
+def compile_key(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int, cap_method: str,
+                varlen: bool) -> tuple:
+    """The compile cache's key of a mainloop (:func:`_compile`'s arguments)."""
+    return (str(dtype), config, qhead_per_kvhead, cap_method, varlen)
 
 
 def compile_targets() -> list[CompileTarget]:
@@ -1640,6 +1646,21 @@ def call_launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead:
     cfg = resolve_walk_stagger(cfg, max_seqlen, num_sms)
     cfg = resolve_dq_zeroing(cfg, max_seqlen, num_sms)
     return launch_args(dtype, cfg, qhead_per_kvhead, "none" if cap is None else cap_method, varlen)
+
+
+def _first_main(key: tuple, config: Optional[RankerBwdConfig]):
+    """The mainloop of ``key`` (:func:`launch_args`' ``"main"``) built for this process's first call of it; a
+    ``RuntimeWarning`` if it spills registers and the config is a caller's (``config=``, :func:`use_config`)
+    other than :func:`config_for`'s (whose spills are measured and kept, tests' ``KNOWN_SPILL_BYTES``)."""
+    fn = _fn("main", *key)
+    dtype, cfg, g, cap_method, varlen = key
+    chosen = config or _OVERRIDES.get(cfg.head_dim)
+    shipped = config_for(cfg.head_dim, cap_method != "none")
+    if chosen is not None and _with_field(chosen, "deterministic", shipped.deterministic) != shipped:
+        warn_if_spills(NAME, compile_key(dtype, cfg, g, cap_method, varlen),
+                       f"ranker_bwd config {cfg} ({dtype}, GQA {g}, cap {cap_method}{', varlen' if varlen else ''})",
+                       stacklevel=5)
+    return fn
 
 
 def _fn(kind: str, *key):
@@ -1889,7 +1910,8 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     if cfg.deterministic:
         if accumulated:  # adds done per (KV block, KV head), counted in order
             dkv_sem = torch.zeros((nb, hkv, -(-max_seqlen // cfg.tile_n)), dtype=torch.int32, device=q.device)
-    _fn("main", *keys["main"])(
+    main = _FNS.get(("main", keys["main"])) or _first_main(keys["main"], config)
+    main(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
         bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
     _fn("post", *keys["post"])(

@@ -87,7 +87,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.alloc import is_compact
-from ..runtime.cache import compile_cached, compile_record
+from ..runtime.cache import compile_cached, warn_if_spills as cache_warn_if_spills
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor, wide_stride
 from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager, refuse_func_transforms, tracing,
                                 without_autocast, without_data)
@@ -1319,16 +1319,10 @@ def warn_if_spills(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead
     registers in local memory (stack bytes in its cubin); returns the largest stack in bytes.
     :func:`ranker_attention` calls it for a caller's config (``config=``, :func:`use_config`) at its first launch;
     the shipped configs are spill-free (CPU tests)."""
-    import warnings
-
-    rec = compile_record(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen, with_lse))
-    stack = max((r.stack_bytes or 0 for r in rec.resources), default=0)
-    if stack:
-        warnings.warn(f"ranker_fwd config {config} ({dtype}, GQA {qhead_per_kvhead}, cap {cap_method}"
-                      f"{', varlen' if varlen else ''}) keeps {stack} B per thread in local memory (register "
-                      "spills): expect it slower than a spill-free tile shape (`cute-kernels layouts --compile` "
-                      "reports the registers)", RuntimeWarning, stacklevel=3)
-    return stack
+    what = (f"ranker_fwd config {config} ({dtype}, GQA {qhead_per_kvhead}, cap {cap_method}"
+            f"{', varlen' if varlen else ''})")
+    return cache_warn_if_spills(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen, with_lse),
+                                what, stacklevel=4)
 
 
 def compile_targets() -> list[CompileTarget]:

@@ -272,6 +272,20 @@ def compile_record(kernel: str, key: Hashable) -> CompileRecord:
     return _records[(kernel, key, target_arch())]
 
 
+def warn_if_spills(kernel: str, key: Hashable, what: str, stacklevel: int = 3) -> int:
+    """``RuntimeWarning`` when the entry ``(kernel, key)`` compiled or loaded in this process keeps registers in
+    local memory (stack bytes in its cubin), naming ``what`` (the config and call); returns the largest stack in
+    bytes.  The ranker ops call it for a caller's config (``config=``, ``use_config``) when they first build it."""
+    import warnings
+
+    stack = max((r.stack_bytes or 0 for r in compile_record(kernel, key).resources), default=0)
+    if stack:
+        warnings.warn(f"{what} keeps {stack} B per thread in local memory (register spills): expect it slower "
+                      "than a spill-free tile shape (`cute-kernels layouts --compile` reports the registers)",
+                      RuntimeWarning, stacklevel=stacklevel)
+    return stack
+
+
 def clear_memory_cache() -> None:
     """Forget in-process entries (the disk cache stays); used by tests and timing of loads."""
     with _lock:
