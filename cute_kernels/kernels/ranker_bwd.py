@@ -83,7 +83,7 @@ import enum
 import functools
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -349,8 +349,6 @@ class RankerBwdConfig(ValidatedConfig):
             raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "
                              f"registers per MMA thread do not fit in mma_regs={self.mma_regs} less 8 for "
                              "addresses and loop state")
-        if 2 * self.tile_n * self.head_dim * 2 < self.tile_n * self.head_dim * 4:
-            raise ValueError("the K/V buffers cannot hold a float32 dK/dV tile (per-head GQA epilogue)")
         smem = self.smem_bytes() + STATIC_SMEM_BYTES
         if smem > SMEM_CAPACITY:
             parts = ", ".join(f"{name}: {size} B" for name, size, _ in self.smem_members())
@@ -644,6 +642,28 @@ def shared_storage(dtype, config: RankerBwdConfig, lay: dict):
     return cute.struct(type("SharedStorage", (), {"__annotations__": members}))
 
 
+class BwdWork(NamedTuple):
+    """What one backward mainloop CTA works on (:meth:`RankerAttentionBwd.block_work`; DSL values, made once at
+    the kernel's start).  It visits q blocks in two disjoint ranges, the history rows' and the candidate rows',
+    for each of its ``heads_per_cta`` query heads in turn (:meth:`RankerAttentionBwd.head_m_block_of`)."""
+
+    n_block: Int32  # this CTA's KV block
+    head: Int32  # its first query head
+    batch: Int32
+    offset: Int32  # the sequence's first token (packed) or 0
+    pad_offset: Int32  # its first row in the row buffers padded to whole q tiles (ranker_bwd_buffers.padded_rows)
+    seg: RankerSegments  # the sequence's history and candidate rows
+    lo1: Int32  # first q block of the first range, and its number of q blocks
+    n1: Int32
+    lo2: Int32  # first q block of the second range (its count is per_head - n1)
+    count: Int32  # (query head, q block) steps of the CTA: per_head x heads_per_cta, 0 if no query reaches it
+    per_head: Int32  # q blocks per query head
+    rank: Int32  # this KV block's rank among the sequence's history KV blocks
+    n_kv: Int32  # their number (at least 1)
+    stagger: Int32  # the walk's stagger in steps (config.walk_stagger capped at count // n_kv; 0 past
+    # STAGGER_MAX_KV_BLOCKS KV blocks): walk_index
+
+
 class RankerAttentionBwd:
     """The backward mainloop for one (dtype, config, GQA ratio, cap method, varlen)."""
 
@@ -816,13 +836,9 @@ class RankerAttentionBwd:
     # ------------------------------------------------------------------ work of this CTA
     @cute.jit
     def block_work(self, mBounds, mCuSeqlens, seqlen_static):
-        """(n_block, first query head, batch) of this CTA, the sequence's offsets and segments, and the
-        q blocks to visit: two disjoint ranges (history rows, candidate rows), for each of the CTA's
-        ``heads_per_cta`` query heads in turn; none for a KV block outside the history (its keys are
-        reached by no query but themselves: postprocess).  ``work[10]``: q blocks per head;
-        ``work[11]``: this KV block's rank among the sequence's history KV blocks, ``work[12]`` their
-        number, ``work[13]`` the walk's stagger in steps (``config.walk_stagger``, capped at
-        ``count // n_kv``; 0 past :data:`STAGGER_MAX_KV_BLOCKS` KV blocks): :meth:`walk_index`."""
+        """This CTA's :class:`BwdWork`: its KV block, first query head and batch row, the sequence's offsets
+        and segments, and the q blocks to visit (none for a KV block outside the history: its keys are
+        reached by no query but themselves, the postprocess's)."""
         n_block, head_group, batch = cute.arch.block_idx()
         head = head_group * self.heads_per_cta
         offset, seqlen, pad_offset = sequence_offsets(mCuSeqlens, batch, seqlen_static, self.tile_m, self.varlen)
@@ -843,13 +859,13 @@ class RankerAttentionBwd:
         if const_expr(self.walk_stagger > 0):
             stagger = (cutlass.min(Int32(self.walk_stagger), count // n_kv)
                        * Int32(n_kv <= STAGGER_MAX_KV_BLOCKS))
-        return (Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2,
-                count, per_head, rank, n_kv, stagger)
+        return BwdWork(Int32(n_block), Int32(head), Int32(batch), offset, pad_offset, seg, lo1, n1, lo2,
+                       count, per_head, rank, n_kv, stagger)
 
     @staticmethod
     def m_block_of(i, work):
         """The i-th q block to visit of one head (first range, then second)."""
-        lo1, n1, lo2 = work[6], work[7], work[8]
+        lo1, n1, lo2 = work.lo1, work.n1, work.lo2
         in_first = Int32(i < n1)
         return (lo1 + i) * in_first + (lo2 + i - n1) * (1 - in_first)
 
@@ -868,16 +884,16 @@ class RankerAttentionBwd:
         :data:`STAGGER_MAX_KV_BLOCKS`)."""
         if const_expr(self.walk_stagger == 0):
             return i
-        t = i + (work[12] - 1 - work[11]) * work[13]
-        return t - work[9] * Int32(t >= work[9])
+        t = i + (work.n_kv - 1 - work.rank) * work.stagger
+        return t - work.count * Int32(t >= work.count)
 
     def head_m_block_of(self, t, work):
         """(query head, q block) of walk index ``t`` (:meth:`walk_index`): the heads in turn, each over its
         q blocks."""
         if const_expr(self.heads_per_cta == 1):
-            return work[1], self.m_block_of(t, work)
-        h = t // work[10]
-        return work[1] + h, self.m_block_of(t - h * work[10], work)
+            return work.head, self.m_block_of(t, work)
+        h = t // work.per_head
+        return work.head + h, self.m_block_of(t - h * work.per_head, work)
 
     def dq_add_position(self, t, work):
         """Deterministic mode: this KV block's place among the KV blocks adding into walk index ``t``'s dQ
@@ -886,10 +902,10 @@ class RankerAttentionBwd:
         ``count``), the KV block of ``rho`` reaches ``t`` at step ``(t - rho * s) mod count``: first the
         highest ``rho`` with ``rho * s <= t`` (``rho* = min(n_kv - 1, t // s)``), then those below it, then
         down from the top: the place is ``(rho* - rho) mod n_kv``."""
-        rank = work[11]
+        rank = work.rank
         if const_expr(self.walk_stagger == 0):
             return rank
-        n_kv, stagger = work[12], work[13]
+        n_kv, stagger = work.n_kv, work.stagger
         rho = n_kv - 1 - rank
         first = cutlass.min(n_kv - 1, t // cutlass.max(stagger, Int32(1)))
         pos = first - rho + n_kv * Int32(first < rho)
@@ -899,19 +915,19 @@ class RankerAttentionBwd:
         """Semaphore of (q block, head, batch): ``(B, Hq, S_pad / tile_m)``, or ``(1, Hq, T_pad / tile_m)``
         indexed by padded q block in the packed form."""
         if const_expr(self.varlen):
-            return mdQsem[0, head, None].iterator + (work[4] // self.tile_m + m_block)
-        return mdQsem[work[2], head, None].iterator + m_block
+            return mdQsem[0, head, None].iterator + (work.pad_offset // self.tile_m + m_block)
+        return mdQsem[work.batch, head, None].iterator + m_block
 
     def _view(self, mX, work, head):
         """(S, D) view of one sequence and head of a (S, D, H, B) or packed (T, D, H) tensor; ``head=None``:
         (S, D, H), every head."""
         if const_expr(head is None):
             if const_expr(self.varlen):
-                return cute.domain_offset((work[3], 0, 0), mX)
-            return mX[None, None, None, work[2]]
+                return cute.domain_offset((work.offset, 0, 0), mX)
+            return mX[None, None, None, work.batch]
         if const_expr(self.varlen):
-            return cute.domain_offset((work[3], 0), mX[None, None, head])
-        return mX[None, None, head, work[2]]
+            return cute.domain_offset((work.offset, 0), mX[None, None, head])
+        return mX[None, None, head, work.batch]
 
     def _padded_view(self, mX, work, head):
         """View of one sequence and head of a padded per-row buffer ((S_pad[, D], H, B) or (T_pad[, D], H));
@@ -919,18 +935,18 @@ class RankerAttentionBwd:
         if const_expr(cute.rank(mX) == 4 or (self.varlen and cute.rank(mX) == 3)):
             if const_expr(head is None):
                 if const_expr(self.varlen):
-                    return cute.domain_offset((work[4], 0, 0), mX)
-                return mX[None, None, None, work[2]]
+                    return cute.domain_offset((work.pad_offset, 0, 0), mX)
+                return mX[None, None, None, work.batch]
             if const_expr(self.varlen):
-                return cute.domain_offset((work[4], 0), mX[None, None, head])
-            return mX[None, None, head, work[2]]
+                return cute.domain_offset((work.pad_offset, 0), mX[None, None, head])
+            return mX[None, None, head, work.batch]
         if const_expr(head is None):
             if const_expr(self.varlen):
-                return cute.domain_offset((work[4], 0), mX)
-            return mX[None, None, work[2]]
+                return cute.domain_offset((work.pad_offset, 0), mX)
+            return mX[None, None, work.batch]
         if const_expr(self.varlen):
-            return cute.domain_offset((work[4],), mX[None, head])
-        return mX[None, head, work[2]]
+            return cute.domain_offset((work.pad_offset,), mX[None, head])
+        return mX[None, head, work.batch]
 
     # ------------------------------------------------------------------ producer
     @cute.jit
@@ -939,8 +955,8 @@ class RankerAttentionBwd:
              pipeline_kv, pipeline_q, pipeline_do, work):
         """Warp 0: K and V of this CTA's block once, then Q + LSE and dO + dPsum of each q block
         to visit (of each of the CTA's query heads), ``stages`` blocks ahead of the MMA warpgroups."""
-        n_block, count = work[0], work[9]
-        head_kv = work[1] // self.qhead_per_kvhead
+        n_block, count = work.n_block, work.count
+        head_kv = work.head // self.qhead_per_kvhead
         if count > 0:
             gK = cute.local_tile(self._view(tma_K, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
             gV = cute.local_tile(self._view(tma_V, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
@@ -952,7 +968,7 @@ class RankerAttentionBwd:
             # one query head: partitions by q block; a group: by (q block, head)
             srcs = self.q_block_sources(tma_Q, tma_dO, tma_LSE, tma_dPsum, sQ, sdO, sLSE, sdPsum, tma_atom_Q,
                                         tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, work,
-                                        work[1] if const_expr(self.heads_per_cta == 1) else None)
+                                        work.head if const_expr(self.heads_per_cta == 1) else None)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipeline_kv.producer_acquire(kv_state)
             cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
@@ -1006,10 +1022,10 @@ class RankerAttentionBwd:
         or with ``walk_stagger`` the order in which the staggered walks reach the q block
         (:meth:`dq_add_position`).  ``dq_zero_in_mainloop``: first this CTA's share of the zeroing
         (:meth:`zero_dq_tiles`), then each add after its tile's flag is set."""
-        count = work[9]
+        count = work.count
         lane = cute.arch.lane_idx()
         if count > 0:
-            head_arg = work[1] if const_expr(self.heads_per_cta == 1) else None
+            head_arg = work.head if const_expr(self.heads_per_cta == 1) else None
             parts = self.dq_parts_of(tma_dQ, sdQ, tma_atom_dQ, work, head_arg)
             store_parts = parts
             if const_expr(self.dq_flagged):
@@ -1082,7 +1098,7 @@ class RankerAttentionBwd:
         TMA-store sdQ over the claimed ones (a tile already claimed by a timed-out add holds its dQ: left).
         Returns once the stores have read sdQ: :meth:`publish_zeroed_tiles` opens the tiles once written."""
         lane = cute.arch.lane_idx()
-        count, rank, n_kv = work[9], work[11], work[12]
+        count, rank, n_kv = work.count, work.rank, work.n_kv
         st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         rZero = cute.make_rmem_tensor((4,), Float32)
         rZero.fill(0.0)
@@ -1115,7 +1131,7 @@ class RankerAttentionBwd:
         ``j``-th tile; a tile claimed by an add is left to it; every add acquires the flag first:
         :meth:`dq_reduce`)."""
         lane = cute.arch.lane_idx()
-        count, rank, n_kv = work[9], work[11], work[12]
+        count, rank, n_kv = work.count, work.rank, work.n_kv
         mine = (count - rank + n_kv - 1) // n_kv
         cute.arch.cp_async_bulk_wait_group(0, read=False)  # written, not only read
         cute.arch.sync_warp()
@@ -1201,7 +1217,7 @@ class RankerAttentionBwd:
             tdKrdSt = wg_mma_dkv.make_fragment_A(wg_mma_dkv.partition_A(sdSt))  # (.., ds stage)
             tdPsPt = ds_thr_copy.partition_D(sPt)  # (.., ds stage)
 
-        n_block, count, seg = work[0], work[9], work[5]
+        n_block, count, seg = work.n_block, work.count, work.seg
         if count > 0:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             pipeline_kv.consumer_wait(kv_state)
@@ -1410,17 +1426,17 @@ class RankerAttentionBwd:
         tiles TMA-reduce-added into the float32 accumulators (dV first, then dK, through the same smem);
         deterministic mode: the query heads of a group add in increasing order (a per-(KV block, KV
         head) semaphore)."""
-        n_block, head = work[0], work[1]
+        n_block, head = work.n_block, work.head
         head_kv = head // self.qhead_per_kvhead
         acc_dK.store(acc_dK.load() * softmax_scale)
         bar = int(NamedBarrierBwd.Epilogue)
         if const_expr(self.dkv_accumulated):
-            if work[9] > 0:  # blocks no query reaches add nothing
+            if work.count > 0:  # blocks no query reaches add nothing
                 thr_mma = tiled_mma_dkv.get_slice(tidx)
                 tAccsAcc = thr_mma.partition_C(sdKVacc)
                 gdV = cute.local_tile(self._view(tma_dV, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
                 gdK = cute.local_tile(self._view(tma_dK, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
-                sem = mdKVsem[work[2], head_kv, None].iterator + n_block if const_expr(self.config.deterministic) \
+                sem = mdKVsem[work.batch, head_kv, None].iterator + n_block if const_expr(self.config.deterministic) \
                     else None
                 for phase, (acc, atom, g) in enumerate(((acc_dV, tma_atom_dV, gdV), (acc_dK, tma_atom_dK, gdK))):
                     cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
@@ -1475,7 +1491,7 @@ class RankerAttentionBwd:
                     cute.make_layout((1, vec)))
                 thr_copy = tiled_copy.get_slice(tidx)
                 cX = thr_copy.partition_S(cute.make_identity_tensor((self.tile_n, self.head_dim)))
-                seqlen = work[5].seqlen
+                seqlen = work.seg.seqlen
                 for s, mX in ((sV, mdV), (sK, mdK)):
                     g = cute.local_tile(self._view(mX, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
                     tXsX = thr_copy.partition_S(s)

@@ -18,7 +18,7 @@ warpgroups:
   TMA loads of the Q tile and of the history K/V blocks through multi-stage ``PipelineTmaAsync``
   pipelines (swizzled smem), with ``self_kv_tma`` then the tile's own K/V rows (the self term's);
 * ``consumer_wgs`` consumers (2: ``setmaxnreg`` up to 240, the D=128 / D=256 configs; 3: 160, the D=64
-  configs and D=128 with the tanh cap, ``tile_m`` = 192 as in FlashAttention-3's D=64 tile), 64 q rows
+  configs and D=128 with a cap, ``tile_m`` = 192 as in FlashAttention-3's D=64 tile), 64 q rows
   each: WGMMA ``S = Q K^T`` (both operands in smem), cap, edge-block column mask, online softmax in
   exp2, ``O += P V`` with P in registers; the warpgroups take turns issuing WGMMAs, round-robin,
   through one named barrier each (:class:`NamedBarrierFwd`), so one's softmax overlaps the others'
@@ -214,8 +214,8 @@ class RankerFwdConfig(ValidatedConfig):
         sq = self.tile_m * self.head_dim * elem_bytes * (2 if self.persistent else 1)  # sO aliases sQ unless persistent
         skv = 2 * self.stages * self.tile_n * self.head_dim * elem_bytes
         # an upper bound of the SharedStorage struct plus ptxas' 1024 B of static smem (the 1024-byte aligned
-        # dynamic base): the struct is the mbarriers padded to 1024 B, then sQ (, sO) and the K/V stages, all
-        # multiples of 1024 B, so this exceeds struct + static by the mbarriers' bytes
+        # dynamic base): the struct is the mbarriers and checked_max's vote words (row_votes, retry_tiles: at most
+        # 80 B) padded to 1024 B, then sQ (, sO) and the K/V stages, all multiples of 1024 B
         return sq + skv + 8 * (2 + 4 * self.stages) + 2048
 
     def validate(self) -> None:
@@ -261,7 +261,8 @@ class RankerFwdConfig(ValidatedConfig):
                 f"{SMEM_CAPACITY} B")
 
 
-# Shipped configs, one per head dim, as many K/V stages as fit.  H200 measurements (useful TFLOP/s):
+# Shipped configs, one per head dim, with the K/V stages measured fastest (not always as many as fit: D=64 and the
+# capped D=128 config ship one fewer than fit).  H200 measurements (useful TFLOP/s):
 # D=128: tile_m=128 (2 consumer warpgroups), FA3's sm90 tile_n; persistent ties or beats one CTA per
 # tile (bench/results/2026-11-29_h200_ranker_fwd.md: 605 vs 605 headline, 502 vs 462 B=16 short, 543 vs
 # 514 candidate-heavy, 502 vs 488 tanh cap).  D=64: three consumer warpgroups (tile_m=192, FA3's D=64
@@ -284,9 +285,10 @@ CONFIGS = {
     64: RankerFwdConfig(head_dim=64, tile_m=192, tile_n=128, stages=4, consumer_wgs=3, producer_regs=32,
                         consumer_regs=160, persistent=True, intra_wg_overlap=False, skip_unit_rescale=True,
                         checked_max=True),
-    # D=128: self_kv_tma (session 25; it replaced session 10's prefetch_self_kv, an L2 prefetch of the candidate
-    # rows' K/V rows that the self term then read from global memory, 'kept, unproven' in session 11): the
-    # candidate tiles' own K/V rows come by TMA through the K/V pipeline, read with ldmatrix.  Phase stamps: the
+    # D=128: self_kv_tma (session 25; it replaced session 10's L2 prefetch of the candidate rows' K/V rows, which
+    # the self term then read from global memory, 'kept, unproven' in session 11; today's prefetch_self_kv, session
+    # 26, is another thing: an L2 prefetch of the self stage's block, see the field): the candidate tiles' own K/V
+    # rows come by TMA through the K/V pipeline, read with ldmatrix.  Phase stamps: the
     # global reads cost ~2.9 loop steps per candidate tile; same run with FA4 (useful TFLOP/s, with / without):
     # B=16 1K+256 537 / 489, B=8 2K+2K 645 / 595, 16K 725 / 703, headline 679 / 690 (A/A 682), same bits
     # (bench/results/logs/2026-12-01_s25_ranker_fwd_self_kv_tma_probe.log)
