@@ -112,6 +112,9 @@ NAME = "ranker_bwd"
 DTYPES = (torch.bfloat16, torch.float16)
 
 
+MMA_WGS = 2  # MMA warpgroups of the mainloop (the barrier ids below and the split schedules assume two)
+
+
 class NamedBarrierBwd(enum.IntEnum):
     """Named barriers of the backward mainloop (0 is ``__syncthreads``)."""
 
@@ -173,7 +176,6 @@ class RankerBwdConfig(ValidatedConfig):
     tile_m: int = 64
     tile_n: int = 128
     stages: int = 2
-    mma_wgs: int = 2
     producer_regs: int = 24
     mma_regs: int = 240
     # ordered float32 reduce-adds (dQ by KV block; per-head GQA dK/dV by query head).  There the first KV block in
@@ -239,11 +241,11 @@ class RankerBwdConfig(ValidatedConfig):
     gqa_group_per_cta: Optional[bool] = None
     # dQ^T = K^T dS^T instead of dQ = dS K (FlashAttention-3's dQ_swapAB): M = head dim (64 per
     # warpgroup), N = q rows, so tile_m need not be a multiple of 64 (FA3's 80-row tiles at D=128).
-    # Needs head_dim = 64 x mma_wgs; shipped at D=128 (CONFIGS)
+    # Needs head_dim = 64 x MMA_WGS; shipped at D=128 (CONFIGS)
     dq_swap_ab: bool = False
     # dQ = dS K with the q rows split between the MMA warpgroups (M = 64 rows each, N = head dim: n64 at
-    # D=64) instead of the head-dim columns (N = head_dim / mma_wgs: n32 at D=64); each warpgroup hands
-    # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x mma_wgs and not dq_swap_ab
+    # D=64) instead of the head-dim columns (N = head_dim / MMA_WGS: n32 at D=64); each warpgroup hands
+    # its rows of sdQ to the dQ warp.  Needs tile_m = 64 x MMA_WGS and not dq_swap_ab
     dq_split_rows: bool = False
     # a KV block wholly inside the history (every block but the history's partial ends) runs a copy of the q-block
     # loop without the add of the key mask's bias to P's exponent: one FP32 instruction fewer per score in the
@@ -253,8 +255,8 @@ class RankerBwdConfig(ValidatedConfig):
     skip_key_bias: bool = False
     # The head-dim split schedule (:meth:`RankerAttentionBwd.mma_one_m_block_split`; D=256, where 64 keys' dK and dV
     # over all 256 columns would need 256 float32 registers per thread): a KV block of 64 keys
-    # (``tile_n = 64``), the MMA warpgroups splitting the q rows of S^T and dP^T (N = tile_m / mma_wgs each) and
-    # the head-dim columns of dK, dV and dQ (N = head_dim / mma_wgs each, FlashAttention-3's hdim-256 split).  Each
+    # (``tile_n = 64``), the MMA warpgroups splitting the q rows of S^T and dP^T (N = tile_m / MMA_WGS each) and
+    # the head-dim columns of dK, dV and dQ (N = head_dim / MMA_WGS each, FlashAttention-3's hdim-256 split).  Each
     # warpgroup's P^T and dS^T go through smem (``stmatrix``; ``ds_stages`` buffers each) for the others' GEMMs,
     # which read both operands from smem.  Needs ``tile_m = 64`` and none of ``dq_swap_ab``, ``dq_split_rows``,
     # ``dq_first``, ``dk_from_smem`` (the keys-split schedule's options)
@@ -269,12 +271,12 @@ class RankerBwdConfig(ValidatedConfig):
     def acc_regs(self) -> int:
         """Peak fp32 accumulator registers per MMA thread: dK, dV live throughout; S^T and dP^T until
         dS^T is formed (in bf16), then dQ beside dS^T (``split_head_dim``: dQ alone, P^T and dS^T being in smem)."""
-        dq = self.tile_m * self.head_dim // (128 * self.mma_wgs)
+        dq = self.tile_m * self.head_dim // (128 * MMA_WGS)
         if self.split_head_dim:  # every key, a share of the q rows (S^T) and of the head dim (dK, dV, dQ)
-            sdp = self.tile_n * self.tile_m // (128 * self.mma_wgs)
-            dkv = self.tile_n * self.head_dim // (128 * self.mma_wgs)
+            sdp = self.tile_n * self.tile_m // (128 * MMA_WGS)
+            dkv = self.tile_n * self.head_dim // (128 * MMA_WGS)
             return 2 * dkv + max(2 * sdp, dq)  # (P^T, dS^T leave the registers for smem before dQ)
-        per_wg_keys = self.tile_n // self.mma_wgs
+        per_wg_keys = self.tile_n // MMA_WGS
         sdp = per_wg_keys * self.tile_m // 128
         dkv = per_wg_keys * self.head_dim // 128
         return 2 * dkv + max(2 * sdp, dq + sdp // 2)
@@ -310,8 +312,6 @@ class RankerBwdConfig(ValidatedConfig):
         check_config_fields(self)
         if self.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim={self.head_dim!r}: the backward supports head dims 64, 128 and 256")
-        if self.mma_wgs != 2:
-            raise ValueError(f"mma_wgs={self.mma_wgs}: the kernel has exactly 2 MMA warpgroups")
         if self.head_dim == 256 and not self.split_head_dim:
             raise ValueError("head_dim=256 needs split_head_dim=True (64 keys' dK and dV over 256 columns do not "
                              "fit one warpgroup's registers)")
@@ -322,15 +322,15 @@ class RankerBwdConfig(ValidatedConfig):
             if self.dq_swap_ab or self.dq_split_rows or self.dq_first or self.dk_from_smem:
                 raise ValueError("split_head_dim: dq_swap_ab, dq_split_rows, dq_first and dk_from_smem belong to "
                                  "the keys-split schedule; leave them False")
-        elif self.tile_n != 64 * self.mma_wgs:
-            raise ValueError(f"tile_n={self.tile_n}: must be 64 (WGMMA M) x mma_wgs = {64 * self.mma_wgs}")
+        elif self.tile_n != 64 * MMA_WGS:
+            raise ValueError(f"tile_n={self.tile_n}: must be {64 * MMA_WGS}, 64 (WGMMA M) per MMA warpgroup")
         if self.tile_m not in (64, 80, 128):
             raise ValueError(f"tile_m={self.tile_m}: the backward is built and tested for 64, 80 (with dq_swap_ab) "
                              "or 128 q rows per step (the LSE/dPsum staging and the dQ reduce-add assume them)")
-        if self.dq_swap_ab and self.head_dim != 64 * self.mma_wgs:
-            raise ValueError(f"dq_swap_ab: head_dim={self.head_dim} must be 64 x mma_wgs (dQ^T's M per warpgroup)")
-        if self.dq_split_rows and (self.dq_swap_ab or self.tile_m != 64 * self.mma_wgs):
-            raise ValueError(f"dq_split_rows: needs dq_swap_ab=False and tile_m = 64 x mma_wgs = {64 * self.mma_wgs}")
+        if self.dq_swap_ab and self.head_dim != 64 * MMA_WGS:
+            raise ValueError(f"dq_swap_ab: head_dim={self.head_dim} must be {64 * MMA_WGS} (dQ^T's M: 64 per MMA warpgroup)")
+        if self.dq_split_rows and (self.dq_swap_ab or self.tile_m != 64 * MMA_WGS):
+            raise ValueError(f"dq_split_rows: needs dq_swap_ab=False and tile_m = {64 * MMA_WGS} (64 per MMA warpgroup)")
         if self.tile_m % 64 and not self.dq_swap_ab:
             raise ValueError(f"tile_m={self.tile_m}: dQ = dS K needs a multiple of 64 q rows; use dq_swap_ab "
                              "(head_dim 128 only)")
@@ -344,7 +344,7 @@ class RankerBwdConfig(ValidatedConfig):
             raise ValueError(f"ds_stages={self.ds_stages}: must be 1 or 2")
         if self.dk_from_smem and not self.dq_first:
             raise ValueError("dk_from_smem needs dq_first (the dK GEMM must come after the dS^T fence and barrier)")
-        sm90.check_register_split(self.producer_regs, self.mma_regs, self.mma_wgs)
+        sm90.check_register_split(self.producer_regs, self.mma_regs, MMA_WGS)
         if self.acc_regs() > self.mma_regs - 8:
             raise ValueError(f"tile_m={self.tile_m}, head_dim={self.head_dim}: {self.acc_regs()} accumulator "
                              f"registers per MMA thread do not fit in mma_regs={self.mma_regs} less 8 for "
@@ -475,11 +475,11 @@ def resolve_config(config: Optional[RankerBwdConfig], head_dim: int, capped: boo
 
 def tile_m_fields(config: RankerBwdConfig, tile_m: int) -> dict:
     """The fields that give ``config`` ``tile_m`` q rows per step with the dQ form the shipped configs use
-    for such a tile: ``dq_split_rows`` on for ``64 x mma_wgs`` rows without ``dq_swap_ab`` (D=64's 128-row
+    for such a tile: ``dq_split_rows`` on for ``64 x MMA_WGS`` rows without ``dq_swap_ab`` (D=64's 128-row
     tile), off otherwise (what a tile-shape sweep or ``--config tile_m=..`` wants).  A dict, to be replaced
     together with any other changes (``dataclasses.replace(config, **tile_m_fields(config, 128), stages=1)``):
     a config checks itself when constructed, so a partial change may not fit on its own."""
-    return dict(tile_m=tile_m, dq_split_rows=tile_m == 64 * config.mma_wgs and not config.dq_swap_ab)
+    return dict(tile_m=tile_m, dq_split_rows=tile_m == 64 * MMA_WGS and not config.dq_swap_ab)
 
 
 GQA_MIN_WAVES = 2  # gqa_group_per_cta=None: a group per CTA while that leaves this many waves of CTAs
@@ -565,30 +565,30 @@ def tiled_mmas(dtype, config: RankerBwdConfig):
     K_MAJOR, MN_MAJOR = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
     if config.split_head_dim:  # the warpgroups side by side along N: q rows of S^T, head-dim columns of dK/dV
         sdp = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
-            tiler_mn=(64, config.tile_m // config.mma_wgs))
+            dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(1, MMA_WGS, 1),
+            tiler_mn=(64, config.tile_m // MMA_WGS))
         dkv = sm90_utils.make_trivial_tiled_mma(  # A = P^T or dS^T from smem
-            dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
-            tiler_mn=(64, config.head_dim // config.mma_wgs))
+            dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, MMA_WGS, 1),
+            tiler_mn=(64, config.head_dim // MMA_WGS))
     else:
         sdp = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+            dtype, dtype, K_MAJOR, K_MAJOR, Float32, atom_layout_mnk=(MMA_WGS, 1, 1),
             tiler_mn=(64, config.tile_m))
         dkv = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+            dtype, dtype, K_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(MMA_WGS, 1, 1),
             tiler_mn=(64, config.head_dim), a_source=warpgroup.OperandSource.RMEM)
     if config.dq_swap_ab:
         dq = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(MMA_WGS, 1, 1),
             tiler_mn=(64, config.tile_m))
     elif config.dq_split_rows:
         dq = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(config.mma_wgs, 1, 1),
+            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(MMA_WGS, 1, 1),
             tiler_mn=(64, config.head_dim))
     else:
         dq = sm90_utils.make_trivial_tiled_mma(
-            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, config.mma_wgs, 1),
-            tiler_mn=(64, config.head_dim // config.mma_wgs))
+            dtype, dtype, MN_MAJOR, MN_MAJOR, Float32, atom_layout_mnk=(1, MMA_WGS, 1),
+            tiler_mn=(64, config.head_dim // MMA_WGS))
     return sdp, dkv, dq
 
 
@@ -599,7 +599,7 @@ def smem_layouts(dtype, config: RankerBwdConfig) -> dict:
     contiguous block), ``sdQpart`` (one TMA reduce-add box of it), ``sdKVacc`` (float32 dK/dV of the
     per-head GQA epilogue, aliasing sK + sV) and ``sLSE`` (q rows, stages: LSE and dPsum stages, each a
     128-byte aligned TMA destination).  Swizzled K-major (:func:`.sm90_helpers.smem_layout`)."""
-    dq_parts = config.mma_wgs if config.dq_per_wg else 1
+    dq_parts = MMA_WGS if config.dq_per_wg else 1
     sdQ = sm90.smem_layout(Float32, config.tile_m, config.head_dim)
     if config.dq_split_rows:  # one part: rows [0, tile_m / parts) of sdQ, the others at offsets
         sdQpart = cute.composition(sdQ, cute.make_layout((config.tile_m // dq_parts, config.head_dim),
@@ -688,9 +688,9 @@ class RankerAttentionBwd:
         # (unmeasured on the GPU), so those calls keep the one loop
         self.skip_key_bias = config.skip_key_bias and (cap_method == "none" or qhead_per_kvhead == 1)
         self.varlen = varlen
-        self.num_mma_threads = 128 * config.mma_wgs
+        self.num_mma_threads = 128 * MMA_WGS
         self.num_threads = 128 + self.num_mma_threads
-        self.dq_parts = config.mma_wgs if config.dq_per_wg else 1  # TMA reduce-adds per q block
+        self.dq_parts = MMA_WGS if config.dq_per_wg else 1  # TMA reduce-adds per q block
         # dQ tiles zeroed by this kernel's KV blocks; int32 flags per (q block, query head) then (dq_flagged), as
         # the deterministic mode's counters
         self.dq_zero_duty = config.dq_zero_in_mainloop and not config.deterministic
@@ -1176,7 +1176,7 @@ class RankerAttentionBwd:
             mdKVsem, scale_log2, softmax_scale, cap):
         """Warpgroups 1 and 2: for each q block, the five GEMMs and the pointwise steps; then the epilogue."""
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
-        wg_layout = cute.make_layout(self.config.mma_wgs, stride=128)
+        wg_layout = cute.make_layout(MMA_WGS, stride=128)
         thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
         thr_mma_dq = tiled_mma_dq.get_slice(tidx)
         wg_mma_sdp = tiled_mma_sdp.get_slice(wg_layout(wg_idx))
@@ -1192,7 +1192,7 @@ class RankerAttentionBwd:
         if const_expr(self.config.dk_from_smem):
             tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
-                atom_layout_mnk=(self.config.mma_wgs, 1, 1), tiler_mn=(64, self.head_dim))
+                atom_layout_mnk=(MMA_WGS, 1, 1), tiler_mn=(64, self.head_dim))
             wg_mma_dk = tiled_mma_dk.get_slice(wg_layout(wg_idx))
             tdKrdSt = wg_mma_dk.make_fragment_A(wg_mma_dk.partition_A(sdSt))  # (.., ds stage)
         if const_expr(self.config.dq_swap_ab):  # dQ^T = K^T dS^T
