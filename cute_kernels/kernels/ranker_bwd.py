@@ -1483,24 +1483,9 @@ class RankerAttentionBwd:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
             else:
                 cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
-                vec = 128 // self.dtype.width
-                cols = self.head_dim // vec
-                atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-                tiled_copy = cute.make_tiled_copy_tv(
-                    atom, cute.make_ordered_layout((self.num_mma_threads // cols, cols), order=(1, 0)),
-                    cute.make_layout((1, vec)))
-                thr_copy = tiled_copy.get_slice(tidx)
-                cX = thr_copy.partition_S(cute.make_identity_tensor((self.tile_n, self.head_dim)))
-                seqlen = work.seg.seqlen
-                for s, mX in ((sV, mdV), (sK, mdK)):
-                    g = cute.local_tile(self._view(mX, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
-                    tXsX = thr_copy.partition_S(s)
-                    tXgX = thr_copy.partition_D(g)
-                    tXrX = cute.make_rmem_tensor_like(tXsX, self.dtype)
-                    cute.autovec_copy(tXsX, tXrX)
-                    for m in cutlass.range_constexpr(cute.size(tXrX.shape[1])):
-                        if n_block * self.tile_n + cX[0, m, 0][0] < seqlen:
-                            cute.copy(atom, tXrX[None, m, None], tXgX[None, m, None])
+                tiles = tuple((s, cute.local_tile(self._view(mX, work, head_kv), (self.tile_n, self.head_dim),
+                                                  (n_block, 0))) for s, mX in ((sV, mdV), (sK, mdK)))
+                sm90.store_rows_predicated(tiles, self.num_mma_threads, tidx, n_block * self.tile_n, work.seg.seqlen)
 
 
 # ====================================================================== torch side

@@ -365,6 +365,30 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] 
     return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.checked_max) else _online_max(cfg)
 
 
+def tiled_mmas(dtype, config: RankerFwdConfig):
+    """The forward's WGMMAs (DSL objects; call inside a trace), ``(qk, pv)``: S = Q K^T (M = q rows, 64 per
+    consumer warpgroup; N = tile_n keys; both operands K-major in smem) and O += P V (N = head dim; P from
+    registers, V MN-major in smem).  The kernel and :func:`cute_kernels.layouts.kernel_layouts.ranker_fwd_layouts`
+    both build them here."""
+    qk = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+        atom_layout_mnk=(config.tile_m // 64, 1, 1), tiler_mn=(64, config.tile_n))
+    pv = sm90_utils.make_trivial_tiled_mma(
+        dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+        atom_layout_mnk=(config.tile_m // 64, 1, 1), tiler_mn=(64, config.head_dim),
+        a_source=warpgroup.OperandSource.RMEM)
+    return qk, pv
+
+
+def smem_layouts(dtype, config: RankerFwdConfig) -> dict:
+    """The forward's shared-memory layouts (DSL objects; call inside a trace): ``sQ``, ``sO`` (q rows, head dim;
+    the same layout: sO aliases sQ unless ``persistent``, which gives it its own buffer), ``sK``, ``sV`` (keys,
+    head dim, stages).  Swizzled K-major (:func:`.sm90_helpers.smem_layout`)."""
+    sQ = sm90.smem_layout(dtype, config.tile_m, config.head_dim)
+    sKV = [sm90.smem_layout(dtype, config.tile_n, config.head_dim, config.stages) for _ in range(2)]
+    return dict(sQ=sQ, sK=sKV[0], sV=sKV[1], sO=sQ)
+
+
 class RankerAttentionFwd:
     """The forward kernel for one (dtype, head dim, GQA ratio, cap method, varlen, config)."""
 
@@ -413,18 +437,9 @@ class RankerAttentionFwd:
             if const_expr(mLSE is not None):
                 mLSE = sm90.select_modes(mLSE, [2, 1, 0])
 
-        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
-            atom_layout_mnk=(self.tile_m // 64, 1, 1), tiler_mn=(64, self.tile_n))
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
-            atom_layout_mnk=(self.tile_m // 64, 1, 1), tiler_mn=(64, self.head_dim),
-            a_source=warpgroup.OperandSource.RMEM)
-
-        sQ_layout = sm90.smem_layout(self.dtype, self.tile_m, self.head_dim)
-        sK_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
-        sV_layout = sm90.smem_layout(self.dtype, self.tile_n, self.head_dim, self.stages)
-        sO_layout = sQ_layout
+        tiled_mma_qk, tiled_mma_pv = tiled_mmas(self.dtype, self.config)
+        lay = smem_layouts(self.dtype, self.config)
+        sQ_layout, sK_layout, sV_layout, sO_layout = lay["sQ"], lay["sK"], lay["sV"], lay["sO"]
 
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, sQ_layout, (self.tile_m, self.head_dim))
@@ -1247,23 +1262,9 @@ class RankerAttentionFwd:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:  # (one epilogue for the tile: wg_epilogue is fixed-length only)
             self.epilogue_barrier(unit)
-            vec = 128 // self.dtype.width
-            cols = self.head_dim // vec
-            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128)
-            tiled_copy = cute.make_tiled_copy_tv(
-                atom, cute.make_ordered_layout((self.num_consumer_threads // cols, cols), order=(1, 0)),
-                cute.make_layout((1, vec)))
-            thr_copy = tiled_copy.get_slice(tidx)
             gO = cute.local_tile(self._batch_view(mO, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
-            cO = cute.make_identity_tensor((self.tile_m, self.head_dim))
-            tOsO = thr_copy.partition_S(sO)
-            tOgO = thr_copy.partition_D(gO)
-            tOcO = thr_copy.partition_S(cO)
-            tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
-            cute.autovec_copy(tOsO, tOrO)
-            for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if m_block * self.tile_m + tOcO[0, m, 0][0] < seg.seqlen:
-                    cute.copy(atom, tOrO[None, m, None], tOgO[None, m, None])
+            sm90.store_rows_predicated(((sO, gO),), self.num_consumer_threads, tidx, m_block * self.tile_m,
+                                       seg.seqlen)
 
     @cute.jit
     def epilogue_barrier(self, unit):

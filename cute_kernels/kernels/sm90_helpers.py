@@ -135,3 +135,27 @@ def wgmma_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr):
         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
+
+
+@cute.jit
+def store_rows_predicated(tiles, num_threads: cutlass.Constexpr, tidx, row_lo, seqlen):
+    """Copy each ``(sX, gX)`` of ``tiles`` (a ``(rows, cols)`` 16-bit tile in shared memory, and its global
+    destination of the same shape; all tiles of one shape) by ``num_threads`` threads with 16-byte vectors,
+    skipping rows at or past a sequence's end (``row_lo + row >= seqlen``): the variable-length epilogues'
+    store, where a TMA store of the whole tile would write into the next sequence.  Each thread reads its
+    vectors of a tile from ``sX``, then stores its rows that pass."""
+    s0 = tiles[0][0]
+    vec = 128 // s0.element_type.width
+    rows, cols = cute.size(s0, mode=[0]), cute.size(s0, mode=[1]) // vec
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), s0.element_type, num_bits_per_copy=128)
+    thr_copy = cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((num_threads // cols, cols), order=(1, 0)),
+                                       cute.make_layout((1, vec))).get_slice(tidx)
+    tXcX = thr_copy.partition_S(cute.make_identity_tensor((rows, cols * vec)))
+    for sX, gX in tiles:
+        tXsX = thr_copy.partition_S(sX)
+        tXgX = thr_copy.partition_D(gX)
+        tXrX = cute.make_rmem_tensor_like(tXsX, sX.element_type)
+        cute.autovec_copy(tXsX, tXrX)
+        for m in cutlass.range_constexpr(cute.size(tXrX.shape[1])):
+            if row_lo + tXcX[0, m, 0][0] < seqlen:
+                cute.copy(atom, tXrX[None, m, None], tXgX[None, m, None])

@@ -239,30 +239,10 @@ def _tma_box_2d(lay: StaticLayout, dtype) -> dict:
 # ---------------------------------------------------------------------------- ranker forward
 def _ranker_dsl_objects(rf, dt, config):
     """DSL side (inside trace): smem layouts, tiled MMAs and epilogue copies as the kernel builds them."""
-    import cutlass
     import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
 
-    from ..kernels import sm90_helpers as sm90
-    from cutlass.cute.nvgpu import warpgroup
-
-    if hasattr(rf, "smem_layouts"):
-        smem = dict(rf.smem_layouts(dt, config))
-    else:
-        smem = dict(sQ=sm90.smem_layout(dt, config.tile_m, config.head_dim),
-                    sK=sm90.smem_layout(dt, config.tile_n, config.head_dim, config.stages),
-                    sV=sm90.smem_layout(dt, config.tile_n, config.head_dim, config.stages))
-        smem["sO"] = smem["sQ"]  # the kernel aliases sO onto sQ
-    if hasattr(rf, "tiled_mmas"):
-        mma_qk, mma_pv = rf.tiled_mmas(dt, config)
-    else:  # same calls as RankerAttentionFwd.__call__
-        mma_qk = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, cutlass.Float32,
-            atom_layout_mnk=(config.tile_m // 64, 1, 1), tiler_mn=(64, config.tile_n))
-        mma_pv = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, cutlass.Float32,
-            atom_layout_mnk=(config.tile_m // 64, 1, 1), tiler_mn=(64, config.head_dim),
-            a_source=warpgroup.OperandSource.RMEM)
+    smem = dict(rf.smem_layouts(dt, config))  # (sO: the layout of its own buffer or of sQ, which it aliases)
+    mma_qk, mma_pv = rf.tiled_mmas(dt, config)
     stsm = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), dt)
     epi_copy = cute.make_tiled_copy_C(stsm, mma_pv)
     # varlen epilogue: 16-byte reads of sO by rows (RankerAttentionFwd.epilogue, varlen branch: one epilogue
