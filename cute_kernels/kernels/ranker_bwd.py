@@ -104,7 +104,7 @@ from . import ranker_flops, sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
                          ranker_attention_reference)
 from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
-from .ranker_bwd_postprocess import cap_and_slope, compile_postprocess
+from .ranker_bwd_postprocess import compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
 from .ranker_mask import RankerSegments, dense_mask
 
@@ -1267,7 +1267,7 @@ class RankerAttentionBwd:
         for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
             lse = sLSE[tScS_mn[0, c][1], stage]
             for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
-                t, dcap = cap_and_slope(acc_S_mn[r, c], softmax_scale, cap, self.cap_method)
+                t, dcap = sm90.cap_and_slope(acc_S_mn[r, c], softmax_scale, cap, self.cap_method)
                 x = t * scale_log2 - lse
                 if const_expr(key_bias is not None):
                     x = x + key_bias[r]

@@ -39,22 +39,6 @@ NUM_THREADS = 128
 PASSES = 4  # row passes per CTA
 
 
-def cap_and_slope(s, softmax_scale, cap, cap_method: str):
-    """Raw score ``q.k`` -> (the forward's capped score in the units of ``scale_log2``, ``cap'``):
-    no cap: ``(s, 1)``; tanh: ``(tanh(x), 1 - tanh(x)^2)``; soft_sign: ``(x / (1 + |x|), 1 / (1 + |x|)^2)``
-    with ``x = softmax_scale * s / cap`` (the forward's ``scale_log2`` carries ``cap * log2(e)``).
-    Shared by the mainloop and this kernel; ``cap_method`` is static."""
-    t = s
-    dcap = Float32(1.0)
-    if cap_method == "tanh":
-        t = cute.math.tanh(s * (softmax_scale / cap), fastmath=True)
-        dcap = 1.0 - t * t
-    elif cap_method == "soft_sign":
-        t, inv = sm90.soft_sign_unit(s * (softmax_scale / cap))
-        dcap = inv * inv
-    return t, dcap
-
-
 class RankerBwdPostprocess:
     """For one (dtype, head dim, the mainloop's tile_m, GQA ratio, cap method, varlen, whether dK/dV come
     in float32 accumulators)."""
@@ -275,7 +259,7 @@ class RankerBwdPostprocess:
         ``dov = dO_j.v_j`` (module docstring)."""
         lse2 = Float32(self._stat(mLSE2, prow, head, batch))
         dpsum = Float32(self._stat(mdPsum, prow, head, batch))
-        t, dcap = cap_and_slope(s, softmax_scale, cap, self.cap_method)
+        t, dcap = sm90.cap_and_slope(s, softmax_scale, cap, self.cap_method)
         p_self = cute.math.exp2(t * scale_log2 - lse2, fastmath=True)
         return p_self, p_self * (dov - dpsum) * dcap * softmax_scale
 

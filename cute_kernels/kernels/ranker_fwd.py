@@ -934,7 +934,7 @@ class RankerAttentionFwd:
                     dot += Float32(q_at(r, c, row)) * Float32(k_at(r, c, row))
             dot = cute.arch.warp_reduction_sum(dot, threads_in_group=4)
             if take_self:
-                s_self = self.apply_cap_scalar(dot, softmax_scale, cap)
+                s_self, _ = sm90.cap_and_slope(dot, softmax_scale, cap, self.cap_method)  # (the slope: unused, removed)
                 if self.fixed_max(fixed_rows):
                     p_self = cute.math.exp2(s_self * scale_log2, fastmath=True)
                     row_sum[r] = row_sum[r] + p_self
@@ -1192,16 +1192,6 @@ class RankerAttentionFwd:
             x_scale = softmax_scale / cap
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i], _ = sm90.soft_sign_unit(acc_S[i] * x_scale)
-
-    @cute.jit
-    def apply_cap_scalar(self, dot, softmax_scale, cap):
-        """The same transform for one raw score (the candidate self term)."""
-        s = dot
-        if const_expr(self.cap_method == "tanh"):
-            s = cute.math.tanh(dot * (softmax_scale / cap), fastmath=True)
-        elif const_expr(self.cap_method == "soft_sign"):
-            s, _ = sm90.soft_sign_unit(dot * (softmax_scale / cap))
-        return s
 
     @cute.jit
     def scheduler_sync(self, wg_idx):

@@ -71,6 +71,23 @@ def soft_sign_unit(x):
     return xc * inv, inv
 
 
+def cap_and_slope(s, softmax_scale, cap, cap_method: str):
+    """Raw score ``q.k`` -> (the forward's capped score in the units of ``scale_log2``, ``cap'``):
+    no cap: ``(s, 1)``; tanh: ``(tanh(x), 1 - tanh(x)^2)``; soft_sign: ``(x / (1 + |x|), 1 / (1 + |x|)^2)``
+    with ``x = softmax_scale * s / cap`` (the forward's ``scale_log2`` carries ``cap * log2(e)``).  The forward's
+    self term and the backward's mainloop and postprocess all cap scores here (the forward's tiles through
+    ``RankerAttentionFwd.apply_cap``, the same math); ``cap_method`` is static.  Call it while tracing a kernel."""
+    t = s
+    dcap = Float32(1.0)
+    if cap_method == "tanh":
+        t = cute.math.tanh(s * (softmax_scale / cap), fastmath=True)
+        dcap = 1.0 - t * t
+    elif cap_method == "soft_sign":
+        t, inv = soft_sign_unit(s * (softmax_scale / cap))
+        dcap = inv * inv
+    return t, dcap
+
+
 def smem_layout(dtype, rows: int, cols: int, stages: Optional[int] = None):
     """K-major swizzled smem layout (rows, cols[, stages]) with the widest swizzle the row allows
     (128 B for 64 bf16 columns): what WGMMA operands and TMA boxes of a row-major tile use."""
