@@ -103,7 +103,7 @@ from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check
 from . import ranker_flops, sm90_helpers as sm90
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
                          ranker_attention_reference)
-from .ranker_bwd_buffers import BwdFakes, padded_rows, sequence_offsets
+from .ranker_bwd_buffers import BwdFakes, dq_flag_coord, padded_rows, sequence_offsets
 from .ranker_bwd_postprocess import compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
 from .ranker_mask import RankerSegments, dense_mask
@@ -700,7 +700,7 @@ class RankerAttentionBwd:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
                  mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
-                 mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], mdQsem: Optional[cute.Tensor],
+                 mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], mdQflag: Optional[cute.Tensor],
                  mdKVsem: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32, cap: Float32,
                  num_batch: Int32, max_seqlen: Int32, stream):
         # (B, S, H, D) -> (S, D, H, B); packed (T, H, D) -> (T, D, H).  Per-row buffers (B, H, S_pad) ->
@@ -760,7 +760,7 @@ class RankerAttentionBwd:
         grid = (num_n_blocks, cute.size(mQ.shape[2]) // self.heads_per_cta, num_batch)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, tma_dQ, tma_dQst, tma_dK, tma_dV, mdK, mdV, mBounds,
-            mCuSeqlens, mdQsem, mdKVsem, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
+            mCuSeqlens, mdQflag, mdKVsem, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
             tma_atom_dQ, tma_atom_dQst, tma_atom_dK, tma_atom_dV, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdSt_layout, sdQ_layout, sdKVacc_layout, sLSE_layout,
             scale_log2, softmax_scale, cap, Int32(mQ.shape[0]),
@@ -771,7 +771,7 @@ class RankerAttentionBwd:
     def kernel(self, tma_Q: cute.Tensor, tma_K: cute.Tensor, tma_V: cute.Tensor, tma_dO: cute.Tensor,
                tma_LSE: cute.Tensor, tma_dPsum: cute.Tensor, tma_dQ: cute.Tensor, tma_dQst: Optional[cute.Tensor],
                tma_dK: cute.Tensor, tma_dV: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor, mBounds: cute.Tensor,
-               mCuSeqlens: Optional[cute.Tensor], mdQsem: Optional[cute.Tensor], mdKVsem: Optional[cute.Tensor],
+               mCuSeqlens: Optional[cute.Tensor], mdQflag: Optional[cute.Tensor], mdKVsem: Optional[cute.Tensor],
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_dPsum: cute.CopyAtom,
                tma_atom_dQ: cute.CopyAtom, tma_atom_dQst: Optional[cute.CopyAtom], tma_atom_dK: cute.CopyAtom,
@@ -826,7 +826,7 @@ class RankerAttentionBwd:
                           tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
                           pipeline_kv, pipeline_q, pipeline_do, work)
             if warp_idx == 1:
-                self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work)
+                self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQflag, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
             self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sdQ, sLSE, sdPsum,
@@ -911,12 +911,12 @@ class RankerAttentionBwd:
         pos = first - rho + n_kv * Int32(first < rho)
         return pos * Int32(stagger > 0) + rank * Int32(stagger == 0)
 
-    def _dq_sem_ptr(self, mdQsem, work, head, m_block):
-        """Semaphore of (q block, head, batch): ``(B, Hq, S_pad / tile_m)``, or ``(1, Hq, T_pad / tile_m)``
-        indexed by padded q block in the packed form."""
-        if const_expr(self.varlen):
-            return mdQsem[0, head, None].iterator + (work.pad_offset // self.tile_m + m_block)
-        return mdQsem[work.batch, head, None].iterator + m_block
+    def _dq_flag_ptr(self, mdQflag, work, head, m_block):
+        """Pointer to the flag of the dQ tile (q block, head) of this CTA's sequence (:func:`dq_flag_coord`), for
+        the atomics."""
+        pad_block = work.pad_offset // self.tile_m + m_block if const_expr(self.varlen) else m_block
+        b, h, i = dq_flag_coord(work.batch, head, pad_block, self.varlen)
+        return mdQflag[b, h, None].iterator + i
 
     def _view(self, mX, work, head):
         """(S, D) view of one sequence and head of a (S, D, H, B) or packed (T, D, H) tensor; ``head=None``:
@@ -1009,7 +1009,7 @@ class RankerAttentionBwd:
                                       cute.group_modes(gdPsum, 0, 1)))
 
     @cute.jit
-    def dq_reduce(self, tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQsem, work):
+    def dq_reduce(self, tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQflag, work):
         """Warp 1: for each (q block, query head) step, wait for the MMA warpgroups' dQ tile in smem
         (``dq_parts`` blocks, one per warpgroup with ``dq_per_wg``: head-dim columns, or q rows with
         ``dq_split_rows``), add each to the float32
@@ -1031,12 +1031,12 @@ class RankerAttentionBwd:
             if const_expr(self.dq_flagged):
                 store_parts = self.dq_parts_of(tma_dQst, sdQ, tma_atom_dQst, work, head_arg)
             if const_expr(self.dq_zero_duty):
-                self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work)
+                self.zero_dq_tiles(sdQ_flat, store_parts, tma_atom_dQst, mdQflag, work)
             nthreads = self.num_mma_threads // self.dq_parts + 32
             for w in cutlass.range_constexpr(self.dq_parts):  # sdQ is free for the first q block
                 cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmpty) + w, number_of_threads=nthreads)
             if const_expr(self.dq_zero_duty):  # (while the MMA warpgroups compute the first q block)
-                self.publish_zeroed_tiles(mdQsem, work)
+                self.publish_zeroed_tiles(mdQflag, work)
             for i in cutlass.range(count, unroll=1):
                 t = self.walk_index(i, work)
                 head, m_block = self.head_m_block_of(t, work)
@@ -1046,14 +1046,14 @@ class RankerAttentionBwd:
                 first = Int32(pos == 0) if const_expr(self.config.deterministic) else Int32(0)
                 if const_expr(self.dq_zero_duty):  # the tile zeroed (acquire), checked before its dQ is ready
                     if lane == 0:
-                        first = _wait_zeroed_or_claim(self._dq_sem_ptr(mdQsem, work, head, m_block),
+                        first = _wait_zeroed_or_claim(self._dq_flag_ptr(mdQflag, work, head, m_block),
                                                       Int64(self.config.dq_zero_wait_cycles))
                     first = cute.arch.shuffle_sync(first, 0)
                     cute.arch.fence_proxy("async.global")  # the acquire above before the TMA reduce-adds
                 for w in cutlass.range_constexpr(self.dq_parts):
                     cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFull) + w, number_of_threads=nthreads)
                     if const_expr(self.config.deterministic and w == 0):
-                        sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
+                        sem = self._dq_flag_ptr(mdQflag, work, head, m_block)
                         if lane == 0:
                             _wait_until(sem, pos)
                         cute.arch.sync_warp()
@@ -1079,18 +1079,18 @@ class RankerAttentionBwd:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done, not only read
                     cute.arch.sync_warp()  # (every lane's wait before lane 0's release)
                     if lane == 0:
-                        sem = self._dq_sem_ptr(mdQsem, work, head, m_block)
+                        sem = self._dq_flag_ptr(mdQflag, work, head, m_block)
                         cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
                 if const_expr(self.dq_zero_duty):
                     if first != 0:  # the claimed tile written (not only read): open it to the adds
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
                         cute.arch.sync_warp()
                         if lane == 0:
-                            cute.arch.atomic_exch(self._dq_sem_ptr(mdQsem, work, head, m_block),
+                            cute.arch.atomic_exch(self._dq_flag_ptr(mdQflag, work, head, m_block),
                                                   Int32(DQ_TILE_STORED), sem="release", scope="gpu")
 
     @cute.jit
-    def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, mdQsem, work):
+    def zero_dq_tiles(self, sdQ_flat, store_parts, tma_atom_dQst, mdQflag, work):
         """``dq_zero_in_mainloop``, warp 1 before the first q block: zero sdQ, claim the dQ tiles of walk indices
         ``rank + j * n_kv`` (this KV block's share: every index below ``count`` has one owner among the
         sequence's ``n_kv`` history KV blocks, which all walk the same ``count`` indices; lane ``j % 32`` claims
@@ -1112,7 +1112,7 @@ class RankerAttentionBwd:
             won = Int32(0)
             if j < mine:
                 head, m_block = self.head_m_block_of(rank + j * n_kv, work)
-                if cute.arch.atomic_cas(self._dq_sem_ptr(mdQsem, work, head, m_block), cmp=Int32(DQ_TILE_UNTOUCHED),
+                if cute.arch.atomic_cas(self._dq_flag_ptr(mdQflag, work, head, m_block), cmp=Int32(DQ_TILE_UNTOUCHED),
                                         val=Int32(DQ_TILE_ZEROING), scope="gpu") == DQ_TILE_UNTOUCHED:
                     won = Int32(1)
             for jj in cutlass.range(cutlass.min(mine - c * 32, Int32(32)), unroll=1):
@@ -1125,7 +1125,7 @@ class RankerAttentionBwd:
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def publish_zeroed_tiles(self, mdQsem, work):
+    def publish_zeroed_tiles(self, mdQflag, work):
         """After :meth:`zero_dq_tiles`: wait until its stores are written, then open each tile it zeroed
         (compare-and-swap :data:`DQ_TILE_ZEROING` -> :data:`DQ_TILE_READY`, release; lane ``j % 32`` that of its
         ``j``-th tile; a tile claimed by an add is left to it; every add acquires the flag first:
@@ -1139,7 +1139,7 @@ class RankerAttentionBwd:
             j = c * 32 + lane
             if j < mine:
                 head, m_block = self.head_m_block_of(rank + j * n_kv, work)
-                cute.arch.atomic_cas(self._dq_sem_ptr(mdQsem, work, head, m_block), cmp=Int32(DQ_TILE_ZEROING),
+                cute.arch.atomic_cas(self._dq_flag_ptr(mdQflag, work, head, m_block), cmp=Int32(DQ_TILE_ZEROING),
                                      val=Int32(DQ_TILE_READY), sem="release", scope="gpu")
 
     def dq_tile_coord(self, m_block, w):
@@ -1499,13 +1499,13 @@ def _compile(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: int,
         q, k, v, do = f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype)
         rows, dq_acc, cu = f.rows, f.dq_accum(), f.cu
         dk, dv, bounds = f.outputs(hkv, acc_dtype), f.outputs(hkv, acc_dtype), f.bounds()
-        dq_sem = dkv_sem = None
+        dq_flag = dkv_sem = None
         if dq_flagged(config):  # int32 counters / flags (see _backward_impl)
-            dq_sem = f.dq_sem()
+            dq_flag = f.dq_flag()
         if config.deterministic:
             if accumulated:
                 dkv_sem = fake_tensor(torch.int32, (cute.sym_int(), hkv, cute.sym_int()), align=4)
-        return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_sem, dkv_sem, Float32(1.0),
+        return kern, (q, k, v, do, rows(), rows(), dq_acc, dk, dv, bounds, cu, dq_flag, dkv_sem, Float32(1.0),
                       Float32(1.0), Float32(1.0), Int32(1), Int32(1), fake_stream())
 
     return compile_cached(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen), build)
@@ -1893,12 +1893,12 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     cfg = keys["main"][1]  # (resolved)
     # dQ adds counted in order (deterministic) or dQ tiles zeroed by the mainloop, per (q block, head): 0 means
     # the tile is not written; the preprocess zeroes them
-    dq_sem = q.new_empty((1 if varlen else nb, hq, row_shape[-1] // cfg.tile_m), dtype=torch.int32) \
+    dq_flag = q.new_empty((1 if varlen else nb, hq, row_shape[-1] // cfg.tile_m), dtype=torch.int32) \
         if dq_flagged(cfg) else None
     if dlse is None:
-        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, dq_sem, cu_seqlens, nb, max_seqlen)
+        _fn("pre", *keys["pre"])(out, dout, lse, None, lse2, dpsum, dq_accum, dq_flag, cu_seqlens, nb, max_seqlen)
     else:
-        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, dq_sem,
+        _fn("pre", *keys["pre"][:-1], True)(out, dout, lse, dlse.contiguous(), lse2, dpsum, dq_accum, dq_flag,
                                             cu_seqlens, nb, max_seqlen)
     dq, dk, dv = _grad_buffer(dq, q), _grad_buffer(dk, k), _grad_buffer(dv, v)
     if varlen:  # packed tokens past cu_seqlens[-1] belong to no sequence: zero gradients
@@ -1914,9 +1914,9 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     main = _FNS.get(("main", keys["main"])) or _first_main(keys["main"], config)
     main(
         q, k, v, dout, lse2, dpsum, dq_accum, dk_accum if accumulated else dk, dv_accum if accumulated else dv,
-        bounds, cu_seqlens, dq_sem, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
+        bounds, cu_seqlens, dq_flag, dkv_sem, scale_log2, scale, capf, nb, max_seqlen)
     _fn("post", *keys["post"])(
-        q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens,
+        q, k, v, dout, lse2, dpsum, dq_accum, dq_flag, dq, dk, dv, dk_accum, dv_accum, bounds, cu_seqlens,
         scale_log2, scale, capf, nb, max_seqlen)
     return dq, dk, dv
 

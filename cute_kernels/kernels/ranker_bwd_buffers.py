@@ -34,6 +34,15 @@ def padded_rows(total: int, num_batch: int, tile_m: int, varlen: bool) -> int:
     return -(-total // tile_m) * tile_m
 
 
+def dq_flag_coord(batch, head, padded_q_block, varlen: bool) -> tuple:
+    """Coordinate of a dQ accumulator tile's int32 flag (``mdQflag``, made when ``dq_flagged``: the deterministic
+    mode's count of adds, or ``dq_zero_in_mainloop``'s tile state): ``(B, Hq, S_pad / tile_m)`` by q block, or
+    packed ``(1, Hq, T_pad / tile_m)`` by padded q block, i.e. ``pad_offset // tile_m + q block``
+    (:func:`sequence_offsets`).  The preprocess zeroes the flags, the mainloop counts or claims them, the
+    postprocess reads them: all three index them here."""
+    return (0, head, padded_q_block) if varlen else (batch, head, padded_q_block)
+
+
 @cute.jit
 def sequence_offsets(mCuSeqlens, batch, seqlen_static, tile_m: cutlass.Constexpr, varlen: cutlass.Constexpr):
     """``(offset, seqlen, pad_offset)`` of batch row ``batch``: its first packed row, its length and
@@ -52,7 +61,7 @@ class BwdFakes:
     """Fake (shape-only) arguments of the backward kernels, fixed-length ``(B, S, H, D)`` or packed
     ``(T, H, D)``: ``inputs(h)`` are q/k/v/dO/O-like (any 16-byte aligned strides), ``outputs(h,
     dtype)`` compact gradients or accumulators, ``rows()`` a padded per-row float32 buffer,
-    ``dq_accum()`` the padded float32 dQ accumulator, ``dq_sem()`` its int32 flags per q block (the
+    ``dq_accum()`` the padded float32 dQ accumulator, ``dq_flag()`` its int32 flags per q block (the
     deterministic mode's add counters, or ``dq_zero_in_mainloop``'s zeroed-tile flags), ``lse()`` the
     forward's LSE, ``cu`` the packed offsets (None for fixed length)."""
 
@@ -90,7 +99,7 @@ class BwdFakes:
     def dq_accum(self):
         return self._per_row(self.head_dim, align=16)
 
-    def dq_sem(self):
+    def dq_flag(self):
         """int32 counter per (q block, query head): ``(B, Hq, S_pad / tile_m)``, packed
         ``(1, Hq, T_pad / tile_m)``."""
         return fake_tensor(torch.int32, (cute.sym_int(), self.hq, cute.sym_int()), align=4)

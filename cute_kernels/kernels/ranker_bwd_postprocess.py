@@ -31,7 +31,7 @@ from cutlass import Float32, Int32, const_expr
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream
 from . import sm90_helpers as sm90
-from .ranker_bwd_buffers import BwdFakes, sequence_offsets
+from .ranker_bwd_buffers import BwdFakes, dq_flag_coord, sequence_offsets
 from .ranker_mask import RankerSegments
 
 NAME = "ranker_bwd_postprocess"
@@ -64,7 +64,7 @@ class RankerBwdPostprocess:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
-                 mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], mdQ: cute.Tensor,
+                 mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQflag: Optional[cute.Tensor], mdQ: cute.Tensor,
                  mdK: cute.Tensor, mdV: cute.Tensor, mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
                  mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32,
                  cap: Float32, num_batch: Int32, max_seqlen: Int32, stream):
@@ -81,7 +81,7 @@ class RankerBwdPostprocess:
             mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]
             mdQaccum = sm90.select_modes(mdQaccum, [2, 3, 1, 0])
         grid = (cute.ceil_div(max_seqlen, self.rows_per_cta), cute.size(mK.shape[2]), num_batch)
-        self.kernel(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, mdKaccum, mdVaccum, mBounds,
+        self.kernel(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQflag, mdQ, mdK, mdV, mdKaccum, mdVaccum, mBounds,
                     mCuSeqlens, scale_log2, softmax_scale, cap, Int32(mQ.shape[0])).launch(
             grid=grid, block=[NUM_THREADS, 1, 1], stream=stream)
 
@@ -98,7 +98,7 @@ class RankerBwdPostprocess:
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mLSE2: cute.Tensor,
-               mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQsem: Optional[cute.Tensor], mdQ: cute.Tensor,
+               mdPsum: cute.Tensor, mdQaccum: cute.Tensor, mdQflag: Optional[cute.Tensor], mdQ: cute.Tensor,
                mdK: cute.Tensor, mdV: cute.Tensor, mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
                mBounds: cute.Tensor, mCuSeqlens: Optional[cute.Tensor], scale_log2: Float32, softmax_scale: Float32,
                cap: Float32, seqlen_static: Int32):
@@ -110,16 +110,16 @@ class RankerBwdPostprocess:
         f32_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
         chunk = tidx % self.threads_per_row
         if const_expr(self.qhead_per_kvhead == 1):
-            self.rows_mha(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, seg, row_block, head_kv,
+            self.rows_mha(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQflag, mdQ, mdK, mdV, seg, row_block, head_kv,
                           batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale,
                           cap)
         else:
-            self.rows_gqa(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
+            self.rows_gqa(mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQflag, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
                           row_block, head_kv, batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2,
                           softmax_scale, cap)
 
     @cute.jit
-    def rows_gqa(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
+    def rows_gqa(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQflag, mdQ, mdK, mdV, mdKaccum, mdVaccum, seg,
                  row_block, head_kv, batch, offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2,
                  softmax_scale, cap):
         """A group of query heads per KV head, row by row (PASSES rows per lane group): each query head's
@@ -160,7 +160,7 @@ class RankerBwdPostprocess:
                 if valid:
                     rdq = cute.make_rmem_tensor((vec,), Float32)
                     rdq.fill(0.0)
-                    if self._dq_written(mdQsem, pad + row, head, batch):
+                    if self._dq_written(mdQflag, pad + row, head, batch):
                         self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
                     rdq.store(rdq.load() * softmax_scale)
                     if self_term:
@@ -183,7 +183,7 @@ class RankerBwdPostprocess:
                     self._store(ld_atom, dv_self, self._row(mdV, row, offset, head_kv, batch), chunk)
 
     @cute.jit
-    def rows_mha(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQsem, mdQ, mdK, mdV, seg, row_block, head, batch,
+    def rows_mha(self, mQ, mK, mV, mdO, mLSE2, mdPsum, mdQaccum, mdQflag, mdQ, mdK, mdV, seg, row_block, head, batch,
                  offset, seqlen, pad, chunk, tidx, ld_atom, f32_atom, scale_log2, softmax_scale, cap):
         """One query head per KV head: the same per-row work as the GQA loop, with the dQ accumulator
         loads of all the CTA's PASSES rows issued first (16-byte vectors into registers): otherwise a
@@ -197,7 +197,7 @@ class RankerBwdPostprocess:
             rdq = cute.make_rmem_tensor((vec,), Float32)
             rdq.fill(0.0)
             if row < seqlen:
-                if self._dq_written(mdQsem, pad + row, head, batch):
+                if self._dq_written(mdQflag, pad + row, head, batch):
                     self._load_f32(f32_atom, self._row(mdQaccum, pad + row, Int32(0), head, batch), chunk, rdq)
             rdqs.append(rdq)
         for p in cutlass.range_constexpr(PASSES):
@@ -235,16 +235,13 @@ class RankerBwdPostprocess:
                 self._store(ld_atom, rdq, self._row(mdQ, row, offset, head, batch), chunk)
 
     @cute.jit
-    def _dq_written(self, mdQsem, prow, head, batch):
+    def _dq_written(self, mdQflag, prow, head, batch):
         """Whether the mainloop wrote the dQ accumulator's tile of padded row ``prow`` (``dq_flagged``: its q
         block's flag is not 0, the count of the deterministic mode's adds or the flag of the tile's zeroing
         in the mainloop; else always, the preprocess zeroed the accumulator)."""
         written = True
         if const_expr(self.dq_flagged):
-            if const_expr(self.varlen):
-                written = mdQsem[0, head, prow // self.tile_m] != 0
-            else:
-                written = mdQsem[batch, head, prow // self.tile_m] != 0
+            written = mdQflag[dq_flag_coord(batch, head, prow // self.tile_m, self.varlen)] != 0
         return written
 
     @cute.jit
@@ -284,16 +281,16 @@ def fake_args(dtype: torch.dtype, head_dim: int, varlen: bool, dkv_accumulated: 
     dk_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
     dv_acc = f.outputs(hkv, torch.float32) if dkv_accumulated else None
     return (f.inputs(hq, dtype), f.inputs(hkv, dtype), f.inputs(hkv, dtype), f.inputs(hq, dtype), f.rows(), f.rows(),
-            f.dq_accum(), f.dq_sem() if dq_flagged else None, f.outputs(hq, dtype), f.outputs(hkv, dtype),
+            f.dq_accum(), f.dq_flag() if dq_flagged else None, f.outputs(hq, dtype), f.outputs(hkv, dtype),
             f.outputs(hkv, dtype), dk_acc, dv_acc, f.bounds(), f.cu, Float32(1.0), Float32(1.0), Float32(1.0),
             Int32(1), Int32(1), fake_stream())
 
 
 def compile_postprocess(dtype: torch.dtype, head_dim: int, tile_m: int, qhead_per_kvhead: int, cap_method: str,
                         varlen: bool, dkv_accumulated: bool, dq_flagged: bool):
-    """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq_sem, dq, dk, dv, dk_accum,
+    """Compiled postprocess; called as ``fn(q, k, v, dout, lse2, dpsum, dq_accum, dq_flag, dq, dk, dv, dk_accum,
     dv_accum, bounds, cu_seqlens, scale_log2, softmax_scale, cap, num_batch, max_seqlen)`` (the
-    accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA; ``dq_sem``, the
+    accumulators None unless ``dkv_accumulated``: GQA with one query head per mainloop CTA; ``dq_flag``, the
     dQ accumulator's flags per q block, None unless ``dq_flagged``: the mainloop ran its deterministic mode or
     zeroed the tiles itself, ``dq_zero_in_mainloop``)."""
 

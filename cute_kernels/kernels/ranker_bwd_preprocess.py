@@ -34,7 +34,7 @@ from cutlass import Float32, Int32, const_expr
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream
 from . import sm90_helpers as sm90
-from .ranker_bwd_buffers import BwdFakes, sequence_offsets
+from .ranker_bwd_buffers import BwdFakes, dq_flag_coord, sequence_offsets
 
 NAME = "ranker_bwd_preprocess"
 LOG2_E = math.log2(math.e)
@@ -112,11 +112,8 @@ class RankerBwdPreprocess:
         if m_block * self.tile_m < seqlen:
             self.rows(mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx)
             if const_expr(self.dq_flagged):
-                if tidx == 0:  # (B, Hq, S_pad / tile_m), packed (1, Hq, T_pad / tile_m) by padded q block
-                    if const_expr(self.varlen):
-                        mdQflag[0, head, pad // self.tile_m + m_block] = Int32(0)
-                    else:
-                        mdQflag[batch, head, m_block] = Int32(0)
+                if tidx == 0:
+                    mdQflag[dq_flag_coord(batch, head, pad // self.tile_m + m_block, self.varlen)] = Int32(0)
 
     @cute.jit
     def rows(self, mO_cur, mdO_cur, mLSE_cur, mdLSE_cur, mLSE2_cur, mdPsum_cur, mdQ_cur, m_block, seqlen, tidx):
@@ -181,7 +178,7 @@ def compile_preprocess(dtype: torch.dtype, head_dim: int, tile_m: int, varlen: b
         kern = RankerBwdPreprocess(cute_dtype(dtype), head_dim, tile_m, varlen, dq_flagged, with_dlse)
         f = BwdFakes(head_dim, varlen)
         return kern, (f.inputs(f.hq, dtype), f.inputs(f.hq, dtype), f.lse(), f.lse() if with_dlse else None,
-                      f.rows(), f.rows(), f.dq_accum(), f.dq_sem() if dq_flagged else None, f.cu, Int32(1),
+                      f.rows(), f.rows(), f.dq_accum(), f.dq_flag() if dq_flagged else None, f.cu, Int32(1),
                       Int32(1), fake_stream())
 
     return compile_cached(NAME, (str(dtype), head_dim, tile_m, varlen, dq_flagged, with_dlse), build)
