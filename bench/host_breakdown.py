@@ -31,7 +31,7 @@ def main():
     (fkey, fn), (_, fn_no_lse) = fns[True], fns[False]
     out, lse = torch.empty_like(q), torch.empty((1, 1, 128), device="cuda", dtype=torch.float32)
     cfg = fkey[1]
-    max_ctas = fwd._sm_count(q.device) if cfg.persistent else 2**31 - 1
+    max_ctas = fwd.sm_count(q.device) if cfg.persistent else 2**31 - 1
     sl = fwd.exp2_scale(0.125, None)
     x = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
     calls = {

@@ -56,7 +56,7 @@ def probe(case, post_passes):
     dq_accum = torch.empty(row_shape + (d,), dtype=torch.float32, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     cap_method = "none" if cap is None else "tanh"
-    keys = rb.call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, s, cap, cap_method, False, rb._num_sms(q.device))
+    keys = rb.call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, s, cap, cap_method, False, rb.sm_count(q.device))
     scale = 1.0 / math.sqrt(d)
     scale_log2, capf = rb.exp2_scale(scale, cap), float(cap) if cap is not None else 1.0
     flagged = keys["pre"][4]

@@ -1288,7 +1288,7 @@ def test_backward_validation_once_per_signature(monkeypatch):
                         lambda *a, **kw: checked.append(1) or real(*a, **{**kw, "cuda": False}))
     calls = []
     monkeypatch.setattr(rb, "_fn", lambda kind, *key: (lambda *args: calls.append((kind, args))))
-    monkeypatch.setattr(rb, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(rb, "sm_count", lambda device: 132)
     q, k, v, out, lse, do, bounds = _bf16_args()
     for _ in range(3):
         rb.ranker_attention_backward(q, k, v, out, lse, do, bounds)
@@ -1340,7 +1340,7 @@ def test_caller_config_is_checked_for_spills_when_first_built(monkeypatch):
         monkeypatch.setattr(rb, name, lambda *key: (lambda *args: None))
     checked = []
     monkeypatch.setattr(rb, "warn_if_spills", lambda kernel, key, what, stacklevel: checked.append(key[1]))
-    monkeypatch.setattr(rb, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(rb, "sm_count", lambda device: 132)
     args = _bf16_args()  # D=64, no cap
     shipped = rb.config_for(64, False)
     for config in (None, shipped, None):
@@ -1382,7 +1382,7 @@ def test_backward_host_path_runs_to_the_launches(monkeypatch, deterministic, var
     monkeypatch.setattr(rb, "_validate_backward", lambda *a, **kw: real(*a, **{**kw, "cuda": False}))
     calls = []
     monkeypatch.setattr(rb, "_fn", lambda kind, *key: (lambda *args: calls.append((kind, args))))
-    monkeypatch.setattr(rb, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(rb, "sm_count", lambda device: 132)
     q, k, v, out, lse, do, bounds = _bf16_args()
     kw = {}
     if varlen:

@@ -351,7 +351,7 @@ def test_fixed_row_max_only_where_the_cap_bounds_p(monkeypatch, dtype, cap, fixe
     monkeypatch.setattr(rf, "_VALIDATED", {})
     monkeypatch.setattr(rf, "_FNS", {})
     monkeypatch.setattr(rf, "_compile", lambda *a: compiled.append(a) or (lambda *args: None))
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     assert rf.fixed_row_max_applies(dtype, cap) == fixed
     q = torch.zeros(1, 16, 2, 128, dtype=dtype)
     bounds = torch.zeros(1, 4, dtype=torch.int32)
@@ -570,7 +570,7 @@ def fake_launch(monkeypatch):
     monkeypatch.setattr(rf, "_VALIDATED", {})
     monkeypatch.setattr(rf, "_FNS", {})
     monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: calls.append(args))
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     monkeypatch.setattr(rf, "_capturing", lambda t: False, raising=False)
 
     def run(**kw):
@@ -917,7 +917,7 @@ def test_checked_max_ships_uncapped_bf16(monkeypatch):
     monkeypatch.setattr(rf, "_CHOSEN", {})
     monkeypatch.setattr(rf, "_compile", lambda *a: (lambda *args: launched.append((a[1], args))))
     monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)  # (no compile record: nothing was compiled)
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     for dtype, seq, cap, config, want in (
             (torch.bfloat16, 3000, None, None, True), (torch.bfloat16, 16, None, None, True),
             (torch.float16, 3000, None, None, False), (torch.bfloat16, 3000, 30.0, None, False),
@@ -944,7 +944,7 @@ def test_caller_config_whose_fixed_max_does_not_apply_warns_once(monkeypatch):
     monkeypatch.setattr(rf, "_DROPPED_WARNED", set())
     monkeypatch.setattr(rf, "_compile", lambda *a: (lambda *args: launched.append(a[1])))
     monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     capped = rf.shipped_config(torch.bfloat16, 128, "tanh")
     assert capped.fixed_row_max
     cases = ((torch.bfloat16, None, rf.CONFIGS[128], None), (torch.bfloat16, 30.0, capped, None),
@@ -1026,7 +1026,7 @@ def test_eager_launch_plan(monkeypatch):
     monkeypatch.setattr(rf, "_compile", lambda *a: compiled_with_lse.append(a[5]) or (
         lambda *args: _refuse_misaligned(args) or launched.append((a[1], args))))
     monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)  # (no compile record: nothing was compiled)
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     impl = rf._ranker_impl
     monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(kw.get("plan_key")) or impl(*a, **kw))
     seq = 300
@@ -1095,7 +1095,7 @@ def test_eager_launch_plan_edges(monkeypatch):
     for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
         monkeypatch.setattr(rf, name, {})
     monkeypatch.setattr(tuning, "_memos", [rf._CHOSEN, rf._PLANS])
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     q = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16)
     bounds = torch.tensor([[0, 5, 5, 9]] * 2, dtype=torch.int32)
 
@@ -1127,7 +1127,7 @@ def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
     monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
     for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
         monkeypatch.setattr(rf, name, {})
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     impl = rf._ranker_impl
     monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(1) or impl(*a, **kw))
 

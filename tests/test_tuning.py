@@ -338,7 +338,7 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     monkeypatch.setattr(rf, "_VALIDATED", {})
     monkeypatch.setattr(rf, "_FNS", {})
     monkeypatch.setattr(rf, "_compile", lambda dtype, cfg, *a: lambda *args: launched.append(cfg))
-    monkeypatch.setattr(rf, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     monkeypatch.setattr(rf, "config_for_shape", lambda *a, **kw: chosen.append(a) or full_select(*a, **kw))
     monkeypatch.setattr(tuning, "gpu_name", lambda device=None: GPU)
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)

@@ -94,6 +94,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..registry import CheckResult, CompileTarget
+from ..runtime.arch import sm_count
 from ..runtime.cache import compile_cached, warn_if_spills
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_autocast, without_data
@@ -1584,14 +1585,6 @@ def compile_targets() -> list[CompileTarget]:
 
 
 _FNS: dict = {}  # compiled functions by key (skips the cache's key work on the hot path)
-_SMS: dict = {}  # SM count by device index
-
-
-def _num_sms(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
 
 
 def launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int, cap_method: str,
@@ -1619,9 +1612,7 @@ def resolve_dq_zeroing(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -
     third of ``num_sms``: a KV block's dQ add waits (up to ``dq_zero_wait_cycles``) for the KV block of its
     sequence that zeroes the tile to start, so they should fit on the GPU at once (the rule of
     :func:`resolve_walk_stagger`; past it many adds would wait out the bound)."""
-    blocks = -(-max_seqlen // config.tile_n)
-    if config.dq_zero_in_mainloop and (config.deterministic
-                                       or blocks > min(STAGGER_MAX_KV_BLOCKS, num_sms // 3)):
+    if config.dq_zero_in_mainloop and (config.deterministic or not kv_blocks_resident(config, max_seqlen, num_sms)):
         return _with_field(config, "dq_zero_in_mainloop", False)
     return config
 
@@ -1631,10 +1622,17 @@ def resolve_walk_stagger(config: RankerBwdConfig, max_seqlen: int, num_sms: int)
     blocks than :data:`STAGGER_MAX_KV_BLOCKS` or than a third of ``num_sms`` (44 on the H200; a MIG slice has
     16-60 SMs): the deterministic mode's staggered add order needs a sequence's KV blocks resident at once (see
     :data:`STAGGER_MAX_KV_BLOCKS`)."""
-    blocks = -(-max_seqlen // config.tile_n)
-    if config.walk_stagger_steps() and blocks > min(STAGGER_MAX_KV_BLOCKS, num_sms // 3):
+    if config.walk_stagger_steps() and not kv_blocks_resident(config, max_seqlen, num_sms):
         return _with_field(config, "walk_stagger", 0)
     return config
+
+
+def kv_blocks_resident(config: RankerBwdConfig, max_seqlen: int, num_sms: int) -> bool:
+    """Whether a sequence of ``max_seqlen`` tokens has at most :data:`STAGGER_MAX_KV_BLOCKS` KV blocks and at most
+    a third of ``num_sms``, so that its KV blocks' CTAs can be expected on the GPU at once: the condition of the
+    schedules in which one KV block waits for another of its sequence (:func:`resolve_walk_stagger`,
+    :func:`resolve_dq_zeroing`)."""
+    return -(-max_seqlen // config.tile_n) <= min(STAGGER_MAX_KV_BLOCKS, num_sms // 3)
 
 
 def call_launch_args(dtype: torch.dtype, cfg: RankerBwdConfig, qhead_per_kvhead: int, num_batch: int,
@@ -1888,7 +1886,7 @@ def _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_meth
     dpsum = q.new_empty(row_shape, dtype=torch.float32)
     dq_accum = q.new_empty(row_shape + (d,), dtype=torch.float32)
     keys = call_launch_args(q.dtype, cfg, hq // hkv, nb, hkv, max_seqlen, cap, cap_method, varlen,
-                            _num_sms(q.device))
+                            sm_count(q.device))
     accumulated = keys["post"][6]  # dK/dV through float32 accumulators
     cfg = keys["main"][1]  # (resolved)
     # dQ adds counted in order (deterministic) or dQ tiles zeroed by the mainloop, per (q block, head): 0 means

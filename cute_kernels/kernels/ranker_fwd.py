@@ -87,6 +87,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.alloc import is_compact
+from ..runtime.arch import sm_count
 from ..runtime.cache import compile_cached, warn_if_spills as cache_warn_if_spills
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor, wide_stride
 from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager, refuse_func_transforms, tracing,
@@ -1489,7 +1490,6 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
     return varlen, nb, seq, hq, hkv, d
 
 
-_SM_COUNT: dict = {}
 _VALIDATED: dict = {}  # argument signature (shapes, strides, dtypes, devices, scalars) -> _validate's result
 _FNS: dict = {}  # (dtype, config, GQA ratio, cap method, varlen, with LSE) -> compiled function (skips the cache's key work)
 # (dtype, device, B, S, Hq, Hkv, D, cap method) -> config (tuned or shipped), chosen once per signature
@@ -1545,13 +1545,6 @@ def _validate_cached(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens
     return validated_once(_VALIDATED, (q, k, v, bounds, cu_seqlens), (softmax_scale, cap, cap_method, max_seqlen),
                           lambda: _pointers_aligned(q, k, v, bounds, cu_seqlens),
                           lambda: _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen))
-
-
-def _sm_count(device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SM_COUNT:
-        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SM_COUNT[idx]
 
 
 _OVERRIDES: dict[int, "RankerFwdConfig"] = {}
@@ -1730,7 +1723,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         if not chosen_here:  # a caller's config (config=, use_config): say so when it spills
             warn_if_spills(q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
     if cfg.persistent:
-        max_ctas = max_ctas or _sm_count(q.device)  # tests pass a small count to force many tiles per CTA
+        max_ctas = max_ctas or sm_count(q.device)  # tests pass a small count to force many tiles per CTA
     else:
         max_ctas = 2**31 - 1  # one tile per CTA (sO aliases sQ)
     tail = (scale_log2, scale, float(cap) if cap is not None else 1.0, nb, max_seqlen, max_ctas)
