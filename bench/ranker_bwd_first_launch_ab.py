@@ -22,7 +22,7 @@ from probe_timing import ranker_inputs
 
 from cute_kernels import ranker_attention
 from cute_kernels.kernels import ranker_bwd as new_mod
-from cute_kernels.kernels import ranker_fwd as fwd
+from cute_kernels.kernels import ranker_bench
 from cute_kernels.runtime.timing import cuda_time_us
 
 
@@ -82,7 +82,7 @@ def main():
                 res[name]["to_first_launch_us"].append(round(to_first_launch_us(mod, call), 2))
                 res[name]["isolated_us"].append(
                     round(cuda_time_us(lambda: mod.ranker_attention_backward(*call), graph=False, inner=1), 1))
-        ref = cuda_time_us(fwd._host_yardstick(), graph=False, inner=1)
+        ref = cuda_time_us(ranker_bench._host_yardstick(), graph=False, inner=1)
         print(json.dumps(dict(shape=key, torch_mul_isolated_us=round(ref, 1),
                               **{n: {m: min(v) for m, v in r.items()} | {"runs": r} for n, r in res.items()})),
               flush=True)

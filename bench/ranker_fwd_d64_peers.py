@@ -7,7 +7,7 @@ from probe_timing import gpu_script  # noqa: E402
 
 gpu_script(__doc__)
 import json, statistics, torch
-from cute_kernels.kernels import ranker_fwd as rf
+from cute_kernels.kernels import ranker_bench, ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
 
 peers = rf._load_peers()
@@ -32,7 +32,7 @@ for nb, hist, cand, hq, hkv, cap in shapes:
 for r in range(3):
     for key, flops, impls in setups:
         for name, fn in impls.items():
-            t, mode = rf._time_us(fn)
+            t, mode = ranker_bench.time_us(fn)
             res.setdefault((key, name), []).append(t); modes[(key, name)] = mode
 for key, flops, impls in setups:
     print(json.dumps({"shape": key, **{n: [round(statistics.median(ts), 1), round(flops / statistics.median(ts) / 1e6), modes[(kk, n)]]

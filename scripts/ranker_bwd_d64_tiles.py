@@ -15,7 +15,8 @@ import torch  # noqa: E402
 
 from cute_kernels.cli import run_metadata  # noqa: E402
 from cute_kernels.kernels import ranker_bwd as rb  # noqa: E402
-from cute_kernels.kernels.ranker_fwd import _time_us, ranker_attention  # noqa: E402
+from cute_kernels.kernels.ranker_bench import time_us as _time_us  # noqa: E402
+from cute_kernels.kernels.ranker_fwd import ranker_attention  # noqa: E402
 from cute_kernels.kernels.ranker_mask import admitted_pairs  # noqa: E402
 
 

@@ -333,9 +333,47 @@ def test_load_records_forms_and_refusals(tmp_path):
 
 def test_skipped_peer_records_say_why_in_the_table():
     """A bench that spent its peers' time budget writes one record per skipped peer, and the table shows it."""
-    from cute_kernels.kernels.ranker_fwd import skipped_peer_records
+    from cute_kernels.kernels.ranker_bench import skipped_peer_records
 
     recs = skipped_peer_records("ranker_bwd", {"B": 8}, ["fa4_mask_mod", "flex_attention"], 400.0)
     assert [r["impl"] for r in recs] == ["fa4_mask_mod", "flex_attention"]
     text = summarize.table([dict(impl="cute_kernels", shape={"B": 8}, mode="graph", time_us=10.0, tflops=1), *recs])
     assert text.count("error: skipped: the peers' time budget") == 2
+
+
+def test_bench_loop_interleaves_and_records(monkeypatch):
+    """ranker_bench.run, the two ranker benches' loop, on the CPU with a fake timer: rounds interleave the
+    impls, a peer that fails to build or to run becomes an error record (its later rounds skipped), the best
+    round is the record's time, and peers past their time budget get 'skipped' records."""
+    import types
+
+    from cute_kernels.kernels import ranker_bench
+
+    monkeypatch.setattr(ranker_bench.torch, "Generator", lambda device: types.SimpleNamespace(manual_seed=lambda s: s))
+    monkeypatch.setattr(ranker_bench, "host_mode_records", lambda *a: [])  # (needs CUDA; tested on its own)
+    order, clock = [], iter([30.0, 10.0, 20.0, 5.0, 25.0, 6.0])
+
+    def timer(fn):
+        order.append(fn())
+        if order[-1] == "bad":
+            raise RuntimeError("no")
+        return next(clock), "graph"
+
+    def bad_peer(*args):
+        raise ValueError("cannot build")
+
+    peers = types.SimpleNamespace(PEERS={"peer": lambda *args: (lambda: "peer"), "broken": bad_peer,
+                                         "flaky": lambda *args: (lambda: "bad")})
+
+    def setup(case, gen):
+        return ranker_bench.Case(dict(B=case), 10**8, [("cute_kernels", lambda: "ours")], (case,))
+
+    recs = ranker_bench.run("ranker_fwd", [1], setup, peers, 1e9, rounds=3, echo=False, timer=timer)
+    assert order == ["ours", "peer", "bad", "ours", "peer", "ours", "peer"]
+    by = {(r["impl"], "error" in r): r for r in recs}
+    assert by[("cute_kernels", False)]["time_us"] == 20.0 and by[("cute_kernels", False)]["runs_us"] == [30.0, 20.0, 25.0]
+    assert by[("peer", False)]["time_us"] == 5.0 and by[("peer", False)]["tflops"] == 20.0
+    assert "cannot build" in by[("broken", True)]["error"] and "no" in by[("flaky", True)]["error"]
+    recs = ranker_bench.run("ranker_fwd", [1], setup, peers, -1.0, rounds=1, echo=False,
+                            timer=lambda fn: (1.0, "graph"))
+    assert sorted(r["impl"] for r in recs if "skipped" in r.get("error", "")) == ["broken", "flaky", "peer"]

@@ -978,7 +978,7 @@ def test_caller_config_whose_fixed_max_does_not_apply_warns_once(monkeypatch):
 def test_bench_host_mode_records(monkeypatch):
     """The bench's eager / isolated rows: only ours and FA4 + mask_mod (isolated only where the rounds were eager
     already); a timer's failure becomes that mode's error record and skips the impl's later modes."""
-    from cute_kernels.kernels import ranker_fwd as fwd
+    from cute_kernels.kernels import ranker_bench as fwd
 
     calls = []
 

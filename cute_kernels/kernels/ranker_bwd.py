@@ -102,6 +102,7 @@ from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check
                                 check_outputs_disjoint, check_same_device, check_tensor,
                                 validated_once)
 from . import ranker_flops, sm90_helpers as sm90
+from .ranker_bench import BENCH_CASES, D256_CASES, SHORT_CASES  # noqa: F401 (the bench's shapes, in ranker_bench)
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
                          ranker_attention_reference)
 from .ranker_bwd_buffers import BwdFakes, dq_flag_coord, padded_rows, sequence_offsets
@@ -1962,36 +1963,6 @@ def check() -> list[CheckResult]:
     return rows
 
 
-BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap (the first is the issue's headline shape)
-    (4, 4096, 512, 16, 16, 128, None),
-    (4, 4096, 512, 16, 16, 128, 50.0),
-    (4, 4096, 512, 16, 4, 128, None),
-    (4, 4096, 512, 16, 16, 64, None),
-    (1, 16384, 1024, 16, 16, 128, None),
-    (16, 1024, 256, 16, 16, 128, None),
-    (8, 2048, 2048, 8, 8, 128, None),
-]
-SHORT_CASES = BENCH_CASES[-2:]  # the issue's short, candidate-heavy shapes
-# D=256 (the head-dim split schedule): the headline shape and the short B=16 one at D=256 (``--shapes d256``)
-D256_CASES = [(4, 4096, 512, 16, 16, 256, None), (16, 1024, 256, 16, 16, 256, None)]
-
-
-def _load_peers():
-    """``bench/ranker_bwd_peers.py`` of a source checkout (None when absent: an installed package)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "bench" / "ranker_bwd_peers.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location("ranker_bwd_peers", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["ranker_bwd_peers"] = mod  # torch.compile (Flex) re-imports the mask_mod's module by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def bench_shapes(shapes: str | None) -> set[str]:
     """:func:`bench`'s ``shapes`` spec as a set of words (``all`` or ``headline``, ``short``, ``d256``,
     ``peers``, ``deterministic``, ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
@@ -2005,29 +1976,24 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
     """Backward time (the three launches; CUDA-graph timing, eager when a peer cannot be captured) and
     useful TFLOP/s = 2.5 x the forward's useful FLOPs (FlashAttention's convention)
     = ``10 * D * admitted (query, key) pairs / time``, ours and the peers of ``bench/ranker_bwd_peers.py``
-    interleaved over ``rounds``.  ``shapes``: None = all cases with peers; containing ``headline`` = the first two
-    cases, ``short`` the last two (:data:`SHORT_CASES`; both: the four), ``d256`` :data:`D256_CASES` (alone: only
-    them); ``peers`` adds the peers; ``deterministic``
-    adds our deterministic mode; ``variants`` adds the other tile shapes and stage counts that validate.  Peers are
-    skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow; a record per skipped peer says
-    so).  Ours and FlashAttention-4 with the mask_mod are also timed "eager" and "isolated"
-    (:func:`.ranker_fwd.host_mode_records`)."""
-    import time
-
-    from .ranker_fwd import _time_us, bench_cases, host_mode_records, ranker_attention, skipped_peer_records
+    interleaved over ``rounds`` on :data:`.ranker_bench.BENCH_CASES` (:func:`.ranker_bench.run`).  ``shapes``:
+    None = all cases with peers; containing ``headline`` = the first two cases, ``short`` the last two (both: the
+    four), ``d256`` :data:`.ranker_bench.D256_CASES` (alone: only them); ``peers`` adds the peers;
+    ``deterministic`` adds our deterministic mode; ``variants`` adds the other tile shapes and stage counts that
+    validate.  Peers are skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow; a record
+    per skipped peer says so).  Ours and FlashAttention-4 with the mask_mod are also timed "eager" and
+    "isolated" (:func:`.ranker_bench.host_mode_records`)."""
+    from . import ranker_bench
+    from .ranker_fwd import ranker_attention
 
     spec = bench_shapes(shapes)
-    cases = bench_cases(spec, BENCH_CASES) if spec & {"all", "headline", "short"} or "d256" not in spec else []
-    cases += D256_CASES if "d256" in spec else []
-    peers_mod = _load_peers() if "peers" in spec else None
-    t_start = time.time()
-    recs = []
-    n_printed = 0
-    for nb, hist, cand, hq, hkv, d, cap in cases:
+    cases = (ranker_bench.bench_cases(spec, ranker_bench.BENCH_CASES)
+             if spec & {"all", "headline", "short"} or "d256" not in spec else [])
+    cases += ranker_bench.D256_CASES if "d256" in spec else []
+
+    def setup(case, gen):
+        nb, hist, cand, hq, hkv, d, cap = case
         s = hist + cand
-        # a generator of our own: a peer whose CUDA-graph capture failed can leave the default
-        # generator unusable ("Offset increment outside graph capture")
-        gen = torch.Generator(device="cuda").manual_seed(len(recs))
         q, do = (torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         k, v = (torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
         bounds = torch.tensor([[0, hist, hist, s]] * nb, device="cuda", dtype=torch.int32)
@@ -2050,38 +2016,10 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
                 if cfg != shipped:
                     impls.append((f"cute_kernels_{tag}", lambda cfg=cfg: ranker_attention_backward(
                         q, k, v, o, lse, do, bounds, cap=cap, config=cfg)))
-        if peers_mod is not None and time.time() - t_start < peer_budget_s:
-            for name, make in peers_mod.PEERS.items():
-                try:
-                    impls.append((name, make(q, k, v, bounds, do, cap)))
-                except Exception as exc:  # noqa: BLE001 (a record per failing peer)
-                    recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
-        elif peers_mod is not None:  # (said in the records: a table without the peers' rows would not say why)
-            recs.extend(skipped_peer_records(NAME, shape, peers_mod.PEERS, peer_budget_s))
-        times: dict[str, list] = {}
-        for _ in range(rounds):
-            for impl, fn in impls:
-                if impl in times and times[impl] is None:
-                    continue
-                try:
-                    t, mode = _time_us(fn)
-                    times.setdefault(impl, []).append((t, mode))
-                except Exception as exc:  # noqa: BLE001
-                    times[impl] = None
-                    recs.append(dict(kernel=NAME, impl=impl, shape=shape, error=repr(exc)[:200]))
-        for impl, ts in times.items():
-            if ts:
-                t = min(x[0] for x in ts)
-                recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode=ts[0][1],
-                                 tflops=round(flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts]))
-        recs += host_mode_records(NAME, impls, times, shape, flops)
-        if echo:
-            import json
+        return ranker_bench.Case(shape, flops, impls, (q, k, v, bounds, do, cap))
 
-            for r in recs[n_printed:]:
-                print(json.dumps(r), flush=True)
-            n_printed = len(recs)
-    return recs
+    peers = ranker_bench.load_peers("ranker_bwd_peers") if "peers" in spec else None
+    return ranker_bench.run(NAME, cases, setup, peers, peer_budget_s, rounds, echo)
 
 
 # ====================================================================== references (float64)

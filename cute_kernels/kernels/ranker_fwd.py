@@ -98,6 +98,7 @@ from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fiel
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
 from . import ranker_autograd, ranker_flops
+from .ranker_bench import BENCH_CASES, SHORT_CASES  # noqa: F401 (the bench's shapes, defined in ranker_bench)
 from .ranker_mask import RankerSegments, dense_mask
 
 NAME = "ranker_fwd"
@@ -2124,100 +2125,6 @@ def check() -> list[CheckResult]:
     return rows
 
 
-def _load_peers():
-    """``bench/ranker_fwd_peers.py`` of a source checkout (None when absent: an installed package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "bench" / "ranker_fwd_peers.py"
-    if not path.exists():
-        return None
-    import sys
-
-    spec = importlib.util.spec_from_file_location("ranker_fwd_peers", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["ranker_fwd_peers"] = mod  # torch.compile (Flex) re-imports the mask_mod's module by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _time_us(fn) -> tuple[float, str]:
-    from ..runtime.timing import cuda_time_us
-
-    try:
-        return cuda_time_us(fn, graph=True), "graph"
-    except Exception as exc:  # a peer that cannot be captured is timed eagerly; say why
-        import sys
-
-        print(f"CUDA-graph capture failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}); "
-              "timing eagerly", file=sys.stderr, flush=True)
-        torch.cuda.synchronize()
-        return cuda_time_us(fn, graph=False), "eager"
-
-
-def _eager_time_us(fn) -> float:
-    from ..runtime.timing import cuda_time_us
-
-    return cuda_time_us(fn, graph=False)
-
-
-def _isolated_time_us(fn) -> float:
-    from ..runtime.timing import cuda_time_us
-
-    return cuda_time_us(fn, graph=False, inner=1)
-
-
-# Ours and the strongest peer are also timed as a torch user calls them: "eager" (back-to-back calls: host
-# time shows only where it exceeds the kernel's) and "isolated" (one call on an idle GPU, synchronized after
-# each: all of the host time counts; how the project's peer measurements, shared/bench-peers outside this
-# repository, took the peer figures quoted in issue 3)
-EAGER_IMPLS = ("cute_kernels", "fa4_mask_mod")
-_EAGER_TIMERS = (("eager", _eager_time_us), ("isolated", _isolated_time_us))
-
-
-def host_mode_records(kernel: str, impls: list, times: dict, shape: dict, flops: int) -> list[dict]:
-    """Records of :data:`EAGER_IMPLS` timed "eager" and "isolated" (only "isolated" for one whose rounds were
-    timed eagerly already: its CUDA-graph capture failed); ``impls``: (name, fn) pairs; ``times``: name ->
-    [(us, mode), ...] of the rounds, or None (failed: no records).  Each record also holds ``torch_mul_us``: the
-    same timer on :func:`_host_yardstick` right after, a measure of the host's speed at that moment (it varies
-    1.5x between runs on the H200's host, and an isolated call's time includes all of its host work)."""
-    recs = []
-    yardstick = None
-    for impl, fn in impls:
-        if impl not in EAGER_IMPLS or not times.get(impl):
-            continue
-        for mode, timer in _EAGER_TIMERS:
-            if mode == times[impl][0][1]:
-                continue
-            try:
-                t = timer(fn)
-            except Exception as exc:
-                recs.append(dict(kernel=kernel, impl=impl, shape=shape, mode=mode, error=repr(exc)[:200]))
-                break
-            yardstick = yardstick or _host_yardstick()
-            recs.append(dict(kernel=kernel, impl=impl, shape=shape, time_us=round(t, 1), mode=mode,
-                             tflops=round(flops / t / 1e6, 1), torch_mul_us=round(timer(yardstick), 1)))
-    return recs
-
-
-def _host_yardstick():
-    """``torch.mul`` of an 8-element CUDA tensor by itself (one tiny launch: its eager time is host time)."""
-    a = torch.ones(8, device="cuda")
-    return lambda: torch.mul(a, a)
-
-
-BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issue's headline shape)
-    (4, 4096, 512, 16, 16, 128, None),
-    (4, 4096, 512, 16, 16, 128, 50.0),
-    (4, 4096, 512, 16, 4, 128, None),
-    (4, 4096, 512, 16, 16, 64, None),
-    (1, 16384, 1024, 16, 16, 128, None),
-    (16, 1024, 256, 16, 16, 128, None),
-    (8, 2048, 2048, 8, 8, 128, None),
-]
-SHORT_CASES = BENCH_CASES[-2:]  # the issue's short, candidate-heavy shapes
-
-
 def bench_shapes(shapes: str | None) -> set[str]:
     """:func:`bench`'s ``shapes`` spec as a set of words (``all``, ``headline`` or ``short``,
     ``peers``, ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
@@ -2226,46 +2133,25 @@ def bench_shapes(shapes: str | None) -> set[str]:
     return word_spec(NAME, shapes, ("all", "headline", "short", "peers", "variants"), "all+peers")
 
 
-def bench_cases(spec: set[str], cases: list) -> list:
-    """The bench cases a :func:`bench_shapes` spec picks from ``cases`` (the forward's or the backward's
-    ``BENCH_CASES``): ``headline`` the first two, ``short`` the last two (the issue's short, candidate-heavy
-    shapes), both the four; otherwise all of them."""
-    picked = (cases[:2] if "headline" in spec else []) + (cases[-2:] if "short" in spec else [])
-    return picked or list(cases)
-
-
-def skipped_peer_records(kernel: str, shape: dict, peers, budget_s: float) -> list[dict]:
-    """One error record per peer a bench left out of a shape because its peers' time budget was spent."""
-    return [dict(kernel=kernel, impl=name, shape=shape,
-                 error=f"skipped: the peers' time budget (peer_budget_s={budget_s:g}) was spent before this shape")
-            for name in peers]
-
-
 def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int = 2, echo: bool = False) -> list[dict]:
-    """Ours vs the peers of ``bench/ranker_fwd_peers.py``, interleaved over ``rounds`` (the machine is
-    noisy), CUDA-graph timing (eager when a peer cannot be captured); ours and FlashAttention-4 with the
-    mask_mod (:data:`EAGER_IMPLS`) are also timed once as records of ``mode`` "eager" (back-to-back calls)
-    and "isolated" (one call at a time on an idle GPU, host time included).
+    """Ours vs the peers of ``bench/ranker_fwd_peers.py`` on :data:`.ranker_bench.BENCH_CASES`, interleaved over
+    ``rounds`` (the machine is noisy), CUDA-graph timing (eager when a peer cannot be captured); ours and
+    FlashAttention-4 with the mask_mod are also timed once as records of ``mode`` "eager" (back-to-back calls)
+    and "isolated" (one call at a time on an idle GPU, host time included): :func:`.ranker_bench.run`.
 
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases (no cap / tanh
-    cap), ``short`` the last two (:data:`SHORT_CASES`; both: the four); ``peers`` adds the peers; ``variants`` adds
-    our other schedules (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped
-    one) and the configs the other shipped tables (CONFIGS, CAP_CONFIGS) hold for that head dim. Useful TFLOP/s =
-    ``4 * D * admitted (query, key) pairs / time``.  Peers are skipped once ``peer_budget_s`` seconds have gone by
-    (their compiles are slow; a record per skipped peer says so)."""
-    import time
+    cap), ``short`` the last two (both: the four); ``peers`` adds the peers; ``variants`` adds our other schedules
+    (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped one) and the configs
+    the other shipped tables (CONFIGS, CAP_CONFIGS) hold for that head dim.  Useful TFLOP/s = ``4 * D * admitted
+    (query, key) pairs / time``.  Peers are skipped once ``peer_budget_s`` seconds have gone by (their compiles
+    are slow; a record per skipped peer says so)."""
+    from . import ranker_bench
 
     spec = bench_shapes(shapes)
-    cases = bench_cases(spec, BENCH_CASES)
-    peers_mod = _load_peers() if "peers" in spec else None
-    t_start = time.time()
-    recs = []
-    n_printed = 0
-    for nb, hist, cand, hq, hkv, d, cap in cases:
+
+    def setup(case, gen):
+        nb, hist, cand, hq, hkv, d, cap = case
         s = hist + cand
-        # a generator of our own: a peer whose CUDA-graph capture failed can leave the default
-        # generator unusable ("Offset increment outside graph capture")
-        gen = torch.Generator(device="cuda").manual_seed(len(recs))
         q = torch.randn(nb, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         k = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
         v = torch.randn(nb, s, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -2289,39 +2175,11 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
                 seen.append(cfg)
                 impls.append((f"cute_kernels_{tag}", lambda cfg=cfg: _ranker_impl(
                     q, k, v, bounds, None, cap, "tanh", None, None, config=cfg)))
-        if peers_mod is not None and time.time() - t_start < peer_budget_s:
-            for name, make in peers_mod.PEERS.items():
-                try:
-                    impls.append((name, make(q, k, v, bounds, cap)))
-                except Exception as exc:
-                    recs.append(dict(kernel=NAME, impl=name, shape=shape, error=repr(exc)[:200]))
-        elif peers_mod is not None:  # (said in the records: a table without the peers' rows would not say why)
-            recs.extend(skipped_peer_records(NAME, shape, peers_mod.PEERS, peer_budget_s))
-        times: dict[str, list] = {}
-        for _ in range(rounds):
-            for impl, fn in impls:
-                if impl in times and times[impl] is None:
-                    continue
-                try:
-                    t, mode = _time_us(fn)
-                    times.setdefault(impl, []).append((t, mode))
-                except Exception as exc:
-                    times[impl] = None
-                    recs.append(dict(kernel=NAME, impl=impl, shape=shape, error=repr(exc)[:200]))
-        for impl, ts in times.items():
-            if ts:
-                t = min(x[0] for x in ts)
-                recs.append(dict(kernel=NAME, impl=impl, shape=shape, time_us=round(t, 1), mode=ts[0][1],
-                                 tflops=round(flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts]))
-        recs += host_mode_records(NAME, impls, times, shape, flops)
-        if echo:
-            import json
+        return ranker_bench.Case(shape, flops, impls, (q, k, v, bounds, cap))
 
-            for r in recs[n_printed:]:
-                print(json.dumps(r), flush=True)
-            n_printed = len(recs)
-        q = k = v = None  # (frees this shape's inputs; the lambdas above are done with them)
-    return recs
+    peers = ranker_bench.load_peers("ranker_fwd_peers") if "peers" in spec else None
+    return ranker_bench.run(NAME, ranker_bench.bench_cases(spec, ranker_bench.BENCH_CASES), setup, peers,
+                            peer_budget_s, rounds, echo)
 
 
 # the backward's module with the forward's: its op, and so its FLOP formula, exist before a FlopCounterMode that
