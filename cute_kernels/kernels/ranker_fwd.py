@@ -75,7 +75,7 @@ import math
 import numbers
 import operator
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -389,6 +389,31 @@ def smem_layouts(dtype, config: RankerFwdConfig) -> dict:
     sQ = sm90.smem_layout(dtype, config.tile_m, config.head_dim)
     sKV = [sm90.smem_layout(dtype, config.tile_n, config.head_dim, config.stages) for _ in range(2)]
     return dict(sQ=sQ, sK=sKV[0], sV=sKV[1], sO=sQ)
+
+
+class HistoryOperands(NamedTuple):
+    """What every step of a consumer warpgroup's history loop reads (:meth:`RankerAttentionFwd.history_loop`; DSL
+    objects of one tile, made in ``mma_tile``): the WGMMAs and their register / smem partitions, the O accumulator
+    and the softmax's row state, the K and V pipelines, the tile's sequence segments and the score scalars."""
+
+    tiled_mma_qk: Any  # S = Q K^T
+    tiled_mma_pv: Any  # O += P V
+    tSrQ: Any  # Q's WGMMA fragments (sQ)
+    tSrK: Any  # K's, per stage (sK)
+    tOrVt: Any  # V^T's, per stage (sV)
+    tOrP: Any  # P in registers, the PV GEMM's A operand
+    acc_O: Any
+    row_max: Any  # the online softmax's per-row state
+    row_sum: Any
+    row_scale: Any  # the O rescale factors of the last softmax
+    tScS_mn: Any  # S's (row, column) coordinates, for the key mask
+    pipeline_k: Any
+    pipeline_v: Any
+    seg: RankerSegments
+    scale_log2: Any
+    softmax_scale: Any
+    cap: Any
+    wg_idx: Any  # this consumer warpgroup
 
 
 class RankerAttentionFwd:
@@ -743,18 +768,19 @@ class RankerAttentionFwd:
         if active and n_blocks > 0:
             # row_scale: the O rescale factors of the last softmax, applied just before the next PV GEMM
             row_scale = cute.make_rmem_tensor_like(row_max, Float32)
-            common = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, row_scale,
-                      tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap, wg_idx)
+            ops = HistoryOperands(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
+                                  row_scale, tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap,
+                                  wg_idx)
             release_q = not self_block  # (the self block reads q_i from sQ after the loop)
             if const_expr(self.config.checked_max):
                 if fixed_rows:
-                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
+                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, ops,
                                                  release_q, fixed=True)
                 else:
-                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
+                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, ops,
                                                  release_q, fixed=False)
             else:
-                kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, common,
+                kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, ops,
                                              release_q, fixed=self.config.fixed_row_max)
             if const_expr(not self.self_kv_tma):
                 q_state = sm90.advanced(q_state)
@@ -952,13 +978,13 @@ class RankerAttentionFwd:
                         acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(v_at(r, c, row))
 
     @cute.jit
-    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, common, release_q,
+    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, ops, release_q,
                      fixed: cutlass.Constexpr):
         """The tile's history KV blocks, from the last down to the first (only the two edge blocks are
         masked); releases Q once every QK GEMM of the tile completed if ``release_q`` (else the caller does,
         after the self term read q_i from sQ).  ``fixed``: P against the fixed max."""
-        wg_idx = common[-1]  # (mma_tile's common arguments end with the warpgroup index)
-        args = (*common, fixed)
+        wg_idx = ops.wg_idx
+        args = (ops, fixed)
         if const_expr(self.config.intra_wg_overlap):
             # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
             kv_state = self.first_half_block(kv_state, n_block_min + n_blocks - 1, *args)
@@ -992,44 +1018,41 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def mma_one_n_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-                        acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
-                        scale_log2, softmax_scale, cap, wg_idx, fixed, is_first: cutlass.Constexpr, need_mask):
+    def mma_one_n_block(self, kv_state, n_block, ops, fixed, is_first: cutlass.Constexpr, need_mask):
         """One history KV block: S = Q K^T, cap, mask (``need_mask``: see :meth:`scores_to_probs`), online
         softmax, O += P V."""
-        pipeline_k.consumer_wait(kv_state)
-        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
-        self.scheduler_arrive(wg_idx)
+        ops.pipeline_k.consumer_wait(kv_state)
+        acc_S = cute.make_rmem_tensor(ops.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        sm90.wgmma_gemm(ops.tiled_mma_qk, acc_S, ops.tSrQ, ops.tSrK[None, None, None, kv_state.index], zero_init=True)
+        self.scheduler_arrive(ops.wg_idx)
         warpgroup.wait_group(0)
-        pipeline_k.consumer_release(kv_state)
+        ops.pipeline_k.consumer_release(kv_state)
 
-        self.scores_to_probs(acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2,
-                             softmax_scale, cap, fixed, is_first=is_first, need_mask=need_mask)
-        tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
+        self.scores_to_probs(acc_S, n_block, ops, fixed, is_first=is_first, need_mask=need_mask)
+        ops.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         if const_expr(not is_first):
-            self.rescale_O(acc_O, row_scale, fixed)
-        pipeline_v.consumer_wait(kv_state)
-        self.scheduler_sync(wg_idx)
-        sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=is_first)
+            self.rescale_O(ops.acc_O, ops.row_scale, fixed)
+        ops.pipeline_v.consumer_wait(kv_state)
+        self.scheduler_sync(ops.wg_idx)
+        sm90.wgmma_gemm(ops.tiled_mma_pv, ops.acc_O, ops.tOrP,
+                        ops.tOrVt[None, None, None, kv_state.index], zero_init=is_first)
         warpgroup.wait_group(0)
-        pipeline_v.consumer_release(kv_state)
+        ops.pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
 
     @cute.jit
-    def scores_to_probs(self, acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2, softmax_scale,
-                        cap, fixed, is_first: cutlass.Constexpr, need_mask):
+    def scores_to_probs(self, acc_S, n_block, ops, fixed, is_first: cutlass.Constexpr, need_mask):
         """Cap, edge mask, online softmax of one S tile in place; the O rescale factors into ``row_scale``.
         ``need_mask``: a Python bool (masked or not, decided at trace time) or a run-time Boolean."""
-        self.apply_cap(acc_S, softmax_scale, cap)
+        self.apply_cap(acc_S, ops.softmax_scale, ops.cap)
         acc_S_mn = sm90.acc_mn(acc_S)
         if const_expr(isinstance(need_mask, bool)):
             if const_expr(need_mask):
-                self.mask_keys(acc_S_mn, n_block, tScS_mn, seg)
+                self.mask_keys(acc_S_mn, n_block, ops.tScS_mn, ops.seg)
         elif need_mask:
-            self.mask_keys(acc_S_mn, n_block, tScS_mn, seg)
-        self.online_softmax(acc_S_mn, row_max, row_sum, row_scale, scale_log2, fixed, is_first)
+            self.mask_keys(acc_S_mn, n_block, ops.tScS_mn, ops.seg)
+        self.online_softmax(acc_S_mn, ops.row_max, ops.row_sum, ops.row_scale, ops.scale_log2, fixed, is_first)
 
     @cute.jit
     def mask_keys(self, acc_S_mn, n_block, tScS_mn, seg):
@@ -1065,24 +1088,19 @@ class RankerAttentionFwd:
                 acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
 
     @cute.jit
-    def first_half_block(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-                         acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
-                         scale_log2, softmax_scale, cap, wg_idx, fixed):
+    def first_half_block(self, kv_state, n_block, ops, fixed):
         """Overlapped schedule, first block: S = Q K^T and its softmax; its PV waits for the next step."""
-        pipeline_k.consumer_wait(kv_state)
-        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        ops.pipeline_k.consumer_wait(kv_state)
+        acc_S = cute.make_rmem_tensor(ops.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        sm90.wgmma_gemm(ops.tiled_mma_qk, acc_S, ops.tSrQ, ops.tSrK[None, None, None, kv_state.index], zero_init=True)
         warpgroup.wait_group(0)
-        pipeline_k.consumer_release(kv_state)
-        self.scores_to_probs(acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2, softmax_scale,
-                             cap, fixed, is_first=True, need_mask=True)
-        tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
+        ops.pipeline_k.consumer_release(kv_state)
+        self.scores_to_probs(acc_S, n_block, ops, fixed, is_first=True, need_mask=True)
+        ops.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         return kv_state
 
     @cute.jit
-    def mma_one_n_block_overlap(self, kv_state, n_block, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-                                acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
-                                scale_log2, softmax_scale, cap, wg_idx, fixed, need_mask):
+    def mma_one_n_block_overlap(self, kv_state, n_block, ops, fixed, need_mask):
         """Overlapped step: issue S_n = Q K_n^T, rescale O by the previous softmax's factors while it runs,
         issue O += P_prev V_prev; then the softmax of S_n, while the PV GEMM is in flight.
 
@@ -1097,37 +1115,36 @@ class RankerAttentionFwd:
         (level)."""
         kv_state_v = kv_state.clone()
         kv_state.advance()
-        pipeline_k.consumer_wait(kv_state)
-        self.scheduler_sync(wg_idx)
-        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        sm90.wgmma_gemm(tiled_mma_qk, acc_S, tSrQ, tSrK[None, None, None, kv_state.index], zero_init=True)
+        ops.pipeline_k.consumer_wait(kv_state)
+        self.scheduler_sync(ops.wg_idx)
+        acc_S = cute.make_rmem_tensor(ops.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        sm90.wgmma_gemm(ops.tiled_mma_qk, acc_S, ops.tSrQ, ops.tSrK[None, None, None, kv_state.index], zero_init=True)
         if const_expr(self.config.early_rescale):
-            self.rescale_O(acc_O, row_scale, fixed)
-        pipeline_v.consumer_wait(kv_state_v)
-        sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state_v.index], zero_init=False)
-        self.scheduler_arrive(wg_idx)
+            self.rescale_O(ops.acc_O, ops.row_scale, fixed)
+        ops.pipeline_v.consumer_wait(kv_state_v)
+        sm90.wgmma_gemm(ops.tiled_mma_pv, ops.acc_O, ops.tOrP,
+                        ops.tOrVt[None, None, None, kv_state_v.index], zero_init=False)
+        self.scheduler_arrive(ops.wg_idx)
         warpgroup.wait_group(1)
-        pipeline_k.consumer_release(kv_state)
-        self.scores_to_probs(acc_S, n_block, row_max, row_sum, row_scale, tScS_mn, seg, scale_log2,
-                             softmax_scale, cap, fixed, is_first=False, need_mask=need_mask)
+        ops.pipeline_k.consumer_release(kv_state)
+        self.scores_to_probs(acc_S, n_block, ops, fixed, is_first=False, need_mask=need_mask)
         warpgroup.wait_group(0)
-        pipeline_v.consumer_release(kv_state_v)
-        tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
+        ops.pipeline_v.consumer_release(kv_state_v)
+        ops.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         if const_expr(not self.config.early_rescale):
-            self.rescale_O(acc_O, row_scale, fixed)
+            self.rescale_O(ops.acc_O, ops.row_scale, fixed)
         return kv_state
 
     @cute.jit
-    def last_half_block(self, kv_state, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP,
-                        acc_O, row_max, row_sum, row_scale, tScS_mn, pipeline_k, pipeline_v, seg,
-                        scale_log2, softmax_scale, cap, wg_idx, fixed):
+    def last_half_block(self, kv_state, ops, fixed):
         """Overlapped schedule, last step: the last softmax's rescale, then the PV GEMM of the last block."""
         if const_expr(self.config.early_rescale):
-            self.rescale_O(acc_O, row_scale, fixed)
-        pipeline_v.consumer_wait(kv_state)
-        sm90.wgmma_gemm(tiled_mma_pv, acc_O, tOrP, tOrVt[None, None, None, kv_state.index], zero_init=False)
+            self.rescale_O(ops.acc_O, ops.row_scale, fixed)
+        ops.pipeline_v.consumer_wait(kv_state)
+        sm90.wgmma_gemm(ops.tiled_mma_pv, ops.acc_O, ops.tOrP,
+                        ops.tOrVt[None, None, None, kv_state.index], zero_init=False)
         warpgroup.wait_group(0)
-        pipeline_v.consumer_release(kv_state)
+        ops.pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
 
