@@ -10,7 +10,7 @@ import json, statistics, torch
 from cute_kernels.kernels import ranker_bench, ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs
 
-peers = rf._load_peers()
+peers = ranker_bench.load_peers("ranker_fwd_peers")
 old = rf.RankerFwdConfig(head_dim=64, tile_n=128, stages=4)
 res, modes = {}, {}
 shapes = [(4, 4096, 512, 16, 16, None), (16, 1024, 256, 16, 16, None)]

@@ -1424,14 +1424,16 @@ def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int,
 MAX_WORK_TILES = 2**30  # tile + gridDim.x (<= the tile count) must stay below 2^31 in the kernel's Int32 loop
 
 
-def _check_tile_count(max_seqlen: int, tile_m: int, hq: int, nb: int) -> None:
+def _check_tile_count(max_seqlen: int, tile_m: int, hq: int, nb: int, varlen: bool = True) -> None:
     """The work list (q tile, head, batch row) is walked with an Int32 index that steps by the grid size
     (one CTA per tile: the tile count): ValueError above :data:`MAX_WORK_TILES` tiles (varlen:
     ``ceil(max_seqlen / tile_m)`` tiles for every one of the B sequences)."""
     m_blocks = -(-max_seqlen // tile_m)
     if m_blocks * hq * nb > MAX_WORK_TILES:
-        raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} exceed 2^30 work tiles (max_seqlen x number of "
-                         "sequences is too large); split the batch, or pass a smaller, exact max_seqlen")
+        fix = ("split the batch, or pass a smaller, exact max_seqlen" if varlen else
+               "split the batch or the heads into several calls")
+        raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} exceed 2^30 work tiles (the sequence length x number "
+                         f"of sequences is too large); {fix}")
 
 
 def _varlen_extent(q: torch.Tensor, cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int]):
@@ -1733,7 +1735,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
     if not chosen_here and run_cfg is not cfg:
         warn_fixed_max_dropped(cfg, q.dtype, cap)
     cfg = run_cfg
-    _check_tile_count(max_seqlen, cfg.tile_m, hq, nb)
+    _check_tile_count(max_seqlen, cfg.tile_m, hq, nb, varlen)
     fkey = (q.dtype, cfg, hq // hkv, capm, varlen, with_lse)
     fn = _FNS.get(fkey)
     if fn is None:
@@ -1761,7 +1763,7 @@ def _fake(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_s
     # may still refuse what passes here); packed: with max_seqlen clamped to the packed total, as the eager call
     # clamps it (_varlen_extent), and only when it is given (else the eager call reads it from cu_seqlens)
     if cu_seqlens is None:
-        _check_tile_count(q.shape[1], _LARGEST_TILE_M, q.shape[2], q.shape[0])
+        _check_tile_count(q.shape[1], _LARGEST_TILE_M, q.shape[2], q.shape[0], varlen=False)
     elif max_seqlen is not None:
         ms = max_seqlen if isinstance(max_seqlen, (int, torch.SymInt)) else operator.index(max_seqlen)
         _check_tile_count(torch.sym_min(ms, q.shape[0]), _LARGEST_TILE_M, q.shape[1], cu_seqlens.shape[0] - 1)

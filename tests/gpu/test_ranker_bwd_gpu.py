@@ -172,7 +172,7 @@ def test_gqa_group_picked_by_the_host(monkeypatch):
     picked = []
     real = rb.resolve_gqa_group
     monkeypatch.setattr(rb, "resolve_gqa_group", lambda *a: picked.append(real(*a)) or picked[-1])
-    monkeypatch.setitem(rb._SMS, torch.cuda.current_device(), 1)
+    monkeypatch.setattr(rb, "sm_count", lambda device: 1)
     q, k, v, do = _tensors((2, 389, 8, 128), (2, 389, 2, 128), seed=14)
     bounds = torch.tensor([[7, 263, 263, 389], [0, 129, 130, 300]], device="cuda", dtype=torch.int32)
     _compare("gqa-auto-group", q, k, v, do, bounds, cap=20.0)
