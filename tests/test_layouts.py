@@ -202,27 +202,15 @@ def test_ranker_layouts_are_the_ones_the_kernel_compiles_with(monkeypatch, head_
 
     from cute_kernels.layouts.static import _from_dsl
 
-    seen = []
-    if hasattr(rf, "smem_layouts"):
-        orig = rf.smem_layouts
+    seen = []  # (the kernel and the layouts tool both take them from rf.smem_layouts: this checks the kernel does)
+    orig = rf.smem_layouts
 
-        def spy(*a, **k):
-            out = orig(*a, **k)
-            seen.extend(_from_dsl(v, n) for n, v in dict(out).items())
-            return out
+    def spy(*a, **k):
+        out = orig(*a, **k)
+        seen.extend(_from_dsl(v, n) for n, v in dict(out).items())
+        return out
 
-        monkeypatch.setattr(rf, "smem_layouts", spy)
-    else:
-        from cute_kernels.kernels import sm90_helpers
-
-        orig = sm90_helpers.smem_layout
-
-        def spy(*a, **k):
-            out = orig(*a, **k)
-            seen.append(_from_dsl(out))
-            return out
-
-        monkeypatch.setattr(sm90_helpers, "smem_layout", spy)
+    monkeypatch.setattr(rf, "smem_layouts", spy)
     # the WGMMA accumulators and the epilogue's stmatrix copy, as traced in the kernel
     tv_seen = []
     make_mma, make_copy_c = rf.sm90_utils.make_trivial_tiled_mma, rf.cute.make_tiled_copy_C

@@ -1288,6 +1288,7 @@ def test_backward_validation_once_per_signature(monkeypatch):
                         lambda *a, **kw: checked.append(1) or real(*a, **{**kw, "cuda": False}))
     calls = []
     monkeypatch.setattr(rb, "_fn", lambda kind, *key: (lambda *args: calls.append((kind, args))))
+    monkeypatch.setattr(rb, "_FNS", {})  # (a kernel compiled earlier in the session would skip the recorder)
     monkeypatch.setattr(rb, "sm_count", lambda device: 132)
     q, k, v, out, lse, do, bounds = _bf16_args()
     for _ in range(3):
@@ -1382,6 +1383,7 @@ def test_backward_host_path_runs_to_the_launches(monkeypatch, deterministic, var
     monkeypatch.setattr(rb, "_validate_backward", lambda *a, **kw: real(*a, **{**kw, "cuda": False}))
     calls = []
     monkeypatch.setattr(rb, "_fn", lambda kind, *key: (lambda *args: calls.append((kind, args))))
+    monkeypatch.setattr(rb, "_FNS", {})  # (a kernel compiled earlier in the session would skip the recorder)
     monkeypatch.setattr(rb, "sm_count", lambda device: 132)
     q, k, v, out, lse, do, bounds = _bf16_args()
     kw = {}

@@ -1432,8 +1432,8 @@ def _check_tile_count(max_seqlen: int, tile_m: int, hq: int, nb: int, varlen: bo
     if m_blocks * hq * nb > MAX_WORK_TILES:
         fix = ("split the batch, or pass a smaller, exact max_seqlen" if varlen else
                "split the batch or the heads into several calls")
-        raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} exceed 2^30 work tiles (the sequence length x number "
-                         f"of sequences is too large); {fix}")
+        raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} exceed 2^30 work tiles (q tiles per sequence x "
+                         f"heads x sequences); {fix}")
 
 
 def _varlen_extent(q: torch.Tensor, cu_seqlens: torch.Tensor, total: int, max_seqlen: Optional[int]):

@@ -314,7 +314,8 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
     Checked before any work (``ValueError``, ``TypeError`` for a non-integer): ``elem_bytes`` one of
     :data:`.static.ELEM_BYTES`, ``vec * elem_bytes`` one of :data:`ACCESS_BYTES`, ``stage`` None or
     ``0 .. stages - 1`` (None or 0 for a layout without a stage mode), the pattern's coords
-    (:class:`AccessPattern`: no negative index but the inactive ``(-1, -1)``).
+    (:class:`AccessPattern`: no negative index but the inactive ``(-1, -1)``), and for a Hopper-swizzled
+    layout ``elem_bytes`` its own element size (:func:`.static.check_swizzle_atom`).
 
     Each access is one warp-wide request whose phases are formed by thread index (see
     :func:`request_wavefronts`): inactive threads add nothing to their phase, an all-inactive phase
@@ -337,8 +338,9 @@ def bank_conflicts(layout: StaticLayout, pattern: AccessPattern, elem_bytes: int
 
 def bank_table(layout: StaticLayout, elem_bytes: int, stage: Optional[int] = None) -> np.ndarray:
     """Bank (0..31) of the first byte of each element of a rank-2 (or staged) layout, for ``stage``
-    (None: 0).  ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES` and for a stage the
-    layout does not have (see :func:`check_stage`)."""
+    (None: 0).  ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES` or, for a Hopper-swizzled
+    layout, not its own element size (:func:`.static.check_swizzle_atom`), and for a stage the layout does not
+    have (see :func:`check_stage`)."""
     elem_bytes = check_elem_bytes(elem_bytes)
     s = check_stage(layout, stage)
     return (stage_slice(layout.byte_offsets(elem_bytes), s) // BANK_BYTES) % NUM_BANKS

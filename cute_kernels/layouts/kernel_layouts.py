@@ -319,7 +319,7 @@ def ranker_fwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     copy_tiles = objs.pop("tiles")
     tma_types = objs.pop("tma_types")
     kl = KernelLayouts("ranker_fwd", config, dt.__name__,
-                       source="ranker_fwd.smem_layouts" if hasattr(rf, "smem_layouts") else "sm90_helpers.smem_layout")
+                       source="ranker_fwd.smem_layouts")
     for k, v in objs.items():
         if k.startswith("tv:"):
             continue

@@ -85,7 +85,8 @@ def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: O
 
     With ``elem_bytes`` the offsets are the kernel's swizzled byte addresses divided back into
     elements (:meth:`StaticLayout.byte_offsets`); without it, the functional values ``L(r, c)``.
-    ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES`, a ``stage`` the layout
+    ``ValueError`` for ``elem_bytes`` not in :data:`.static.ELEM_BYTES` (or not a swizzled layout's own element
+    size: :func:`.static.check_swizzle_atom`), a ``stage`` the layout
     does not have (None or 0 without a stage mode) and a ``region`` that is not two sizes >= 1 (``TypeError``
     for a non-integer size; a region beyond the layout draws it whole).
     """

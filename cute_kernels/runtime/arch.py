@@ -102,10 +102,12 @@ _SM_COUNTS: dict = {}  # CUDA device index -> its SM count
 def sm_count(device) -> int:
     """SMs of the CUDA ``device`` (a ``torch.device``; index None: the current device), read once per device
     (persistent grids and the ranker backward's residency rules size themselves by it)."""
-    import torch
-
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    n = _SM_COUNTS.get(idx)
+    n = _SM_COUNTS.get(device.index)  # (the hot path: a tensor's device has its index)
     if n is None:
-        n = _SM_COUNTS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        import torch
+
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        n = _SM_COUNTS.get(idx)
+        if n is None:
+            n = _SM_COUNTS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return n
