@@ -407,11 +407,10 @@ def parse_candidates(text: Optional[str], base) -> dict:
     parsed as the type of ``base``'s field (int, float, true/false); unknown or repeated fields raise
     ``ValueError``.
     """
-    from .layouts.kernel_layouts import _optional_type, _parse_value
+    from .layouts.kernel_layouts import parse_field
 
     out: dict[str, list] = {}
-    fields = {f.name: f for f in dataclasses.fields(base)}
-    names = set(fields)
+    names = {f.name for f in dataclasses.fields(base)}
     field = None
     if not (text or "").strip():
         return out
@@ -434,7 +433,7 @@ def parse_candidates(text: Optional[str], base) -> dict:
             out[field] = []
         elif field is None:
             raise ValueError(f"candidate item {part!r}: expected field=value[,value...]")
-        value = _parse_value(field, part, getattr(base, field), _optional_type(fields[field]))
+        value = parse_field(base, field, part)
         if value not in out[field]:
             out[field].append(value)
     return out

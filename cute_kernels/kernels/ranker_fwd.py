@@ -387,8 +387,9 @@ def smem_layouts(dtype, config: RankerFwdConfig) -> dict:
     the same layout: sO aliases sQ unless ``persistent``, which gives it its own buffer), ``sK``, ``sV`` (keys,
     head dim, stages).  Swizzled K-major (:func:`.sm90_helpers.smem_layout`)."""
     sQ = sm90.smem_layout(dtype, config.tile_m, config.head_dim)
-    sKV = [sm90.smem_layout(dtype, config.tile_n, config.head_dim, config.stages) for _ in range(2)]
-    return dict(sQ=sQ, sK=sKV[0], sV=sKV[1], sO=sQ)
+    sK = sm90.smem_layout(dtype, config.tile_n, config.head_dim, config.stages)
+    sV = sm90.smem_layout(dtype, config.tile_n, config.head_dim, config.stages)
+    return dict(sQ=sQ, sK=sK, sV=sV, sO=sQ)
 
 
 class HistoryOperands(NamedTuple):

@@ -62,8 +62,7 @@ def parse_config(cls, text: Optional[str], base=None, **implied):
     cfg = base if base is not None else cls()
     example = CONFIG_EXAMPLES.get(cls.__name__, "stages=3")
     items = key_values(text, f"{cls.__name__} config field", [f.name for f in dataclasses.fields(cls)], example)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kw = {k: _parse_value(k, v, getattr(cfg, k), _optional_type(fields[k])) for k, v in items.items()}
+    kw = {k: parse_field(cfg, k, v) for k, v in items.items()}
     kw = {**{k: v for k, v in implied.items() if k not in kw}, **kw}
     try:
         return dataclasses.replace(cfg, **kw) if kw else cfg
@@ -71,10 +70,14 @@ def parse_config(cls, text: Optional[str], base=None, **implied):
         raise ValueError(str(exc)) from None
 
 
-def _optional_type(f: dataclasses.Field):
-    """What a field defaulting to None holds otherwise: ``int`` where its metadata says so (``walk_stagger``),
-    else ``bool`` (``gqa_group_per_cta``); None for a field with another default."""
-    return f.metadata.get("type", bool) if f.default is None else None
+def parse_field(config, name: str, text: str):
+    """``text`` as the value of field ``name`` of the config dataclass ``config``: of the type of its value there
+    (int, float, bool as true/false, an ``x``-joined int tuple); a field defaulting to None also takes ``none``
+    and, otherwise, what its metadata's ``type`` says (``walk_stagger``: an int) or true/false
+    (``gqa_group_per_cta``).  ``ValueError`` naming the field for a value it cannot take."""
+    f = next(f for f in dataclasses.fields(config) if f.name == name)
+    optional = f.metadata.get("type", bool) if f.default is None else None
+    return _parse_value(name, text, getattr(config, name), optional)
 
 
 # a valid --config per kernel config class (the messages' example)
@@ -110,7 +113,7 @@ def key_values(text: Optional[str], what: str, known, example: str = "stages=3")
 
 def _parse_value(field: str, v: str, current, optional=None):
     """``v`` parsed as the type of ``current`` (the field's value in the base config).  A field that may be
-    None (``optional``: the type it holds otherwise, see :func:`_optional_type`) takes none, or true / false
+    None (``optional``: the type it holds otherwise, see :func:`parse_field`) takes none, or true / false
     (an optional bool such as ``gqa_group_per_cta``), or an integer (``walk_stagger``)."""
     if optional is not None and v.lower() == "none":
         return None
@@ -205,6 +208,7 @@ def enumerate_configs(base, **choices) -> tuple[list, list]:
     if unknown:  # (a typo, not a config that does not fit)
         raise ValueError(f"{type(base).__name__} has no field {', '.join(unknown)}")
     accepted, rejected = [], []
+
     def plain(v):  # np.int64(64) -> 64, np.bool_(True) -> True; anything else as given
         if isinstance(v, numbers.Integral) and not isinstance(v, int):
             return int(v)

@@ -209,8 +209,9 @@ class StaticLayout:
         ``elem_bytes`` must be one of :data:`ELEM_BYTES` (``ValueError``/``TypeError`` otherwise) and fill the
         rows of a Hopper swizzle atom the way the layout's own element size does (see :func:`check_swizzle_atom`)."""
         elem_bytes = check_elem_bytes(elem_bytes)
-        check_swizzle_atom(self, elem_bytes, f"elem_bytes={elem_bytes}")
-        y = (self.outer_offsets() + self.offset) * elem_bytes
+        outer = self.outer_offsets()
+        check_swizzle_atom(self, elem_bytes, f"elem_bytes={elem_bytes}", outer)
+        y = (outer + self.offset) * elem_bytes
         return self.swizzle(y) if self.swizzle is not None else y
 
     def unswizzled(self) -> "StaticLayout":
@@ -220,18 +221,20 @@ class StaticLayout:
         return StaticLayout(self.shape, self.stride, self.swizzle, self.offset, name)
 
 
-def check_swizzle_atom(layout: StaticLayout, elem_bytes: int, given: str) -> None:
+def check_swizzle_atom(layout: StaticLayout, elem_bytes: int, given: str, outer: Optional[np.ndarray] = None) -> None:
     """``ValueError`` when ``elem_bytes``-byte elements do not fill the rows of ``layout``'s Hopper swizzle
     atom: such an atom's rows are ``16 << bits`` bytes (128 for the 128B swizzle, 16 for the interleave), so in
     a K-major tile row 1 starts ``(16 << bits) / elem_bytes`` elements after row 0 (column 1 in an MN-major
     one), which fixes the element size the layout was built for; read with another, its byte addresses, banks
     and TMA boxes would be another layout's.  Not checked (nothing to read it from): a layout without a
     Hopper swizzle, of rank 1 or one row or column, or with neither mode contiguous.  ``given`` names the
-    caller's argument in the message (``"elem_bytes=4"``, ``"dtype='fp32'"``)."""
+    caller's argument in the message (``"elem_bytes=4"``, ``"dtype='fp32'"``); ``outer``: the layout's
+    :meth:`StaticLayout.outer_offsets` where the caller has them already."""
     sw = layout.swizzle
     if sw is None or (sw.base, sw.shift) != (4, 3) or layout.rank < 2 or min(layout.dims[:2]) < 2:
         return
-    corner = layout.outer_offsets()[(slice(0, 2), slice(0, 2)) + (0,) * (layout.rank - 2)]
+    outer = layout.outer_offsets() if outer is None else outer
+    corner = outer[(slice(0, 2), slice(0, 2)) + (0,) * (layout.rank - 2)]
     corner = corner - corner[0, 0]
     if corner[0, 1] == 1:  # K-major: a row of the tile is a row of the atom
         atom_row_elems = int(corner[1, 0])
@@ -241,8 +244,8 @@ def check_swizzle_atom(layout: StaticLayout, elem_bytes: int, given: str) -> Non
         return
     atom_row_bytes = 16 << sw.bits
     if atom_row_elems * elem_bytes != atom_row_bytes:
-        implied = (f"{atom_row_bytes // atom_row_elems}-byte" if atom_row_elems > 0 and atom_row_bytes % atom_row_elems == 0
-                   else "other")
+        exact = atom_row_elems > 0 and atom_row_bytes % atom_row_elems == 0
+        implied = f"{atom_row_bytes // atom_row_elems}-byte" if exact else "other"
         raise ValueError(f"{given} does not match {layout.name or layout}: its {sw.byte_swizzle_name} swizzle atom "
                          f"rows ({atom_row_bytes} B) hold {atom_row_elems} elements, "
                          f"i.e. {implied} elements; pass the layout's own element size")
