@@ -666,6 +666,68 @@ class BwdWork(NamedTuple):
     # STAGGER_MAX_KV_BLOCKS KV blocks): walk_index
 
 
+class ProducerOperands(NamedTuple):
+    """What the producer warp's loads read (:meth:`RankerAttentionBwd.load`): the TMA views, smem buffers and TMA
+    atoms of K, V (once per CTA) and of Q, dO, LSE, dPsum (per q block), and the three pipelines."""
+
+    tma_Q: Any
+    tma_K: Any
+    tma_V: Any
+    tma_dO: Any
+    tma_LSE: Any  # (padded rows; ranker_bwd_buffers.padded_rows)
+    tma_dPsum: Any
+    sQ: Any  # (tile_m, D, stages)
+    sK: Any
+    sV: Any
+    sdO: Any
+    sLSE: Any  # (tile_m, stages)
+    sdPsum: Any
+    tma_atom_Q: Any
+    tma_atom_K: Any
+    tma_atom_V: Any
+    tma_atom_dO: Any
+    tma_atom_LSE: Any
+    tma_atom_dPsum: Any
+    pipeline_kv: Any  # K and V, once
+    pipeline_q: Any  # Q + LSE of a q block
+    pipeline_do: Any  # dO + dPsum of a q block
+
+
+class MmaOperands(NamedTuple):
+    """What the MMA warpgroups read (:meth:`RankerAttentionBwd.mma` and its epilogue; made in ``kernel``): the
+    three WGMMAs, the smem buffers, the dK / dV outputs (TMA views and atoms, plain tensors for varlen, the
+    deterministic mode's semaphores), the pipelines, the thread's index among them and the score scalars.
+    ``sPt`` is None without ``split_head_dim``, ``mdKVsem`` without ``deterministic``."""
+
+    tiled_mma_sdp: Any  # S^T = K Q^T and dP^T = V dO^T
+    tiled_mma_dkv: Any  # dV += P^T dO, dK += dS^T Q
+    tiled_mma_dq: Any  # dQ = dS K, or dQ^T = K^T dS^T (dq_swap_ab)
+    sQ: Any
+    sdO: Any
+    sK: Any  # (also dK's staging in the epilogue)
+    sV: Any  # (also dV's)
+    sdSt: Any  # dS^T, (tile_n, tile_m, ds_stages)
+    sPt: Any  # P^T (split_head_dim)
+    sdQ: Any  # the dQ tile handed to the dQ warp
+    sLSE: Any
+    sdPsum: Any
+    sdKVacc: Any  # float32 staging over sK (GQA with one query head per CTA)
+    tma_dK: Any
+    tma_dV: Any
+    tma_atom_dK: Any
+    tma_atom_dV: Any
+    mdK: Any
+    mdV: Any
+    mdKVsem: Any  # deterministic mode: per-(KV block, KV head) semaphores
+    pipeline_kv: Any
+    pipeline_q: Any
+    pipeline_do: Any
+    tidx: Any  # thread index among the MMA warpgroups
+    scale_log2: Any
+    softmax_scale: Any
+    cap: Any
+
+
 class QBlockOperands(NamedTuple):
     """What every q block of an MMA warpgroup's loop reads (:meth:`RankerAttentionBwd.q_blocks`; DSL objects of the
     KV block, made in ``mma``): the WGMMAs, their operand fragments and the dK / dV accumulators, the partitions and
@@ -861,16 +923,17 @@ class RankerAttentionBwd:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
-                self.load(tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, sQ, sK, sV, sdO, sLSE, sdPsum,
-                          tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
-                          pipeline_kv, pipeline_q, pipeline_do, work)
+                self.load(ProducerOperands(tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, sQ, sK, sV, sdO, sLSE,
+                                           sdPsum, tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE,
+                                           tma_atom_dPsum, pipeline_kv, pipeline_q, pipeline_do), work)
             if warp_idx == 1:
                 self.dq_reduce(tma_dQ, tma_dQst, sdQ, sdQ_flat, tma_atom_dQ, tma_atom_dQst, mdQflag, work)
         else:
             cute.arch.setmaxregister_increase(self.config.mma_regs)
-            self.mma(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sdQ, sLSE, sdPsum,
-                     sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q,
-                     pipeline_do, tidx - 128, work, mdKVsem, scale_log2, softmax_scale, cap)
+            self.mma(MmaOperands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sdQ, sLSE,
+                                 sdPsum, sdKVacc, tma_dK, tma_dV, tma_atom_dK, tma_atom_dV, mdK, mdV, mdKVsem,
+                                 pipeline_kv, pipeline_q, pipeline_do, tidx - 128, scale_log2, softmax_scale, cap),
+                     work)
 
     # ------------------------------------------------------------------ work of this CTA
     @cute.jit
@@ -989,62 +1052,63 @@ class RankerAttentionBwd:
 
     # ------------------------------------------------------------------ producer
     @cute.jit
-    def load(self, tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_dPsum, sQ, sK, sV, sdO, sLSE, sdPsum,
-             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_dPsum,
-             pipeline_kv, pipeline_q, pipeline_do, work):
-        """Warp 0: K and V of this CTA's block once, then Q + LSE and dO + dPsum of each q block
-        to visit (of each of the CTA's query heads), ``stages`` blocks ahead of the MMA warpgroups."""
+    def load(self, ops, work):
+        """Warp 0 (``ops``: :class:`ProducerOperands`): K and V of this CTA's block once, then Q + LSE and dO +
+        dPsum of each q block to visit (of each of the CTA's query heads), ``stages`` blocks ahead of the MMA
+        warpgroups."""
         n_block, count = work.n_block, work.count
         head_kv = work.head // self.qhead_per_kvhead
         if count > 0:
-            gK = cute.local_tile(self._view(tma_K, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
-            gV = cute.local_tile(self._view(tma_V, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+            gK = cute.local_tile(self._view(ops.tma_K, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
+            gV = cute.local_tile(self._view(ops.tma_V, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
             one = cute.make_layout(1)
-            tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
+            tKsK, tKgK = cpasync.tma_partition(ops.tma_atom_K, 0, one, cute.group_modes(ops.sK, 0, 2),
                                                cute.group_modes(gK, 0, 2))
-            tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
+            tVsV, tVgV = cpasync.tma_partition(ops.tma_atom_V, 0, one, cute.group_modes(ops.sV, 0, 2),
                                                cute.group_modes(gV, 0, 2))
             # one query head: partitions by q block; a group: by (q block, head)
-            srcs = self.q_block_sources(tma_Q, tma_dO, tma_LSE, tma_dPsum, sQ, sdO, sLSE, sdPsum, tma_atom_Q,
-                                        tma_atom_dO, tma_atom_LSE, tma_atom_dPsum, work,
-                                        work.head if const_expr(self.heads_per_cta == 1) else None)
+            srcs = self.q_block_sources(ops, work, work.head if const_expr(self.heads_per_cta == 1) else None)
+            pipeline_kv, pipeline_q, pipeline_do = ops.pipeline_kv, ops.pipeline_q, ops.pipeline_do
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
             pipeline_kv.producer_acquire(kv_state)
-            cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
-            cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
+            cute.copy(ops.tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
+            cute.copy(ops.tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipeline_kv.producer_get_barrier(kv_state))
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for i in cutlass.range(count, unroll=1):
                 head, m_block = self.head_m_block_of(self.walk_index(i, work), work)
                 (tQsQ, tQgQ), (tdOsdO, tdOgdO), (tLsL, tLgL), (tPsP, tPgP) = srcs
                 pipeline_q.producer_acquire(q_state)
                 bar_q = pipeline_q.producer_get_barrier(q_state)
-                cute.copy(tma_atom_Q, self._block(tQgQ, head, m_block), tQsQ[None, q_state.index], tma_bar_ptr=bar_q)
-                cute.copy(tma_atom_LSE, self._block(tLgL, head, m_block), tLsL[None, q_state.index], tma_bar_ptr=bar_q)
+                cute.copy(ops.tma_atom_Q, self._block(tQgQ, head, m_block), tQsQ[None, q_state.index],
+                          tma_bar_ptr=bar_q)
+                cute.copy(ops.tma_atom_LSE, self._block(tLgL, head, m_block), tLsL[None, q_state.index],
+                          tma_bar_ptr=bar_q)
                 pipeline_do.producer_acquire(q_state)
                 bar_do = pipeline_do.producer_get_barrier(q_state)
-                cute.copy(tma_atom_dO, self._block(tdOgdO, head, m_block), tdOsdO[None, q_state.index],
+                cute.copy(ops.tma_atom_dO, self._block(tdOgdO, head, m_block), tdOsdO[None, q_state.index],
                           tma_bar_ptr=bar_do)
-                cute.copy(tma_atom_dPsum, self._block(tPgP, head, m_block), tPsP[None, q_state.index],
+                cute.copy(ops.tma_atom_dPsum, self._block(tPgP, head, m_block), tPsP[None, q_state.index],
                           tma_bar_ptr=bar_do)
                 q_state.advance()
 
     @cute.jit
-    def q_block_sources(self, tma_Q, tma_dO, tma_LSE, tma_dPsum, sQ, sdO, sLSE, sdPsum, tma_atom_Q, tma_atom_dO,
-                        tma_atom_LSE, tma_atom_dPsum, work, head):
+    def q_block_sources(self, ops, work, head):
         """TMA partitions (smem, gmem by q block) of Q, dO, LSE and dPsum of query head ``head``; ``head=None``:
-        gmem by (q block, head)."""
+        gmem by (q block, head).  ``ops``: :class:`ProducerOperands`."""
         every = head is None
         tile_coord, row_coord = ((None, 0, None), (None, None)) if const_expr(every) else ((None, 0), (None,))
-        gQ = cute.local_tile(self._view(tma_Q, work, head), (self.tile_m, self.head_dim), tile_coord)
-        gdO = cute.local_tile(self._view(tma_dO, work, head), (self.tile_m, self.head_dim), tile_coord)
-        gLSE = cute.local_tile(self._padded_view(tma_LSE, work, head), (self.tile_m,), row_coord)
-        gdPsum = cute.local_tile(self._padded_view(tma_dPsum, work, head), (self.tile_m,), row_coord)
+        gQ = cute.local_tile(self._view(ops.tma_Q, work, head), (self.tile_m, self.head_dim), tile_coord)
+        gdO = cute.local_tile(self._view(ops.tma_dO, work, head), (self.tile_m, self.head_dim), tile_coord)
+        gLSE = cute.local_tile(self._padded_view(ops.tma_LSE, work, head), (self.tile_m,), row_coord)
+        gdPsum = cute.local_tile(self._padded_view(ops.tma_dPsum, work, head), (self.tile_m,), row_coord)
         one = cute.make_layout(1)
-        return (cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)),
-                cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2)),
-                cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
+        return (cpasync.tma_partition(ops.tma_atom_Q, 0, one, cute.group_modes(ops.sQ, 0, 2),
+                                      cute.group_modes(gQ, 0, 2)),
+                cpasync.tma_partition(ops.tma_atom_dO, 0, one, cute.group_modes(ops.sdO, 0, 2),
+                                      cute.group_modes(gdO, 0, 2)),
+                cpasync.tma_partition(ops.tma_atom_LSE, 0, one, cute.group_modes(ops.sLSE, 0, 1),
                                       cute.group_modes(gLSE, 0, 1)),
-                cpasync.tma_partition(tma_atom_dPsum, 0, one, cute.group_modes(sdPsum, 0, 1),
+                cpasync.tma_partition(ops.tma_atom_dPsum, 0, one, cute.group_modes(ops.sdPsum, 0, 1),
                                       cute.group_modes(gdPsum, 0, 1)))
 
     @cute.jit
@@ -1210,10 +1274,12 @@ class RankerAttentionBwd:
 
     # ------------------------------------------------------------------ MMA warpgroups
     @cute.jit
-    def mma(self, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, sQ, sdO, sK, sV, sdSt, sPt, sdQ, sLSE, sdPsum, sdKVacc,
-            tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV, pipeline_kv, pipeline_q, pipeline_do, tidx, work,
-            mdKVsem, scale_log2, softmax_scale, cap):
-        """Warpgroups 1 and 2: for each q block, the five GEMMs and the pointwise steps; then the epilogue."""
+    def mma(self, ops, work):
+        """Warpgroups 1 and 2 (``ops``: :class:`MmaOperands`): for each q block, the five GEMMs and the pointwise
+        steps; then the epilogue."""
+        tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq = ops.tiled_mma_sdp, ops.tiled_mma_dkv, ops.tiled_mma_dq
+        sQ, sdO, sK, sV, sdSt, sPt, sdQ = ops.sQ, ops.sdO, ops.sK, ops.sV, ops.sdSt, ops.sPt, ops.sdQ
+        tidx = ops.tidx
         wg_idx = cute.arch.make_warp_uniform(tidx // 128)
         wg_layout = cute.make_layout(MMA_WGS, stride=128)
         thr_mma_sdp = tiled_mma_sdp.get_slice(tidx)
@@ -1260,27 +1326,26 @@ class RankerAttentionBwd:
         n_block, count, seg = work.n_block, work.count, work.seg
         if count > 0:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-            pipeline_kv.consumer_wait(kv_state)
+            ops.pipeline_kv.consumer_wait(kv_state)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             # the keys (rows of S^T) of this thread: 0 inside the history, -inf outside (added to the
             # exponent, so P = 0 exactly there even where exp2 of the unmasked score would overflow)
             key_bias = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
             for r in cutlass.range_constexpr(cute.size(tScS_mn, mode=[0])):
                 key_bias[r] = 0.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else -Float32.inf
-            ops = QBlockOperands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV, tdPrdO,
-                                 tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn, tdQsdQ,
-                                 ds_thr_copy, tdSsdS, tdPsPt, smem_atom, sLSE, sdPsum, pipeline_q, pipeline_do,
-                                 scale_log2, softmax_scale, cap)
+            steps = QBlockOperands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV,
+                                   tdPrdO, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn,
+                                   tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, ops.sLSE, ops.sdPsum, ops.pipeline_q,
+                                   ops.pipeline_do, ops.scale_log2, ops.softmax_scale, ops.cap)
             if const_expr(self.skip_key_bias):
                 # every key of the block in the history: no bias to add (CTA-uniform)
                 if seg.cols_in_history(n_block * self.tile_n, (n_block + 1) * self.tile_n):
-                    q_state = self.q_blocks(q_state, count, wg_idx, ops, None)
+                    q_state = self.q_blocks(q_state, count, wg_idx, steps, None)
                 else:
-                    q_state = self.q_blocks(q_state, count, wg_idx, ops, key_bias)
+                    q_state = self.q_blocks(q_state, count, wg_idx, steps, key_bias)
             else:
-                q_state = self.q_blocks(q_state, count, wg_idx, ops, key_bias)
-        self.epilogue(acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                      tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale)
+                q_state = self.q_blocks(q_state, count, wg_idx, steps, key_bias)
+        self.epilogue(ops, acc_dK, acc_dV, work)
 
     @cute.jit
     def q_blocks(self, q_state, count, wg_idx, ops, key_bias):
@@ -1444,28 +1509,31 @@ class RankerAttentionBwd:
 
     # ------------------------------------------------------------------ epilogue (seed 004)
     @cute.jit
-    def epilogue(self, acc_dK, acc_dV, sK, sV, sdKVacc, tma_dK, tma_dV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                 tiled_mma_dkv, tidx, work, mdKVsem, softmax_scale):
+    def epilogue(self, ops, acc_dK, acc_dV, work):
         """dK, dV leave the registers through smem that reuses sK/sV once every MMA warpgroup is done
         with them (named barrier), then one warp's TMA store (fixed length) or predicated 16-byte stores
         (varlen).  A KV block no query reaches stores zeros.  GQA with a group per CTA: the same (the
         registers hold the sum over the group's query heads).  GQA with one query head per CTA: float32
         tiles TMA-reduce-added into the float32 accumulators (dV first, then dK, through the same smem);
         deterministic mode: the query heads of a group add in increasing order (a per-(KV block, KV
-        head) semaphore)."""
+        head) semaphore).  ``ops``: :class:`MmaOperands`."""
+        sK, sV, sdKVacc, tidx = ops.sK, ops.sV, ops.sdKVacc, ops.tidx
         n_block, head = work.n_block, work.head
         head_kv = head // self.qhead_per_kvhead
-        acc_dK.store(acc_dK.load() * softmax_scale)
+        acc_dK.store(acc_dK.load() * ops.softmax_scale)
         bar = int(NamedBarrierBwd.Epilogue)
         if const_expr(self.dkv_accumulated):
             if work.count > 0:  # blocks no query reaches add nothing
-                thr_mma = tiled_mma_dkv.get_slice(tidx)
+                thr_mma = ops.tiled_mma_dkv.get_slice(tidx)
                 tAccsAcc = thr_mma.partition_C(sdKVacc)
-                gdV = cute.local_tile(self._view(tma_dV, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
-                gdK = cute.local_tile(self._view(tma_dK, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
-                sem = mdKVsem[work.batch, head_kv, None].iterator + n_block if const_expr(self.config.deterministic) \
-                    else None
-                for phase, (acc, atom, g) in enumerate(((acc_dV, tma_atom_dV, gdV), (acc_dK, tma_atom_dK, gdK))):
+                gdV = cute.local_tile(self._view(ops.tma_dV, work, head_kv), (self.tile_n, self.head_dim),
+                                      (n_block, 0))
+                gdK = cute.local_tile(self._view(ops.tma_dK, work, head_kv), (self.tile_n, self.head_dim),
+                                      (n_block, 0))
+                sem = ops.mdKVsem[work.batch, head_kv, None].iterator + n_block \
+                    if const_expr(self.config.deterministic) else None
+                for phase, (acc, atom, g) in enumerate(((acc_dV, ops.tma_atom_dV, gdV),
+                                                        (acc_dK, ops.tma_atom_dK, gdK))):
                     cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
                     cute.autovec_copy(acc, tAccsAcc)
                     cute.arch.fence_view_async_shared()
@@ -1494,14 +1562,14 @@ class RankerAttentionBwd:
             cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
             smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                             self.dtype)
-            smem_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_dkv).get_slice(tidx)
+            smem_thr_copy = cute.make_tiled_copy_C(smem_atom, ops.tiled_mma_dkv).get_slice(tidx)
             cute.copy(smem_atom, smem_thr_copy.retile(rdV), smem_thr_copy.partition_D(sV))
             cute.copy(smem_atom, smem_thr_copy.retile(rdK), smem_thr_copy.partition_D(sK))
             if const_expr(not self.varlen):
                 cute.arch.fence_view_async_shared()  # stmatrix writes -> TMA reads
                 cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
                 if tidx < 32:
-                    for atom, s, mX in ((tma_atom_dV, sV, tma_dV), (tma_atom_dK, sK, tma_dK)):
+                    for atom, s, mX in ((ops.tma_atom_dV, sV, ops.tma_dV), (ops.tma_atom_dK, sK, ops.tma_dK)):
                         g = cute.local_tile(self._view(mX, work, head_kv), (self.tile_n, self.head_dim), (n_block, 0))
                         tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1),
                                                            cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
@@ -1511,7 +1579,7 @@ class RankerAttentionBwd:
             else:
                 cute.arch.barrier(barrier_id=bar, number_of_threads=self.num_mma_threads)
                 tiles = tuple((s, cute.local_tile(self._view(mX, work, head_kv), (self.tile_n, self.head_dim),
-                                                  (n_block, 0))) for s, mX in ((sV, mdV), (sK, mdK)))
+                                                  (n_block, 0))) for s, mX in ((sV, ops.mdV), (sK, ops.mdK)))
                 sm90.store_rows_predicated(tiles, self.num_mma_threads, tidx, n_block * self.tile_n, work.seg.seqlen)
 
 

@@ -392,6 +392,100 @@ def smem_layouts(dtype, config: RankerFwdConfig) -> dict:
     return dict(sQ=sQ, sK=sK, sV=sV, sO=sQ)
 
 
+class Schedule(NamedTuple):
+    """The grid's tiles (:meth:`RankerAttentionFwd.tile_work`): m-block fastest, then head, then batch."""
+
+    mBounds: Any  # (B, 4) int32 segment bounds
+    mCuSeqlens: Any  # (B + 1,) int32 sequence starts (varlen), else None
+    num_m_blocks: Any
+    num_heads: Any  # query heads
+    seqlen_static: Any  # S (fixed length; varlen reads each sequence's length from mCuSeqlens)
+    num_tiles: Any
+
+
+class TileWork(NamedTuple):
+    """One tile of the schedule (:meth:`RankerAttentionFwd.tile_work`)."""
+
+    m_block: Any
+    head: Any  # query head
+    batch: Any
+    offset: Any  # the sequence's first row in the packed tensors (varlen; else 0)
+    seg: RankerSegments
+    in_range: Any  # the tile's first row is inside the sequence
+    active: Any  # some row of the tile is in the history or the candidates
+
+
+class ProducerOperands(NamedTuple):
+    """What the producer warp's loads read (:meth:`RankerAttentionFwd.load_tile`): the TMA views of Q, K, V, the
+    smem buffers, the TMA atoms and the pipelines."""
+
+    tma_Q: Any
+    tma_K: Any
+    tma_V: Any
+    sQ: Any
+    sK: Any  # (tile_n, D, stages)
+    sV: Any
+    tma_atom_Q: Any
+    tma_atom_K: Any
+    tma_atom_V: Any
+    pipeline_q: Any
+    pipeline_k: Any
+    pipeline_v: Any
+
+
+class KVCopies(NamedTuple):
+    """One tile's K and V block copies (:meth:`RankerAttentionFwd.load_k_block`): atoms, TMA partitions of
+    the history (``tKgK[None, n_block]``) and the stages (``tKsK[None, stage]``), pipelines."""
+
+    tma_atom_K: Any
+    tma_atom_V: Any
+    tKgK: Any
+    tKsK: Any
+    tVgV: Any
+    tVsV: Any
+    pipeline_k: Any
+    pipeline_v: Any
+
+
+class ConsumerOperands(NamedTuple):
+    """What a consumer warpgroup reads in every tile (:meth:`RankerAttentionFwd.mma_tile`; made once in
+    ``mma``): the WGMMAs and their fragments, the O accumulator and the softmax's row state (refilled per tile),
+    the thread's coordinates in the S and O tiles, the global tensors, the smem buffers, the pipelines, the
+    thread's indices and the score scalars."""
+
+    tiled_mma_qk: Any  # S = Q K^T
+    tiled_mma_pv: Any  # O += P V
+    tSrQ: Any
+    tSrK: Any
+    tOrVt: Any
+    tOrP: Any
+    acc_O: Any
+    row_max: Any
+    row_sum: Any
+    tScS_mn: Any  # (row, column) of this thread's S elements
+    tOcO_mn: Any  # (row, column) of this thread's O elements
+    mQ: Any
+    mK: Any
+    mV: Any
+    mO: Any
+    mLSE: Any  # None: no LSE output
+    tma_O: Any
+    tma_atom_O: Any
+    sQ: Any
+    sK: Any
+    sV: Any
+    sO: Any
+    sVote: Any  # checked_max's per-warp votes
+    pipeline_q: Any
+    pipeline_k: Any
+    pipeline_v: Any
+    tidx: Any  # thread index among the consumers
+    wg_idx: Any  # this consumer warpgroup
+    scale_log2: Any
+    softmax_scale: Any
+    cap: Any
+
+
 class HistoryOperands(NamedTuple):
     """What every step of a consumer warpgroup's history loop reads (:meth:`RankerAttentionFwd.history_loop`; DSL
     objects of one tile, made in ``mma_tile``): the WGMMAs and their register / smem partitions, the O accumulator
@@ -552,13 +646,13 @@ class RankerAttentionFwd:
         else:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)  # one tile per CTA: alias sQ
 
-        sched = (mBounds, mCuSeqlens, num_m_blocks, Int32(cute.size(mQ.shape[2])), Int32(mQ.shape[0]),
-                 num_m_blocks * Int32(cute.size(mQ.shape[2])) * num_batch)
+        sched = Schedule(mBounds, mCuSeqlens, num_m_blocks, Int32(cute.size(mQ.shape[2])), Int32(mQ.shape[0]),
+                         num_m_blocks * Int32(cute.size(mQ.shape[2])) * num_batch)
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
-                self.load(tma_Q, tma_K, tma_V, sQ, sK, sV, sRetry, tma_atom_Q, tma_atom_K, tma_atom_V,
-                          pipeline_q, pipeline_k, pipeline_v, sched)
+                self.load(ProducerOperands(tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                                           pipeline_q, pipeline_k, pipeline_v), sRetry, sched)
         else:
             cute.arch.setmaxregister_increase(self.config.consumer_regs)
             self.mma(tiled_mma_qk, tiled_mma_pv, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sRetry, sK, sV, sO,
@@ -578,85 +672,87 @@ class RankerAttentionFwd:
 
     @cute.jit
     def tile_work(self, tile, sched):
-        """Tile index -> (m_block, head, batch), the sequence's offset and segments, and what to do.
+        """Tile index -> its :class:`TileWork`: (m_block, head, batch), the sequence's offset and segments,
+        and what to do.
 
         Tiles are ordered m-block fastest, then head, then batch (consecutive CTAs share K/V in L2);
         CTA ``c`` takes tiles ``c, c + gridDim.x, ...`` (one tile each unless persistent)."""
-        mBounds, mCuSeqlens, num_m_blocks, num_heads, seqlen_static, _ = sched
-        m_block = tile % num_m_blocks
-        head_batch = tile // num_m_blocks
-        head = head_batch % num_heads
-        batch = head_batch // num_heads
+        m_block = tile % sched.num_m_blocks
+        head_batch = tile // sched.num_m_blocks
+        head = head_batch % sched.num_heads
+        batch = head_batch // sched.num_heads
         offset = Int32(0)
-        seqlen = seqlen_static
+        seqlen = sched.seqlen_static
         if const_expr(self.varlen):
-            offset = Int32(mCuSeqlens[batch])
-            seqlen = Int32(mCuSeqlens[batch + 1]) - offset
-        seg = RankerSegments.load(mBounds, batch, seqlen)
+            offset = Int32(sched.mCuSeqlens[batch])
+            seqlen = Int32(sched.mCuSeqlens[batch + 1]) - offset
+        seg = RankerSegments.load(sched.mBounds, batch, seqlen)
         row_lo = m_block * self.tile_m
         in_range = row_lo < seqlen
         active = seg.tile_active(row_lo, row_lo + self.tile_m)
-        return m_block, head, batch, offset, seg, in_range, active
+        return TileWork(m_block, head, batch, offset, seg, in_range, active)
 
     # ------------------------------------------------------------------ producer
     @cute.jit
-    def load(self, tma_Q, tma_K, tma_V, sQ, sK, sV, sRetry, tma_atom_Q, tma_atom_K, tma_atom_V,
-             pipeline_q, pipeline_k, pipeline_v, sched):
-        """Warp 0 of the producer warpgroup, for each tile of this CTA: TMA of the Q tile, then K and V
-        of each history block (last block first), ``stages`` blocks ahead of the consumers, and with
-        ``self_kv_tma`` the tile's own K/V rows (one more stage) if it holds candidate rows outside the
-        history.  Tiles with no active row load nothing, nor do tiles with an empty history unless ``self_kv_tma``
-        takes their own rows.  With ``checked_max``, then the
-        tiles the consumers run again (:meth:`advance_tile`)."""
+    def load(self, ops, sRetry, sched):
+        """Warp 0 of the producer warpgroup (``ops``: :class:`ProducerOperands`), for each tile of this CTA:
+        TMA of the Q tile, then K and V of each history block (last block first), ``stages`` blocks ahead of the
+        consumers, and with ``self_kv_tma`` the tile's own K/V rows (one more stage) if it holds candidate rows
+        outside the history.  Tiles with no active row load nothing, nor do tiles with an empty history unless
+        ``self_kv_tma`` takes their own rows.  With ``checked_max``, then the tiles the consumers run again
+        (:meth:`advance_tile`)."""
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tile = Int32(cute.arch.block_idx()[0])
-        num_tiles = sched[5]
+        num_tiles = sched.num_tiles
         retry_pos = Int32(0)
         while tile < num_tiles:
-            m_block, head, batch, offset, seg, in_range, active = self.tile_work(tile, sched)
-            n_blocks = seg.n_block_count(self.tile_n)
-            if in_range and active and (n_blocks > 0 or self.self_block_taken(seg, m_block)):
-                q_state, kv_state = self.load_tile(
-                    tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipeline_q, pipeline_k,
-                    pipeline_v, q_state, kv_state, m_block, head, head // self.qhead_per_kvhead, batch, offset, seg)
+            work = self.tile_work(tile, sched)
+            n_blocks = work.seg.n_block_count(self.tile_n)
+            if work.in_range and work.active and (n_blocks > 0 or self.self_block_taken(work.seg, work.m_block)):
+                q_state, kv_state = self.load_tile(ops, work, q_state, kv_state)
             tile, retry_pos = self.advance_tile(tile, retry_pos, sRetry, num_tiles)
 
     @cute.jit
-    def load_tile(self, tma_Q, tma_K, tma_V, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                  pipeline_q, pipeline_k, pipeline_v, q_state, kv_state, m_block, head, head_kv, batch, offset,
-                  seg):
+    def load_tile(self, ops, work, q_state, kv_state):
+        """One tile's loads (see :meth:`load`; ``ops``: :class:`ProducerOperands`, ``work``: :class:`TileWork`);
+        returns the pipeline states."""
+        m_block, head, batch, offset, seg = work.m_block, work.head, work.batch, work.offset, work.seg
+        head_kv = head // self.qhead_per_kvhead
         n_block_min, n_blocks = seg.n_block_min(self.tile_n), seg.n_block_count(self.tile_n)
-        gQ = cute.local_tile(self._batch_view(tma_Q, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
-        gK = cute.local_tile(self._batch_view(tma_K, batch, offset, head_kv), (self.tile_n, self.head_dim), (None, 0))
-        gV = cute.local_tile(self._batch_view(tma_V, batch, offset, head_kv), (self.tile_n, self.head_dim), (None, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, cute.make_layout(1),
-                                           cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1),
-                                           cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
-                                           cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        gQ = cute.local_tile(self._batch_view(ops.tma_Q, batch, offset, head), (self.tile_m, self.head_dim),
+                             (m_block, 0))
+        gK = cute.local_tile(self._batch_view(ops.tma_K, batch, offset, head_kv), (self.tile_n, self.head_dim),
+                             (None, 0))
+        gV = cute.local_tile(self._batch_view(ops.tma_V, batch, offset, head_kv), (self.tile_n, self.head_dim),
+                             (None, 0))
+        tQsQ, tQgQ = cpasync.tma_partition(ops.tma_atom_Q, 0, cute.make_layout(1),
+                                           cute.group_modes(ops.sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(ops.tma_atom_K, 0, cute.make_layout(1),
+                                           cute.group_modes(ops.sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(ops.tma_atom_V, 0, cute.make_layout(1),
+                                           cute.group_modes(ops.sV, 0, 2), cute.group_modes(gV, 0, 2))
         n_block = n_block_min + n_blocks - 1
-        kv_copies = (tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k, pipeline_v)
+        kv = KVCopies(ops.tma_atom_K, ops.tma_atom_V, tKgK, tKsK, tVgV, tVsV, ops.pipeline_k, ops.pipeline_v)
         # (no history block: only a self_kv_tma candidate tile with an empty history, which loads Q and its own rows)
         if n_blocks > 0:  # (K of the first block ahead of Q: the first GEMM needs both)
-            self.load_k_block(n_block, kv_state, *kv_copies)
-        pipeline_q.producer_acquire(q_state)
-        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipeline_q.producer_get_barrier(q_state))
+            self.load_k_block(n_block, kv_state, kv)
+        ops.pipeline_q.producer_acquire(q_state)
+        cute.copy(ops.tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=ops.pipeline_q.producer_get_barrier(q_state))
         q_state.advance()
         # self_kv_tma: the tile's own K/V rows (tile_m == tile_n: KV block m_block) follow its history blocks
         self_rows = self.self_block_taken(seg, m_block)
         if const_expr(self.config.prefetch_self_kv):
             if self_rows and n_blocks > 0:
-                cute.prefetch(tma_atom_K, tKgK[None, m_block])  # (L2 only: the self stage's load below hits it)
-                cute.prefetch(tma_atom_V, tVgV[None, m_block])
+                cute.prefetch(ops.tma_atom_K, tKgK[None, m_block])  # (L2 only: the self stage's load below hits it)
+                cute.prefetch(ops.tma_atom_V, tVgV[None, m_block])
         if n_blocks > 0:
-            kv_state = self.load_v_block(n_block, kv_state, *kv_copies)
+            kv_state = self.load_v_block(n_block, kv_state, kv)
         for i in cutlass.range(n_blocks - 1, unroll=1):
-            kv_state = self.load_kv_block(n_block_min + n_blocks - 2 - i, kv_state, *kv_copies)
+            kv_state = self.load_kv_block(n_block_min + n_blocks - 2 - i, kv_state, kv)
         if const_expr(self.self_kv_tma):
             if self_rows:  # (for the self term)
-                kv_state = self.load_kv_block(m_block, kv_state, *kv_copies)
+                kv_state = self.load_kv_block(m_block, kv_state, kv)
         return q_state, kv_state
 
     @cute.jit
@@ -670,28 +766,26 @@ class RankerAttentionFwd:
         return taken
 
     @cute.jit
-    def load_k_block(self, n_block, kv_state, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k,
-                     pipeline_v):
+    def load_k_block(self, n_block, kv_state, kv):
         """TMA of K block ``n_block`` into K/V stage ``kv_state`` (on K's barrier; the state is not advanced)."""
-        pipeline_k.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                  tma_bar_ptr=pipeline_k.producer_get_barrier(kv_state))
+        kv.pipeline_k.producer_acquire(kv_state)
+        cute.copy(kv.tma_atom_K, kv.tKgK[None, n_block], kv.tKsK[None, kv_state.index],
+                  tma_bar_ptr=kv.pipeline_k.producer_get_barrier(kv_state))
 
     @cute.jit
-    def load_v_block(self, n_block, kv_state, tma_atom_K, tma_atom_V, tKgK, tKsK, tVgV, tVsV, pipeline_k,
-                     pipeline_v):
+    def load_v_block(self, n_block, kv_state, kv):
         """TMA of V block ``n_block`` into K/V stage ``kv_state`` (on V's barrier), whose K was issued; advances."""
-        pipeline_v.producer_acquire(kv_state)
-        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
-                  tma_bar_ptr=pipeline_v.producer_get_barrier(kv_state))
+        kv.pipeline_v.producer_acquire(kv_state)
+        cute.copy(kv.tma_atom_V, kv.tVgV[None, n_block], kv.tVsV[None, kv_state.index],
+                  tma_bar_ptr=kv.pipeline_v.producer_get_barrier(kv_state))
         kv_state.advance()
         return kv_state
 
     @cute.jit
-    def load_kv_block(self, n_block, kv_state, *kv_copies):
+    def load_kv_block(self, n_block, kv_state, kv):
         """TMA of K and V block ``n_block`` into the next K/V stage (each on its own barrier)."""
-        self.load_k_block(n_block, kv_state, *kv_copies)
-        return self.load_v_block(n_block, kv_state, *kv_copies)
+        self.load_k_block(n_block, kv_state, kv)
+        return self.load_v_block(n_block, kv_state, kv)
 
     # ------------------------------------------------------------------ consumers
     @cute.jit
@@ -719,22 +813,22 @@ class RankerAttentionFwd:
         tOcO_mn = sm90.acc_mn(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        ops = ConsumerOperands(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
+                               tOcO_mn, mQ, mK, mV, mO, mLSE, tma_O, tma_atom_O, sQ, sK, sV, sO, sVote, pipeline_q,
+                               pipeline_k, pipeline_v, tidx, wg_idx, scale_log2, softmax_scale, cap)
         if wg_idx == 0:  # the first warpgroup issues its WGMMAs first
             cute.arch.barrier_arrive(barrier_id=int(NamedBarrierFwd.WarpSchedulerWG1), number_of_threads=256)
         tile = Int32(cute.arch.block_idx()[0])
-        num_tiles = sched[5]
+        num_tiles = sched.num_tiles
         # checked_max: the tile whose fixed max failed its check in this warpgroup (run again after the CTA's own
         # tiles; -1: none yet; once set, the warpgroup runs the online max), the position in that retry pass (0:
         # not in it yet; see advance_tile)
         retry_tile, retry_pos = Int32(-1), Int32(0)
         while tile < num_tiles:
-            m_block, head, batch, offset, seg, in_range, active = self.tile_work(tile, sched)
-            if in_range:
-                q_state, kv_state, failed = self.mma_tile(
-                    tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
-                    tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sK, sV, sO, tma_atom_O, pipeline_q, pipeline_k,
-                    pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
-                    scale_log2, softmax_scale, cap, retry_tile < 0 and retry_pos == 0)
+            work = self.tile_work(tile, sched)
+            if work.in_range:
+                q_state, kv_state, failed = self.mma_tile(ops, work, q_state, kv_state,
+                                                          retry_tile < 0 and retry_pos == 0)
                 if const_expr(self.config.checked_max):
                     if failed:  # (warpgroup-uniform; only a tile run with the fixed max can fail)
                         retry_tile = tile
@@ -744,13 +838,13 @@ class RankerAttentionFwd:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last tile's store has read sO
 
     @cute.jit
-    def mma_tile(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_mn,
-                 tOcO_mn, tma_O, mQ, mK, mV, mO, mLSE, sQ, sVote, sK, sV, sO, tma_atom_O, pipeline_q, pipeline_k,
-                 pipeline_v, q_state, kv_state, tidx, wg_idx, seg, active, m_block, head, batch, offset,
-                 scale_log2, softmax_scale, cap, try_fixed):
-        """One tile for this consumer warpgroup; returns the pipeline states and (``checked_max``) whether the
-        fixed max, taken where ``try_fixed``, failed its check (the tile's output is then to be recomputed)."""
-        head_kv = head // self.qhead_per_kvhead
+    def mma_tile(self, ops, work, q_state, kv_state, try_fixed):
+        """One tile (``work``: :class:`TileWork`) for this consumer warpgroup (``ops``: :class:`ConsumerOperands`);
+        returns the pipeline states and (``checked_max``) whether the fixed max, taken where ``try_fixed``, failed
+        its check (the tile's output is then to be recomputed)."""
+        m_block, seg, active = work.m_block, work.seg, work.active
+        acc_O, row_max, row_sum = ops.acc_O, ops.row_max, ops.row_sum
+        pipeline_q = ops.pipeline_q
         n_blocks = seg.n_block_count(self.tile_n)
         n_block_min = seg.n_block_min(self.tile_n)
         acc_O.fill(0.0)
@@ -769,19 +863,19 @@ class RankerAttentionFwd:
         if active and n_blocks > 0:
             # row_scale: the O rescale factors of the last softmax, applied just before the next PV GEMM
             row_scale = cute.make_rmem_tensor_like(row_max, Float32)
-            ops = HistoryOperands(tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
-                                  row_scale, tScS_mn, pipeline_k, pipeline_v, seg, scale_log2, softmax_scale, cap,
-                                  wg_idx)
+            hist = HistoryOperands(ops.tiled_mma_qk, ops.tiled_mma_pv, ops.tSrQ, ops.tSrK, ops.tOrVt, ops.tOrP,
+                                   acc_O, row_max, row_sum, row_scale, ops.tScS_mn, ops.pipeline_k, ops.pipeline_v,
+                                   seg, ops.scale_log2, ops.softmax_scale, ops.cap, ops.wg_idx)
             release_q = not self_block  # (the self block reads q_i from sQ after the loop)
             if const_expr(self.config.checked_max):
                 if fixed_rows:
-                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, ops,
+                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, hist,
                                                  release_q, fixed=True)
                 else:
-                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, ops,
+                    kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, hist,
                                                  release_q, fixed=False)
             else:
-                kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, ops,
+                kv_state = self.history_loop(kv_state, pipeline_q, q_state, n_blocks, n_block_min, hist,
                                              release_q, fixed=self.config.fixed_row_max)
             if const_expr(not self.self_kv_tma):
                 q_state = sm90.advanced(q_state)
@@ -792,26 +886,23 @@ class RankerAttentionFwd:
         if const_expr(self.self_kv_tma):
             if self_block:  # (tile-uniform)
                 rQ, rK, rV = [cute.make_rmem_tensor_like(acc_O, self.dtype) for _ in range(3)]  # (accumulator layout)
-                kv_state = self.self_operands_from_smem(rQ, rK, rV, sQ, sK, sV, tiled_mma_pv, tidx, pipeline_k,
-                                                        pipeline_v, kv_state)
+                kv_state = self.self_operands_from_smem(ops, rQ, rK, rV, kv_state)
                 pipeline_q.consumer_release(q_state)
                 rQ_mn, rK_mn, rV_mn = sm90.acc_mn(rQ), sm90.acc_mn(rK), sm90.acc_mn(rV)
-                self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
-                                    softmax_scale, cap, lambda r, c, row: rQ_mn[r, c], lambda r, c, row: rK_mn[r, c],
-                                    lambda r, c, row: rV_mn[r, c])
+                self.fold_self_term(ops, work, fixed_rows, lambda r, c, row: rQ_mn[r, c],
+                                    lambda r, c, row: rK_mn[r, c], lambda r, c, row: rV_mn[r, c])
         else:
-            self.fold_self_term_from_gmem(acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv,
-                                          batch, offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap)
+            self.fold_self_term_from_gmem(ops, work, fixed_rows)
         if const_expr(self.self_kv_tma):
             if q_loaded:
                 q_state = sm90.advanced(q_state)  # (after the self block's release of sQ)
         failed = cutlass.Boolean(False)
         if const_expr(self.config.checked_max):
             if fixed_rows:
-                failed = self.fixed_max_failed(acc_O, row_sum, tOcO_mn, m_block, seg, active, sVote, tidx)
+                failed = self.fixed_max_failed(ops, work)
         lse = cute.make_rmem_tensor(num_rows, Float32)
         for r in cutlass.range_constexpr(num_rows):
-            row = m_block * self.tile_m + tOcO_mn[r, 0][0]
+            row = m_block * self.tile_m + ops.tOcO_mn[r, 0][0]
             valid = seg.row_active(row) and active and row_sum[r] > 0.0
             inv_sum = Float32(0.0)
             lse[r] = -Float32.inf
@@ -820,22 +911,23 @@ class RankerAttentionFwd:
                 m_row = row_max[r]
                 if self.fixed_max(fixed_rows):
                     m_row = Float32(0.0)
-                lse[r] = (m_row * scale_log2 + cute.math.log2(row_sum[r], fastmath=True)) * LN_2
+                lse[r] = (m_row * ops.scale_log2 + cute.math.log2(row_sum[r], fastmath=True)) * LN_2
             for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
                 acc_O_mn[r, c] = acc_O_mn[r, c] * inv_sum
 
-        self.epilogue(acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx, wg_idx,
-                      m_block, head, batch, offset, seg)
+        self.epilogue(ops, work, lse)
         return q_state, kv_state, failed
 
     @cute.jit
-    def fixed_max_failed(self, acc_O, row_sum, tOcO_mn, m_block, seg, active, sVote, tidx):
+    def fixed_max_failed(self, ops, work):
         """``checked_max``: whether this consumer warpgroup's rows, run against the fixed max of 0, must run
         again with the online max: an active row's sum of P (quad-reduced, with the self term) outside
         [CHECKED_SUM_MIN, CHECKED_SUM_MAX] (NaN included), or a non-finite O accumulator (a product or sum that
         overflowed; a NaN input too, which the online max turns into the same NaN).  Each warp votes over its
         lanes; the four votes meet in ``sVote`` behind the warpgroup's named barrier (the result is
         warpgroup-uniform).  ``sVote`` is written again only after the epilogue's barrier of the next tile."""
+        row_sum, tOcO_mn, sVote, tidx = ops.row_sum, ops.tOcO_mn, ops.sVote, ops.tidx
+        m_block, seg, active = work.m_block, work.seg, work.active
         ok = cutlass.Boolean(True)
         for r in cutlass.range_constexpr(cute.size(row_sum)):
             row = m_block * self.tile_m + tOcO_mn[r, 0][0]
@@ -844,7 +936,7 @@ class RankerAttentionFwd:
                 ok = ok and in_window
         # the thread's O values summed: an inf or NaN among them carries through (+inf and -inf give NaN), where a
         # max would drop NaN; a finite sum that overflows fails too (a needless retry, never a wrong result)
-        o_sum = acc_O.load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        o_sum = ops.acc_O.load().reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         ok = ok and cute.math.abs(o_sum) <= Float32(F32_MAX)
         warp_ok = cute.arch.vote_all_sync(ok)
         warp = tidx // 32
@@ -910,30 +1002,31 @@ class RankerAttentionFwd:
         return found, found_pos + 1
 
     @cute.jit
-    def self_operands_from_smem(self, rQ, rK, rV, sQ, sK, sV, tiled_mma_pv, tidx, pipeline_k, pipeline_v, kv_state):
+    def self_operands_from_smem(self, ops, rQ, rK, rV, kv_state):
         """``self_kv_tma``: q_i from the Q tile, k_i and v_i from the K/V stage the producer filled with this
         tile's own rows, into registers in the accumulator layout (ldmatrix, the inverse of the epilogue's
         stmatrix); releases the stage."""
         atom = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        thr_copy = cute.make_tiled_copy_C(atom, tiled_mma_pv).get_slice(tidx)
-        cute.copy(atom, thr_copy.partition_S(sQ), thr_copy.retile(rQ))
-        pipeline_k.consumer_wait(kv_state)
-        cute.copy(atom, thr_copy.partition_S(sK[None, None, kv_state.index]), thr_copy.retile(rK))
-        pipeline_v.consumer_wait(kv_state)
-        cute.copy(atom, thr_copy.partition_S(sV[None, None, kv_state.index]), thr_copy.retile(rV))
+        thr_copy = cute.make_tiled_copy_C(atom, ops.tiled_mma_pv).get_slice(ops.tidx)
+        cute.copy(atom, thr_copy.partition_S(ops.sQ), thr_copy.retile(rQ))
+        ops.pipeline_k.consumer_wait(kv_state)
+        cute.copy(atom, thr_copy.partition_S(ops.sK[None, None, kv_state.index]), thr_copy.retile(rK))
+        ops.pipeline_v.consumer_wait(kv_state)
+        cute.copy(atom, thr_copy.partition_S(ops.sV[None, None, kv_state.index]), thr_copy.retile(rV))
         cute.arch.sync_warp()  # (every lane's ldmatrix has read the stage before its warp releases it)
-        pipeline_k.consumer_release(kv_state)
-        pipeline_v.consumer_release(kv_state)
+        ops.pipeline_k.consumer_release(kv_state)
+        ops.pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
 
     @cute.jit
-    def fold_self_term_from_gmem(self, acc_O, row_max, row_sum, tOcO_mn, mQ, mK, mV, m_block, head, head_kv, batch,
-                                 offset, seg, active, fixed_rows, scale_log2, softmax_scale, cap):
+    def fold_self_term_from_gmem(self, ops, work, fixed_rows):
         """:meth:`fold_self_term` with q_i, k_i, v_i read from global memory (each element where it is used)."""
-        mQ_cur = self._batch_view(mQ, batch, offset, head)
-        mK_cur = self._batch_view(mK, batch, offset, head_kv)
-        mV_cur = self._batch_view(mV, batch, offset, head_kv)
+        tOcO_mn = ops.tOcO_mn
+        head_kv = work.head // self.qhead_per_kvhead
+        mQ_cur = self._batch_view(ops.mQ, work.batch, work.offset, work.head)
+        mK_cur = self._batch_view(ops.mK, work.batch, work.offset, head_kv)
+        mV_cur = self._batch_view(ops.mV, work.batch, work.offset, head_kv)
 
         def at(mX_cur):
             # row r's 64-bit address once (the strides are 64-bit), then each column as a constant offset from the
@@ -941,18 +1034,19 @@ class RankerAttentionFwd:
             return lambda r, c, row: cute.domain_offset((tOcO_mn[r, 0][1],), mX_cur[row, None])[
                 tOcO_mn[r, c][1] - tOcO_mn[r, 0][1]]
 
-        self.fold_self_term(acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
-                            softmax_scale, cap, at(mQ_cur), at(mK_cur), at(mV_cur))
+        self.fold_self_term(ops, work, fixed_rows, at(mQ_cur), at(mK_cur), at(mV_cur))
 
     @cute.jit
-    def fold_self_term(self, acc_O, row_max, row_sum, tOcO_mn, m_block, seg, active, fixed_rows, scale_log2,
-                       softmax_scale, cap, q_at, k_at, v_at):
+    def fold_self_term(self, ops, work, fixed_rows, q_at, k_at, v_at):
         """The candidate rows' own key (``j == i`` outside the history) folded into their softmax (after the
         quad reduction of ``row_sum``): ``s_i = cap(softmax_scale * q_i . k_i)`` from this thread's columns,
         then the quad; ``p_i`` against the row's max; ``O_i += p_i v_i``.  ``q_at(r, c, row)`` (and k, v): the
         element of row ``r``, column ``c`` of this thread's accumulator view, sequence row ``row``, from
         registers (:meth:`self_operands_from_smem`) or global memory."""
-        acc_O_mn = sm90.acc_mn(acc_O)
+        row_max, row_sum, tOcO_mn = ops.row_max, ops.row_sum, ops.tOcO_mn
+        scale_log2, softmax_scale, cap = ops.scale_log2, ops.softmax_scale, ops.cap
+        m_block, seg, active = work.m_block, work.seg, work.active
+        acc_O_mn = sm90.acc_mn(ops.acc_O)
         num_cols = cute.size(acc_O_mn, mode=[1])
         for r in cutlass.range_constexpr(cute.size(row_sum)):
             row = m_block * self.tile_m + tOcO_mn[r, 0][0]
@@ -1227,13 +1321,14 @@ class RankerAttentionFwd:
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit
-    def epilogue(self, acc_O, lse, tma_O, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tOcO_mn, tidx, wg_idx,
-                 m_block, head, batch, offset, seg):
+    def epilogue(self, ops, work, lse):
         """O (normalized) to the input dtype, through sO (stmatrix) to global memory: a TMA store of the
         epilogue's unit (the tile, or with ``wg_epilogue`` each consumer warpgroup's 64 rows; TMA clips the
         ragged edge) or predicated 16-byte row stores (varlen); the LSE of each row by the thread holding
         its column 0.  The unit's threads sync on its named barrier."""
-        unit = wg_idx if const_expr(self.wg_epilogue) else 0  # (the warpgroup, or the whole tile)
+        acc_O, mLSE, sO, tOcO_mn, tidx = ops.acc_O, ops.mLSE, ops.sO, ops.tOcO_mn, ops.tidx
+        m_block, head, batch, offset, seg = work.m_block, work.head, work.batch, work.offset, work.seg
+        unit = ops.wg_idx if const_expr(self.wg_epilogue) else 0  # (the warpgroup, or the whole tile)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         if const_expr(self.defer_store_wait):
@@ -1244,7 +1339,7 @@ class RankerAttentionFwd:
         self.epilogue_barrier(unit)
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
-        smem_thr_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_pv).get_slice(tidx)
+        smem_thr_copy = cute.make_tiled_copy_C(smem_atom, ops.tiled_mma_pv).get_slice(tidx)
         cute.copy(smem_atom, smem_thr_copy.retile(rO), smem_thr_copy.partition_D(sO))
 
         # LSE (unless the caller wants none): the thread holding column 0 of a row writes it
@@ -1262,17 +1357,18 @@ class RankerAttentionFwd:
             if tidx % self.epi_threads < 32:
                 units = self.tile_m // self.epi_rows
                 sO_unit = cute.local_tile(sO, (self.epi_rows, self.head_dim), (unit, 0))
-                gO = cute.local_tile(self._batch_view(tma_O, batch, offset, head), (self.epi_rows, self.head_dim),
-                                     (m_block * units + unit, 0))
-                tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
+                gO = cute.local_tile(self._batch_view(ops.tma_O, batch, offset, head),
+                                     (self.epi_rows, self.head_dim), (m_block * units + unit, 0))
+                tOsO, tOgO = cpasync.tma_partition(ops.tma_atom_O, 0, cute.make_layout(1),
                                                    cute.group_modes(sO_unit, 0, 2), cute.group_modes(gO, 0, 2))
-                cute.copy(tma_atom_O, tOsO, tOgO)
+                cute.copy(ops.tma_atom_O, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
                 if const_expr(not self.defer_store_wait):
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:  # (one epilogue for the tile: wg_epilogue is fixed-length only)
             self.epilogue_barrier(unit)
-            gO = cute.local_tile(self._batch_view(mO, batch, offset, head), (self.tile_m, self.head_dim), (m_block, 0))
+            gO = cute.local_tile(self._batch_view(ops.mO, batch, offset, head), (self.tile_m, self.head_dim),
+                                 (m_block, 0))
             sm90.store_rows_predicated(((sO, gO),), self.num_consumer_threads, tidx, m_block * self.tile_m,
                                        seg.seqlen)
 
