@@ -309,6 +309,22 @@ def test_walk_refuses_x_beyond_its_32_bit_offsets():
     mod._check_walk_extent(torch.empty(104857, 20480, dtype=torch.bfloat16, device="meta"))  # just fits
 
 
+def test_walk_compiles_store_mix_only_with_a_mix_buffer(monkeypatch):
+    """A caller's config with store_mix=True and no mix buffer would have the epilogue write 25 floats per row into
+    the one-row dummy (past its end): the walk's launch compiles the config with store_mix following ``mix``, as the
+    TMA path does (and with a buffer, store_mix on even where the config has it off)."""
+    compiled = []
+    monkeypatch.setattr(mod, "_compile", lambda cfg: compiled.append(cfg))
+    monkeypatch.setattr(mod, "run_compiled", lambda compile_fn, *a, **k: compile_fn())
+    x = torch.empty(3, 64, dtype=torch.bfloat16, device="meta")
+    args = (x, torch.empty(24, 64, device="meta"), torch.empty(3, device="meta"), torch.empty(24, device="meta"),
+            20, 1e-6, 1e-6)
+    mod._launch(*args, config=mod.HcMixConfig(m_tiles=1, warps_m=1, stages=8, store_mix=True))
+    mod._launch(*args, mix=torch.empty(3, 25, device="meta"), config=mod.HcMixConfig(m_tiles=1, warps_m=1, stages=8))
+    mod._launch(*args)
+    assert [c.store_mix for c in compiled] == [False, True, False]
+
+
 @pytest.mark.parametrize("name", ["rms_eps", "hc_eps"])
 def test_eps_that_float32_would_flush_to_zero_is_refused(name):
     with pytest.raises(ValueError, match="smallest normal"):

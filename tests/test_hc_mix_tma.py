@@ -391,3 +391,15 @@ def test_emulate_mix_refuses_non_bf16_x():
         mod.emulate_mix(torch.zeros(2, 64), torch.zeros(24, 64))
     with pytest.raises(TypeError, match="torch tensors"):
         mod.emulate_mix([[0.0] * 64], torch.zeros(24, 64))
+
+
+def test_consumer_register_limit_is_the_split_with_the_smallest_producer():
+    """MAX_CONSUMER_REGS (the limit the config errors name) is the largest consumer count that a split with the
+    producer at MIN_PRODUCER_REGS passes; the overlap error names it (it named the ranker's 240)."""
+    from cute_kernels.kernels import sm90_helpers
+
+    sm90_helpers.check_register_split(mod.MIN_PRODUCER_REGS, mod.MAX_CONSUMER_REGS, 2)
+    with pytest.raises(ValueError, match="register split"):
+        sm90_helpers.check_register_split(mod.MIN_PRODUCER_REGS, mod.MAX_CONSUMER_REGS + 8, 2)
+    with pytest.raises(ValueError, match=f"past the {mod.MAX_CONSUMER_REGS} registers"):
+        mod.HcMixTmaConfig(tile_m=256, overlap=True)

@@ -136,8 +136,6 @@ class HcMixConfig(ValidatedConfig):
             raise ValueError(f"warps_m={self.warps_m}: must be 1, 2 or 4")
         if self.stages not in (2, 3, 4, 6, 8):
             raise ValueError(f"stages={self.stages}: must be 2, 3, 4, 6 or 8 (cp.async ring depth)")
-        if self.tile_m % CLUSTER_K:
-            raise ValueError(f"tile_m={self.tile_m} must be a multiple of {CLUSTER_K}")
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"{self}: needs {self.smem_bytes} B of shared memory (> {SMEM_LIMIT})")
 
@@ -580,8 +578,8 @@ def _check_k(name: str, k: int) -> None:
     if k % K_ALIGN or k == 0:
         raise ValueError(f"{name}={k} must be a positive multiple of {K_ALIGN}")
     if k > MAX_K:
-        raise ValueError(f"{name}={k}: at most {MAX_K} (the kernels take K as a 32-bit size, and hc_fn "
-                         f"[{N_MIX}, K] must span fewer than 2**31 elements: the walk indexes it with 32-bit offsets)")
+        raise ValueError(f"{name}={k}: at most {MAX_K} (both kernels take K and hc_fn's row stride as 32-bit "
+                         f"integers: hc_fn [{N_MIX}, K] must span fewer than 2**31 elements)")
 
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True,
@@ -600,7 +598,7 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
         raise TypeError("hc_fn is a [72, K] bf16 tensor, the pieces the removed hc_mix_split_weights made; the "
                         "kernels split hc_fn themselves now: pass the float32 hc_fn [24, K]")
     check_tensor("hc_fn", hc_fn, dtypes=(torch.float32,), shape=(N_MIX, k), cuda=cuda, data_pointer=pointers)
-    check_extent("hc_fn", hc_fn)  # (the walk's 32-bit offsets; a padded row stride can pass 2**31 elements)
+    check_extent("hc_fn", hc_fn)  # (32-bit sizes and strides in both kernels; a padded row stride can pass 2**31)
     check_tensor("hc_scale", hc_scale, dtypes=(torch.float32,), shape=(3,), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
     check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4,
@@ -700,7 +698,9 @@ def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=No
             out=None):
     """Launch on validated inputs; ``out`` = preallocated (pre, post, comb) (tests poison them)."""
     _check_walk_extent(x)
-    cfg = config or config_for(x.shape[0], store_mix=mix is not None)
+    store_mix = mix is not None  # (a config's store_mix without a mix buffer would write past the dummy row)
+    cfg = config_for(x.shape[0], store_mix=store_mix) if config is None else \
+        dataclasses.replace(config, store_mix=store_mix)
     return run_compiled(lambda: _compile(cfg), x, hc_fn, hc_scale,
                         hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=mix, out=out)
 
@@ -815,8 +815,6 @@ def hc_mix_raw(x: torch.Tensor, hc_fn: torch.Tensor, config: HcMixConfig | None 
     _validate(x, hc_fn, torch.ones(3, device=x.device), torch.zeros(N_MIX, device=x.device), 1)
     m = x.shape[0]
     mix = torch.empty(max(m, 1), SP_COLS, dtype=torch.float32, device=x.device)
-    if config is not None and not config.store_mix:
-        config = dataclasses.replace(config, store_mix=True)
     _launch(x, hc_fn, torch.ones(3, device=x.device), torch.zeros(N_MIX, device=x.device), 1, 1e-6, 1e-6,
             mix=mix, config=config)
     return mix[:m, :N_MIX], mix[:m, N_MIX]

@@ -91,6 +91,9 @@ SPLIT_WARPS = 3  # producer warpgroup warps 1-3: split each float32 hc_fn tile i
 SPLIT_THREADS = 32 * SPLIT_WARPS
 VEC = 8  # columns per split item: two 16-byte float32 loads, one 16-byte bf16 store per piece
 MIN_PRODUCER_REGS = 32  # the split warps' code: R0-R35 at 40 registers, no spills at 32, 24 B of stack at 24
+# the most a consumer thread can get beside a producer warpgroup at MIN_PRODUCER_REGS: (64512 - 128 * 32) / 256 =
+# 236, rounded down to setmaxnreg's multiple of 8 (sm90.register_pool of the 384-thread CTA)
+MAX_CONSUMER_REGS = (sm90.register_pool(384) - 128 * MIN_PRODUCER_REGS) // 256 // 8 * 8
 
 
 @dataclass(frozen=True)
@@ -205,8 +208,9 @@ class HcMixTmaConfig(ValidatedConfig):
         if self.tile_m not in (128, 256):
             raise ValueError(f"tile_m={self.tile_m}: must be 128 or 256 (one or two m64 atoms per consumer warpgroup)")
         if self.overlap and self.m_atoms != 1:
-            raise ValueError("overlap (two accumulators) needs tile_m=128: three 72-column float32 sets per "
-                             "thread at tile_m=256 exceed the 240-register limit")
+            raise ValueError("overlap (two accumulators) needs tile_m=128: at tile_m=256 a consumer thread holds "
+                             "two m64 atoms of running sums and two accumulators (3 x 36 float32 each), past the "
+                             f"{MAX_CONSUMER_REGS} registers it can have")
         if self.tile_k != 64:
             raise ValueError(f"tile_k={self.tile_k}: must be 64 (one 128-byte swizzle row of bf16)")
         if self.fused_epilogue and self.cta_level != 0:
@@ -217,9 +221,10 @@ class HcMixTmaConfig(ValidatedConfig):
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages={self.stages}: must be in [2, 8]")
         need = self.min_consumer_regs()
-        if need > 232:  # the most a consumer thread of a 384-thread CTA can get (sm90.check_register_split)
-            raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the 232 a "
-                             "384-thread CTA can give: use tile_m=128, no overlap, or a higher cta_level")
+        if need > MAX_CONSUMER_REGS:
+            raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the "
+                             f"{MAX_CONSUMER_REGS} a 384-thread CTA can give: use tile_m=128, no overlap, or a higher "
+                             "cta_level")
         regs = self.consumer_registers
         if self.producer_regs < MIN_PRODUCER_REGS:
             raise ValueError(f"producer_regs={self.producer_regs}: the split warps (producer warpgroup warps 1-3) "
