@@ -75,6 +75,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -215,6 +216,95 @@ def _split3_bf16x2(w0: Float32, w1: Float32):
     )
 
 
+class EpilogueArgs(NamedTuple):
+    """What the per-row epilogue (:func:`row_epilogue`) writes and reads besides the row's sums; both hc_mix
+    kernels pass it (the TMA kernels as launch arguments, spread)."""
+
+    mScale: Any  # [3] float32: hc_scale
+    mBase: Any  # [24] float32: hc_base
+    mPre: Any  # [M, 4] float32
+    mPost: Any  # [M, 4] float32
+    mComb: Any  # [M, 16] float32
+    mMix: Any  # [M, 25] float32 raw sums (written only with store_mix; else a dummy row)
+    sinkhorn_iters: Any
+    rms_eps: Any
+    hc_eps: Any
+
+
+@cute.jit
+def _sigmoid(z: Float32):
+    return cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-z))
+
+
+@cute.jit
+def row_epilogue(sSums: cute.Tensor, rr: Int32, row: Int32, k: Int32, epi, store_mix: cutlass.Constexpr):
+    """One thread's row ``row`` from its sums ``sSums[rr, :]`` (24 of x . hc_fn^T, then sum x^2; ``epi``:
+    :class:`EpilogueArgs`): r = 1/sqrt(mean x^2 + rms_eps), pre = sigmoid + hc_eps, post = 2 sigmoid, comb =
+    row softmax + hc_eps then Sinkhorn (seed 001; float32)."""
+    if cutlass.const_expr(store_mix):
+        for c in cutlass.range_constexpr(SP_COLS):
+            epi.mMix[row, c] = sSums[rr, c]
+    # reciprocals by rcp.approx / rsqrt, no IEEE division: each division or 1 / sqrt took a slow-path
+    # branch in this latency chain (H200, session 19: 0.5-0.6 us less per call at every M; errors
+    # against float64 unchanged, <= 4e-7)
+    sq = sSums[rr, N_MIX]
+    r = cute.math.rsqrt(sq * cute.arch.rcp_approx(Float32(k)) + epi.rms_eps)
+    s0 = epi.mScale[0] * r
+    s1 = epi.mScale[1] * r
+    s2 = epi.mScale[2] * r
+    hc_eps = epi.hc_eps
+    for i in cutlass.range_constexpr(HC):
+        epi.mPre[row, i] = _sigmoid(sSums[rr, i] * s0 + epi.mBase[i]) + hc_eps
+    for i in cutlass.range_constexpr(HC):
+        epi.mPost[row, i] = Float32(2.0) * _sigmoid(sSums[rr, HC + i] * s1 + epi.mBase[HC + i])
+    rM = cute.make_rmem_tensor(cute.make_layout(HC * HC), Float32)
+    for i in cutlass.range_constexpr(HC * HC):
+        rM[i] = sSums[rr, 2 * HC + i] * s2 + epi.mBase[2 * HC + i]
+    # softmax over each row, + eps
+    for i in cutlass.range_constexpr(HC):
+        mx = rM[i * HC]
+        for j in cutlass.range_constexpr(1, HC):
+            mx = cute.arch.fmax(mx, rM[i * HC + j])
+        ssum = Float32(0.0)
+        for j in cutlass.range_constexpr(HC):
+            e = cute.math.exp(rM[i * HC + j] - mx)
+            rM[i * HC + j] = e
+            ssum = ssum + e
+        inv = cute.arch.rcp_approx(ssum)
+        for j in cutlass.range_constexpr(HC):
+            rM[i * HC + j] = rM[i * HC + j] * inv + hc_eps
+    _normalize_cols(rM, hc_eps)
+    for _ in cutlass.range(epi.sinkhorn_iters - 1, unroll=1):
+        _normalize_rows(rM, hc_eps)
+        _normalize_cols(rM, hc_eps)
+    for i in cutlass.range_constexpr(HC * HC):
+        epi.mComb[row, i] = rM[i]
+
+
+@cute.jit
+def _normalize_rows(rM: cute.Tensor, hc_eps: Float32):
+    """Sinkhorn's row step on the 4 x 4 ``rM`` (row-major): each row divided by its sum + hc_eps."""
+    for i in cutlass.range_constexpr(HC):
+        ssum = rM[i * HC]
+        for j in cutlass.range_constexpr(1, HC):
+            ssum = ssum + rM[i * HC + j]
+        inv = cute.arch.rcp_approx(ssum + hc_eps)
+        for j in cutlass.range_constexpr(HC):
+            rM[i * HC + j] = rM[i * HC + j] * inv
+
+
+@cute.jit
+def _normalize_cols(rM: cute.Tensor, hc_eps: Float32):
+    """Sinkhorn's column step: each column divided by its sum + hc_eps."""
+    for j in cutlass.range_constexpr(HC):
+        ssum = rM[j]
+        for i in cutlass.range_constexpr(1, HC):
+            ssum = ssum + rM[i * HC + j]
+        inv = cute.arch.rcp_approx(ssum + hc_eps)
+        for i in cutlass.range_constexpr(HC):
+            rM[i * HC + j] = rM[i * HC + j] * inv
+
+
 class HcMixKernel:
     """mHC mix statistics (x . hc_fn^T, sum x^2) + sigmoids + Sinkhorn, one cluster per row block."""
 
@@ -290,8 +380,9 @@ class HcMixKernel:
         if tidx < self.rows_per_rank:
             row = m_block * self.tile_m + tidx * CLUSTER_K + rank
             if row < mX.shape[0]:
-                self.epilogue(sA, tidx, row, mX.shape[1], mScale, mBase, mPre, mPost, mComb, mMix,
-                              sinkhorn_iters, rms_eps, hc_eps)
+                row_epilogue(sA, tidx, row, mX.shape[1], EpilogueArgs(mScale, mBase, mPre, mPost, mComb, mMix,
+                                                                      sinkhorn_iters, rms_eps, hc_eps),
+                             self.config.store_mix)
 
     # ------------------------------------------------------------------ roles
     @cute.jit
@@ -457,71 +548,6 @@ class HcMixKernel:
                 for v in vals:
                     total = total + v
                 sA[rr, col] = total
-
-    @cute.jit
-    def epilogue(self, sA: cute.Tensor, rr: Int32, row: Int32, k: Int32, mScale: cute.Tensor,
-                 mBase: cute.Tensor, mPre: cute.Tensor, mPost: cute.Tensor, mComb: cute.Tensor,
-                 mMix: cute.Tensor, sinkhorn_iters: Int32, rms_eps: Float32, hc_eps: Float32):
-        """Per row: r = 1/sqrt(mean x^2 + eps), sigmoids, Sinkhorn (float32, one thread)."""
-        if cutlass.const_expr(self.config.store_mix):
-            for c in cutlass.range_constexpr(SP_COLS):
-                mMix[row, c] = sA[rr, c]
-        # reciprocals by rcp.approx / rsqrt, no IEEE division: each division or 1 / sqrt took a slow-path
-        # branch in this latency chain (H200, session 19: 0.5-0.6 us less per call at every M; errors
-        # against float64 unchanged, <= 4e-7)
-        sq = sA[rr, N_MIX]
-        r = cute.math.rsqrt(sq * cute.arch.rcp_approx(Float32(k)) + rms_eps)
-        s0 = mScale[0] * r
-        s1 = mScale[1] * r
-        s2 = mScale[2] * r
-        for i in cutlass.range_constexpr(HC):
-            z = sA[rr, i] * s0 + mBase[i]
-            mPre[row, i] = cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-z)) + hc_eps
-        for i in cutlass.range_constexpr(HC):
-            z = sA[rr, HC + i] * s1 + mBase[HC + i]
-            mPost[row, i] = Float32(2.0) * cute.arch.rcp_approx(Float32(1.0) + cute.math.exp(-z))
-        rM = cute.make_rmem_tensor(cute.make_layout(HC * HC), Float32)
-        for i in cutlass.range_constexpr(HC * HC):
-            rM[i] = sA[rr, 2 * HC + i] * s2 + mBase[2 * HC + i]
-        # softmax over each row, + eps
-        for i in cutlass.range_constexpr(HC):
-            mx = rM[i * HC]
-            for j in cutlass.range_constexpr(1, HC):
-                mx = cute.arch.fmax(mx, rM[i * HC + j])
-            ssum = Float32(0.0)
-            for j in cutlass.range_constexpr(HC):
-                e = cute.math.exp(rM[i * HC + j] - mx)
-                rM[i * HC + j] = e
-                ssum = ssum + e
-            inv = cute.arch.rcp_approx(ssum)
-            for j in cutlass.range_constexpr(HC):
-                rM[i * HC + j] = rM[i * HC + j] * inv + hc_eps
-        self.normalize_cols(rM, hc_eps)
-        for _ in cutlass.range(sinkhorn_iters - 1, unroll=1):
-            self.normalize_rows(rM, hc_eps)
-            self.normalize_cols(rM, hc_eps)
-        for i in cutlass.range_constexpr(HC * HC):
-            mComb[row, i] = rM[i]
-
-    @cute.jit
-    def normalize_rows(self, rM: cute.Tensor, hc_eps: Float32):
-        for i in cutlass.range_constexpr(HC):
-            ssum = rM[i * HC]
-            for j in cutlass.range_constexpr(1, HC):
-                ssum = ssum + rM[i * HC + j]
-            inv = cute.arch.rcp_approx(ssum + hc_eps)
-            for j in cutlass.range_constexpr(HC):
-                rM[i * HC + j] = rM[i * HC + j] * inv
-
-    @cute.jit
-    def normalize_cols(self, rM: cute.Tensor, hc_eps: Float32):
-        for j in cutlass.range_constexpr(HC):
-            ssum = rM[j]
-            for i in cutlass.range_constexpr(1, HC):
-                ssum = ssum + rM[i * HC + j]
-            inv = cute.arch.rcp_approx(ssum + hc_eps)
-            for i in cutlass.range_constexpr(HC):
-                rM[i * HC + j] = rM[i * HC + j] * inv
 
 
 # ---------------------------------------------------------------------- compile + torch glue

@@ -63,6 +63,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -76,7 +77,7 @@ from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_tensor
 from ..runtime.validate import ValidatedConfig, INT32_MAX, check_int, check_outputs_disjoint, check_tensor
 from . import sm90_helpers as sm90
-from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, HcMixKernel, _split3_bf16x2, _validate,
+from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, EpilogueArgs, _split3_bf16x2, _validate, row_epilogue,
                      fake_launch_args, run_compiled, split_pieces)
 
 NAME = "hc_mix_tma"
@@ -258,6 +259,20 @@ def smem_layouts(config: HcMixTmaConfig):
                              stride=(config.tile_k, 1, N_MIX * config.tile_k)))
 
 
+class WalkOperands(NamedTuple):
+    """What every k tile of a consumer's walk reads (:meth:`HcMixTmaKernel.walk_split`; made once in
+    :meth:`HcMixTmaKernel.mma`)."""
+
+    tiled_mma: Any
+    tCrX: Any  # x's WGMMA fragments, per stage
+    tCrW: Any  # hc_fn pieces', per stage
+    sXv: Any  # the x ring as 16-byte vectors (the squares)
+    ring: Any  # the x / hc_fn pipeline
+    ctidx: Any  # thread index among the consumers
+    k_tiles: Any
+    kt_begin: Any  # this CTA's first k tile
+
+
 def make_tiled_mma():
     """The consumers' WGMMA: two m64 warpgroup atoms, n = 72 (the three pieces of 24 columns), bf16 in,
     float32 out, both operands K-major (DSL object; call inside a trace)."""
@@ -266,10 +281,10 @@ def make_tiled_mma():
         atom_layout_mnk=(2, 1, 1), tiler_mn=(64, N_W))
 
 
-class HcMixTmaKernel(HcMixKernel):
+class HcMixTmaKernel:
     """The walk (warp-specialized TMA producer + two WGMMA consumer warpgroups; one CTA per row tile and
     node of the K tree at ``config.cta_level``) and the reduction kernel (the levels above, then the
-    epilogue).  Reuses :class:`.hc_mix.HcMixKernel`'s epilogue (sigmoids, Sinkhorn)."""
+    epilogue).  The per-row epilogue (sigmoids, Sinkhorn) is the walk kernel's, :func:`.hc_mix.row_epilogue`."""
 
     def __init__(self, config: HcMixTmaConfig):
         self.config = config
@@ -286,16 +301,17 @@ class HcMixTmaKernel(HcMixKernel):
         """Launch the walk and the reduction kernel after it on the same stream (a programmatic
         dependent launch), or with ``fused_epilogue`` the walk alone.  ``mPart``: ``[workspace_rows, 25]``
         float32 workspace (the walk's node sums; untouched with ``fused_epilogue``)."""
-        epi = (mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps)
+        epi = EpilogueArgs(mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps)
         self.launch_walk(mX, mW, mPart, epi, stream)
         if cutlass.const_expr(not self.config.fused_epilogue):
             self.launch_reduce(mX, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps, mPart,
                                stream)
 
     @cute.jit
-    def launch_walk(self, mX: cute.Tensor, mW: cute.Tensor, mPart: cute.Tensor, epi: tuple, stream):
+    def launch_walk(self, mX: cute.Tensor, mW: cute.Tensor, mPart: cute.Tensor, epi, stream):
         """The walk: TMA atoms, shared storage, one CTA per (tree node at ``cta_level``, row tile);
-        ``epi``: the epilogue's tensors and scalars (``fused_epilogue``)."""
+        ``epi``: the epilogue's tensors and scalars, an :class:`.hc_mix.EpilogueArgs` (``fused_epilogue``;
+        launch arguments, spread)."""
         tiled_mma = make_tiled_mma()
         sX_layout, sW_layout, sWf_layout = smem_layouts(self.config)
         tma_atom_X, tma_X = cpasync.make_tiled_tma_atom(
@@ -389,7 +405,7 @@ class HcMixTmaKernel(HcMixKernel):
             sXv = cute.make_tensor(storage.sX.data_ptr(), cute.make_layout((8, x_vectors), stride=(1, 8)))
             self.mma(tiled_mma, sX, sW, sXv, sP, ring, tidx - 128, split_begin, k_tiles)
             if cutlass.const_expr(self.config.fused_epilogue):  # one CTA per row tile: sP holds the root sums
-                epi = (mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps)
+                epi = EpilogueArgs(mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps)
                 self.tile_epilogue(sP, m_block, tidx - 128, mX.shape[0], mX.shape[1], epi)
             else:
                 self.store_partials(sP, mPart, m_block, node, tidx - 128)
@@ -479,7 +495,7 @@ class HcMixTmaKernel(HcMixKernel):
         tCrX = wg_mma.make_fragment_A(wg_mma.partition_A(sX))
         tCrW = wg_mma.make_fragment_B(wg_mma.partition_B(sW))
         self.acc_shape = tiled_mma.partition_shape_C((self.tile_m, N_W))  # static: kept on self (trace time)
-        w = (tiled_mma, tCrX, tCrW, sXv, ring, ctidx, k_tiles, self.split_tile(split_begin, k_tiles))
+        w = WalkOperands(tiled_mma, tCrX, tCrW, sXv, ring, ctidx, k_tiles, self.split_tile(split_begin, k_tiles))
         run = cute.make_rmem_tensor(self.acc_shape, Float32)
         run.fill(0.0)
         sq = cute.make_rmem_tensor((self.config.m_atoms,), Float32)
@@ -514,16 +530,15 @@ class HcMixTmaKernel(HcMixKernel):
     @cute.jit
     def walk_split(self, w, run, sq, rX, split):
         """One split's k tiles into ``run`` (float32 running sums) and ``sq`` (squares); ``w``: the walk's
-        fixed arguments (see :meth:`mma`).  Per tile, WGMMA into a fresh accumulator, squares meanwhile,
+        fixed arguments (:class:`WalkOperands`).  Per tile, WGMMA into a fresh accumulator, squares meanwhile,
         then the running sums (``overlap``: tiles in pairs, the second's WGMMAs in flight while the first
         is added; the same order, so the same bits)."""
-        tiled_mma, tCrX, tCrW, sXv, ring, ctidx, k_tiles, kt_begin = w
-        t_begin = self.split_tile(split, k_tiles)
-        t_end = self.split_tile(split + 1, k_tiles)
+        t_begin = self.split_tile(split, w.k_tiles)
+        t_end = self.split_tile(split + 1, w.k_tiles)
         # pipeline states come from t's position in this CTA's walk: a PipelineState advanced inside
         # these nested loops does not carry out of them (measured: the consumers then wait on a wrong
         # phase and the walk hangs from the second split on)
-        t0 = t_begin - kt_begin
+        t0 = t_begin - w.kt_begin
         n = t_end - t_begin
         if cutlass.const_expr(not self.config.overlap):
             for t in cutlass.range(t0, t0 + n, unroll=1):
@@ -535,13 +550,13 @@ class HcMixTmaKernel(HcMixKernel):
                 acc = cute.make_rmem_tensor(self.acc_shape, Float32)
                 acc_next = cute.make_rmem_tensor(self.acc_shape, Float32)
                 first, second = self.consumer_state(t), self.consumer_state(t + 1)
-                self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, first, ctidx)
-                self.begin_tile(tiled_mma, acc_next, tCrX, tCrW, sXv, sq, rX, ring, second, ctidx)
+                self.begin_tile(w, acc, sq, rX, first)
+                self.begin_tile(w, acc_next, sq, rX, second)
                 warpgroup.wait_group(1)
-                ring.consumer_release(first)
+                w.ring.consumer_release(first)
                 self.accumulate(run, acc)
                 warpgroup.wait_group(0)
-                ring.consumer_release(second)
+                w.ring.consumer_release(second)
                 self.accumulate(run, acc_next)
             if n % 2 == 1:
                 self.single_tile(w, run, sq, rX, t0 + n - 1)
@@ -550,12 +565,11 @@ class HcMixTmaKernel(HcMixKernel):
     def single_tile(self, w, run, sq, rX, t):
         """Tile ``t`` of this CTA's walk on its own: wait, WGMMA into a fresh accumulator with the squares
         meanwhile, wait for the WGMMAs, free the stage, add to the running sums."""
-        tiled_mma, tCrX, tCrW, sXv, ring, ctidx, _, _ = w
         acc = cute.make_rmem_tensor(self.acc_shape, Float32)
         state = self.consumer_state(t)
-        self.begin_tile(tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx)
+        self.begin_tile(w, acc, sq, rX, state)
         warpgroup.wait_group(0)
-        ring.consumer_release(state)
+        w.ring.consumer_release(state)
         self.accumulate(run, acc)
 
     @cute.jit
@@ -590,12 +604,12 @@ class HcMixTmaKernel(HcMixKernel):
         cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
 
     @cute.jit
-    def begin_tile(self, tiled_mma, acc, tCrX, tCrW, sXv, sq, rX, ring, state, ctidx):
+    def begin_tile(self, w, acc, sq, rX, state):
         """Wait for the k tile at ``state``, issue its WGMMAs into ``acc`` and add its squares while
         they run (the caller waits for the WGMMAs and frees the stage)."""
-        ring.consumer_wait(state)
-        self.issue(tiled_mma, acc, tCrX, tCrW, state.index)
-        self.squares(sXv, sq, rX, state.index, ctidx)
+        w.ring.consumer_wait(state)
+        self.issue(w.tiled_mma, acc, w.tCrX, w.tCrW, state.index)
+        self.squares(w.sXv, sq, rX, state.index, w.ctidx)
 
     @cute.jit
     def issue(self, tiled_mma, acc, tCrX, tCrW, stage):
@@ -647,17 +661,15 @@ class HcMixTmaKernel(HcMixKernel):
                 mPart[base + r, col] = sP[r, col]
 
     @cute.jit
-    def tile_epilogue(self, sA, m_block, ctidx, m: Int32, k: Int32, epi: tuple):
+    def tile_epilogue(self, sA, m_block, ctidx, m: Int32, k: Int32, epi):
         """``fused_epilogue``: the epilogue (sigmoids, Sinkhorn) of the row tile's rows below M, one
         consumer thread per row (consumer thread ``i`` takes rows ``i, i + 256, ...``), from the root sums
         in ``sA`` (``tile_m x 25``)."""
-        mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps, hc_eps = epi
         for r0 in cutlass.range_constexpr(0, self.tile_m, self.num_consumers):
             rr = r0 + ctidx
             row = m_block * self.tile_m + rr
             if rr < self.tile_m and row < m:
-                self.epilogue(sA, rr, row, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters, rms_eps,
-                              hc_eps)
+                row_epilogue(sA, rr, row, k, epi, self.config.store_mix)
 
     @cute.kernel
     def reduce_kernel(self, mPart: cute.Tensor, m: Int32, k: Int32, mScale: cute.Tensor, mBase: cute.Tensor,
@@ -679,8 +691,9 @@ class HcMixTmaKernel(HcMixKernel):
         self.reduce_item(mPart, sA, row0, tidx, cutlass.min(m - row0, rows) * SP_COLS)  # rows past M skipped
         cute.arch.sync_threads()
         if tidx < rows and row0 + tidx < m:
-            self.epilogue(sA, tidx, row0 + tidx, k, mScale, mBase, mPre, mPost, mComb, mMix, sinkhorn_iters,
-                          rms_eps, hc_eps)
+            row_epilogue(sA, tidx, row0 + tidx, k, EpilogueArgs(mScale, mBase, mPre, mPost, mComb, mMix,
+                                                                sinkhorn_iters, rms_eps, hc_eps),
+                         self.config.store_mix)
 
     @cute.jit
     def reduce_item(self, mPart, sA, row0, item, n_items):
