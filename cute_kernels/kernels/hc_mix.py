@@ -45,7 +45,7 @@ Measured on the H200 (2026-11-29, defaults, K = 20480, us per call in a CUDA gra
 split-K Triton baseline / torch float32 reference): M = 1: 12.6 / 12.0 / 206; 16: 12.8 / 13.2 / 232;
 128: 13.0 / 16.5 / 288; 512: 23.3 / 28.5 / 351; 1024: 38.5 / 56.4 / 439; 2048: 70.4 / 99.2 / 604;
 4096: 116 / 174 / 919 (1443 GB/s, 34% of the 4.2 TB/s copy rate); 16384: 410 / 648 / 2855.
-Session 2 (same day, MEDIUM for every M > 256 since; this kernel / split-K): 1024: 39.3 / 57.0;
+With the MEDIUM tiles shipped since for every M > 256 (a second run that day; this kernel / split-K): 1024: 39.3 / 57.0;
 2048: 61.4 / 101; 4096: 104.7 / 176 (1.68x; 1603 GB/s, 39% of the copy rate); 16384: 377 / 653.
 Error of ``a`` against float64 1.6e-7 .. 2.0e-7 norm-wise; pre/post/comb <= 5.4e-7 absolute.
 Time scales with x + hc_fn bytes (each cluster re-reads hc_fn) and with warps per SM (the

@@ -17,9 +17,7 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   warps) split each hc_fn tile into its three bf16 pieces (:func:`.hc_mix._split3_bf16x2`; rows lo 0-23,
   mid 24-47, hi 48-71 of the stage's ``[72, 64]`` piece buffer, in the WGMMA's swizzle), fence the
   async proxy and arrive on the ring's full barrier, which thus completes when the x tile has landed
-  and the pieces are written.  Every call reads hc_fn itself, so any change to it is seen (until session
-  34 the pieces came from a cache, then from a split kernel run before the walk: 2-2.8 us more per call
-  at M <= 4096; session 35 moved the split into the walk).  Two consumer
+  and the pieces are written.  Every call reads hc_fn itself, so any change to it is seen.  Two consumer
   warpgroups issue ``wgmma m64n72k16`` (A = x, B = the pieces; bf16 in, float32 out) per k tile into
   a fresh accumulator added to float32 running sums (the per-chunk accuracy argument of
   :mod:`.hc_mix`); meanwhile each thread sums the squares of half a row of the tile from smem
@@ -33,28 +31,21 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   is a programmatic dependent launch as well (``pdl``): its prologue overlaps the previous kernel.
   Where one CTA walks all of K for its row tile (``cta_level = 0``: config_for's pick for M in
   12673-16896, 29569-33792, 46465-50688, ... (:func:`level_range`), e.g. 16384 and 32768) it holds the
-  root sums and runs the epilogue itself (``fused_epilogue``: one kernel; M = 16384, same run: 166.4 vs
-  169.6 / 170.0 us as two kernels, session 19).
-  With several CTAs per row tile, arrival counters (zeroed once, re-armed by each tile's last CTA) let
-  the last CTA do the same; measured level with the two kernels at M <= 4096 (session 19), not kept.
+  root sums and runs the epilogue itself (``fused_epilogue``: one kernel; M = 16384: 166.4 vs 169.6 /
+  170.0 us as two kernels in the same run).
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
   M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
 
-Measured (H200, K = 20480, us per call in a CUDA graph, with the pieces made beforehand (a cache kept them
-between calls until session 34; since session 35 the walk splits hc_fn itself: figures below), session 7,
-bench/results/2026-11-29_h200_hc_mix_s7.md; split-K Triton baseline in brackets): M = 1: 9.1 (12.1);
-128: 9.5 (16.9); 512: 12.8 (28.7); 1024: 18.5 (56.6); 2048: 28.5 (99.5); 4096: 48.2 (175; 82% of the
-copy rate); 16384: 170 (643).  Session 19 (fast-math epilogue, level-0 fused epilogue,
-bench/results/2026-11-30_h200_hc_mix_s19_final.json): M <= 128 8.5-8.9, 512 12.1, 4096 46.27 (85.8% of the
-run's copy rate), 16384 159.9.  Session 35 (the split in the walk,
+Measured (H200, K = 20480, us per call in a CUDA graph, the shipped code with hc_fn split in the walk;
 bench/results/2026-12-02_h200_hc_mix_s35.json, two runs): M = 1 9.1-9.2, 128 9.4, 512 12.4-12.6, 4096
-48.3-48.4 (82-83%), 16384 170.4-171.3.  Session 6 (before pdl, l2_hints, reduce_rows, overlap at large M):
-10.0 / 9.8 / 13.6 / 18.6 / 32.2 / 51.8 / 179.  The walk with its math removed took 49.1 us at M =
-4096 (session 7, before those changes): the access pattern, not the math, sets the walk.  Measured on
-the way (bench/results/logs/2026-11-29_s6_*, _s7_*): 32 splits gave 12.5 us at M <= 128 (too few
-CTAs); one wave of CTAs beats two at M = 4096 (4 per tile: 51 vs 56 us); 256-row tiles (half the
-hc_fn L2 reads), stages 4-8, x from registers (ldmatrix), a last-CTA fused reduction and 16-CTA
-clusters gained nothing.
+48.3-48.4 (82-83% of the run's copy rate), 16384 170.4-171.3; the split-K Triton baseline takes 12.1, 16.9,
+28.7, 175 and 643 us at M = 1, 128, 512, 4096, 16384 (bench/results/2026-11-29_h200_hc_mix_s7.md).  With the
+pieces made before the call (a design since removed: any change to hc_fn must be seen) the walk took 8.5-8.9
+us at M <= 128 and 46.3 at 4096.  The walk with its math removed took 49.1 us at M = 4096: the access
+pattern, not the math, sets it.  Tried and not kept (STATUS.md, sessions 6-19): 32 splits (12.5 us at M <=
+128: too few CTAs), two waves of CTAs at M = 4096 (4 per tile: 56 vs 51 us), 256-row tiles (half the hc_fn
+L2 reads), stages 4-8, x from registers (ldmatrix), 16-CTA clusters, a last-CTA fused reduction with arrival
+counters at several CTAs per row tile (level with the two kernels at M <= 4096).
 """
 
 from __future__ import annotations
@@ -92,9 +83,14 @@ SPLIT_WARPS = 3  # producer warpgroup warps 1-3: split each float32 hc_fn tile i
 SPLIT_THREADS = 32 * SPLIT_WARPS
 VEC = 8  # columns per split item: two 16-byte float32 loads, one 16-byte bf16 store per piece
 MIN_PRODUCER_REGS = 32  # the split warps' code: R0-R35 at 40 registers, no spills at 32, 24 B of stack at 24
+# the walk's threads: one producer warpgroup (warp 0: TMA; warps 1-3: the split warps) and two consumer warpgroups
+CONSUMER_WGS = 2
+NUM_CONSUMER_THREADS = 128 * CONSUMER_WGS
+NUM_THREADS = 128 + NUM_CONSUMER_THREADS
+CONSUMERS_BARRIER = 1  # the consumers' named barrier (0 is __syncthreads)
 # the most a consumer thread can get beside a producer warpgroup at MIN_PRODUCER_REGS: (64512 - 128 * 32) / 256 =
 # 236, rounded down to setmaxnreg's multiple of 8 (sm90.register_pool of the 384-thread CTA)
-MAX_CONSUMER_REGS = (sm90.register_pool(384) - 128 * MIN_PRODUCER_REGS) // 256 // 8 * 8
+MAX_CONSUMER_REGS = (sm90.register_pool(NUM_THREADS) - 128 * MIN_PRODUCER_REGS) // NUM_CONSUMER_THREADS // 8 * 8
 
 
 @dataclass(frozen=True)
@@ -230,7 +226,7 @@ class HcMixTmaConfig(ValidatedConfig):
         if self.producer_regs < MIN_PRODUCER_REGS:
             raise ValueError(f"producer_regs={self.producer_regs}: the split warps (producer warpgroup warps 1-3) "
                              f"need >= {MIN_PRODUCER_REGS} (spills below)")
-        sm90.check_register_split(self.producer_regs, regs, 2)  # setmaxnreg's range, the CTA's pool, producer <= consumer
+        sm90.check_register_split(self.producer_regs, regs, CONSUMER_WGS)  # setmaxnreg's range, pool, producer <= consumer
         if regs < need:
             raise ValueError(f"consumer_regs={regs}: this config needs >= {need} (spills below)")
         if self.smem_bytes() > SMEM_LIMIT:
@@ -291,8 +287,8 @@ class HcMixTmaKernel:
         self.stages = config.stages
         self.tile_k = config.tile_k
         self.tile_m = config.tile_m
-        self.threads = 384
-        self.num_consumers = 256
+        self.threads = NUM_THREADS
+        self.num_consumers = NUM_CONSUMER_THREADS
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mScale: cute.Tensor, mBase: cute.Tensor,
@@ -390,7 +386,7 @@ class HcMixTmaKernel:
         split_begin = node * self.config.splits_per_cta
         kt_begin = self.split_tile(split_begin, k_tiles)
         kt_end = self.split_tile(split_begin + self.config.splits_per_cta, k_tiles)
-        if warp_idx < 4:
+        if warp_idx < 4:  # the producer warpgroup
             cute.arch.setmaxregister_decrease(self.config.producer_regs)
             if warp_idx == 0:
                 self.load(tma_X, tma_W, tma_atom_X, tma_atom_W, sX, sWf, ring, w_ring, m_block, kt_begin, kt_end)
@@ -490,7 +486,7 @@ class HcMixTmaKernel:
         """Consumers: the CTA's subtree of splits (:meth:`walk_node`), then its node sums into ``sP``
         (rows x (24 + 1))."""
         wg_idx = cute.arch.make_warp_uniform(ctidx // 128)
-        wg_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg_idx))
+        wg_mma = tiled_mma.get_slice(cute.make_layout(CONSUMER_WGS, stride=128)(wg_idx))
         thr_mma = tiled_mma.get_slice(ctidx)
         tCrX = wg_mma.make_fragment_A(wg_mma.partition_A(sX))
         tCrW = wg_mma.make_fragment_B(wg_mma.partition_B(sW))
@@ -508,7 +504,7 @@ class HcMixTmaKernel:
         rX = cute.make_rmem_tensor((8,), BFloat16)
         self.walk_node(w, run, sq, tot, rX, 0, split_begin)
         # every consumer is done with the ring (and every TMA load has landed): sP may alias sX
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
+        cute.arch.barrier(barrier_id=CONSUMERS_BARRIER, number_of_threads=self.num_consumers)
         self.store_totals(sP, tot, thr_mma, ctidx)
 
     @cute.jit
@@ -601,7 +597,7 @@ class HcMixTmaKernel:
                 sP[r, c] = tot[0, t0 + i]
             if ctidx % 2 == 0:
                 sP[m * ROWS_PER_ATOM + ctidx // 2, N_MIX] = tot[0, t0 + A_PER_ATOM]
-        cute.arch.barrier(barrier_id=1, number_of_threads=self.num_consumers)
+        cute.arch.barrier(barrier_id=CONSUMERS_BARRIER, number_of_threads=self.num_consumers)
 
     @cute.jit
     def begin_tile(self, w, acc, sq, rX, state):
