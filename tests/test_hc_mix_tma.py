@@ -403,3 +403,19 @@ def test_consumer_register_limit_is_the_split_with_the_smallest_producer():
         sm90_helpers.check_register_split(mod.MIN_PRODUCER_REGS, mod.MAX_CONSUMER_REGS + 8, 2)
     with pytest.raises(ValueError, match=f"past the {mod.MAX_CONSUMER_REGS} registers"):
         mod.HcMixTmaConfig(tile_m=256, overlap=True)
+
+
+def test_hc_configs_take_exact_ints_and_bools_as_every_config():
+    """Both hc_mix configs check their fields with the shared check_config_fields (numpy ints and 0/1 for a bool
+    are refused, naming the field and type), and the TMA tree must be a tuple."""
+    import numpy as np
+
+    from cute_kernels.kernels import hc_mix
+
+    for make, match in ((lambda: hc_mix.HcMixConfig(m_tiles=np.int64(2)), "HcMixConfig.m_tiles"),
+                        (lambda: hc_mix.HcMixConfig(store_mix=1), "must be a bool"),
+                        (lambda: mod.HcMixTmaConfig(pdl=1), "HcMixTmaConfig.pdl"),
+                        (lambda: mod.HcMixTmaConfig(stages=np.int32(4)), "numpy.int32"),
+                        (lambda: mod.HcMixTmaConfig(tree=[4, 2, 2, 2, 2]), "tuple")):
+        with pytest.raises(TypeError, match=match):
+            make()

@@ -86,9 +86,9 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, register_flops, without_autocast
-from ..runtime.validate import (ValidatedConfig, INT32_MAX, aligned_data, check_f32_eps, check_float_tensors, check_int,
-                                check_same_device, check_distinct_rows, check_extent, check_tensor, element_span,
-                                validated_once)
+from ..runtime.validate import (ValidatedConfig, INT32_MAX, aligned_data, check_config_fields, check_f32_eps,
+                                check_float_tensors, check_int, check_same_device, check_distinct_rows, check_extent,
+                                check_tensor, element_span, validated_once)
 
 NAME = "hc_mix"
 MAX_ROWS = 65535 * 16  # rows of x: 65535 row blocks of 16 (the grid's y limit)
@@ -127,10 +127,7 @@ class HcMixConfig(ValidatedConfig):
         return 32 * WARPS_K * self.warps_m
 
     def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            want = bool if f.name == "store_mix" else int
-            if type(getattr(self, f.name)) is not want:
-                raise TypeError(f"{f.name}={getattr(self, f.name)!r}: must be {want.__name__}")
+        check_config_fields(self)  # (exact ints and bools, as every kernel config)
         if self.m_tiles not in (1, 2):
             raise ValueError(f"m_tiles={self.m_tiles}: must be 1 or 2 (m16 tiles per warp)")
         if self.warps_m not in (1, 2, 4):

@@ -66,7 +66,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ..runtime.cache import compile_cached
 from ..runtime.fake import fake_tensor
-from ..runtime.validate import ValidatedConfig, INT32_MAX, check_int, check_outputs_disjoint, check_tensor
+from ..runtime.validate import (ValidatedConfig, INT32_MAX, check_config_fields, check_int, check_outputs_disjoint,
+                                check_tensor)
 from . import sm90_helpers as sm90
 from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, EpilogueArgs, _split3_bf16x2, _validate, row_epilogue,
                      fake_launch_args, run_compiled, split_pieces)
@@ -187,11 +188,9 @@ class HcMixTmaConfig(ValidatedConfig):
         return (self.tile_m + N_W) * self.tile_k * 2 + N_MIX * self.tile_k * 4 + 32
 
     def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            want = {"bool": bool, "tuple": tuple}.get(f.type if isinstance(f.type, str) else f.type.__name__, int)
-            if type(v) is not want:
-                raise TypeError(f"{f.name}={v!r}: must be {want.__name__}")
+        check_config_fields(self)  # (exact ints and bools, as every kernel config)
+        if type(self.tree) is not tuple:
+            raise TypeError(f"tree={self.tree!r}: must be a tuple of fan-outs")
         if any(type(f) is not int for f in self.tree):
             raise TypeError(f"tree={self.tree}: fan-outs must be ints")
         if not self.tree or any(f not in (1, 2, 4, 8, 16) for f in self.tree):
