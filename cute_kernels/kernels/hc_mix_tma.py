@@ -73,7 +73,7 @@ from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, EpilogueArgs, _split3
                      fake_launch_args, run_compiled, split_pieces)
 
 NAME = "hc_mix_tma"
-ROWS_PER_ATOM = 128  # one m64 WGMMA atom per consumer warpgroup
+ROWS_PER_ATOM = 128  # rows of one m step of the tiled WGMMA: an m64 atom per consumer warpgroup
 N_W = N_PIECES * N_MIX  # 72 B rows: lo, mid, hi pieces of the 24 hc_fn rows
 ACC_PER_ATOM = N_W // 2  # accumulator values per thread per m64 atom: (2 cols, 2 rows, 9 n8 blocks)
 A_PER_ATOM = N_MIX // 2  # of those, one piece of the 24 columns (n8 blocks 0-2)
@@ -225,7 +225,8 @@ class HcMixTmaConfig(ValidatedConfig):
         if self.producer_regs < MIN_PRODUCER_REGS:
             raise ValueError(f"producer_regs={self.producer_regs}: the split warps (producer warpgroup warps 1-3) "
                              f"need >= {MIN_PRODUCER_REGS} (spills below)")
-        sm90.check_register_split(self.producer_regs, regs, CONSUMER_WGS)  # setmaxnreg's range, pool, producer <= consumer
+        # setmaxnreg's range, the CTA's pool, producer <= consumer
+        sm90.check_register_split(self.producer_regs, regs, CONSUMER_WGS)
         if regs < need:
             raise ValueError(f"consumer_regs={regs}: this config needs >= {need} (spills below)")
         if self.smem_bytes() > SMEM_LIMIT:
@@ -740,17 +741,26 @@ def config_for(m: int) -> HcMixTmaConfig:
     return _config_for(int(m))
 
 
+CONFIG_TILE_M = 128  # config_for's row tile
+
+
 def _wave_cost(row_tiles: int, level: int) -> tuple:
+    """The wave model's cost of ``level`` for ``row_tiles`` row tiles, then its CTAs per row tile (the tie-break:
+    fewer CTAs)."""
     c = math.prod(TREE[:level])
     waves = -(-row_tiles * c // NUM_SMS)
     return (waves * (1 / c + WAVE_OVERHEAD), c)
 
 
+def _pick_level(row_tiles: int) -> int:
+    """config_for's CTA level for ``row_tiles`` row tiles (at least 1): the cheapest in the wave model."""
+    return min(range(len(TREE) + 1), key=lambda lv: _wave_cost(max(1, row_tiles), lv))
+
+
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
-    row_tiles = max(1, -(-m // 128))
-    level = min(range(len(TREE) + 1), key=lambda lv: _wave_cost(row_tiles, lv))
-    return HcMixTmaConfig(cta_level=level, overlap=level <= 2, fused_epilogue=level == 0,
+    level = _pick_level(-(-m // CONFIG_TILE_M))
+    return HcMixTmaConfig(tile_m=CONFIG_TILE_M, cta_level=level, overlap=level <= 2, fused_epilogue=level == 0,
                           reduce_rows=8 if math.prod(TREE[:level]) >= 32 else 16)
 
 
@@ -762,16 +772,13 @@ def level_range(m: int) -> tuple[int, int]:
     ``m``: int >= 0."""
     check_int("m", m, low=0)
 
-    def level(tiles: int) -> int:
-        return min(range(len(TREE) + 1), key=lambda lv: _wave_cost(max(1, tiles), lv))
-
-    tiles = max(1, -(-int(m) // 128))
+    tiles = max(1, -(-int(m) // CONFIG_TILE_M))
     lo = hi = tiles
-    while lo > 1 and level(lo - 1) == level(tiles):
+    while lo > 1 and _pick_level(lo - 1) == _pick_level(tiles):
         lo -= 1
-    while hi < 8192 and level(hi + 1) == level(tiles):
+    while hi < 2**20 // CONFIG_TILE_M and _pick_level(hi + 1) == _pick_level(tiles):
         hi += 1
-    return (0 if lo == 1 else (lo - 1) * 128 + 1), hi * 128
+    return (0 if lo == 1 else (lo - 1) * CONFIG_TILE_M + 1), hi * CONFIG_TILE_M
 
 
 LEVEL_EXAMPLE_M = (1, 512, 1024, 2048, 4096, 16384)  # an M for each CTA level config_for picks (compile targets)
