@@ -10,6 +10,7 @@ import torch
 
 import cute_kernels
 from cute_kernels.kernels import qknorm as mod
+from cute_kernels.kernels import sm90_helpers
 from cute_kernels.runtime.cache import compile_record
 
 
@@ -97,7 +98,18 @@ def test_wide_next_to_narrow_or_wide_compiles_without_spills(dtype, qw, kw):
     mod._compile(dtype, qw, kw)
     rec = compile_record(mod.NAME, (str(dtype), qw, kw))
     assert all(not r.stack_bytes for r in rec.resources)
-    assert all(r.registers <= 65536 // cfg.threads for r in rec.resources)
+    assert all(r.registers <= sm90_helpers.max_registers_per_thread(cfg.block_threads) for r in rec.resources)
+
+
+def test_register_cap_counts_warps_per_sub_partition():
+    """A CTA's warps are spread over the SM's four sub-partitions of 16384 registers: a 544-thread CTA (17 warps, 5
+    on one sub-partition) gets 96 registers per thread, not 65536 / 544 = 120.  A hand-built config of that size
+    whose estimate (120) fit the old 65536 / threads bound compiled with 80 B of spills: it is refused now."""
+    assert [sm90_helpers.max_registers_per_thread(t) for t in (128, 384, 416, 512, 544, 1024)] == [
+        248, 168, 128, 128, 96, 64]
+    cfg = dict(q=mod.RowTiling(20480, 8, 256, 10), k=mod.RowTiling(128, 8, 16, 1), rows=2, q_dim=20480, k_dim=128)
+    with pytest.raises(ValueError, match="which has 96"):
+        mod.QKNormConfig(**cfg)
 
 
 def test_two_wide_parts_that_would_spill_are_refused():

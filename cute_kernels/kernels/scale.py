@@ -171,7 +171,8 @@ def check() -> list[CheckResult]:
             y = scale(x, alpha)
             ref = scale_reference(x, alpha)
             err = (y.float() - ref.float()).abs().max().item()
-            rows.append(CheckResult(NAME, f"{str(dtype)[6:]} n={n}", err == 0.0, err, err, 0.0))
+            rel = err / max(ref.float().abs().max().item(), 1e-30)
+            rows.append(CheckResult(NAME, f"{str(dtype)[6:]} n={n}", err == 0.0, err, rel, 0.0))
     return rows
 
 

@@ -23,13 +23,21 @@ from cutlass.tensor_utils import LayoutEnum
 SOFT_SIGN_CLAMP = 2.0**100
 
 
+def max_registers_per_thread(threads: int) -> int:
+    """The most registers a thread of a ``threads``-thread CTA gets at one CTA per SM: an SM's 65536 registers are
+    four sub-partitions of 16384, and a CTA's warps are spread over them, so the sub-partition holding
+    ``ceil(warps / 4)`` of its warps sets the cap: ``16384 / (32 * ceil(warps / 4))``, rounded down to a multiple of
+    8, at most 248 (255 rounded).  ``65536 / threads`` overstates it unless ``threads`` is a multiple of 128: 544
+    threads get 96, not 120 (ptxas capped such a CTA at 96 registers and it spilled)."""
+    warps_per_subpartition = -(-threads // 128)
+    return min(248, 16384 // (32 * warps_per_subpartition) // 8 * 8)
+
+
 def register_pool(threads: int) -> int:
-    """Registers a CTA of ``threads`` threads owns for ``setmaxnreg`` to redistribute: the launch gives each
-    thread the per-thread cap of one CTA per SM (65536 / threads, rounded down to a multiple of 8, at most
-    255 rounded: 248), so the pool is ``threads * cap`` (64512 for 384 threads), not 65536.  A split
-    that asks for more makes ``setmaxnreg.inc`` retry forever (a hang)."""
-    cap = min(248, (65536 // threads) // 8 * 8)
-    return threads * cap
+    """Registers a CTA of ``threads`` threads (whole warpgroups) owns for ``setmaxnreg`` to redistribute: the
+    launch gives each thread :func:`max_registers_per_thread`, so the pool is ``threads`` times that (64512
+    for 384 threads), not 65536.  A split that asks for more makes ``setmaxnreg.inc`` retry forever (a hang)."""
+    return threads * max_registers_per_thread(threads)
 
 
 def check_register_split(producer_regs: int, consumer_regs: int, consumer_wgs: int) -> None:

@@ -98,6 +98,7 @@ def check_same_device(**tensors) -> None:
 
 
 F32_MAX = float(torch.finfo(torch.float32).max)
+F32_MIN_NORMAL = 2.0 ** -126  # float32's smallest normal (smaller eps values flush to 0)
 INT32_MAX = 2**31 - 1
 
 
@@ -172,7 +173,7 @@ def check_f32_eps(name: str, value) -> float:
     v = check_real(name, value, low=0.0)
     if isinstance(v, torch.SymFloat):
         return v
-    if 0 < v < 2.0 ** -126:
+    if 0 < v < F32_MIN_NORMAL:
         raise ValueError(f"{name}={value!r} is below float32's smallest normal number (1.18e-38): it would "
                          "become 0; pass 0 or a larger value")
     return v
