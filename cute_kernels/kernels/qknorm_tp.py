@@ -64,6 +64,7 @@ import os
 import socket
 import weakref
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -120,6 +121,20 @@ class ParallelQKNormConfig(ValidatedConfig):
                              f"not the full sizes q_dim={self.norm.q_dim}, k_dim={self.norm.k_dim}")
 
 
+class Exchange(NamedTuple):
+    """What a CTA's push/poll exchange reads (:meth:`ParallelQKNormKernel.exchange_pair`; made once per CTA)."""
+
+    mPeers: Any  # [G] int64: every rank's push buffer address (this rank's at index rank)
+    error_addr: Any  # int64 address of the error flag (pinned host memory, written through UVA)
+    rank: Any
+    capacity: Any  # tokens per epoch of a buffer [2, capacity, G] of 64-bit slots
+    epoch: Any  # this launch's epoch (0 or 1)
+    timeout_ns: Any
+    cta_start: Any  # %globaltimer at the CTA's start: its waits end timeout_ns after it
+    sPart: Any  # [rows, 2] float32: this rank's partial sums (q, k) of the CTA's rows
+    sSum: Any  # [rows, 2, G] float32: every rank's partials, in rank order
+
+
 class ParallelQKNormKernel(QKRowNormalizer):
     """One rank's launch: local sums, push to every peer, poll own slots, scale in place."""
 
@@ -150,7 +165,7 @@ class ParallelQKNormKernel(QKRowNormalizer):
         num_tiles = (n + cfg.rows - 1) // cfg.rows
         epoch = cute.arch.load(mState.iterator, Int32, sem="relaxed", scope="gpu")
         cta_start = cute.arch.globaltimer()  # every wait of this CTA ends timeout_ns after this
-        comm = (mPeers, error_addr, rank, capacity, epoch, timeout_ns, cta_start, sPart, sSum)
+        comm = Exchange(mPeers, error_addr, rank, capacity, epoch, timeout_ns, cta_start, sPart, sSum)
         if tidx < cfg.q_threads:
             for tile in cutlass.range(bidx, num_tiles, gdim):
                 self.normalize_tile(mQ, mWq, cfg.q, cfg.q_dim, 0, tidx, tile, n, eps, sRed, 0, 1, comm)
@@ -165,8 +180,9 @@ class ParallelQKNormKernel(QKRowNormalizer):
                        which: cutlass.Constexpr, tidx: Int32, tile: Int32, n: Int32, eps: Float32,
                        sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr, comm):
         """One role (``which`` 0: q warps, 1: k warps; ``tidx`` counted within the role): local partial
-        sums -> ``sPart[row, which]``; this role's exchange; rank-order total; scale."""
-        mPeers, error_addr, rank, capacity, epoch, timeout_ns, cta_start, sPart, sSum = comm
+        sums -> ``sPart[row, which]``; this role's exchange (``comm``: :class:`Exchange`); rank-order total;
+        scale."""
+        sPart, sSum = comm.sPart, comm.sSum
         role_threads = self.config.rows * part.threads
         tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, tile, n)
         ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
@@ -174,9 +190,7 @@ class ParallelQKNormKernel(QKRowNormalizer):
         if tidx % part.threads == 0:
             sPart[row, which] = ss
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=role_threads)  # sPart[:, which] complete
-        self.exchange(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, cta_start, tidx, sPart, sSum,
-                      which,
-                      role_threads)
+        self.exchange(comm, tile, n, tidx, which, role_threads)
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=role_threads)  # sSum[:, which] complete
         total = sSum[row, which, 0]
         for g in cutlass.range_constexpr(1, self.world):  # rank order: same bits on every rank
@@ -185,40 +199,34 @@ class ParallelQKNormKernel(QKRowNormalizer):
         self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
 
     @cute.jit
-    def exchange(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
-                 tile: Int32, n: Int32, timeout_ns: Int64, cta_start: Int64, tidx: Int32, sPart: cute.Tensor,
-                 sSum: cute.Tensor,
-                 which: cutlass.Constexpr, role_threads: cutlass.Constexpr):
+    def exchange(self, comm, tile: Int32, n: Int32, tidx: Int32, which: cutlass.Constexpr,
+                 role_threads: cutlass.Constexpr):
         """Role thread ``i`` takes the (row, g) pairs ``i, i + role_threads, ...``: it pushes the row's
         partial to rank g (half ``which`` of the slot) and polls rank g's partial in its own buffer."""
         cfg = self.config
         if cutlass.const_expr(cfg.rows * self.world <= role_threads):  # one pair per thread at most
             if tidx < cfg.rows * self.world:
-                self.exchange_pair(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, cta_start, tidx, sPart,
-                                   sSum, which)
+                self.exchange_pair(comm, tile, n, tidx, which)
         else:
             for i in cutlass.range(tidx, cfg.rows * self.world, role_threads):
-                self.exchange_pair(mPeers, error_addr, rank, capacity, epoch, tile, n, timeout_ns, cta_start, i, sPart,
-                                   sSum, which)
+                self.exchange_pair(comm, tile, n, i, which)
 
     @cute.jit
-    def exchange_pair(self, mPeers: cute.Tensor, error_addr: Int64, rank: Int32, capacity: Int32, epoch: Int32,
-                      tile: Int32, n: Int32, timeout_ns: Int64, cta_start: Int64, i: Int32, sPart: cute.Tensor,
-                      sSum: cute.Tensor,
-                      which: cutlass.Constexpr):
+    def exchange_pair(self, comm, tile: Int32, n: Int32, i: Int32, which: cutlass.Constexpr):
         """Pair ``i`` = (row ``i // G``, rank ``g = i % G``): push, poll, sentinel back, into ``sSum``."""
         cfg = self.config
+        mPeers, rank, cta_start, timeout_ns = comm.mPeers, comm.rank, comm.cta_start, comm.timeout_ns
         row = i // self.world
         g = i % self.world
         token = tile * cfg.rows + row
         if token < n:
             # half ``which`` of slot [epoch, token, src] of a buffer [2, capacity, G] of 64-bit words
-            slot = (Int64(epoch) * Int64(capacity) + Int64(token)) * self.world
+            slot = (Int64(comm.epoch) * Int64(comm.capacity) + Int64(token)) * self.world
             push_off = (slot + Int64(rank)) * 8 + 4 * which
             poll_off = (slot + Int64(g)) * 8 + 4 * which
             push_ptr = cute.make_ptr(Uint32, mPeers[g] + push_off, cute.AddressSpace.gmem, assumed_align=4)
             poll_ptr = cute.make_ptr(Uint32, mPeers[rank] + poll_off, cute.AddressSpace.gmem, assumed_align=4)
-            cute.arch.store(push_ptr, sPart[row, which].bitcast(Uint32), sem="relaxed", scope="sys")
+            cute.arch.store(push_ptr, comm.sPart[row, which].bitcast(Uint32), sem="relaxed", scope="sys")
             got = cute.arch.load(poll_ptr, Uint32, sem="relaxed", scope="sys")
             # the deadline is per CTA (from its start), not per slot: once it has passed, every later slot of
             # this CTA polls once and gives up, so a missing peer costs about timeout_ns per launch
@@ -227,12 +235,12 @@ class ParallelQKNormKernel(QKRowNormalizer):
                 got = cute.arch.load(poll_ptr, Uint32, sem="relaxed", scope="sys")
                 waited = cute.arch.globaltimer() - cta_start
             if got == Uint32(SENTINEL_HALF):  # the peer never came: flag it, count its partial as 0
-                err_ptr = cute.make_ptr(Int32, error_addr, cute.AddressSpace.gmem, assumed_align=4)
+                err_ptr = cute.make_ptr(Int32, comm.error_addr, cute.AddressSpace.gmem, assumed_align=4)
                 cute.arch.store(err_ptr, Int32(1), sem="relaxed", scope="sys")
                 got = Uint32(0)
             else:
                 cute.arch.store(poll_ptr, Uint32(SENTINEL_HALF), sem="relaxed", scope="sys")
-            sSum[row, which, g] = got.bitcast(Float32)
+            comm.sSum[row, which, g] = got.bitcast(Float32)
 
     @cute.jit
     def advance_epoch(self, mState: cute.Tensor, epoch: Int32, tidx: Int32, gdim: Int32):
