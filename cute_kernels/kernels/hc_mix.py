@@ -110,7 +110,8 @@ SMEM_LIMIT = 227 * 1024  # opt-in shared memory per CTA on sm_90
 class HcMixConfig(ValidatedConfig):
     """Row tile of one cluster: ``warps_m`` warp rows of ``16 * m_tiles`` rows (x WARPS_K warps).
 
-    ``store_mix`` additionally writes the raw ``[a (24), sum x^2]`` per row (tests, debugging).
+    ``store_mix`` additionally writes the raw ``[a (24), sum x^2]`` per row (tests, debugging; the launch sets it
+    from the ``mix`` buffer, replacing a caller's value).
     """
 
     m_tiles: int = 2
@@ -601,8 +602,9 @@ def _check_k(name: str, k: int) -> None:
     if k % K_ALIGN or k == 0:
         raise ValueError(f"{name}={k} must be a positive multiple of {K_ALIGN}")
     if k > MAX_K:
-        raise ValueError(f"{name}={k}: at most {MAX_K} (both kernels take K and hc_fn's row stride as 32-bit "
-                         f"integers: hc_fn [{N_MIX}, K] must span fewer than 2**31 elements)")
+        raise ValueError(f"{name}={k}: at most {MAX_K} (both kernels take hc_fn's sizes and strides as 32-bit "
+                         f"integers and index it with 32-bit offsets: hc_fn [{N_MIX}, K] must span fewer than 2**31 "
+                         "elements)")
 
 
 def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=1e-6, cuda: bool = True,

@@ -43,9 +43,10 @@ bench/results/2026-12-02_h200_hc_mix_s35.json, two runs): M = 1 9.1-9.2, 128 9.4
 pieces made before the call (a design since removed: any change to hc_fn must be seen) the walk took 8.5-8.9
 us at M <= 128 and 46.3 at 4096.  The walk with its math removed took 49.1 us at M = 4096: the access
 pattern, not the math, sets it.  Tried and not kept (STATUS.md, sessions 6-19): 32 splits (12.5 us at M <=
-128: too few CTAs), two waves of CTAs at M = 4096 (4 per tile: 56 vs 51 us), 256-row tiles (half the hc_fn
-L2 reads), stages 4-8, x from registers (ldmatrix), 16-CTA clusters, a last-CTA fused reduction with arrival
-counters at several CTAs per row tile (level with the two kernels at M <= 4096).
+128: too few CTAs), two waves of 8 CTAs per tile at M = 4096 (56 us vs one wave of 4, 51 us), 256-row
+tiles (half the hc_fn L2 reads), other stage counts in 4-8 (no gain), x from registers (ldmatrix), 16-CTA
+clusters, a last-CTA fused reduction with arrival counters at several CTAs per row tile (level with the two
+kernels at M <= 4096).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ class WalkOperands(NamedTuple):
     tCrX: Any  # x's WGMMA fragments, per stage
     tCrW: Any  # hc_fn pieces', per stage
     sXv: Any  # the x ring as 16-byte vectors (the squares)
-    ring: Any  # the x / hc_fn pipeline
+    ring: Any  # the x tile + bf16 pieces ring (the float32 hc_fn tiles go through w_ring)
     ctidx: Any  # thread index among the consumers
     k_tiles: Any
     kt_begin: Any  # this CTA's first k tile

@@ -697,7 +697,7 @@ class MmaOperands(NamedTuple):
     """What the MMA warpgroups read (:meth:`RankerAttentionBwd.mma` and its epilogue; made in ``kernel``): the
     three WGMMAs, the smem buffers, the dK / dV outputs (TMA views and atoms, plain tensors for varlen, the
     deterministic mode's semaphores), the pipelines, the thread's index among them and the score scalars.
-    ``sPt`` is None without ``split_head_dim``, ``mdKVsem`` without ``deterministic``."""
+    ``sPt`` is None without ``split_head_dim``, ``mdKVsem`` unless ``deterministic`` with per-head accumulation."""
 
     tiled_mma_sdp: Any  # S^T = K Q^T and dP^T = V dO^T
     tiled_mma_dkv: Any  # dV += P^T dO, dK += dS^T Q
@@ -711,7 +711,7 @@ class MmaOperands(NamedTuple):
     sdQ: Any  # the dQ tile handed to the dQ warp
     sLSE: Any
     sdPsum: Any
-    sdKVacc: Any  # float32 staging over sK (GQA with one query head per CTA)
+    sdKVacc: Any  # float32 staging over sK + sV (adjacent; GQA with one query head per CTA)
     tma_dK: Any
     tma_dV: Any
     tma_atom_dK: Any

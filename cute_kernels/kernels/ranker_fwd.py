@@ -435,7 +435,7 @@ class ProducerOperands(NamedTuple):
 
 class KVCopies(NamedTuple):
     """One tile's K and V block copies (:meth:`RankerAttentionFwd.load_k_block`): atoms, TMA partitions of
-    the history (``tKgK[None, n_block]``) and the stages (``tKsK[None, stage]``), pipelines."""
+    the sequence's K/V blocks (``tKgK[None, n_block]``) and the stages (``tKsK[None, stage]``), pipelines."""
 
     tma_atom_K: Any
     tma_atom_V: Any
