@@ -725,7 +725,7 @@ def _launch(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=No
     _check_walk_extent(x)
     store_mix = mix is not None  # (a config's store_mix without a mix buffer would write past the dummy row)
     cfg = config_for(x.shape[0], store_mix=store_mix) if config is None else \
-        dataclasses.replace(config, store_mix=store_mix)
+        config if config.store_mix == store_mix else dataclasses.replace(config, store_mix=store_mix)
     return run_compiled(lambda: _compile(cfg), x, hc_fn, hc_scale,
                         hc_base, sinkhorn_iters, rms_eps, hc_eps, mix=mix, out=out)
 
