@@ -1,12 +1,14 @@
 """The kernel registry that ``cute-kernels compile/check/bench`` walk.
 
-Each entry names a module that defines three functions:
+Each entry names a module that defines these functions:
 
 * ``compile_targets() -> list[CompileTarget]``: every shipped configuration, compilable on a CPU;
 * ``check() -> list[CheckResult]``: GPU correctness on real-sized random inputs vs the reference;
 * ``bench(shapes: str | None) -> list[dict]``: benchmark records (``cute-kernels bench``);
 * ``bench_shapes(shapes: str | None)``: the ``--shapes`` spec parsed, or ``ValueError`` naming what the
   kernel accepts (the CLI calls it before anything runs, on any machine; ``bench`` calls it too).
+* ``shipped_configs() -> dict[str, config]``: the shipped configs by a label saying where each applies
+  (``cute-kernels configs``, :func:`cute_kernels.tuning.shipped_configs`).
 
 Modules are imported lazily, so one broken kernel cannot stop the others (or ``import cute_kernels``).
 A kernel issue adds one line to ``KERNELS``.

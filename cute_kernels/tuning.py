@@ -1,9 +1,8 @@
 """Shipped configs per kernel, the tuned-config cache, and the autotuner (issue 8, "Tile shapes and tuning").
 
-* :func:`shipped_configs` lists each kernel's shipped configs, read from the kernel module's own
-  tables (``ranker_fwd.CONFIGS`` per head dim, ``hc_mix.SMALL/MEDIUM/LARGE`` and the six
-  configs ``hc_mix_tma.config_for`` picks (one per CTA level, labelled by an M that gets it), the
-  per-shape configs of ``qknorm`` / ``qknorm_tp`` / ``scale`` from their ``compile_targets()``).
+* :func:`shipped_configs` lists each kernel's shipped configs, as its module's ``shipped_configs()`` gives them
+  (``ranker_fwd`` per head dim and cap, ``ranker_bwd`` per head dim, ``hc_mix``'s walk configs and the six
+  configs ``hc_mix_tma.config_for`` picks, the per-shape configs of ``qknorm`` / ``qknorm_tp`` / ``scale``).
   ``cute-kernels configs [--kernel NAME]`` prints them.
 * Tuned configs: ``tuned.json`` in the compile cache root (:func:`cute_kernels.runtime.cache.cache_dir`),
   one entry per (kernel, GPU name, source fingerprint, dtype, shape key) holding the winning config's
@@ -48,84 +47,14 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _ranker_fwd_configs(mod) -> dict:
-    """What ``ranker_fwd.shipped_config`` ships per head dim and cap, split by dtype where float16's differs
-    (float16 runs the same tile without the fixed row max)."""
-    import torch
-
-    tables = [(f"head_dim={d}", d, "none") for d in sorted(mod.CONFIGS)]
-    tables += [(f"head_dim={d} {m} cap", d, m) for m, d in sorted(mod.CAP_CONFIGS, key=lambda md: (md[1], md[0]))]
-    out = {}
-    for label, d, cap_method in tables:
-        bf16, fp16 = (mod.shipped_config(dt, d, cap_method) for dt in (torch.bfloat16, torch.float16))
-        if bf16 == fp16:
-            out[label] = bf16
-        else:
-            out[f"{label} bfloat16"], out[f"{label} float16"] = bf16, fp16
-    return out
-
-
-def _ranker_bwd_configs(mod) -> dict:
-    """What ``ranker_bwd.config_for`` ships per head dim, split by cap where the choice depends on it."""
-    out = {}
-    for d in sorted(mod.CONFIGS):
-        plain, capped = mod.config_for(d, False), mod.config_for(d, True)
-        for label, cfg in ([(f"head_dim={d}", plain)] if plain == capped else
-                           [(f"head_dim={d} no cap", plain), (f"head_dim={d} cap", capped)]):
-            out[label] = cfg
-            out[f"{label} deterministic"] = dataclasses.replace(cfg, deterministic=True)
-    return out
-
-
-def _hc_mix_configs(mod) -> dict:
-    from .kernels import hc_mix_tma
-
-    return {"method=walk M<=256": mod.SMALL, "method=walk M>256": mod.MEDIUM,
-            "method=walk LARGE (never picked: slower)": mod.LARGE,
-            **{f"method=tma (default) M={m} (the same pick for M {'%d-%d' % hc_mix_tma.level_range(m)}; other M: config_for)":
-               hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}}
-
-
-def _qknorm_configs(mod) -> dict:
-    import torch
-
-    return {t.label: mod.QKNormConfig.for_shape(t.key[1], t.key[2], getattr(torch, t.key[0].replace("torch.", "")),
-                                                tuning=t.key[3] if len(t.key) > 3 else mod.DEFAULT_TUNING)
-            for t in mod.compile_targets()}  # (a 4th key item: the persistent or bulk-staged kernel's tuning)
-
-
-def _qknorm_tp_configs(mod) -> dict:
-    import torch
-
-    return {t.label: mod.ParallelQKNormConfig.for_shape(t.key[1], t.key[2], t.key[3],
-                                                        getattr(torch, t.key[0].replace("torch.", "")))
-            for t in mod.compile_targets()}
-
-
-def _scale_configs(mod) -> dict:
-    return {t.label.split(" ")[0]: t.key[1] for t in mod.compile_targets()}
-
-
-# kernel -> its shipped configs from the module's own tables; other kernels: compile_targets() labels -> keys
-_SHIPPED: dict[str, Callable[[Any], dict]] = {
-    "ranker_fwd": _ranker_fwd_configs,
-    "ranker_bwd": _ranker_bwd_configs,
-    "hc_mix": _hc_mix_configs,
-    "qknorm": _qknorm_configs,
-    "qknorm_tp": _qknorm_tp_configs,
-    "scale": _scale_configs,
-}
-
-
 def shipped_configs(kernel: Optional[str] = None) -> dict:
     """Shipped configs: ``{kernel: {label: config}}`` for every registered kernel (or just ``kernel``).
 
     Labels say where a config applies: ``"head_dim=128 bfloat16"`` (ranker_fwd: head dim, cap, and the dtype
     where the two dtypes' configs differ), ``"method=tma (default) M=4096"``
     (hc_mix: method and rows per call), ``"bfloat16 q=1024 k=256"`` (qknorm, per-rank widths), ...  Values are
-    the kernels' frozen config dataclasses (for a kernel without an adapter here: its
-    ``compile_targets()`` keys).  Raises ``ValueError`` for an unknown kernel name, ``TypeError`` for one that is
-    not a str.
+    the kernels' frozen config dataclasses.  Raises ``ValueError`` for an unknown kernel name, ``TypeError`` for
+    one that is not a str.
     """
     from . import registry
 
@@ -133,12 +62,8 @@ def shipped_configs(kernel: Optional[str] = None) -> dict:
         raise TypeError(f"kernel must be a registered kernel's name (a str) or None, got {kernel!r}")
     if kernel is not None and kernel not in registry.KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; registered: {', '.join(registry.names())}")
-    out = {}
-    for name in ([kernel] if kernel is not None else registry.names()):
-        mod = registry.module(name)
-        adapter = _SHIPPED.get(name)
-        out[name] = adapter(mod) if adapter else {t.label: t.key for t in mod.compile_targets()}
-    return out
+    return {name: registry.module(name).shipped_configs()
+            for name in ([kernel] if kernel is not None else registry.names())}
 
 
 def format_configs(kernel: Optional[str] = None) -> str:

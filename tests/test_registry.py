@@ -18,3 +18,19 @@ def test_every_config_compiles(target):
     target.build()
     rec = compile_record(target.kernel, target.key)
     assert rec.ptx and ".target sm_90a" in rec.ptx
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_module_defines_the_registry_functions(name):
+    mod = registry.module(name)
+    for fn in ("compile_targets", "check", "bench", "bench_shapes", "shipped_configs"):
+        assert callable(getattr(mod, fn, None)), f"{name} lacks {fn}()"
+    configs = mod.shipped_configs()
+    assert configs and all(isinstance(label, str) for label in configs)
+
+
+@pytest.mark.parametrize("name", ["qknorm", "qknorm_tp"])
+def test_per_shape_shipped_configs_are_the_compile_targets(name):
+    """qknorm / qknorm_tp list one shipped config per compile target, under the target's label."""
+    mod = registry.module(name)
+    assert list(mod.shipped_configs()) == [t.label for t in mod.compile_targets()]

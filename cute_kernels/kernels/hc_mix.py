@@ -586,6 +586,21 @@ def compile_targets() -> list[CompileTarget]:
                for c in SHIPPED])
 
 
+def shipped_configs() -> dict:
+    """``{label: config}`` (``cute-kernels configs``): the walk's :data:`SHIPPED` configs, then the six that
+    ``method="tma"`` (the default) picks, one per CTA level, labelled by an M that gets it and the M range
+    that gets the same pick (other M: ``hc_mix_tma.config_for``)."""
+    from . import hc_mix_tma
+
+    out = {"method=walk M<=256": SMALL, "method=walk M>256": MEDIUM,
+           "method=walk LARGE (never picked: slower)": LARGE}
+    for m in hc_mix_tma.LEVEL_EXAMPLE_M:
+        lo, hi = hc_mix_tma.level_range(m)
+        out[f"method=tma (default) M={m} (the same pick for M {lo}-{hi}; other M: config_for)"] = \
+            hc_mix_tma.config_for(m)
+    return out
+
+
 def _check_scalars(sinkhorn_iters, rms_eps, hc_eps) -> None:
     """``sinkhorn_iters`` an int (not bool / float) in [1, 2**31 - 1] (the kernel's Int32 loop count);
     ``rms_eps`` and ``hc_eps`` real numbers (not bool / str), finite in float32, >= 0, and 0 or at least

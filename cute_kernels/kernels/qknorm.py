@@ -795,8 +795,12 @@ def _compile(dtype: torch.dtype, q_width: int, k_width: int, tuning: QKNormTunin
     def build():
         return QKNormKernel(cute_dtype(dtype), cfg), fake_launch_args(dtype, q_width, k_width)
 
-    key = (str(dtype), q_width, k_width) if tuning == DEFAULT_TUNING else (str(dtype), q_width, k_width, tuning)
-    return compile_cached(NAME, key, build)
+    return compile_cached(NAME, _cache_key(dtype, q_width, k_width, tuning), build)
+
+
+def _cache_key(dtype: torch.dtype, q_width: int, k_width: int, tuning: QKNormTuning) -> tuple:
+    """The compile cache's key of a kernel: ``(dtype name, Q, K)``, plus the tuning where it is not the default."""
+    return (str(dtype), q_width, k_width) if tuning == DEFAULT_TUNING else (str(dtype), q_width, k_width, tuning)
 
 
 def shipped_shapes() -> list[tuple[int, int]]:
@@ -812,22 +816,32 @@ def shipped_shapes() -> list[tuple[int, int]]:
 H200_PERSISTENT_CTAS = PERSISTENT_CTAS_PER_SM * 132
 
 
-def compile_targets() -> list[CompileTarget]:
-    """Every shipped per-rank shape and dtype, and the persistent and bulk-staged kernels of
-    :data:`PERSISTENT_SHAPES` / :data:`BULK_STAGES` at the H200's CTA count (what :func:`launch_key`
-    picks there)."""
-    out = [CompileTarget(NAME, f"{str(d).replace('torch.', '')} q={qw} k={kw}", (str(d), qw, kw),
-                         build=lambda d=d, qw=qw, kw=kw: _compile(d, qw, kw))
+def _shipped_kernels() -> list[tuple[str, torch.dtype, int, int, QKNormTuning]]:
+    """``(label, dtype, q width, k width, tuning)`` of every shipped kernel: each shipped per-rank shape and dtype
+    at :data:`DEFAULT_TUNING`, then the persistent and bulk-staged kernels of :data:`PERSISTENT_SHAPES` /
+    :data:`BULK_STAGES` at the H200's CTA count (what :func:`launch_key` picks there)."""
+    out = [(f"{str(d).replace('torch.', '')} q={qw} k={kw}", d, qw, kw, DEFAULT_TUNING)
            for d in DTYPES for qw, kw in shipped_shapes()]
-    for label, shapes, stages_of in (("persistent", PERSISTENT_SHAPES, lambda key: 0),
-                                     ("bulk", BULK_STAGES, BULK_STAGES.get)):
+    for kind, shapes, stages_of in (("persistent", PERSISTENT_SHAPES, lambda key: 0),
+                                    ("bulk", BULK_STAGES, BULK_STAGES.get)):
         for d, qw, kw in sorted(shapes, key=str):
             tuning = _persistent_tuning(H200_PERSISTENT_CTAS, stages_of((d, qw, kw)))
             extra = f" stages={tuning.bulk_stages}" if tuning.bulk_stages else ""
-            name = f"{str(d).replace('torch.', '')} q={qw} k={kw} {label}={H200_PERSISTENT_CTAS}{extra}"
-            out.append(CompileTarget(NAME, name, (str(d), qw, kw, tuning),
-                                     build=lambda d=d, qw=qw, kw=kw, t=tuning: _compile(d, qw, kw, t)))
+            out.append((f"{str(d).replace('torch.', '')} q={qw} k={kw} {kind}={H200_PERSISTENT_CTAS}{extra}",
+                        d, qw, kw, tuning))
     return out
+
+
+def compile_targets() -> list[CompileTarget]:
+    """The kernels of :func:`_shipped_kernels`, keyed as :func:`_compile` caches them."""
+    return [CompileTarget(NAME, label, _cache_key(d, qw, kw, tuning),
+                          build=lambda d=d, qw=qw, kw=kw, t=tuning: _compile(d, qw, kw, t))
+            for label, d, qw, kw, tuning in _shipped_kernels()]
+
+
+def shipped_configs() -> dict[str, QKNormConfig]:
+    """``{label: config}`` of the kernels of :func:`_shipped_kernels` (``cute-kernels configs``)."""
+    return {label: QKNormConfig.for_shape(qw, kw, d, tuning=tuning) for label, d, qw, kw, tuning in _shipped_kernels()}
 
 
 def _check_same_dtype(q, **others) -> None:

@@ -277,17 +277,25 @@ def _compile(dtype: torch.dtype, world: int, q_dim: int, k_dim: int):
     return compile_cached(NAME, _key(dtype, world, q_dim, k_dim), build)
 
 
+def _shipped_kernels() -> list[tuple[str, torch.dtype, int, int, int]]:
+    """``(label, dtype, world, Q, K)`` of every shipped kernel: each shipped (Q, K) and rank count G in bfloat16,
+    one (Q, K, G) in the other dtypes (it keeps the CPU compile list short)."""
+    return [(f"{str(dtype).replace('torch.', '')} G={g} Q={q_dim} K={k_dim}", dtype, g, q_dim, k_dim)
+            for dtype in DTYPES for q_dim, k_dim in SHIPPED_DIMS for g in SHIPPED_G
+            if dtype == torch.bfloat16 or (q_dim, g) == (4096, 4)]
+
+
 def compile_targets() -> list[CompileTarget]:
-    out = []
-    for dtype in DTYPES:
-        for q_dim, k_dim in SHIPPED_DIMS:
-            for g in SHIPPED_G:
-                if dtype != torch.bfloat16 and (q_dim, g) != (4096, 4):
-                    continue  # one config per other dtype keeps the CPU compile list short
-                out.append(CompileTarget(NAME, f"{str(dtype).replace('torch.', '')} G={g} Q={q_dim} K={k_dim}",
-                                         _key(dtype, g, q_dim, k_dim),
-                                         build=lambda d=dtype, g=g, q=q_dim, k=k_dim: _compile(d, g, q, k)))
-    return out
+    """The kernels of :func:`_shipped_kernels`, keyed as :func:`_compile` caches them."""
+    return [CompileTarget(NAME, label, _key(dtype, g, q_dim, k_dim),
+                          build=lambda d=dtype, g=g, q=q_dim, k=k_dim: _compile(d, g, q, k))
+            for label, dtype, g, q_dim, k_dim in _shipped_kernels()]
+
+
+def shipped_configs() -> dict[str, ParallelQKNormConfig]:
+    """``{label: config}`` of the kernels of :func:`_shipped_kernels` (``cute-kernels configs``)."""
+    return {label: ParallelQKNormConfig.for_shape(g, q_dim, k_dim, dtype)
+            for label, dtype, g, q_dim, k_dim in _shipped_kernels()}
 
 
 def ctas_per_sm(threads: int, registers: int | None, smem_bytes: int = 0) -> int:

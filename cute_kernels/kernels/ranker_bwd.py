@@ -445,6 +445,19 @@ def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
     return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
 
 
+def shipped_configs() -> dict[str, RankerBwdConfig]:
+    """``{label: config}`` of what :func:`config_for` ships per head dim (``cute-kernels configs``), split by cap
+    where the choice depends on it, each also in its deterministic form."""
+    out = {}
+    for d in sorted(CONFIGS):
+        plain, capped = config_for(d, False), config_for(d, True)
+        for label, cfg in ([(f"head_dim={d}", plain)] if plain == capped else
+                           [(f"head_dim={d} no cap", plain), (f"head_dim={d} cap", capped)]):
+            out[label] = cfg
+            out[f"{label} deterministic"] = dataclasses.replace(cfg, deterministic=True)
+    return out
+
+
 _OVERRIDES: dict[int, RankerBwdConfig] = {}  # head dim -> the config of an active use_config block
 
 

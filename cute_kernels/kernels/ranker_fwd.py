@@ -367,6 +367,21 @@ def shipped_config(dtype: torch.dtype, head_dim: int, cap_method: Optional[str] 
     return cfg if dtype == torch.bfloat16 or not (cfg.fixed_row_max or cfg.checked_max) else _online_max(cfg)
 
 
+def shipped_configs() -> dict[str, RankerFwdConfig]:
+    """``{label: config}`` of what :func:`shipped_config` ships per head dim and cap (``cute-kernels
+    configs``), split by dtype where float16's differs (the same tile without the fixed row max)."""
+    tables = [(f"head_dim={d}", d, "none") for d in sorted(CONFIGS)]
+    tables += [(f"head_dim={d} {m} cap", d, m) for m, d in sorted(CAP_CONFIGS, key=lambda md: (md[1], md[0]))]
+    out = {}
+    for label, d, cap_method in tables:
+        bf16, fp16 = (shipped_config(dt, d, cap_method) for dt in (torch.bfloat16, torch.float16))
+        if bf16 == fp16:
+            out[label] = bf16
+        else:
+            out[f"{label} bfloat16"], out[f"{label} float16"] = bf16, fp16
+    return out
+
+
 def tiled_mmas(dtype, config: RankerFwdConfig):
     """The forward's WGMMAs (DSL objects; call inside a trace), ``(qk, pv)``: S = Q K^T (M = q rows, 64 per
     consumer warpgroup; N = tile_n keys; both operands K-major in smem) and O += P V (N = head dim; P from

@@ -104,6 +104,11 @@ def compile_targets() -> list[CompileTarget]:
                           build=lambda d=d: _compile(d, cfg)) for d in DTYPES]
 
 
+def shipped_configs() -> dict[str, ScaleConfig]:
+    """``{label: config}`` of the compile targets (``cute-kernels configs``): the one config, per dtype."""
+    return {str(d).replace("torch.", ""): ScaleConfig() for d in DTYPES}
+
+
 def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
     check_tensor("x", x, dtypes=DTYPES, cuda=cuda, data_pointer=pointers)
     if not x.is_contiguous():
