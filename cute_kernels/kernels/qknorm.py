@@ -59,8 +59,10 @@ the same process; the issue's floor at 4185 GB/s is 80 us).  torch ``rms_norm`` 
 
 from __future__ import annotations
 
+import enum
 import operator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -351,6 +353,30 @@ def keep_packed(tXrX: cute.Tensor):
         words[i] = _opaque_move(words[i])
 
 
+class NamedBarrier(enum.IntEnum):
+    """The kernels' named barriers (0 is the whole CTA's ``cute.arch.barrier()``): the q threads and the k
+    threads of a CTA each sync among themselves, on their own barrier."""
+
+    Q_ROWS = 1
+    K_ROWS = 2
+
+
+class RowRole(NamedTuple):
+    """The q threads or the k threads of a CTA, as compile-time facts (a ``cutlass.Constexpr`` argument of the
+    role methods).  The q threads come first: ``0 .. config.q_threads``, then the k threads."""
+
+    which: int  # 0: q, 1: k (qknorm_tp: the column of sPart / sSum and the half of a push slot)
+    part: RowTiling  # the row tiling of this tensor
+    dim: int  # the RMS divisor: the full row width (across ranks for qknorm_tp)
+    first_thread: int  # the role's first thread in the CTA; methods take tidx counted from it
+    barrier_id: int  # its NamedBarrier
+
+    @property
+    def warp_base(self) -> int:
+        """The role's first warp in the CTA: its warps' slots of ``sRed`` start there."""
+        return self.first_thread // 32
+
+
 class QKRowNormalizer:
     """Device-side pieces shared by the one-GPU and tensor-parallel kernels (all ``@cute.jit``).
 
@@ -363,6 +389,8 @@ class QKRowNormalizer:
         self.config = config
         self.vec = config.q.vec
         self.num_warps = config.threads // 32
+        self.q_role = RowRole(0, config.q, config.q_dim, 0, int(NamedBarrier.Q_ROWS))
+        self.k_role = RowRole(1, config.k, config.k_dim, config.q_threads, int(NamedBarrier.K_ROWS))
 
     def _load_atom(self):
         if cutlass.const_expr(self.config.tuning.streaming):
@@ -419,9 +447,11 @@ class QKRowNormalizer:
         return tXgX, tXrX, tXrW, row_ok, col_ok
 
     @cute.jit
-    def row_sum_of_squares(self, tXrX: cute.Tensor, part: cutlass.Constexpr, tidx: Int32,
-                           sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr) -> Float32:
-        """float32 sum of squares of this thread's row, identical in every thread of the row."""
+    def row_sum_of_squares(self, tXrX: cute.Tensor, role: cutlass.Constexpr, tidx: Int32, sRed: cute.Tensor) -> Float32:
+        """float32 sum of squares of this thread's row, identical in every thread of the row (``tidx``
+        counted within ``role``; a row of several warps adds their partials through ``sRed`` behind the
+        role's named barrier)."""
+        part, warp_base = role.part, role.warp_base
         x = tXrX.load().to(Float32)
         ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
         ss = cute.arch.warp_reduction(ss, operator.add, threads_in_group=min(part.threads, 32))
@@ -430,7 +460,7 @@ class QKRowNormalizer:
             warp = tidx // 32
             if tidx % 32 == 0:
                 sRed[warp_base + warp] = ss
-            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=self.config.rows * part.threads)
+            cute.arch.barrier(barrier_id=role.barrier_id, number_of_threads=self.config.rows * part.threads)
             first = warp_base + (tidx // part.threads) * warps_per_row
             ss = sRed[first]
             for w in cutlass.range_constexpr(1, warps_per_row):  # fixed order
@@ -488,12 +518,11 @@ class QKNormKernel(QKRowNormalizer):
             if tidx < cfg.q_threads:
                 if cutlass.const_expr(cfg.l2_prefetch_ctas > 0):
                     self.prefetch_later_rows(mQ, cfg.q, tidx, bidx, n)
-                self.normalize(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
+                self.normalize(mQ, mWq, self.q_role, tidx, bidx, n, eps, sRed)
             else:
                 if cutlass.const_expr(cfg.l2_prefetch_ctas > 0):
                     self.prefetch_later_rows(mK, cfg.k, tidx - cfg.q_threads, bidx, n)
-                self.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
-                               cfg.q_threads // 32, 2)
+                self.normalize(mK, mWk, self.k_role, tidx - cfg.q_threads, bidx, n, eps, sRed)
         elif cutlass.const_expr(cfg.tuning.bulk_stages > 0):
             stages = cfg.tuning.bulk_stages
             sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
@@ -513,17 +542,15 @@ class QKNormKernel(QKRowNormalizer):
                 if tidx == cfg.threads:
                     self.bulk_producer(mQ, mK, sQ, sK, full, ready, bidx, n)
             elif tidx < cfg.q_threads:
-                self.normalize_staged(mWq, sQ, full, ready, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
+                self.normalize_staged(mWq, sQ, full, ready, self.q_role, tidx, bidx, n, eps, sRed)
             else:
-                self.normalize_staged(mWk, sK, full, ready, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps,
-                                      sRed, cfg.q_threads // 32, 2)
+                self.normalize_staged(mWk, sK, full, ready, self.k_role, tidx - cfg.q_threads, bidx, n, eps, sRed)
         else:  # two slots per warp: a tile's partial sums are written while the last tile's may still be read
             sRed = smem.allocate_tensor(Float32, cute.make_layout(2 * self.num_warps), byte_alignment=16)
             if tidx < cfg.q_threads:
-                self.normalize_tiles(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
+                self.normalize_tiles(mQ, mWq, self.q_role, tidx, bidx, n, eps, sRed)
             else:
-                self.normalize_tiles(mK, mWk, cfg.k, cfg.k_dim, tidx - cfg.q_threads, bidx, n, eps, sRed,
-                                     cfg.q_threads // 32, 2)
+                self.normalize_tiles(mK, mWk, self.k_role, tidx - cfg.q_threads, bidx, n, eps, sRed)
 
     @cute.jit
     def prefetch_later_rows(self, mX: cute.Tensor, part: cutlass.Constexpr, tidx: Int32, bidx: Int32, n: Int32):
@@ -537,25 +564,25 @@ class QKNormKernel(QKRowNormalizer):
                 prefetch_l2(mX[tile * rows + tidx, None].iterator.toint(), part.width * self.dtype.width // 8)
 
     @cute.jit
-    def normalize(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
-                  tidx: Int32, bidx: Int32, n: Int32, eps: Float32, sRed: cute.Tensor,
-                  warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
-        tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, bidx, n)
-        ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
+    def normalize(self, mX: cute.Tensor, mW: cute.Tensor, role: cutlass.Constexpr, tidx: Int32, bidx: Int32,
+                  n: Int32, eps: Float32, sRed: cute.Tensor):
+        """One CTA per row tile: load ``role``'s rows of tile ``bidx``, sum, scale, store."""
+        tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, role.part, tidx, bidx, n)
+        ss = self.row_sum_of_squares(tXrX, role, tidx, sRed)
         keep_packed(tXrX)
-        scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
-        self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
+        scale = cute.math.rsqrt(ss * Float32(1.0 / role.dim) + eps, fastmath=True)
+        self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, role.part)
 
     @cute.jit
-    def normalize_tiles(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
-                        tidx: Int32, bidx: Int32, n: Int32, eps: Float32, sRed: cute.Tensor,
-                        warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
+    def normalize_tiles(self, mX: cute.Tensor, mW: cute.Tensor, role: cutlass.Constexpr, tidx: Int32, bidx: Int32,
+                        n: Int32, eps: Float32, sRed: cute.Tensor):
         """``persistent_ctas``: this CTA's row tiles ``bidx, bidx + grid, ...``.  The weight vectors are
         loaded once; each step sums and scales the tile in registers, issues the next tile's loads into
         the same registers, then stores the scaled tile.  The partial sums of warps alternate between
         the two halves of ``sRed`` (a warp can be at most one tile ahead of another of its part: the part's
         named barrier).  The tile index is checked against the tile count before the row index is formed
         (no int32 overflow for any N the row index itself can hold)."""
+        part = role.part
         rows = self.config.rows
         tile = (rows, part.threads * part.vecs * self.vec)
         atom, tiled_copy = self._tiled_copy(part)
@@ -580,8 +607,8 @@ class QKNormKernel(QKRowNormalizer):
         slot = Int32(0)
         while t < n_tiles:
             sRed_t = cute.make_tensor(sRed.iterator + slot * self.num_warps, cute.make_layout(self.num_warps))
-            ss = self.row_sum_of_squares(tXrX, part, tidx, sRed_t, warp_base, barrier_id)
-            scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
+            ss = self.row_sum_of_squares(tXrX, role, tidx, sRed_t)
+            scale = cute.math.rsqrt(ss * Float32(1.0 / role.dim) + eps, fastmath=True)
             tXrY = self.scaled(tXrX, tXrW, scale)
             t_next = t + grid
             if t_next < n_tiles:
@@ -642,14 +669,14 @@ class QKNormKernel(QKRowNormalizer):
             i = i + 1
 
     @cute.jit
-    def normalize_staged(self, mW: cute.Tensor, sX: cute.Tensor, full, ready, part: cutlass.Constexpr,
-                         dim: cutlass.Constexpr, tidx: Int32, bidx: Int32, n: Int32, eps: Float32,
-                         sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
+    def normalize_staged(self, mW: cute.Tensor, sX: cute.Tensor, full, ready, role: cutlass.Constexpr, tidx: Int32,
+                         bidx: Int32, n: Int32, eps: Float32, sRed: cute.Tensor):
         """``bulk_stages``, a part's threads: this CTA's token rows ``bidx, bidx + grid, ...``; per row wait
         for its slot (``full``), read this thread's vectors (the same ones, so the same sums and bits, as
         the register kernels), sum (the part's named barrier), write the scaled values back in place,
         fence them for the bulk store and arrive on ``ready``; no CTA barrier (q and k run
         independently, at most ``stages`` rows apart)."""
+        part = role.part
         stages = self.config.tuning.bulk_stages
         tile = (1, part.width)
         atom, tiled_copy = self._tiled_copy(part)
@@ -669,8 +696,8 @@ class QKNormKernel(QKRowNormalizer):
             tXrX = cute.make_fragment_like(tXsX)
             cute.copy(smem_atom, tXsX, tXrX)
             sRed_t = cute.make_tensor(sRed.iterator + slot * self.num_warps, cute.make_layout(self.num_warps))
-            ss = self.row_sum_of_squares(tXrX, part, tidx, sRed_t, warp_base, barrier_id)
-            scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
+            ss = self.row_sum_of_squares(tXrX, role, tidx, sRed_t)
+            scale = cute.math.rsqrt(ss * Float32(1.0 / role.dim) + eps, fastmath=True)
             cute.copy(smem_atom, self.scaled(tXrX, tXrW, scale), tXsX)
             cute.arch.fence_proxy("async.shared", space="cta")  # generic writes -> the bulk store's reads
             cute.arch.mbarrier_arrive(ready + s)

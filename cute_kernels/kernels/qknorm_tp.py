@@ -168,24 +168,23 @@ class ParallelQKNormKernel(QKRowNormalizer):
         comm = Exchange(mPeers, error_addr, rank, capacity, epoch, timeout_ns, cta_start, sPart, sSum)
         if tidx < cfg.q_threads:
             for tile in cutlass.range(bidx, num_tiles, gdim):
-                self.normalize_tile(mQ, mWq, cfg.q, cfg.q_dim, 0, tidx, tile, n, eps, sRed, 0, 1, comm)
+                self.normalize_tile(mQ, mWq, self.q_role, tidx, tile, n, eps, sRed, comm)
         else:
             for tile in cutlass.range(bidx, num_tiles, gdim):
-                self.normalize_tile(mK, mWk, cfg.k, cfg.k_dim, 1, tidx - cfg.q_threads, tile, n, eps, sRed,
-                                    cfg.q_threads // 32, 2, comm)
+                self.normalize_tile(mK, mWk, self.k_role, tidx - cfg.q_threads, tile, n, eps, sRed, comm)
         self.advance_epoch(mState, epoch, tidx, gdim)
 
     @cute.jit
-    def normalize_tile(self, mX: cute.Tensor, mW: cute.Tensor, part: cutlass.Constexpr, dim: cutlass.Constexpr,
-                       which: cutlass.Constexpr, tidx: Int32, tile: Int32, n: Int32, eps: Float32,
-                       sRed: cute.Tensor, warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr, comm):
-        """One role (``which`` 0: q warps, 1: k warps; ``tidx`` counted within the role): local partial
-        sums -> ``sPart[row, which]``; this role's exchange (``comm``: :class:`Exchange`); rank-order total;
-        scale."""
+    def normalize_tile(self, mX: cute.Tensor, mW: cute.Tensor, role: cutlass.Constexpr, tidx: Int32, tile: Int32,
+                       n: Int32, eps: Float32, sRed: cute.Tensor, comm):
+        """One role (:class:`RowRole`: the q or the k threads; ``tidx`` counted within it): local partial
+        sums -> ``sPart[row, role.which]``; this role's exchange (``comm``: :class:`Exchange`); rank-order
+        total; scale."""
+        part, which, barrier_id = role.part, role.which, role.barrier_id
         sPart, sSum = comm.sPart, comm.sSum
         role_threads = self.config.rows * part.threads
         tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, tile, n)
-        ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
+        ss = self.row_sum_of_squares(tXrX, role, tidx, sRed)
         row = tidx // part.threads
         if tidx % part.threads == 0:
             sPart[row, which] = ss
@@ -195,7 +194,7 @@ class ParallelQKNormKernel(QKRowNormalizer):
         total = sSum[row, which, 0]
         for g in cutlass.range_constexpr(1, self.world):  # rank order: same bits on every rank
             total = total + sSum[row, which, g]
-        scale = cute.math.rsqrt(total * Float32(1.0 / dim) + eps, fastmath=True)
+        scale = cute.math.rsqrt(total * Float32(1.0 / role.dim) + eps, fastmath=True)
         self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
 
     @cute.jit
