@@ -936,44 +936,34 @@ def validate_qk_args(q, k, q_weight, k_weight, eps, *, cuda: bool = True, one_gp
     if q.shape[0]:
         for wname, w in (("q_weight", q_weight), ("k_weight", k_weight)):
             for name, t in (("q", q), ("k", k)):
-                if not _weight_clear(t.data_ptr(), t.shape[0], t.stride(0), t.shape[1], w.data_ptr(), w.numel(),
-                                     t.element_size()):
+                if not _rows_clear(t.data_ptr(), t.shape[0], t.stride(0), t.shape[1], w.data_ptr(), 1, 1, w.numel(),
+                                   t.element_size()):
                     raise ValueError(f"{wname} overlaps {name} in memory: {name} is written in place while "
                                      f"{wname} is read; pass a weight that shares no element with q or k")
 
 
 def _overlap(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether two [N, W] row-strided tensors share an element (see :func:`_disjoint`)."""
+    """Whether two [N, W] row-strided tensors share an element (see :func:`_rows_clear`)."""
     if q.numel() == 0 or k.numel() == 0:
         return False
-    return not _disjoint(q.data_ptr(), k.data_ptr(), q.shape[0], q.stride(0), k.stride(0), q.shape[1], k.shape[1],
-                         q.element_size())
+    n = q.shape[0]
+    return not _rows_clear(q.data_ptr(), n, q.stride(0), q.shape[1], k.data_ptr(), n, k.stride(0), k.shape[1],
+                           q.element_size())
 
 
-def _disjoint(qp: int, kp: int, n: int, sq: int, sk: int, qw: int, kw: int, es: int) -> bool:
-    """q, k: n rows of qw / kw elements at byte addresses qp / kp, row strides sq / sk elements.
-    Disjoint if their byte spans do not meet, or (the fused-qkv case: one row stride) if their column
-    ranges within a row do not meet; other interleavings count as overlapping."""
-    q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es
-    if q_end <= kp or k_end <= qp:
+def _rows_clear(ap: int, n: int, sa: int, aw: int, bp: int, bn: int, sb: int, bw: int, es: int) -> bool:
+    """Whether ``bn`` rows of ``bw`` elements at byte address ``bp`` (row stride ``sb`` elements) share no element
+    with ``n`` rows of ``aw`` elements at ``ap`` (row stride ``sa``; elements of ``es`` bytes): their byte spans
+    do not meet, or b's rows sit in the gaps between a's rows, at a column offset in ``[aw, sa - bw]`` of a's row
+    period (b with a's row stride: q and k as column blocks of one fused qkv buffer; or b one row: a weight
+    between two rows).  Other interleavings count as overlapping."""
+    a_end, b_end = ap + ((n - 1) * sa + aw) * es, bp + ((bn - 1) * sb + bw) * es
+    if a_end <= bp or b_end <= ap:
         return True
-    if sq != sk or (kp - qp) % es or n <= 1:
+    if n <= 1 or (bn > 1 and sb != sa) or (bp - ap) % es:
         return False
-    b = ((kp - qp) // es) % sq  # k's first column, relative to q's, within a row of sq elements
-    return b >= qw and b + kw <= sq
-
-
-def _weight_clear(tp: int, n: int, st: int, tw: int, wp: int, ww: int, es: int) -> bool:
-    """Whether a contiguous weight of ``ww`` elements at byte address ``wp`` shares no element with
-    the ``n`` rows of ``tw`` elements (row stride ``st``) at ``tp``: outside their span, or inside
-    the gap between two rows."""
-    t_end = tp + ((n - 1) * st + tw) * es
-    if wp + ww * es <= tp or t_end <= wp:
-        return True
-    if n <= 1 or (wp - tp) % es:
-        return False
-    b = ((wp - tp) // es) % st
-    return b >= tw and b + ww <= st
+    col = ((bp - ap) // es) % sa  # b's first column, relative to a's, within a row of sa elements
+    return col >= aw and col + bw <= sa
 
 
 def check_no_grad(q, k, q_weight, k_weight) -> None:
@@ -1062,7 +1052,7 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
             return None  # (a pointer of 0, e.g. a storage freed by resize_(0): the slow path refuses it)
         es = 16 // vec
         q_end, k_end = qp + ((n - 1) * sq + qw) * es, kp + ((n - 1) * sk + kw) * es
-        if not (q_end <= kp or k_end <= qp or _disjoint(qp, kp, n, sq, sk, qw, kw, es)):
+        if not (q_end <= kp or k_end <= qp or _rows_clear(qp, n, sq, qw, kp, n, sk, kw, es)):
             return None  # q and k overlap
         # a weight inside q's or k's span: the slow path decides (and explains); with launch_checks the
         # weights' lengths are taken to be Q and K here, which the launch then checks
