@@ -157,20 +157,26 @@ def test_row_tiling_covers_row(dtype, width):
     assert cfg.threads <= 1024 and cfg.q_threads % 32 == 0 and cfg.k_threads % 32 == 0
 
 
-def test_shipped_tilings_are_exact():
-    """The shipped shapes use no predicated columns and about 4 vectors per thread."""
+def test_tp_tilings_are_exact():
+    """The tensor-parallel tiling (TP_TUNING) at the shipped per-rank shapes: no predicated columns and about 4
+    vectors per thread."""
+    from cute_kernels.kernels import qknorm_tp
+
     for qw, kw in mod.shipped_shapes():
-        cfg = mod.QKNormConfig.for_shape(qw, kw, torch.bfloat16)
+        cfg = mod.QKNormConfig.for_shape(qw, kw, torch.bfloat16, tuning=qknorm_tp.TP_TUNING)
         assert not cfg.q.ragged and not cfg.k.ragged, cfg
         assert 3 <= cfg.q.vecs <= 4 and cfg.k.vecs == 4, cfg
 
 
 def test_default_tuning_tilings_are_exact():
-    """The one-GPU default (2 vectors per thread, the fastest at large N on the H200) at shipped shapes."""
+    """The one-GPU default (2 vectors per thread, the fastest at large N on the H200) at shipped shapes; it is
+    for_shape's default and QKNormConfig's."""
     for qw, kw in mod.shipped_shapes():
         cfg = mod.QKNormConfig.for_shape(qw, kw, torch.bfloat16, tuning=mod.DEFAULT_TUNING)
         assert not cfg.q.ragged and not cfg.k.ragged, cfg
         assert cfg.threads <= 1024 and cfg.q.vecs <= 4, cfg
+        assert mod.QKNormConfig.for_shape(qw, kw, torch.bfloat16) == cfg
+        assert mod.QKNormConfig(cfg.q, cfg.k, cfg.rows, cfg.q_dim, cfg.k_dim) == cfg
 
 
 def test_config_validation():

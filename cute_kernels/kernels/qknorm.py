@@ -199,6 +199,23 @@ class QKNormTuning(ValidatedConfig):
                              f"(persistent_ctas={self.persistent_ctas} walks its own tiles)")
 
 
+# H200, Q=4096 K=1024 bf16, CUDA graph (bench/qknorm_sweep.py): 2 vectors per thread 83.7 us at N=16384
+# (4: 84.9, 8: 84.1), 2.07 us at N=64 (4: 1.98); cache hints within noise.  The L2 prefetch of the rows
+# about L2_PREFETCH_BYTES ahead (session 32, bench/qknorm_l2_prefetch_probe.py, H200, bf16, CUDA graph,
+# 7 shuffled rounds in one run, us; bench/results/logs/2026-12-01_s32_qknorm_l2_prefetch_probe.log):
+#   4096/1024 (10 KB a token)  none / 264 / 396 / 528 / 660 / 792 / 1056 CTAs ahead: N=8192 43.42 / 41.70 /
+#     41.88 / 42.11 / 42.32 / 42.55 / 43.36; 16384 83.80 / 80.69 / 80.68 / 80.92 / 80.96 / 81.28 / 82.75
+#     (torch's copy of the same bytes 82.65); 32768 164.17 / 158.16 / 158.13 / ... / 162.91; 2112 and 4224
+#     ahead (an earlier run) 10-35% slower: prefetched rows evicted before their CTA reads them;
+#   6144/1024 (14 KB a token)  N=16384 115.07 / 111.85 / 112.08 / 112.57 / 114.65 / 119.37 / 132.75 (copy
+#     113.17); 8192 and 32768 alike;
+# best at 3-5.5 MB of rows ahead at both widths, worse from about 9 MB: so a distance in bytes, 4 MiB (409
+# CTAs ahead at 4096/1024, 292 at 6144/1024)
+L2_PREFETCH_BYTES = 4 << 20
+# The one-GPU op's tuning, and the default of QKNormConfig and for_shape (qknorm_tp runs its own, TP_TUNING)
+DEFAULT_TUNING = QKNormTuning(target_vecs=2, l2_prefetch_bytes=L2_PREFETCH_BYTES)
+
+
 @dataclass(frozen=True)
 class QKNormConfig(ValidatedConfig):
     """Static shape of the fused kernel: per-rank row tilings of q and k, tokens per CTA.
@@ -211,16 +228,16 @@ class QKNormConfig(ValidatedConfig):
     rows: int
     q_dim: int
     k_dim: int
-    tuning: QKNormTuning = QKNormTuning()
+    tuning: QKNormTuning = DEFAULT_TUNING
 
     @staticmethod
     def for_shape(q_width: int, k_width: int, dtype: torch.dtype, q_dim: int | None = None,
-                  k_dim: int | None = None, tuning: QKNormTuning = QKNormTuning()) -> "QKNormConfig":
+                  k_dim: int | None = None, tuning: QKNormTuning = DEFAULT_TUNING) -> "QKNormConfig":
         """The tiling of per-rank rows ``q_width`` / ``k_width`` (ints) of ``dtype`` (one of :data:`DTYPES`);
-        ``q_dim`` / ``k_dim``: the full sizes dividing the sum of squares (None: the widths).  The default
-        ``tuning`` (4 vectors per thread) is the tensor-parallel kernel's; the one-GPU op uses
-        :data:`DEFAULT_TUNING` (2).  ``TypeError`` / ``ValueError`` for bad arguments or a pair that does
-        not fit one CTA."""
+        ``q_dim`` / ``k_dim``: the full sizes dividing the sum of squares (None: the widths).  ``tuning``: the
+        one-GPU op's :data:`DEFAULT_TUNING` unless given (the tensor-parallel kernel passes its own,
+        ``qknorm_tp.TP_TUNING``).  ``TypeError`` / ``ValueError`` for bad arguments or a pair that does not
+        fit one CTA."""
         if dtype not in DTYPES:
             raise TypeError(f"dtype {dtype}: must be one of {[str(d).replace('torch.', '') for d in DTYPES]}")
         if not isinstance(tuning, QKNormTuning):
@@ -708,20 +725,6 @@ class QKNormKernel(QKRowNormalizer):
 
 # ----------------------------------------------------------------------------- host side
 
-# H200, Q=4096 K=1024 bf16, CUDA graph (bench/qknorm_sweep.py): 2 vectors per thread 83.7 us at N=16384
-# (4: 84.9, 8: 84.1), 2.07 us at N=64 (4: 1.98); cache hints within noise.  The L2 prefetch of the rows
-# about L2_PREFETCH_BYTES ahead (session 32, bench/qknorm_l2_prefetch_probe.py, H200, bf16, CUDA graph,
-# 7 shuffled rounds in one run, us; bench/results/logs/2026-12-01_s32_qknorm_l2_prefetch_probe.log):
-#   4096/1024 (10 KB a token)  none / 264 / 396 / 528 / 660 / 792 / 1056 CTAs ahead: N=8192 43.42 / 41.70 /
-#     41.88 / 42.11 / 42.32 / 42.55 / 43.36; 16384 83.80 / 80.69 / 80.68 / 80.92 / 80.96 / 81.28 / 82.75
-#     (torch's copy of the same bytes 82.65); 32768 164.17 / 158.16 / 158.13 / ... / 162.91; 2112 and 4224
-#     ahead (an earlier run) 10-35% slower: prefetched rows evicted before their CTA reads them;
-#   6144/1024 (14 KB a token)  N=16384 115.07 / 111.85 / 112.08 / 112.57 / 114.65 / 119.37 / 132.75 (copy
-#     113.17); 8192 and 32768 alike;
-# best at 3-5.5 MB of rows ahead at both widths, worse from about 9 MB: so a distance in bytes, 4 MiB (409
-# CTAs ahead at 4096/1024, 292 at 6144/1024)
-L2_PREFETCH_BYTES = 4 << 20
-DEFAULT_TUNING = QKNormTuning(target_vecs=2, l2_prefetch_bytes=L2_PREFETCH_BYTES)
 # Persistent CTAs (the same tiling, so the same bits) for PERSISTENT_SHAPES: 3 per SM (what one SM holds
 # there: 64 registers x 320 threads), each loading the weights once, from N = 1024 tokens while q and k
 # fit in 60% of L2 (85% until session 18; from there to 95% bulk-staged rows are faster).  H200, bf16

@@ -76,8 +76,8 @@ from ..runtime.cache import compile_cached, compile_record
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
 from ..runtime.validate import ValidatedConfig, check_int, check_real
-from .qknorm import (DEFAULT_TUNING, DTYPES, SHIPPED_DIMS, QKNormConfig, QKRowNormalizer, fast_path_key, bump_versions,
-                     check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args,
+from .qknorm import (DEFAULT_TUNING, DTYPES, SHIPPED_DIMS, QKNormConfig, QKNormTuning, QKRowNormalizer, fast_path_key,
+                     bump_versions, check_eps, check_no_grad, launch_view, qk_rmsnorm_reference, validate_qk_args,
                      validate_qk_shapes, vec_elems)
 
 NAME = "qknorm_tp"
@@ -86,6 +86,9 @@ MAX_G = 8
 SENTINEL = 0x8000000080000000  # (-0.0f, -0.0f)
 SENTINEL_HALF = 0x80000000  # -0.0f, one role's half of a slot
 _STATE_WORDS = 4  # [epoch, finished CTAs, unused, unused]
+# The per-rank tiling's knobs: 4 vectors per thread, plain loads and stores (the kernel has none of the one-GPU
+# kernel's persistent, bulk-staged or L2-prefetch paths)
+TP_TUNING = QKNormTuning()
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,8 @@ class ParallelQKNormConfig(ValidatedConfig):
         if q_dim % world or k_dim % world:
             raise ValueError(f"q_dim={q_dim} and k_dim={k_dim} must be divisible by the world size {world}")
         try:
-            norm = QKNormConfig.for_shape(q_dim // world, k_dim // world, dtype, q_dim=q_dim, k_dim=k_dim)
+            norm = QKNormConfig.for_shape(q_dim // world, k_dim // world, dtype, q_dim=q_dim, k_dim=k_dim,
+                                          tuning=TP_TUNING)
         except ValueError as exc:  # the per-rank widths are what the tiling sees: name the full sizes too
             raise ValueError(f"q_dim={q_dim}, k_dim={k_dim} over {world} ranks (per-rank widths {q_dim // world} "
                              f"and {k_dim // world}): {exc}") from None
