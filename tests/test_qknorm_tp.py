@@ -76,6 +76,9 @@ def test_occupancy_model():
     assert mod.ctas_per_sm(128, 32) == 16  # threads limit
     assert mod.ctas_per_sm(32, 16) == 32  # CTA-slot limit
     assert mod.ctas_per_sm(1024, 255) == 0
+    # 200 registers = 6400 per warp: two warps per 16384-register sub-partition, 8 per SM, 4 CTAs of 2 warps
+    # (65536 / 6400 would say 5)
+    assert mod.ctas_per_sm(64, 200) == 4
 
 
 def test_parallel_reference_equals_unsharded():

@@ -302,11 +302,12 @@ def shipped_configs() -> dict[str, ParallelQKNormConfig]:
 
 
 def ctas_per_sm(threads: int, registers: int | None, smem_bytes: int = 0) -> int:
-    """CTAs of ``threads`` threads that fit on one Hopper SM (2048 threads, 64K registers, 228 KB smem)."""
+    """CTAs of ``threads`` threads that fit on one Hopper SM (2048 threads, 228 KB smem, 64K registers in four
+    sub-partitions of 16384, each holding whole warps: a warp's registers are allocated in units of 256)."""
     warps = -(-threads // 32)
     by_threads = 64 // warps
     regs_per_warp = -(-(registers or 255) * 32 // 256) * 256
-    by_regs = 65536 // (regs_per_warp * warps)
+    by_regs = 4 * (16384 // regs_per_warp) // warps
     by_smem = (228 * 1024) // (smem_bytes + 1024)
     return max(0, min(32, by_threads, by_regs, by_smem))
 
