@@ -256,6 +256,13 @@ def smem_layouts(config: HcMixTmaConfig):
                              stride=(config.tile_k, 1, N_MIX * config.tile_k)))
 
 
+def swizzled_vector(row, vec):
+    """Where the 128B swizzle of :func:`smem_layouts`' bf16 rings puts 16-byte vector ``vec`` (0-7) of a
+    128-byte row ``row`` (rows of 1024-byte aligned stages): position ``vec ^ (row % 8)`` of that row.  The split
+    warps write the pieces there, the squares read x from there (works on ints and on the DSL's Int32)."""
+    return vec ^ (row % 8)
+
+
 class WalkOperands(NamedTuple):
     """What every k tile of a consumer's walk reads (:meth:`HcMixTmaKernel.walk_split`; made once in
     :meth:`HcMixTmaKernel.mma`)."""
@@ -448,8 +455,8 @@ class HcMixTmaKernel:
         value into its three bf16 pieces (:func:`.hc_mix._split3_bf16x2`, the walk's split: same values as
         :func:`.hc_mix.split_pieces`), written into the stage's ``sW`` in the WGMMA's 128B swizzle.  Thread
         ``t`` takes items ``t`` and ``t + 96`` of the tile's 24 x 8 (row, 8 columns); a piece's 8 columns are
-        one 16-byte vector, stored at ``chunk ^ (row % 8)`` of its 128-byte row (72-row, 1024-byte aligned
-        stages), so 8 lanes of a row fill one row: no bank conflicts (the float32 reads, 32 bytes apart per
+        one 16-byte vector, stored at :func:`swizzled_vector` ``(row, chunk)`` of its 128-byte row (72-row,
+        1024-byte aligned stages), so 8 lanes of a row fill one row: no bank conflicts (the float32 reads, 32 bytes apart per
         lane, are 2-way: a few cycles per tile, off the consumers' path).  Then the proxy fence (WGMMA reads
         what ordinary stores wrote), the warp's sync and lane 0's arrive on the stage's full barrier.  The
         stage's pieces are free to overwrite because its float32 tile was loaded only after the ring's
@@ -472,7 +479,7 @@ class HcMixTmaKernel:
                 for j in cutlass.range_constexpr(VEC // 2):
                     rPieces[0][j], rPieces[1][j], rPieces[2][j] = _split3_bf16x2(rW[2 * j], rW[2 * j + 1])
                 for p in cutlass.range_constexpr(N_PIECES):
-                    vec = (state.index * N_W + p * N_MIX + row) * chunks + (chunk ^ (row % 8))
+                    vec = (state.index * N_W + p * N_MIX + row) * chunks + swizzled_vector(row, chunk)
                     cute.autovec_copy(cute.recast_tensor(rPieces[p], BFloat16), sWv[None, vec])
             cute.arch.sync_warp()
             w_ring.consumer_release(state)  # the float32 tile is read
@@ -622,7 +629,7 @@ class HcMixTmaKernel:
         columns ``32 h .. 32 h + 31``, float32, in column order, into a per-tile partial first.
 
         It reads 16-byte vectors: TMA's 128-byte swizzle stores vector ``v`` of row ``r`` at position
-        ``v ^ (r % 8)`` of the row (1024-byte aligned stages), so a quarter warp (4 rows x 2 halves)
+        ``v ^ (r % 8)`` of the row (:func:`swizzled_vector`), so a quarter warp (4 rows x 2 halves)
         touches 8 distinct bank groups, no conflicts."""
         vec_per_row = self.tile_k // 8
         vec0 = (ctidx % 2) * (vec_per_row // 2)
@@ -631,7 +638,7 @@ class HcMixTmaKernel:
             row_vec = (stage * self.tile_m + row) * vec_per_row
             part = Float32(0.0)
             for v in cutlass.range_constexpr(vec_per_row // 2):
-                cute.autovec_copy(sXv[None, row_vec + ((vec0 + v) ^ (row % 8))], rX)
+                cute.autovec_copy(sXv[None, row_vec + swizzled_vector(row, vec0 + v)], rX)
                 for e in cutlass.range_constexpr(8):
                     x = rX[e].to(Float32)
                     part = part + x * x
