@@ -168,6 +168,67 @@ def test_unusable_cache_folder_falls_back_to_memory(tmp_path, monkeypatch):
     assert callable(fn)
 
 
+def test_lock_that_cannot_be_taken_falls_back_to_memory_and_loads_a_complete_entry(tmp_path, monkeypatch):
+    """A cache folder that exists but whose entry lock cannot be taken (read-only folder; here a folder where the
+    .lock file goes) warns and works: a complete entry is loaded as it is, a missing one compiled in memory
+    (session 61: the lock's PermissionError reached the op call)."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t, other = scale.compile_targets()[:2]
+    t.build()
+    (obj,) = tmp_path.rglob("*.o")
+    (lock,) = tmp_path.rglob("*.lock")
+    lock.unlink()
+    lock.mkdir()  # (opening the lock file now fails with IsADirectoryError, as a read-only folder would with EACCES)
+    other_lock = obj.parent / (cache._key_sha(other.kernel, other.key, arch.target_arch()) + ".lock")
+    other_lock.mkdir()
+    cache.clear_memory_cache()
+    cache._warn_no_disk_cache.cache_clear()
+    with pytest.warns(RuntimeWarning, match="caching in memory only"):
+        assert callable(t.build())
+    assert cache.compile_record(t.kernel, t.key).compile_s is None  # loaded, not compiled
+    assert callable(other.build())  # (the same folder and reason: warned once)
+    assert cache.compile_record(other.kernel, other.key).compile_s is not None  # compiled in memory
+    assert len(list(tmp_path.rglob("*.o"))) == 1
+
+
+def test_cache_key_holds_the_dsl_compile_settings(monkeypatch):
+    """An entry compiled with other DSL settings (CUTE_DSL_LINEINFO, assertions, ...) is another entry (session
+    61: a LINEINFO=1 compile was loaded by a process without it, and the reverse)."""
+    key = ("torch.float16", "cfg")
+    plain = cache._key_sha("scale", key, "sm_90a")
+    assert "lineinfo=False" in arch.dsl_compile_settings() and "shared_libs" in arch.dsl_compile_settings()
+    monkeypatch.setattr(cache, "dsl_compile_settings", lambda: arch.dsl_compile_settings().replace(
+        "lineinfo=False", "lineinfo=True"))
+    assert cache._key_sha("scale", key, "sm_90a") != plain
+
+
+def test_recompile_replaces_an_empty_or_stale_sass(tmp_path, monkeypatch):
+    """An empty .sass counts as missing (disassembled again from the cubin), and a recompile removes the old
+    .sass (session 61: both were trusted forever)."""
+    if not cache.nvdisasm_available():
+        pytest.skip("no nvdisasm here")
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[0]
+    t.build()
+    sass = cache.compile_record(t.kernel, t.key).sass
+    (obj,) = tmp_path.rglob("*.o")
+    sass_file = obj.with_suffix(".sass")
+    sass_file.write_text("")
+    cache.clear_memory_cache()
+    t.build()
+    rec = cache.compile_record(t.kernel, t.key)
+    assert rec.compile_s is None and rec.sass == sass and sass_file.read_text() == sass
+    sass_file.write_text("garbage")
+    obj.write_bytes(b"")  # a truncated object: recompiled
+    cache.clear_memory_cache()
+    t.build()
+    rec = cache.compile_record(t.kernel, t.key)
+    assert rec.compile_s is not None and rec.sass == sass and sass_file.read_text() == sass
+    assert not list(tmp_path.rglob("*.partial"))
+
+
 @pytest.mark.parametrize("value,enabled", [("0", False), ("off", False), ("False", False), ("", False), ("1", True)])
 def test_cache_switch_values(monkeypatch, value, enabled):
     monkeypatch.setenv("CUTE_KERNELS_CACHE", value)

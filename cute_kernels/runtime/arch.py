@@ -7,6 +7,7 @@ target silently becomes sm_100a.  :func:`configure` must therefore run before an
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -45,6 +46,28 @@ def _dsl_env():
     from cutlass.cutlass_dsl import CuTeDSL
 
     return CuTeDSL._get_dsl().envar
+
+
+@functools.lru_cache(maxsize=1)
+def dsl_compile_settings() -> str:
+    """The CuTe DSL's settings that change generated code, as the DSL lists them for its own cache key
+    (``CUTE_DSL_LINEINFO``, ``_DEBUG``, ``_ENABLE_ASSERTIONS``, ``_COMPILER_OPT``, ``_COMPILER_BACKEND``, the
+    runtime library variant, ...; read at the first ``import cutlass``, so fixed for the process): part of
+    every compile-cache key.  The runtime library's path is cut to its last three parts (``cu13/lib/...``) so
+    that moving an environment keeps its cache.  Empty for a DSL without that list."""
+    try:
+        env = _dsl_env()
+        parts = []
+        for entry in sorted(env._ENV_VAR_SPEC, key=lambda e: e.key_name):
+            if not entry.affects_compile or entry.key_name == "arch":  # (the arch is a key item of its own)
+                continue
+            value = getattr(env, entry.key_name)
+            if entry.key_name == "shared_libs" and isinstance(value, str):
+                value = ";".join("/".join(os.path.normpath(p).split(os.sep)[-3:]) for p in value.split(";") if p)
+            parts.append(f"{entry.key_name}={value!r}")
+        return ";".join(parts)
+    except Exception:  # noqa: BLE001 (another DSL version)
+        return ""
 
 
 def dsl_arch() -> str:

@@ -160,6 +160,26 @@ def disassemble(cubin: bytes | str) -> str | None:
             return None
 
 
+def _write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it (a reader never sees half of it); a folder
+    that cannot be written is skipped silently (the text is kept in memory)."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".partial")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
 @dataclass
 class CompileRecord:
     """What one compile produced; stored beside the cached object as JSON + text files (and the cubin).
@@ -187,10 +207,7 @@ class CompileRecord:
             if text is not None:  # (else: no nvdisasm; a later read tries again)
                 self._sass, self._cubin = text, None
                 if self._sass_file:
-                    try:
-                        Path(self._sass_file).write_text(text)
-                    except OSError:
-                        pass
+                    _write_atomically(self._sass_file, text)
         return self._sass
 
     @sass.setter

@@ -1,15 +1,19 @@
 """Compile cache: in memory, and on disk as exported objects that later processes load.
 
 A kernel is compiled once per *key* (its frozen config, dtypes and static sizes, plus the target
-arch) with ``cute.compile(..., options="--enable-tvm-ffi")``, exported with ``export_to_c`` and
-loaded back with ``cute.runtime.load_module``.  Disk entries live under
+arch and the DSL's own compile settings: line info, assertions, optimization level, ...) with
+``cute.compile(..., options="--enable-tvm-ffi")``, exported with ``export_to_c`` and loaded back with
+``cute.runtime.load_module``.  Disk entries live under
 
-    $CUTE_KERNELS_CACHE_DIR (default ~/.cache/cute_kernels) / <fingerprint> / <kernel> / <sha>.o
+    $CUTE_KERNELS_CACHE_DIR (default $XDG_CACHE_HOME/cute_kernels, else ~/.cache/cute_kernels)
+        / <fingerprint> / <kernel> / <sha>.o
 
 where the fingerprint hashes our own sources, the DSL and tvm-ffi versions and the Python
 version, so editing any kernel (or upgrading the DSL) starts a fresh cache.  A per-entry file lock
 (``filelock``) makes concurrent processes compile a key once and the others load it.  Beside each
-object: ``.ptx``, ``.sass`` (when nvdisasm is available) and ``.json`` (compile time, registers).
+object: ``.ptx``, ``.cubin``, ``.json`` (compile time, registers) and ``.sass`` (disassembled from the
+cubin when first read, where nvdisasm is available).  A folder that cannot be written (or an entry lock
+that cannot be taken) warns once and caches in memory only; a complete entry there is still loaded.
 
 ``CUTE_KERNELS_CACHE=0`` disables the disk cache (memory only).
 """
@@ -27,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-from .arch import check_target_arch, target_arch
+from .arch import check_target_arch, dsl_compile_settings, target_arch
 from .artifacts import CompileRecord, KernelResources, cubin_resources, nvdisasm_path
 
 EXPORT_NAME = "func"
@@ -41,7 +45,8 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    """Root of the on-disk cache (``CUTE_KERNELS_CACHE_DIR`` or ``~/.cache/cute_kernels``), as an absolute path."""
+    """Root of the on-disk cache (``CUTE_KERNELS_CACHE_DIR``, else ``$XDG_CACHE_HOME/cute_kernels``, else
+    ``~/.cache/cute_kernels``), as an absolute path."""
     root = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cute_kernels"
     )
@@ -129,7 +134,9 @@ def source_fingerprint() -> str:
 
 
 def _key_sha(kernel: str, key: Hashable, arch: str) -> str:
-    return hashlib.sha256(repr((kernel, key, arch)).encode()).hexdigest()[:24]
+    """An entry's file name: the kernel, its key, the target arch and the DSL's own compile settings
+    (:func:`.arch.dsl_compile_settings`: line info, assertions, optimization level, ...)."""
+    return hashlib.sha256(repr((kernel, key, arch, dsl_compile_settings())).encode()).hexdigest()[:24]
 
 
 def _compile(build: Callable[[], tuple], keep_dir: str):
@@ -163,6 +170,7 @@ def _record_from_compiled(kernel: str, sha: str, arch: str, compiled, seconds: f
 
 
 def _write_record(base: Path, rec: CompileRecord) -> None:
+    base.with_suffix(".sass").unlink(missing_ok=True)  # (an earlier compile's; this one's is written when first read)
     if rec.ptx:
         base.with_suffix(".ptx").write_text(rec.ptx)
     if isinstance(rec._cubin, bytes):  # (the SASS is written beside it when first read)
@@ -181,7 +189,7 @@ def _read_record(base: Path, load_s: float) -> CompileRecord:
     rec._sass_file = str(base.with_suffix(".sass"))
     for suffix, attr in ((".ptx", "ptx"), (".sass", "sass")):
         f = base.with_suffix(suffix)
-        if f.exists():
+        if _nonempty(f):  # (an empty file is missing: the SASS is disassembled again from the cubin)
             setattr(rec, attr, f.read_text())
     cubin = base.with_suffix(".cubin")
     if rec._sass is None and cubin.exists():
@@ -214,39 +222,25 @@ def compile_cached(kernel: str, key: Hashable, build: Callable[[], tuple]) -> Ca
 
 
 def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], tuple]):
-    import cutlass.cute as cute
-
     sha = _key_sha(kernel, key, arch)
     if not disk_cache_enabled():
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            compiled = _compile(build, tmp)
-            return compiled, _record_from_compiled(kernel, sha, arch, compiled, time.perf_counter() - t0)
-
+        return _compile_in_memory(kernel, sha, arch, build)
     folder = cache_dir() / source_fingerprint() / kernel
+    base = folder / sha
     try:
         folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # read-only home, a file in the way, ...: keep working, in memory only
-        _warn_no_disk_cache(folder, exc)
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            compiled = _compile(build, tmp)
-            return compiled, _record_from_compiled(kernel, sha, arch, compiled, time.perf_counter() - t0)
-    base = folder / sha
-    obj = base.with_suffix(".o")
-    with FileLock(str(base.with_suffix(".lock")), timeout=600):
-        # (an entry of an older cache without SASS nor cubin is recompiled once nvdisasm is there)
-        if (obj.exists() and obj.stat().st_size > 0 and base.with_suffix(".json").exists()
-                and (base.with_suffix(".sass").exists() or base.with_suffix(".cubin").exists()
-                     or not nvdisasm_available())):
-            try:
-                t0 = time.perf_counter()
-                fn = cute.runtime.load_module(str(obj), enable_tvm_ffi=True)[EXPORT_NAME]
-                return fn, _read_record(base, time.perf_counter() - t0)
-            except Exception as exc:  # a truncated or stale object is a miss, not an error
-                print(f"cute_kernels cache: reloading the entry {base} (.o, .json) failed ({exc}); recompiling",
-                      file=sys.stderr)
-                obj.unlink(missing_ok=True)
+        lock = FileLock(str(base.with_suffix(".lock")), timeout=600)
+        lock.acquire()
+    except Timeout:
+        raise
+    except OSError as exc:  # read-only cache, a file in the way, ...: keep working, in memory only (a complete
+        # entry of a read-only cache is loaded as it is: nobody can be writing it)
+        _warn_no_disk_cache(str(folder), f"{type(exc).__name__}: {exc.strerror or exc}")
+        return _load_entry(base) or _compile_in_memory(kernel, sha, arch, build)
+    try:
+        loaded = _load_entry(base)
+        if loaded is not None:
+            return loaded
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             compiled = _compile(build, tmp)
@@ -255,16 +249,63 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
         partial = base.with_suffix(".o.partial")
         compiled.export_to_c(str(partial), function_name=EXPORT_NAME)
         _write_record(base, rec)
-        os.replace(partial, obj)  # atomic: readers never see half an object
+        os.replace(partial, obj_path(base))  # atomic: readers never see half an object
         return compiled, rec
+    finally:
+        lock.release()
+
+
+def obj_path(base: Path) -> Path:
+    """The exported object of the entry ``base`` (the cache folder / sha)."""
+    return base.with_suffix(".o")
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _load_entry(base: Path):
+    """``(function, record)`` of a complete disk entry, or None: missing parts, or a load that fails (a
+    truncated or stale object is a miss, not an error: the object is removed where it can be, and recompiled).
+    An entry of an older cache without SASS nor cubin counts as missing once nvdisasm is there."""
+    import cutlass.cute as cute
+
+    obj = obj_path(base)
+    if not (_nonempty(obj) and base.with_suffix(".json").exists()
+            and (_nonempty(base.with_suffix(".sass")) or base.with_suffix(".cubin").exists()
+                 or not nvdisasm_available())):
+        return None
+    try:
+        t0 = time.perf_counter()
+        fn = cute.runtime.load_module(str(obj), enable_tvm_ffi=True)[EXPORT_NAME]
+        return fn, _read_record(base, time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001
+        print(f"cute_kernels cache: reloading the entry {base} (.o, .json) failed ({exc}); recompiling",
+              file=sys.stderr)
+        try:
+            obj.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return None
+
+
+def _compile_in_memory(kernel: str, sha: str, arch: str, build: Callable[[], tuple]):
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        compiled = _compile(build, tmp)
+        return compiled, _record_from_compiled(kernel, sha, arch, compiled, time.perf_counter() - t0)
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_no_disk_cache(folder: Path, exc: OSError) -> None:
+def _warn_no_disk_cache(folder: str, reason: str) -> None:
+    """Once per (folder, reason) and process."""
     import warnings
 
-    warnings.warn(f"cute_kernels: compile cache folder {folder} is unusable ({exc}); caching in memory only. "
-                  "Set CUTE_KERNELS_CACHE_DIR to a writable folder.", RuntimeWarning, stacklevel=4)
+    warnings.warn(f"cute_kernels: compile cache folder {folder} is unusable ({reason}); caching in memory only. "
+                  "Set CUTE_KERNELS_CACHE_DIR to a writable folder.", RuntimeWarning, stacklevel=5)
 
 
 def compile_record(kernel: str, key: Hashable) -> CompileRecord:
