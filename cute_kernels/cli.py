@@ -76,13 +76,14 @@ def cmd_compile(args) -> int:
         print(f"compile: the compile cache folder {problem}; set CUTE_KERNELS_CACHE_DIR to a writable folder "
               "(or CUTE_KERNELS_CACHE=0 to compile without it)", file=sys.stderr)
         return 1
-    failures = 0
+    unlisted = 0  # modules that could not list their configs
+    failures = 0  # configs that did not compile
     targets = []
     for name in names:
         try:
             targets += registry.module(name).compile_targets()
         except Exception as exc:  # a broken module is reported, the others still compile
-            failures += 1
+            unlisted += 1
             print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
     lines = []
     # (disable=None: no bar where stderr is not a terminal, e.g. a log file, which would get one long line of \r)
@@ -100,11 +101,13 @@ def cmd_compile(args) -> int:
                 traceback.print_exc()
     for line in lines:
         print(line)
-    print(f"{len(targets) - failures if failures <= len(targets) else 0}/{len(targets)} configs compiled for {os.environ['CUTE_DSL_ARCH']}")
+    broken = f"; {unlisted} module{'s' if unlisted > 1 else ''} could not list {'their' if unlisted > 1 else 'its'} configs" \
+        if unlisted else ""
+    print(f"{len(targets) - failures}/{len(targets)} configs compiled for {os.environ['CUTE_DSL_ARCH']}{broken}")
     if not nvdisasm_available():
         print("note: no nvdisasm, so no SASS (PTX features only): pip install nvidia-cuda-nvdisasm (in the [test] "
               "extra); the SASS is then disassembled from each entry's kept cubin when first read", file=sys.stderr)
-    return 1 if failures else 0
+    return 1 if failures or unlisted else 0
 
 
 def cmd_check(args) -> int:

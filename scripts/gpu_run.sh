@@ -63,6 +63,16 @@ if [[ -n $kernel ]]; then
     qknorm|qknorm_tp) sanitize_scripts=(tests/gpu/qknorm_sanitize_case.py) ;;
     *) sanitize_scripts=() ;;
   esac
+  # check and bench take registered kernels only (some GPU test files, e.g. ranker_fuzz, are not kernels)
+  registered=$(sed -n '/^KERNELS/,/^}/p' "$root/cute_kernels/registry.py" | grep -o '^ *"[a-z_0-9]*"' | tr -d ' "')
+  if [[ ($what == check || $what == bench || $what == all) && ! " $(echo $registered) " =~ " $kernel " ]]; then
+    echo "gpu_run.sh: --kernel $kernel names a GPU test file, not a registered kernel, so mode '$what' cannot" \
+         "check or bench it (registered: $(echo $registered)); use mode tests" >&2; exit 2
+  fi
+  if [[ $what == sanitize && ${#sanitize_scripts[@]} == 0 ]]; then
+    echo "gpu_run.sh: no sanitizer script for --kernel $kernel (scripts exist for ranker_fwd, ranker_bwd," \
+         "hc_mix, qknorm, qknorm_tp)" >&2; exit 2
+  fi
 fi
 mkdir -p "$out"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"

@@ -245,3 +245,34 @@ def test_gpu_run_script_arguments(tmp_path, args, ok):
                        capture_output=True, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), timeout=120)
     assert r.returncode == (3 if ok else 2), (r.returncode, r.stdout, r.stderr)
     assert ("gpu_run.sh: " in r.stderr and "no CUDA GPU" not in r.stderr) != ok
+
+
+@pytest.mark.parametrize("mode,kernel,ok", [("all", "ranker_fuzz", False), ("bench", "large_offsets", False),
+                                             ("check", "multi_device", False), ("tests", "ranker_fuzz", True),
+                                             ("sanitize", "scale", False), ("sanitize", "qknorm_tp", True),
+                                             ("bench", "qknorm", True)])
+def test_gpu_run_script_kernel_per_mode(tmp_path, mode, kernel, ok):
+    """check / bench / all take a registered kernel, not any GPU test file's name, and sanitize a kernel with a
+    sanitizer script: else exit 2 with a message before the GPU check (session 61: ranker_fuzz passed and
+    failed after the tests; sanitize --kernel scale ran nothing and exited 0)."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["bash", str(root / "scripts" / "gpu_run.sh"), str(tmp_path / "out"), mode, "--kernel", kernel],
+                       capture_output=True, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), timeout=120)
+    assert r.returncode == (3 if ok else 2), (r.returncode, r.stdout, r.stderr)
+
+
+def test_compile_counts_a_module_that_cannot_list_its_configs_apart(monkeypatch, tmp_path, capsys):
+    """A module that cannot list its configs is reported on its own line and in the total, not subtracted from
+    the compiled configs (session 61: 3 of 3 compiled printed as 2/3)."""
+    from cute_kernels import cli, registry
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(registry, "KERNELS", {"scale": registry.KERNELS["scale"],
+                                               "broken": "cute_kernels.kernels.no_such_module"})
+    assert cli.main(["compile", "--quiet"]) == 1
+    out = capsys.readouterr()
+    assert "FAIL broken: cannot list configs" in out.err
+    assert "3/3 configs compiled for sm_90a; 1 module could not list its configs" in out.out

@@ -34,3 +34,9 @@ def test_per_shape_shipped_configs_are_the_compile_targets(name):
     """qknorm / qknorm_tp list one shipped config per compile target, under the target's label."""
     mod = registry.module(name)
     assert list(mod.shipped_configs()) == [t.label for t in mod.compile_targets()]
+
+
+def test_compile_target_labels_are_distinct():
+    """One label per compile target (session 61: six pre/postprocess labels stood for two keys each)."""
+    labels = [(t.kernel, t.label) for t in TARGETS]
+    assert len(set(labels)) == len(labels) == len({(t.kernel, t.key) for t in TARGETS})

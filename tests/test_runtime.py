@@ -530,7 +530,12 @@ def test_unknown_flag_value_warns_once_and_cache_dir_is_absolute(monkeypatch, tm
     assert sum("banana-s20" in str(w.message) for w in caught) == 1
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", "rel/cache")
+    cache._absolute.cache_clear()
     assert cache_dir() == tmp_path / "rel" / "cache"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # a process that changes folders keeps its cache (session 61)
+    assert cache_dir() == tmp_path / "rel" / "cache"
+    cache._absolute.cache_clear()
 
 
 def test_cache_report_without_home_and_on_a_dangling_link(monkeypatch, tmp_path):

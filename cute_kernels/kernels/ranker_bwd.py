@@ -1668,23 +1668,26 @@ def compile_targets() -> list[CompileTarget]:
         cfg = dataclasses.replace(config_for(d, capm != "none"), deterministic=det, gqa_group_per_cta=group,
                                   dq_zero_in_mainloop=not (det or long))  # (as resolve_dq_zeroing leaves them)
         args = launch_args(dtype, cfg, g, capm, varlen)
-        dt, tm, acc = str(dtype)[6:], cfg.tile_m, args["post"][6]
+        dt, tm, acc, flagged = str(dtype)[6:], cfg.tile_m, args["post"][6], args["post"][7]
+        # (dq=flags: the preprocess zeroes per-tile flags and the mainloop zeroes dQ tiles; dq=zeroed: it zeroes
+        # the whole dQ accumulator)
+        dq = " dq=flags" if flagged else " dq=zeroed"
         label = (f"{dt} D={d} gqa={g}{'' if group is None else (' group' if group else ' per-head')}"
                  f" cap={capm}{' varlen' if varlen else ''}{' det' if det else ''}{' long' if long else ''}")
         out.append(CompileTarget(NAME, label, (str(dtype), *args["main"][1:]),
                                  build=lambda a=args["main"]: _compile(*a)))
         helpers.setdefault((pre.NAME, (str(dtype), *args["pre"][1:])), (
-            f"preprocess {dt} D={d} tile_m={tm}{' varlen' if varlen else ''}",
+            f"preprocess {dt} D={d} tile_m={tm}{' varlen' if varlen else ''}{dq}",
             lambda a=args["pre"]: compile_preprocess(*a)))
         helpers.setdefault((post.NAME, (str(dtype), *args["post"][1:])), (
             f"postprocess {dt} D={d} tile_m={tm} gqa={g} cap={capm}{' varlen' if varlen else ''}"
-            f"{' accumulated' if acc else ''}",
+            f"{' accumulated' if acc else ''}{dq}",
             lambda a=args["post"]: compile_postprocess(*a)))
         # the gradient of the LSE (a loss on the forward's lse; torch.compile hands the backward one even
         # when the loss ignores lse) changes only the preprocess
         pre_dlse = args["pre"][:-1] + (True,)
         helpers.setdefault((pre.NAME, (str(dtype), *pre_dlse[1:])), (
-            f"preprocess {dt} D={d} tile_m={tm}{' varlen' if varlen else ''} with dLSE",
+            f"preprocess {dt} D={d} tile_m={tm}{' varlen' if varlen else ''}{dq} with dLSE",
             lambda a=pre_dlse: compile_preprocess(*a)))
     for (name, key), (label, build) in helpers.items():
         out.append(CompileTarget(name, label, key, build=build))

@@ -125,7 +125,7 @@ _SM_COUNTS: dict = {}  # CUDA device index -> its SM count
 def sm_count(device) -> int:
     """SMs of the CUDA ``device`` (a ``torch.device``; index None: the current device), read once per device
     (persistent grids and the ranker backward's residency rules size themselves by it)."""
-    n = _SM_COUNTS.get(device.index)  # (the hot path: a tensor's device has its index)
+    n = _SM_COUNTS.get(device.index)  # (the hot path: a tensor's device has its index; None is never stored)
     if n is None:
         import torch
 

@@ -50,8 +50,14 @@ def cache_dir() -> Path:
     root = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cute_kernels"
     )
-    # os.path.expanduser never raises (Path.expanduser does without HOME or a passwd entry); a relative folder
-    # is taken from the current one: say which
+    return _absolute(root)
+
+
+@functools.lru_cache(maxsize=None)
+def _absolute(root: str) -> Path:
+    """``root`` as an absolute path, a relative one taken from the working folder of its first use (a process that
+    changes folders keeps one cache and one tuned.json).  (os.path.expanduser never raises; Path.expanduser does
+    without HOME or a passwd entry.)"""
     return Path(os.path.expanduser(root)).absolute()
 
 

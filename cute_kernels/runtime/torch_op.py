@@ -47,7 +47,7 @@ def refuse_func_transforms(name: str, *args, differentiable: bool = False) -> No
     fail deeper with an unrelated message (``setup_context``, "no data pointer", "not on a CUDA device").
     ``differentiable``: the function has a backward (``ranker_attention``), so the message points to
     ``.backward()`` / ``torch.autograd.grad`` for gradients; the others have none to point to."""
-    if torch.compiler.is_compiling() or _transform_active is None or _transform_active() is None:
+    if _is_compiling() or _transform_active is None or _transform_active() is None:
         return  # Dynamo cannot trace these C calls (a graph break); eagerly, the common case is one C call
     if any(isinstance(t, torch.Tensor) and _is_functorch_wrapped(t) for t in args):
         hint = " (for gradients, use .backward() / torch.autograd.grad)" if differentiable else ""

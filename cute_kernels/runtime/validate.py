@@ -74,7 +74,7 @@ def check_tensor(
         if size > 1 and stride == 0:  # an expand()ed view: TMA boxes and written outputs need distinct rows
             raise ValueError(f"{name} is a broadcast view (stride 0 in dim {d}, strides {t.stride()}); "
                              "pass .contiguous()")
-    if align_bytes and t.numel() > 0:
+    if align_bytes:
         ptr = t.data_ptr() if data_pointer else None
         if ptr == 0:  # (the kernel would fault on it and take the CUDA context down)
             raise ValueError(f"{name} has no data: data pointer 0 for {t.numel()} elements (a freed storage, e.g. "
