@@ -23,10 +23,10 @@ import time
 import traceback
 import warnings
 
+from . import registry
+
 
 def _select(kernel: str | None) -> list[str]:
-    from . import registry
-
     if kernel is None:
         return registry.names()
     if kernel not in registry.KERNELS:  # exit status 2, as for every bad argument of the CLI
@@ -39,8 +39,6 @@ def _select(kernel: str | None) -> list[str]:
 def _part_hint(kernel: str) -> str:
     """`` (... is a launch of PARENT: use --kernel PARENT)`` for a kernel name that is a registered
     kernel's part (e.g. hc_mix_tma), else ``""``."""
-    from . import registry
-
     parent = next((name for name in registry.names() if kernel.startswith(name + "_") and _has_part(name, kernel)),
                   None)
     return f" ({kernel!r} is a launch of {parent!r}: use --kernel {parent})" if parent else ""
@@ -48,8 +46,6 @@ def _part_hint(kernel: str) -> str:
 
 def _has_part(name: str, part: str) -> bool:
     """Whether registry entry ``name`` compiles kernels named ``part`` (``compile`` lists them by that name)."""
-    from . import registry
-
     try:
         return any(t.kernel == part for t in registry.module(name).compile_targets())
     except Exception:  # noqa: BLE001 (only a hint)
@@ -67,7 +63,6 @@ def _first_line(exc: BaseException) -> str:
 def cmd_compile(args) -> int:
     from tqdm import tqdm
 
-    from . import registry
     from .runtime.cache import compile_record, disk_cache_enabled, disk_cache_problem, nvdisasm_available
 
     names = _select(args.kernel)
@@ -112,8 +107,6 @@ def cmd_compile(args) -> int:
 
 def cmd_check(args) -> int:
     import torch
-
-    from . import registry
 
     names = _select(args.kernel)  # an unknown kernel first: exit 2 before anything else is said
     if not torch.cuda.is_available():
@@ -162,8 +155,6 @@ def run_metadata() -> dict:
 
 def cmd_bench(args) -> int:
     import torch
-
-    from . import registry
 
     names = _select(args.kernel)  # an unknown name is refused first, on any machine
     for name in names:  # then the --shapes spec (kernel-specific), before any timing
@@ -301,7 +292,7 @@ def cmd_tune(args) -> int:
                     rounds=args.rounds, save=not args.no_store)
 
 
-KERNEL_HELP = "a registry name: ranker_fwd, ranker_bwd, qknorm, qknorm_tp, hc_mix, scale"
+KERNEL_HELP = "a registry name: " + ", ".join(registry.KERNELS)
 
 
 def main(argv=None) -> int:

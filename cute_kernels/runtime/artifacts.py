@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 # feature name -> regex over PTX (p) or SASS (s)
 PTX_FEATURES: dict[str, str] = {
@@ -71,6 +72,17 @@ _EIATTR_REGCOUNT = 0x2F
 _EIATTR_FRAME_SIZE = 0x11
 
 
+class _Section(NamedTuple):
+    """The fields of an ELF64 section header that :func:`cubin_resources` reads."""
+
+    name: int  # offset of its name in the section-name string table
+    type: int  # SHT_* (2: a symbol table)
+    offset: int  # where its bytes start in the file
+    size: int  # bytes
+    link: int  # a symbol table's string table (section index)
+    entsize: int  # bytes per entry (tables)
+
+
 def cubin_resources(cubin: bytes | None) -> list[KernelResources]:
     """Registers, static shared memory and stack size per kernel of a cubin (ELF64).
 
@@ -84,34 +96,34 @@ def cubin_resources(cubin: bytes | None) -> list[KernelResources]:
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
     sections = []
     for i in range(shnum):
-        name, typ, flags, addr, off, size, link, info, align, entsize = struct.unpack_from(
+        name, typ, _flags, _addr, off, size, link, _info, _align, entsize = struct.unpack_from(
             "<IIQQQQIIQQ", cubin, shoff + i * shentsize
         )
-        sections.append((name, typ, off, size, link, entsize))
-    strtab_off = sections[shstrndx][2]
+        sections.append(_Section(name, typ, off, size, link, entsize))
+    strtab_off = sections[shstrndx].offset
 
     def sec_name(idx: int) -> str:
-        start = strtab_off + sections[idx][0]
+        start = strtab_off + sections[idx].name
         return cubin[start:cubin.index(b"\0", start)].decode()
 
     names = [sec_name(i) for i in range(shnum)]
     symbols: list[str] = []
-    for i, (_, typ, off, size, link, entsize) in enumerate(sections):
-        if typ == 2:  # SHT_SYMTAB
-            str_off = sections[link][2]
-            for j in range(size // entsize):
-                st_name, = struct.unpack_from("<I", cubin, off + j * entsize)
+    for sec in sections:
+        if sec.type == 2:  # SHT_SYMTAB
+            str_off = sections[sec.link].offset
+            for j in range(sec.size // sec.entsize):
+                st_name, = struct.unpack_from("<I", cubin, sec.offset + j * sec.entsize)
                 end = cubin.index(b"\0", str_off + st_name)
                 symbols.append(cubin[str_off + st_name:end].decode())
     kernels: dict[str, KernelResources] = {}
-    for i, nm in enumerate(names):
+    for nm in names:
         if nm.startswith(".text."):
             kernels[nm[6:]] = KernelResources(nm[6:])
-    for i, nm in enumerate(names):
+    for sec, nm in zip(sections, names):
         if nm.startswith(".nv.shared.") and nm[11:] in kernels:
-            kernels[nm[11:]].static_smem_bytes = sections[i][3]
+            kernels[nm[11:]].static_smem_bytes = sec.size
         if nm == ".nv.info":
-            off, size = sections[i][2], sections[i][3]
+            off, size = sec.offset, sec.size
             pos = off
             while pos + 4 <= off + size:
                 fmt, attr, sz = struct.unpack_from("<BBH", cubin, pos)
