@@ -41,25 +41,20 @@ Design (one kernel, no partials in global memory):
   ``r, r + 8, ...`` of the block by reading all 8 CTAs' partials through distributed shared memory
   (``ld.shared::cluster``) and runs the epilogue (sigmoids + Sinkhorn) one thread per row.
 
-Measured on the H200 (2026-11-29, defaults, K = 20480, us per call in a CUDA graph; this kernel /
-split-K Triton baseline / torch float32 reference): M = 1: 12.6 / 12.0 / 206; 16: 12.8 / 13.2 / 232;
-128: 13.0 / 16.5 / 288; 512: 23.3 / 28.5 / 351; 1024: 38.5 / 56.4 / 439; 2048: 70.4 / 99.2 / 604;
-4096: 116 / 174 / 919 (1443 GB/s, 34% of the 4.2 TB/s copy rate); 16384: 410 / 648 / 2855.
-With the MEDIUM tiles shipped since for every M > 256 (a second run that day; this kernel / split-K): 1024: 39.3 / 57.0;
-2048: 61.4 / 101; 4096: 104.7 / 176 (1.68x; 1603 GB/s, 39% of the copy rate); 16384: 377 / 653.
-Error of ``a`` against float64 1.6e-7 .. 2.0e-7 norm-wise; pre/post/comb <= 5.4e-7 absolute.
-Time scales with x + hc_fn bytes (each cluster re-reads hc_fn) and with warps per SM (the
-per-thread ring limits occupancy); the walk is latency-bound, not bandwidth-bound.
+Measured on the H200 (two runs of 2026-11-29; K = 20480, us per call in a CUDA graph, the shipped configs:
+SMALL up to M = 256, MEDIUM above; this kernel / a split-K Triton baseline / the torch float32 reference):
+M = 1: 12.6 / 12.0 / 206;
+16: 12.8 / 13.2 / 232; 128: 13.0 / 16.5 / 288; 512: 23.6 / 28.5 / 351; 1024: 39.3 / 57.0 / 439; 2048:
+61.4 / 101 / 604; 4096: 104.7 / 176 / 919 (1603 GB/s, 39% of the 4.2 TB/s copy rate); 16384: 377 / 653 /
+2855.  Error of ``a`` against float64 1.6e-7 .. 2.0e-7 norm-wise; pre/post/comb <= 5.4e-7 absolute.
 
-Why it misses the issue's 47 us at M=4096 (105 us, 39% of the copy rate): every thread streams its
-own cp.async ring, so bytes in flight per SM are limited by registers and occupancy, and each 32-row
-cluster re-reads all of hc_fn (2 MB fp32) from L2 (128 clusters: 256 MB of L2 reads for 168 MB of x).
-The redesign (one TMA producer warp, 128/256-row x tiles, ``wgmma m64n72k16`` with the pieces as B,
-squares from 16-byte smem reads) is :mod:`.hc_mix_tma`, the op's default ``method="tma"``: 48.2 us at
-M=4096, 9.1-9.5 us at M <= 128, faster than this kernel at every M measured (session 7; 46.3 and 8.5-8.9 us
-in session 19 with pre-split weights, 48.3 and 9.1-9.4 since session 35 with the split in the kernel; its
-docstring has the figures and what limits it).  Its bits differ from this kernel's, so the two are separate
-methods of the op, not a switch on M.
+Why it is not the default: every thread streams its own cp.async ring, so bytes in flight per SM are limited
+by registers and occupancy (the walk is latency-bound, not bandwidth-bound), and each 32-row cluster re-reads
+all of hc_fn (2 MB fp32) from L2 (128 clusters at M = 4096: 256 MB of L2 reads for 168 MB of x).  The
+redesign (one TMA producer warp, 128/256-row x tiles, ``wgmma m64n72k16`` with the pieces as B, squares from
+16-byte smem reads) is :mod:`.hc_mix_tma`, ``method="tma"``: 48.3 us at M = 4096, 9.1-9.4 us at M <= 128,
+faster than this kernel at every M measured (its docstring has the figures and what limits it).  Its bits
+differ from this kernel's, so the two are separate methods of the op, not a switch on M.
 
 Reduction order (bitwise determinism and batch invariance): a chunk's value is the MMA chain
 step 0 (lo, mid, hi) then step 1 (lo, mid, hi) from zero; part p's partial is ``0 + V[p] +

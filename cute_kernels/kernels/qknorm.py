@@ -41,16 +41,15 @@ barrier.  Past L2 one CTA per token is fastest again (:func:`launch_key`), with 
 CTA ``b`` asks L2 for the rows of the CTA about 4 MiB of rows later (``QKNormTuning.l2_prefetch_bytes``: 409
 CTAs ahead at bf16 4096/1024; one ``cp.async.bulk.prefetch.L2`` per row and part), so each CTA finds its rows
 in L2 and more bytes are in flight than 4 CTAs of one token per SM hold in registers: N=16384 80.7-80.9 us
-instead of 83.8-84.4, ahead of torch's copy of the same bytes (82.7; session 32, :data:`L2_PREFETCH_BYTES`).
+instead of 83.8-84.4, ahead of torch's copy of the same bytes (82.7; :data:`L2_PREFETCH_BYTES`).
 
-The same tiling serves the tensor-parallel kernel (:mod:`cute_kernels.kernels.qknorm_tp`), where
-the row is one rank's shard and ``Q``/``K`` are the full sizes.
+The same row tiling, at 4 vectors per thread (``qknorm_tp.TP_TUNING``), serves the tensor-parallel kernel
+(:mod:`cute_kernels.kernels.qknorm_tp`), where the row is one rank's shard and ``Q``/``K`` are the full sizes.
 
-Session 15 (bench/qknorm_sweep.py, same run, one CTA per token / persistent; a graph replays the
-in-place op on the same q and k, so up to N=4096 they stay in L2): N=1024 5.35 / 5.19 us, 2048 8.74 /
-7.79, 4096 18.75 / 16.72; beyond L2 the persistent kernel loses (8192: 43.5 / 45.1).
-Measured before it (one CTA per token at every N; H200, Q=4096, K=1024, bf16, kernel time in a CUDA
-graph; bench/results/2026-11-29_h200_qknorm.jsonl):
+Figures (H200, Q=4096, K=1024, bf16, kernel time in a CUDA graph).  One CTA per token / persistent
+(bench/qknorm_sweep.py, one run; a graph replays the in-place op on the same q and k, so up to N=4096 they
+stay in L2): N=1024 5.35 / 5.19 us, 2048 8.74 / 7.79, 4096 18.75 / 16.72; beyond L2 the persistent kernel
+loses (8192: 43.5 / 45.1).  One CTA per token at every N (bench/results/2026-11-29_h200_qknorm.jsonl):
 N=1 1.7 us, N=64 2.0 us, N=4096 18.7 us, N=16384 83.5 us (94.5% of the 4249 GB/s copy rate measured in
 the same process; the issue's floor at 4185 GB/s is 80 us).  torch ``rms_norm`` on q and k: 6.3 / 7.1 /
 32.1 / 103.9 us; quack ``rmsnorm`` on q and k: 3.6 / 4.3 / 26.0 / 85.8 us.  Eager, per call from torch:
