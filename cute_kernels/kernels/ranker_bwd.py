@@ -1346,30 +1346,30 @@ class RankerAttentionBwd:
             key_bias = cute.make_rmem_tensor(cute.size(tScS_mn, mode=[0]), Float32)
             for r in cutlass.range_constexpr(cute.size(tScS_mn, mode=[0])):
                 key_bias[r] = 0.0 if seg.col_valid(n_block * self.tile_n + tScS_mn[r, 0][0]) else -Float32.inf
-            steps = QBlockOperands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV,
+            qblock = QBlockOperands(tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, tSrK, tSrQ, tdPrV,
                                    tdPrdO, tdVrdOt, tdVrPt, tdKrdSt, tdKrQt, tdQrdS, tdQrKt, acc_dK, acc_dV, tScS_mn,
                                    tdQsdQ, ds_thr_copy, tdSsdS, tdPsPt, smem_atom, ops.sLSE, ops.sdPsum, ops.pipeline_q,
                                    ops.pipeline_do, ops.scale_log2, ops.softmax_scale, ops.cap)
             if const_expr(self.skip_key_bias):
                 # every key of the block in the history: no bias to add (CTA-uniform)
                 if seg.cols_in_history(n_block * self.tile_n, (n_block + 1) * self.tile_n):
-                    q_state = self.q_blocks(q_state, count, wg_idx, steps, None)
+                    q_state = self.q_blocks(q_state, count, wg_idx, qblock, None)
                 else:
-                    q_state = self.q_blocks(q_state, count, wg_idx, steps, key_bias)
+                    q_state = self.q_blocks(q_state, count, wg_idx, qblock, key_bias)
             else:
-                q_state = self.q_blocks(q_state, count, wg_idx, steps, key_bias)
+                q_state = self.q_blocks(q_state, count, wg_idx, qblock, key_bias)
         self.epilogue(ops, acc_dK, acc_dV, work)
 
     @cute.jit
-    def q_blocks(self, q_state, count, wg_idx, ops, key_bias):
+    def q_blocks(self, q_state, count, wg_idx, qblock, key_bias):
         """The ``count`` q blocks of this KV block (:meth:`mma_one_m_block` each); ``key_bias`` None: every
         key of the block is in the history (``skip_key_bias``)."""
         for i in cutlass.range(count, unroll=1):
             ds_idx = i % self.config.ds_stages if const_expr(self.config.ds_stages > 1) else 0
             if const_expr(self.config.split_head_dim):
-                q_state = self.mma_one_m_block_split(q_state, ds_idx, wg_idx, ops, key_bias)
+                q_state = self.mma_one_m_block_split(q_state, ds_idx, wg_idx, qblock, key_bias)
             else:
-                q_state = self.mma_one_m_block(q_state, ds_idx, wg_idx, ops, key_bias)
+                q_state = self.mma_one_m_block(q_state, ds_idx, wg_idx, qblock, key_bias)
         return q_state
 
     @cute.jit
@@ -1388,28 +1388,28 @@ class RankerAttentionBwd:
                 acc_S_mn[r, c] = p * dcap
 
     @cute.jit
-    def p_and_ds(self, q_state, ops, key_bias):
+    def p_and_ds(self, q_state, qblock, key_bias):
         """This warpgroup's S^T = K Q^T and dP^T = V dO^T of one q block (once its Q and dO stages have landed),
         then ``(rP, rdS)`` in the input dtype: P^T = exp2(cap(S^T) * scale_log2 - LSE) on history keys (0
         elsewhere) and dS^T = P^T cap' (dP^T - dPsum)."""
         stage = q_state.index
-        ops.pipeline_q.consumer_wait(q_state)
-        acc_S = cute.make_rmem_tensor(ops.tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        sm90.wgmma_gemm(ops.tiled_mma_sdp, acc_S, ops.tSrK, ops.tSrQ[None, None, None, stage], zero_init=True)
-        ops.pipeline_do.consumer_wait(q_state)
-        acc_dP = cute.make_rmem_tensor(ops.tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        sm90.wgmma_gemm(ops.tiled_mma_sdp, acc_dP, ops.tdPrV, ops.tdPrdO[None, None, None, stage], zero_init=True)
+        qblock.pipeline_q.consumer_wait(q_state)
+        acc_S = cute.make_rmem_tensor(qblock.tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        sm90.wgmma_gemm(qblock.tiled_mma_sdp, acc_S, qblock.tSrK, qblock.tSrQ[None, None, None, stage], zero_init=True)
+        qblock.pipeline_do.consumer_wait(q_state)
+        acc_dP = cute.make_rmem_tensor(qblock.tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        sm90.wgmma_gemm(qblock.tiled_mma_sdp, acc_dP, qblock.tdPrV, qblock.tdPrdO[None, None, None, stage], zero_init=True)
         warpgroup.wait_group(1)
 
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        acc_S_mn = sm90.acc_mn(acc_S)  # <- P^T * ops.cap'
-        self.probs(acc_S_mn, sm90.acc_mn(rP), ops.tScS_mn, key_bias, ops.sLSE, stage, ops.scale_log2, ops.softmax_scale,
-                   ops.cap)
+        acc_S_mn = sm90.acc_mn(acc_S)  # <- P^T * qblock.cap'
+        self.probs(acc_S_mn, sm90.acc_mn(rP), qblock.tScS_mn, key_bias, qblock.sLSE, stage, qblock.scale_log2, qblock.softmax_scale,
+                   qblock.cap)
         warpgroup.wait_group(0)
 
         acc_dP_mn = sm90.acc_mn(acc_dP)
         for c in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[1])):
-            dpsum = ops.sdPsum[ops.tScS_mn[0, c][1], stage]
+            dpsum = qblock.sdPsum[qblock.tScS_mn[0, c][1], stage]
             for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
                 acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - dpsum)
         rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
@@ -1428,67 +1428,67 @@ class RankerAttentionBwd:
         cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFull) + part, number_of_threads=nthreads)
 
     @cute.jit
-    def mma_one_m_block(self, q_state, ds_idx, wg_idx, ops, key_bias):
+    def mma_one_m_block(self, q_state, ds_idx, wg_idx, qblock, key_bias):
         """One q block: S^T, dP^T, P^T, dS^T (registers and sdS^T buffer ``ds_idx``), dV, then dK and dQ
         (dK first, or with ``dq_first`` dQ first so its hand-off to the dQ warp overlaps the dK GEMM);
         ``key_bias`` None: no key mask to add (:meth:`q_blocks`)."""
         stage = q_state.index
-        rP, rdS = self.p_and_ds(q_state, ops, key_bias)
+        rP, rdS = self.p_and_ds(q_state, qblock, key_bias)
 
         # dV += P^T dO (P^T from registers)
-        sm90.wgmma_gemm(ops.tiled_mma_dkv, ops.acc_dV, sm90.acc_as_operand_a(rP), ops.tdVrdOt[None, None, None, stage],
+        sm90.wgmma_gemm(qblock.tiled_mma_dkv, qblock.acc_dV, sm90.acc_as_operand_a(rP), qblock.tdVrdOt[None, None, None, stage],
                         zero_init=False)
         if const_expr(self.config.ds_stages == 1):
             # both warpgroups' dQ GEMMs of the last q block are done reading sdS: overwrite it.  (With
             # two buffers, this buffer's last reader was the dQ GEMM two q blocks back, which both
             # warpgroups finished before the last PdS barrier.)
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
-        cute.copy(ops.smem_atom, ops.ds_thr_copy.retile(rdS), ops.tdSsdS[None, None, None, ds_idx])
+        cute.copy(qblock.smem_atom, qblock.ds_thr_copy.retile(rdS), qblock.tdSsdS[None, None, None, ds_idx])
         if const_expr(not self.config.dq_first):
             # dK += dS^T Q (dS^T from registers)
-            sm90.wgmma_gemm(ops.tiled_mma_dkv, ops.acc_dK, sm90.acc_as_operand_a(rdS),
-                            ops.tdKrQt[None, None, None, stage], zero_init=False)
+            sm90.wgmma_gemm(qblock.tiled_mma_dkv, qblock.acc_dK, sm90.acc_as_operand_a(rdS),
+                            qblock.tdKrQt[None, None, None, stage], zero_init=False)
         cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
         dq_shape = (self.head_dim, self.tile_m) if const_expr(self.config.dq_swap_ab) else (self.tile_m, self.head_dim)
-        acc_dQ = cute.make_rmem_tensor(ops.tiled_mma_dq.partition_shape_C(dq_shape), Float32)
+        acc_dQ = cute.make_rmem_tensor(qblock.tiled_mma_dq.partition_shape_C(dq_shape), Float32)
         if const_expr(self.config.dq_first):
             warpgroup.wait_group(0)  # dV done: sdO and P^T's registers are free before dQ's accumulator lives
-            ops.pipeline_do.consumer_release(q_state)
+            qblock.pipeline_do.consumer_release(q_state)
             # dQ = dS K (this warpgroup's half of the head dim, or of the q rows), then dK += dS^T Q behind it
-            self.dq_gemm(ops.tiled_mma_dq, acc_dQ, ops.tdQrdS, ops.tdQrKt, ds_idx)
-            tdKrA = ops.tdKrdSt[None, None, None, ds_idx] if const_expr(self.config.dk_from_smem) \
+            self.dq_gemm(qblock.tiled_mma_dq, acc_dQ, qblock.tdQrdS, qblock.tdQrKt, ds_idx)
+            tdKrA = qblock.tdKrdSt[None, None, None, ds_idx] if const_expr(self.config.dk_from_smem) \
                 else sm90.acc_as_operand_a(rdS)
-            sm90.wgmma_gemm(ops.tiled_mma_dk, ops.acc_dK, tdKrA, ops.tdKrQt[None, None, None, stage], zero_init=False)
+            sm90.wgmma_gemm(qblock.tiled_mma_dk, qblock.acc_dK, tdKrA, qblock.tdKrQt[None, None, None, stage], zero_init=False)
             warpgroup.wait_group(1)
         else:
             # dQ = dS K (this warpgroup's half of the head dim, or of the q rows)
-            self.dq_gemm(ops.tiled_mma_dq, acc_dQ, ops.tdQrdS, ops.tdQrKt, ds_idx)
+            self.dq_gemm(qblock.tiled_mma_dq, acc_dQ, qblock.tdQrdS, qblock.tdQrKt, ds_idx)
             warpgroup.wait_group(0)
-            ops.pipeline_do.consumer_release(q_state)
-            ops.pipeline_q.consumer_release(q_state)
+            qblock.pipeline_do.consumer_release(q_state)
+            qblock.pipeline_q.consumer_release(q_state)
 
-        self.hand_off_dq(acc_dQ, ops.tdQsdQ, wg_idx)
+        self.hand_off_dq(acc_dQ, qblock.tdQsdQ, wg_idx)
         if const_expr(self.config.dq_first):
             warpgroup.wait_group(0)  # dK done: sQ is free
-            ops.pipeline_q.consumer_release(q_state)
+            qblock.pipeline_q.consumer_release(q_state)
         q_state.advance()
         return q_state
 
     @cute.jit
-    def mma_one_m_block_split(self, q_state, ds_idx, wg_idx, ops, key_bias):
+    def mma_one_m_block_split(self, q_state, ds_idx, wg_idx, qblock, key_bias):
         """One q block of the head-dim split schedule (``split_head_dim``): S^T and dP^T over this warpgroup's
         q rows (every key), P^T and dS^T into smem buffer ``ds_idx`` (stmatrix), one barrier, then dK += dS^T Q,
         dV += P^T dO and dQ = dS K over this warpgroup's head-dim columns, all three with both operands in smem
         (each needs every q row of P^T / dS^T, i.e. the other warpgroup's too).  The buffers' previous readers
         (two q blocks back with ``ds_stages=2``) finished before either warpgroup passed the last barrier."""
         stage = q_state.index
-        rP, rdS = self.p_and_ds(q_state, ops, key_bias)
+        rP, rdS = self.p_and_ds(q_state, qblock, key_bias)
 
         if const_expr(self.config.ds_stages == 1):  # both warpgroups' GEMMs of the last q block are done
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
-        cute.copy(ops.smem_atom, ops.ds_thr_copy.retile(rP), ops.tdPsPt[None, None, None, ds_idx])
-        cute.copy(ops.smem_atom, ops.ds_thr_copy.retile(rdS), ops.tdSsdS[None, None, None, ds_idx])
+        cute.copy(qblock.smem_atom, qblock.ds_thr_copy.retile(rP), qblock.tdPsPt[None, None, None, ds_idx])
+        cute.copy(qblock.smem_atom, qblock.ds_thr_copy.retile(rdS), qblock.tdSsdS[None, None, None, ds_idx])
         cute.arch.fence_view_async_shared()  # stmatrix writes -> WGMMA reads
         cute.arch.barrier(barrier_id=int(NamedBarrierBwd.PdS), number_of_threads=self.num_mma_threads)
 
@@ -1497,18 +1497,18 @@ class RankerAttentionBwd:
         # B=16 1024+256, H16 D=256; bench/results/logs/2026-12-04_s55_ranker_bwd_d256_gemm_order.log): dK dV dQ
         # 7231 / 2289, dV dK dQ 7232 / 2302, dK dQ dV 9874 / 2517, dV dQ dK 10887 / 3221, dQ first 10916-10922 /
         # 3251-3265
-        sm90.wgmma_gemm(ops.tiled_mma_dkv, ops.acc_dK, ops.tdKrdSt[None, None, None, ds_idx],
-                        ops.tdKrQt[None, None, None, stage], zero_init=False)
-        sm90.wgmma_gemm(ops.tiled_mma_dkv, ops.acc_dV, ops.tdVrPt[None, None, None, ds_idx],
-                        ops.tdVrdOt[None, None, None, stage], zero_init=False)
-        acc_dQ = cute.make_rmem_tensor(ops.tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-        self.dq_gemm(ops.tiled_mma_dq, acc_dQ, ops.tdQrdS, ops.tdQrKt, ds_idx)
+        sm90.wgmma_gemm(qblock.tiled_mma_dkv, qblock.acc_dK, qblock.tdKrdSt[None, None, None, ds_idx],
+                        qblock.tdKrQt[None, None, None, stage], zero_init=False)
+        sm90.wgmma_gemm(qblock.tiled_mma_dkv, qblock.acc_dV, qblock.tdVrPt[None, None, None, ds_idx],
+                        qblock.tdVrdOt[None, None, None, stage], zero_init=False)
+        acc_dQ = cute.make_rmem_tensor(qblock.tiled_mma_dq.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        self.dq_gemm(qblock.tiled_mma_dq, acc_dQ, qblock.tdQrdS, qblock.tdQrKt, ds_idx)
         warpgroup.wait_group(2)  # dK done: sQ is free
-        ops.pipeline_q.consumer_release(q_state)
+        qblock.pipeline_q.consumer_release(q_state)
         warpgroup.wait_group(1)  # dV done: sdO is free
-        ops.pipeline_do.consumer_release(q_state)
+        qblock.pipeline_do.consumer_release(q_state)
         warpgroup.wait_group(0)
-        self.hand_off_dq(acc_dQ, ops.tdQsdQ, wg_idx)
+        self.hand_off_dq(acc_dQ, qblock.tdQsdQ, wg_idx)
         q_state.advance()
         return q_state
 

@@ -1088,13 +1088,13 @@ class RankerAttentionFwd:
                         acc_O_mn[r, c] = acc_O_mn[r, c] * scale_old + p_self * Float32(v_at(r, c, row))
 
     @cute.jit
-    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, ops, release_q,
+    def history_loop(self, kv_state, pipeline_q, q_state, n_blocks, n_block_min, hist, release_q,
                      fixed: cutlass.Constexpr):
         """The tile's history KV blocks, from the last down to the first (only the two edge blocks are
         masked); releases Q once every QK GEMM of the tile completed if ``release_q`` (else the caller does,
         after the self term read q_i from sQ).  ``fixed``: P against the fixed max."""
-        wg_idx = ops.wg_idx
-        args = (ops, fixed)
+        wg_idx = hist.wg_idx
+        args = (hist, fixed)
         if const_expr(self.config.intra_wg_overlap):
             # FA3-style: the softmax of block n overlaps the PV GEMM of block n+1 (issued just before)
             kv_state = self.first_half_block(kv_state, n_block_min + n_blocks - 1, *args)
@@ -1128,41 +1128,42 @@ class RankerAttentionFwd:
         return kv_state
 
     @cute.jit
-    def mma_one_n_block(self, kv_state, n_block, ops, fixed, is_first: cutlass.Constexpr, need_mask):
+    def mma_one_n_block(self, kv_state, n_block, hist, fixed, is_first: cutlass.Constexpr, need_mask):
         """One history KV block: S = Q K^T, cap, mask (``need_mask``: see :meth:`scores_to_probs`), online
         softmax, O += P V."""
-        ops.pipeline_k.consumer_wait(kv_state)
-        acc_S = cute.make_rmem_tensor(ops.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        sm90.wgmma_gemm(ops.tiled_mma_qk, acc_S, ops.tSrQ, ops.tSrK[None, None, None, kv_state.index], zero_init=True)
-        self.scheduler_arrive(ops.wg_idx)
+        hist.pipeline_k.consumer_wait(kv_state)
+        acc_S = cute.make_rmem_tensor(hist.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        sm90.wgmma_gemm(hist.tiled_mma_qk, acc_S, hist.tSrQ, hist.tSrK[None, None, None, kv_state.index],
+                        zero_init=True)
+        self.scheduler_arrive(hist.wg_idx)
         warpgroup.wait_group(0)
-        ops.pipeline_k.consumer_release(kv_state)
+        hist.pipeline_k.consumer_release(kv_state)
 
-        self.scores_to_probs(acc_S, n_block, ops, fixed, is_first=is_first, need_mask=need_mask)
-        ops.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
+        self.scores_to_probs(acc_S, n_block, hist, fixed, is_first=is_first, need_mask=need_mask)
+        hist.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         if const_expr(not is_first):
-            self.rescale_O(ops.acc_O, ops.row_scale, fixed)
-        ops.pipeline_v.consumer_wait(kv_state)
-        self.scheduler_sync(ops.wg_idx)
-        sm90.wgmma_gemm(ops.tiled_mma_pv, ops.acc_O, ops.tOrP,
-                        ops.tOrVt[None, None, None, kv_state.index], zero_init=is_first)
+            self.rescale_O(hist.acc_O, hist.row_scale, fixed)
+        hist.pipeline_v.consumer_wait(kv_state)
+        self.scheduler_sync(hist.wg_idx)
+        sm90.wgmma_gemm(hist.tiled_mma_pv, hist.acc_O, hist.tOrP,
+                        hist.tOrVt[None, None, None, kv_state.index], zero_init=is_first)
         warpgroup.wait_group(0)
-        ops.pipeline_v.consumer_release(kv_state)
+        hist.pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
 
     @cute.jit
-    def scores_to_probs(self, acc_S, n_block, ops, fixed, is_first: cutlass.Constexpr, need_mask):
+    def scores_to_probs(self, acc_S, n_block, hist, fixed, is_first: cutlass.Constexpr, need_mask):
         """Cap, edge mask, online softmax of one S tile in place; the O rescale factors into ``row_scale``.
         ``need_mask``: a Python bool (masked or not, decided at trace time) or a run-time Boolean."""
-        self.apply_cap(acc_S, ops.softmax_scale, ops.cap)
+        self.apply_cap(acc_S, hist.softmax_scale, hist.cap)
         acc_S_mn = sm90.acc_mn(acc_S)
         if const_expr(isinstance(need_mask, bool)):
             if const_expr(need_mask):
-                self.mask_keys(acc_S_mn, n_block, ops.tScS_mn, ops.seg)
+                self.mask_keys(acc_S_mn, n_block, hist.tScS_mn, hist.seg)
         elif need_mask:
-            self.mask_keys(acc_S_mn, n_block, ops.tScS_mn, ops.seg)
-        self.online_softmax(acc_S_mn, ops.row_max, ops.row_sum, ops.row_scale, ops.scale_log2, fixed, is_first)
+            self.mask_keys(acc_S_mn, n_block, hist.tScS_mn, hist.seg)
+        self.online_softmax(acc_S_mn, hist.row_max, hist.row_sum, hist.row_scale, hist.scale_log2, fixed, is_first)
 
     @cute.jit
     def mask_keys(self, acc_S_mn, n_block, tScS_mn, seg):
@@ -1198,19 +1199,20 @@ class RankerAttentionFwd:
                 acc_O_mn[r, c] = acc_O_mn[r, c] * row_scale[r]
 
     @cute.jit
-    def first_half_block(self, kv_state, n_block, ops, fixed):
+    def first_half_block(self, kv_state, n_block, hist, fixed):
         """Overlapped schedule, first block: S = Q K^T and its softmax; its PV waits for the next step."""
-        ops.pipeline_k.consumer_wait(kv_state)
-        acc_S = cute.make_rmem_tensor(ops.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        sm90.wgmma_gemm(ops.tiled_mma_qk, acc_S, ops.tSrQ, ops.tSrK[None, None, None, kv_state.index], zero_init=True)
+        hist.pipeline_k.consumer_wait(kv_state)
+        acc_S = cute.make_rmem_tensor(hist.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        sm90.wgmma_gemm(hist.tiled_mma_qk, acc_S, hist.tSrQ, hist.tSrK[None, None, None, kv_state.index],
+                        zero_init=True)
         warpgroup.wait_group(0)
-        ops.pipeline_k.consumer_release(kv_state)
-        self.scores_to_probs(acc_S, n_block, ops, fixed, is_first=True, need_mask=True)
-        ops.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
+        hist.pipeline_k.consumer_release(kv_state)
+        self.scores_to_probs(acc_S, n_block, hist, fixed, is_first=True, need_mask=True)
+        hist.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         return kv_state
 
     @cute.jit
-    def mma_one_n_block_overlap(self, kv_state, n_block, ops, fixed, need_mask):
+    def mma_one_n_block_overlap(self, kv_state, n_block, hist, fixed, need_mask):
         """Overlapped step: issue S_n = Q K_n^T, rescale O by the previous softmax's factors while it runs,
         issue O += P_prev V_prev; then the softmax of S_n, while the PV GEMM is in flight.
 
@@ -1225,36 +1227,37 @@ class RankerAttentionFwd:
         (level)."""
         kv_state_v = kv_state.clone()
         kv_state.advance()
-        ops.pipeline_k.consumer_wait(kv_state)
-        self.scheduler_sync(ops.wg_idx)
-        acc_S = cute.make_rmem_tensor(ops.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        sm90.wgmma_gemm(ops.tiled_mma_qk, acc_S, ops.tSrQ, ops.tSrK[None, None, None, kv_state.index], zero_init=True)
+        hist.pipeline_k.consumer_wait(kv_state)
+        self.scheduler_sync(hist.wg_idx)
+        acc_S = cute.make_rmem_tensor(hist.tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        sm90.wgmma_gemm(hist.tiled_mma_qk, acc_S, hist.tSrQ, hist.tSrK[None, None, None, kv_state.index],
+                        zero_init=True)
         if const_expr(self.config.early_rescale):
-            self.rescale_O(ops.acc_O, ops.row_scale, fixed)
-        ops.pipeline_v.consumer_wait(kv_state_v)
-        sm90.wgmma_gemm(ops.tiled_mma_pv, ops.acc_O, ops.tOrP,
-                        ops.tOrVt[None, None, None, kv_state_v.index], zero_init=False)
-        self.scheduler_arrive(ops.wg_idx)
+            self.rescale_O(hist.acc_O, hist.row_scale, fixed)
+        hist.pipeline_v.consumer_wait(kv_state_v)
+        sm90.wgmma_gemm(hist.tiled_mma_pv, hist.acc_O, hist.tOrP,
+                        hist.tOrVt[None, None, None, kv_state_v.index], zero_init=False)
+        self.scheduler_arrive(hist.wg_idx)
         warpgroup.wait_group(1)
-        ops.pipeline_k.consumer_release(kv_state)
-        self.scores_to_probs(acc_S, n_block, ops, fixed, is_first=False, need_mask=need_mask)
+        hist.pipeline_k.consumer_release(kv_state)
+        self.scores_to_probs(acc_S, n_block, hist, fixed, is_first=False, need_mask=need_mask)
         warpgroup.wait_group(0)
-        ops.pipeline_v.consumer_release(kv_state_v)
-        ops.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
+        hist.pipeline_v.consumer_release(kv_state_v)
+        hist.tOrP.store(sm90.acc_as_operand_a(acc_S).load().to(self.dtype))
         if const_expr(not self.config.early_rescale):
-            self.rescale_O(ops.acc_O, ops.row_scale, fixed)
+            self.rescale_O(hist.acc_O, hist.row_scale, fixed)
         return kv_state
 
     @cute.jit
-    def last_half_block(self, kv_state, ops, fixed):
+    def last_half_block(self, kv_state, hist, fixed):
         """Overlapped schedule, last step: the last softmax's rescale, then the PV GEMM of the last block."""
         if const_expr(self.config.early_rescale):
-            self.rescale_O(ops.acc_O, ops.row_scale, fixed)
-        ops.pipeline_v.consumer_wait(kv_state)
-        sm90.wgmma_gemm(ops.tiled_mma_pv, ops.acc_O, ops.tOrP,
-                        ops.tOrVt[None, None, None, kv_state.index], zero_init=False)
+            self.rescale_O(hist.acc_O, hist.row_scale, fixed)
+        hist.pipeline_v.consumer_wait(kv_state)
+        sm90.wgmma_gemm(hist.tiled_mma_pv, hist.acc_O, hist.tOrP,
+                        hist.tOrVt[None, None, None, kv_state.index], zero_init=False)
         warpgroup.wait_group(0)
-        ops.pipeline_v.consumer_release(kv_state)
+        hist.pipeline_v.consumer_release(kv_state)
         kv_state.advance()
         return kv_state
 
