@@ -402,6 +402,10 @@ def test_ranker_bwd_layouts_match_the_kernel_and_draw(tmp_path):
     assert kl.budget.total == cfg.smem_bytes() and kl.budget.fits
     d64 = ranker_bwd_layouts("head_dim=64")
     assert d64.config == rb.config_for(64, False) and d64.smem["sdQ"].dims == (128, 64)
+    # D=64 (no dq_swap_ab): autovec_copy stores two neighbouring dQ values at once (st.shared.v2.b32 in its PTX,
+    # test_ranker_bwd's PTX checks): 8 B per thread, 4 wavefronts where 2 would do; 8 without the swizzle
+    _, _, dq64, dq64_plain = d64.conflicts
+    assert dq64.access_bytes == 8 and len(dq64.wavefronts) == 16 and dq64.ratio == 2.0 and dq64_plain.ratio == 4.0
     plain = ranker_bwd_layouts("dq_swap_ab=False")
     assert plain.tv["dQ accumulator"].tile == (cfg.tile_m, 128) and plain.conflicts[2].layout.startswith("sdQ")
     with pytest.raises(ValueError, match="ds_stages"):
@@ -661,3 +665,38 @@ def test_drawing_arguments_are_checked():
     with pytest.raises(TypeError, match="StaticLayout"):
         viz.draw_conflicts(["sK"], L.row_vector_read(8, 0, 8), 2)
     assert len(viz.draw_conflicts(sw, L.row_vector_read(8, 0, 8), 2).axes) == 1
+
+
+def test_ranker_bwd_dq_store_width_is_the_compiled_one():
+    """The layouts model dQ's accumulator stores at the width the compiled mainloop issues them: 8-byte
+    ``st.shared.v2.b32`` without ``dq_swap_ab`` (D=64), 4-byte ``st.shared.b32`` with it (D=128; session 61: D=64's
+    were modelled as 4-byte stores, halving the swizzle's figures)."""
+    import re
+
+    import torch
+    from cute_kernels.kernels import ranker_bwd as rb
+    from cute_kernels.layouts.kernel_layouts import ranker_bwd_layouts
+    from cute_kernels.runtime.cache import compile_record
+
+    for d in (64, 128):
+        cfg = rb.config_for(d, False)
+        rb._compile(torch.bfloat16, cfg, 1, "none", False)
+        ptx = compile_record(rb.NAME, (str(torch.bfloat16), cfg, 1, "none", False)).ptx
+        stores = set(re.findall(r"st\.shared\.(?:v2\.)?b32", ptx))
+        model = ranker_bwd_layouts(f"head_dim={d}").conflicts[2]
+        assert model.access_bytes == (4 if cfg.dq_swap_ab else 8), (d, model)
+        assert stores == ({"st.shared.b32"} if cfg.dq_swap_ab else {"st.shared.v2.b32"}), (d, stores)
+
+
+def test_layouts_review_mends(tmp_path):
+    """Session 61's layouts review: an unknown hc_mix dtype is a ValueError (was a TypeError, unlike the rankers'),
+    and a swizzled layout drawn without ``elem_bytes`` says its picture is not the kernel's addressing."""
+    from cute_kernels import layouts as L
+    from cute_kernels.layouts import viz
+    from cute_kernels.layouts.kernel_layouts import write_report
+
+    with pytest.raises(ValueError, match="hc_mix takes bf16 x only"):
+        write_report("hc_mix", None, str(tmp_path / "h"), dtype="float64")
+    sw = L.hopper_smem_layout(128, 64, "bf16")
+    assert "functional offsets" in viz.draw_offsets(sw, region=(8, 8)).axes[0].get_title()
+    assert viz.draw_offsets(sw, elem_bytes=2, region=(8, 8)).axes[0].get_title().startswith("offsets of")

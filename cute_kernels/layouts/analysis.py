@@ -188,7 +188,7 @@ class ConflictReport:
         per = self.wavefronts[0] if len(set(self.wavefronts)) == 1 else f"{min(self.wavefronts)}..{max(self.wavefronts)}"
         ideal = self.ideal[0] if len(set(self.ideal)) == 1 else f"{min(self.ideal)}..{max(self.ideal)}"
         verdict = "conflict-free" if self.conflict_free else f"{self.ratio:.1f}x the ideal"
-        return (f"{self.pattern} over {self.layout}: {per} wavefronts per access "
+        return (f"{self.pattern} over {self.layout}: {per} wavefront{'' if per == 1 else 's'} per access "
                 f"(ideal {ideal}, {self.access_bytes} B per thread, {len(self.wavefronts)} "
                 f"{'access' if len(self.wavefronts) == 1 else 'accesses'}): {verdict}")
 
@@ -357,6 +357,7 @@ class SmemBudget:
     per_stage: int
     extra: int = 0  # barriers, alignment slack
     limit: int = SMEM_LIMIT_BYTES
+    extra_label: str = "barriers + alignment"  # what ``extra`` holds, as the report prints it
 
     def __post_init__(self):
         for name, n in self.buffers.items():
@@ -376,7 +377,7 @@ class SmemBudget:
 
     def __str__(self) -> str:
         lines = [f"  {k:<28} {v:>8} B" for k, v in self.buffers.items()]
-        lines.append(f"  {'barriers + alignment':<28} {self.extra:>8} B")
+        lines.append(f"  {self.extra_label:<28} {self.extra:>8} B")
         lines.append(f"  bytes per stage {self.per_stage} x {self.stages} stages; total {self.total} B "
                      f"({self.total / 1024:.1f} KiB) of {self.limit} B ({100 * self.total / self.limit:.1f}%): "
                      f"{'fits' if self.fits else 'DOES NOT FIT'}")

@@ -1,8 +1,7 @@
 """The layouts of our kernels' configs, from the kernels' own code, plus a report writer.
 
 :func:`ranker_fwd_layouts` traces the ranker forward's smem layouts through the module's own
-layout function (``ranker_fwd.smem_layouts(dtype, config)`` when the module exposes it, else its
-``sm90_helpers.smem_layout``, which is what ``RankerAttentionFwd.__call__`` calls), its WGMMA
+layout function (``ranker_fwd.smem_layouts(dtype, config)``, which ``RankerAttentionFwd.__call__`` calls), its WGMMA
 accumulator and epilogue copy thread-value layouts, the TMA boxes, the epilogue's bank conflicts,
 and the smem budget.  :func:`ranker_bwd_layouts` does the same for the backward mainloop (through
 ``ranker_bwd.smem_layouts`` / ``tiled_mmas``: Q, dO, K, V, dS^T and float32 dQ buffers, the five GEMMs'
@@ -271,7 +270,7 @@ def _ranker_dsl_objects(rf, dt, config):
         return str(atom.type)
 
     # the O store (fixed length): the tile, or (wg_epilogue) one warpgroup's 64 rows of sO, as __call__ builds its atom
-    epi_rows = 64 if getattr(config, "wg_epilogue", False) else config.tile_m
+    epi_rows = 64 if config.wg_epilogue else config.tile_m
     sO_box = cute.composition(smem["sO"], (cute.make_layout(epi_rows), cute.make_layout(config.head_dim)))
     tma = {}
     for name, op, lay, rows in (("sQ", cpasync.CopyBulkTensorTileG2SOp(), smem["sQ"], config.tile_m),
@@ -358,12 +357,12 @@ def ranker_fwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     for name in ("sQ", "sK", "sV"):
         if name in kl.smem:
             bufs[f"{name} {'x'.join(map(str, kl.smem[name].dims))}"] = kl.smem[name].cosize * eb
-    if getattr(config, "persistent", False) and "sO" in kl.smem:  # persistent: sO is its own buffer
+    if config.persistent and "sO" in kl.smem:  # persistent: sO is its own buffer
         bufs[f"sO {'x'.join(map(str, kl.smem['sO'].dims))} (persistent)"] = kl.smem["sO"].cosize * eb
     per_stage = sum(v for k, v in bufs.items() if k.startswith(("sK", "sV"))) // max(config.stages, 1)
-    extra = config.smem_bytes(eb) - sum(bufs.values()) if hasattr(config, "smem_bytes") else 8 * (2 + 4 * config.stages)
-    kl.budget = analysis.SmemBudget(bufs, config.stages, per_stage, extra,
-                                    getattr(rf, "SMEM_CAPACITY", analysis.SMEM_LIMIT_BYTES))
+    extra = config.smem_bytes(eb) - sum(bufs.values())  # (its accounting holds ptxas' 1 KiB of static smem too)
+    kl.budget = analysis.SmemBudget(bufs, config.stages, per_stage, extra, rf.SMEM_CAPACITY,
+                                    "static smem, barriers, align")
     return kl
 
 
@@ -424,8 +423,9 @@ def ranker_bwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     buffers, the float32 dQ tile and one TMA reduce-add box of it), TMA boxes, the five GEMMs'
     accumulator thread-value layouts (S^T/dP^T, dK/dV, dQ or dQ^T with ``dq_swap_ab``), the bank
     conflicts of the MMA warpgroups' two shared-memory stores per q block (dS^T by stmatrix, the
-    dQ accumulator by 4-byte stores; kernel layouts vs the same tiles unswizzled) and the smem budget
-    (``config.smem_bytes()``).
+    dQ accumulator's ``autovec_copy``: 8-byte stores of two neighbouring values, or 4-byte ones with
+    ``dq_swap_ab``, whose neighbouring values of dQ^T are a column of sdQ; kernel layouts vs the same tiles
+    unswizzled) and the smem budget (``config.smem_bytes()``).
 
     Args:
         config: a ``RankerBwdConfig``, a string such as ``"head_dim=64,tile_m=128"`` or None (the
@@ -456,13 +456,15 @@ def ranker_bwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
     kl.tv["dS^T stmatrix (dst)"] = TVLayout(objs["tv:dS^T stmatrix (dst)"].named("dS^T stmatrix"), objs["ds_tile"],
                                            16 // eb)
     # dS^T (and P^T into sPt, laid out alike, with split_head_dim): stmatrix rows of 16 bytes into sdSt (stage 0); dQ:
-    # each accumulator value one 4-byte store
+    # autovec_copy merges an accumulator's two neighbouring values (consecutive head-dim columns of sdQ) into one
+    # 8-byte store (the PTX's st.shared.v2.b32); with dq_swap_ab they are consecutive q rows, so one 4-byte store each
     tv = kl.tv["dS^T stmatrix (dst)"]
     pat = analysis.pattern_from_tv(tv.layout, tv.tile, tv.vec, "dS^T stmatrix stores (warp 0)")
     for lay in (kl.smem["sdSt"], kl.smem["sdSt"].unswizzled()):
         kl.conflicts.append(analysis.bank_conflicts(lay, pat, eb))
     tv = kl.tv["dQ accumulator"]
-    pat = analysis.pattern_from_tv(tv.layout, tv.tile, 1, "dQ accumulator stores (warp 0, 4 B each)")
+    dq_vec = 1 if config.dq_swap_ab else 2
+    pat = analysis.pattern_from_tv(tv.layout, tv.tile, dq_vec, f"dQ accumulator stores (warp 0, {4 * dq_vec} B each)")
     if config.dq_swap_ab:  # the accumulator holds dQ^T: element (d, m) goes to sdQ[m, d]
         pat = analysis.AccessPattern(pat.name, pat.coords[..., ::-1].copy(), 1)
     for lay in (kl.smem["sdQ"], kl.smem["sdQ"].unswizzled()):
@@ -574,18 +576,19 @@ def format_report(kl: KernelLayouts, record=None) -> str:
     """The text report of :func:`write_report`."""
     lines = [f"kernel {kl.kernel}  dtype {kl.dtype}", f"config {kl.config}", f"smem layouts from {kl.source}", ""]
     lines.append("shared-memory layouts (swizzle o offset o shape:stride, elements; swizzle acts on byte addresses):")
+    w = max([4, *map(len, [*kl.smem, *kl.tma])])  # (names such as sdQpart line up too)
     for k, v in kl.smem.items():
         sw = v.swizzle.byte_swizzle_name if v.swizzle is not None else "none"
-        lines.append(f"  {k:<4} dims {str(v.dims):<16} {sw:>5} swizzle  {v}")
-        if k == "sO" and kl.kernel == "ranker_fwd" and not getattr(kl.config, "persistent", True):
-            lines.append("       (one tile per CTA: sO reuses sQ's memory, written once the tile's GEMMs are done "
+        lines.append(f"  {k:<{w}} dims {str(v.dims):<16} {sw:>5} swizzle  {v}")
+        if k == "sO" and kl.kernel == "ranker_fwd" and not kl.config.persistent:
+            lines.append(f"  {'':<{w}} (one tile per CTA: sO reuses sQ's memory, written once the tile's GEMMs are done "
                          "with Q; the budget counts it once)")
     lines.append("")
     lines.append("TMA boxes:")
     for k, b in kl.tma.items():
         box = b.get("dsl_box", b["box"])
         src = "DSL atom" if "dsl_box" in b else "from the layout"
-        lines.append(f"  {k:<4} tile {b['rows']}x{b['cols']}: box {box[0]}x{box[1]} ({src}), "
+        lines.append(f"  {k:<{w}} tile {b['rows']}x{b['cols']}: box {box[0]}x{box[1]} ({src}), "
                      f"{b['bytes'] // max(b.get('dsl_box_bytes', b['bytes'] // b['boxes']), 1)} box(es) per tile, "
                      f"{b['swizzle']} swizzle, {b['bytes']} B per tile")
     lines.append("")
@@ -616,12 +619,13 @@ def format_report(kl: KernelLayouts, record=None) -> str:
 
 def draw_all(kl: KernelLayouts, out_dir: str) -> list[str]:
     """Write the pictures of ``kl`` (PNG + SVG each) into ``out_dir``; returns the files."""
-    eb = elem_bytes(kl.dtype.replace("BFloat16", "bf16").replace("Float16", "fp16"))
+    import cutlass
+
     files = []
     for k, lay in kl.smem.items():
         if k == "sO" and "sQ" in kl.smem and kl.smem["sQ"].shape == lay.shape:
-            continue  # same buffer and layout as sQ
-        eb = kl.smem_elem_bytes.get(k, elem_bytes(kl.dtype.replace("BFloat16", "bf16").replace("Float16", "fp16")))
+            continue  # the same layout as sQ (and with one tile per CTA the same buffer)
+        eb = kl.smem_elem_bytes.get(k, getattr(cutlass, kl.dtype).width // 8)  # (kl.dtype: a cutlass type's name)
         fig = viz.draw_offsets(lay, elem_bytes=eb, stage=0, title=f"{kl.kernel} {k}: element offsets (stage 0)\n{lay}")
         files += viz.save(fig, os.path.join(out_dir, f"{k}_offsets"))
         fig = viz.draw_offsets(lay, elem_bytes=eb, stage=0, region=(16, 32),
@@ -677,7 +681,11 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
                 rb._compile(*args)
                 rec = compile_record(rb.NAME, (str(tdt), *args[1:]))
         else:
-            if cutlass_dtype(dtype).__name__ != "BFloat16":
+            try:
+                hc_dt = cutlass_dtype(dtype)
+            except TypeError as exc:  # (an unknown dtype: a bad value of this argument, as the rankers' ValueError)
+                raise ValueError(f"--dtype {dtype}: hc_mix takes bf16 x only ({exc})") from None
+            if hc_dt.__name__ != "BFloat16":
                 raise ValueError(f"--dtype {dtype}: hc_mix takes bf16 x only")
             kl = hc_mix_tma_layouts(config)
             rec = None

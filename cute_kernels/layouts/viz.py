@@ -1,7 +1,7 @@
 """Pictures of layouts with matplotlib (PNG and SVG; a notebook shows the returned Figure inline).
 
-* :func:`draw_offsets`: a layout as a grid of offsets (colour = the offset's 128-byte row, the
-  number = offset in elements when the grid is small enough to read);
+* :func:`draw_offsets`: a layout as a grid of offsets (colour = offset, the number = offset in elements when
+  the grid is small enough to read; pass ``elem_bytes`` for a swizzled layout's real addresses);
 * :func:`draw_banks`: a swizzle as a colour map of the shared-memory bank of each element, with the
   16-byte chunk number (``byte offset // 16 % 8``) written in each chunk's first cell;
 * :func:`draw_tv`: a thread-value layout as threads over a tile (colour = thread, label T/V);
@@ -104,7 +104,11 @@ def draw_offsets(layout: StaticLayout, path: Optional[str] = None, elem_bytes: O
     annotate = rows * cols <= 1024 if annotate is None else annotate
     cs = _cell_size(rows, cols, annotate)
     fig = _figure(cols * cs + 1.5, rows * cs + 1.0)
-    ax = _grid_axes(fig, rows, cols, title or f"offsets of {layout.name or layout}\n{layout}")
+    if title is None:  # (a swizzled layout read without elem_bytes is not the kernel's addressing: say so)
+        what = ("functional offsets (swizzle on elements, not the kernel's byte addresses: pass elem_bytes)"
+                if layout.swizzle is not None and not elem_bytes else "offsets")
+        title = f"{what} of {layout.name or layout}\n{layout}"
+    ax = _grid_axes(fig, rows, cols, title)
     im = ax.imshow(vals, cmap="viridis", interpolation="nearest", aspect="equal")
     fig.colorbar(im, ax=ax, label="offset (elements)", shrink=0.6)
     if annotate:
