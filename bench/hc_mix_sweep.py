@@ -15,11 +15,12 @@ import sys
 import torch
 
 from cute_kernels.kernels import hc_mix as mod
+from cute_kernels.kernels import hc_mix_walk as walk
 from cute_kernels.kernels import hc_mix_tma as tma
 from cute_kernels.runtime.timing import copy_bandwidth_gbps, cuda_time_us
 
 
-VARIANTS = list(mod.SHIPPED)
+VARIANTS = list(walk.SHIPPED)
 TMA_VARIANTS = {f"tma_L{lv}": tma.HcMixTmaConfig(cta_level=lv) for lv in range(len(tma.TREE) + 1)}  # the shipped tree
 TMA_VARIANTS.update({  # other trees (other bits): 32 splits of 10 k tiles, paired (overlap)
     "tma_4x8_L1_ov": tma.HcMixTmaConfig(tree=(4, 8), cta_level=1, overlap=True),

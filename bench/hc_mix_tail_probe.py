@@ -10,7 +10,7 @@ if __name__ == "__main__":  # (also imported as a module: the check only when ru
     gpu_script(__doc__)
 import dataclasses, json, math, statistics, torch, cutlass, cutlass.cute as cute
 from cute_kernels.kernels import hc_mix_tma as tma
-from cute_kernels.kernels.hc_mix import fake_launch_args, SP_COLS
+from cute_kernels.kernels.hc_mix_shared import fake_launch_args, SP_COLS
 from cute_kernels.runtime.cache import compile_cached
 from cute_kernels.runtime.fake import fake_tensor
 from cute_kernels.runtime.timing import cuda_time_us, copy_bandwidth_gbps

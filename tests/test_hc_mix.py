@@ -8,6 +8,7 @@ import torch
 
 import cute_kernels
 from cute_kernels.kernels import hc_mix as mod
+from cute_kernels.kernels import hc_mix_walk as walk
 from cute_kernels.runtime.cache import compile_record
 
 
@@ -117,17 +118,17 @@ def test_validation_before_launch():
 
 def test_config_validation_and_choice():
     with pytest.raises(ValueError, match="m_tiles"):
-        mod.HcMixConfig(m_tiles=3).validate()
+        walk.HcMixConfig(m_tiles=3).validate()
     with pytest.raises(ValueError, match="warps_m"):
-        mod.HcMixConfig(warps_m=3).validate()
+        walk.HcMixConfig(warps_m=3).validate()
     with pytest.raises(ValueError, match="shared memory"):
-        mod.HcMixConfig(m_tiles=1, warps_m=4, stages=4).validate()
+        walk.HcMixConfig(m_tiles=1, warps_m=4, stages=4).validate()
     for m in (1, 128, 512, 4096, 16384):
-        assert mod.config_for(m) in mod.SHIPPED
-    assert mod.config_for(4096, store_mix=True).store_mix
-    for cfg in mod.SHIPPED:
+        assert walk.config_for(m) in walk.SHIPPED
+    assert walk.config_for(4096, store_mix=True).store_mix
+    for cfg in walk.SHIPPED:
         cfg.validate()
-        assert cfg.tile_m % mod.CLUSTER_K == 0
+        assert cfg.tile_m % walk.CLUSTER_K == 0
 
 
 def test_split_pieces_reconstruct():
@@ -234,7 +235,7 @@ def test_method_option_routes_after_validation(monkeypatch):
     monkeypatch.setattr(mod, "_validate", lambda *a, **kw: full(*a, **kw, cuda=False))
     monkeypatch.setattr(mod, "_VALIDATED", {})
     compiles = []
-    monkeypatch.setattr(mod, "_compile", lambda cfg: compiles.append("walk") or "walk-fn")
+    monkeypatch.setattr(walk, "_compile", lambda cfg: compiles.append("walk") or "walk-fn")
     monkeypatch.setattr(hc_mix_tma, "_compile", lambda cfg: compiles.append("tma") or "tma-fn")
     seen = []
     monkeypatch.setattr(mod, "run_compiled", lambda compiled, *a, workspace_rows=None, **kw:
@@ -314,13 +315,13 @@ def test_walk_compiles_store_mix_only_with_a_mix_buffer(monkeypatch):
     the one-row dummy (past its end): the walk's launch compiles the config with store_mix following ``mix``, as the
     TMA path does (and with a buffer, store_mix on even where the config has it off)."""
     compiled = []
-    monkeypatch.setattr(mod, "_compile", lambda cfg: compiled.append(cfg))
+    monkeypatch.setattr(walk, "_compile", lambda cfg: compiled.append(cfg))
     monkeypatch.setattr(mod, "run_compiled", lambda compile_fn, *a, **k: compile_fn())
     x = torch.empty(3, 64, dtype=torch.bfloat16, device="meta")
     args = (x, torch.empty(24, 64, device="meta"), torch.empty(3, device="meta"), torch.empty(24, device="meta"),
             20, 1e-6, 1e-6)
-    mod._launch(*args, config=mod.HcMixConfig(m_tiles=1, warps_m=1, stages=8, store_mix=True))
-    mod._launch(*args, mix=torch.empty(3, 25, device="meta"), config=mod.HcMixConfig(m_tiles=1, warps_m=1, stages=8))
+    mod._launch(*args, config=walk.HcMixConfig(m_tiles=1, warps_m=1, stages=8, store_mix=True))
+    mod._launch(*args, mix=torch.empty(3, 25, device="meta"), config=walk.HcMixConfig(m_tiles=1, warps_m=1, stages=8))
     mod._launch(*args)
     assert [c.store_mix for c in compiled] == [False, True, False]
 
@@ -393,13 +394,13 @@ def test_trace_time_check_includes_the_walk_extent():
 @pytest.mark.parametrize("m,exc", [(-3, ValueError), (True, TypeError), (2.5, TypeError)])
 def test_walk_config_for_checks_m(m, exc):
     with pytest.raises(exc):
-        mod.config_for(m)
+        walk.config_for(m)
 
 
 @pytest.mark.parametrize("kw", [dict(m_tiles=1.0), dict(store_mix="x"), dict(stages=True)])
 def test_walk_config_field_types(kw):
     with pytest.raises(TypeError):
-        mod.HcMixConfig(**kw).validate()
+        walk.HcMixConfig(**kw).validate()
 
 
 def test_raw_and_emulation_refuse_wrong_types():
@@ -410,7 +411,7 @@ def test_raw_and_emulation_refuse_wrong_types():
     with pytest.raises(TypeError, match="HcMixConfig"):
         mod.hc_mix_raw(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(24, 64), config=hc_mix_tma.HcMixTmaConfig())
     with pytest.raises(TypeError, match="HcMixTmaConfig"):
-        hc_mix_tma.emulate_mix(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(24, 64), config=mod.HcMixConfig())
+        hc_mix_tma.emulate_mix(torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(24, 64), config=walk.HcMixConfig())
 
 
 def test_reference_refuses_mixed_devices_and_meta():

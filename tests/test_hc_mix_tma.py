@@ -8,6 +8,8 @@ import torch
 
 import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass is imported)
 from cute_kernels.kernels import hc_mix as base
+from cute_kernels.kernels import hc_mix_walk as walk
+from cute_kernels.kernels.hc_mix_shared import SMEM_LIMIT
 from cute_kernels.kernels import hc_mix_tma as mod
 from cute_kernels.runtime.artifacts import find_features, PTX_FEATURES
 from cute_kernels.runtime.cache import compile_record
@@ -79,7 +81,7 @@ def test_smem_message_names_the_stages_that_fit():
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_shipped_configs_fit_and_share_one_tree(cfg):
     cfg.validate()
-    assert cfg.smem_bytes() <= base.SMEM_LIMIT
+    assert cfg.smem_bytes() <= SMEM_LIMIT
     assert cfg.tree == mod.TREE  # the tree is part of the bits
 
 
@@ -315,7 +317,7 @@ def test_config_for_checks_m(m, exc):
 
 def test_launch_refuses_a_foreign_config_and_emulation_checks_k():
     x, w = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(24, 64)
-    for bad in ("fast", base.HcMixConfig()):
+    for bad in ("fast", walk.HcMixConfig()):
         with pytest.raises(TypeError, match="HcMixTmaConfig"):
             mod.launch(x, w, torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6, config=bad)
     with pytest.raises(ValueError, match="multiple of 64"):
@@ -410,10 +412,8 @@ def test_hc_configs_take_exact_ints_and_bools_as_every_config():
     are refused, naming the field and type), and the TMA tree must be a tuple."""
     import numpy as np
 
-    from cute_kernels.kernels import hc_mix
-
-    for make, match in ((lambda: hc_mix.HcMixConfig(m_tiles=np.int64(2)), "HcMixConfig.m_tiles"),
-                        (lambda: hc_mix.HcMixConfig(store_mix=1), "must be a bool"),
+    for make, match in ((lambda: walk.HcMixConfig(m_tiles=np.int64(2)), "HcMixConfig.m_tiles"),
+                        (lambda: walk.HcMixConfig(store_mix=1), "must be a bool"),
                         (lambda: mod.HcMixTmaConfig(pdl=1), "HcMixTmaConfig.pdl"),
                         (lambda: mod.HcMixTmaConfig(stages=np.int32(4)), "numpy.int32"),
                         (lambda: mod.HcMixTmaConfig(tree=[4, 2, 2, 2, 2]), "tuple")):

@@ -217,11 +217,11 @@ def test_illegal_configs_are_refused_at_construction():
     dataclasses.replace and through the --config parser), for every kernel's config class."""
     import dataclasses
 
-    from cute_kernels.kernels import hc_mix, hc_mix_tma, qknorm, qknorm_tp, ranker_bwd, scale
+    from cute_kernels.kernels import hc_mix_tma, hc_mix_walk, qknorm, qknorm_tp, ranker_bwd, scale
     from cute_kernels.layouts import kernel_layouts as kl
     from cute_kernels.runtime.validate import ValidatedConfig
 
-    for cls in (rf.RankerFwdConfig, ranker_bwd.RankerBwdConfig, hc_mix.HcMixConfig, hc_mix_tma.HcMixTmaConfig,
+    for cls in (rf.RankerFwdConfig, ranker_bwd.RankerBwdConfig, hc_mix_walk.HcMixConfig, hc_mix_tma.HcMixTmaConfig,
                 qknorm.QKNormConfig, qknorm.QKNormTuning, qknorm_tp.ParallelQKNormConfig, scale.ScaleConfig):
         assert issubclass(cls, ValidatedConfig), cls
     with pytest.raises(ValueError, match="WGMMA M"):

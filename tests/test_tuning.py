@@ -47,11 +47,9 @@ def test_shipped_configs_lists_every_kernel():
         want.update({label: bf16} if bf16 == fp16 else {f"{label} bfloat16": bf16, f"{label} float16": fp16})
     assert table["ranker_fwd"] == want
     assert table["ranker_fwd"]["head_dim=128 float16"].checked_max is False  # (the fixed max is bf16's)
-    from cute_kernels.kernels import hc_mix
+    from cute_kernels.kernels import hc_mix_tma, hc_mix_walk
 
-    from cute_kernels.kernels import hc_mix_tma
-
-    assert list(table["hc_mix"].values()) == [*hc_mix.SHIPPED, *(hc_mix_tma.config_for(m)  # both methods
+    assert list(table["hc_mix"].values()) == [*hc_mix_walk.SHIPPED, *(hc_mix_tma.config_for(m)  # both methods
                                                                  for m in hc_mix_tma.LEVEL_EXAMPLE_M)]
     assert [c.cta_level for c in list(table["hc_mix"].values())[3:]] == [5, 4, 3, 2, 1, 0]
     for name in ("ranker_fwd", "hc_mix", "qknorm", "qknorm_tp", "scale"):  # frozen configs that validate

@@ -14,7 +14,7 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   (producer warpgroup, ``setmaxnreg`` low) issues TMA loads of the x tile ``[tile_m, 64]`` into a
   ``stages``-deep ``PipelineTmaAsync`` ring (128B-swizzled K-major smem) and of the float32 hc_fn tile
   ``[24, 64]`` into a second ring of the same depth.  Warps 1-3 of the producer warpgroup (the split
-  warps) split each hc_fn tile into its three bf16 pieces (:func:`.hc_mix._split3_bf16x2`; rows lo 0-23,
+  warps) split each hc_fn tile into its three bf16 pieces (:func:`.hc_mix_shared._split3_bf16x2`; rows lo 0-23,
   mid 24-47, hi 48-71 of the stage's ``[72, 64]`` piece buffer, in the WGMMA's swizzle), fence the
   async proxy and arrive on the ring's full barrier, which thus completes when the x tile has landed
   and the pieces are written.  Every call reads hc_fn itself, so any change to it is seen.  Two consumer
@@ -70,8 +70,9 @@ from ..runtime.fake import fake_tensor
 from ..runtime.validate import (ValidatedConfig, INT32_MAX, check_config_fields, check_int, check_outputs_disjoint,
                                 check_tensor)
 from . import sm90_helpers as sm90
-from .hc_mix import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, EpilogueArgs, _split3_bf16x2, _validate, row_epilogue,
-                     fake_launch_args, run_compiled, split_pieces)
+from .hc_mix import _validate, run_compiled, split_pieces
+from .hc_mix_shared import (N_MIX, N_PIECES, SMEM_LIMIT, SP_COLS, EpilogueArgs, _split3_bf16x2, fake_launch_args,
+                            row_epilogue)
 
 NAME = "hc_mix_tma"
 ROWS_PER_ATOM = 128  # rows of one m step of the tiled WGMMA: an m64 atom per consumer warpgroup
@@ -288,7 +289,7 @@ def make_tiled_mma():
 class HcMixTmaKernel:
     """The walk (warp-specialized TMA producer + two WGMMA consumer warpgroups; one CTA per row tile and
     node of the K tree at ``config.cta_level``) and the reduction kernel (the levels above, then the
-    epilogue).  The per-row epilogue (sigmoids, Sinkhorn) is the walk kernel's, :func:`.hc_mix.row_epilogue`."""
+    epilogue).  The per-row epilogue (sigmoids, Sinkhorn) is the walk kernel's, :func:`.hc_mix_shared.row_epilogue`."""
 
     def __init__(self, config: HcMixTmaConfig):
         self.config = config
@@ -314,7 +315,7 @@ class HcMixTmaKernel:
     @cute.jit
     def launch_walk(self, mX: cute.Tensor, mW: cute.Tensor, mPart: cute.Tensor, epi, stream):
         """The walk: TMA atoms, shared storage, one CTA per (tree node at ``cta_level``, row tile);
-        ``epi``: the epilogue's tensors and scalars, an :class:`.hc_mix.EpilogueArgs` (``fused_epilogue``;
+        ``epi``: the epilogue's tensors and scalars, an :class:`.hc_mix_shared.EpilogueArgs` (``fused_epilogue``;
         launch arguments, spread)."""
         tiled_mma = make_tiled_mma()
         sX_layout, sW_layout, sWf_layout = smem_layouts(self.config)
@@ -452,12 +453,12 @@ class HcMixTmaKernel:
     @cute.jit
     def split(self, sWf, sWv, ring, w_ring, kt_begin, kt_end, stidx):
         """Split warps (producer warpgroup warps 1-3, ``stidx`` in [0, 96)): per k tile, each float32 hc_fn
-        value into its three bf16 pieces (:func:`.hc_mix._split3_bf16x2`, the walk's split: same values as
+        value into its three bf16 pieces (:func:`.hc_mix_shared._split3_bf16x2`, the walk's split: same values as
         :func:`.hc_mix.split_pieces`), written into the stage's ``sW`` in the WGMMA's 128B swizzle.  Thread
         ``t`` takes items ``t`` and ``t + 96`` of the tile's 24 x 8 (row, 8 columns); a piece's 8 columns are
         one 16-byte vector, stored at :func:`swizzled_vector` ``(row, chunk)`` of its 128-byte row (72-row,
-        1024-byte aligned stages), so 8 lanes of a row fill one row: no bank conflicts (the float32 reads, 32 bytes apart per
-        lane, are 2-way: a few cycles per tile, off the consumers' path).  Then the proxy fence (WGMMA reads
+        1024-byte aligned stages), so 8 lanes of a row fill one row: no bank conflicts (the float32 reads, 32
+        bytes apart per lane, are 2-way: a few cycles per tile, off the consumers' path).  Then the proxy fence (WGMMA reads
         what ordinary stores wrote), the warp's sync and lane 0's arrive on the stage's full barrier.  The
         stage's pieces are free to overwrite because its float32 tile was loaded only after the ring's
         empty barrier (:meth:`load`)."""
