@@ -733,3 +733,13 @@ def test_help_shows_the_ops_signature_and_docstring():
                            (cute_kernels.hc_mix_sinkhorn, "hc_scale", "mHC pre/post/comb")):
         text = pydoc.plain(pydoc.render_doc(op))
         assert f"{arg}:" in text and first in text, text[:300]
+
+
+def test_docstring_example_of_a_wide_pair():
+    """qk_rmsnorm_'s docstring example (session 61: it named K=3072 and 12544 as fitting next to bf16 Q=24576, which
+    the register check of session 60 refuses)."""
+    for kw in (8, 1272, 1288, 1784, 1800, 2048, 2304):
+        mod.QKNormConfig.for_shape(24576, kw, torch.bfloat16)
+    for kw in (1280, 1792, 3072, 12544):
+        with pytest.raises(ValueError):
+            mod.QKNormConfig.for_shape(24576, kw, torch.bfloat16)

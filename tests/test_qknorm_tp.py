@@ -91,7 +91,7 @@ def test_parallel_reference_equals_unsharded():
         torch.testing.assert_close(torch.cat([o[0] for o in outs], 1), full_q)
         torch.testing.assert_close(torch.cat([o[1] for o in outs], 1), full_k)
     # shards must cover every column: Q and K multiples of world (ParallelQKNorm's rule)
-    for world in (3, 0, 2.0):
+    for world in (3, 0):
         with pytest.raises(ValueError, match="world"):
             mod.parallel_reference(q, k, wq, wk, 1e-6, world)
 
@@ -435,3 +435,17 @@ def test_default_group_without_init_is_a_clear_error():
         pytest.skip("a default process group exists in this process")
     with pytest.raises(ValueError, match="group=None means the default process group"):  # (not torch's text)
         cute_kernels.ParallelQKNorm(None, 16, 4096, 1024, torch.bfloat16)
+
+
+def test_parallel_reference_checks_its_weights_and_world():
+    """parallel_reference takes the full-row weights only (session 61: a [2048] wq_full for Q=1024 was sliced and
+    its tail ignored; a [1000] one failed with a per-shard message), and a non-int world is a TypeError."""
+    q, k = torch.randn(4, 1024), torch.randn(4, 256)
+    for wq, wk in ((torch.ones(2048), torch.ones(256)), (torch.ones(1000), torch.ones(256)),
+                   (torch.ones(1024), torch.ones(1, 256))):
+        with pytest.raises(ValueError, match=r"w[qk]_full must be \[(1024|256)\]"):
+            mod.parallel_reference(q, k, wq, wk, 1e-6, 2)
+    for world in (True, 2.0):
+        with pytest.raises(TypeError, match="world must be an int"):
+            mod.parallel_reference(q, k, torch.ones(1024), torch.ones(256), 1e-6, world)
+    assert len(mod.parallel_reference(q, k, torch.ones(1024), torch.ones(256), 1e-6, 2)) == 2

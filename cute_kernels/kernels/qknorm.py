@@ -1108,7 +1108,7 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
             token's q and k rows in registers, so a wide pair can be refused even where each width
             alone fits: whether it fits depends on the tiling each part gets (threads and 16-byte
             vectors per thread), not monotonically on the widths (e.g. bf16 Q=24576 fits next to
-            K <= 3072 and K=12544, not next to K=4096 or 12288):
+            K = 8-1272, 1288-1784, 1800-2048 and 2304, not next to K=1280, 1792 or 3072):
             ``QKNormConfig.for_shape(Q, K, dtype, tuning=DEFAULT_TUNING)`` raises the same ValueError.
         k: [N, K], same dtype/device/rules as q, sharing no element with q (column blocks of one
             fused qkv buffer are fine).

@@ -776,13 +776,23 @@ def parallel_reference(q_full: torch.Tensor, k_full: torch.Tensor, wq_full: torc
     """float64 reference over the gathered shards: list of (q_shard_out, k_shard_out) per rank.
 
     ``q_full [N, Q]``, ``k_full [N, K]`` (any float dtype, one device), ``wq_full [Q]``, ``wk_full [K]``;
-    rank ``r`` holds columns ``[r*Q/world, (r+1)*Q/world)`` of q (k alike).  Raises ``ValueError`` unless
-    ``world`` is an int >= 1 dividing Q and K (as :class:`ParallelQKNorm` requires of its shards)."""
-    if type(world) is not int or world < 1:
+    rank ``r`` holds columns ``[r*Q/world, (r+1)*Q/world)`` of q (k alike).  Raises ``TypeError`` unless
+    ``world`` is an int (not a bool) and the four arguments tensors, ``ValueError`` unless ``world >= 1`` divides Q
+    and K (as :class:`ParallelQKNorm` requires of its shards) and the weights are ``[Q]`` and ``[K]`` (no
+    broadcasting, no ignored elements)."""
+    if type(world) is not int:
+        raise TypeError(f"world must be an int >= 1, got {type(world).__name__} {world!r}")
+    if world < 1:
         raise ValueError(f"world must be an int >= 1, got {world!r}")
+    for name, t in (("q_full", q_full), ("k_full", k_full), ("wq_full", wq_full), ("wk_full", wk_full)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q_full.dim() != 2 or k_full.dim() != 2 or q_full.shape[1] % world or k_full.shape[1] % world:
         raise ValueError(f"q_full [N, Q] and k_full [N, K] with Q and K multiples of world={world}, got "
                          f"{list(q_full.shape)} and {list(k_full.shape)}")
+    for name, w, width in (("wq_full", wq_full, q_full.shape[1]), ("wk_full", wk_full, k_full.shape[1])):
+        if tuple(w.shape) != (width,):
+            raise ValueError(f"{name} must be [{width}] (the full row's weight), got {list(w.shape)}")
     ssq = q_full.double().square().sum(-1)
     ssk = k_full.double().square().sum(-1)
     qw, kw = q_full.shape[1] // world, k_full.shape[1] // world
