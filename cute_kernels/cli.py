@@ -4,6 +4,7 @@
     cute-kernels check   [--kernel NAME]                   # GPU: correctness table vs references
     cute-kernels bench   [--kernel NAME] [--shapes SEL] [--json PATH]   # GPU: benchmark records
     cute-kernels info                                      # versions, arch, cache, GPU
+    cute-kernels prune-cache [--dry-run]                   # remove cache folders of other sources / DSL versions
     cute-kernels layouts --kernel ranker_fwd|ranker_bwd|hc_mix [--config head_dim=64,tile_n=96] --out DIR   # CPU: pictures + report
     cute-kernels configs [--kernel NAME]                   # shipped configs per kernel (and tuned ones)
     cute-kernels tune --kernel ranker_fwd --shape B=4,S=4608,H=16,D=128 [--candidates tile_n=96,128] [--list]
@@ -212,7 +213,8 @@ def cmd_info(args) -> int:
     import torch
 
     from .runtime.arch import SUPPORTED_ARCHS, target_arch
-    from .runtime.cache import cache_dir, disk_cache_enabled, disk_cache_problem, source_fingerprint
+    from .runtime.arch import dsl_compile_settings
+    from .runtime.cache import cache_dir, cache_usage, disk_cache_enabled, disk_cache_problem, source_fingerprint
 
     try:
         import tvm_ffi
@@ -230,10 +232,35 @@ def cmd_info(args) -> int:
     note = "" if arch in SUPPORTED_ARCHS else f"  NOT SUPPORTED: the kernels compile for {', '.join(SUPPORTED_ARCHS)} only"
     print(f"target arch      {arch} (CUTE_DSL_ARCH){note}")
     problem = disk_cache_problem(probe=False) if disk_cache_enabled() else None  # a report: no side effect
+    here = cache_dir() / source_fingerprint()
+    if problem and here.is_dir():  # (a read-only cache: what it holds still loads)
+        problem += "; its existing entries still load, new ones compile in memory only"
     state = "off" if not disk_cache_enabled() else f"NOT USABLE: {problem}" if problem else "on"
-    print(f"compile cache    {cache_dir() / source_fingerprint()} ({state})")
+    print(f"compile cache    {here} ({state})")
+    if disk_cache_enabled():
+        use = cache_usage()
+        stale = (f"; {use['stale']} folder{'s' if use['stale'] != 1 else ''} of other sources, "
+                 f"{use['stale_bytes'] / 2**20:.0f} MiB (cute-kernels prune-cache removes them)") if use["stale"] else ""
+        print(f"                 {use['entries']} entries, {use['bytes'] / 2**20:.0f} MiB{stale}")
+        keyed = {k: v for k, v in (kv.split("=", 1) for kv in dsl_compile_settings().split(";") if "=" in kv)
+                 if k in ("lineinfo", "debug", "enable_assertions", "compiler_opt")}
+        print(f"                 keyed by the DSL settings too: {', '.join(f'{k}={v}' for k, v in keyed.items())}")
     print(f"GPU              {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
     print(f"kernels          {', '.join(registry.names())}")
+    return 0
+
+
+def cmd_prune_cache(args) -> int:
+    from .runtime.cache import cache_dir, prune
+
+    try:
+        folders, nbytes = prune(dry_run=args.dry_run)
+    except OSError as exc:
+        print(f"prune-cache: cannot remove a folder in {cache_dir()}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {folders} folder{'' if folders == 1 else 's'} of other sources ({nbytes / 2**20:.0f} MiB) "
+          f"from {cache_dir()}")
     return 0
 
 
@@ -341,6 +368,9 @@ def main(argv=None) -> int:
     t.set_defaults(fn=cmd_tune)
     i = sub.add_parser("info", help="versions, arch, cache location, GPU")
     i.set_defaults(fn=cmd_info)
+    pc = sub.add_parser("prune-cache", help="remove the compile cache's folders of other sources or DSL versions")
+    pc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    pc.set_defaults(fn=cmd_prune_cache)
     args = p.parse_args(argv)
     # a warning on the command line is its message: not the library's file, line and source line
     warnings.formatwarning = lambda message, category, *_args, **_kw: f"cute-kernels: {category.__name__}: {message}\n"

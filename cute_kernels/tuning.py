@@ -615,7 +615,10 @@ def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: s
         print("tune: --rounds must be >= 1", file=sys.stderr)
         return 2
     if kernel not in TUNERS:
-        print(f"no tuner for kernel {kernel!r}; tunable: {', '.join(TUNERS)}", file=sys.stderr)
+        from . import registry
+
+        what = "no tuner for kernel" if kernel in registry.KERNELS else "unknown kernel"
+        print(f"{what} {kernel!r}; tunable: {', '.join(TUNERS)}", file=sys.stderr)
         return 2
     tuner = TUNERS[kernel]
     try:

@@ -276,3 +276,22 @@ def test_compile_counts_a_module_that_cannot_list_its_configs_apart(monkeypatch,
     out = capsys.readouterr()
     assert "FAIL broken: cannot list configs" in out.err
     assert "3/3 configs compiled for sm_90a; 1 module could not list its configs" in out.out
+
+
+def test_info_reports_cache_usage_and_prune_cache(tmp_path):
+    """info shows the entries of this fingerprint and the older folders; prune-cache removes those."""
+    import os
+
+    old = tmp_path / "fedcba9876543210" / "scale"
+    old.mkdir(parents=True)
+    (old / "x.o").write_bytes(b"12")
+    env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "info"], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0 and "1 folder of other sources" in r.stdout and "lineinfo=False" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "prune-cache"], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.startswith("removed 1 folder of other sources"), r.stdout
+    assert not old.parent.exists()
+    r = _run("tune", "--kernel", "bogus", "--shape", "M=1", "--list")
+    assert r.returncode == 2 and "unknown kernel 'bogus'" in r.stderr

@@ -593,3 +593,39 @@ def test_is_compact_tells_compact_strides_from_contiguous_ones():
     assert not alloc.is_compact(x.transpose(0, 1))
     odd = x[:1].as_strided((1, 3, 8), (7, 8, 1))
     assert odd.is_contiguous() and not alloc.is_compact(odd) and torch.empty_like(odd).stride() == (7, 8, 1)
+
+
+def test_cache_usage_and_prune_keep_this_fingerprint(tmp_path, monkeypatch):
+    """cache_usage counts this fingerprint's entries and other fingerprints' folders; prune removes only those
+    (and no other file or folder of the cache root, tuned.json included)."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    scale.compile_targets()[0].build()
+    old = tmp_path / "0123456789abcdef"
+    (old / "scale").mkdir(parents=True)
+    (old / "scale" / "x.o").write_bytes(b"1234")
+    (tmp_path / "tuned.json").write_text("{}")
+    (tmp_path / "notes").mkdir()
+    use = cache.cache_usage()
+    assert use["entries"] == 1 and use["stale"] == 1 and use["stale_bytes"] == 4 and use["bytes"] > 0
+    assert cache.prune(dry_run=True) == (1, 4) and old.exists()
+    assert cache.prune() == (1, 4) and not old.exists()
+    assert (tmp_path / "tuned.json").exists() and (tmp_path / "notes").exists()
+    assert (tmp_path / cache.source_fingerprint()).is_dir() and cache.cache_usage()["stale"] == 0
+
+
+def test_empty_cubin_counts_as_missing(tmp_path, monkeypatch):
+    """An entry whose .cubin is empty and .sass missing is recompiled (session 61: it loaded without SASS for good)."""
+    if not cache.nvdisasm_available():
+        pytest.skip("no nvdisasm here")
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[0]
+    t.build()
+    (obj,) = tmp_path.rglob("*.o")
+    obj.with_suffix(".cubin").write_bytes(b"")
+    obj.with_suffix(".sass").unlink(missing_ok=True)
+    cache.clear_memory_cache()
+    t.build()
+    rec = cache.compile_record(t.kernel, t.key)
+    assert rec.compile_s is not None and rec.sass

@@ -198,7 +198,7 @@ def _read_record(base: Path, load_s: float) -> CompileRecord:
         if _nonempty(f):  # (an empty file is missing: the SASS is disassembled again from the cubin)
             setattr(rec, attr, f.read_text())
     cubin = base.with_suffix(".cubin")
-    if rec._sass is None and cubin.exists():
+    if rec._sass is None and _nonempty(cubin):
         rec._cubin = str(cubin)  # (read when the SASS is)
     return rec
 
@@ -281,7 +281,7 @@ def _load_entry(base: Path):
 
     obj = obj_path(base)
     if not (_nonempty(obj) and base.with_suffix(".json").exists()
-            and (_nonempty(base.with_suffix(".sass")) or base.with_suffix(".cubin").exists()
+            and (_nonempty(base.with_suffix(".sass")) or _nonempty(base.with_suffix(".cubin"))
                  or not nvdisasm_available())):
         return None
     try:
@@ -312,6 +312,54 @@ def _warn_no_disk_cache(folder: str, reason: str) -> None:
 
     warnings.warn(f"cute_kernels: compile cache folder {folder} is unusable ({reason}); caching in memory only. "
                   "Set CUTE_KERNELS_CACHE_DIR to a writable folder.", RuntimeWarning, stacklevel=5)
+
+
+def _is_fingerprint_folder(path: Path) -> bool:
+    """A folder named like :func:`source_fingerprint` (16 hex digits): what :func:`prune` may remove."""
+    return path.is_dir() and not path.is_symlink() and len(path.name) == 16 and all(
+        c in "0123456789abcdef" for c in path.name)
+
+
+def _folder_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def cache_usage() -> dict:
+    """What the disk cache holds: ``entries`` (compiled objects of this source fingerprint), ``bytes`` (its
+    folder), ``stale`` / ``stale_bytes`` (folders of other fingerprints: earlier sources or DSL versions, which
+    nothing loads again; :func:`prune` removes them).  Zeros where the folder does not exist."""
+    root, fp = cache_dir(), source_fingerprint()
+    here = root / fp
+    entries = sum(1 for _ in here.glob("*/*.o")) if here.is_dir() else 0
+    stale = [p for p in root.iterdir() if p.name != fp and _is_fingerprint_folder(p)] if root.is_dir() else []
+    return dict(entries=entries, bytes=_folder_bytes(here) if here.is_dir() else 0, stale=len(stale),
+                stale_bytes=sum(_folder_bytes(p) for p in stale))
+
+
+def prune(dry_run: bool = False) -> tuple[int, int]:
+    """Remove the cache folders of other source fingerprints (see :func:`cache_usage`; this fingerprint's entries
+    and ``tuned.json`` stay); ``dry_run``: only count them.  Returns ``(folders, bytes)``."""
+    import shutil
+
+    root, fp = cache_dir(), source_fingerprint()
+    if not root.is_dir():
+        return 0, 0
+    folders, nbytes = 0, 0
+    for p in sorted(root.iterdir()):
+        if p.name == fp or not _is_fingerprint_folder(p):
+            continue
+        nbytes += _folder_bytes(p)
+        folders += 1
+        if not dry_run:
+            shutil.rmtree(p)
+    return folders, nbytes
 
 
 def compile_record(kernel: str, key: Hashable) -> CompileRecord:
