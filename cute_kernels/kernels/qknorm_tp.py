@@ -181,7 +181,7 @@ class ParallelQKNormKernel(QKRowNormalizer):
     @cute.jit
     def normalize_tile(self, mX: cute.Tensor, mW: cute.Tensor, role: cutlass.Constexpr, tidx: Int32, tile: Int32,
                        n: Int32, eps: Float32, sRed: cute.Tensor, comm):
-        """One role (:class:`RowRole`: the q or the k threads; ``tidx`` counted within it): local partial
+        """One role (:class:`.qknorm.RowRole`: the q or the k threads; ``tidx`` counted within it): local partial
         sums -> ``sPart[row, role.which]``; this role's exchange (``comm``: :class:`Exchange`); rank-order
         total; scale."""
         part, which, barrier_id = role.part, role.which, role.barrier_id

@@ -63,7 +63,8 @@ def dsl_compile_settings() -> str:
                 continue
             value = getattr(env, entry.key_name)
             if entry.key_name == "shared_libs" and isinstance(value, str):
-                value = ";".join("/".join(os.path.normpath(p).split(os.sep)[-3:]) for p in value.split(";") if p)
+                value = os.pathsep.join("/".join(os.path.normpath(p).split(os.sep)[-3:])
+                                        for p in value.split(os.pathsep) if p)  # (the DSL's own separator)
             parts.append(f"{entry.key_name}={value!r}")
         return ";".join(parts)
     except Exception:  # noqa: BLE001 (another DSL version)

@@ -240,7 +240,8 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
     except Timeout:
         raise
     except OSError as exc:  # read-only cache, a file in the way, ...: keep working, in memory only (a complete
-        # entry of a read-only cache is loaded as it is: nobody can be writing it)
+        # entry is loaded without the lock: in a read-only cache nobody can be writing it; in a shared one whose lock
+        # another user owns, a half-written entry fails to load and this process compiles in memory instead)
         _warn_no_disk_cache(str(folder), f"{type(exc).__name__}: {exc.strerror or exc}")
         return _load_entry(base) or _compile_in_memory(kernel, sha, arch, build)
     try:
