@@ -72,13 +72,9 @@ def test_corrupt_cache_entry_recompiles(tmp_path, monkeypatch):
     assert obj.read_bytes()[:4] == b"\x7fELF"
 
 
-def test_sass_is_disassembled_from_the_cubin_when_first_read(tmp_path, monkeypatch):
-    """A compile keeps the cubin and writes no SASS (nvdisasm costs ~1 s of a forward's compile); the first read
-    of ``CompileRecord.sass`` disassembles it (``nvdisasm -g -c``, as the DSL's ``--keep-sass``) into the
-    entry's ``.sass``, which later loads read; without nvdisasm it is None and a later read tries again.
-    An entry of an older cache with neither ``.sass`` nor ``.cubin`` is recompiled once nvdisasm is there."""
-    from cute_kernels.runtime import artifacts
-
+def _fresh_scale_entry(tmp_path, monkeypatch):
+    """(target, its .o): scale's first target compiled into an empty cache at ``tmp_path`` (skips without nvdisasm,
+    which the SASS tests need)."""
     if not cache.nvdisasm_available():
         pytest.skip("no nvdisasm here")
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
@@ -86,6 +82,17 @@ def test_sass_is_disassembled_from_the_cubin_when_first_read(tmp_path, monkeypat
     t = scale.compile_targets()[0]
     t.build()
     (obj,) = tmp_path.rglob("*.o")
+    return t, obj
+
+
+def test_sass_is_disassembled_from_the_cubin_when_first_read(tmp_path, monkeypatch):
+    """A compile keeps the cubin and writes no SASS (nvdisasm costs ~1 s of a forward's compile); the first read
+    of ``CompileRecord.sass`` disassembles it (``nvdisasm -g -c``, as the DSL's ``--keep-sass``) into the
+    entry's ``.sass``, which later loads read; without nvdisasm it is None and a later read tries again.
+    An entry of an older cache with neither ``.sass`` nor ``.cubin`` is recompiled once nvdisasm is there."""
+    from cute_kernels.runtime import artifacts
+
+    t, obj = _fresh_scale_entry(tmp_path, monkeypatch)
     sass_file = obj.with_suffix(".sass")
     assert obj.with_suffix(".cubin").exists() and not sass_file.exists()
     rec = cache.compile_record(t.kernel, t.key)
@@ -616,13 +623,7 @@ def test_cache_usage_and_prune_keep_this_fingerprint(tmp_path, monkeypatch):
 
 def test_empty_cubin_counts_as_missing(tmp_path, monkeypatch):
     """An entry whose .cubin is empty and .sass missing is recompiled (session 61: it loaded without SASS for good)."""
-    if not cache.nvdisasm_available():
-        pytest.skip("no nvdisasm here")
-    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
-    cache.clear_memory_cache()
-    t = scale.compile_targets()[0]
-    t.build()
-    (obj,) = tmp_path.rglob("*.o")
+    t, obj = _fresh_scale_entry(tmp_path, monkeypatch)
     obj.with_suffix(".cubin").write_bytes(b"")
     obj.with_suffix(".sass").unlink(missing_ok=True)
     cache.clear_memory_cache()
