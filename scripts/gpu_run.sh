@@ -12,13 +12,15 @@
 # cold run is compiling kernels on the CPU: the forward file took 177 s in 4 shards on the H200's 16 cores,
 # about 780 s in one process). The emulated tensor-parallel tests (test_qknorm_tp_gpu.py) wait on their peers
 # with timeouts that other processes time-slicing the GPU can exceed (session 30: a 1000-launch stress timed
-# out at launch 693 in a shard), so they run after the shards, in one process of their own.
+# out at launch 693 in a shard), so they run after the shards, in one process of their own. Tests that failed
+# with torch.OutOfMemoryError beside the other shards (session 62: 12 shards on an 80 GB H100) run once more,
+# alone, after them (scripts/junit_oom.py); any other failure keeps the run red.
 # Writes into OUTDIR: pytest logs and junit XML (one per shard), check.txt, bench.json (records with date, GPU,
 # commit), sanitizer logs. Copy bench.json into bench/results/ to back a claim in the README.
 set -uo pipefail
 usage="usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME] [--jobs N]"
 if [[ $# == 0 || ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; echo "$usage"; [[ $# == 0 ]] && exit 2; exit 0
+  awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; echo "$usage"; [[ $# == 0 ]] && exit 2; exit 0
 fi
 out=$1; shift
 if [[ $out == -* ]]; then echo "gpu_run.sh: OUTDIR first ($usage)" >&2; exit 2; fi
@@ -107,19 +109,32 @@ elif [[ $what == tests || $what == all ]]; then
     : > "$ids"
     alone=()
   fi
-  pids=()
+  pids=(); shard_xmls=()
   for ((i = 0; i < jobs; i++)); do
     shard=($(awk -v n="$jobs" -v i="$i" '(NR - 1) % n == i' "$ids"))
     [[ ${#shard[@]} == 0 ]] && continue
     python3 -m pytest -q -p no:cacheprovider "${shard[@]}" --junitxml="$out/gpu-tests-$i.xml" > "$out/gpu-tests-$i.log" 2>&1 &
-    pids+=($!)
+    pids+=($!); shard_xmls+=("$out/gpu-tests-$i.xml")
   done
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  shards_red=0
+  for pid in "${pids[@]}"; do wait "$pid" || shards_red=1; done
+  oom_ids=()
+  if [[ $shards_red == 1 ]]; then
+    # a test that ran the shared GPU out of memory is run again alone below; any other failure stays red
+    python3 scripts/junit_oom.py "$out/gpu-tests-oom-ids.txt" "${shard_xmls[@]}" || status=1
+    oom_ids=($(cat "$out/gpu-tests-oom-ids.txt" 2>/dev/null))
+    [[ $status == 0 && ${#oom_ids[@]} == 0 ]] && status=1
+  fi
   if [[ ${#alone[@]} != 0 ]]; then
     python3 -m pytest -q -p no:cacheprovider "${alone[@]}" --junitxml="$out/gpu-tests-alone.xml" \
       > "$out/gpu-tests-alone.log" 2>&1 || status=1
   fi
-  for name in $(seq 0 $((jobs - 1))) alone; do
+  if [[ ${#oom_ids[@]} != 0 ]]; then
+    echo "${#oom_ids[@]} tests failed with torch.OutOfMemoryError beside the other shards: run again in one process"
+    python3 -m pytest -q -p no:cacheprovider "${oom_ids[@]}" --junitxml="$out/gpu-tests-oom-rerun.xml" \
+      > "$out/gpu-tests-oom-rerun.log" 2>&1 || status=1
+  fi
+  for name in $(seq 0 $((jobs - 1))) alone oom-rerun; do
     [[ -f $out/gpu-tests-$name.log ]] || continue
     echo "== shard $name: $(tail -n 1 "$out/gpu-tests-$name.log")"; grep -h "^FAILED\|^ERROR" "$out/gpu-tests-$name.log"
   done | tee "$out/gpu-tests.log"

@@ -295,3 +295,51 @@ def test_info_reports_cache_usage_and_prune_cache(tmp_path):
     assert not old.parent.exists()
     r = _run("tune", "--kernel", "bogus", "--shape", "M=1", "--list")
     assert r.returncode == 2 and "unknown kernel 'bogus'" in r.stderr
+
+
+def test_junit_oom_picks_out_the_out_of_memory_failures(tmp_path):
+    """scripts/junit_oom.py (gpu_run.sh --jobs N runs these tests again alone): node ids of the tests whose
+    failure or error is ``torch.OutOfMemoryError`` (plain and class tests, parametrized ids kept), exit 0 when
+    nothing else failed; exit 1 for any other failure or a shard with no junit XML (a crashed shard)."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "tests" / "gpu").mkdir(parents=True)
+    (tmp_path / "tests" / "gpu" / "test_a.py").write_text("")
+    oom = 'message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.31 GiB."'
+    xml = lambda cases: f'<testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>'
+    (tmp_path / "s0.xml").write_text(xml(
+        f'<testcase classname="tests.gpu.test_a" name="test_x[default-wait]"><failure {oom}>t</failure></testcase>'
+        f'<testcase classname="tests.gpu.test_a.TestK" name="test_y"><error {oom}>t</error></testcase>'
+        '<testcase classname="tests.gpu.test_a" name="test_ok"/>'
+        '<testcase classname="tests.gpu.test_a" name="test_skip"><skipped message="no"/></testcase>'))
+    (tmp_path / "s1.xml").write_text(xml(
+        '<testcase classname="tests.gpu.test_a" name="test_z"><failure message="AssertionError: 3 != 4">t'
+        '</failure></testcase>'))
+
+    def run(*xmls):
+        ids = tmp_path / "ids.txt"
+        r = subprocess.run([sys.executable, str(root / "scripts" / "junit_oom.py"), str(ids), *xmls],
+                           capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ), timeout=60)
+        return r, ids.read_text().split() if ids.exists() else None
+
+    r, ids = run("s0.xml")
+    assert r.returncode == 0, r.stderr
+    assert ids == ["tests/gpu/test_a.py::test_x[default-wait]", "tests/gpu/test_a.py::TestK::test_y"]
+    r, ids = run("s0.xml", "s1.xml")
+    assert r.returncode == 1 and "test_z: AssertionError" in r.stderr and len(ids) == 2
+    r, ids = run("s0.xml", "s9.xml")
+    assert r.returncode == 1 and "s9.xml: no readable junit XML" in r.stderr and len(ids) == 2
+
+
+def test_gpu_run_script_help_is_the_whole_header():
+    """``gpu_run.sh --help`` prints the header comment to its last line (it once stopped a line short), then
+    the usage line."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_run.sh"
+    r = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
+    header = [ln for ln in script.read_text().splitlines()[1:40] if ln.startswith("#")]
+    assert r.returncode == 0 and r.stdout.splitlines()[:-1] == [ln[2:] for ln in header[:len(r.stdout.splitlines()) - 1]]
+    assert "sanitizer logs. Copy bench.json" in r.stdout and r.stdout.rstrip().endswith("[--jobs N]")
