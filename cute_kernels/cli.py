@@ -23,6 +23,7 @@ import sys
 import time
 import traceback
 import warnings
+import warnings
 
 from . import registry
 
@@ -64,14 +65,21 @@ def _first_line(exc: BaseException) -> str:
 def cmd_compile(args) -> int:
     from tqdm import tqdm
 
-    from .runtime.cache import compile_record, disk_cache_enabled, disk_cache_problem, nvdisasm_available
+    from .runtime.cache import (cache_dir, compile_record, disk_cache_enabled, disk_cache_problem, entry_on_disk,
+                                nvdisasm_available)
 
     names = _select(args.kernel)
     problem = disk_cache_problem() if disk_cache_enabled() else None
-    if problem:  # compile's job is to fill the disk cache: an unusable one is an error, not a warning
+    if problem and not cache_dir().is_dir():  # compile's job is to fill the disk cache: one that cannot even
+        # exist is an error, not a warning
         print(f"compile: the compile cache folder {problem}; set CUTE_KERNELS_CACHE_DIR to a writable folder "
               "(or CUTE_KERNELS_CACHE=0 to compile without it)", file=sys.stderr)
         return 1
+    read_only = problem is not None  # a folder that exists but cannot be written (a shared, pre-filled cache):
+    if read_only:  # check that it holds every entry, compiling nothing
+        print(f"compile: the compile cache folder {problem}; checking that it already holds every config "
+              "(nothing is compiled or written)", file=sys.stderr)
+    missing = 0  # read-only: configs not in the cache
     unlisted = 0  # modules that could not list their configs
     failures = 0  # configs that did not compile
     targets = []
@@ -84,11 +92,22 @@ def cmd_compile(args) -> int:
     lines = []
     # (disable=None: no bar where stderr is not a terminal, e.g. a log file, which would get one long line of \r)
     for t in tqdm(targets, desc="compiling", unit="cfg", file=sys.stderr, disable=True if args.quiet else None):
+        if read_only and not entry_on_disk(t.kernel, t.key):
+            missing += 1
+            lines.append(f"MISS {t.kernel:<11} {t.label:<48} not in the read-only cache")
+            continue
         try:
             t0 = time.perf_counter()
-            t.build()
+            with warnings.catch_warnings():  # (read-only: the cache's "caching in memory only" is said above)
+                if read_only:
+                    warnings.filterwarnings("ignore", "cute_kernels: compile cache folder", RuntimeWarning)
+                t.build()
             wall = time.perf_counter() - t0
             rec = compile_record(t.kernel, t.key)
+            if read_only and rec.compile_s is not None:  # (its entry did not load: compiled here, in memory)
+                missing += 1
+                lines.append(f"MISS {t.kernel:<11} {t.label:<48} its entry in the read-only cache did not load")
+                continue
             lines.append(f"ok   {t.kernel:<11} {t.label:<48} {wall:6.2f}s  {rec.summary()}")
         except Exception as exc:
             failures += 1
@@ -99,11 +118,13 @@ def cmd_compile(args) -> int:
         print(line)
     broken = f"; {unlisted} module{'s' if unlisted > 1 else ''} could not list {'their' if unlisted > 1 else 'its'} configs" \
         if unlisted else ""
-    print(f"{len(targets) - failures}/{len(targets)} configs compiled for {os.environ['CUTE_DSL_ARCH']}{broken}")
+    done = "found in the read-only cache" if read_only else "compiled"
+    print(f"{len(targets) - failures - missing}/{len(targets)} configs {done} for {os.environ['CUTE_DSL_ARCH']}"
+          f"{broken}")
     if not nvdisasm_available():
         print("note: no nvdisasm, so no SASS (PTX features only): pip install nvidia-cuda-nvdisasm (in the [test] "
               "extra); the SASS is then disassembled from each entry's kept cubin when first read", file=sys.stderr)
-    return 1 if failures or unlisted else 0
+    return 1 if failures or unlisted or missing else 0
 
 
 def cmd_check(args) -> int:

@@ -343,3 +343,48 @@ def test_gpu_run_script_help_is_the_whole_header():
     header = [ln for ln in script.read_text().splitlines()[1:40] if ln.startswith("#")]
     assert r.returncode == 0 and r.stdout.splitlines()[:-1] == [ln[2:] for ln in header[:len(r.stdout.splitlines()) - 1]]
     assert "sanitizer logs. Copy bench.json" in r.stdout and r.stdout.rstrip().endswith("[--jobs N]")
+
+
+def test_compile_checks_a_read_only_pre_filled_cache(monkeypatch, tmp_path, capsys):
+    """A cache folder that exists but cannot be written (a shared cache filled beforehand) is checked, not an
+    error: every config found there is exit 0 (was exit 1 before anything was looked at, session 61); a config
+    missing from it is a MISS line and exit 1, and nothing is compiled; the cache's own "caching in memory
+    only" warning is not repeated per config."""
+    import warnings
+
+    from cute_kernels import cli
+    from cute_kernels.runtime import cache
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()  # (an earlier test's compile would be served from memory: nothing written here)
+    assert cli.main(["compile", "--kernel", "scale", "--quiet"]) == 0
+    capsys.readouterr()
+
+    class ReadOnlyLock:  # as the entry lock fails in a folder this user cannot write
+        def __init__(self, *a, **k):
+            pass
+
+        def acquire(self):
+            raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cache, "FileLock", ReadOnlyLock)
+    monkeypatch.setattr(cache, "disk_cache_problem", lambda probe=True: f"{tmp_path} is not writable (test)")
+    cache.clear_memory_cache()
+    cache._warn_no_disk_cache.cache_clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert cli.main(["compile", "--kernel", "scale", "--quiet"]) == 0
+    out = capsys.readouterr()
+    assert "3/3 configs found in the read-only cache for sm_90a" in out.out and "load" in out.out, out
+    assert "checking that it already holds every config" in out.err
+    assert not [w for w in seen if "compile cache folder" in str(w.message)]
+
+    victim = next(tmp_path.glob("*/scale/*.o"))
+    victim.unlink()
+    cache.clear_memory_cache()
+    compiled = []
+    monkeypatch.setattr(cache, "_compile", lambda *a: compiled.append(a) or (_ for _ in ()).throw(AssertionError))
+    assert cli.main(["compile", "--kernel", "scale", "--quiet"]) == 1
+    out = capsys.readouterr()
+    assert out.out.count("MISS scale") == 1 and "not in the read-only cache" in out.out
+    assert "2/3 configs found in the read-only cache" in out.out and not compiled

@@ -274,6 +274,21 @@ def _nonempty(path: Path) -> bool:
         return False
 
 
+def _entry_complete(base: Path) -> bool:
+    """Whether the entry ``base`` has every part a load needs (object, record, and SASS or cubin where nvdisasm
+    is there to need them)."""
+    return (_nonempty(obj_path(base)) and base.with_suffix(".json").exists()
+            and (_nonempty(base.with_suffix(".sass")) or _nonempty(base.with_suffix(".cubin"))
+                 or not nvdisasm_available()))
+
+
+def entry_on_disk(kernel: str, key: Hashable) -> bool:
+    """Whether the disk cache holds a complete entry for ``(kernel, key)`` on the current target arch, sources
+    and DSL settings (what ``cute-kernels compile`` checks in a cache it cannot write); nothing is compiled."""
+    arch = target_arch()
+    return _entry_complete(cache_dir() / source_fingerprint() / kernel / _key_sha(kernel, key, arch))
+
+
 def _load_entry(base: Path):
     """``(function, record)`` of a complete disk entry, or None: missing parts, or a load that fails (a
     truncated or stale object is a miss, not an error: the object is removed where it can be, and recompiled).
@@ -281,9 +296,7 @@ def _load_entry(base: Path):
     import cutlass.cute as cute
 
     obj = obj_path(base)
-    if not (_nonempty(obj) and base.with_suffix(".json").exists()
-            and (_nonempty(base.with_suffix(".sass")) or _nonempty(base.with_suffix(".cubin"))
-                 or not nvdisasm_available())):
+    if not _entry_complete(base):
         return None
     try:
         t0 = time.perf_counter()
