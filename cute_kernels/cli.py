@@ -90,11 +90,13 @@ def cmd_compile(args) -> int:
             unlisted += 1
             print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
     lines = []
+    kw = max((len(t.kernel) for t in targets), default=0)  # the table's columns: the longest kernel and label
+    lw = max((len(t.label) for t in targets), default=0)
     # (disable=None: no bar where stderr is not a terminal, e.g. a log file, which would get one long line of \r)
     for t in tqdm(targets, desc="compiling", unit="cfg", file=sys.stderr, disable=True if args.quiet else None):
         if read_only and not entry_on_disk(t.kernel, t.key):
             missing += 1
-            lines.append(f"MISS {t.kernel:<11} {t.label:<48} not in the read-only cache")
+            lines.append(f"MISS {t.kernel:<{kw}} {t.label:<{lw}} not in the read-only cache")
             continue
         try:
             t0 = time.perf_counter()
@@ -106,12 +108,12 @@ def cmd_compile(args) -> int:
             rec = compile_record(t.kernel, t.key)
             if read_only and rec.compile_s is not None:  # (its entry did not load: compiled here, in memory)
                 missing += 1
-                lines.append(f"MISS {t.kernel:<11} {t.label:<48} its entry in the read-only cache did not load")
+                lines.append(f"MISS {t.kernel:<{kw}} {t.label:<{lw}} its entry in the read-only cache did not load")
                 continue
-            lines.append(f"ok   {t.kernel:<11} {t.label:<48} {wall:6.2f}s  {rec.summary()}")
+            lines.append(f"ok   {t.kernel:<{kw}} {t.label:<{lw}} {wall:6.2f}s  {rec.summary()}")
         except Exception as exc:
             failures += 1
-            lines.append(f"FAIL {t.kernel:<11} {t.label:<48} {type(exc).__name__}: {_first_line(exc)}")
+            lines.append(f"FAIL {t.kernel:<{kw}} {t.label:<{lw}} {type(exc).__name__}: {_first_line(exc)}")
             if args.verbose:
                 traceback.print_exc()
     for line in lines:

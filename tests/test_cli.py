@@ -388,3 +388,29 @@ def test_compile_checks_a_read_only_pre_filled_cache(monkeypatch, tmp_path, caps
     out = capsys.readouterr()
     assert out.out.count("MISS scale") == 1 and "not in the read-only cache" in out.out
     assert "2/3 configs found in the read-only cache" in out.out and not compiled
+
+
+def test_compile_table_columns_fit_the_longest_names(monkeypatch, tmp_path, capsys):
+    """The compile table's kernel and label columns are as wide as the longest of this run, so every row's
+    status text starts in one column (fixed widths of 11 and 48 shifted the rows of ranker_bwd_postprocess and
+    of hc_mix_tma's long labels)."""
+    import types
+
+    from cute_kernels import cli, registry
+    from cute_kernels.registry import CompileTarget
+
+    def fail():
+        raise RuntimeError("no such config")
+
+    fake = types.SimpleNamespace(compile_targets=lambda: [
+        CompileTarget("a_rather_long_kernel_name", "a label longer than forty-eight characters, for the test", 1,
+                      build=fail)])
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(registry, "KERNELS", {"scale": registry.KERNELS["scale"], "fake": "fake"})
+    real_module = registry.module
+    monkeypatch.setattr(registry, "module", lambda name: fake if name == "fake" else real_module(name))
+    assert cli.main(["compile", "--quiet"]) == 1
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(("ok ", "FAIL "))]
+    assert len(rows) == 4
+    starts = {ln.index("  0.") if ln.startswith("ok") else ln.index("RuntimeError") for ln in rows}
+    assert len(starts) == 1, rows

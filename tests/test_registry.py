@@ -40,3 +40,10 @@ def test_compile_target_labels_are_distinct():
     """One label per compile target (session 61: six pre/postprocess labels stood for two keys each)."""
     labels = [(t.kernel, t.label) for t in TARGETS]
     assert len(set(labels)) == len(labels) == len({(t.kernel, t.key) for t in TARGETS})
+
+
+def test_compile_target_labels_are_short():
+    """Labels say where a config applies, in a line of the ``cute-kernels compile`` table (session 61: hc_mix_tma's
+    were the whole config, ~200 characters; the configs themselves are in ``cute-kernels configs``)."""
+    long = [(t.kernel, t.label) for t in TARGETS if len(t.label) > 80]
+    assert not long, long

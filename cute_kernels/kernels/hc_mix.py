@@ -42,11 +42,13 @@ def compile_targets() -> list[CompileTarget]:
     configs, so ``cute-kernels compile --kernel hc_mix`` prebuilds both methods."""
     from . import hc_mix_tma
 
-    tma = {hc_mix_tma.config_for(m) for m in hc_mix_tma.LEVEL_EXAMPLE_M}
-    return ([CompileTarget(hc_mix_tma.NAME, f"method=tma tile_m={c.tile_m} {c}", c,
-                           build=lambda c=c: hc_mix_tma._compile(c)) for c in sorted(tma, key=str)]
-            + [CompileTarget(NAME, f"method=walk tile_m={c.tile_m} {c}", c, build=lambda c=c: walk._compile(c))
-               for c in walk.SHIPPED])
+    tma = {}  # config -> an M that picks it (the full configs: ``cute-kernels configs --kernel hc_mix``)
+    for m in hc_mix_tma.LEVEL_EXAMPLE_M:
+        tma.setdefault(hc_mix_tma.config_for(m), m)
+    return ([CompileTarget(hc_mix_tma.NAME, f"method=tma cta_level={c.cta_level} (M={m})", c,
+                           build=lambda c=c: hc_mix_tma._compile(c)) for c, m in tma.items()]
+            + [CompileTarget(NAME, f"method=walk tile_m={c.tile_m} warps_m={c.warps_m} stages={c.stages}", c,
+                             build=lambda c=c: walk._compile(c)) for c in walk.SHIPPED])
 
 
 def shipped_configs() -> dict:
