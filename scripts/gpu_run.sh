@@ -14,7 +14,8 @@
 # with timeouts that other processes time-slicing the GPU can exceed (session 30: a 1000-launch stress timed
 # out at launch 693 in a shard), so they run after the shards, in one process of their own. Tests that failed
 # with torch.OutOfMemoryError beside the other shards (session 62: 12 shards on an 80 GB H100) run once more,
-# alone, after them (scripts/junit_oom.py); any other failure keeps the run red.
+# alone, after them; any other failure keeps the run red; every shard draws the same random inputs
+# (one CUTE_KERNELS_SEED); scripts/pytest_shards.py runs all that and writes gpu-tests.log, the summary.
 # Writes into OUTDIR: pytest logs and junit XML (one per shard), check.txt, bench.json (records with date, GPU,
 # commit), sanitizer logs. Copy bench.json into bench/results/ to back a claim in the README.
 set -uo pipefail
@@ -76,7 +77,7 @@ if [[ -n $kernel ]]; then
          "hc_mix, qknorm, qknorm_tp)" >&2; exit 2
   fi
 fi
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: the rest runs from the repository root
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 export CUTE_DSL_ARCH=${CUTE_DSL_ARCH:-sm_90a}
 export PYTHONUNBUFFERED=1
@@ -95,50 +96,9 @@ if [[ ($what == tests || $what == all) && $jobs == 1 ]]; then
   python3 -m pytest -q -p no:cacheprovider "${tests[@]}" --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | tail -40
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 elif [[ $what == tests || $what == all ]]; then
-  # collect once (a collection error or no test at all fails the run, as in one process), then shard
-  ids=$(mktemp)
-  python3 -m pytest -q -p no:cacheprovider --collect-only "${tests[@]}" > "$out/gpu-tests-collect.log" 2>&1
-  collect_rc=$?
-  grep "::" "$out/gpu-tests-collect.log" | grep -v "test_qknorm_tp_gpu\.py::" > "$ids"
-  alone=($(grep "test_qknorm_tp_gpu\.py::" "$out/gpu-tests-collect.log"))  # timing-sensitive: after the shards
-  echo "$(wc -l < "$ids") GPU tests in $jobs shards, then ${#alone[@]} on their own"
-  if [[ $collect_rc != 0 || ( ! -s $ids && ${#alone[@]} == 0 ) ]]; then
-    echo "gpu_run.sh: collecting the GPU tests failed (pytest exit $collect_rc) or found none:" >&2
-    tail -n 20 "$out/gpu-tests-collect.log" >&2
-    status=1
-    : > "$ids"
-    alone=()
-  fi
-  pids=(); shard_xmls=()
-  for ((i = 0; i < jobs; i++)); do
-    shard=($(awk -v n="$jobs" -v i="$i" '(NR - 1) % n == i' "$ids"))
-    [[ ${#shard[@]} == 0 ]] && continue
-    python3 -m pytest -q -p no:cacheprovider "${shard[@]}" --junitxml="$out/gpu-tests-$i.xml" > "$out/gpu-tests-$i.log" 2>&1 &
-    pids+=($!); shard_xmls+=("$out/gpu-tests-$i.xml")
-  done
-  shards_red=0
-  for pid in "${pids[@]}"; do wait "$pid" || shards_red=1; done
-  oom_ids=()
-  if [[ $shards_red == 1 ]]; then
-    # a test that ran the shared GPU out of memory is run again alone below; any other failure stays red
-    python3 scripts/junit_oom.py "$out/gpu-tests-oom-ids.txt" "${shard_xmls[@]}" || status=1
-    oom_ids=($(cat "$out/gpu-tests-oom-ids.txt" 2>/dev/null))
-    [[ $status == 0 && ${#oom_ids[@]} == 0 ]] && status=1
-  fi
-  if [[ ${#alone[@]} != 0 ]]; then
-    python3 -m pytest -q -p no:cacheprovider "${alone[@]}" --junitxml="$out/gpu-tests-alone.xml" \
-      > "$out/gpu-tests-alone.log" 2>&1 || status=1
-  fi
-  if [[ ${#oom_ids[@]} != 0 ]]; then
-    echo "${#oom_ids[@]} tests failed with torch.OutOfMemoryError beside the other shards: run again in one process"
-    python3 -m pytest -q -p no:cacheprovider "${oom_ids[@]}" --junitxml="$out/gpu-tests-oom-rerun.xml" \
-      > "$out/gpu-tests-oom-rerun.log" 2>&1 || status=1
-  fi
-  for name in $(seq 0 $((jobs - 1))) alone oom-rerun; do
-    [[ -f $out/gpu-tests-$name.log ]] || continue
-    echo "== shard $name: $(tail -n 1 "$out/gpu-tests-$name.log")"; grep -h "^FAILED\|^ERROR" "$out/gpu-tests-$name.log"
-  done | tee "$out/gpu-tests.log"
-  rm -f "$ids"
+  # the shards, then test_qknorm_tp_gpu.py alone (timing-sensitive), then any test out of GPU memory beside the
+  # other shards again alone; one seed for all; gpu-tests.log sums up
+  python3 scripts/pytest_shards.py "$out" --jobs "$jobs" --alone "test_qknorm_tp_gpu.py::" "${tests[@]}" || status=1
 fi
 if [[ $what == check || $what == all ]]; then
   python3 -m cute_kernels check "${kernel_args[@]}" --quiet 2>&1 | tee "$out/check.txt" | tail -60

@@ -1,0 +1,222 @@
+"""The GPU tests in N pytest processes at once on one GPU (``gpu_run.sh OUTDIR tests --jobs N``).
+
+    python3 scripts/pytest_shards.py OUTDIR --jobs N [--alone TEXT ...] TESTS...
+
+Collects TESTS once, deals the tests round-robin into N shards run at the same time (most of a cold run is
+compiling kernels on the CPU), then runs in one process of its own every test whose node id contains an
+``--alone`` TEXT (timing-sensitive tests), and once more, alone, every test that failed only with
+``torch.OutOfMemoryError`` beside the other shards (the float64 references of the big cases: session 62 ran
+12 shards on an 80 GB H100 and three of them ran out of memory; all passed alone). Any other failure keeps
+the run red: a test that failed another way, a shard that exited 2-5 or was killed, a shard that ran no test
+or never reached its end, a collection error or no test collected.
+
+Every shard runs the same random inputs: one ``CUTE_KERNELS_SEED`` (the environment's, else one drawn here)
+for all of them and the reruns. The processes run in the current folder, which must be pytest's rootdir
+(gpu_run.sh runs it from the repository root).
+
+Writes into OUTDIR (made if missing; this script's earlier files there are removed first):
+``gpu-tests-collect.log``, per shard ``gpu-tests-I.log`` / ``.xml`` (junit) / ``.jsonl`` (this script's
+record: failures, whether each was out of memory, the shard's end), the same for ``alone`` and ``oom-rerun``,
+and ``gpu-tests.log``: one summary line per shard and its FAILED / ERROR lines, the out-of-memory ones marked
+as run again. Exit 0 when green, 1 when red, 2 for bad arguments.
+
+Also a pytest plugin (``-p pytest_shards`` with this folder on ``sys.path``): with ``PYTEST_SHARDS_REPORT``
+set it appends JSON lines there: ``{"collected": [ids]}``, ``{"failed": id, "when": phase, "oom": bool}``
+per failure and ``{"finished": exit status, "ran": n}`` at the end.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPORT_ENV = "PYTEST_SHARDS_REPORT"
+PREFIX = "gpu-tests"
+
+
+# ---- the plugin, inside each pytest process ---------------------------------------------------------------
+
+def _record(**fields) -> None:
+    path = os.environ.get(REPORT_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """True for ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``) and its subclasses, also when it
+    is the cause or context of the exception raised."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(c.__name__ == "OutOfMemoryError" and c.__module__.split(".")[0] == "torch"
+               for c in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def pytest_collection_finish(session):
+    _record(collected=[item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # a hook wrapper: pytest's own report says whether the phase failed (xfail, skips and strict xpass
+    # decided), the phase's exception whether it was out of memory
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        exc = call.excinfo.value if call.excinfo is not None else None
+        _record(failed=item.nodeid, when=call.when, oom=is_out_of_memory(exc))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _record(finished=int(exitstatus), ran=session.testscollected)
+
+
+# ---- the runner ---------------------------------------------------------------------------------------------
+
+def read_report(path: Path) -> dict:
+    """A shard's record: collected ids, failures (id -> out of memory), finished exit status or None."""
+    rep = {"collected": [], "failures": {}, "finished": None, "ran": 0}
+    if not path.is_file():
+        return rep
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if "collected" in r:
+            rep["collected"] = r["collected"]
+        elif "failed" in r:
+            # a test whose call and teardown both fail is out of memory only if both were
+            rep["failures"][r["failed"]] = rep["failures"].get(r["failed"], True) and bool(r["oom"])
+        elif "finished" in r:
+            rep["finished"], rep["ran"] = r["finished"], r.get("ran", 0)
+    return rep
+
+
+def _pytest(out: Path, name: str, args: list[str], env: dict) -> subprocess.Popen:
+    env = dict(env, **{REPORT_ENV: str(out / f"{PREFIX}-{name}.jsonl")})
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-p", "pytest_shards",
+           f"--rootdir={os.getcwd()}", *args]
+    if name != "collect":
+        cmd.append(f"--junitxml={out / f'{PREFIX}-{name}.xml'}")
+    log = open(out / f"{PREFIX}-{name}.log", "w")
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    finally:
+        log.close()
+
+
+def _exit_reason(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return {2: "exit 2 (interrupted or usage error)", 3: "exit 3 (pytest internal error)",
+            4: "exit 4 (pytest usage error)", 5: "exit 5 (no test ran)"}.get(rc, f"exit {rc}")
+
+
+def judge(name: str, rc: int, rep: dict) -> tuple[list[str], list[str]]:
+    """(out-of-memory node ids to run again alone, reasons this process makes the run red)."""
+    if rep["finished"] is None:
+        return [], [f"shard {name}: {_exit_reason(rc)} before the end of its session (crashed or killed)"]
+    if rc == 0:
+        return [], [] if rep["ran"] else [f"shard {name}: ran no test"]
+    if rc != 1:
+        return [], [f"shard {name}: {_exit_reason(rc)}"]
+    oom = [nid for nid, is_oom in rep["failures"].items() if is_oom]
+    other = [f"shard {name}: {nid} failed" for nid, is_oom in rep["failures"].items() if not is_oom]
+    if not rep["failures"]:
+        other.append(f"shard {name}: exit 1 with no failure recorded")
+    return oom, other
+
+
+def summary_lines(out: Path, name: str, oom: set[str]) -> list[str]:
+    log = out / f"{PREFIX}-{name}.log"
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    last = next((ln for ln in reversed(lines) if ln.strip()), "(empty log)")
+    result = [f"== shard {name}: {last}"]
+    for ln in lines:
+        if ln.startswith(("FAILED ", "ERROR ")):
+            nid = ln.split(" ", 1)[1].split(" - ", 1)[0]
+            result.append(ln + ("  [out of memory beside the other shards: run again alone]" if nid in oom else ""))
+    return result
+
+
+def run(out: Path, jobs: int, alone_texts: list[str], tests: list[str]) -> int:
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(f"{PREFIX}-*"):
+        if stale.is_file():
+            stale.unlink()
+    (out / f"{PREFIX}.log").unlink(missing_ok=True)
+    env = dict(os.environ)
+    if not env.get("CUTE_KERNELS_SEED"):
+        env["CUTE_KERNELS_SEED"] = str(int.from_bytes(os.urandom(4), "little"))
+    here = str(Path(__file__).resolve().parent)
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+
+    red = []
+    collect = _pytest(out, "collect", ["--collect-only", *tests], env)
+    rc = collect.wait()
+    ids = read_report(out / f"{PREFIX}-collect.jsonl")["collected"]
+    if rc != 0 or not ids:
+        red.append(f"collecting {' '.join(tests)} failed ({_exit_reason(rc)}) or found no test; see "
+                   f"{PREFIX}-collect.log")
+        ids = []
+    alone = [i for i in ids if any(t in i for t in alone_texts)]
+    sharded = [i for i in ids if i not in set(alone)]
+    print(f"{len(sharded)} tests in {min(jobs, len(sharded))} shards, then {len(alone)} on their own; "
+          f"seed {env['CUTE_KERNELS_SEED']} for all (CUTE_KERNELS_SEED replays it)", flush=True)
+
+    names = [str(i) for i in range(jobs) if sharded[i::jobs]]
+    procs = {n: _pytest(out, n, sharded[int(n)::jobs], env) for n in names}
+    oom = []
+    for n, p in procs.items():
+        o, r = judge(n, p.wait(), read_report(out / f"{PREFIX}-{n}.jsonl"))
+        oom += o
+        red += r
+    if oom:
+        print(f"{len(oom)} tests failed with torch.OutOfMemoryError beside the other shards: run again alone",
+              flush=True)
+    for name, group in (("alone", alone), ("oom-rerun", oom)):
+        if group:
+            rc = _pytest(out, name, group, env).wait()
+            rep = read_report(out / f"{PREFIX}-{name}.jsonl")
+            o, r = judge(name, rc, rep)
+            red += r + [f"shard {name}: {nid} ran out of memory alone too" for nid in o]
+            names.append(name)
+
+    lines = [ln for n in names for ln in summary_lines(out, n, set(oom) if n.isdigit() else set())]
+    lines += [f"red: {r}" for r in red] or ["green: every test passed or skipped"
+                                            + (f" ({len(oom)} after running again alone)" if oom else "")]
+    text = "\n".join(lines) + "\n"
+    (out / f"{PREFIX}.log").write_text(text)
+    print(text, end="")
+    return 1 if red else 0
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="pytest_shards.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("outdir", type=Path)
+    ap.add_argument("--jobs", type=int, required=True, help="pytest processes at once (1-999)")
+    ap.add_argument("--alone", action="append", default=[], metavar="TEXT",
+                    help="tests whose node id contains TEXT run after the shards, in one process")
+    ap.add_argument("tests", nargs="+")
+    args = ap.parse_args(argv)
+    if not 1 <= args.jobs <= 999:
+        ap.error(f"--jobs takes 1 to 999 processes, got {args.jobs}")
+    return run(args.outdir, args.jobs, args.alone, args.tests)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
