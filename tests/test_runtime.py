@@ -305,9 +305,9 @@ def test_register_ops_registers_every_op():
     assert out.count("'") == 12, out  # all six names
 
 
-def _python(code, tmp_path):
+def _python(code, tmp_path, **env_extra):
     env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
-    env.update(CUTE_KERNELS_CACHE_DIR=str(tmp_path), PYTHONWARNINGS="error::RuntimeWarning")
+    env.update(CUTE_KERNELS_CACHE_DIR=str(tmp_path), PYTHONWARNINGS="error::RuntimeWarning", **env_extra)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -322,6 +322,21 @@ def test_cutlass_imported_first_still_compiles_for_sm90a(tmp_path):
     r = _python(code, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[-2:] == ["sm_90a", "True"], r.stdout
+
+
+def test_dsl_dry_run_is_a_clear_error(tmp_path):
+    """``CUTE_DSL_DRYRUN=1`` makes the DSL trace without compiling: a compile says so, not an AttributeError
+    on the None the DSL returns, and nothing is cached."""
+    code = ("from cute_kernels.kernels import scale\n"
+            "from cute_kernels.runtime import cache\n"
+            "t = scale.compile_targets()[0]\n"
+            "try:\n    t.build()\n"
+            "except RuntimeError as e:\n    print('ERR', e)\n"
+            "print(cache.entry_on_disk(t.kernel, t.key))\n")
+    r = _python(code, tmp_path, CUTE_DSL_DRYRUN="1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ERR the CuTe DSL returned no compiled kernel (CUTE_DSL_DRYRUN=1" in r.stdout, r.stdout
+    assert r.stdout.split()[-1] == "False", r.stdout
 
 
 def test_dsl_settled_on_another_arch_refuses_to_compile(tmp_path):

@@ -151,7 +151,12 @@ def _compile(build: Callable[[], tuple], keep_dir: str):
     fn, args = build()
     # (no --keep-sass: the SASS comes from the kept cubin when first read, CompileRecord.sass)
     opts = f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir {keep_dir}"
-    return cute.compile(fn, *args, options=opts)
+    compiled = cute.compile(fn, *args, options=opts)
+    if compiled is None:  # the DSL only traced (CUTE_DSL_DRYRUN): nothing to launch or cache
+        dry = os.environ.get("CUTE_DSL_DRYRUN")
+        raise RuntimeError("the CuTe DSL returned no compiled kernel"
+                           + (f" (CUTE_DSL_DRYRUN={dry} makes it trace only: unset it to compile)" if dry else ""))
+    return compiled
 
 
 def nvdisasm_available() -> bool:
