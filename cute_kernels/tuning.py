@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .runtime.artifacts import plain_file_mode
 from .runtime.cache import cache_dir, source_fingerprint
 
 TUNED_FILE = "tuned.json"
@@ -314,6 +315,7 @@ def store(kernel: str, dtype, shape_key: str, config, gpu: str, **meta) -> Path:
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **meta)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TUNED_FILE + ".", suffix=".partial")
         try:
+            os.fchmod(fd, plain_file_mode())  # (mkstemp's 0o600 would hide the file from the cache's other users)
             with os.fdopen(fd, "w") as f:
                 json.dump({"version": FORMAT_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
             os.replace(tmp, path)

@@ -645,3 +645,63 @@ def test_empty_cubin_counts_as_missing(tmp_path, monkeypatch):
     t.build()
     rec = cache.compile_record(t.kernel, t.key)
     assert rec.compile_s is not None and rec.sass
+
+
+def test_cache_files_get_the_mode_of_a_plain_write(tmp_path, monkeypatch):
+    """Files renamed into the cache (an entry's .sass, tuned.json) have the mode a plain open(..., 'w') gives,
+    0o666 less the umask, so the other users of a shared cache can read them (they kept mkstemp's 0o600)."""
+    import stat
+
+    from cute_kernels import tuning
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    mask = os.umask(0)
+    os.umask(mask)
+    try:
+        artifacts._write_atomically(str(tmp_path / "x.sass"), "SASS")
+        tuned = tuning.store("scale", torch.float16, "N=8", {"x": 1}, "Fake GPU")
+    finally:
+        tuning.reload()
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "x.sass", tuned)}
+    assert modes == {"x.sass": 0o666 & ~mask, "tuned.json": 0o666 & ~mask}, oct(mask)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
+def test_an_unreadable_sass_counts_as_missing(tmp_path, monkeypatch):
+    """A .sass this user may not read (another user's, written 0o600) is missing: the entry loads and its SASS is
+    disassembled from the cubin (the load failed, the object was removed and the entry recompiled)."""
+    t, obj = _fresh_scale_entry(tmp_path, monkeypatch)
+    sass = cache.compile_record(t.kernel, t.key).sass
+    sass_file = obj.with_suffix(".sass")
+    assert sass and sass_file.exists()
+    sass_file.chmod(0)
+    cache.clear_memory_cache()
+    t.build()
+    rec = cache.compile_record(t.kernel, t.key)
+    assert rec.compile_s is None and rec.sass == sass and obj.exists()
+
+
+def test_entry_files_that_cannot_be_removed_keep_the_compile_in_memory(tmp_path, monkeypatch, capsys):
+    """An entry whose files this user may not remove (another user's, in a shared folder with the sticky bit:
+    unlink raises PermissionError) is left as it is: a stale object is recompiled and kept in memory, with the
+    cache's warning (the PermissionError reached the caller)."""
+    from pathlib import Path
+
+    t, obj = _fresh_scale_entry(tmp_path, monkeypatch)
+    assert cache.compile_record(t.kernel, t.key).sass  # (written to the entry's .sass)
+    obj.write_bytes(b"not an object file")
+    real_unlink = Path.unlink
+
+    def unlink(path, missing_ok=False):
+        if path.suffix in (".o", ".sass"):
+            raise PermissionError(1, "Operation not permitted", str(path))
+        return real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    cache.clear_memory_cache()
+    cache._warn_no_disk_cache.cache_clear()
+    with pytest.warns(RuntimeWarning, match="caching in memory only"):
+        assert callable(t.build())
+    assert cache.compile_record(t.kernel, t.key).compile_s is not None
+    assert obj.read_bytes() == b"not an object file" and obj.with_suffix(".sass").exists()
+    assert not list(tmp_path.rglob("*.partial"))

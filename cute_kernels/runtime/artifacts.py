@@ -172,12 +172,24 @@ def disassemble(cubin: bytes | str) -> str | None:
             return None
 
 
+@functools.lru_cache(maxsize=1)
+def plain_file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: ``0o666`` less the umask (read once per process:
+    ``os.umask`` is read by setting it).  ``tempfile.mkstemp`` creates its files ``0o600``, which a file renamed
+    into a shared cache must not keep (other users could not read it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it (a reader never sees half of it); a folder
-    that cannot be written is skipped silently (the text is kept in memory)."""
+    """Write ``text`` to ``path`` through a temporary file beside it (a reader never sees half of it), with the
+    mode of a plain write (:func:`plain_file_mode`); a folder that cannot be written is skipped silently (the
+    text is kept in memory)."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".partial")
+        os.fchmod(fd, plain_file_mode())
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

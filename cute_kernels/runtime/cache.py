@@ -200,10 +200,13 @@ def _read_record(base: Path, load_s: float) -> CompileRecord:
     rec._sass_file = str(base.with_suffix(".sass"))
     for suffix, attr in ((".ptx", "ptx"), (".sass", "sass")):
         f = base.with_suffix(suffix)
-        if _nonempty(f):  # (an empty file is missing: the SASS is disassembled again from the cubin)
-            setattr(rec, attr, f.read_text())
+        try:  # (an empty or unreadable file is missing: the SASS is disassembled again from the cubin)
+            if _nonempty(f):
+                setattr(rec, attr, f.read_text())
+        except OSError:  # (another user's file this one may not read)
+            pass
     cubin = base.with_suffix(".cubin")
-    if rec._sass is None and _nonempty(cubin):
+    if rec._sass is None and _readable(cubin):
         rec._cubin = str(cubin)  # (read when the SASS is)
     return rec
 
@@ -259,9 +262,17 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
             seconds = time.perf_counter() - t0
         rec = _record_from_compiled(kernel, sha, arch, compiled, seconds)
         partial = base.with_suffix(".o.partial")
-        compiled.export_to_c(str(partial), function_name=EXPORT_NAME)
-        _write_record(base, rec)
-        os.replace(partial, obj_path(base))  # atomic: readers never see half an object
+        try:
+            compiled.export_to_c(str(partial), function_name=EXPORT_NAME)
+            _write_record(base, rec)
+            os.replace(partial, obj_path(base))  # atomic: readers never see half an object
+        except OSError as exc:  # files of the entry this user may not replace or remove (another user's, in a
+            # shared folder with the sticky bit, ...): the compiled function is kept in memory only
+            _warn_no_disk_cache(str(folder), f"{type(exc).__name__}: {exc.strerror or exc}")
+            try:
+                partial.unlink(missing_ok=True)
+            except OSError:
+                pass
         return compiled, rec
     finally:
         lock.release()
@@ -279,11 +290,16 @@ def _nonempty(path: Path) -> bool:
         return False
 
 
+def _readable(path: Path) -> bool:
+    """A file that is not empty and that this process may read (another user's ``0o600`` file is missing)."""
+    return _nonempty(path) and os.access(path, os.R_OK)
+
+
 def _entry_complete(base: Path) -> bool:
-    """Whether the entry ``base`` has every part a load needs (object, record, and SASS or cubin where nvdisasm
-    is there to need them)."""
+    """Whether the entry ``base`` has every part a load needs (object, record, and readable SASS or cubin where
+    nvdisasm is there to need them)."""
     return (_nonempty(obj_path(base)) and base.with_suffix(".json").exists()
-            and (_nonempty(base.with_suffix(".sass")) or _nonempty(base.with_suffix(".cubin"))
+            and (_readable(base.with_suffix(".sass")) or _readable(base.with_suffix(".cubin"))
                  or not nvdisasm_available()))
 
 
