@@ -23,7 +23,6 @@ import sys
 import time
 import traceback
 import warnings
-import warnings
 
 from . import registry
 
