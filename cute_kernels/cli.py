@@ -64,8 +64,8 @@ def _first_line(exc: BaseException) -> str:
 def cmd_compile(args) -> int:
     from tqdm import tqdm
 
-    from .runtime.cache import (cache_dir, compile_record, disk_cache_enabled, disk_cache_problem, entry_on_disk,
-                                nvdisasm_available)
+    from .runtime.cache import (cache_dir, clear_memory_cache, compile_record, disk_cache_enabled, disk_cache_problem,
+                                entry_on_disk, load_from_disk, nvdisasm_available)
 
     names = _select(args.kernel)
     problem = disk_cache_problem() if disk_cache_enabled() else None
@@ -78,6 +78,7 @@ def cmd_compile(args) -> int:
     if read_only:  # check that it holds every entry, compiling nothing
         print(f"compile: the compile cache folder {problem}; checking that it already holds every config "
               "(nothing is compiled or written)", file=sys.stderr)
+    clear_memory_cache()  # (each config through the disk cache, even where this process compiled it already)
     missing = 0  # read-only: configs not in the cache
     unlisted = 0  # modules that could not list their configs
     failures = 0  # configs that did not compile
@@ -93,22 +94,25 @@ def cmd_compile(args) -> int:
     lw = max((len(t.label) for t in targets), default=0)
     # (disable=None: no bar where stderr is not a terminal, e.g. a log file, which would get one long line of \r)
     for t in tqdm(targets, desc="compiling", unit="cfg", file=sys.stderr, disable=True if args.quiet else None):
-        if read_only and not entry_on_disk(t.kernel, t.key):
-            missing += 1
-            lines.append(f"MISS {t.kernel:<{kw}} {t.label:<{lw}} not in the read-only cache")
-            continue
         try:
             t0 = time.perf_counter()
-            with warnings.catch_warnings():  # (read-only: the cache's "caching in memory only" is said above)
-                if read_only:
-                    warnings.filterwarnings("ignore", "cute_kernels: compile cache folder", RuntimeWarning)
+            if read_only:  # load only: t.build() would compile a missing or broken entry in memory
+                why = ("not in the read-only cache" if not entry_on_disk(t.kernel, t.key) else
+                       "its entry in the read-only cache did not load" if load_from_disk(t.kernel, t.key) is None
+                       else None)
+                if why:
+                    missing += 1
+                    lines.append(f"MISS {t.kernel:<{kw}} {t.label:<{lw}} {why}")
+                    continue
+            else:
                 t.build()
+                if disk_cache_enabled() and not entry_on_disk(t.kernel, t.key):  # (compiled in memory only)
+                    failures += 1
+                    lines.append(f"FAIL {t.kernel:<{kw}} {t.label:<{lw}} compiled, but its entry was not written "
+                                 f"to the cache (a folder of {cache_dir()} that cannot be written?)")
+                    continue
             wall = time.perf_counter() - t0
             rec = compile_record(t.kernel, t.key)
-            if read_only and rec.compile_s is not None:  # (its entry did not load: compiled here, in memory)
-                missing += 1
-                lines.append(f"MISS {t.kernel:<{kw}} {t.label:<{lw}} its entry in the read-only cache did not load")
-                continue
             lines.append(f"ok   {t.kernel:<{kw}} {t.label:<{lw}} {wall:6.2f}s  {rec.summary()}")
         except Exception as exc:
             failures += 1

@@ -504,3 +504,78 @@ def test_compile_table_columns_fit_the_longest_names(monkeypatch, tmp_path, caps
 
     for ln in rows:
         assert ln[col - 1] == " " and re.match(r" *\d+\.\d\ds  |RuntimeError: ", ln[col:]), (col, rows)
+
+
+def _scale_targets_that_record_builds(monkeypatch, built):
+    """scale as the only registered kernel, its targets' build() recording their label in ``built``."""
+    import dataclasses
+    import types
+
+    from cute_kernels import registry
+
+    real = registry.module("scale")
+    targets = [dataclasses.replace(t, build=lambda t=t: built.append(t.label) or t.build())
+               for t in real.compile_targets()]
+    monkeypatch.setattr(registry, "KERNELS", {"scale": registry.KERNELS["scale"]})
+    monkeypatch.setattr(registry, "module", lambda name: types.SimpleNamespace(compile_targets=lambda: targets))
+
+
+def test_compile_into_a_read_only_cache_builds_nothing(monkeypatch, tmp_path, capsys):
+    """In a cache it cannot write, compile only loads the entries there: no target's build() runs (it compiled an
+    entry that did not load in memory before saying MISS), a broken entry is a MISS left as it is, and a check
+    that raises is that config's FAIL line (it escaped the command)."""
+    from cute_kernels import cli
+    from cute_kernels.runtime import cache
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    assert cli.main(["compile", "--kernel", "scale", "--quiet"]) == 0
+    capsys.readouterr()
+    built = []
+    _scale_targets_that_record_builds(monkeypatch, built)
+    monkeypatch.setattr(cache, "disk_cache_problem", lambda probe=True: f"{tmp_path} is not writable (test)")
+    cache.clear_memory_cache()
+    assert cli.main(["compile", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "3/3 configs found in the read-only cache" in out and out.count("ms load") == 3 and not built, out
+
+    broken = sorted(tmp_path.glob("*/scale/*.o"))[0]
+    broken.write_bytes(b"not an object file")
+    cache.clear_memory_cache()
+    assert cli.main(["compile", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("MISS scale") == 1 and "its entry in the read-only cache did not load" in out, out
+    assert "2/3 configs found in the read-only cache" in out and not built
+    assert broken.read_bytes() == b"not an object file"  # (not removed: nothing is written or removed here)
+
+    def entry_on_disk(kernel, key):
+        raise RuntimeError("cannot tell")
+
+    monkeypatch.setattr(cache, "entry_on_disk", entry_on_disk)
+    assert cli.main(["compile", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("FAIL scale") == 3 and "RuntimeError: cannot tell" in out and not built, out
+
+
+def test_compile_fails_a_config_whose_entry_was_not_written(monkeypatch, tmp_path, capsys):
+    """A writable cache folder whose kernel subfolder cannot be written (here: its entry locks cannot be taken)
+    compiles in memory only: that config is a FAIL saying its entry was not written, exit 1 (was ok, exit 0)."""
+    from cute_kernels import cli
+    from cute_kernels.runtime import cache
+
+    class ReadOnlyLock:  # as the entry lock fails in a subfolder this user cannot write
+        def __init__(self, *a, **k):
+            pass
+
+        def acquire(self):
+            raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "FileLock", ReadOnlyLock)
+    cache.clear_memory_cache()
+    cache._warn_no_disk_cache.cache_clear()
+    with pytest.warns(RuntimeWarning, match="caching in memory only"):
+        assert cli.main(["compile", "--kernel", "scale", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("FAIL scale") == 3 and "compiled, but its entry was not written to the cache" in out, out
+    assert "0/3 configs compiled" in out

@@ -310,10 +310,29 @@ def entry_on_disk(kernel: str, key: Hashable) -> bool:
     return _entry_complete(cache_dir() / source_fingerprint() / kernel / _key_sha(kernel, key, arch))
 
 
-def _load_entry(base: Path):
+def load_from_disk(kernel: str, key: Hashable) -> Callable | None:
+    """The function of ``(kernel, key)`` on the current target arch loaded from its complete disk entry (kept in
+    memory, its record for :func:`compile_record`), or None where there is none or it does not load; nothing is
+    compiled, written or removed (what ``cute-kernels compile`` checks in a cache it cannot write)."""
+    arch = target_arch()
+    check_target_arch()
+    if not disk_cache_enabled():
+        return None
+    base = cache_dir() / source_fingerprint() / kernel / _key_sha(kernel, key, arch)
+    loaded = _load_entry(base, remove_broken=False)
+    if loaded is None:
+        return None
+    mkey = (kernel, key, arch)
+    with _lock:
+        _memory[mkey], _records[mkey] = loaded
+    return loaded[0]
+
+
+def _load_entry(base: Path, remove_broken: bool = True):
     """``(function, record)`` of a complete disk entry, or None: missing parts, or a load that fails (a
-    truncated or stale object is a miss, not an error: the object is removed where it can be, and recompiled).
-    An entry of an older cache without SASS nor cubin counts as missing once nvdisasm is there."""
+    truncated or stale object is a miss, not an error: with ``remove_broken`` the object is removed where it can
+    be, and recompiled).  An entry of an older cache without SASS nor cubin counts as missing once nvdisasm is
+    there."""
     import cutlass.cute as cute
 
     obj = obj_path(base)
@@ -324,8 +343,10 @@ def _load_entry(base: Path):
         fn = cute.runtime.load_module(str(obj), enable_tvm_ffi=True)[EXPORT_NAME]
         return fn, _read_record(base, time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001
-        print(f"cute_kernels cache: reloading the entry {base} (.o, .json) failed ({exc}); recompiling",
-              file=sys.stderr)
+        print(f"cute_kernels cache: reloading the entry {base} (.o, .json) failed ({exc})"
+              + ("; recompiling" if remove_broken else ""), file=sys.stderr)
+        if not remove_broken:
+            return None
         try:
             obj.unlink(missing_ok=True)
         except OSError:
