@@ -4,7 +4,7 @@
     cute-kernels check   [--kernel NAME]                   # GPU: correctness table vs references
     cute-kernels bench   [--kernel NAME] [--shapes SEL] [--json PATH]   # GPU: benchmark records
     cute-kernels info                                      # versions, arch, cache, GPU
-    cute-kernels prune-cache [--dry-run]                   # remove cache folders of other sources / DSL versions
+    cute-kernels prune-cache [--dry-run]                   # remove cache folders of other sources unused for an hour
     cute-kernels layouts --kernel ranker_fwd|ranker_bwd|hc_mix [--config head_dim=64,tile_n=96] --out DIR   # CPU: pictures + report
     cute-kernels configs [--kernel NAME]                   # shipped configs per kernel (and tuned ones)
     cute-kernels tune --kernel ranker_fwd --shape B=4,S=4608,H=16,D=128 [--candidates tile_n=96,128] [--list]
@@ -266,7 +266,8 @@ def cmd_info(args) -> int:
     if disk_cache_enabled():
         use = cache_usage()
         stale = (f"; {use['stale']} folder{'s' if use['stale'] != 1 else ''} of other sources, "
-                 f"{use['stale_bytes'] / 2**20:.0f} MiB (cute-kernels prune-cache removes them)") if use["stale"] else ""
+                 f"{use['stale_bytes'] / 2**20:.0f} MiB (cute-kernels prune-cache removes those unused for an hour)"
+                 ) if use["stale"] else ""
         print(f"                 {use['entries']} entries, {use['bytes'] / 2**20:.0f} MiB{stale}")
         keyed = {k: v for k, v in (kv.split("=", 1) for kv in dsl_compile_settings().split(";") if "=" in kv)
                  if k in ("lineinfo", "debug", "enable_assertions", "compiler_opt")}
@@ -280,13 +281,15 @@ def cmd_prune_cache(args) -> int:
     from .runtime.cache import cache_dir, prune
 
     try:
-        folders, nbytes = prune(dry_run=args.dry_run)
+        folders, nbytes, kept = prune(dry_run=args.dry_run)
     except OSError as exc:
         print(f"prune-cache: cannot remove a folder in {cache_dir()}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {folders} folder{'' if folders == 1 else 's'} of other sources ({nbytes / 2**20:.0f} MiB) "
           f"from {cache_dir()}")
+    for folder, why in kept:
+        print(f"kept {folder.name}: {why}")
     return 0
 
 
@@ -394,7 +397,8 @@ def main(argv=None) -> int:
     t.set_defaults(fn=cmd_tune)
     i = sub.add_parser("info", help="versions, arch, cache location, GPU")
     i.set_defaults(fn=cmd_info)
-    pc = sub.add_parser("prune-cache", help="remove the compile cache's folders of other sources or DSL versions")
+    pc = sub.add_parser("prune-cache", help="remove the compile cache's folders of other sources or DSL versions "
+                                            "that were not used in the last hour")
     pc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     pc.set_defaults(fn=cmd_prune_cache)
     args = p.parse_args(argv)

@@ -285,6 +285,7 @@ def test_info_reports_cache_usage_and_prune_cache(tmp_path):
     old = tmp_path / "fedcba9876543210" / "scale"
     old.mkdir(parents=True)
     (old / "x.o").write_bytes(b"12")
+    os.utime(old / "x.o", (0, 0))  # (not used in the last hour)
     env = dict(os.environ, CUTE_KERNELS_CACHE_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "cute_kernels", "info"], capture_output=True, text=True, env=env,
                        timeout=600)
@@ -579,3 +580,26 @@ def test_compile_fails_a_config_whose_entry_was_not_written(monkeypatch, tmp_pat
     out = capsys.readouterr().out
     assert out.count("FAIL scale") == 3 and "compiled, but its entry was not written to the cache" in out, out
     assert "0/3 configs compiled" in out
+
+
+def test_prune_cache_says_what_it_kept_and_why(tmp_path, monkeypatch, capsys):
+    """prune-cache (and --dry-run) lists the folders of other fingerprints it keeps, with the reason."""
+    import os
+    import time
+
+    from cute_kernels import cli
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    for name, age in (("00000000000000b1", 7200), ("00000000000000b2", 60)):
+        (tmp_path / name / "scale").mkdir(parents=True)
+        (tmp_path / name / "scale" / "x.o").write_bytes(b"12")
+        os.utime(tmp_path / name / "scale" / "x.o", (time.time() - age,) * 2)
+    (tmp_path / "00000000000000b3").mkdir()
+    for argv, verb in ((["prune-cache", "--dry-run"], "would remove"), (["prune-cache"], "removed")):
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out == [f"{verb} 1 folder of other sources (0 MiB) from {tmp_path}",
+                       "kept 00000000000000b2: used 1 min ago (folders used in the last hour are kept)",
+                       "kept 00000000000000b3: not a compile cache folder (files other than kernel folders of cache "
+                       "entries, or none)"], out
+    assert not (tmp_path / "00000000000000b1").exists() and (tmp_path / "00000000000000b2").exists()

@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -626,12 +627,14 @@ def test_cache_usage_and_prune_keep_this_fingerprint(tmp_path, monkeypatch):
     old = tmp_path / "0123456789abcdef"
     (old / "scale").mkdir(parents=True)
     (old / "scale" / "x.o").write_bytes(b"1234")
+    two_hours_ago = time.time() - 7200
+    os.utime(old / "scale" / "x.o", (two_hours_ago, two_hours_ago))
     (tmp_path / "tuned.json").write_text("{}")
     (tmp_path / "notes").mkdir()
     use = cache.cache_usage()
     assert use["entries"] == 1 and use["stale"] == 1 and use["stale_bytes"] == 4 and use["bytes"] > 0
-    assert cache.prune(dry_run=True) == (1, 4) and old.exists()
-    assert cache.prune() == (1, 4) and not old.exists()
+    assert cache.prune(dry_run=True) == (1, 4, []) and old.exists()
+    assert cache.prune() == (1, 4, []) and not old.exists()
     assert (tmp_path / "tuned.json").exists() and (tmp_path / "notes").exists()
     assert (tmp_path / cache.source_fingerprint()).is_dir() and cache.cache_usage()["stale"] == 0
 
@@ -705,3 +708,60 @@ def test_entry_files_that_cannot_be_removed_keep_the_compile_in_memory(tmp_path,
     assert cache.compile_record(t.kernel, t.key).compile_s is not None
     assert obj.read_bytes() == b"not an object file" and obj.with_suffix(".sass").exists()
     assert not list(tmp_path.rglob("*.partial"))
+
+
+def _cache_folder(root, name, files, age_s):
+    """A cache folder ``root/name`` of another fingerprint holding ``files`` (paths below it), written ``age_s``
+    seconds ago."""
+    stamp = time.time() - age_s
+    for rel in files:
+        f = root / name / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"12")
+        os.utime(f, (stamp, stamp))
+    return root / name
+
+
+def test_prune_keeps_folders_in_use_and_folders_that_are_not_caches(tmp_path, monkeypatch):
+    """prune removes only cache folders of other fingerprints that nobody used in the last hour: the default cache
+    is shared by the checkouts of every version, and a folder named like a fingerprint is not always a cache
+    folder (it removed every 16-hex-digit folder but this fingerprint's); it says what it kept and why."""
+    from filelock import FileLock
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    entry = ["scale/a.o", "scale/a.json", "scale/a.ptx", "scale/a.cubin", "scale/a.sass", "scale/a.lock"]
+    idle = _cache_folder(tmp_path, "00000000000000a1", entry + ["qknorm/b.o", "qknorm/b.lock"], 7200)
+    recent = _cache_folder(tmp_path, "00000000000000a2", entry, 600)
+    locked = _cache_folder(tmp_path, "00000000000000a3", entry, 7200)
+    other = _cache_folder(tmp_path, "00000000000000a4", ["notes.txt"], 7200)
+    mixed = _cache_folder(tmp_path, "00000000000000a5", entry + ["scale/data.csv"], 7200)
+    empty = _cache_folder(tmp_path, "00000000000000a6", [], 7200)
+    empty.mkdir()
+    assert cache.cache_usage()["stale"] == 3  # (idle, recent, locked: the cache folders)
+    with FileLock(str(locked / "scale" / "a.lock")):  # (a process compiling or loading that entry)
+        assert cache.prune(dry_run=True)[:2] == (1, 16)
+        assert all(p.exists() for p in (idle, recent, locked, other, mixed, empty))
+        folders, nbytes, kept = cache.prune()
+    assert (folders, nbytes) == (1, 16) and not idle.exists()
+    why = {p.name: reason for p, reason in kept}
+    assert sorted(why) == [p.name for p in (recent, locked, other, mixed, empty)]
+    assert why[recent.name].startswith("used 10 min ago") and "an entry lock is held (scale/a.lock" in why[locked.name]
+    assert all(why[p.name].startswith("not a compile cache folder") for p in (other, mixed, empty))
+    assert all(p.exists() for p in (recent, locked, other, mixed, empty))
+
+
+def test_a_load_marks_its_entry_used(tmp_path, monkeypatch):
+    """Loading an entry marks its folder used (its lock's time) for prune, which goes by the files' times: an
+    older checkout that only loads its entries keeps them."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    t = scale.compile_targets()[0]
+    t.build()
+    two_hours_ago = time.time() - 7200
+    for f in tmp_path.rglob("*/scale/*"):
+        os.utime(f, (two_hours_ago, two_hours_ago))
+    cache.clear_memory_cache()
+    t.build()
+    assert cache.compile_record(t.kernel, t.key).compile_s is None  # loaded
+    (lock,) = tmp_path.rglob("*.lock")
+    assert time.time() - lock.stat().st_mtime < 600

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, NamedTuple
 
 from filelock import FileLock, Timeout
 
@@ -253,6 +253,10 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
         _warn_no_disk_cache(str(folder), f"{type(exc).__name__}: {exc.strerror or exc}")
         return _load_entry(base) or _compile_in_memory(kernel, sha, arch, build)
     try:
+        try:  # (loads too: prune-cache keeps the folders whose entries were locked in the last hour)
+            os.utime(base.with_suffix(".lock"))
+        except OSError:
+            pass
         loaded = _load_entry(base)
         if loaded is not None:
             return loaded
@@ -370,10 +374,58 @@ def _warn_no_disk_cache(folder: str, reason: str) -> None:
                   "Set CUTE_KERNELS_CACHE_DIR to a writable folder.", RuntimeWarning, stacklevel=5)
 
 
+PRUNE_IDLE_S = 3600  # prune keeps the folders used in the last hour (the cache may be shared by other checkouts)
+_ENTRY_SUFFIXES = (".o", ".ptx", ".cubin", ".json", ".sass", ".lock", ".partial")  # the files of a cache entry
+
+
 def _is_fingerprint_folder(path: Path) -> bool:
-    """A folder named like :func:`source_fingerprint` (16 hex digits): what :func:`prune` may remove."""
+    """A folder named like :func:`source_fingerprint` (16 hex digits)."""
     return path.is_dir() and not path.is_symlink() and len(path.name) == 16 and all(
         c in "0123456789abcdef" for c in path.name)
+
+
+def _cache_folder_files(path: Path) -> list[Path] | None:
+    """The files of ``path`` where it is a compile cache folder of some fingerprint (named like one, holding kernel
+    folders only, which hold entry files only: ``.o``, ``.json``, ``.lock``, ...; at least one), else None: only
+    such a folder is counted by :func:`cache_usage` and removed by :func:`prune`."""
+    if not _is_fingerprint_folder(path):
+        return None
+    files = []
+    try:
+        for kernel in path.iterdir():
+            if kernel.is_symlink() or not kernel.is_dir():
+                return None
+            for f in kernel.iterdir():
+                if f.is_symlink() or not f.is_file() or not f.name.endswith(_ENTRY_SUFFIXES):
+                    return None
+                files.append(f)
+    except OSError:
+        return None
+    return files or None
+
+
+def _in_use(files: list[Path], now: float) -> str | None:
+    """Why the cache folder of ``files`` is in use (a file written or an entry locked in the last
+    :data:`PRUNE_IDLE_S` seconds: a process locks each entry it compiles or loads; an entry lock held now; locks
+    this process cannot check), or None."""
+    mtimes = []
+    for f in files:
+        try:
+            mtimes.append(f.stat().st_mtime)
+        except OSError:  # (removed since it was listed: in use)
+            mtimes.append(now)
+    age = now - max(mtimes)
+    if age < PRUNE_IDLE_S:
+        return f"used {max(age, 0) / 60:.0f} min ago (folders used in the last hour are kept)"
+    for lock in (f for f in files if f.suffix == ".lock"):
+        try:
+            with FileLock(str(lock), timeout=0):  # (taken at once: nobody holds it)
+                pass
+        except Timeout:
+            return f"an entry lock is held ({lock.parent.name}/{lock.name}: a process is compiling or loading it)"
+        except OSError as exc:
+            return f"its entry locks cannot be checked ({lock.parent.name}/{lock.name}: {exc.strerror or exc})"
+    return None
 
 
 def _folder_bytes(path: Path) -> int:
@@ -389,33 +441,52 @@ def _folder_bytes(path: Path) -> int:
 
 def cache_usage() -> dict:
     """What the disk cache holds: ``entries`` (compiled objects of this source fingerprint), ``bytes`` (its
-    folder), ``stale`` / ``stale_bytes`` (folders of other fingerprints: earlier sources or DSL versions, which
-    nothing loads again; :func:`prune` removes them).  Zeros where the folder does not exist."""
+    folder), ``stale`` / ``stale_bytes`` (cache folders of other fingerprints: earlier sources or DSL versions, or
+    other checkouts sharing the cache; :func:`prune` removes those not used in the last hour).  Zeros where the
+    folder does not exist."""
     root, fp = cache_dir(), source_fingerprint()
     here = root / fp
     entries = sum(1 for _ in here.glob("*/*.o")) if here.is_dir() else 0
-    stale = [p for p in root.iterdir() if p.name != fp and _is_fingerprint_folder(p)] if root.is_dir() else []
+    stale = [p for p in root.iterdir() if p.name != fp and _cache_folder_files(p)] if root.is_dir() else []
     return dict(entries=entries, bytes=_folder_bytes(here) if here.is_dir() else 0, stale=len(stale),
                 stale_bytes=sum(_folder_bytes(p) for p in stale))
 
 
-def prune(dry_run: bool = False) -> tuple[int, int]:
-    """Remove the cache folders of other source fingerprints (see :func:`cache_usage`; this fingerprint's entries
-    and ``tuned.json`` stay); ``dry_run``: only count them.  Returns ``(folders, bytes)``."""
+class PruneResult(NamedTuple):
+    """What :func:`prune` removed (or, with ``dry_run``, would remove) and what it kept."""
+
+    folders: int  # cache folders of other fingerprints removed
+    bytes: int  # their size
+    kept: list[tuple[Path, str]]  # (folder, why) of the other fingerprint-named folders left
+
+
+def prune(dry_run: bool = False) -> PruneResult:
+    """Remove the cache folders of other source fingerprints that no process used in the last hour
+    (:data:`PRUNE_IDLE_S`): the default cache is shared by every checkout, of any version.  Kept, with the reason:
+    folders with a file written or an entry locked in the last hour, or an entry lock held now, and folders named
+    like a fingerprint that do not hold cache entries only.  This fingerprint's folder, ``tuned.json`` and any
+    other file stay.  ``dry_run``: only say what would be removed."""
     import shutil
 
     root, fp = cache_dir(), source_fingerprint()
     if not root.is_dir():
-        return 0, 0
-    folders, nbytes = 0, 0
+        return PruneResult(0, 0, [])
+    now = time.time()
+    folders, nbytes, kept = 0, 0, []
     for p in sorted(root.iterdir()):
         if p.name == fp or not _is_fingerprint_folder(p):
+            continue
+        files = _cache_folder_files(p)
+        why = "not a compile cache folder (files other than kernel folders of cache entries, or none)" \
+            if files is None else _in_use(files, now)
+        if why:
+            kept.append((p, why))
             continue
         nbytes += _folder_bytes(p)
         folders += 1
         if not dry_run:
             shutil.rmtree(p)
-    return folders, nbytes
+    return PruneResult(folders, nbytes, kept)
 
 
 def compile_record(kernel: str, key: Hashable) -> CompileRecord:
