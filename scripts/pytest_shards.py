@@ -4,11 +4,13 @@
 
 Collects TESTS once, deals the tests round-robin into N shards run at the same time (most of a cold run is
 compiling kernels on the CPU), then runs in one process of its own every test whose node id contains an
-``--alone`` TEXT (timing-sensitive tests), and once more, alone, every test that failed only with
-``torch.OutOfMemoryError`` beside the other shards (the float64 references of the big cases: session 62 ran
-12 shards on an 80 GB H100 and three of them ran out of memory; all passed alone). Any other failure keeps
-the run red: a test that failed another way, a shard that exited 2-5 or was killed, a shard that ran no test
-or never reached its end, a collection error or no test collected.
+``--alone`` TEXT (timing-sensitive tests), and once more, away from the shards (in one process, one after
+another), every test that failed only with ``torch.OutOfMemoryError`` beside the other shards (the float64
+references of the big cases: session 62 ran 12 shards on an 80 GB H100 and three of them ran out of memory;
+all passed alone). Any other failure keeps
+the run red: a test that failed another way, a shard that exited 2-5 or was killed, a shard that did not run
+every test it was given (``-x``, ``--maxfail``, ``pytest.exit``) or never reached its end, a collection error
+or no test collected.
 
 Every shard runs the same random inputs: one ``CUTE_KERNELS_SEED`` (the environment's, else one drawn here)
 for all of them and the reruns. The processes run in the current folder, which must be pytest's rootdir
@@ -22,7 +24,7 @@ as run again. Exit 0 when green, 1 when red, 2 for bad arguments.
 
 Also a pytest plugin (``-p pytest_shards`` with this folder on ``sys.path``): with ``PYTEST_SHARDS_REPORT``
 set it appends JSON lines there: ``{"collected": [ids]}``, ``{"failed": id, "when": phase, "oom": bool}``
-per failure and ``{"finished": exit status, "ran": n}`` at the end.
+per failure, ``{"done": id}`` per test that ran to its end and ``{"finished": exit status}`` at the end.
 """
 
 import argparse
@@ -76,15 +78,21 @@ def pytest_runtest_makereport(item, call):
         _record(failed=item.nodeid, when=call.when, oom=is_out_of_memory(exc))
 
 
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":  # (every test that started ends here, passed, failed or skipped)
+        _record(done=report.nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
-    _record(finished=int(exitstatus), ran=session.testscollected)
+    _record(finished=int(exitstatus))
 
 
 # ---- the runner ---------------------------------------------------------------------------------------------
 
 def read_report(path: Path) -> dict:
-    """A shard's record: collected ids, failures (id -> out of memory), finished exit status or None."""
-    rep = {"collected": [], "failures": {}, "finished": None, "ran": 0}
+    """A shard's record: collected ids, failures (id -> out of memory), the ids of the tests that ran to their
+    end, finished exit status or None."""
+    rep = {"collected": [], "failures": {}, "done": set(), "finished": None}
     if not path.is_file():
         return rep
     for line in path.read_text().splitlines():
@@ -97,8 +105,10 @@ def read_report(path: Path) -> dict:
         elif "failed" in r:
             # a test whose call and teardown both fail is out of memory only if both were
             rep["failures"][r["failed"]] = rep["failures"].get(r["failed"], True) and bool(r["oom"])
+        elif "done" in r:
+            rep["done"].add(r["done"])
         elif "finished" in r:
-            rep["finished"], rep["ran"] = r["finished"], r.get("ran", 0)
+            rep["finished"] = r["finished"]
     return rep
 
 
@@ -125,12 +135,18 @@ def _exit_reason(rc: int) -> str:
             4: "exit 4 (pytest usage error)", 5: "exit 5 (no test ran)"}.get(rc, f"exit {rc}")
 
 
-def judge(name: str, rc: int, rep: dict) -> tuple[list[str], list[str]]:
-    """(out-of-memory node ids to run again alone, reasons this process makes the run red)."""
+def judge(name: str, rc: int, rep: dict, given: list[str]) -> tuple[list[str], list[str]]:
+    """(out-of-memory node ids to run again alone, reasons this process makes the run red); ``given``: the
+    node ids the process was to run, every one of which must have run (``-x``, ``--maxfail`` or ``pytest.exit``
+    in a test stop a session early with exit 0 or 1)."""
     if rep["finished"] is None:
         return [], [f"shard {name}: {_exit_reason(rc)} before the end of its session (crashed or killed)"]
+    missing = [nid for nid in given if nid not in rep["done"]]
+    if missing:
+        return [], [f"shard {name}: {len(missing)} of its {len(given)} tests never ran ({missing[0]}, ...; "
+                    f"{_exit_reason(rc)})"]
     if rc == 0:
-        return [], [] if rep["ran"] else [f"shard {name}: ran no test"]
+        return [], []
     if rc != 1:
         return [], [f"shard {name}: {_exit_reason(rc)}"]
     oom = [nid for nid, is_oom in rep["failures"].items() if is_oom]
@@ -145,10 +161,12 @@ def summary_lines(out: Path, name: str, oom: set[str]) -> list[str]:
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
     last = next((ln for ln in reversed(lines) if ln.strip()), "(empty log)")
     result = [f"== shard {name}: {last}"]
-    for ln in lines:
+    head = next((i for i, ln in enumerate(lines) if "short test summary info" in ln), len(lines))
+    for ln in lines[head + 1:]:  # (pytest's short summary only: a test's captured output may print "FAILED ...")
         if ln.startswith(("FAILED ", "ERROR ")):
-            nid = ln.split(" ", 1)[1].split(" - ", 1)[0]
-            result.append(ln + ("  [out of memory beside the other shards: run again alone]" if nid in oom else ""))
+            rest = ln.split(" ", 1)[1]
+            rerun = any(rest == nid or rest.startswith(nid + " - ") for nid in oom)
+            result.append(ln + ("  [out of memory beside the other shards: run again alone]" if rerun else ""))
     return result
 
 
@@ -182,7 +200,7 @@ def run(out: Path, jobs: int, alone_texts: list[str], tests: list[str]) -> int:
     procs = {n: _pytest(out, n, sharded[int(n)::jobs], env) for n in names}
     oom = []
     for n, p in procs.items():
-        o, r = judge(n, p.wait(), read_report(out / f"{PREFIX}-{n}.jsonl"))
+        o, r = judge(n, p.wait(), read_report(out / f"{PREFIX}-{n}.jsonl"), sharded[int(n)::jobs])
         oom += o
         red += r
     if oom:
@@ -192,8 +210,9 @@ def run(out: Path, jobs: int, alone_texts: list[str], tests: list[str]) -> int:
         if group:
             rc = _pytest(out, name, group, env).wait()
             rep = read_report(out / f"{PREFIX}-{name}.jsonl")
-            o, r = judge(name, rc, rep)
-            red += r + [f"shard {name}: {nid} ran out of memory alone too" for nid in o]
+            o, r = judge(name, rc, rep, group)
+            red += r + [f"shard {name}: {nid} ran out of memory again (the shards' out-of-memory tests run one "
+                        "after another in one process)" for nid in o]
             names.append(name)
 
     lines = [ln for n in names for ln in summary_lines(out, n, set(oom) if n.isdigit() else set())]

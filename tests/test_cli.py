@@ -323,7 +323,7 @@ def oom_on_setup_once():
 def test_ok(i):
     record_seed(f"ok{i}")
 
-@pytest.mark.parametrize("case", ["default wait", "x-y"])
+@pytest.mark.parametrize("case", ["default wait", "x - y"])
 def test_call_oom_once(case):
     record_seed("call" + case)
     if once("call" + case):
@@ -349,7 +349,12 @@ def test_known_failure():
 
 def test_assert_fails():
     if os.environ.get("SHARDS_CASE") == "assert":
+        print("FAILED tests/test_shards.py::test_imaginary - captured output, not pytest's summary")
         assert 3 == 4
+
+def test_stops_the_session():
+    if os.environ.get("SHARDS_CASE") == "exit":
+        pytest.exit("stopped early", returncode=0)
 
 def test_crash():
     if os.environ.get("SHARDS_CASE") == "crash":
@@ -361,12 +366,13 @@ def test_oom_always():
 """
 
 
-@pytest.mark.parametrize("case", ["green", "assert", "crash", "oom_always", "nothing"])
+@pytest.mark.parametrize("case", ["green", "assert", "crash", "oom_always", "nothing", "exit", "maxfail"])
 def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     """scripts/pytest_shards.py (gpu_run.sh --jobs N): tests that failed with torch.OutOfMemoryError beside the
     other shards (in the call, in a fixture's setup, or as the cause of another exception) run again alone,
     with ``--alone`` tests, and the run is green when they pass there; any other failure (an assertion, a shard
-    killed by a signal, a test out of memory alone too, nothing collected) is red. Every shard and rerun gets
+    killed by a signal, a test out of memory alone too, nothing collected, a shard that stops before running
+    all of its tests, through ``pytest.exit`` or ``--maxfail``) is red. Every shard and rerun gets
     one seed; the script's earlier files in OUTDIR are removed first (a stale shard XML once stood for a
     crashed shard's)."""
     import os
@@ -384,6 +390,8 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     (out / "gpu-tests-oom-rerun.jsonl").write_text('{"finished": 0, "ran": 1}\n')
     env = {k: v for k, v in os.environ.items() if k != "CUTE_KERNELS_SEED"}
     env["SHARDS_CASE"] = case
+    if case == "maxfail":
+        env["PYTEST_ADDOPTS"] = "--maxfail=1"
     r = subprocess.run([sys.executable, str(root / "scripts" / "pytest_shards.py"), "../out", "--jobs", "3",
                         "--alone", "test_timing_sensitive", "tests"], cwd=proj, env=env, capture_output=True,
                        text=True, timeout=300)
@@ -396,11 +404,14 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     if case == "crash":  # the killed shard leaves no XML and its failures unknown: red, whatever the others did
         assert r.returncode == 1 and "killed by SIGKILL before the end of its session" in log, log
         return
+    if case in ("exit", "maxfail"):  # (exit 0 / exit 1 with out-of-memory failures only: green before)
+        assert r.returncode == 1 and "tests never ran (tests/test_shards.py::" in log, log
+        return
     assert sorted(p.name for p in out.glob("gpu-tests-[0-9].xml")) == ["gpu-tests-0.xml", "gpu-tests-1.xml",
                                                                         "gpu-tests-2.xml"], log
     assert f"{4 + (case == 'oom_always')} tests failed with torch.OutOfMemoryError" in log, log
     rerun = (out / "gpu-tests-oom-rerun.log").read_text()
-    for name in ("test_call_oom_once[default wait]", "test_call_oom_once[x-y]", "test_setup_oom_once",
+    for name in ("test_call_oom_once[default wait]", "test_call_oom_once[x - y]", "test_setup_oom_once",
                  "TestK::test_oom_as_cause_once"):
         assert any(f"::{name} - " in ln and ln.endswith("  [out of memory beside the other shards: run again alone]")
                    for ln in log.splitlines()), (name, log)
@@ -412,8 +423,9 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
         assert "4 passed" in rerun, rerun
     elif case == "assert":
         assert r.returncode == 1 and "red: shard" in log and "test_assert_fails failed" in log, log
+        assert "test_imaginary" not in (out / "gpu-tests.log").read_text(), log
     else:
-        assert r.returncode == 1 and "test_oom_always ran out of memory alone too" in log, log
+        assert r.returncode == 1 and "test_oom_always ran out of memory again" in log, log
 
 
 def test_gpu_run_script_help_is_the_whole_header():
