@@ -265,12 +265,20 @@ def cmd_info(args) -> int:
     print(f"target arch      {arch} (CUTE_DSL_ARCH){note}")
     problem = disk_cache_problem(probe=False) if disk_cache_enabled() else None  # a report: no side effect
     here = cache_dir() / source_fingerprint()
-    if problem and here.is_dir():  # (a read-only cache: what it holds still loads)
+    try:
+        here_is_dir = here.is_dir()
+    except OSError:  # (a cache folder this user may not list)
+        here_is_dir = False
+    if problem and here_is_dir:  # (a read-only cache: what it holds still loads)
         problem += "; its existing entries still load, new ones compile in memory only"
     state = "off" if not disk_cache_enabled() else f"NOT USABLE: {problem}" if problem else "on"
     print(f"compile cache    {here} ({state})")
-    if disk_cache_enabled():
-        use = cache_usage()
+    try:
+        use = cache_usage() if disk_cache_enabled() else None
+    except OSError as exc:
+        use = None
+        print(f"                 its contents cannot be listed: {exc.strerror or exc}")
+    if use is not None:
         stale = (f"; {use['stale']} folder{'s' if use['stale'] != 1 else ''} of other sources, "
                  f"{use['stale_bytes'] / 2**20:.0f} MiB (cute-kernels prune-cache removes those unused for an hour)"
                  ) if use["stale"] else ""
@@ -289,7 +297,9 @@ def cmd_prune_cache(args) -> int:
     try:
         folders, nbytes, kept = prune(dry_run=args.dry_run)
     except OSError as exc:
-        print(f"prune-cache: cannot remove a folder in {cache_dir()}: {exc.strerror or exc}", file=sys.stderr)
+        what = "list" if args.dry_run else "list or remove"
+        print(f"prune-cache: cannot {what} the folders of {cache_dir()}: {exc.strerror or exc}"
+              f"{f' ({exc.filename})' if exc.filename else ''}", file=sys.stderr)
         return 1
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {folders} folder{'' if folders == 1 else 's'} of other sources ({nbytes / 2**20:.0f} MiB) "

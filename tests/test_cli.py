@@ -640,3 +640,23 @@ def test_compile_without_the_disk_cache_says_so(monkeypatch, tmp_path, capsys):
     assert cli.main(["compile", "--kernel", "scale", "--quiet"]) == 0
     assert "3/3 configs compiled in memory only (CUTE_KERNELS_CACHE=0: nothing written)" in capsys.readouterr().out
     assert not any(tmp_path.iterdir())
+
+
+def test_info_and_prune_on_a_cache_folder_that_cannot_be_listed(monkeypatch, tmp_path, capsys):
+    """A cache folder this user may not list (mode 711, another user's): ``info`` says so and exits 0 (it ended
+    in a PermissionError traceback); ``prune-cache --dry-run`` says it cannot list, not that it cannot remove."""
+    from pathlib import Path
+
+    from cute_kernels import cli
+    from cute_kernels.runtime import cache
+
+    def denied(self, *a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(Path, "iterdir", denied)
+    monkeypatch.setattr(cache, "_folder_bytes", lambda p: denied(p))
+    assert cli.main(["info"]) == 0
+    assert "its contents cannot be listed: Permission denied" in capsys.readouterr().out
+    assert cli.main(["prune-cache", "--dry-run"]) == 1
+    assert f"prune-cache: cannot list the folders of {tmp_path}: Permission denied" in capsys.readouterr().err
