@@ -104,9 +104,10 @@ def cmd_compile(args) -> int:
                     missing += 1
                     lines.append(f"MISS {t.kernel:<{kw}} {t.label:<{lw}} {why}")
                     continue
+                wall, rec = time.perf_counter() - t0, compile_record(t.kernel, t.key)
             else:
                 t.build()
-                wall, rec = time.perf_counter() - t0, compile_record(t.kernel, t.key)
+                wall, rec = time.perf_counter() - t0, compile_record(t.kernel, t.key)  # (before the load below)
                 # the entry must load from the disk: one compiled in memory only (a folder of the cache this user
                 # cannot write, over files another user left, broken or not) is a failure of compile's job
                 if disk_cache_enabled() and load_from_disk(t.kernel, t.key) is None:
@@ -114,10 +115,6 @@ def cmd_compile(args) -> int:
                     lines.append(f"FAIL {t.kernel:<{kw}} {t.label:<{lw}} compiled, but its entry on disk is missing "
                                  f"or does not load (a folder of {cache_dir()} that cannot be written?)")
                     continue
-                lines.append(f"ok   {t.kernel:<{kw}} {t.label:<{lw}} {wall:6.2f}s  {rec.summary()}")
-                continue
-            wall = time.perf_counter() - t0
-            rec = compile_record(t.kernel, t.key)
             lines.append(f"ok   {t.kernel:<{kw}} {t.label:<{lw}} {wall:6.2f}s  {rec.summary()}")
         except Exception as exc:
             failures += 1
