@@ -93,6 +93,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 python3 -m cute_kernels info | tee "$out/info.txt"
 
 if [[ ($what == tests || $what == all) && $jobs == 1 ]]; then
+  rm -f "$out"/gpu-tests-* "$out"/gpu-tests.xml  # (an earlier sharded run's files)
   python3 -m pytest -q -p no:cacheprovider "${tests[@]}" --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.log" | tail -40
   [[ ${PIPESTATUS[0]} == 0 ]] || status=1
 elif [[ $what == tests || $what == all ]]; then

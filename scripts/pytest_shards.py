@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 
 REPORT_ENV = "PYTEST_SHARDS_REPORT"
+SELECT_ENV = "PYTEST_SHARDS_SELECT"
 PREFIX = "gpu-tests"
 
 
@@ -52,33 +53,48 @@ def _record(**fields) -> None:
 
 def is_out_of_memory(exc: BaseException | None) -> bool:
     """True for ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``) and its subclasses, also when it
-    is the cause or context of the exception raised."""
+    is the cause or (unsuppressed) context of the exception raised."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if any(c.__name__ == "OutOfMemoryError" and c.__module__.split(".")[0] == "torch"
                for c in type(exc).__mro__):
             return True
-        exc = exc.__cause__ or exc.__context__
+        # (``raise ... from None`` suppresses the context: the error raised is then not an out-of-memory one)
+        exc = exc.__cause__ if exc.__cause__ is not None else None if exc.__suppress_context__ else exc.__context__
     return False
+
+
+def pytest_collection_modifyitems(config, items):
+    # a shard's tests: the node ids listed in the file SELECT_ENV names (not on the command line, which refuses
+    # paths with brackets and has a length limit), out of the collected TESTS
+    path = os.environ.get(SELECT_ENV)
+    if path:
+        keep = set(Path(path).read_text().splitlines())
+        deselected = [item for item in items if item.nodeid not in keep]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if item.nodeid in keep]
 
 
 def pytest_collection_finish(session):
     _record(collected=[item.nodeid for item in session.items])
 
 
-@pytest.hookimpl(hookwrapper=True)
+_oom_phases: set[tuple[str, str]] = set()  # (node id, phase) whose exception was out of memory
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item, call):
-    # a hook wrapper: pytest's own report says whether the phase failed (xfail, skips and strict xpass
-    # decided), the phase's exception whether it was out of memory
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed:
-        exc = call.excinfo.value if call.excinfo is not None else None
-        _record(failed=item.nodeid, when=call.when, oom=is_out_of_memory(exc))
+    # the phase's exception (whether the phase failed is for the final report to say, below)
+    if call.excinfo is not None and is_out_of_memory(call.excinfo.value):
+        _oom_phases.add((item.nodeid, call.when))
 
 
 def pytest_runtest_logreport(report):
+    # pytest's final report of each phase (xfail, strict xpass and other plugins' hook wrappers decided)
+    if report.failed:
+        _record(failed=report.nodeid, when=report.when, oom=(report.nodeid, report.when) in _oom_phases)
     if report.when == "teardown":  # (every test that started ends here, passed, failed or skipped)
         _record(done=report.nodeid)
 
@@ -112,8 +128,11 @@ def read_report(path: Path) -> dict:
     return rep
 
 
-def _pytest(out: Path, name: str, args: list[str], env: dict) -> subprocess.Popen:
+def _pytest(out: Path, name: str, args: list[str], env: dict, ids: list[str] | None = None) -> subprocess.Popen:
     env = dict(env, **{REPORT_ENV: str(out / f"{PREFIX}-{name}.jsonl")})
+    if ids is not None:
+        (out / f"{PREFIX}-{name}.ids").write_text("".join(f"{i}\n" for i in ids))
+        env[SELECT_ENV] = str(out / f"{PREFIX}-{name}.ids")
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-p", "pytest_shards",
            f"--rootdir={os.getcwd()}", *args]
     if name != "collect":
@@ -173,10 +192,9 @@ def summary_lines(out: Path, name: str, oom: set[str]) -> list[str]:
 def run(out: Path, jobs: int, alone_texts: list[str], tests: list[str]) -> int:
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(f"{PREFIX}-*"):
+    for stale in [*out.glob(f"{PREFIX}-*"), out / f"{PREFIX}.log", out / f"{PREFIX}.xml"]:
         if stale.is_file():
             stale.unlink()
-    (out / f"{PREFIX}.log").unlink(missing_ok=True)
     env = dict(os.environ)
     if not env.get("CUTE_KERNELS_SEED"):
         env["CUTE_KERNELS_SEED"] = str(int.from_bytes(os.urandom(4), "little"))
@@ -197,7 +215,7 @@ def run(out: Path, jobs: int, alone_texts: list[str], tests: list[str]) -> int:
           f"seed {env['CUTE_KERNELS_SEED']} for all (CUTE_KERNELS_SEED replays it)", flush=True)
 
     names = [str(i) for i in range(jobs) if sharded[i::jobs]]
-    procs = {n: _pytest(out, n, sharded[int(n)::jobs], env) for n in names}
+    procs = {n: _pytest(out, n, tests, env, sharded[int(n)::jobs]) for n in names}
     oom = []
     for n, p in procs.items():
         o, r = judge(n, p.wait(), read_report(out / f"{PREFIX}-{n}.jsonl"), sharded[int(n)::jobs])
@@ -208,7 +226,7 @@ def run(out: Path, jobs: int, alone_texts: list[str], tests: list[str]) -> int:
               flush=True)
     for name, group in (("alone", alone), ("oom-rerun", oom)):
         if group:
-            rc = _pytest(out, name, group, env).wait()
+            rc = _pytest(out, name, tests, env, group).wait()
             rep = read_report(out / f"{PREFIX}-{name}.jsonl")
             o, r = judge(name, rc, rep, group)
             red += r + [f"shard {name}: {nid} ran out of memory again (the shards' out-of-memory tests run one "

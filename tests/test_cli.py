@@ -363,16 +363,39 @@ def test_crash():
 def test_oom_always():
     if os.environ.get("SHARDS_CASE") == "oom_always":
         raise torch.OutOfMemoryError("CUDA out of memory")
+
+def test_oom_context_suppressed():
+    if os.environ.get("SHARDS_CASE") == "from_none" and once("from_none"):
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        except torch.OutOfMemoryError:
+            raise ValueError("a real bug") from None
+
+def test_leaky():
+    pass
+"""
+
+_SHARD_CONFTEST = """
+import os, pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # as a leak check after each test might
+    rep = (yield).get_result()
+    if os.environ.get("SHARDS_CASE") == "leak" and call.when == "call" and item.name == "test_leaky":
+        rep.outcome, rep.longrepr = "failed", "leak"
 """
 
 
-@pytest.mark.parametrize("case", ["green", "assert", "crash", "oom_always", "nothing", "exit", "maxfail"])
+@pytest.mark.parametrize("case", ["green", "assert", "crash", "oom_always", "nothing", "exit", "maxfail", "leak",
+                                  "from_none"])
 def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     """scripts/pytest_shards.py (gpu_run.sh --jobs N): tests that failed with torch.OutOfMemoryError beside the
     other shards (in the call, in a fixture's setup, or as the cause of another exception) run again alone,
     with ``--alone`` tests, and the run is green when they pass there; any other failure (an assertion, a shard
     killed by a signal, a test out of memory alone too, nothing collected, a shard that stops before running
-    all of its tests, through ``pytest.exit`` or ``--maxfail``) is red. Every shard and rerun gets
+    all of its tests, through ``pytest.exit`` or ``--maxfail``, a failure another plugin's hook wrapper makes,
+    an error raised ``from None`` over an out-of-memory one) is red; a test folder whose name holds brackets
+    runs (pytest refuses such paths on its command line: the shards select their ids at collection). Every shard and rerun gets
     one seed; the script's earlier files in OUTDIR are removed first (a stale shard XML once stood for a
     crashed shard's)."""
     import os
@@ -384,6 +407,9 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     (proj / "pytest.ini").write_text("[pytest]\n")
     if case != "nothing":
         (proj / "tests" / "test_shards.py").write_text(_SHARD_TESTS)
+        (proj / "tests" / "conftest.py").write_text(_SHARD_CONFTEST)
+        (proj / "tests" / "a[1]").mkdir()  # (a path pytest refuses on its command line)
+        (proj / "tests" / "a[1]" / "test_brackets.py").write_text("def test_in_a_bracketed_folder():\n    pass\n")
     out = tmp_path / "out"
     out.mkdir()
     (out / "gpu-tests-7.xml").write_text("<testsuites/>")
@@ -424,6 +450,10 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     elif case == "assert":
         assert r.returncode == 1 and "red: shard" in log and "test_assert_fails failed" in log, log
         assert "test_imaginary" not in (out / "gpu-tests.log").read_text(), log
+    elif case == "leak":  # (another plugin's hook wrapper failed it after ours looked: green before)
+        assert r.returncode == 1 and "test_leaky failed" in log, log
+    elif case == "from_none":  # (a ValueError raised "from None" counted as out of memory: green before)
+        assert r.returncode == 1 and "test_oom_context_suppressed failed" in log, log
     else:
         assert r.returncode == 1 and "test_oom_always ran out of memory again" in log, log
 
