@@ -737,17 +737,18 @@ def test_prune_keeps_folders_in_use_and_folders_that_are_not_caches(tmp_path, mo
     mixed = _cache_folder(tmp_path, "00000000000000a5", entry + ["scale/data.csv"], 7200)
     empty = _cache_folder(tmp_path, "00000000000000a6", [], 7200)
     empty.mkdir()
+    results = _cache_folder(tmp_path, "00000000000000a7", ["experiment1/results.json"], 7200)  # (not a cache)
     assert cache.cache_usage()["stale"] == 3  # (idle, recent, locked: the cache folders)
     with FileLock(str(locked / "scale" / "a.lock")):  # (a process compiling or loading that entry)
         assert cache.prune(dry_run=True)[:2] == (1, 16)
-        assert all(p.exists() for p in (idle, recent, locked, other, mixed, empty))
+        assert all(p.exists() for p in (idle, recent, locked, other, mixed, empty, results))
         folders, nbytes, kept = cache.prune()
     assert (folders, nbytes) == (1, 16) and not idle.exists()
     why = {p.name: reason for p, reason in kept}
-    assert sorted(why) == [p.name for p in (recent, locked, other, mixed, empty)]
+    assert sorted(why) == [p.name for p in (recent, locked, other, mixed, empty, results)]
     assert why[recent.name].startswith("used 10 min ago") and "an entry lock is held (scale/a.lock" in why[locked.name]
-    assert all(why[p.name].startswith("not a compile cache folder") for p in (other, mixed, empty))
-    assert all(p.exists() for p in (recent, locked, other, mixed, empty))
+    assert all(why[p.name].startswith("not a compile cache folder") for p in (other, mixed, empty, results))
+    assert all(p.exists() for p in (recent, locked, other, mixed, empty, results))
 
 
 def test_a_load_marks_its_entry_used(tmp_path, monkeypatch):

@@ -386,8 +386,9 @@ def _is_fingerprint_folder(path: Path) -> bool:
 
 def _cache_folder_files(path: Path) -> list[Path] | None:
     """The files of ``path`` where it is a compile cache folder of some fingerprint (named like one, holding kernel
-    folders only, which hold entry files only: ``.o``, ``.json``, ``.lock``, ...; at least one), else None: only
-    such a folder is counted by :func:`cache_usage` and removed by :func:`prune`."""
+    folders only, each holding compiled entries: ``KEY.o`` and files of those keys, ``.json``, ``.sass``, ...,
+    besides locks and partial writes), else None: only such a folder is counted by :func:`cache_usage` and
+    removed by :func:`prune` (a folder of ``results.json`` files, say, is not one)."""
     if not _is_fingerprint_folder(path):
         return None
     files = []
@@ -395,10 +396,15 @@ def _cache_folder_files(path: Path) -> list[Path] | None:
         for kernel in path.iterdir():
             if kernel.is_symlink() or not kernel.is_dir():
                 return None
-            for f in kernel.iterdir():
-                if f.is_symlink() or not f.is_file() or not f.name.endswith(_ENTRY_SUFFIXES):
+            entries = list(kernel.iterdir())
+            keys = {f.name.split(".")[0] for f in entries if f.suffix == ".o"}
+            for f in entries:
+                if (f.is_symlink() or not f.is_file() or not f.name.endswith(_ENTRY_SUFFIXES)
+                        or not (f.name.split(".")[0] in keys or f.name.endswith((".lock", ".partial")))):
                     return None
-                files.append(f)
+            if not keys:
+                return None
+            files += entries
     except OSError:
         return None
     return files or None
