@@ -7,10 +7,9 @@ compiling kernels on the CPU), then runs in one process of its own every test wh
 ``--alone`` TEXT (timing-sensitive tests), and once more, away from the shards (in one process, one after
 another), every test that failed only with ``torch.OutOfMemoryError`` beside the other shards (the float64
 references of the big cases: session 62 ran 12 shards on an 80 GB H100 and three of them ran out of memory;
-all passed alone). Any other failure keeps
-the run red: a test that failed another way, a shard that exited 2-5 or was killed, a shard that did not run
-every test it was given (``-x``, ``--maxfail``, ``pytest.exit``) or never reached its end, a collection error
-or no test collected.
+all passed alone). Any other failure keeps the run red: a test that failed another way, a shard that exited
+2-5 or was killed, a shard that did not run every test it was given (``-x``, ``--maxfail``, ``pytest.exit``)
+or never reached its end, a collection error or no test collected.
 
 Every shard runs the same random inputs: one ``CUTE_KERNELS_SEED`` (the environment's, else one drawn here)
 for all of them and the reruns. The processes run in the current folder, which must be pytest's rootdir
