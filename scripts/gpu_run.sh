@@ -16,8 +16,11 @@
 # with torch.OutOfMemoryError beside the other shards (session 62: 12 shards on an 80 GB H100) run once more,
 # alone, after them; any other failure keeps the run red; every shard draws the same random inputs
 # (one CUTE_KERNELS_SEED); scripts/pytest_shards.py runs all that and writes gpu-tests.log, the summary.
-# Writes into OUTDIR: pytest logs and junit XML (one per shard), check.txt, bench.json (records with date, GPU,
-# commit), sanitizer logs. Copy bench.json into bench/results/ to back a claim in the README.
+# Writes into OUTDIR: info.txt (GPU, versions, cache), gpu-tests.log (and gpu-tests.xml with --jobs 1; with --jobs N
+# the shards' own pytest logs, junit XML and records packed into gpu-tests-shards.tar.gz), check.txt, bench.json
+# (records with date, GPU, commit) and bench.log, notebooks.log; sanitize: sanitize.txt and sanitize-logs.tar.gz.
+# At most 7 files for mode all, which the device tool brings back whole (it returns 8 files a call). Copy
+# bench.json into bench/results/ to back a claim in the README.
 set -uo pipefail
 usage="usage: gpu_run.sh OUTDIR [tests|check|bench|sanitize|notebooks|all] [--kernel NAME] [--jobs N]"
 if [[ $# == 0 || ${1:-} == -h || ${1:-} == --help ]]; then
@@ -89,8 +92,9 @@ if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else
   exit 3
 fi
 status=0
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
-python3 -m cute_kernels info | tee "$out/info.txt"
+rm -f "$out/gpu.txt"  # (an earlier version's file: nvidia-smi's line now heads info.txt)
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1; python3 -m cute_kernels info; } \
+  | tee "$out/info.txt"
 
 if [[ ($what == tests || $what == all) && $jobs == 1 ]]; then
   rm -f "$out"/gpu-tests-* "$out"/gpu-tests.xml  # (an earlier sharded run's files)
@@ -99,7 +103,14 @@ if [[ ($what == tests || $what == all) && $jobs == 1 ]]; then
 elif [[ $what == tests || $what == all ]]; then
   # the shards, then test_qknorm_tp_gpu.py alone (timing-sensitive), then any test out of GPU memory beside the
   # other shards again alone; one seed for all; gpu-tests.log sums up
+  rm -f "$out/gpu-tests-shards.tar.gz"
   python3 scripts/pytest_shards.py "$out" --jobs "$jobs" --alone "test_qknorm_tp_gpu.py::" "${tests[@]}" || status=1
+  # the shards' files (four per shard) in one archive beside the summary (session 64: 12 shards' 50 files were
+  # more than the device tool brings back, and the summary was among those it left behind)
+  shard_files=$(cd "$out" && ls -d gpu-tests-* 2>/dev/null)
+  if [[ -n $shard_files ]]; then
+    (cd "$out" && tar czf gpu-tests-shards.tar.gz $shard_files && rm -f $shard_files) || status=1
+  fi
 fi
 if [[ $what == check || $what == all ]]; then
   python3 -m cute_kernels check "${kernel_args[@]}" --quiet 2>&1 | tee "$out/check.txt" | tail -60
@@ -111,22 +122,29 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == notebooks || $what == all ]]; then
   # the notebooks' GPU cells (CI runs them on a CPU only): plain Python, no Jupyter needed
+  # (one log for all of them, each notebook's output under a '== NAME exit RC' line)
+  rm -f "$out/notebooks.log"
   for nb in notebooks/*.ipynb; do
-    python3 scripts/run_notebook.py "$nb" > "$out/$(basename "$nb" .ipynb).log" 2>&1
-    rc=$?; echo "$nb exit $rc"; tail -3 "$out/$(basename "$nb" .ipynb).log"
+    python3 scripts/run_notebook.py "$nb" > "$out/notebook.tmp" 2>&1
+    rc=$?; echo "$nb exit $rc"; tail -3 "$out/notebook.tmp"
+    { echo "== $nb exit $rc"; cat "$out/notebook.tmp"; } >> "$out/notebooks.log"
     [[ $rc == 0 ]] || status=1
   done
+  rm -f "$out/notebook.tmp"
 fi
 if [[ $what == sanitize ]]; then
   # the small-launch scripts (every kernel and schedule at small shapes), each under memcheck, racecheck and
   # synccheck (shuffles or barriers some lanes miss)
+  # (sanitize.txt: each run's exit status and last lines; the whole logs packed into sanitize-logs.tar.gz)
+  rm -f "$out"/sanitize-*.log "$out/sanitize-logs.tar.gz" "$out/sanitize.txt"
   for script in "${sanitize_scripts[@]}"; do
     for tool in memcheck racecheck synccheck; do
       log="$out/sanitize-$tool-$(basename "$script" .py).log"
       compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 python3 "$script" > "$log" 2>&1
-      rc=$?; echo "$tool $script exit $rc"; tail -3 "$log"
+      rc=$?; { echo "$tool $script exit $rc"; tail -3 "$log"; } | tee -a "$out/sanitize.txt"
       [[ $rc == 0 ]] || status=1
     done
   done
+  (cd "$out" && tar czf sanitize-logs.tar.gz sanitize-*.log && rm -f sanitize-*.log) || status=1
 fi
 exit $status
