@@ -18,8 +18,8 @@ for all of them and the reruns. The processes run in the current folder, which m
 Writes into OUTDIR (made if missing; this script's earlier files there are removed first):
 ``gpu-tests-collect.log``, per shard ``gpu-tests-I.log`` / ``.xml`` (junit) / ``.jsonl`` (this script's
 record: failures, whether each was out of memory, the shard's end), the same for ``alone`` and ``oom-rerun``,
-and ``gpu-tests.log``: one summary line per shard and its FAILED / ERROR lines, the out-of-memory ones marked
-as run again. Exit 0 when green, 1 when red, 2 for bad arguments.
+and ``gpu-tests.log``: one summary line per shard and its FAILED / SUBFAILED / ERROR lines, the out-of-memory
+ones marked as run again. Exit 0 when green, 1 when red, 2 for bad arguments.
 
 Also a pytest plugin (``-p pytest_shards`` with this folder on ``sys.path``): with ``PYTEST_SHARDS_REPORT``
 set it appends JSON lines there: ``{"collected": [ids]}``, ``{"failed": id, "when": phase, "oom": bool}``
@@ -181,7 +181,7 @@ def summary_lines(out: Path, name: str, oom: set[str]) -> list[str]:
     result = [f"== shard {name}: {last}"]
     head = next((i for i, ln in enumerate(lines) if "short test summary info" in ln), len(lines))
     for ln in lines[head + 1:]:  # (pytest's short summary only: a test's captured output may print "FAILED ...")
-        if ln.startswith(("FAILED ", "ERROR ")):
+        if ln.startswith(("FAILED ", "ERROR ", "SUBFAILED")):  # (SUBFAILED(i=1) ID: a failed unittest subtest)
             rest = ln.split(" ", 1)[1]
             rerun = any(rest == nid or rest.startswith(nid + " - ") for nid in oom)
             result.append(ln + ("  [out of memory beside the other shards: run again alone]" if rerun else ""))

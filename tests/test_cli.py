@@ -352,6 +352,14 @@ def test_assert_fails():
         print("FAILED tests/test_shards.py::test_imaginary - captured output, not pytest's summary")
         assert 3 == 4
 
+import unittest
+
+class TestSub(unittest.TestCase):
+    def test_subtests(self):
+        for i in range(3):
+            with self.subTest(i=i):
+                self.assertFalse(os.environ.get("SHARDS_CASE") == "assert" and i == 1)
+
 def test_stops_the_session():
     if os.environ.get("SHARDS_CASE") == "exit":
         pytest.exit("stopped early", returncode=0)
@@ -394,7 +402,8 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     with ``--alone`` tests, and the run is green when they pass there; any other failure (an assertion, a shard
     killed by a signal, a test out of memory alone too, nothing collected, a shard that stops before running
     all of its tests, through ``pytest.exit`` or ``--maxfail``, a failure another plugin's hook wrapper makes,
-    an error raised ``from None`` over an out-of-memory one) is red; a test folder whose name holds brackets
+    an error raised ``from None`` over an out-of-memory one, a failed ``unittest`` subtest, listed as pytest's
+    SUBFAILED line) is red; a test folder whose name holds brackets
     runs (pytest refuses such paths on its command line: the shards select their ids at collection). Every shard and rerun gets
     one seed; the script's earlier files in OUTDIR are removed first (a stale shard XML once stood for a
     crashed shard's)."""
@@ -450,6 +459,10 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     elif case == "assert":
         assert r.returncode == 1 and "red: shard" in log and "test_assert_fails failed" in log, log
         assert "test_imaginary" not in (out / "gpu-tests.log").read_text(), log
+        # (a failed unittest subtest: pytest 9's summary line is SUBFAILED, once missing from gpu-tests.log)
+        assert "TestSub::test_subtests failed" in log, log
+        assert any(ln.startswith("SUBFAILED(i=1) tests/test_shards.py::TestSub::test_subtests")
+                   for ln in (out / "gpu-tests.log").read_text().splitlines()), log
     elif case == "leak":  # (another plugin's hook wrapper failed it after ours looked: green before)
         assert r.returncode == 1 and "test_leaky failed" in log, log
     elif case == "from_none":  # (a ValueError raised "from None" counted as out of memory: green before)
