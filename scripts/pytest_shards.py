@@ -17,13 +17,14 @@ for all of them and the reruns. The processes run in the current folder, which m
 
 Writes into OUTDIR (made if missing; this script's earlier files there are removed first):
 ``gpu-tests-collect.log``, per shard ``gpu-tests-I.log`` / ``.xml`` (junit) / ``.jsonl`` (this script's
-record: failures, whether each was out of memory, the shard's end), the same for ``alone`` and ``oom-rerun``,
-and ``gpu-tests.log``: one summary line per shard and its FAILED / SUBFAILED / ERROR lines, the out-of-memory
-ones marked as run again. Exit 0 when green, 1 when red, 2 for bad arguments.
+record: failures, whether each was out of memory, the test it started last, the shard's end), the same for
+``alone`` and ``oom-rerun``, and ``gpu-tests.log``: one summary line per shard and its FAILED / SUBFAILED / ERROR
+lines, the out-of-memory ones marked as run again; a shard killed mid-test is named with that test. Exit 0 when green, 1 when red, 2 for bad arguments.
 
 Also a pytest plugin (``-p pytest_shards`` with this folder on ``sys.path``): with ``PYTEST_SHARDS_REPORT``
 set it appends JSON lines there: ``{"collected": [ids]}``, ``{"failed": id, "when": phase, "oom": bool}``
-per failure, ``{"done": id}`` per test that ran to its end and ``{"finished": exit status}`` at the end.
+per failure, ``{"started": id}`` and ``{"done": id}`` per test as it starts and when it has run to its end, and
+``{"finished": exit status}`` at the end.
 """
 
 import argparse
@@ -90,6 +91,10 @@ def pytest_runtest_makereport(item, call):
         _oom_phases.add((item.nodeid, call.when))
 
 
+def pytest_runtest_logstart(nodeid, location):
+    _record(started=nodeid)
+
+
 def pytest_runtest_logreport(report):
     # pytest's final report of each phase (xfail, strict xpass and other plugins' hook wrappers decided)
     if report.failed:
@@ -107,7 +112,7 @@ def pytest_sessionfinish(session, exitstatus):
 def read_report(path: Path) -> dict:
     """A shard's record: collected ids, failures (id -> out of memory), the ids of the tests that ran to their
     end, finished exit status or None."""
-    rep = {"collected": [], "failures": {}, "done": set(), "finished": None}
+    rep = {"collected": [], "failures": {}, "done": set(), "started": None, "finished": None}
     if not path.is_file():
         return rep
     for line in path.read_text().splitlines():
@@ -122,6 +127,8 @@ def read_report(path: Path) -> dict:
             rep["failures"][r["failed"]] = rep["failures"].get(r["failed"], True) and bool(r["oom"])
         elif "done" in r:
             rep["done"].add(r["done"])
+        elif "started" in r:
+            rep["started"] = r["started"]
         elif "finished" in r:
             rep["finished"] = r["finished"]
     return rep
@@ -158,7 +165,9 @@ def judge(name: str, rc: int, rep: dict, given: list[str]) -> tuple[list[str], l
     node ids the process was to run, every one of which must have run (``-x``, ``--maxfail`` or ``pytest.exit``
     in a test stop a session early with exit 0 or 1)."""
     if rep["finished"] is None:
-        return [], [f"shard {name}: {_exit_reason(rc)} before the end of its session (crashed or killed)"]
+        running = rep["started"] if rep["started"] not in rep["done"] else None
+        return [], [f"shard {name}: {_exit_reason(rc)} before the end of its session (crashed or killed)"
+                    + (f" while running {running}" if running else "")]
     missing = [nid for nid in given if nid not in rep["done"]]
     if missing:
         return [], [f"shard {name}: {len(missing)} of its {len(given)} tests never ran ({missing[0]}, ...; "
@@ -197,6 +206,7 @@ def run(out: Path, jobs: int, alone_texts: list[str], tests: list[str]) -> int:
     env = dict(os.environ)
     if not env.get("CUTE_KERNELS_SEED"):
         env["CUTE_KERNELS_SEED"] = str(int.from_bytes(os.urandom(4), "little"))
+    env["PYTHONUNBUFFERED"] = "1"  # (a shard killed mid-run keeps in its log what it printed up to then)
     here = str(Path(__file__).resolve().parent)
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 

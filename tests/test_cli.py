@@ -438,6 +438,9 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
         return
     if case == "crash":  # the killed shard leaves no XML and its failures unknown: red, whatever the others did
         assert r.returncode == 1 and "killed by SIGKILL before the end of its session" in log, log
+        # and names the test it was running (its log may hold nothing to say so: pytest -q prints a test's mark
+        # after the test)
+        assert "(crashed or killed) while running tests/test_shards.py::test_crash" in log, log
         return
     if case in ("exit", "maxfail"):  # (exit 0 / exit 1 with out-of-memory failures only: green before)
         assert r.returncode == 1 and "tests never ran (tests/test_shards.py::" in log, log
