@@ -19,7 +19,8 @@ Writes into OUTDIR (made if missing; this script's earlier files there are remov
 ``gpu-tests-collect.log``, per shard ``gpu-tests-I.log`` / ``.xml`` (junit) / ``.jsonl`` (this script's
 record: failures, whether each was out of memory, the test it started last, the shard's end), the same for
 ``alone`` and ``oom-rerun``, and ``gpu-tests.log``: one summary line per shard and its FAILED / SUBFAILED / ERROR
-lines, the out-of-memory ones marked as run again; a shard killed mid-test is named with that test. Exit 0 when green, 1 when red, 2 for bad arguments.
+lines, the out-of-memory ones marked as run again (a shard killed mid-test is named with that test). Exit 0
+when green, 1 when red, 2 for bad arguments.
 
 Also a pytest plugin (``-p pytest_shards`` with this folder on ``sys.path``): with ``PYTEST_SHARDS_REPORT``
 set it appends JSON lines there: ``{"collected": [ids]}``, ``{"failed": id, "when": phase, "oom": bool}``
@@ -111,7 +112,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def read_report(path: Path) -> dict:
     """A shard's record: collected ids, failures (id -> out of memory), the ids of the tests that ran to their
-    end, finished exit status or None."""
+    end, the id of the test started last, finished exit status or None."""
     rep = {"collected": [], "failures": {}, "done": set(), "started": None, "finished": None}
     if not path.is_file():
         return rep
