@@ -2,7 +2,8 @@
 records show useful TFLOP/s and the speed relative to the FlashAttention-4 mask_mod peer of the same
 shape and timing mode (graph / eager / isolated; a graph row against FA4's eager time where FA4 could not
 be captured, marked so; eager and isolated rows show the record's ``torch_mul_us``, the host's speed then);
-bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate.
+bandwidth kernels (records with ``gbps``) show GB/s and the fraction of the measured copy rate; records with
+neither (the emulated tensor-parallel bench's latencies) show their times alone.
 
     python3 bench/summarize.py bench/results/2026-11-29_h200_ranker_bwd_s2.json > table.md
 
@@ -30,7 +31,9 @@ def table(records: list[dict]) -> str:
 
 def _kernel_table(records: list[dict]) -> str:
     bandwidth = any("gbps" in r for r in records)
+    latency = not bandwidth and not any("tflops" in r for r in records)  # (qknorm_tp's: times alone)
     cols = (["shape", "impl", "mode", "time (us)", "GB/s", "of copy rate"] if bandwidth else
+            ["shape", "impl", "mode", "time (us)"] if latency else
             ["shape", "impl", "mode", "time (us)", "useful TFLOP/s", "vs fa4_mask_mod"])
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     fa4 = {}  # (shape, mode) -> FlashAttention-4's time: each row compares with FA4 timed the same way
@@ -46,7 +49,7 @@ def _kernel_table(records: list[dict]) -> str:
                 what = "check passed" if r["passed"] else f"check FAILED: {str(r.get('error', ''))[:50]}"
             else:
                 what = f"error: {str(r.get('error', '?'))[:60]}"
-            lines.append(f"| {label} | {r.get('impl')} | {r.get('mode') or ''} | {what} | | |")
+            lines.append(f"| {label} | {r.get('impl')} | {r.get('mode') or ''} | {what} |" + ("" if latency else " | |"))
             continue
         if bandwidth:
             # (hc_mix records the fraction as copy_bw_frac, qknorm as copy_frac)
@@ -63,6 +66,9 @@ def _kernel_table(records: list[dict]) -> str:
         mode = r.get("mode", "")
         if _is_number(r.get("torch_mul_us")):  # eager / isolated rows: the host's speed then (a tiny torch launch)
             mode = f"{mode} (torch.mul {r['torch_mul_us']:.1f} us)"
+        if latency:
+            lines.append(f"| {label} | {r['impl']} | {mode} | {r['time_us']:.1f} |")
+            continue
         lines.append(f"| {label} | {r['impl']} | {mode} | {r['time_us']:.1f} | {extra} |")
     return "\n".join(lines)
 

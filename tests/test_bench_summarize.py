@@ -72,6 +72,18 @@ def test_bandwidth_records_show_gbps_and_copy_fraction():
     assert "| n=16384 | cute_kernels | graph | 84.4 | 3974 | 94.0% |" in text
 
 
+def test_latency_records_show_times_alone():
+    """Records with neither ``tflops`` nor ``gbps`` (the emulated tensor-parallel bench's) get a table of times,
+    without the attention table's empty TFLOP/s and FA4 columns (session 64, a newcomer's note)."""
+    text = summarize.table([dict(kernel="qknorm_tp", impl="cute_kernels_fused", shape={"g": 2, "n": 1}, mode="graph",
+                                 time_us=4.7),
+                            dict(kernel="qknorm_tp", impl="torch_unfused", shape={"g": 2, "n": 1}, mode="graph",
+                                 time_us=None, error="timeout")])
+    assert "| shape | impl | mode | time (us) |\n" in text and "TFLOP/s" not in text and "GB/s" not in text
+    assert "| g=2,n=1 | cute_kernels_fused | graph | 4.7 |\n" in text
+    assert text.rstrip().endswith("| g=2,n=1 | torch_unfused | graph | error: timeout |")
+
+
 def test_probe_timing_interleaves_rounds_and_reports_medians(capsys):
     """bench/probe_timing.py (the probes' shared loop): every config of every case once per round, in
     order, medians over rounds, one JSON line per case with [median us, useful TFLOP/s]."""

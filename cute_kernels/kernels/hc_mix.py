@@ -274,7 +274,7 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             the H200: 9.1-9.4 us instead of 12.2-12.9 at M <= 128 (session 35), about 2x from M = 512 up; a
             hidden float32 workspace of 100 bytes x CTAs per row tile for every row of the 128-row tiles:
             819 KB at M = 1, 6.4 KB per row up to M = 256, 3.2 KB up to 512, 400 B per row at 4096)
-            or ``"walk"`` (this module's per-thread K walk, the default until session 7).  Each is batch
+            or ``"walk"`` (:mod:`.hc_mix_walk`'s per-thread K walk, the default until session 7).  Each is batch
             invariant on its own but their bits differ: pick one per deployment and keep it.
     Returns:
         ``pre [M, 4]``, ``post [M, 4]``, ``comb [M, 4, 4]``, float32.  ``a = x . hc_fn^T`` is

@@ -26,10 +26,10 @@ warpgroups:
   suffice and P taking S's registers lets tile_n be 128) each warpgroup issues ``S_{n+1} = Q K_{n+1}^T``
   and ``O += P_n V_n`` together, running the softmax of ``S_{n+1}`` while the PV GEMM is in flight.
   ``skip_unit_rescale`` (the three-warpgroup configs) skips ``O *= 1`` when no row max of a warp changed.
-  ``fixed_row_max`` (the capped configs, bfloat16, caps <= ``FIXED_MAX_CAP`` = 50): a capped score is
-  bounded, ``|s| <= cap``, so P = ``exp2(s * scale_log2)`` against a row max fixed at 0 stays within
-  [e^-cap, e^cap], normal in float32 and bfloat16: no row-max reduction, no O rescale, the LSE is
-  ``ln(row_sum)``.  ``checked_max`` (the uncapped bfloat16 configs): every tile first runs that fixed max
+  ``fixed_row_max`` (the capped configs but soft_sign's at D=64, bfloat16, caps <= ``FIXED_MAX_CAP`` = 50):
+  a capped score is bounded, ``|s| <= cap``, so P = ``exp2(s * scale_log2)`` against a row max fixed at 0
+  stays within [e^-cap, e^cap], normal in float32 and bfloat16: no row-max reduction, no O rescale, the LSE
+  is ``ln(row_sum)``.  ``checked_max`` (the uncapped bfloat16 configs): every tile first runs that fixed max
   and checks the result (each active row's sum of P within [``CHECKED_SUM_MIN``, ``CHECKED_SUM_MAX``], the
   O accumulator finite); a consumer warpgroup whose rows fail runs the online max (the other of two compiled
   history loops) for the rest of its tiles and the failed tile again once the CTA's own tiles are done
@@ -1980,7 +1980,7 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
     is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
     running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
-    (50), and without a cap (D=64/128/256) wherever the result passes a check after each q tile (per 64-row
+    (50; not soft_sign at D=64, whose shipped config keeps the online max), and without a cap (D=64/128/256) wherever the result passes a check after each q tile (per 64-row
     warpgroup: every row's sum of P within [2^-20, 2^100] and the O accumulator finite; a warpgroup that fails
     runs its tile again, and its later tiles, with the online max: rows whose scores all sit below about
     -14 - ln(keys), or reach past ~69); float16 and larger caps take the online max.  Accuracy then: up to one
