@@ -1980,10 +1980,11 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
     is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
     running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
-    (50; not soft_sign at D=64, whose shipped config keeps the online max), and without a cap (D=64/128/256) wherever the result passes a check after each q tile (per 64-row
-    warpgroup: every row's sum of P within [2^-20, 2^100] and the O accumulator finite; a warpgroup that fails
-    runs its tile again, and its later tiles, with the online max: rows whose scores all sit below about
-    -14 - ln(keys), or reach past ~69); float16 and larger caps take the online max.  Accuracy then: up to one
+    (50; not soft_sign at D=64, whose shipped config keeps the online max), and without a cap (D=64/128/256)
+    wherever the result passes a check after each q tile (per 64-row warpgroup: every row's sum of P within
+    [2^-20, 2^100] and the O accumulator finite; a warpgroup that fails runs its tile again, and its later
+    tiles, with the online max: rows whose scores all sit below about -14 - ln(keys), or reach past ~69);
+    float16 and larger caps take the online max.  Accuracy then: up to one
     bf16 ulp off where a row's weight sits on keys of equal score (saturated at +cap, or a single key); with a
     cap, ``v`` within the headroom: sum over a row's keys of ``e^50 |v|`` below float32's max (|v| < 6.6e16
     for one key), and |v| above ~1e-16 where every score of a row is near -50.
