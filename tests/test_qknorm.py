@@ -279,17 +279,18 @@ def test_validation_rules_without_gpu():
 
 
 class _CudaLike:
-    """A CPU tensor that claims to be on cuda:0 (for the eager fast-path test without a GPU)."""
+    """A CPU tensor that claims to be on cuda:0 (for the eager fast-path test without a GPU); ``shape``, ``stride``
+    and ``ptr`` stand in for its own where given (a layout no CPU tensor could hold: only the fast path reads it)."""
 
-    def __init__(self, t):
-        self.t = t
-        self.dtype, self.shape, self.is_cuda, self.requires_grad = t.dtype, t.shape, True, False
+    def __init__(self, t, shape=None, stride=None, ptr=None):
+        self.t, self._stride, self._ptr = t, stride, ptr
+        self.dtype, self.shape, self.is_cuda, self.requires_grad = t.dtype, shape or t.shape, True, False
 
     def stride(self):
-        return self.t.stride()
+        return self._stride or self.t.stride()
 
     def data_ptr(self):
-        return self.t.data_ptr()
+        return self._ptr or self.t.data_ptr()
 
     def get_device(self):
         return 0
@@ -743,3 +744,22 @@ def test_docstring_example_of_a_wide_pair():
     for kw in (1280, 1792, 3072, 12544):
         with pytest.raises(ValueError):
             mod.QKNormConfig.for_shape(24576, kw, torch.bfloat16)
+
+
+def test_fast_path_declines_overlapping_k_rows_and_32_bit_extents(monkeypatch):
+    """(Session 64's mutation pass: dropping either of these two rules from fast_path_key went unnoticed.)"""
+    monkeypatch.setattr(mod, "_DEVICE_OK", {0})
+    bf = torch.bfloat16
+    q, k = torch.zeros(2, 64, dtype=bf), torch.zeros(80, dtype=bf).as_strided((2, 64), (8, 1))  # k's rows overlap
+    like = [_CudaLike(t) for t in (q, k, torch.ones(64, dtype=bf), torch.ones(64, dtype=bf))]
+    assert mod.fast_path_key(*like, 1e-6) is None
+    assert mod.fast_path_key(*like, 1e-6, launch_checks=True) is None
+    g = 1 << 40
+    q = _CudaLike(torch.zeros(1, 8, dtype=bf), (3, 4096), (4096, 1), g)
+    wq = _CudaLike(torch.zeros(8, dtype=bf), (4096,), (1,), 3 * g)
+    wk = _CudaLike(torch.zeros(8, dtype=bf), (1024,), (1,), 4 * g)
+    near = _CudaLike(torch.zeros(1, 8, dtype=bf), (3, 1024), (1024, 1), 2 * g)
+    assert mod.fast_path_key(q, near, wq, wk, 1e-6) is not None
+    far = _CudaLike(torch.zeros(1, 8, dtype=bf), (3, 1024), (2**30, 1), 2 * g)  # (N - 1) * stride + K > 2^31 - 1
+    assert mod.fast_path_key(q, far, wq, wk, 1e-6) is None
+    assert mod.fast_path_key(q, far, wq, wk, 1e-6, launch_checks=True) is None
