@@ -17,6 +17,7 @@ from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels import scale
 from cute_kernels.runtime import validate
+from test_ranker_bwd import _bf16_args  # (the backward tests' bf16 arguments: tests/ is on sys.path)
 
 BF = torch.bfloat16
 
@@ -42,7 +43,7 @@ def test_two_overlapping_rows_are_refused():
 
 def test_an_output_sharing_only_the_last_element_of_an_input_is_refused():
     """dq's first bytes are the bounds' last int32 (the byte extent's last element counts)."""
-    q, k, v, out, lse, do, _ = _bwd_args()
+    q, k, v, out, lse, do, _ = _bf16_args()
     big = torch.zeros(8 + q.numel() // 2 + 16, dtype=torch.int32)
     bounds = big[1:9].view(2, 4)  # bytes 4..36
     bounds.copy_(torch.tensor([[0, 5, 5, 9]] * 2))
@@ -158,12 +159,6 @@ def test_a_config_of_another_head_dim_is_refused(stand_in_kernel):
 
 # ---- ranker backward ----------------------------------------------------------------------------------------
 
-def _bwd_args(nb=2, s=9, hq=4, hkv=2, d=64):
-    q, do = torch.randn(nb, s, hq, d, dtype=BF), torch.randn(nb, s, hq, d, dtype=BF)
-    k, v = torch.randn(nb, s, hkv, d, dtype=BF), torch.randn(nb, s, hkv, d, dtype=BF)
-    return q, k, v, torch.zeros_like(q), torch.zeros(nb, hq, s), do, torch.tensor([[0, 5, 5, 9]] * nb, dtype=torch.int32)
-
-
 def test_backward_grid_limits_are_exact():
     hq = 65536  # query heads: one past CUDA's grid y/z limit
     q, k = meta(1, 8, hq, 64), meta(1, 8, 1, 64)
@@ -201,7 +196,7 @@ def test_backward_outputs_on_another_device_are_refused(monkeypatch):
 
 
 def test_backward_outputs_aliasing_lse_or_dlse_are_refused():
-    q, k, v, out, lse, do, bounds = _bwd_args()
+    q, k, v, out, lse, do, bounds = _bf16_args()
     big = torch.zeros(q.numel() * 2 // 4 + 64)
     lse_in_big = big[:lse.numel()].view(lse.shape)
     dq = big.view(BF)[:q.numel()].view(q.shape)  # dq's bytes start at lse's first byte
@@ -215,7 +210,7 @@ def test_backward_outputs_aliasing_lse_or_dlse_are_refused():
 
 
 def test_backward_lse_with_padded_rows_is_refused():
-    q, k, v, out, lse, do, bounds = _bwd_args()
+    q, k, v, out, lse, do, bounds = _bf16_args()
     padded = torch.zeros(*lse.shape[:-1], lse.shape[-1] + 3)[..., :lse.shape[-1]]  # last dim contiguous
     with pytest.raises(ValueError, match="lse must be contiguous"):
         rb._validate_backward(q, k, v, out, padded, do, bounds, None, None, "tanh", None, None, cuda=False)
