@@ -48,10 +48,9 @@ def main():
         "1 x empty_like (q)": lambda: torch.empty_like(q),
         "1 x torch.empty(shape, dtype, device)": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
         "1 x empty_like contiguous_format": lambda: torch.empty_like(q, memory_format=torch.contiguous_format),
-        "raw compiled call (14 args)": lambda: fn(q, q, q, bounds, out, lse, None, None, sl, 0.125, 1.0, 1, 128,
-                                                  max_ctas),
-        "raw compiled call, no LSE": lambda: fn_no_lse(q, q, q, bounds, out, None, None, None, sl, 0.125, 1.0, 1,
-                                                       128, max_ctas),
+        "raw compiled call (13 args)": lambda: fn(q, q, q, bounds, out, lse, None, sl, 0.125, 1.0, 1, 128, max_ctas),
+        "raw compiled call, no LSE": lambda: fn_no_lse(q, q, q, bounds, out, None, None, sl, 0.125, 1.0, 1, 128,
+                                                       max_ctas),
         "torch.mul (2048 bf16)": lambda: torch.mul(x, 2.0),
     }
     report_host_times(calls)
