@@ -2,6 +2,7 @@
 the shared-memory / register arithmetic behind them (a helper: one rule changed at a time, against the CPU tests
 that could see it) found these rules unpinned; each test fails with its rule changed that way and passes with the
 rule as written.  What each rule guards is in the test's comment."""
+import copy
 import dataclasses
 
 import pytest
@@ -125,3 +126,17 @@ def test_walk_config_for_switches_to_medium_above_256_rows():
     assert walk.config_for(0) is walk.SMALL
     assert walk.config_for(256) is walk.SMALL
     assert walk.config_for(257) is walk.MEDIUM
+
+
+# Gap B6 (left by session 64's pass, then caught only by the slow test_layouts.py::test_session_17_tile_shape_review):
+# RankerBwdConfig's budget adds the 1 KB of static shared memory ptxas reports for the mainloop.  D=128 with 64-row
+# q blocks, three Q/dO stages and two sdS^T buffers lays out exactly the sm_90 limit in dynamic shared memory, so it
+# fits only if the static kilobyte is forgotten.
+def test_bwd_smem_budget_counts_the_static_kilobyte():
+    base = rb.CONFIGS[128]
+    assert base.tile_m == 64 and base.ds_stages == 2
+    probe = copy.copy(base)  # (unvalidated: three stages)
+    object.__setattr__(probe, "stages", 3)
+    assert probe.smem_bytes() == rb.SMEM_CAPACITY
+    with pytest.raises(ValueError, match=r"needs 233472 B of shared memory .*1024 B static.*limit is 232448 B"):
+        dataclasses.replace(base, stages=3)
