@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass is imported)
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import admitted_pairs, clamp_bounds, dense_mask
+from ranker_fwd_stand_in import stand_in_forward  # (tests/ is on sys.path)
 
 
 def _brute_force(q, k, v, bounds, scale, cap=None, cap_method="tanh"):
@@ -346,18 +348,18 @@ def test_fixed_row_max_ships_on_the_capped_bf16_configs_and_drops_the_running_ma
 def test_fixed_row_max_only_where_the_cap_bounds_p(monkeypatch, dtype, cap, fixed):
     """The host launches a fixed-max config only for bfloat16 with cap <= FIXED_MAX_CAP (P stays within
     (e^-50, e^50)); otherwise the same tile shape with the online max, also for a config passed in."""
-    compiled = []
-    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
-    monkeypatch.setattr(rf, "_VALIDATED", {})
-    monkeypatch.setattr(rf, "_FNS", {})
-    monkeypatch.setattr(rf, "_compile", lambda *a: compiled.append(a) or (lambda *args: None))
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
+    launched = stand_in_forward(monkeypatch)
+    monkeypatch.setattr(rf, "_DROPPED_WARNED", set())
     assert rf.fixed_row_max_applies(dtype, cap) == fixed
     q = torch.zeros(1, 16, 2, 128, dtype=dtype)
     bounds = torch.zeros(1, 4, dtype=torch.int32)
     for config in (None, rf.CAP_CONFIGS[("tanh", 128)]):
-        rf._ranker_impl(q, q, q, bounds, None, cap, "tanh", None, None, config=config)
-        cfg = compiled[-1][1]
+        with warnings.catch_warnings(record=True) as got:  # (a caller's config is told its fixed max is dropped)
+            warnings.simplefilter("always")
+            rf._ranker_impl(q, q, q, bounds, None, cap, "tanh", None, None, config=config)
+        dropped = [w for w in got if "online max" in str(w.message)]
+        assert len(dropped) == len(got) == (config is not None and not fixed), [str(w.message) for w in got]
+        cfg = launched[-1][0][1]
         assert cfg.fixed_row_max == fixed and cfg.consumer_wgs == 3 and cfg.tile_n == 64
 
 
@@ -564,20 +566,14 @@ def test_varlen_signature_validation(kw, exc, msg):
 @pytest.fixture
 def fake_launch(monkeypatch):
     """_ranker_impl on CPU tensors: validation without the CUDA requirement, a recording stand-in kernel."""
-    calls = []
-    full = rf._validate
-    monkeypatch.setattr(rf, "_validate", lambda *a: full(*a, cuda=False))
-    monkeypatch.setattr(rf, "_VALIDATED", {})
-    monkeypatch.setattr(rf, "_FNS", {})
-    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: calls.append(args))
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
+    launched = stand_in_forward(monkeypatch)
     monkeypatch.setattr(rf, "_capturing", lambda t: False, raising=False)
 
     def run(**kw):
         a = _varlen_args(**kw)
         rf._ranker_impl(a["q"], a["k"], a["v"], a["bounds"], a["softmax_scale"], a["cap"], a["cap_method"],
                         a["cu_seqlens"], a["max_seqlen"])
-        return calls[-1][11]  # the max_seqlen handed to the kernel
+        return launched[-1][1][11]  # the max_seqlen handed to the kernel
 
     return run
 
@@ -910,21 +906,14 @@ def test_checked_max_ships_uncapped_bf16(monkeypatch):
         rf.RankerAttentionFwd(cutlass.BFloat16, rf.CONFIGS[128], 1, "tanh", False)
     with pytest.raises(ValueError, match="checked_max needs bfloat16 and no cap"):
         rf.RankerAttentionFwd(cutlass.Float16, rf.CONFIGS[128], 1, "none", False)
-    launched = []
-    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
-    monkeypatch.setattr(rf, "_VALIDATED", {})
-    monkeypatch.setattr(rf, "_FNS", {})
-    monkeypatch.setattr(rf, "_CHOSEN", {})
-    monkeypatch.setattr(rf, "_compile", lambda *a: (lambda *args: launched.append((a[1], args))))
-    monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)  # (no compile record: nothing was compiled)
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
+    launched = stand_in_forward(monkeypatch)
     for dtype, seq, cap, config, want in (
             (torch.bfloat16, 3000, None, None, True), (torch.bfloat16, 16, None, None, True),
             (torch.float16, 3000, None, None, False), (torch.bfloat16, 3000, 30.0, None, False),
             (torch.bfloat16, 16, None, dataclasses.replace(rf.CONFIGS[128], checked_max=False), False)):
         q = torch.zeros(1, seq, 2, 128, dtype=dtype)
         rf._ranker_impl(q, q, q, torch.zeros(1, 4, dtype=torch.int32), None, cap, "tanh", None, None, config=config)
-        cfg, args = launched[-1]
+        (_, cfg, *_), args = launched[-1]
         assert cfg.checked_max == want, (dtype, seq, cap, config)
         assert len(args) == 7 + 6  # (q, k, v, bounds, out, lse, cu_seqlens, then the scalars: no buffer of its own)
 
@@ -934,17 +923,8 @@ def test_caller_config_whose_fixed_max_does_not_apply_warns_once(monkeypatch):
     without a cap or above FIXED_MAX_CAP; checked_max with a cap) runs with the online max and says so once per
     (config, dtype, cap) (RuntimeWarning; every time where warnings are errors); the shipped choice and a config
     whose fixed max applies stay silent."""
-    import warnings
-
-    launched = []
-    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
-    monkeypatch.setattr(rf, "_VALIDATED", {})
-    monkeypatch.setattr(rf, "_FNS", {})
-    monkeypatch.setattr(rf, "_CHOSEN", {})
+    launched = stand_in_forward(monkeypatch)
     monkeypatch.setattr(rf, "_DROPPED_WARNED", set())
-    monkeypatch.setattr(rf, "_compile", lambda *a: (lambda *args: launched.append(a[1])))
-    monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
     capped = rf.shipped_config(torch.bfloat16, 128, "tanh")
     assert capped.fixed_row_max
     cases = ((torch.bfloat16, None, rf.CONFIGS[128], None), (torch.bfloat16, 30.0, capped, None),
@@ -964,7 +944,8 @@ def test_caller_config_whose_fixed_max_does_not_apply_warns_once(monkeypatch):
                 assert texts == [], (dtype, cap, config, texts)
             else:
                 assert len(texts) == 1 and msg in texts[0] and "online max" in texts[0], texts
-                assert not launched[-1].fixed_row_max and not launched[-1].checked_max
+                cfg = launched[-1][0][1]
+                assert not cfg.fixed_row_max and not cfg.checked_max
     # where warnings are errors, each such call raises (none runs silently after the first)
     q = torch.zeros(1, 64, 2, 128, dtype=torch.float16)
     for _ in range(2):
@@ -1018,15 +999,8 @@ def test_eager_launch_plan(monkeypatch):
     from cute_kernels import tuning
 
     assert any(m is rf._PLANS for m in tuning._memos)
-    launched, full = [], []
-    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
-    for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
-        monkeypatch.setattr(rf, name, {})
-    compiled_with_lse = []
-    monkeypatch.setattr(rf, "_compile", lambda *a: compiled_with_lse.append(a[5]) or (
-        lambda *args: _refuse_misaligned(args) or launched.append((a[1], args))))
-    monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)  # (no compile record: nothing was compiled)
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
+    full = []
+    launched = stand_in_forward(monkeypatch, kernel=_refuse_misaligned)
     impl = rf._ranker_impl
     monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(kw.get("plan_key")) or impl(*a, **kw))
     seq = 300
@@ -1039,8 +1013,8 @@ def test_eager_launch_plan(monkeypatch):
     out, lse = rf.ranker_attention(q, q, q, bounds, return_lse=True)
     assert len(full) == 1 and full[0] is not None and len(rf._PLANS) == 1
     first_key = full[0]
-    cfg, first = launched[-1]
-    assert cfg == rf.CONFIGS[128] and cfg.checked_max
+    (_, cfg, *_), first = launched[-1]
+    assert cfg == rf.CONFIGS[128] and cfg.checked_max and launched[-1][0][5]  # (the variant writing the LSE)
     q2, bounds2 = tensors(), torch.tensor([[1, 3, 3, 4]] * 2, dtype=torch.int32)
     out2, lse2 = rf.ranker_attention(q2, q2, q2, bounds2, return_lse=True)
     assert len(full) == 1  # the plan
@@ -1070,12 +1044,12 @@ def test_eager_launch_plan(monkeypatch):
     assert len(full) == 4 and len(rf._PLANS) == 5  # (with the two non-compact qs')
     out3 = rf.ranker_attention(q2, q2, q2, bounds2, softmax_scale=1.0)  # without return_lse: no LSE at all
     assert len(full) == 4 and launched[-1][1][4] is out3 and launched[-1][1][5] is None
-    assert not compiled_with_lse[-1] and compiled_with_lse[0]  # (its own compiled variant)
+    assert not launched[-1][0][5]  # (its own compiled variant)
     with rf.use_config(dataclasses.replace(rf.CONFIGS[128], tile_n=96)):
         rf.ranker_attention(q2, q2, q2, bounds2)
-    assert len(full) == 5 and full[-1] is None and launched[-1][0].tile_n == 96
+    assert len(full) == 5 and full[-1] is None and launched[-1][0][1].tile_n == 96
     rf.ranker_attention(q2, q2, q2, bounds2, return_lse=True)
-    assert len(full) == 5 and launched[-1][0] == cfg
+    assert len(full) == 5 and launched[-1][0][1] == cfg
     cu = torch.tensor([0, seq], dtype=torch.int32)
     rf.ranker_attention(q2[0], q2[0], q2[0], bounds2[:1], cu_seqlens=cu)
     assert len(full) == 6 and full[-1] is None
@@ -1090,23 +1064,20 @@ def test_eager_launch_plan_edges(monkeypatch):
     calls), and a cached validation for a bounds tensor whose pointer is not 4-byte aligned."""
     from cute_kernels import tuning
 
-    launched = []
-    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
-    for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
-        monkeypatch.setattr(rf, name, {})
-    monkeypatch.setattr(tuning, "_memos", [rf._CHOSEN, rf._PLANS])
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
+    launched = stand_in_forward(monkeypatch, kernel=_refuse_misaligned)
     q = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16)
     bounds = torch.tensor([[0, 5, 5, 9]] * 2, dtype=torch.int32)
 
+    compile_stand_in = rf._compile
+
     def compile_with_reload(*a):  # a reload while the first call compiles
         tuning.reload()
-        return lambda *args: launched.append(args)
+        return compile_stand_in(*a)
 
     monkeypatch.setattr(rf, "_compile", compile_with_reload)
     rf.ranker_attention(q, q, q, bounds)
     assert launched and not rf._PLANS and not rf._CHOSEN
-    monkeypatch.setattr(rf, "_compile", lambda *a: lambda *args: _refuse_misaligned(args) or launched.append(args))
+    monkeypatch.setattr(rf, "_compile", compile_stand_in)
     rf.ranker_attention(q, q, q, bounds)
     assert len(rf._PLANS) == 1
     rf._PLANS.clear()
@@ -1123,15 +1094,12 @@ def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
     """The plan's key leaves k's, v's and the bounds' dtypes, v's shape, alignment and devices to the compiled
     function's own checks (tvm-ffi refuses before it launches): such a call must raise the full path's error
     (not the compiled function's), and a refusal the full path's checks pass re-raises the compiled one's."""
-    launched, full, tried = [], [], []
-    monkeypatch.setattr(rf, "_validate", lambda *a: rf_validate(*a, cuda=False))
-    for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
-        monkeypatch.setattr(rf, name, {})
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
+    full, tried = [], []
     impl = rf._ranker_impl
     monkeypatch.setattr(rf, "_ranker_impl", lambda *a, **kw: full.append(1) or impl(*a, **kw))
 
-    def tvm_ffi_like(q, k, v, bounds, *rest):  # a stand-in with the compiled function's argument checks
+    def tvm_ffi_like(args):  # the compiled function's own argument checks
+        q, k, v, bounds = args[:4]
         tried.append(q)
         if any(t.is_meta for t in (q, k, v, bounds)):  # (tvm-ffi's packing fails before its checks)
             raise RuntimeError("Cannot pack tensors on meta (stand-in)")
@@ -1142,9 +1110,8 @@ def test_eager_plan_refused_launch_takes_the_full_path(monkeypatch):
             raise ValueError("Mismatched Tensor shape (stand-in)")
         if getattr(bounds, "refused", False):
             raise TypeError("refused by the stand-in only")
-        launched.append(q)
 
-    monkeypatch.setattr(rf, "_compile", lambda *a: tvm_ffi_like)
+    launched = stand_in_forward(monkeypatch, kernel=tvm_ffi_like)
     q = torch.zeros(2, 64, 4, 64, dtype=torch.bfloat16)
     k = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16)
     bounds = torch.tensor([[0, 5, 5, 9]] * 2, dtype=torch.int32)
@@ -1351,8 +1318,6 @@ def test_caller_config_that_spills_gets_a_warning():
     16 B of stack; session 36's fp16 D=128 soft_sign varlen with early_rescale, 8 B then, no longer spills since
     session 47's one history loop) gets a RuntimeWarning at its first launch (warn_if_spills, which
     _ranker_impl calls for config= / use_config); a shipped config none."""
-    import warnings
-
     spilling = dataclasses.replace(rf.shipped_config(torch.bfloat16, 64, "soft_sign"), tile_n=128, stages=4)
     spilling.validate()
     args = (torch.bfloat16, spilling, 1, "soft_sign", True)

@@ -14,6 +14,7 @@ from cute_kernels import registry, tuning
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.runtime.cache import source_fingerprint
 from cute_kernels.runtime.validate import ValidatedConfig
+from ranker_fwd_stand_in import stand_in_forward  # (tests/ is on sys.path)
 
 GPU = "Fake GPU 141GB"  # any name: the GPU of an entry is part of its key, nothing is launched
 
@@ -330,13 +331,8 @@ def test_undecodable_tuned_file_is_ignored(cache, content):
 def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypatch):
     """_ranker_impl on CPU tensors with a recording stand-in kernel: the config it compiles with is the
     tuned one, chosen once per signature; a new entry (tuning.store -> reload) is picked up."""
-    launched, chosen = [], []
-    full_validate, full_select = rf._validate, rf.config_for_shape
-    monkeypatch.setattr(rf, "_validate", lambda *a: full_validate(*a, cuda=False))
-    monkeypatch.setattr(rf, "_VALIDATED", {})
-    monkeypatch.setattr(rf, "_FNS", {})
-    monkeypatch.setattr(rf, "_compile", lambda dtype, cfg, *a: lambda *args: launched.append(cfg))
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
+    chosen, full_select = [], rf.config_for_shape
+    launched = stand_in_forward(monkeypatch)
     monkeypatch.setattr(rf, "config_for_shape", lambda *a, **kw: chosen.append(a) or full_select(*a, **kw))
     monkeypatch.setattr(tuning, "gpu_name", lambda device=None: GPU)
     q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
@@ -344,17 +340,17 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     bounds = torch.tensor([[0, 48, 48, 64]], dtype=torch.int32)
     call = lambda: rf._ranker_impl(q, k, v, bounds, None, None, "tanh", None, None)  # noqa: E731
     call()
-    assert launched[-1] == rf.CONFIGS[128]  # (checked_max at any length)
+    assert launched[-1][0][1] == rf.CONFIGS[128]  # (checked_max at any length)
     key = rf.tuned_shape_key(1, 64, 2, 2, 128, "none")
     tuning.store("ranker_fwd", torch.bfloat16, key, _tuned_cfg(), GPU)  # clears the memo
     call()
     call()
-    assert launched[-2:] == [_tuned_cfg(), _tuned_cfg()]
+    assert [a[1] for a, _ in launched[-2:]] == [_tuned_cfg(), _tuned_cfg()]
     assert len(chosen) == 2  # once before the entry, once after; not per call
     monkeypatch.setenv("CUTE_KERNELS_TUNED", "0")
     tuning.reload()
     call()
-    assert launched[-1] == rf.CONFIGS[128]
+    assert launched[-1][0][1] == rf.CONFIGS[128]
 
 
 # ---------------------------------------------------------------------------- the tuner's flow (no GPU)

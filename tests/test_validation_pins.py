@@ -17,6 +17,7 @@ from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels import scale
 from cute_kernels.runtime import validate
+from ranker_fwd_stand_in import stand_in_forward
 from test_ranker_bwd import _bf16_args  # (the backward tests' bf16 arguments: tests/ is on sys.path)
 
 BF = torch.bfloat16
@@ -122,17 +123,9 @@ def test_forward_work_tile_limit_is_exact():
 
 @pytest.fixture
 def stand_in_kernel(monkeypatch):
-    """ranker_attention on CPU tensors: the full path's checks without the CUDA rule, a recording stand-in for
-    the compiled function (as test_ranker_fwd.py's test_eager_launch_plan)."""
-    launched = []
-    full = rf._validate
-    monkeypatch.setattr(rf, "_validate", lambda *a: full(*a, cuda=False))
-    for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
-        monkeypatch.setattr(rf, name, {})
-    monkeypatch.setattr(rf, "_compile", lambda *a: (lambda *args: launched.append((a, args))))
-    monkeypatch.setattr(rf, "warn_if_spills", lambda *a: 0)
-    monkeypatch.setattr(rf, "sm_count", lambda device: 4)
-    return launched
+    """ranker_attention on CPU tensors with a recording stand-in for the compiled function
+    (:func:`ranker_fwd_stand_in.stand_in_forward`)."""
+    return stand_in_forward(monkeypatch)
 
 
 def test_a_kept_launch_plan_is_not_reused_for_another_k_or_bounds(stand_in_kernel):
