@@ -25,12 +25,11 @@ class UnpackedKernel(mod.QKNormKernel):
     """The per-token kernel without :func:`qknorm.keep_packed`."""
 
     @cute.jit
-    def normalize(self, mX, mW, part: cutlass.Constexpr, dim: cutlass.Constexpr, tidx, bidx, n, eps, sRed,
-                  warp_base: cutlass.Constexpr, barrier_id: cutlass.Constexpr):
-        tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, part, tidx, bidx, n)
-        ss = self.row_sum_of_squares(tXrX, part, tidx, sRed, warp_base, barrier_id)
-        scale = cute.math.rsqrt(ss * Float32(1.0 / dim) + eps, fastmath=True)
-        self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, part)
+    def normalize(self, mX, mW, role: cutlass.Constexpr, tidx, bidx, n, eps, sRed):
+        tXgX, tXrX, tXrW, row_ok, col_ok = self.load_rows(mX, mW, role.part, tidx, bidx, n)
+        ss = self.row_sum_of_squares(tXrX, role, tidx, sRed)
+        scale = cute.math.rsqrt(ss * Float32(1.0 / role.dim) + eps, fastmath=True)
+        self.scale_and_store(tXgX, tXrX, tXrW, scale, row_ok, col_ok, role.part)
 
 
 def compile_unpacked(dtype, qd, kd):

@@ -39,6 +39,9 @@ class SplitPartsKernel:
         assert self.rows_q * cfg.q.threads == self.threads == self.rows_k * cfg.k.threads
         self.qn = _part_normalizer(dtype, cfg, self.rows_q, self.threads)
         self.kn = _part_normalizer(dtype, cfg, self.rows_k, self.threads)
+        # each CTA holds one part: its threads start at 0 and sync on barrier 1 (mod.NamedBarrier.Q_ROWS)
+        self.q_role = mod.RowRole(0, cfg.q, cfg.q_dim, 0, int(mod.NamedBarrier.Q_ROWS))
+        self.k_role = mod.RowRole(1, cfg.k, cfg.k_dim, 0, int(mod.NamedBarrier.Q_ROWS))
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mWq: cute.Tensor, mWk: cute.Tensor, eps: Float32, stream):
@@ -57,17 +60,16 @@ class SplitPartsKernel:
         smem = cutlass.memory.SmemAllocator()
         sRed = smem.allocate_tensor(Float32, cute.make_layout(self.threads // 32), byte_alignment=16)
         n = mQ.shape[0]
-        cfg = self.cfg
         if cutlass.const_expr(self.k_first):
             if bidx < first:
-                self.kn.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx, bidx, n, eps, sRed, 0, 1)
+                self.kn.normalize(mK, mWk, self.k_role, tidx, bidx, n, eps, sRed)
             else:
-                self.qn.normalize(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx - first, n, eps, sRed, 0, 1)
+                self.qn.normalize(mQ, mWq, self.q_role, tidx, bidx - first, n, eps, sRed)
         else:
             if bidx < first:
-                self.qn.normalize(mQ, mWq, cfg.q, cfg.q_dim, tidx, bidx, n, eps, sRed, 0, 1)
+                self.qn.normalize(mQ, mWq, self.q_role, tidx, bidx, n, eps, sRed)
             else:
-                self.kn.normalize(mK, mWk, cfg.k, cfg.k_dim, tidx, bidx - first, n, eps, sRed, 0, 1)
+                self.kn.normalize(mK, mWk, self.k_role, tidx, bidx - first, n, eps, sRed)
 
 
 def compile_split(dtype, qd, kd, k_first: bool):
