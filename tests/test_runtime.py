@@ -500,6 +500,53 @@ def test_dynamic_compile_keeps_token_and_sequence_sizes_symbolic():
         assert counters["stats"]["unique_graphs"] == 1, (fn.__name__, dict(counters["stats"]))
 
 
+def test_export_with_a_plain_dim_on_each_size(tmp_path):
+    """torch.export with a plain ``Dim`` on the token / batch / sequence / row dimension: the ops' size limits
+    (32-bit extents, 2^30 work tiles, hc_mix's rows) add no guard on a symbolic size (``validate.exceeds``).
+    Before, qk_rmsnorm_'s extent guard ``512 * n <= 2^31 - 1`` crashed torch's guard printer (an
+    AssertionError), and the others were refused unless the Dim carried the limit as ``max=`` (a newcomer's
+    finding).  The exported program then saves, and loads in a new process after ``register_ops()``."""
+    import subprocess
+    import sys
+
+    import cute_kernels as ck
+    from torch.export import Dim, export
+
+    class Norm(torch.nn.Module):
+        def forward(self, q, k, wq, wk):
+            ck.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+            return q, k
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v, b):
+            return ck.ranker_attention(q, k, v, b, return_lse=True)
+
+    class Mix(torch.nn.Module):
+        def forward(self, x, fn, scale, base):
+            return ck.hc_mix_sinkhorn(x, fn, scale, base)
+
+    meta = lambda *s, dtype=torch.bfloat16: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
+    n, nb, seq, m = Dim("n"), Dim("b"), Dim("s"), Dim("m")
+    ep = export(Norm(), (meta(64, 512), meta(64, 256), meta(512), meta(256)), dynamic_shapes=({0: n}, {0: n}, None, None))
+    assert ep.module()(meta(3, 512), meta(3, 256), meta(512), meta(256))[0].shape == (3, 512)
+    q, bounds = meta(2, 128, 4, 64), meta(2, 4, dtype=torch.int32)
+    export(Attn(), (q, q, q, bounds), dynamic_shapes=({0: nb}, {0: nb}, {0: nb}, {0: nb}))
+    attn = export(Attn(), (q, q, q, bounds), dynamic_shapes=({1: seq}, {1: seq}, {1: seq}, None))
+    out, lse = attn.module()(*(meta(2, 40, 4, 64),) * 3, bounds)
+    assert out.shape == (2, 40, 4, 64) and lse.shape == (2, 4, 40) and lse.dtype == torch.float32
+    f32 = torch.float32
+    export(Mix(), (meta(8, 256), meta(24, 256, dtype=f32), meta(3, dtype=f32), meta(24, dtype=f32)),
+           dynamic_shapes=({0: m}, None, None, None))
+    path = tmp_path / "attn.pt2"
+    torch.export.save(attn, path)
+    load = (f"import torch, cute_kernels; cute_kernels.register_ops(); ep = torch.export.load({str(path)!r}); "
+            "m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device='meta'); "
+            "print(tuple(ep.module()(m(2, 56, 4, 64), m(2, 56, 4, 64), m(2, 56, 4, 64), "
+            "torch.empty(2, 4, dtype=torch.int32, device='meta'))[0].shape))")
+    res = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip().endswith("(2, 56, 4, 64)"), res.stderr[-2000:]
+
+
 def test_dynamic_compile_reports_a_bad_scalar():
     """torch.compile(dynamic=True): a scalar out of range must surface as our ValueError (Dynamo's
     'Observed exception' wrapping it), not as a tracing failure while the message is formatted."""

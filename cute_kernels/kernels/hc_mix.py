@@ -27,7 +27,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.torch_op import custom_op, register_flops, without_autocast
 from ..runtime.validate import (INT32_MAX, aligned_data, check_f32_eps, check_float_tensors, check_int,
                                 check_same_device, check_distinct_rows, check_extent, check_tensor, element_span,
-                                validated_once)
+                                exceeds, validated_once)
 from . import hc_mix_walk as walk
 from .hc_mix_shared import HC, K_ALIGN, N_MIX, N_PIECES, SP_COLS
 
@@ -109,7 +109,7 @@ def _validate(x, hc_fn, hc_scale, hc_base, sinkhorn_iters, rms_eps=1e-6, hc_eps=
     check_tensor("hc_base", hc_base, dtypes=(torch.float32,), shape=(N_MIX,), cuda=cuda, align_bytes=4,
                  data_pointer=pointers)
     check_same_device(x=x, hc_fn=hc_fn, hc_scale=hc_scale, hc_base=hc_base)
-    if x.shape[0] > MAX_ROWS:
+    if exceeds(x.shape[0], MAX_ROWS):  # (symbolic sizes: only where the trace proves it)
         raise ValueError(f"x has {x.shape[0]} rows; at most {MAX_ROWS} supported")
 
 

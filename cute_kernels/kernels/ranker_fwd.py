@@ -94,7 +94,7 @@ from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager,
                                 without_autocast, without_data)
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fields, check_float_tensors,
                                 check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
-                                check_real, validated_once)
+                                check_real, exceeds, validated_once)
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
 from . import ranker_autograd, ranker_flops
@@ -1544,7 +1544,7 @@ def _check_tile_count(max_seqlen: int, tile_m: int, hq: int, nb: int, varlen: bo
     (one CTA per tile: the tile count): ValueError above :data:`MAX_WORK_TILES` tiles (varlen:
     ``ceil(max_seqlen / tile_m)`` tiles for every one of the B sequences)."""
     m_blocks = -(-max_seqlen // tile_m)
-    if m_blocks * hq * nb > MAX_WORK_TILES:
+    if exceeds(m_blocks * hq * nb, MAX_WORK_TILES):  # (symbolic sizes: only where the trace proves it)
         fix = ("split the batch, or pass a smaller, exact max_seqlen" if varlen else
                "split the batch or the heads into several calls")
         raise ValueError(f"{m_blocks} q tiles x Hq={hq} x B={nb} exceed 2^30 work tiles (q tiles per sequence x "

@@ -111,11 +111,25 @@ def element_span(t: torch.Tensor) -> int:
     return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
 
+def exceeds(size, limit: int) -> bool:
+    """``size > limit`` for a size limit of the kernels (32-bit offsets, work-tile counts, row counts).  A
+    symbolic size (torch.compile / torch.export with dynamic shapes) exceeds it only where the trace's facts
+    prove it: the check then adds no guard to the trace (``torch.export`` with a plain ``Dim`` would have to
+    carry the limit as that dimension's ``max=``, and on some products torch fails to phrase that guard), and
+    the op checks the concrete sizes again when it runs."""
+    if isinstance(size, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        return statically_known_true(size > limit)
+    return size > limit
+
+
 def check_extent(name: str, t: torch.Tensor, *, limit: int = INT32_MAX) -> None:
     """``ValueError`` unless every element of ``t`` lies within ``limit`` elements of its first (the
-    kernels compute element offsets with 32-bit integers: a larger tensor would wrap them)."""
+    kernels compute element offsets with 32-bit integers: a larger tensor would wrap them; symbolic sizes:
+    see :func:`exceeds`)."""
     span = element_span(t)
-    if span > limit:
+    if exceeds(span, limit):
         raise ValueError(f"{name} spans {span} elements (shape {list(t.shape)}, strides {list(t.stride())}); the "
                          f"kernels index with 32-bit offsets (at most {limit}): split the call")
 
