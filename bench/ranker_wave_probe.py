@@ -8,7 +8,15 @@ otherwise, and prints the time per tile (forward) or per history KV block (backw
 wave costs what the round count says, the per-tile time at H=16 is ``ceil(w) / w`` times the full-wave
 one (w: waves of work).
 
-    python3 bench/ranker_wave_probe.py [--rounds=N]
+    python3 bench/ranker_wave_probe.py [--rounds=N] [--short]
+
+``--short``: the forward at the bench's two short, candidate-heavy shapes (B=16 1K+256 H=16: 2560 tiles, 19.39
+waves; B=8 2K+2K H=8: 2048 tiles, 15.52 waves) against head counts whose tiles fill whole waves (H=33 at both:
+40 and 64 full waves) and on 128 CTAs (20 and 16 full rounds of the same tiles).
+
+``--grid-ab``: the forward on every bench shape (``ranker_bench.BENCH_CASES``, config as the public call
+chooses it) on one persistent CTA per SM (twice: the A/A pair) and on the fewest CTAs that keep the same
+number of tile rounds, ``ceil(tiles / ceil(tiles / SMs))`` (e.g. 128 for 2560 tiles on 132 SMs), interleaved.
 
 Forward tiles: B x H x ceil(S / tile_m); backward CTAs with work: B x H x ceil(hist / tile_n).
 """
@@ -37,6 +45,14 @@ FWD_CASES = [
     ("D64 H=11 (8 full waves)", 4, 4096, 512, 11, 64, None),
     ("D64 H=16 (11.64 waves)", 4, 4096, 512, 16, 64, None),
 ]
+SHORT_FWD_CASES = [
+    ("B16 1K+256 H=16 (19.39 waves)", 16, 1024, 256, 16, 128, None),
+    ("B16 1K+256 H=16 on 128 CTAs (20 rounds)", 16, 1024, 256, 16, 128, 128),
+    ("B16 1K+256 H=33 (40 full waves)", 16, 1024, 256, 33, 128, None),
+    ("B8 2K+2K H=8 (15.52 waves)", 8, 2048, 2048, 8, 128, None),
+    ("B8 2K+2K H=8 on 128 CTAs (16 rounds)", 8, 2048, 2048, 8, 128, 128),
+    ("B8 2K+2K H=33 (64 full waves)", 8, 2048, 2048, 33, 128, None),
+]
 # (label, B, hist, cand, H, D)
 BWD_CASES = [
     ("bwd D128 H=8 (7.76 waves)", 4, 4096, 512, 8, 128),
@@ -45,11 +61,11 @@ BWD_CASES = [
 ]
 
 
-def main(rounds: int):
+def main(rounds: int, short: bool = False):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(json.dumps({"gpu": torch.cuda.get_device_name(0), "sms": sms, "rounds": rounds}), flush=True)
     jobs = []
-    for label, nb, hist, cand, h, d, max_ctas in FWD_CASES:
+    for label, nb, hist, cand, h, d, max_ctas in SHORT_FWD_CASES if short else FWD_CASES:
         _, q, k, v, bounds, _ = ranker_inputs((nb, hist, cand, h, h, d, None), seed=len(jobs))
         cfg = rf.shipped_config(torch.bfloat16, d, "none")
         tiles = nb * h * math.ceil((hist + cand) / cfg.tile_m)
@@ -57,7 +73,7 @@ def main(rounds: int):
         fn = (lambda q=q, k=k, v=v, b=bounds, c=cfg, m=max_ctas:
               rf._ranker_impl(q, k, v, b, None, None, "tanh", None, None, config=c, max_ctas=m))
         jobs.append((label, fn, tiles, grid))
-    for label, nb, hist, cand, h, d in BWD_CASES:
+    for label, nb, hist, cand, h, d in [] if short else BWD_CASES:
         _, q, k, v, bounds, do = ranker_inputs((nb, hist, cand, h, h, d, None), seed=len(jobs), dout=True)
         out, lse = rf.ranker_attention(q, k, v, bounds, return_lse=True)
         cfg = rb.CONFIGS[d]
@@ -82,9 +98,46 @@ def main(rounds: int):
                           "spread_pct": round(100 * (max(times[label]) - min(times[label])) / us, 1)}), flush=True)
 
 
+def grid_ab(rounds: int):
+    """``--grid-ab`` (see the module's docstring): prints per shape the median us of each grid."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "sms": sms, "rounds": rounds}), flush=True)
+    jobs = []
+    for case in rf.BENCH_CASES:
+        nb, hist, cand, hq, hkv, d, cap = case
+        _, q, k, v, bounds, _ = ranker_inputs(case, seed=len(jobs))
+        cfg = rf.config_for_shape(torch.bfloat16, nb, hist + cand, hq, hkv, d, "tanh" if cap else "none", False,
+                                  cap=cap)
+        tiles = nb * hq * math.ceil((hist + cand) / cfg.tile_m)
+        balanced = math.ceil(tiles / math.ceil(tiles / sms))
+        label = f"B={nb} {hist}+{cand} H={hq}/{hkv} D={d} cap={cap}: {tiles} tiles"
+        grids = {"sms": sms, "sms_again": sms, "balanced": balanced}
+        for name, grid in grids.items():
+            fn = (lambda q=q, k=k, v=v, b=bounds, c=cap, m=grid:
+                  rf._ranker_impl(q, k, v, b, None, c, "tanh", None, None, max_ctas=m))
+            jobs.append((label, name, grid, fn))
+    times = {(label, name): [] for label, name, *_ in jobs}
+    rng = random.Random(0)
+    for _ in range(rounds):
+        order = list(jobs)
+        rng.shuffle(order)
+        for label, name, _, fn in order:
+            times[(label, name)].append(cuda_time_us(fn, reps=8, inner=5))
+    for label in dict.fromkeys(label for label, *_ in jobs):
+        row = {name: dict(grid=grid, us=round(statistics.median(times[(label, name)]), 1),
+                          spread_pct=round(100 * (max(times[(label, name)]) - min(times[(label, name)]))
+                                           / statistics.median(times[(label, name)]), 1))
+               for lab, name, grid, _ in jobs if lab == label}
+        print(json.dumps({"case": label, **row}), flush=True)
+
+
 if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):
         print(__doc__)
         raise SystemExit(0)
     r = [a for a in sys.argv[1:] if a.startswith("--rounds=")]
-    main(int(r[0].split("=")[1]) if r else 5)
+    n_rounds = int(r[0].split("=")[1]) if r else 5
+    if "--grid-ab" in sys.argv[1:]:
+        grid_ab(n_rounds)
+    else:
+        main(n_rounds, short="--short" in sys.argv[1:])
