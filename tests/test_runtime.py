@@ -502,7 +502,8 @@ def test_dynamic_compile_keeps_token_and_sequence_sizes_symbolic():
 
 def test_export_with_a_plain_dim_on_each_size(tmp_path):
     """torch.export with a plain ``Dim`` on the token / batch / sequence / row dimension: the ops' size limits
-    (32-bit extents, 2^30 work tiles, hc_mix's rows) add no guard on a symbolic size (``validate.exceeds``).
+    (32-bit extents and element counts, 2^30 work tiles, hc_mix's rows, the backward's 65535 sequences) add no
+    guard on a symbolic size (``validate.exceeds``).
     Before, qk_rmsnorm_'s extent guard ``512 * n <= 2^31 - 1`` crashed torch's guard printer (an
     AssertionError), and the others were refused unless the Dim carried the limit as ``max=`` (a newcomer's
     finding).  The exported program then saves, and loads in a new process after ``register_ops()``."""
@@ -535,8 +536,25 @@ def test_export_with_a_plain_dim_on_each_size(tmp_path):
     out, lse = attn.module()(*(meta(2, 40, 4, 64),) * 3, bounds)
     assert out.shape == (2, 40, 4, 64) and lse.shape == (2, 4, 40) and lse.dtype == torch.float32
     f32 = torch.float32
-    export(Mix(), (meta(8, 256), meta(24, 256, dtype=f32), meta(3, dtype=f32), meta(24, dtype=f32)),
-           dynamic_shapes=({0: m}, None, None, None))
+    mix_args = (meta(8, 256), meta(24, 256, dtype=f32), meta(3, dtype=f32), meta(24, dtype=f32))
+    export(Mix(), mix_args, dynamic_shapes=({0: m}, None, None, None))
+
+    class Walk(torch.nn.Module):  # (its own 32-bit extent rule on x)
+        def forward(self, x, fn, scale, base):
+            return ck.hc_mix_sinkhorn(x, fn, scale, base, method="walk")
+
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return ck.scale(x, 2.0)
+
+    class Backward(torch.nn.Module):  # (the grid's 65535 sequences)
+        def forward(self, q, out, lse, dout, b):
+            return ck.ranker_attention_backward(q, q, q, out, lse, dout, b)
+
+    export(Walk(), mix_args, dynamic_shapes=({0: m}, None, None, None))
+    export(Scale(), (meta(16, 1024),), dynamic_shapes=({0: n},))
+    export(Backward(), (q, q, meta(2, 4, 128, dtype=f32), q, bounds),
+           dynamic_shapes=({0: nb}, {0: nb}, {0: nb}, {0: nb}, {0: nb}))
     path = tmp_path / "attn.pt2"
     torch.export.save(attn, path)
     load = (f"import torch, cute_kernels; cute_kernels.register_ops(); ep = torch.export.load({str(path)!r}); "

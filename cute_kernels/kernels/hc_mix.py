@@ -194,7 +194,7 @@ def _check_walk_extent(x: torch.Tensor) -> None:
     """The walk computes x's element offsets in 32 bits: refuse an x that spans more elements."""
     m = x.shape[0]
     span = element_span(x)  # (x's last dim is contiguous: (M - 1) * row stride + K)
-    if span > WALK_MAX_OFFSET:
+    if exceeds(span, WALK_MAX_OFFSET):  # (symbolic sizes: only where the trace proves it)
         raise ValueError(f"x spans {span} elements (M={m}, row stride {x.stride(0)}); method='walk' indexes x "
                          f"with 32-bit offsets (at most {WALK_MAX_OFFSET}): use method='tma' or fewer rows per call")
 

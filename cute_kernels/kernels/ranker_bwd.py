@@ -100,7 +100,7 @@ from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_autocast, without_data
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check_config_fields,
                                 check_outputs_disjoint, check_same_device, check_tensor,
-                                validated_once)
+                                exceeds, validated_once)
 from . import ranker_flops, sm90_helpers as sm90
 from .ranker_bench import BENCH_CASES, D256_CASES, SHORT_CASES  # noqa: F401 (the bench's shapes, in ranker_bench)
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
@@ -1814,7 +1814,8 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     varlen, nb, seq, hq, hkv, d = res
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported by the backward; supported: {sorted(CONFIGS)}")
-    if q.numel() and (nb > MAX_GRID_YZ or hq > MAX_GRID_YZ):  # the launches' grids are (blocks, head, batch)
+    # the launches' grids are (blocks, head, batch); symbolic sizes: only where the trace proves it
+    if q.numel() and (exceeds(nb, MAX_GRID_YZ) or exceeds(hq, MAX_GRID_YZ)):
         raise ValueError(f"the backward supports at most {MAX_GRID_YZ} sequences and {MAX_GRID_YZ} query heads "
                          f"(CUDA's grid y/z limit), got B={nb}, Hq={hq}; split the batch")
     check_bool("deterministic", deterministic)

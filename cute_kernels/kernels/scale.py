@@ -22,7 +22,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.torch_op import custom_op
-from ..runtime.validate import ValidatedConfig, check_config_fields, check_float_tensors, check_real, check_tensor
+from ..runtime.validate import (ValidatedConfig, check_config_fields, check_float_tensors, check_real, check_tensor,
+                                exceeds)
 
 NAME = "scale"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -116,7 +117,7 @@ def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
     vec = 16 // x.element_size()
     if x.numel() % vec:
         raise ValueError(f"x.numel()={x.numel()} must be a multiple of {vec} (16-byte vectors)")
-    if x.numel() >= 2**31:  # the kernel's element count is a 32-bit integer
+    if exceeds(x.numel(), 2**31 - 1):  # the kernel's element count is a 32-bit integer (symbolic: see exceeds)
         raise ValueError(f"x.numel()={x.numel()} must be below 2**31 (32-bit element count); split the call")
 
 
