@@ -30,10 +30,11 @@ import statistics
 import sys
 
 import torch
-from probe_timing import ranker_inputs
+from probe_timing import ranker_inputs, time_configs
 
 from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels import ranker_fwd as rf
+from cute_kernels.kernels.ranker_mask import admitted_pairs
 from cute_kernels.runtime.timing import cuda_time_us
 
 # (label, B, hist, cand, H, D, forward max_ctas or None)
@@ -99,36 +100,26 @@ def main(rounds: int, short: bool = False):
 
 
 def grid_ab(rounds: int):
-    """``--grid-ab`` (see the module's docstring): prints per shape the median us of each grid."""
+    """``--grid-ab`` (see the module's docstring), through ``probe_timing.time_configs``: prints per shape the
+    median us and useful TFLOP/s of each grid (``sms_again``: the A/A pair) and their spreads over rounds."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(json.dumps({"gpu": torch.cuda.get_device_name(0), "sms": sms, "rounds": rounds}), flush=True)
-    jobs = []
+    cases = []
     for case in rf.BENCH_CASES:
         nb, hist, cand, hq, hkv, d, cap = case
-        _, q, k, v, bounds, _ = ranker_inputs(case, seed=len(jobs))
+        key, q, k, v, bounds, _ = ranker_inputs(case, seed=len(cases))
         cfg = rf.config_for_shape(torch.bfloat16, nb, hist + cand, hq, hkv, d, "tanh" if cap else "none", False,
                                   cap=cap)
         tiles = nb * hq * math.ceil((hist + cand) / cfg.tile_m)
-        balanced = math.ceil(tiles / math.ceil(tiles / sms))
-        label = f"B={nb} {hist}+{cand} H={hq}/{hkv} D={d} cap={cap}: {tiles} tiles"
-        grids = {"sms": sms, "sms_again": sms, "balanced": balanced}
-        for name, grid in grids.items():
-            fn = (lambda q=q, k=k, v=v, b=bounds, c=cap, m=grid:
-                  rf._ranker_impl(q, k, v, b, None, c, "tanh", None, None, max_ctas=m))
-            jobs.append((label, name, grid, fn))
-    times = {(label, name): [] for label, name, *_ in jobs}
-    rng = random.Random(0)
-    for _ in range(rounds):
-        order = list(jobs)
-        rng.shuffle(order)
-        for label, name, _, fn in order:
-            times[(label, name)].append(cuda_time_us(fn, reps=8, inner=5))
-    for label in dict.fromkeys(label for label, *_ in jobs):
-        row = {name: dict(grid=grid, us=round(statistics.median(times[(label, name)]), 1),
-                          spread_pct=round(100 * (max(times[(label, name)]) - min(times[(label, name)]))
-                                           / statistics.median(times[(label, name)]), 1))
-               for lab, name, grid, _ in jobs if lab == label}
-        print(json.dumps({"case": label, **row}), flush=True)
+        grids = {"sms": sms, "balanced": math.ceil(tiles / math.ceil(tiles / sms))}
+        print(json.dumps({"shape": key, "tiles": tiles, "grids": grids}), flush=True)
+        cases.append((key, q, k, v, bounds, cap, 4 * d * hq * admitted_pairs(bounds.cpu(), [hist + cand] * nb),
+                      grids))
+
+    def launch(q, k, v, bounds, cap, grid):
+        return rf._ranker_impl(q, k, v, bounds, None, cap, "tanh", None, None, max_ctas=grid)
+
+    time_configs(cases, rounds=rounds, launch=launch, shuffle_seed=0, control=True)
 
 
 if __name__ == "__main__":
