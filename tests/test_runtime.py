@@ -523,25 +523,12 @@ def test_export_with_a_plain_dim_on_each_size(tmp_path):
             return ck.ranker_attention(q, k, v, b, return_lse=True)
 
     class Mix(torch.nn.Module):
-        def forward(self, x, fn, scale, base):
-            return ck.hc_mix_sinkhorn(x, fn, scale, base)
+        def __init__(self, method):  # (the walk has its own 32-bit extent rule on x)
+            super().__init__()
+            self.method = method
 
-    meta = lambda *s, dtype=torch.bfloat16: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
-    n, nb, seq, m = Dim("n"), Dim("b"), Dim("s"), Dim("m")
-    ep = export(Norm(), (meta(64, 512), meta(64, 256), meta(512), meta(256)), dynamic_shapes=({0: n}, {0: n}, None, None))
-    assert ep.module()(meta(3, 512), meta(3, 256), meta(512), meta(256))[0].shape == (3, 512)
-    q, bounds = meta(2, 128, 4, 64), meta(2, 4, dtype=torch.int32)
-    export(Attn(), (q, q, q, bounds), dynamic_shapes=({0: nb}, {0: nb}, {0: nb}, {0: nb}))
-    attn = export(Attn(), (q, q, q, bounds), dynamic_shapes=({1: seq}, {1: seq}, {1: seq}, None))
-    out, lse = attn.module()(*(meta(2, 40, 4, 64),) * 3, bounds)
-    assert out.shape == (2, 40, 4, 64) and lse.shape == (2, 4, 40) and lse.dtype == torch.float32
-    f32 = torch.float32
-    mix_args = (meta(8, 256), meta(24, 256, dtype=f32), meta(3, dtype=f32), meta(24, dtype=f32))
-    export(Mix(), mix_args, dynamic_shapes=({0: m}, None, None, None))
-
-    class Walk(torch.nn.Module):  # (its own 32-bit extent rule on x)
         def forward(self, x, fn, scale, base):
-            return ck.hc_mix_sinkhorn(x, fn, scale, base, method="walk")
+            return ck.hc_mix_sinkhorn(x, fn, scale, base, method=self.method)
 
     class Scale(torch.nn.Module):
         def forward(self, x):
@@ -551,7 +538,20 @@ def test_export_with_a_plain_dim_on_each_size(tmp_path):
         def forward(self, q, out, lse, dout, b):
             return ck.ranker_attention_backward(q, q, q, out, lse, dout, b)
 
-    export(Walk(), mix_args, dynamic_shapes=({0: m}, None, None, None))
+    meta = lambda *s, dtype=torch.bfloat16: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
+    n, nb, seq, m = Dim("n"), Dim("b"), Dim("s"), Dim("m")
+    ep = export(Norm(), (meta(64, 512), meta(64, 256), meta(512), meta(256)),
+                dynamic_shapes=({0: n}, {0: n}, None, None))
+    assert ep.module()(meta(3, 512), meta(3, 256), meta(512), meta(256))[0].shape == (3, 512)
+    q, bounds = meta(2, 128, 4, 64), meta(2, 4, dtype=torch.int32)
+    export(Attn(), (q, q, q, bounds), dynamic_shapes=({0: nb}, {0: nb}, {0: nb}, {0: nb}))
+    attn = export(Attn(), (q, q, q, bounds), dynamic_shapes=({1: seq}, {1: seq}, {1: seq}, None))
+    out, lse = attn.module()(*(meta(2, 40, 4, 64),) * 3, bounds)
+    assert out.shape == (2, 40, 4, 64) and lse.shape == (2, 4, 40) and lse.dtype == torch.float32
+    f32 = torch.float32
+    mix_args = (meta(8, 256), meta(24, 256, dtype=f32), meta(3, dtype=f32), meta(24, dtype=f32))
+    for method in ("tma", "walk"):
+        export(Mix(method), mix_args, dynamic_shapes=({0: m}, None, None, None))
     export(Scale(), (meta(16, 1024),), dynamic_shapes=({0: n},))
     export(Backward(), (q, q, meta(2, 4, 128, dtype=f32), q, bounds),
            dynamic_shapes=({0: nb}, {0: nb}, {0: nb}, {0: nb}, {0: nb}))
