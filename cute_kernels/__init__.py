@@ -2,7 +2,9 @@
 
 Importing this package sets ``CUTE_DSL_ARCH`` (sm_90a unless the user set it) before ``cutlass`` is
 imported: the DSL reads it once, at its first import (see :mod:`.runtime.arch` for cutlass imported first).
-Public ops are loaded lazily (``cute_kernels.scale`` imports its kernel module on first use).
+Public ops are loaded lazily (``cute_kernels.scale`` imports its kernel module on first use), and so are
+the ``torch.ops.cute_kernels`` ops: a lookup of one there (``torch.ops.cute_kernels.scale``, ``torch.export.load``
+of a program that calls them) first imports the kernel module that registers it.
 """
 
 from .runtime.arch import configure as _configure
@@ -29,19 +31,35 @@ _PUBLIC = {
 }
 
 
+# torch.ops.cute_kernels.<op> -> the module that registers it
+_OPS = {
+    "scale": "cute_kernels.kernels.scale",
+    "ranker_attention_fwd": "cute_kernels.kernels.ranker_fwd",
+    "ranker_attention_bwd": "cute_kernels.kernels.ranker_bwd",
+    "qk_rmsnorm_": "cute_kernels.kernels.qknorm",
+    "parallel_qk_rmsnorm_": "cute_kernels.kernels.qknorm_tp",
+    "hc_mix_sinkhorn": "cute_kernels.kernels.hc_mix",
+}
+
 __all__ = sorted([*_PUBLIC, "register_ops"])  # `from cute_kernels import *` loads the public ops
 
 
 def register_ops() -> None:
     """Import every kernel module, so that every ``torch.ops.cute_kernels.*`` op is registered.
 
-    The ops register when their module is first used (``cute_kernels.scale`` and so on); call this
-    first when something needs them by name only, e.g. ``torch.export.load`` of a program that
-    calls them, or ``torch.ops.cute_kernels.<name>`` before any other use."""
+    The ops register when their module is first used (``cute_kernels.scale`` and so on) or when a name is
+    first looked up in ``torch.ops.cute_kernels`` (``torch.export.load`` of a program that calls them does
+    that); call this where neither happens first, e.g. before making a
+    ``torch.utils.flop_counter.FlopCounterMode``, which copies torch's FLOP formulas when made."""
     import importlib
 
-    for mod in sorted({m for m, _ in _PUBLIC.values()}):
+    for mod in sorted({m for m, _ in _PUBLIC.values()} | set(_OPS.values())):
         importlib.import_module(mod)
+
+
+from .runtime.torch_op import register_on_lookup as _register_on_lookup  # noqa: E402 (after _configure)
+
+_register_on_lookup("cute_kernels", _OPS)
 
 
 def __getattr__(name: str):

@@ -1,5 +1,6 @@
 """Runtime: target arch, compile cache (memory + disk, concurrent processes), artifacts."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -296,14 +297,43 @@ def test_ops_route_grad_requiring_calls_through_the_registered_op():
 
 
 def test_register_ops_registers_every_op():
+    """register_ops() registers every op, and the package's op -> module map (what a lookup in
+    ``torch.ops.cute_kernels`` imports) names each op the kernel modules register, with its module."""
     import subprocess
     import sys
 
     code = ("import torch, cute_kernels; cute_kernels.register_ops(); "
-            "print(sorted(n for n in ('scale', 'hc_mix_sinkhorn', 'qk_rmsnorm_', 'ranker_attention_fwd', 'ranker_attention_bwd', 'parallel_qk_rmsnorm_') "
-            "if hasattr(torch.ops.cute_kernels, n)))")
+            "print(sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith('cute_kernels::')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.count("'") == 12, out  # all six names
+    assert out.strip() == str(sorted(f"cute_kernels::{n}" for n in cute_kernels._OPS)), out
+    for name, module in cute_kernels._OPS.items():
+        with open(importlib.util.find_spec(module).origin) as f:
+            assert f'custom_op("{name}"' in f.read(), (name, module)
+
+
+def test_an_op_lookup_registers_the_op():
+    """After a plain ``import cute_kernels`` (the DSL not imported), looking an op up in ``torch.ops.cute_kernels``
+    imports its kernel module and finds it, also where the namespace was looked up before the package was
+    imported; other names stay missing and import nothing; a module's own registration (torch looks the name
+    up before defining it) does not import the others; the op packets keep torch's module name, which
+    torch.export writes into a saved program."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; torch.ops.cute_kernels\n"
+            "import cute_kernels\n"
+            "assert 'cutlass' not in sys.modules\n"
+            "assert not hasattr(torch.ops.cute_kernels, 'no_such_op') and not hasattr(torch.ops.cute_kernels, '__x__')\n"
+            "assert not any(m.startswith('cute_kernels.kernels.') for m in sys.modules)\n"
+            "from cute_kernels.kernels import scale\n"
+            "assert sorted(m for m in sys.modules if m.startswith('cute_kernels.kernels.')) == "
+            "['cute_kernels.kernels.scale']\n"
+            "found = [n for n in cute_kernels._OPS if isinstance(getattr(torch.ops.cute_kernels, n), "
+            "torch._ops.OpOverloadPacket)]\n"
+            "assert torch.ops.cute_kernels.scale.__module__ == 'torch._ops.cute_kernels'  # (what torch.export saves)\n"
+            "print(sorted(found))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == str(sorted(cute_kernels._OPS)), res.stderr[-2000:]
 
 
 def _python(code, tmp_path, **env_extra):
@@ -506,7 +536,8 @@ def test_export_with_a_plain_dim_on_each_size(tmp_path):
     guard on a symbolic size (``validate.exceeds``).
     Before, qk_rmsnorm_'s extent guard ``512 * n <= 2^31 - 1`` crashed torch's guard printer (an
     AssertionError), and the others were refused unless the Dim carried the limit as ``max=`` (a newcomer's
-    finding).  The exported program then saves, and loads in a new process after ``register_ops()``."""
+    finding).  The exported program then saves, and loads in a new process after a plain ``import cute_kernels``
+    (the lookup of its op imports the kernel module)."""
     import subprocess
     import sys
 
@@ -557,7 +588,7 @@ def test_export_with_a_plain_dim_on_each_size(tmp_path):
            dynamic_shapes=({0: nb}, {0: nb}, {0: nb}, {0: nb}, {0: nb}))
     path = tmp_path / "attn.pt2"
     torch.export.save(attn, path)
-    load = (f"import torch, cute_kernels; cute_kernels.register_ops(); ep = torch.export.load({str(path)!r}); "
+    load = (f"import torch, cute_kernels; ep = torch.export.load({str(path)!r}); "
             "m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device='meta'); "
             "print(tuple(ep.module()(m(2, 56, 4, 64), m(2, 56, 4, 64), m(2, 56, 4, 64), "
             "torch.empty(2, 4, dtype=torch.int32, device='meta'))[0].shape))")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 from typing import Callable, Iterable
 
@@ -203,3 +204,35 @@ def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | 
         return _EagerFastPath(op, impl, precheck, grad_via_op=not mutates_args, name=name)
 
     return deco
+
+
+def register_on_lookup(namespace: str, op_modules: dict[str, str]) -> bool:
+    """Make a lookup in ``torch.ops.<namespace>`` of an op of ``op_modules`` (op name -> the module that
+    registers it) that is not registered yet import its module first: so ``torch.ops.cute_kernels.<op>`` and
+    ``torch.export.load`` of a program that calls our ops work after a plain ``import cute_kernels``, whose ops
+    otherwise register only when their module is imported (which imports the DSL, a second or two).  Other
+    names, and an op whose module is being imported (``torch.library`` looks its name up before defining it),
+    stay as torch looks them up.  Returns False, changing nothing, where this torch has no
+    ``torch._ops._OpNamespace`` to extend (then the modules must be imported by hand)."""
+    base = getattr(getattr(torch, "_ops", None), "_OpNamespace", None)
+    if base is None:
+        return False
+    ns = getattr(torch.ops, namespace)  # (torch makes the namespace object on its first lookup)
+    if type(ns) is not base:
+        return isinstance(ns, base)  # (already extended: a reload of the package)
+
+    class RegisteringNamespace(base):
+        def __getattr__(self, op_name: str):
+            try:
+                return super().__getattr__(op_name)
+            except AttributeError:
+                if op_name not in op_modules:
+                    raise
+            importlib.import_module(op_modules[op_name])  # (a module mid-import comes back as it is)
+            return super().__getattr__(op_name)
+
+    # (torch names each op packet after the namespace class's module: torch.export serializes that name, so it must
+    # stay torch's, "torch._ops")
+    RegisteringNamespace.__module__ = base.__module__
+    ns.__class__ = RegisteringNamespace
+    return True
