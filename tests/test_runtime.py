@@ -316,7 +316,8 @@ def test_an_op_lookup_registers_the_op():
     imports its kernel module and finds it, also where the namespace was looked up before the package was
     imported; other names stay missing and import nothing; a module's own registration (torch looks the name
     up before defining it) does not import the others; the op packets keep torch's module name, which
-    torch.export writes into a saved program."""
+    torch.export writes into a saved program; the packet a lookup returns is the one the module registered its
+    FLOP formula on (a second packet made by the lookup lost the count: a reviewer's finding)."""
     import subprocess
     import sys
 
@@ -331,6 +332,13 @@ def test_an_op_lookup_registers_the_op():
             "found = [n for n in cute_kernels._OPS if isinstance(getattr(torch.ops.cute_kernels, n), "
             "torch._ops.OpOverloadPacket)]\n"
             "assert torch.ops.cute_kernels.scale.__module__ == 'torch._ops.cute_kernels'  # (what torch.export saves)\n"
+            "from torch.utils.flop_counter import FlopCounterMode\n"
+            "x = torch.empty(8, 64, dtype=torch.bfloat16, device='meta')\n"
+            "with FlopCounterMode(display=False) as fc:\n"
+            "    cute_kernels.hc_mix_sinkhorn(x, torch.empty(24, 64, device='meta'), torch.empty(3, device='meta'), "
+            "torch.empty(24, device='meta'))\n"
+            "assert fc.get_total_flops() == 2 * 8 * 64 * 24, fc.get_total_flops()\n"
+            "assert list(torch.ops.cute_kernels).count('hc_mix_sinkhorn') == 1\n"
             "print(sorted(found))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == str(sorted(cute_kernels._OPS)), res.stderr[-2000:]

@@ -212,7 +212,8 @@ def register_on_lookup(namespace: str, op_modules: dict[str, str]) -> bool:
     ``torch.export.load`` of a program that calls our ops work after a plain ``import cute_kernels``, whose ops
     otherwise register only when their module is imported (which imports the DSL, a second or two).  Other
     names, and an op whose module is being imported (``torch.library`` looks its name up before defining it),
-    stay as torch looks them up.  Returns False, changing nothing, where this torch has no
+    stay as torch looks them up.  An exception from the import (e.g. the DSL missing) reaches the lookup, ``hasattr``
+    included.  Returns False, changing nothing, where this torch has no
     ``torch._ops._OpNamespace`` to extend (then the modules must be imported by hand)."""
     base = getattr(getattr(torch, "_ops", None), "_OpNamespace", None)
     if base is None:
@@ -229,7 +230,10 @@ def register_on_lookup(namespace: str, op_modules: dict[str, str]) -> bool:
                 if op_name not in op_modules:
                     raise
             importlib.import_module(op_modules[op_name])  # (a module mid-import comes back as it is)
-            return super().__getattr__(op_name)
+            # the packet torch made and cached here while the module registered its op (its FLOP formula is keyed
+            # on it): a second lookup would make another and replace it
+            packet = self.__dict__.get(op_name)
+            return packet if packet is not None else super().__getattr__(op_name)
 
     # (torch names each op packet after the namespace class's module: torch.export serializes that name, so it must
     # stay torch's, "torch._ops")
