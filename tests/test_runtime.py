@@ -344,6 +344,30 @@ def test_an_op_lookup_registers_the_op():
     assert res.returncode == 0 and res.stdout.strip() == str(sorted(cute_kernels._OPS)), res.stderr[-2000:]
 
 
+def test_flop_counter_counts_an_op_whose_module_loads_inside_it():
+    """A FlopCounterMode copies torch's FLOP formulas when made: an op whose module loads at its first use inside
+    the counter (no earlier call, no ``register_ops()``) was counted as 0 FLOPs; the active counters now get the
+    formula when the module registers it.  A fresh process: the kernel modules not yet imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, cute_kernels\n"
+            "from torch.utils.flop_counter import FlopCounterMode\n"
+            "assert not any(m.startswith('cute_kernels.kernels.') for m in sys.modules)\n"
+            "m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device='meta')\n"
+            "q, b = m(2, 128, 4, 64), torch.empty(2, 4, dtype=torch.int32, device='meta')\n"
+            "with FlopCounterMode(display=False) as fc:\n"
+            "    cute_kernels.ranker_attention(q, q, q, b)\n"
+            "    cute_kernels.hc_mix_sinkhorn(m(8, 64), torch.empty(24, 64, device='meta'), "
+            "torch.empty(3, device='meta'), torch.empty(24, device='meta'))\n"
+            "print(sorted((str(k), v) for k, v in fc.get_flop_counts()['Global'].items()))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    dense = 4 * 64 * 4 * 2 * 128 * 128  # (meta tensors: the dense upper bound, 4 * D * Hq per pair)
+    assert res.stdout.strip() == str([("cute_kernels.hc_mix_sinkhorn", 2 * 8 * 64 * 24),
+                                      ("cute_kernels.ranker_attention_fwd", dense)]), res.stdout
+
+
 def _python(code, tmp_path, **env_extra):
     env = {k: v for k, v in os.environ.items() if k != "CUTE_DSL_ARCH"}
     env.update(CUTE_KERNELS_CACHE_DIR=str(tmp_path), PYTHONWARNINGS="error::RuntimeWarning", **env_extra)

@@ -287,8 +287,9 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
             ``"tma"``; x too large for the walk's 32-bit offsets; hc_fn spanning 2**31 elements or more.
         RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
             formula: torch raises its "no autograd formula" error rather than dropping the gradient).
-    FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24`` (make the
-    counter after this module loaded: a first call, or ``cute_kernels.register_ops()``).
+    FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24`` (a counter made
+    before this module loaded and entered after misses it; one active while it loads, e.g. around the first
+    call, or made after ``cute_kernels.register_ops()`` counts it).
     Weights: both methods multiply x by hc_fn split into three bf16 pieces (hi + mid + lo) inside the kernel, on
     every call, from the float32 hc_fn in memory: a weight changed by any means (an optimizer step, fused or not,
     a collective, a write through ``.data``) is always seen, in CUDA graphs and under torch.compile too.

@@ -11,8 +11,10 @@ live on the GPU: counting them reads those tensors (a device sync, once per coun
 graph (whose host cannot read device memory), give an upper bound instead, every query attending every key of
 its sequence: ``B * S * S`` pairs, or packed ``T * min(T, max_seqlen)``.
 
-A ``FlopCounterMode`` copies torch's formula registry when it is made: make it after the ops' modules loaded
-(a first call, or ``cute_kernels.register_ops()``), or it counts them as 0.
+A ``FlopCounterMode`` copies torch's formula registry when it is made: one made before the ops' modules
+loaded and entered after counts them as 0 (the counters active while they load, e.g. around the first call, get
+the formulas: :func:`~cute_kernels.runtime.torch_op.register_flops`; so does one made after a first call or
+``cute_kernels.register_ops()``).
 """
 
 from __future__ import annotations

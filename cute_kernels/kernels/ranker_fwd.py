@@ -2000,8 +2000,9 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the forward and backward ops at their
     useful FLOPs (``4 * D * Hq`` and ``10 * D * Hq`` per admitted pair; :mod:`.ranker_flops`), reading the
     bounds' values (a device sync per counted call); on meta tensors and during a graph capture the dense upper
-    bound.  Make the counter after this module loaded (a first call, or ``cute_kernels.register_ops()``): it copies
-    torch's formula registry when made.
+    bound.  A counter copies torch's formula registry when made: one made before this module loaded and entered
+    after misses the ops (one active while it loads, e.g. around the first call, gets them; so does one made
+    after ``cute_kernels.register_ops()``).
     ``torch.autocast`` (CUDA): float32 q, k, v are cast to the autocast dtype first, as
     ``torch.nn.functional.scaled_dot_product_attention`` casts them (``out`` then has that dtype; the gradients
     of float32 inputs are float32); bfloat16 / float16 inputs run as they are (SDPA would also cast a 16-bit

@@ -80,11 +80,29 @@ def plain_eager() -> bool:
 def register_flops(packet, formula: Callable, *, get_raw: bool = False) -> None:
     """Register ``formula`` as ``torch.utils.flop_counter``'s FLOP count of the op ``packet``
     (``torch.ops.cute_kernels.<name>``; ``get_raw``: the formula takes the call's tensors, else their shapes).
-    Once: a second registration (a module reload) keeps the first, where torch would raise."""
+    Once: a second registration (a module reload) keeps the first, where torch would raise.
+    A ``FlopCounterMode`` copies torch's formulas when it is made; the counters active now (the module loads
+    at its op's first use, e.g. inside ``with FlopCounterMode():``) get the formula too, so they do not count
+    the op as 0 FLOPs.  (A counter made before the load and entered after it still misses it.)"""
     from torch.utils.flop_counter import flop_registry, register_flop_formula
 
     if packet not in flop_registry:
         register_flop_formula(packet, get_raw=get_raw)(formula)
+    for counter in _active_flop_counters():
+        counter.flop_registry.setdefault(packet, flop_registry[packet])
+
+
+def _active_flop_counters() -> list:
+    """The ``torch.utils.flop_counter.FlopCounterMode`` objects whose mode is on the dispatch stack now ([] where
+    this torch keeps them otherwise: private names)."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+        from torch.utils.flop_counter import _FlopCounterMode
+        stack = _get_current_dispatch_mode_stack()
+    except (ImportError, AttributeError):
+        return []
+    return [m.counter for m in stack
+            if isinstance(m, _FlopCounterMode) and isinstance(getattr(m.counter, "flop_registry", None), dict)]
 
 
 def capturing(t) -> bool:
