@@ -253,7 +253,7 @@ def cmd_info(args) -> int:
         tvm = "missing"
     from . import __version__, registry
 
-    print(f"cute_kernels     {__version__}")
+    print(f"cute_kernels     {__version__} ({os.path.dirname(os.path.abspath(__file__))})")
     print(f"python           {platform.python_version()}")
     print(f"torch            {torch.__version__} (CUDA {torch.version.cuda})")
     print(f"nvidia-cutlass-dsl {cutlass.__version__}; apache-tvm-ffi {tvm}")
@@ -316,7 +316,8 @@ def cmd_layouts(args) -> int:
         print(f"layouts: {exc}", file=sys.stderr)
         return 2
     try:
-        text, files = write_report(args.kernel, args.config, args.out, dtype=args.dtype, compile=args.compile)
+        text, files = write_report(args.kernel, args.config, args.out, dtype=args.dtype, compile=args.compile,
+                                   cap_method=args.cap)
     except ValueError as exc:  # a config the kernel rejects, or bad arguments: say why
         print(f"layouts: {exc}", file=sys.stderr)
         return 2
@@ -394,6 +395,10 @@ def main(argv=None) -> int:
                      help="ranker_fwd / ranker_bwd: the inputs' dtype (default bf16); hc_mix: bf16 only")
     lay.add_argument("--out", required=True, help="output folder")
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")
+    lay.add_argument("--cap", choices=("none", "tanh", "soft_sign"),
+                     help="with --compile, ranker_fwd / ranker_bwd: the cap of the variant compiled (default: none; "
+                          "tanh for a forward fixed_row_max config): the capped variants may spill where the plain "
+                          "one does not")
     lay.set_defaults(fn=cmd_layouts)
     cf = sub.add_parser("configs", help="shipped configs per kernel and head dim (and tuned winners)")
     cf.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")

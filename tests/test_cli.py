@@ -12,6 +12,10 @@ def test_info():
     assert r.returncode == 0, r.stderr
     assert "sm_90a" in r.stdout and "nvidia-cutlass-dsl 4.8.1" in r.stdout
     assert "NOT SUPPORTED" not in r.stdout
+    import os
+
+    import cute_kernels  # (which checkout runs: a clone beside an editable install; a newcomer's finding)
+    assert f"({os.path.dirname(os.path.abspath(cute_kernels.__file__))})" in r.stdout.splitlines()[0], r.stdout
 
 
 def test_info_flags_an_unsupported_target_arch():

@@ -332,6 +332,52 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
     assert "applies to ranker_fwd, ranker_bwd and hc_mix only" in capsys.readouterr().err
 
 
+def test_layouts_cap_option_and_the_run_config(tmp_path, capsys, monkeypatch):
+    """``--cap`` picks the compiled variant (with --compile, rankers only); the forward's record compiles its config
+    as the op runs it (checked_max dropped for float16 or a cap: it raised before, where the op runs such a config
+    with a warning); a self_kv_tma the tile cannot take is said in the report (a newcomer's findings)."""
+    from cute_kernels.cli import main
+    from cute_kernels.kernels import ranker_fwd as rf
+
+    out = str(tmp_path / "x")
+    for argv, msg in ((["--kernel", "ranker_fwd", "--cap", "tanh"], "give it with --compile"),
+                      (["--kernel", "hc_mix", "--cap", "tanh", "--compile"], "ranker_fwd / ranker_bwd")):
+        assert main(["layouts", *argv, "--out", out]) == 2
+        assert msg in capsys.readouterr().err
+    with pytest.raises(ValueError, match="one of none, tanh, soft_sign"):
+        KL.write_report("ranker_bwd", None, out, compile=True, cap_method="exp")
+    shipped = rf.shipped_config(rf.torch.bfloat16, 128, "none")
+    assert shipped.checked_max
+    assert KL.ranker_run_config(shipped, "bf16", "none") is shipped
+    for dtype, capm in (("fp16", "none"), ("bf16", "tanh"), ("bf16", "soft_sign")):
+        run = KL.ranker_run_config(shipped, dtype, capm)
+        assert not run.checked_max and not run.fixed_row_max and run.tile_n == shipped.tile_n
+    compiled = []
+    monkeypatch.setattr(rf, "_compile", lambda *a: compiled.append(a))
+    import cute_kernels.runtime.cache as cache
+    monkeypatch.setattr(cache, "compile_record", lambda name, key: key)
+    key = KL.ranker_compile_record(shipped, "fp16")
+    assert not compiled[-1][1].checked_max and key[1] is compiled[-1][1]
+    report = KL.format_report(KL.ranker_fwd_layouts("head_dim=128,tile_n=96"))
+    assert "self_kv_tma and prefetch_self_kv not taken" in report and "(here 128 and 96)" in report
+    assert "not taken" not in KL.format_report(KL.ranker_fwd_layouts("head_dim=128"))
+
+
+def test_config_messages_say_what_to_change():
+    """A tuple written with commas, consumer_wgs changed without tile_m, hc_mix's register limit: each message names
+    the fix (and hc_mix's only the changes that apply)."""
+    from cute_kernels.kernels import hc_mix_tma
+
+    with pytest.raises(ValueError, match="joined by x, e.g. tree=8x4x4"):
+        KL.hc_mix_tma_config("tree=(8,4,4),cta_level=1")
+    with pytest.raises(ValueError, match=r"set tile_m=128 with consumer_wgs=2"):
+        KL.ranker_config("head_dim=64,consumer_wgs=2")
+    base = hc_mix_tma.config_for(4096)
+    with pytest.raises(ValueError, match=r"use tile_m=128 or a higher cta_level") as exc:
+        dataclasses.replace(base, tile_m=256, overlap=False)
+    assert "overlap=False or" not in str(exc.value) and "HcMixTmaConfig(" not in str(exc.value)
+
+
 def test_cli_layouts_names_older_pictures(tmp_path, capsys):
     """A second run into a folder that holds the first run's pictures: report.txt lists only its own
     pictures, and the command names the older ones (nothing is deleted)."""

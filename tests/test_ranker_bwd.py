@@ -498,6 +498,8 @@ KNOWN_SPILL_BYTES = {  # ptxas stack bytes of the shipped D=128 config (dQ^T = K
     # skip_key_bias's two q-block loops (session 29): 16 (24 with one loop)
     # (24 since session 49's claims of the zeroed tiles in the dQ warp)
     "bfloat16 D=128 gqa=1 cap=tanh": 24,
+    # soft_sign: a compile target since session 66 (a newcomer found its spill unlisted; not measured for speed)
+    "bfloat16 D=128 gqa=1 cap=soft_sign": 40,
     # GQA group tanh: 8 B until session 48, 24 since the dQ warp zeroes tiles (dq_zero_in_mainloop; the spills
     # are in the MMA warpgroups' loop, five values kept across it)
     "bfloat16 D=128 gqa=4 group cap=tanh": 24,
@@ -1205,7 +1207,8 @@ def test_use_config_overrides_the_backward_within_the_block_only():
     with rb.use_config(cfg) as c:
         assert c is cfg
         assert rb.resolve_config(None, 128, False) is cfg and rb.resolve_config(None, 128, True) is cfg
-        assert rb.resolve_config(None, 64, False) is rb.config_for(64, False)  # other head dims untouched
+        with pytest.warns(RuntimeWarning, match=r"head_dim \[128\], not this call's head_dim=64"):
+            assert rb.resolve_config(None, 64, False) is rb.config_for(64, False)  # other head dims untouched
         explicit = rb.config_for(128, True)
         assert rb.resolve_config(explicit, 128, False) is explicit
         inner = dataclasses.replace(cfg, ds_stages=1)

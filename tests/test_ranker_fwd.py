@@ -685,6 +685,30 @@ def test_use_config_overrides_within_the_block_only():
     assert 128 not in rf._OVERRIDES
 
 
+def test_use_config_for_another_head_dim_warns(monkeypatch):
+    """A call whose head dim no open use_config block is for runs the tuned / shipped config, with a
+    RuntimeWarning naming the blocks' head dims (it was silent: a newcomer's D=64 config around a D=128 call);
+    a call of the block's head dim runs the block's config without one."""
+    import dataclasses
+    import warnings
+
+    launched = stand_in_forward(monkeypatch)
+    cfg64 = dataclasses.replace(rf.shipped_config(torch.bfloat16, 64, "none"), stages=3)
+    q128, q64 = (torch.randn(1, 128, 2, d).to(torch.bfloat16) for d in (128, 64))
+    bounds = torch.tensor([[0, 96, 96, 128]], dtype=torch.int32)
+    with rf.use_config(cfg64):
+        with pytest.warns(RuntimeWarning, match=r"head_dim \[64\], not this call's head_dim=128"):
+            cute_kernels.ranker_attention(q128, q128, q128, bounds)
+        assert launched[-1][0][1] == rf.shipped_config(torch.bfloat16, 128, "none")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            cute_kernels.ranker_attention(q64, q64, q64, bounds)
+        assert launched[-1][0][1] == cfg64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cute_kernels.ranker_attention(q128, q128, q128, bounds)
+
+
 def test_trace_time_check_includes_devices():
     """The fake (torch.compile / make_fx) refuses tensors on different devices, as the eager call does."""
     q = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16, device="meta")

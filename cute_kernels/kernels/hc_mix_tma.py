@@ -220,9 +220,13 @@ class HcMixTmaConfig(ValidatedConfig):
             raise ValueError(f"stages={self.stages}: must be in [2, 8]")
         need = self.min_consumer_regs()
         if need > MAX_CONSUMER_REGS:
-            raise ValueError(f"{self}: needs about {need} registers per consumer thread, more than the "
-                             f"{MAX_CONSUMER_REGS} a 384-thread CTA can give: use tile_m=128, no overlap, or a higher "
-                             "cta_level")
+            remedies = [r for r, applies in (("tile_m=128", self.m_atoms > 1), ("overlap=False", self.overlap),
+                                             ("a higher cta_level (a smaller subtree per CTA)",
+                                              self.cta_level < len(self.tree))) if applies]
+            raise ValueError(f"tile_m={self.tile_m}, overlap={self.overlap}, cta_level={self.cta_level} of tree="
+                             f"{'x'.join(map(str, self.tree))}: needs about {need} registers per consumer thread, "
+                             f"more than the {MAX_CONSUMER_REGS} a 384-thread CTA can give: use "
+                             f"{' or '.join(remedies) if remedies else 'tile_m=128 and overlap=False'}")
         regs = self.consumer_registers
         if self.producer_regs < MIN_PRODUCER_REGS:
             raise ValueError(f"producer_regs={self.producer_regs}: the split warps (producer warpgroup warps 1-3) "

@@ -103,8 +103,8 @@ from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check
                                 exceeds, validated_once)
 from . import ranker_flops, sm90_helpers as sm90
 from .ranker_bench import BENCH_CASES, D256_CASES, SHORT_CASES  # noqa: F401 (the bench's shapes, in ranker_bench)
-from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, override_config,
-                         ranker_attention_reference)
+from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, overridden_config,
+                         override_config, ranker_attention_reference)
 from .ranker_bwd_buffers import BwdFakes, dq_flag_coord, padded_rows, sequence_offsets
 from .ranker_bwd_postprocess import compile_postprocess
 from .ranker_bwd_preprocess import compile_preprocess
@@ -485,7 +485,7 @@ def use_config(config: RankerBwdConfig):
 def resolve_config(config: Optional[RankerBwdConfig], head_dim: int, capped: bool) -> RankerBwdConfig:
     """The config a backward call runs: ``config`` if given, else an active :func:`use_config`'s for
     ``head_dim``, else :func:`config_for` (``head_dim``, ``capped``)."""
-    return config or _OVERRIDES.get(head_dim) or config_for(head_dim, capped)
+    return config or overridden_config(_OVERRIDES, head_dim, NAME) or config_for(head_dim, capped)
 
 
 def tile_m_fields(config: RankerBwdConfig, tile_m: int) -> dict:
@@ -1626,7 +1626,7 @@ def compile_key(dtype: torch.dtype, config: RankerBwdConfig, qhead_per_kvhead: i
 
 
 def compile_targets() -> list[CompileTarget]:
-    """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh, GQA 4 with a group
+    """Shipped mainloop configs (:func:`config_for`): bf16 D=128 (MHA no cap / tanh / soft_sign, GQA 4 with a group
     per CTA (no cap, tanh) and with one query head per CTA; MHA no cap also over resolve_dq_zeroing's
     sequence limit), D=64 soft_sign and no cap (MHA; GQA 2 both ways, also deterministic), varlen, the
     deterministic mode (GQA varlen tanh, both GQA forms), D=256 (MHA both zeroings, GQA 2 both forms with a cap,
@@ -1639,6 +1639,7 @@ def compile_targets() -> list[CompileTarget]:
         # preprocess zeroes the dQ accumulator
         (torch.bfloat16, 128, 1, "none", False, False, None, True),
         (torch.bfloat16, 128, 1, "tanh", False, False, None),
+        (torch.bfloat16, 128, 1, "soft_sign", False, False, None),  # (spills: pinned in the tests)
         (torch.bfloat16, 128, 4, "none", False, False, True),
         (torch.bfloat16, 128, 4, "none", False, False, False),
         (torch.bfloat16, 128, 4, "tanh", False, False, True),

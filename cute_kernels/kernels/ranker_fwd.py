@@ -227,7 +227,8 @@ class RankerFwdConfig(ValidatedConfig):
         if self.consumer_wgs not in (2, 3):
             raise ValueError(f"consumer_wgs={self.consumer_wgs}: the kernel has 2 or 3 consumer warpgroups")
         if self.tile_m != 64 * self.consumer_wgs:
-            raise ValueError(f"tile_m={self.tile_m}: must be 64 (WGMMA M) x consumer_wgs = {64 * self.consumer_wgs}")
+            raise ValueError(f"tile_m={self.tile_m}: must be 64 (WGMMA M) x consumer_wgs = {64 * self.consumer_wgs} "
+                             f"(set tile_m={64 * self.consumer_wgs} with consumer_wgs={self.consumer_wgs})")
         if self.tile_n % 16 or not 64 <= self.tile_n <= 256:
             raise ValueError(f"tile_n={self.tile_n}: must be a multiple of 16 in [64, 256] (WGMMA N / K)")
         if self.stages < 1 or self.stages > 8:
@@ -1658,7 +1659,8 @@ def config_for_shape(dtype: torch.dtype, nb: int, seq: int, hq: int, hkv: int, d
     ``cute-kernels tune`` for (this GPU, these sources, dtype, :func:`tuned_shape_key`) when there is
     one (and ``CUTE_KERNELS_TUNED`` is not 0), else the shipped :func:`shipped_config` (dtype, d, cap).  Packed
     (varlen) calls use the shipped one.  ``gpu`` defaults to the name of CUDA ``device`` (None: current);
-    ``cap`` (the value) tells caps above ``FIXED_MAX_CAP`` apart (:func:`tuned_shape_key`)."""
+    ``cap`` (the value) tells caps above ``FIXED_MAX_CAP`` apart (:func:`tuned_shape_key`).  Inside a
+    :func:`use_config` block for ``d`` the call runs that block's config instead (not looked at here)."""
     if varlen:
         return shipped_config(dtype, d, cap_method)
     return tuned_config(NAME, RankerFwdConfig, dtype, tuned_shape_key(nb, seq, hq, hkv, d, cap_method, cap),
@@ -1729,6 +1731,20 @@ def override_config(table: dict, config):
             table[config.head_dim] = still_open[-1]
         else:
             table.pop(config.head_dim, None)
+
+
+def overridden_config(table: dict, head_dim: int, kernel: str):
+    """The config of the newest open ``use_config`` block for ``head_dim`` in ``table`` (either direction's), or
+    None.  A ``RuntimeWarning`` where blocks are open but none is for ``head_dim``: a config for another head dim
+    does not apply, and the call runs the tuned or shipped config (a silent no-op before; a newcomer's finding).
+    ``stacklevel`` points at the caller of an eager :func:`ranker_attention` without grad."""
+    cfg = table.get(head_dim)
+    if cfg is None and table:
+        import warnings
+
+        warnings.warn(f"{kernel}.use_config: the open block(s) hold configs for head_dim {sorted(table)}, not this "
+                      f"call's head_dim={head_dim}: it runs the tuned or shipped config", RuntimeWarning, stacklevel=5)
+    return cfg
 
 
 def exp2_scale(softmax_scale: float, cap: Optional[float]) -> float:
@@ -1833,7 +1849,7 @@ def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, ma
         return out, lse
     if config is not None and config.head_dim != d:
         raise ValueError(f"config.head_dim={config.head_dim} does not match the inputs' head dim {d}")
-    cfg = config if config is not None else _OVERRIDES.get(d)
+    cfg = config if config is not None else overridden_config(_OVERRIDES, d, NAME)
     chosen_here = cfg is None
     memoized = False  # the choice is kept in _CHOSEN (one that is not may change between calls)
     if cfg is None:  # tuned (cute-kernels tune) or shipped, chosen once per signature

@@ -100,7 +100,8 @@ def key_values(text: Optional[str], what: str, known, example: str = "stages=3")
         if any(c.isspace() for c in part):
             raise ValueError(f"{what} {part!r}: items are key=value separated by commas, no spaces (e.g. {example})")
         if "=" not in part:
-            raise ValueError(f"{what} {part!r}: expected key=value")
+            raise ValueError(f"{what} {part!r}: expected key=value (items are separated by commas; a tuple value "
+                             "is its integers joined by x, e.g. tree=8x4x4)")
         k, v = part.split("=", 1)
         if k not in known:
             raise ValueError(f"{what} {k!r} unknown; known: {', '.join(sorted(known))}")
@@ -554,11 +555,28 @@ def hc_mix_tma_layouts(config=None) -> KernelLayouts:
     return kl
 
 
+def ranker_run_config(config, dtype="bf16", cap_method: str = "none"):
+    """``config`` as :func:`~cute_kernels.ranker_attention` runs it for ``dtype`` and ``cap_method``: a fixed max the
+    call cannot take (``checked_max`` with a cap or float16, ``fixed_row_max`` without a cap or with float16) is
+    dropped as the op drops it (:func:`~cute_kernels.kernels.ranker_fwd.chosen_config`; a capped call taken with a
+    cap of ``FIXED_MAX_CAP``)."""
+    import torch
+
+    from ..kernels import ranker_fwd as rf
+
+    if cap_method not in rf.CAP_METHODS:
+        raise ValueError(f"cap_method must be one of {rf.CAP_METHODS}, got {cap_method!r}")
+    tdt = {"BFloat16": torch.bfloat16, "Float16": torch.float16}[cutlass_dtype(dtype).__name__]
+    return rf.chosen_config(config, tdt, None if cap_method == "none" else rf.FIXED_MAX_CAP)
+
+
 def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_method: Optional[str] = None,
                           varlen: bool = False):
-    """Compile (CPU, sm_90a) the ranker forward with ``config`` and return its compile record
-    (``.resources`` registers, ``.ptx_features``, ``.sass_features``).  ``cap_method`` None: ``"tanh"``
-    for a ``fixed_row_max`` config (it runs capped calls only), else ``"none"``."""
+    """Compile (CPU, sm_90a) the ranker forward with ``config`` as :func:`~cute_kernels.ranker_attention` runs it
+    for ``dtype`` and ``cap_method`` (:func:`ranker_run_config`) and return its compile record (``.resources``
+    registers, ``.ptx_features``, ``.sass_features``).  ``cap_method`` None: ``"tanh"`` for a
+    ``fixed_row_max`` config (it runs capped calls only), else ``"none"``.  Raises ``ValueError`` for an unknown
+    ``cap_method``."""
     if cap_method is None:
         cap_method = "tanh" if config.fixed_row_max else "none"
     import torch
@@ -566,6 +584,7 @@ def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_m
     from ..kernels import ranker_fwd as rf
     from ..runtime.cache import compile_record
 
+    config = ranker_run_config(config, dtype, cap_method)
     tdt = {"BFloat16": torch.bfloat16, "Float16": torch.float16}[cutlass_dtype(dtype).__name__]
     rf._compile(tdt, config, qhead_per_kvhead, cap_method, varlen)
     return compile_record(rf.NAME, (str(tdt), config, qhead_per_kvhead, cap_method, varlen))
@@ -574,7 +593,15 @@ def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_m
 # ---------------------------------------------------------------------------- report
 def format_report(kl: KernelLayouts, record=None) -> str:
     """The text report of :func:`write_report`."""
-    lines = [f"kernel {kl.kernel}  dtype {kl.dtype}", f"config {kl.config}", f"smem layouts from {kl.source}", ""]
+    lines = [f"kernel {kl.kernel}  dtype {kl.dtype}", f"config {kl.config}"]
+    if kl.kernel == "ranker_fwd" and kl.config.self_kv_tma:
+        from ..kernels import ranker_fwd as rf
+
+        if not rf.self_kv_tma_taken(kl.config):  # (the kernel's rule: it reads the self term from global memory)
+            lines.append(f"  self_kv_tma{' and prefetch_self_kv' if kl.config.prefetch_self_kv else ''} not taken: "
+                         f"the self term's K/V stage needs tile_m == tile_n (here {kl.config.tile_m} and "
+                         f"{kl.config.tile_n}) and head_dim <= 128; the kernel reads q_i, k_i, v_i from global memory")
+    lines += [f"smem layouts from {kl.source}", ""]
     lines.append("shared-memory layouts (swizzle o offset o shape:stride, elements; swizzle acts on byte addresses):")
     w = max([4, *map(len, [*kl.smem, *kl.tma])])  # (names such as sdQpart line up too)
     for k, v in kl.smem.items():
@@ -646,7 +673,7 @@ def draw_all(kl: KernelLayouts, out_dir: str) -> list[str]:
 
 
 def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Optional[str] = None,
-                 compile: bool = False) -> tuple[str, list[str]]:
+                 compile: bool = False, cap_method: Optional[str] = None) -> tuple[str, list[str]]:
     """``cute-kernels layouts``: pictures + ``report.txt`` for ``kernel`` and ``config`` into ``out_dir``.
 
     ranker_fwd: everything of :func:`ranker_fwd_layouts`; ranker_bwd: :func:`ranker_bwd_layouts` (the
@@ -656,17 +683,33 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
     another kernel (they take none), and for an ``out_dir`` that exists and is not a folder; nothing
     is written then.  ``dtype``: ``"bf16"`` (None) or ``"fp16"`` for ranker_fwd / ranker_bwd (hc_mix: bf16
     only); the other kernels list every compile target, of every dtype, and refuse one (``ValueError``).
+    ``cap_method`` (``compile`` only; ranker_fwd / ranker_bwd): the variant compiled, ``"none"``, ``"tanh"`` or
+    ``"soft_sign"`` (None: no cap, or tanh for a forward ``fixed_row_max`` config), fixed length and MHA; the
+    forward's config as the op runs it for that variant (:func:`ranker_run_config`), said in the report where it
+    differs.
     """
     if not out_dir:
         raise ValueError("--out: give a folder to write the pictures and report.txt into")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out {out_dir} exists and is not a folder")
+    if cap_method is not None and (kernel not in ("ranker_fwd", "ranker_bwd") or not compile):
+        raise ValueError("--cap chooses the compiled variant of ranker_fwd / ranker_bwd: give it with --compile")
+    if cap_method is not None and cap_method not in ("none", "tanh", "soft_sign"):
+        raise ValueError(f"--cap {cap_method}: one of none, tanh, soft_sign")
     files: list[str] = []
+    run_note = None
     if kernel in ("ranker_fwd", "ranker_bwd", "hc_mix"):
         dtype = dtype or "bf16"
         if kernel == "ranker_fwd":
             kl = ranker_fwd_layouts(config, dtype)  # validates before anything is written
-            rec = ranker_compile_record(kl.config, dtype) if compile else None
+            rec = None
+            if compile:
+                capm = cap_method or ("tanh" if kl.config.fixed_row_max else "none")
+                run_cfg = ranker_run_config(kl.config, dtype, capm)
+                if run_cfg != kl.config:
+                    run_note = (f"  (cap {capm}, {dtype}: the op runs this config with the online max, "
+                                "fixed_row_max=False, checked_max=False: that is what was compiled)")
+                rec = ranker_compile_record(kl.config, dtype, cap_method=capm)
         elif kernel == "ranker_bwd":
             kl = ranker_bwd_layouts(config, dtype)  # validates before anything is written
             rec = None
@@ -677,7 +720,7 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
                 from ..runtime.cache import compile_record
 
                 tdt = {"BFloat16": torch.bfloat16, "Float16": torch.float16}[kl.dtype]
-                args = rb.launch_args(tdt, kl.config, 1, "none", False)["main"]
+                args = rb.launch_args(tdt, kl.config, 1, cap_method or "none", False)["main"]
                 rb._compile(*args)
                 rec = compile_record(rb.NAME, (str(tdt), *args[1:]))
         else:
@@ -696,6 +739,11 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
                 hc_mix_tma._compile(kl.config)
                 rec = compile_record(hc_mix_tma.NAME, kl.config)
         text = format_report(kl, rec)
+        if rec is not None and kernel != "hc_mix":
+            capm = cap_method or ("tanh" if kernel == "ranker_fwd" and kl.config.fixed_row_max else "none")
+            text += f"  (the variant compiled: cap {capm}, fixed length, MHA; --cap picks another cap)\n"
+            if run_note:
+                text += run_note + "\n"
         if rec is not None and kernel == "hc_mix":
             text += (f"  (the TMA kernel's count is its launch budget; setmaxnreg then gives the producer warpgroup "
                      f"{kl.config.producer_regs} and the consumers {kl.config.consumer_registers} registers)\n")
