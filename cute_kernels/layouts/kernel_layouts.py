@@ -697,7 +697,7 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
     if cap_method is not None and cap_method not in ("none", "tanh", "soft_sign"):
         raise ValueError(f"--cap {cap_method}: one of none, tanh, soft_sign")
     files: list[str] = []
-    run_note = None
+    variant = None  # (the rankers, compiled: what the report says of the variant compiled)
     if kernel in ("ranker_fwd", "ranker_bwd", "hc_mix"):
         dtype = dtype or "bf16"
         if kernel == "ranker_fwd":
@@ -705,10 +705,10 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
             rec = None
             if compile:
                 capm = cap_method or ("tanh" if kl.config.fixed_row_max else "none")
-                run_cfg = ranker_run_config(kl.config, dtype, capm)
-                if run_cfg != kl.config:
-                    run_note = (f"  (cap {capm}, {dtype}: the op runs this config with the online max, "
-                                "fixed_row_max=False, checked_max=False: that is what was compiled)")
+                variant = f"  (the variant compiled: cap {capm}, fixed length, MHA; --cap picks another cap)\n"
+                if ranker_run_config(kl.config, dtype, capm) != kl.config:
+                    variant += (f"  (cap {capm}, {dtype}: the op runs this config with the online max, "
+                                "fixed_row_max=False, checked_max=False: that is what was compiled)\n")
                 rec = ranker_compile_record(kl.config, dtype, cap_method=capm)
         elif kernel == "ranker_bwd":
             kl = ranker_bwd_layouts(config, dtype)  # validates before anything is written
@@ -723,6 +723,8 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
                 args = rb.launch_args(tdt, kl.config, 1, cap_method or "none", False)["main"]
                 rb._compile(*args)
                 rec = compile_record(rb.NAME, (str(tdt), *args[1:]))
+                variant = (f"  (the variant compiled: cap {cap_method or 'none'}, fixed length, MHA; --cap picks "
+                           "another cap)\n")
         else:
             try:
                 hc_dt = cutlass_dtype(dtype)
@@ -738,12 +740,7 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
 
                 hc_mix_tma._compile(kl.config)
                 rec = compile_record(hc_mix_tma.NAME, kl.config)
-        text = format_report(kl, rec)
-        if rec is not None and kernel != "hc_mix":
-            capm = cap_method or ("tanh" if kernel == "ranker_fwd" and kl.config.fixed_row_max else "none")
-            text += f"  (the variant compiled: cap {capm}, fixed length, MHA; --cap picks another cap)\n"
-            if run_note:
-                text += run_note + "\n"
+        text = format_report(kl, rec) + (variant or "")
         if rec is not None and kernel == "hc_mix":
             text += (f"  (the TMA kernel's count is its launch budget; setmaxnreg then gives the producer warpgroup "
                      f"{kl.config.producer_regs} and the consumers {kl.config.consumer_registers} registers)\n")
