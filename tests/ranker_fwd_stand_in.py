@@ -20,7 +20,7 @@ def stand_in_forward(monkeypatch, kernel=None) -> list:
     Returns the list of those records, in launch order."""
     launched = []
     full = rf._validate
-    monkeypatch.setattr(rf, "_validate", lambda *a: full(*a, cuda=False))
+    monkeypatch.setattr(rf, "_validate", lambda *a, **kw: full(*a, **{**kw, "cuda": False}))
     for name in ("_VALIDATED", "_FNS", "_CHOSEN", "_PLANS"):
         monkeypatch.setattr(rf, name, {})
     monkeypatch.setattr(tuning, "_memos", [*tuning._memos, rf._CHOSEN, rf._PLANS])

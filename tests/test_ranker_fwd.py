@@ -709,6 +709,42 @@ def test_use_config_for_another_head_dim_warns(monkeypatch):
         cute_kernels.ranker_attention(q128, q128, q128, bounds)
 
 
+@pytest.mark.parametrize("dtype,d,cap,cap_method,varlen,own", [
+    (torch.bfloat16, 128, None, "tanh", False, False), (torch.float16, 128, None, "tanh", False, False),
+    (torch.bfloat16, 64, 30.0, "tanh", False, False), (torch.bfloat16, 128, 60.0, "tanh", False, False),
+    (torch.bfloat16, 64, 5.0, "soft_sign", False, False), (torch.bfloat16, 128, None, None, True, False),
+    (torch.bfloat16, 256, 20.0, "soft_sign", False, False), (torch.bfloat16, 128, 10.0, "tanh", False, True),
+])
+def test_config_for_call_is_the_launched_config(monkeypatch, dtype, d, cap, cap_method, varlen, own):
+    """config_for_call (CPU and meta tensors, no launch) names the config the call launches, the fixed max dropped
+    where it does not apply and a use_config block's config for the head dim (``own``: a checked_max config with a
+    cap, which runs with the online max)."""
+    import contextlib
+    import dataclasses
+    import warnings
+
+    launched = stand_in_forward(monkeypatch)
+    n, s = (1, 300) if varlen else (2, 150)
+    q = torch.randn(*((s,) if varlen else (n, s)), 4, d).to(dtype)
+    k = torch.randn(*q.shape[:-2], 2, d).to(dtype)
+    bounds = torch.tensor([[0, 100, 100, 150]] * n, dtype=torch.int32)
+    cu = torch.tensor([0, 300], dtype=torch.int32) if varlen else None
+    args = (q, k, k, bounds)
+    kw = dict(cap=cap, cap_method=cap_method, cu_seqlens=cu)
+    block = contextlib.nullcontext()
+    if own:
+        block = rf.use_config(dataclasses.replace(rf.shipped_config(dtype, d, "none"), stages=1))
+    with block, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (own: the dropped checked_max's warning)
+        want = rf.config_for_call(*args, **kw)
+        meta_kw = {**kw, "cu_seqlens": None if cu is None else cu.to("meta")}
+        assert rf.config_for_call(*(t.to("meta") for t in args), **meta_kw) == want
+        cute_kernels.ranker_attention(*args, **kw)
+    assert launched[-1][0][1] == want
+    assert (want.checked_max or want.fixed_row_max) == (dtype == torch.bfloat16 and (cap is None or cap <= 50)
+                                                         and not own and not (d == 64 and cap_method == "soft_sign"))
+
+
 def test_trace_time_check_includes_devices():
     """The fake (torch.compile / make_fx) refuses tensors on different devices, as the eager call does."""
     q = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16, device="meta")

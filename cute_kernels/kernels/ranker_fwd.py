@@ -1808,6 +1808,24 @@ def warn_fixed_max_dropped(config: RankerFwdConfig, dtype: torch.dtype, cap: Opt
     _DROPPED_WARNED.add(key)  # (after the warning: where warnings are errors, every such call raises)
 
 
+def config_for_call(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None,
+                    max_seqlen=None) -> RankerFwdConfig:
+    """The config :func:`ranker_attention` runs for these arguments (same signature, no ``return_lse``): an open
+    :func:`use_config` block's for their head dim, else :func:`config_for_shape`'s (tuned for the current CUDA
+    device, or shipped), with the fixed max dropped where it does not apply (:func:`chosen_config`).  No launch,
+    no compile, no device: tensors on any device, meta and CPU included (to see on a CPU which tile shape a call
+    would take).  Raises the ``TypeError`` / ``ValueError`` of :func:`ranker_attention`'s argument checks but the
+    CUDA-device rule and the data pointers' alignment (``cu_seqlens``' values are not read)."""
+    if cap_method is None:
+        cap_method = "none"
+    varlen, nb, seq, hq, hkv, d = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
+                                            cuda=False, pointers=False)
+    capm = "none" if cap is None else cap_method
+    cfg = overridden_config(_OVERRIDES, d, NAME) or config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen,
+                                                                     cap=cap)
+    return chosen_config(cfg, q.dtype, cap)
+
+
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
                  config: Optional[RankerFwdConfig] = None, max_ctas: Optional[int] = None, plan_key=None,
                  with_lse: bool = True):
