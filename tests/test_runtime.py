@@ -299,9 +299,6 @@ def test_ops_route_grad_requiring_calls_through_the_registered_op():
 def test_register_ops_registers_every_op():
     """register_ops() registers every op, and the package's op -> module map (what a lookup in
     ``torch.ops.cute_kernels`` imports) names each op the kernel modules register, with its module."""
-    import subprocess
-    import sys
-
     code = ("import torch, cute_kernels; cute_kernels.register_ops(); "
             "print(sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith('cute_kernels::')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -318,9 +315,6 @@ def test_an_op_lookup_registers_the_op():
     up before defining it) does not import the others; the op packets keep torch's module name, which
     torch.export writes into a saved program; the packet a lookup returns is the one the module registered its
     FLOP formula on (a second packet made by the lookup lost the count: a reviewer's finding)."""
-    import subprocess
-    import sys
-
     code = ("import sys, torch; torch.ops.cute_kernels\n"
             "import cute_kernels\n"
             "assert 'cutlass' not in sys.modules\n"
@@ -348,9 +342,6 @@ def test_flop_counter_counts_an_op_whose_module_loads_inside_it():
     """A FlopCounterMode copies torch's FLOP formulas when made: an op whose module loads at its first use inside
     the counter (no earlier call, no ``register_ops()``) was counted as 0 FLOPs; the active counters now get the
     formula when the module registers it.  A fresh process: the kernel modules not yet imported."""
-    import subprocess
-    import sys
-
     code = ("import sys, torch, cute_kernels\n"
             "from torch.utils.flop_counter import FlopCounterMode\n"
             "assert not any(m.startswith('cute_kernels.kernels.') for m in sys.modules)\n"
