@@ -363,6 +363,7 @@ def cmd_tune(args) -> int:
 
 
 KERNEL_HELP = "a registry name: " + ", ".join(registry.KERNELS)
+CAP_CHOICES = ("none", "tanh", "soft_sign")  # ranker_fwd.CAP_METHODS, written out: `--help` imports no DSL (a test pins it)
 
 
 def main(argv=None) -> int:
@@ -395,7 +396,7 @@ def main(argv=None) -> int:
                      help="ranker_fwd / ranker_bwd: the inputs' dtype (default bf16); hc_mix: bf16 only")
     lay.add_argument("--out", required=True, help="output folder")
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")
-    lay.add_argument("--cap", choices=("none", "tanh", "soft_sign"),
+    lay.add_argument("--cap", choices=CAP_CHOICES,
                      help="with --compile, ranker_fwd / ranker_bwd: the cap of the variant compiled (default: none; "
                           "tanh for a forward fixed_row_max config): the capped variants may spill where the plain "
                           "one does not")

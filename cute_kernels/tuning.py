@@ -31,12 +31,12 @@ import os
 import sys
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .runtime.artifacts import plain_file_mode
 from .runtime.cache import cache_dir, source_fingerprint
+from .runtime.warn import warn_user
 
 TUNED_FILE = "tuned.json"
 FORMAT_VERSION = 1
@@ -169,7 +169,7 @@ def gpu_name(device=None) -> str:
 
 
 def _warn(msg: str) -> None:
-    warnings.warn(f"cute_kernels tuned configs: {msg}", RuntimeWarning, stacklevel=3)
+    warn_user(f"cute_kernels tuned configs: {msg}")
 
 
 def _read_file(path: Path) -> dict:

@@ -346,6 +346,9 @@ def test_layouts_cap_option_and_the_run_config(tmp_path, capsys, monkeypatch):
         assert msg in capsys.readouterr().err
     with pytest.raises(ValueError, match="one of none, tanh, soft_sign"):
         KL.write_report("ranker_bwd", None, out, compile=True, cap_method="exp")
+    from cute_kernels import cli
+
+    assert cli.CAP_CHOICES == rf.CAP_METHODS  # the CLI's --cap (kept literal: `--help` imports no DSL)
     shipped = rf.shipped_config(rf.torch.bfloat16, 128, "none")
     assert shipped.checked_max
     assert KL.ranker_run_config(shipped, "bf16", "none") is shipped

@@ -1343,7 +1343,7 @@ def test_caller_config_is_checked_for_spills_when_first_built(monkeypatch):
     for name in ("_compile", "compile_preprocess", "compile_postprocess"):
         monkeypatch.setattr(rb, name, lambda *key: (lambda *args: None))
     checked = []
-    monkeypatch.setattr(rb, "warn_if_spills", lambda kernel, key, what, stacklevel: checked.append(key[1]))
+    monkeypatch.setattr(rb, "warn_if_spills", lambda kernel, key, what: checked.append(key[1]))
     monkeypatch.setattr(rb, "sm_count", lambda device: 132)
     args = _bf16_args()  # D=64, no cap
     shipped = rb.config_for(64, False)

@@ -697,8 +697,10 @@ def test_use_config_for_another_head_dim_warns(monkeypatch):
     q128, q64 = (torch.randn(1, 128, 2, d).to(torch.bfloat16) for d in (128, 64))
     bounds = torch.tensor([[0, 96, 96, 128]], dtype=torch.int32)
     with rf.use_config(cfg64):
-        with pytest.warns(RuntimeWarning, match=r"head_dim \[64\], not this call's head_dim=128"):
-            cute_kernels.ranker_attention(q128, q128, q128, bounds)
+        for call in (cute_kernels.ranker_attention, rf.config_for_call):  # the warning names this file's line
+            with pytest.warns(RuntimeWarning, match=r"head_dim \[64\], not this call's head_dim=128") as rec:
+                call(q128, q128, q128, bounds)
+            assert [w.filename for w in rec] == [__file__], call
         assert launched[-1][0][1] == rf.shipped_config(torch.bfloat16, 128, "none")
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -1382,8 +1384,9 @@ def test_caller_config_that_spills_gets_a_warning():
     spilling.validate()
     args = (torch.bfloat16, spilling, 1, "soft_sign", True)
     rf._compile(*args)
-    with pytest.warns(RuntimeWarning, match="local memory"):
+    with pytest.warns(RuntimeWarning, match="local memory") as rec:
         assert rf.warn_if_spills(*args) > 0
+    assert [w.filename for w in rec] == [__file__]  # the caller's line (runtime.warn), not the package's
     shipped = (torch.float16, rf.shipped_config(torch.float16, 128, "soft_sign"), 1, "soft_sign", True)
     rf._compile(*shipped)
     with warnings.catch_warnings():

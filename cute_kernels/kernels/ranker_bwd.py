@@ -1768,8 +1768,7 @@ def _first_main(key: tuple, config: Optional[RankerBwdConfig]):
     shipped = config_for(cfg.head_dim, cap_method != "none")
     if chosen is not None and _with_field(chosen, "deterministic", shipped.deterministic) != shipped:
         warn_if_spills(NAME, compile_key(dtype, cfg, g, cap_method, varlen),
-                       f"ranker_bwd config {cfg} ({dtype}, GQA {g}, cap {cap_method}{', varlen' if varlen else ''})",
-                       stacklevel=5)
+                       f"ranker_bwd config {cfg} ({dtype}, GQA {g}, cap {cap_method}{', varlen' if varlen else ''})")
     return fn
 
 

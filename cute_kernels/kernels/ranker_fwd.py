@@ -95,6 +95,7 @@ from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager,
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fields, check_float_tensors,
                                 check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
                                 check_real, exceeds, validated_once)
+from ..runtime.warn import warn_user
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
 from . import ranker_autograd, ranker_flops
@@ -1450,7 +1451,7 @@ def warn_if_spills(dtype: torch.dtype, config: RankerFwdConfig, qhead_per_kvhead
     what = (f"ranker_fwd config {config} ({dtype}, GQA {qhead_per_kvhead}, cap {cap_method}"
             f"{', varlen' if varlen else ''})")
     return cache_warn_if_spills(NAME, compile_key(dtype, config, qhead_per_kvhead, cap_method, varlen, with_lse),
-                                what, stacklevel=4)
+                                what)
 
 
 def compile_targets() -> list[CompileTarget]:
@@ -1737,13 +1738,11 @@ def overridden_config(table: dict, head_dim: int, kernel: str):
     """The config of the newest open ``use_config`` block for ``head_dim`` in ``table`` (either direction's), or
     None.  A ``RuntimeWarning`` where blocks are open but none is for ``head_dim``: a config for another head dim
     does not apply, and the call runs the tuned or shipped config (a silent no-op before; a newcomer's finding).
-    ``stacklevel`` points at the caller of an eager :func:`ranker_attention` without grad."""
+    The warning names the caller's line (:func:`~cute_kernels.runtime.warn.warn_user`)."""
     cfg = table.get(head_dim)
     if cfg is None and table:
-        import warnings
-
-        warnings.warn(f"{kernel}.use_config: the open block(s) hold configs for head_dim {sorted(table)}, not this "
-                      f"call's head_dim={head_dim}: it runs the tuned or shipped config", RuntimeWarning, stacklevel=5)
+        warn_user(f"{kernel}.use_config: the open block(s) hold configs for head_dim {sorted(table)}, not this "
+                  f"call's head_dim={head_dim}: it runs the tuned or shipped config")
     return cfg
 
 
@@ -1789,10 +1788,8 @@ def warn_fixed_max_dropped(config: RankerFwdConfig, dtype: torch.dtype, cap: Opt
     """``RuntimeWarning`` (once per config, dtype and cap) when a caller's config (``config=``, :func:`use_config`)
     asks for ``fixed_row_max`` or ``checked_max`` where it does not apply (float16; ``fixed_row_max`` without a
     cap or with one above ``FIXED_MAX_CAP``; ``checked_max`` with a cap): :func:`chosen_config` runs it with the
-    online max instead, the same results at the online max's speed.  ``stacklevel`` points at the caller of an
-    eager :func:`ranker_attention` without grad."""
-    import warnings
-
+    online max instead, the same results at the online max's speed.  The warning names the caller's line
+    (:func:`~cute_kernels.runtime.warn.warn_user`)."""
     key = (config, dtype, cap)
     if key in _DROPPED_WARNED or len(_DROPPED_WARNED) >= MEMO_LIMIT:
         return
@@ -1803,8 +1800,8 @@ def warn_fixed_max_dropped(config: RankerFwdConfig, dtype: torch.dtype, cap: Opt
         why = f"it needs a cap, <= FIXED_MAX_CAP = {FIXED_MAX_CAP}"
     else:
         why = "it is for calls without a cap"
-    warnings.warn(f"ranker_fwd config {config}: {what} does not apply to this call ({dtype}, cap={cap}: {why}); "
-                  "it runs with the online max (same results, not the fixed max's speed)", RuntimeWarning, stacklevel=5)
+    warn_user(f"ranker_fwd config {config}: {what} does not apply to this call ({dtype}, cap={cap}: {why}); "
+              "it runs with the online max (same results, not the fixed max's speed)")
     _DROPPED_WARNED.add(key)  # (after the warning: where warnings are errors, every such call raises)
 
 

@@ -694,8 +694,11 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
         raise ValueError(f"--out {out_dir} exists and is not a folder")
     if cap_method is not None and (kernel not in ("ranker_fwd", "ranker_bwd") or not compile):
         raise ValueError("--cap chooses the compiled variant of ranker_fwd / ranker_bwd: give it with --compile")
-    if cap_method is not None and cap_method not in ("none", "tanh", "soft_sign"):
-        raise ValueError(f"--cap {cap_method}: one of none, tanh, soft_sign")
+    if cap_method is not None:
+        from ..kernels.ranker_fwd import CAP_METHODS  # (--cap comes with --compile: the DSL is imported anyway)
+
+        if cap_method not in CAP_METHODS:
+            raise ValueError(f"--cap {cap_method}: one of {', '.join(CAP_METHODS)}")
     files: list[str] = []
     variant = None  # (the rankers, compiled: what the report says of the variant compiled)
     if kernel in ("ranker_fwd", "ranker_bwd", "hc_mix"):

@@ -35,6 +35,7 @@ from filelock import FileLock, Timeout
 
 from .arch import check_target_arch, dsl_compile_settings, target_arch
 from .artifacts import CompileRecord, KernelResources, cubin_resources, nvdisasm_path
+from .warn import warn_user
 
 EXPORT_NAME = "func"
 _PKG_ROOT = Path(__file__).resolve().parents[1]
@@ -79,10 +80,7 @@ def env_flag(name: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def _warn_unknown_flag(name: str, value: str) -> None:
     """Once per (variable, value) and process (``info`` reads a flag in several places)."""
-    import warnings
-
-    warnings.warn(f"{name}={value!r} is not one of 0/false/no/off/(empty) or 1/true/yes/on: taken as on",
-                  stacklevel=4)
+    warn_user(f"{name}={value!r} is not one of 0/false/no/off/(empty) or 1/true/yes/on: taken as on", UserWarning)
 
 
 def disk_cache_enabled() -> bool:
@@ -368,10 +366,8 @@ def _compile_in_memory(kernel: str, sha: str, arch: str, build: Callable[[], tup
 @functools.lru_cache(maxsize=None)
 def _warn_no_disk_cache(folder: str, reason: str) -> None:
     """Once per (folder, reason) and process."""
-    import warnings
-
-    warnings.warn(f"cute_kernels: compile cache folder {folder} is unusable ({reason}); caching in memory only. "
-                  "Set CUTE_KERNELS_CACHE_DIR to a writable folder.", RuntimeWarning, stacklevel=5)
+    warn_user(f"cute_kernels: compile cache folder {folder} is unusable ({reason}); caching in memory only. "
+              "Set CUTE_KERNELS_CACHE_DIR to a writable folder.")
 
 
 PRUNE_IDLE_S = 3600  # prune keeps the folders used in the last hour (the cache may be shared by other checkouts)
@@ -500,17 +496,15 @@ def compile_record(kernel: str, key: Hashable) -> CompileRecord:
     return _records[(kernel, key, target_arch())]
 
 
-def warn_if_spills(kernel: str, key: Hashable, what: str, stacklevel: int = 3) -> int:
+def warn_if_spills(kernel: str, key: Hashable, what: str) -> int:
     """``RuntimeWarning`` when the entry ``(kernel, key)`` compiled or loaded in this process keeps registers in
     local memory (stack bytes in its cubin), naming ``what`` (the config and call); returns the largest stack in
-    bytes.  The ranker ops call it for a caller's config (``config=``, ``use_config``) when they first build it."""
-    import warnings
-
+    bytes.  The ranker ops call it for a caller's config (``config=``, ``use_config``) when they first build it.
+    The warning names the caller's line (:func:`.warn.warn_user`)."""
     stack = max((r.stack_bytes or 0 for r in compile_record(kernel, key).resources), default=0)
     if stack:
-        warnings.warn(f"{what} keeps {stack} B per thread in local memory (register spills): expect it slower "
-                      "than a spill-free tile shape (`cute-kernels layouts --compile` reports the registers)",
-                      RuntimeWarning, stacklevel=stacklevel)
+        warn_user(f"{what} keeps {stack} B per thread in local memory (register spills): expect it slower "
+                  "than a spill-free tile shape (`cute-kernels layouts --compile` reports the registers)")
     return stack
 
 
