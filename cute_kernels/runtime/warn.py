@@ -2,10 +2,11 @@
 
 A warning raised deep inside an op (a caller's config that spills, a ``use_config`` block for another head
 dim, an unusable cache folder) should name the line of the caller that made the call, whichever path led
-there: the eager fast path, the registered op through torch's dispatcher, :func:`torch.compile`, a helper
-such as ``ranker_fwd.config_for_call``.  A fixed ``stacklevel`` fits one of those paths only, so
-:func:`warn_user` counts the frames itself: the first frame outside this package and outside torch (what
-Python 3.12's ``warnings.warn(skip_file_prefixes=...)`` does; this package also runs on 3.10 and 3.11).
+there: the eager fast path, the registered op through torch's dispatcher, a helper such as
+``ranker_fwd.config_for_call``.  A fixed ``stacklevel`` fits one of those paths only, so :func:`warn_user`
+counts the frames itself: the first frame outside this package and outside torch (what Python 3.12's
+``warnings.warn(skip_file_prefixes=...)`` does; this package also runs on 3.10 and 3.11).  Under
+:func:`torch.compile` that frame is the generated graph's code, not the caller's.
 """
 
 from __future__ import annotations
