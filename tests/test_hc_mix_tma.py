@@ -1,6 +1,7 @@
 """CPU tests of the TMA + WGMMA hc_mix kernel (issue 7): compile, features, budget, and the accuracy of
 its summation order (float32 emulation vs float64)."""
 
+import dataclasses
 import re
 
 import pytest
@@ -63,7 +64,8 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(tile_m=256, cta_level=1, consumer_regs=232), "more than the 232"),
                                       (dict(overlap=True, cta_level=0, consumer_regs=176), "needs >="),
                                       (dict(tile_m=256, overlap=True), "overlap"),
-                                      (dict(producer_regs=24), "split warps")])
+                                      (dict(producer_regs=24), "split warps"),
+                                      (dict(load_group=0), "load_group"), (dict(stages=4, load_group=5), "load_group")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
         mod.HcMixTmaConfig(**kw).validate()
@@ -289,6 +291,29 @@ def test_l2_hints_reach_the_tma_loads():
     mod._compile(plain)
     plain_ptx = compile_record(mod.NAME, plain).ptx  # (the DSL always emits .L2::cache_hint, with policy 0)
     assert str(mod.L2_EVICT_FIRST) not in plain_ptx and str(mod.L2_EVICT_LAST) not in plain_ptx
+
+
+@pytest.mark.parametrize("group", [2, 3])
+def test_load_group_issues_the_group_back_to_back(group):
+    """load_group: the producer acquires the group's stages (both rings), then issues their TMA loads together (one
+    x and one hc_fn load per stage of the group, then the single-tile loop of the last tiles: 2 * (group + 1) TMA
+    instructions in the PTX, 2 for load_group=1); spill-free."""
+    cfg = dataclasses.replace(mod.config_for(4096), load_group=group)
+    mod._compile(cfg)
+    rec = compile_record(mod.NAME, cfg)
+    assert rec.ptx.count("cp.async.bulk.tensor") == 2 * (group + 1)
+    assert all(not r.stack_bytes for r in rec.resources)
+
+
+@pytest.mark.parametrize("m", mod.LEVEL_EXAMPLE_M)
+def test_config_for_groups_loads_where_it_pairs_k_tiles(m):
+    """config_for: load_group 2 exactly where it sets overlap (a CTA walking 8 or more splits: the levels where
+    the H100 measured it faster, session 68), 1 elsewhere; its group-2 configs compile spill-free."""
+    cfg = mod.config_for(m)
+    assert cfg.load_group == (2 if cfg.overlap else 1) and cfg.overlap == (cfg.cta_level <= 2)
+    if cfg.load_group == 2:
+        mod._compile(cfg)
+        assert all(not r.stack_bytes for r in compile_record(mod.NAME, cfg).resources)
 
 
 def test_the_tree_sets_the_bits():
