@@ -34,7 +34,9 @@ Same math and outputs as :func:`.hc_mix.hc_mix_sinkhorn` (same epilogue code: si
   root sums and runs the epilogue itself (``fused_epilogue``: one kernel; M = 16384: 166.4 vs 169.6 /
   170.0 us as two kernels in the same run).
 * :func:`config_for` picks ``cta_level`` from a wave model of the walk: 64 CTAs per row tile up to
-  M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.
+  M = 256 (5 k tiles each at K = 20480), 32 at 512 ... one per row tile at M = 16384.  Where a CTA walks
+  8 or more splits (M >= 2048 in the shipped picks) it pairs k tiles (``overlap``) and its producer issues
+  two stages' loads back to back (``load_group``).
 
 Measured (H200, K = 20480, us per call in a CUDA graph, the shipped code with hc_fn split in the walk;
 bench/results/2026-12-02_h200_hc_mix_s35.json, two runs): M = 1 9.1-9.2, 128 9.4, 512 12.4-12.6, 4096
