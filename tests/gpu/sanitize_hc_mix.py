@@ -4,7 +4,8 @@ Usage on the GPU machine: compute-sanitizer --tool racecheck python3 tests/gpu/s
 
 Both methods; for "tma" walk CTAs at three levels of the K tree (one per split, per quarter of K,
 per row tile, the last with and without the fused epilogue, also with another tree), paired k tiles
-(another tree), 256-row tiles, without PDL and L2 hints, and
+(another tree), 256-row tiles, without PDL and L2 hints, grouped TMA issue (``load_group`` 2 in config_for's
+picks at M = 4096 and 16384, 3 with a single-tile tail at K = 7232), and
 reduction CTAs of 8, 16 and 32 rows, with an uneven k-tile split (K = 7232) and a ragged last row tile.
 """
 import torch
@@ -24,7 +25,8 @@ for m, k in ((5, 192), (130, 7232)):
                 tma.HcMixTmaConfig(tree=(4, 8), cta_level=2, overlap=True),
                 tma.HcMixTmaConfig(tile_m=256, stages=4), tma.HcMixTmaConfig(cta_level=1, l2_hints=False, pdl=False),
                 tma.HcMixTmaConfig(reduce_rows=32), tma.HcMixTmaConfig(cta_level=2, reduce_rows=16),
-                tma.HcMixTmaConfig(cta_level=0), tma.HcMixTmaConfig(tree=(4, 8), cta_level=0, stages=3, fused_epilogue=True)):
+                tma.HcMixTmaConfig(cta_level=0), tma.HcMixTmaConfig(tree=(4, 8), cta_level=0, stages=3, fused_epilogue=True),
+                tma.HcMixTmaConfig(cta_level=1, load_group=3)):
         mix = torch.empty(m, 25, device="cuda")
         outs.append(tma.hc_mix_sinkhorn_tma(x, hc_fn, hc_scale, hc_base, config=cfg, mix=mix))
     for out in outs:
