@@ -710,3 +710,17 @@ def test_info_and_prune_on_a_cache_folder_that_cannot_be_listed(monkeypatch, tmp
     assert "its contents cannot be listed: Permission denied" in capsys.readouterr().out
     assert cli.main(["prune-cache", "--dry-run"]) == 1
     assert f"prune-cache: cannot list the folders of {tmp_path}: Permission denied" in capsys.readouterr().err
+
+
+def test_readme_counts_the_compile_targets():
+    """README's set-up text gives the number of compile targets `cute-kernels compile` builds; it went stale once
+    (108 where there were 110): pinned to the registry's count."""
+    import os
+    import re
+
+    from cute_kernels import registry
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    said = re.search(r"for the (\d+) targets, as\s+`cute-kernels compile` counts them", readme)
+    assert said, "README no longer states the compile-target count in the form this test reads"
+    assert int(said.group(1)) == sum(len(registry.module(n).compile_targets()) for n in registry.names())

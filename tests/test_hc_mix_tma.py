@@ -65,7 +65,8 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
                                       (dict(overlap=True, cta_level=0, consumer_regs=176), "needs >="),
                                       (dict(tile_m=256, overlap=True), "overlap"),
                                       (dict(producer_regs=24), "split warps"),
-                                      (dict(load_group=0), "load_group"), (dict(stages=4, load_group=5), "load_group")])
+                                      (dict(load_group=0), "load_group"), (dict(stages=4, load_group=5), "load_group"),
+                                      (dict(stages=4, load_group=4, overlap=True, cta_level=2), "hang")])
 def test_config_rejections(kw, match):
     with pytest.raises(ValueError, match=match):
         mod.HcMixTmaConfig(**kw).validate()

@@ -116,11 +116,12 @@ class HcMixTmaConfig(ValidatedConfig):
     ``overlap`` (k tiles in pairs, the second's WGMMAs in flight while the first is added; a split's
     odd last tile runs alone; same bits; :func:`config_for` sets it where a CTA walks 8 or more splits,
     ``cta_level <= 2``: e.g. M = 2048, 4096, 16384),
-    ``load_group`` (the producer waits for this many free stages, then issues their x tiles back to back, so
-    a row's ``64 * load_group`` columns (``128 * load_group`` bytes) reach DRAM together; 1: a stage at a time;
-    same bits; :func:`config_for` sets 2 with ``overlap``: measured on an H100 in session 68, whole op, 64.6
-    vs 65.3 us at M = 4096, 236 vs 242 at 16384, 36.0 vs 36.2 at 2048; at M = 512 it was slower, 14.9 vs 14.7,
-    and 3 was slower everywhere),
+    ``load_group`` (the producer waits for this many free stages, then issues their x tiles back to back, so a
+    row's ``64 * load_group`` columns (``128 * load_group`` bytes) reach DRAM together; 1: a stage at a time;
+    below ``stages`` with ``overlap``, whose consumers hold one stage while they wait for the next; same bits;
+    :func:`config_for` sets 2 with ``overlap``: measured on an H100 in session 68, whole op, 64.6 vs 65.3 us at
+    M = 4096, 236 vs 242 at 16384, 36.0 vs 36.2 at 2048; at M = 512 it was slower, 14.9 vs 14.7, and 3 was
+    slower everywhere),
     ``l2_hints`` (TMA L2 eviction hints: x, read once, evict-first; the float32 hc_fn tiles, re-read by
     every row tile, evict-last; measured with the pieces loaded instead (session 7): 1.5 us faster at M =
     2048 and 4096, no change at M <= 1024),
@@ -224,6 +225,10 @@ class HcMixTmaConfig(ValidatedConfig):
                              "other levels a row's sums are folded from several CTAs by the reduction kernel")
         if not 1 <= self.load_group <= self.stages:
             raise ValueError(f"load_group={self.load_group}: must be in [1, stages = {self.stages}]")
+        if self.overlap and self.load_group == self.stages:
+            raise ValueError(f"load_group={self.load_group} with overlap: must be below stages = {self.stages} (a "
+                             "consumer holds a pair's first stage until the second lands, so a group of every stage "
+                             "would wait for it while it waits for the group: a hang)")
         if self.reduce_rows not in (8, 16, 32):
             raise ValueError(f"reduce_rows={self.reduce_rows}: must be 8, 16 or 32")
         if not 2 <= self.stages <= 8:
