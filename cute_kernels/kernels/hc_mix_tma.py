@@ -804,7 +804,8 @@ def _pick_level(row_tiles: int) -> int:
 @functools.lru_cache(maxsize=256)
 def _config_for(m: int) -> HcMixTmaConfig:
     level = _pick_level(-(-m // CONFIG_TILE_M))
-    return HcMixTmaConfig(tile_m=CONFIG_TILE_M, cta_level=level, overlap=level <= 2, load_group=2 if level <= 2 else 1,
+    paired = level <= 2  # a CTA walks 8 or more splits: k tiles in pairs, loads issued two stages at a time
+    return HcMixTmaConfig(tile_m=CONFIG_TILE_M, cta_level=level, overlap=paired, load_group=2 if paired else 1,
                           fused_epilogue=level == 0, reduce_rows=8 if math.prod(TREE[:level]) >= 32 else 16)
 
 
