@@ -145,6 +145,19 @@ def test_torch_compile(method):
 
 
 @pytest.mark.parametrize("method", ["walk", "tma"])
+def test_inference_mode(method):
+    """Under ``torch.inference_mode()`` (serving), on inference tensors and on normal ones: the bits of the call
+    outside it."""
+    x, hc_fn, hc_scale, hc_base = _inputs(300, 2048, seed=65)
+    want = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
+    with torch.inference_mode():
+        inf = [t.clone() for t in (x, hc_fn, hc_scale, hc_base)]
+        for args in (inf, (x, hc_fn, hc_scale, hc_base)):
+            for a, b in zip(cute_kernels.hc_mix_sinkhorn(*args, method=method), want):
+                assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("method", ["walk", "tma"])
 def test_reduce_overhead_with_weights_changed_in_place(method):
     """torch.compile(mode="reduce-overhead") (CUDA-graph trees: warm-up, recording, replays) with hc_fn a
     parameter changed in place between calls, as an optimizer step does: every call gives the eager op's bits

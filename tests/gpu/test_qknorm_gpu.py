@@ -231,6 +231,27 @@ def test_torch_compile():
     torch.testing.assert_close(ok.double(), rk, rtol=2**-7, atol=1e-2)
 
 
+def test_inference_mode():
+    """In place under ``torch.inference_mode()`` (serving) on inference tensors and on normal ones: the bits of
+    the call outside it."""
+    g = generator(64)
+    q = torch.randn(37, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(37, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    wq = torch.randn(4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    wk = torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    want_q, want_k = q.clone(), k.clone()
+    cute_kernels.qk_rmsnorm_(want_q, want_k, wq, wk, 1e-6)
+    with torch.inference_mode():
+        inf = [t.clone() for t in (q, k, wq, wk)]
+    normal_q, normal_k = q.clone(), k.clone()
+    with torch.inference_mode():
+        cute_kernels.qk_rmsnorm_(*inf, 1e-6)
+        cute_kernels.qk_rmsnorm_(normal_q, normal_k, wq, wk, 1e-6)
+    for name, got, want in (("inference q", inf[0], want_q), ("inference k", inf[1], want_k),
+                            ("q", normal_q, want_q), ("k", normal_k, want_k)):
+        assert torch.equal(got, want), name
+
+
 def test_reduce_overhead():
     """torch.compile(mode="reduce-overhead") around the in-place op, new values on every call."""
     torch._dynamo.reset()

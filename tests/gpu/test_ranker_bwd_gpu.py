@@ -644,6 +644,46 @@ def test_torch_deterministic_flag_makes_autograd_bitwise():
         torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("form", ["non-reentrant", "reentrant", "non-reentrant compiled"])
+def test_activation_checkpointing(form):
+    """``torch.utils.checkpoint`` around the op (activation checkpointing of an attention layer: its forward
+    runs again during the backward, with grad on): out and LSE as the plain call's, and the gradients of q, k
+    and v through a loss on both, bitwise those of the plain call (torch's deterministic flag on); the
+    non-reentrant form also inside torch.compile."""
+    torch._dynamo.reset()
+    q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 2, 128), seed=61)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+
+    def layer(a, b, c):
+        out, lse = cute_kernels.ranker_attention(a, b, c, bounds, cap=30.0, return_lse=True)
+        return out, lse
+
+    def step(fn):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = fn(*leaves)
+        finite = torch.isfinite(lse.detach())  # (rows of neither segment: lse -inf, no gradient)
+        loss = (out.float() * do.float()).sum() + 0.25 * torch.where(finite, lse, 0.0).sum()
+        loss.backward()
+        return (out.detach(), lse.detach(), *(t.grad for t in leaves))
+
+    reentrant = form == "reentrant"
+    checkpointed = lambda a, b, c: torch.utils.checkpoint.checkpoint(layer, a, b, c,  # noqa: E731
+                                                                     use_reentrant=reentrant)
+    if form.endswith("compiled"):
+        checkpointed = torch.compile(checkpointed, fullgraph=True)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)  # (warn_only: torch's own ops in the test may lack one)
+    try:
+        want = step(layer)
+        got = step(checkpointed)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch._dynamo.reset()
+    assert want[2].abs().max() > 0  # (the LSE term and the out term both reach q)
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        assert torch.equal(g, w), f"{form}: {name}"
+
+
 def test_reduce_overhead_training_steps():
     """torch.compile(mode="reduce-overhead") (CUDA-graph trees over the forward and the backward) for four
     steps with new values each time: gradients as the eager op's (same kernels; dQ's float32 atomics may

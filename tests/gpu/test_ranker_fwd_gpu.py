@@ -535,6 +535,33 @@ def test_torch_compile_and_graph():
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_inference_mode(compiled):
+    """Under ``torch.inference_mode()`` (serving): the no-grad call's bits, out and LSE, for inference tensors
+    and for normal tensors that require grad (no autograd graph: the outputs are inference tensors), eager and
+    under torch.compile; outside it, inference tensors as inputs give the same bits too."""
+    torch._dynamo.reset()
+    q, k, v = _qkv(2, 300, 4, 2, 128, seed=63)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+    call = lambda a, b, c, bb: cute_kernels.ranker_attention(a, b, c, bb, cap=30.0, return_lse=True)  # noqa: E731
+    fn = torch.compile(call, fullgraph=True) if compiled else call
+    with torch.no_grad():
+        want = call(q, k, v, bounds)
+    with torch.inference_mode():
+        inf_q, inf_k, inf_v, inf_bounds = (t.clone() for t in (q, k, v, bounds))
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    for name, args in (("inference tensors", (inf_q, inf_k, inf_v, inf_bounds)),
+                       ("tensors that require grad", (*leaves, bounds))):
+        with torch.inference_mode():
+            got = fn(*args)
+        for g, w, what in zip(got, want, ("out", "lse")):
+            assert g.is_inference() and not g.requires_grad, f"{name}: {what}"
+            assert torch.equal(g, w), f"{name}: {what}"
+    for g, w, what in zip(fn(inf_q, inf_k, inf_v, inf_bounds), want, ("out", "lse")):
+        assert torch.equal(g, w), f"inference tensors outside inference mode: {what}"
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_reduce_overhead(return_lse):
     """torch.compile(mode="reduce-overhead") (CUDA-graph trees: warm-up, recording, replays) with new values
