@@ -252,6 +252,27 @@ def test_inference_mode():
         assert torch.equal(got, want), name
 
 
+def test_runs_on_the_current_stream():
+    """On a side stream whose q and k are written there behind a long sleep, the in-place op launches on that
+    stream (a launch on another would scale the rows before they are written): the bits of the default
+    stream's call, read after the side stream alone is synchronized."""
+    g = generator(68)
+    q = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    wq = torch.randn(4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    wk = torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    want_q, want_k = q.clone(), k.clone()
+    cute_kernels.qk_rmsnorm_(want_q, want_k, wq, wk, 1e-6)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        got_q, got_k = q * 1, k * 1
+        cute_kernels.qk_rmsnorm_(got_q, got_k, wq, wk, 1e-6)
+    side.synchronize()
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
 def test_reduce_overhead():
     """torch.compile(mode="reduce-overhead") around the in-place op, new values on every call."""
     torch._dynamo.reset()

@@ -684,6 +684,36 @@ def test_activation_checkpointing(form):
         assert torch.equal(g, w), f"{form}: {name}"
 
 
+def test_runs_on_the_current_stream():
+    """On a side stream whose inputs are written there behind a long sleep (nothing synchronized before the
+    calls), the forward and every kernel of the backward launch on that stream: a launch on another stream
+    would read the inputs before they are written.  Results, read after the side stream alone is synchronized:
+    the bits of the calls on the default stream (torch's deterministic flag on)."""
+    q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 2, 128), seed=67)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+
+    def step():
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = cute_kernels.ranker_attention(*(t * 1.0 for t in leaves), bounds, return_lse=True)
+        out.backward(do)
+        return (out.detach(), lse.detach(), *(t.grad for t in leaves))
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        want = step()
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)  # (~25 ms at 2 GHz: the inputs below are written after it)
+            got = step()
+        side.synchronize()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+        assert torch.equal(g, w), name
+
+
 def test_reduce_overhead_training_steps():
     """torch.compile(mode="reduce-overhead") (CUDA-graph trees over the forward and the backward) for four
     steps with new values each time: gradients as the eager op's (same kernels; dQ's float32 atomics may
