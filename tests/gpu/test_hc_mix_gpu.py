@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from seeding import FUZZ_CASES, RUN_SEED, case_rng, generator
+from side_stream import run_behind_a_sleep
 
 import cute_kernels
 from cute_kernels.kernels import hc_mix as mod
@@ -147,17 +148,13 @@ def test_torch_compile(method):
 @pytest.mark.parametrize("m", [1, 300, 4096])
 @pytest.mark.parametrize("method", ["walk", "tma"])
 def test_runs_on_the_current_stream(method, m):
-    """On a side stream whose x and hc_fn are written there behind a long sleep, every kernel of the call (the
-    tma method's walk and its PDL-launched reduction kernel) launches on that stream: the bits of the default
-    stream's call, read after the side stream alone is synchronized."""
+    """On a side stream whose x and hc_fn are written there behind a long sleep
+    (:func:`side_stream.run_behind_a_sleep`), every kernel of the call (the tma method's walk and its PDL-launched
+    reduction kernel) launches on that stream, without waiting for the device: the bits of the default stream's
+    call."""
     x, hc_fn, hc_scale, hc_base = _inputs(m, 2048, seed=69)
     want = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)
-        got = cute_kernels.hc_mix_sinkhorn(x * 1, hc_fn * 1, hc_scale, hc_base, method=method)
-    side.synchronize()
+    got = run_behind_a_sleep(lambda: cute_kernels.hc_mix_sinkhorn(x * 1, hc_fn * 1, hc_scale, hc_base, method=method))
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 

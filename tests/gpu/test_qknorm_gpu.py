@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 from seeding import FUZZ_CASES, RUN_SEED, case_rng, generator
+from side_stream import run_behind_a_sleep
 
 import cute_kernels
 from cute_kernels.kernels import qknorm as mod
@@ -253,9 +254,9 @@ def test_inference_mode():
 
 
 def test_runs_on_the_current_stream():
-    """On a side stream whose q and k are written there behind a long sleep, the in-place op launches on that
-    stream (a launch on another would scale the rows before they are written): the bits of the default
-    stream's call, read after the side stream alone is synchronized."""
+    """On a side stream whose q and k are written there behind a long sleep (:func:`side_stream.run_behind_a_sleep`),
+    the in-place op launches on that stream (a launch on another would scale the rows before they are written)
+    without waiting for the device: the bits of the default stream's call."""
     g = generator(68)
     q = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -263,13 +264,13 @@ def test_runs_on_the_current_stream():
     wk = torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=g)
     want_q, want_k = q.clone(), k.clone()
     cute_kernels.qk_rmsnorm_(want_q, want_k, wq, wk, 1e-6)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)
+
+    def step():
         got_q, got_k = q * 1, k * 1
         cute_kernels.qk_rmsnorm_(got_q, got_k, wq, wk, 1e-6)
-    side.synchronize()
+        return got_q, got_k
+
+    got_q, got_k = run_behind_a_sleep(step)
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
 
 

@@ -11,6 +11,7 @@ import itertools
 import pytest
 import torch
 from seeding import generator
+from side_stream import run_behind_a_sleep
 from test_ranker_fwd_gpu import HUGE_SOFT_SIGN, huge_soft_sign_inputs
 from test_ranker_fwd_gpu import _check as check_forward
 
@@ -685,10 +686,10 @@ def test_activation_checkpointing(form):
 
 
 def test_runs_on_the_current_stream():
-    """On a side stream whose inputs are written there behind a long sleep (nothing synchronized before the
-    calls), the forward and every kernel of the backward launch on that stream: a launch on another stream
-    would read the inputs before they are written.  Results, read after the side stream alone is synchronized:
-    the bits of the calls on the default stream (torch's deterministic flag on)."""
+    """On a side stream whose inputs are written there behind a long sleep (:func:`side_stream.run_behind_a_sleep`),
+    the forward and every kernel of the backward launch on that stream (a launch on another stream would read the
+    inputs before they are written), and neither waits for the device: the bits of the calls on the default
+    stream (torch's deterministic flag on)."""
     q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 2, 128), seed=67)
     bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
 
@@ -702,12 +703,7 @@ def test_runs_on_the_current_stream():
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         want = step()
-        torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(50_000_000)  # (~25 ms at 2 GHz: the inputs below are written after it)
-            got = step()
-        side.synchronize()
+        got = run_behind_a_sleep(step)
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
