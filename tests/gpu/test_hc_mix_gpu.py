@@ -154,7 +154,8 @@ def test_runs_on_the_current_stream(method, m):
     call."""
     x, hc_fn, hc_scale, hc_base = _inputs(m, 2048, seed=69)
     want = cute_kernels.hc_mix_sinkhorn(x, hc_fn, hc_scale, hc_base, method=method)
-    got = run_behind_a_sleep(lambda: cute_kernels.hc_mix_sinkhorn(x * 1, hc_fn * 1, hc_scale, hc_base, method=method))
+    got = run_behind_a_sleep(lambda fill: cute_kernels.hc_mix_sinkhorn(fill(x), fill(hc_fn), hc_scale, hc_base,
+                                                                      method=method))
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 

@@ -265,8 +265,8 @@ def test_runs_on_the_current_stream():
     want_q, want_k = q.clone(), k.clone()
     cute_kernels.qk_rmsnorm_(want_q, want_k, wq, wk, 1e-6)
 
-    def step():
-        got_q, got_k = q * 1, k * 1
+    def step(fill):
+        got_q, got_k = fill(q), fill(k)
         cute_kernels.qk_rmsnorm_(got_q, got_k, wq, wk, 1e-6)
         return got_q, got_k
 

@@ -693,16 +693,16 @@ def test_runs_on_the_current_stream():
     q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 2, 128), seed=67)
     bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
 
-    def step():
-        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-        out, lse = cute_kernels.ranker_attention(*(t * 1.0 for t in leaves), bounds, return_lse=True)
-        out.backward(do)
+    def step(fill):
+        leaves = [fill(t).requires_grad_(True) for t in (q, k, v)]
+        out, lse = cute_kernels.ranker_attention(*leaves, bounds, return_lse=True)
+        out.backward(fill(do))
         return (out.detach(), lse.detach(), *(t.grad for t in leaves))
 
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        want = step()
+        want = step(torch.clone)
         got = run_behind_a_sleep(step)
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
