@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from side_stream import run_behind_a_sleep
 
 import cute_kernels
 from cute_kernels.kernels import scale as mod
@@ -34,12 +35,11 @@ def test_public_op_multi_dim_and_empty():
 
 
 def test_runs_on_current_stream():
+    """On a side stream whose input is written there behind a long sleep (:func:`side_stream.run_behind_a_sleep`),
+    the kernel launches on that stream (a launch on another would read x before it is written).  (Until session
+    69 x was written before the sleep, so a launch on the wrong stream gave the right answer too.)"""
     x = torch.randn(1 << 20, device="cuda", dtype=torch.bfloat16)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(1_000_000)  # keep the side stream busy: a launch on the wrong stream would race
-        y = cute_kernels.scale(x, 3.0)
-    s.synchronize()
+    y = run_behind_a_sleep(lambda fill: cute_kernels.scale(fill(x), 3.0))
     assert torch.equal(y, cute_kernels.scale_reference(x, 3.0))
 
 
