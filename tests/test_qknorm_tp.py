@@ -1,7 +1,9 @@
 """Tensor-parallel Q/K RMSNorm: CPU compile per shipped (dtype, G, Q, K), protocol in the PTX, config, reference."""
 
+import contextlib
 import gc
 import re
+import socket
 import weakref
 
 import pytest
@@ -10,6 +12,21 @@ import torch
 import cute_kernels
 from cute_kernels.kernels import qknorm_tp as mod
 from cute_kernels.runtime.cache import compile_record
+
+
+@contextlib.contextmanager
+def single_rank_group():
+    """A one-rank gloo default process group on a free port (CI hosts may run several jobs), destroyed after."""
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("target", mod.compile_targets(), ids=lambda t: t.label)
@@ -122,15 +139,7 @@ def test_constructor_validation():
 
 def test_single_rank_group_constructs_without_push_buffers():
     """G = 1 needs no peers: the object only routes to the one-GPU kernel (checked here up to the launch)."""
-    import torch.distributed as dist
-
-    import socket
-
-    with socket.socket() as sock:  # a free port: CI hosts may run several jobs
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
+    with single_rank_group():
         p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
         assert (p.rank, p.world, p.fused) == (0, 1, False)
         p.check_error(synchronize=False)
@@ -140,18 +149,26 @@ def test_single_rank_group_constructs_without_push_buffers():
             p(q, k, *w, 1e-6)
         with pytest.raises(ValueError, match="CUDA device"):  # validation precedes the capacity check
             p(q[:4], k[:4], *w, 1e-6)
-    finally:
-        dist.destroy_process_group()
+
+
+def test_built_under_inference_mode_resets_outside_it():
+    """Serving code builds the object under torch.inference_mode(): its buffers are normal tensors all the same,
+    so reset() (in-place fills, which torch refuses on inference tensors outside inference mode) works in and
+    out of it.  (Before session 69 reset() raised RuntimeError outside.)"""
+    with single_rank_group():
+        with torch.inference_mode():
+            p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
+            assert torch.is_inference_mode_enabled()  # (the constructor leaves the caller's mode as it was)
+        assert not p._error.is_inference()
+        p.reset()
+        with torch.inference_mode():
+            p.reset()
 
 
 def test_widths_are_checked_by_the_kernel_that_runs_them():
     """Per-rank widths near the limit (bf16 q 24576 beside k 4096): the tensor-parallel kernel's tiling takes
     them, the one-GPU kernel's does not.  One rank runs the one-GPU op, so construction refuses them there;
     with several ranks the call checks them against the constructor's (tensor-parallel) config only."""
-    import socket
-
-    import torch.distributed as dist
-
     from cute_kernels.kernels import qknorm
 
     wide = (24576, 4096)
@@ -161,30 +178,16 @@ def test_widths_are_checked_by_the_kernel_that_runs_them():
     with pytest.raises(ValueError, match="narrower"):
         qknorm.validate_qk_shapes(*args, cuda=False)  # the one-GPU kernel's rule
     qknorm.validate_qk_shapes(*args, cuda=False, one_gpu_tiling=False)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        with pytest.raises(ValueError, match="narrower"):
-            cute_kernels.ParallelQKNorm(None, 16, *wide, torch.bfloat16)
-    finally:
-        dist.destroy_process_group()
+    with single_rank_group(), pytest.raises(ValueError, match="narrower"):
+        cute_kernels.ParallelQKNorm(None, 16, *wide, torch.bfloat16)
 
 
 def test_traced_call_checks_the_instance_rules():
     """Under a fake-tensor trace (what torch.compile runs) the registered op's fake applies the argument rules
     and the instance's own (shard widths, dtype, capacity), as an eager call does; a right call passes."""
-    import socket
-
-    import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
+    with single_rank_group():
         p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
         with FakeTensorMode():
             def call(n=4, qw=64, kw=16, dtype=torch.bfloat16, weights=None, q_dtype=None, q_shape=None):
@@ -211,34 +214,24 @@ def test_traced_call_checks_the_instance_rules():
                 call(n=9)
             with pytest.raises(ValueError, match="2 dims"):
                 call(q_shape=(4, 8, 8))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_compiled_function_takes_several_instances():
     """A compiled function called with a second instance as an argument (torch.compile makes the op's int
     handle symbolic): the fake specializes it, so each call is checked against its own instance's capacity."""
-    import socket
-
-    import torch.distributed as dist
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    torch._dynamo.reset()
     try:
-        torch._dynamo.reset()
-        big, other, small = (cute_kernels.ParallelQKNorm(None, n, 64, 16, torch.bfloat16) for n in (16, 16, 8))
-        m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
-        f = torch.compile(lambda norm, q, k, wq, wk: norm(q, k, wq, wk, 1e-6), fullgraph=True, backend="eager")
-        for norm in (big, other, big):
-            f(norm, m(12, 64), m(12, 16), m(64), m(16))
-        with pytest.raises(Exception, match="max_tokens=8"):  # (Dynamo wraps the ValueError)
-            f(small, m(12, 64), m(12, 16), m(64), m(16))
-        f(small, m(8, 64), m(8, 16), m(64), m(16))
+        with single_rank_group():
+            big, other, small = (cute_kernels.ParallelQKNorm(None, n, 64, 16, torch.bfloat16) for n in (16, 16, 8))
+            m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
+            f = torch.compile(lambda norm, q, k, wq, wk: norm(q, k, wq, wk, 1e-6), fullgraph=True, backend="eager")
+            for norm in (big, other, big):
+                f(norm, m(12, 64), m(12, 16), m(64), m(16))
+            with pytest.raises(Exception, match="max_tokens=8"):  # (Dynamo wraps the ValueError)
+                f(small, m(12, 64), m(12, 16), m(64), m(16))
+            f(small, m(8, 64), m(8, 16), m(64), m(16))
     finally:
         torch._dynamo.reset()
-        dist.destroy_process_group()
 
 
 def test_width_errors_name_the_full_sizes():

@@ -376,6 +376,10 @@ class ParallelQKNorm:
     (several nodes), calls go through the unfused path: per-token sums, ``all_reduce``, scale.
     ``ParallelQKNorm.emulated(G, ...)`` builds G ranks on one GPU (tests and benchmarks).
 
+    Serving code that runs under ``torch.inference_mode()`` may build it there: its buffers are made outside
+    inference mode (normal tensors), so :meth:`reset` and calls work in and out of it (torch refuses in-place
+    updates of inference tensors outside inference mode; before session 69 ``reset()`` raised so).
+
     Lifetime: the object owns its push buffer (and, in the emulation, references to its peers').
     Dropping the last reference frees it (the op's handle registry is weak); :meth:`close` (or a
     ``with`` block) frees the buffers now.  Close or drop it on every rank only after every rank's
@@ -406,6 +410,7 @@ class ParallelQKNorm:
         launch timed out (see :meth:`check_error`, :meth:`reset`), ``RuntimeError`` after :meth:`close`.
     """
 
+    @torch.inference_mode(False)  # (its buffers: normal tensors also when built under inference mode, see the class)
     def __init__(self, group, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype, *,
                  timeout_s: float = 10.0, _emulation: dict | None = None):
         """See the class docstring (arguments, buffers, errors); ``_emulation`` is :meth:`emulated`'s."""
@@ -471,6 +476,7 @@ class ParallelQKNorm:
 
     # --- construction helpers
     @classmethod
+    @torch.inference_mode(False)  # (the peers' buffers: normal tensors, as the constructor's)
     def emulated(cls, world: int, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype,
                  device=None, timeout_s: float = 10.0) -> list["ParallelQKNorm"]:
         """G ranks on one GPU: G buffers on ``device``; run rank r's calls on its own stream.

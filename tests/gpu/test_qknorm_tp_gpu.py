@@ -68,6 +68,30 @@ def test_matches_gathered_float64_reference(world, dims, dtype):
         r.check_error()
 
 
+def test_built_under_inference_mode():
+    """Emulated ranks built under torch.inference_mode() (serving code): their buffers are normal tensors, so
+    steps in and out of inference mode and reset() outside it work; each step matches the float64 reference."""
+    world, q_dim, k_dim, dtype = 2, 4096, 1024, torch.bfloat16
+    with torch.inference_mode():
+        ranks = mod.ParallelQKNorm.emulated(world, 64, q_dim, k_dim, dtype, timeout_s=5.0)
+    assert not any(r.buffer.is_inference() or r.state.is_inference() for r in ranks)
+    streams = [torch.cuda.Stream() for _ in range(world)]
+    rtol, atol = TOL[dtype]
+    for step, inference in enumerate((True, False, True)):
+        with torch.inference_mode(inference):
+            qf, kf, wq, wk, qs, ks, wqs, wks = _shards(33, q_dim, k_dim, world, dtype)
+            ref = mod.parallel_reference(qf, kf, wq, wk, 1e-6, world)
+            mod.emulated_step(ranks, streams, qs, ks, wqs, wks, 1e-6)
+            torch.cuda.synchronize()
+        for r in range(world):
+            torch.testing.assert_close(qs[r].double(), ref[r][0].double(), rtol=rtol, atol=atol, msg=f"step {step}")
+            torch.testing.assert_close(ks[r].double(), ref[r][1].double(), rtol=rtol, atol=atol, msg=f"step {step}")
+        for r in ranks:
+            r.check_error()
+        for r in ranks:
+            r.reset()
+
+
 def test_zero_rows_with_eps_zero_finish():
     """The seed spun forever on a zero row with eps = 0 (it waited for a non-zero sum)."""
     world, n = 4, 37
