@@ -232,16 +232,22 @@ def test_torch_compile():
     torch.testing.assert_close(ok.double(), rk, rtol=2**-7, atol=1e-2)
 
 
-def test_inference_mode():
-    """In place under ``torch.inference_mode()`` (serving) on inference tensors and on normal ones: the bits of
-    the call outside it."""
-    g = generator(64)
-    q = torch.randn(37, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(37, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+def _inputs_and_result(n, seed):
+    """bf16 q [n, 4096], k [n, 1024], their weights, and the op's result on copies of q and k (eps 1e-6)."""
+    g = generator(seed)
+    q = torch.randn(n, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(n, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
     wq = torch.randn(4096, device="cuda", dtype=torch.bfloat16, generator=g)
     wk = torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=g)
     want_q, want_k = q.clone(), k.clone()
     cute_kernels.qk_rmsnorm_(want_q, want_k, wq, wk, 1e-6)
+    return q, k, wq, wk, want_q, want_k
+
+
+def test_inference_mode():
+    """In place under ``torch.inference_mode()`` (serving) on inference tensors and on normal ones: the bits of
+    the call outside it."""
+    q, k, wq, wk, want_q, want_k = _inputs_and_result(37, seed=64)
     with torch.inference_mode():
         inf = [t.clone() for t in (q, k, wq, wk)]
     normal_q, normal_k = q.clone(), k.clone()
@@ -257,13 +263,7 @@ def test_runs_on_the_current_stream():
     """On a side stream whose q and k are written there behind a long sleep (:func:`side_stream.run_behind_a_sleep`),
     the in-place op launches on that stream (a launch on another would scale the rows before they are written)
     without waiting for the device: the bits of the default stream's call."""
-    g = generator(68)
-    q = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
-    wq = torch.randn(4096, device="cuda", dtype=torch.bfloat16, generator=g)
-    wk = torch.randn(1024, device="cuda", dtype=torch.bfloat16, generator=g)
-    want_q, want_k = q.clone(), k.clone()
-    cute_kernels.qk_rmsnorm_(want_q, want_k, wq, wk, 1e-6)
+    q, k, wq, wk, want_q, want_k = _inputs_and_result(300, seed=68)
 
     def step(fill):
         got_q, got_k = fill(q), fill(k)
