@@ -298,6 +298,9 @@ class _CudaLike:
     def element_size(self):
         return self.t.element_size()
 
+    def is_inference(self):
+        return self.t.is_inference()
+
 
 @pytest.mark.parametrize("eps,exc", [
     (True, TypeError), (False, TypeError), ("1e-6", TypeError), (None, TypeError), (torch.tensor(1e-6), TypeError),
@@ -320,6 +323,24 @@ def test_eps_rules(eps, exc, monkeypatch):
     # the stand-ins pass the fast path's other rules: (N, the compiled kernel's key)
     assert mod.fast_path_key(*cuda_like, 1e-6) == (q.shape[0], (q.dtype, q.shape[1], k.shape[1]))
     assert mod.fast_path_key(*cuda_like, eps) is None  # the eager fast path must not skip the eps rule
+
+
+def test_fast_path_declines_inference_tensors_outside_inference_mode(monkeypatch):
+    """q or k made under torch.inference_mode(): the fast path takes them inside inference mode only; outside it
+    the slow path refuses them (torch's rule for in-place updates of inference tensors, :func:`check_no_grad`)."""
+    monkeypatch.setattr(mod, "_DEVICE_OK", {0})
+    q, k, wq, wk = _args()
+    with torch.inference_mode():
+        iq, ik = q.clone(), k.clone()
+    want = (q.shape[0], (q.dtype, q.shape[1], k.shape[1]))
+    for args in ((iq, k), (q, ik), (iq, ik)):
+        cuda_like = [_CudaLike(t) for t in (*args, wq, wk)]
+        assert mod.fast_path_key(*cuda_like, 1e-6) is None
+        with torch.inference_mode():
+            assert mod.fast_path_key(*cuda_like, 1e-6) == want
+        with pytest.raises(RuntimeError, match="inference tensor"):
+            mod.check_no_grad(*args, wq, wk)
+    assert mod.fast_path_key(*[_CudaLike(t) for t in (q, k, wq, wk)], 1e-6) == want
 
 
 def test_fast_path_declines_what_the_slow_path_must_judge(monkeypatch):

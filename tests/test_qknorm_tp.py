@@ -165,6 +165,31 @@ def test_built_under_inference_mode_resets_outside_it():
             p.reset()
 
 
+def test_copies_are_the_object_and_pickling_is_refused():
+    """``copy.copy`` / ``copy.deepcopy`` (of the object, or of a module holding it: an EMA copy of a model) give
+    the object itself; pickling raises TypeError.  (Until session 69 a copy shared the original's handle, so
+    closing the copy broke the original, and an unpickled one called whatever instance had its number.)"""
+    import copy
+    import pickle
+
+    with single_rank_group():
+        p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
+        assert copy.copy(p) is p and copy.deepcopy(p) is p
+        holder = torch.nn.Module()
+        holder.norm = p
+        assert copy.deepcopy(holder).norm is p
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pickle.dumps(p)
+        assert not p.closed
+        m = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device="meta")  # noqa: E731
+        with torch.inference_mode():
+            iq, ik = m(4, 64), m(4, 16)
+        with pytest.raises(RuntimeError, match="inference tensor"):  # (as qk_rmsnorm_: torch's in-place rule)
+            p(iq, ik, m(64), m(16), 1e-6)
+        p(m(4, 64), m(4, 16), m(64), m(16), 1e-6)
+        p.close()
+
+
 def test_widths_are_checked_by_the_kernel_that_runs_them():
     """Per-rank widths near the limit (bf16 q 24576 beside k 4096): the tensor-parallel kernel's tiling takes
     them, the one-GPU kernel's does not.  One rank runs the one-GPU op, so construction refuses them there;

@@ -296,6 +296,55 @@ def test_ops_route_grad_requiring_calls_through_the_registered_op():
     assert not bump.grad_via_op and doubled.grad_via_op
 
 
+def test_jit_trace_records_the_registered_op():
+    """``torch.jit.trace`` sees the registered op: the fast path treats it as tracing (until session 69 it called
+    the implementation directly, so a traced graph held only what the implementation did in torch ops: for a
+    kernel, its output's allocation)."""
+    from cute_kernels.runtime.torch_op import custom_op, plain_eager, tracing
+
+    @custom_op("_test_jit_trace_route", mutates_args=(), fake=lambda x: torch.empty_like(x))
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    seen = []
+
+    def fn(x):
+        seen.append((tracing(), plain_eager()))
+        return doubled(x) + 1
+
+    traced = torch.jit.trace(fn, torch.ones(3), check_trace=False)  # (its check would run fn again, eagerly)
+    assert seen == [(True, False)]
+    assert "cute_kernels::_test_jit_trace_route" in str(traced.graph)
+    assert "aten::mul" not in str(traced.graph)  # (the implementation's own op: not traced into)
+    assert torch.equal(traced(torch.full((3,), 5.0)), torch.full((3,), 11.0))
+    assert (tracing(), plain_eager()) == (False, True)
+
+
+def test_in_place_ops_and_inference_mode():
+    """The in-place ops (meta tensors here: the registered op's route) refuse inference tensors as the tensors
+    they update while inference mode is off, as torch refuses its own in-place updates of them; inside
+    inference mode they take them, and take tensors that require grad even under ``torch.enable_grad()``
+    (inference mode records no autograd graph; they were refused as "no backward" until session 69)."""
+    def meta(*shape, requires_grad=False):
+        return torch.randn(*shape, device="meta", dtype=torch.bfloat16).requires_grad_(requires_grad)
+
+    with torch.inference_mode():
+        q, k = meta(8, 4096), meta(8, 1024)
+    wq, wk = meta(4096), meta(1024)
+    with pytest.raises(RuntimeError, match="inference tensor"):
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+    with pytest.raises(RuntimeError, match="inference tensor"):
+        cute_kernels.qk_rmsnorm_(meta(8, 4096), k, wq, wk, 1e-6)
+    cute_kernels.qk_rmsnorm_(meta(8, 4096), meta(8, 1024), wq, wk, 1e-6)  # (normal tensors: fine)
+    with torch.inference_mode():
+        cute_kernels.qk_rmsnorm_(q, k, wq, wk, 1e-6)
+        with torch.enable_grad():
+            cute_kernels.qk_rmsnorm_(meta(8, 4096, requires_grad=True), meta(8, 1024, requires_grad=True), wq, wk,
+                                     1e-6)
+    with pytest.raises(RuntimeError, match="no backward"):  # (autograd records here)
+        cute_kernels.qk_rmsnorm_(meta(8, 4096, requires_grad=True), meta(8, 1024), wq, wk, 1e-6)
+
+
 def test_register_ops_registers_every_op():
     """register_ops() registers every op, and the package's op -> module map (what a lookup in
     ``torch.ops.cute_kernels`` imports) names each op the kernel modules register, with its module."""

@@ -75,7 +75,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.cache import compile_cached
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
 from ..runtime.arch import _DEVICE_OK
-from ..runtime.torch_op import custom_op
+from ..runtime.torch_op import autograd_records, custom_op, refuse_inference_tensors
 from ..runtime.validate import (ValidatedConfig, check_config_fields, check_distinct_rows, check_extent, check_f32_eps,
                                 check_float_tensors, check_int, check_same_device, check_tensor, F32_MAX,
                                 F32_MIN_NORMAL, INT32_MAX)
@@ -969,11 +969,14 @@ def _rows_clear(ap: int, n: int, sa: int, aw: int, bp: int, bn: int, sb: int, bw
 
 
 def check_no_grad(q, k, q_weight, k_weight) -> None:
-    """In-place ops without a backward: refuse tensors that require grad while grad mode is on."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or q_weight.requires_grad
-                                    or k_weight.requires_grad):
+    """In-place ops without a backward: refuse tensors that require grad where autograd records (grad mode on,
+    inference mode off: inside ``torch.inference_mode()`` nothing is recorded, so they are taken there), and
+    inference tensors as q / k outside inference mode (torch refuses such in-place updates)."""
+    if autograd_records() and (q.requires_grad or k.requires_grad or q_weight.requires_grad
+                               or k_weight.requires_grad):
         raise RuntimeError("qk_rmsnorm_ / ParallelQKNorm are in-place and have no backward: call them on tensors "
                            "that do not require grad, or under torch.no_grad()")
+    refuse_inference_tensors("qk_rmsnorm_ / ParallelQKNorm", q, k)
 
 
 def launch_view(t: torch.Tensor) -> torch.Tensor:
@@ -1005,9 +1008,9 @@ def check_eps(eps) -> None:
 
 def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) -> tuple | None:
     """Cheap eager-path test of the rules of :func:`validate_qk_args` (which explains failures, rows wider
-    than the kernel takes included; all of them here unless ``launch_checks``, see below) and that no
-    tensor requires grad while grad mode is on (the slow path
-    applies :func:`check_no_grad`): ``(N, (dtype, Q, K))`` (the token count and the compiled kernel's key) if
+    than the kernel takes included; all of them here unless ``launch_checks``, see below), that no
+    tensor requires grad while grad mode is on and that q and k are no inference tensors outside inference mode
+    (the slow path applies :func:`check_no_grad`, which explains both): ``(N, (dtype, Q, K))`` (the token count and the compiled kernel's key) if
     all hold and N > 0, else None.  Each tensor attribute is read once (a read costs ~0.05-0.15 us of host
     time; the eager target is 10 us per call).
 
@@ -1043,6 +1046,8 @@ def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) ->
         if _grad_enabled() and (q.requires_grad or k.requires_grad or q_weight.requires_grad
                                 or k_weight.requires_grad):
             return None
+        if (q.is_inference() or k.is_inference()) and not _inference_mode():
+            return None  # (torch refuses in-place updates of inference tensors outside inference mode: the slow path)
         dev = q.get_device()  # -1 on the CPU; _DEVICE_OK holds the CUDA devices checked to be Hopper
         if dev not in _DEVICE_OK:
             return None  # (first call on a device: the slow path checks it is a Hopper GPU)
@@ -1079,6 +1084,7 @@ def _explain_refused_launch(q, k, q_weight, k_weight, eps) -> None:
 
 
 _grad_enabled = torch.is_grad_enabled
+_inference_mode = torch.is_inference_mode_enabled
 
 
 _VEC = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4}
@@ -1132,7 +1138,8 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         TypeError: wrong dtypes; eps not a real number.
         ValueError: shapes, devices, strides, alignment, overlapping rows or q/k, rows too wide;
             eps negative, not finite, or below 2**-126 but not 0 (float32 would flush it to 0).
-        RuntimeError: q, k or a weight requires grad while grad mode is on (no backward).
+        RuntimeError: q, k or a weight requires grad while grad mode is on, outside inference mode (no
+            backward); q or k an inference tensor while inference mode is off (as torch's in-place ops).
     """
     fast = fast_path_key(q, k, q_weight, k_weight, eps, launch_checks=True)
     if fast is None:

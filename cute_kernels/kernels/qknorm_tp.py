@@ -376,6 +376,10 @@ class ParallelQKNorm:
     (several nodes), calls go through the unfused path: per-token sums, ``all_reduce``, scale.
     ``ParallelQKNorm.emulated(G, ...)`` builds G ranks on one GPU (tests and benchmarks).
 
+    Copies: ``copy.copy`` / ``copy.deepcopy`` (e.g. of a model holding it, for an EMA copy) return the object
+    itself, which stands for this rank's share of the group's buffers (before session 69 a copy shared the
+    original's handle, so closing either broke the other); pickling raises ``TypeError``.
+
     Serving code that runs under ``torch.inference_mode()`` may build it there: its buffers are made outside
     inference mode (normal tensors), so :meth:`reset` and calls work in and out of it (torch refuses in-place
     updates of inference tensors outside inference mode; before session 69 ``reset()`` raised so).
@@ -564,6 +568,17 @@ class ParallelQKNorm:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    # --- copies: one object per rank and process (its buffers were exchanged with every peer)
+    def __copy__(self) -> "ParallelQKNorm":
+        return self
+
+    def __deepcopy__(self, memo) -> "ParallelQKNorm":
+        return self
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a ParallelQKNorm cannot be pickled: it owns this process's push buffers, exchanged with "
+                        "every peer of its group; build one in each process (ParallelQKNorm(group, ...))")
 
     # --- errors and recovery
     def check_error(self, synchronize: bool = True) -> None:

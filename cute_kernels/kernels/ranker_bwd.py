@@ -97,7 +97,8 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.arch import sm_count
 from ..runtime.cache import compile_cached, warn_if_spills
 from ..runtime.fake import cute_dtype, fake_stream, fake_tensor
-from ..runtime.torch_op import custom_op, refuse_func_transforms, tracing, without_autocast, without_data
+from ..runtime.torch_op import (custom_op, refuse_func_transforms, refuse_inference_tensors, tracing,
+                                 without_autocast, without_data)
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check_config_fields,
                                 check_outputs_disjoint, check_same_device, check_tensor,
                                 exceeds, validated_once)
@@ -1930,6 +1931,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         values, unsupported head dims, B or Hq above 65535 (the grids' y/z limit): all before any buffer is
         written or kernel launched.  No size limit otherwise: the kernels compute 64-bit offsets (GPU-tested
         past 2^31 elements of q and of the float32 dQ accumulator).
+        RuntimeError: a ``dq``/``dk``/``dv`` buffer that is an inference tensor while inference mode is off
+            (torch's in-place rule).
     Launches: preprocess (dPsum, LSE2, the zeroed dQ accumulator or its tiles' zeroed flags), the mainloop
     (which zeroes the tiles itself then, ``RankerBwdConfig.dq_zero_in_mainloop``), postprocess (dQ,
     GQA dK/dV from float32 accumulators when the mainloop ran one query head per CTA, candidate self
@@ -1956,6 +1959,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
     if eager_only and (torch.compiler.is_compiling() or without_data(q)):
         raise ValueError("ranker_attention_backward: dq/dk/dv buffers and config are eager-only and need real "
                          "CUDA tensors; while torch.compile / make_fx / FakeTensorMode trace, call it without them")
+    refuse_inference_tensors("ranker_attention_backward (its dq/dk/dv buffers)",
+                             *(t for t in (dq, dk, dv) if isinstance(t, torch.Tensor)))
     return _backward_impl(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
                           dq=dq, dk=dk, dv=dv, config=config, deterministic=deterministic, dlse=dlse)
 

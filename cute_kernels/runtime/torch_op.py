@@ -3,8 +3,8 @@
 ``torch.library.custom_op`` makes an op visible to ``torch.compile`` and safe in CUDA-graph
 capture, but its dispatch costs tens of microseconds per eager call, more than our small kernels
 take.  :func:`custom_op` registers the op and returns a callable that goes through the
-registered op while anything traces (torch.compile / torch.export, or a Python dispatch mode such
-as ``make_fx``'s or a FakeTensorMode: a direct call would be invisible to them and the traced graph
+registered op while anything traces (torch.compile / torch.export / torch.jit.trace, or a Python dispatch
+mode such as ``make_fx``'s or a FakeTensorMode: a direct call would be invisible to them and the traced graph
 would lose the kernel), and calls the implementation directly otherwise.  Ops that return new
 tensors also go through the registered op when grad mode is on and an argument requires grad: the
 outputs then take part in autograd like the compiled op's do, and ``backward()`` raises torch's
@@ -26,12 +26,34 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
 _is_compiling = torch.compiler.is_compiling
+_jit_tracing = torch._C._get_tracing_state  # torch.jit.trace's state: None unless it traces
+_inference_mode = torch.is_inference_mode_enabled
 
 
 def tracing() -> bool:
-    """True while torch.compile / torch.export trace or a Python dispatch mode (make_fx, FakeTensorMode) is
-    active: a call must then go through the registered op, which they see."""
-    return _is_compiling() or _get_current_dispatch_mode() is not None
+    """True while torch.compile / torch.export / torch.jit.trace trace or a Python dispatch mode (make_fx,
+    FakeTensorMode) is active: a call must then go through the registered op, which they see (a direct call
+    would leave the kernel out of the traced graph: ``torch.jit.trace`` recorded only the output's allocation
+    until session 69)."""
+    return _is_compiling() or _get_current_dispatch_mode() is not None or _jit_tracing() is not None
+
+
+def autograd_records() -> bool:
+    """True where autograd would record an op on tensors that require grad: grad mode on and not inference
+    mode (inside ``torch.inference_mode()`` it records nothing, even under ``torch.enable_grad()``).  While
+    torch.compile traces, grad mode alone (Dynamo cannot trace the inference-mode query: a graph break)."""
+    return torch.is_grad_enabled() and (_is_compiling() or not _inference_mode())
+
+
+def refuse_inference_tensors(name: str, *mutated: torch.Tensor) -> None:
+    """``RuntimeError`` when one of the tensors an op updates in place is an inference tensor and inference mode
+    is off: torch refuses that for its own in-place ops (eagerly and under torch.compile), so the kernels, which
+    write through raw pointers, refuse it too (eager and compiled calls then agree)."""
+    if not _inference_mode() and any(t.is_inference() for t in mutated):
+        raise RuntimeError(f"{name} updates its inputs in place, and an inference tensor (made under "
+                           "torch.inference_mode()) is among them while inference mode is off: torch refuses "
+                           "in-place updates of inference tensors outside inference mode; call it inside "
+                           "torch.inference_mode(), or on a .clone() made outside it")
 
 
 try:  # private, so looked up once and optional: without them the check below is skipped
@@ -73,7 +95,7 @@ def plain_eager() -> bool:
     """True in plain eager mode: nothing traces (:func:`tracing` is False) and no ``torch.func`` transform is
     active, so neither :func:`tracing` nor :func:`refuse_func_transforms` need run (one check for the eager
     hot paths: three C calls)."""
-    return (not _is_compiling() and _get_current_dispatch_mode() is None
+    return (not _is_compiling() and _get_current_dispatch_mode() is None and _jit_tracing() is None
             and (_transform_active is None or _transform_active() is None))
 
 
@@ -122,7 +144,7 @@ def without_data(t) -> bool:
 
 
 def _requires_grad(args, kwargs) -> bool:
-    return torch.is_grad_enabled() and any(
+    return autograd_records() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
 
 
@@ -143,7 +165,8 @@ def _tensor_params(op) -> list[tuple[int, str, bool]]:
 
 
 class _EagerFastPath:
-    def __init__(self, op, impl: Callable, precheck: Callable | None, grad_via_op: bool, name: str):
+    def __init__(self, op, impl: Callable, precheck: Callable | None, grad_via_op: bool, name: str,
+                 mutated: tuple[str, ...] = ()):
         self.op = op
         self.name = name
         self.impl = impl
@@ -153,6 +176,8 @@ class _EagerFastPath:
         # the schema's first tensor argument by name: a keyword call's meta test (its first keyword may be a scalar)
         self.first_tensor = self.tensor_params[0][1] if self.tensor_params else None
         self.signature = inspect.signature(impl)
+        params = list(self.signature.parameters)
+        self.mutated = tuple((params.index(n), n) for n in mutated)  # (position, name) of the in-place arguments
         functools.update_wrapper(self, impl)
 
     def __get__(self, obj, objtype=None):
@@ -190,13 +215,18 @@ class _EagerFastPath:
         # meta tensors (the first tensor argument on the "meta" device): the op, whose fake gives the output shapes
         first = args[0] if args else kwargs.get(self.first_tensor)
         if (compiling or _get_current_dispatch_mode() is not None or getattr(first, "is_meta", False)
-                or (self.grad_via_op and _requires_grad(args, kwargs))):
+                or _jit_tracing() is not None or (self.grad_via_op and _requires_grad(args, kwargs))):
             if not compiling:  # (Dynamo reports a bad call itself)
                 self.check_arguments(args, kwargs)
             self.check_tensor_types(args, kwargs)
             if not self.grad_via_op and _requires_grad(args, kwargs):  # eager: the impl raises the same
                 raise RuntimeError(f"cute_kernels::{self.name} works in place and has no backward: call it on "
                                    "tensors that do not require grad, or under torch.no_grad()")
+            if self.mutated and not compiling:  # (meta tensors, dispatch modes: as the impl refuses them eagerly;
+                # compiled, torch's functionalization refuses an inference tensor's in-place update itself)
+                refuse_inference_tensors(f"cute_kernels.{self.name}", *(
+                    v for i, n in self.mutated
+                    if isinstance(v := (args[i] if i < len(args) else kwargs.get(n)), torch.Tensor)))
             if self.precheck is not None:  # the op's schema would turn a bool into 1 / 1.0 unseen
                 self.precheck(*args, **kwargs)
             return self.op(*args, **kwargs)
@@ -219,7 +249,8 @@ def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | 
             op.register_fake(fake)
         else:
             op.register_fake(lambda *a, **k: None)
-        return _EagerFastPath(op, impl, precheck, grad_via_op=not mutates_args, name=name)
+        mutated = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
+        return _EagerFastPath(op, impl, precheck, grad_via_op=not mutates_args, name=name, mutated=mutated)
 
     return deco
 

@@ -246,7 +246,8 @@ def _inputs_and_result(n, seed):
 
 def test_inference_mode():
     """In place under ``torch.inference_mode()`` (serving) on inference tensors and on normal ones: the bits of
-    the call outside it."""
+    the call outside it; outside inference mode, inference tensors are refused (as torch refuses in-place
+    updates of them) and left as they were."""
     q, k, wq, wk, want_q, want_k = _inputs_and_result(37, seed=64)
     with torch.inference_mode():
         inf = [t.clone() for t in (q, k, wq, wk)]
@@ -257,6 +258,11 @@ def test_inference_mode():
     for name, got, want in (("inference q", inf[0], want_q), ("inference k", inf[1], want_k),
                             ("q", normal_q, want_q), ("k", normal_k, want_k)):
         assert torch.equal(got, want), name
+    with torch.inference_mode():
+        inf = [t.clone() for t in (q, k)]
+    with pytest.raises(RuntimeError, match="inference tensor"):  # (outside inference mode: torch's in-place rule)
+        cute_kernels.qk_rmsnorm_(*inf, wq, wk, 1e-6)
+    assert torch.equal(inf[0], q) and torch.equal(inf[1], k)  # (refused before the launch)
 
 
 def test_runs_on_the_current_stream():
