@@ -94,7 +94,7 @@ def without_autocast(fn: Callable) -> Callable:
 def plain_eager() -> bool:
     """True in plain eager mode: nothing traces (:func:`tracing` is False) and no ``torch.func`` transform is
     active, so neither :func:`tracing` nor :func:`refuse_func_transforms` need run (one check for the eager
-    hot paths: three C calls)."""
+    hot paths: four C calls)."""
     return (not _is_compiling() and _get_current_dispatch_mode() is None and _jit_tracing() is None
             and (_transform_active is None or _transform_active() is None))
 
