@@ -1,7 +1,8 @@
 """A step run on a side stream behind a long sleep: the tests that check an op launches on torch's current stream."""
 import torch
 
-SLEEP_CYCLES = 200_000_000  # torch.cuda._sleep's spin: ~0.1 s at an H100's / H200's ~2 GHz
+SLEEP_CYCLES = 1_000_000_000  # torch.cuda._sleep's spin: ~0.5 s at an H100's / H200's ~2 GHz (a margin for
+# a host slowed by other test processes: the step must return before it ends)
 
 
 def _poisoned(t: torch.Tensor) -> torch.Tensor:
