@@ -304,3 +304,37 @@ def test_a_tensor_without_data_is_refused():
         check_tensor("t", t, cuda=False)
     check_tensor("t", t, cuda=False, data_pointer=False)  # (fake tensors at trace time: strides only)
     check_tensor("e", torch.zeros(0, 8, dtype=torch.bfloat16), cuda=False)
+
+
+def test_scalars_known_only_when_the_graph_runs():
+    """A scalar from a tensor's ``.item()`` under torch.compile (``capture_scalar_outputs``): Dynamo shows it as a
+    plain float, which no custom op's float argument takes.  With ``fullgraph=True`` our ValueError names the
+    argument (it failed inside torch's sympy before session 69, comparing the value against its range); without
+    it, Dynamo breaks the graph there and the call runs eagerly, with the value (here on CPU tensors, so the
+    eager call's device error).  Constants under torch.compile are checked as before."""
+    q = torch.zeros(1, 128, 2, 64, device="meta", dtype=torch.bfloat16)
+    bounds = torch.zeros(1, 4, dtype=torch.int32, device="meta")
+    scale = torch.tensor(0.125, device="meta")
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            def from_item(q, s):
+                return cute_kernels.ranker_attention(q, q, q, bounds, softmax_scale=s.item())
+
+            with pytest.raises(Exception, match="known only when the compiled graph runs"):
+                torch.compile(from_item, fullgraph=True, backend="eager")(q, scale)
+
+            def scaled(x, s):
+                return cute_kernels.scale(x, s.item())
+
+            with pytest.raises(ValueError, match="CUDA device"):  # (eager after the graph break)
+                torch.compile(scaled, backend="eager")(torch.ones(8, dtype=torch.bfloat16), torch.tensor(2.0))
+
+            def constant(q, s):
+                return cute_kernels.ranker_attention(q, q, q, bounds, softmax_scale=s)
+
+            with pytest.raises(Exception, match="softmax_scale is not finite or out of its range"):
+                torch.compile(constant, fullgraph=True, backend="eager")(q, -1.0)
+            assert torch.compile(constant, fullgraph=True, backend="eager")(q, 0.125).shape == q.shape
+    finally:
+        torch._dynamo.reset()
