@@ -311,7 +311,9 @@ def test_scalars_known_only_when_the_graph_runs():
     plain float, which no custom op's float argument takes.  With ``fullgraph=True`` our ValueError names the
     argument (it failed inside torch's sympy before session 69, comparing the value against its range); without
     it, Dynamo breaks the graph there and the call runs eagerly, with the value (here on CPU tensors, so the
-    eager call's device error).  Constants under torch.compile are checked as before."""
+    eager call's device error).  An int from ``.item()`` (a packed call's ``max_seqlen``) passes once
+    ``torch._check`` bounds it, as the README says, and the error says so otherwise.  Constants under
+    torch.compile are checked as before."""
     q = torch.zeros(1, 128, 2, 64, device="meta", dtype=torch.bfloat16)
     bounds = torch.zeros(1, 4, dtype=torch.int32, device="meta")
     scale = torch.tensor(0.125, device="meta")
@@ -329,6 +331,25 @@ def test_scalars_known_only_when_the_graph_runs():
 
             with pytest.raises(ValueError, match="CUDA device"):  # (eager after the graph break)
                 torch.compile(scaled, backend="eager")(torch.ones(8, dtype=torch.bfloat16), torch.tensor(2.0))
+
+            packed = torch.zeros(300, 2, 64, dtype=torch.bfloat16)
+            cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+            packed_bounds = torch.tensor([[0, 50, 50, 100], [0, 150, 150, 200]], dtype=torch.int32)
+
+            def packed_call(checked):
+                def call(q, cu):
+                    m = (cu[1:] - cu[:-1]).max().item()
+                    if checked:  # (README: bounded, an int the trace can decide, which the op takes)
+                        torch._check(m >= 1)
+                        torch._check(m <= 2**31 - 1)
+                    return cute_kernels.ranker_attention(q, q, q, packed_bounds, cu_seqlens=cu, max_seqlen=m)
+                return torch.compile(call, fullgraph=True, backend="eager")
+
+            with pytest.raises(Exception, match=r"max_seqlen is a value known only .* torch\._check"):
+                packed_call(False)(packed, cu)
+            torch._dynamo.reset()
+            with pytest.raises(ValueError, match="CUDA device"):  # (traced; refused when the graph runs on CPU)
+                packed_call(True)(packed, cu)
 
             def constant(q, s):
                 return cute_kernels.ranker_attention(q, q, q, bounds, softmax_scale=s)

@@ -142,19 +142,19 @@ def check_distinct_rows(name: str, t: torch.Tensor, why: str) -> None:
         raise ValueError(f"{name}'s rows overlap in memory (row stride {t.stride(0)} < width {t.shape[1]}): {why}")
 
 
-def check_value_known(name: str, value) -> None:
+def check_value_known(name: str, value, advice: str = "the kernels' ops take Python numbers; pass one") -> None:
     """``ValueError`` for a number that only the running graph knows: under torch.compile, a scalar taken from a
     tensor (``.item()`` with ``capture_scalar_outputs``), which Dynamo shows to Python as a plain float or int.
     A custom op's float / int argument cannot take one (torch refuses it when it traces the op), and comparing
     it failed inside torch's sympy (session 69); raised here, Dynamo breaks the graph without ``fullgraph`` and
-    the call runs eagerly, with the value.  Eagerly, and for constants or symbols with a hint (comparing those
+    the call runs eagerly, with the value.  (An int argument can be such a symbol once ``torch._check`` bounds
+    it: ``advice`` says so for :func:`check_int`.)  Eagerly, and for constants or symbols with a hint (comparing those
     installs a guard), nothing: two comparisons that torch's ``guard_or_false`` reads as False only where they
     cannot be decided (a NaN constant is left to the range checks after this, which refuse it)."""
     if (torch.compiler.is_compiling() and guard_or_true(value == value)
             and not (guard_or_false(value < 1e300) or guard_or_false(value >= 1e300))):
-        raise ValueError(f"{name} is a value known only when the compiled graph runs (a tensor's .item()): the "
-                         "kernels' ops take Python numbers; pass one, or compile without fullgraph=True (the call "
-                         "then runs eagerly)")
+        raise ValueError(f"{name} is a value known only when the compiled graph runs (a tensor's .item()): "
+                         f"{advice}, or compile without fullgraph=True (the call then runs eagerly)")
 
 
 def check_real(name: str, value, *, low: float | None = None, high: float = F32_MAX, low_open: bool = False) -> float:
@@ -230,7 +230,8 @@ def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    check_value_known(name, value)
+    check_value_known(name, value, f"bound it with torch._check({low} <= {name} <= {high}) so that the trace can "
+                      "decide its range")
     v = int(value)
     if not low <= v <= high:
         raise ValueError(f"{name}={_short(v)} must be in [{low}, {high}]")
