@@ -145,12 +145,13 @@ def check_distinct_rows(name: str, t: torch.Tensor, why: str) -> None:
 def check_value_known(name: str, value, advice: str = "the kernels' ops take Python numbers; pass one") -> None:
     """``ValueError`` for a number that only the running graph knows: under torch.compile, a scalar taken from a
     tensor (``.item()`` with ``capture_scalar_outputs``), which Dynamo shows to Python as a plain float or int.
-    A custom op's float / int argument cannot take one (torch refuses it when it traces the op), and comparing
-    it failed inside torch's sympy (session 69); raised here, Dynamo breaks the graph without ``fullgraph`` and
-    the call runs eagerly, with the value.  (An int argument can be such a symbol once ``torch._check`` bounds
-    it: ``advice`` says so for :func:`check_int`.)  Eagerly, and for constants or symbols with a hint (comparing those
-    installs a guard), nothing: two comparisons that torch's ``guard_or_false`` reads as False only where they
-    cannot be decided (a NaN constant is left to the range checks after this, which refuse it)."""
+    A custom op's float argument cannot take one (torch refuses it when it traces the op); an int argument can
+    once ``torch._check`` bounds it (then this passes and the range checks decide; ``advice`` says so for
+    :func:`check_int`); comparing an unbounded one with its range failed inside torch's sympy (session 69).
+    Raised here, Dynamo breaks the graph without ``fullgraph`` and the call runs eagerly, with the value.
+    Eagerly, and for constants or symbols with a hint (comparing those installs a guard), nothing: two
+    comparisons that torch's ``guard_or_false`` reads as False only where they cannot be decided (a NaN
+    constant is left to the range checks after this, which refuse it)."""
     if (torch.compiler.is_compiling() and guard_or_true(value == value)
             and not (guard_or_false(value < 1e300) or guard_or_false(value >= 1e300))):
         raise ValueError(f"{name} is a value known only when the compiled graph runs (a tensor's .item()): "
