@@ -14,6 +14,7 @@ import threading
 import pytest
 import torch
 from seeding import generator
+from side_stream import run_behind_a_sleep
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -183,23 +184,25 @@ def test_torch_compile_on_the_other_device():
 
 
 def test_side_stream_on_the_other_device():
-    """With a side stream of cuda:1 current there (its inputs written on that stream, nothing synchronized
-    before the calls), the forward and the backward launch on it: their results, read after that stream
-    alone is synchronized, are the bits of cuda:0's."""
+    """With a side stream of cuda:1 current there and the inputs written on it behind a long sleep
+    (:func:`side_stream.run_behind_a_sleep`, run with cuda:1 current), the forward and the backward launch on that
+    stream (a launch on another stream of cuda:1 would read the inputs before they exist) and nothing waits for
+    the device: their results are the bits of cuda:0's."""
     q, k, v, do, bounds = _ranker_inputs(12)
     out0, lse0 = cute_kernels.ranker_attention(q, k, v, bounds, return_lse=True)
     want = rb.ranker_attention_backward(q, k, v, out0, lse0, do, bounds, deterministic=True)
-    side = torch.cuda.Stream(DEV1)
-    with torch.cuda.stream(side):
-        q1, k1, v1, do1, b1 = (t.to(DEV1, non_blocking=True) for t in (q, k, v, do, bounds))
-        q1 = q1 * 1.0  # (kernels queued on the side stream ahead of ours)
-        out, lse = cute_kernels.ranker_attention(q1, k1, v1, b1, return_lse=True)
-        got = rb.ranker_attention_backward(q1, k1, v1, out, lse, do1, b1, deterministic=True)
-    side.synchronize()
-    with torch.cuda.stream(side):
-        results = [t.cpu() for t in (out, lse, *got)]
-    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), results, (out0, lse0, *want)):
-        assert torch.equal(a, b.cpu()), f"side stream of cuda:1: {name} differs"
+    q1, k1, v1, do1, b1 = _to(DEV1, q, k, v, do, bounds)
+    torch.cuda.synchronize(DEV1)
+
+    def step(fill):
+        qs, ks, vs, dos = (fill(t) for t in (q1, k1, v1, do1))
+        out, lse = cute_kernels.ranker_attention(qs, ks, vs, b1, return_lse=True)
+        return (out, lse, *rb.ranker_attention_backward(qs, ks, vs, out, lse, dos, b1, deterministic=True))
+
+    with torch.cuda.device(DEV1):
+        got = run_behind_a_sleep(step)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, (out0, lse0, *want)):
+        assert torch.equal(a.cpu(), b.cpu()), f"side stream of cuda:1: {name} differs"
 
 
 def test_cuda_graph_on_the_other_device():
