@@ -132,16 +132,42 @@ class Case(NamedTuple):
     peer_args: tuple
 
 
+def _throwaway_round(cases: list, setup, peers_mod, timer) -> None:
+    """Set up the first case, build its peers and time every impl once, keeping nothing (errors ignored): the
+    backward bench's first case.  Session 70 (H100): in the first case of a backward bench process, FA4's
+    ``torch.autograd.grad`` failed CUDA-graph capture (cudaErrorStreamCaptureImplicit, "operation would make the
+    legacy stream depend on a capturing blocking stream"), and so did Flex's and cuDNN's, so they were timed
+    eagerly; a second capture of the same fn failed too, but the same case set up and timed again in the same
+    process captured (``logs/2026-12-06_s70_h100_ranker_bwd_first_case_capture.log``).  Every backward bench
+    before session 70 timed its first case's peers eagerly for this reason, not because of the shape."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    c = setup(cases[0], gen)
+    impls = list(c.impls)
+    for make in peers_mod.PEERS.values():
+        try:
+            impls.append(("", make(*c.peer_args)))
+        except Exception:  # noqa: BLE001 (the real round records it)
+            pass
+    for _, fn in impls:
+        try:
+            timer(fn)
+        except Exception:  # noqa: BLE001 (likewise)
+            pass
+
+
 def run(kernel: str, cases: list, setup: Callable[[tuple, torch.Generator], Case], peers_mod, peer_budget_s: float,
-        rounds: int, echo: bool, timer: Optional[Callable] = None) -> list[dict]:
+        rounds: int, echo: bool, timer: Optional[Callable] = None, throwaway_first: bool = False) -> list[dict]:
     """Time each case: ours, our variants and the peers of ``peers_mod`` (None: no peers; skipped, with a record
     each, once ``peer_budget_s`` seconds have gone by: their compiles are slow), interleaved over ``rounds``
     (the machine drifts), by ``timer`` (:func:`time_us`); then :data:`EAGER_IMPLS` "eager" and "isolated"
     (:func:`host_mode_records`).  Records: one per (impl, mode) with ``time_us`` (the best round), ``tflops``,
     ``runs_us``; an ``error`` record for an impl that fails (its later rounds are skipped).  ``echo`` prints each
-    case's records as JSON lines when it ends."""
+    case's records as JSON lines when it ends.  ``throwaway_first``: :func:`_throwaway_round` first (with peers
+    only)."""
     timer = timer or time_us
     t_start = time.time()
+    if throwaway_first and peers_mod is not None and cases:
+        _throwaway_round(cases, setup, peers_mod, timer)
     recs: list[dict] = []
     n_printed = 0
     for case in cases:
