@@ -390,33 +390,3 @@ def test_bench_loop_interleaves_and_records(monkeypatch):
                             timer=lambda fn: (1.0, "graph"))
     assert sorted(r["impl"] for r in recs if "skipped" in r.get("error", "")) == ["broken", "flaky", "peer"]
 
-
-def test_bench_loop_throwaway_first_round(monkeypatch):
-    """``throwaway_first`` (the backward bench: its first case's peers failed CUDA-graph capture, session 70): the
-    first case is set up, its peers built and every impl timed once before the real rounds, and none of that
-    reaches the records; without peers there is no throwaway round."""
-    import types
-
-    from cute_kernels.kernels import ranker_bench
-
-    monkeypatch.setattr(ranker_bench.torch, "Generator", lambda device: types.SimpleNamespace(manual_seed=lambda s: s))
-    monkeypatch.setattr(ranker_bench, "host_mode_records", lambda *a: [])
-    setups, order = [], []
-
-    def setup(case, gen):
-        setups.append(case)
-        return ranker_bench.Case(dict(B=case), 10**8, [("cute_kernels", lambda: "ours")], (case,))
-
-    def timer(fn):
-        order.append(fn())
-        return 10.0 * len(order), "graph"
-
-    peers = types.SimpleNamespace(PEERS={"peer": lambda case: (lambda: f"peer{case}")})
-    recs = ranker_bench.run("ranker_bwd", [1, 2], setup, peers, 1e9, rounds=1, echo=False, timer=timer,
-                            throwaway_first=True)
-    assert setups == [1, 1, 2] and order == ["ours", "peer1", "ours", "peer1", "ours", "peer2"]
-    assert [(r["impl"], r["shape"]["B"], r["time_us"]) for r in recs] == [
-        ("cute_kernels", 1, 30.0), ("peer", 1, 40.0), ("cute_kernels", 2, 50.0), ("peer", 2, 60.0)]
-    setups.clear()
-    ranker_bench.run("ranker_bwd", [1, 2], setup, None, 1e9, rounds=1, echo=False, timer=timer, throwaway_first=True)
-    assert setups == [1, 2]

@@ -6,6 +6,7 @@ and variants, the peers' arguments) and :func:`run` does the rest.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -59,8 +60,10 @@ def time_us(fn) -> tuple[float, str]:
     (a peer; the reason is printed)."""
     from ..runtime.timing import cuda_time_us
 
+    current = torch.cuda.current_stream()  # (:func:`run`'s stream: the inputs and a peer's forward were made on it)
+    stream = None if current == torch.cuda.default_stream() else current
     try:
-        return cuda_time_us(fn, graph=True), "graph"
+        return cuda_time_us(fn, graph=True, stream=stream), "graph"
     except Exception as exc:  # noqa: BLE001 (a peer that cannot be captured is timed eagerly; say why)
         print(f"CUDA-graph capture failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}); "
               "timing eagerly", file=sys.stderr, flush=True)
@@ -132,42 +135,27 @@ class Case(NamedTuple):
     peer_args: tuple
 
 
-def _throwaway_round(cases: list, setup, peers_mod, timer) -> None:
-    """Set up the first case, build its peers and time every impl once, keeping nothing (errors ignored): the
-    backward bench's first case.  Session 70 (H100): in the first case of a backward bench process, FA4's
-    ``torch.autograd.grad`` failed CUDA-graph capture (cudaErrorStreamCaptureImplicit, "operation would make the
-    legacy stream depend on a capturing blocking stream"), and so did Flex's and cuDNN's, so they were timed
-    eagerly; a second capture of the same fn failed too, but the same case set up and timed again in the same
-    process captured (``logs/2026-12-06_s70_h100_ranker_bwd_first_case_capture.log``).  Every backward bench
-    before session 70 timed its first case's peers eagerly for this reason, not because of the shape."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    c = setup(cases[0], gen)
-    impls = list(c.impls)
-    for make in peers_mod.PEERS.values():
-        try:
-            impls.append(("", make(*c.peer_args)))
-        except Exception:  # noqa: BLE001 (the real round records it)
-            pass
-    for _, fn in impls:
-        try:
-            timer(fn)
-        except Exception:  # noqa: BLE001 (likewise)
-            pass
-
-
 def run(kernel: str, cases: list, setup: Callable[[tuple, torch.Generator], Case], peers_mod, peer_budget_s: float,
-        rounds: int, echo: bool, timer: Optional[Callable] = None, throwaway_first: bool = False) -> list[dict]:
+        rounds: int, echo: bool, timer: Optional[Callable] = None) -> list[dict]:
     """Time each case: ours, our variants and the peers of ``peers_mod`` (None: no peers; skipped, with a record
     each, once ``peer_budget_s`` seconds have gone by: their compiles are slow), interleaved over ``rounds``
     (the machine drifts), by ``timer`` (:func:`time_us`); then :data:`EAGER_IMPLS` "eager" and "isolated"
     (:func:`host_mode_records`).  Records: one per (impl, mode) with ``time_us`` (the best round), ``tflops``,
     ``runs_us``; an ``error`` record for an impl that fails (its later rounds are skipped).  ``echo`` prints each
-    case's records as JSON lines when it ends.  ``throwaway_first``: :func:`_throwaway_round` first (with peers
-    only)."""
-    timer = timer or time_us
+    case's records as JSON lines when it ends.
+
+    On a GPU everything (set-up, the peers' forwards, timing) runs on one stream of the bench's own, on which
+    :func:`time_us` captures: a peer's backward (``torch.autograd.grad``) runs on the stream its forward ran on, so
+    a forward on the legacy default stream cannot be captured.  Until session 70 the first case's peers were
+    timed eagerly for that reason (FA4, Flex and cuDNN alike), and the later cases' captured only because the
+    failed capture had left torch's capture stream current
+    (``bench/results/logs/2026-12-06_s70_h100_ranker_bwd_first_case_capture.log``)."""
+    with torch.cuda.stream(torch.cuda.Stream()) if torch.cuda.is_available() else contextlib.nullcontext():
+        return _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, timer or time_us)
+
+
+def _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, timer) -> list[dict]:
     t_start = time.time()
-    if throwaway_first and peers_mod is not None and cases:
-        _throwaway_round(cases, setup, peers_mod, timer)
     recs: list[dict] = []
     n_printed = 0
     for case in cases:

@@ -2134,8 +2134,7 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
         return ranker_bench.Case(shape, flops, impls, (q, k, v, bounds, do, cap))
 
     peers = ranker_bench.load_peers("ranker_bwd_peers") if "peers" in spec else None
-    # (a throwaway first round: the first case's peers would otherwise fail CUDA-graph capture, see the function)
-    return ranker_bench.run(NAME, cases, setup, peers, peer_budget_s, rounds, echo, throwaway_first=True)
+    return ranker_bench.run(NAME, cases, setup, peers, peer_budget_s, rounds, echo)
 
 
 # ====================================================================== references (float64)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 
-def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20, inner: int = 10, warmup: int = 3) -> float:
+def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20, inner: int = 10, warmup: int = 3,
+                 stream: Optional[torch.cuda.Stream] = None) -> float:
     """Median time of one ``fn()`` call in microseconds.
 
     ``graph=True`` captures ``inner`` back-to-back calls in a CUDA graph and times replays
@@ -17,20 +18,32 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
     call at a time on an idle GPU, so all of its host time counts (how the project's peer measurements,
     ``shared/bench-peers`` outside this repository, timed the peer figures quoted in the issues).  Each of
     ``reps`` samples is timed with CUDA events and synchronized.
+
+    ``stream`` (graph only): capture on this stream, the current one, instead of torch's capture stream after a
+    warm-up on a side stream.  A ``torch.autograd.grad`` whose forward ran on the legacy default stream cannot be
+    captured (its backward runs on the forward's stream: cudaErrorStreamCaptureImplicit); one whose forward ran
+    on ``stream`` can (session 70).  A failed capture raises with the caller's current stream restored
+    (``torch.cuda.graph`` leaves its capture stream current when ``capture_end`` raises).
     """
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(inner):
+        caller_stream = torch.cuda.current_stream()
+        if stream is None:
+            s = torch.cuda.Stream()
+            s.wait_stream(caller_stream)
+            with torch.cuda.stream(s):
                 fn()
+            caller_stream.wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g, stream=stream):
+                for _ in range(inner):
+                    fn()
+        except BaseException:
+            torch.cuda.set_stream(caller_stream)
+            raise
         run = g.replay
     else:
         def run():
