@@ -389,4 +389,3 @@ def test_bench_loop_interleaves_and_records(monkeypatch):
     recs = ranker_bench.run("ranker_fwd", [1], setup, peers, -1.0, rounds=1, echo=False,
                             timer=lambda fn: (1.0, "graph"))
     assert sorted(r["impl"] for r in recs if "skipped" in r.get("error", "")) == ["broken", "flaky", "peer"]
-

@@ -6,7 +6,6 @@ and variants, the peers' arguments) and :func:`run` does the rest.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import sys
@@ -150,8 +149,15 @@ def run(kernel: str, cases: list, setup: Callable[[tuple, torch.Generator], Case
     timed eagerly for that reason (FA4, Flex and cuDNN alike), and the later cases' captured only because the
     failed capture had left torch's capture stream current
     (``bench/results/logs/2026-12-06_s70_h100_ranker_bwd_first_case_capture.log``)."""
-    with torch.cuda.stream(torch.cuda.Stream()) if torch.cuda.is_available() else contextlib.nullcontext():
+    if not torch.cuda.is_available():  # (the CPU tests' fake timers)
         return _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, timer or time_us)
+    caller, bench_stream = torch.cuda.current_stream(), torch.cuda.Stream()
+    bench_stream.wait_stream(caller)  # (torch's streams do not wait for the legacy stream by themselves)
+    try:
+        with torch.cuda.stream(bench_stream):
+            return _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, timer or time_us)
+    finally:
+        caller.wait_stream(bench_stream)
 
 
 def _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, timer) -> list[dict]:

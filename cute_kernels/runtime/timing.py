@@ -19,12 +19,16 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
     ``shared/bench-peers`` outside this repository, timed the peer figures quoted in the issues).  Each of
     ``reps`` samples is timed with CUDA events and synchronized.
 
-    ``stream`` (graph only): capture on this stream, the current one, instead of torch's capture stream after a
-    warm-up on a side stream.  A ``torch.autograd.grad`` whose forward ran on the legacy default stream cannot be
-    captured (its backward runs on the forward's stream: cudaErrorStreamCaptureImplicit); one whose forward ran
-    on ``stream`` can (session 70).  A failed capture raises with the caller's current stream restored
-    (``torch.cuda.graph`` leaves its capture stream current when ``capture_end`` raises).
+    ``stream`` (graph only; it must be the current stream, else ``ValueError``): capture on it instead of torch's
+    capture stream after a warm-up on a side stream. A ``torch.autograd.grad`` whose forward ran on the legacy
+    default stream cannot be captured (its backward runs on the forward's stream: cudaErrorStreamCaptureImplicit);
+    one whose forward ran on ``stream`` can (session 70). A failed capture raises with the caller's current stream
+    restored (``torch.cuda.graph`` leaves its capture stream current when ``capture_end`` raises). It also leaves
+    torch's caching allocator with a capture it thinks is still under way (``empty_cache`` then skips the default
+    pools): after a failure, time in a fresh process where memory matters.
     """
+    if stream is not None and stream != torch.cuda.current_stream():
+        raise ValueError(f"stream must be the current stream ({torch.cuda.current_stream()}), got {stream}")
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

@@ -13,9 +13,9 @@ from cute_kernels.kernels import ranker_bench
 from cute_kernels.runtime.timing import cuda_time_us
 
 
-def _backward_peer(gen):
+def _backward_peer(gen, n=1 << 16):
     """A peer as the backward bench builds one: the forward runs now (on the current stream), ``fn`` the backward."""
-    x = torch.randn(1 << 16, device="cuda", generator=gen).requires_grad_(True)
+    x = torch.randn(n, device="cuda", generator=gen).requires_grad_(True)
     out = x.sin() * 3.0
     dout = torch.randn(out.shape, device="cuda", generator=gen)
     return lambda: torch.autograd.grad(out, x, dout, retain_graph=True)
@@ -41,28 +41,60 @@ def test_bench_loop_captures_a_backward_peer_in_its_first_case(monkeypatch):
 
 
 def test_graph_time_of_a_backward_counts_its_kernels():
-    """The captured backward is the whole backward: its graph time is not far under its eager time (a backward
-    left on another stream would be missing from the graph and time near zero)."""
+    """The captured backward is the whole backward: on work the GPU's time decides (32 M elements, ~0.2 ms), its
+    graph time is near its eager time (a backward left off the graph would time near zero)."""
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        fn = _backward_peer(torch.Generator(device="cuda").manual_seed(1))
+        fn = _backward_peer(torch.Generator(device="cuda").manual_seed(1), n=1 << 25)
         graph_us = cuda_time_us(fn, graph=True, stream=s)
         eager_us = cuda_time_us(fn, graph=False)
-    assert graph_us > 0.3 * eager_us, (graph_us, eager_us)
+    assert graph_us > 0.7 * eager_us, (graph_us, eager_us)
+
+
+def test_stream_must_be_the_current_one():
+    s = torch.cuda.Stream()
+    with pytest.raises(ValueError, match="current stream"):
+        cuda_time_us(lambda: None, graph=True, stream=s)
+
+
+_FAILED_CAPTURE = """
+import torch
+from cute_kernels.runtime.timing import cuda_time_us
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    try:  # torch alone: a failed capture leaves its capture stream current
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            torch.cuda.synchronize()
+    except Exception as exc:
+        assert "captur" in str(exc), exc
+    print("torch leaves the capture stream current:", torch.cuda.current_stream() != s)
+    torch.cuda.set_stream(s)
+    try:
+        cuda_time_us(torch.cuda.synchronize, graph=True, reps=1, inner=1, warmup=1)
+    except Exception as exc:
+        assert "captur" in str(exc), exc
+    else:
+        raise AssertionError("the capture did not fail")
+    print("cuda_time_us restores the caller's stream:", torch.cuda.current_stream() == s)
+x = torch.ones(8, device="cuda")
+print("capture works again:", cuda_time_us(lambda: torch.mul(x, x), graph=True, reps=2, inner=2) > 0)
+"""
 
 
 def test_a_failed_capture_restores_the_current_stream():
     """``torch.cuda.graph`` leaves its capture stream current when ``capture_end`` raises; ``cuda_time_us`` raises
-    with the caller's stream current again (a later call on the default stream would otherwise run on the
-    capture stream), with and without ``stream``."""
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        with pytest.raises(Exception):
-            cuda_time_us(torch.cuda.synchronize, graph=True, reps=1, inner=1, warmup=1)
-        assert torch.cuda.current_stream() == s
-        with pytest.raises(Exception):
-            cuda_time_us(torch.cuda.synchronize, graph=True, reps=1, inner=1, warmup=1, stream=s)
-        assert torch.cuda.current_stream() == s
-    assert torch.cuda.current_stream() == torch.cuda.default_stream()
-    x = torch.ones(8, device="cuda")
-    assert cuda_time_us(lambda: torch.mul(x, x), graph=True, reps=2, inner=2) > 0  # (capture works again)
+    with the caller's stream current again.  In a process of its own: a failed capture also leaves torch's caching
+    allocator with a capture it thinks is under way (``empty_cache`` then skips the default pools), which other
+    tests of this process would inherit."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _FAILED_CAPTURE], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()  # (the first line says whether torch still needs the restore: True in 2.11)
+    assert len(lines) == 3 and lines[0].startswith("torch leaves"), done.stdout
+    assert lines[1:] == ["cuda_time_us restores the caller's stream: True", "capture works again: True"], done.stdout
