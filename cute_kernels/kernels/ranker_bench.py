@@ -149,13 +149,14 @@ def run(kernel: str, cases: list, setup: Callable[[tuple, torch.Generator], Case
     timed eagerly for that reason (FA4, Flex and cuDNN alike), and the later cases' captured only because the
     failed capture had left torch's capture stream current
     (``bench/results/logs/2026-12-06_s70_h100_ranker_bwd_first_case_capture.log``)."""
+    args = (kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, timer or time_us)
     if not torch.cuda.is_available():  # (the CPU tests' fake timers)
-        return _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, timer or time_us)
+        return _run_cases(*args)
     caller, bench_stream = torch.cuda.current_stream(), torch.cuda.Stream()
     bench_stream.wait_stream(caller)  # (torch's streams do not wait for the legacy stream by themselves)
     try:
         with torch.cuda.stream(bench_stream):
-            return _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, timer or time_us)
+            return _run_cases(*args)
     finally:
         caller.wait_stream(bench_stream)
 
