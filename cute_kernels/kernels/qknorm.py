@@ -1007,11 +1007,11 @@ def check_eps(eps) -> None:
 
 
 def fast_path_key(q, k, q_weight, k_weight, eps, launch_checks: bool = False) -> tuple | None:
-    """Cheap eager-path test of the rules of :func:`validate_qk_args` (which explains failures, rows wider
-    than the kernel takes included; all of them here unless ``launch_checks``, see below), that no
-    tensor requires grad while grad mode is on and that q and k are no inference tensors outside inference
-    mode (the slow path applies :func:`check_no_grad`, which explains both): ``(N, (dtype, Q, K))`` (the token
-    count and the compiled kernel's key) if all hold and N > 0, else None.  Each tensor attribute is read once (a read costs ~0.05-0.15 us of host
+    """Cheap eager-path test of the rules of :func:`validate_qk_args` (which explains failures, rows wider than the
+    kernel takes included; all of them here unless ``launch_checks``, see below), that no tensor requires grad while
+    grad mode is on and that q and k are no inference tensors outside inference mode (the slow path applies
+    :func:`check_no_grad`, which explains both): ``(N, (dtype, Q, K))`` (the token count and the compiled kernel's
+    key) if all hold and N > 0, else None. Each tensor attribute is read once (a read costs ~0.05-0.15 us of host
     time; the eager target is 10 us per call).
 
     ``launch_checks=True`` (:func:`qk_rmsnorm_`, which launches the one-GPU kernel right after): leave out

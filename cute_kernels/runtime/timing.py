@@ -1,4 +1,5 @@
-"""GPU timing for benchmarks and ``cute-kernels bench`` (never used by tests)."""
+"""GPU timing for benchmarks and ``cute-kernels bench`` (no test times anything; ``tests/gpu/test_timing_gpu.py``
+tests its capture rules)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,9 @@ def _backward_peer(gen, n=1 << 16):
 
 def test_bench_loop_captures_a_backward_peer_in_its_first_case(monkeypatch):
     """``ranker_bench.run`` with a peer whose forward runs at build time, as FA4's and Flex's backward peers do:
-    graph mode in the first case and the next (before session 70 the first case fell back to eager), and the
-    caller's stream current again afterwards."""
+    graph mode in the first case and the next (before session 70 the loop ran on the caller's stream, the legacy
+    default one, where a peer's forward left its backward uncapturable), and the caller's stream current again
+    afterwards."""
     monkeypatch.setattr(ranker_bench, "host_mode_records", lambda *a: [])
 
     def setup(case, gen):
