@@ -1597,7 +1597,8 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         # (no extent limit: the kernels take 64-bit strides, runtime.fake.wide_stride)
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
-        raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}, with Hkv >= 1 (GQA: query head h reads kv head "
+                         "h // (Hq // Hkv))")
     if varlen:
         check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, cuda=cuda, align_bytes=4,
                      data_pointer=pointers)
@@ -2167,7 +2168,8 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
         raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share all sizes but the head count")
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv:
-        raise ValueError(f"Hq={hq} must be a positive multiple of Hkv={hkv} (GQA)")
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}, with Hkv >= 1 (GQA: query head h reads kv head "
+                         "h // (Hq // Hkv))")
     if q.shape[-1] == 0:
         raise ValueError("the head dim must be at least 1")
     if cu_seqlens is not None:
