@@ -421,8 +421,12 @@ def _in_use(files: list[Path], now: float) -> str | None:
         return f"used {max(age, 0) / 60:.0f} min ago (folders used in the last hour are kept)"
     for lock in (f for f in files if f.suffix == ".lock"):
         try:
+            times = lock.stat()
             with FileLock(str(lock), timeout=0):  # (taken at once: nobody holds it)
                 pass
+            # (filelock 4.0 empties the file it locks, which makes it look just used: a dry run would then keep
+            # the folder from the next prune; its times go back)
+            os.utime(lock, ns=(times.st_atime_ns, times.st_mtime_ns))
         except Timeout:
             return f"an entry lock is held ({lock.parent.name}/{lock.name}: a process is compiling or loading it)"
         except OSError as exc:
