@@ -52,7 +52,9 @@ def test_compiles_with_tma_wgmma_setmaxnreg_and_no_spills(cfg):
             assert "DEPBAR.LE gsb0, 0x1" in rec.sass
 
 
-@pytest.mark.parametrize("kw,match", [(dict(tile_k=32), "tile_k"), (dict(stages=1), "stages"),
+@pytest.mark.parametrize("kw,match", [(dict(tile_k=32), "tile_k"),
+                                      (dict(stages=1), r"stages=1: must be in \[2, 8\]"),
+                                      (dict(stages=0), r"stages=0: must be in \[2, 8\]"),  # (said load_group)
                                       (dict(tree=(3, 2)), "fan-outs"), (dict(tree=(32,)), "fan-outs"),
                                       (dict(tree=()), "fan-outs"), (dict(tree=(16, 16)), "at most 128"),
                                       (dict(cta_level=6), "cta_level"), (dict(cta_level=-1), "cta_level"),

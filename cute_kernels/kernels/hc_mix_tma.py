@@ -223,6 +223,8 @@ class HcMixTmaConfig(ValidatedConfig):
         if self.fused_epilogue and self.cta_level != 0:
             raise ValueError(f"fused_epilogue needs cta_level=0 (one CTA per row tile), got {self.cta_level}: at "
                              "other levels a row's sums are folded from several CTAs by the reduction kernel")
+        if not 2 <= self.stages <= 8:
+            raise ValueError(f"stages={self.stages}: must be in [2, 8]")
         if not 1 <= self.load_group <= self.stages:
             raise ValueError(f"load_group={self.load_group}: must be in [1, stages = {self.stages}]")
         if self.overlap and self.load_group == self.stages:
@@ -231,8 +233,6 @@ class HcMixTmaConfig(ValidatedConfig):
                              "would wait for it while it waits for the group: a hang)")
         if self.reduce_rows not in (8, 16, 32):
             raise ValueError(f"reduce_rows={self.reduce_rows}: must be 8, 16 or 32")
-        if not 2 <= self.stages <= 8:
-            raise ValueError(f"stages={self.stages}: must be in [2, 8]")
         need = self.min_consumer_regs()
         if need > MAX_CONSUMER_REGS:
             remedies = [r for r, applies in (("tile_m=128", self.m_atoms > 1), ("overlap=False", self.overlap),
