@@ -818,6 +818,16 @@ def test_empty_cubin_counts_as_missing(tmp_path, monkeypatch):
     assert rec.compile_s is not None and rec.sass
 
 
+def test_missing_ptx_counts_as_missing(tmp_path, monkeypatch):
+    """An entry without its .ptx is recompiled (session 71: it loaded, and its report lost the PTX features)."""
+    t, obj = _fresh_scale_entry(tmp_path, monkeypatch)
+    obj.with_suffix(".ptx").unlink()
+    cache.clear_memory_cache()
+    t.build()
+    rec = cache.compile_record(t.kernel, t.key)
+    assert rec.compile_s is not None and rec.ptx_features and obj.with_suffix(".ptx").exists()
+
+
 def test_cache_files_get_the_mode_of_a_plain_write(tmp_path, monkeypatch):
     """Files renamed into the cache (an entry's .sass, tuned.json) have the mode a plain open(..., 'w') gives,
     0o666 less the umask, so the other users of a shared cache can read them (they kept mkstemp's 0o600)."""

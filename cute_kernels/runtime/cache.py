@@ -298,9 +298,9 @@ def _readable(path: Path) -> bool:
 
 
 def _entry_complete(base: Path) -> bool:
-    """Whether the entry ``base`` has every part a load needs (object, record, and readable SASS or cubin where
-    nvdisasm is there to need them)."""
-    return (_nonempty(obj_path(base)) and base.with_suffix(".json").exists()
+    """Whether the entry ``base`` has every part a load needs (object, record, PTX: every compile keeps it, and the
+    PTX feature checks read it; and readable SASS or cubin where nvdisasm is there to need them)."""
+    return (_nonempty(obj_path(base)) and base.with_suffix(".json").exists() and _readable(base.with_suffix(".ptx"))
             and (_readable(base.with_suffix(".sass")) or _readable(base.with_suffix(".cubin"))
                  or not nvdisasm_available()))
 
