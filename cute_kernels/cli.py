@@ -368,7 +368,7 @@ CAP_CHOICES = ("none", "tanh", "soft_sign")  # ranker_fwd.CAP_METHODS, written o
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="cute-kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
     c = sub.add_parser("compile", help="compile every registered config into the on-disk cache")
     c.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")
     c.add_argument("--arch", choices=("sm_90a",), help="target arch (sm_90a: the kernels are Hopper-only)")
@@ -429,6 +429,8 @@ def main(argv=None) -> int:
         os.environ["CUTE_DSL_ARCH"] = args.arch
     import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass loads)
 
+    if hasattr(sys.stdout, "reconfigure"):  # a line per target or case as it finishes, piped or logged too
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         return args.fn(args)
     except BrokenPipeError:  # output piped into e.g. `head`, which closed early: not an error

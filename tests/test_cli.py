@@ -18,6 +18,17 @@ def test_info():
     assert f"({os.path.dirname(os.path.abspath(cute_kernels.__file__))})" in r.stdout.splitlines()[0], r.stdout
 
 
+def test_output_is_line_buffered_when_piped():
+    """Piped or logged, each line comes as it is printed (session 71: `compile`'s lines all came at its end, so a
+    CI log looked hung), and a bare `cute-kernels` names what is missing as COMMAND, not argparse's `cmd`."""
+    code = ("import sys; from cute_kernels.cli import main; main(['info']); "
+            "print(sys.stdout.line_buffering, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == "True", r.stderr
+    r = _run()
+    assert r.returncode == 2 and "the following arguments are required: COMMAND" in r.stderr, r.stderr
+
+
 def test_info_flags_an_unsupported_target_arch():
     import os
 
@@ -697,6 +708,8 @@ def test_info_and_prune_on_a_cache_folder_that_cannot_be_listed(monkeypatch, tmp
     in a PermissionError traceback); ``prune-cache --dry-run`` says it cannot list, not that it cannot remove."""
     from pathlib import Path
 
+    # (cutlass imported before iterdir is denied: its import lists a folder, where this test failed when run alone)
+    import cutlass  # noqa: F401
     from cute_kernels import cli
     from cute_kernels.runtime import cache
 
