@@ -409,7 +409,9 @@ class ParallelQKNorm:
             max_tokens / q_dim / k_dim not ints; timeout_s not a real number.
         ValueError (construction): non-positive sizes, unsupported widths (above), timeout_s not
             finite / not > 0 / too large; ``group`` None while no default process group has been
-            initialized (``torch.distributed.init_process_group``).
+            initialized (``torch.distributed.init_process_group``).  Construction itself needs no GPU (the
+            host contract, e.g. :meth:`close` and copies, is CPU-tested over gloo): without CUDA it takes the
+            unfused path, and its calls raise ``ValueError`` for the CPU tensors they get.
         Calls: ``ValueError``/``TypeError`` for bad arguments, ``PeerTimeoutError`` when an earlier
         launch timed out (see :meth:`check_error`, :meth:`reset`), ``RuntimeError`` after :meth:`close`.
     """
