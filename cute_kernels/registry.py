@@ -70,6 +70,9 @@ def word_spec(kernel: str, shapes: str | None, words: tuple[str, ...], default: 
     set; ``ValueError`` naming the unknown words and the accepted ones."""
     spec = shapes or default
     given = [w.strip() for w in spec.split("+")]
+    if "" in given:
+        raise ValueError(f"bench --shapes for {kernel}: {spec!r} has an empty word (a '+' at an end or two in a "
+                         f"row); expected '+'-joined words from: {', '.join(words)} (e.g. {default!r})")
     unknown = [w for w in given if w not in words]
     if unknown:
         raise ValueError(f"bench --shapes for {kernel}: unknown {', '.join(map(repr, unknown))}; expected "

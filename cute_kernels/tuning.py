@@ -640,7 +640,9 @@ def tune_cli(kernel: str, shape: str, candidates: Optional[str] = None, dtype: s
         for c in configs:
             print(f"  {config_diff(c, configs[0])}")
         for c, why in rejected:
-            print(f"  rejected {config_diff(c, configs[0])}: {why}")
+            change = config_diff(c, configs[0])
+            # (validate()'s reason often starts with the change itself: "tile_n=7: must be ...")
+            print(f"  rejected {change}: {why[len(change) + 2:] if why.startswith(change + ': ') else why}")
     if len(configs) > MANY_CANDIDATES:  # each compiles for a few seconds before it is timed
         print(f"tune: note: {len(configs)} candidates take about {len(configs) * 5 // 60 + 1} min or more to compile "
               "(a few seconds each) before any is timed; narrow --candidates to try fewer", file=sys.stderr)

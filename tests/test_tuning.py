@@ -173,6 +173,7 @@ def test_tune_cli_without_gpu():
     # every candidate rejected by validate(): listed with the reasons, and exit 2 (nothing to tune)
     r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,H=2,D=128", "--list", "--candidates", "tile_n=97")
     assert r.returncode == 2 and "rejected every one" in r.stderr and "rejected tile_n=97" in r.stdout, r.stdout + r.stderr
+    assert "rejected tile_n=97: must be a multiple of 16" in r.stdout, r.stdout  # (said "tile_n=97: tile_n=97: ...")
     r = _run("tune", "--kernel", "qknorm", "--shape", "N=4")
     assert r.returncode == 2 and "no tuner" in r.stderr
     r = _run("tune", "--kernel", "ranker_fwd", "--shape", "B=1,S=256,D=128")

@@ -255,3 +255,23 @@ def test_hc_mix_shapes_and_row_limit():
     cute_kernels.hc_mix_sinkhorn(meta(hc_mix.MAX_ROWS, 64), *rest)  # the most rows: taken
     with pytest.raises(ValueError, match=f"at most {hc_mix.MAX_ROWS} supported"):
         cute_kernels.hc_mix_sinkhorn(meta(hc_mix.MAX_ROWS + 1, 64), *rest)
+
+
+def test_a_single_allowed_dtype_reads_as_one():
+    """'expected int32', not 'expected one of int32' (session 71's newcomer)."""
+    from cute_kernels.runtime.validate import check_tensor
+
+    with pytest.raises(TypeError, match=r"x has dtype int64; expected int32$"):
+        check_tensor("x", torch.zeros(2, dtype=torch.int64), dtypes=(torch.int32,))
+    with pytest.raises(TypeError, match=r"x has dtype int64; expected one of int32, float32$"):
+        check_tensor("x", torch.zeros(2, dtype=torch.int64), dtypes=(torch.int32, torch.float32))
+
+
+def test_bench_shapes_with_an_empty_word():
+    from cute_kernels import registry
+
+    for spec in ("+", "headline+", "headline++peers"):
+        with pytest.raises(ValueError, match="has an empty word"):
+            registry.word_spec("ranker_fwd", spec, ("headline", "peers"), "headline")
+    assert registry.word_spec("ranker_fwd", " headline + peers ", ("headline", "peers"), "headline") == {
+        "headline", "peers"}

@@ -476,7 +476,8 @@ def use_config(config: RankerBwdConfig):
     with a capped-style config.  Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` (a config
     that does not fit is refused when constructed, also through ``dataclasses.replace``: ``ValueError``
     with the reason, ``TypeError`` for a wrongly typed field).  Process-wide, not thread-safe; blocks nest
-    (the newest open block wins, also when blocks close out of order)."""
+    (the newest open block wins, also when blocks close out of order); each call opens one block (call it again
+    for another)."""
     if not isinstance(config, RankerBwdConfig):
         raise TypeError(f"use_config takes a RankerBwdConfig, got {type(config).__name__}")
     with override_config(_OVERRIDES, config):

@@ -56,7 +56,8 @@ def check_tensor(
         dtypes = tuple(dtypes)
         if t.dtype not in dtypes:
             allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected one of {allowed}")
+            expected = f"one of {allowed}" if len(dtypes) > 1 else allowed
+            raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected {expected}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dim{'' if ndim == 1 else 's'}, got shape {tuple(t.shape)}")
     if shape is not None:
