@@ -265,7 +265,7 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
         hc_fn: ``[24, K]`` float32 (mix weights: 4 pre, 4 post, 16 comb), last dim contiguous, row
             stride a multiple of 16 bytes (4 elements), 16-byte aligned, spanning fewer than 2**31 elements
             (both methods).
-        hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.
+        hc_scale: ``[3]`` float32 (pre, post, comb scales).  hc_base: ``[24]`` float32 biases.  Both contiguous.
         sinkhorn_iters: int (not bool / float) in ``[1, 2**31 - 1]``.
         rms_eps, hc_eps: real numbers (not bool), finite (float32 range), ``>= 0``, and 0 or ``>= 2**-126``
             (a smaller value would become 0 in float32).  With
