@@ -123,7 +123,8 @@ def cmd_compile(args) -> int:
                 traceback.print_exc()
     for line in lines:
         print(line)
-    broken = f"; {unlisted} module{'s' if unlisted > 1 else ''} could not list {'their' if unlisted > 1 else 'its'} configs" \
+    many = unlisted > 1
+    broken = f"; {unlisted} module{'s' if many else ''} could not list {'their' if many else 'its'} configs" \
         if unlisted else ""
     done = ("found in the read-only cache" if read_only else "compiled" if disk_cache_enabled() else
             "compiled in memory only (CUTE_KERNELS_CACHE=0: nothing written)")
@@ -154,7 +155,8 @@ def cmd_check(args) -> int:
     print(f"{'kernel':<11} {'case':<44} {'result':<6} {'max_abs_err':>12} {'rel_err':>10} {'tol':>9}")
     for r in rows:
         failed += not r.passed
-        print(f"{r.kernel:<11} {r.case:<44} {'pass' if r.passed else 'FAIL':<6} {r.max_abs_err:12.3e} {r.rel_err:10.3e} {r.tol:9.1e} {r.note}")
+        print(f"{r.kernel:<11} {r.case:<44} {'pass' if r.passed else 'FAIL':<6} {r.max_abs_err:12.3e} "
+              f"{r.rel_err:10.3e} {r.tol:9.1e} {r.note}")
     print(f"{len(rows) - sum(not r.passed for r in rows)} passed, {sum(not r.passed for r in rows)} failed")
     return 1 if failed else 0
 
@@ -229,7 +231,8 @@ def cmd_bench(args) -> int:
                 continue
             rate = f"{r['tflops']:.1f} TFLOP/s" if r.get("tflops") is not None else (
                 f"{r['gbps']:.0f} GB/s" if r.get("gbps") is not None else "")
-            print(f"{r['kernel']:<11} {r['impl']:<26} {r.get('mode', ''):<6} {shape:<60} {r['time_us']:10.2f} us  {rate}")
+            print(f"{r['kernel']:<11} {r['impl']:<26} {r.get('mode', ''):<6} {shape:<60} "
+                  f"{r['time_us']:10.2f} us  {rate}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
@@ -258,7 +261,8 @@ def cmd_info(args) -> int:
     print(f"torch            {torch.__version__} (CUDA {torch.version.cuda})")
     print(f"nvidia-cutlass-dsl {cutlass.__version__}; apache-tvm-ffi {tvm}")
     arch = target_arch()
-    note = "" if arch in SUPPORTED_ARCHS else f"  NOT SUPPORTED: the kernels compile for {', '.join(SUPPORTED_ARCHS)} only"
+    note = ("" if arch in SUPPORTED_ARCHS
+            else f"  NOT SUPPORTED: the kernels compile for {', '.join(SUPPORTED_ARCHS)} only")
     print(f"target arch      {arch} (CUTE_DSL_ARCH){note}")
     problem = disk_cache_problem(probe=False) if disk_cache_enabled() else None  # a report: no side effect
     here = cache_dir() / source_fingerprint()
@@ -363,11 +367,13 @@ def cmd_tune(args) -> int:
 
 
 KERNEL_HELP = "a registry name: " + ", ".join(registry.KERNELS)
-CAP_CHOICES = ("none", "tanh", "soft_sign")  # ranker_fwd.CAP_METHODS, written out: `--help` imports no DSL (a test pins it)
+# ranker_fwd.CAP_METHODS, written out: `--help` imports no DSL (a test pins it)
+CAP_CHOICES = ("none", "tanh", "soft_sign")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="cute-kernels", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="cute-kernels", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
     c = sub.add_parser("compile", help="compile every registered config into the on-disk cache")
     c.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")
@@ -390,8 +396,9 @@ def main(argv=None) -> int:
                      help="ranker_fwd, ranker_bwd or hc_mix (pictures and report); the other registry names "
                           "(qknorm, qknorm_tp, scale) list their compile targets only")
     lay.add_argument("--config", help="config fields, e.g. 'head_dim=64,tile_n=96,stages=3' (ranker_fwd), "
-                                      "'head_dim=64,tile_m=128' (ranker_bwd) or 'tile_m=256,stages=4,tree=4x2x2x2x2' (hc_mix; a "
-                                      "tuple field as integers joined by x)")
+                                      "'head_dim=64,tile_m=128' (ranker_bwd) or "
+                                      "'tile_m=256,stages=4,tree=4x2x2x2x2' (hc_mix; a tuple field as integers "
+                                      "joined by x)")
     lay.add_argument("--dtype", choices=("bf16", "fp16"),
                      help="ranker_fwd / ranker_bwd: the inputs' dtype (default bf16); hc_mix: bf16 only")
     lay.add_argument("--out", required=True, help="output folder")
