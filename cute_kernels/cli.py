@@ -89,7 +89,9 @@ def cmd_compile(args) -> int:
         except Exception as exc:  # a broken module is reported, the others still compile
             unlisted += 1
             print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
-    lines = []
+    def report(line):  # one line per target as it finishes (above the bar where there is one)
+        tqdm.write(line, file=sys.stdout)
+
     kw = max((len(t.kernel) for t in targets), default=0)  # the table's columns: the longest kernel and label
     lw = max((len(t.label) for t in targets), default=0)
     # (disable=None: no bar where stderr is not a terminal, e.g. a log file, which would get one long line of \r)
@@ -97,12 +99,12 @@ def cmd_compile(args) -> int:
         try:
             t0 = time.perf_counter()
             if read_only:  # load only: t.build() would compile a missing or broken entry in memory
-                why = ("not in the read-only cache" if not entry_on_disk(t.kernel, t.key) else
+                why = ("missing or incomplete in the read-only cache" if not entry_on_disk(t.kernel, t.key) else
                        "its entry in the read-only cache did not load" if load_from_disk(t.kernel, t.key) is None
                        else None)
                 if why:
                     missing += 1
-                    lines.append(f"MISS {t.kernel:<{kw}} {t.label:<{lw}} {why}")
+                    report(f"MISS {t.kernel:<{kw}} {t.label:<{lw}} {why}")
                     continue
                 wall, rec = time.perf_counter() - t0, compile_record(t.kernel, t.key)
             else:
@@ -112,17 +114,15 @@ def cmd_compile(args) -> int:
                 # cannot write, over files another user left, broken or not) is a failure of compile's job
                 if disk_cache_enabled() and load_from_disk(t.kernel, t.key) is None:
                     failures += 1
-                    lines.append(f"FAIL {t.kernel:<{kw}} {t.label:<{lw}} compiled, but its entry on disk is missing "
+                    report(f"FAIL {t.kernel:<{kw}} {t.label:<{lw}} compiled, but its entry on disk is missing "
                                  f"or does not load (a folder of {cache_dir()} that cannot be written?)")
                     continue
-            lines.append(f"ok   {t.kernel:<{kw}} {t.label:<{lw}} {wall:6.2f}s  {rec.summary()}")
+            report(f"ok   {t.kernel:<{kw}} {t.label:<{lw}} {wall:6.2f}s  {rec.summary()}")
         except Exception as exc:
             failures += 1
-            lines.append(f"FAIL {t.kernel:<{kw}} {t.label:<{lw}} {type(exc).__name__}: {_first_line(exc)}")
+            report(f"FAIL {t.kernel:<{kw}} {t.label:<{lw}} {type(exc).__name__}: {_first_line(exc)}")
             if args.verbose:
                 traceback.print_exc()
-    for line in lines:
-        print(line)
     many = unlisted > 1
     broken = f"; {unlisted} module{'s' if many else ''} could not list {'their' if many else 'its'} configs" \
         if unlisted else ""
@@ -436,7 +436,9 @@ def main(argv=None) -> int:
         os.environ["CUTE_DSL_ARCH"] = args.arch
     import cute_kernels  # noqa: F401  (sets CUTE_DSL_ARCH before cutlass loads)
 
-    if hasattr(sys.stdout, "reconfigure"):  # a line per target or case as it finishes, piped or logged too
+    # each line as it is printed, piped or logged too (for the rest of the process: main is the program's entry;
+    # streams without reconfigure, e.g. Jupyter's or StringIO, are left alone)
+    if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
     try:
         return args.fn(args)

@@ -18,6 +18,31 @@ def test_info():
     assert f"({os.path.dirname(os.path.abspath(cute_kernels.__file__))})" in r.stdout.splitlines()[0], r.stdout
 
 
+def test_compile_reports_each_target_as_it_finishes(monkeypatch, tmp_path, capsys):
+    """Each target's line is out before the next target builds (session 71: they were all printed at the end)."""
+    import dataclasses
+
+    from cute_kernels import cli
+    from cute_kernels.kernels import scale
+    from cute_kernels.runtime import cache
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    printed_before_build = []
+
+    def watched(build):
+        def run():
+            printed_before_build.append(capsys.readouterr().out)
+            return build()
+        return run
+
+    targets = [dataclasses.replace(t, build=watched(t.build)) for t in scale.compile_targets()[:2]]
+    monkeypatch.setattr(scale, "compile_targets", lambda: targets)
+    assert cli.main(["compile", "--kernel", "scale", "--quiet"]) == 0
+    assert len(printed_before_build) == 2 and "ok   scale" not in printed_before_build[0]
+    assert printed_before_build[1].count("ok   scale") == 1, printed_before_build
+
+
 def test_output_is_line_buffered_when_piped():
     """Piped or logged, each line comes as it is printed (session 71: `compile`'s lines all came at its end, so a
     CI log looked hung), and a bare `cute-kernels` names what is missing as COMMAND, not argparse's `cmd`."""
@@ -544,7 +569,7 @@ def test_compile_checks_a_read_only_pre_filled_cache(monkeypatch, tmp_path, caps
     monkeypatch.setattr(cache, "_compile", lambda *a: compiled.append(a) or (_ for _ in ()).throw(AssertionError))
     assert cli.main(["compile", "--kernel", "scale", "--quiet"]) == 1
     out = capsys.readouterr()
-    assert out.out.count("MISS scale") == 1 and "not in the read-only cache" in out.out
+    assert out.out.count("MISS scale") == 1 and "missing or incomplete in the read-only cache" in out.out
     assert "2/3 configs found in the read-only cache" in out.out and not compiled
 
 

@@ -1,5 +1,6 @@
 """Runtime: target arch, compile cache (memory + disk, concurrent processes), artifacts."""
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -828,6 +829,20 @@ def test_missing_ptx_counts_as_missing(tmp_path, monkeypatch):
     assert rec.compile_s is not None and rec.ptx_features and obj.with_suffix(".ptx").exists()
 
 
+def test_a_compile_without_ptx_stays_in_memory(tmp_path, monkeypatch):
+    """A compile whose PTX the DSL did not keep is not written as an entry (which would be incomplete, so compiled
+    again by every process): it warns and stays in memory."""
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    record = cache._record_from_compiled
+    monkeypatch.setattr(cache, "_record_from_compiled",
+                        lambda *a: dataclasses.replace(record(*a), ptx=None))
+    t = scale.compile_targets()[0]
+    with pytest.warns(RuntimeWarning, match="kept no PTX for scale"):
+        t.build()
+    assert not list(tmp_path.rglob("*.o"))
+
+
 def test_cache_files_get_the_mode_of_a_plain_write(tmp_path, monkeypatch):
     """Files renamed into the cache (an entry's .sass, tuned.json) have the mode a plain open(..., 'w') gives,
     0o666 less the umask, so the other users of a shared cache can read them (they kept mkstemp's 0o600)."""
@@ -930,6 +945,30 @@ def test_prune_keeps_folders_in_use_and_folders_that_are_not_caches(tmp_path, mo
     assert why[recent.name].startswith("used 10 min ago") and "an entry lock is held (scale/a.lock" in why[locked.name]
     assert all(why[p.name].startswith("not a compile cache folder") for p in (other, mixed, empty, results))
     assert all(p.exists() for p in (recent, locked, other, mixed, empty, results))
+
+
+def test_prune_probe_leaves_lock_files_as_they_are(tmp_path, monkeypatch):
+    """Seeing whether an entry lock is held writes nothing: a dry run leaves the lock's bytes and times (session 71:
+    the probe took the lock through filelock, and filelock 4.0 empties a lock it takes, so the folder looked just
+    used and the next prune kept it; the FileLock here does what 4.0 does)."""
+    from filelock import FileLock
+
+    class EmptyingLock(FileLock):
+        def acquire(self, *args, **kwargs):
+            open(self.lock_file, "w").close()
+            return super().acquire(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "FileLock", EmptyingLock)
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    idle = _cache_folder(tmp_path, "00000000000000b1", ["scale/a.o", "scale/a.json", "scale/a.lock"], 7200)
+    lock = idle / "scale" / "a.lock"
+    lock.write_bytes(b"x")
+    two_hours_ago = time.time() - 7200
+    os.utime(lock, (two_hours_ago, two_hours_ago))
+    before = lock.stat().st_mtime_ns
+    assert cache.prune(dry_run=True)[:2] == (1, 5)
+    assert lock.read_bytes() == b"x" and lock.stat().st_mtime_ns == before
+    assert cache.prune()[:2] == (1, 5) and not idle.exists()
 
 
 def test_a_load_marks_its_entry_used(tmp_path, monkeypatch):

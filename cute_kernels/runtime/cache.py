@@ -263,6 +263,10 @@ def _compile_or_load(kernel: str, key: Hashable, arch: str, build: Callable[[], 
             compiled = _compile(build, tmp)
             seconds = time.perf_counter() - t0
         rec = _record_from_compiled(kernel, sha, arch, compiled, seconds)
+        if not rec.ptx:  # (every compile keeps it, and an entry without it is incomplete: it would recompile)
+            warn_user(f"cute_kernels: the CuTe DSL kept no PTX for {kernel} (compiled with --keep-ptx): kept in "
+                      "memory only, not in the compile cache")
+            return compiled, rec
         partial = base.with_suffix(".o.partial")
         try:
             compiled.export_to_c(str(partial), function_name=EXPORT_NAME)
@@ -421,16 +425,11 @@ def _in_use(files: list[Path], now: float) -> str | None:
         return f"used {max(age, 0) / 60:.0f} min ago (folders used in the last hour are kept)"
     for lock in (f for f in files if f.suffix == ".lock"):
         try:
-            times = lock.stat()
-            with FileLock(str(lock), timeout=0):  # (taken at once: nobody holds it)
-                pass
-            # (filelock 4.0 empties the file it locks, which makes it look just used: a dry run would then keep
-            # the folder from the next prune; its times go back)
-            os.utime(lock, ns=(times.st_atime_ns, times.st_mtime_ns))
-        except Timeout:
-            return f"an entry lock is held ({lock.parent.name}/{lock.name}: a process is compiling or loading it)"
+            free = _lock_is_free(lock)
         except OSError as exc:
             return f"its entry locks cannot be checked ({lock.parent.name}/{lock.name}: {exc.strerror or exc})"
+        if not free:
+            return f"an entry lock is held ({lock.parent.name}/{lock.name}: a process is compiling or loading it)"
     return None
 
 
@@ -464,6 +463,29 @@ class PruneResult(NamedTuple):
     folders: int  # cache folders of other fingerprints removed
     bytes: int  # their size
     kept: list[tuple[Path, str]]  # (folder, why) of the other fingerprint-named folders left
+
+
+def _lock_is_free(lock: Path) -> bool:
+    """Whether nobody holds the entry lock ``lock``, leaving the file as it is: on POSIX a non-blocking
+    ``flock`` on a read-only descriptor, the lock filelock takes there (taking it through filelock would
+    write the file: filelock 4.0 empties a lock it takes, which made a dry run's folder look just used and kept
+    it from the next prune; session 71).  ``OSError`` where the file cannot be opened."""
+    try:
+        import fcntl
+    except ImportError:  # (not POSIX: filelock's own lock)
+        try:
+            with FileLock(str(lock), timeout=0):
+                return True
+        except Timeout:
+            return False
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # (closing the descriptor releases a lock it took)
+    return True
 
 
 def prune(dry_run: bool = False) -> PruneResult:

@@ -42,21 +42,32 @@ def test_bench_loop_captures_a_backward_peer_in_its_first_case(monkeypatch):
 
 
 def test_captured_backward_runs_on_every_replay():
-    """The captured graph holds the whole backward: each call adds its gradient into ``acc``, and after
-    ``cuda_time_us`` ``acc`` holds one gradient per call it made (``warmup`` eager calls, then ``inner`` per replay:
-    one replay before timing and one per sample).  A backward left off the graph would leave ``acc`` at the warm-up's
-    count.  Counting, not timing: session 70's version compared graph with eager time, and in session 71 it failed
-    beside eleven other test shards on the same GPU."""
+    """The captured graph holds the whole backward: call ``i`` (counted on the GPU, in the graph) adds the
+    gradient for ``i * dout`` into ``acc``, so after ``cuda_time_us`` ``acc`` is ``1 + 2 + ... + calls`` times the
+    gradient for ``dout`` (``warmup`` eager calls, then ``inner`` per replay: one replay before timing and one per
+    sample).  A backward computed once at capture and left off the graph would add the same stale gradient on
+    every replay.  Counting, not timing: session 70's version compared graph with eager time, and in session 71 it
+    failed beside eleven other test shards on the same GPU."""
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         gen = torch.Generator(device="cuda").manual_seed(1)
-        grad = _backward_peer(gen, n=1 << 20)
-        expected = grad()[0].double()
-        acc = torch.zeros(1 << 20, device="cuda")
-        cuda_time_us(lambda: acc.add_(grad()[0]), graph=True, stream=s, warmup=2, inner=3, reps=4)
+        x = torch.randn(1 << 20, device="cuda", generator=gen).requires_grad_(True)
+        out = x.sin() * 3.0  # (the forward on the bench's stream, as ranker_bench.run's peers)
+        dout = torch.randn(out.shape, device="cuda", generator=gen)
+        grad_one = torch.autograd.grad(out, x, dout, retain_graph=True)[0].double()
+        count = torch.zeros((), device="cuda")
+        acc = torch.zeros_like(x, requires_grad=False)
+
+        def call():
+            count.add_(1)
+            acc.add_(torch.autograd.grad(out, x, dout * count, retain_graph=True)[0])
+
+        cuda_time_us(call, graph=True, stream=s, warmup=2, inner=3, reps=4)
         torch.cuda.synchronize()
     calls = 2 + 3 * (1 + 4)
-    torch.testing.assert_close(acc.double(), calls * expected, rtol=1e-4, atol=1e-4 * calls)
+    assert count.item() == calls
+    total = calls * (calls + 1) // 2
+    torch.testing.assert_close(acc.double(), total * grad_one, rtol=1e-4, atol=1e-4 * total)
 
 
 def test_stream_must_be_the_current_one():
