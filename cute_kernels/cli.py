@@ -89,6 +89,7 @@ def cmd_compile(args) -> int:
         except Exception as exc:  # a broken module is reported, the others still compile
             unlisted += 1
             print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
+
     def report(line):  # one line per target as it finishes (above the bar where there is one)
         tqdm.write(line, file=sys.stdout)
 
@@ -115,7 +116,7 @@ def cmd_compile(args) -> int:
                 if disk_cache_enabled() and load_from_disk(t.kernel, t.key) is None:
                     failures += 1
                     report(f"FAIL {t.kernel:<{kw}} {t.label:<{lw}} compiled, but its entry on disk is missing "
-                                 f"or does not load (a folder of {cache_dir()} that cannot be written?)")
+                           f"or does not load (a folder of {cache_dir()} that cannot be written?)")
                     continue
             report(f"ok   {t.kernel:<{kw}} {t.label:<{lw}} {wall:6.2f}s  {rec.summary()}")
         except Exception as exc:
