@@ -1571,6 +1571,13 @@ def _varlen_extent(q: torch.Tensor, cu_seqlens: torch.Tensor, total: int, max_se
     return min(max_seqlen, total), end
 
 
+def _check_gqa(hq: int, hkv: int) -> None:
+    """GQA head counts (the kernels' and the reference's): ``ValueError`` unless Hkv >= 1 divides Hq."""
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}, with Hkv >= 1 (GQA: query head h reads kv head "
+                         "h // (Hq // Hkv))")
+
+
 def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, cuda: bool = True,
               pointers: bool = True):
     """Argument checks that depend only on the argument signature (shapes, strides, dtypes, devices,
@@ -1596,9 +1603,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         check_tensor(name, t, cuda=cuda, data_pointer=pointers)  # then the alignment of pointers and strides
         # (no extent limit: the kernels take 64-bit strides, runtime.fake.wide_stride)
     hq, hkv = q.shape[-2], k.shape[-2]
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}, with Hkv >= 1 (GQA: query head h reads kv head "
-                         "h // (Hq // Hkv))")
+    _check_gqa(hq, hkv)
     if varlen:
         check_tensor("cu_seqlens", cu_seqlens, dtypes=(torch.int32,), ndim=1, cuda=cuda, align_bytes=4,
                      data_pointer=pointers)
@@ -2168,9 +2173,7 @@ def _check_reference_args(q, k, v, bounds, softmax_scale, cap, cap_method, cu_se
     if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
         raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share all sizes but the head count")
     hq, hkv = q.shape[-2], k.shape[-2]
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"Hq={hq} must be a multiple of Hkv={hkv}, with Hkv >= 1 (GQA: query head h reads kv head "
-                         "h // (Hq // Hkv))")
+    _check_gqa(hq, hkv)
     if q.shape[-1] == 0:
         raise ValueError("the head dim must be at least 1")
     if cu_seqlens is not None:
