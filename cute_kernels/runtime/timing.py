@@ -20,8 +20,9 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
     ``shared/bench-peers`` outside this repository, timed the peer figures quoted in the issues).  Each of
     ``reps`` samples is timed with CUDA events and synchronized.
 
-    ``stream`` (graph only; it must be the current stream, else ``ValueError``): capture on it instead of torch's
-    capture stream after a warm-up on a side stream. A ``torch.autograd.grad`` whose forward ran on the legacy
+    ``stream`` (graph only; it must be the current stream, else ``ValueError``): capture on it, with no warm-up
+    call on a side stream first (without it: one warm-up call on a side stream, then the capture on a stream torch
+    makes for it). A ``torch.autograd.grad`` whose forward ran on the legacy
     default stream cannot be captured (its backward runs on the forward's stream: cudaErrorStreamCaptureImplicit);
     one whose forward ran on ``stream`` can (session 70). A failed capture raises with the caller's current stream
     restored (``torch.cuda.graph`` leaves its capture stream current when ``capture_end`` raises). It also leaves
