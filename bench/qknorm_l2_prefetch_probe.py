@@ -13,8 +13,6 @@ CTAs ahead, 3-5.5 MB of rows, at both widths; shipped as 4 MiB ahead).
 """
 import sys
 
-import torch
-
 from cute_kernels.kernels import qknorm as mod
 from qknorm_sweep import PROBE_TUNING, parse_ints, run_probe
 

@@ -5,7 +5,8 @@
     cute-kernels bench   [--kernel NAME] [--shapes SEL] [--json PATH]   # GPU: benchmark records
     cute-kernels info                                      # versions, arch, cache, GPU
     cute-kernels prune-cache [--dry-run]                   # remove cache folders of other sources unused for an hour
-    cute-kernels layouts --kernel ranker_fwd|ranker_bwd|hc_mix [--config head_dim=64,tile_n=96] --out DIR   # CPU: pictures + report
+    cute-kernels layouts --kernel ranker_fwd|ranker_bwd|hc_mix [--config head_dim=64,tile_n=96] --out DIR
+                                                           # CPU: pictures + report
     cute-kernels configs [--kernel NAME]                   # shipped configs per kernel (and tuned ones)
     cute-kernels tune --kernel ranker_fwd --shape B=4,S=4608,H=16,D=128 [--candidates tile_n=96,128] [--list]
                                                            # GPU: time candidates, store the winner (tuned.json)

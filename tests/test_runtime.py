@@ -734,8 +734,6 @@ def test_cache_report_without_home_and_on_a_dangling_link(monkeypatch, tmp_path)
     """cache_dir() must not raise where Path.expanduser does (no HOME: os.path.expanduser leaves '~' as is);
     the report (probe=False) calls a dangling symlink unusable, as compile's probe finds it (review,
     session 20)."""
-    import os
-
     from cute_kernels.runtime import cache
 
     import pwd

@@ -493,8 +493,8 @@ class HcMixTmaKernel:
         ``t`` takes items ``t`` and ``t + 96`` of the tile's 24 x 8 (row, 8 columns); a piece's 8 columns are
         one 16-byte vector, stored at :func:`swizzled_vector` ``(row, chunk)`` of its 128-byte row (72-row,
         1024-byte aligned stages), so 8 lanes of a row fill one row: no bank conflicts (the float32 reads, 32
-        bytes apart per lane, are 2-way: a few cycles per tile, off the consumers' path).  Then the proxy fence (WGMMA reads
-        what ordinary stores wrote), the warp's sync and lane 0's arrive on the stage's full barrier.  The
+        bytes apart per lane, are 2-way: a few cycles per tile, off the consumers' path).  Then the proxy fence (WGMMA
+        reads what ordinary stores wrote), the warp's sync and lane 0's arrive on the stage's full barrier.  The
         stage's pieces are free to overwrite because its float32 tile was loaded only after the ring's
         empty barrier (:meth:`load`)."""
         lane = cute.arch.lane_idx()

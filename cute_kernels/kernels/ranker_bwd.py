@@ -331,9 +331,11 @@ class RankerBwdConfig(ValidatedConfig):
             raise ValueError(f"tile_m={self.tile_m}: the backward is built and tested for 64, 80 (with dq_swap_ab) "
                              "or 128 q rows per step (the LSE/dPsum staging and the dQ reduce-add assume them)")
         if self.dq_swap_ab and self.head_dim != 64 * MMA_WGS:
-            raise ValueError(f"dq_swap_ab: head_dim={self.head_dim} must be {64 * MMA_WGS} (dQ^T's M: 64 per MMA warpgroup)")
+            raise ValueError(f"dq_swap_ab: head_dim={self.head_dim} must be {64 * MMA_WGS} "
+                             "(dQ^T's M: 64 per MMA warpgroup)")
         if self.dq_split_rows and (self.dq_swap_ab or self.tile_m != 64 * MMA_WGS):
-            raise ValueError(f"dq_split_rows: needs dq_swap_ab=False and tile_m = {64 * MMA_WGS} (64 per MMA warpgroup)")
+            raise ValueError(f"dq_split_rows: needs dq_swap_ab=False and tile_m = {64 * MMA_WGS} "
+                             "(64 per MMA warpgroup)")
         if self.tile_m % 64 and not self.dq_swap_ab:
             raise ValueError(f"tile_m={self.tile_m}: dQ = dS K needs a multiple of 64 q rows; use dq_swap_ab "
                              "(head_dim 128 only)")
@@ -411,9 +413,9 @@ class RankerBwdConfig(ValidatedConfig):
 # 2026-11-30_s14_ranker_bwd_dq_split_rows_probe.log).
 CONFIGS = {
     64: RankerBwdConfig(head_dim=64, tile_m=64, tile_n=128, stages=2),
-    # skip_key_bias: session 29, same run, 4 rounds (bench/results/logs/2026-12-01_s29_ranker_bwd_key_bias_hoisted_probe.log),
-    # us with / without: tanh headline 3053 / 3151, GQA 16/4 2761-2772 / 2817, headline 2797-2802 / 2800, 16K,
-    # B=16 and B=8 level; same bits
+    # skip_key_bias: session 29, same run, 4 rounds
+    # (bench/results/logs/2026-12-01_s29_ranker_bwd_key_bias_hoisted_probe.log), us with / without: tanh headline 3053
+    # / 3151, GQA 16/4 2761-2772 / 2817, headline 2797-2802 / 2800, 16K, B=16 and B=8 level; same bits
     128: RankerBwdConfig(head_dim=128, tile_m=64, tile_n=128, stages=2, dq_first=True, dq_swap_ab=True,
                          skip_key_bias=True),
     # D=256: the head-dim split schedule (split_head_dim; FlashAttention-3's hdim-256 backward tile, 64 x 64);
@@ -1400,13 +1402,14 @@ class RankerAttentionBwd:
         sm90.wgmma_gemm(qblock.tiled_mma_sdp, acc_S, qblock.tSrK, qblock.tSrQ[None, None, None, stage], zero_init=True)
         qblock.pipeline_do.consumer_wait(q_state)
         acc_dP = cute.make_rmem_tensor(qblock.tiled_mma_sdp.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        sm90.wgmma_gemm(qblock.tiled_mma_sdp, acc_dP, qblock.tdPrV, qblock.tdPrdO[None, None, None, stage], zero_init=True)
+        sm90.wgmma_gemm(qblock.tiled_mma_sdp, acc_dP, qblock.tdPrV, qblock.tdPrdO[None, None, None, stage],
+                        zero_init=True)
         warpgroup.wait_group(1)
 
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         acc_S_mn = sm90.acc_mn(acc_S)  # <- P^T * qblock.cap'
-        self.probs(acc_S_mn, sm90.acc_mn(rP), qblock.tScS_mn, key_bias, qblock.sLSE, stage, qblock.scale_log2, qblock.softmax_scale,
-                   qblock.cap)
+        self.probs(acc_S_mn, sm90.acc_mn(rP), qblock.tScS_mn, key_bias, qblock.sLSE, stage, qblock.scale_log2,
+                   qblock.softmax_scale, qblock.cap)
         warpgroup.wait_group(0)
 
         acc_dP_mn = sm90.acc_mn(acc_dP)
@@ -1438,8 +1441,8 @@ class RankerAttentionBwd:
         rP, rdS = self.p_and_ds(q_state, qblock, key_bias)
 
         # dV += P^T dO (P^T from registers)
-        sm90.wgmma_gemm(qblock.tiled_mma_dkv, qblock.acc_dV, sm90.acc_as_operand_a(rP), qblock.tdVrdOt[None, None, None, stage],
-                        zero_init=False)
+        sm90.wgmma_gemm(qblock.tiled_mma_dkv, qblock.acc_dV, sm90.acc_as_operand_a(rP),
+                        qblock.tdVrdOt[None, None, None, stage], zero_init=False)
         if const_expr(self.config.ds_stages == 1):
             # both warpgroups' dQ GEMMs of the last q block are done reading sdS: overwrite it.  (With
             # two buffers, this buffer's last reader was the dQ GEMM two q blocks back, which both
@@ -1461,7 +1464,8 @@ class RankerAttentionBwd:
             self.dq_gemm(qblock.tiled_mma_dq, acc_dQ, qblock.tdQrdS, qblock.tdQrKt, ds_idx)
             tdKrA = qblock.tdKrdSt[None, None, None, ds_idx] if const_expr(self.config.dk_from_smem) \
                 else sm90.acc_as_operand_a(rdS)
-            sm90.wgmma_gemm(qblock.tiled_mma_dk, qblock.acc_dK, tdKrA, qblock.tdKrQt[None, None, None, stage], zero_init=False)
+            sm90.wgmma_gemm(qblock.tiled_mma_dk, qblock.acc_dK, tdKrA, qblock.tdKrQt[None, None, None, stage],
+                            zero_init=False)
             warpgroup.wait_group(1)
         else:
             # dQ = dS K (this warpgroup's half of the head dim, or of the q rows)

@@ -75,7 +75,8 @@ class RankerBwdPostprocess:
             mLSE2, mdPsum = [sm90.select_modes(t, [1, 0]) for t in (mLSE2, mdPsum)]
             mdQaccum = sm90.select_modes(mdQaccum, [1, 2, 0])
         else:
-            mQ, mK, mV, mdO, mdQ, mdK, mdV = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
+            mQ, mK, mV, mdO, mdQ, mdK, mdV = [sm90.select_modes(t, [1, 3, 2, 0])
+                                              for t in (mQ, mK, mV, mdO, mdQ, mdK, mdV)]
             if const_expr(self.dkv_accumulated):
                 mdKaccum, mdVaccum = [sm90.select_modes(t, [1, 3, 2, 0]) for t in (mdKaccum, mdVaccum)]
             mLSE2, mdPsum = [sm90.select_modes(t, [2, 1, 0]) for t in (mLSE2, mdPsum)]

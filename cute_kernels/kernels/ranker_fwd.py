@@ -279,7 +279,8 @@ class RankerFwdConfig(ValidatedConfig):
 # The three-warpgroup configs skip the O rescale when no row max of a warp changed (skip_unit_rescale:
 # same bits; session 9: +3-4% on them, -8% on the two-warpgroup D=128 config, which keeps it off).
 # D=256 persistent fits only with one K/V stage (sQ + sO + 2 stages exceed 227 KB): 431-459 useful TFLOP/s against
-# 693-771 for the shipped one tile per CTA (session 53, bench/results/logs/2026-12-04_s53_ranker_fwd_d256_config_probe.log).
+# 693-771 for the shipped one tile per CTA (session 53,
+# bench/results/logs/2026-12-04_s53_ranker_fwd_d256_config_probe.log).
 # checked_max (session 40; it replaced session 21-39's norm_bound and its k pre-pass): the fixed max at every
 # sequence length, checked after each tile; same run, us, checked / norm_bound / online max: headline 866 / 885 /
 # 983, B=16 1K+256 286 / 312 / 306, B=8 2K+2K 395 / 431 / 446, D=64 551 / 561 / 665 (the module docstring has
@@ -1219,12 +1220,12 @@ class RankerAttentionFwd:
         issue O += P_prev V_prev; then the softmax of S_n, while the PV GEMM is in flight.
 
         With ``early_rescale`` the rescale sits between the two GEMM issues (FlashAttention-3's order), not
-        after this step's softmax (session 26 and before; still so without it): ptxas places the wait for the PV GEMM before the softmax's exp2s anyway (it
-        converts each P to bf16 right after its exp2, into the registers that GEMM reads), so a rescale there
-        lengthened the serial stretch between the PV GEMM's end and the next issue by its 64 multiplies per
-        thread.  Same arithmetic, same bits (the first step's factors are 1 and O is still 0).  H200, same run,
-        online max (session 27's ``norm_bound`` off), CUDA graph: headline 992 vs 1032 us, B=16 1K+256 318 vs
-        339, B=8 2K+2K 455 vs 476, 16K 3687 vs 3759
+        after this step's softmax (session 26 and before; still so without it): ptxas places the wait for the PV GEMM
+        before the softmax's exp2s anyway (it converts each P to bf16 right after its exp2, into the registers that
+        GEMM reads), so a rescale there lengthened the serial stretch between the PV GEMM's end and the next issue by
+        its 64 multiplies per thread.  Same arithmetic, same bits (the first step's factors are 1 and O is still 0).
+        H200, same run, online max (session 27's ``norm_bound`` off), CUDA graph: headline 992 vs 1032 us, B=16 1K+256
+        318 vs 339, B=8 2K+2K 455 vs 476, 16K 3687 vs 3759
         (bench/results/logs/2026-12-01_s27_ranker_fwd_rescale_before_pv_probe.log); the fixed max has no rescale
         (level)."""
         kv_state_v = kv_state.clone()
@@ -1634,7 +1635,8 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
 
 
 _VALIDATED: dict = {}  # argument signature (shapes, strides, dtypes, devices, scalars) -> _validate's result
-_FNS: dict = {}  # (dtype, config, GQA ratio, cap method, varlen, with LSE) -> compiled function (skips the cache's key work)
+# (dtype, config, GQA ratio, cap method, varlen, with LSE) -> compiled function (skips the cache's key work)
+_FNS: dict = {}
 # (dtype, device, B, S, Hq, Hkv, D, cap method) -> config (tuned or shipped), chosen once per signature
 # (B, S are None for varlen); cleared by cute_kernels.tuning.reload() (a new tuned.json entry)
 _CHOSEN: dict = register_memo({})
@@ -2293,8 +2295,9 @@ def check() -> list[CheckResult]:
         fin = torch.isfinite(rl)
         lse_err = (lse[fin].double() - rl[fin].double()).abs().max().item()
         same_inf = torch.equal(lse == -math.inf, rl == -math.inf) and bool(torch.isfinite(lse[fin]).all())
+        why = "" if same_inf else "rows of -inf LSE differ, or a NaN / +inf LSE"
         rows.append(CheckResult(NAME, f"D={d} H={hq}/{hkv} cap={cap} lse", same_inf and lse_err <= CHECK_LSE_TOL,
-                                lse_err, 0.0, CHECK_LSE_TOL, "" if same_inf else "rows of -inf LSE differ, or a NaN / +inf LSE"))
+                                lse_err, 0.0, CHECK_LSE_TOL, why))
     return rows
 
 

@@ -185,7 +185,8 @@ class ConflictReport:
         return self.total == self.ideal_total
 
     def __str__(self) -> str:
-        per = self.wavefronts[0] if len(set(self.wavefronts)) == 1 else f"{min(self.wavefronts)}..{max(self.wavefronts)}"
+        waves = self.wavefronts
+        per = waves[0] if len(set(waves)) == 1 else f"{min(waves)}..{max(waves)}"
         ideal = self.ideal[0] if len(set(self.ideal)) == 1 else f"{min(self.ideal)}..{max(self.ideal)}"
         verdict = "conflict-free" if self.conflict_free else f"{self.ratio:.1f}x the ideal"
         return (f"{self.pattern} over {self.layout}: {per} wavefront{'' if per == 1 else 's'} per access "

@@ -116,11 +116,13 @@ def hopper_smem_layout(rows: int, cols: int, dtype, major: str = "K", stages: Op
         raise ValueError(f"contiguous extent {major_size} x {elem_bytes(dtype)} B is not a multiple of 16 bytes")
     lay = trace(lambda: build_hopper_smem_layout(rows, cols, dtype, major, stages, swizzle))
     if tuple(lay.dims[:2]) != (rows, cols):  # the DSL tiles the atom over the shape, rounding it up
-        raise ValueError(f"a {rows} x {cols} tile is not a whole number of {lay.swizzle.byte_swizzle_name if lay.swizzle else ''}"
+        atom = lay.swizzle.byte_swizzle_name if lay.swizzle else ""
+        raise ValueError(f"a {rows} x {cols} tile is not a whole number of {atom}"
                          f" swizzle atoms (the layout would cover {lay.dims[0]} x {lay.dims[1]}); pick multiples of "
                          "the atom or another swizzle")
+    staged = f"x{stages}" if stages else ""
     return lay.named(name or f"{swizzle if swizzle != 'auto' else lay.swizzle.byte_swizzle_name} "
-                             f"{major}-major {rows}x{cols}{f'x{stages}' if stages else ''} {cutlass_dtype(dtype).__name__}")
+                             f"{major}-major {rows}x{cols}{staged} {cutlass_dtype(dtype).__name__}")
 
 
 TMA_BOX_MAX = 256  # elements per box dimension (cuTensorMapEncodeTiled's boxDim limit)

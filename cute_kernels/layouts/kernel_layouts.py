@@ -6,8 +6,8 @@ accumulator and epilogue copy thread-value layouts, the TMA boxes, the epilogue'
 and the smem budget.  :func:`ranker_bwd_layouts` does the same for the backward mainloop (through
 ``ranker_bwd.smem_layouts`` / ``tiled_mmas``: Q, dO, K, V, dS^T and float32 dQ buffers, the five GEMMs'
 accumulators, the dS^T stmatrix and dQ stores' bank conflicts) and :func:`hc_mix_tma_layouts` for the
-mHC TMA kernel (its x and hc_fn piece rings, the WGMMA accumulator, the squares' 16-byte reads).  :func:`write_report` is what
-``cute-kernels layouts`` runs.
+mHC TMA kernel (its x and hc_fn piece rings, the WGMMA accumulator, the squares' 16-byte reads).  :func:`write_report`
+is what ``cute-kernels layouts`` runs.
 """
 
 from __future__ import annotations
@@ -290,7 +290,8 @@ def _ranker_dsl_objects(rf, dt, config):
     out["tv:varlen epilogue 16B reads (src)"] = rd_copy.layout_src_tv_tiled
     out["tv:self term ldmatrix (src)"] = self_copy.layout_src_tv_tiled
     out["tiles"] = {k: tuple(int(cute.size(m)) for m in c.tiler_mn)
-                    for k, c in (("tv:epilogue stmatrix (dst)", epi_copy), ("tv:varlen epilogue 16B reads (src)", rd_copy),
+                    for k, c in (("tv:epilogue stmatrix (dst)", epi_copy),
+                                 ("tv:varlen epilogue 16B reads (src)", rd_copy),
                                  ("tv:self term ldmatrix (src)", self_copy))}
     return out
 
@@ -608,8 +609,8 @@ def format_report(kl: KernelLayouts, record=None) -> str:
         sw = v.swizzle.byte_swizzle_name if v.swizzle is not None else "none"
         lines.append(f"  {k:<{w}} dims {str(v.dims):<16} {sw:>5} swizzle  {v}")
         if k == "sO" and kl.kernel == "ranker_fwd" and not kl.config.persistent:
-            lines.append(f"  {'':<{w}} (one tile per CTA: sO reuses sQ's memory, written once the tile's GEMMs are done "
-                         "with Q; the budget counts it once)")
+            lines.append(f"  {'':<{w}} (one tile per CTA: sO reuses sQ's memory, written once the tile's GEMMs "
+                         "are done with Q; the budget counts it once)")
     lines.append("")
     lines.append("TMA boxes:")
     for k, b in kl.tma.items():
@@ -677,10 +678,10 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
     """``cute-kernels layouts``: pictures + ``report.txt`` for ``kernel`` and ``config`` into ``out_dir``.
 
     ranker_fwd: everything of :func:`ranker_fwd_layouts`; ranker_bwd: :func:`ranker_bwd_layouts` (the
-    mainloop); hc_mix: :func:`hc_mix_tma_layouts` (the default ``method="tma"`` kernel).  Other kernels (no smem layouts exposed): their shipped compile
-    targets, compiled when ``compile`` is set, with registers and features.  Returns (report text,
-    files written).  Raises ``ValueError`` for a config the kernel rejects, for ``config`` given to
-    another kernel (they take none), and for an ``out_dir`` that exists and is not a folder; nothing
+    mainloop); hc_mix: :func:`hc_mix_tma_layouts` (the default ``method="tma"`` kernel).  Other kernels (no smem
+    layouts exposed): their shipped compile targets, compiled when ``compile`` is set, with registers and features.
+    Returns (report text, files written).  Raises ``ValueError`` for a config the kernel rejects, for ``config`` given
+    to another kernel (they take none), and for an ``out_dir`` that exists and is not a folder; nothing
     is written then.  ``dtype``: ``"bf16"`` (None) or ``"fp16"`` for ranker_fwd / ranker_bwd (hc_mix: bf16
     only); the other kernels list every compile target, of every dtype, and refuse one (``ValueError``).
     ``cap_method`` (``compile`` only; ranker_fwd / ranker_bwd): the variant compiled, ``"none"``, ``"tanh"`` or
@@ -755,8 +756,8 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
 
         mod = registry.module(kernel)
         if config:
-            raise ValueError(f"--config applies to ranker_fwd, ranker_bwd and hc_mix only: {kernel} exposes no smem layouts to draw "
-                             f"(its shipped configs: `cute-kernels configs --kernel {kernel}`)")
+            raise ValueError(f"--config applies to ranker_fwd, ranker_bwd and hc_mix only: {kernel} exposes no "
+                             f"smem layouts to draw (its shipped configs: `cute-kernels configs --kernel {kernel}`)")
         if dtype is not None:
             raise ValueError(f"--dtype applies to ranker_fwd, ranker_bwd and hc_mix only: {kernel} lists its compile "
                              "targets of every dtype")

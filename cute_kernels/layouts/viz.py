@@ -183,7 +183,8 @@ def draw_tv(tv: StaticLayout, tile: tuple[int, int], path: Optional[str] = None,
     annotate = nr * nc <= 512 if annotate is None else annotate
     cs = 0.55 if annotate else float(np.clip(10.0 / max(nr, nc), 0.06, 0.3))
     fig = _figure(nc * cs + 2.0, nr * cs + 1.0)
-    ax = _grid_axes(fig, nr, nc, title or f"{tv.name or 'TV layout'} {tv}\n{nthr} threads x {nval} values over {m_}x{n_}")
+    title = title or f"{tv.name or 'TV layout'} {tv}\n{nthr} threads x {nval} values over {m_}x{n_}"
+    ax = _grid_axes(fig, nr, nc, title)
     ax.set_xlabel("N (column)", fontsize=8)
     ax.set_ylabel("M (row)", fontsize=8)
     im = ax.imshow(np.ma.masked_less(owner, 0), cmap="turbo", interpolation="nearest", aspect="equal")

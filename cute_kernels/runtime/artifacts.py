@@ -18,8 +18,10 @@ from typing import NamedTuple
 
 # feature name -> regex over PTX (p) or SASS (s)
 PTX_FEATURES: dict[str, str] = {
-    "ld.global.v4 (16B loads)": r"ld\.global(\.[a-z:]+)*\.v4\.(b32|u32|f32|s32)|ld\.global(\.[a-z:]+)*\.v2\.(b64|u64|f64)",
-    "st.global.v4 (16B stores)": r"st\.global(\.[a-z:]+)*\.v4\.(b32|u32|f32|s32)|st\.global(\.[a-z:]+)*\.v2\.(b64|u64|f64)",
+    "ld.global.v4 (16B loads)": (r"ld\.global(\.[a-z:]+)*\.v4\.(b32|u32|f32|s32)"
+                                 r"|ld\.global(\.[a-z:]+)*\.v2\.(b64|u64|f64)"),
+    "st.global.v4 (16B stores)": (r"st\.global(\.[a-z:]+)*\.v4\.(b32|u32|f32|s32)"
+                                  r"|st\.global(\.[a-z:]+)*\.v2\.(b64|u64|f64)"),
     "wgmma": r"wgmma\.mma_async",
     "mma.sync": r"\bmma\.sync\.aligned",
     "tma load (cp.async.bulk.tensor)": r"cp\.async\.bulk\.tensor\.\dd\.shared::(cluster|cta)\.global",

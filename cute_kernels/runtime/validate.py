@@ -82,7 +82,8 @@ def check_tensor(
             raise ValueError(f"{name} has no data: data pointer 0 for {t.numel()} elements (a freed storage, e.g. "
                              "after untyped_storage().resize_(0), or a fake tensor used outside its mode)")
         if ptr is not None and ptr % align_bytes:
-            raise ValueError(f"{name}'s data pointer is not {align_bytes}-byte aligned (a sliced view?); pass .contiguous() or an aligned slice")
+            raise ValueError(f"{name}'s data pointer is not {align_bytes}-byte aligned (a sliced view?); "
+                             "pass .contiguous() or an aligned slice")
         es = t.element_size()
         for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
             if size > 1 and stride != 1 and (stride * es) % align_bytes:
@@ -261,7 +262,8 @@ def validated_once(memo: dict, tensors: tuple, scalars: tuple, aligned, check):
     hash alike, but a bool may be refused where an int is not).  A later call with the same signature
     returns the kept result when ``aligned()`` (what a signature does not fix: the data pointers'
     alignment) holds, and runs ``check()`` again otherwise.  Non-tensor, strideless (sparse, nested)
-    or unhashable arguments are never kept: ``check()`` runs and says what is wrong.  Saves ~10 us of host time per eager call."""
+    or unhashable arguments are never kept: ``check()`` runs and says what is wrong.  Saves ~10 us of host time
+    per eager call."""
     try:
         key = tuple(signature(t) for t in tensors) + tuple((type(s), s) for s in scalars)
         hit = memo.get(key, _MISS)
