@@ -406,7 +406,8 @@ def main(argv=None) -> int:
     lay.add_argument("--out", required=True, help="output folder")
     lay.add_argument("--compile", action="store_true", help="also compile (sm_90a) and report registers/features")
     lay.add_argument("--cap", choices=CAP_CHOICES,
-                     help="with --compile, ranker_fwd / ranker_bwd: the cap of the variant compiled (default: none; "
+                     help="ranker_fwd / ranker_bwd: the fields --config does not set come from the config shipped "
+                          "for this cap (default: none), and with --compile the variant compiled (default: none; "
                           "tanh for a forward fixed_row_max config): the capped variants may spill where the plain "
                           "one does not")
     lay.set_defaults(fn=cmd_layouts)

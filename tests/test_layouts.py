@@ -333,19 +333,31 @@ def test_cli_layouts_writes_report_and_pictures(tmp_path, capsys):
 
 
 def test_layouts_cap_option_and_the_run_config(tmp_path, capsys, monkeypatch):
-    """``--cap`` picks the compiled variant (with --compile, rankers only); the forward's record compiles its config
-    as the op runs it (checked_max dropped for float16 or a cap: it raised before, where the op runs such a config
-    with a warning); a self_kv_tma the tile cannot take is said in the report (a newcomer's findings)."""
+    """``--cap`` picks the shipped config the fields come from and the compiled variant (rankers only); the
+    forward's record compiles its config as the op runs it (checked_max dropped for float16 or a cap: it raised
+    before, where the op runs such a config with a warning); a self_kv_tma the tile cannot take is said in the
+    report (a newcomer's findings; session 72's: ``--cap`` started from the uncapped config, e.g. the backward's
+    tile_m=128 at D=64, whose capped variant spills, where capped calls run tile_m=64)."""
     from cute_kernels.cli import main
+    from cute_kernels.kernels import ranker_bwd as rb
     from cute_kernels.kernels import ranker_fwd as rf
 
     out = str(tmp_path / "x")
-    for argv, msg in ((["--kernel", "ranker_fwd", "--cap", "tanh"], "give it with --compile"),
-                      (["--kernel", "hc_mix", "--cap", "tanh", "--compile"], "ranker_fwd / ranker_bwd")):
-        assert main(["layouts", *argv, "--out", out]) == 2
-        assert msg in capsys.readouterr().err
-    with pytest.raises(ValueError, match="one of none, tanh, soft_sign"):
-        KL.write_report("ranker_bwd", None, out, compile=True, cap_method="exp")
+    assert main(["layouts", "--kernel", "hc_mix", "--cap", "tanh", "--compile", "--out", out]) == 2
+    assert "ranker_fwd / ranker_bwd" in capsys.readouterr().err
+    for cap in ("exp", "True"):
+        with pytest.raises(ValueError, match="one of none, tanh, soft_sign"):
+            KL.write_report("ranker_bwd", None, out, compile=True, cap_method=cap)
+    assert KL.ranker_bwd_config("head_dim=64", "tanh") == rb.config_for(64, True) != rb.config_for(64, False)
+    assert KL.ranker_bwd_config("head_dim=64") == rb.config_for(64, False) == KL.ranker_bwd_config("head_dim=64", "none")
+    assert KL.ranker_bwd_layouts(None, "bf16", "soft_sign").config == rb.config_for(128, True)
+    capped = KL.ranker_config("stages=2", "bf16", "tanh")
+    assert capped == dataclasses.replace(rf.shipped_config(rf.torch.bfloat16, 128, "tanh"), stages=2)
+    assert capped.fixed_row_max and capped.tile_m == 192 and capped != KL.ranker_config("stages=2")
+    assert KL.ranker_fwd_layouts("head_dim=64", "fp16", "tanh").config == rf.shipped_config(rf.torch.float16, 64,
+                                                                                             "tanh")
+    assert main(["layouts", "--kernel", "ranker_fwd", "--cap", "tanh", "--out", out]) == 0  # (no --compile needed)
+    assert f"config {rf.shipped_config(rf.torch.bfloat16, 128, 'tanh')}" in (tmp_path / "x" / "report.txt").read_text()
     from cute_kernels import cli
 
     assert cli.CAP_CHOICES == rf.CAP_METHODS  # the CLI's --cap (kept literal: `--help` imports no DSL)
@@ -379,6 +391,13 @@ def test_config_messages_say_what_to_change():
     with pytest.raises(ValueError, match=r"use tile_m=128 or a higher cta_level") as exc:
         dataclasses.replace(base, tile_m=256, overlap=False)
     assert "overlap=False or" not in str(exc.value) and "HcMixTmaConfig(" not in str(exc.value)
+    # session 72: the smallest tile_n was told to shrink; the backward's 64 read as allowed
+    with pytest.raises(ValueError, match="no tile_n fits .64 is the smallest.: use fewer consumer warpgroups"):
+        KL.ranker_config("head_dim=256,tile_m=192,consumer_wgs=3,producer_regs=32,consumer_regs=160,tile_n=64")
+    with pytest.raises(ValueError, match="use a smaller tile_n"):
+        KL.ranker_config("head_dim=128,tile_n=256")
+    with pytest.raises(ValueError, match="tile_n=64 only with split_head_dim"):
+        KL.ranker_bwd_config("tile_n=64")
 
 
 def test_cli_layouts_names_older_pictures(tmp_path, capsys):
@@ -461,6 +480,7 @@ def test_ranker_bwd_layouts_match_the_kernel_and_draw(tmp_path):
         ranker_bwd_layouts("ds_stages=3")
     text, files = write_report("ranker_bwd", "stages=1", str(tmp_path / "bwd"))
     assert "dQ accumulator stores" in text and "conflict-free" in text
+    assert f"tile 128x{cfg.tile_m} (dQ^T: head dim x q rows)" in KL.format_report(kl)  # (said since session 72)
     assert any(f.endswith("sdQ_banks.png") for f in files) and any(f.endswith("sdSt_banks.png") for f in files)
     with pytest.raises(ValueError):
         write_report("ranker_bwd", "tile_n=64", str(tmp_path / "bad"))
@@ -749,3 +769,25 @@ def test_layouts_review_mends(tmp_path):
     sw = L.hopper_smem_layout(128, 64, "bf16")
     assert "functional offsets" in viz.draw_offsets(sw, region=(8, 8)).axes[0].get_title()
     assert viz.draw_offsets(sw, elem_bytes=2, region=(8, 8)).axes[0].get_title().startswith("offsets of")
+
+
+def test_compile_record_refuses_bad_arguments():
+    """``ranker_compile_record`` (README's step 4 of a new tile shape) checks its arguments before compiling: a GQA
+    ratio of 0 reached the compiler (an MLIR division by zero), -2 and True compiled and were cached, and float32
+    raised a bare KeyError (session 72, a newcomer's findings)."""
+    from cute_kernels.kernels import ranker_fwd as rf
+
+    cfg = rf.CONFIGS[128]
+    for kw, err, msg in ((dict(qhead_per_kvhead=0), ValueError, "qhead_per_kvhead=0 must be in"),
+                         (dict(qhead_per_kvhead=-2), ValueError, "qhead_per_kvhead=-2"),
+                         (dict(qhead_per_kvhead=True), TypeError, "qhead_per_kvhead must be an int"),
+                         (dict(dtype="fp32"), ValueError, "bf16 or fp16 only"),
+                         (dict(dtype=rf.torch.float32), ValueError, "bf16 or fp16 only"),
+                         (dict(varlen=1), TypeError, "varlen must be a bool"),
+                         (dict(cap_method="exp"), ValueError, "cap_method must be one of")):
+        with pytest.raises(err, match=msg):
+            KL.ranker_compile_record(cfg, **kw)
+    with pytest.raises(TypeError, match="config must be a RankerFwdConfig"):
+        KL.ranker_compile_record("head_dim=128")
+    with pytest.raises(ValueError, match="bf16 or fp16 only"):
+        KL.ranker_run_config(cfg, "fp32")

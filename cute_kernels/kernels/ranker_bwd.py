@@ -326,7 +326,8 @@ class RankerBwdConfig(ValidatedConfig):
                 raise ValueError("split_head_dim: dq_swap_ab, dq_split_rows, dq_first and dk_from_smem belong to "
                                  "the keys-split schedule; leave them False")
         elif self.tile_n != 64 * MMA_WGS:
-            raise ValueError(f"tile_n={self.tile_n}: must be {64 * MMA_WGS}, 64 (WGMMA M) per MMA warpgroup")
+            raise ValueError(f"tile_n={self.tile_n}: must be {64 * MMA_WGS}, 64 keys (one WGMMA M) per MMA "
+                             "warpgroup (tile_n=64 only with split_head_dim, the D=256 schedule)")
         if self.tile_m not in (64, 80, 128):
             raise ValueError(f"tile_m={self.tile_m}: the backward is built and tested for 64, 80 (with dq_swap_ab) "
                              "or 128 q rows per step (the LSE/dPsum staging and the dQ reduce-add assume them)")

@@ -180,11 +180,11 @@ class RankerFwdConfig(ValidatedConfig):
     # tile's rows are then not one KV block) and at head_dim > 128 (q_i, k_i, v_i in registers beside the O
     # accumulator: D=256 with tile_n=128 spilled 544-744 bytes, session 25 review)
     self_kv_tma: bool = False
-    # with self_kv_tma: at a candidate tile's start the producer TMA-prefetches into L2 the K/V block it loads
-    # after the history blocks (the tile's own rows, read by no other tile, so from HBM), which the pipeline
-    # otherwise requests only when a stage frees, about a loop step before the self term needs it (H200 phase
-    # stamps, session 26: a candidate tile's cycles -3.5% at B=16 1K+256, -0.9% at B=8 2K+2K, -0.5% at the
-    # headline; history tiles -0.3 to -0.7%; shipped with self_kv_tma)
+    # with self_kv_tma (where taken: self_kv_tma_taken): at a candidate tile's start the producer TMA-prefetches
+    # into L2 the K/V block it loads after the history blocks (the tile's own rows, read by no other tile, so
+    # from HBM), which the pipeline otherwise requests only when a stage frees, about a loop step before the self
+    # term needs it (H200 phase stamps, session 26: a candidate tile's cycles -3.5% at B=16 1K+256, -0.9% at B=8
+    # 2K+2K, -0.5% at the headline; history tiles -0.3 to -0.7%; shipped with self_kv_tma)
     prefetch_self_kv: bool = False
     # the epilogue per consumer warpgroup (its 64 rows of sO, its own named barrier, its own TMA store)
     # instead of one for the tile behind a barrier of every consumer, so the warpgroups keep their round-robin
@@ -251,10 +251,13 @@ class RankerFwdConfig(ValidatedConfig):
         acc_regs = self.tile_n // 2 + self.head_dim // 2 + (self.tile_n // 4 if self.intra_wg_overlap else 0)
         headroom = 48 if self.consumer_wgs == 2 else 44
         if acc_regs > self.consumer_regs - headroom:
+            fix = ("use a smaller tile_n" if self.tile_n > 64 else
+                   "no tile_n fits (64 is the smallest): use fewer consumer warpgroups, each with more registers"
+                   if self.consumer_wgs == 3 else "no tile_n fits (64 is the smallest)")
             raise ValueError(
                 f"tile_n={self.tile_n}, head_dim={self.head_dim}: {acc_regs} accumulator registers per "
                 f"consumer thread leave fewer than {headroom} of {self.consumer_regs} (a measured rule: the next "
-                "size up either spills or, e.g. D=128 tile_n=176, ran 12% slower); use a smaller tile_n")
+                f"size up either spills or, e.g. D=128 tile_n=176, ran 12% slower); {fix}")
         smem = self.smem_bytes()
         if smem > SMEM_CAPACITY:
             so = (f" + O {self.tile_m}x{self.head_dim} (the persistent schedule keeps sO apart from sQ; "
@@ -1818,7 +1821,9 @@ def config_for_call(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="t
                     max_seqlen=None) -> RankerFwdConfig:
     """The config :func:`ranker_attention` runs for these arguments (same signature, no ``return_lse``): an open
     :func:`use_config` block's for their head dim, else :func:`config_for_shape`'s (tuned for the current CUDA
-    device, or shipped), with the fixed max dropped where it does not apply (:func:`chosen_config`).  No launch,
+    device, or shipped), with the fixed max dropped where it does not apply (:func:`chosen_config`; its
+    ``self_kv_tma`` and ``prefetch_self_kv`` stay as set: the kernel takes them only where the tile allows,
+    :func:`self_kv_tma_taken`, which the ``cute-kernels layouts`` report says).  No launch,
     no compile, no device: tensors on any device, meta and CPU included (to see on a CPU which tile shape a call
     would take).  Raises the ``TypeError`` / ``ValueError`` of :func:`ranker_attention`'s argument checks but the
     CUDA-device rule and the data pointers' alignment (``cu_seqlens``' values are not read)."""

@@ -145,11 +145,13 @@ def _parse_value(field: str, v: str, current, optional=None):
     return v
 
 
-def ranker_config(text: Optional[str] = None, dtype="bf16"):
-    """A ranker forward config from ``"head_dim=64,tile_n=96"``: the shipped uncapped config of that head
-    dim for ``dtype`` (``ranker_fwd.shipped_config``: float16 takes the online max) with the other fields
+def ranker_config(text: Optional[str] = None, dtype="bf16", cap_method: Optional[str] = None):
+    """A ranker forward config from ``"head_dim=64,tile_n=96"``: the shipped config of that head dim for
+    ``dtype`` and ``cap_method`` (``ranker_fwd.shipped_config``: None or ``"none"`` the uncapped one, ``"tanh"`` /
+    ``"soft_sign"`` the capped one where one is shipped; float16 takes the online max) with the other fields
     replaced; ``fixed_row_max=true`` (a capped config) turns the uncapped ``checked_max`` off unless the text
-    sets it.  ``ValueError`` with the reason for a config that does not fit (see :func:`parse_config`)."""
+    sets it.  ``ValueError`` with the reason for a config that does not fit (see :func:`parse_config`) or an
+    unknown ``cap_method``."""
     import torch
 
     from ..kernels import ranker_fwd as rf
@@ -160,7 +162,8 @@ def ranker_config(text: Optional[str] = None, dtype="bf16"):
                        CONFIG_EXAMPLES["RankerFwdConfig"])  # (the same items parse_config reads below)
     head_dim = _parse_value("head_dim", items["head_dim"], 0) if "head_dim" in items else default.head_dim
     # (an unsupported head dim starts from the default one; the config's check then names it)
-    base = rf.shipped_config(torch_dtype, head_dim if head_dim in rf.CONFIGS else default.head_dim)
+    base = rf.shipped_config(torch_dtype, head_dim if head_dim in rf.CONFIGS else default.head_dim,
+                             _check_cap_method(cap_method))
     capped = "fixed_row_max" in items and _parse_value("fixed_row_max", items["fixed_row_max"], False)
     return parse_config(rf.RankerFwdConfig, text, base, **(dict(checked_max=False) if capped else {}))
 
@@ -221,6 +224,18 @@ def enumerate_configs(base, **choices) -> tuple[list, list]:
         except ValueError as exc:
             rejected.append((fields, str(exc)))
     return accepted, rejected
+
+
+def _check_cap_method(cap_method: Optional[str]) -> str:
+    """``cap_method`` (None: no cap) as the rankers name it, ``"none"``, ``"tanh"`` or ``"soft_sign"``;
+    ``ValueError`` for another."""
+    from ..kernels.ranker_fwd import CAP_METHODS
+
+    if cap_method is None:
+        return "none"
+    if cap_method not in CAP_METHODS:
+        raise ValueError(f"cap_method (--cap) must be one of {', '.join(CAP_METHODS)}, got {cap_method!r}")
+    return cap_method
 
 
 def _resolve_config(config, cls, parse):
@@ -304,20 +319,22 @@ def _ranker_dtype(dtype):
     return dt
 
 
-def ranker_fwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
+def ranker_fwd_layouts(config=None, dtype="bf16", cap_method: Optional[str] = None) -> KernelLayouts:
     """Layouts, TMA boxes, TV layouts, smem bank conflicts (the epilogue's stmatrix writes and varlen row
-    reads of sO; where the kernel takes
-    ``self_kv_tma``, the self term's ldmatrix reads of sQ and of a K/V stage) and smem budget of a ranker
+    reads of sO; where the kernel takes ``self_kv_tma``, the self term's ldmatrix reads of sQ, which stand for
+    its reads of a K/V stage too: the stage has sQ's layout there, tile_m == tile_n) and smem budget of a ranker
     forward config.
 
     Args:
         config: a ``RankerFwdConfig``, a string such as ``"head_dim=64,tile_n=96"`` or None (the
-            shipped uncapped head-dim-128 config for ``dtype``).
+            shipped head-dim-128 config for ``dtype`` and ``cap_method``).
         dtype: "bf16"/"fp16" (or torch/cutlass dtype).
+        cap_method: for a string or None, the cap whose shipped config fills the fields the string does not
+            set (:func:`ranker_config`; None: no cap).
     """
     from ..kernels import ranker_fwd as rf
 
-    config = _resolve_config(config, rf.RankerFwdConfig, lambda text: ranker_config(text, dtype))
+    config = _resolve_config(config, rf.RankerFwdConfig, lambda text: ranker_config(text, dtype, cap_method))
     dt = _ranker_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_dsl_objects(rf, dt, config))
@@ -369,17 +386,19 @@ def ranker_fwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
 
 
 # ---------------------------------------------------------------------------- ranker backward
-def ranker_bwd_config(text: Optional[str] = None):
-    """A ``RankerBwdConfig`` from ``"head_dim=64,tile_m=128"``: the shipped D=128 config (or, when the
-    text sets ``head_dim``, that head dim's shipped config without a cap; a ``tile_m`` with the dQ form
-    shipped for it, :func:`.ranker_bwd.tile_m_fields`) with the given fields replaced.  ``ValueError`` with the
-    reason for a config that does not fit (see :func:`parse_config`)."""
+def ranker_bwd_config(text: Optional[str] = None, cap_method: Optional[str] = None):
+    """A ``RankerBwdConfig`` from ``"head_dim=64,tile_m=128"``: the shipped config of that head dim (D=128
+    unless the text sets ``head_dim``) for ``cap_method`` (:func:`.ranker_bwd.config_for`: None or ``"none"``
+    without a cap, ``"tanh"`` / ``"soft_sign"`` with one; a ``tile_m`` with the dQ form shipped for it,
+    :func:`.ranker_bwd.tile_m_fields`) with the given fields replaced.  ``ValueError`` with the reason for a
+    config that does not fit (see :func:`parse_config`) or an unknown ``cap_method``."""
     from ..kernels import ranker_bwd as rb
 
+    capped = _check_cap_method(cap_method) != "none"
     fields = key_values(text, "config", {f.name for f in dataclasses.fields(rb.RankerBwdConfig)},
                         CONFIG_EXAMPLES["RankerBwdConfig"])
     head_dim, tile_m = (_parse_value(n, fields[n], 0) if n in fields else None for n in ("head_dim", "tile_m"))
-    base = rb.config_for(head_dim, False) if head_dim is not None else rb.CONFIGS[128]
+    base = rb.config_for(128 if head_dim is None else head_dim, capped)
     implied = rb.tile_m_fields(base, tile_m) if tile_m is not None else {}  # its dQ form
     return parse_config(rb.RankerBwdConfig, text, base=base, **implied)
 
@@ -420,7 +439,7 @@ def _ranker_bwd_dsl_objects(rb, dt, config):
     return out
 
 
-def ranker_bwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
+def ranker_bwd_layouts(config=None, dtype="bf16", cap_method: Optional[str] = None) -> KernelLayouts:
     """The ranker backward mainloop's shared-memory layouts (Q/dO stages, resident K and V, dS^T
     buffers, the float32 dQ tile and one TMA reduce-add box of it), TMA boxes, the five GEMMs'
     accumulator thread-value layouts (S^T/dP^T, dK/dV, dQ or dQ^T with ``dq_swap_ab``), the bank
@@ -431,12 +450,14 @@ def ranker_bwd_layouts(config=None, dtype="bf16") -> KernelLayouts:
 
     Args:
         config: a ``RankerBwdConfig``, a string such as ``"head_dim=64,tile_m=128"`` or None (the
-            shipped D=128 config).
+            shipped D=128 config for ``cap_method``).
         dtype: "bf16"/"fp16" (or torch/cutlass dtype).
+        cap_method: for a string or None, the cap whose shipped config fills the fields the string does not
+            set (:func:`ranker_bwd_config`; None: no cap).
     """
     from ..kernels import ranker_bwd as rb
 
-    config = _resolve_config(config, rb.RankerBwdConfig, ranker_bwd_config)
+    config = _resolve_config(config, rb.RankerBwdConfig, lambda text: ranker_bwd_config(text, cap_method))
     dt = _ranker_dtype(dtype)
     eb = elem_bytes(dt)
     objs = trace(lambda: _ranker_bwd_dsl_objects(rb, dt, config))
@@ -560,15 +581,22 @@ def ranker_run_config(config, dtype="bf16", cap_method: str = "none"):
     """``config`` as :func:`~cute_kernels.ranker_attention` runs it for ``dtype`` and ``cap_method``: a fixed max the
     call cannot take (``checked_max`` with a cap or float16, ``fixed_row_max`` without a cap or with float16) is
     dropped as the op drops it (:func:`~cute_kernels.kernels.ranker_fwd.chosen_config`; a capped call taken with a
-    cap of ``FIXED_MAX_CAP``)."""
-    import torch
-
+    cap of ``FIXED_MAX_CAP``).  ``TypeError`` for a ``config`` that is not a ``RankerFwdConfig``, ``ValueError``
+    for a ``dtype`` other than bf16 / fp16 or an unknown ``cap_method``."""
     from ..kernels import ranker_fwd as rf
 
+    if not isinstance(config, rf.RankerFwdConfig):
+        raise TypeError(f"config must be a RankerFwdConfig, got {type(config).__name__}")
     if cap_method not in rf.CAP_METHODS:
         raise ValueError(f"cap_method must be one of {rf.CAP_METHODS}, got {cap_method!r}")
-    tdt = {"BFloat16": torch.bfloat16, "Float16": torch.float16}[cutlass_dtype(dtype).__name__]
-    return rf.chosen_config(config, tdt, None if cap_method == "none" else rf.FIXED_MAX_CAP)
+    return rf.chosen_config(config, _ranker_torch_dtype(dtype), None if cap_method == "none" else rf.FIXED_MAX_CAP)
+
+
+def _ranker_torch_dtype(dtype):
+    """The torch dtype of a ranker kernel's ``dtype`` argument (:func:`_ranker_dtype`'s rule)."""
+    import torch
+
+    return torch.float16 if _ranker_dtype(dtype).__name__ == "Float16" else torch.bfloat16
 
 
 def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_method: Optional[str] = None,
@@ -576,17 +604,22 @@ def ranker_compile_record(config, dtype="bf16", qhead_per_kvhead: int = 1, cap_m
     """Compile (CPU, sm_90a) the ranker forward with ``config`` as :func:`~cute_kernels.ranker_attention` runs it
     for ``dtype`` and ``cap_method`` (:func:`ranker_run_config`) and return its compile record (``.resources``
     registers, ``.ptx_features``, ``.sass_features``).  ``cap_method`` None: ``"tanh"`` for a
-    ``fixed_row_max`` config (it runs capped calls only), else ``"none"``.  Raises ``ValueError`` for an unknown
-    ``cap_method``."""
-    if cap_method is None:
-        cap_method = "tanh" if config.fixed_row_max else "none"
-    import torch
-
+    ``fixed_row_max`` config (it runs capped calls only), else ``"none"``.  ``qhead_per_kvhead``: the GQA ratio
+    compiled in (an int >= 1); ``varlen``: a bool.  Raises ``TypeError`` / ``ValueError`` for arguments of another
+    type or range (:func:`ranker_run_config`'s too)."""
     from ..kernels import ranker_fwd as rf
     from ..runtime.cache import compile_record
+    from ..runtime.validate import check_int
 
+    if not isinstance(config, rf.RankerFwdConfig):
+        raise TypeError(f"config must be a RankerFwdConfig, got {type(config).__name__}")
+    qhead_per_kvhead = check_int("qhead_per_kvhead", qhead_per_kvhead)
+    if not isinstance(varlen, bool):
+        raise TypeError(f"varlen must be a bool, got {type(varlen).__name__}")
+    if cap_method is None:
+        cap_method = "tanh" if config.fixed_row_max else "none"
     config = ranker_run_config(config, dtype, cap_method)
-    tdt = {"BFloat16": torch.bfloat16, "Float16": torch.float16}[cutlass_dtype(dtype).__name__]
+    tdt = _ranker_torch_dtype(dtype)
     rf._compile(tdt, config, qhead_per_kvhead, cap_method, varlen)
     return compile_record(rf.NAME, (str(tdt), config, qhead_per_kvhead, cap_method, varlen))
 
@@ -622,7 +655,8 @@ def format_report(kl: KernelLayouts, record=None) -> str:
     lines.append("")
     lines.append("thread-value layouts ((thread, value) -> column-major tile index):")
     for k, tv in kl.tv.items():
-        lines.append(f"  {k:<36} tile {tv.tile[0]}x{tv.tile[1]}  {tv.layout}")
+        note = f" ({tv.note})" if tv.note else ""
+        lines.append(f"  {k:<36} tile {tv.tile[0]}x{tv.tile[1]}{note}  {tv.layout}")
     lines.append("")
     lines.append("bank conflicts (32 banks x 4 B; 16-byte accesses served per quarter-warp):")
     for rep in kl.conflicts:
@@ -684,28 +718,26 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
     to another kernel (they take none), and for an ``out_dir`` that exists and is not a folder; nothing
     is written then.  ``dtype``: ``"bf16"`` (None) or ``"fp16"`` for ranker_fwd / ranker_bwd (hc_mix: bf16
     only); the other kernels list every compile target, of every dtype, and refuse one (``ValueError``).
-    ``cap_method`` (``compile`` only; ranker_fwd / ranker_bwd): the variant compiled, ``"none"``, ``"tanh"`` or
-    ``"soft_sign"`` (None: no cap, or tanh for a forward ``fixed_row_max`` config), fixed length and MHA; the
-    forward's config as the op runs it for that variant (:func:`ranker_run_config`), said in the report where it
-    differs.
+    ``cap_method`` (ranker_fwd / ranker_bwd): ``"none"``, ``"tanh"`` or ``"soft_sign"``: the config's fields
+    that ``config`` does not set come from the config shipped for that cap (:func:`ranker_config`,
+    :func:`ranker_bwd_config`; None: the uncapped one), and with ``compile`` the variant compiled (None: no cap,
+    or tanh for a forward ``fixed_row_max`` config), fixed length and MHA; the forward's config as the op runs it
+    for that variant (:func:`ranker_run_config`), said in the report where it differs.
     """
     if not out_dir:
         raise ValueError("--out: give a folder to write the pictures and report.txt into")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ValueError(f"--out {out_dir} exists and is not a folder")
-    if cap_method is not None and (kernel not in ("ranker_fwd", "ranker_bwd") or not compile):
-        raise ValueError("--cap chooses the compiled variant of ranker_fwd / ranker_bwd: give it with --compile")
+    if cap_method is not None and kernel not in ("ranker_fwd", "ranker_bwd"):
+        raise ValueError("--cap picks the shipped config and the compiled variant of ranker_fwd / ranker_bwd only")
     if cap_method is not None:
-        from ..kernels.ranker_fwd import CAP_METHODS  # (--cap comes with --compile: the DSL is imported anyway)
-
-        if cap_method not in CAP_METHODS:
-            raise ValueError(f"--cap {cap_method}: one of {', '.join(CAP_METHODS)}")
+        _check_cap_method(cap_method)
     files: list[str] = []
     variant = None  # (the rankers, compiled: what the report says of the variant compiled)
     if kernel in ("ranker_fwd", "ranker_bwd", "hc_mix"):
         dtype = dtype or "bf16"
         if kernel == "ranker_fwd":
-            kl = ranker_fwd_layouts(config, dtype)  # validates before anything is written
+            kl = ranker_fwd_layouts(config, dtype, cap_method)  # validates before anything is written
             rec = None
             if compile:
                 capm = cap_method or ("tanh" if kl.config.fixed_row_max else "none")
@@ -715,7 +747,7 @@ def write_report(kernel: str, config: Optional[str], out_dir: str, dtype: Option
                                 "fixed_row_max=False, checked_max=False: that is what was compiled)\n")
                 rec = ranker_compile_record(kl.config, dtype, cap_method=capm)
         elif kernel == "ranker_bwd":
-            kl = ranker_bwd_layouts(config, dtype)  # validates before anything is written
+            kl = ranker_bwd_layouts(config, dtype, cap_method)  # validates before anything is written
             rec = None
             if compile:
                 import torch
