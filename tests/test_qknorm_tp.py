@@ -366,6 +366,23 @@ def test_dropped_instances_free_their_buffers(monkeypatch):
             mod.parallel_qk_rmsnorm_(meta(1, 8), meta(1, 8), meta(8), meta(8), 1e-6, handle)
 
 
+def test_handles_differ_between_processes():
+    """Each process counts its handles from its own random offset, so a handle recorded in one process (a saved
+    torch.export program) names no instance of another, whose call then raises saying so (session 72: every
+    process counted from 1, and a program loaded elsewhere ran with that process's first instance)."""
+    import subprocess
+    import sys
+
+    code = "from cute_kernels.kernels import qknorm_tp as m; print(next(m._handles))"
+    firsts = {int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+              for _ in range(2)}
+    assert len(firsts) == 2 and min(firsts) > 2**20
+    foreign = next(iter(firsts))
+    meta = lambda *s: torch.empty(*s, device="meta")
+    with pytest.raises(RuntimeError, match="recorded in another process"):
+        mod.parallel_qk_rmsnorm_(meta(1, 8), meta(1, 8), meta(8), meta(8), 1e-6, foreign)
+
+
 def test_close_and_context_manager(monkeypatch):
     ranks, buf_refs = _emulated_cpu_ranks(monkeypatch)
     with ranks[0] as r0:

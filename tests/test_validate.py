@@ -280,6 +280,36 @@ def test_torch_func_transforms_are_refused_clearly():
         assert (".backward()" in str(info.value)) == (i < 3), str(info.value)
 
 
+def test_forward_mode_ad_is_refused_clearly():
+    """A dual tensor (torch.autograd.forward_ad) reaching any public function raises NotImplementedError: the
+    outputs came back without a tangent, and qk_rmsnorm_ left its input's old tangent in place, silently
+    (session 72, a newcomer's finding).  Outside a dual level, and with only primal tensors inside one, the
+    calls run as before (here: to the CPU device error)."""
+    import torch.autograd.forward_ad as fwAD
+
+    bf = torch.bfloat16
+    b = torch.tensor([[0, 8, 8, 16]], dtype=torch.int32)
+    q, k = torch.randn(1, 16, 2, 64, dtype=bf), torch.randn(1, 16, 2, 64, dtype=bf)
+    x, w, sc, base = torch.randn(2, 256, dtype=bf), torch.randn(24, 256), torch.rand(3), torch.randn(24)
+    qq, kk = torch.randn(4, 128, dtype=bf), torch.randn(4, 64, dtype=bf)
+    wq, wk = torch.ones(128, dtype=bf), torch.ones(64, dtype=bf)
+    with fwAD.dual_level():
+        calls = [
+            lambda d: cute_kernels.ranker_attention(d(q), k, k, b),
+            lambda d: cute_kernels.ranker_attention(q, k, d(k), b, return_lse=True),
+            lambda d: cute_kernels.hc_mix_sinkhorn(x, d(w), sc, base),
+            lambda d: cute_kernels.qk_rmsnorm_(d(qq), kk, wq, wk, 1e-6),
+            lambda d: cute_kernels.scale(d(x), 2.0),
+            lambda d: cute_kernels.ranker_attention_backward(q, k, k, q, torch.zeros(1, 2, 16), d(q), b),
+        ]
+        for i, call in enumerate(calls):
+            with pytest.raises(NotImplementedError, match="forward-mode AD") as info:
+                call(lambda t: fwAD.make_dual(t, torch.randn_like(t)))
+            assert (".backward()" in str(info.value)) == (i < 2), str(info.value)
+            with pytest.raises(ValueError, match="CUDA"):  # primal tensors inside the level: no refusal
+                call(lambda t: t)
+
+
 def test_config_field_type_error_names_a_numpy_type():
     """A NumPy bool in a config's bool field: the message names numpy's type, not a bare 'bool'."""
     import dataclasses

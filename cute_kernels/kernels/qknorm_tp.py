@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import socket
 import weakref
 from dataclasses import dataclass
@@ -334,9 +335,12 @@ class PeerTimeoutError(RuntimeError):
 
 # The custom op takes the instance as an int handle (torch ops cannot take Python objects); the
 # registry is weak so that dropping a ParallelQKNorm frees it and its buffers.  Handles come from a
-# counter (never reused, unlike id()), so a stale handle cannot name a newer instance.
+# counter (never reused, unlike id()), so a stale handle cannot name a newer instance, that starts at a random
+# 61-bit offset per process, so that a handle recorded in one process (a torch.export program saved there)
+# names no instance of another (until session 72 every process counted from 1, and such a program ran with
+# whichever instance of the loading process had that number: another group's buffers).
 _instances: "weakref.WeakValueDictionary[int, ParallelQKNorm]" = weakref.WeakValueDictionary()
-_handles = itertools.count(1)
+_handles = itertools.count(secrets.randbits(61) + 1)
 _TIMEOUT_NS_MAX = 2**63 - 1  # the kernel's Int64 nanoseconds
 
 
@@ -375,6 +379,10 @@ class ParallelQKNorm:
     memory, else CUDA IPC handles exchanged over ``group``.  When the ranks are not all P2P-reachable
     (several nodes), calls go through the unfused path: per-token sums, ``all_reduce``, scale.
     ``ParallelQKNorm.emulated(G, ...)`` builds G ranks on one GPU (tests and benchmarks).
+
+    Export: a ``torch.export`` program records the instance as its handle (an int): it runs in the process
+    that made it, with that instance; loaded in another process it names no instance there and its call raises
+    ``RuntimeError`` (export again where it runs).
 
     Copies: ``copy.copy`` / ``copy.deepcopy`` (e.g. of a model holding it, for an EMA copy) return the object
     itself, which stands for this rank's share of the group's buffers (before session 69 a copy shared the
@@ -762,8 +770,10 @@ def _instance(handle) -> "ParallelQKNorm":
     """The live :class:`ParallelQKNorm` that ``handle`` names (``RuntimeError`` once it was closed or freed)."""
     inst = _instances.get(handle)
     if inst is None:
-        raise RuntimeError(f"ParallelQKNorm handle {handle} was closed or freed (keep the object alive while "
-                           "code that calls it, e.g. a compiled graph, may run)")
+        raise RuntimeError(f"ParallelQKNorm handle {handle} names no live instance of this process: it was closed "
+                           "or freed (keep the object alive while code that calls it, e.g. a compiled graph, may "
+                           "run), or it was recorded in another process (a saved torch.export program holds the "
+                           "handle of the instance it was exported with: export it in the process that runs it)")
     return inst
 
 

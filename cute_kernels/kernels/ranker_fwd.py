@@ -2039,8 +2039,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     differentiable too (a loss term on it, e.g. merging attention computed over key chunks, or a z-loss,
     adds its gradient to q and k; rows with ``lse = -inf`` get none; so under grad ``lse.requires_grad``
     is True: ``.detach()`` it before ``.numpy()``).
-    ``torch.func`` transforms (grad, vjp, vmap, ...) are not supported: ``NotImplementedError`` (torch's
-    custom ops support neither their autograd nor batching for these kernels).
+    ``torch.func`` transforms (grad, vjp, vmap, ...) and forward-mode AD (``torch.autograd.forward_ad`` dual
+    tensors) are not supported: ``NotImplementedError`` eagerly (torch's custom ops support neither their
+    autograd nor batching for these kernels; there is no forward-mode formula); inside ``torch.compile``,
+    torch's own handling (``grad``: its ``setup_context`` error; ``vmap``: the op once per slice).
     Meta tensors: the op's fake gives the outputs' shapes (the argument checks run; no launch).
     FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the forward and backward ops at their
     useful FLOPs (``4 * D * Hq`` and ``10 * D * Hq`` per admitted pair; :mod:`.ranker_flops`), reading the

@@ -22,6 +22,7 @@ import inspect
 from typing import Callable, Iterable
 
 import torch
+from torch.autograd import forward_ad as _fwad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
@@ -68,12 +69,22 @@ def refuse_func_transforms(name: str, *args, differentiable: bool = False) -> No
     vmap, jacrev...): the kernels take raw CUDA buffers, and torch's custom ops support neither those
     transforms' autograd (grad / vjp) nor batching rules (vmap) for them, so the call would otherwise
     fail deeper with an unrelated message (``setup_context``, "no data pointer", "not on a CUDA device").
-    ``differentiable``: the function has a backward (``ranker_attention``), so the message points to
-    ``.backward()`` / ``torch.autograd.grad`` for gradients; the others have none to point to."""
-    if _is_compiling() or _transform_active is None or _transform_active() is None:
-        return  # Dynamo cannot trace these C calls (a graph break); eagerly, the common case is one C call
+    Likewise for a dual tensor of forward-mode AD (``torch.autograd.forward_ad``, inside a ``dual_level``): the
+    ops have no forward-mode formula, and their outputs would come back without a tangent (an in-place op's
+    input would keep its old one) with no error.  ``differentiable``: the function has a backward
+    (``ranker_attention``), so the message points to ``.backward()`` / ``torch.autograd.grad`` for gradients;
+    the others have none to point to.  (Eager calls only: while torch.compile traces, Dynamo cannot trace these
+    checks, and torch's own handling applies.)"""
+    if _is_compiling():
+        return  # Dynamo cannot trace these C calls (a graph break)
+    hint = " (for gradients, use .backward() / torch.autograd.grad)" if differentiable else ""
+    if _fwad._current_level >= 0 and any(isinstance(t, torch.Tensor) and _fwad.unpack_dual(t).tangent is not None
+                                         for t in args):
+        raise NotImplementedError(f"cute_kernels.{name} does not support forward-mode AD (a dual tensor of "
+                                  f"torch.autograd.forward_ad): pass primal tensors{hint}")
+    if _transform_active is None or _transform_active() is None:
+        return  # (eagerly, the common case: one C call)
     if any(isinstance(t, torch.Tensor) and _is_functorch_wrapped(t) for t in args):
-        hint = " (for gradients, use .backward() / torch.autograd.grad)" if differentiable else ""
         raise NotImplementedError(f"cute_kernels.{name} does not support torch.func transforms (grad, vjp, vmap, "
                                   f"...): call it outside them{hint}")
 
@@ -92,11 +103,11 @@ def without_autocast(fn: Callable) -> Callable:
 
 
 def plain_eager() -> bool:
-    """True in plain eager mode: nothing traces (:func:`tracing` is False) and no ``torch.func`` transform is
-    active, so neither :func:`tracing` nor :func:`refuse_func_transforms` need run (one check for the eager
-    hot paths: four C calls)."""
+    """True in plain eager mode: nothing traces (:func:`tracing` is False), no ``torch.func`` transform is
+    active and no forward-mode AD level is open, so neither :func:`tracing` nor :func:`refuse_func_transforms`
+    need run (one check for the eager hot paths: four C calls)."""
     return (not _is_compiling() and _get_current_dispatch_mode() is None and _jit_tracing() is None
-            and (_transform_active is None or _transform_active() is None))
+            and (_transform_active is None or _transform_active() is None) and _fwad._current_level < 0)
 
 
 def register_flops(packet, formula: Callable, *, get_raw: bool = False) -> None:
@@ -210,7 +221,8 @@ class _EagerFastPath:
     def __call__(self, *args, **kwargs):
         # (the eager case in as few calls as possible: this runs on every call of every op)
         compiling = _is_compiling()
-        if not compiling and _transform_active is not None and _transform_active() is not None:
+        if not compiling and (_fwad._current_level >= 0
+                              or _transform_active is not None and _transform_active() is not None):
             refuse_func_transforms(self.name, *args, *kwargs.values())
         # meta tensors (the first tensor argument on the "meta" device): the op, whose fake gives the output shapes
         first = args[0] if args else kwargs.get(self.first_tensor)
