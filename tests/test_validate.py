@@ -280,6 +280,23 @@ def test_torch_func_transforms_are_refused_clearly():
         assert (".backward()" in str(info.value)) == (i < 3), str(info.value)
 
 
+def test_float32_max_as_numpy_prints_it_is_explained():
+    """numpy prints float32's max as 3.4028235e+38, a Python float just above it: the refusal says which value
+    is meant (session 72, a newcomer's finding); float32's max itself passes."""
+    from cute_kernels.runtime.validate import F32_MAX, check_real
+
+    for v in (3.4028235e38, -3.4028235e38):
+        with pytest.raises(ValueError, match=r"float32's max is 3.4028234663852886e\+38"):
+            check_real("alpha", v)
+    with pytest.raises(ValueError) as info:
+        check_real("cap", -3.4028235e38, low=0.0)
+    assert "float32's max is" not in str(info.value)
+    with pytest.raises(ValueError) as info:
+        check_real("alpha", 1e39)
+    assert "float32's max is" not in str(info.value)
+    assert check_real("alpha", F32_MAX) == F32_MAX
+
+
 def test_forward_mode_ad_is_refused_clearly():
     """A dual tensor (torch.autograd.forward_ad) reaching any public function raises NotImplementedError: the
     outputs came back without a tangent, and qk_rmsnorm_ left its input's old tangent in place, silently

@@ -187,7 +187,12 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
         # beside a refused 3.4028235e+38)
         bounds = ([f">= {-F32_MAX:.9g}"] if low is None else [f"{'>' if low_open else '>='} {low:.9g}"]) + (
             [f"<= {high:.9g}"] if math.isfinite(high) else [])
-        raise ValueError(f"{name} must be finite{', ' + ' and '.join(bounds) if bounds else ''}, got {_short(value)}")
+        # (numpy prints float32's max as 3.4028235e+38, a Python float above it: say which value is meant)
+        note = (f" (float32's max is {F32_MAX!r}; numpy's repr 3.4028235e+38 rounds it up: pass "
+                "float(numpy.finfo(numpy.float32).max))" if high == F32_MAX and (v > 0 or low is None)
+                and F32_MAX < abs(v) <= 3.4028235e38 else "")
+        raise ValueError(f"{name} must be finite{', ' + ' and '.join(bounds) if bounds else ''}, got "
+                         f"{_short(value)}{note}")
     return v
 
 
