@@ -335,8 +335,8 @@ class PeerTimeoutError(RuntimeError):
 
 # The custom op takes the instance as an int handle (torch ops cannot take Python objects); the
 # registry is weak so that dropping a ParallelQKNorm frees it and its buffers.  Handles come from a
-# counter (never reused, unlike id()), so a stale handle cannot name a newer instance, that starts at a random
-# 61-bit offset per process, so that a handle recorded in one process (a torch.export program saved there)
+# counter (never reused, unlike id()), so a stale handle cannot name a newer instance.  The counter starts at
+# a random 61-bit offset per process, so a handle recorded in one process (a torch.export program saved there)
 # names no instance of another (until session 72 every process counted from 1, and such a program ran with
 # whichever instance of the loading process had that number: another group's buffers).
 _instances: "weakref.WeakValueDictionary[int, ParallelQKNorm]" = weakref.WeakValueDictionary()
