@@ -152,11 +152,9 @@ def ranker_config(text: Optional[str] = None, dtype="bf16", cap_method: Optional
     replaced; ``fixed_row_max=true`` (a capped config) turns the uncapped ``checked_max`` off unless the text
     sets it.  ``ValueError`` with the reason for a config that does not fit (see :func:`parse_config`) or an
     unknown ``cap_method``."""
-    import torch
-
     from ..kernels import ranker_fwd as rf
 
-    torch_dtype = torch.float16 if _ranker_dtype(dtype).__name__ == "Float16" else torch.bfloat16
+    torch_dtype = _ranker_torch_dtype(dtype)
     default = rf.RankerFwdConfig()
     items = key_values(text, "RankerFwdConfig config field", [f.name for f in dataclasses.fields(rf.RankerFwdConfig)],
                        CONFIG_EXAMPLES["RankerFwdConfig"])  # (the same items parse_config reads below)
@@ -234,7 +232,8 @@ def _check_cap_method(cap_method: Optional[str]) -> str:
     if cap_method is None:
         return "none"
     if cap_method not in CAP_METHODS:
-        raise ValueError(f"cap_method (--cap) must be one of {', '.join(CAP_METHODS)}, got {cap_method!r}")
+        raise ValueError(f"cap_method must be one of {', '.join(CAP_METHODS)} (--cap on the command line), "
+                         f"got {cap_method!r}")
     return cap_method
 
 
@@ -587,9 +586,8 @@ def ranker_run_config(config, dtype="bf16", cap_method: str = "none"):
 
     if not isinstance(config, rf.RankerFwdConfig):
         raise TypeError(f"config must be a RankerFwdConfig, got {type(config).__name__}")
-    if cap_method not in rf.CAP_METHODS:
-        raise ValueError(f"cap_method must be one of {rf.CAP_METHODS}, got {cap_method!r}")
-    return rf.chosen_config(config, _ranker_torch_dtype(dtype), None if cap_method == "none" else rf.FIXED_MAX_CAP)
+    capped = _check_cap_method(cap_method) != "none"
+    return rf.chosen_config(config, _ranker_torch_dtype(dtype), rf.FIXED_MAX_CAP if capped else None)
 
 
 def _ranker_torch_dtype(dtype):
