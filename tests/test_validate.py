@@ -327,6 +327,39 @@ def test_forward_mode_ad_is_refused_clearly():
                 call(lambda t: t)
 
 
+def test_forward_mode_ad_is_refused_by_the_registered_ops_too():
+    """``torch.ops.cute_kernels.*`` called directly with a dual tensor raise too (session 73): torch's custom ops
+    have no forward-mode formula, so they ran and dropped the tangent silently (the registered forward's
+    autograd formula included) where only the public wrappers refused it.  Primal tensors inside the level
+    run as before (here: to the CPU device error)."""
+    import torch.autograd.forward_ad as fwAD
+
+    from cute_kernels.kernels import hc_mix, qknorm, qknorm_tp, ranker_bwd, ranker_fwd, scale  # noqa: F401
+
+    bf = torch.bfloat16
+    b = torch.tensor([[0, 8, 8, 16]], dtype=torch.int32)
+    q, k = torch.randn(1, 16, 2, 64, dtype=bf), torch.randn(1, 16, 2, 64, dtype=bf)
+    x, w, sc, base = torch.randn(2, 256, dtype=bf), torch.randn(24, 256), torch.rand(3), torch.randn(24)
+    qq, kk = torch.randn(4, 128, dtype=bf), torch.randn(4, 64, dtype=bf)
+    wq, wk = torch.ones(128, dtype=bf), torch.ones(64, dtype=bf)
+    ops = torch.ops.cute_kernels
+    with fwAD.dual_level():
+        calls = {
+            "ranker_attention_fwd": lambda d: ops.ranker_attention_fwd(d(q), k, k, b),
+            "ranker_attention_bwd": lambda d: ops.ranker_attention_bwd(q, k, k, q, torch.zeros(1, 2, 16), d(q), b),
+            "hc_mix_sinkhorn": lambda d: ops.hc_mix_sinkhorn(x, d(w), sc, base),
+            "qk_rmsnorm_": lambda d: ops.qk_rmsnorm_(d(qq), kk, wq, wk, 1e-6),
+            "scale": lambda d: ops.scale(d(x), 2.0),
+        }
+        for name, call in calls.items():
+            with pytest.raises(NotImplementedError, match=f"cute_kernels.{name} does not support forward-mode AD"):
+                call(lambda t: fwAD.make_dual(t, torch.randn_like(t)))
+            with pytest.raises(ValueError, match="CUDA"):
+                call(lambda t: t)
+        with pytest.raises(NotImplementedError, match="parallel_qk_rmsnorm_ does not support forward-mode AD"):
+            ops.parallel_qk_rmsnorm_(fwAD.make_dual(qq, torch.randn_like(qq)), kk, wq, wk, 1e-6, 5)
+
+
 def test_config_field_type_error_names_a_numpy_type():
     """A NumPy bool in a config's bool field: the message names numpy's type, not a bare 'bool'."""
     import dataclasses

@@ -256,7 +256,17 @@ def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | 
     """
 
     def deco(impl: Callable):
-        op = torch.library.custom_op(f"cute_kernels::{name}", impl, mutates_args=mutates_args)
+        def registered_impl(*args, **kwargs):
+            # a direct torch.ops.cute_kernels call with a dual tensor (the fast path refuses it before this): torch's
+            # custom ops have no forward-mode formula and would drop the tangent silently
+            if _fwad._current_level >= 0:
+                refuse_func_transforms(name, *args, *kwargs.values())
+            return impl(*args, **kwargs)
+
+        # (the schema inferred from impl itself: its module's names resolve its string annotations)
+        schema = torch.library.infer_schema(impl, mutates_args=mutates_args)
+        op = torch.library.custom_op(f"cute_kernels::{name}", registered_impl, mutates_args=mutates_args,
+                                     schema=schema)
         if fake is not None:
             op.register_fake(fake)
         else:
