@@ -379,7 +379,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
     c = sub.add_parser("compile", help="compile every registered config into the on-disk cache")
     c.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")
-    c.add_argument("--arch", choices=("sm_90a",), help="target arch (sm_90a: the kernels are Hopper-only)")
+    c.add_argument("--arch", choices=("sm_90a",), help="target arch (sm_90a: the kernels are Hopper-only; "
+                   "default: $CUTE_DSL_ARCH, else sm_90a)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("-v", "--verbose", action="store_true", help="print the traceback of each failed compile")
     c.set_defaults(fn=cmd_compile)
@@ -416,11 +417,12 @@ def main(argv=None) -> int:
     cf.set_defaults(fn=cmd_configs)
     t = sub.add_parser("tune", help="GPU: time candidate configs on a shape, store the winner in tuned.json")
     t.add_argument("--kernel", required=True, help="ranker_fwd (the kernel with tunable tile shapes)")
-    t.add_argument("--shape", required=True, help="e.g. 'B=4,S=4608,H=16,D=128[,Hkv=4,hist=4096,cand=512,cap=50]'")
+    t.add_argument("--shape", required=True, help="e.g. 'B=4,S=4608,H=16,D=128[,Hkv=4,hist=4096,cand=512,cap=50,"
+                   "cap_method=tanh|soft_sign]' (Hq= for H=; cap_method only with cap, default tanh)")
     t.add_argument("--candidates", help="values to try for the fields named (the other fields keep their default "
                    "variations), e.g. 'tile_n=96,128,stages=2,3'")
-    t.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    t.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (best of)")
+    t.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="the inputs' dtype (default bf16)")
+    t.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (best of; default 2, >= 1)")
     t.add_argument("--list", action="store_true", help="print the validated candidates and exit (no GPU needed)")
     t.add_argument("--no-store", action="store_true", help="time only; do not write tuned.json")
     t.set_defaults(fn=cmd_tune)

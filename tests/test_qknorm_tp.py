@@ -207,6 +207,21 @@ def test_widths_are_checked_by_the_kernel_that_runs_them():
         cute_kernels.ParallelQKNorm(None, 16, *wide, torch.bfloat16)
 
 
+def test_check_shards_raises_what_it_documents():
+    """``check_shards`` called directly (public): a q or k that is not 2-D is a ValueError and a non-tensor a
+    TypeError, as documented (session 73, a docstring audit: IndexError / AttributeError before)."""
+    with single_rank_group():
+        p = cute_kernels.ParallelQKNorm(None, 8, 64, 16, torch.bfloat16)
+        q, k = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(4, 16, dtype=torch.bfloat16)
+        p.check_shards(q, k)
+        with pytest.raises(ValueError, match=r"rank shards must be q \[N, 64\]"):
+            p.check_shards(torch.zeros(64, dtype=torch.bfloat16), k)
+        with pytest.raises(ValueError, match=r"rank shards must be q \[N, 64\]"):
+            p.check_shards(q, torch.zeros(2, 4, 16, dtype=torch.bfloat16))
+        with pytest.raises(TypeError, match="must be torch.Tensors, got list and Tensor"):
+            p.check_shards([[0.0] * 64], k)
+
+
 def test_traced_call_checks_the_instance_rules():
     """Under a fake-tensor trace (what torch.compile runs) the registered op's fake applies the argument rules
     and the instance's own (shard widths, dtype, capacity), as an eager call does; a right call passes."""

@@ -258,7 +258,8 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     and ``r`` with ``rsqrt``: within a few float32 ulps of the IEEE forms (errors against float64 <= 4e-7).
 
     Args:
-        x: ``[M, K]`` bfloat16 CUDA tensor, rows 16-byte aligned, K a multiple of 64 and at most
+        x: ``[M, K]`` bfloat16 CUDA tensor, last dim contiguous, 16-byte aligned with a row stride that is a
+            multiple of 16 bytes and at least K (rows must not overlap), K a multiple of 64 and at most
             89478464 (hc_fn ``[24, K]`` spans fewer than 2**31 elements),
             ``0 <= M <= 1048560`` (65535 row blocks of 16: the grid's y limit); ``method="walk"`` also
             needs ``(M - 1) * row stride + K < 2**31`` (32-bit offsets; M < 104858 at K = 20480).
@@ -282,11 +283,14 @@ def hc_mix_sinkhorn(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor
     Raises:
         TypeError: wrong tensor dtype; sinkhorn_iters not an int; rms_eps / hc_eps not real numbers; method
             not a str.
-        ValueError: wrong shape, device, alignment or K; sinkhorn_iters out of range; rms_eps /
+        ValueError: wrong shape, device, alignment, strides or K, rows of x that overlap; sinkhorn_iters out of
+            range; rms_eps /
             hc_eps negative, not finite or below 2**-126 (but not 0); a method other than ``"walk"`` and
             ``"tma"``; x too large for the walk's 32-bit offsets; hc_fn spanning 2**31 elements or more.
         RuntimeError: in ``backward()`` when an input required grad: forward only (the op has no autograd
-            formula: torch raises its "no autograd formula" error rather than dropping the gradient).
+            formula: torch raises its "no autograd formula" error rather than dropping the gradient);
+            a tensor on a GPU that is not a Hopper (sm_90) GPU, or a process whose CuTe DSL targets another
+            arch (at the call).
     FLOP counting: ``torch.utils.flop_counter.FlopCounterMode`` counts the mix GEMM, ``2 * M * K * 24`` (a counter made
     before this module loaded and entered after misses it; one active while it loads, e.g. around the first
     call, or made after ``cute_kernels.register_ops()`` counts it).
@@ -338,6 +342,7 @@ def hc_mix_sinkhorn_reference(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: to
     shapes must be the op's (``x [M, K]``, ``hc_fn [24, K]``, ``hc_scale [3]``, ``hc_base [24]``, any
     K >= 1): ``ValueError`` otherwise.  As in the op, ``rms_eps = 0`` gives NaN on an all-zero row of ``x``
     (``0 * rsqrt(0)``), and the run time grows linearly with ``sinkhorn_iters`` (no cap beyond int32).
+    ``dtype``: torch.float64 or torch.float32 (``TypeError`` otherwise).
     """
     _check_scalars(sinkhorn_iters, rms_eps, hc_eps)
     if dtype not in (torch.float32, torch.float64):

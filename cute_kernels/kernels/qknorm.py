@@ -1118,7 +1118,8 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
             ``QKNormConfig.for_shape(Q, K, dtype, tuning=DEFAULT_TUNING)`` raises the same ValueError.
         k: [N, K], same dtype/device/rules as q, sharing no element with q (column blocks of one
             fused qkv buffer are fine).
-        q_weight: [Q], k_weight: [K], same dtype as q, contiguous.
+        q_weight: [Q], k_weight: [K], same dtype as q, contiguous, 16-byte aligned, sharing no element
+            with q or k (``ValueError`` otherwise).
         eps: real number (not bool), finite in float32, >= 0 (standard RMSNorm eps, added to the mean).
             With ``eps = 0`` an all-zero row is 0 * rsqrt(0) = NaN, as in the float64 reference and
             ``torch.nn.functional.rms_norm``.
@@ -1136,10 +1137,12 @@ def qk_rmsnorm_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weig
         None; q and k are overwritten (their autograd version counters are bumped).
     Raises:
         TypeError: wrong dtypes; eps not a real number.
-        ValueError: shapes, devices, strides, alignment, overlapping rows or q/k, rows too wide;
+        ValueError: shapes, devices, strides, alignment, overlapping rows or q/k, a weight overlapping q or k,
+            rows too wide;
             eps negative, not finite, or below 2**-126 but not 0 (float32 would flush it to 0).
         RuntimeError: q, k or a weight requires grad while grad mode is on, outside inference mode (no
-            backward); q or k an inference tensor while inference mode is off (as torch's in-place ops).
+            backward); q or k an inference tensor while inference mode is off (as torch's in-place ops);
+            a tensor on a GPU that is not a Hopper (sm_90) GPU, or a process whose CuTe DSL targets another arch.
     """
     fast = fast_path_key(q, k, q_weight, k_weight, eps, launch_checks=True)
     if fast is None:

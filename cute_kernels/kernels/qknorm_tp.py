@@ -410,13 +410,14 @@ class ParallelQKNorm:
             (the full 2-GPU plan at this kernel's exchange, session 5: bench/results/tp_qknorm_2gpu_s5/) and
             G=4 on four (session 19: bench/results/tp_qknorm_4gpu_s19/); G=8 on eight GPUs not yet run.
         dtype: float16, bfloat16 or float32 (q, k and the weights).
-        timeout_s: real number of seconds, finite, > 0 and within int64 nanoseconds: how long a rank
-            waits for a peer before the launch gives up and flags an error.
+        timeout_s: real number of seconds (default 10.0), finite, at least 1 ns once rounded to whole
+            nanoseconds (so above 5e-10) and within int64 nanoseconds (~9.22e9 s): how long a rank waits for
+            a peer before the launch gives up and flags an error.
     Raises:
         TypeError (construction): group neither a ProcessGroup nor None; dtype not supported;
             max_tokens / q_dim / k_dim not ints; timeout_s not a real number.
         ValueError (construction): non-positive sizes, unsupported widths (above), timeout_s not
-            finite / not > 0 / too large; ``group`` None while no default process group has been
+            finite / below 1 ns / too large; ``group`` None while no default process group has been
             initialized (``torch.distributed.init_process_group``).  Construction itself needs no GPU (the
             host contract, e.g. :meth:`close` and copies, is CPU-tested over gloo): without CUDA it takes the
             unfused path, and its calls raise ``ValueError`` for the CPU tensors they get.
@@ -493,7 +494,8 @@ class ParallelQKNorm:
     @torch.inference_mode(False)  # (the peers' buffers: normal tensors, as the constructor's)
     def emulated(cls, world: int, max_tokens: int, q_dim: int, k_dim: int, dtype: torch.dtype,
                  device=None, timeout_s: float = 10.0) -> list["ParallelQKNorm"]:
-        """G ranks on one GPU: G buffers on ``device``; run rank r's calls on its own stream.
+        """G ranks on one GPU: G buffers on ``device`` (default: the current CUDA device); run rank r's calls on
+        its own stream.  ``timeout_s``: as the constructor's (default 10.0 s).
 
         Raises ``RuntimeError`` without CUDA, ``TypeError`` for a non-int ``world``, ``ValueError`` for a
         non-CUDA ``device`` or a world size outside [2, 8], and the constructor's errors for the other
@@ -571,6 +573,7 @@ class ParallelQKNorm:
 
     @property
     def closed(self) -> bool:
+        """True after :meth:`close` (calls and :meth:`reset` then raise ``RuntimeError``)."""
         return self._closed
 
     def __enter__(self) -> "ParallelQKNorm":
@@ -592,7 +595,9 @@ class ParallelQKNorm:
 
     # --- errors and recovery
     def check_error(self, synchronize: bool = True) -> None:
-        """Raise :class:`PeerTimeoutError` if a launch of this rank timed out waiting for a peer."""
+        """Raise :class:`PeerTimeoutError` if a launch of this rank timed out waiting for a peer.  ``synchronize``
+        (default True): wait for this rank's device first, so that launches still running are seen; False reads
+        the flag as it stands (no sync).  Works on a closed instance too."""
         if synchronize and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if self._failed or self._error_np[0]:
@@ -603,7 +608,8 @@ class ParallelQKNorm:
                 "that launch are wrong and the buffers are out of step: call reset() on every rank")
 
     def reset(self) -> None:
-        """Rearm buffers, epoch and error flag (after a timeout).  Call on every rank (collective)."""
+        """Rearm buffers, epoch and error flag (after a timeout).  Call on every rank (collective).
+        ``RuntimeError`` after :meth:`close`."""
         self._check_open()
         cuda = self.device.type == "cuda"
         if cuda:
@@ -638,8 +644,11 @@ class ParallelQKNorm:
 
     def check_shards(self, q, k, capacity: bool = True) -> None:
         """This instance's rules on the shards (widths, dtype, and with ``capacity`` the token count):
-        ``ValueError`` / ``TypeError``.  Also the op's trace-time check (no data needed)."""
-        if q.shape[1] != self.q_width or k.shape[1] != self.k_width:
+        ``ValueError`` (widths, a q or k that is not 2-D, capacity) / ``TypeError`` (dtype, a q or k that is
+        not a tensor).  Also the op's trace-time check (no data needed)."""
+        if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+            raise TypeError(f"q and k must be torch.Tensors, got {type(q).__name__} and {type(k).__name__}")
+        if q.dim() != 2 or k.dim() != 2 or q.shape[1] != self.q_width or k.shape[1] != self.k_width:
             raise ValueError(f"rank shards must be q [N, {self.q_width}] and k [N, {self.k_width}] "
                              f"(Q={self.q_dim}, K={self.k_dim}, G={self.world}), got {list(q.shape)}, {list(k.shape)}")
         if q.dtype != self.dtype:

@@ -1906,7 +1906,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen: exactly as given to
             the forward (same rules; head dims 64, 128 and 256).
         out: the forward's output (like ``q``).  lse: the forward's ``lse`` (``return_lse=True``),
-            float32 ``[B, Hq, S]`` / ``[Hq, T]``, natural-log units, ``-inf`` on rows with no valid key.
+            float32 ``[B, Hq, S]`` / ``[Hq, T]``, contiguous, 4-byte aligned, natural-log units, ``-inf`` on
+            rows with no valid key.
         dout: gradient of ``out`` (like ``q``: same shape and dtype, last dim contiguous).  Like q, k, v (see
             the forward) finite in every row, padding included: a NaN or inf in a row of neither segment (of
             q, k, v or dout) reaches the admitted rows' dq, dk or dv through the GEMMs.
@@ -1938,7 +1939,8 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         written or kernel launched.  No size limit otherwise: the kernels compute 64-bit offsets (GPU-tested
         past 2^31 elements of q and of the float32 dQ accumulator).
         RuntimeError: a ``dq``/``dk``/``dv`` buffer that is an inference tensor while inference mode is off
-            (torch's in-place rule).
+            (torch's in-place rule); a tensor on a GPU that is not a Hopper (sm_90) GPU, or a process whose
+            CuTe DSL targets another arch.
     Launches: preprocess (dPsum, LSE2, the zeroed dQ accumulator or its tiles' zeroed flags), the mainloop
     (which zeroes the tiles itself then, ``RankerBwdConfig.dq_zero_in_mainloop``), postprocess (dQ,
     GQA dK/dV from float32 accumulators when the mainloop ran one query head per CTA, candidate self
@@ -2181,8 +2183,9 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
     """Gradients ``(dq, dk, dv)`` of :func:`ranker_attention` by torch autograd through the dense
     reference :func:`.ranker_fwd.ranker_attention_reference` (``compute_dtype`` math, float64 default).
 
-    ``q, k, v, bounds, cu_seqlens`` as in :func:`ranker_attention`; ``dout`` shaped like ``q`` (the
-    gradient of the output); ``dlse`` None or the gradient of the forward's ``lse`` (shaped like it:
+    ``q, k, v, bounds, cu_seqlens`` as in :func:`ranker_attention`; ``dout`` shaped like ``q``, with q's dtype
+    (``TypeError``) and device (``ValueError``) (the gradient of the output); ``dlse`` None or the gradient of the
+    forward's ``lse`` (a float tensor on q's device, shaped like it:
     ``[B, Hq, S]`` / ``[Hq, T]``; autograd through the reference's LSE too).  Rows with no valid key have
     zero output and get zero gradients (the reference's masked softmax and LSE keep them finite: no NaN;
     their dlse is ignored).  Returns tensors in ``compute_dtype``

@@ -1991,14 +1991,15 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
 
     Args:
         q: ``[B, S, Hq, D]`` (or packed ``[T, Hq, D]`` with ``cu_seqlens``), bfloat16/float16, CUDA,
-            last dim contiguous, other strides multiples of 16 bytes.  D in {64, 128, 256}.
+            last dim contiguous, other strides multiples of 16 bytes, data pointer 16-byte aligned (k and v
+            too).  D in {64, 128, 256}.
         k, v: ``[B, S, Hkv, D]`` (or ``[T, Hkv, D]``), same dtype; ``Hq % Hkv == 0`` (GQA: query head
             ``h`` uses kv head ``h // (Hq // Hkv)``).  q, k and v must be finite in every row, those of neither
             segment (padding) included: the kernels load whole tiles around the segments, and a NaN or inf in
             such a row reaches the admitted rows' results through the GEMMs (``0 * NaN``; a NaN in v's padding
             turns the ``out`` of the sequences whose loaded tiles hold it NaN, one in q's the padding rows' own
             ``out``), as with FlashAttention and FlexAttention.  Zero-fill padding.
-        bounds: ``[B, 4]`` int32, contiguous: (hist_lo, hist_hi, cand_lo, cand_hi), half-open, per
+        bounds: ``[B, 4]`` int32, contiguous, 4-byte aligned: (hist_lo, hist_hi, cand_lo, cand_hi), half-open, per
             sequence (relative to the sequence start in the varlen form).  Values are clamped to
             ``[0, seqlen]`` and ``hi < lo`` means empty; out-of-range bounds are never an error.
         softmax_scale: None or a real number in ``[0, float32 max / 4]``, default ``1/sqrt(D)`` (0: uniform
@@ -2021,9 +2022,10 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             a CUDA graph the host cannot read them: ``max_seqlen`` is then required and the values
             are NOT checked; the caller must guarantee them (invalid offsets make the kernel read
             and write out of bounds), also for every replay.
-    Config: the one ``cute-kernels tune`` stored for this GPU and these sizes (:func:`config_for_shape`),
-    else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a cap where there
-    is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
+    Config: inside a :func:`use_config` block for D, that block's; else, for fixed-length calls, the one
+    ``cute-kernels tune`` stored for this GPU and these sizes (:func:`config_for_shape`; packed calls never
+    take a tuned config), else the shipped one (:func:`shipped_config`: ``CAP_CONFIGS[(cap_method, D)]`` with a
+    cap where there is one, else ``CONFIGS[D]``); ``CUTE_KERNELS_TUNED=0`` ignores tuned configs.  bfloat16 skips the
     running row max (P against a fixed max of 0, see the module docstring) with a cap <= ``FIXED_MAX_CAP``
     (50; not soft_sign at D=64, whose shipped config keeps the online max), and without a cap (D=64/128/256)
     wherever the result passes a check after each q tile (per 64-row warpgroup: every row's sum of P within
@@ -2065,12 +2067,15 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
             cap / softmax_scale not a real number (bool and strings included), max_seqlen not an int,
             cap_method neither a str nor None.
         ValueError: wrong shapes/strides/devices, unsupported head dim, Hq not a multiple of Hkv,
-            bounds rows != B, non-positive/non-finite cap, negative/non-finite softmax_scale (or one
-            in (0, 2**-126)), unknown cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
+            bounds rows != B, misaligned data pointers, a cap outside [2**-126, float32 max / 4], a
+            softmax_scale negative, non-finite, above float32 max / 4 or in (0, 2**-126), softmax_scale / cap
+            above float32 max / 4, a cap with cap_method "none", max_seqlen without cu_seqlens, unknown
+            cap_method, invalid cu_seqlens values or a max_seqlen below the longest sequence,
             max_seqlen omitted during CUDA-graph capture, ceil(max_seqlen / tile_m) x Hq x B > 2^30
             work tiles; for the backward (``.backward()``), B or Hq above 65535.  (No size limit
             otherwise: the kernels compute 64-bit offsets; GPU-tested past 2^31 elements.)
-        RuntimeError: a backward with ``create_graph=True`` (no double backward).
+        RuntimeError: a backward with ``create_graph=True`` (no double backward); a tensor on a GPU that is
+            not a Hopper (sm_90) GPU, or a process whose CuTe DSL targets another arch.
         Under ``torch.compile(fullgraph=True)`` these surface wrapped by Dynamo (``TorchRuntimeError`` /
         ``Unsupported``); without ``fullgraph`` or eagerly, as listed.
     """

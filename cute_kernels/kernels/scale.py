@@ -151,7 +151,8 @@ def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
         TypeError: wrong dtype; alpha not a real number.  ValueError: not CUDA, not contiguous,
         misaligned, bad length (including ``numel >= 2**31``); alpha not finite in float32.
         RuntimeError: in ``backward()`` when ``x`` required grad (the op has no autograd formula: torch
-        raises rather than dropping the gradient).
+        raises rather than dropping the gradient); a tensor on a GPU that is not a Hopper (sm_90) GPU, or a
+        process whose CuTe DSL targets another arch (at the call).
     The foundation kernel (the pipeline every other kernel uses): a plain elementwise product, no paper.
     """
     return _scale_impl(x, alpha)

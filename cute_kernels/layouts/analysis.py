@@ -78,7 +78,7 @@ def check_coords(coords, name: str = "pattern") -> np.ndarray:
 
 def column_read(rows: int = 32, col: int = 0) -> AccessPattern:
     """Thread ``t`` reads element ``(t, col)``: a warp walking down one column, 1 element each.
-    ``rows`` >= 1 and ``col`` >= 0 (``ValueError`` otherwise)."""
+    ``1 <= rows <= 32`` (one warp) and ``col`` >= 0 (``ValueError`` otherwise)."""
     rows, col = require_int("rows", rows, 1), require_int("col", col, 0)
     c = np.stack([np.arange(rows), np.full(rows, col)], -1)[None]
     return AccessPattern(f"column read: {rows} threads x 1 element of column {col}", c, 1)
@@ -87,7 +87,7 @@ def column_read(rows: int = 32, col: int = 0) -> AccessPattern:
 def row_vector_read(rows: int = 32, chunk: int = 0, vec: int = 8, row0: int = 0) -> AccessPattern:
     """Thread ``t`` reads a ``vec``-element vector: row ``row0 + t``, columns ``chunk*vec ..`` (the
     16-byte-per-thread reads of a tile by rows, e.g. an epilogue reading smem by 8-row groups).
-    ``rows``, ``vec`` >= 1 and ``chunk``, ``row0`` >= 0 (``ValueError`` otherwise)."""
+    ``1 <= rows <= 32`` (one warp), ``vec`` >= 1 and ``chunk``, ``row0`` >= 0 (``ValueError`` otherwise)."""
     rows, vec = require_int("rows", rows, 1), require_int("vec", vec, 1)
     chunk, row0 = require_int("chunk", chunk, 0), require_int("row0", row0, 0)
     c = np.stack([row0 + np.arange(rows), np.full(rows, chunk * vec)], -1)[None]
@@ -96,7 +96,7 @@ def row_vector_read(rows: int = 32, chunk: int = 0, vec: int = 8, row0: int = 0)
 
 def row_read(row: int = 0, vec: int = 1, threads: int = 32) -> AccessPattern:
     """Thread ``t`` reads ``vec`` elements at ``(row, t*vec)``: a warp reading along one row.
-    ``row`` >= 0 and ``vec``, ``threads`` >= 1 (``ValueError`` otherwise)."""
+    ``row`` >= 0, ``vec`` >= 1 and ``1 <= threads <= 32`` (one warp) (``ValueError`` otherwise)."""
     row, vec, threads = require_int("row", row, 0), require_int("vec", vec, 1), require_int("threads", threads, 1)
     c = np.stack([np.full(threads, row), np.arange(threads) * vec], -1)[None]
     return AccessPattern(f"row read: {threads} threads x {vec} elements of row {row}", c, vec)

@@ -33,7 +33,8 @@ def is_k_major(major) -> bool:
 
 
 def cutlass_dtype(dtype):
-    """A cutlass Numeric type from a torch dtype, a cutlass type or a short name ("bf16", "fp16", "fp32", "fp8")."""
+    """A cutlass Numeric type from a torch dtype, a cutlass type or a short name ("bf16", "fp16", "fp32", "fp8").
+    ``TypeError`` for any other dtype or name (bfloat16, float16, float32 and float8_e4m3fn only)."""
     import cutlass
 
     if isinstance(dtype, type) and issubclass(dtype, cutlass.Numeric):
