@@ -20,6 +20,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "cute_kernels_layouts", "swizzle_banks"),
                    help="folder for the pictures")
     args = p.parse_args(argv)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):  # (before the work: argparse's clean exit 2)
+        p.error(f"--out {args.out} is a file, not a folder")
 
     sw = L.hopper_smem_layout(128, 64, "bf16")  # what a WGMMA/TMA kernel uses for this tile
     plain = L.row_major(128, 64)

@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "cute_kernels_layouts", "trace_your_own"),
                    help="folder for the pictures")
     args = p.parse_args(argv)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):  # (before the work: argparse's clean exit 2)
+        p.error(f"--out {args.out} is a file, not a folder")
 
     traced = L.trace(build)
     tv, tile = traced["tv"], traced["tile"].dims

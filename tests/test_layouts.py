@@ -500,6 +500,12 @@ def test_example_scripts_run(script, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "conflict-free" in out and "8" in out
     assert all(p.stat().st_size > 1000 for p in tmp_path.glob("*.png"))
+    # --out naming a file: argparse's clean exit 2 before any work, not os.makedirs' FileExistsError traceback
+    # after the results (session 73, a newcomer's finding)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(SystemExit) as info:
+        mod.main(["--out", str(tmp_path / "a_file")])
+    assert info.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
 
 
 def test_smem_layout_refuses_partial_atoms_and_tma_box_refuses_mn_major():

@@ -7,6 +7,7 @@ import math
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -984,9 +985,12 @@ def test_config_for_picks_128_row_tiles_only_for_uncapped_d64():
     rb.D64_UNCAPPED.validate()
     with pytest.raises(ValueError, match="supported"):
         rb.config_for(96, False)
-    for bad in ((64.0, False), (64, "no"), (True, False)):
+    for bad in ((64.0, False), (64, "no"), (True, False), (np.bool_(True), False)):
         with pytest.raises(TypeError):
             rb.config_for(*bad)
+    # numpy integers, as the forward's shipped_config and the ops take them (session 73, a newcomer's finding)
+    assert rb.config_for(np.int64(64), False) == rb.D64_UNCAPPED
+    assert rb.config_for(np.int32(128), True) == rb.CONFIGS[128]
     shipped = {rb.dataclasses.replace(t.key[1], deterministic=False, gqa_group_per_cta=None)
                for t in rb.compile_targets() if t.kernel == rb.NAME}
     assert rb.D64_UNCAPPED in shipped  # CI compiles (and spill-checks) what config_for ships

@@ -82,6 +82,7 @@ import dataclasses
 import enum
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
@@ -440,10 +441,12 @@ D64_UNCAPPED = RankerBwdConfig(head_dim=64, tile_m=128, tile_n=128, stages=2, dq
 def config_for(head_dim: int, capped: bool) -> RankerBwdConfig:
     """The shipped mainloop config for ``head_dim`` (an int: 64, 128 or 256) with or without a logit cap
     (``capped``, a bool): :data:`CONFIGS` [head_dim], except :data:`D64_UNCAPPED` (128 q rows per
-    step) at D=64 without a cap.  Raises ``TypeError`` (types) or ``ValueError`` (head dim)."""
-    if type(head_dim) is not int or not isinstance(capped, bool):
+    step) at D=64 without a cap.  Raises ``TypeError`` (types; numpy integers are taken as head dims, as by
+    the forward's ``shipped_config``) or ``ValueError`` (head dim)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral) or not isinstance(capped, bool):
         raise TypeError(f"config_for(head_dim={head_dim!r}, capped={capped!r}): head_dim must be an int, "
                         "capped a bool")
+    head_dim = int(head_dim)
     if head_dim not in CONFIGS:
         raise ValueError(f"head dim {head_dim} is not supported by the backward; supported: {sorted(CONFIGS)}")
     return D64_UNCAPPED if head_dim == 64 and not capped else CONFIGS[head_dim]
