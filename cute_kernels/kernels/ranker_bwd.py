@@ -2186,9 +2186,9 @@ def ranker_attention_backward_reference(q, k, v, bounds, dout, softmax_scale=Non
     """Gradients ``(dq, dk, dv)`` of :func:`ranker_attention` by torch autograd through the dense
     reference :func:`.ranker_fwd.ranker_attention_reference` (``compute_dtype`` math, float64 default).
 
-    ``q, k, v, bounds, cu_seqlens`` as in :func:`ranker_attention`; ``dout`` shaped like ``q``, with q's dtype
-    (``TypeError``) and device (``ValueError``) (the gradient of the output); ``dlse`` None or the gradient of the
-    forward's ``lse`` (a float tensor on q's device, shaped like it:
+    ``q, k, v, bounds, cu_seqlens`` as in :func:`ranker_attention`; ``dout`` the gradient of the output, shaped
+    like ``q``, with its dtype (``TypeError`` otherwise) and device (``ValueError`` otherwise); ``dlse`` None
+    or the gradient of the forward's ``lse`` (a float tensor on q's device, shaped like it:
     ``[B, Hq, S]`` / ``[Hq, T]``; autograd through the reference's LSE too).  Rows with no valid key have
     zero output and get zero gradients (the reference's masked softmax and LSE keep them finite: no NaN;
     their dlse is ignored).  Returns tensors in ``compute_dtype``
