@@ -297,6 +297,18 @@ def test_float32_max_as_numpy_prints_it_is_explained():
     assert check_real("alpha", F32_MAX) == F32_MAX
 
 
+def _small_cpu_inputs():
+    """Small CPU arguments of every op (bounds, ranker q/k, hc_mix x/hc_fn/scale/base, qknorm q/k/weights): the
+    calls reach their device check."""
+    bf = torch.bfloat16
+    b = torch.tensor([[0, 8, 8, 16]], dtype=torch.int32)
+    q, k = torch.randn(1, 16, 2, 64, dtype=bf), torch.randn(1, 16, 2, 64, dtype=bf)
+    x, w, sc, base = torch.randn(2, 256, dtype=bf), torch.randn(24, 256), torch.rand(3), torch.randn(24)
+    qq, kk = torch.randn(4, 128, dtype=bf), torch.randn(4, 64, dtype=bf)
+    wq, wk = torch.ones(128, dtype=bf), torch.ones(64, dtype=bf)
+    return b, q, k, x, w, sc, base, qq, kk, wq, wk
+
+
 def test_forward_mode_ad_is_refused_clearly():
     """A dual tensor (torch.autograd.forward_ad) reaching any public function raises NotImplementedError: the
     outputs came back without a tangent, and qk_rmsnorm_ left its input's old tangent in place, silently
@@ -304,12 +316,7 @@ def test_forward_mode_ad_is_refused_clearly():
     calls run as before (here: to the CPU device error)."""
     import torch.autograd.forward_ad as fwAD
 
-    bf = torch.bfloat16
-    b = torch.tensor([[0, 8, 8, 16]], dtype=torch.int32)
-    q, k = torch.randn(1, 16, 2, 64, dtype=bf), torch.randn(1, 16, 2, 64, dtype=bf)
-    x, w, sc, base = torch.randn(2, 256, dtype=bf), torch.randn(24, 256), torch.rand(3), torch.randn(24)
-    qq, kk = torch.randn(4, 128, dtype=bf), torch.randn(4, 64, dtype=bf)
-    wq, wk = torch.ones(128, dtype=bf), torch.ones(64, dtype=bf)
+    b, q, k, x, w, sc, base, qq, kk, wq, wk = _small_cpu_inputs()
     with fwAD.dual_level():
         calls = [
             lambda d: cute_kernels.ranker_attention(d(q), k, k, b),
@@ -336,12 +343,7 @@ def test_forward_mode_ad_is_refused_by_the_registered_ops_too():
 
     from cute_kernels.kernels import hc_mix, qknorm, qknorm_tp, ranker_bwd, ranker_fwd, scale  # noqa: F401
 
-    bf = torch.bfloat16
-    b = torch.tensor([[0, 8, 8, 16]], dtype=torch.int32)
-    q, k = torch.randn(1, 16, 2, 64, dtype=bf), torch.randn(1, 16, 2, 64, dtype=bf)
-    x, w, sc, base = torch.randn(2, 256, dtype=bf), torch.randn(24, 256), torch.rand(3), torch.randn(24)
-    qq, kk = torch.randn(4, 128, dtype=bf), torch.randn(4, 64, dtype=bf)
-    wq, wk = torch.ones(128, dtype=bf), torch.ones(64, dtype=bf)
+    b, q, k, x, w, sc, base, qq, kk, wq, wk = _small_cpu_inputs()
     ops = torch.ops.cute_kernels
     with fwAD.dual_level():
         calls = {
