@@ -34,6 +34,16 @@ def test_fwd_more_than_eight_stages_is_refused():
         rf.RankerFwdConfig(head_dim=64, tile_n=64, stages=0)
 
 
+# Gap C6 (session 74's mutation pass): RankerBwdConfig's stages <= 4 was not pinned (a mutant allowing 5 survived:
+# the D=64 config's budget fits 5 Q/dO stages, so only the range rule refuses them).
+def test_bwd_more_than_four_stages_is_refused():
+    base = rb.config_for(64, True)
+    dataclasses.replace(base, stages=4)
+    for stages in (5, 0):
+        with pytest.raises(ValueError, match=rf"stages={stages}: must be in \[1, 4\]"):
+            dataclasses.replace(base, stages=stages)
+
+
 # Gap B5: RankerBwdConfig's accumulator check keeps 8 registers of mma_regs for addresses and loop state; a mutant
 # dropping that headroom (acc_regs() > mma_regs) survived.  At D=128, 64 q rows x 128 keys needs 192 accumulator
 # registers per MMA thread: 200 fit, 192 (no headroom at all: ptxas would spill) must be refused.

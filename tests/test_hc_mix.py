@@ -61,6 +61,17 @@ def test_reference_hand_checked():
     torch.testing.assert_close(comb[0], want, rtol=0, atol=1e-7)
 
 
+def test_reference_rms_eps_inside_the_rsqrt():
+    # K = 64, x = 2 everywhere: sum x^2 / K = 4; rms_eps = 12 -> r = rsqrt(4 + 12) = 1/4
+    k = 64
+    x = torch.full((1, k), 2.0, dtype=torch.bfloat16)
+    hc_fn = torch.zeros(24, k)
+    hc_fn[0] = 1.0 / 128  # a0 = 1 -> z0 = 1 * r * scale0 = 1/2
+    pre, _, _ = cute_kernels.hc_mix_sinkhorn_reference(x, hc_fn, torch.tensor([2.0, 1.0, 1.0]), torch.zeros(24), 1,
+                                                       12.0, 0.0)
+    assert abs(pre[0, 0].item() - 1.0 / (1.0 + math.exp(-0.5))) < 1e-7
+
+
 def test_reference_eps_placement():
     # all-zero logits: softmax 1/4 + eps, column sums 1 + 4 eps -> (1/4 + eps) / (1 + 5 eps), ...
     k, eps = 64, 1e-3

@@ -503,6 +503,11 @@ def test_in_place_ops_respect_autograd():
     q, k, w = torch.zeros(2, 8), torch.zeros(2, 8), torch.ones(8)
     with pytest.raises(RuntimeError, match="no backward"):
         m.check_no_grad(q.requires_grad_(), k, w, w)
+    for i in (2, 3):  # a weight that requires grad: its gradient would be lost, so it is refused too
+        args = [torch.zeros(2, 8), torch.zeros(2, 8), w, w]
+        args[i] = torch.ones(8, requires_grad=True)
+        with pytest.raises(RuntimeError, match="no backward"):
+            m.check_no_grad(*args)
     with torch.no_grad():
         m.check_no_grad(q, k, w, w)
     q.requires_grad_(False)

@@ -96,6 +96,9 @@ def test_occupancy_model():
     # 200 registers = 6400 per warp: two warps per 16384-register sub-partition, 8 per SM, 4 CTAs of 2 warps
     # (65536 / 6400 would say 5)
     assert mod.ctas_per_sm(64, 200) == 4
+    # shared memory: 228 KB per SM, 1 KB of it reserved per CTA
+    assert mod.ctas_per_sm(128, 32, smem_bytes=56 * 1024) == 4  # 4 x 57 KB = 228 KB
+    assert mod.ctas_per_sm(128, 32, smem_bytes=56 * 1024 + 1) == 3
 
 
 def test_parallel_reference_equals_unsharded():
@@ -114,14 +117,17 @@ def test_parallel_reference_equals_unsharded():
 
 
 def test_unfused_scale_matches_reference():
-    q = torch.randn(6, 32)
-    k = torch.randn(6, 8)
-    wq, wk = torch.randn(32), torch.randn(8)
-    rq, rk = cute_kernels.qk_rmsnorm_reference(q, k, wq, wk, 1e-6)
-    sums = torch.stack([q.square().sum(-1), k.square().sum(-1)])
-    mod._scale_in_place(q, k, wq, wk, 1e-6, sums, 32, 8)
-    torch.testing.assert_close(q, rq)
-    torch.testing.assert_close(k, rk)
+    """The unfused path's scale, per rank: its shard over the full widths' sums (means over Q and K, not over
+    the shard's width)."""
+    q, k = torch.randn(6, 64), torch.randn(6, 16)
+    wq, wk = torch.randn(64), torch.randn(16)
+    ref = mod.parallel_reference(q, k, wq, wk, 1e-6, 2)
+    sums = torch.stack([q.square().sum(-1), k.square().sum(-1)])  # what the all_reduce gives every rank
+    for r in range(2):
+        qs, ks = q[:, 32 * r:32 * (r + 1)].clone(), k[:, 8 * r:8 * (r + 1)].clone()
+        mod._scale_in_place(qs, ks, wq[32 * r:32 * (r + 1)], wk[8 * r:8 * (r + 1)], 1e-6, sums, 64, 16)
+        torch.testing.assert_close(qs, ref[r][0].float())
+        torch.testing.assert_close(ks, ref[r][1].float())
 
 
 def test_constructor_validation():

@@ -709,6 +709,10 @@ def test_backward_argument_errors():
         val(dout=do[:, :8])
     with pytest.raises(TypeError, match="out"):
         val(out=out.float())
+    with pytest.raises(TypeError, match="out"):
+        val(out=out.half())  # another 16-bit dtype: the kernels would read its bits as q's dtype
+    with pytest.raises(TypeError, match="dout"):
+        val(dout=do.half())
     with pytest.raises(TypeError, match="lse"):
         val(lse=lse.double())
     with pytest.raises(ValueError, match="lse"):

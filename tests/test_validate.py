@@ -129,11 +129,14 @@ def test_validated_once_keys_on_signature_and_rechecks_alignment():
     assert validated_once(memo, (torch.ones(4, 8),), (1,), lambda: True, check) == "ok" and len(calls) == 1
     validated_once(memo, (t,), (1,), lambda: False, check)  # misaligned pointer: full check again
     validated_once(memo, (t,), (True,), lambda: True, check)  # bool is not int here
-    validated_once(memo, (t.t(),), (1,), lambda: True, check)  # other strides
-    assert len(calls) == 4
+    validated_once(memo, (t.t(),), (1,), lambda: True, check)  # other shape and strides
+    validated_once(memo, (t[:, :4],), (1,), lambda: True, check)  # 4x4, padded rows: strides (8, 1)
+    validated_once(memo, (torch.ones(4, 8)[:, :4],), (1,), lambda: True, check)  # the same signature: kept
+    validated_once(memo, (torch.zeros(4, 4),), (1,), lambda: True, check)  # same shape, strides (4, 1): checked
+    assert len(calls) == 6
     validated_once(memo, ("not a tensor",), (1,), lambda: True, check)
     validated_once(memo, (t,), ([1],), lambda: True, check)  # unhashable scalar
-    assert len(calls) == 6 and len(memo) == 3
+    assert len(calls) == 8 and len(memo) == 5
 
 
 def test_references_refuse_non_tensors_and_integer_tensors():
@@ -155,7 +158,7 @@ def test_references_refuse_non_tensors_and_integer_tensors():
 def test_rejects_broadcast_views():
     """An expand()ed tensor (stride 0 in a dim of size > 1): TMA boxes and written outputs need distinct rows."""
     with pytest.raises(ValueError, match=r"broadcast view \(stride 0 in dim 0"):
-        check_tensor("q", torch.zeros(1, 64, dtype=torch.bfloat16).expand(8, 64), cuda=False)
+        check_tensor("q", torch.zeros(1, 64, dtype=torch.bfloat16).expand(2, 64), cuda=False)  # (2 rows: the least)
     with pytest.raises(ValueError, match="stride 0 in dim 1"):
         check_tensor("q", torch.zeros(2, 1, 4, 64, dtype=torch.bfloat16).expand(2, 300, 4, 64), cuda=False)
     check_tensor("q", torch.zeros(1, 64, dtype=torch.bfloat16).expand(1, 64), cuda=False)  # size-1 dims: any stride

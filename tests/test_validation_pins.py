@@ -54,6 +54,13 @@ def test_an_output_sharing_only_the_last_element_of_an_input_is_refused():
         rb._validate_backward(q, k, v, out, lse, do, bounds, None, None, "tanh", None, None, cuda=False, dq=dq)
 
 
+def test_an_output_sharing_one_bf16_element_with_an_input_is_refused():
+    big = torch.zeros(64, dtype=BF)
+    with pytest.raises(ValueError, match="dq shares memory with q"):
+        validate.check_outputs_disjoint(dict(dq=big[15:31]), dict(q=big[:16]))  # both hold big[15]
+    validate.check_outputs_disjoint(dict(dq=big[16:32]), dict(q=big[:16]))  # adjacent: taken
+
+
 def test_eps_just_below_float32s_smallest_normal_is_refused():
     validate.check_f32_eps("eps", 2.0 ** -126)
     with pytest.raises(ValueError, match="smallest normal"):
@@ -119,6 +126,15 @@ def test_forward_work_tile_limit_is_exact():
     rf._check_tile_count(128 * 2**30, 128, 1, 1)  # 2^30 tiles: taken
     with pytest.raises(ValueError, match=r"2\^30 work tiles"):
         rf._check_tile_count(128 * (2**30 + 1), 128, 1, 1)  # one more: tile + gridDim.x would pass 2^31
+    with pytest.raises(ValueError, match=r"2\^30 work tiles"):
+        rf._check_tile_count(128 * 2**30 // 8 + 1, 128, 4, 2)  # one row past whole tiles: a partial tile counts
+
+
+def test_forward_softmax_scale_just_below_float32s_smallest_normal_is_refused():
+    rf._check_scalars(2.0 ** -126, None, "none")
+    rf._check_scalars(0.0, None, "none")  # 0: uniform attention over the admitted keys
+    with pytest.raises(ValueError, match="smallest normal"):
+        rf._check_scalars(2.0 ** -127, None, "none")  # subnormal: the kernels flush it to 0
 
 
 @pytest.fixture
