@@ -314,8 +314,9 @@ def ctas_per_sm(threads: int, registers: int | None, smem_bytes: int = 0) -> int
 
 
 def resident_ctas(dtype: torch.dtype, world: int, q_dim: int, k_dim: int, ranks_per_gpu: int = 1,
-                  device: torch.device | None = None) -> int:
-    """Grid cap so every CTA of every rank sharing the GPU is resident (half the occupancy, for margin)."""
+                  device: torch.device | int | None = None) -> int:
+    """Grid cap so every CTA of every rank sharing the GPU is resident (half the occupancy, for margin);
+    ``device``: the GPU (None: the current one)."""
     _compile(dtype, world, q_dim, k_dim)
     cfg = ParallelQKNormConfig.for_shape(world, q_dim, k_dim, dtype)
     res = compile_record(NAME, _key(dtype, world, q_dim, k_dim)).resources
@@ -323,7 +324,8 @@ def resident_ctas(dtype: torch.dtype, world: int, q_dim: int, k_dim: int, ranks_
     smem = max((r.static_smem_bytes for r in res), default=0) + 4 * (cfg.norm.threads // 32 + 2 * cfg.norm.rows
                                                                       * (1 + world))
     per_sm = ctas_per_sm(cfg.norm.threads, regs, smem)
-    sms = torch.cuda.get_device_properties(device or torch.cuda.current_device()).multi_processor_count
+    gpu = torch.cuda.current_device() if device is None else device  # (0 is a device, not a default)
+    sms = torch.cuda.get_device_properties(gpu).multi_processor_count
     return max(1, sms * max(1, per_sm // 2) // ranks_per_gpu)
 
 
