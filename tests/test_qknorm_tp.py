@@ -106,16 +106,16 @@ def test_resident_grid_takes_half_the_occupancy_shared_by_the_ranks(monkeypatch)
     modelled CTAs per SM, split over the ranks sharing the GPU; at least 1)."""
     import types
 
-    per_sm = []
     monkeypatch.setattr(mod, "_compile", lambda *a: None)
     monkeypatch.setattr(mod, "compile_record", lambda *a: types.SimpleNamespace(resources=[]))
-    monkeypatch.setattr(mod, "ctas_per_sm", lambda *a: per_sm[-1])
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
-    cap = lambda ranks: mod.resident_ctas(torch.bfloat16, 4, 4096, 1024, ranks, device=0)  # noqa: E731
-    per_sm.append(8)
-    assert (cap(1), cap(4)) == (132 * 4, 132)
-    per_sm.append(1)  # one CTA per SM: still one per SM (never 0)
-    assert (cap(1), cap(4), cap(200)) == (132, 33, 1)
+
+    def cap(per_sm, ranks):  # the grid cap where the occupancy model gives per_sm CTAs per SM
+        monkeypatch.setattr(mod, "ctas_per_sm", lambda *a: per_sm)
+        return mod.resident_ctas(torch.bfloat16, 4, 4096, 1024, ranks, device=0)
+
+    assert (cap(8, 1), cap(8, 4)) == (132 * 4, 132)
+    assert (cap(1, 1), cap(1, 4), cap(1, 200)) == (132, 33, 1)  # one CTA per SM: still one per SM (never 0)
 
 
 def test_parallel_reference_equals_unsharded():
