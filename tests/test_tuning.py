@@ -354,6 +354,26 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     assert launched[-1][0][1] == rf.CONFIGS[128]
 
 
+
+def test_config_for_call_looks_up_the_tensors_gpu(cache, monkeypatch):
+    """config_for_call on tensors of CUDA device 1 names device 1's tuned config, as the launch (which looks it up
+    for q.device) does, not the current device's; CPU and meta tensors look up the current device's (fake CUDA
+    tensors: no GPU here)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    names = {1: "Fake GPU one", None: "Fake GPU current"}
+    monkeypatch.setattr(tuning, "gpu_name", lambda device=None: names[getattr(device, "index", device)])
+    key = rf.tuned_shape_key(1, 64, 2, 2, 128, "none")
+    tuning.store("ranker_fwd", torch.bfloat16, key, _tuned_cfg(), names[1])
+    mode = FakeTensorMode()
+    q = FakeTensor(mode, torch.empty(1, 64, 2, 128, dtype=torch.bfloat16, device="meta"), torch.device("cuda", 1))
+    b = FakeTensor(mode, torch.empty(1, 4, dtype=torch.int32, device="meta"), torch.device("cuda", 1))
+    assert rf.config_for_call(q, q, q, b) == _tuned_cfg()
+    qm, bm = q.new_empty(q.shape, device="meta"), b.new_empty(b.shape, device="meta")
+    assert rf.config_for_call(qm, qm, qm, bm) == rf.CONFIGS[128]  # the current GPU has no entry
+    tuning.store("ranker_fwd", torch.bfloat16, key, _tuned_cfg(), names[None])
+    assert rf.config_for_call(qm, qm, qm, bm) == _tuned_cfg()
+
 # ---------------------------------------------------------------------------- the tuner's flow (no GPU)
 @dataclasses.dataclass(frozen=True)
 class ToyConfig(ValidatedConfig):  # (as every kernel's config: checked when constructed)

@@ -1820,8 +1820,8 @@ def warn_fixed_max_dropped(config: RankerFwdConfig, dtype: torch.dtype, cap: Opt
 def config_for_call(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="tanh", cu_seqlens=None,
                     max_seqlen=None) -> RankerFwdConfig:
     """The config :func:`ranker_attention` runs for these arguments (same signature, no ``return_lse``): an open
-    :func:`use_config` block's for their head dim, else :func:`config_for_shape`'s (tuned for the current CUDA
-    device, or shipped), with the fixed max dropped where it does not apply (:func:`chosen_config`; its
+    :func:`use_config` block's for their head dim, else :func:`config_for_shape`'s (tuned for q's CUDA device,
+    the current one for CPU and meta tensors, or shipped), with the fixed max dropped where it does not apply (:func:`chosen_config`; its
     ``self_kv_tma`` and ``prefetch_self_kv`` stay as set: the kernel takes them only where the tile allows,
     :func:`self_kv_tma_taken`, which the ``cute-kernels layouts`` report says).  No launch,
     no compile, no device: tensors on any device, meta and CPU included (to see on a CPU which tile shape a call
@@ -1832,8 +1832,9 @@ def config_for_call(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="t
     varlen, nb, seq, hq, hkv, d = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
                                             cuda=False, pointers=False)
     capm = "none" if cap is None else cap_method
+    device = q.device if q.device.type == "cuda" else None  # (CPU / meta: the current CUDA device's)
     cfg = overridden_config(_OVERRIDES, d, NAME) or config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen,
-                                                                     cap=cap)
+                                                                     device=device, cap=cap)
     return chosen_config(cfg, q.dtype, cap)
 
 
