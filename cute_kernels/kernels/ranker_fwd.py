@@ -1821,9 +1821,9 @@ def config_for_call(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="t
                     max_seqlen=None) -> RankerFwdConfig:
     """The config :func:`ranker_attention` runs for these arguments (same signature, no ``return_lse``): an open
     :func:`use_config` block's for their head dim, else :func:`config_for_shape`'s (tuned for q's CUDA device,
-    the current one for CPU and meta tensors, or shipped), with the fixed max dropped where it does not apply (:func:`chosen_config`; its
-    ``self_kv_tma`` and ``prefetch_self_kv`` stay as set: the kernel takes them only where the tile allows,
-    :func:`self_kv_tma_taken`, which the ``cute-kernels layouts`` report says).  No launch,
+    the current one for CPU and meta tensors, or shipped), with the fixed max dropped where it does not apply
+    (:func:`chosen_config`; its ``self_kv_tma`` and ``prefetch_self_kv`` stay as set: the kernel takes them only
+    where the tile allows, :func:`self_kv_tma_taken`, which the ``cute-kernels layouts`` report says).  No launch,
     no compile, no device: tensors on any device, meta and CPU included (to see on a CPU which tile shape a call
     would take).  Raises the ``TypeError`` / ``ValueError`` of :func:`ranker_attention`'s argument checks but the
     CUDA-device rule and the data pointers' alignment (``cu_seqlens``' values are not read)."""
