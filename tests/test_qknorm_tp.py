@@ -353,6 +353,29 @@ def test_emulated_without_cuda_is_a_clear_error():
         mod.ParallelQKNorm.emulated(True, 16, 4096, 1024, torch.bfloat16)
 
 
+def test_emulated_on_cuda_without_an_index_lives_on_the_current_device(monkeypatch):
+    """``emulated(device="cuda")`` (or ``torch.device("cuda")``) builds ranks on the current device by its index:
+    calls compare q.device (always indexed, e.g. cuda:1) with the ranks' device, and an unindexed "cuda" never
+    equals it (every call raised "q is on cuda:1; this ParallelQKNorm lives on cuda").  No GPU here: the
+    buffers are CPU stand-ins and the ranks record the device they are given."""
+    seen = []
+
+    class Probe(mod.ParallelQKNorm):
+        def __init__(self, *a, _emulation=None, **kw):
+            seen.append(_emulation["device"])
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch, "full", lambda shape, value, dtype=None, device=None: torch.zeros(shape, dtype=dtype))
+    for device in ("cuda", torch.device("cuda"), None, "cuda:1"):
+        seen.clear()
+        Probe.emulated(2, 16, 4096, 1024, torch.bfloat16, device=device)
+        assert seen == [torch.device("cuda", 1)] * 2, device
+    seen.clear()
+    Probe.emulated(2, 16, 4096, 1024, torch.bfloat16, device="cuda:0")
+    assert seen == [torch.device("cuda", 0)] * 2
+
+
 def test_group_of_the_wrong_type_is_a_type_error():
     """A group that is not a ProcessGroup (or None) is a TypeError before any collective (newcomer review:
     a string reached torch.distributed and raised an AttributeError there)."""

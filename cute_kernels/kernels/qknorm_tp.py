@@ -514,9 +514,11 @@ class ParallelQKNorm:
         _timeout_ns(timeout_s)
         if not torch.cuda.is_available():
             raise RuntimeError("ParallelQKNorm.emulated needs a CUDA device (none is available to torch here)")
-        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        device = torch.device("cuda") if device is None else torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"ParallelQKNorm.emulated needs a CUDA device, got {device}")
+        if device.index is None:  # ("cuda": the current device, by index: calls compare q.device with it)
+            device = torch.device("cuda", torch.cuda.current_device())
         bufs = [torch.full((2, max_tokens, world), _sentinel_i64(), dtype=torch.int64, device=device)
                 for _ in range(world)]
         return [cls(None, max_tokens, q_dim, k_dim, dtype, timeout_s=timeout_s,
