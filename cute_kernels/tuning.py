@@ -154,9 +154,12 @@ def entry_key(kernel: str, gpu: str, fingerprint: str, dtype, shape_key: str) ->
 
 
 def gpu_name(device=None) -> str:
-    """``torch.cuda.get_device_name`` of ``device`` (index, ``torch.device`` or None = current), memoized."""
+    """``torch.cuda.get_device_name`` of ``device`` (index, ``torch.device``, a string such as ``"cuda:1"``, or
+    None = current; ``"cuda"`` too), memoized by device index."""
     import torch
 
+    if isinstance(device, str):  # (kept by index: "cuda" names the current device, whichever it is then)
+        device = torch.device(device)
     if isinstance(device, torch.device) and device.type != "cuda":
         raise ValueError(f"{device} is not a CUDA device")
     idx = device.index if isinstance(device, torch.device) else device

@@ -374,6 +374,29 @@ def test_config_for_call_looks_up_the_tensors_gpu(cache, monkeypatch):
     tuning.store("ranker_fwd", torch.bfloat16, key, _tuned_cfg(), names[None])
     assert rf.config_for_call(qm, qm, qm, bm) == _tuned_cfg()
 
+
+def test_gpu_name_memo_follows_the_current_device_for_cuda(monkeypatch):
+    """gpu_name keeps names by device index: "cuda" (as config_for_shape(device="cuda") passes it) names the
+    current device each time, not the one that was current at the first call (it was kept under the string
+    "cuda": after torch.cuda.set_device(1) it still named device 0, and the lookup found another GPU's config)."""
+    current = [0]
+    names = {0: "Fake GPU zero", 1: "Fake GPU one"}
+    monkeypatch.setattr(tuning, "_gpu_names", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+
+    def device_name(d=None):  # (torch's: an index, a torch.device or a string; None or no index: the current one)
+        d = torch.device(d) if isinstance(d, str) else d
+        d = d.index if isinstance(d, torch.device) else d
+        return names[current[0] if d is None else d]
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", device_name)
+    assert tuning.gpu_name("cuda") == names[0]
+    current[0] = 1
+    assert tuning.gpu_name("cuda") == tuning.gpu_name() == tuning.gpu_name(torch.device("cuda")) == names[1]
+    assert tuning.gpu_name("cuda:0") == tuning.gpu_name(0) == names[0]
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        tuning.gpu_name("cpu")
+
 # ---------------------------------------------------------------------------- the tuner's flow (no GPU)
 @dataclasses.dataclass(frozen=True)
 class ToyConfig(ValidatedConfig):  # (as every kernel's config: checked when constructed)
