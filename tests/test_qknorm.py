@@ -597,6 +597,33 @@ def test_launch_key_by_bytes_against_l2(monkeypatch):
         assert mod.launch_key(4096, other, 7) == other
 
 
+def test_device_limits_are_kept_by_device_index_never_under_none(monkeypatch):
+    """device_limits(None) (the current device) reads the device that is current at each call: it was kept under
+    None, so after torch.cuda.set_device a call named the first device's SMs and L2 (a GPU of another model or a
+    MIG slice: another persistent CTA count, another kernel pick).  The limits are kept by index only."""
+    import types
+
+    current = [0]
+    props = {0: types.SimpleNamespace(multi_processor_count=132, L2_cache_size=60 * 2**20),
+             1: types.SimpleNamespace(multi_processor_count=16, L2_cache_size=10 * 2**20)}
+    monkeypatch.setattr(mod, "_device_limits", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+
+    def properties(d=None):  # (torch's: an index or a torch.device; None or no index: the current device)
+        d = d.index if isinstance(d, torch.device) else d
+        return props[current[0] if d is None else d]
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    per_sm = mod.PERSISTENT_CTAS_PER_SM
+    assert mod.device_limits(None) == (per_sm * 132, 60 * 2**20)
+    current[0] = 1
+    assert mod.device_limits(None) == mod.device_limits(1) == (per_sm * 16, 10 * 2**20)
+    assert mod.device_limits(torch.device("cuda")) == mod.device_limits(torch.device("cuda", 1)) == mod.device_limits(1)
+    assert mod.device_limits(0) == (per_sm * 132, 60 * 2**20)
+    assert set(mod._device_limits) == {0, 1}
+
+
 def test_persistent_and_bulk_compile_keys_are_the_default_tiling():
     """The persistent and bulk-staged kernels keep the default tiling (so the bits of one CTA per token)
     and their compile targets are the ones qk_rmsnorm_ launches on an H200."""

@@ -760,14 +760,19 @@ _device_limits: dict[int, tuple[int, int]] = {}  # device index -> (persistent C
 
 def device_limits(device_index: int) -> tuple[int, int]:
     """``(persistent CTAs, L2 bytes)`` of a CUDA device: :data:`PERSISTENT_CTAS_PER_SM` x its SMs, and its
-    L2 size (cached); :func:`launch_key` reads them."""
-    lim = _device_limits.get(device_index)
+    L2 size (cached by device index); :func:`launch_key` reads them.  ``device_index``: an int (None or a
+    ``torch.device`` taken too: None or no index is the current device, looked up on every call)."""
+    lim = _device_limits.get(device_index)  # (the hot path: an int index; None is never stored)
     if lim is None:
         if not torch.cuda.is_available():
             raise RuntimeError("device_limits needs a CUDA device (none is available)")
-        props = torch.cuda.get_device_properties(device_index)
-        lim = (PERSISTENT_CTAS_PER_SM * props.multi_processor_count, int(props.L2_cache_size))
-        _device_limits[device_index] = lim
+        idx = device_index.index if isinstance(device_index, torch.device) else device_index
+        idx = torch.cuda.current_device() if idx is None else idx
+        lim = _device_limits.get(idx)
+        if lim is None:
+            props = torch.cuda.get_device_properties(idx)
+            lim = (PERSISTENT_CTAS_PER_SM * props.multi_processor_count, int(props.L2_cache_size))
+            _device_limits[idx] = lim
     return lim
 
 
