@@ -167,6 +167,40 @@ def test_non_hopper_gpu_is_a_clear_error(monkeypatch):
         check_tensor("x", fake_cuda, align_bytes=0)
 
 
+def test_capturing_asks_the_tensors_device(monkeypatch):
+    """capturing(t) (the ranker's packed-call rule: no host read of cu_seqlens while a graph is captured) asks the
+    current stream of t's device, where t's kernels launch, not only the current device's: a capture on cuda:1
+    while cuda:0 is current was missed, and the host read cu_seqlens on the capturing stream (fake CUDA
+    tensors and a fake capture state: no GPU here)."""
+    import contextlib
+
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from cute_kernels.runtime.torch_op import capturing
+
+    state = dict(current=0, capturing=None)  # the device whose current stream captures (None: none)
+
+    @contextlib.contextmanager
+    def device(index):
+        prev, state["current"] = state["current"], index
+        try:
+            yield
+        finally:
+            state["current"] = prev
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state["current"])
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state["capturing"] == state["current"])
+    mode = FakeTensorMode()
+    on = {i: FakeTensor(mode, torch.empty(4, device="meta"), torch.device("cuda", i)) for i in (0, 1)}
+    assert not capturing(on[0]) and not capturing(on[1]) and not capturing(torch.empty(4))
+    state["capturing"] = 1
+    assert capturing(on[1]) and state["current"] == 0  # (the current device restored)
+    assert not capturing(on[0]) and not capturing(torch.empty(4))
+    state["capturing"] = 0  # the current device captures: a tensor of another device is not read either (as before)
+    assert capturing(on[0]) and capturing(on[1])
+
+
 def test_unusable_cache_folder_falls_back_to_memory(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -139,9 +139,18 @@ def _active_flop_counters() -> list:
 
 
 def capturing(t) -> bool:
-    """Whether ``t`` is a CUDA tensor and the current CUDA stream captures a graph: the host must not read
-    device values then (a sync would break the capture), nor keep memory it allocates (the graph's pool)."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    """Whether ``t`` is a CUDA tensor and the current CUDA stream of its device (where its kernels launch), or of
+    the current device, captures a graph: the host must not read device values then (a sync would break the
+    capture), nor keep memory it allocates (the graph's pool)."""
+    if not t.is_cuda:
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    index = t.device.index
+    if index is None or index == torch.cuda.current_device():
+        return False
+    with torch.cuda.device(index):  # (torch asks the current device's current stream only)
+        return torch.cuda.is_current_stream_capturing()
 
 
 def without_data(t) -> bool:
