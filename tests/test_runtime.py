@@ -894,6 +894,36 @@ def test_cache_files_get_the_mode_of_a_plain_write(tmp_path, monkeypatch):
     assert modes == {"x.sass": 0o666 & ~mask, "tuned.json": 0o666 & ~mask}, oct(mask)
 
 
+@pytest.mark.parametrize("proc", [True, False])
+def test_plain_file_mode_from_several_threads_keeps_the_umask(monkeypatch, proc):
+    """plain_file_mode read the umask by setting it to 0 and back: two threads doing that at once left the
+    process's umask at 0 (every later file world-writable) and returned 0o666.  From /proc where it can, else
+    under a lock (proc=False: /proc unreadable)."""
+    import threading
+
+    if not proc:
+        monkeypatch.setattr(artifacts, "_umask_from_proc", lambda: None, raising=False)
+    mask = os.umask(0o027)
+    old_interval = sys.getswitchinterval()
+    got = set()
+
+    def read():
+        for _ in range(2000):
+            got.add(artifacts.plain_file_mode.__wrapped__())
+
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+        now = os.umask(mask)
+    assert (oct(now), got) == (oct(0o027), {0o640})
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
 def test_an_unreadable_sass_counts_as_missing(tmp_path, monkeypatch):
     """A .sass this user may not read (another user's, written 0o600) is missing: the entry loads and its SASS is

@@ -12,6 +12,7 @@ import re
 import struct
 import subprocess
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -174,13 +175,33 @@ def disassemble(cubin: bytes | str) -> str | None:
             return None
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask_from_proc() -> int | None:
+    """The umask as Linux reports it (``Umask:`` of ``/proc/self/status``, Linux 4.7+), read without setting it;
+    None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def plain_file_mode() -> int:
     """The mode a plain ``open(path, "w")`` gives a new file: ``0o666`` less the umask (read once per process:
-    ``os.umask`` is read by setting it).  ``tempfile.mkstemp`` creates its files ``0o600``, which a file renamed
-    into a shared cache must not keep (other users could not read it)."""
-    mask = os.umask(0)
-    os.umask(mask)
+    from ``/proc`` where it can be, else ``os.umask`` is read by setting it, under a lock: two threads setting
+    it at once left the process's umask at 0).  ``tempfile.mkstemp`` creates its files ``0o600``, which a file
+    renamed into a shared cache must not keep (other users could not read it)."""
+    mask = _umask_from_proc()
+    if mask is None:
+        with _UMASK_LOCK:
+            mask = os.umask(0)
+            os.umask(mask)
     return 0o666 & ~mask
 
 
