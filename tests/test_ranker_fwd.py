@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import re
+import sys
 import warnings
 
 import pytest
@@ -683,6 +684,40 @@ def test_use_config_overrides_within_the_block_only():
         with rf.use_config(dataclasses.replace(rf.CONFIGS[128], stages=3)):
             raise AssertionError("entered")
     assert 128 not in rf._OVERRIDES
+
+
+def test_use_config_blocks_in_several_threads_leave_no_override(monkeypatch):
+    """Blocks opened and closed in several threads at once: once all are closed no override is left (a block
+    opened while another thread's was closing was lost from the stack, and the closing one then put back a
+    config of a block already closed: every later call of that head dim ran it, and no call took a launch plan;
+    or it popped the override while another thread's block was still open).
+    (use_config stays process-wide: an open block applies to every thread's calls.)"""
+    import threading
+
+    monkeypatch.setattr(rf, "_OVERRIDES", {})
+    monkeypatch.setattr(rf, "_OVERRIDE_STACKS", {})
+    base = rf.shipped_config(torch.bfloat16, 128, "none")
+    configs = [base, dataclasses.replace(base, tile_n=96), dataclasses.replace(base, stages=1)]
+
+    lost = []  # a block that found no override of its head dim while open
+
+    def blocks(cfg):
+        for _ in range(10000):
+            with rf.use_config(cfg):
+                if 128 not in rf._OVERRIDES:
+                    lost.append(cfg)
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=blocks, args=(c,)) for c in configs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert (len(lost), rf._OVERRIDES, [s for s in rf._OVERRIDE_STACKS.values() if s]) == (0, {}, [])
 
 
 def test_use_config_for_another_head_dim_warns(monkeypatch):

@@ -74,6 +74,7 @@ import functools
 import math
 import numbers
 import operator
+import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
@@ -1723,6 +1724,7 @@ def use_config(config: "RankerFwdConfig"):
 
 
 _OVERRIDE_STACKS: dict[int, list] = {}  # id(table) -> the open blocks' (head dim, config, token), oldest first
+_OVERRIDE_LOCK = threading.Lock()  # (a block opened in one thread while another closes must not be lost)
 
 
 @contextlib.contextmanager
@@ -1730,20 +1732,23 @@ def override_config(table: dict, config):
     """``table[config.head_dim] = config`` for the ``with`` block (a config is valid once constructed); the body
     of both directions' ``use_config``.  The open blocks are kept as a stack, and on exit a block removes
     its own entry, so the table always holds the newest still-open block's config per head dim (or none),
-    also when blocks close out of order (interleaved generators)."""
-    stack = _OVERRIDE_STACKS.setdefault(id(table), [])
+    also when blocks close out of order (interleaved generators) or in several threads (the updates take a lock;
+    a block still applies to every thread's calls)."""
     token = object()
-    stack.append((config.head_dim, config, token))
-    table[config.head_dim] = config
+    with _OVERRIDE_LOCK:
+        stack = _OVERRIDE_STACKS.setdefault(id(table), [])
+        stack.append((config.head_dim, config, token))
+        table[config.head_dim] = config
     try:
         yield
     finally:
-        stack[:] = [entry for entry in stack if entry[2] is not token]
-        still_open = [c for d, c, _ in stack if d == config.head_dim]
-        if still_open:
-            table[config.head_dim] = still_open[-1]
-        else:
-            table.pop(config.head_dim, None)
+        with _OVERRIDE_LOCK:
+            stack[:] = [entry for entry in stack if entry[2] is not token]
+            still_open = [c for d, c, _ in stack if d == config.head_dim]
+            if still_open:
+                table[config.head_dim] = still_open[-1]
+            else:
+                table.pop(config.head_dim, None)
 
 
 def overridden_config(table: dict, head_dim: int, kernel: str):
