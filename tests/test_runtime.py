@@ -924,6 +924,46 @@ def test_plain_file_mode_from_several_threads_keeps_the_umask(monkeypatch, proc)
     assert (oct(now), got) == (oct(0o027), {0o640})
 
 
+def test_sass_first_read_in_two_threads(monkeypatch):
+    """CompileRecord.sass read by two threads at once: one that has seen the cubin but not yet passed it to
+    nvdisasm while the other finishes its read (and drops the cubin) disassembled None (TypeError from
+    subprocess).  Forced here: the first thread is held just before its disassemble line."""
+    import inspect
+    import threading
+
+    monkeypatch.setattr(artifacts, "nvdisasm_path", lambda: "/bin/echo")  # (prints its arguments: some text)
+    rec = artifacts.CompileRecord(kernel="k", key="x", arch="sm_90a", _cubin=b"cubin")
+    getter = artifacts.CompileRecord.sass.fget
+    lines, first = inspect.getsourcelines(getter)
+    hold_at = first + next(i for i, line in enumerate(lines) if "text = disassemble(" in line)
+    held, go, got = threading.Event(), threading.Event(), []
+
+    def tracer(frame, event, arg):
+        if event == "call":
+            return tracer if frame.f_code is getter.__code__ else None
+        if event == "line" and frame.f_lineno == hold_at and not held.is_set():
+            held.set()
+            go.wait(10)
+        return tracer
+
+    def first_reader():
+        sys.settrace(tracer)
+        try:
+            got.append(rec.sass)
+        except Exception as exc:  # noqa: BLE001
+            got.append(exc)
+        finally:
+            sys.settrace(None)
+
+    t = threading.Thread(target=first_reader)
+    t.start()
+    assert held.wait(10)
+    second = rec.sass  # the other thread's read, completed while the first one is held
+    go.set()
+    t.join(10)
+    assert isinstance(second, str) and len(got) == 1 and isinstance(got[0], str), got  # (each its own nvdisasm run)
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
 def test_an_unreadable_sass_counts_as_missing(tmp_path, monkeypatch):
     """A .sass this user may not read (another user's, written 0o600) is missing: the entry loads and its SASS is

@@ -249,8 +249,9 @@ class CompileRecord:
 
     @property
     def sass(self) -> str | None:
-        if self._sass is None and self._cubin is not None:
-            text = disassemble(self._cubin)
+        cubin = self._cubin  # (read once: another thread's first read may set it to None after the test below)
+        if self._sass is None and cubin is not None:
+            text = disassemble(cubin)
             if text is not None:  # (else: no nvdisasm; a later read tries again)
                 self._sass, self._cubin = text, None
                 if self._sass_file:
