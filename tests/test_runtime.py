@@ -924,6 +924,52 @@ def test_plain_file_mode_from_several_threads_keeps_the_umask(monkeypatch, proc)
     assert (oct(now), got) == (oct(0o027), {0o640})
 
 
+def test_a_compiled_function_another_thread_finds_has_its_record(monkeypatch):
+    """compile_cached's lock-free fast path returns a function once it is in the memory cache; compile_record must
+    then find its record (the ranker ops call warn_if_spills -> compile_record right after): the record was stored
+    second, so a thread finding a function another thread was storing got a KeyError.  Forced here: the compiling
+    thread is held just before its second store."""
+    import inspect
+    import threading
+
+    record = artifacts.CompileRecord(kernel="k", key="x", arch=arch.target_arch())
+    monkeypatch.setattr(cache, "_compile_or_load", lambda kernel, key, a, build: (object(), record))
+    monkeypatch.setattr(cache, "check_target_arch", lambda: None)
+    monkeypatch.setattr(cache, "_memory", {})
+    monkeypatch.setattr(cache, "_records", {})
+    lines, first = inspect.getsourcelines(cache.compile_cached)
+    hold_at = first + max(i for i, line in enumerate(lines)
+                          if line.strip().startswith(("_memory[mkey] =", "_records[mkey] =")))
+    code, held, go = cache.compile_cached.__code__, threading.Event(), threading.Event()
+
+    def tracer(frame, event, arg):
+        if event == "call":
+            return tracer if frame.f_code is code else None
+        if event == "line" and frame.f_lineno == hold_at:
+            held.set()
+            go.wait(10)
+        return tracer
+
+    def compiling():
+        sys.settrace(tracer)
+        try:
+            cache.compile_cached("k", ("key",), None)
+        finally:
+            sys.settrace(None)
+
+    t = threading.Thread(target=compiling)
+    t.start()
+    try:
+        assert held.wait(10)
+        mkey = ("k", ("key",), arch.target_arch())
+        found = cache._memory.get(mkey) is not None  # (what the fast path of another thread's call reads)
+        assert not found or cache.compile_record("k", ("key",)) is record
+    finally:
+        go.set()
+        t.join(10)
+    assert cache.compile_record("k", ("key",)) is record
+
+
 def test_sass_first_read_in_two_threads(monkeypatch):
     """CompileRecord.sass read by two threads at once: one that has seen the cubin but not yet passed it to
     nvdisasm while the other finishes its read (and drops the cubin) disassembled None (TypeError from

@@ -228,8 +228,8 @@ def compile_cached(kernel: str, key: Hashable, build: Callable[[], tuple]) -> Ca
             return hit
         check_target_arch()
         fn, rec = _compile_or_load(kernel, key, arch, build)
+        _records[mkey] = rec  # (first: a function the fast path above finds has its record, compile_record)
         _memory[mkey] = fn
-        _records[mkey] = rec
         return fn
 
 
@@ -330,7 +330,7 @@ def load_from_disk(kernel: str, key: Hashable) -> Callable | None:
         return None
     mkey = (kernel, key, arch)
     with _lock:
-        _memory[mkey], _records[mkey] = loaded
+        _records[mkey], _memory[mkey] = loaded[1], loaded[0]  # (the record first, as compile_cached)
     return loaded[0]
 
 
