@@ -481,9 +481,9 @@ def use_config(config: RankerBwdConfig):
     the uncapped one (128 q rows per step) spills registers with a cap, so override capped D=64 calls
     with a capped-style config.  Raises ``TypeError`` for anything but a :class:`RankerBwdConfig` (a config
     that does not fit is refused when constructed, also through ``dataclasses.replace``: ``ValueError``
-    with the reason, ``TypeError`` for a wrongly typed field).  Process-wide, not thread-safe; blocks nest
-    (the newest open block wins, also when blocks close out of order); each call opens one block (call it again
-    for another)."""
+    with the reason, ``TypeError`` for a wrongly typed field).  Process-wide: while open, every thread's calls
+    run it (blocks may open and close in several threads); blocks nest (the newest open block wins, also when
+    blocks close out of order); each call opens one block (call it again for another)."""
     if not isinstance(config, RankerBwdConfig):
         raise TypeError(f"use_config takes a RankerBwdConfig, got {type(config).__name__}")
     with override_config(_OVERRIDES, config):

@@ -1709,9 +1709,10 @@ def use_config(config: "RankerFwdConfig"):
     ``dataclasses.replace``, raises ``ValueError`` with the reason, ``TypeError`` for a wrongly typed field);
     a config whose kernel spills registers runs, with a ``RuntimeWarning`` at its first launch
     (:func:`warn_if_spills`), and so does one whose ``fixed_row_max`` / ``checked_max`` does not apply to
-    the call, which then runs with the online max (:func:`warn_fixed_max_dropped`).  Process-wide, not
-    thread-safe; blocks nest.  Each call opens one block (as any ``contextlib.contextmanager``: to open another,
-    call it again; re-entering the returned object raises).  The backward's twin: :func:`.ranker_bwd.use_config`.
+    the call, which then runs with the online max (:func:`warn_fixed_max_dropped`).  Process-wide: while
+    open, every thread's calls run it (blocks may open and close in several threads); blocks nest.  Each call
+    opens one block (as any ``contextlib.contextmanager``: to open another, call it again; re-entering the
+    returned object raises).  The backward's twin: :func:`.ranker_bwd.use_config`.
 
     ``RankerFwdConfig()``'s field defaults are the plain kernel (one CTA per tile, the online max, no self-term
     TMA stage), not the shipped one; to change one field of what ships, start from it:
