@@ -3,7 +3,6 @@
 import dataclasses
 import math
 import re
-import sys
 import warnings
 
 import pytest
@@ -692,13 +691,12 @@ def test_use_config_blocks_in_several_threads_leave_no_override(monkeypatch):
     config of a block already closed: every later call of that head dim ran it, and no call took a launch plan;
     or it popped the override while another thread's block was still open).
     (use_config stays process-wide: an open block applies to every thread's calls.)"""
-    import threading
+    from thread_helpers import run_threads
 
     monkeypatch.setattr(rf, "_OVERRIDES", {})
     monkeypatch.setattr(rf, "_OVERRIDE_STACKS", {})
     base = rf.shipped_config(torch.bfloat16, 128, "none")
     configs = [base, dataclasses.replace(base, tile_n=96), dataclasses.replace(base, stages=1)]
-
     lost = []  # a block that found no override of its head dim while open
 
     def blocks(cfg):
@@ -707,16 +705,7 @@ def test_use_config_blocks_in_several_threads_leave_no_override(monkeypatch):
                 if 128 not in rf._OVERRIDES:
                     lost.append(cfg)
 
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=blocks, args=(c,)) for c in configs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old_interval)
+    run_threads(blocks, [(c,) for c in configs])
     assert (len(lost), rf._OVERRIDES, [s for s in rf._OVERRIDE_STACKS.values() if s]) == (0, {}, [])
 
 

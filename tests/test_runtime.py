@@ -15,6 +15,7 @@ import torch
 import cute_kernels
 from cute_kernels.runtime import arch, artifacts, cache
 from cute_kernels.kernels import scale
+from thread_helpers import held_before, line_of, run_threads  # (tests/ is on sys.path)
 
 
 def test_target_arch_is_hopper():
@@ -899,27 +900,18 @@ def test_plain_file_mode_from_several_threads_keeps_the_umask(monkeypatch, proc)
     """plain_file_mode read the umask by setting it to 0 and back: two threads doing that at once left the
     process's umask at 0 (every later file world-writable) and returned 0o666.  From /proc where it can, else
     under a lock (proc=False: /proc unreadable)."""
-    import threading
-
     if not proc:
         monkeypatch.setattr(artifacts, "_umask_from_proc", lambda: None, raising=False)
-    mask = os.umask(0o027)
-    old_interval = sys.getswitchinterval()
     got = set()
 
     def read():
         for _ in range(2000):
             got.add(artifacts.plain_file_mode.__wrapped__())
 
-    sys.setswitchinterval(1e-6)
+    mask = os.umask(0o027)
     try:
-        threads = [threading.Thread(target=read) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads(read, [()] * 4)
     finally:
-        sys.setswitchinterval(old_interval)
         now = os.umask(mask)
     assert (oct(now), got) == (oct(0o027), {0o640})
 
@@ -929,44 +921,15 @@ def test_a_compiled_function_another_thread_finds_has_its_record(monkeypatch):
     then find its record (the ranker ops call warn_if_spills -> compile_record right after): the record was stored
     second, so a thread finding a function another thread was storing got a KeyError.  Forced here: the compiling
     thread is held just before its second store."""
-    import inspect
-    import threading
-
     record = artifacts.CompileRecord(kernel="k", key="x", arch=arch.target_arch())
     monkeypatch.setattr(cache, "_compile_or_load", lambda kernel, key, a, build: (object(), record))
     monkeypatch.setattr(cache, "check_target_arch", lambda: None)
     monkeypatch.setattr(cache, "_memory", {})
     monkeypatch.setattr(cache, "_records", {})
-    lines, first = inspect.getsourcelines(cache.compile_cached)
-    hold_at = first + max(i for i, line in enumerate(lines)
-                          if line.strip().startswith(("_memory[mkey] =", "_records[mkey] =")))
-    code, held, go = cache.compile_cached.__code__, threading.Event(), threading.Event()
-
-    def tracer(frame, event, arg):
-        if event == "call":
-            return tracer if frame.f_code is code else None
-        if event == "line" and frame.f_lineno == hold_at:
-            held.set()
-            go.wait(10)
-        return tracer
-
-    def compiling():
-        sys.settrace(tracer)
-        try:
-            cache.compile_cached("k", ("key",), None)
-        finally:
-            sys.settrace(None)
-
-    t = threading.Thread(target=compiling)
-    t.start()
-    try:
-        assert held.wait(10)
-        mkey = ("k", ("key",), arch.target_arch())
-        found = cache._memory.get(mkey) is not None  # (what the fast path of another thread's call reads)
+    second_store = line_of(cache.compile_cached, lambda line: line.startswith(("_memory[mkey] =", "_records[mkey] =")))
+    with held_before(cache.compile_cached, second_store, lambda: cache.compile_cached("k", ("key",), None)):
+        found = cache._memory.get(("k", ("key",), arch.target_arch())) is not None  # (another call's fast path)
         assert not found or cache.compile_record("k", ("key",)) is record
-    finally:
-        go.set()
-        t.join(10)
     assert cache.compile_record("k", ("key",)) is record
 
 
@@ -974,39 +937,19 @@ def test_sass_first_read_in_two_threads(monkeypatch):
     """CompileRecord.sass read by two threads at once: one that has seen the cubin but not yet passed it to
     nvdisasm while the other finishes its read (and drops the cubin) disassembled None (TypeError from
     subprocess).  Forced here: the first thread is held just before its disassemble line."""
-    import inspect
-    import threading
-
     monkeypatch.setattr(artifacts, "nvdisasm_path", lambda: "/bin/echo")  # (prints its arguments: some text)
     rec = artifacts.CompileRecord(kernel="k", key="x", arch="sm_90a", _cubin=b"cubin")
     getter = artifacts.CompileRecord.sass.fget
-    lines, first = inspect.getsourcelines(getter)
-    hold_at = first + next(i for i, line in enumerate(lines) if "text = disassemble(" in line)
-    held, go, got = threading.Event(), threading.Event(), []
-
-    def tracer(frame, event, arg):
-        if event == "call":
-            return tracer if frame.f_code is getter.__code__ else None
-        if event == "line" and frame.f_lineno == hold_at and not held.is_set():
-            held.set()
-            go.wait(10)
-        return tracer
+    got = []
 
     def first_reader():
-        sys.settrace(tracer)
         try:
             got.append(rec.sass)
         except Exception as exc:  # noqa: BLE001
             got.append(exc)
-        finally:
-            sys.settrace(None)
 
-    t = threading.Thread(target=first_reader)
-    t.start()
-    assert held.wait(10)
-    second = rec.sass  # the other thread's read, completed while the first one is held
-    go.set()
-    t.join(10)
+    with held_before(getter, line_of(getter, lambda line: "text = disassemble(" in line), first_reader):
+        second = rec.sass  # the other thread's read, completed while the first one is held
     assert isinstance(second, str) and len(got) == 1 and isinstance(got[0], str), got  # (each its own nvdisasm run)
 
 
