@@ -354,7 +354,6 @@ def test_ranker_launch_uses_the_tuned_config_once_per_signature(cache, monkeypat
     assert launched[-1][0][1] == rf.CONFIGS[128]
 
 
-
 def test_config_for_call_looks_up_the_tensors_gpu(cache, monkeypatch):
     """config_for_call on tensors of CUDA device 1 names device 1's tuned config, as the launch (which looks it up
     for q.device) does, not the current device's; CPU and meta tensors look up the current device's (fake CUDA
@@ -396,6 +395,7 @@ def test_gpu_name_memo_follows_the_current_device_for_cuda(monkeypatch):
     assert tuning.gpu_name("cuda:0") == tuning.gpu_name(0) == names[0]
     with pytest.raises(ValueError, match="not a CUDA device"):
         tuning.gpu_name("cpu")
+
 
 # ---------------------------------------------------------------------------- the tuner's flow (no GPU)
 @dataclasses.dataclass(frozen=True)
