@@ -145,6 +145,14 @@ def test_torch_compile(method):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("method", ["walk", "tma"])
+def test_opcheck(method):
+    """``torch.library.opcheck`` of ``torch.ops.cute_kernels.hc_mix_sinkhorn``: schema (no input mutated or
+    aliased), the fake's output metadata against the real op's, and the op under AOT dispatch with dynamic shapes."""
+    x, hc_fn, hc_scale, hc_base = _inputs(300, 2048, seed=27)
+    torch.library.opcheck(mod.hc_mix_sinkhorn.op, (x, hc_fn, hc_scale, hc_base), dict(method=method))
+
+
 @pytest.mark.parametrize("m", [1, 300, 4096])
 @pytest.mark.parametrize("method", ["walk", "tma"])
 def test_runs_on_the_current_stream(method, m):

@@ -574,6 +574,18 @@ def test_autograd_and_compile():
     torch.testing.assert_close(eager[0], cute_kernels.ranker_attention(q, k, v, bounds, cap=30.0), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_opcheck(deterministic):
+    """``torch.library.opcheck`` of ``torch.ops.cute_kernels.ranker_attention_bwd`` (GQA 4/2, tanh cap): schema
+    (no input mutated or aliased), the fake's dQ/dK/dV metadata against the real op's, and the op under AOT
+    dispatch with dynamic shapes against the eager op's values."""
+    q, k, v, do = _tensors((2, 300, 4, 128), (2, 300, 2, 128), seed=23)
+    bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+    out, lse = cute_kernels.ranker_attention(q, k, v, bounds, cap=30.0, return_lse=True)
+    torch.library.opcheck(rb.ranker_attention_backward_op.op, (q, k, v, out, lse, do, bounds),
+                          dict(cap=30.0, deterministic=deterministic))
+
+
 @pytest.mark.parametrize("amp_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", ["eager", "no-grad", "compiled"])
 def test_autocast_casts_float32_inputs(amp_dtype, mode):

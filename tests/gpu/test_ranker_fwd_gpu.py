@@ -535,6 +535,26 @@ def test_torch_compile_and_graph():
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("form", ["fixed", "tanh-gqa", "varlen"])
+def test_opcheck(form, grad):
+    """``torch.library.opcheck`` of ``torch.ops.cute_kernels.ranker_attention_fwd``: its schema (no input mutated
+    or aliased), the fake's output metadata against the real op's, the autograd registration (with inputs that
+    require grad) and the op under AOT dispatch with dynamic shapes, against the eager op's values and gradients."""
+    cap, cu, max_seqlen = (30.0 if form == "tanh-gqa" else None), None, None
+    if form == "varlen":
+        q, k, v = (t[0].clone() for t in _qkv(1, 700, 4, 2, 128, seed=21))
+        cu = torch.tensor([0, 250, 700], device="cuda", dtype=torch.int32)
+        bounds = torch.tensor([[0, 200, 200, 250], [10, 300, 300, 450]], device="cuda", dtype=torch.int32)
+        max_seqlen = 450
+    else:
+        q, k, v = _qkv(2, 300, 4, 2 if cap else 4, 128, seed=21)
+        bounds = torch.tensor([[0, 200, 200, 300], [17, 150, 160, 290]], device="cuda", dtype=torch.int32)
+    q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
+    torch.library.opcheck(rf._ranker_op.op, (q, k, v, bounds),
+                          dict(cap=cap, cu_seqlens=cu, max_seqlen=max_seqlen))
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_inference_mode(compiled):
     """Under ``torch.inference_mode()`` (serving): the no-grad call's bits, out and LSE, for inference tensors
