@@ -1759,8 +1759,11 @@ def overridden_config(table: dict, head_dim: int, kernel: str):
     The warning names the caller's line (:func:`~cute_kernels.runtime.warn.warn_user`)."""
     cfg = table.get(head_dim)
     if cfg is None and table:
-        warn_user(f"{kernel}.use_config: the open block(s) hold configs for head_dim {sorted(table)}, not this "
-                  f"call's head_dim={head_dim}: it runs the tuned or shipped config")
+        with _OVERRIDE_LOCK:  # (a block closing in another thread resizes the table; free-threaded builds)
+            open_dims = sorted(table)
+        if open_dims:
+            warn_user(f"{kernel}.use_config: the open block(s) hold configs for head_dim {open_dims}, not this "
+                      f"call's head_dim={head_dim}: it runs the tuned or shipped config")
     return cfg
 
 
