@@ -19,7 +19,9 @@ Writes into OUTDIR (made if missing; this script's earlier files there are remov
 ``gpu-tests-collect.log``, per shard ``gpu-tests-I.log`` / ``.xml`` (junit) / ``.jsonl`` (this script's
 record: failures, whether each was out of memory, the test it started last, the shard's end), the same for
 ``alone`` and ``oom-rerun``, and ``gpu-tests.log``: one summary line per shard and its FAILED / SUBFAILED / ERROR
-lines, the out-of-memory ones marked as run again (a shard killed mid-test is named with that test). Exit 0
+lines, the out-of-memory ones marked as run again (a shard killed mid-test is named with that test). Prints the
+shards' failures other than out of memory before the runs after them start (``the shards' other failures:
+...``), so a run cut by a time limit there still says them (session 78's was cut during its reruns). Exit 0
 when green, 1 when red, 2 for bad arguments.
 
 Also a pytest plugin (``-p pytest_shards`` with this folder on ``sys.path``): with ``PYTEST_SHARDS_REPORT``
@@ -234,6 +236,8 @@ def run(out: Path, jobs: int, alone_texts: list[str], tests: list[str]) -> int:
     if oom:
         print(f"{len(oom)} tests failed with torch.OutOfMemoryError beside the other shards: run again alone",
               flush=True)
+    if oom or alone:  # (the runs after the shards may outlast a caller's time limit: their verdict first)
+        print("the shards' other failures: " + ("; ".join(red) if red else "none"), flush=True)
     for name, group in (("alone", alone), ("oom-rerun", oom)):
         if group:
             rc = _pytest(out, name, tests, env, group).wait()

@@ -446,7 +446,8 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     SUBFAILED line) is red; a test folder whose name holds brackets
     runs (pytest refuses such paths on its command line: the shards select their ids at collection). Every shard and rerun gets
     one seed; the script's earlier files in OUTDIR are removed first (a stale shard XML once stood for a
-    crashed shard's)."""
+    crashed shard's); the shards' other failures are printed before the reruns (a time limit cut session 78's
+    run there, before its summary)."""
     import os
     from pathlib import Path
 
@@ -498,9 +499,12 @@ def test_pytest_shards_reruns_only_out_of_memory_failures(tmp_path, case):
     assert f"seed {seeds.pop()} for all" in log, log
     if case == "green":
         assert r.returncode == 0 and "green: every test passed or skipped (4 after running again alone)" in log, log
+        assert "the shards' other failures: none\n" in log, log  # (printed before the reruns)
         assert "4 passed" in rerun, rerun
     elif case == "assert":
         assert r.returncode == 1 and "red: shard" in log and "test_assert_fails failed" in log, log
+        early = next(ln for ln in log.splitlines() if ln.startswith("the shards' other failures: "))
+        assert "test_assert_fails failed" in early and log.index(early) < log.index("red: shard"), log
         assert "test_imaginary" not in (out / "gpu-tests.log").read_text(), log
         # (a failed unittest subtest: pytest 9's summary line is SUBFAILED, once missing from gpu-tests.log)
         assert "TestSub::test_subtests failed" in log, log
