@@ -54,26 +54,33 @@ def load_peers(name: str):
     return mod
 
 
+# Every timing but "isolated" starts after this many seconds of back-to-back calls: under its power limit the board
+# clocks down within about a second of load, and before session 82 the loop's first impl of each case (ours) was
+# timed straight after the set-up's idle spell, ~10% faster at the short shapes than after the other impls
+# (``bench/ranker_timing_order_probe.py``, ``bench/results/logs/2026-12-07_s82_h100_ranker_timing_order_probe.log``)
+SETTLE_S = 1.0
+
+
 def time_us(fn) -> tuple[float, str]:
     """``(us per call, "graph")`` by CUDA-graph timing, or ``(us, "eager")`` for a call that cannot be captured
-    (a peer; the reason is printed)."""
+    (a peer; the reason is printed); either after :data:`SETTLE_S` seconds of calls."""
     from ..runtime.timing import cuda_time_us
 
     current = torch.cuda.current_stream()  # (:func:`run`'s stream: the inputs and a peer's forward were made on it)
     stream = None if current == torch.cuda.default_stream() else current
     try:
-        return cuda_time_us(fn, graph=True, stream=stream), "graph"
+        return cuda_time_us(fn, graph=True, stream=stream, settle_s=SETTLE_S), "graph"
     except Exception as exc:  # noqa: BLE001 (a peer that cannot be captured is timed eagerly; say why)
         print(f"CUDA-graph capture failed ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}); "
               "timing eagerly", file=sys.stderr, flush=True)
         torch.cuda.synchronize()
-        return cuda_time_us(fn, graph=False), "eager"
+        return cuda_time_us(fn, graph=False, settle_s=SETTLE_S), "eager"
 
 
 def _eager_time_us(fn) -> float:
     from ..runtime.timing import cuda_time_us
 
-    return cuda_time_us(fn, graph=False)
+    return cuda_time_us(fn, graph=False, settle_s=SETTLE_S)
 
 
 def _isolated_time_us(fn) -> float:
@@ -138,7 +145,8 @@ def run(kernel: str, cases: list, setup: Callable[[tuple, torch.Generator], Case
         rounds: int, echo: bool, timer: Optional[Callable] = None) -> list[dict]:
     """Time each case: ours, our variants and the peers of ``peers_mod`` (None: no peers; skipped, with a record
     each, once ``peer_budget_s`` seconds have gone by: their compiles are slow), interleaved over ``rounds``
-    (the machine drifts), by ``timer`` (:func:`time_us`); then :data:`EAGER_IMPLS` "eager" and "isolated"
+    (the machine drifts; round ``r`` starts at the ``r``-th impl, so no impl is always timed first), by ``timer``
+    (:func:`time_us`: after :data:`SETTLE_S` seconds of calls); then :data:`EAGER_IMPLS` "eager" and "isolated"
     (:func:`host_mode_records`).  Records: one per (impl, mode) with ``time_us`` (the best round), ``tflops``,
     ``runs_us``; an ``error`` record for an impl that fails (its later rounds are skipped).  ``echo`` prints each
     case's records as JSON lines when it ends.
@@ -180,8 +188,8 @@ def _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, tim
         elif peers_mod is not None:  # (said in the records: a table without the peers' rows would not say why)
             recs.extend(skipped_peer_records(kernel, c.shape, peers_mod.PEERS, peer_budget_s))
         times: dict[str, Optional[list]] = {}
-        for _ in range(rounds):
-            for impl, fn in impls:
+        for r in range(rounds):
+            for impl, fn in impls[r % len(impls):] + impls[:r % len(impls)]:  # (each round starts one impl later)
                 if impl in times and times[impl] is None:
                     continue
                 try:

@@ -4,13 +4,14 @@ tests its capture rules)."""
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable, Optional
 
 import torch
 
 
 def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20, inner: int = 10, warmup: int = 3,
-                 stream: Optional[torch.cuda.Stream] = None) -> float:
+                 stream: Optional[torch.cuda.Stream] = None, settle_s: float = 0.0) -> float:
     """Median time of one ``fn()`` call in microseconds.
 
     ``graph=True`` captures ``inner`` back-to-back calls in a CUDA graph and times replays
@@ -19,6 +20,11 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
     call at a time on an idle GPU, so all of its host time counts (how the project's peer measurements,
     ``shared/bench-peers`` outside this repository, timed the peer figures quoted in the issues).  Each of
     ``reps`` samples is timed with CUDA events and synchronized.
+
+    ``settle_s``: run back to back for this many seconds before sampling, so that the board is at the clock it
+    holds under sustained load (under its power limit an H100 / H200 clocks down within about a second of load
+    after an idle spell, and a kernel timed right after idling runs up to ~10% faster than the same kernel timed
+    after others: ``bench/ranker_timing_order_probe.py``).
 
     ``stream`` (graph only; it must be the current stream, else ``ValueError``): capture on it, with no warm-up
     call on a side stream first (without it: one warm-up call on a side stream, then the capture on a stream torch
@@ -57,6 +63,10 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
                 fn()
     run()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < settle_s:
+        run()
+        torch.cuda.synchronize()
     samples = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
