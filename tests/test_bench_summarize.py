@@ -18,6 +18,15 @@ def test_attention_records_compare_with_the_fa4_peer():
                             dict(impl="flex", shape=shape, mode="graph", time_us=None, error="boom")])
     assert "| b=4,h=16 | cute_kernels | graph | 100.0 | 600 | 1.20x |" in text
     assert "error: boom" in text
+    assert "settled" not in text.splitlines()[0]  # (records from before session 82: no settle_s)
+
+
+def test_header_says_when_the_times_were_settled():
+    shape = {"b": 4}
+    text = summarize.table([dict(impl="cute_kernels", shape=shape, mode="graph", time_us=100.0, tflops=600,
+                                 settle_s=1.0, gpu="H100", commit="abc"),
+                            dict(impl="cute_kernels", shape=shape, mode="isolated", time_us=130.0, tflops=460)])
+    assert text.splitlines()[0].endswith("; graph and eager times taken after 1 s of calls (settled clocks)")
 
 
 def test_eager_rows_compare_with_the_peers_eager_time():
@@ -286,7 +295,8 @@ def test_qknorm_bench_scripts_command_line(script):
 
 
 @pytest.mark.parametrize("script", ["size1_stride_probe.py", "hc_mix_read_floor.py", "host_breakdown.py",
-                                    "hc_mix_host_breakdown.py", "hc_mix_splitk_triton.py", "qknorm_quick.py"])
+                                    "hc_mix_host_breakdown.py", "hc_mix_splitk_triton.py", "qknorm_quick.py",
+                                    "ranker_timing_order_probe.py"])
 def test_gpu_scripts_help_and_no_gpu(script):
     """Bench scripts that time on the GPU (``probe_timing.gpu_script`` first): --help prints the docstring and
     exits 0 (before any GPU or Triton import); without a GPU a plain run exits 2 saying so, no traceback."""
@@ -384,6 +394,7 @@ def test_bench_loop_interleaves_and_records(monkeypatch):
     assert order == ["ours", "peer", "bad", "peer", "ours", "ours", "peer"]  # (rounds 2, 3 start at peer, flaky)
     by = {(r["impl"], "error" in r): r for r in recs}
     assert by[("cute_kernels", False)]["time_us"] == 5.0 and by[("cute_kernels", False)]["runs_us"] == [30.0, 5.0, 25.0]
+    assert "settle_s" not in by[("cute_kernels", False)]  # (only time_us, the GPU timer, settles)
     assert by[("peer", False)]["time_us"] == 6.0 and by[("peer", False)]["runs_us"] == [10.0, 20.0, 6.0]
     assert [r["impl"] for r in recs if "error" not in r] == ["cute_kernels", "peer"]  # (records in impl order)
     assert "cannot build" in by[("broken", True)]["error"] and "no" in by[("flaky", True)]["error"]

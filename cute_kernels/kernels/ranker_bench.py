@@ -113,7 +113,8 @@ def host_mode_records(kernel: str, impls: list, times: dict, shape: dict, flops:
                 break
             yardstick = yardstick or _host_yardstick()
             recs.append(dict(kernel=kernel, impl=impl, shape=shape, time_us=round(t, 1), mode=mode,
-                             tflops=round(flops / t / 1e6, 1), torch_mul_us=round(timer(yardstick), 1)))
+                             tflops=round(flops / t / 1e6, 1), torch_mul_us=round(timer(yardstick), 1),
+                             **({"settle_s": SETTLE_S} if mode == "eager" else {})))
     return recs
 
 
@@ -148,8 +149,8 @@ def run(kernel: str, cases: list, setup: Callable[[tuple, torch.Generator], Case
     (the machine drifts; round ``r`` starts at the ``r``-th impl, so no impl is always timed first), by ``timer``
     (:func:`time_us`: after :data:`SETTLE_S` seconds of calls); then :data:`EAGER_IMPLS` "eager" and "isolated"
     (:func:`host_mode_records`).  Records: one per (impl, mode) with ``time_us`` (the best round), ``tflops``,
-    ``runs_us``; an ``error`` record for an impl that fails (its later rounds are skipped).  ``echo`` prints each
-    case's records as JSON lines when it ends.
+    ``runs_us`` (and ``settle_s`` where :func:`time_us` timed them); an ``error`` record for an impl that fails
+    (its later rounds are skipped).  ``echo`` prints each case's records as JSON lines when it ends.
 
     On a GPU everything (set-up, the peers' forwards, timing) runs on one stream of the bench's own, on which
     :func:`time_us` captures: a peer's backward (``torch.autograd.grad``) runs on the stream its forward ran on, so
@@ -201,7 +202,8 @@ def _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, tim
             if ts:
                 t = min(x[0] for x in ts)
                 recs.append(dict(kernel=kernel, impl=impl, shape=c.shape, time_us=round(t, 1), mode=ts[0][1],
-                                 tflops=round(c.flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts]))
+                                 tflops=round(c.flops / t / 1e6, 1), runs_us=[round(x[0], 1) for x in ts],
+                                 **({"settle_s": SETTLE_S} if timer is time_us else {})))
         recs += host_mode_records(kernel, impls, times, c.shape, c.flops)
         if echo:
             for r in recs[n_printed:]:

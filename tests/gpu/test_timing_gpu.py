@@ -117,3 +117,32 @@ def test_a_failed_capture_restores_the_current_stream():
     lines = done.stdout.splitlines()  # (the first line says whether torch still needs the restore: True in 2.11)
     assert len(lines) == 3 and lines[0].startswith("torch leaves"), done.stdout
     assert lines[1:] == ["cuda_time_us restores the caller's stream: True", "capture works again: True"], done.stdout
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_settle_runs_calls_before_the_samples(graph):
+    """``settle_s``: calls run back to back for that long before the samples (the bench's settled clocks, session
+    82), counted on the GPU: without it exactly ``warmup + inner * (1 + reps)`` calls run; with it, more, and they
+    take at least ``settle_s`` of wall time."""
+    import time
+
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        count = torch.zeros((), device="cuda")
+        x = torch.randn(1 << 16, device="cuda")
+
+        def call():
+            count.add_(1)
+            x.mul_(1.0)
+
+        stream = s if graph else None
+        cuda_time_us(call, graph=graph, stream=stream, warmup=2, inner=3, reps=4)
+        torch.cuda.synchronize()
+        plain = 2 + 3 * (1 + 4)  # (graph on the current stream: no side-stream warm-up; the capture runs nothing)
+        assert count.item() == plain
+        count.zero_()
+        t0 = time.perf_counter()
+        cuda_time_us(call, graph=graph, stream=stream, warmup=2, inner=3, reps=4, settle_s=0.2)
+        torch.cuda.synchronize()
+        assert time.perf_counter() - t0 >= 0.2
+        assert count.item() > plain
