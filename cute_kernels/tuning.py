@@ -565,7 +565,7 @@ def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: 
     """
     import torch
 
-    from .runtime.timing import cuda_time_us
+    from .runtime.timing import SETTLE_S, cuda_time_us
 
     tuner = TUNERS[kernel]
     shape = tuner.parse_shape(shape_text)
@@ -590,14 +590,15 @@ def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: 
         if ref is None:
             raise RuntimeError(f"the shipped config failed on this shape: {row.error}")
     live = [r for r in rows if not r.error]
-    for _ in range(rounds):  # interleaved rounds: a noisy machine hits every candidate alike
-        for r in live:
+    for i in range(rounds):  # interleaved rounds, each starting one candidate later: a noisy machine hits every
+        # candidate alike; each timed after SETTLE_S s of calls (the board's sustained clock, not an idle spell's)
+        for r in live[i % len(live):] + live[:i % len(live)]:
             fn = lambda r=r: tuner.run(r.config, x)  # noqa: E731
             try:
-                t, mode = cuda_time_us(fn, graph=True), "graph"
+                t, mode = cuda_time_us(fn, graph=True, settle_s=SETTLE_S), "graph"
             except Exception:
                 torch.cuda.synchronize()
-                t, mode = cuda_time_us(fn, graph=False), "eager"
+                t, mode = cuda_time_us(fn, graph=False, settle_s=SETTLE_S), "eager"
             r.time_us = t if r.time_us is None else min(r.time_us, t)
             r.mode = mode
     best = min(live, key=lambda r: r.time_us)

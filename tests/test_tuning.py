@@ -449,13 +449,19 @@ def test_tune_flow_with_a_stand_in_kernel(cache, monkeypatch):
     monkeypatch.setitem(tuning.TUNERS, "toy", toy)
     monkeypatch.setattr(tuning, "gpu_name", lambda device=None: GPU)
 
+    timed = []
+
     def fake_time(fn, graph=True, **kw):
         fn()
+        timed.append((toy.last.block, kw.get("settle_s")))
         return {1: 30.0, 2: 10.0, 4: 20.0, 8: 40.0}[toy.last.block]
 
     monkeypatch.setattr(timing, "cuda_time_us", fake_time)
     rows, path = tuning.tune("toy", "N=16", echo=lambda s: None)
     assert rows[0].config == ToyConfig()  # shipped first
+    live = [r.config.block for r in rows if not r.error]
+    assert [b for b, _ in timed] == live + live[1:] + live[:1]  # (the second round starts one candidate later)
+    assert {st for _, st in timed} == {timing.SETTLE_S}  # (each timed after the settling calls)
     assert {r.config.block for r in rows} == {1, 2, 4, 8}  # block=3 rejected by validate()
     assert all(r.error == "differs" and r.time_us is None for r in rows if r.config.wrong)
     assert all(not r.error and r.time_us for r in rows if not r.config.wrong)

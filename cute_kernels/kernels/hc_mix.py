@@ -446,7 +446,8 @@ def bench_shapes(shapes: str | None) -> list[int]:
 
 
 def bench(shapes: str | None = None) -> list[dict]:
-    """us per call inside a CUDA graph (10 calls per replay) and GB/s of reading x once (M*K*2 B).
+    """us per call inside a CUDA graph (10 calls per replay) and GB/s of reading x once (M*K*2 B), each timing
+    after :data:`~cute_kernels.runtime.timing.SETTLE_S` seconds of calls (the board's sustained clock, session 82).
 
     Ours: ``method="tma"`` (the default, impl ``cute_kernels_tma``; session 34's records also have
     ``cute_kernels_tma_pieces``, the pieces made beforehand, and their ``cute_kernels_tma`` ran a split kernel
@@ -457,7 +458,7 @@ def bench(shapes: str | None = None) -> list[dict]:
     """
     import math
 
-    from ..runtime.timing import copy_bandwidth_gbps, cuda_time_us
+    from ..runtime.timing import SETTLE_S, copy_bandwidth_gbps, cuda_time_us
 
     k = BENCH_K
     ms = bench_shapes(shapes)
@@ -476,8 +477,8 @@ def bench(shapes: str | None = None) -> list[dict]:
         if splitk is not None:
             impls.append(("triton_splitk", lambda: splitk(*args)))
         for impl, fn in impls:
-            t = cuda_time_us(fn, graph=True)
+            t = cuda_time_us(fn, graph=True, settle_s=SETTLE_S)  # (each after SETTLE_S s of calls)
             gbps = m * k * 2 / t / 1e3
             recs.append(dict(kernel=NAME, impl=impl, shape=dict(m=m, k=k), mode="graph", time_us=t,
-                             gbps=gbps, copy_bw_frac=gbps / copy_bw, copy_gbps=copy_bw))
+                             gbps=gbps, copy_bw_frac=gbps / copy_bw, copy_gbps=copy_bw, settle_s=SETTLE_S))
     return recs

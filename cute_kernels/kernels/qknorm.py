@@ -1243,11 +1243,12 @@ def bench_shapes(shapes: str | None) -> None:
 
 
 def bench(shapes: str | None = None) -> list[dict]:
-    """Ours vs torch ``F.rms_norm`` (q, k) and quack ``rmsnorm`` (q, k) at Q=4096, K=1024 bf16."""
+    """Ours vs torch ``F.rms_norm`` (q, k) and quack ``rmsnorm`` (q, k) at Q=4096, K=1024 bf16, each timing after
+    :data:`~cute_kernels.runtime.timing.SETTLE_S` seconds of calls (the board's sustained clock, session 82)."""
     bench_shapes(shapes)
     import torch.nn.functional as F
 
-    from ..runtime.timing import copy_bandwidth_gbps, cuda_time_us
+    from ..runtime.timing import SETTLE_S, copy_bandwidth_gbps, cuda_time_us
 
     try:
         from quack.rmsnorm import rmsnorm as quack_rmsnorm
@@ -1269,7 +1270,7 @@ def bench(shapes: str | None = None) -> list[dict]:
         for impl, fn in impls:
             for graph in (True, False):
                 try:
-                    t = cuda_time_us(fn, graph=graph)
+                    t = cuda_time_us(fn, graph=graph, settle_s=SETTLE_S)  # (each after SETTLE_S s of calls)
                 except Exception as exc:  # a peer that cannot be captured
                     recs.append(dict(kernel=NAME, impl=impl, shape=dict(n=n, q=qd, k=kd, dtype="bfloat16"),
                                      mode="graph" if graph else "eager", error=str(exc)[:200]))
@@ -1277,5 +1278,5 @@ def bench(shapes: str | None = None) -> list[dict]:
                 gbps = nbytes / t / 1e3
                 recs.append(dict(kernel=NAME, impl=impl, shape=dict(n=n, q=qd, k=kd, dtype="bfloat16"),
                                  mode="graph" if graph else "eager", time_us=t, gbps=gbps,
-                                 copy_frac=gbps / copy_bw))
+                                 copy_frac=gbps / copy_bw, settle_s=SETTLE_S))
     return recs

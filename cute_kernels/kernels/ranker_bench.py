@@ -15,6 +15,8 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from ..runtime.timing import SETTLE_S
+
 BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issues' headline shape)
     (4, 4096, 512, 16, 16, 128, None),
     (4, 4096, 512, 16, 16, 128, 50.0),
@@ -54,11 +56,9 @@ def load_peers(name: str):
     return mod
 
 
-# Every timing but "isolated" starts after this many seconds of back-to-back calls: under its power limit the board
-# clocks down within about a second of load, and before session 82 the loop's first impl of each case (ours) was
-# timed straight after the set-up's idle spell, ~10% faster at the short shapes than after the other impls
-# (``bench/ranker_timing_order_probe.py``, ``bench/results/logs/2026-12-07_s82_h100_ranker_timing_order_probe.log``)
-SETTLE_S = 1.0
+# Every timing but "isolated" starts after SETTLE_S seconds of back-to-back calls: before session 82 the loop's
+# first impl of each case (ours) was timed straight after the set-up's idle spell, up to ~10% faster at the short
+# shapes than after the other impls (``bench/ranker_timing_order_probe.py``)
 
 
 def time_us(fn) -> tuple[float, str]:

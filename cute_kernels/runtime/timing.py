@@ -10,6 +10,12 @@ from typing import Callable, Optional
 import torch
 
 
+# How long the benches and the tuner run a function back to back before timing it (``settle_s``): under its power
+# limit an H100 / H200 clocks down within ~0.2 s of load after an idle spell, so whatever is timed first after idling
+# runs faster (session 82, ``bench/results/logs/2026-12-07_s82_h100_ranker_timing_order_probe.log``)
+SETTLE_S = 1.0
+
+
 def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20, inner: int = 10, warmup: int = 3,
                  stream: Optional[torch.cuda.Stream] = None, settle_s: float = 0.0) -> float:
     """Median time of one ``fn()`` call in microseconds.
