@@ -27,7 +27,7 @@ def table(records: list[dict]) -> str:
     meta = records[0] if records else {}
     head = f"{meta.get('gpu', '?')}, {meta.get('date', '?')}, commit {meta.get('commit', '?')}, torch {meta.get('torch', '?')}"
     settle = sorted({r["settle_s"] for r in records if r.get("settle_s")})
-    if settle:  # (the ranker benches since session 82: each graph / eager timing after that long of calls)
+    if settle:  # (the ranker, Q/K norm and hc_mix benches since session 82: each timing after that long of calls)
         head += f"; graph and eager times taken after {', '.join(f'{x:g}' for x in settle)} s of calls (settled clocks)"
     return head + "\n\n" + "\n\n".join(parts) + "\n"
 

@@ -56,14 +56,11 @@ def load_peers(name: str):
     return mod
 
 
-# Every timing but "isolated" starts after SETTLE_S seconds of back-to-back calls: before session 82 the loop's
-# first impl of each case (ours) was timed straight after the set-up's idle spell, up to ~10% faster at the short
-# shapes than after the other impls (``bench/ranker_timing_order_probe.py``)
-
-
 def time_us(fn) -> tuple[float, str]:
     """``(us per call, "graph")`` by CUDA-graph timing, or ``(us, "eager")`` for a call that cannot be captured
-    (a peer; the reason is printed); either after :data:`SETTLE_S` seconds of calls."""
+    (a peer; the reason is printed); either after :data:`SETTLE_S` seconds of calls (before session 82 the loop's
+    first impl of each case, ours, was timed straight after the set-up's idle spell: up to ~13% faster at the
+    short shapes than after the other impls, ``bench/ranker_timing_order_probe.py``)."""
     from ..runtime.timing import cuda_time_us
 
     current = torch.cuda.current_stream()  # (:func:`run`'s stream: the inputs and a peer's forward were made on it)

@@ -28,9 +28,9 @@ def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20
     ``reps`` samples is timed with CUDA events and synchronized.
 
     ``settle_s``: run back to back for this many seconds before sampling, so that the board is at the clock it
-    holds under sustained load (under its power limit an H100 / H200 clocks down within about a second of load
-    after an idle spell, and a kernel timed right after idling runs up to ~10% faster than the same kernel timed
-    after others: ``bench/ranker_timing_order_probe.py``).
+    holds under sustained load (under its power limit an H100 / H200 clocks down within ~0.2 s of load after an
+    idle spell: the ranker forward's short shapes ran ~13% faster in the first 50 ms than sustained,
+    ``bench/ranker_timing_order_probe.py``); :data:`SETTLE_S` is what the benches and the tuner use.
 
     ``stream`` (graph only; it must be the current stream, else ``ValueError``): capture on it, with no warm-up
     call on a side stream first (without it: one warm-up call on a side stream, then the capture on a stream torch
