@@ -1,8 +1,8 @@
 """Does the bench's order favour whichever impl it times first?  The forward's short shapes, ours vs FA4 + mask_mod.
 
-``cute_kernels.kernels.ranker_bench.run`` times the impls in a fixed order each round, ours first; the board
-clocks down under load (700 W), so an impl timed right after an idle spell may run faster than one timed after
-other impls.  Three measurements per shape (CUDA graphs of 10 calls, us per call):
+Until session 82 ``cute_kernels.kernels.ranker_bench.run`` timed the impls in a fixed order each round, ours
+first, without settling; the board clocks down under load (700 W), so an impl timed right after an idle spell may
+run faster than one timed after other impls (since then the bench settles each timing and rotates the order).  Three measurements per shape (CUDA graphs of 10 calls, us per call):
 
 * ``trace``: after ``--idle`` seconds idle, back-to-back replays for ``--trace`` seconds; the median time in
   windows since the start (the board's transient from idle to sustained load);

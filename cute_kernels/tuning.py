@@ -565,7 +565,7 @@ def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: 
     """
     import torch
 
-    from .runtime.timing import SETTLE_S, cuda_time_us
+    from .runtime.timing import SETTLE_S, cuda_time_us, rotated
 
     tuner = TUNERS[kernel]
     shape = tuner.parse_shape(shape_text)
@@ -592,7 +592,7 @@ def tune(kernel: str, shape_text: str, candidates: Optional[str] = None, dtype: 
     live = [r for r in rows if not r.error]
     for i in range(rounds):  # interleaved rounds, each starting one candidate later: a noisy machine hits every
         # candidate alike; each timed after SETTLE_S s of calls (the board's sustained clock, not an idle spell's)
-        for r in live[i % len(live):] + live[:i % len(live)]:
+        for r in rotated(live, i):
             fn = lambda r=r: tuner.run(r.config, x)  # noqa: E731
             try:
                 t, mode = cuda_time_us(fn, graph=True, settle_s=SETTLE_S), "graph"

@@ -401,3 +401,11 @@ def test_bench_loop_interleaves_and_records(monkeypatch):
     recs = ranker_bench.run("ranker_fwd", [1], setup, peers, -1.0, rounds=1, echo=False,
                             timer=lambda fn: (1.0, "graph"))
     assert sorted(r["impl"] for r in recs if "skipped" in r.get("error", "")) == ["broken", "flaky", "peer"]
+
+
+def test_rotated_starts_each_round_one_item_later():
+    """``runtime.timing.rotated``: the order of round ``r`` of the benches' and the tuner's loops."""
+    from cute_kernels.runtime.timing import rotated
+
+    assert [rotated([1, 2, 3], r) for r in range(4)] == [[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 2, 3]]
+    assert rotated([], 5) == []

@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ..runtime.timing import SETTLE_S
+from ..runtime.timing import SETTLE_S, rotated
 
 BENCH_CASES = [  # B, hist, cand, Hq, Hkv, D, cap   (the first is the issues' headline shape)
     (4, 4096, 512, 16, 16, 128, None),
@@ -187,7 +187,7 @@ def _run_cases(kernel, cases, setup, peers_mod, peer_budget_s, rounds, echo, tim
             recs.extend(skipped_peer_records(kernel, c.shape, peers_mod.PEERS, peer_budget_s))
         times: dict[str, Optional[list]] = {}
         for r in range(rounds):
-            for impl, fn in impls[r % len(impls):] + impls[:r % len(impls)]:  # (each round starts one impl later)
+            for impl, fn in rotated(impls, r):  # (each round starts one impl later)
                 if impl in times and times[impl] is None:
                     continue
                 try:

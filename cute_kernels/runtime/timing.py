@@ -16,6 +16,14 @@ import torch
 SETTLE_S = 1.0
 
 
+def rotated(items: list, start: int) -> list:
+    """``items`` from index ``start`` (modulo their count) round to the one before it: round ``start`` of an
+    interleaved timing loop (the ranker benches, the tuner), so that no item is always timed first; ``[]`` for
+    none."""
+    k = start % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
 def cuda_time_us(fn: Callable[[], object], *, graph: bool = True, reps: int = 20, inner: int = 10, warmup: int = 3,
                  stream: Optional[torch.cuda.Stream] = None, settle_s: float = 0.0) -> float:
     """Median time of one ``fn()`` call in microseconds.
