@@ -4,6 +4,7 @@
     from probe_timing import time_configs   # (bench/ is on sys.path when a probe runs as a script)
 """
 import ast
+import functools
 import json
 import statistics
 import sys
@@ -151,7 +152,8 @@ def time_configs(cases, rounds: int = 3, reps: int = 8, inner: int = 5, launch=_
     """``cases``: ``(key, q, k, v, bounds, cap, flops, {name: RankerFwdConfig})``.  Times ``launch(q, k, v,
     bounds, cap, cfg)`` per config, ``rounds`` interleaved passes over all cases, and prints per case
     ``{"shape": key, name: [median us, useful TFLOP/s], ...}`` (flops: useful FLOPs of one call); returns
-    ``{key: {name: median us}}``.  ``time_us(fn, reps=, inner=)`` defaults to CUDA-graph timing.
+    ``{key: {name: median us}}``.  ``time_us(fn, reps=, inner=)`` defaults to CUDA-graph timing after
+    ``SETTLE_S`` seconds of calls (:func:`cute_kernels.runtime.timing.cuda_time_us`; the board's sustained clock).
 
     Noise controls (the H200 gave two builds of identical code 10% apart in one fixed-order run, session
     11): ``shuffle_seed`` shuffles the configs' order within a case in every round (seeded, so a run can
@@ -161,7 +163,9 @@ def time_configs(cases, rounds: int = 3, reps: int = 8, inner: int = 5, launch=_
     import random
 
     if time_us is None:
-        from cute_kernels.runtime.timing import cuda_time_us as time_us
+        from cute_kernels.runtime.timing import SETTLE_S, cuda_time_us
+
+        time_us = functools.partial(cuda_time_us, settle_s=SETTLE_S)
     rng = random.Random(shuffle_seed)
     res = {}
     for _ in range(rounds):

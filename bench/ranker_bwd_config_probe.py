@@ -81,18 +81,18 @@ def precompile(variants, jobs: int, cases):
 
 def _time_graph_or_eager(fn, reps, inner):
     """CUDA-graph timing, or eager timing for a call that cannot be captured (FlashAttention-4's backward,
-    as in the bench)."""
-    from cute_kernels.runtime.timing import cuda_time_us
+    as in the bench), each after ``SETTLE_S`` seconds of calls."""
+    from cute_kernels.runtime.timing import SETTLE_S, cuda_time_us
 
     try:
-        return cuda_time_us(fn, graph=True, reps=reps, inner=inner)
+        return cuda_time_us(fn, graph=True, reps=reps, inner=inner, settle_s=SETTLE_S)
     except Exception as exc:  # noqa: BLE001 (capture failed): said once per message, then timed eagerly
         msg = f"{type(exc).__name__}: {exc}"[:160]
         if msg not in _EAGER_SAID:
             _EAGER_SAID.add(msg)
             print(json.dumps({"timing": "eager (CUDA-graph capture failed)", "error": msg}), flush=True)
         torch.cuda.synchronize()
-        return cuda_time_us(fn, graph=False, reps=reps, inner=inner)
+        return cuda_time_us(fn, graph=False, reps=reps, inner=inner, settle_s=SETTLE_S)
 
 
 _EAGER_SAID: set = set()

@@ -115,6 +115,25 @@ def test_probe_timing_interleaves_rounds_and_reports_medians(capsys):
     assert lines == [{"shape": "A", "x": [11.0, 182], "y": [22.0, 91]}, {"shape": "B", "x": [31.0, 97]}]
 
 
+def test_probe_timing_default_timer_settles(monkeypatch, capsys):
+    """Without a ``time_us``, the probes' loop times with ``cuda_time_us`` in a CUDA graph after ``SETTLE_S``
+    seconds of calls (the board's sustained clock, as the benches since session 82)."""
+    from cute_kernels.runtime import timing
+
+    spec = importlib.util.spec_from_file_location("probe_timing", Path(__file__).parents[1] / "bench" / "probe_timing.py")
+    pt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pt)
+    seen = []
+
+    def fake_cuda_time_us(fn, **kw):
+        seen.append(kw)
+        return 10.0
+
+    monkeypatch.setattr(timing, "cuda_time_us", fake_cuda_time_us)
+    pt.time_configs([("A", "q", "k", "v", "b", None, 1e9, {"x": "cx"})], rounds=2, launch=lambda *a: None)
+    assert seen == [dict(reps=8, inner=5, settle_s=timing.SETTLE_S)] * 2 and timing.SETTLE_S > 0
+
+
 def test_probe_variants_parse_and_validate(capsys):
     """probe_timing.parse_variant reads ``NAME=field:value,...`` from a probe's command line;
     variant_configs keeps the shipped config first, drops invalid variants (saying why) and duplicates."""

@@ -942,10 +942,11 @@ GRAPH_MAX_EMULATED_G = 4
 
 def bench(shapes: str | None = None) -> list[dict]:
     """Emulated G ranks on one GPU: fused push-buffer kernel vs the unfused path, per call (CUDA graph and
-    eager; the fused kernel in a graph for G <= :data:`GRAPH_MAX_EMULATED_G` only).  A peer timeout is
-    recorded as that record's ``error`` (the ranks are reset) instead of ending the bench."""
+    eager; the fused kernel in a graph for G <= :data:`GRAPH_MAX_EMULATED_G` only), each after
+    :data:`~cute_kernels.runtime.timing.SETTLE_S` seconds of calls.  A peer timeout is recorded as that record's
+    ``error`` (the ranks are reset) instead of ending the bench."""
     bench_shapes(shapes)
-    from ..runtime.timing import cuda_time_us
+    from ..runtime.timing import SETTLE_S, cuda_time_us
 
     recs = []
     q_dim, k_dim, dtype = 4096, 1024, torch.bfloat16
@@ -966,12 +967,13 @@ def bench(shapes: str | None = None) -> list[dict]:
                     rec = dict(kernel=NAME, impl=impl, shape=dict(g=world, n=n, q=q_dim, k=k_dim, dtype="bfloat16",
                                                                  emulated=True), mode="graph" if graph else "eager")
                     try:
-                        rec["time_us"] = cuda_time_us(fn, graph=graph)
+                        rec.update(time_us=cuda_time_us(fn, graph=graph, settle_s=SETTLE_S), settle_s=SETTLE_S)
                         torch.cuda.synchronize()
                         for r in ranks:
                             r.check_error()
                     except PeerTimeoutError as exc:
-                        rec.pop("time_us", None)
+                        for key in ("time_us", "settle_s"):
+                            rec.pop(key, None)
                         rec["error"] = repr(exc)[:200]
                         for r in ranks:
                             r.reset()
