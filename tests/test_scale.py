@@ -78,3 +78,26 @@ def test_meta_tensors_by_keyword_take_the_op():
     out = cute_kernels.scale(alpha=2.0, x=m(64))
     assert out.is_meta and out.shape == (64,)
     assert cute_kernels.qk_rmsnorm_(eps=1e-6, q=m(4, 128), k=m(4, 64), q_weight=m(128), k_weight=m(64)) is None
+
+
+def test_eager_call_looks_up_the_compiled_function_once_per_dtype(monkeypatch):
+    """The eager path compiles (or loads) once per dtype and then reuses the function; a 1-D x goes to the kernel
+    as it is, any other shape as a flat view of the same storage; ``y`` is new, shaped like x."""
+    compiled, launched = [], []
+
+    def fake_compile(dtype, config):
+        compiled.append((dtype, config))
+        return lambda x, y, alpha: launched.append((x.shape, x.data_ptr(), y.shape, alpha))
+
+    monkeypatch.setattr(mod, "_compile", fake_compile)
+    monkeypatch.setattr(mod, "_FNS", {})
+    check_x = mod._check_x
+    monkeypatch.setattr(mod, "_check_x", lambda x: check_x(x, cuda=False, pointers=False))  # (no GPU here)
+    flat = torch.zeros(64, dtype=torch.bfloat16)
+    cube = torch.zeros(2, 4, 8, dtype=torch.bfloat16)
+    assert mod._scale_impl(flat, 2.0).shape == (64,) and mod._scale_impl(cube, 3).shape == (2, 4, 8)
+    mod._scale_impl(torch.zeros(8, dtype=torch.float32), 0.5)
+    assert compiled == [(torch.bfloat16, mod.ScaleConfig()), (torch.float32, mod.ScaleConfig())]
+    assert launched == [((64,), flat.data_ptr(), (64,), 2.0), ((64,), cube.data_ptr(), (64,), 3.0),
+                        ((8,), launched[2][1], (8,), 0.5)]
+    assert all(isinstance(a, float) for *_, a in launched)
