@@ -476,6 +476,13 @@ def test_ranker_bwd_layouts_match_the_kernel_and_draw(tmp_path):
     assert dq64.access_bytes == 8 and len(dq64.wavefronts) == 16 and dq64.ratio == 2.0 and dq64_plain.ratio == 4.0
     plain = ranker_bwd_layouts("dq_swap_ab=False")
     assert plain.tv["dQ accumulator"].tile == (cfg.tile_m, 128) and plain.conflicts[2].layout.startswith("sdQ")
+    # D=64, 128 q rows, dQ = dS K split by head dim: the warpgroups' 64 x 64 MMA tile, which the kernel repeats
+    # over the rows (until session 83 the tool read the accumulator's layout over the whole tile and refused it)
+    rows = ranker_bwd_layouts("head_dim=64,dq_split_rows=False")
+    assert rows.config.tile_m == 128 and rows.tv["dQ accumulator"].tile == (64, 64)
+    assert "one 64 x 64 MMA tile of the 128 x 64 tile" in rows.tv["dQ accumulator"].note
+    assert rows.conflicts[2].access_bytes == 8 and rows.conflicts[2].ratio == 2.0
+    assert d64.tv["dQ accumulator"].tile == (128, 64) and "MMA tile" not in d64.tv["dQ accumulator"].note
     with pytest.raises(ValueError, match="ds_stages"):
         ranker_bwd_layouts("ds_stages=3")
     text, files = write_report("ranker_bwd", "stages=1", str(tmp_path / "bwd"))

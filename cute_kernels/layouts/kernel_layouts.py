@@ -431,8 +431,10 @@ def _ranker_bwd_dsl_objects(rb, dt, config):
         atom, _ = cpasync.make_tiled_tma_atom(op, g, lay, (rows, cols))
         types[name] = str(atom.type)
     out = {k: v for k, v in smem.items() if k in ("sQ", "sdO", "sK", "sV", "sdSt", "sdQ", "sdQpart")}
-    out.update({"tma_types": types, "tv:S^T and dP^T accumulators": sdp.tv_layout_C_tiled,
-                "tv:dK and dV accumulators": dkv.tv_layout_C_tiled, "tv:dQ accumulator": dq.tv_layout_C_tiled,
+    for key, mma in (("S^T and dP^T accumulators", sdp), ("dK and dV accumulators", dkv), ("dQ accumulator", dq)):
+        out["tv:" + key] = mma.tv_layout_C_tiled  # (over one tile of the tiled MMA: mma_tile, which the kernel
+        out["mma_tile:" + key] = (int(mma.get_tile_size(0)), int(mma.get_tile_size(1)))  # repeats over its tile)
+    out.update({"tma_types": types,
                 "tv:dS^T stmatrix (dst)": ds_copy.layout_dst_tv_tiled,
                 "ds_tile": tuple(int(cute.size(m)) for m in ds_copy.tiler_mn)})
     return out
@@ -474,7 +476,10 @@ def ranker_bwd_layouts(config=None, dtype="bf16", cap_method: Optional[str] = No
                             ("dK and dV accumulators", (config.tile_n, config.head_dim), "keys x head dim"),
                             ("dQ accumulator", dq_tile,
                              "dQ^T: head dim x q rows" if config.dq_swap_ab else "q rows x head dim")):
-        kl.tv[key] = TVLayout(objs["tv:" + key].named(key), tile, 1, note)
+        mma_tile = objs["mma_tile:" + key]  # the tiled MMA's own tile, which the kernel repeats over the whole tile
+        if mma_tile != tile:  # (D=64 with tile_m=128 and dq_split_rows=False: dQ's 64 x 64 MMA tile twice over M)
+            note += f", one {mma_tile[0]} x {mma_tile[1]} MMA tile of the {tile[0]} x {tile[1]} tile"
+        kl.tv[key] = TVLayout(objs["tv:" + key].named(key), mma_tile, 1, note)
     kl.tv["dS^T stmatrix (dst)"] = TVLayout(objs["tv:dS^T stmatrix (dst)"].named("dS^T stmatrix"), objs["ds_tile"],
                                            16 // eb)
     # dS^T (and P^T into sPt, laid out alike, with split_head_dim): stmatrix rows of 16 bytes into sdSt (stage 0); dQ:

@@ -232,13 +232,14 @@ def _check_config_both_gqa_forms(tag, cfg, d, hkv, cap, varlen, seed):
 
 
 @pytest.mark.parametrize("hkv,varlen,fields", [(4, False, {}), (2, False, {}), (2, True, {}),
-                                               (2, False, dict(dq_per_wg=False))])
+                                               (2, False, dict(dq_per_wg=False)), (2, True, dict(dq_split_rows=False))])
 def test_dq_split_rows(hkv, varlen, fields):
     """D=64 with 128 q rows per step and dQ = dS K split by q rows between the warpgroups (dq_split_rows,
     shipped since session 14: n64 WGMMAs, each warpgroup reduce-adding its 64 rows; or, without
-    dq_per_wg, one hand-off of the whole tile): right against float64 at odd lengths, GQA both ways,
-    varlen; deterministic bitwise on repeat."""
-    cfg = rb.dataclasses.replace(rb.config_for(64, False), dq_split_rows=True, **fields)
+    dq_per_wg, one hand-off of the whole tile; or, ``dq_split_rows=False``, split by head dim, each warpgroup's
+    64 x 32 MMA tile twice over the rows): right against float64 at odd lengths, GQA both ways, varlen;
+    deterministic bitwise on repeat."""
+    cfg = rb.dataclasses.replace(rb.config_for(64, False), **{"dq_split_rows": True, **fields})
     _check_config_both_gqa_forms(f"dq-split-rows{fields}", cfg, 64, hkv, None, varlen, seed=25)
 
 
