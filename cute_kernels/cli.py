@@ -65,10 +65,16 @@ def _first_line(exc: BaseException) -> str:
 def cmd_compile(args) -> int:
     from tqdm import tqdm
 
+    from .runtime.arch import check_target_arch
     from .runtime.cache import (cache_dir, clear_memory_cache, compile_record, disk_cache_enabled, disk_cache_problem,
                                 entry_on_disk, load_from_disk, nvdisasm_available)
 
     names = _select(args.kernel)
+    try:  # a CUTE_DSL_ARCH the kernels do not support: one error up front, not the same one per config
+        check_target_arch()
+    except RuntimeError as exc:
+        print(f"compile: {exc}", file=sys.stderr)
+        return 2
     problem = disk_cache_problem() if disk_cache_enabled() else None
     if problem and not cache_dir().is_dir():  # compile's job is to fill the disk cache: one that cannot even
         # exist is an error, not a warning

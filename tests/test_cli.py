@@ -253,6 +253,19 @@ def test_layouts_refuses_another_target_arch_with_a_message(tmp_path):
     assert r.returncode == 2 and "sm_90a (Hopper) only" in r.stderr and "\x1b[" not in r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("arch", ["sm_100a", ""])
+def test_compile_refuses_another_target_arch_up_front(arch):
+    """A CUTE_DSL_ARCH the kernels do not support (set, or set empty) is one message and exit status 2 before any
+    config, as `layouts` does (until session 83 every config failed with it, then "0/3 configs compiled", 1)."""
+    import os
+
+    env = dict(os.environ, CUTE_DSL_ARCH=arch)
+    r = subprocess.run([sys.executable, "-m", "cute_kernels", "compile", "--kernel", "scale", "--quiet"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 2 and r.stderr.count("sm_90a (Hopper) only") == 1, r.stdout + r.stderr
+    assert "FAIL" not in r.stdout + r.stderr and "compiled" not in r.stdout
+
+
 def test_gpu_run_script_without_a_gpu_stops_with_a_message(tmp_path):
     """scripts/gpu_run.sh where torch sees no CUDA GPU (hidden here even on a GPU machine): exit 3 and say
     why, before any test, check or bench runs (nothing written into OUTDIR)."""
