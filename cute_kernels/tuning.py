@@ -68,7 +68,8 @@ def shipped_configs(kernel: Optional[str] = None) -> dict:
 
 
 def format_configs(kernel: Optional[str] = None) -> str:
-    """The text ``cute-kernels configs`` prints: shipped configs, then tuned entries of this source."""
+    """The text ``cute-kernels configs`` prints: shipped configs, then tuned entries of this source (with
+    ``CUTE_KERNELS_TUNED=0``, a line that says they are ignored: the file is not read)."""
     lines = []
     for name, table in shipped_configs(kernel).items():
         lines.append(f"{name}:")
@@ -84,6 +85,8 @@ def format_configs(kernel: Optional[str] = None) -> str:
             elif callable(getattr(cfg, "bulk_smem_bytes", None)) and cfg.bulk_smem_bytes():  # qknorm's bulk kernel
                 extra = f"  [smem {cfg.bulk_smem_bytes()} B of staged rows + under 2 KB of sums and mbarriers]"
             lines.append(f"  {label:<{width}}  {cfg}{extra}")
+    if not tuned_enabled():
+        return "\n".join(lines + ["tuned: ignored (CUTE_KERNELS_TUNED=0): calls run the shipped configs"]) + "\n"
     tuned = [e for e in _entries().values() if kernel is None or e.get("kernel") == kernel]
     fp = source_fingerprint() if tuned else None
     tuned = [e for e in tuned if e.get("fingerprint") == fp]

@@ -314,6 +314,19 @@ def test_ranker_rejects_an_unusable_tuned_config(cache):
     assert "UNUSABLE (config needs" in listing and "shared memory" in listing
 
 
+def test_configs_listing_with_tuning_off_does_not_read_the_file(cache, monkeypatch, recwarn):
+    """``CUTE_KERNELS_TUNED=0``: ``cute-kernels configs`` says the tuned entries are ignored, without reading
+    tuned.json (a corrupt one warned there until session 83, though calls ignore it)."""
+    path = tuning.tuned_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    tuning.reload()
+    monkeypatch.setenv("CUTE_KERNELS_TUNED", "0")
+    listing = tuning.format_configs("scale")
+    assert listing.endswith("tuned: ignored (CUTE_KERNELS_TUNED=0): calls run the shipped configs\n")
+    assert "scale:" in listing and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 @pytest.mark.parametrize("content", [b'{"version": 1, "entries": {"k": {"note": "Jos\xe9"}}}', b"[" * 200000])
 def test_undecodable_tuned_file_is_ignored(cache, content):
     """A tuned.json that is not UTF-8 or nests too deeply is ignored with a warning, by readers and by
