@@ -304,7 +304,7 @@ def cmd_prune_cache(args) -> int:
     from .runtime.cache import cache_dir, prune
 
     try:
-        folders, nbytes, kept = prune(dry_run=args.dry_run)
+        folders, nbytes, kept, removed = prune(dry_run=args.dry_run)
     except OSError as exc:
         what = "list" if args.dry_run else "list or remove"
         print(f"prune-cache: cannot {what} the folders of {cache_dir()}: {exc.strerror or exc}"
@@ -313,6 +313,8 @@ def cmd_prune_cache(args) -> int:
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {folders} folder{'' if folders == 1 else 's'} of other sources ({nbytes / 2**20:.0f} MiB) "
           f"from {cache_dir()}")
+    for folder in removed:  # (the default cache is shared by every checkout: say which)
+        print(f"{verb} {folder.name}")
     for folder, why in kept:
         print(f"kept {folder.name}: {why}")
     return 0

@@ -710,7 +710,8 @@ def test_compile_fails_a_config_whose_entry_was_not_written(monkeypatch, tmp_pat
 
 
 def test_prune_cache_says_what_it_kept_and_why(tmp_path, monkeypatch, capsys):
-    """prune-cache (and --dry-run) lists the folders of other fingerprints it keeps, with the reason."""
+    """prune-cache (and --dry-run) names the folders of other fingerprints it removes (since session 83) and the ones
+    it keeps, with the reason."""
     import os
     import time
 
@@ -725,7 +726,7 @@ def test_prune_cache_says_what_it_kept_and_why(tmp_path, monkeypatch, capsys):
     for argv, verb in ((["prune-cache", "--dry-run"], "would remove"), (["prune-cache"], "removed")):
         assert cli.main(argv) == 0
         out = capsys.readouterr().out.splitlines()
-        assert out == [f"{verb} 1 folder of other sources (0 MiB) from {tmp_path}",
+        assert out == [f"{verb} 1 folder of other sources (0 MiB) from {tmp_path}", f"{verb} 00000000000000b1",
                        "kept 00000000000000b2: used 1 min ago (folders used in the last hour are kept)",
                        "kept 00000000000000b3: not a compile cache folder (files other than kernel folders of cache "
                        "entries, or none)"], out

@@ -463,6 +463,7 @@ class PruneResult(NamedTuple):
     folders: int  # cache folders of other fingerprints removed
     bytes: int  # their size
     kept: list[tuple[Path, str]]  # (folder, why) of the other fingerprint-named folders left
+    removed: list[Path] = []  # the folders removed (or, with dry_run, that would be)
 
 
 def _lock_is_free(lock: Path) -> bool:
@@ -498,9 +499,9 @@ def prune(dry_run: bool = False) -> PruneResult:
 
     root, fp = cache_dir(), source_fingerprint()
     if not root.is_dir():
-        return PruneResult(0, 0, [])
+        return PruneResult(0, 0, [], [])
     now = time.time()
-    folders, nbytes, kept = 0, 0, []
+    folders, nbytes, kept, removed = 0, 0, [], []
     for p in sorted(root.iterdir()):
         if p.name == fp or not _is_fingerprint_folder(p):
             continue
@@ -512,9 +513,10 @@ def prune(dry_run: bool = False) -> PruneResult:
             continue
         nbytes += _folder_bytes(p)
         folders += 1
+        removed.append(p)
         if not dry_run:
             shutil.rmtree(p)
-    return PruneResult(folders, nbytes, kept)
+    return PruneResult(folders, nbytes, kept, removed)
 
 
 def compile_record(kernel: str, key: Hashable) -> CompileRecord:
