@@ -771,6 +771,21 @@ def test_config_for_call_is_the_launched_config(monkeypatch, dtype, d, cap, cap_
                                                          and not own and not (d == 64 and cap_method == "soft_sign"))
 
 
+def test_config_for_call_applies_the_work_tile_limit():
+    """config_for_call refuses what the launch would: more than 2^30 work tiles for the chosen tile_m (meta
+    tensors; a packed call with max_seqlen too), where it named a config until session 83 (newcomer audit)."""
+    q = torch.empty(1024, 2**20, 1024, 64, dtype=torch.bfloat16, device="meta")
+    bounds = torch.zeros(1024, 4, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="exceed 2\\^30 work tiles"):
+        rf.config_for_call(q, q, q, bounds)
+    packed = torch.empty(2**30, 1024, 64, dtype=torch.bfloat16, device="meta")
+    cu = torch.zeros(1025, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="exceed 2\\^30 work tiles"):
+        rf.config_for_call(packed, packed, packed, bounds, cu_seqlens=cu, max_seqlen=2**20)
+    assert rf.config_for_call(packed, packed, packed, bounds, cu_seqlens=cu).head_dim == 64  # (no max_seqlen)
+    assert rf.config_for_call(q[:, :1024], q[:, :1024], q[:, :1024], bounds).head_dim == 64
+
+
 def test_trace_time_check_includes_devices():
     """The fake (torch.compile / make_fx) refuses tensors on different devices, as the eager call does."""
     q = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16, device="meta")

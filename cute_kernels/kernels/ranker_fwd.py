@@ -1835,7 +1835,8 @@ def config_for_call(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="t
     where the tile allows, :func:`self_kv_tma_taken`, which the ``cute-kernels layouts`` report says).  No launch,
     no compile, no device: tensors on any device, meta and CPU included (to see on a CPU which tile shape a call
     would take).  Raises the ``TypeError`` / ``ValueError`` of :func:`ranker_attention`'s argument checks but the
-    CUDA-device rule and the data pointers' alignment (``cu_seqlens``' values are not read)."""
+    CUDA-device rule and the data pointers' alignment (``cu_seqlens``' values are not read), and its limit of
+    2^30 work tiles for the chosen tile_m (a packed call's only with ``max_seqlen``, which it needs)."""
     if cap_method is None:
         cap_method = "none"
     varlen, nb, seq, hq, hkv, d = _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen,
@@ -1844,7 +1845,10 @@ def config_for_call(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="t
     device = q.device if q.device.type == "cuda" else None  # (CPU / meta: the current CUDA device's)
     cfg = overridden_config(_OVERRIDES, d, NAME) or config_for_shape(q.dtype, nb, seq, hq, hkv, d, capm, varlen,
                                                                      device=device, cap=cap)
-    return chosen_config(cfg, q.dtype, cap)
+    cfg = chosen_config(cfg, q.dtype, cap)
+    if not varlen or max_seqlen is not None:  # (the launch's limit; packed without max_seqlen: cu_seqlens' values)
+        _check_tile_count(max_seqlen if varlen else seq, cfg.tile_m, hq, nb, varlen)
+    return cfg
 
 
 def _ranker_impl(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_seqlen, out=None, lse=None,
