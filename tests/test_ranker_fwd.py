@@ -586,7 +586,7 @@ def fake_launch(monkeypatch):
     ([0, 2**31 - 1, -5], 2**31 - 1, "non-decreasing"),  # int32 differences would wrap
     ([0, 5, 17], None, r"cu_seqlens\[-1\]=17 exceeds the 16 packed tokens"),
     ([0, 5, 17], 12, "exceeds"),
-    ([0, 5, 16], 10, "max_seqlen=10 is smaller than sequence 1's length 11"),
+    ([0, 5, 16], 10, r"max_seqlen=10 is smaller than sequence 1's length 11 \(cu_seqlens\[2\] - cu_seqlens\[1\]\)"),
 ])
 def test_varlen_values_checked_before_launch(fake_launch, cu, max_seqlen, msg):
     with pytest.raises(ValueError, match=msg):

@@ -1539,7 +1539,8 @@ def _check_cu_seqlens_values(cu_seqlens: torch.Tensor, total: int,
     longest = int(lens.max())
     if max_seqlen is not None and max_seqlen < longest:
         b = int(torch.argmax(lens))
-        raise ValueError(f"max_seqlen={max_seqlen} is smaller than sequence {b}'s length {longest} (cu_seqlens)")
+        raise ValueError(f"max_seqlen={max_seqlen} is smaller than sequence {b}'s length {longest} "
+                         f"(cu_seqlens[{b + 1}] - cu_seqlens[{b}])")
     return longest, int(cu[-1])
 
 
