@@ -765,6 +765,25 @@ def test_unknown_flag_value_warns_once_and_cache_dir_is_absolute(monkeypatch, tm
     cache._absolute.cache_clear()
 
 
+def test_blank_cache_dir_and_relative_xdg_cache_home_count_as_unset(monkeypatch, tmp_path):
+    """CUTE_KERNELS_CACHE_DIR of blanks made a folder named " " in the working folder, and a relative
+    XDG_CACHE_HOME was taken from the working folder too (the XDG spec says to ignore it): both now fall back to
+    the next choice (newcomer audit, session 83)."""
+    from cute_kernels.runtime.cache import cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", " ")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")
+    cache._absolute.cache_clear()
+    try:
+        assert cache_dir() == tmp_path / "home" / ".cache" / "cute_kernels"
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        assert cache_dir() == tmp_path / "xdg" / "cute_kernels"
+    finally:
+        cache._absolute.cache_clear()
+
+
 def test_cache_report_without_home_and_on_a_dangling_link(monkeypatch, tmp_path):
     """cache_dir() must not raise where Path.expanduser does (no HOME: os.path.expanduser leaves '~' as is);
     the report (probe=False) calls a dangling symlink unusable, as compile's probe finds it (review,

@@ -47,10 +47,11 @@ _lock = threading.Lock()
 
 def cache_dir() -> Path:
     """Root of the on-disk cache (``CUTE_KERNELS_CACHE_DIR``, else ``$XDG_CACHE_HOME/cute_kernels``, else
-    ``~/.cache/cute_kernels``), as an absolute path."""
-    root = os.environ.get("CUTE_KERNELS_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cute_kernels"
-    )
+    ``~/.cache/cute_kernels``), as an absolute path.  A value of blanks counts as unset, and so does a relative
+    ``XDG_CACHE_HOME`` (the XDG spec says to ignore one)."""
+    root, xdg = os.environ.get("CUTE_KERNELS_CACHE_DIR", ""), os.environ.get("XDG_CACHE_HOME", "")
+    if not root.strip():
+        root = os.path.join(xdg if os.path.isabs(xdg) else os.path.expanduser("~/.cache"), "cute_kernels")
     return _absolute(root)
 
 
