@@ -1,6 +1,6 @@
 """Host overhead of this checkout against another tree of the library, interleaved on one machine.
 
-    python3 bench/overhead_ab.py --other PATH [--rounds N] [--json PATH]
+    python3 bench/overhead_ab.py --other PATH [--other-commit SHA] [--rounds N] [--json PATH]
 
 PATH holds another version's ``cute_kernels`` package, e.g. one made with
 ``mkdir -p .ab/OLD && git archive OLD cute_kernels | tar -x -C .ab/OLD``. Each round runs
@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--other", required=True, help="a folder holding another version's cute_kernels package")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--json")
+    ap.add_argument("--other-commit", help="the commit PATH's package came from (stamped on the record)")
     args = ap.parse_args()
     other = os.path.abspath(args.other)
     if not os.path.isdir(os.path.join(other, "cute_kernels")):
@@ -59,8 +60,12 @@ def main():
         print(f"{n:<46} {row['this']['best']:9.2f} {row['this']['median']:7.2f} "
               f"{row['other']['best']:10.2f} {row['other']['median']:7.2f}")
     if args.json:
+        sys.path.insert(0, ROOT)
+        from cute_kernels.cli import run_metadata  # (date, GPU, this tree's commit: CUTE_KERNELS_COMMIT or git)
+
         with open(args.json, "w") as f:
-            json.dump(dict(this=ROOT, other=other, rounds=args.rounds, calls=table), f, indent=1)
+            json.dump(dict(this=ROOT, other=other, other_commit=args.other_commit, rounds=args.rounds, calls=table,
+                           **run_metadata()), f, indent=1)
 
 
 if __name__ == "__main__":
