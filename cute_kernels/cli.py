@@ -304,14 +304,14 @@ def cmd_prune_cache(args) -> int:
     from .runtime.cache import cache_dir, prune
 
     try:
-        folders, nbytes, kept, removed = prune(dry_run=args.dry_run)
+        removed, nbytes, kept = prune(dry_run=args.dry_run)
     except OSError as exc:
         what = "list" if args.dry_run else "list or remove"
         print(f"prune-cache: cannot {what} the folders of {cache_dir()}: {exc.strerror or exc}"
               f"{f' ({exc.filename})' if exc.filename else ''}", file=sys.stderr)
         return 1
     verb = "would remove" if args.dry_run else "removed"
-    print(f"{verb} {folders} folder{'' if folders == 1 else 's'} of other sources ({nbytes / 2**20:.0f} MiB) "
+    print(f"{verb} {len(removed)} folder{'' if len(removed) == 1 else 's'} of other sources ({nbytes / 2**20:.0f} MiB) "
           f"from {cache_dir()}")
     for folder in removed:  # (the default cache is shared by every checkout: say which)
         print(f"{verb} {folder.name}")

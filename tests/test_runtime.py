@@ -854,8 +854,8 @@ def test_cache_usage_and_prune_keep_this_fingerprint(tmp_path, monkeypatch):
     (tmp_path / "notes").mkdir()
     use = cache.cache_usage()
     assert use["entries"] == 1 and use["stale"] == 1 and use["stale_bytes"] == 4 and use["bytes"] > 0
-    assert cache.prune(dry_run=True) == (1, 4, [], [old]) and old.exists()
-    assert cache.prune() == (1, 4, [], [old]) and not old.exists()
+    assert cache.prune(dry_run=True) == ([old], 4, []) and old.exists()
+    assert cache.prune() == ([old], 4, []) and not old.exists()
     assert (tmp_path / "tuned.json").exists() and (tmp_path / "notes").exists()
     assert (tmp_path / cache.source_fingerprint()).is_dir() and cache.cache_usage()["stale"] == 0
 
@@ -1046,10 +1046,10 @@ def test_prune_keeps_folders_in_use_and_folders_that_are_not_caches(tmp_path, mo
     with FileLock(str(locked / "scale" / "a.lock")):  # (a process compiling or loading that entry)
         two_hours_ago = time.time() - 7200  # (filelock 4.0 empties, so touches, the file it locks: old again)
         os.utime(locked / "scale" / "a.lock", (two_hours_ago, two_hours_ago))
-        assert cache.prune(dry_run=True)[:2] == (1, 12)
+        assert cache.prune(dry_run=True)[:2] == ([idle], 12)
         assert all(p.exists() for p in (idle, recent, locked, other, mixed, empty, results))
-        folders, nbytes, kept, removed = cache.prune()
-    assert (folders, nbytes, removed) == (1, 12, [idle]) and not idle.exists()
+        removed, nbytes, kept = cache.prune()
+    assert (removed, nbytes) == ([idle], 12) and not idle.exists()
     why = {p.name: reason for p, reason in kept}
     assert sorted(why) == [p.name for p in (recent, locked, other, mixed, empty, results)]
     assert why[recent.name].startswith("used 10 min ago") and "an entry lock is held (scale/a.lock" in why[locked.name]
@@ -1076,9 +1076,9 @@ def test_prune_probe_leaves_lock_files_as_they_are(tmp_path, monkeypatch):
     two_hours_ago = time.time() - 7200
     os.utime(lock, (two_hours_ago, two_hours_ago))
     before = lock.stat().st_mtime_ns
-    assert cache.prune(dry_run=True)[:2] == (1, 5)
+    assert cache.prune(dry_run=True)[:2] == ([idle], 5)
     assert lock.read_bytes() == b"x" and lock.stat().st_mtime_ns == before
-    assert cache.prune()[:2] == (1, 5) and not idle.exists()
+    assert cache.prune()[:2] == ([idle], 5) and not idle.exists()
 
 
 def test_a_load_marks_its_entry_used(tmp_path, monkeypatch):

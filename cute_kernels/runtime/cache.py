@@ -461,10 +461,9 @@ def cache_usage() -> dict:
 class PruneResult(NamedTuple):
     """What :func:`prune` removed (or, with ``dry_run``, would remove) and what it kept."""
 
-    folders: int  # cache folders of other fingerprints removed
+    removed: list[Path]  # cache folders of other fingerprints removed (or, with dry_run, that would be)
     bytes: int  # their size
     kept: list[tuple[Path, str]]  # (folder, why) of the other fingerprint-named folders left
-    removed: list[Path] = []  # the folders removed (or, with dry_run, that would be)
 
 
 def _lock_is_free(lock: Path) -> bool:
@@ -500,9 +499,9 @@ def prune(dry_run: bool = False) -> PruneResult:
 
     root, fp = cache_dir(), source_fingerprint()
     if not root.is_dir():
-        return PruneResult(0, 0, [], [])
+        return PruneResult([], 0, [])
     now = time.time()
-    folders, nbytes, kept, removed = 0, 0, [], []
+    removed, nbytes, kept = [], 0, []
     for p in sorted(root.iterdir()):
         if p.name == fp or not _is_fingerprint_folder(p):
             continue
@@ -513,11 +512,10 @@ def prune(dry_run: bool = False) -> PruneResult:
             kept.append((p, why))
             continue
         nbytes += _folder_bytes(p)
-        folders += 1
         removed.append(p)
         if not dry_run:
             shutil.rmtree(p)
-    return PruneResult(folders, nbytes, kept, removed)
+    return PruneResult(removed, nbytes, kept)
 
 
 def compile_record(kernel: str, key: Hashable) -> CompileRecord:
