@@ -45,6 +45,9 @@ class ScaleConfig(ValidatedConfig):
             raise ValueError(f"unroll={self.unroll}: must be in [1, 16]")
 
 
+_CONFIG = ScaleConfig()  # the one config: compiled for every dtype, launched by scale()
+
+
 class ScaleKernel:
     """``y[i] = alpha * x[i]`` over a flat, 16-byte aligned tensor of any length."""
 
@@ -100,14 +103,13 @@ def _compile(dtype: torch.dtype, config: ScaleConfig):
 
 
 def compile_targets() -> list[CompileTarget]:
-    cfg = ScaleConfig()
-    return [CompileTarget(NAME, f"{str(d).replace('torch.', '')} {cfg}", (str(d), cfg),
-                          build=lambda d=d: _compile(d, cfg)) for d in DTYPES]
+    return [CompileTarget(NAME, f"{str(d).replace('torch.', '')} {_CONFIG}", (str(d), _CONFIG),
+                          build=lambda d=d: _compile(d, _CONFIG)) for d in DTYPES]
 
 
 def shipped_configs() -> dict[str, ScaleConfig]:
     """``{label: config}`` of the compile targets (``cute-kernels configs``): the one config, per dtype."""
-    return {str(d).replace("torch.", ""): ScaleConfig() for d in DTYPES}
+    return {str(d).replace("torch.", ""): _CONFIG for d in DTYPES}
 
 
 def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
@@ -121,7 +123,6 @@ def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
         raise ValueError(f"x.numel()={x.numel()} must be below 2**31 (32-bit element count); split the call")
 
 
-_CONFIG = ScaleConfig()
 _FNS: dict = {}  # dtype -> the compiled function of _CONFIG (the eager call's lookup: no config or key to build)
 
 
