@@ -723,6 +723,68 @@ def test_dynamic_compile_reports_a_bad_scalar():
     assert any("softmax_scale is not finite or out of its range" in m for m in chain), chain
 
 
+def test_dynamic_compile_errors_name_values_not_symbols():
+    """torch.compile(dynamic=True): an argument check that fails in an op's fake (on symbolic sizes) names the
+    traced call's sizes, not torch's symbols (it said ``bounds must have shape [s85, 4], got [s52, s0]``), and a
+    message with a plural built from a symbolic size is no TypeError of its own (``'s' * SymBool``)."""
+    import re
+
+    import cute_kernels as ck
+
+    meta = lambda *s, dtype=torch.bfloat16: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
+    i32, f32 = torch.int32, torch.float32
+    q = meta(2, 40, 4, 64)
+    cases = [
+        (lambda q, b: ck.ranker_attention(q, q, q, b), (q, meta(3, 4, dtype=i32)),
+         "bounds must have shape [2, 4], got [3, 4]"),
+        (lambda q, k, b: ck.ranker_attention(q, k, k, b), (q, meta(2, 41, 4, 64), meta(2, 4, dtype=i32)),
+         "q [2, 40, 4, 64] and k [2, 41, 4, 64] must share batch and sequence sizes"),
+        (lambda q, b, c: ck.ranker_attention(q, q, q, b, cu_seqlens=c, max_seqlen=40),
+         (meta(40, 4, 64), meta(3, 4, dtype=i32), meta(3, dtype=i32)),
+         "bounds has 3 rows; cu_seqlens has 3 entries, i.e. B = 2 sequences, so bounds must have 2 rows"),
+        (lambda q, l, d, b: ck.ranker_attention_backward(q, q, q, q, l, d, b),
+         (q, meta(2, 4, 40, dtype=f32), meta(2, 39, 4, 64), meta(2, 4, dtype=i32)),
+         "dout must have shape [2, 40, 4, 64], got [2, 39, 4, 64]"),
+        (lambda a, b, c, d: ck.qk_rmsnorm_(a, b, c, d, 1e-6), (meta(5, 128), meta(5, 64), meta(136), meta(64)),
+         "q_weight must have shape [128], got [136]"),
+        (lambda x, w, s, b: ck.hc_mix_sinkhorn(x, w, s, b),
+         (meta(8, 256), meta(24, 248, dtype=f32), meta(3, dtype=f32), meta(24, dtype=f32)),
+         "hc_fn must have shape [24, 256], got [24, 248]"),
+    ]
+    for fn, args, want in cases:
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:
+            torch.compile(fn, dynamic=True, fullgraph=True, backend="eager")(*args)
+        chain, e = [], info.value
+        while e is not None:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        ours = [str(e) for e in chain if type(e) is ValueError]
+        assert ours and want in ours[0], (want, [f"{type(e).__name__}: {e}" for e in chain])
+        assert not re.search(r"(?<!\w)s\d+(?!\w)", ours[0]), ours[0]
+
+
+def test_sym_values_in_messages():
+    """``validate.with_sym_values`` on a shape environment's sizes: a whole expression becomes its value,
+    symbols inside other expressions theirs, other text stays."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from cute_kernels.runtime.validate import known, with_sym_values
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 3)
+    x = mode.from_tensor(torch.empty(12, 5, 7), symbolic_context=ctx)
+    a, b, c = x.shape
+    assert all(isinstance(s, torch.SymInt) for s in (a, b, c)) and len({str(a), str(b), str(c)}) == 3
+    assert (known(a), known(b), known(3)) == (12, 5, 3)
+    msg = f"x {list(x.shape)}, strides {x.stride()}, numel {x.numel()}, tiles ceil({a}/128)*{b}, sm_90a kept"
+    got = with_sym_values(msg, (x,))
+    assert got == "x [12, 5, 7], strides (35, 7, 1), numel 420, tiles ceil(12/128)*5, sm_90a kept", got
+    assert with_sym_values("no symbols here", (x,)) == "no symbols here"
+    assert with_sym_values(f"{a}", (torch.empty(2),)) == str(a)  # (no symbolic argument: unchanged)
+
+
 def test_env_flags_read_alike(monkeypatch):
     """CUTE_KERNELS_CACHE and CUTE_KERNELS_TUNED take the same values (empty is off for both); an unknown
     value is on, with a warning."""

@@ -95,7 +95,7 @@ from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager,
                                 without_autocast, without_data)
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fields, check_float_tensors,
                                 check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
-                                check_real, exceeds, validated_once)
+                                check_real, exceeds, known, validated_once)
 from ..runtime.warn import warn_user
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
@@ -1628,7 +1628,7 @@ def _validate(q, k, v, bounds, softmax_scale, cap, cap_method, cu_seqlens, max_s
         if k.shape[0] != nb or k.shape[1] != seq:
             raise ValueError(f"q {list(q.shape)} and k {list(k.shape)} must share batch and sequence sizes")
     if varlen and isinstance(bounds, torch.Tensor) and bounds.dim() == 2 and bounds.shape[0] != nb:
-        rows = bounds.shape[0]
+        rows, nb = known(bounds.shape[0]), known(nb)  # (values, not symbols, while tracing)
         raise ValueError(f"bounds has {rows} row{'s' * (rows != 1)}; cu_seqlens has {nb + 1} entries, i.e. B = {nb} "
                          f"sequence{'s' * (nb != 1)}, so bounds must have {nb} row{'s' * (nb != 1)} (one per sequence)")
     check_tensor("bounds", bounds, dtypes=(torch.int32,), shape=(nb, 4), cuda=cuda, align_bytes=4,

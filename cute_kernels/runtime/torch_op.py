@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 import torch
 from torch.autograd import forward_ad as _fwad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+from .validate import with_sym_values
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -254,6 +255,23 @@ class _EagerFastPath:
         return self.impl(*args, **kwargs)
 
 
+def _values_in_errors(fake: Callable) -> Callable:
+    """``fake`` whose argument errors (``TypeError`` / ``ValueError``) name the traced call's sizes, not the
+    symbols torch.compile / torch.export trace them as (:func:`.validate.with_sym_values`): the exception itself
+    is re-raised, its message rewritten."""
+
+    @functools.wraps(fake)
+    def checked(*args, **kwargs):
+        try:
+            return fake(*args, **kwargs)
+        except (TypeError, ValueError) as exc:
+            if len(exc.args) == 1 and isinstance(exc.args[0], str):
+                exc.args = (with_sym_values(exc.args[0], (*args, *kwargs.values())),)
+            raise
+
+    return checked
+
+
 def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | None = None,
               precheck: Callable | None = None):
     """Decorator: register ``impl`` as ``torch.ops.cute_kernels.<name>``; return the fast-path caller.
@@ -277,7 +295,7 @@ def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | 
         op = torch.library.custom_op(f"cute_kernels::{name}", registered_impl, mutates_args=mutates_args,
                                      schema=schema)
         if fake is not None:
-            op.register_fake(fake)
+            op.register_fake(_values_in_errors(fake))
         else:
             op.register_fake(lambda *a, **k: None)
         mutated = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)

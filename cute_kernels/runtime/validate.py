@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from typing import Iterable, Sequence
 
 import torch
@@ -125,6 +126,49 @@ def exceeds(size, limit: int) -> bool:
 
         return statically_known_true(size > limit)
     return size > limit
+
+
+def known(value):
+    """A symbolic size's value in the call being traced (its hint: torch.compile / torch.export trace fake
+    tensors whose sizes are symbols), for an error message; anything else as it is.  No guard is added."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):
+        hint = getattr(value.node, "hint", None)
+        return value if hint is None else hint
+    return value
+
+
+def _sym_values(args) -> dict[str, str]:
+    """The values behind the symbolic sizes in ``args`` (fake tensors' sizes, strides, offsets and element
+    counts, and SymInt / SymFloat scalars, also inside lists and tuples): a map from the text torch prints for
+    each (``"s85"``, ``"96*s0*s34"``) to the example value the trace was made with (its hint).  Sizes without a
+    hint (data-dependent ones) are left out."""
+    values: dict[str, str] = {}
+    pending = list(args)
+    while pending:
+        a = pending.pop()
+        if isinstance(a, torch.Tensor):
+            pending.extend((*a.shape, *a.stride(), a.storage_offset(), a.numel()))
+        elif isinstance(a, (list, tuple)):
+            pending.extend(a)
+        elif isinstance(a, (torch.SymInt, torch.SymFloat)) and known(a) is not a:
+            values[str(a)] = str(known(a))
+    return values
+
+
+def with_sym_values(message: str, args) -> str:
+    """``message`` with the symbolic sizes torch printed in it (``bounds must have shape [s85, 4], got [s52,
+    s0]``) replaced by the values of the call being traced (``[2, 4], got [3, 4]``): an argument check that fails
+    under ``torch.compile(dynamic=True)`` / ``torch.export`` runs on fake tensors whose sizes are symbols.
+    ``args``: the checked call's arguments, where the values are read (:func:`_sym_values`).  A whole expression
+    that is some size's own (a stride ``96*s0*s34``) becomes that size's value; in any other expression each
+    symbol that is a size becomes its value (``ceil(s0/128)`` -> ``ceil(40/128)``).  Text without such symbols
+    comes back unchanged."""
+    values = _sym_values(args)
+    if not values:
+        return message
+    keys = sorted(values, key=len, reverse=True)  # longest first: "s34*s0" before "s34"
+    pattern = re.compile("|".join(rf"(?<!\w){re.escape(k)}(?!\w)" for k in keys))
+    return pattern.sub(lambda m: values[m.group(0)], message)
 
 
 def check_extent(name: str, t: torch.Tensor, *, limit: int = INT32_MAX) -> None:
