@@ -764,6 +764,37 @@ def test_dynamic_compile_errors_name_values_not_symbols():
         assert not re.search(r"(?<!\w)s\d+(?!\w)", ours[0]), ours[0]
 
 
+def test_dynamic_compile_bad_constants_keep_our_message():
+    """torch.compile(dynamic=True, fullgraph=True) with a bad constant: Dynamo's ``Unsupported`` ("Observed
+    exception") carries our TypeError / ValueError as its cause.  Formatting the value in our message failed while
+    Dynamo traced it (a tensor's repr, a symbolic float's: "BUILD_STRING type error", "repr() on tensor"), and
+    that error replaced ours."""
+    import cute_kernels as ck
+
+    meta = lambda *s, dtype=torch.float32: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
+    bf = torch.bfloat16
+    x, w, sc, b = meta(8, 256, dtype=bf), meta(24, 256), meta(3), meta(24)
+    q, bounds = meta(1, 64, 2, 64, dtype=bf), meta(1, 4, dtype=torch.int32)
+    cases = [
+        (lambda x: ck.hc_mix_sinkhorn(x, w, sc, b, sinkhorn_iters=1.5), x, "sinkhorn_iters must be an int, got float"),
+        (lambda x: ck.hc_mix_sinkhorn(x, w, sc, b, method=2.5), x, "method must be a str, one of"),
+        (lambda x: ck.hc_mix_sinkhorn(x, w, sc, b, rms_eps=torch.tensor(0.5)), x,
+         "rms_eps must be a real number, got Tensor"),
+        (lambda q: ck.ranker_attention(q, q, q, bounds, return_lse=0.1), q, "return_lse must be a bool, got float"),
+        (lambda q: ck.qk_rmsnorm_(q[0, :, 0], q[0, :, 1], q[0, 0, 0], q[0, 0, 0], eps=1e-40), q,
+         "eps=<traced value> is below float32's smallest normal number"),
+    ]
+    for fn, arg, want in cases:
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:
+            torch.compile(fn, dynamic=True, fullgraph=True, backend="eager")(arg)
+        chain, e = [], info.value
+        while e is not None:
+            chain.append(f"{type(e).__name__}: {e}")
+            e = e.__cause__ or e.__context__
+        assert any(want in m for m in chain), (want, chain)
+
+
 def test_sym_values_in_messages():
     """``validate.with_sym_values`` on a shape environment's sizes: a whole expression becomes its value,
     symbols inside other expressions theirs, other text stays."""

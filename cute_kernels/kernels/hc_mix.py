@@ -27,7 +27,7 @@ from ..registry import CheckResult, CompileTarget
 from ..runtime.torch_op import custom_op, register_flops, without_autocast
 from ..runtime.validate import (INT32_MAX, aligned_data, check_f32_eps, check_float_tensors, check_int,
                                 check_same_device, check_distinct_rows, check_extent, check_tensor, element_span,
-                                exceeds, validated_once)
+                                exceeds, shown, validated_once)
 from . import hc_mix_walk as walk
 from .hc_mix_shared import HC, K_ALIGN, N_MIX, N_PIECES, SP_COLS
 
@@ -215,7 +215,7 @@ METHODS = ("walk", "tma")  # not "kernel": inductor's FallbackKernel.create take
 
 def _check_method(method) -> None:
     if not isinstance(method, str):  # (TypeError, as ranker_attention's cap_method)
-        raise TypeError(f"method must be a str, one of {METHODS}; got {type(method).__name__} {method!r}")
+        raise TypeError(f"method must be a str, one of {METHODS}; got {shown(method)}")
     if method not in METHODS:
         raise ValueError(f"method={method!r}: must be one of {METHODS}")
 

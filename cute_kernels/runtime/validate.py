@@ -216,7 +216,7 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     if isinstance(value, (torch.SymInt, torch.SymFloat)):
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a real number, got {shown(value)}")
     check_value_known(name, value)
     try:
         v = float(value)
@@ -257,7 +257,7 @@ def check_f32_eps(name: str, value) -> float:
     if isinstance(v, torch.SymFloat):
         return v
     if 0 < v < F32_MIN_NORMAL:
-        raise ValueError(f"{name}={value!r} is below float32's smallest normal number (1.18e-38): it would "
+        raise ValueError(f"{name}={_short(value)} is below float32's smallest normal number (1.18e-38): it would "
                          "become 0; pass 0 or a larger value")
     return v
 
@@ -281,7 +281,7 @@ def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
     if isinstance(value, torch.SymInt):
         return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be an int, got {shown(value)}")
     check_value_known(name, value, f"bound it with torch._check({low} <= {name} <= {high}) so that the trace can "
                       "decide its range")
     v = int(value)
@@ -291,8 +291,17 @@ def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
 
 
 def _short(value, limit: int = 40) -> str:
+    if torch.compiler.is_compiling():  # (Dynamo formats neither a tensor nor a symbolic float: its own error
+        return "<traced value>"  # would replace ours)
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def shown(value) -> str:
+    """``value`` for an error message: its type and its repr, cut to 40 characters; while torch.compile traces,
+    its type and ``<traced value>`` (Dynamo can format neither a tensor nor a symbolic float there, and its own
+    error would then replace ours)."""
+    return f"{type(value).__name__} {_short(value)}"
 
 
 def signature(t) -> tuple | None:
