@@ -8,6 +8,7 @@ mutations every run (tests/seeding.py: ``CUTE_KERNELS_SEED`` replays them); the 
 """
 
 import random
+import re
 
 import pytest
 import torch
@@ -66,7 +67,9 @@ def mutate_tensor(rng: random.Random, t):
     return t, False
 
 
-def run_fuzz(name, valid_args, call, check_outputs, case):
+def mutated_case(name, valid_args, case):
+    """Case ``case`` of op ``name``: ``(args, must_raise, desc)``, a valid call's arguments after one to three
+    random mutations, the arguments no call can take, and a description naming the call."""
     rng = case_rng(case)
     args = dict(valid_args(rng))
     tensors = {k for k, v in args.items() if isinstance(v, torch.Tensor)}  # (required tensor arguments)
@@ -83,6 +86,11 @@ def run_fuzz(name, valid_args, call, check_outputs, case):
     desc = f"{name} case {case}: changed {changes}: " + ", ".join(
         f"{k}={tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}"
         + (f"/{v.dtype}/{v.device}/{v.stride()}" if isinstance(v, torch.Tensor) else "") for k, v in args.items())
+    return args, must_raise, desc
+
+
+def run_fuzz(name, valid_args, call, check_outputs, case):
+    args, must_raise, desc = mutated_case(name, valid_args, case)
     try:
         out = call(args)
     except (TypeError, ValueError):
@@ -172,3 +180,36 @@ def test_bad_arguments_raise_type_or_value_errors(op):
     valid, call, check = OPS[op]
     for case in range(CASES):
         run_fuzz(op, valid, call, check, case)
+
+
+COMPILED_CASES = 30
+_SYMBOL = re.compile(r"(?<!\w)[su]\d+(?!\w)")  # a size symbol of torch's shape environment (s85, u0)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_bad_arguments_under_dynamic_compile_raise_ours(op):
+    """The mutated calls under ``torch.compile(dynamic=True, fullgraph=True)`` (meta tensors as graph inputs, the
+    scalars as constants): each traces, or fails with our ``TypeError`` / ``ValueError`` somewhere in the exception's
+    chain (Dynamo's ``TorchRuntimeError`` from an op's fake, or its "Observed exception" from the Python wrapper)
+    naming values, not torch's size symbols.  Formatting a message with a tensor or a symbolic float failed while
+    Dynamo traced it, and its own error replaced ours; messages showed ``[s85, 4]``."""
+    valid, call, _ = OPS[op]
+    for case in range(COMPILED_CASES):
+        args, _, desc = mutated_case(op, valid, 20_000 + case)
+        tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+        rest = {k: v for k, v in args.items() if k not in tensors}
+        torch._dynamo.reset()
+        try:
+            torch.compile(lambda **t: call({**rest, **t}), dynamic=True, fullgraph=True, backend="eager")(**tensors)
+            continue
+        except Exception as e:  # noqa: BLE001 (the property under test)
+            chain = []
+            while e is not None:
+                chain.append(e)
+                e = e.__cause__ or e.__context__
+        ours = [str(e) for e in chain if type(e) in (TypeError, ValueError)]
+        ours += [str(e) for e in chain  # (Dynamo's copies: ObservedTypeError, ObservedValueErrorError, ...)
+                 if type(e).__name__.startswith("Observed") and re.match(r"raised exception (Type|Value)Error\(", str(e))]
+        text = " <- ".join(f"{type(e).__name__}: {str(e)[:300]}" for e in chain)
+        assert ours, f"{desc}: no TypeError / ValueError of ours in {text}"
+        assert not any(_SYMBOL.search(m) for m in ours), f"{desc}: a size symbol in {ours}"

@@ -95,7 +95,7 @@ from ..runtime.torch_op import (capturing as _capturing, custom_op, plain_eager,
                                 without_autocast, without_data)
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_config_fields, check_float_tensors,
                                 check_same_device, check_tensor, F32_MAX, MEMO_LIMIT, check_bool, check_int,
-                                check_real, exceeds, known, validated_once)
+                                check_real, exceeds, known, short_repr, validated_once)
 from ..runtime.warn import warn_user
 from ..tuning import generation as tuning_generation, memo_store, register_memo, tuned_config
 from . import sm90_helpers as sm90
@@ -1496,11 +1496,12 @@ def _check_scalars(softmax_scale, cap, cap_method) -> None:
     if cap_method not in CAP_METHODS:
         raise ValueError(f"cap_method={cap_method!r}: expected 'tanh' or 'soft_sign' (or 'none' without a cap)")
     if cap_method == "none" and cap is not None:
-        raise ValueError(f"cap={cap!r} with cap_method='none': give cap_method 'tanh' or 'soft_sign', or cap=None")
+        raise ValueError(f"cap={short_repr(cap)} with cap_method='none': give cap_method 'tanh' or 'soft_sign', or "
+                         "cap=None")
     # >= 0: the online softmax takes its running max over raw scores (a negative scale would flip it)
     sc = None if softmax_scale is None else check_real("softmax_scale", softmax_scale, low=0.0, high=_SCALAR_MAX)
     if isinstance(sc, float) and 0.0 < sc < _F32_TINY:  # float32 would flush it to 0 (as eps and cap refuse)
-        raise ValueError(f"softmax_scale={sc!r} is below float32's smallest normal 2**-126: give 0 (uniform "
+        raise ValueError(f"softmax_scale={short_repr(sc)} is below float32's smallest normal 2**-126: give 0 (uniform "
                          "attention over the admitted keys) or a larger scale")
     if cap is not None:
         c = check_real("cap", cap, low=_F32_TINY, high=_SCALAR_MAX)  # a normal float32

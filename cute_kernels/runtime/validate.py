@@ -221,7 +221,7 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     try:
         v = float(value)
     except OverflowError:
-        raise ValueError(f"{name}={_short(value)} is out of float range") from None
+        raise ValueError(f"{name}={short_repr(value)} is out of float range") from None
     # without a lower bound: finite in float32 on both sides (-1e39 would reach the kernel as -inf)
     below = v < -F32_MAX if low is None else (v <= low if low_open else v < low)
     if not -math.inf < v < math.inf or below or v > high:  # (comparisons, not math.isfinite: dynamo traces them)
@@ -236,7 +236,7 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
                 "float(numpy.finfo(numpy.float32).max))" if high == F32_MAX and (v > 0 or low is None)
                 and F32_MAX < abs(v) <= 3.4028235e38 else "")
         raise ValueError(f"{name} must be finite{', ' + ' and '.join(bounds) if bounds else ''}, got "
-                         f"{_short(value)}{note}")
+                         f"{short_repr(value)}{note}")
     return v
 
 
@@ -257,7 +257,7 @@ def check_f32_eps(name: str, value) -> float:
     if isinstance(v, torch.SymFloat):
         return v
     if 0 < v < F32_MIN_NORMAL:
-        raise ValueError(f"{name}={_short(value)} is below float32's smallest normal number (1.18e-38): it would "
+        raise ValueError(f"{name}={short_repr(value)} is below float32's smallest normal number (1.18e-38): it would "
                          "become 0; pass 0 or a larger value")
     return v
 
@@ -272,7 +272,7 @@ def check_bool(name: str, value) -> bool:
     if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {kind.__module__ + '.' if kind.__module__ != 'builtins' else ''}"
-                    f"{kind.__name__} {_short(value)}")
+                    f"{kind.__name__} {short_repr(value)}")
 
 
 def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
@@ -286,11 +286,13 @@ def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
                       "decide its range")
     v = int(value)
     if not low <= v <= high:
-        raise ValueError(f"{name}={_short(v)} must be in [{low}, {high}]")
+        raise ValueError(f"{name}={short_repr(v)} must be in [{low}, {high}]")
     return v
 
 
-def _short(value, limit: int = 40) -> str:
+def short_repr(value, limit: int = 40) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters; ``<traced value>`` while torch.compile
+    traces (see :func:`shown`)."""
     if torch.compiler.is_compiling():  # (Dynamo formats neither a tensor nor a symbolic float: its own error
         return "<traced value>"  # would replace ours)
     text = repr(value)
@@ -301,7 +303,7 @@ def shown(value) -> str:
     """``value`` for an error message: its type and its repr, cut to 40 characters; while torch.compile traces,
     its type and ``<traced value>`` (Dynamo can format neither a tensor nor a symbolic float there, and its own
     error would then replace ours)."""
-    return f"{type(value).__name__} {_short(value)}"
+    return f"{type(value).__name__} {short_repr(value)}"
 
 
 def signature(t) -> tuple | None:
