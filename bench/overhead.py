@@ -84,6 +84,9 @@ def main():
             res[name] = dict(host_us_per_call=host)
             print(f"{name:<44} {host:7.2f} us per call (host)")
     if args.json:
+        from cute_kernels.cli import run_metadata  # (date, GPU, commit: CUTE_KERNELS_COMMIT or git)
+
+        res["run"] = run_metadata()  # (no host_us_per_call: overhead_ab.py reads the calls only)
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
 
