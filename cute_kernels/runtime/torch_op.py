@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 import torch
 from torch.autograd import forward_ad as _fwad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+
 from .validate import with_sym_values
 
 
