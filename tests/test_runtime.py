@@ -769,6 +769,8 @@ def test_dynamic_compile_bad_constants_keep_our_message():
     exception") carries our TypeError / ValueError as its cause.  Formatting the value in our message failed while
     Dynamo traced it (a tensor's repr, a symbolic float's: "BUILD_STRING type error", "repr() on tensor"), and
     that error replaced ours."""
+    import numpy as np
+
     import cute_kernels as ck
 
     meta = lambda *s, dtype=torch.float32: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
@@ -783,6 +785,10 @@ def test_dynamic_compile_bad_constants_keep_our_message():
         (lambda q: ck.ranker_attention(q, q, q, bounds, return_lse=0.1), q, "return_lse must be a bool, got float"),
         (lambda q: ck.qk_rmsnorm_(q[0, :, 0], q[0, :, 1], q[0, 0, 0], q[0, 0, 0], eps=1e-40), q,
          "eps=<traced value> is below float32's smallest normal number"),
+        # (float() of an int past float's range raised OverflowError, whose handler Dynamo cannot trace)
+        (lambda x: ck.scale(x, 10**400), x, "alpha=<traced value> is out of float range"),
+        (lambda q: ck.ranker_attention(q, q, q, bounds, softmax_scale=-10**400), q, "out of float range"),
+        (lambda x: ck.scale(x, np.float32(0.5)), x, "pass a Python number"),  # (Dynamo traces it as an array)
     ]
     for fn, arg, want in cases:
         torch._dynamo.reset()
@@ -793,6 +799,10 @@ def test_dynamic_compile_bad_constants_keep_our_message():
             chain.append(f"{type(e).__name__}: {e}")
             e = e.__cause__ or e.__context__
         assert any(want in m for m in chain), (want, chain)
+    # without fullgraph a numpy scalar runs eagerly, as it does outside torch.compile (it failed with an
+    # AssertionError inside torch: the value traced as a tensor reached a guard)
+    torch._dynamo.reset()
+    assert torch.compile(lambda x, a: ck.scale(x, a), backend="eager")(x, np.float64(0.5)).shape == x.shape
 
 
 def test_sym_values_in_messages():

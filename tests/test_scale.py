@@ -32,6 +32,21 @@ def test_validation_before_launch():
         cute_kernels.scale(torch.zeros(8, dtype=torch.float16), 1.0)
 
 
+def test_short_rows_of_a_contiguous_x_are_accepted():
+    """The kernel reads x flat: a contiguous x whose rows are shorter than 16 bytes (bf16 [4, 4], float32 [2, 2])
+    passes, as the docstring promises (it was refused as "stride 4 in dim 0 is not a multiple of 16 bytes; pass a
+    contiguous tensor"); a non-contiguous one and a misaligned flat view still fail (meta tensors: every check but
+    the data pointer's)."""
+    for shape, dtype in (((4, 4), torch.bfloat16), ((8, 2), torch.bfloat16), ((2, 3, 4), torch.bfloat16),
+                         ((2, 2), torch.float32)):
+        x = torch.empty(*shape, dtype=dtype, device="meta")
+        assert cute_kernels.scale(x, 2.0).shape == shape
+    with pytest.raises(ValueError, match="contiguous"):
+        cute_kernels.scale(torch.empty(4, 16, dtype=torch.bfloat16, device="meta")[:, :8], 2.0)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cute_kernels.scale(torch.empty(5, 3, dtype=torch.bfloat16, device="meta"), 2.0)
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="multiple of 32"):
         mod.ScaleConfig(threads=100).validate()

@@ -113,9 +113,12 @@ def shipped_configs() -> dict[str, ScaleConfig]:
 
 
 def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
-    check_tensor("x", x, dtypes=DTYPES, cuda=cuda, data_pointer=pointers)
+    flat = isinstance(x, torch.Tensor) and x.dim() == 1
+    check_tensor("x", x, dtypes=DTYPES, cuda=cuda, data_pointer=pointers, align_bytes=16 if flat else 0)
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous, got strides {x.stride()}")
+    if not flat:  # the kernel reads x flat: the flat view's 16-byte alignment counts, not each row's length in bytes
+        check_tensor("x", x.view(-1), cuda=False, data_pointer=pointers)
     vec = 16 // x.element_size()
     if x.numel() % vec:
         raise ValueError(f"x.numel()={x.numel()} must be a multiple of {vec} (16-byte vectors)")

@@ -198,6 +198,9 @@ def check_value_known(name: str, value, advice: str = "the kernels' ops take Pyt
     Eagerly, and for constants or symbols with a hint (comparing those installs a guard), nothing: two
     comparisons that torch's ``guard_or_false`` reads as False only where they cannot be decided (a NaN
     constant is left to the range checks after this, which refuse it)."""
+    if torch.compiler.is_compiling() and type(value).__module__ == "numpy":  # (Dynamo traces it as a tensor)
+        raise TypeError(f"{name} is a numpy {type(value).__name__}: under torch.compile the ops take Python numbers; "
+                        f"pass float({name}) or int({name})")
     if (torch.compiler.is_compiling() and guard_or_true(value == value)
             and not (guard_or_false(value < 1e300) or guard_or_false(value >= 1e300))):
         raise ValueError(f"{name} is a value known only when the compiled graph runs (a tensor's .item()): "
@@ -218,6 +221,9 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {shown(value)}")
     check_value_known(name, value)
+    # an int past float's range: refused before float() raises (Dynamo cannot trace the OverflowError's handler)
+    if isinstance(value, int) and not -2**1023 <= value <= 2**1023:
+        raise ValueError(f"{name}={short_repr(value)} is out of float range")
     try:
         v = float(value)
     except OverflowError:
@@ -303,6 +309,8 @@ def shown(value) -> str:
     """``value`` for an error message: its type and its repr, cut to 40 characters; while torch.compile traces,
     its type and ``<traced value>`` (Dynamo can format neither a tensor nor a symbolic float there, and its own
     error would then replace ours)."""
+    if torch.compiler.is_compiling() and type(value).__module__ == "numpy":  # (a numpy scalar reads as an array)
+        return f"numpy {type(value).__name__} <traced value> (under torch.compile pass a Python number: float(x))"
     return f"{type(value).__name__} {short_repr(value)}"
 
 

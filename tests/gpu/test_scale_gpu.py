@@ -32,6 +32,10 @@ def test_public_op_multi_dim_and_empty():
     assert torch.equal(cute_kernels.scale(x, 0.5), cute_kernels.scale_reference(x, 0.5))
     e = torch.empty(0, 8, device="cuda", dtype=torch.float16)
     assert cute_kernels.scale(e, 2.0).shape == (0, 8)
+    # rows shorter than 16 bytes: the kernel reads x flat (these were refused: "stride 4 ... not a multiple of 16")
+    for shape, dtype in (((4, 4), torch.bfloat16), ((2, 3, 4), torch.bfloat16), ((2, 2), torch.float32)):
+        x = torch.randn(*shape, device="cuda", dtype=dtype)
+        assert torch.equal(cute_kernels.scale(x, 0.5), cute_kernels.scale_reference(x, 0.5)), (shape, dtype)
 
 
 def test_runs_on_current_stream():
