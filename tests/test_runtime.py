@@ -805,6 +805,43 @@ def test_dynamic_compile_bad_constants_keep_our_message():
     assert torch.compile(lambda x, a: ck.scale(x, a), backend="eager")(x, np.float64(0.5)).shape == x.shape
 
 
+def test_data_dependent_sizes_trace_into_scale_and_the_packed_ranker():
+    """A tensor whose size is known only when the graph runs (``x[mask]`` with ``capture_dynamic_output_shape_ops``)
+    traces into ``scale`` and the packed ``ranker_attention`` under ``fullgraph=True``: the argument checks ask no
+    question of such a size that only the data could answer (``numel() == 0``, ``size > 1`` before the stride's
+    test: "Could not guard on data-dependent expression Eq(64*u0, 0)" before).  (qk_rmsnorm_ and hc_mix_sinkhorn
+    still fail there, inside torch's tracing of the op call.)"""
+    import torch._dynamo.config as dynamo_config
+
+    import cute_kernels as ck
+
+    class Traced(Exception):
+        pass
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+
+        def run(*args):
+            raise Traced()
+        return run
+
+    mask = torch.tensor([True, False] * 8)
+    bf = torch.bfloat16
+    cu, bounds = torch.tensor([0, 8], dtype=torch.int32), torch.zeros(1, 4, dtype=torch.int32)
+    cases = [(lambda x, m: ck.scale(x[m], 2.0), torch.zeros(16, 64, dtype=bf), "cute_kernels.scale"),
+             (lambda q, m: ck.ranker_attention(q[m], q[m], q[m], bounds, cu_seqlens=cu, max_seqlen=8),
+              torch.zeros(16, 4, 64, dtype=bf), "cute_kernels.ranker_attention_fwd")]
+    with dynamo_config.patch(capture_dynamic_output_shape_ops=True):
+        for fn, x, op in cases:
+            torch._dynamo.reset()
+            graphs.clear()
+            with pytest.raises(Traced):
+                torch.compile(fn, backend=backend, fullgraph=True)(x, mask)
+            assert op in graphs[0], graphs
+
+
 def test_sym_values_in_messages():
     """``validate.with_sym_values`` on a shape environment's sizes: a whole expression becomes its value,
     symbols inside other expressions theirs, other text stays."""
