@@ -501,11 +501,9 @@ def test_dsl_settled_on_another_arch_refuses_to_compile(tmp_path):
     assert not list(tmp_path.rglob("*.o"))
 
 
-def test_ops_trace_under_torch_compile_with_dynamic_shapes():
-    """torch.compile(dynamic=True, fullgraph=True) traces every op into the graph (meta tensors; the
-    backend stops before anything runs): the fakes and prechecks take symbolic sizes and scalars
-    (they hashed a symbolic head dim, compared symbolic widths, called math.isfinite on them)."""
-    import cute_kernels as ck
+def traced_graph(fn, *args, **compile_kwargs) -> str:
+    """The FX graph (as text) that ``torch.compile(fn, fullgraph=True, **compile_kwargs)`` traces from ``args``; the
+    backend stops before anything runs (CPU and meta tensors stand in for CUDA ones)."""
 
     class Traced(Exception):
         pass
@@ -519,12 +517,20 @@ def test_ops_trace_under_torch_compile_with_dynamic_shapes():
             raise Traced()
         return run
 
+    torch._dynamo.reset()
+    with pytest.raises(Traced):
+        torch.compile(fn, fullgraph=True, backend=backend, **compile_kwargs)(*args)
+    return graphs[0]
+
+
+def test_ops_trace_under_torch_compile_with_dynamic_shapes():
+    """torch.compile(dynamic=True, fullgraph=True) traces every op into the graph (meta tensors; the
+    backend stops before anything runs): the fakes and prechecks take symbolic sizes and scalars
+    (they hashed a symbolic head dim, compared symbolic widths, called math.isfinite on them)."""
+    import cute_kernels as ck
+
     def graph_of(fn, *args):
-        torch._dynamo.reset()
-        graphs.clear()
-        with pytest.raises(Traced):
-            torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)(*args)
-        return graphs[0]
+        return traced_graph(fn, *args, dynamic=True)
 
     bf, meta = torch.bfloat16, dict(device="meta")
     x, w = torch.empty(8, 128, dtype=bf, **meta), torch.empty(24, 128, **meta)
@@ -815,18 +821,6 @@ def test_data_dependent_sizes_trace_into_scale_and_the_packed_ranker():
 
     import cute_kernels as ck
 
-    class Traced(Exception):
-        pass
-
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(str(gm.graph))
-
-        def run(*args):
-            raise Traced()
-        return run
-
     mask = torch.tensor([True, False] * 8)
     bf = torch.bfloat16
     cu, bounds = torch.tensor([0, 8], dtype=torch.int32), torch.zeros(1, 4, dtype=torch.int32)
@@ -835,11 +829,8 @@ def test_data_dependent_sizes_trace_into_scale_and_the_packed_ranker():
               torch.zeros(16, 4, 64, dtype=bf), "cute_kernels.ranker_attention_fwd")]
     with dynamo_config.patch(capture_dynamic_output_shape_ops=True):
         for fn, x, op in cases:
-            torch._dynamo.reset()
-            graphs.clear()
-            with pytest.raises(Traced):
-                torch.compile(fn, backend=backend, fullgraph=True)(x, mask)
-            assert op in graphs[0], graphs
+            graph = traced_graph(fn, x, mask)
+            assert op in graph, graph
 
 
 def test_sym_values_in_messages():
