@@ -200,11 +200,12 @@ def check_value_known(name: str, value, advice: str = "the kernels' ops take Pyt
     Eagerly, and for constants or symbols with a hint (comparing those installs a guard), nothing: two
     comparisons that torch's ``guard_or_false`` reads as False only where they cannot be decided (a NaN
     constant is left to the range checks after this, which refuse it)."""
-    if torch.compiler.is_compiling() and type(value).__module__ == "numpy":  # (Dynamo traces it as a tensor)
+    if not torch.compiler.is_compiling():  # (the eager calls: one check)
+        return
+    if type(value).__module__ == "numpy":  # (Dynamo traces it as a tensor)
         raise TypeError(f"{name} is a numpy {type(value).__name__}: under torch.compile the ops take Python numbers; "
                         f"pass float({name}) or int({name})")
-    if (torch.compiler.is_compiling() and guard_or_true(value == value)
-            and not (guard_or_false(value < 1e300) or guard_or_false(value >= 1e300))):
+    if guard_or_true(value == value) and not (guard_or_false(value < 1e300) or guard_or_false(value >= 1e300)):
         raise ValueError(f"{name} is a value known only when the compiled graph runs (a tensor's .item()): "
                          f"{advice}, or compile without fullgraph=True (the call then runs eagerly)")
 
