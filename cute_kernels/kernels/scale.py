@@ -112,18 +112,21 @@ def shipped_configs() -> dict[str, ScaleConfig]:
     return {str(d).replace("torch.", ""): _CONFIG for d in DTYPES}
 
 
-def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> None:
-    flat = isinstance(x, torch.Tensor) and x.dim() == 1
-    check_tensor("x", x, dtypes=DTYPES, cuda=cuda, data_pointer=pointers, align_bytes=16 if flat else 0)
+def _check_x(x: torch.Tensor, cuda: bool = True, pointers: bool = True) -> torch.Tensor:
+    """The checks of ``x``; returns its flat view (x itself when 1-D), which the kernel reads."""
+    one_dim = isinstance(x, torch.Tensor) and x.dim() == 1
+    check_tensor("x", x, dtypes=DTYPES, cuda=cuda, data_pointer=pointers, align_bytes=16 if one_dim else 0)
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous, got strides {x.stride()}")
-    if not flat:  # the kernel reads x flat: the flat view's 16-byte alignment counts, not each row's length in bytes
-        check_tensor("x", x.view(-1), cuda=False, data_pointer=pointers)
+    flat = x if one_dim else x.view(-1)
+    if not one_dim:  # the flat view's 16-byte alignment counts, not each row's length in bytes
+        check_tensor("x", flat, cuda=False, data_pointer=pointers)
     vec = 16 // x.element_size()
     if x.numel() % vec:
         raise ValueError(f"x.numel()={x.numel()} must be a multiple of {vec} (16-byte vectors)")
     if exceeds(x.numel(), 2**31 - 1):  # the kernel's element count is a 32-bit integer (symbolic: see exceeds)
         raise ValueError(f"x.numel()={x.numel()} must be below 2**31 (32-bit element count); split the call")
+    return flat
 
 
 _FNS: dict = {}  # dtype -> the compiled function of _CONFIG (the eager call's lookup: no config or key to build)
@@ -131,16 +134,13 @@ _FNS: dict = {}  # dtype -> the compiled function of _CONFIG (the eager call's l
 
 def _scale_impl(x: torch.Tensor, alpha: float) -> torch.Tensor:
     check_real("alpha", alpha)
-    _check_x(x)
+    x_flat = _check_x(x)  # (the kernel takes flat tensors: x itself when 1-D, no view's host time)
     y = torch.empty_like(x)
     if x.numel():
         fn = _FNS.get(x.dtype)
         if fn is None:
             fn = _FNS[x.dtype] = _compile(x.dtype, _CONFIG)
-        if x.dim() == 1:  # (the kernel takes flat tensors: a view per tensor otherwise, ~1 us of host time each)
-            fn(x, y, float(alpha))
-        else:
-            fn(x.view(-1), y.view(-1), float(alpha))
+        fn(x_flat, y if x_flat is x else y.view(-1), float(alpha))
     return y
 
 
