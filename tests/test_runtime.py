@@ -811,26 +811,62 @@ def test_dynamic_compile_bad_constants_keep_our_message():
     assert torch.compile(lambda x, a: ck.scale(x, a), backend="eager")(x, np.float64(0.5)).shape == x.shape
 
 
-def test_data_dependent_sizes_trace_into_scale_and_the_packed_ranker():
+def test_data_dependent_sizes_trace_into_every_op():
     """A tensor whose size is known only when the graph runs (``x[mask]`` with ``capture_dynamic_output_shape_ops``)
-    traces into ``scale`` and the packed ``ranker_attention`` under ``fullgraph=True``: the argument checks ask no
-    question of such a size that only the data could answer (``numel() == 0``, ``size > 1`` before the stride's
-    test: "Could not guard on data-dependent expression Eq(64*u0, 0)" before).  (qk_rmsnorm_ and hc_mix_sinkhorn
-    still fail there, inside torch's tracing of the op call.)"""
+    traces into every op under ``fullgraph=True``, and the ranker's backward into the joint graph: the argument
+    checks ask no question of such a size that only the data could answer ("Could not guard on data-dependent
+    expression Eq(64*u0, 0)" from ``numel() == 0``, ``u0 > 1`` from the distinct-rows test, ``Ne(Max(1, u0), 1)``
+    from a stride's alignment test before).  The call checks the concrete sizes when it runs."""
     import torch._dynamo.config as dynamo_config
+    from torch._dynamo.backends.common import aot_autograd
 
     import cute_kernels as ck
 
     mask = torch.tensor([True, False] * 8)
     bf = torch.bfloat16
     cu, bounds = torch.tensor([0, 8], dtype=torch.int32), torch.zeros(1, 4, dtype=torch.int32)
+    rows = torch.tensor([[0, 96, 96, 128]] * 16, dtype=torch.int32)
+    w_q, w_k = torch.ones(256, dtype=bf), torch.ones(64, dtype=bf)
+    hc = (torch.zeros(24, 1024), torch.ones(3), torch.zeros(24))
+
+    def two_masks(x, m):  # q's and k's rows from two masks: equal only by the README's torch._check
+        q, k = x[m], x[~m][:, :64]
+        torch._check(q.shape[0] == k.shape[0])
+        ck.qk_rmsnorm_(q, k, w_q, w_k, 1e-6)
+
     cases = [(lambda x, m: ck.scale(x[m], 2.0), torch.zeros(16, 64, dtype=bf), "cute_kernels.scale"),
              (lambda q, m: ck.ranker_attention(q[m], q[m], q[m], bounds, cu_seqlens=cu, max_seqlen=8),
-              torch.zeros(16, 4, 64, dtype=bf), "cute_kernels.ranker_attention_fwd")]
+              torch.zeros(16, 4, 64, dtype=bf), "cute_kernels.ranker_attention_fwd"),
+             (lambda q, m: ck.ranker_attention(q[m], q[m], q[m], rows[m], return_lse=True),
+              torch.zeros(16, 128, 2, 64, dtype=bf), "cute_kernels.ranker_attention_fwd"),
+             (lambda q, m: ck.qk_rmsnorm_(q[m], q[m][:, :64], w_q, w_k, 1e-6), torch.zeros(16, 256, dtype=bf),
+              "cute_kernels.qk_rmsnorm_"),
+             (lambda x, m: ck.hc_mix_sinkhorn(x[m], *hc), torch.zeros(16, 1024, dtype=bf),
+              "cute_kernels.hc_mix_sinkhorn"),
+             (two_masks, torch.zeros(16, 256, dtype=bf), "cute_kernels.qk_rmsnorm_")]
     with dynamo_config.patch(capture_dynamic_output_shape_ops=True):
         for fn, x, op in cases:
             graph = traced_graph(fn, x, mask)
             assert op in graph, graph
+
+        # the backward: aot_autograd traces the joint graph; its compilers record the graphs and stop
+        class Traced(Exception):
+            pass
+
+        def record(gm, example_inputs):
+            graphs.append(str(gm.graph))
+
+            def run(*args):
+                raise Traced()
+            return run
+
+        backend = aot_autograd(fw_compiler=record, bw_compiler=record)
+        for fn, x in [cases[1][:2], cases[2][:2]]:
+            graphs = []
+            torch._dynamo.reset()
+            with pytest.raises(Traced):
+                torch.compile(fn, fullgraph=True, backend=backend)(x.clone().requires_grad_(), mask)
+            assert len(graphs) == 2 and "cute_kernels.ranker_attention_bwd" in graphs[1], graphs
 
 
 def test_sym_values_in_messages():

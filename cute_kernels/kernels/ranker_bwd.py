@@ -93,6 +93,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.arch import sm_count
@@ -1825,7 +1826,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported by the backward; supported: {sorted(CONFIGS)}")
     # the launches' grids are (blocks, head, batch); symbolic sizes: only where the trace proves it
-    if q.numel() and (exceeds(nb, MAX_GRID_YZ) or exceeds(hq, MAX_GRID_YZ)):
+    if not guard_or_false(q.numel() == 0) and (exceeds(nb, MAX_GRID_YZ) or exceeds(hq, MAX_GRID_YZ)):
         raise ValueError(f"the backward supports at most {MAX_GRID_YZ} sequences and {MAX_GRID_YZ} query heads "
                          f"(CUDA's grid y/z limit), got B={nb}, Hq={hq}; split the batch")
     check_bool("deterministic", deterministic)

@@ -89,7 +89,9 @@ def check_tensor(
                              "pass .contiguous() or an aligned slice")
         es = t.element_size()
         for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
-            if stride != 1 and (stride * es) % align_bytes and size > 1:
+            # (a stride that only the data knows, max(1, u0) for x[mask]'s rows, is left to the call's own check)
+            misaligned = guard_or_false(stride != 1) and guard_or_false((stride * es) % align_bytes != 0)
+            if misaligned and guard_or_false(size > 1):
                 raise ValueError(
                     f"{name}'s stride {stride} in dim {d} is not a multiple of {align_bytes} bytes; "
                     "pass a contiguous tensor"
@@ -111,8 +113,9 @@ INT32_MAX = 2**31 - 1
 def element_span(t: torch.Tensor) -> int:
     """Elements from a tensor's first to one past its last: ``1 + sum((size - 1) * |stride|)`` (0 if empty).
     Symbolic sizes (torch.compile with dynamic shapes) stay symbolic: no ``int()``, which would specialize
-    them and recompile the caller for every new size."""
-    if t.numel() == 0:
+    them and recompile the caller for every new size; an emptiness only the data knows (``x[mask]``) is not
+    asked, as :func:`check_tensor` does not ask it."""
+    if guard_or_false(t.numel() == 0):
         return 0
     return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
@@ -185,8 +188,9 @@ def check_extent(name: str, t: torch.Tensor, *, limit: int = INT32_MAX) -> None:
 
 def check_distinct_rows(name: str, t: torch.Tensor, why: str) -> None:
     """``ValueError`` (ending in ``why``) when the rows of the 2-D tensor ``t`` overlap in memory (more than
-    one row and a row stride below the width)."""
-    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+    one row and a row stride below the width; the stride's test first, and a row count that only the data
+    knows, ``x[mask]`` under torch.compile, counts as more than one)."""
+    if guard_or_false(t.stride(0) < t.shape[1]) and guard_or_true(t.shape[0] > 1):
         raise ValueError(f"{name}'s rows overlap in memory (row stride {t.stride(0)} < width {t.shape[1]}): {why}")
 
 
