@@ -844,6 +844,10 @@ def test_data_dependent_sizes_trace_into_every_op():
              (lambda x, m: ck.hc_mix_sinkhorn(x[m], *hc), torch.zeros(16, 1024, dtype=bf),
               "cute_kernels.hc_mix_sinkhorn"),
              (two_masks, torch.zeros(16, 256, dtype=bf), "cute_kernels.qk_rmsnorm_")]
+    cases += [  # (a size-1 dim whose stride only the data decides: B=1 of a data-dependent sequence)
+        (lambda q, m: ck.ranker_attention(q[m][None], q[m][None], q[m][None], bounds),
+         torch.zeros(16, 4, 64, dtype=bf), "cute_kernels.ranker_attention_fwd"),
+        (lambda x, m: ck.scale(x[m].unsqueeze(0), 2.0), torch.zeros(16, 64, dtype=bf), "cute_kernels.scale")]
     with dynamo_config.patch(capture_dynamic_output_shape_ops=True):
         for fn, x, op in cases:
             graph = traced_graph(fn, x, mask)
@@ -867,6 +871,47 @@ def test_data_dependent_sizes_trace_into_every_op():
             with pytest.raises(Traced):
                 torch.compile(fn, fullgraph=True, backend=backend)(x.clone().requires_grad_(), mask)
             assert len(graphs) == 2 and "cute_kernels.ranker_attention_bwd" in graphs[1], graphs
+
+
+def test_data_dependent_sizes_left_open_raise_ours():
+    """A check that a size only the data decides leaves open raises the op's ValueError (inside Dynamo's
+    TorchRuntimeError), naming the question, the arguments whose sizes it asks about and ``torch._check``, which
+    then lets the call trace (torch's own "Could not guard on data-dependent expression" before); a layout the
+    eager call refuses is refused with the eager message (it was torch's guard error)."""
+    import torch._dynamo.config as dynamo_config
+
+    import cute_kernels as ck
+
+    mask = torch.tensor([True, False] * 8)
+    bf = torch.bfloat16
+    x, q = torch.zeros(16, 64, dtype=bf), torch.zeros(16, 128, 2, 64, dtype=bf)
+    bounds = torch.zeros(16, 4, dtype=torch.int32)
+
+    def raised(fn, *args):
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as info:
+            torch.compile(fn, fullgraph=True, backend="eager")(*args)
+        chain, e = [], info.value
+        while e is not None:
+            chain.append(f"{type(e).__name__}: {e}")
+            e = e.__cause__ or e.__context__
+        return "\n".join(chain)
+
+    def scale_1d(x, m, checked=False):
+        y = x[:, 0][m]
+        if checked:
+            torch._check(y.shape[0] % 8 == 0)
+        return ck.scale(y, 2.0)
+
+    with dynamo_config.patch(capture_dynamic_output_shape_ops=True):
+        got = raised(lambda q, m: ck.ranker_attention(q[m], q[m], q[m], bounds), q, mask)
+        assert "ValueError: cute_kernels::ranker_attention_fwd: an argument check asks Ne(u0, 16)" in got, got
+        assert "q.shape[0] = u0" in got and "torch._check(" in got, got
+        got = raised(scale_1d, x, mask)
+        assert "ValueError: cute_kernels::scale: an argument check asks Ne(Mod(u0, 8), 0)" in got, got
+        assert "cute_kernels.scale" in traced_graph(lambda x, m: scale_1d(x, m, checked=True), x, mask)
+        got = raised(lambda x, m: ck.scale(x[m].t(), 2.0), x, mask)
+        assert "ValueError: x must be contiguous in its last dim (stride 1), got strides (1, 64)" in got, got
 
 
 def test_sym_values_in_messages():

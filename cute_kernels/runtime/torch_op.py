@@ -256,10 +256,16 @@ class _EagerFastPath:
         return self.impl(*args, **kwargs)
 
 
-def _values_in_errors(fake: Callable) -> Callable:
+def _values_in_errors(fake: Callable, name: str) -> Callable:
     """``fake`` whose argument errors (``TypeError`` / ``ValueError``) name the traced call's sizes, not the
     symbols torch.compile / torch.export trace them as (:func:`.validate.with_sym_values`): the exception itself
-    is re-raised, its message rewritten."""
+    is re-raised, its message rewritten.  A check that a size only the data decides leaves open (torch's
+    ``GuardOnDataDependentSymNode``: ``x[mask]``, ``nonzero``, ``.item()`` sizes) becomes a ``ValueError``
+    naming the op, the question, the arguments whose sizes it asks about, and ``torch._check`` as the way to
+    tell the trace what holds (:func:`data_dependent_message`)."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    params = list(inspect.signature(fake).parameters)
 
     @functools.wraps(fake)
     def checked(*args, **kwargs):
@@ -269,8 +275,30 @@ def _values_in_errors(fake: Callable) -> Callable:
             if len(exc.args) == 1 and isinstance(exc.args[0], str):
                 exc.args = (with_sym_values(exc.args[0], (*args, *kwargs.values())),)
             raise
+        except GuardOnDataDependentSymNode as exc:
+            named = {**dict(zip(params, args)), **kwargs}
+            raise ValueError(data_dependent_message(name, exc.cond, named)) from exc
 
     return checked
+
+
+def data_dependent_message(op: str, cond, named: dict) -> str:
+    """The message for an argument check of ``op`` that a size only the data decides leaves open: ``cond`` (the
+    sympy expression torch could not decide) and, for each of its symbols, the arguments in ``named`` (argument
+    name -> value) whose sizes hold it (``q.shape[0]``)."""
+    symbols = getattr(cond, "free_symbols", set())
+    sources = []
+    for arg, value in named.items():
+        dims = ([(f"{arg}.shape[{i}]", d) for i, d in enumerate(value.shape)] if isinstance(value, torch.Tensor)
+                else [(arg, value)] if isinstance(value, torch.SymInt) else [])
+        for label, size in dims:
+            if isinstance(size, torch.SymInt) and size.node.expr.free_symbols & symbols:
+                sources.append(f"{label} = {size.node.expr}")
+    where = f" ({', '.join(sources)})" if sources else ""
+    return (f"cute_kernels::{op}: an argument check asks {cond}, which only the data decides{where}: a size from "
+            "x[mask], nonzero() or .item() under torch.compile / torch.export. State what holds with torch._check "
+            "before the call, e.g. torch._check(k.shape[0] == q.shape[0]) for sizes that must match, "
+            "torch._check(n >= 1), torch._check(n % 8 == 0); a head dim or a row width must not depend on the data")
 
 
 def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | None = None,
@@ -296,7 +324,7 @@ def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | 
         op = torch.library.custom_op(f"cute_kernels::{name}", registered_impl, mutates_args=mutates_args,
                                      schema=schema)
         if fake is not None:
-            op.register_fake(_values_in_errors(fake))
+            op.register_fake(_values_in_errors(fake, name))
         else:
             op.register_fake(lambda *a, **k: None)
         mutated = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)

@@ -52,11 +52,17 @@ def test_scale_hc_mix_and_qk_norm_match_eager_bitwise():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["fixed", "packed"])
-def test_ranker_forward_and_backward_match_eager(packed):
+@pytest.mark.parametrize("form", ["fixed", "packed", "one-row"])
+def test_ranker_forward_and_backward_match_eager(form):
     """The forward compiled with x requiring grad (AOTAutograd's joint graph: the op's backward in the compiled
-    backward), the gradient taken outside, as a training step does."""
-    if packed:
+    backward), the gradient taken outside, as a training step does.  ``one-row``: B=1 whose sequence the mask
+    picks (``x[m][None]``: a size-1 batch dim whose stride only the data decides)."""
+    packed = form == "packed"
+    if form == "one-row":
+        x, m = _rand(300, 4, 128), _mask(300, 190)
+        bounds = torch.tensor([[0, 150, 150, 190]], device="cuda", dtype=torch.int32)
+        extra = {}
+    elif packed:
         x, m = _rand(300, 4, 128), _mask(300, 180)
         cu = torch.tensor([0, 61, 180], device="cuda", dtype=torch.int32)
         bounds = torch.tensor([[0, 40, 40, 61], [5, 70, 80, 119]], device="cuda", dtype=torch.int32)
@@ -68,10 +74,11 @@ def test_ranker_forward_and_backward_match_eager(packed):
         extra = {}
 
     def forward(x, m):
-        xm = x[m]
-        return ck.ranker_attention(xm, xm, xm, bounds if packed else bounds[m], cap=30.0, return_lse=True, **extra)
+        xm = x[m][None] if form == "one-row" else x[m]
+        return ck.ranker_attention(xm, xm, xm, bounds if form != "fixed" else bounds[m], cap=30.0, return_lse=True,
+                                   **extra)
 
-    dout = _rand(*x[m].shape)
+    dout = _rand(*forward(x, m)[0].shape)
     results = []
     for fn in (forward, _compiled(forward)):
         leaf = x.detach().requires_grad_()
