@@ -789,6 +789,9 @@ def test_dynamic_compile_bad_constants_keep_our_message():
         (lambda x: ck.hc_mix_sinkhorn(x, w, sc, b, rms_eps=torch.tensor(0.5)), x,
          "rms_eps must be a real number, got Tensor"),
         (lambda q: ck.ranker_attention(q, q, q, bounds, return_lse=0.1), q, "return_lse must be a bool, got float"),
+        # (a bool, str or None is shown while compiling too: Dynamo formats those)
+        (lambda q: ck.ranker_attention(q, q, q, bounds, return_lse="yes"), q, "must be a bool, got str 'yes'"),
+        (lambda x: ck.hc_mix_sinkhorn(x, w, sc, b, method=None), x, "one of ('walk', 'tma'); got NoneType None"),
         (lambda q: ck.qk_rmsnorm_(q[0, :, 0], q[0, :, 1], q[0, 0, 0], q[0, 0, 0], eps=1e-40), q,
          "eps=<traced value> is below float32's smallest normal number"),
         # (float() of an int past float's range raised OverflowError, whose handler Dynamo cannot trace)

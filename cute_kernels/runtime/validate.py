@@ -317,19 +317,22 @@ def check_int(name: str, value, *, low: int = 1, high: int = INT32_MAX) -> int:
     return v
 
 
+_TRACEABLE_REPR = (bool, str, type(None))  # the types whose repr Dynamo traces (it fails on numbers)
+
+
 def short_repr(value, limit: int = 40) -> str:
-    """``repr(value)`` for an error message, cut to ``limit`` characters; ``<traced value>`` while torch.compile
-    traces (see :func:`shown`)."""
-    if torch.compiler.is_compiling():  # (Dynamo formats neither a tensor nor a symbolic float: its own error
-        return "<traced value>"  # would replace ours)
+    """``repr(value)`` for an error message, cut to ``limit`` characters; while torch.compile traces, that of a
+    bool, str or None only, ``<traced value>`` for anything else (see :func:`shown`)."""
+    if torch.compiler.is_compiling() and type(value) not in _TRACEABLE_REPR:  # (Dynamo formats neither a tensor nor
+        return "<traced value>"  # a number, constant or symbolic: its own error would replace ours)
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def shown(value) -> str:
     """``value`` for an error message: its type and its repr, cut to 40 characters; while torch.compile traces,
-    its type and ``<traced value>`` (Dynamo can format neither a tensor nor a symbolic float there, and its own
-    error would then replace ours)."""
+    its type and, but for a bool, str or None, ``<traced value>`` (Dynamo can format neither a tensor nor a number
+    there, and its own error would then replace ours)."""
     if torch.compiler.is_compiling() and type(value).__module__ == "numpy":  # (a numpy scalar reads as an array)
         return f"numpy {type(value).__name__} <traced value> (under torch.compile pass a Python number: float(x))"
     return f"{type(value).__name__} {short_repr(value)}"
