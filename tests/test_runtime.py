@@ -770,6 +770,32 @@ def test_dynamic_compile_errors_name_values_not_symbols():
         assert not re.search(r"(?<!\w)s\d+(?!\w)", ours[0]), ours[0]
 
 
+def test_real_number_subclasses_trace_under_fullgraph():
+    """A ``Fraction`` or an ``IntEnum`` scalar (numbers the eager ops take) traces into the graph as a plain float
+    or int under ``fullgraph=True`` (Dynamo failed: "Failed to convert args/kwargs to proxy")."""
+    import enum
+    from fractions import Fraction
+
+    import cute_kernels as ck
+
+    class Iters(enum.IntEnum):
+        FEW = 3
+
+    meta = lambda *s, dtype=torch.bfloat16: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
+    q, bounds = meta(1, 64, 2, 64), meta(1, 4, dtype=torch.int32)
+    x, hc = meta(8, 256), (meta(24, 256, dtype=torch.float32), meta(3, dtype=torch.float32),
+                           meta(24, dtype=torch.float32))
+    cases = [(lambda x: ck.scale(x, Fraction(1, 8)), x, "0.125"),
+             (lambda q: ck.ranker_attention(q, q, q, bounds, softmax_scale=Fraction(1, 8), cap=Fraction(30)), q,
+              "30.0"),
+             (lambda x: ck.qk_rmsnorm_(x, x[:, :64], x[0], x[0, :64], Fraction(1, 2**20)), x, "9.5367431640625e-07"),
+             (lambda x: ck.hc_mix_sinkhorn(x, *hc, sinkhorn_iters=Iters.FEW, rms_eps=Fraction(1, 2**20)), x,
+              "9.5367431640625e-07")]
+    for fn, arg, constant in cases:
+        graph = traced_graph(fn, arg)
+        assert "cute_kernels." in graph and constant in graph, graph
+
+
 def test_dynamic_compile_bad_constants_keep_our_message():
     """torch.compile(dynamic=True, fullgraph=True) with a bad constant: Dynamo's ``Unsupported`` ("Observed
     exception") carries our TypeError / ValueError as its cause.  Formatting the value in our message failed while

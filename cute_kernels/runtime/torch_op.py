@@ -19,6 +19,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import numbers
 from typing import Callable, Iterable
 
 import torch
@@ -252,8 +253,25 @@ class _EagerFastPath:
                     if isinstance(v := (args[i] if i < len(args) else kwargs.get(n)), torch.Tensor)))
             if self.precheck is not None:  # the op's schema would turn a bool into 1 / 1.0 unseen
                 self.precheck(*args, **kwargs)
+            if compiling:  # (Dynamo cannot put a Fraction or another Real subclass in the graph: a float there)
+                args, kwargs = _plain_numbers(args), dict(zip(kwargs, _plain_numbers(kwargs.values())))
             return self.op(*args, **kwargs)
         return self.impl(*args, **kwargs)
+
+
+def _plain_numbers(values) -> tuple:
+    """``values`` with each real number of a type of its own (``fractions.Fraction``, an ``IntEnum``, another
+    ``numbers.Real``) as a Python float or int: the eager schema takes those through ``__float__`` /
+    ``__index__``, Dynamo's graph does not ("Failed to convert args/kwargs to proxy").  Tensors, symbolic sizes,
+    Python's own numbers and bools, numpy scalars (refused under torch.compile with their own advice) and
+    everything else pass as they are."""
+    return tuple((int(v) if isinstance(v, numbers.Integral) else float(v))
+                 if type(v) not in _PLAIN_TYPES and isinstance(v, numbers.Real)
+                 and not isinstance(v, (torch.SymInt, torch.SymFloat)) and type(v).__module__ != "numpy" else v
+                 for v in values)
+
+
+_PLAIN_TYPES = (torch.Tensor, int, float, bool, str, type(None))
 
 
 def _values_in_errors(fake: Callable, name: str) -> Callable:
