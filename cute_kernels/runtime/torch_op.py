@@ -26,7 +26,7 @@ import torch
 from torch.autograd import forward_ad as _fwad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .validate import with_sym_values
+from .validate import data_dependent_message, with_sym_values
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -280,7 +280,7 @@ def _values_in_errors(fake: Callable, name: str) -> Callable:
     is re-raised, its message rewritten.  A check that a size only the data decides leaves open (torch's
     ``GuardOnDataDependentSymNode``: ``x[mask]``, ``nonzero``, ``.item()`` sizes) becomes a ``ValueError``
     naming the op, the question, the arguments whose sizes it asks about, and ``torch._check`` as the way to
-    tell the trace what holds (:func:`data_dependent_message`)."""
+    tell the trace what holds (:func:`.validate.data_dependent_message`)."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     params = list(inspect.signature(fake).parameters)
@@ -298,25 +298,6 @@ def _values_in_errors(fake: Callable, name: str) -> Callable:
             raise ValueError(data_dependent_message(name, exc.cond, named)) from exc
 
     return checked
-
-
-def data_dependent_message(op: str, cond, named: dict) -> str:
-    """The message for an argument check of ``op`` that a size only the data decides leaves open: ``cond`` (the
-    sympy expression torch could not decide) and, for each of its symbols, the arguments in ``named`` (argument
-    name -> value) whose sizes hold it (``q.shape[0]``)."""
-    symbols = getattr(cond, "free_symbols", set())
-    sources = []
-    for arg, value in named.items():
-        dims = ([(f"{arg}.shape[{i}]", d) for i, d in enumerate(value.shape)] if isinstance(value, torch.Tensor)
-                else [(arg, value)] if isinstance(value, torch.SymInt) else [])
-        for label, size in dims:
-            if isinstance(size, torch.SymInt) and size.node.expr.free_symbols & symbols:
-                sources.append(f"{label} = {size.node.expr}")
-    where = f" ({', '.join(sources)})" if sources else ""
-    return (f"cute_kernels::{op}: an argument check asks {cond}, which only the data decides{where}: a size from "
-            "x[mask], nonzero() or .item() under torch.compile / torch.export. State what holds with torch._check "
-            "before the call, e.g. torch._check(k.shape[0] == q.shape[0]) for sizes that must match, "
-            "torch._check(n >= 1), torch._check(n % 8 == 0); a head dim or a row width must not depend on the data")
 
 
 def custom_op(name: str, *, mutates_args: Iterable[str] | str, fake: Callable | None = None,

@@ -190,6 +190,25 @@ def with_sym_values(message: str, args) -> str:
     return pattern.sub(lambda m: values[m.group(0)], message)
 
 
+def data_dependent_message(op: str, cond, named: dict) -> str:
+    """The message for an argument check of ``op`` that a size only the data decides leaves open: ``cond`` (the
+    sympy expression torch could not decide) and, for each of its symbols, the arguments in ``named`` (argument
+    name -> value) whose sizes hold it (``q.shape[0]``)."""
+    symbols = getattr(cond, "free_symbols", set())
+    sources = []
+    for arg, value in named.items():
+        dims = ([(f"{arg}.shape[{i}]", d) for i, d in enumerate(value.shape)] if isinstance(value, torch.Tensor)
+                else [(arg, value)] if isinstance(value, torch.SymInt) else [])
+        for label, size in dims:
+            if isinstance(size, torch.SymInt) and size.node.expr.free_symbols & symbols:
+                sources.append(f"{label} = {size.node.expr}")
+    where = f" ({', '.join(sources)})" if sources else ""
+    return (f"cute_kernels::{op}: an argument check asks {cond}, which only the data decides{where}: a size from "
+            "x[mask], nonzero() or .item() under torch.compile / torch.export. State what holds with torch._check "
+            "before the call, e.g. torch._check(k.shape[0] == q.shape[0]) for sizes that must match, "
+            "torch._check(n >= 1), torch._check(n % 8 == 0); a head dim or a row width must not depend on the data")
+
+
 def check_extent(name: str, t: torch.Tensor, *, limit: int = INT32_MAX) -> None:
     """``ValueError`` unless every element of ``t`` lies within ``limit`` elements of its first (the
     kernels compute element offsets with 32-bit integers: a larger tensor would wrap them; symbolic sizes:
