@@ -772,7 +772,8 @@ def test_dynamic_compile_errors_name_values_not_symbols():
 
 def test_real_number_subclasses_trace_under_fullgraph():
     """A ``Fraction`` or an ``IntEnum`` scalar (numbers the eager ops take) traces into the graph as a plain float
-    or int under ``fullgraph=True`` (Dynamo failed: "Failed to convert args/kwargs to proxy")."""
+    or int under ``fullgraph=True`` (Dynamo failed: "Failed to convert args/kwargs to proxy"; an IntEnum as a float
+    argument: a RecursionError in Dynamo's ``float()``)."""
     import enum
     from fractions import Fraction
 
@@ -786,6 +787,7 @@ def test_real_number_subclasses_trace_under_fullgraph():
     x, hc = meta(8, 256), (meta(24, 256, dtype=torch.float32), meta(3, dtype=torch.float32),
                            meta(24, dtype=torch.float32))
     cases = [(lambda x: ck.scale(x, Fraction(1, 8)), x, "0.125"),
+             (lambda x: ck.scale(x, Iters.FEW), x, "scale.default](args = (%l_x_, 3)"),  # (Dynamo's float() recursed)
              (lambda q: ck.ranker_attention(q, q, q, bounds, softmax_scale=Fraction(1, 8), cap=Fraction(30)), q,
               "30.0"),
              (lambda x: ck.qk_rmsnorm_(x, x[:, :64], x[0], x[0, :64], Fraction(1, 2**20)), x, "9.5367431640625e-07"),
@@ -834,6 +836,11 @@ def test_dynamic_compile_bad_constants_keep_our_message():
             chain.append(f"{type(e).__name__}: {e}")
             e = e.__cause__ or e.__context__
         assert any(want in m for m in chain), (want, chain)
+    # a NaN passed in, compared with a bound that Dynamo traces as a symbolic float (torch's "Invalid NaN comparison")
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x, a: ck.scale(x, a), dynamic=True, fullgraph=True, backend="eager")(x, float("nan"))
+    assert "alpha is not finite or out of its range" in str(info.value.__cause__), repr(info.value)
     # without fullgraph a numpy scalar runs eagerly, as it does outside torch.compile (it failed with an
     # AssertionError inside torch: the value traced as a tensor reached a guard)
     torch._dynamo.reset()

@@ -264,13 +264,14 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     # an int past float's range: refused before float() raises (Dynamo cannot trace the OverflowError's handler)
     if isinstance(value, int) and not -2**1023 <= value <= 2**1023:
         raise ValueError(f"{name}={short_repr(value)} is out of float range")
-    try:
-        v = float(value)
+    try:  # (an int subclass through int(): Dynamo's float() of an IntEnum recurses)
+        v = float(int(value) if isinstance(value, int) else value)
     except OverflowError:
         raise ValueError(f"{name}={short_repr(value)} is out of float range") from None
-    # without a lower bound: finite in float32 on both sides (-1e39 would reach the kernel as -inf)
-    below = v < -F32_MAX if low is None else (v <= low if low_open else v < low)
-    if not -math.inf < v < math.inf or below or v > high:  # (comparisons, not math.isfinite: dynamo traces them)
+    # without a lower bound: finite in float32 on both sides (-1e39 would reach the kernel as -inf); NaN stops at
+    # the first test (under dynamic=True Dynamo traces the bounds as symbolic floats, which refuse a NaN comparison)
+    if (not -math.inf < v < math.inf or v > high  # (comparisons, not math.isfinite: dynamo traces them)
+            or (v < -F32_MAX if low is None else (v <= low if low_open else v < low))):
         if torch.compiler.is_compiling():  # dynamo cannot format a symbolic value (dynamic=True): a fixed text
             raise ValueError(name + " is not finite or out of its range (the eager call's message gives the bounds)")
         # (9 significant digits: a float32 bound printed shorter can read as the value refused, e.g. <= 3.40282e+38
