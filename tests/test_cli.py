@@ -194,6 +194,10 @@ def test_bench_shapes_accepted_specs():
         assert pick({"short", "peers"}, mod.BENCH_CASES) == mod.SHORT_CASES
         assert pick({"headline", "short"}, mod.BENCH_CASES) == mod.BENCH_CASES[:2] + mod.SHORT_CASES
         assert pick({"all"}, mod.BENCH_CASES) == mod.BENCH_CASES
+        mid = pick({"mid", "peers"}, mod.BENCH_CASES)  # GQA 16/4, D=64, B=1 16K: neither headline nor short
+        assert [(c[0], c[4], c[5]) for c in mid] == [(4, 4, 128), (4, 16, 64), (1, 16, 128)]
+        assert pick({"short", "mid", "headline"}, mod.BENCH_CASES) == mod.BENCH_CASES
+    assert registry.module("ranker_bwd").bench_shapes("mid+peers") == {"mid", "peers"}
     assert registry.module("hc_mix").bench_shapes("1,4096") == [1, 4096]
     assert registry.module("scale").bench_shapes(None) is None
     for name in registry.names():  # every registered kernel has one (the CLI calls it)

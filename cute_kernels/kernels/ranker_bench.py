@@ -38,9 +38,11 @@ EAGER_IMPLS = ("cute_kernels", "fa4_mask_mod")
 
 
 def bench_cases(spec: set[str], cases: list) -> list:
-    """The bench cases a ``bench_shapes`` spec picks from ``cases``: ``headline`` the first two, ``short`` the
-    last two (the issues' short, candidate-heavy shapes), both the four; otherwise all of them."""
-    picked = (cases[:2] if "headline" in spec else []) + (cases[-2:] if "short" in spec else [])
+    """The bench cases a ``bench_shapes`` spec picks from ``cases``, in their order: ``headline`` the first two,
+    ``mid`` those between (GQA 16/4, D=64, B=1 16K), ``short`` the last two (the issues' short, candidate-heavy
+    shapes), any union of them; otherwise (``all``, or none of the three) all of them."""
+    picked = ((cases[:2] if "headline" in spec else []) + (cases[2:-2] if "mid" in spec else [])
+              + (cases[-2:] if "short" in spec else []))
     return picked or list(cases)
 
 

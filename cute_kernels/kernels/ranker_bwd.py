@@ -2091,11 +2091,11 @@ def check() -> list[CheckResult]:
 
 
 def bench_shapes(shapes: str | None) -> set[str]:
-    """:func:`bench`'s ``shapes`` spec as a set of words (``all`` or ``headline``, ``short``, ``d256``,
+    """:func:`bench`'s ``shapes`` spec as a set of words (``all`` or ``headline``, ``mid``, ``short``, ``d256``,
     ``peers``, ``deterministic``, ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
     from ..registry import word_spec
 
-    return word_spec(NAME, shapes, ("all", "headline", "short", "d256", "peers", "deterministic", "variants"),
+    return word_spec(NAME, shapes, ("all", "headline", "mid", "short", "d256", "peers", "deterministic", "variants"),
                      "all+peers")
 
 
@@ -2104,18 +2104,18 @@ def bench(shapes: str | None = None, peer_budget_s: float = 400.0, rounds: int =
     useful TFLOP/s = 2.5 x the forward's useful FLOPs (FlashAttention's convention)
     = ``10 * D * admitted (query, key) pairs / time``, ours and the peers of ``bench/ranker_bwd_peers.py``
     interleaved over ``rounds`` on :data:`.ranker_bench.BENCH_CASES` (:func:`.ranker_bench.run`).  ``shapes``:
-    None = all cases with peers; containing ``headline`` = the first two cases, ``short`` the last two (both: the
-    four), ``d256`` :data:`.ranker_bench.D256_CASES` (alone: only them); ``peers`` adds the peers;
-    ``deterministic`` adds our deterministic mode; ``variants`` adds the other tile shapes and stage counts that
-    validate.  Peers are skipped once ``peer_budget_s`` seconds have gone by (their compiles are slow; a record
-    per skipped peer says so).  Ours and FlashAttention-4 with the mask_mod are also timed "eager" and
-    "isolated" (:func:`.ranker_bench.host_mode_records`)."""
+    None = all cases with peers; containing ``headline`` = the first two cases, ``mid`` the three between,
+    ``short`` the last two (any union of the three), ``d256`` :data:`.ranker_bench.D256_CASES` (alone: only
+    them); ``peers`` adds the peers; ``deterministic`` adds our deterministic mode; ``variants`` adds the other
+    tile shapes and stage counts that validate.  Peers are skipped once ``peer_budget_s`` seconds have gone by
+    (their compiles are slow; a record per skipped peer says so).  Ours and FlashAttention-4 with the mask_mod are
+    also timed "eager" and "isolated" (:func:`.ranker_bench.host_mode_records`)."""
     from . import ranker_bench
     from .ranker_fwd import ranker_attention
 
     spec = bench_shapes(shapes)
     cases = (ranker_bench.bench_cases(spec, ranker_bench.BENCH_CASES)
-             if spec & {"all", "headline", "short"} or "d256" not in spec else [])
+             if spec & {"all", "headline", "mid", "short"} or "d256" not in spec else [])
     cases += ranker_bench.D256_CASES if "d256" in spec else []
 
     def setup(case, gen):

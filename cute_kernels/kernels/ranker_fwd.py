@@ -2330,11 +2330,11 @@ def check() -> list[CheckResult]:
 
 
 def bench_shapes(shapes: str | None) -> set[str]:
-    """:func:`bench`'s ``shapes`` spec as a set of words (``all``, ``headline`` or ``short``,
+    """:func:`bench`'s ``shapes`` spec as a set of words (``all``, ``headline``, ``mid``, ``short``,
     ``peers``, ``variants``; default ``all+peers``); ``ValueError`` for anything else."""
     from ..registry import word_spec
 
-    return word_spec(NAME, shapes, ("all", "headline", "short", "peers", "variants"), "all+peers")
+    return word_spec(NAME, shapes, ("all", "headline", "mid", "short", "peers", "variants"), "all+peers")
 
 
 def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int = 2, echo: bool = False) -> list[dict]:
@@ -2344,7 +2344,8 @@ def bench(shapes: str | None = None, peer_budget_s: float = 300.0, rounds: int =
     and "isolated" (one call at a time on an idle GPU, host time included): :func:`.ranker_bench.run`.
 
     ``shapes``: None = all cases with peers; a string containing ``headline`` = the first two cases (no cap / tanh
-    cap), ``short`` the last two (both: the four); ``peers`` adds the peers; ``variants`` adds our other schedules
+    cap), ``mid`` the three between (GQA 16/4, D=64, B=1 16K), ``short`` the last two (any union of the three);
+    ``peers`` adds the peers; ``variants`` adds our other schedules
     (no intra-warpgroup overlap; persistent or one CTA per tile, whichever is not the shipped one) and the configs
     the other shipped tables (CONFIGS, CAP_CONFIGS) hold for that head dim.  Useful TFLOP/s = ``4 * D * admitted
     (query, key) pairs / time``.  Peers are skipped once ``peer_budget_s`` seconds have gone by (their compiles
