@@ -217,7 +217,7 @@ def test_layouts_optional_bool_fields(tmp_path):
 
 def test_layouts_optional_int_fields(tmp_path):
     """walk_stagger (None or an int, its metadata says so) takes an integer or none through --config, as the
-    README's advice (walk_stagger=0) needs; true is a clean error (exit 2), not a TypeError traceback."""
+    docs/notes.md's advice (walk_stagger=0) needs; true is a clean error (exit 2), not a TypeError traceback."""
     from cute_kernels.layouts.kernel_layouts import ranker_bwd_config
 
     assert ranker_bwd_config("walk_stagger=0").walk_stagger == 0

@@ -865,7 +865,7 @@ def test_data_dependent_sizes_trace_into_every_op():
     w_q, w_k = torch.ones(256, dtype=bf), torch.ones(64, dtype=bf)
     hc = (torch.zeros(24, 1024), torch.ones(3), torch.zeros(24))
 
-    def two_masks(x, m):  # q's and k's rows from two masks: equal only by the README's torch._check
+    def two_masks(x, m):  # q's and k's rows from two masks: equal only by docs/torch.md's torch._check
         q, k = x[m], x[~m][:, :64]
         torch._check(q.shape[0] == k.shape[0])
         ck.qk_rmsnorm_(q, k, w_q, w_k, 1e-6)

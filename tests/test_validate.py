@@ -397,7 +397,7 @@ def test_scalars_known_only_when_the_graph_runs():
     argument (it failed inside torch's sympy before session 69, comparing the value against its range); without
     it, Dynamo breaks the graph there and the call runs eagerly, with the value (here on CPU tensors, so the
     eager call's device error).  An int from ``.item()`` (a packed call's ``max_seqlen``) passes once
-    ``torch._check`` bounds it, as the README says, and the error says so otherwise.  Constants under
+    ``torch._check`` bounds it, as docs/torch.md says, and the error says so otherwise.  Constants under
     torch.compile are checked as before."""
     q = torch.zeros(1, 128, 2, 64, device="meta", dtype=torch.bfloat16)
     bounds = torch.zeros(1, 4, dtype=torch.int32, device="meta")
@@ -424,7 +424,7 @@ def test_scalars_known_only_when_the_graph_runs():
             def packed_call(checked):
                 def call(q, cu):
                     m = (cu[1:] - cu[:-1]).max().item()
-                    if checked:  # (README: bounded, an int the trace can decide, which the op takes)
+                    if checked:  # (docs/torch.md: bounded, an int the trace can decide, which the op takes)
                         torch._check(m >= 1)
                         torch._check(m <= 2**31 - 1)
                     return cute_kernels.ranker_attention(q, q, q, packed_bounds, cu_seqlens=cu, max_seqlen=m)
