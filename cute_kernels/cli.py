@@ -75,6 +75,8 @@ def cmd_compile(args) -> int:
     except RuntimeError as exc:
         print(f"compile: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "list", False):
+        return _list_targets(names)
     problem = disk_cache_problem() if disk_cache_enabled() else None
     if problem and not cache_dir().is_dir():  # compile's job is to fill the disk cache: one that cannot even
         # exist is an error, not a warning
@@ -142,6 +144,28 @@ def cmd_compile(args) -> int:
         print("note: no nvdisasm, so no SASS (PTX features only): pip install nvidia-cuda-nvdisasm (in the [test] "
               "extra); the SASS is then disassembled from each entry's kept cubin when first read", file=sys.stderr)
     return 1 if failures or unlisted or missing else 0
+
+
+def _list_targets(names: list[str]) -> int:
+    """``compile --list``: one line per compile target (kernel, label, in the disk cache or not), then a count;
+    exit 1 where a module cannot list its targets."""
+    from .runtime.cache import disk_cache_enabled, entry_on_disk
+
+    rows, unlisted = [], 0
+    for name in names:
+        try:
+            rows += registry.module(name).compile_targets()
+        except Exception as exc:  # noqa: BLE001 (a broken module is reported, the others listed)
+            unlisted += 1
+            print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
+    on = disk_cache_enabled()
+    cached = [on and entry_on_disk(t.kernel, t.key) for t in rows]
+    kw = max((len(t.kernel) for t in rows), default=0)
+    for t, hit in zip(rows, cached):
+        print(f"{t.kernel:<{kw}}  {t.label}  ({'cached' if hit else 'not cached'})")
+    where = "in the disk cache" if on else "cached (CUTE_KERNELS_CACHE=0: no disk cache)"
+    print(f"{len(rows)} compile targets for {os.environ['CUTE_DSL_ARCH']}, {sum(cached)} {where}")
+    return 1 if unlisted else 0
 
 
 def cmd_check(args) -> int:
@@ -391,6 +415,8 @@ def main(argv=None) -> int:
                    "default: $CUTE_DSL_ARCH, else sm_90a)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("-v", "--verbose", action="store_true", help="print the traceback of each failed compile")
+    c.add_argument("--list", action="store_true", help="list the compile targets and whether the disk cache holds "
+                   "each (this arch, sources and DSL settings); compile nothing")
     c.set_defaults(fn=cmd_compile)
     k = sub.add_parser("check", help="GPU correctness of every kernel vs its reference")
     k.add_argument("--kernel", help=KERNEL_HELP + " (default: all)")

@@ -43,6 +43,31 @@ def test_compile_reports_each_target_as_it_finishes(monkeypatch, tmp_path, capsy
     assert printed_before_build[1].count("ok   scale") == 1, printed_before_build
 
 
+def test_compile_list_names_targets_and_compiles_nothing(monkeypatch, tmp_path, capsys):
+    """`compile --list` (a newcomer asked how to see what `compile` builds): one line per target with whether the
+    disk cache holds it, then the count; nothing compiled or written."""
+    from cute_kernels import cli, registry
+    from cute_kernels.kernels import scale
+    from cute_kernels.runtime import cache
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    cache.clear_memory_cache()
+    assert cli.main(["compile", "--kernel", "scale", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    labels = [t.label for t in scale.compile_targets()]
+    assert [line.split("  ")[1] for line in out[:-1]] == labels
+    assert all(line.endswith("(not cached)") for line in out[:-1]), out
+    assert out[-1] == f"{len(labels)} compile targets for sm_90a, 0 in the disk cache"
+    assert not any(tmp_path.iterdir())  # (nothing compiled into the empty cache)
+    scale.compile_targets()[0].build()  # one entry on disk: listed as cached
+    assert cli.main(["compile", "--kernel", "scale", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("(cached)") and out[1].endswith("(not cached)") and out[-1].endswith(", 1 in the disk cache")
+    total = sum(len(registry.module(n).compile_targets()) for n in registry.names())
+    assert cli.main(["compile", "--list"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"{total} compile targets for sm_90a")
+
+
 def test_output_is_line_buffered_when_piped():
     """Piped or logged, each line comes as it is printed (session 71: `compile`'s lines all came at its end, so a
     CI log looked hung), and a bare `cute-kernels` names what is missing as COMMAND, not argparse's `cmd`."""
