@@ -89,15 +89,8 @@ def cmd_compile(args) -> int:
               "(nothing is compiled or written)", file=sys.stderr)
     clear_memory_cache()  # (each config through the disk cache, even where this process compiled it already)
     missing = 0  # read-only: configs not in the cache
-    unlisted = 0  # modules that could not list their configs
     failures = 0  # configs that did not compile
-    targets = []
-    for name in names:
-        try:
-            targets += registry.module(name).compile_targets()
-        except Exception as exc:  # a broken module is reported, the others still compile
-            unlisted += 1
-            print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
+    targets, unlisted = _compile_targets(names)  # (unlisted: modules that could not list their configs)
 
     def report(line):  # one line per target as it finishes (above the bar where there is one)
         tqdm.write(line, file=sys.stdout)
@@ -146,18 +139,25 @@ def cmd_compile(args) -> int:
     return 1 if failures or unlisted or missing else 0
 
 
+def _compile_targets(names: list[str]) -> tuple[list, int]:
+    """The compile targets of the kernels ``names``, and how many modules could not list theirs (each reported on
+    stderr; the others are still listed)."""
+    targets, unlisted = [], 0
+    for name in names:
+        try:
+            targets += registry.module(name).compile_targets()
+        except Exception as exc:  # noqa: BLE001 (a broken module is reported, the others still listed)
+            unlisted += 1
+            print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
+    return targets, unlisted
+
+
 def _list_targets(names: list[str]) -> int:
     """``compile --list``: one line per compile target (kernel, label, in the disk cache or not), then a count;
     exit 1 where a module cannot list its targets."""
     from .runtime.cache import disk_cache_enabled, entry_on_disk
 
-    rows, unlisted = [], 0
-    for name in names:
-        try:
-            rows += registry.module(name).compile_targets()
-        except Exception as exc:  # noqa: BLE001 (a broken module is reported, the others listed)
-            unlisted += 1
-            print(f"FAIL {name}: cannot list configs: {exc}", file=sys.stderr)
+    rows, unlisted = _compile_targets(names)
     on = disk_cache_enabled()
     cached = [on and entry_on_disk(t.kernel, t.key) for t in rows]
     kw = max((len(t.kernel) for t in rows), default=0)
