@@ -93,7 +93,6 @@ import cutlass.utils.hopper_helpers as sm90_utils
 import torch
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..registry import CheckResult, CompileTarget
 from ..runtime.arch import sm_count
@@ -103,7 +102,7 @@ from ..runtime.torch_op import (custom_op, refuse_func_transforms, refuse_infere
                                  without_autocast, without_data)
 from ..runtime.validate import (ValidatedConfig, aligned_data, check_bool, check_config_fields,
                                 check_outputs_disjoint, check_same_device, check_tensor,
-                                exceeds, validated_once)
+                                exceeds, or_false, validated_once)
 from . import ranker_flops, sm90_helpers as sm90
 from .ranker_bench import BENCH_CASES, D256_CASES, SHORT_CASES  # noqa: F401 (the bench's shapes, in ranker_bench)
 from .ranker_fwd import (CAP_METHODS, SMEM_CAPACITY, _check_reference_args, exp2_scale, overridden_config,
@@ -1826,7 +1825,7 @@ def _validate_backward(q, k, v, out, lse, dout, bounds, softmax_scale, cap, cap_
     if d not in CONFIGS:
         raise ValueError(f"head dim {d} is not supported by the backward; supported: {sorted(CONFIGS)}")
     # the launches' grids are (blocks, head, batch); symbolic sizes: only where the trace proves it
-    if not guard_or_false(q.numel() == 0) and (exceeds(nb, MAX_GRID_YZ) or exceeds(hq, MAX_GRID_YZ)):
+    if not or_false(q.numel() == 0) and (exceeds(nb, MAX_GRID_YZ) or exceeds(hq, MAX_GRID_YZ)):
         raise ValueError(f"the backward supports at most {MAX_GRID_YZ} sequences and {MAX_GRID_YZ} query heads "
                          f"(CUDA's grid y/z limit), got B={nb}, Hq={hq}; split the batch")
     check_bool("deterministic", deterministic)

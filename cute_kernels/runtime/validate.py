@@ -17,14 +17,14 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
 from .arch import check_device
 
 
-def _or_false(cond) -> bool:
+def or_false(cond) -> bool:
     """``cond`` where it is a bool (eager calls: no call into torch); for a symbolic one, torch's ``guard_or_false``
     (False where only the data decides it, a size from ``x[mask]`` under torch.compile; else decided, guarded)."""
     return cond if cond.__class__ is bool else guard_or_false(cond)
 
 
-def _or_true(cond) -> bool:
-    """As :func:`_or_false`, True where only the data decides."""
+def or_true(cond) -> bool:
+    """As :func:`or_false`, True where only the data decides."""
     return cond if cond.__class__ is bool else guard_or_true(cond)
 
 
@@ -82,15 +82,15 @@ def check_tensor(
         check_device(t.device)
     # no element to read or write (an empty gradient may come with strides 0): layout is moot; a size known only
     # when the graph runs (x[mask] under torch.compile) counts as not empty here (guard_or_false: no guard on it)
-    if _or_false(t.numel() == 0):
+    if or_false(t.numel() == 0):
         return
     # (sizes and strides only the data decides, x[mask] under torch.compile: a last dim not proven contiguous is
     # refused, as the eager call refuses it for any size past 1; a stride 0 only where the trace proves it)
-    if last_dim_contiguous and t.dim() > 0 and _or_true(t.stride(-1) != 1) and _or_true(t.shape[-1] > 1):
+    if last_dim_contiguous and t.dim() > 0 and or_true(t.stride(-1) != 1) and or_true(t.shape[-1] > 1):
         raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
     for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
         # an expand()ed view: TMA boxes and written outputs need distinct rows
-        if _or_false(stride == 0) and _or_true(size > 1):
+        if or_false(stride == 0) and or_true(size > 1):
             raise ValueError(f"{name} is a broadcast view (stride 0 in dim {d}, strides {t.stride()}); "
                              "pass .contiguous()")
     if align_bytes:
@@ -104,8 +104,8 @@ def check_tensor(
         es = t.element_size()
         for d, (size, stride) in enumerate(zip(t.shape, t.stride())):
             # (a stride that only the data knows, max(1, u0) for x[mask]'s rows, is left to the call's own check)
-            misaligned = _or_false(stride != 1) and _or_false((stride * es) % align_bytes != 0)
-            if misaligned and _or_false(size > 1):
+            misaligned = or_false(stride != 1) and or_false((stride * es) % align_bytes != 0)
+            if misaligned and or_false(size > 1):
                 raise ValueError(
                     f"{name}'s stride {stride} in dim {d} is not a multiple of {align_bytes} bytes; "
                     "pass a contiguous tensor"
@@ -129,7 +129,7 @@ def element_span(t: torch.Tensor) -> int:
     Symbolic sizes (torch.compile with dynamic shapes) stay symbolic: no ``int()``, which would specialize
     them and recompile the caller for every new size; an emptiness only the data knows (``x[mask]``) is not
     asked, as :func:`check_tensor` does not ask it."""
-    if _or_false(t.numel() == 0):
+    if or_false(t.numel() == 0):
         return 0
     return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
@@ -223,7 +223,7 @@ def check_distinct_rows(name: str, t: torch.Tensor, why: str) -> None:
     """``ValueError`` (ending in ``why``) when the rows of the 2-D tensor ``t`` overlap in memory (more than
     one row and a row stride below the width; the stride's test first, and a row count that only the data
     knows, ``x[mask]`` under torch.compile, counts as more than one)."""
-    if _or_false(t.stride(0) < t.shape[1]) and _or_true(t.shape[0] > 1):
+    if or_false(t.stride(0) < t.shape[1]) and or_true(t.shape[0] > 1):
         raise ValueError(f"{name}'s rows overlap in memory (row stride {t.stride(0)} < width {t.shape[1]}): {why}")
 
 
