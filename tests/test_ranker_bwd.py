@@ -16,7 +16,7 @@ from cute_kernels.kernels import ranker_bwd as rb
 from cute_kernels.kernels import ranker_bwd_buffers as buffers
 from cute_kernels.kernels import ranker_fwd as rf
 from cute_kernels.kernels.ranker_mask import clamp_bounds, q_block_ranges
-from cute_kernels.runtime.artifacts import PTX_FEATURES, SASS_FEATURES, find_features
+from cute_kernels.runtime.artifacts import PTX_FEATURES, SASS_FEATURES, find_features, sass_loops
 from cute_kernels.runtime.cache import compile_record
 
 CASES = [  # S, bounds rows
@@ -507,6 +507,17 @@ KNOWN_SPILL_BYTES = {  # ptxas stack bytes of the shipped D=128 config (dQ^T = K
     "bfloat16 D=128 gqa=4 group cap=tanh varlen det": 8,
     "bfloat16 D=128 gqa=4 per-head cap=tanh varlen det": 8,
 }
+# Where those bytes are spent: LDL / STL per iteration of each q-block loop (the innermost SASS loops of 200+
+# instructions, in address order; MHA has two, skip_key_bias's: whole history KV blocks, the headline's, first,
+# then KV blocks that need the key bias), at most.  A loop with none where the table lists some fails, as above.
+KNOWN_QBLOCK_LOOP_SPILLS = {
+    "bfloat16 D=128 gqa=1 cap=tanh": (3, 11),
+    "bfloat16 D=128 gqa=1 cap=soft_sign": (17, 15),
+    "bfloat16 D=128 gqa=4 group cap=tanh": (11,),
+    "bfloat16 D=128 gqa=4 group cap=tanh varlen det": (4,),
+    "bfloat16 D=128 gqa=4 per-head cap=tanh varlen det": (2,),
+}
+QBLOCK_LOOP_MIN_INSTRUCTIONS = 200  # the q-block loops have 396-692 instructions, the others at most 83
 
 
 @pytest.mark.parametrize("s,sms,det,want", [
@@ -570,6 +581,12 @@ def test_mainloop_register_spills_bounded(target):
     assert stack <= bound, (target.label, stack, bound)
     assert (stack > 0) == (bound > 0), f"{target.label}: {stack} B of stack; update KNOWN_SPILL_BYTES"
     assert ("LDL/STL (local memory)" in find_features(rec.sass, SASS_FEATURES)) == (bound > 0)
+    loops = [lp for lp in sass_loops(rec.sass) if lp.innermost and lp.instructions >= QBLOCK_LOOP_MIN_INSTRUCTIONS]
+    spills = tuple(lp.local_memory for lp in loops)
+    bounds = KNOWN_QBLOCK_LOOP_SPILLS.get(target.label, (0,) * len(loops))
+    assert len(spills) == len(bounds) and all(0 < n <= b or n == b == 0 for n, b in zip(spills, bounds)), (
+        f"{target.label}: LDL/STL per q-block loop iteration {spills} (loops of {[lp.instructions for lp in loops]} "
+        f"instructions), KNOWN_QBLOCK_LOOP_SPILLS says at most {bounds}: update the table")
 
 
 # ---------------------------------------------------------------- the three-kernel plan, emulated in float64

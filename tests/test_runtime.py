@@ -31,6 +31,36 @@ def test_feature_regexes_on_known_text():
     assert artifacts.find_features("", artifacts.PTX_FEATURES) == []
 
 
+def test_sass_loops_finds_backward_branches_and_their_spills():
+    """Two functions with addresses that restart: a loop nest (an inner loop with a reload and a predicated
+    spill, an outer one around it) and a forward branch, which is no loop; ``[]`` without SASS."""
+    sass = textwrap.dedent("""\
+        \t.section\t.text.kernel_a,"ax",@progbits
+                /*0000*/                   MOV R1, c[0x0][0x28] ;
+        .L_x_0:
+                /*0010*/                   IADD3 R2, R2, 0x1, RZ ;
+        .L_x_1:
+                /*0020*/                   LDL.LU R4, [R1+0x4] ;
+                /*0030*/              @!P1 STL [R1], R4 ;
+                /*0040*/               @P0 BRA `(.L_x_1) ;
+                /*0050*/               @P2 BRA `(.L_x_0) ;
+                /*0060*/                   BRA `(.L_x_2) ;
+        .L_x_2:
+                /*0070*/                   EXIT ;
+        \t.section\t.text.kernel_b,"ax",@progbits
+        .L_x_3:
+                /*0000*/                   NOP ;
+                /*0010*/                   BRA `(.L_x_3) ;
+        """)
+    loops = artifacts.sass_loops(sass)
+    assert loops == [
+        artifacts.SassLoop("kernel_a", 0x20, 0x40, 3, 2, True),
+        artifacts.SassLoop("kernel_a", 0x10, 0x50, 5, 2, False),
+        artifacts.SassLoop("kernel_b", 0x0, 0x10, 2, 0, True),
+    ]
+    assert artifacts.sass_loops(None) == [] and artifacts.sass_loops("") == []
+
+
 def test_cubin_resources_reads_registers(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
     cache.clear_memory_cache()

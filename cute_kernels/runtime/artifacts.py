@@ -60,6 +60,61 @@ def find_features(text: str | None, table: dict[str, str]) -> list[str]:
     return [name for name, pat in table.items() if re.search(pat, text)]
 
 
+class SassLoop(NamedTuple):
+    """A loop of a kernel's SASS: the instructions from a backward branch's target to the branch."""
+
+    kernel: str  # the function's name in the cubin
+    start: int  # byte offset of the loop's first instruction in its function
+    end: int  # byte offset of the backward branch
+    instructions: int  # in [start, end], nested loops included
+    local_memory: int  # LDL / STL among them (register spills and reloads)
+    innermost: bool  # no other loop of the function lies inside it
+
+
+_SASS_FUNCTION = re.compile(r"^\s*\.section\s+\.text\.([^,\s]+)", re.M)
+_SASS_LABEL = re.compile(r"^\s*\.(L_x_\d+):", re.M)
+_SASS_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+([^;]*);", re.M)
+_SASS_BRANCH_TARGET = re.compile(r"\bBRA(\.[A-Z]+)*\s+`\(\.(L_x_\d+)\)")
+_SASS_LOCAL_MEMORY = re.compile(r"(@!?U?P\w+\s+)?(LDL|STL)\b")  # (an optional predicate, then the opcode)
+
+
+def sass_loops(sass: str | None) -> list[SassLoop]:
+    """Every loop of every function in ``sass`` (nvdisasm text as :func:`disassemble` gives it), with its
+    instruction count and local-memory instructions, in the order of their backward branches: where a
+    kernel's ptxas stack (``KernelResources.stack_bytes``) is spent, e.g. whether the spills sit in the hot
+    loop (one reload per iteration) or around it.  A loop is a branch to a label at or before the branch; loops
+    that share a branch target (``continue``-like edges) are listed once per branch.  ``[]`` for None."""
+    if not sass:
+        return []
+    heads = list(_SASS_FUNCTION.finditer(sass))
+    loops = []
+    for i, head in enumerate(heads):
+        body = sass[head.end():heads[i + 1].start() if i + 1 < len(heads) else len(sass)]
+        events = sorted([(m.start(), "label", m.group(1)) for m in _SASS_LABEL.finditer(body)]
+                        + [(m.start(), "ins", m) for m in _SASS_INSTRUCTION.finditer(body)], key=lambda e: e[0])
+        labels, instructions, pending = {}, [], []
+        for _, kind, item in events:
+            if kind == "label":
+                pending.append(item)
+                continue
+            offset = int(item.group(1), 16)
+            for name in pending:
+                labels[name] = offset
+            pending = []
+            instructions.append((offset, item.group(2)))
+        spans = []
+        for offset, text in instructions:
+            m = _SASS_BRANCH_TARGET.search(text)
+            if m and labels.get(m.group(2), offset + 1) <= offset:
+                spans.append((labels[m.group(2)], offset))
+        for start, end in spans:
+            inside = [text for offset, text in instructions if start <= offset <= end]
+            local = sum(bool(_SASS_LOCAL_MEMORY.match(text.strip())) for text in inside)
+            innermost = not any((s, e) != (start, end) and start <= s and e <= end for s, e in spans)
+            loops.append(SassLoop(head.group(1), start, end, len(inside), local, innermost))
+    return loops
+
+
 @dataclass
 class KernelResources:
     """Per-kernel resources read from a cubin's ``.nv.info`` sections."""
