@@ -1931,7 +1931,7 @@ def ranker_attention_backward(q, k, v, out, lse, dout, bounds, softmax_scale=Non
         ``deterministic=True``, or call with torch's deterministic flag on (or a config with
         ``deterministic=True``; ``deterministic=False`` does not turn off such a config) for ordered adds (same bits
         on every run; with the staggered q-block walks of session 43 (``RankerBwdConfig.walk_stagger``)
-        1-9% slower than the default at the bench shapes where they apply, 11% at GQA 16/4 and 9% at
+        0-9% slower than the default at the bench shapes where they apply, 11% at GQA 16/4 and 9% at
         B=1 16K, where they do not; bench/results/logs/2026-12-03_s43_ranker_bwd_walk_stagger_probe2.log).
     Raises:
         TypeError / ValueError: as the forward, plus wrong ``out``/``dout``/``lse``/``dlse``/``dq``/``dk``/``dv``

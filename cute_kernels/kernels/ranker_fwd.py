@@ -2052,11 +2052,11 @@ def ranker_attention(q, k, v, bounds, softmax_scale=None, cap=None, cap_method="
     cap, ``v`` within the headroom: sum over a row's keys of ``e^50 |v|`` below float32's max (|v| < 6.6e16
     for one key), and |v| above ~1e-16 where every score of a row is near -50.
     Autograd: differentiable in q, k and v (every head dim: 64, 128, 256) when grad mode is on and one of
-    them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (its default,
-    non-deterministic mode), registered on the forward op (:mod:`.ranker_autograd`); ``lse`` is
-    differentiable too (a loss term on it, e.g. merging attention computed over key chunks, or a z-loss,
-    adds its gradient to q and k; rows with ``lse = -inf`` get none; so under grad ``lse.requires_grad``
-    is True: ``.detach()`` it before ``.numpy()``).
+    them requires grad: the backward is :func:`.ranker_bwd.ranker_attention_backward` (deterministic where torch's
+    ``torch.use_deterministic_algorithms`` flag is on, else its default mode), registered on the forward op
+    (:mod:`.ranker_autograd`); ``lse`` is differentiable too (a loss term on it, e.g. merging attention computed
+    over key chunks, or a z-loss, adds its gradient to q and k; rows with ``lse = -inf`` get none; so under grad
+    ``lse.requires_grad`` is True: ``.detach()`` it before ``.numpy()``).
     ``torch.func`` transforms (grad, vjp, vmap, ...) and forward-mode AD (``torch.autograd.forward_ad`` dual
     tensors) are not supported: ``NotImplementedError`` eagerly (torch's custom ops support neither their
     autograd nor batching for these kernels; there is no forward-mode formula); inside ``torch.compile``,
