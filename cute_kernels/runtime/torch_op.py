@@ -26,7 +26,7 @@ import torch
 from torch.autograd import forward_ad as _fwad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .validate import data_dependent_message, with_sym_values
+from .validate import data_dependent_message, plain_real, with_sym_values
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -67,6 +67,15 @@ except AttributeError:  # pragma: no cover (a torch without functorch's C API)
     _is_functorch_wrapped = _transform_active = None
 
 
+def _any_dual(args) -> bool:
+    """Whether a tensor among ``args`` carries a tangent of the current forward-AD level.  Looked up with the
+    thread's excluded dispatch keys cleared: inside an in-place custom op's kernel (below ADInplaceOrView) torch
+    2.9's ``unpack_dual`` fails an internal assert on every tensor, dual or not."""
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                        torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)):
+        return any(isinstance(t, torch.Tensor) and _fwad.unpack_dual(t).tangent is not None for t in args)
+
+
 def refuse_func_transforms(name: str, *args, differentiable: bool = False) -> None:
     """``NotImplementedError`` when one of ``args`` is a tensor wrapped by a ``torch.func`` transform (grad, vjp,
     vmap, jacrev...): the kernels take raw CUDA buffers, and torch's custom ops support neither those
@@ -81,8 +90,7 @@ def refuse_func_transforms(name: str, *args, differentiable: bool = False) -> No
     if _is_compiling():
         return  # Dynamo cannot trace these C calls (a graph break)
     hint = " (for gradients, use .backward() / torch.autograd.grad)" if differentiable else ""
-    if _fwad._current_level >= 0 and any(isinstance(t, torch.Tensor) and _fwad.unpack_dual(t).tangent is not None
-                                         for t in args):
+    if _fwad._current_level >= 0 and _any_dual(args):
         raise NotImplementedError(f"cute_kernels.{name} does not support forward-mode AD (a dual tensor of "
                                   f"torch.autograd.forward_ad): pass primal tensors{hint}")
     if _transform_active is None or _transform_active() is None:
@@ -265,8 +273,7 @@ def _plain_numbers(values) -> tuple:
     ``__index__``, Dynamo's graph does not ("Failed to convert args/kwargs to proxy").  Tensors, symbolic sizes,
     Python's own numbers and bools, numpy scalars (refused under torch.compile with their own advice) and
     everything else pass as they are."""
-    return tuple((int(v) if isinstance(v, numbers.Integral) else float(v))
-                 if type(v) not in _PLAIN_TYPES and isinstance(v, numbers.Real)
+    return tuple(plain_real(v) if type(v) not in _PLAIN_TYPES and isinstance(v, numbers.Real)
                  and not isinstance(v, (torch.SymInt, torch.SymFloat)) and type(v).__module__ != "numpy" else v
                  for v in values)
 

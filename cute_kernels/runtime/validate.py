@@ -242,9 +242,24 @@ def check_value_known(name: str, value, advice: str = "the kernels' ops take Pyt
     if type(value).__module__ == "numpy":  # (Dynamo traces it as a tensor)
         raise TypeError(f"{name} is a numpy {type(value).__name__}: under torch.compile the ops take Python numbers; "
                         f"pass float({name}) or int({name})")
+    if type(value) not in (int, float):  # (a number type of its own is a constant; torch 2.9's Dynamo cannot
+        return  # compare an IntEnum)
     if guard_or_true(value == value) and not (guard_or_false(value < 1e300) or guard_or_false(value >= 1e300)):
         raise ValueError(f"{name} is a value known only when the compiled graph runs (a tensor's .item()): "
                          f"{advice}, or compile without fullgraph=True (the call then runs eagerly)")
+
+
+def plain_real(value: numbers.Real) -> int | float:
+    """A real number of a type of its own as a Python ``int`` (an ``Integral``: ``IntEnum``, numpy ints) or
+    ``float``, the way Dynamo traces it: an ``int`` subclass through ``int()`` (Dynamo's ``float()`` of an
+    ``IntEnum`` recurses), a ``Rational`` (``fractions.Fraction``) as numerator / denominator, which is how
+    ``float()`` rounds it (torch 2.9's Dynamo cannot trace ``float()`` of one).  ``OverflowError`` past float's
+    range, as ``float()``."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Rational):
+        return int(value.numerator) / int(value.denominator)
+    return float(value)
 
 
 def check_real(name: str, value, *, low: float | None = None, high: float = F32_MAX, low_open: bool = False) -> float:
@@ -261,11 +276,12 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {shown(value)}")
     check_value_known(name, value)
-    # an int past float's range: refused before float() raises (Dynamo cannot trace the OverflowError's handler)
-    if isinstance(value, int) and not -2**1023 <= value <= 2**1023:
+    # an int past float's range: refused before float() raises (Dynamo cannot trace the OverflowError's handler;
+    # nor, in torch 2.9, an IntEnum's comparison: the plain int is compared)
+    if isinstance(value, int) and not -2**1023 <= int(value) <= 2**1023:
         raise ValueError(f"{name}={short_repr(value)} is out of float range")
-    try:  # (an int subclass through int(): Dynamo's float() of an IntEnum recurses)
-        v = float(int(value) if isinstance(value, int) else value)
+    try:
+        v = float(plain_real(value))
     except OverflowError:
         raise ValueError(f"{name}={short_repr(value)} is out of float range") from None
     # without a lower bound: finite in float32 on both sides (-1e39 would reach the kernel as -inf); NaN stops at
