@@ -281,7 +281,7 @@ def check_real(name: str, value, *, low: float | None = None, high: float = F32_
     if isinstance(value, int) and not -2**1023 <= int(value) <= 2**1023:
         raise ValueError(f"{name}={short_repr(value)} is out of float range")
     try:
-        v = float(plain_real(value))
+        v = value if type(value) is float else float(plain_real(value))  # (a Python float, the usual case: as is)
     except OverflowError:
         raise ValueError(f"{name}={short_repr(value)} is out of float range") from None
     # without a lower bound: finite in float32 on both sides (-1e39 would reach the kernel as -inf); NaN stops at
